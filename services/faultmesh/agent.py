@@ -1,0 +1,401 @@
+"""Agent side of the agent stream (design.md "Agent stream"): used by NodeD and deviced.
+
+An agent keeps its current truth in :class:`AgentState` (faults by key, conditions, device states,
+node status) and appends one-shot events (pingmesh rows, slow-node reports) to bounded buffers.
+:class:`AgentClient` keeps one bidirectional stream to ClusterD: ``Hello``, a full ``Snapshot``,
+then ``Delta``s with increasing ``seq``; ClusterD acks each seq. On every (re)connect a fresh
+snapshot is sent, so nothing is lost while ClusterD is down and nothing is duplicated (a snapshot
+replaces all the agent said before). Control messages from ClusterD go to ``on_control`` and are
+acked after it returns.
+
+Timings (issue 3): a change is sent at once unless a report went out less than
+``min_report_interval_s`` ago (then coalesced, last state wins); the full state is re-sent every
+``resend_every_s`` (1800 s); reconnects back off exponentially up to ``backoff_max_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from faultmesh._pb import agent_pb2, agent_pb2_grpc
+from faultmesh.log import event
+from faultmesh.model import Fault, FaultKey
+from faultmesh.runtime import TaskOwner
+from faultmesh.wire import fault_to_pb, key_to_pb
+
+log = logging.getLogger("faultmesh.agent")
+
+ControlHandler = Callable[[agent_pb2.ControlMessage], Awaitable[None]]
+
+# gRPC channel options matching ClusterD's server limits (clusterd.md §1).
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 8 << 20),
+    ("grpc.max_send_message_length", 4 << 20),
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+
+class AgentState:
+    """The agent's current state, with change tracking for deltas.
+
+    ``faults``: FaultKey -> Fault; ``conditions``: type -> Condition pb; ``devices``:
+    (device_type, device_id) -> DeviceState pb; ``node_status``: str. Mutators return True when
+    something changed. Events (ping rows, slow-node reports) go to bounded deques (``max_events``,
+    oldest dropped and counted in ``dropped_events``).
+    """
+
+    def __init__(self, node: str, max_events: int = 20_000) -> None:
+        self.node = node
+        self.faults: dict[FaultKey, Fault] = {}
+        self.conditions: dict[str, agent_pb2.Condition] = {}
+        self.devices: dict[tuple[str, int], agent_pb2.DeviceState] = {}
+        self.node_status = ""
+        self.ping_results: collections.deque[agent_pb2.PingResult] = collections.deque(maxlen=max_events)
+        self.slownode_reports: collections.deque[agent_pb2.SlowNodeReport] = collections.deque(
+            maxlen=max_events
+        )
+        self.dropped_events = 0
+        self._dirty_faults: set[FaultKey] = set()
+        self._dirty_conditions: set[str] = set()
+        self._dirty_devices: set[tuple[str, int]] = set()
+        self._status_dirty = False
+        self.on_change: Callable[[], None] = lambda: None
+
+    # -- mutators ---------------------------------------------------------------------------
+    def upsert(self, fault: Fault) -> bool:
+        """Add or update one fault (node forced to this agent's node). Keeps the first-seen time."""
+        if fault.node != self.node:
+            fault = Fault(**{**_fields(fault), "node": self.node})
+        old = self.faults.get(fault.key)
+        if old is not None:
+            if old.same_content(fault):
+                return False
+            fault = fault.with_times(old.first_seen_ms or fault.first_seen_ms, fault.last_seen_ms)
+        self.faults[fault.key] = fault
+        self._dirty_faults.add(fault.key)
+        self.on_change()
+        return True
+
+    def remove(self, key: FaultKey) -> bool:
+        """Remove one fault (recovered). Returns True when it was present."""
+        if self.faults.pop(key, None) is None:
+            return False
+        self._dirty_faults.add(key)
+        self.on_change()
+        return True
+
+    def replace_source(self, source: str, faults: Iterable[Fault]) -> bool:
+        """Make ``faults`` the complete set reported by ``source`` (absent ones recover)."""
+        new = {}
+        for f in faults:
+            if f.node != self.node:
+                f = Fault(**{**_fields(f), "node": self.node})
+            new[f.key] = f
+        changed = False
+        for key in [k for k in self.faults if k.source == source and k not in new]:
+            changed |= self.remove(key)
+        for f in new.values():
+            changed |= self.upsert(f)
+        return changed
+
+    def set_condition(self, type_: str, active: bool, reason: str = "", message: str = "") -> bool:
+        """Set a node condition (BMCUnreachable, ...). ``since_ms`` is kept while ``active`` is unchanged."""
+        old = self.conditions.get(type_)
+        if old is not None and old.active == active and old.reason == reason and old.message == message:
+            return False
+        since = old.since_ms if old is not None and old.active == active else int(time.time() * 1000)
+        self.conditions[type_] = agent_pb2.Condition(
+            type=type_, active=active, reason=reason, message=message, since_ms=since
+        )
+        self._dirty_conditions.add(type_)
+        self.on_change()
+        return True
+
+    def set_device(self, state: agent_pb2.DeviceState) -> bool:
+        """Set one device's state (deviced)."""
+        key = (state.device_type, state.device_id)
+        if self.devices.get(key) == state:
+            return False
+        self.devices[key] = state
+        self._dirty_devices.add(key)
+        self.on_change()
+        return True
+
+    def set_node_status(self, status: str) -> bool:
+        """Set the node status string (Healthy / PreSeparate / UnHealthy)."""
+        if status == self.node_status:
+            return False
+        self.node_status = status
+        self._status_dirty = True
+        self.on_change()
+        return True
+
+    def add_ping_results(self, rows: Iterable[agent_pb2.PingResult]) -> None:
+        """Queue pingmesh result rows for ClusterD (bounded, oldest dropped)."""
+        for r in rows:
+            if len(self.ping_results) == self.ping_results.maxlen:
+                self.dropped_events += 1
+            self.ping_results.append(r)
+        self.on_change()
+
+    def add_slownode_report(self, report: agent_pb2.SlowNodeReport) -> None:
+        """Queue one node-level slow-node result for ClusterD (bounded, oldest dropped)."""
+        if len(self.slownode_reports) == self.slownode_reports.maxlen:
+            self.dropped_events += 1
+        self.slownode_reports.append(report)
+        self.on_change()
+
+    # -- wire ---------------------------------------------------------------------------------
+    def has_pending(self) -> bool:
+        """True when a delta would carry something."""
+        return bool(
+            self._dirty_faults
+            or self._dirty_conditions
+            or self._dirty_devices
+            or self._status_dirty
+            or self.ping_results
+            or self.slownode_reports
+        )
+
+    def snapshot(self, seq: int) -> agent_pb2.Snapshot:
+        """The full state as a Snapshot; clears dirty marks (events stay queued for the next delta)."""
+        self._dirty_faults.clear()
+        self._dirty_conditions.clear()
+        self._dirty_devices.clear()
+        self._status_dirty = False
+        return agent_pb2.Snapshot(
+            seq=seq,
+            faults=[fault_to_pb(f) for f in self.faults.values()],
+            conditions=list(self.conditions.values()),
+            devices=list(self.devices.values()),
+            node_status=self.node_status,
+        )
+
+    def take_delta(self, seq: int) -> agent_pb2.Delta:
+        """Changes since the last snapshot/delta, plus queued events; clears them."""
+        d = agent_pb2.Delta(seq=seq)
+        for key in self._dirty_faults:
+            f = self.faults.get(key)
+            if f is None:
+                d.removals.append(key_to_pb(key))
+            else:
+                d.upserts.append(fault_to_pb(f))
+        d.conditions.extend(self.conditions[t] for t in self._dirty_conditions)
+        d.devices.extend(self.devices[k] for k in self._dirty_devices)
+        if self._status_dirty:
+            d.node_status = self.node_status
+        d.ping_results.extend(self.ping_results)
+        d.slownode_reports.extend(self.slownode_reports)
+        self.ping_results.clear()
+        self.slownode_reports.clear()
+        self._dirty_faults.clear()
+        self._dirty_conditions.clear()
+        self._dirty_devices.clear()
+        self._status_dirty = False
+        return d
+
+
+def _fields(f: Fault) -> dict:
+    return {s: getattr(f, s) for s in f.__slots__}
+
+
+class AgentMetrics:
+    """Prometheus metrics of the agent stream (registered on the agent's registry)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.connected = Gauge(
+            "faultmesh_agent_connected", "1 while the agent stream to ClusterD is up", registry=registry
+        )
+        self.sent = Counter(
+            "faultmesh_agent_messages_sent_total", "Messages sent to ClusterD", ["kind"], registry=registry
+        )
+        self.reconnects = Counter(
+            "faultmesh_agent_reconnects_total", "Agent stream (re)connect attempts", registry=registry
+        )
+        self.controls = Counter(
+            "faultmesh_agent_control_messages_total", "Control messages received", ["kind"], registry=registry
+        )
+
+
+class AgentClient:
+    """Keeps the agent stream to ClusterD at ``target`` (host:port) up, forever, until :meth:`stop`.
+
+    ``state`` is the agent's :class:`AgentState`; mutate it and the client sends deltas.
+    ``credentials`` (grpc.ChannelCredentials) enables TLS; ``token`` is sent as a bearer token.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        node: str,
+        agent: str,
+        *,
+        state: AgentState | None = None,
+        node_ip: str = "",
+        node_sn: str = "",
+        on_control: ControlHandler | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
+        registry: CollectorRegistry | None = None,
+        min_report_interval_s: float = 0.0,
+        resend_every_s: float = 1800.0,
+        backoff_max_s: float = 10.0,
+        ack_timeout_s: float = 30.0,
+    ) -> None:
+        self.target = target
+        self.state = state or AgentState(node)
+        self.state.on_change = self._wake
+        self.hello = agent_pb2.Hello(
+            node=node, agent=agent, boot_id=uuid.uuid4().hex, version="0.1.0", node_ip=node_ip, node_sn=node_sn
+        )
+        self.on_control = on_control
+        self.credentials = credentials
+        self.token = token
+        self.metrics = AgentMetrics(registry or CollectorRegistry())
+        self.min_report_interval_s = min_report_interval_s
+        self.resend_every_s = resend_every_s
+        self.backoff_max_s = backoff_max_s
+        self.ack_timeout_s = ack_timeout_s
+        self.seq = 0
+        self.acked_seq = 0
+        self.connected = asyncio.Event()
+        self.synced = asyncio.Event()  # set when ClusterD acked everything sent so far
+        self._wakeup = asyncio.Event()
+        self._tasks = TaskOwner(f"agent-{agent}")
+        self._stopping = False
+        self._last_report = 0.0
+
+    def _wake(self) -> None:
+        self.synced.clear()
+        self._wakeup.set()
+
+    async def start(self) -> None:
+        """Start the connection loop in the background."""
+        self._tasks.spawn(self._run(), name="agent-stream")
+
+    async def stop(self, drain_s: float = 2.0) -> None:
+        """Send what is pending (up to ``drain_s`` s), then close the stream."""
+        if self.connected.is_set() and self.state.has_pending():
+            self._wakeup.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.synced.wait(), drain_s)
+        self._stopping = True
+        await self._tasks.close()
+
+    async def wait_synced(self, timeout_s: float = 10.0) -> None:
+        """Wait until ClusterD acked the current state. Raises ``TimeoutError``."""
+        await asyncio.wait_for(self.synced.wait(), timeout_s)
+
+    def _channel(self) -> grpc.aio.Channel:
+        if self.credentials is not None:
+            return grpc.aio.secure_channel(self.target, self.credentials, options=CHANNEL_OPTIONS)
+        return grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+
+    async def _run(self) -> None:
+        backoff = 0.5
+        while not self._stopping:
+            self.metrics.reconnects.inc()
+            started = time.monotonic()
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as e:
+                event(log, logging.WARNING, "clusterd stream down", target=self.target, code=e.code().name,
+                      detail=e.details())
+            except Exception as e:  # a bug must not end the agent: log and reconnect
+                event(log, logging.ERROR, "clusterd stream error", target=self.target, error=repr(e))
+            finally:
+                self.connected.clear()
+                self.metrics.connected.set(0)
+            if time.monotonic() - started > 30:
+                backoff = 0.5
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.backoff_max_s)
+
+    async def _session(self) -> None:
+        metadata = (("authorization", f"Bearer {self.token}"),) if self.token else None
+        async with self._channel() as channel:
+            stub = agent_pb2_grpc.AgentStreamStub(channel)
+            call = stub.Connect(metadata=metadata)
+            await call.write(agent_pb2.AgentMessage(hello=self.hello))
+            self.seq += 1
+            await call.write(agent_pb2.AgentMessage(snapshot=self.state.snapshot(self.seq)))
+            self.metrics.sent.labels("snapshot").inc()
+            last_snapshot = time.monotonic()
+            self.connected.set()
+            self.metrics.connected.set(1)
+            event(log, logging.INFO, "clusterd stream up", target=self.target, node=self.hello.node,
+                  agent=self.hello.agent)
+            reader = asyncio.create_task(self._read(call), name="agent-read")
+            try:
+                while True:
+                    if reader.done():
+                        reader.result()
+                        return
+                    wait_s = max(0.0, self.resend_every_s - (time.monotonic() - last_snapshot))
+                    self._wakeup.clear()
+                    if not self.state.has_pending():
+                        waker = asyncio.create_task(self._wakeup.wait())
+                        done, _ = await asyncio.wait({waker, reader}, timeout=wait_s,
+                                                     return_when=asyncio.FIRST_COMPLETED)
+                        waker.cancel()
+                        if reader in done:
+                            continue
+                    if time.monotonic() - last_snapshot >= self.resend_every_s:
+                        self.seq += 1
+                        await call.write(agent_pb2.AgentMessage(snapshot=self.state.snapshot(self.seq)))
+                        self.metrics.sent.labels("snapshot").inc()
+                        last_snapshot = time.monotonic()
+                        continue
+                    if not self.state.has_pending():
+                        continue
+                    gap = self.min_report_interval_s - (time.monotonic() - self._last_report)
+                    if gap > 0:
+                        await asyncio.sleep(gap)  # coalesce: last state wins
+                    self.seq += 1
+                    await call.write(agent_pb2.AgentMessage(delta=self.state.take_delta(self.seq)))
+                    self._last_report = time.monotonic()
+                    self.metrics.sent.labels("delta").inc()
+            finally:
+                reader.cancel()
+                with contextlib.suppress(BaseException):
+                    await reader
+                call.cancel()
+
+    async def _read(self, call) -> None:
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                raise ConnectionError("clusterd closed the stream")
+            kind = msg.WhichOneof("body")
+            if kind == "ack":
+                if msg.ack.error:
+                    event(log, logging.WARNING, "clusterd rejected message", seq=msg.ack.seq, error=msg.ack.error)
+                self.acked_seq = max(self.acked_seq, msg.ack.seq)
+                if self.acked_seq >= self.seq and not self.state.has_pending():
+                    self.synced.set()
+                continue
+            self.metrics.controls.labels(kind or "empty").inc()
+            if self.on_control is not None:
+                try:
+                    await self.on_control(msg)
+                    err = ""
+                except Exception as e:  # a bad control message is rejected, never fatal
+                    err = repr(e)
+                    event(log, logging.WARNING, "control message rejected", kind=kind, error=err)
+            else:
+                err = ""
+            await call.write(agent_pb2.AgentMessage(ack=agent_pb2.Ack(seq=msg.seq, error=err)))

@@ -1,0 +1,85 @@
+"""Command-line configuration: flags > ``FAULTMESH_<FLAG>`` env > YAML ``--config`` > defaults.
+
+Every service builds an ``argparse.ArgumentParser`` and calls :func:`parse` instead of
+``parser.parse_args``. Flag ``--grpc-addr`` reads env ``FAULTMESH_GRPC_ADDR`` and YAML key
+``grpc-addr`` (or ``grpc_addr``). Source: issue 2 "Command line".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or env value that cannot be used (message names the key)."""
+
+
+def env_name(dest: str) -> str:
+    """``grpc_addr`` -> ``FAULTMESH_GRPC_ADDR``."""
+    return "FAULTMESH_" + dest.upper()
+
+
+def _load_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"cannot read config file {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse ``argv`` with env and YAML fallbacks. Exits with status 2 on a bad value (argparse style)."""
+    if not any(a.dest == "config" for a in parser._actions):
+        parser.add_argument("--config", help="YAML file whose keys are flag names (env FAULTMESH_CONFIG)")
+    pre, _ = parser.parse_known_args(argv)
+    file_values: dict[str, Any] = {}
+    cfg_path = getattr(pre, "config", None) or os.environ.get(env_name("config"))
+    if cfg_path:
+        try:
+            file_values = _load_yaml(cfg_path)
+        except ConfigError as e:
+            parser.error(str(e))
+    defaults: dict[str, Any] = {}
+    for action in parser._actions:
+        dest = action.dest
+        if dest in ("help", "config") or not action.option_strings:
+            continue
+        raw: Any = None
+        if env_name(dest) in os.environ:
+            raw = os.environ[env_name(dest)]
+        elif dest in file_values:
+            raw = file_values[dest]
+        if raw is None:
+            continue
+        if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+            val = raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
+        elif isinstance(action, argparse._AppendAction):
+            val = raw if isinstance(raw, list) else [s for s in str(raw).split(",") if s]
+        else:
+            val = raw
+            if action.type is not None and isinstance(raw, str):
+                try:
+                    val = action.type(raw)
+                except (TypeError, ValueError) as e:
+                    parser.error(f"bad value for {dest} from env/config: {raw!r} ({e})")
+        defaults[dest] = val
+    parser.set_defaults(**defaults)
+    return parser.parse_args(argv)
+
+
+def read_secret(path: str | None, env: str | None = None) -> str | None:
+    """Read a secret (password, token) from a file (stripped) or else from env var ``env``; never logged."""
+    if path:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    if env:
+        return os.environ.get(env)
+    return None

@@ -1,0 +1,117 @@
+"""Process runtime shared by the daemons: event loop choice, owned tasks, blocking executor, signals.
+
+- :func:`run` starts a coroutine on uvloop when importable and turns SIGTERM/SIGINT into a stop event.
+- :class:`TaskOwner` owns background tasks and cancels and awaits them on close (with a timeout).
+- :class:`BlockingPool` runs blocking calls (pyghmi, ctypes DCMI) in a bounded thread pool, each with
+  a timeout; the event loop never blocks. Source: brief "Async code", architecture-anchors.md §7.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from faultmesh.log import event
+
+T = TypeVar("T")
+log = logging.getLogger("faultmesh.runtime")
+
+
+class BlockingTimeout(TimeoutError):
+    """A blocking call did not finish within its timeout (the thread is left to finish on its own)."""
+
+
+class BlockingPool:
+    """A bounded thread pool for blocking calls. ``max_workers`` threads; ``call`` has a timeout (s)."""
+
+    def __init__(self, max_workers: int = 2, name: str = "blocking") -> None:
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name)
+        self._sem = asyncio.Semaphore(max_workers * 4)
+
+    async def call(self, timeout_s: float, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` in the pool. Raises :class:`BlockingTimeout` after ``timeout_s`` seconds."""
+        loop = asyncio.get_running_loop()
+        async with self._sem:
+            fut = loop.run_in_executor(self._pool, fn, *args)
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+            except TimeoutError:
+                fut.add_done_callback(_swallow)
+                raise BlockingTimeout(f"{getattr(fn, '__name__', fn)} timed out after {timeout_s}s") from None
+
+    def shutdown(self) -> None:
+        """Stop accepting work; running calls finish in their threads."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _swallow(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+class TaskOwner:
+    """Owns background tasks: ``spawn`` keeps a reference, ``close`` cancels and awaits them all."""
+
+    def __init__(self, name: str = "tasks") -> None:
+        self._name = name
+        self._tasks: set[asyncio.Task] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task:
+        """Start ``coro`` as an owned task; a crash is logged (``task crashed``), never silent."""
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            event(log, logging.ERROR, "task crashed", owner=self._name, task=task.get_name(), error=repr(exc))
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Cancel every owned task and wait up to ``timeout_s`` seconds for them to end."""
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+            if pending:
+                event(log, logging.WARNING, "tasks did not stop", owner=self._name, pending=len(pending))
+
+
+def install_uvloop() -> bool:
+    """Make uvloop the loop for :func:`asyncio.run` when importable. Returns True when installed."""
+    try:
+        import uvloop
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
+def run(main: Callable[[asyncio.Event], Awaitable[int | None]]) -> int:
+    """Run ``main(stop_event)`` on uvloop (when available); SIGTERM/SIGINT set ``stop_event``.
+
+    Returns main's exit status (0 when it returns None).
+    """
+    install_uvloop()
+
+    async def _runner() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        rc = await main(stop)
+        return int(rc or 0)
+
+    return asyncio.run(_runner())

@@ -1,0 +1,48 @@
+"""Model <-> protobuf for the agent stream (faultmesh.v1). The only place that maps Fault records."""
+
+from __future__ import annotations
+
+from faultmesh._pb import agent_pb2
+from faultmesh.model import Fault, FaultKey
+
+
+def fault_to_pb(f: Fault) -> agent_pb2.Fault:
+    """Fault -> agent_pb2.Fault."""
+    return agent_pb2.Fault(
+        source=f.source,
+        node=f.node,
+        device_type=f.device_type,
+        device_id=f.device_id,
+        code=f.code,
+        level=f.level,
+        assertion=f.assertion,
+        first_seen_ms=f.first_seen_ms,
+        last_seen_ms=f.last_seen_ms,
+        attributes=f.attributes,
+    )
+
+
+def fault_from_pb(m: agent_pb2.Fault, node: str | None = None) -> Fault:
+    """agent_pb2.Fault -> Fault; ``node`` (the stream's node) overrides the message's node."""
+    return Fault(
+        source=m.source,
+        node=node if node is not None else m.node,
+        device_type=m.device_type,
+        device_id=m.device_id,
+        code=m.code,
+        level=m.level,
+        assertion=m.assertion or "occur",
+        first_seen_ms=m.first_seen_ms,
+        last_seen_ms=m.last_seen_ms,
+        attributes=dict(m.attributes),
+    )
+
+
+def key_to_pb(k: FaultKey) -> agent_pb2.FaultKey:
+    """FaultKey -> agent_pb2.FaultKey (the node is implied by the stream)."""
+    return agent_pb2.FaultKey(source=k.source, device_type=k.device_type, device_id=k.device_id, code=k.code)
+
+
+def key_from_pb(m: agent_pb2.FaultKey, node: str) -> FaultKey:
+    """agent_pb2.FaultKey on the stream of ``node`` -> FaultKey."""
+    return FaultKey(node, m.device_type, m.device_id, m.code, m.source)
