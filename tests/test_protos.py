@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_generated_stubs_have_no_drift(tmp_path: Path) -> None:
     out = tmp_path / "_pb"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_protos.py"), str(out)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_protos.py"), str(out)], check=True, capture_output=True
+    )
     committed = ROOT / "services" / "faultmesh" / "_pb"
     fresh = sorted(p.name for p in out.iterdir() if p.is_file())
     assert fresh == sorted(p.name for p in committed.iterdir() if p.is_file() and p.suffix in (".py", ".pyi"))

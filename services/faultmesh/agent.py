@@ -22,6 +22,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -77,7 +78,7 @@ class AgentState:
     def upsert(self, fault: Fault) -> bool:
         """Add or update one fault (node forced to this agent's node). Keeps the first-seen time."""
         if fault.node != self.node:
-            fault = Fault(**{**_fields(fault), "node": self.node})
+            fault = replace(fault, node=self.node)
         old = self.faults.get(fault.key)
         if old is not None:
             if old.same_content(fault):
@@ -101,7 +102,7 @@ class AgentState:
         new = {}
         for f in faults:
             if f.node != self.node:
-                f = Fault(**{**_fields(f), "node": self.node})
+                f = replace(f, node=self.node)
             new[f.key] = f
         changed = False
         for key in [k for k in self.faults if k.source == source and k not in new]:
@@ -207,10 +208,6 @@ class AgentState:
         return d
 
 
-def _fields(f: Fault) -> dict:
-    return {s: getattr(f, s) for s in f.__slots__}
-
-
 class AgentMetrics:
     """Prometheus metrics of the agent stream (registered on the agent's registry)."""
 
@@ -258,7 +255,12 @@ class AgentClient:
         self.state = state or AgentState(node)
         self.state.on_change = self._wake
         self.hello = agent_pb2.Hello(
-            node=node, agent=agent, boot_id=uuid.uuid4().hex, version="0.1.0", node_ip=node_ip, node_sn=node_sn
+            node=node,
+            agent=agent,
+            boot_id=uuid.uuid4().hex,
+            version="0.1.0",
+            node_ip=node_ip,
+            node_sn=node_sn,
         )
         self.on_control = on_control
         self.credentials = credentials
@@ -313,8 +315,14 @@ class AgentClient:
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as e:
-                event(log, logging.WARNING, "clusterd stream down", target=self.target, code=e.code().name,
-                      detail=e.details())
+                event(
+                    log,
+                    logging.WARNING,
+                    "clusterd stream down",
+                    target=self.target,
+                    code=e.code().name,
+                    detail=e.details(),
+                )
             except Exception as e:  # a bug must not end the agent: log and reconnect
                 event(log, logging.ERROR, "clusterd stream error", target=self.target, error=repr(e))
             finally:
@@ -337,8 +345,14 @@ class AgentClient:
             last_snapshot = time.monotonic()
             self.connected.set()
             self.metrics.connected.set(1)
-            event(log, logging.INFO, "clusterd stream up", target=self.target, node=self.hello.node,
-                  agent=self.hello.agent)
+            event(
+                log,
+                logging.INFO,
+                "clusterd stream up",
+                target=self.target,
+                node=self.hello.node,
+                agent=self.hello.agent,
+            )
             reader = asyncio.create_task(self._read(call), name="agent-read")
             try:
                 while True:
@@ -349,8 +363,9 @@ class AgentClient:
                     self._wakeup.clear()
                     if not self.state.has_pending():
                         waker = asyncio.create_task(self._wakeup.wait())
-                        done, _ = await asyncio.wait({waker, reader}, timeout=wait_s,
-                                                     return_when=asyncio.FIRST_COMPLETED)
+                        done, _ = await asyncio.wait(
+                            {waker, reader}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
+                        )
                         waker.cancel()
                         if reader in done:
                             continue
@@ -383,7 +398,13 @@ class AgentClient:
             kind = msg.WhichOneof("body")
             if kind == "ack":
                 if msg.ack.error:
-                    event(log, logging.WARNING, "clusterd rejected message", seq=msg.ack.seq, error=msg.ack.error)
+                    event(
+                        log,
+                        logging.WARNING,
+                        "clusterd rejected message",
+                        seq=msg.ack.seq,
+                        error=msg.ack.error,
+                    )
                 self.acked_seq = max(self.acked_seq, msg.ack.seq)
                 if self.acked_seq >= self.seq and not self.state.has_pending():
                     self.synced.set()

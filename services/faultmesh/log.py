@@ -28,7 +28,7 @@ def kv(**fields: Any) -> str:
 def event(logger: logging.Logger, level: int, msg: str, **fields: Any) -> None:
     """Log one event line: ``msg key=value ...`` (msg first, so stable phrases stay greppable)."""
     if logger.isEnabledFor(level):
-        logger.log(level, "%s %s" % (msg, kv(**fields)) if fields else msg)
+        logger.log(level, f"{msg} {kv(**fields)}" if fields else msg)
 
 
 class _Formatter(logging.Formatter):
@@ -40,7 +40,9 @@ class _Formatter(logging.Formatter):
         return line
 
 
-def setup(level: str = "INFO", log_file: str | None = None, max_bytes: int = 20 << 20, backups: int = 5) -> None:
+def setup(
+    level: str = "INFO", log_file: str | None = None, max_bytes: int = 20 << 20, backups: int = 5
+) -> None:
     """Configure the root logger: stderr, plus a rotating ``log_file`` (max_bytes, backups) when given."""
     root = logging.getLogger()
     root.handlers.clear()

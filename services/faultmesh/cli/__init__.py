@@ -15,6 +15,7 @@ from collections.abc import Sequence
 # Module names under faultmesh.cli, one per command group. Add one line per new group.
 COMMAND_MODULES: tuple[str, ...] = (
     "faults",
+    "pubfault",
 )
 
 

@@ -18,12 +18,21 @@ class CliError(Exception):
 
 def add_server_flags(p: argparse.ArgumentParser) -> None:
     """``--http`` (ClusterD HTTP address), ``--grpc`` (gRPC address), ``--token``, ``-o table|json``."""
-    p.add_argument("--http", default=os.environ.get("FAULTMESH_HTTP_ADDR", "127.0.0.1:8080"),
-                   help="ClusterD HTTP address (env FAULTMESH_HTTP_ADDR)")
-    p.add_argument("--grpc", default=os.environ.get("FAULTMESH_GRPC_ADDR", "127.0.0.1:8899"),
-                   help="ClusterD gRPC address (env FAULTMESH_GRPC_ADDR)")
-    p.add_argument("--token-file", default=os.environ.get("FAULTMESH_TOKEN_FILE"),
-                   help="bearer token file for mutating calls (env FAULTMESH_TOKEN_FILE)")
+    p.add_argument(
+        "--http",
+        default=os.environ.get("FAULTMESH_HTTP_ADDR", "127.0.0.1:8080"),
+        help="ClusterD HTTP address (env FAULTMESH_HTTP_ADDR)",
+    )
+    p.add_argument(
+        "--grpc",
+        default=os.environ.get("FAULTMESH_GRPC_ADDR", "127.0.0.1:8899"),
+        help="ClusterD gRPC address (env FAULTMESH_GRPC_ADDR)",
+    )
+    p.add_argument(
+        "--token-file",
+        default=os.environ.get("FAULTMESH_TOKEN_FILE"),
+        help="bearer token file for mutating calls (env FAULTMESH_TOKEN_FILE)",
+    )
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
 
 
@@ -35,7 +44,9 @@ def token(args: argparse.Namespace) -> str | None:
     return os.environ.get("FAULTMESH_TOKEN")
 
 
-def http_json(args: argparse.Namespace, method: str, path: str, body: Any = None, timeout_s: float = 10.0) -> Any:
+def http_json(
+    args: argparse.Namespace, method: str, path: str, body: Any = None, timeout_s: float = 10.0
+) -> Any:
     """Call ClusterD's HTTP API and return the decoded JSON. Raises :class:`CliError` with the reason."""
     url = f"http://{args.http}{path}"
     data = None if body is None else json.dumps(body).encode()

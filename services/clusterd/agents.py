@@ -1,0 +1,303 @@
+"""ClusterD side of the agent stream (design.md "Agent stream"): ingest and control.
+
+:class:`AgentHub` serves ``faultmesh.v1.AgentStream/Connect``. Per stream: the first message must be
+``Hello``; a ``Snapshot`` replaces everything that agent said about its node
+(:meth:`FaultCenter.replace_origin`); a ``Delta`` applies upserts/removals; each is acked with its seq
+after it is durable. Down the same stream go control messages (``send``), numbered, and acked by the
+agent. A new stream from the same (node, agent) replaces the old one. A stream that breaks costs
+nothing: the agent's faults stay (the agent is the truth and resyncs on reconnect) and the node is
+marked disconnected.
+
+Bad input (no Hello, a message too large, faults of another node, absurd values) is rejected with an
+Ack carrying the error, counted in ``faultmesh_rejected_requests_total{service="agent",reason}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from clusterd.center import FaultCenter
+from faultmesh._pb import agent_pb2, agent_pb2_grpc
+from faultmesh.log import RateLimitedLog, event
+from faultmesh.model import ASSERTIONS
+from faultmesh.wire import fault_from_pb, key_from_pb
+
+log = logging.getLogger("clusterd.agents")
+
+MAX_FAULTS_PER_MESSAGE = 100_000
+MAX_FIELD_LEN = 256
+
+
+class AgentInputError(ValueError):
+    """An agent message that cannot be applied; the reason is the first word of the message."""
+
+
+@dataclass
+class AgentSession:
+    """One connected agent: its identity, stream queue and latest non-fault state."""
+
+    node: str
+    agent: str
+    boot_id: str
+    node_ip: str
+    node_sn: str
+    peer: str
+    queue: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(maxsize=1024))
+    connected_at: float = field(default_factory=time.time)
+    last_seen: float = field(default_factory=time.time)
+    last_seq: int = 0
+    control_seq: int = 0
+    acked_control: int = 0
+    closed: bool = False
+
+
+Callback = Callable[..., Awaitable[Any] | Any]
+
+
+class AgentHub(agent_pb2_grpc.AgentStreamServicer):
+    """The agent-stream endpoint and the registry of connected agents."""
+
+    def __init__(self, center: FaultCenter, registry: CollectorRegistry, rejected: Counter) -> None:
+        self.center = center
+        self.sessions: dict[tuple[str, str], AgentSession] = {}
+        self.known: dict[str, dict[str, Any]] = {}  # node -> last hello/status/conditions/devices
+        self._on_connect: list[Callback] = []
+        self._on_ping: list[Callback] = []
+        self._on_slownode: list[Callback] = []
+        self._rejected = rejected
+        self._ratelog = RateLimitedLog(log)
+        self.authorize: Callable[[Any], bool] = lambda context: True
+        self.connected_gauge = Gauge(
+            "faultmesh_agents_connected", "Connected agent streams", ["agent"], registry=registry
+        )
+        self.messages = Counter(
+            "faultmesh_agent_messages_total", "Agent stream messages received", ["kind"], registry=registry
+        )
+
+    # -- extension points --------------------------------------------------------------------
+    def on_connect(self, cb: Callback) -> None:
+        """``cb(node, agent)`` after an agent's snapshot is applied (push control state again)."""
+        self._on_connect.append(cb)
+
+    def on_ping_results(self, cb: Callback) -> None:
+        """``cb(node, rows: list[agent_pb2.PingResult])`` for every delta carrying pingmesh rows."""
+        self._on_ping.append(cb)
+
+    def on_slownode_report(self, cb: Callback) -> None:
+        """``cb(node, report: agent_pb2.SlowNodeReport)`` for each node-level slow-node result."""
+        self._on_slownode.append(cb)
+
+    def connected(self) -> list[tuple[str, str]]:
+        """(node, agent) of every live stream."""
+        return sorted(self.sessions)
+
+    async def send(self, node: str, agent: str, **body: Any) -> bool:
+        """Queue one control message (e.g. ``ping_list=PingList(...)``) to (node, agent).
+
+        Returns False when that agent is not connected or its queue is full (it gets the state again
+        through ``on_connect`` when it reconnects).
+        """
+        s = self.sessions.get((node, agent))
+        if s is None or s.closed:
+            return False
+        s.control_seq += 1
+        msg = agent_pb2.ControlMessage(seq=s.control_seq, **body)
+        try:
+            s.queue.put_nowait(msg)
+        except asyncio.QueueFull:
+            self._reject("control_queue_full", node=node, agent=agent)
+            return False
+        return True
+
+    def node_info(self, node: str) -> dict[str, Any]:
+        """What the agents last said about ``node`` besides faults: ip, sn, status, conditions, devices."""
+        return self.known.get(node, {})
+
+    # -- the stream --------------------------------------------------------------------------
+    def _reject(self, reason: str, **fields: Any) -> None:
+        self._rejected.labels("agent", reason).inc()
+        self._ratelog.warning(reason, "agent message rejected", **fields)
+
+    async def _notify(self, cbs: list[Callback], *args: Any) -> None:
+        for cb in cbs:
+            try:
+                res = cb(*args)
+                if asyncio.iscoroutine(res):
+                    await res
+            except Exception as e:
+                event(log, logging.ERROR, "agent callback failed", callback=repr(cb), error=repr(e))
+
+    async def Connect(self, request_iterator, context):  # noqa: N802 (gRPC method name)
+        """Serve one agent stream (see module docstring)."""
+        session: AgentSession | None = None
+        writer: asyncio.Task | None = None
+        if not self.authorize(context):
+            self._reject("unauthenticated", peer=context.peer())
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bearer token required")
+        try:
+            first = await asyncio.wait_for(anext(request_iterator), 30.0)
+            if first.WhichOneof("body") != "hello" or not _valid_name(first.hello.node):
+                self._reject("no_hello")
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, "first message must be Hello with a node"
+                )
+            h = first.hello
+            agent = h.agent or "agent"
+            session = AgentSession(h.node, agent, h.boot_id, h.node_ip, h.node_sn, context.peer())
+            old = self.sessions.get((h.node, agent))
+            if old is not None:
+                old.closed = True
+                old.queue.put_nowait(None) if not old.queue.full() else None
+            self.sessions[(h.node, agent)] = session
+            info = self.known.setdefault(h.node, {"conditions": {}, "devices": {}})
+            info.update(node_ip=h.node_ip, node_sn=h.node_sn, boot_id=h.boot_id)
+            self.connected_gauge.labels(agent).set(sum(1 for k in self.sessions if k[1] == agent))
+            event(log, logging.INFO, "agent connected", node=h.node, agent=agent, peer=context.peer())
+            writer = asyncio.create_task(self._write(session, context))
+            async for msg in request_iterator:
+                if session.closed:
+                    break
+                session.last_seen = time.time()
+                await self._handle(session, msg)
+        except (StopAsyncIteration, TimeoutError):
+            self._reject("no_hello")
+        except asyncio.CancelledError:
+            raise
+        finally:
+            if writer is not None:
+                writer.cancel()
+                with contextlib.suppress(BaseException):
+                    await writer
+            if session is not None:
+                session.closed = True
+                if self.sessions.get((session.node, session.agent)) is session:
+                    del self.sessions[(session.node, session.agent)]
+                    event(log, logging.INFO, "agent disconnected", node=session.node, agent=session.agent)
+                self.connected_gauge.labels(session.agent).set(
+                    sum(1 for k in self.sessions if k[1] == session.agent)
+                )
+
+    async def _write(self, s: AgentSession, context) -> None:
+        while True:
+            msg = await s.queue.get()
+            if msg is None:
+                return
+            await context.write(msg)
+
+    def _ack(self, s: AgentSession, seq: int, error: str = "") -> None:
+        msg = agent_pb2.ControlMessage(seq=0, ack=agent_pb2.Ack(seq=seq, error=error))
+        try:
+            s.queue.put_nowait(msg)
+        except asyncio.QueueFull:
+            self._reject("control_queue_full", node=s.node, agent=s.agent)
+
+    async def _handle(self, s: AgentSession, msg: agent_pb2.AgentMessage) -> None:
+        kind = msg.WhichOneof("body")
+        self.messages.labels(kind or "empty").inc()
+        if kind == "ack":
+            s.acked_control = max(s.acked_control, msg.ack.seq)
+            if msg.ack.error:
+                event(
+                    log,
+                    logging.WARNING,
+                    "agent rejected control",
+                    node=s.node,
+                    agent=s.agent,
+                    seq=msg.ack.seq,
+                    error=msg.ack.error,
+                )
+            return
+        if kind not in ("snapshot", "delta"):
+            self._reject("unexpected_message", node=s.node, kind=kind)
+            return
+        body = getattr(msg, kind)
+        try:
+            if kind == "snapshot":
+                faults = [self._fault(s, m) for m in body.faults]
+                await self.center.replace_origin(s.node, s.agent, faults)
+                info = self.known[s.node]
+                info["conditions"] = {c.type: _condition(c) for c in body.conditions}
+                info["devices"] = {f"{d.device_type}-{d.device_id}": _device(d) for d in body.devices}
+                if body.node_status:
+                    info["node_status"] = body.node_status
+            else:
+                ups = [self._fault(s, m) for m in body.upserts]
+                rms = [key_from_pb(k, s.node) for k in body.removals]
+                if ups or rms:
+                    await self.center.apply(ups, rms, s.agent)
+                info = self.known[s.node]
+                for c in body.conditions:
+                    info["conditions"][c.type] = _condition(c)
+                for d in body.devices:
+                    info["devices"][f"{d.device_type}-{d.device_id}"] = _device(d)
+                if body.node_status:
+                    info["node_status"] = body.node_status
+        except AgentInputError as e:
+            reason = str(e).split(":", 1)[0]
+            self._reject(reason, node=s.node, agent=s.agent, detail=str(e))
+            self._ack(s, body.seq, str(e))
+            return
+        except Exception as e:  # state write failed: do not ack; the agent resends on reconnect
+            event(log, logging.ERROR, "agent message not applied", node=s.node, error=repr(e))
+            self._ack(s, body.seq, f"internal: {e!r}")
+            return
+        s.last_seq = body.seq
+        self._ack(s, body.seq)
+        if kind == "snapshot":
+            await self._notify(self._on_connect, s.node, s.agent)
+        else:
+            if body.ping_results:
+                await self._notify(self._on_ping, s.node, list(body.ping_results))
+            for r in body.slownode_reports:
+                await self._notify(self._on_slownode, s.node, r)
+
+    def _fault(self, s: AgentSession, m: agent_pb2.Fault):
+        if m.node and m.node != s.node:
+            raise AgentInputError(f"foreign_node: fault for node {m.node!r} on the stream of {s.node!r}")
+        if not m.code or len(m.code) > 32 or not m.source or len(m.source) > 64:
+            raise AgentInputError("bad_fault: code and source are required (≤32 / ≤64 chars)")
+        if len(m.device_type) > 64 or len(m.level) > 64 or m.device_id < -1 or m.device_id > 1 << 20:
+            raise AgentInputError("bad_fault: device or level out of range")
+        if m.assertion and m.assertion not in ASSERTIONS:
+            raise AgentInputError(f"bad_fault: assertion {m.assertion!r}")
+        if len(m.attributes) > 64 or any(
+            len(k) > MAX_FIELD_LEN or len(v) > 4096 for k, v in m.attributes.items()
+        ):
+            raise AgentInputError("bad_fault: too many or too long attributes")
+        return fault_from_pb(m, node=s.node)
+
+
+def _valid_name(name: str) -> bool:
+    return 0 < len(name) <= 253 and all(c.isalnum() or c in "-._" for c in name)
+
+
+def _condition(c: agent_pb2.Condition) -> dict[str, Any]:
+    return {
+        "type": c.type,
+        "active": c.active,
+        "reason": c.reason,
+        "message": c.message,
+        "since_ms": c.since_ms,
+    }
+
+
+def _device(d: agent_pb2.DeviceState) -> dict[str, Any]:
+    return {
+        "device_type": d.device_type,
+        "device_id": d.device_id,
+        "phy_id": d.phy_id,
+        "health": d.health,
+        "network_health": d.network_health,
+        "level": d.level,
+        "super_pod_id": d.super_pod_id,
+        "server_index": d.server_index,
+    }

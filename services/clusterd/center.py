@@ -1,0 +1,268 @@
+"""The fault center: every active fault of the cluster, keyed by (node, device, code, source).
+
+Source: issue 2 "Fault center"; design.md "Fault model"; clusterd.md §2.4 (health mapping).
+
+Writers (agent stream, PubFault, FD-OL, ...) submit operations; one writer task applies them in
+order, commits each batch to the :class:`~clusterd.store.Store` in one transaction (group commit),
+then resolves the callers and notifies subscribers. So an operation that returned is durable, the
+in-memory view equals the file, and concurrent writers never interleave half-applied changes.
+
+Each fault has an *origin*: the agent (``noded``/``deviced`` on that node) or the component
+(``public``, ``fd-online``, ...) that owns it. An agent snapshot replaces everything its origin said
+before on that node. A recover keeps nothing; ``once`` faults are removed by their owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from clusterd.store import Store
+from faultmesh.levels import HEALTHY, level_health, level_severity, worst_health
+from faultmesh.log import event
+from faultmesh.model import Fault, FaultKey, now_ms
+
+log = logging.getLogger("clusterd.center")
+
+OCCUR = "occur"
+UPDATE = "update"
+RECOVER = "recover"
+
+
+class Change(NamedTuple):
+    """One change of the fault center: kind is ``occur`` / ``update`` / ``recover``."""
+
+    kind: str
+    fault: Fault
+
+
+Subscriber = Callable[[list[Change]], Any]
+
+
+class _Op(NamedTuple):
+    upserts: list[Fault]
+    removals: list[FaultKey]
+    replace_scope: tuple[str, str] | None  # (node, origin): remove its keys not in upserts
+    origin: str
+    future: asyncio.Future
+
+
+class FaultCenter:
+    """Active faults in memory, persisted in ``store``. Start with :meth:`load` then :meth:`start`."""
+
+    def __init__(self, store: Store, registry: CollectorRegistry, max_batch: int = 512) -> None:
+        self._store = store
+        self._faults: dict[FaultKey, Fault] = {}
+        self._origin: dict[FaultKey, str] = {}
+        self._by_scope: dict[tuple[str, str], set[FaultKey]] = {}
+        self._subs: list[Subscriber] = []
+        self._queue: asyncio.Queue[_Op] = asyncio.Queue()
+        self._max_batch = max_batch
+        self._task: asyncio.Task | None = None
+        self.active = Gauge("faultmesh_faults_active", "Active faults by level", ["level"], registry=registry)
+        self.changes = Counter(
+            "faultmesh_fault_changes_total", "Fault center changes", ["kind"], registry=registry
+        )
+        self.commit_s = Histogram(
+            "faultmesh_store_commit_seconds",
+            "SQLite commit time of one fault batch",
+            registry=registry,
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0),
+        )
+        self.store_errors = Counter(
+            "faultmesh_store_errors_total", "Failed state-file writes", registry=registry
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def load(self) -> int:
+        """Load the persisted faults (after a restart). Returns how many."""
+        for fault, origin in await self._store.load_faults():
+            self._put(fault, origin)
+        self._update_gauges()
+        return len(self._faults)
+
+    def start(self) -> asyncio.Task:
+        """Start the writer task (the caller owns and cancels it)."""
+        self._task = asyncio.create_task(self._writer(), name="fault-center-writer")
+        return self._task
+
+    def subscribe(self, cb: Subscriber) -> None:
+        """Call ``cb(changes)`` after each committed batch that changed something (on the loop)."""
+        self._subs.append(cb)
+
+    # -- writes ----------------------------------------------------------------------------------
+    async def _submit(self, upserts, removals=(), replace_scope=None, origin: str = "") -> list[Change]:
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Op(list(upserts), list(removals), replace_scope, origin, fut))
+        return await fut
+
+    async def upsert(self, fault: Fault, origin: str | None = None) -> list[Change]:
+        """Add or update one fault; first-seen is kept from an existing record. Durable on return."""
+        return await self._submit([fault], origin=origin or fault.source)
+
+    async def remove(self, key: FaultKey) -> list[Change]:
+        """Remove (recover) one fault. Durable on return."""
+        return await self._submit([], [key])
+
+    async def apply(
+        self, upserts: Iterable[Fault], removals: Iterable[FaultKey], origin: str
+    ) -> list[Change]:
+        """Apply several upserts and removals of one owner atomically. Durable on return."""
+        return await self._submit(upserts, removals, origin=origin)
+
+    async def replace_origin(self, node: str, origin: str, faults: Iterable[Fault]) -> list[Change]:
+        """Make ``faults`` everything ``origin`` reports for ``node`` (an agent snapshot)."""
+        return await self._submit(faults, (), (node, origin), origin)
+
+    async def replace_source(self, node: str, source: str, faults: Iterable[Fault]) -> list[Change]:
+        """Make ``faults`` every fault of ``source`` on ``node``; origin = source."""
+        return await self._submit(faults, (), (node, source), source)
+
+    async def _writer(self) -> None:
+        while True:
+            ops = [await self._queue.get()]
+            while len(ops) < self._max_batch and not self._queue.empty():
+                ops.append(self._queue.get_nowait())
+            await self._apply_batch(ops)
+
+    async def _apply_batch(self, ops: list[_Op]) -> None:
+        per_op: list[list[Change]] = []
+        dirty: dict[FaultKey, str | None] = {}
+        for op in ops:
+            changes: list[Change] = []
+            now = now_ms()
+            new_keys = set()
+            for f in op.upserts:
+                new_keys.add(f.key)
+                old = self._faults.get(f.key)
+                if old is None:
+                    f = replace(f, first_seen_ms=f.first_seen_ms or now, last_seen_ms=f.last_seen_ms or now)
+                    changes.append(Change(OCCUR, f))
+                else:
+                    f = replace(
+                        f,
+                        first_seen_ms=min(old.first_seen_ms, f.first_seen_ms or old.first_seen_ms),
+                        last_seen_ms=max(old.last_seen_ms, f.last_seen_ms or now),
+                    )
+                    if not old.same_content(f):
+                        changes.append(Change(UPDATE, f))
+                    elif f.last_seen_ms == old.last_seen_ms and self._origin.get(f.key) == op.origin:
+                        continue
+                self._put(f, op.origin)
+                dirty[f.key] = op.origin
+            removals = list(op.removals)
+            if op.replace_scope is not None:
+                removals.extend(k for k in self._by_scope.get(op.replace_scope, ()) if k not in new_keys)
+            for key in removals:
+                old = self._drop(key)
+                if old is not None:
+                    changes.append(Change(RECOVER, old))
+                    dirty[key] = None
+            per_op.append(changes)
+        error: BaseException | None = None
+        if dirty:
+            ups = [(self._faults[k], o) for k, o in dirty.items() if o is not None]
+            rms = [k for k, o in dirty.items() if o is None]
+            try:
+                with self.commit_s.time():
+                    await self._store.write_faults(ups, rms)
+            except Exception as e:  # disk full, I/O error: memory stays right; callers are not acked
+                error = e
+                self.store_errors.inc()
+                event(log, logging.ERROR, "state write failed", error=repr(e), batch=len(ops))
+        all_changes: list[Change] = []
+        for op, changes in zip(ops, per_op, strict=True):
+            all_changes.extend(changes)
+            if op.future.done():
+                continue
+            if error is not None:
+                op.future.set_exception(error)
+            else:
+                op.future.set_result(changes)
+        if all_changes:
+            for c in all_changes:
+                self.changes.labels(c.kind).inc()
+            self._update_gauges()
+            for cb in list(self._subs):
+                try:
+                    res = cb(all_changes)
+                    if asyncio.iscoroutine(res):
+                        await res
+                except Exception as e:  # a broken subscriber must not stop ingest
+                    event(log, logging.ERROR, "fault subscriber failed", subscriber=repr(cb), error=repr(e))
+
+    def _put(self, f: Fault, origin: str) -> None:
+        old_origin = self._origin.get(f.key)
+        if old_origin is not None and old_origin != origin:
+            self._by_scope.get((f.node, old_origin), set()).discard(f.key)
+        self._faults[f.key] = f
+        self._origin[f.key] = origin
+        self._by_scope.setdefault((f.node, origin), set()).add(f.key)
+
+    def _drop(self, key: FaultKey) -> Fault | None:
+        f = self._faults.pop(key, None)
+        origin = self._origin.pop(key, None)
+        if origin is not None:
+            scope = self._by_scope.get((key.node, origin))
+            if scope is not None:
+                scope.discard(key)
+                if not scope:
+                    del self._by_scope[(key.node, origin)]
+        return f
+
+    def _update_gauges(self) -> None:
+        counts: dict[str, int] = {}
+        for f in self._faults.values():
+            counts[f.level] = counts.get(f.level, 0) + 1
+        self.active.clear()
+        for level, n in counts.items():
+            self.active.labels(level).set(n)
+
+    # -- reads -----------------------------------------------------------------------------------
+    def faults(self, node: str | None = None) -> list[Fault]:
+        """Active faults (optionally of one node), sorted by node, device, code, source."""
+        items = (
+            self._faults.values() if node is None else [f for f in self._faults.values() if f.node == node]
+        )
+        return sorted(items, key=lambda f: (f.node, f.device_type, f.device_id, f.code, f.source))
+
+    def get(self, key: FaultKey) -> Fault | None:
+        """The active fault with ``key``, or None."""
+        return self._faults.get(key)
+
+    def origin(self, key: FaultKey) -> str | None:
+        """Who owns the fault with ``key``."""
+        return self._origin.get(key)
+
+    def node_names(self) -> set[str]:
+        """Every node that has at least one active fault."""
+        return {k.node for k in self._faults}
+
+    def node_health(self, node: str) -> tuple[str, str]:
+        """(health, worst level) of ``node`` from its faults: Healthy / SubHealthy / UnHealthy."""
+        faults = [f for f in self._faults.values() if f.node == node]
+        if not faults:
+            return HEALTHY, ""
+        worst = max(faults, key=lambda f: level_severity(f.level)).level
+        return worst_health(level_health(f.level) for f in faults), worst
+
+
+def fault_dict(f: Fault) -> dict[str, Any]:
+    """A fault as the JSON object of the HTTP API."""
+    return {
+        "source": f.source,
+        "node": f.node,
+        "device_type": f.device_type,
+        "device_id": f.device_id,
+        "code": f.code,
+        "level": f.level,
+        "assertion": f.assertion,
+        "first_seen_ms": f.first_seen_ms,
+        "last_seen_ms": f.last_seen_ms,
+        "attributes": f.attributes,
+    }

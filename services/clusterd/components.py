@@ -1,0 +1,7 @@
+"""The registry of ClusterD components: ``"module:Class"`` strings, started in this order.
+
+A component class has ``name``, ``@staticmethod add_arguments(parser)``, ``__init__(self, cd)``
+(register servicers, routes and subscriptions there), ``async start()`` and ``async stop()``.
+"""
+
+COMPONENTS: tuple[str, ...] = ("clusterd.pubfault:PubFaultComponent",)

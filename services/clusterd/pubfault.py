@@ -1,0 +1,341 @@
+"""PubFault: the public fault intake (``/PubFault/SendPublicFault``), reference clusterd.md §5.
+
+Validation, in the reference's order and with its response codes:
+
+1. per-resource token bucket (1/s, burst 100); unknown resource or empty bucket -> 410
+   ``limiter work by resource failed``;
+2. request rules -> 409 ``check public fault info failed, error: <why>``: id ``^[a-zA-Z0-9-_.]{8,128}$``,
+   timestamp 13 digits and >= 2025-01-01 (ms), version "1.0", known resource, 1..100 faults;
+3. fault rules: an invalid fault is dropped and logged; none left -> 409 ``there is no valid fault``.
+   faultId as id; faultType in NPU/Node/Network/Storage; faultCode 9 chars and in the table;
+   faultTime as timestamp; assertion occur/recover/once; faultLocation <= 10 entries, key <= 16,
+   value <= 128; description ``^[\\S ]{0,512}$``; influence 1..1000 entries, each with a valid
+   nodeName (or a nodeSN that resolves to a node) and 1..32 distinct deviceIds in [0, 31].
+
+Success: 0 ``public fault send successfully``. Cache semantics (§5 "Cache semantics"): key =
+resource + faultId per node; a repeated occur does not refresh; ``once`` and ``recover`` remove the
+fault 5 s after it was added (a recover before its occur removes a later occur at now+5 s); at most
+50 000 items. Faults go to the fault center (source ``public:<resource>:<faultId>``, one record per
+device id) and so survive restarts with their first-seen time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+import orjson
+
+from faultmesh._pb import pubfault_pb2, pubfault_pb2_grpc
+from faultmesh.log import RateLimitedLog, event
+from faultmesh.model import ONCE, RECOVER, Fault, FaultKey, now_ms
+from faultmesh.ratelimit import TokenBucket
+
+log = logging.getLogger("clusterd.pubfault")
+
+DEFAULT_TABLE = Path(__file__).with_name("tables") / "publicFaultConfiguration.json"
+ID_RE = re.compile(r"^[a-zA-Z0-9\-_.]{8,128}$")
+DESC_RE = re.compile(r"^[\S ]{0,512}$")
+NODE_RE = re.compile(r"^[a-z0-9]([a-z0-9\-.]{0,251}[a-z0-9])?$")
+MIN_TIME_MS = 1735689600000  # 2025-01-01T00:00:00Z
+FAULT_TYPES = ("NPU", "Node", "Network", "Storage")
+ASSERTIONS = ("occur", "recover", "once")
+MAX_ITEMS = 50_000
+DELETE_DELAY_MS = 5_000
+SUCCESS = (0, "public fault send successfully")
+LEVEL_KEYS = (  # lookup precedence: Separate > PreSeparate > SubHealth > NotHandle
+    ("SeparateNPUCodes", "SeparateNPU"),
+    ("PreSeparateNPUCodes", "PreSeparateNPU"),
+    ("SubHealthFaultCodes", "SubHealthFault"),
+    ("NotHandleFaultCodes", "NotHandleFault"),
+)
+
+
+class TableError(ValueError):
+    """A public fault table that cannot be used (the message says why)."""
+
+
+class PublicFaultTable:
+    """The public fault table in the reference's publicFaultConfiguration.json format.
+
+    ``levels``: code -> level name; ``resources``: allowed senders. Raises :class:`TableError`.
+    """
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        if not isinstance(data, dict):
+            raise TableError("table must be a JSON object")
+        codes = data.get("publicFaultCode")
+        resources = data.get("publicFaultResource")
+        if not isinstance(codes, dict) or not isinstance(resources, list):
+            raise TableError("publicFaultCode (object) and publicFaultResource (list) are required")
+        self.levels: dict[str, str] = {}
+        for key, level in reversed(LEVEL_KEYS):  # later (more severe) lists win
+            items = codes.get(key, [])
+            if not isinstance(items, list) or not all(isinstance(c, str) for c in items):
+                raise TableError(f"{key} must be a list of strings")
+            for c in items:
+                self.levels[c] = level
+        if not all(isinstance(r, str) and r for r in resources):
+            raise TableError("publicFaultResource must hold non-empty strings")
+        self.resources: tuple[str, ...] = tuple(dict.fromkeys(resources))
+
+    @classmethod
+    def load(cls, path: str | Path) -> PublicFaultTable:
+        """Read and validate a table file. Raises :class:`TableError` (or ``OSError``)."""
+        try:
+            return cls(orjson.loads(Path(path).read_bytes()))
+        except orjson.JSONDecodeError as e:
+            raise TableError(f"{path}: not JSON: {e}") from e
+
+
+class RequestInvalid(ValueError):
+    """A request-level validation failure (code 409)."""
+
+
+def _time_ok(ms: int) -> bool:
+    return len(str(ms)) == 13 and ms >= MIN_TIME_MS
+
+
+def validate_request(req: pubfault_pb2.PublicFaultRequest, table: PublicFaultTable) -> None:
+    """Request-level rules of §5 step 2. Raises :class:`RequestInvalid` with the reason."""
+    if not ID_RE.match(req.id):
+        raise RequestInvalid(f"id {req.id[:140]!r} does not match {ID_RE.pattern}")
+    if not _time_ok(req.timestamp):
+        raise RequestInvalid(f"timestamp {req.timestamp} is not 13 digits of ms since 2025-01-01")
+    if req.version != "1.0":
+        raise RequestInvalid(f"version {req.version[:16]!r} is not 1.0")
+    if req.resource not in table.resources:
+        raise RequestInvalid(f"resource {req.resource[:64]!r} is not allowed")
+    if not 1 <= len(req.faults) <= 100:
+        raise RequestInvalid(f"faults must hold 1..100 items, got {len(req.faults)}")
+
+
+def validate_fault(
+    f: pubfault_pb2.Fault, table: PublicFaultTable, sn_to_node: dict[str, str]
+) -> list[tuple[str, list[int]]]:
+    """Fault-level rules of §5 step 3. Returns [(node, device_ids)]. Raises ``ValueError`` with the reason."""
+    if not ID_RE.match(f.faultId):
+        raise ValueError("faultId is invalid")
+    if f.faultType not in FAULT_TYPES:
+        raise ValueError(f"faultType {f.faultType[:32]!r} is invalid")
+    if len(f.faultCode) != 9 or f.faultCode not in table.levels:
+        raise ValueError(f"faultCode {f.faultCode[:32]!r} is not in the public fault table")
+    if not _time_ok(f.faultTime):
+        raise ValueError(f"faultTime {f.faultTime} is invalid")
+    if f.assertion not in ASSERTIONS:
+        raise ValueError(f"assertion {f.assertion[:32]!r} is invalid")
+    if len(f.faultLocation) > 10 or any(len(k) > 16 or len(v) > 128 for k, v in f.faultLocation.items()):
+        raise ValueError("faultLocation has too many or too long entries")
+    if not DESC_RE.match(f.description):
+        raise ValueError("description is too long or has control characters")
+    if not 1 <= len(f.influence) <= 1000:
+        raise ValueError(f"influence must hold 1..1000 entries, got {len(f.influence)}")
+    out = []
+    for inf in f.influence:
+        node = inf.nodeName
+        if node:
+            if not NODE_RE.match(node):
+                raise ValueError(f"nodeName {node[:64]!r} is invalid")
+        else:
+            node = sn_to_node.get(inf.nodeSN, "")
+            if not inf.nodeSN or not node:
+                raise ValueError(f"nodeSN {inf.nodeSN[:64]!r} resolves to no node")
+        ids = list(inf.deviceIds)
+        if not 1 <= len(ids) <= 32 or len(set(ids)) != len(ids) or any(not 0 <= d <= 31 for d in ids):
+            raise ValueError("deviceIds must hold 1..32 distinct ids in [0, 31]")
+        out.append((node, ids))
+    return out
+
+
+class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
+    """The PubFault service inside ClusterD (see the module docstring)."""
+
+    name = "pubfault"
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--public-fault-config",
+            default=None,
+            help="public fault table (publicFaultConfiguration.json format); "
+            "default: the table shipped with faultmesh; reloaded when it changes",
+        )
+
+    def __init__(self, cd) -> None:
+        self.cd = cd
+        self.path = Path(cd.args.public_fault_config) if cd.args.public_fault_config else DEFAULT_TABLE
+        self.table = PublicFaultTable.load(self.path)
+        self._mtime = _mtime(self.path)
+        self._buckets = {r: TokenBucket(1.0, 100.0) for r in self.table.resources}
+        self._pending_recover: dict[
+            tuple[str, str, str], float
+        ] = {}  # (node, resource, faultId) -> deadline s
+        self._ratelog = RateLimitedLog(log)
+        self._lock = asyncio.Lock()
+        cd.add_servicer(pubfault_pb2_grpc.add_PubFaultServicer_to_server, self)
+
+    async def start(self) -> None:
+        self.cd.tasks.spawn(self._sweeper(), name="pubfault-sweeper")
+
+    async def stop(self) -> None:
+        pass
+
+    def _reload_if_changed(self) -> None:
+        m = _mtime(self.path)
+        if m == self._mtime:
+            return
+        self._mtime = m
+        try:
+            table = PublicFaultTable.load(self.path)
+        except (TableError, OSError) as e:
+            event(
+                log,
+                logging.ERROR,
+                "public fault table rejected, keeping the old one",
+                path=self.path,
+                error=e,
+            )
+            return
+        self.table = table
+        self._buckets = {r: self._buckets.get(r) or TokenBucket(1.0, 100.0) for r in table.resources}
+        event(log, logging.INFO, "public fault table reloaded", path=self.path, codes=len(table.levels))
+
+    def _reject(self, reason: str, code: int, info: str) -> pubfault_pb2.RespStatus:
+        self.cd.rejected.labels("pubfault", reason).inc()
+        self._ratelog.warning(reason, "public fault rejected", code=code, info=info)
+        return pubfault_pb2.RespStatus(code=code, info=info)
+
+    async def SendPublicFault(self, request, context):  # noqa: N802
+        """Validate and apply one public fault request; see the module docstring for the codes."""
+        if not self.cd.authorized(context):
+            self.cd.rejected.labels("pubfault", "unauthenticated").inc()
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bearer token required")
+        bucket = self._buckets.get(request.resource)
+        if bucket is None or not bucket.take():
+            return self._reject("rate_or_resource", 410, "limiter work by resource failed")
+        try:
+            validate_request(request, self.table)
+        except RequestInvalid as e:
+            return self._reject("invalid_request", 409, f"check public fault info failed, error: {e}")
+        sn_to_node = {
+            info.get("node_sn"): node for node, info in self.cd.agents.known.items() if info.get("node_sn")
+        }
+        accepted = []
+        for f in request.faults:
+            try:
+                targets = validate_fault(f, self.table, sn_to_node)
+            except ValueError as e:
+                self.cd.rejected.labels("pubfault", "invalid_fault").inc()
+                self._ratelog.warning(
+                    "invalid_fault", "public fault dropped", faultId=f.faultId[:128], error=e
+                )
+                continue
+            accepted.append((f, targets))
+        if not accepted:
+            return self._reject("no_valid_fault", 409, "there is no valid fault")
+        async with self._lock:
+            await self._apply(request.resource, accepted)
+        return pubfault_pb2.RespStatus(code=SUCCESS[0], info=SUCCESS[1])
+
+    async def _apply(self, resource: str, accepted) -> None:
+        center = self.cd.center
+        now = now_ms()
+        for f, targets in accepted:
+            source = f"public:{resource}:{f.faultId}"
+            level = self.table.levels[f.faultCode]
+            for node, ids in targets:
+                keys = [FaultKey(node, f.faultType, d, f.faultCode, source) for d in ids]
+                present = [center.get(k) for k in keys]
+                if f.assertion == RECOVER:
+                    if not any(present):
+                        self._pending_recover[(node, resource, f.faultId)] = (
+                            time.monotonic() + DELETE_DELAY_MS / 1000
+                        )
+                        continue
+                    ups = []
+                    for p in present:
+                        if p is None:
+                            continue
+                        due = max(now, int(p.attributes.get("added_ms", "0")) + DELETE_DELAY_MS)
+                        ups.append(replace(p, attributes={**p.attributes, "expires_ms": str(due)}))
+                    await center.apply(ups, [], source)
+                    continue
+                if all(present):
+                    continue  # a repeated occur does not refresh the item
+                if len(center.faults()) >= MAX_ITEMS:
+                    self.cd.rejected.labels("pubfault", "cache_full").inc()
+                    self._ratelog.warning(
+                        "cache_full", "public fault cache full, fault dropped", cap=MAX_ITEMS
+                    )
+                    continue
+                attrs = {
+                    "faultId": f.faultId,
+                    "resource": resource,
+                    "faultTime": str(f.faultTime),
+                    "description": f.description,
+                    "added_ms": str(now),
+                }
+                if f.faultLocation:
+                    attrs["faultLocation"] = orjson.dumps(
+                        dict(f.faultLocation), option=orjson.OPT_SORT_KEYS
+                    ).decode()
+                if f.assertion == ONCE:
+                    attrs["expires_ms"] = str(now + DELETE_DELAY_MS)
+                deadline = self._pending_recover.pop((node, resource, f.faultId), None)
+                if deadline is not None:
+                    attrs["expires_ms"] = str(now + max(0, int((deadline - time.monotonic()) * 1000)))
+                ups = [
+                    Fault(
+                        source=source,
+                        node=node,
+                        device_type=f.faultType,
+                        device_id=d,
+                        code=f.faultCode,
+                        level=level,
+                        assertion=f.assertion,
+                        first_seen_ms=f.faultTime,
+                        last_seen_ms=now,
+                        attributes=attrs,
+                    )
+                    for d, p in zip(ids, present, strict=True)
+                    if p is None
+                ]
+                await center.apply(ups, [], source)
+
+    async def _sweeper(self) -> None:
+        """Every 1 s: remove public faults whose delete time passed; reload the table if it changed."""
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                self._reload_if_changed()
+                now = now_ms()
+                due = [
+                    f.key
+                    for f in self.cd.center.faults()
+                    if f.source.startswith("public:")
+                    and int(f.attributes.get("expires_ms", "0") or 0)
+                    and int(f.attributes["expires_ms"]) <= now
+                ]
+                if due:
+                    async with self._lock:
+                        await self.cd.center.apply([], due, "public")
+                t = time.monotonic()
+                for k in [k for k, d in self._pending_recover.items() if d <= t]:
+                    del self._pending_recover[k]
+            except Exception as e:
+                event(log, logging.ERROR, "public fault sweep failed", error=repr(e))
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return -1.0

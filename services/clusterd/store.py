@@ -1,0 +1,185 @@
+"""ClusterD's durable state: SQLite in WAL mode under ``--state-dir`` (issue 2 "Durable state").
+
+Two tables: ``faults`` (the fault center, one row per FaultKey) and ``kv`` (namespaced JSON values
+for components: jobs, data-trace switches, slow-node jobs, ...). Every write commits before the
+caller acknowledges its sender, so an acked fault survives ``kill -9`` (WAL, synchronous=NORMAL:
+durable against process death; ``--fsync full`` also against power loss).
+
+All SQLite calls run in one dedicated writer thread (SQLite connections are single-threaded and a
+commit may block), never on the event loop. Methods raise ``sqlite3.Error`` on I/O failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from faultmesh.model import Fault, FaultKey
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS faults (
+  node TEXT NOT NULL, device_type TEXT NOT NULL, device_id INTEGER NOT NULL,
+  code TEXT NOT NULL, source TEXT NOT NULL,
+  level TEXT NOT NULL, assertion TEXT NOT NULL,
+  first_seen_ms INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL, attributes TEXT NOT NULL,
+  origin TEXT NOT NULL,
+  PRIMARY KEY (node, device_type, device_id, code, source)
+);
+CREATE TABLE IF NOT EXISTS kv (
+  ns TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+  PRIMARY KEY (ns, key)
+);
+"""
+
+
+class Store:
+    """SQLite (WAL) state file ``<state_dir>/clusterd.db``. Open with :meth:`open`, close with :meth:`close`."""
+
+    def __init__(self, state_dir: str | Path, fsync_full: bool = False) -> None:
+        self.path = Path(state_dir) / "clusterd.db"
+        self._fsync_full = fsync_full
+        self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
+        self._db: sqlite3.Connection | None = None
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._exec, fn, *args)
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"PRAGMA synchronous={'FULL' if self._fsync_full else 'NORMAL'}")
+        db.execute("PRAGMA busy_timeout=5000")
+        db.executescript(SCHEMA)
+        self._db = db
+
+    async def open(self) -> None:
+        """Create the folder and schema if needed. Raises ``sqlite3.Error`` / ``OSError``."""
+        await self._run(self._open)
+
+    async def close(self) -> None:
+        """Checkpoint and close (idempotent)."""
+
+        def _close() -> None:
+            if self._db is not None:
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                self._db.close()
+                self._db = None
+
+        await self._run(_close)
+        self._exec.shutdown(wait=True)
+
+    # -- faults ---------------------------------------------------------------------------------
+    def _write_faults(self, upserts: list[tuple[Fault, str]], removals: list[FaultKey]) -> None:
+        db = self._db
+        assert db is not None
+        db.execute("BEGIN")
+        try:
+            if removals:
+                db.executemany(
+                    "DELETE FROM faults WHERE node=? AND device_type=? AND device_id=? AND code=? AND source=?",
+                    [tuple(k) for k in removals],
+                )
+            if upserts:
+                db.executemany(
+                    "INSERT OR REPLACE INTO faults VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    [
+                        (
+                            f.node,
+                            f.device_type,
+                            f.device_id,
+                            f.code,
+                            f.source,
+                            f.level,
+                            f.assertion,
+                            f.first_seen_ms,
+                            f.last_seen_ms,
+                            orjson.dumps(f.attributes).decode(),
+                            origin,
+                        )
+                        for f, origin in upserts
+                    ],
+                )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    async def write_faults(
+        self, upserts: Iterable[tuple[Fault, str]] = (), removals: Iterable[FaultKey] = ()
+    ) -> None:
+        """Apply upserts ((fault, origin) pairs) and removals in one transaction, committed on return."""
+        up, rm = list(upserts), list(removals)
+        if up or rm:
+            await self._run(self._write_faults, up, rm)
+
+    def _load_faults(self) -> list[tuple[Fault, str]]:
+        assert self._db is not None
+        rows = self._db.execute("SELECT * FROM faults").fetchall()
+        return [
+            (
+                Fault(
+                    source=r[4],
+                    node=r[0],
+                    device_type=r[1],
+                    device_id=r[2],
+                    code=r[3],
+                    level=r[5],
+                    assertion=r[6],
+                    first_seen_ms=r[7],
+                    last_seen_ms=r[8],
+                    attributes=orjson.loads(r[9]),
+                ),
+                r[10],
+            )
+            for r in rows
+        ]
+
+    async def load_faults(self) -> list[tuple[Fault, str]]:
+        """Every stored fault with its origin (the agent or component that owns it)."""
+        return await self._run(self._load_faults)
+
+    # -- kv ---------------------------------------------------------------------------------------
+    async def kv_put(self, ns: str, key: str, value: Any) -> None:
+        """Store a JSON-able ``value`` under (ns, key), committed when this returns."""
+        blob = orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+
+        def _put() -> None:
+            assert self._db is not None
+            self._db.execute("INSERT OR REPLACE INTO kv VALUES (?,?,?)", (ns, key, blob))
+
+        await self._run(_put)
+
+    async def kv_get(self, ns: str, key: str, default: Any = None) -> Any:
+        """The value stored under (ns, key), or ``default``."""
+
+        def _get():
+            assert self._db is not None
+            return self._db.execute("SELECT value FROM kv WHERE ns=? AND key=?", (ns, key)).fetchone()
+
+        row = await self._run(_get)
+        return default if row is None else orjson.loads(row[0])
+
+    async def kv_delete(self, ns: str, key: str) -> None:
+        """Delete (ns, key) if present."""
+
+        def _del() -> None:
+            assert self._db is not None
+            self._db.execute("DELETE FROM kv WHERE ns=? AND key=?", (ns, key))
+
+        await self._run(_del)
+
+    async def kv_items(self, ns: str) -> dict[str, Any]:
+        """Every key -> value of namespace ``ns``."""
+
+        def _items():
+            assert self._db is not None
+            return self._db.execute("SELECT key, value FROM kv WHERE ns=?", (ns,)).fetchall()
+
+        return {k: orjson.loads(v) for k, v in await self._run(_items)}

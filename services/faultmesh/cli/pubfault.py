@@ -1,0 +1,74 @@
+"""``faultmesh pubfault send``: send one public fault to ClusterD over ``/PubFault/SendPublicFault``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+
+import grpc
+
+from faultmesh._pb import pubfault_pb2, pubfault_pb2_grpc
+from faultmesh.cli.common import CliError, add_server_flags, emit, run, token
+
+
+def build_request(args: argparse.Namespace) -> pubfault_pb2.PublicFaultRequest:
+    """The PublicFaultRequest for the CLI flags (ids are fresh UUIDs, times now in ms)."""
+    now = int(time.time() * 1000)
+    try:
+        devices = [int(d) for d in args.devices.split(",") if d.strip()]
+    except ValueError:
+        raise CliError(f"--devices must be a comma list of integers, got {args.devices!r}") from None
+    fault = pubfault_pb2.Fault(
+        faultId=args.fault_id or uuid.uuid4().hex,
+        faultType=args.type,
+        faultCode=args.code,
+        faultTime=now,
+        assertion=args.assertion,
+        description=args.description,
+        influence=[pubfault_pb2.PubFaultInfo(nodeName=args.node, deviceIds=devices)],
+    )
+    return pubfault_pb2.PublicFaultRequest(
+        id=uuid.uuid4().hex, timestamp=now, version="1.0", resource=args.resource, faults=[fault]
+    )
+
+
+@run
+def cmd_send(args: argparse.Namespace) -> int:
+    """Send one public fault; prints the response code and info. Exit 1 unless code 0."""
+    req = build_request(args)
+    tok = token(args)
+    md = (("authorization", f"Bearer {tok}"),) if tok else None
+    with grpc.insecure_channel(args.grpc) as ch:
+        try:
+            resp = pubfault_pb2_grpc.PubFaultStub(ch).SendPublicFault(req, timeout=10, metadata=md)
+        except grpc.RpcError as e:
+            raise CliError(f"SendPublicFault: {e.code().name}: {e.details()}") from None
+    emit(
+        args,
+        {"code": resp.code, "info": resp.info, "faultId": req.faults[0].faultId},
+        [(resp.code, resp.info, req.faults[0].faultId)],
+        ("CODE", "INFO", "FAULT ID"),
+    )
+    if resp.code != 0:
+        sys.stderr.write(f"error: clusterd answered {resp.code}: {resp.info}\n")
+        return 1
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("pubfault", help="public faults (PubFault service)")
+    s = p.add_subparsers(dest="pubfault_cmd", metavar="VERB")
+    s.required = True
+    q = s.add_parser("send", help="send one public fault")
+    add_server_flags(q)
+    q.add_argument("--resource", default="CCAE", help="sender (must be in the public fault table)")
+    q.add_argument("--code", required=True, help="9-digit public fault code, e.g. 010001001")
+    q.add_argument("--node", required=True)
+    q.add_argument("--devices", default="0", help="comma list of device ids in [0, 31]")
+    q.add_argument("--type", default="NPU", choices=("NPU", "Node", "Network", "Storage"))
+    q.add_argument("--assertion", default="occur", choices=("occur", "recover", "once"))
+    q.add_argument("--fault-id", help="fault id (default: a fresh UUID); reuse it to recover")
+    q.add_argument("--description", default="")
+    q.set_defaults(func=cmd_send)
