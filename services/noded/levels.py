@@ -1,0 +1,216 @@
+"""NodeD's fault code -> fault level table (``NodeDConfiguration.json`` format) and its reloader.
+
+Source: reference noded.md §2. The file is ``{"FaultTypeCode": {"NotHandleFaultCodes": [...],
+"PreSeparateFaultCodes": [...], "SeparateFaultCodes": [...]}}``. Codes are upper-cased and
+de-duplicated per level; each must be 8 letters/digits; a code listed under two levels rejects the
+whole table (the previous table stays in force). faultmesh ships its own default table
+(``noded/NodeDConfiguration.json``); ``--levels-file`` points at an operator's copy, which is
+re-read when it changes.
+
+Deliberate difference (design.md): a code in no list is not dropped but classified NotHandleFault
+and marked unknown, so it is visible and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+
+from faultmesh.levels import NODE_STATUS_BY_LEVEL, NodeLevel
+from faultmesh.log import event
+
+log = logging.getLogger("noded.levels")
+
+LEVEL_KEYS = {
+    "NotHandleFaultCodes": NodeLevel.NotHandleFault,
+    "PreSeparateFaultCodes": NodeLevel.PreSeparateFault,
+    "SeparateFaultCodes": NodeLevel.SeparateFault,
+}
+CODE_RE = re.compile(r"^[a-zA-Z0-9]{8}$")
+DEFAULT_TABLE = "NodeDConfiguration.json"
+
+
+class LevelTableError(ValueError):
+    """A level table that cannot be used; the message names the problem (code, key, file)."""
+
+
+class LevelTable:
+    """Immutable code -> :class:`NodeLevel` map.
+
+    ``levels``: upper-case code -> level; ``digest``: sha256 hex of the source bytes ("" when built
+    in memory); ``path``: where it was read from.
+    """
+
+    def __init__(self, levels: dict[str, NodeLevel], digest: str = "", path: str = "") -> None:
+        self.levels = dict(levels)
+        self.digest = digest
+        self.path = path
+
+    def __len__(self) -> int:
+        return len(self.levels)
+
+    def classify(self, code: str) -> tuple[NodeLevel, bool]:
+        """``code`` -> (level, known). Unknown codes are ``(NotHandleFault, False)``."""
+        level = self.levels.get(code.upper())
+        if level is None:
+            return NodeLevel.NotHandleFault, False
+        return level, True
+
+    def by_level(self) -> dict[str, list[str]]:
+        """The table in file form: key ("NotHandleFaultCodes", ...) -> sorted codes."""
+        out: dict[str, list[str]] = {k: [] for k in LEVEL_KEYS}
+        names = {v: k for k, v in LEVEL_KEYS.items()}
+        for code, level in sorted(self.levels.items()):
+            out[names[level]].append(code)
+        return out
+
+    @classmethod
+    def from_json(cls, data: bytes | str, path: str = "") -> LevelTable:
+        """Parse and validate a table. Raises :class:`LevelTableError`."""
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        where = path or "<table>"
+        try:
+            doc = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise LevelTableError(f"{where}: not JSON: {e}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("FaultTypeCode"), dict):
+            raise LevelTableError(f"{where}: missing object FaultTypeCode")
+        groups = doc["FaultTypeCode"]
+        levels: dict[str, NodeLevel] = {}
+        for key, level in LEVEL_KEYS.items():
+            codes = groups.get(key, [])
+            if codes is None:
+                codes = []
+            if not isinstance(codes, list):
+                raise LevelTableError(f"{where}: {key} must be a list")
+            for c in codes:
+                if not isinstance(c, str) or not CODE_RE.match(c):
+                    raise LevelTableError(f"{where}: {key}: fault code {c!r} is not 8 letters/digits")
+                code = c.upper()
+                prev = levels.get(code)
+                if prev is not None and prev != level:
+                    raise LevelTableError(
+                        f"{where}: fault code {code} is in two levels ({prev.name}, {level.name})"
+                    )
+                levels[code] = level
+        return cls(levels, hashlib.sha256(raw).hexdigest(), path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> LevelTable:
+        """Read and validate ``path``. Raises :class:`LevelTableError` (also for unreadable files)."""
+        try:
+            raw = Path(path).read_bytes()
+        except OSError as e:
+            raise LevelTableError(f"{path}: cannot read: {e}") from None
+        return cls.from_json(raw, str(path))
+
+    @classmethod
+    def default(cls) -> LevelTable:
+        """faultmesh's own default table (package data ``noded/NodeDConfiguration.json``)."""
+        raw = resources.files("noded").joinpath(DEFAULT_TABLE).read_bytes()
+        return cls.from_json(raw, f"noded/{DEFAULT_TABLE}")
+
+
+def node_status(levels) -> str:
+    """Worst of an iterable of :class:`NodeLevel` -> ``Healthy`` / ``PreSeparate`` / ``UnHealthy``."""
+    worst = max(levels, default=NodeLevel.NotHandleFault)
+    return NODE_STATUS_BY_LEVEL[NodeLevel(worst)]
+
+
+class LevelTableWatcher:
+    """Holds the current :class:`LevelTable` and re-reads ``path`` when it changes.
+
+    ``check()`` compares (mtime_ns, size) and then the sha256; a valid new table replaces the
+    current one and calls ``on_change(table)``; an invalid one is logged ("fault config rejected"),
+    counted in ``rejected`` and the old table stays. ``path=None`` keeps the default table.
+    """
+
+    def __init__(
+        self,
+        path: str | None,
+        on_change: Callable[[LevelTable], None] | None = None,
+        on_reject: Callable[[str], None] | None = None,
+    ) -> None:
+        self.path = path
+        self.on_change = on_change or (lambda t: None)
+        self.on_reject = on_reject or (lambda reason: None)
+        self.rejected = 0
+        self._stat: tuple[int, int] | None = None
+        if path:
+            self.table = LevelTable.load(path)  # startup: a bad file is a startup error
+            self._stat = _stat(path)
+        else:
+            self.table = LevelTable.default()
+        event(log, logging.INFO, "fault config loaded", path=self.table.path, codes=len(self.table))
+
+    def check(self) -> bool:
+        """Re-read the file when its stat changed. Returns True when a new table took effect."""
+        if not self.path:
+            return False
+        st = _stat(self.path)
+        if st == self._stat:
+            return False
+        self._stat = st
+        if st is None:
+            self.rejected += 1
+            self.on_reject("missing")
+            event(
+                log,
+                logging.WARNING,
+                "fault config rejected",
+                path=self.path,
+                error="file missing",
+                kept=self.table.digest[:12],
+            )
+            return False
+        try:
+            table = LevelTable.load(self.path)
+        except LevelTableError as e:
+            self.rejected += 1
+            self.on_reject("invalid")
+            event(
+                log,
+                logging.WARNING,
+                "fault config rejected",
+                path=self.path,
+                error=str(e),
+                kept=self.table.digest[:12],
+            )
+            return False
+        if table.digest == self.table.digest:
+            return False
+        self.table = table
+        event(
+            log,
+            logging.INFO,
+            "update fault config success",
+            path=self.path,
+            codes=len(table),
+            digest=table.digest[:12],
+        )
+        self.on_change(table)
+        return True
+
+    async def run(self, interval_s: float = 5.0) -> None:
+        """Call :meth:`check` every ``interval_s`` seconds, forever (cancel to stop)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                self.check()
+            except Exception as e:  # never let a reload bug end the watcher
+                event(log, logging.ERROR, "fault config check failed", error=repr(e))
+
+
+def _stat(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
