@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 
 import pytest
+
 from faultmesh.dcmi import loader, structs
 
 
@@ -69,3 +70,20 @@ def test_missing_symbol_and_return_codes(native_libs):
         assert out.value == 0
     finally:
         set_rc(b"dcmi_get_device_health", 3, 0)
+
+
+def test_lingqu_struct_layouts_match_c(native_libs):
+    lq = ctypes.CDLL(str(native_libs.lingqu))
+    lq.lqtest_sizeof.argtypes = [ctypes.c_char_p]
+    lq.lqtest_offsetof.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    assert lq.lqtest_sizeof(b"LqDcmiEvent") == ctypes.sizeof(structs.LqDcmiEvent) == 112
+    assert lq.lqtest_sizeof(b"lq_dcmi_event_filter") == ctypes.sizeof(structs.LqDcmiEventFilter)
+    checked = 0
+    for cname in ("LqDcmiEvent", "lq_dcmi_event_filter"):
+        cls = structs.CHECKED_STRUCTS[cname]
+        for fname, *_ in cls._fields_:
+            off = lq.lqtest_offsetof(cname.encode(), fname.encode())
+            if off >= 0:
+                assert off == getattr(cls, fname).offset, f"{cname}.{fname}"
+                checked += 1
+    assert checked == 11
