@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 import uvloop
-
-ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
-FAULT_TABLES = SHARED / "data" / "fault-tables"
+from support import FAULT_TABLES, ClusterdProcess, free_port
 
 
 def pytest_asyncio_loop_factories(config, item):
     """Run async tests on uvloop, as the daemons do."""
     return {"uvloop": uvloop.new_event_loop}
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -36,3 +25,18 @@ def fault_tables() -> Path:
     if not FAULT_TABLES.is_dir():
         pytest.skip("../shared/data/fault-tables not present")
     return FAULT_TABLES
+
+
+@pytest.fixture
+def clusterd_process(tmp_path):
+    """Factory: ``clusterd_process(*extra_flags)`` starts a real clusterd; all are stopped at teardown."""
+    procs: list[ClusterdProcess] = []
+
+    def start(*extra: str, state_dir: Path | None = None) -> ClusterdProcess:
+        p = ClusterdProcess(state_dir or tmp_path / "state", list(extra)).start()
+        procs.append(p)
+        return p
+
+    yield start
+    for p in procs:
+        p.stop()

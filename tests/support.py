@@ -1,0 +1,102 @@
+"""Test support shared by every test folder (importable as ``support``: tests/ is on pythonpath)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+FAULT_TABLES = SHARED / "data" / "fault-tables"
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout_s: float = 20.0) -> None:
+    """Poll ``url`` until it answers 200 (raises ``TimeoutError``)."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} did not answer within {timeout_s}s")
+        time.sleep(0.1)
+
+
+class ClusterdProcess:
+    """A real ``clusterd`` subprocess on free loopback ports (``grpc``, ``http`` = host:port)."""
+
+    def __init__(self, state_dir: Path, extra: list[str] | None = None, log_path: Path | None = None) -> None:
+        import subprocess
+        import sys
+
+        self.state_dir = state_dir
+        self.grpc = f"127.0.0.1:{free_port()}"
+        self.http = f"127.0.0.1:{free_port()}"
+        self.extra = list(extra or [])
+        self.log_path = log_path or state_dir.parent / f"clusterd-{self.grpc.rsplit(':', 1)[1]}.log"
+        self._subprocess = subprocess
+        self._python = sys.executable
+        self.proc = None
+
+    def start(self) -> ClusterdProcess:
+        cmd = [
+            self._python,
+            "-m",
+            "clusterd",
+            "--grpc-addr",
+            self.grpc,
+            "--http-addr",
+            self.http,
+            "--state-dir",
+            str(self.state_dir),
+            *self.extra,
+        ]
+        self._log = open(self.log_path, "ab")
+        self.proc = self._subprocess.Popen(cmd, stdout=self._log, stderr=self._subprocess.STDOUT)
+        wait_http(f"http://{self.http}/readyz")
+        return self
+
+    def url(self, path: str) -> str:
+        return f"http://{self.http}{path}"
+
+    def get_json(self, path: str):
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(self.url(path), timeout=5) as r:
+            return json.loads(r.read())
+
+    def kill9(self) -> None:
+        import signal
+
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> int | None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except self._subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if getattr(self, "_log", None):
+            self._log.close()
+        return self.proc.returncode if self.proc else None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
