@@ -1,0 +1,374 @@
+"""Per-step metrics of one rank, computed incrementally from marker records (reference fdol.md §2).
+
+:class:`StepAssembler` pairs start/end records by ``(Id, SourceKind)`` (Name/Domain cached per Id),
+classifies ranges (``step <N>``, ``forward``, ``dataloader``, ``save_checkpoint``, communication ops
+whose Name is a JSON object) and, when a step is complete, emits one :class:`StepMetrics`:
+
+- ``step_time``: device duration of the step range (host duration when no device records), ns;
+- ``zp_device`` / ``zp_host``: TP collective durations: on the rank's ``tp`` group, the op type
+  (all-reduce or reduce-scatter) that occurs most in the step, ops with ``count > traffic`` ordered
+  by start, skip the first, average the next 3 (device durations; host durations of the same Ids);
+- ``pp_device`` / ``pp_host``: device duration of the first send on the ``pp`` group; average host
+  duration of all those sends;
+- ``dataloader_host``: average host duration of ``dataloader`` ranges starting inside the step;
+- ``compute`` (faultmesh): sum of host ``forward`` durations starting inside the step, ns;
+- ``comm_wait`` (faultmesh): sum of host durations of all communication ops inside the step, ns.
+
+Missing values are 0 (the detectors ignore 0). Memory is bounded: open ranges, the Name/Domain
+cache and buffered ranges are capped; evictions are counted.
+
+Fixes of reference quirks (named on purpose):
+- *single TP op per step*: the reference skips the first op and averages the next 3, so a step with
+  one TP collective gets no ZP value; here the first op is skipped only when more than one exists.
+- *host-only producers*: when a range has no device records its host duration stands in for the
+  device one (CPU jobs), instead of the row being dropped.
+- *step text match*: the host step range is matched by its parsed step number, not by
+  ``LIKE '%step N%'`` (which also matched ``step 1x``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import orjson
+
+from .reader import Group
+from .records import (
+    DOMAIN_COMMUNICATION,
+    DOMAIN_DEFAULT,
+    END_FLAGS,
+    SOURCE_DEVICE,
+    SOURCE_HOST,
+    START_FLAGS,
+    BadInput,
+    Record,
+)
+
+HOST_ONLY_NAMES = frozenset(("dataloader", "save_checkpoint"))
+COLUMNS = (
+    "step_time",
+    "zp_device",
+    "zp_host",
+    "pp_device",
+    "pp_host",
+    "dataloader_host",
+    "compute",
+    "comm_wait",
+)
+
+
+@dataclass(slots=True)
+class StepMetrics:
+    """One step of one rank; durations in ns, 0 = not measured. ``start_ns``/``end_ns``: host step range."""
+
+    rank: int
+    step: int
+    start_ns: int
+    end_ns: int
+    step_time: int = 0
+    zp_device: int = 0
+    zp_host: int = 0
+    pp_device: int = 0
+    pp_host: int = 0
+    dataloader_host: int = 0
+    compute: int = 0
+    comm_wait: int = 0
+
+    def get(self, column: str) -> int:
+        """Value of ``column`` (one of :data:`COLUMNS`)."""
+        return getattr(self, column)
+
+
+@dataclass(slots=True)
+class _Comm:
+    op: str
+    group: str
+    count: int
+    host: tuple[int, int] | None = None
+    device: tuple[int, int] | None = None
+
+
+@dataclass(slots=True)
+class _Step:
+    rid: int
+    host: tuple[int, int] | None = None
+    device: tuple[int, int] | None = None
+    open_parts: set[int] = field(default_factory=set)
+
+
+def parse_comm_name(name: str) -> tuple[str, str, int] | None:
+    """``{"opName":..,"groupName":..,"count":"4194304",...}`` -> (opName lower-case, groupName, count)."""
+    try:
+        obj = orjson.loads(name)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    op, group, count = obj.get("opName"), obj.get("groupName"), obj.get("count", "0")
+    if not isinstance(op, str) or not isinstance(group, str):
+        return None
+    try:
+        n = int(count)
+    except (TypeError, ValueError):
+        return None
+    return op.lower(), group, n
+
+
+def _suffix_key(name: str) -> tuple[int, str]:
+    tail = name.rsplit("_", 1)[-1]
+    return (int(tail) if tail.isdigit() else 1 << 62, name)
+
+
+def rank_group(groups: dict[str, Group] | None, rank: int, kind: str) -> str | None:
+    """Comm name of ``rank``'s group of ``kind`` (tp|pp) with > 1 ranks: the first by numeric suffix."""
+    if not groups:
+        return None
+    keys = [
+        k
+        for k, g in groups.items()
+        if g.group_name == kind and len(g.global_ranks) > 1 and rank in g.global_ranks
+    ]
+    if not keys:
+        return None
+    return sorted(keys, key=_suffix_key)[0]
+
+
+def _mean(xs: list[int]) -> int:
+    return round(sum(xs) / len(xs)) if xs else 0
+
+
+class StepAssembler:
+    """Turns one rank's records into :class:`StepMetrics` (see module doc).
+
+    ``groups`` is a callable returning the rank's current parallel groups (or None); ``traffic``
+    filters TP ops by element count (§2). ``feed(records)`` returns the steps completed by them;
+    ``flush()`` completes what is left (end of input). Rejections are counted in ``bad``.
+    A step is complete when a later step has started and its own records are in, or when a step two
+    later has started (its missing parts are then counted ``missing_end``).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        groups: Callable[[], dict[str, Group] | None] = lambda: None,
+        *,
+        traffic: int = 0,
+        bad: BadInput | None = None,
+        max_open: int = 8192,
+        max_buffered: int = 50_000,
+        max_step_ns: int = 3600 * 10**9,
+    ) -> None:
+        self.rank = rank
+        self.groups = groups
+        self.traffic = traffic
+        self.bad = bad if bad is not None else BadInput()
+        self.max_open = max_open
+        self.max_buffered = max_buffered
+        self.max_step_ns = max_step_ns
+        self._meta: dict[int, tuple[str, str]] = {}
+        self._seen: dict[int, int] = {}  # records consumed per Id (to drop the meta entry)
+        self._open: dict[tuple[int, int], int] = {}
+        self._steps: dict[int, _Step] = {}
+        self._comm: dict[int, _Comm] = {}
+        self._other: list[tuple[str, int, int]] = []  # (name, start, end) host ranges
+        self.latest_step = -1
+        self.last_emitted = -1
+        self._last_end = 0
+
+    # -- records --------------------------------------------------------------------------------
+    def feed(self, records: Iterable[Record]) -> list[StepMetrics]:
+        """Consume records; return the steps they completed (ascending step number)."""
+        out: list[StepMetrics] = []
+        for r in records:
+            self._record(r, out)
+        return out
+
+    def _record(self, r: Record, out: list[StepMetrics]) -> None:
+        if r.flag not in START_FLAGS and r.flag not in END_FLAGS:
+            return  # instantaneous markers carry no duration
+        meta = self._meta.get(r.id)
+        if meta is None:
+            if r.name:
+                meta = (r.name, r.domain)
+                if len(self._meta) >= self.max_open:
+                    self._meta.pop(next(iter(self._meta)))
+                    self.bad.add("buffer_overflow")
+                self._meta[r.id] = meta
+        name, domain = meta if meta is not None else ("", "")
+        key = (r.id, r.source_kind)
+        if r.flag in START_FLAGS:
+            if len(self._open) >= self.max_open:
+                self._open.pop(next(iter(self._open)))
+                self.bad.add("missing_end")
+            self._open[key] = r.ts
+            if domain != DOMAIN_COMMUNICATION and "step" in name:
+                n = _step_number(name)
+                if n is None:
+                    return
+                st = self._steps.get(n)
+                if st is None:
+                    if n <= self.last_emitted:
+                        if r.name:  # count once per range (its first record)
+                            self.bad.add("step_out_of_order")
+                        return
+                    st = self._steps[n] = _Step(r.id)
+                st.open_parts.add(r.source_kind)
+                if n > self.latest_step:
+                    self.latest_step = n
+                    self._complete(out)
+            return
+        start = self._open.pop(key, None)
+        done = self._seen.get(r.id, 0) + 2
+        expected = 2 if name in HOST_ONLY_NAMES else 4
+        if done >= expected:
+            self._seen.pop(r.id, None)
+            self._meta.pop(r.id, None)
+        else:
+            self._seen[r.id] = done
+        if start is None:
+            self.bad.add("orphan_end")
+            return
+        if r.ts < start:
+            self.bad.add("negative_duration")
+            return
+        if not name:
+            self.bad.add("unknown_name")
+            return
+        self._range(name, domain, r.source_kind, start, r.ts, r.id, out)
+
+    def _range(
+        self, name: str, domain: str, sk: int, start: int, end: int, rid: int, out: list[StepMetrics]
+    ) -> None:
+        if domain == DOMAIN_COMMUNICATION:
+            parsed = parse_comm_name(name)
+            if parsed is None:
+                self.bad.add("bad_comm_name")
+                return
+            c = self._comm.get(rid)
+            if c is None:
+                if len(self._comm) >= self.max_buffered:
+                    self._comm.pop(next(iter(self._comm)))
+                    self.bad.add("buffer_overflow")
+                c = self._comm[rid] = _Comm(*parsed)
+            if sk == SOURCE_DEVICE:
+                c.device = (start, end)
+            else:
+                c.host = (start, end)
+            return
+        if domain not in (DOMAIN_DEFAULT, ""):
+            self.bad.add("unknown_name")
+            return
+        if "step" in name:
+            n = _step_number(name)
+            if n is None:
+                self.bad.add("bad_step_name")
+                return
+            st = self._steps.get(n)
+            if st is None:
+                return  # out of order (counted at its start)
+            if sk == SOURCE_DEVICE:
+                st.device = (start, end)
+            else:
+                st.host = (start, end)
+            st.open_parts.discard(sk)
+            self._complete(out)
+            return
+        if name in ("forward", "dataloader", "save_checkpoint"):
+            if sk == SOURCE_HOST:
+                if len(self._other) >= self.max_buffered:
+                    del self._other[: len(self._other) // 2]
+                    self.bad.add("buffer_overflow")
+                self._other.append((name, start, end))
+            return
+        self.bad.add("unknown_name")
+
+    # -- steps ----------------------------------------------------------------------------------
+    def _complete(self, out: list[StepMetrics]) -> None:
+        for n in sorted(self._steps):
+            st = self._steps[n]
+            if n >= self.latest_step:
+                break
+            ready = not st.open_parts and (st.host or st.device)
+            if not ready and self.latest_step < n + 2:
+                break
+            del self._steps[n]
+            if st.open_parts:
+                self.bad.add("missing_end", len(st.open_parts))
+                for sk in st.open_parts:
+                    self._open.pop((st.rid, sk), None)
+            if st.host is None and st.device is None:
+                continue
+            m = self._metrics(n, st)
+            if m is not None:
+                out.append(m)
+
+    def flush(self) -> list[StepMetrics]:
+        """Complete every buffered step (end of input). Returns them."""
+        out: list[StepMetrics] = []
+        self.latest_step += 2
+        self._complete(out)
+        self.latest_step -= 2
+        return out
+
+    def _metrics(self, n: int, st: _Step) -> StepMetrics | None:
+        host = st.host or st.device
+        dev = st.device or st.host
+        assert host is not None and dev is not None
+        hs, he = host
+        ds, de = dev
+        if he - hs > self.max_step_ns or de - ds > self.max_step_ns or hs < self._last_end - 1_000_000:
+            self.bad.add("clock_jump")
+            self._prune(max(he, de))
+            return None
+        self._last_end = he
+        self.last_emitted = n
+        m = StepMetrics(self.rank, n, hs, he, step_time=de - ds)
+        groups = self.groups()
+        tp = rank_group(groups, self.rank, "tp")
+        pp = rank_group(groups, self.rank, "pp")
+        in_step = []
+        for c in self._comm.values():
+            if c.device is not None and ds <= c.device[0] <= de:
+                in_step.append(c)
+            elif c.device is None and c.host is not None and hs <= c.host[0] <= he:
+                in_step.append(c)
+        m.comm_wait = sum(c.host[1] - c.host[0] for c in in_step if c.host is not None)
+        if tp is not None:
+            ops = [c for c in in_step if c.group == tp and c.count > self.traffic]
+            ar = [c for c in ops if "allreduce" in c.op]
+            rs = [c for c in ops if "reducescatter" in c.op]
+            chosen = ar if len(ar) >= len(rs) else rs
+            chosen.sort(key=lambda c: (c.device or c.host)[0])  # type: ignore[index]
+            if len(chosen) > 1:
+                chosen = chosen[1:]
+            chosen = chosen[:3]
+            m.zp_device = _mean([(c.device or c.host)[1] - (c.device or c.host)[0] for c in chosen])  # type: ignore[index]
+            m.zp_host = _mean([c.host[1] - c.host[0] for c in chosen if c.host is not None])
+        if pp is not None:
+            sends = [c for c in in_step if c.group == pp and "send" in c.op]
+            sends.sort(key=lambda c: (c.device or c.host)[0])  # type: ignore[index]
+            if sends:
+                first = sends[0].device or sends[0].host
+                m.pp_device = first[1] - first[0]  # type: ignore[index]
+                m.pp_host = _mean([c.host[1] - c.host[0] for c in sends if c.host is not None])
+        dl = [e - s for name, s, e in self._other if name == "dataloader" and hs <= s <= he]
+        m.dataloader_host = _mean(dl)
+        m.compute = sum(e - s for name, s, e in self._other if name == "forward" and hs <= s <= he)
+        self._prune(max(he, de))
+        return m
+
+    def _prune(self, end: int) -> None:
+        self._other = [x for x in self._other if x[1] > end]
+        for rid in [rid for rid, c in self._comm.items() if (c.device or c.host or (end + 1, 0))[0] <= end]:
+            del self._comm[rid]
+
+
+def _step_number(name: str) -> int | None:
+    parts = name.split()
+    if len(parts) < 2:
+        return None
+    try:
+        return int(parts[1])
+    except ValueError:
+        return None
