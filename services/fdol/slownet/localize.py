@@ -1,0 +1,284 @@
+"""Localization of faulty paths to an NPU, an NPU-to-NPU link, a node, or a switch plane.
+
+Source: reference fdol.md §8.7 (layered scoring: count the objects faulty paths share, the most
+shared object is the candidate, NPU alarms major, links minor, racks/planes critical; object types
+0 NPU, 4 work node, 5 L1 plane) and §8.8 (codes). faultmesh's layering, in its own words:
+
+1. Every object — each NPU, each node, each plane (when the topology names planes) — gets
+   ``ratio = faulty paths touching it / probed paths touching it`` (probed = paths with data in the
+   period; a node that stops reporting contributes no paths, so it is never taken for a network
+   fault). A path touches a plane when it is inter-node and one of its end phys is in the plane.
+2. Greedily, the object with the best ``(ratio in 5 % steps, faulty paths)`` whose ratio reaches its
+   layer's bound (``npu_ratio``/``node_ratio``/``plane_ratio``, default 0.5) and that explains enough
+   paths (2 for an NPU, 3 for a node or plane; a plane's paths must span 3 nodes, or 2 in a two-node
+   pod) becomes an alarm; its faulty paths are explained and removed; repeat.
+   A dead node ties its NPUs at ratio 1 but explains more paths; a degraded plane beats the NPUs in
+   it by ratio; a dead NPU beats its node by ratio.
+3. Each remaining faulty path is an NPU-to-NPU link alarm (both directions of a pair merge).
+
+Fault type: loss -> 1, or 2 (disconnect) when the average loss of the alarm's lossy paths is >= 80 %;
+delay only -> 0. Codes (§8.8): both ends NPUs on the same server -> 200001010, on different servers ->
+200001011, anything else (node, plane) -> 200001012. :func:`unreachable_cards` finds the cards no
+destination answers (code 220001001, reference noded.md §6 "pingmesh-fault").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fdol.slownet.topology import SuperPod, sdid_server_id
+
+# object types (fdol.md §8.7)
+OBJ_NPU = 0
+OBJ_NODE = 4
+OBJ_PLANE = 5
+# fault types
+FT_DELAY = 0
+FT_LOSS = 1
+FT_DISCONNECT = 2
+FAULT_TYPE_NAMES = {FT_DELAY: "delay", FT_LOSS: "loss", FT_DISCONNECT: "disconnect"}
+# levels
+LV_MINOR, LV_MAJOR, LV_CRITICAL = 0, 1, 2
+# fault codes (fdol.md §8.8, noded.md §6)
+CODE_INSIDE_NODE = "200001010"
+CODE_BETWEEN_NODES = "200001011"
+CODE_NOT_CONVERGED = "200001012"
+CODE_NPU_HCCS = "220001001"
+DISCONNECT_LOSS_PCT = 80.0
+
+
+@dataclass(frozen=True, slots=True)
+class PathEvidence:
+    """One path with data in the period: ends as (node, phy, SDID), task id, loss (%), delay (raw,
+    NaN = no sample) and the two verdicts."""
+
+    src_node: str
+    src_phy: int
+    src_sdid: int
+    dst_node: str
+    dst_phy: int
+    dst_sdid: int
+    task_id: int
+    loss: float
+    delay: float
+    loss_fault: bool
+    delay_fault: bool
+
+    @property
+    def faulty(self) -> bool:
+        """Either metric faulty."""
+        return self.loss_fault or self.delay_fault
+
+
+@dataclass
+class Alarm:
+    """One localized alarm (fields of fdol.md §8.7 plus where it is).
+
+    ``kind``: npu | link | node | plane. ``node``/``phy``: where the fault record goes (phy None for
+    node and plane alarms); ``peer_node``/``peer_phy``: the other end of a link. Loss in %, delay raw.
+    """
+
+    kind: str
+    super_pod_id: str
+    src_id: str
+    src_type: int
+    dst_id: str
+    dst_type: int
+    fault_type: int
+    level: int
+    node: str
+    phy: int | None = None
+    peer_node: str | None = None
+    peer_phy: int | None = None
+    plane: int | None = None
+    nodes: list[str] = field(default_factory=list)
+    min_loss: float = 0.0
+    max_loss: float = 0.0
+    avg_loss: float = 0.0
+    min_delay: float = -1.0
+    max_delay: float = -1.0
+    avg_delay: float = -1.0
+    paths: list[tuple[int, int]] = field(default_factory=list)
+    timestamp_ms: int = 0
+
+    @property
+    def key(self) -> str:
+        """Suppression/identity key ``srcId-dstId-faultType-level`` (fdol.md §8.7)."""
+        return f"{self.src_id}-{self.dst_id}-{self.fault_type}-{self.level}"
+
+    @property
+    def code(self) -> str:
+        """Fault code of this alarm (module doc)."""
+        if self.src_type == OBJ_NPU and self.dst_type == OBJ_NPU:
+            src, dst = int(self.src_id), int(self.dst_id)
+            return CODE_INSIDE_NODE if sdid_server_id(src) == sdid_server_id(dst) else CODE_BETWEEN_NODES
+        return CODE_NOT_CONVERGED
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (for HTTP and fault attributes)."""
+        return {
+            "kind": self.kind,
+            "superPodId": self.super_pod_id,
+            "srcId": self.src_id,
+            "srcType": self.src_type,
+            "dstId": self.dst_id,
+            "dstType": self.dst_type,
+            "faultType": self.fault_type,
+            "faultTypeName": FAULT_TYPE_NAMES[self.fault_type],
+            "level": self.level,
+            "code": self.code,
+            "node": self.node,
+            "phyId": self.phy,
+            "peerNode": self.peer_node,
+            "peerPhyId": self.peer_phy,
+            "plane": self.plane,
+            "nodes": self.nodes,
+            "minLossRate": round(self.min_loss, 3),
+            "maxLossRate": round(self.max_loss, 3),
+            "avgLossRate": round(self.avg_loss, 3),
+            "minDelay": self.min_delay,
+            "maxDelay": self.max_delay,
+            "avgDelay": self.avg_delay,
+            "paths": len(self.paths),
+            "timestamp": self.timestamp_ms,
+        }
+
+
+@dataclass(frozen=True)
+class LocalizeParams:
+    """Bounds of the layered scoring (module doc)."""
+
+    npu_ratio: float = 0.5
+    node_ratio: float = 0.5
+    plane_ratio: float = 0.5
+    min_npu_paths: int = 2
+    min_group_paths: int = 3
+
+
+def _fill_metrics(a: Alarm, paths: list[PathEvidence]) -> Alarm:
+    lossy = [p.loss for p in paths if p.loss_fault]
+    losses = [p.loss for p in paths]
+    delays = [p.delay for p in paths if not math.isnan(p.delay)]
+    if lossy:
+        a.fault_type = FT_DISCONNECT if sum(lossy) / len(lossy) >= DISCONNECT_LOSS_PCT else FT_LOSS
+    else:
+        a.fault_type = FT_DELAY
+    a.min_loss, a.max_loss, a.avg_loss = min(losses), max(losses), sum(losses) / len(losses)
+    if delays:
+        a.min_delay, a.max_delay = min(delays), max(delays)
+        a.avg_delay = round(sum(delays) / len(delays), 3)
+    a.paths = sorted({(p.src_sdid, p.dst_sdid) for p in paths})
+    return a
+
+
+def localize(
+    evidence: list[PathEvidence], sp: SuperPod, params: LocalizeParams | None = None, timestamp_ms: int = 0
+) -> list[Alarm]:
+    """Alarms explaining the faulty paths of ``evidence`` (all paths with data in one period).
+
+    Returns alarms sorted by (level desc, node, phy); empty when no path is faulty.
+    """
+    params = params or LocalizeParams()
+    bad = [i for i, p in enumerate(evidence) if p.faulty]
+    if not bad:
+        return []
+    # object -> indices of probed paths touching it
+    touch: dict[tuple, list[int]] = {}
+    for i, p in enumerate(evidence):
+        objs = {("npu", p.src_node, p.src_phy), ("npu", p.dst_node, p.dst_phy), ("node", p.src_node)}
+        objs.add(("node", p.dst_node))
+        if p.src_node != p.dst_node and sp.planes:
+            for phy in (p.src_phy, p.dst_phy):
+                pl = sp.plane_of(phy)
+                if pl is not None:
+                    objs.add(("plane", pl))
+        for o in objs:
+            touch.setdefault(o, []).append(i)
+    remaining = set(bad)
+    alarms: list[Alarm] = []
+    n_nodes = len(sp.nodes)
+    while remaining:
+        best = None
+        for obj, paths in touch.items():
+            hit = [i for i in paths if i in remaining]
+            if not hit:
+                continue
+            ratio = len(hit) / len(paths)
+            kind = obj[0]
+            if kind == "npu":
+                ok = ratio >= params.npu_ratio and len(hit) >= params.min_npu_paths
+            elif kind == "node":
+                npus = {
+                    (evidence[i].src_node, evidence[i].src_phy) for i in hit if evidence[i].src_node == obj[1]
+                }
+                npus |= {
+                    (evidence[i].dst_node, evidence[i].dst_phy) for i in hit if evidence[i].dst_node == obj[1]
+                }
+                ok = ratio >= params.node_ratio and len(hit) >= params.min_group_paths and len(npus) >= 2
+            else:
+                spanned = {evidence[i].src_node for i in hit} | {evidence[i].dst_node for i in hit}
+                ok = (
+                    ratio >= params.plane_ratio
+                    and len(hit) >= params.min_group_paths
+                    and len(spanned) >= min(3, n_nodes)
+                )
+            if not ok:
+                continue
+            score = (math.floor(ratio * 20 + 1e-9), len(hit), kind)
+            if best is None or score > best[0]:
+                best = (score, obj, hit)
+        if best is None:
+            break
+        _, obj, hit = best
+        remaining.difference_update(hit)
+        ev = [evidence[i] for i in hit]
+        if obj[0] == "npu":
+            _, node, phy = obj
+            sdid = sp.nodes[node].devices[phy]
+            a = Alarm("npu", sp.super_pod_id, str(sdid), OBJ_NPU, str(sdid), OBJ_NPU, 0, LV_MAJOR, node, phy)
+        elif obj[0] == "node":
+            node = obj[1]
+            a = Alarm("node", sp.super_pod_id, node, OBJ_NODE, node, OBJ_NODE, 0, LV_CRITICAL, node)
+        else:
+            pid = f"plane-{obj[1]}"
+            nodes = sorted({p.src_node for p in ev} | {p.dst_node for p in ev})
+            a = Alarm("plane", sp.super_pod_id, pid, OBJ_PLANE, pid, OBJ_PLANE, 0, LV_CRITICAL, nodes[0])
+            a.plane = obj[1]
+            a.nodes = nodes
+        alarms.append(_fill_metrics(a, ev))
+    links: dict[tuple[int, int], list[PathEvidence]] = {}
+    for i in sorted(remaining, key=lambda i: (evidence[i].src_sdid, evidence[i].dst_sdid)):
+        p = evidence[i]
+        links.setdefault((min(p.src_sdid, p.dst_sdid), max(p.src_sdid, p.dst_sdid)), []).append(p)
+    for (lo, hi), ev in links.items():
+        n1, p1 = sp.locate(lo) or (ev[0].src_node, ev[0].src_phy)
+        n2, p2 = sp.locate(hi) or (ev[0].dst_node, ev[0].dst_phy)
+        a = Alarm("link", sp.super_pod_id, str(lo), OBJ_NPU, str(hi), OBJ_NPU, 0, LV_MINOR, n1, p1, n2, p2)
+        alarms.append(_fill_metrics(a, ev))
+    for a in alarms:
+        a.timestamp_ms = timestamp_ms
+    alarms.sort(key=lambda a: (-a.level, a.node, -1 if a.phy is None else a.phy, a.dst_id))
+    return alarms
+
+
+def unreachable_cards(evidence: list[PathEvidence]) -> list[tuple[str, int]]:
+    """Source cards (node, phy) for which every probed destination lost every packet in the period
+    (noded.md §6: a card is faulty when no destination answers). Sorted."""
+    worst: dict[tuple[str, int], bool] = {}
+    for p in evidence:
+        k = (p.src_node, p.src_phy)
+        worst[k] = worst.get(k, True) and p.loss >= 100.0 - 1e-6
+    return sorted(k for k, dead in worst.items() if dead)
+
+
+def evidence_arrays(evidence: list[PathEvidence]) -> dict[str, np.ndarray]:
+    """Loss and delay of the evidence as arrays (for summaries)."""
+    return {
+        "loss": np.array([p.loss for p in evidence]),
+        "delay": np.array([p.delay for p in evidence]),
+        "fault": np.array([p.faulty for p in evidence], dtype=bool),
+    }
