@@ -1,0 +1,83 @@
+{{/* Chart name, truncated to the DNS label limit. */}}
+{{- define "faultmesh.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name: <release>-<chart> unless the release name already contains the chart name. */}}
+{{- define "faultmesh.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "faultmesh.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "faultmesh.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels; pass (dict "root" $ "component" "clusterd"). */}}
+{{- define "faultmesh.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "faultmesh.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "faultmesh.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "faultmesh.clusterdServiceName" -}}
+{{- default (printf "%s-clusterd" (include "faultmesh.fullname" .)) .Values.clusterd.serviceName -}}
+{{- end -}}
+
+{{/* host:port the agents dial. */}}
+{{- define "faultmesh.clusterdAddr" -}}
+{{- printf "%s.%s.svc:%d" (include "faultmesh.clusterdServiceName" .) .Release.Namespace (int .Values.clusterd.grpcPort) -}}
+{{- end -}}
+
+{{- define "faultmesh.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (printf "%s-clusterd" (include "faultmesh.fullname" .)) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "faultmesh.bmcSecretName" -}}
+{{- default (printf "%s-bmc" (include "faultmesh.fullname" .)) .Values.noded.bmc.existingSecret -}}
+{{- end -}}
+
+{{/* clusterd requests/limits per cluster size (see docs/deploy.md "Sizing"). */}}
+{{- define "faultmesh.clusterdResources" -}}
+{{- $presets := dict
+  "1k" (dict "requests" (dict "cpu" "500m" "memory" "512Mi") "limits" (dict "cpu" "2" "memory" "1Gi"))
+  "4k" (dict "requests" (dict "cpu" "1" "memory" "1Gi") "limits" (dict "cpu" "4" "memory" "2Gi"))
+  "16k" (dict "requests" (dict "cpu" "2" "memory" "3Gi") "limits" (dict "cpu" "8" "memory" "6Gi")) -}}
+{{- if eq .Values.clusterd.scale "custom" -}}
+{{- toYaml .Values.clusterd.resources -}}
+{{- else -}}
+{{- toYaml (mergeOverwrite (deepCopy (get $presets .Values.clusterd.scale)) .Values.clusterd.resources) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Daemon config file (YAML keys are flag names); pass (dict "cfg" map). */}}
+{{- define "faultmesh.daemonConfig" -}}
+{{- if .cfg -}}
+{{- toYaml .cfg -}}
+{{- else -}}
+{}
+{{- end -}}
+{{- end -}}

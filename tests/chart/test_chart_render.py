@@ -1,0 +1,312 @@
+"""Chart checks (issue 8 "Chart checks in make test"): render with several values files, lint,
+validate every object with kubernetes-validate (strict) for Kubernetes 1.28 and 1.33, and check
+what an operator relies on: privileges, mounts, flags, RBAC, sizing, schema errors.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from chart.chartkit import CHART, NAMESPACE, VALUES_FILES, find, load_values, render_objects, render_text
+
+KUBE_VERSIONS = ("1.28.0", "1.33.0")
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}  # no bundled schema; checked by the tests below
+
+NODED_FLAGS = {
+    "--node-name",
+    "--clusterd",
+    "--bmc-host",
+    "--bmc-port",
+    "--bmc-user",
+    "--bmc-password-file",
+    "--poll-interval",
+    "--http-addr",
+}
+DEVICED_FLAGS = {"--node-name", "--clusterd", "--backend", "--dcmi-lib", "--http-addr"}
+CLUSTERD_FLAGS = {
+    "--grpc-addr",
+    "--http-addr",
+    "--state-dir",
+    "--kube",
+    "--kube-publish-namespace",
+    "--kube-deviceinfo-namespace",
+    "--kube-nodeinfo-namespace",
+    "--kube-publicfault-namespace",
+}
+
+
+def _container(objs: list[dict], kind: str, suffix: str, name: str) -> dict:
+    pod = find(objs, kind, suffix)["spec"]["template"]["spec"]
+    return next(c for c in pod["containers"] if c["name"] == name)
+
+
+def _flag_names(args: list[str]) -> set[str]:
+    return {a.split("=", 1)[0] for a in args if a.startswith("--")}
+
+
+def _cpu_m(q: str) -> float:
+    return float(q[:-1]) if q.endswith("m") else float(q) * 1000
+
+
+def _mem_mi(q: str) -> float:
+    units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024}
+    return float(q[:-2]) * units[q[-2:]]
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_chart_lints_clean(helm, kube_version):
+    report = helm.lint(str(CHART), strict=True, kube_version="v" + kube_version)
+    assert report["errors"] == []
+    assert report["messages"] == [], report["messages"]
+
+
+@pytest.mark.parametrize("values_name", ["default", *VALUES_FILES])
+def test_every_rendered_object_validates_strict(chart, values_name):
+    kv = pytest.importorskip("kubernetes_validate", reason="kubernetes-validate not installed")
+    objs = render_objects(chart, load_values(values_name))
+    assert objs
+    checked = 0
+    for obj in objs:
+        if obj["kind"] in CRD_KINDS:
+            continue
+        for version in KUBE_VERSIONS:
+            try:
+                kv.validate(obj, version, strict=True)
+            except kv.ValidationError as e:
+                pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for {version}: {e.message}")
+        checked += 1
+    assert checked >= 5
+
+
+def test_agents_daemonset_defaults(chart):
+    objs = render_objects(chart, {})
+    ds = find(objs, "DaemonSet", "-agents")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert pod["automountServiceAccountToken"] is False  # agents never call the API server
+    assert pod["nodeSelector"] == {"workerselector": "dls-worker-node"}
+    assert {"operator": "Exists"} in pod["tolerations"]
+    names = [c["name"] for c in pod["containers"]]
+    assert names == ["noded", "deviced"]
+    total_cpu = sum(_cpu_m(c["resources"]["requests"]["cpu"]) for c in pod["containers"])
+    total_mem = sum(_mem_mi(c["resources"]["requests"]["memory"]) for c in pod["containers"])
+    assert total_cpu <= 100 and total_mem <= 128
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["driver"]["hostPath"]["path"] == "/usr/local/Ascend/driver"
+    assert volumes["pingmesh-result"]["hostPath"]["path"] == "/user/mind-cluster/pingmesh"
+    assert volumes["profiling"]["hostPath"]["path"] == "/user/cluster-info/profiling"
+    for c in pod["containers"]:
+        mounts = {m["name"]: m for m in c["volumeMounts"]}
+        assert mounts["driver"].get("readOnly") is True, c["name"]
+        env = {e["name"]: e for e in c["env"]}
+        assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+        assert env["HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+        assert "--node-name=$(NODE_NAME)" in c["args"]
+        assert "--clusterd=clusterd-grpc-svc.faultmesh.svc:8899" in c["args"]
+        # Live-updated ConfigMaps must not use subPath (kubelet never refreshes subPath mounts).
+        for m in c["volumeMounts"]:
+            if m["name"] in ("fault-tables", "pingmesh-config"):
+                assert "subPath" not in m
+    noded = _container(objs, "DaemonSet", "-agents", "noded")
+    assert _flag_names(noded["args"]) <= NODED_FLAGS
+    assert "--http-addr=$(HOST_IP):11255" in noded["args"]
+    deviced = _container(objs, "DaemonSet", "-agents", "deviced")
+    assert _flag_names(deviced["args"]) <= DEVICED_FLAGS
+    assert "--backend=dcmi" in deviced["args"]
+    assert {m["name"] for m in deviced["volumeMounts"]} >= {"dev", "driver", "reset-config"}
+
+
+def test_bmc_credentials_come_from_a_secret_never_argv(chart):
+    values = load_values("full.yaml")
+    objs = render_objects(chart, values)
+    noded = _container(objs, "DaemonSet", "-agents", "noded")
+    assert "--bmc-host=$(NODE_NAME)-bmc.mgmt.example.com" in noded["args"]
+    assert "--bmc-password-file=/etc/faultmesh/bmc/password" in noded["args"]
+    assert not any("not-a-real-password" in a for a in noded["args"])
+    env = {e["name"]: e for e in noded["env"]}
+    secret = find(objs, "Secret", "-bmc")
+    assert env["FAULTMESH_BMC_USER"]["valueFrom"]["secretKeyRef"] == {
+        "name": secret["metadata"]["name"],
+        "key": "username",
+    }
+    assert secret["stringData"]["password"] == "not-a-real-password"
+    # An existing Secret is used as is and the chart creates none.
+    objs = render_objects(chart, load_values("minimal.yaml"))
+    assert not [o for o in objs if o["kind"] == "Secret"]
+    pod = find(objs, "DaemonSet", "-agents")["spec"]["template"]["spec"]
+    bmc = next(v for v in pod["volumes"] if v["name"] == "bmc")
+    assert bmc["secret"]["secretName"] == "bmc-credentials"
+    noded = next(c for c in pod["containers"] if c["name"] == "noded")
+    assert noded["securityContext"]["privileged"] is False
+
+
+def test_clusterd_deployment_service_and_state(chart):
+    objs = render_objects(chart, {})
+    dep = find(objs, "Deployment", "-clusterd")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    c = _container(objs, "Deployment", "-clusterd", "clusterd")
+    assert _flag_names(c["args"]) <= CLUSTERD_FLAGS
+    assert {
+        "--grpc-addr=0.0.0.0:8899",
+        "--http-addr=0.0.0.0:8080",
+        "--state-dir=/var/lib/faultmesh",
+        "--kube",
+    } <= set(c["args"])
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"] and sc["allowPrivilegeEscalation"] is False
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    pod = dep["spec"]["template"]["spec"]
+    state = next(v for v in pod["volumes"] if v["name"] == "state")
+    pvc = find(objs, "PersistentVolumeClaim", "-clusterd-state")
+    assert state["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    svc = find(objs, "Service", "clusterd-grpc-svc")
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"grpc": 8899, "http": 8080}
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    # emptyDir when persistence is off, and no PVC.
+    objs = render_objects(chart, load_values("minimal.yaml"))
+    pod = find(objs, "Deployment", "-clusterd")["spec"]["template"]["spec"]
+    assert next(v for v in pod["volumes"] if v["name"] == "state") == {"name": "state", "emptyDir": {}}
+    assert not [o for o in objs if o["kind"] == "PersistentVolumeClaim"]
+
+
+def test_rbac_is_limited_to_kubernetes_mode(chart):
+    objs = render_objects(chart, {})
+    role = find(objs, "ClusterRole", "-clusterd")
+    granted = {
+        (r["apiGroups"][0], res, v) for r in role["rules"] for res in r["resources"] for v in r["verbs"]
+    }
+    resources = {res for _, res, _ in granted}
+    assert resources == {"configmaps", "nodes"}
+    assert ("", "nodes", "delete") not in granted and ("", "nodes", "update") not in granted
+    assert not any(v == "*" or res == "*" for _, res, v in granted)
+    binding = find(objs, "ClusterRoleBinding", "-clusterd")
+    sa = find(objs, "ServiceAccount", "-clusterd")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    # Without Kubernetes mode: no RBAC and no API token in the clusterd pod.
+    objs = render_objects(chart, load_values("minimal.yaml"))
+    assert not [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
+    pod = find(objs, "Deployment", "-clusterd")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert "--kube" not in pod["containers"][0]["args"]
+
+
+@pytest.mark.parametrize(
+    ("scale", "cpu", "memory"), [("1k", "500m", "512Mi"), ("4k", "1", "1Gi"), ("16k", "2", "3Gi")]
+)
+def test_clusterd_sizing_presets(chart, scale, cpu, memory):
+    c = _container(
+        render_objects(chart, {"clusterd": {"scale": scale}}), "Deployment", "-clusterd", "clusterd"
+    )
+    assert c["resources"]["requests"] == {"cpu": cpu, "memory": memory}
+    custom = _container(
+        render_objects(chart, load_values("custom-scale.yaml")), "Deployment", "-clusterd", "clusterd"
+    )
+    assert custom["resources"]["requests"] == {"cpu": "3", "memory": "4Gi"}
+
+
+def test_config_maps_carry_tables_and_pingmesh_config(chart):
+    objs = render_objects(chart, load_values("full.yaml"))
+    tables = find(objs, "ConfigMap", "-fault-tables")
+    assert json.loads(tables["data"]["faultCode.json"])["SeparateNPUCodes"] == ["80E01801"]
+    assert json.loads(tables["data"]["publicFaultConfiguration.json"])["publicFaultResource"] == ["CCAE"]
+    ping = find(objs, "ConfigMap", "-pingmesh-config")
+    assert ping["metadata"]["labels"]["app"] == "pingmesh"
+    assert json.loads(ping["data"]["global"]) == {"activate": "on", "task_interval": 5}
+    assert json.loads(ping["data"]["1"]) == {"activate": "off", "task_interval": 60}
+    cfg = find(objs, "ConfigMap", "faultmesh-config")
+    assert yaml.safe_load(cfg["data"]["noded.yaml"]) == {"log-file": "/tmp/noded.log"}
+    assert yaml.safe_load(cfg["data"]["clusterd.yaml"]) == {}
+    # Default: an empty fault-table ConfigMap exists so operators can add files with kubectl edit.
+    tables = find(render_objects(chart, {}), "ConfigMap", "-fault-tables")
+    assert tables["data"] == {}
+
+
+def test_flag_config_change_rolls_pods_but_table_change_does_not(chart):
+    def checksums(values):
+        objs = render_objects(chart, values)
+        return [
+            find(objs, k, s)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+            for k, s in (("DaemonSet", "-agents"), ("Deployment", "-clusterd"))
+        ]
+
+    base = checksums({})
+    assert checksums({"faultTables": {"faultCode.json": "{}"}}) == base
+    assert checksums({"noded": {"config": {"poll-interval": 10}}}) != base
+
+
+def test_tls_and_token_mounts(chart):
+    objs = render_objects(chart, load_values("full.yaml"))
+    c = _container(objs, "Deployment", "-clusterd", "clusterd")
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["FAULTMESH_TLS_CERT"] == "/etc/faultmesh/tls/tls.crt"
+    assert env["FAULTMESH_TOKEN_FILE"] == "/etc/faultmesh/token/token"
+    assert "--kube-publicfault-namespace=faultmesh" in c["args"]
+    for name in ("noded", "deviced"):
+        ac = _container(objs, "DaemonSet", "-agents", name)
+        assert {e["name"]: e.get("value") for e in ac["env"]}[
+            "FAULTMESH_TLS_CA"
+        ] == "/etc/faultmesh/tls/ca.crt"
+        assert any(m["name"] == "tls" and m["readOnly"] for m in ac["volumeMounts"])
+
+
+def test_agents_only_install_points_at_existing_clusterd(chart):
+    objs = render_objects(chart, load_values("agents-only.yaml"))
+    kinds = {o["kind"] for o in objs}
+    assert "Deployment" not in kinds and "ClusterRole" not in kinds
+    deviced = _container(objs, "DaemonSet", "-agents", "deviced")
+    assert "--backend=sim" in deviced["args"] and not any(a.startswith("--dcmi-lib") for a in deviced["args"])
+    pod = find(objs, "DaemonSet", "-agents")["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is False and pod["dnsPolicy"] == "ClusterFirst"
+
+
+def test_service_monitor_targets_named_ports(chart):
+    objs = render_objects(chart, load_values("full.yaml"))
+    sm = find(objs, "ServiceMonitor", "")
+    ports = {e["port"] for e in sm["spec"]["endpoints"]}
+    service_ports = {p["name"] for o in objs if o["kind"] == "Service" for p in o["spec"]["ports"]}
+    assert ports <= service_ports
+    assert sm["metadata"]["labels"]["release"] == "prometheus"
+    rule = find(objs, "PrometheusRule", "")
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    assert {
+        "FaultmeshNodeUnhealthy",
+        "FaultmeshSlowNodeConfirmed",
+        "FaultmeshAgentDisconnected",
+        "FaultmeshClusterdRejectingRequests",
+    } <= set(alerts)
+    assert alerts["FaultmeshAgentDisconnected"]["for"] == "10m"
+    assert not [o for o in render_objects(chart, {}) if o["kind"] in CRD_KINDS]
+
+
+@pytest.mark.parametrize(
+    ("values", "path", "want"),
+    [
+        ({"noded": {"pollInterval": "fast"}}, "/noded/pollInterval", "want integer"),
+        ({"clusterd": {"replicas": "1"}}, "/clusterd/replicas", "want integer"),
+        ({"agents": {"hostNetwork": "yes"}}, "/agents/hostNetwork", "want boolean"),
+        ({"clusterd": {"scale": "huge"}}, "/clusterd/scale", "value must be one of"),
+        (
+            {"pingmesh": {"config": {"global": {"activate": "on", "task_interval": 0}}}},
+            "/pingmesh/config/global/task_interval",
+            "minimum",
+        ),
+        ({"noded": {"pollIntervall": 5}}, "/noded", "pollIntervall"),
+    ],
+)
+def test_bad_value_fails_render_with_readable_message(helm, chart, values, path, want):
+    with pytest.raises(helm.HelmError) as err:
+        render_text(chart, values)
+    msg = str(err.value)
+    assert path in msg and want in msg, msg
+    assert "schema" in msg
+
+
+def test_tls_without_secret_name_fails_render(helm, chart):
+    with pytest.raises(helm.HelmError, match="tls.secretName is required"):
+        render_text(chart, {"tls": {"enabled": True}})
