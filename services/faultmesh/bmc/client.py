@@ -1,0 +1,201 @@
+"""A blocking, thread-safe wrapper around pyghmi's IPMI 2.0 (lanplus) client.
+
+Every method blocks; callers on the event loop run them through
+:class:`faultmesh.runtime.BlockingPool` with a timeout. Source: reference ecosystem.md §2.1/§2.4.
+
+pyghmi facts this wrapper handles (ecosystem.md §2.4):
+
+- credentials must be ``bytes`` (with ``str`` a second login to the same BMC hangs or raises);
+- a dead BMC at login raises ``IpmiException`` after ~4.5 s; a BMC that dies under an open session
+  makes the next call block ~28 s, so callers must time out and must not queue more calls behind a
+  hung one: :class:`BmcClient` holds a lock and a second caller gets :class:`BmcBusy` at once;
+- after any transport error the ``Command`` is dropped, so the next call logs in again.
+
+The password is held only as bytes in this object; it never appears in messages or ``repr``.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from typing import NamedTuple
+
+from faultmesh.bmc import oem
+
+# Completion codes (IPMI 2.0 table 5-2) that mean "this BMC does not do that command".
+UNSUPPORTED_CODES = frozenset({0xC1, 0xC2, 0xC7, 0xC9, 0xCC, 0xCD, 0xD4, 0xD5, 0xD6})
+CC_NOT_PRESENT = 0xCB
+HUAWEI_MANUFACTURER_ID = 2011
+
+
+class BmcError(Exception):
+    """Base of BMC access errors. ``kind`` is a stable word for metrics and logs."""
+
+    kind = "error"
+
+
+class BmcUnreachable(BmcError):
+    """No answer, login failed for a transport reason, or the session broke."""
+
+    kind = "unreachable"
+
+
+class BmcAuthError(BmcError):
+    """The BMC rejected the user name or password."""
+
+    kind = "auth"
+
+
+class BmcBusy(BmcError):
+    """A previous call to this BMC is still running (it timed out on the caller's side)."""
+
+    kind = "busy"
+
+
+class BmcCommandError(BmcError):
+    """The BMC answered with a non-zero completion code ``code`` for ``netfn``/``cmd``."""
+
+    kind = "completion-code"
+
+    def __init__(self, netfn: int, cmd: int, code: int, text: str = "") -> None:
+        super().__init__(f"netfn 0x{netfn:02x} cmd 0x{cmd:02x}: completion code 0x{code:02x} {text}".rstrip())
+        self.netfn = netfn
+        self.cmd = cmd
+        self.code = code
+
+    @property
+    def unsupported(self) -> bool:
+        """True when the code means the command or its data is not supported by this BMC."""
+        return self.code in UNSUPPORTED_CODES
+
+
+class DeviceId(NamedTuple):
+    """Get Device ID answer: manufacturer (IANA) id, product id, firmware "major.minor", device id."""
+
+    device_id: int
+    manufacturer_id: int
+    product_id: int
+    firmware: str
+
+
+class BmcClient:
+    """One BMC at ``host``:``port`` (UDP, lanplus) with ``user``/``password``.
+
+    ``timeout_s`` bounds pyghmi's own wait for one reply. Methods raise :class:`BmcError`
+    subclasses; they are safe to call from any thread but run one at a time.
+    """
+
+    def __init__(self, host: str, port: int, user: str, password: str, timeout_s: float = 5.0) -> None:
+        self.host = host
+        self.port = port
+        self._user = user.encode()
+        self._password = password.encode()
+        self.timeout_s = timeout_s
+        self._cmd = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"BmcClient({self.host}:{self.port}, user={self._user.decode(errors='replace')!r})"
+
+    # -- session -----------------------------------------------------------------------------
+    def _command(self):
+        if self._cmd is None:
+            import pyghmi.exceptions as pexc
+            import pyghmi.ipmi.command as ipmicommand
+
+            try:
+                self._cmd = ipmicommand.Command(
+                    bmc=self.host, userid=self._user, password=self._password, port=self.port
+                )
+            except pexc.IpmiException as e:
+                text = str(e)
+                if "password" in text.lower() or "unauthorized" in text.lower():
+                    raise BmcAuthError(f"login to {self.host}:{self.port} rejected: {text}") from None
+                raise BmcUnreachable(
+                    f"login to {self.host}:{self.port} failed: {text or 'no answer'}"
+                ) from None
+            except OSError as e:
+                raise BmcUnreachable(f"login to {self.host}:{self.port} failed: {e}") from None
+        return self._cmd
+
+    def drop_session(self) -> None:
+        """Forget the session (log out best-effort) so the next call logs in again."""
+        cmd, self._cmd = self._cmd, None
+        if cmd is not None:
+            try:
+                cmd.ipmi_session.logout()
+            except Exception:  # the session is already broken; nothing to do
+                pass
+
+    def close(self) -> None:
+        """Log out (best-effort)."""
+        with self._lock:
+            self.drop_session()
+
+    def locked(self):
+        """Context manager taking this BMC's lock without waiting. Raises :class:`BmcBusy`."""
+        return _NoWaitLock(self._lock)
+
+    # -- commands (call with the lock held, see ``locked``) -----------------------------------
+    def raw(self, netfn: int, cmd: int, data: bytes = b"") -> bytes:
+        """Send one request; returns the reply data without the completion code.
+
+        Raises :class:`BmcCommandError` on a non-zero completion code, :class:`BmcUnreachable`
+        when the session is broken or nothing answered, :class:`BmcAuthError` on a bad login.
+        """
+        import pyghmi.exceptions as pexc
+
+        c = self._command()
+        try:
+            rsp = c.raw_command(netfn=netfn, command=cmd, data=tuple(data), timeout=self.timeout_s)
+        except pexc.IpmiException as e:
+            self.drop_session()
+            raise BmcUnreachable(f"{self.host}:{self.port}: {e or 'no answer'}") from None
+        except (OSError, struct.error, TypeError) as e:
+            self.drop_session()
+            raise BmcUnreachable(f"{self.host}:{self.port}: {e!r}") from None
+        if rsp is None:
+            self.drop_session()
+            raise BmcUnreachable(f"{self.host}:{self.port}: no answer")
+        code = rsp.get("code") or 0
+        if code:
+            raise BmcCommandError(netfn, cmd, code, str(rsp.get("error", "")))
+        if "error" in rsp:
+            self.drop_session()
+            raise BmcUnreachable(f"{self.host}:{self.port}: {rsp['error']}")
+        return bytes(rsp.get("data", b""))
+
+    def device_id(self) -> DeviceId:
+        """Get Device ID (netfn 0x06 cmd 0x01). Raises :class:`BmcError`; short replies are unreachable-class."""
+        d = self.raw(0x06, 0x01)
+        if len(d) < 11:
+            raise BmcCommandError(0x06, 0x01, 0xFF, f"short Get Device ID reply ({len(d)} bytes)")
+        mfg = d[6] | d[7] << 8 | d[8] << 16
+        prod = d[9] | d[10] << 8
+        return DeviceId(d[0], mfg, prod, f"{d[2] & 0x7F}.{d[3]:02x}")
+
+    def chassis_power_on(self) -> bool:
+        """Get Chassis Status (netfn 0x00 cmd 0x01): True when system power is on."""
+        d = self.raw(0x00, 0x01)
+        if not d:
+            raise BmcCommandError(0x00, 0x01, 0xFF, "empty chassis status")
+        return bool(d[0] & 0x01)
+
+    def oem_alarms(self) -> list[oem.AlarmRecord]:
+        """All current Huawei iBMC alarms, paged (see :func:`faultmesh.bmc.oem.read_alarms`).
+
+        Raises :class:`faultmesh.bmc.oem.OemReplyError` for bad replies and :class:`BmcError`.
+        """
+        return oem.read_alarms(lambda req: self.raw(oem.NETFN, oem.CMD, req))
+
+
+class _NoWaitLock:
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            raise BmcBusy("a previous BMC call is still running")
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
