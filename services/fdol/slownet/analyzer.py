@@ -1,0 +1,389 @@
+"""One super pod's slow-network analysis per period: rows -> window -> verdicts -> alarms -> faults.
+
+Source: reference fdol.md §8.5–§8.8 (period loop, window, localization, suppression, fault codes)
+and noded.md §6 (220001001 for a card no destination reaches; its level SeparateNPU).
+
+Lifecycle of an alarm (faultmesh; the reference only emits one-shot alarms): an alarm is *active*
+from the first period it is localized; it *recovers* after ``recover_periods`` (2) consecutive
+periods in which it is not localized while at least one of its paths had data; it is dropped as
+*stale* after ``stale_periods`` (6) periods without any data on its paths (a node that stops
+reporting is neither a fault nor a proof of health for long). Suppression (fdol.md §8.7) applies to
+the per-period alarm emissions (log lines, history), not to the fault state.
+
+Rows are checked against the topology and the ping list: an address that is not an SDID of the
+super pod (``unknown_address``) or a pair that is not in the ping list (``not_in_ping_list``) is
+counted and skipped, like the window's own checks (:func:`fdol.slownet.window.row_problem`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from faultmesh.model import Fault
+from fdol.slownet.localize import (
+    CODE_BETWEEN_NODES,
+    CODE_INSIDE_NODE,
+    CODE_NOT_CONVERGED,
+    CODE_NPU_HCCS,
+    Alarm,
+    LocalizeParams,
+    PathEvidence,
+    localize,
+    unreachable_cards,
+)
+from fdol.slownet.pinglist import PingPair
+from fdol.slownet.suppress import Suppressor
+from fdol.slownet.topology import SuperPod
+from fdol.slownet.window import PathWindow, PingRow
+
+SOURCE = "slownet"
+# Levels of the codes raised here (reference clusterd publicFaultConfiguration; checked by a test
+# against ../shared/data/fault-tables/publicFaultConfiguration.json).
+CODE_LEVELS = {
+    CODE_INSIDE_NODE: "NotHandleFault",
+    CODE_BETWEEN_NODES: "NotHandleFault",
+    CODE_NOT_CONVERGED: "NotHandleFault",
+    CODE_NPU_HCCS: "SeparateNPU",
+}
+
+
+@dataclass(frozen=True)
+class AnalyzerParams:
+    """Window, lifecycle and localization settings (units: ms for the period, s for suppression)."""
+
+    period_ms: int = 10_000
+    periods: int = 10
+    baseline_periods: int = 8
+    min_baseline: int = 3
+    sigma: float = 3.0
+    std_floor: float = 1.0
+    loss_abs_pct: float | None = 20.0
+    delay_abs: float | None = None
+    recover_periods: int = 2
+    stale_periods: int = 6
+    suppress_s: float = 0.0
+    localize: LocalizeParams = field(default_factory=LocalizeParams)
+
+
+@dataclass
+class Active:
+    """An active alarm (or unreachable card) and its lifecycle counters (times in ms)."""
+
+    alarm: Alarm | None
+    first_ms: int
+    last_ms: int
+    paths: frozenset[tuple[int, int]]
+    clean: int = 0
+    missing: int = 0
+
+
+@dataclass
+class PeriodReport:
+    """What one :meth:`SuperPodAnalyzer.analyze` call found."""
+
+    period: int
+    alarms: list[Alarm]
+    occurred: list[str]
+    recovered: list[str]
+    emitted: list[Alarm]
+    suppressed: int
+    unreachable: list[tuple[str, int]]
+    faulty_paths: int
+    paths_with_data: int
+
+
+class SuperPodAnalyzer:
+    """Analysis state of one super pod. Not thread-safe (one owner).
+
+    ``sp``: topology; ``pairs``: its ping list (:func:`fdol.slownet.pinglist.generate`).
+    """
+
+    def __init__(self, sp: SuperPod, pairs: list[PingPair], params: AnalyzerParams | None = None) -> None:
+        self.params = params or AnalyzerParams()
+        p = self.params
+        self.window = PathWindow(
+            p.period_ms,
+            periods=p.periods,
+            baseline_periods=p.baseline_periods,
+            min_baseline=p.min_baseline,
+            sigma=p.sigma,
+            std_floor=p.std_floor,
+            loss_abs_pct=p.loss_abs_pct,
+            delay_abs=p.delay_abs,
+        )
+        self.suppressor = Suppressor(p.suppress_s)
+        self.active: dict[str, Active] = {}
+        self.cards: dict[tuple[str, int], Active] = {}
+        self.rejected: dict[str, int] = {}
+        self.last_report: PeriodReport | None = None
+        self.last_summary: dict[str, Any] = {}
+        self.set_topology(sp, pairs)
+
+    def set_topology(self, sp: SuperPod, pairs: list[PingPair]) -> None:
+        """Replace topology and ping list (alarms and window stay; paths no longer listed age out)."""
+        self.sp = sp
+        self.pairs = pairs
+        self.expected = {(p.src_sdid, p.dst_sdid) for p in pairs}
+
+    # -- input ---------------------------------------------------------------------------------
+    def ingest(self, rows: Iterable[PingRow], now_ms: int | None = None) -> dict[str, int]:
+        """Check rows against topology and ping list, then add them to the window. Returns counts
+        (``accepted`` and skip reasons); skipped rows are also summed in ``rejected``."""
+        ok: list[PingRow] = []
+        counts: dict[str, int] = {}
+        for r in rows:
+            try:
+                pair = (int(r.src_addr), int(r.dst_addr))
+            except ValueError:
+                pair = None
+            if pair is None or self.sp.locate(pair[0]) is None or self.sp.locate(pair[1]) is None:
+                counts["unknown_address"] = counts.get("unknown_address", 0) + 1
+            elif pair not in self.expected:
+                counts["not_in_ping_list"] = counts.get("not_in_ping_list", 0) + 1
+            else:
+                ok.append(r)
+        for k, v in self.window.add(ok, now_ms).items():
+            counts[k] = counts.get(k, 0) + v
+        for k, v in counts.items():
+            if k != "accepted":
+                self.rejected[k] = self.rejected.get(k, 0) + v
+        return counts
+
+    # -- one period ------------------------------------------------------------------------------
+    def evidence(self, period: int) -> list[PathEvidence]:
+        """Verdicts of ``period`` as :class:`PathEvidence` (paths still in the topology only)."""
+        res = self.window.evaluate(period)
+        out = []
+        keys = self.window.keys
+        for j, i in enumerate(res.idx):
+            key = keys[i]
+            s, d = int(key[2]), int(key[4])
+            a, b = self.sp.locate(s), self.sp.locate(d)
+            if a is None or b is None or (s, d) not in self.expected:
+                continue
+            out.append(
+                PathEvidence(
+                    a[0], a[1], s, b[0], b[1], d, key[0],
+                    float(res.loss[j]), float(res.delay[j]), bool(res.loss_fault[j]), bool(res.delay_fault[j]),
+                )
+            )  # fmt: skip
+        return out
+
+    def analyze(self, period: int, now_s: float | None = None) -> PeriodReport:
+        """Evaluate ``period`` (the newest complete one), localize, update alarm lifecycles.
+
+        ``now_s`` is the suppression clock (defaults to the period's end time in s).
+        """
+        p = self.params
+        end_ms = (period + 1) * p.period_ms
+        now_s = end_ms / 1000 if now_s is None else now_s
+        ev = self.evidence(period)
+        alarms = localize(ev, self.sp, p.localize, timestamp_ms=end_ms)
+        with_data = {(e.src_sdid, e.dst_sdid) for e in ev}
+        occurred, recovered, emitted = [], [], []
+        seen = set()
+        for a in alarms:
+            ident = f"{a.kind}:{a.src_id}-{a.dst_id}"
+            seen.add(ident)
+            cur = self.active.get(ident)
+            if cur is None:
+                self.active[ident] = Active(a, end_ms, end_ms, frozenset(a.paths))
+                occurred.append(ident)
+            else:
+                cur.alarm, cur.last_ms, cur.clean, cur.missing = a, end_ms, 0, 0
+                cur.paths = cur.paths | frozenset(a.paths)
+            if self.suppressor.admit(a.key, now_s):
+                emitted.append(a)
+        for ident in [i for i in self.active if i not in seen]:
+            if self._age(self.active[ident], with_data):
+                del self.active[ident]
+                recovered.append(ident)
+        dead = unreachable_cards(ev)
+        src_with_data = {(e.src_node, e.src_phy) for e in ev}
+        for card in dead:
+            cur = self.cards.get(card)
+            if cur is None:
+                self.cards[card] = Active(None, end_ms, end_ms, frozenset())
+                occurred.append(f"card:{card[0]}/{card[1]}")
+            else:
+                cur.last_ms, cur.clean, cur.missing = end_ms, 0, 0
+        for card in [c for c in self.cards if c not in set(dead)]:
+            cur = self.cards[card]
+            if card in src_with_data:
+                cur.clean += 1
+                cur.missing = 0
+            else:
+                cur.missing += 1
+            if cur.clean >= p.recover_periods or cur.missing >= p.stale_periods:
+                del self.cards[card]
+                recovered.append(f"card:{card[0]}/{card[1]}")
+        report = PeriodReport(
+            period, alarms, occurred, recovered, emitted, len(alarms) - len(emitted), dead,
+            sum(e.faulty for e in ev), len(ev),
+        )  # fmt: skip
+        self.last_report = report
+        self.last_summary = self._summary(period, ev)
+        return report
+
+    def _age(self, cur: Active, with_data: set[tuple[int, int]]) -> bool:
+        if cur.paths & with_data:
+            cur.clean += 1
+            cur.missing = 0
+        else:
+            cur.missing += 1
+        return cur.clean >= self.params.recover_periods or cur.missing >= self.params.stale_periods
+
+    # -- output ----------------------------------------------------------------------------------
+    def faults(self, node_filter: set[str] | None = None) -> list[Fault]:
+        """The fault records the active alarms and unreachable cards stand for (one per fault key;
+        several alarms on one key are merged into ``attributes["alarms"]``). Sorted by key."""
+        merged: dict[tuple, dict[str, Any]] = {}
+
+        def put(
+            node: str, dtype: str, did: int, code: str, first: int, last: int, alarm: dict | None, desc: str
+        ):
+            k = (node, dtype, did, code)
+            m = merged.setdefault(k, {"first": first, "last": last, "alarms": [], "desc": []})
+            m["first"] = min(m["first"], first)
+            m["last"] = max(m["last"], last)
+            if alarm is not None:
+                m["alarms"].append(alarm)
+            m["desc"].append(desc)
+
+        for cur in self.active.values():
+            a = cur.alarm
+            assert a is not None
+            d = a.to_dict()
+            if a.kind == "npu":
+                put(
+                    a.node,
+                    "NPU",
+                    a.phy,
+                    a.code,
+                    cur.first_ms,
+                    cur.last_ms,
+                    d,
+                    f"NPU {a.node}/{a.phy} network fault",
+                )
+            elif a.kind == "link":
+                put(
+                    a.node, "NPU", a.phy, a.code, cur.first_ms, cur.last_ms, d,
+                    f"link {a.node}/{a.phy} <-> {a.peer_node}/{a.peer_phy}",
+                )  # fmt: skip
+            elif a.kind == "node":
+                put(
+                    a.node,
+                    "Node",
+                    -1,
+                    a.code,
+                    cur.first_ms,
+                    cur.last_ms,
+                    d,
+                    f"node {a.node} unreachable on HCCS",
+                )
+            else:
+                for n in a.nodes:
+                    put(
+                        n,
+                        "Plane",
+                        a.plane,
+                        a.code,
+                        cur.first_ms,
+                        cur.last_ms,
+                        d,
+                        f"switch plane {a.plane} degraded",
+                    )
+        for (node, phy), cur in self.cards.items():
+            put(node, "NPU", phy, CODE_NPU_HCCS, cur.first_ms, cur.last_ms, None, "hccsping-mesh fault")
+        out = []
+        for (node, dtype, did, code), m in sorted(merged.items()):
+            if node_filter is not None and node not in node_filter:
+                continue
+            attrs = {
+                "superPodId": self.sp.super_pod_id,
+                "description": "; ".join(sorted(set(m["desc"]))),
+            }
+            if m["alarms"]:
+                alarms = sorted(m["alarms"], key=lambda x: (x["srcId"], x["dstId"]))
+                attrs["alarms"] = json.dumps(alarms, sort_keys=True)
+                attrs["faultType"] = ",".join(sorted({x["faultTypeName"] for x in alarms}))
+            out.append(
+                Fault(
+                    SOURCE, node, dtype, did, code, CODE_LEVELS[code], "occur", m["first"], m["last"], attrs
+                )
+            )
+        return out
+
+    def _summary(self, period: int, ev: list[PathEvidence]) -> dict[str, Any]:
+        matrix: dict[tuple[str, str], list[float]] = {}
+        for e in ev:
+            m = matrix.setdefault((e.src_node, e.dst_node), [0, 0, 0.0, 0.0, 0])
+            m[0] += 1
+            m[1] += e.faulty
+            m[2] += e.loss
+            if not math.isnan(e.delay):
+                m[3] += e.delay
+                m[4] += 1
+        losses = np.array([e.loss for e in ev]) if ev else np.zeros(0)
+        delays = np.array([e.delay for e in ev if not math.isnan(e.delay)]) if ev else np.zeros(0)
+        worst = sorted(ev, key=lambda e: (-e.faulty, -e.loss, -(0 if math.isnan(e.delay) else e.delay)))[:10]
+        return {
+            "period": period,
+            "periodEndMs": (period + 1) * self.params.period_ms,
+            "paths": len(self.expected),
+            "pathsWithData": len(ev),
+            "faultyPaths": int(sum(e.faulty for e in ev)),
+            "avgLossRate": round(float(losses.mean()), 3) if len(losses) else None,
+            "maxLossRate": round(float(losses.max()), 3) if len(losses) else None,
+            "avgDelay": round(float(delays.mean()), 3) if len(delays) else None,
+            "maxDelay": round(float(delays.max()), 3) if len(delays) else None,
+            "matrix": [
+                {
+                    "srcNode": s,
+                    "dstNode": d,
+                    "paths": int(m[0]),
+                    "faultyPaths": int(m[1]),
+                    "avgLossRate": round(m[2] / m[0], 3),
+                    "avgDelay": round(m[3] / m[4], 3) if m[4] else None,
+                }
+                for (s, d), m in sorted(matrix.items())
+            ],
+            "worstPaths": [
+                {
+                    "src": f"{e.src_node}/{e.src_phy}",
+                    "dst": f"{e.dst_node}/{e.dst_phy}",
+                    "lossRate": round(e.loss, 3),
+                    "delay": None if math.isnan(e.delay) else round(e.delay, 3),
+                    "faulty": e.faulty,
+                }
+                for e in worst
+            ],
+        }
+
+    def status(self) -> dict[str, Any]:
+        """The super pod's status for ``GET /v1/pingmesh``: latest matrix summary, open alarms,
+        unreachable cards, skipped-row counts."""
+        return {
+            "superPodId": self.sp.super_pod_id,
+            "nodes": len(self.sp.nodes),
+            "npus": self.sp.npu_count,
+            "periodMs": self.params.period_ms,
+            "latest": self.last_summary,
+            "alarms": [
+                {**cur.alarm.to_dict(), "firstSeenMs": cur.first_ms, "lastSeenMs": cur.last_ms}
+                for _, cur in sorted(self.active.items())
+                if cur.alarm is not None
+            ],
+            "unreachableCards": [
+                {"node": n, "phyId": p, "firstSeenMs": cur.first_ms}
+                for (n, p), cur in sorted(self.cards.items())
+            ],
+            "rejectedRows": dict(sorted(self.rejected.items())),
+            "suppressedAlarms": self.suppressor.suppressed,
+        }
