@@ -100,3 +100,24 @@ class ClusterdProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+async def make_clusterd(tmp_path: Path, *extra: str):
+    """Start an in-process ClusterD with every registered component on free ports; the caller stops it."""
+    from clusterd.app import ClusterD, _load_component_classes, build_parser
+
+    classes = _load_component_classes()
+    args = build_parser(classes).parse_args(
+        [
+            "--grpc-addr",
+            f"127.0.0.1:{free_port()}",
+            "--http-addr",
+            f"127.0.0.1:{free_port()}",
+            "--state-dir",
+            str(tmp_path / "state"),
+            *extra,
+        ]
+    )
+    cd = ClusterD(args, classes)
+    await cd.start()
+    return cd

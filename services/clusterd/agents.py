@@ -137,61 +137,78 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 event(log, logging.ERROR, "agent callback failed", callback=repr(cb), error=repr(e))
 
     async def Connect(self, request_iterator, context):  # noqa: N802 (gRPC method name)
-        """Serve one agent stream (see module docstring)."""
-        session: AgentSession | None = None
-        writer: asyncio.Task | None = None
+        """Serve one agent stream (see module docstring).
+
+        Written as an async generator: only this coroutine writes to the stream (acks and control
+        messages come through the session queue), while a reader task applies what the agent sends.
+        """
         if not self.authorize(context):
             self._reject("unauthenticated", peer=context.peer())
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bearer token required")
         try:
             first = await asyncio.wait_for(anext(request_iterator), 30.0)
-            if first.WhichOneof("body") != "hello" or not _valid_name(first.hello.node):
-                self._reject("no_hello")
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, "first message must be Hello with a node"
-                )
-            h = first.hello
-            agent = h.agent or "agent"
-            session = AgentSession(h.node, agent, h.boot_id, h.node_ip, h.node_sn, context.peer())
-            old = self.sessions.get((h.node, agent))
-            if old is not None:
-                old.closed = True
-                old.queue.put_nowait(None) if not old.queue.full() else None
-            self.sessions[(h.node, agent)] = session
-            info = self.known.setdefault(h.node, {"conditions": {}, "devices": {}})
-            info.update(node_ip=h.node_ip, node_sn=h.node_sn, boot_id=h.boot_id)
-            self.connected_gauge.labels(agent).set(sum(1 for k in self.sessions if k[1] == agent))
-            event(log, logging.INFO, "agent connected", node=h.node, agent=agent, peer=context.peer())
-            writer = asyncio.create_task(self._write(session, context))
-            async for msg in request_iterator:
-                if session.closed:
-                    break
-                session.last_seen = time.time()
-                await self._handle(session, msg)
         except (StopAsyncIteration, TimeoutError):
             self._reject("no_hello")
+            return
+        if first.WhichOneof("body") != "hello" or not _valid_name(first.hello.node):
+            self._reject("no_hello")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be Hello with a node")
+        h = first.hello
+        agent = h.agent or "agent"
+        session = AgentSession(h.node, agent, h.boot_id, h.node_ip, h.node_sn, context.peer())
+        old = self.sessions.get((h.node, agent))
+        if old is not None:
+            old.closed = True
+            with contextlib.suppress(asyncio.QueueFull):
+                old.queue.put_nowait(None)
+        self.sessions[(h.node, agent)] = session
+        info = self.known.setdefault(h.node, {"conditions": {}, "devices": {}})
+        info.update(node_ip=h.node_ip, node_sn=h.node_sn, boot_id=h.boot_id)
+        self._count(agent)
+        event(log, logging.INFO, "agent connected", node=h.node, agent=agent, peer=context.peer())
+        reader = asyncio.create_task(self._read_loop(session, request_iterator), name=f"agent-read-{h.node}")
+        try:
+            while True:
+                getter = asyncio.create_task(session.queue.get())
+                await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    while not session.queue.empty():  # flush the acks of the last messages
+                        msg = session.queue.get_nowait()
+                        if msg is None:
+                            return
+                        yield msg
+                    return
+                msg = getter.result()
+                if msg is None:
+                    return
+                yield msg
+        finally:
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+            session.closed = True
+            if self.sessions.get((session.node, session.agent)) is session:
+                del self.sessions[(session.node, session.agent)]
+                event(log, logging.INFO, "agent disconnected", node=session.node, agent=session.agent)
+            self._count(session.agent)
+
+    def _count(self, agent: str) -> None:
+        self.connected_gauge.labels(agent).set(sum(1 for k in self.sessions if k[1] == agent))
+
+    async def _read_loop(self, session: AgentSession, request_iterator) -> None:
+        try:
+            async for msg in request_iterator:
+                if session.closed:
+                    return
+                session.last_seen = time.time()
+                await self._handle(session, msg)
         except asyncio.CancelledError:
             raise
-        finally:
-            if writer is not None:
-                writer.cancel()
-                with contextlib.suppress(BaseException):
-                    await writer
-            if session is not None:
-                session.closed = True
-                if self.sessions.get((session.node, session.agent)) is session:
-                    del self.sessions[(session.node, session.agent)]
-                    event(log, logging.INFO, "agent disconnected", node=session.node, agent=session.agent)
-                self.connected_gauge.labels(session.agent).set(
-                    sum(1 for k in self.sessions if k[1] == session.agent)
-                )
-
-    async def _write(self, s: AgentSession, context) -> None:
-        while True:
-            msg = await s.queue.get()
-            if msg is None:
-                return
-            await context.write(msg)
+        except Exception as e:  # the peer vanished or sent garbage: end this stream only
+            event(
+                log, logging.INFO, "agent stream ended", node=session.node, agent=session.agent, error=repr(e)
+            )
 
     def _ack(self, s: AgentSession, seq: int, error: str = "") -> None:
         msg = agent_pb2.ControlMessage(seq=0, ack=agent_pb2.Ack(seq=seq, error=error))
