@@ -1,0 +1,580 @@
+"""deviced's fault state machine: events in, per-device codes, levels and health out. No I/O.
+
+Everything is driven by an injected clock (``clock() -> ms``) so tests can walk hours in microseconds.
+Sources: reference deviced.md §1.1 (callback handling, 1 s recover delay, mend rules, card drop),
+§2 (network codes, 20 s / 60 s link-down rule), §3 (levels, precedence, Health / NetworkHealth),
+§4.2 (frequency), §4.3 (duration). faultmesh differences (design.md): the gateway probe feeds the
+20 s rule through the synthetic network code ``GATEWAY_PROBE``; unknown codes are kept, marked
+``unknown`` and counted; each code's own level is the max of its table level and its own escalations.
+
+Typical use (the deviced app does this)::
+
+    eng = FaultEngine(FaultCodeTable.load(), Customization.load())
+    eng.set_devices(dcmi.devices())
+    eng.submit(DeviceEvent(logic, code, OCCUR, severity, eng.now()))   # from the loop, per callback
+    for logic in eng.devices: reason = eng.mend_reason(logic); ...; eng.apply_poll(logic, codes)
+    changed = eng.cycle()                                                # every ~1 s when triggered
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from deviced.tables import (
+    CARD_DROP,
+    GATEWAY_PROBE,
+    NETWORK_CODES_ALL,
+    RESET_FINISHED,
+    Customization,
+    FaultCodeTable,
+)
+from faultmesh.dcmi.api import DeviceIds
+from faultmesh.levels import NpuLevel
+from faultmesh.log import event
+from faultmesh.model import now_ms
+
+log = logging.getLogger("deviced.engine")
+
+RECOVER, OCCUR, ONCE = 0, 1, 2
+ASSERTION_NAMES = {RECOVER: "recover", OCCUR: "occur", ONCE: "once"}
+RECOVER_DELAY_MS = 1_000  # §1.1: the driver's error list lags the recover event
+SUBSCRIBE_TO_POLL_MS = 5 * 60_000  # §1.1: unhealthy for more than 5 min -> mend by polling
+
+FREQUENCY = "FaultFrequency"
+DURATION = "FaultDuration"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceEvent:
+    """One fault event for a chip: ``logic`` id, ``code``, ``assertion`` (0 recover, 1 occur, 2 once),
+    ``severity`` (0..3; None unknown), ``time_ms`` (host time, ms), ``origin`` (callback, poll, probe,
+    card-drop)."""
+
+    logic: int
+    code: int
+    assertion: int
+    severity: int | None
+    time_ms: int
+    origin: str = "callback"
+
+
+@dataclass
+class CodeState:
+    """An active code on a chip: first-seen time (ms), last severity, ``once`` (lives one cycle)."""
+
+    first_seen_ms: int
+    severity: int | None
+    once: bool = False
+
+
+@dataclass
+class DurationState:
+    """§4.3 state per (code, chip): timed out or not, the event queue, and the alarm time (ms)."""
+
+    timed_out: bool = False
+    queue: list[tuple[int, int]] = field(default_factory=list)  # (time_ms, assertion)
+    alarm_ms: int = 0
+
+
+@dataclass
+class FrequencyState:
+    """§4.2 state per (code, chip): occurrence times (ms), last fault and last recover times."""
+
+    times: list[int] = field(default_factory=list)
+    last_fault_ms: int = 0
+    last_recover_ms: int = 0
+
+
+@dataclass
+class UpgradeReason:
+    """An escalation kept for a chip: ``code``, ``level``, ``kind`` (FaultFrequency / FaultDuration), ``time_ms``."""
+
+    code: int
+    level: NpuLevel
+    kind: str
+    time_ms: int
+
+
+@dataclass
+class Device:
+    """Everything deviced knows about one chip, keyed by logic id."""
+
+    ids: DeviceIds
+    chip: dict[int, CodeState] = field(default_factory=dict)
+    network: dict[int, CodeState] = field(default_factory=dict)
+    duration: dict[int, DurationState] = field(default_factory=dict)
+    frequency: dict[int, FrequencyState] = field(default_factory=dict)
+    reasons: dict[tuple[int, str], UpgradeReason] = field(default_factory=dict)
+    manually_separated: bool = False
+    reinit: bool = True  # first cycle after start mends by polling
+    card_dropped: bool = False
+    probe_bad: bool = False
+    alarm_ms: int = 0
+    in_use: bool = False
+    level: NpuLevel | None = None
+    network_level: NpuLevel | None = None
+    health: str = "Healthy"
+    network_health: str = "Healthy"
+    resetting: bool = False
+
+    def codes(self) -> dict[int, CodeState]:
+        """Chip and network codes together."""
+        return {**self.chip, **self.network}
+
+
+class TokenBucket:
+    """A token bucket: ``capacity`` tokens, refilled at ``per_minute`` / 60 per second (clock in ms)."""
+
+    def __init__(
+        self, per_minute: int, capacity: int | None = None, clock: Callable[[], int] = now_ms
+    ) -> None:
+        self.rate_per_ms = per_minute / 60_000
+        self.capacity = float(capacity if capacity is not None else per_minute)
+        self.tokens = self.capacity
+        self.clock = clock
+        self.last = clock()
+
+    def take(self) -> bool:
+        """Take one token; False when the bucket is empty."""
+        now = self.clock()
+        self.tokens = min(self.capacity, self.tokens + (now - self.last) * self.rate_per_ms)
+        self.last = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+class FaultEngine:
+    """Per-chip fault state (see module docstring). ``stats`` counts events by outcome."""
+
+    def __init__(
+        self,
+        table: FaultCodeTable,
+        custom: Customization,
+        clock: Callable[[], int] = now_ms,
+        recover_delay_ms: int = RECOVER_DELAY_MS,
+    ) -> None:
+        self.table = table
+        self.custom = custom
+        self.clock = clock
+        self.recover_delay_ms = recover_delay_ms
+        self.devices: dict[int, Device] = {}
+        self.subscribe_failed = False
+        self.stats: collections.Counter[str] = collections.Counter()
+        self.levels_by_event: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._pending: list[tuple[int, int, DeviceEvent]] = []  # (due_ms, seq, event), sorted
+        self._seq = 0
+        self._clear_freq: dict[int, int] = {}
+        self.on_reason_change: Callable[[Device, UpgradeReason, bool], None] | None = None
+
+    def now(self) -> int:
+        """The engine clock (ms)."""
+        return self.clock()
+
+    # -- devices ------------------------------------------------------------------------------
+    def set_devices(self, ids: Iterable[DeviceIds]) -> None:
+        """Adopt the device list; known chips keep their state, vanished chips are dropped."""
+        new = {}
+        for i in ids:
+            d = self.devices.get(i.logic)
+            if d is None:
+                d = Device(i)
+            else:
+                d.ids = i
+            new[i.logic] = d
+        self.devices = new
+
+    def set_in_use(self, logics: Iterable[int]) -> None:
+        """Mark the chips a job uses (PreSeparateNPU keeps them Healthy, §3.3)."""
+        used = set(logics)
+        for logic, d in self.devices.items():
+            d.in_use = logic in used
+
+    # -- input --------------------------------------------------------------------------------
+    def submit(self, ev: DeviceEvent) -> bool:
+        """Queue one event. Returns False (counted) for event id 0, an unknown chip or a bad assertion.
+
+        0x8C2FA009 (reset finished) only marks the chip for re-polling. Recovers are due 1 s later.
+        """
+        if ev.code == 0:
+            self.stats["ignored_event_id_0"] += 1
+            return False
+        d = self.devices.get(ev.logic)
+        if d is None:
+            self.stats["rejected_unknown_device"] += 1
+            return False
+        if ev.assertion not in (RECOVER, OCCUR, ONCE):
+            self.stats["rejected_bad_assertion"] += 1
+            return False
+        if ev.code == RESET_FINISHED:
+            d.reinit = True
+            self.stats["reset_finished"] += 1
+            return True
+        due = ev.time_ms + (
+            self.recover_delay_ms if ev.assertion == RECOVER and ev.origin == "callback" else 0
+        )
+        self._seq += 1
+        bisect.insort(self._pending, (due, self._seq, ev))
+        self.stats[f"events_{ev.origin}"] += 1
+        return True
+
+    def mark_reinit(self, logic: int) -> None:
+        """Put a chip in the re-init set: its codes are re-polled next cycle (§1.1)."""
+        d = self.devices.get(logic)
+        if d is not None:
+            d.reinit = True
+
+    def mend_reason(self, logic: int) -> str | None:
+        """Why this chip's codes must be polled this cycle, or None (§1.1 mend rules)."""
+        d = self.devices.get(logic)
+        if d is None:
+            return None
+        if d.reinit:
+            return "re-init"
+        if self.subscribe_failed:
+            return "subscription failed"
+        if d.health != "Healthy" and d.alarm_ms and self.now() - d.alarm_ms > SUBSCRIBE_TO_POLL_MS:
+            return "unhealthy for more than 5 min"
+        return None
+
+    def apply_poll(self, logic: int, codes: Iterable[int]) -> int:
+        """Diff a polled error-code list (card drop included by the caller) against the cache and
+        queue synthetic occur/recover events stamped now. Returns the number of events made."""
+        d = self.devices.get(logic)
+        if d is None:
+            return 0
+        d.reinit = False
+        now = self.now()
+        live = {c for c in codes if c and c != RESET_FINISHED}
+        pending = {(e.code, e.assertion) for _, _, e in self._pending if e.logic == logic}
+        cached = {c for c in d.codes() if c != GATEWAY_PROBE}
+        n = 0
+        for c in sorted(live - cached):
+            if (c, OCCUR) not in pending:
+                n += self.submit(DeviceEvent(logic, c, OCCUR, 0, now, "poll"))
+        for c in sorted(cached - live):
+            if d.codes()[c].once:
+                continue
+            n += self.submit(DeviceEvent(logic, c, RECOVER, 0, now, "poll"))
+        return n
+
+    def set_card_drop(self, logic: int, dropped: bool) -> bool:
+        """Health returned -8012 (``dropped``) or not: make the 40F84E00 occur / recover once (§1.1)."""
+        d = self.devices.get(logic)
+        if d is None or d.card_dropped == dropped:
+            return False
+        d.card_dropped = dropped
+        self.submit(
+            DeviceEvent(logic, CARD_DROP, OCCUR if dropped else RECOVER, None, self.now(), "card-drop")
+        )
+        event(
+            log,
+            logging.WARNING if dropped else logging.INFO,
+            "card drop" if dropped else "card back",
+            logic_id=logic,
+            phy_id=d.ids.phy,
+        )
+        return True
+
+    def set_probe(self, logic: int, healthy: bool) -> bool:
+        """Feed one gateway-probe result; a change makes the GATEWAY_PROBE occur / recover."""
+        d = self.devices.get(logic)
+        if d is None or d.probe_bad == (not healthy):
+            return False
+        d.probe_bad = not healthy
+        self.submit(DeviceEvent(logic, GATEWAY_PROBE, RECOVER if healthy else OCCUR, 0, self.now(), "probe"))
+        return True
+
+    # -- the cycle ----------------------------------------------------------------------------
+    def cycle(self) -> set[int]:
+        """Apply due events, run duration and frequency rules, recompute levels and health.
+
+        Returns the logic ids whose reported view may have changed.
+        """
+        now = self.now()
+        changed: set[int] = set()
+        due = 0
+        while due < len(self._pending) and self._pending[due][0] <= now:
+            due += 1
+        batch = [e for _, _, e in self._pending[:due]]
+        del self._pending[:due]
+        batch.sort(key=lambda e: e.time_ms)
+        per_dev_queue: dict[tuple[int, int], list[tuple[int, int]]] = collections.defaultdict(list)
+        for ev in batch:
+            d = self.devices.get(ev.logic)
+            if d is None:
+                continue
+            changed.add(ev.logic)
+            self._apply(d, ev)
+            if self.custom.duration_rule(ev.code) is not None:
+                per_dev_queue[(ev.logic, ev.code)].append((ev.time_ms, ev.assertion))
+        for (logic, code), q in per_dev_queue.items():
+            d = self.devices[logic]
+            st = d.duration.setdefault(code, DurationState())
+            st.queue.extend((t, OCCUR if a == ONCE else a) for t, a in q)
+        for logic, d in self.devices.items():
+            if self._run_duration(d, now) | self._run_frequency(d, now):
+                changed.add(logic)
+            if self._levels(d):
+                changed.add(logic)
+        # end of cycle: once codes leave, fired frequency counters clear (§1.2 step 8)
+        for logic, d in self.devices.items():
+            for store in (d.chip, d.network):
+                for c in [c for c, s in store.items() if s.once]:
+                    del store[c]
+                    changed.add(logic)
+        for logic, code in self._clear_freq.items():
+            d = self.devices.get(logic)
+            if d is not None and code in d.frequency:
+                d.frequency[code].times.clear()
+        self._clear_freq.clear()
+        return changed
+
+    def _apply(self, d: Device, ev: DeviceEvent) -> None:
+        store = d.network if ev.code in NETWORK_CODES_ALL else d.chip
+        has_duration = self.custom.duration_rule(ev.code) is not None
+        freq_rule = self.custom.frequency_rule(ev.code)
+        if ev.assertion in (OCCUR, ONCE):
+            cur = store.get(ev.code)
+            if cur is None:
+                store[ev.code] = CodeState(ev.time_ms, ev.severity, once=ev.assertion == ONCE)
+                d.alarm_ms = ev.time_ms
+            else:
+                self.stats["duplicate_occur"] += 1
+                if ev.severity is not None:
+                    cur.severity = ev.severity
+                cur.once = cur.once and ev.assertion == ONCE
+            if freq_rule is not None and not has_duration:
+                fs = d.frequency.setdefault(ev.code, FrequencyState())
+                fs.times.append(ev.time_ms)
+                fs.last_fault_ms = ev.time_ms
+                event(
+                    log,
+                    logging.INFO,
+                    "insert fault frequency success",
+                    logic_id=d.ids.logic,
+                    code=self.table.spelling(ev.code),
+                    count=len(fs.times),
+                )
+            level, unknown = self._code_level(ev.code, store[ev.code].severity)
+            self.levels_by_event[(ev.origin, level.name)] += 1
+            if unknown:
+                self.stats["unknown_code"] += 1
+        else:
+            if store.pop(ev.code, None) is None:
+                self.stats["recover_without_occur"] += 1
+            if freq_rule is not None and not has_duration:
+                d.frequency.setdefault(ev.code, FrequencyState()).last_recover_ms = ev.time_ms
+            self.levels_by_event[(ev.origin, "Recover")] += 1
+
+    def _code_level(self, code: int, severity: int | None) -> tuple[NpuLevel, bool]:
+        if code in NETWORK_CODES_ALL:
+            if code == GATEWAY_PROBE and not self.table.known(code):
+                return NpuLevel.NotHandleFault, False  # the probe starts like a link down (§2)
+            return self.table.network_code_level(code)
+        return self.table.chip_code_level(code, severity)
+
+    # -- §4.3 duration ------------------------------------------------------------------------
+    def _run_duration(self, d: Device, now: int) -> bool:
+        changed = False
+        for code, st in list(d.duration.items()):
+            rule = self.custom.duration_rule(code)
+            if rule is None:
+                del d.duration[code]
+                continue
+            ft, rt = rule.fault_timeout_s * 1000, rule.recover_timeout_s * 1000
+            q = sorted(st.queue)
+            merged: list[tuple[int, int]] = []
+            for t, a in q:
+                if not merged or merged[-1][1] != a:
+                    merged.append((t, a))
+            q = merged
+            while True:
+                if not st.timed_out:
+                    while q and q[0][1] == RECOVER:
+                        q.pop(0)
+                    if not q:
+                        break
+                    t_occ = q[0][0]
+                    end = q[1][0] if len(q) > 1 else now
+                    if end - t_occ > ft:
+                        st.timed_out = True
+                        st.alarm_ms = t_occ + ft
+                        self._duration_flip(d, code, rule.level, st.alarm_ms, True)
+                        changed = True
+                        q = q[1:]
+                        continue
+                    if len(q) > 1:
+                        q = q[2:]
+                        continue
+                    break
+                while q and q[0][1] == OCCUR:
+                    q.pop(0)
+                if not q:
+                    break
+                t_rec = q[0][0]
+                end = q[1][0] if len(q) > 1 else now
+                if end - t_rec > rt:
+                    st.timed_out = False
+                    self._duration_flip(d, code, rule.level, t_rec, False)
+                    changed = True
+                    q = q[1:]
+                    continue
+                if len(q) > 1:
+                    q = q[2:]
+                    continue
+                break
+            st.queue = q
+            if not st.timed_out and not q:
+                del d.duration[code]
+        return changed
+
+    def _duration_flip(self, d: Device, code: int, level: NpuLevel, t: int, timed_out: bool) -> None:
+        fs = d.frequency.setdefault(code, FrequencyState()) if self.custom.frequency_rule(code) else None
+        name = self.table.spelling(code)
+        if timed_out:
+            self._set_reason(d, UpgradeReason(code, level, DURATION, t))
+            if fs is not None:
+                fs.times.append(t)
+                fs.last_fault_ms = t
+            event(
+                log,
+                logging.WARNING,
+                "fault duration timeout",
+                logic_id=d.ids.logic,
+                code=name,
+                fault_level=level.name,
+            )
+        else:
+            self._drop_reason(d, code, DURATION)
+            if fs is not None:
+                fs.last_recover_ms = t
+            event(log, logging.INFO, "fault duration recovered", logic_id=d.ids.logic, code=name)
+
+    # -- §4.2 frequency -----------------------------------------------------------------------
+    def _run_frequency(self, d: Device, now: int) -> bool:
+        changed = False
+        for code, fs in list(d.frequency.items()):
+            rule = self.custom.frequency_rule(code)
+            if rule is None:
+                del d.frequency[code]
+                continue
+            cutoff = now - rule.window_s * 1000
+            fs.times = [t for t in fs.times if t >= cutoff]
+            key = (code, FREQUENCY)
+            if len(fs.times) >= rule.times:
+                if key not in d.reasons:
+                    event(
+                        log,
+                        logging.WARNING,
+                        "FaultFrequency detected",
+                        logic_id=d.ids.logic,
+                        code=self.table.spelling(code),
+                        times=len(fs.times),
+                        fault_level=rule.level.name,
+                    )
+                self._set_reason(d, UpgradeReason(code, rule.level, FREQUENCY, fs.last_fault_ms))
+                self._clear_freq[d.ids.logic] = code
+                changed = True
+            elif (
+                key in d.reasons
+                and fs.last_recover_ms >= fs.last_fault_ms
+                and rule.release_s is not None
+                and now - fs.last_recover_ms > rule.release_s * 1000
+            ):
+                self._drop_reason(d, code, FREQUENCY)
+                event(
+                    log,
+                    logging.INFO,
+                    "fault frequency released",
+                    logic_id=d.ids.logic,
+                    code=self.table.spelling(code),
+                )
+                changed = True
+            elif key in d.reasons:
+                if fs.times:
+                    d.reasons[key].time_ms = fs.last_fault_ms
+                fs.times.clear()
+            if not fs.times and key not in d.reasons and fs.last_recover_ms >= fs.last_fault_ms:
+                if code not in d.codes() and code not in d.duration:
+                    del d.frequency[code]
+        d.manually_separated = any(r.level == NpuLevel.ManuallySeparateNPU for r in d.reasons.values())
+        return changed
+
+    def _set_reason(self, d: Device, r: UpgradeReason) -> None:
+        key = (r.code, r.kind)
+        new = key not in d.reasons
+        d.reasons[key] = r
+        if new and self.on_reason_change is not None:
+            self.on_reason_change(d, r, True)
+
+    def _drop_reason(self, d: Device, code: int, kind: str) -> None:
+        r = d.reasons.pop((code, kind), None)
+        if r is not None and self.on_reason_change is not None:
+            self.on_reason_change(d, r, False)
+
+    def release_manual(self, logic: int) -> bool:
+        """Operator release: drop the chip's ManuallySeparateNPU reasons (§4.2 "Operator deletion")."""
+        d = self.devices.get(logic)
+        if d is None:
+            return False
+        keys = [k for k, r in d.reasons.items() if r.level == NpuLevel.ManuallySeparateNPU]
+        for code, kind in keys:
+            self._drop_reason(d, code, kind)
+            if code in d.frequency:
+                d.frequency[code].times.clear()
+        d.manually_separated = False
+        self._levels(d)
+        return bool(keys)
+
+    # -- §3 levels ----------------------------------------------------------------------------
+    def code_level(self, d: Device, code: int) -> NpuLevel:
+        """A code's reported level: its table level (or fallback) merged with its own escalations."""
+        st = d.codes().get(code)
+        base = self._code_level(code, st.severity if st else 0)[0]
+        for (c, _kind), r in d.reasons.items():
+            if c == code and r.level > base:
+                base = r.level
+        return base
+
+    def _levels(self, d: Device) -> bool:
+        chip = [self.code_level(d, c) for c in d.chip]
+        net = [self.code_level(d, c) for c in d.network]
+        for (c, _k), r in d.reasons.items():
+            (net if c in NETWORK_CODES_ALL else chip).append(r.level)
+        level = max(chip) if chip else None
+        network_level = max(net) if net else None
+        if level is None or level <= NpuLevel.SubHealthFault:
+            health = "Healthy"
+        elif level == NpuLevel.PreSeparateNPU and d.in_use:
+            health = "Healthy"
+        else:
+            health = "UnHealthy"
+        network_health = (
+            "Healthy" if network_level is None or network_level == NpuLevel.NotHandleFault else "UnHealthy"
+        )
+        old = (d.level, d.network_level, d.health, d.network_health)
+        d.level, d.network_level, d.health, d.network_health = level, network_level, health, network_health
+        if old[2] != health or old[3] != network_health:
+            event(
+                log,
+                logging.INFO,
+                "device health changed",
+                logic_id=d.ids.logic,
+                phy_id=d.ids.phy,
+                health=health,
+                network_health=network_health,
+                fault_level=level.name if level is not None else "",
+                network_level=network_level.name if network_level is not None else "",
+            )
+        return old != (level, network_level, health, network_health)
+
+    def worst_level(self, d: Device) -> NpuLevel | None:
+        """The worse of the chip and network levels (None: no fault)."""
+        levels = [x for x in (d.level, d.network_level) if x is not None]
+        return max(levels) if levels else None
