@@ -1,0 +1,212 @@
+"""Node-level slow-node detection rounds (reference fdol.md §4).
+
+:class:`NodeDetector` holds one job's local ranks on one node. Feed it :class:`StepMetrics` as the
+reader produces them (:meth:`add`); call :meth:`round` every ``nSecondsDoOneDetection``. A round
+returns ``None`` when the slowest local rank got no new step since the last round (§4.2 "not
+updated"), else the node result (§4.6, plus faultmesh fields)::
+
+    {"isSlow": 0|1, "degradationLevel": "35.12%"|"0.0%", "jobId": .., "nodeRank": <node ip>,
+     "slowCalculateRanks": [..], "slowCommunicationDomains": [[..]], "slowSendRanks": [..],
+     "slowHostNodes": [..], "slowIORanks": [..],
+     # faultmesh:
+     "suspectRanks": [..], "lastStep": int, "baselineReady": bool, "detectedBy": [..],
+     "pattern": {"<rank>": [compute ratio, wait ratio|null]},
+     "parallelGroups": {"<comm name>": {"group_name": "tp", "global_ranks": [..]}}}
+
+Rules (§4.4–4.5): the step-time detector per rank gives the degradation (max over slow ranks);
+only when it says slow are the boundaries computed: slow compute cards by homogenization of the
+TP collective durations per TP group (or the time detector on ZP_device when no group has > 1
+local rank), slow TP domains (every member slow on ZP_device against its own history), slow PP
+links (PP send slower than history), slow host (every local rank slow on ZP_host), slow IO
+(dataloader slower than history). Independently, the pattern detector (:mod:`.pattern`) flags
+compute stragglers that step time does not show; its ranks join ``slowCalculateRanks`` and make
+the result slow (``detectedBy`` says which rule fired).
+
+Fixes of reference quirks (named on purpose), in addition to those of :mod:`.detect`:
+- *slow IO*: computed on its own (the reference computed it only when the host was slow and then
+  subtracted all host ranks, so it was always empty); ranks of a slow host are still excluded.
+- *aligned homogenization*: TP collective durations are aligned by step number across the group
+  (the reference truncated the lists to the shortest length keeping the *first* elements).
+- *applicability*: groups named ``cp``/``exp`` with > 1 rank are reported in ``notApplicable``
+  instead of silently stopping the detector.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from .detect import TimeDetector, homogenize
+from .featconf import FeatConf
+from .metrics import StepMetrics
+from .pattern import PatternDetector
+from .reader import Group, merge_groups
+
+TIME_COLUMNS = ("step_time", "zp_device", "zp_host", "pp_device", "dataloader_host")
+
+
+def fmt_level(x: float) -> str:
+    """Degradation as the reference prints it: ``"35.12%"``; ``"0.0%"`` when not degraded."""
+    return f"{100 * x:.2f}%" if x > 0 else "0.0%"
+
+
+def empty_result(job_id: str, node_ip: str) -> dict:
+    """A non-slow node result (§4.6)."""
+    return {
+        "isSlow": 0,
+        "degradationLevel": "0.0%",
+        "jobId": job_id,
+        "nodeRank": node_ip,
+        "slowCalculateRanks": [],
+        "slowCommunicationDomains": [],
+        "slowSendRanks": [],
+        "slowHostNodes": [],
+        "slowIORanks": [],
+    }
+
+
+class NodeDetector:
+    """Node-level detection of one job on one node (see module doc).
+
+    ``ranks``: the job's global ranks hosted here; ``node_ip``: the node's name in results.
+    """
+
+    def __init__(self, conf: FeatConf, ranks: list[int], node_ip: str) -> None:
+        self.conf = conf
+        self.ranks = sorted(set(ranks))
+        self.node_ip = node_ip
+        self.groups: dict[str, Group] = {}
+        keep = max(conf.pattern_window, conf.n_consec) * 3
+        self.history: dict[int, deque[StepMetrics]] = {r: deque(maxlen=keep) for r in self.ranks}
+        self.detectors = {
+            (r, c): TimeDetector(conf.normal_number, conf.n_sigma, conf.degradation_percentage, conf.n_consec)
+            for r in self.ranks
+            for c in TIME_COLUMNS
+        }
+        self.pattern = PatternDetector(conf.pattern_window, conf.compute_ratio, conf.wait_ratio)
+        self.last_detected_step = -1
+        self.not_updated = 0
+        self.rounds = 0
+
+    def set_rank_groups(self, per_rank: dict[int, dict[str, Group]]) -> None:
+        """Merge the local ranks' parallel groups (tp/pp kept, §2 "group merge")."""
+        merged = merge_groups(list(per_rank.values()), kinds=("tp", "pp", "cp", "exp"))
+        self.groups = merged
+
+    def add(self, m: StepMetrics) -> None:
+        """One completed step of a local rank (steps of one rank must come in order)."""
+        h = self.history.get(m.rank)
+        if h is None:
+            return
+        if h and m.step <= h[-1].step:
+            return
+        h.append(m)
+        for c in TIME_COLUMNS:
+            self.detectors[(m.rank, c)].add(float(getattr(m, c)))
+
+    def tp_groups(self) -> list[list[int]]:
+        """Detection groups: each TP group intersected with the local ranks; singletons without TP groups."""
+        local = set(self.ranks)
+        out = []
+        for g in self.groups.values():
+            if g.group_name == "tp" and len(g.global_ranks) > 1:
+                inter = sorted(local.intersection(g.global_ranks))
+                if inter and inter not in out:
+                    out.append(inter)
+        return out or [[r] for r in self.ranks]
+
+    def baseline_ready(self) -> bool:
+        """Step-time baselines formed for every rank with data, and ZP baselines for ranks in TP groups."""
+        with_data = [r for r in self.ranks if self.history[r]]
+        if not with_data:
+            return False
+        in_tp = {r for g in self.tp_groups() if len(g) > 1 for r in g}
+        for r in with_data:
+            if not self.detectors[(r, "step_time")].ready:
+                return False
+            if r in in_tp and not self.detectors[(r, "zp_device")].ready:
+                return False
+        return True
+
+    def _slow(self, r: int, column: str) -> bool:
+        return self.detectors[(r, column)].slow
+
+    def round(self) -> dict | None:
+        """One detection round; None when no new step data (see module doc)."""
+        with_data = [r for r in self.ranks if self.history[r]]
+        if not with_data:
+            return None
+        low = min(self.history[r][-1].step for r in with_data)
+        if low <= self.last_detected_step:
+            self.not_updated += 1
+            return None
+        self.not_updated = 0
+        self.last_detected_step = low
+        self.rounds += 1
+        c = self.conf
+        res = empty_result(c.job_id, self.node_ip)
+        fired = []
+        level = max(
+            (self.detectors[(r, "step_time")].degradation for r in with_data if self._slow(r, "step_time")),
+            default=0.0,
+        )
+        groups = self.tp_groups()
+        calc: set[int] = set()
+        if level > 0:
+            fired.append("stepTime")
+            multi = [g for g in groups if len(g) > 1]
+            if multi:
+                for g in multi:
+                    calc.update(
+                        homogenize(
+                            self._aligned_zp(g, low - max(c.pattern_window, c.n_consec)),
+                            c.n_consec,
+                            c.cluster_mean_distance,
+                        )
+                    )
+            else:
+                calc.update(r for r in with_data if self._slow(r, "zp_device"))
+            res["slowCommunicationDomains"] = [
+                g
+                for g in multi
+                if all(self.detectors[(r, "zp_device")].ready for r in g)
+                and all(self._slow(r, "zp_device") for r in g)
+            ]
+            res["slowSendRanks"] = [r for r in with_data if self._slow(r, "pp_device")]
+            host = with_data if all(self._slow(r, "zp_host") for r in with_data) else []
+            res["slowHostNodes"] = [self.node_ip] if host else []
+            res["slowIORanks"] = [r for r in with_data if self._slow(r, "dataloader_host") and r not in host]
+        pat = None
+        if c.pattern_detector:
+            pat = self.pattern.evaluate([g for g in groups if len(g) > 1], self.history)
+            if pat.flagged:
+                fired.append("pattern")
+                calc.update(pat.flagged)
+                level = max(level, max(pat.ratios[r][0] - 1 for r in pat.flagged))
+        res["slowCalculateRanks"] = sorted(calc)
+        if fired:
+            res["isSlow"] = 1
+            res["degradationLevel"] = fmt_level(level)
+        res["suspectRanks"] = pat.suspects if pat else []
+        res["pattern"] = {str(r): list(v) for r, v in (pat.ratios.items() if pat else ())}
+        res["detectedBy"] = fired
+        res["lastStep"] = low
+        res["baselineReady"] = self.baseline_ready()
+        res["parallelGroups"] = {
+            k: {"group_name": g.group_name, "global_ranks": list(g.global_ranks)}
+            for k, g in self.groups.items()
+        }
+        res["notApplicable"] = [
+            g.comm_name
+            for g in self.groups.values()
+            if g.group_name in ("cp", "exp") and len(g.global_ranks) > 1
+        ]
+        return res
+
+    def _aligned_zp(self, group: list[int], after_step: int) -> list[dict[int, float]]:
+        """Per step (> ``after_step``, chronological) {rank: ZP_device} where every member has a value."""
+        by_step: dict[int, dict[int, float]] = {}
+        for r in group:
+            for m in self.history[r]:
+                if m.zp_device > 0 and m.step > after_step:
+                    by_step.setdefault(m.step, {})[r] = float(m.zp_device)
+        return [by_step[s] for s in sorted(by_step) if len(by_step[s]) == len(group)]

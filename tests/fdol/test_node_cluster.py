@@ -1,0 +1,234 @@
+"""Node-level rounds (§4) and cluster-level merge + confirmation (§5–6), hand-computed values."""
+
+from __future__ import annotations
+
+from fdol.slownode.cluster import ClusterDetector, DegradationTracker, merge_cluster, pp_link_analysis
+from fdol.slownode.featconf import parse_featconf
+from fdol.slownode.metrics import StepMetrics
+from fdol.slownode.node import NodeDetector
+from fdol.slownode.reader import Group
+
+CONF = parse_featconf(
+    {
+        "jobName": "j",
+        "normalNumber": 8,
+        "nConsecAnomaliesSignifySlow": 2,
+        "degradationPercentage": 0.3,
+        "patternDetector": False,
+    }
+)
+GROUPS = {
+    "tp_1": Group("tp_1", "tp", (0, 1)),
+    "pp_2": Group("pp_2", "pp", (0, 2)),
+    "pp_3": Group("pp_3", "pp", (1, 3)),
+}
+
+
+def m(rank, step, st=100, zp=10, zph=10, pp=5, dl=50, compute=60):
+    return StepMetrics(
+        rank,
+        step,
+        0,
+        0,
+        step_time=st,
+        zp_device=zp,
+        zp_host=zph,
+        pp_device=pp,
+        dataloader_host=dl,
+        compute=compute,
+    )
+
+
+def node(conf=CONF):
+    n = NodeDetector(conf, [0, 1], "10.0.0.1")
+    n.set_rank_groups({0: GROUPS, 1: GROUPS})
+    for s in range(8):
+        n.add(m(0, s))
+        n.add(m(1, s))
+    return n
+
+
+def test_round_needs_new_steps_and_reports_baseline():
+    n = node()
+    r = n.round()
+    assert r["isSlow"] == 0 and r["degradationLevel"] == "0.0%" and r["lastStep"] == 7
+    assert r["baselineReady"] and r["nodeRank"] == "10.0.0.1" and r["jobId"] == "j"
+    assert r["parallelGroups"]["tp_1"] == {"group_name": "tp", "global_ranks": [0, 1]}
+    assert n.round() is None  # nothing new
+    n.add(m(0, 8))
+    assert n.round() is None  # the slowest rank (1) did not advance
+    assert n.tp_groups() == [[0, 1]]
+
+
+def test_slow_compute_card_tp_domain_pp_host_io_rules():
+    n = node()
+    n.round()
+    # steps 8, 9: every step time 140 (+40 %); rank 0 waits least in the TP all-reduce (slow card);
+    # rank 1 sends slower on PP; rank 1's dataloader slower.
+    for s in (8, 9):
+        n.add(m(0, s, st=140, zp=4, zph=4))
+        n.add(m(1, s, st=140, zp=20, zph=20, pp=9, dl=80))
+    r = n.round()
+    assert r["isSlow"] == 1 and r["degradationLevel"] == "40.00%"
+    assert r["slowCalculateRanks"] == [0]
+    assert r["slowCommunicationDomains"] == []  # rank 0's TP time is not slower than its history
+    assert r["slowSendRanks"] == [1]  # 9 > 5*1.3
+    assert r["slowHostNodes"] == []  # not every rank's host TP time is slow
+    assert r["slowIORanks"] == [1]  # fix: computed although the host is not slow
+    assert r["detectedBy"] == ["stepTime"]
+
+
+def test_slow_tp_domain_and_slow_host():
+    n = node()
+    n.round()
+    for s in (8, 9):
+        n.add(m(0, s, st=150, zp=20, zph=20, dl=80))
+        n.add(m(1, s, st=150, zp=21, zph=21, dl=80))
+    r = n.round()
+    assert r["degradationLevel"] == "50.00%"
+    assert r["slowCalculateRanks"] == []  # ratio 21/20 <= 1.3: no outlier card
+    assert r["slowCommunicationDomains"] == [[0, 1]]
+    assert r["slowHostNodes"] == ["10.0.0.1"]
+    assert r["slowIORanks"] == []  # explained by the slow host
+
+
+def test_not_slow_without_step_time_degradation():
+    n = node()
+    n.round()
+    for s in (8, 9):
+        n.add(m(0, s, st=120, zp=4))
+        n.add(m(1, s, st=120, zp=20))
+    r = n.round()
+    assert r["isSlow"] == 0 and r["slowCalculateRanks"] == []
+
+
+def test_pattern_detector_catches_compute_straggler_under_step_gate():
+    conf = parse_featconf(
+        {"jobName": "j", "normalNumber": 8, "nConsecAnomaliesSignifySlow": 2, "patternWindowSteps": 6}
+    )
+    n = node(conf)
+    for s in range(8, 14):
+        n.add(m(0, s, st=110, zp=10, compute=60))
+        n.add(m(1, s, st=110, zp=2, compute=75))  # compute ratio 1.25, wait ratio 5
+    r = n.round()
+    assert r["isSlow"] == 1 and r["slowCalculateRanks"] == [1] and r["detectedBy"] == ["pattern"]
+    assert r["degradationLevel"] == "25.00%"
+    assert r["pattern"]["1"] == [1.25, 5.0]
+    for s in range(14, 20):
+        n.add(m(0, s, st=110, zp=0, compute=60))
+        n.add(m(1, s, st=110, zp=0, compute=75))
+    r = n.round()
+    assert r["isSlow"] == 0 and r["suspectRanks"] == [1]
+
+
+def test_pp_link_analysis_golden():
+    assert pp_link_analysis([1, 2, 3, 4, 5, 6], [1, 2, 3]) == [3]
+    assert pp_link_analysis([1, 2, 3, 4, 5, 6], [1]) == [1]
+    assert pp_link_analysis([1, 2], [2]) == []  # the last stage sends nowhere
+
+
+def test_merge_cluster():
+    groups = {
+        "tp_1": {"group_name": "tp", "global_ranks": [0, 1]},
+        "tp_2": {"group_name": "tp", "global_ranks": [2, 3]},
+        "pp_3": {"group_name": "pp", "global_ranks": [0, 2]},
+        "pp_4": {"group_name": "pp", "global_ranks": [1, 3]},
+    }
+    a = {
+        "isSlow": 1,
+        "degradationLevel": "35.12%",
+        "nodeRank": "a",
+        "slowCalculateRanks": [1],
+        "slowCommunicationDomains": [[0, 1]],
+        "slowSendRanks": [0],
+        "slowHostNodes": [],
+        "slowIORanks": [],
+        "parallelGroups": groups,
+    }
+    b = {
+        "isSlow": 1,
+        "degradationLevel": "40.00%",
+        "nodeRank": "b",
+        "slowCalculateRanks": [3],
+        "slowCommunicationDomains": [[2]],
+        "slowSendRanks": [],
+        "slowHostNodes": ["b"],
+        "slowIORanks": [2],
+        "suspectRanks": [],
+        "parallelGroups": groups,
+    }
+    c = {"isSlow": 0, "degradationLevel": "0.0%", "nodeRank": "c", "suspectRanks": [5]}
+    r = merge_cluster("j", "cl", [a, b, c], [a, b, c])
+    assert r["isSlow"] == 1 and r["degradationLevel"] == "40.00%"
+    assert r["slowCalculateRanks"] == [1, 3]
+    assert r["slowCommunicationDomains"] == [[0, 1], [0, 2]]  # tp_2 not fully slow; PP link 0->2
+    assert r["slowCommunicationRanks"] == []  # 2-stage PP: both ends fully bad, no 0.5 neighbour
+    assert r["slowHostNodes"] == ["b"] and r["slowIORanks"] == [2] and r["suspectRanks"] == [5]
+    assert r["slowNodes"] == ["a", "b"]
+
+
+def test_cluster_detector_rounds_only_on_change():
+    cd = ClusterDetector("j")
+    assert cd.round() is None
+    cd.add_report("a", {"isSlow": 0, "baselineReady": True})
+    assert cd.round()["isSlow"] == 0
+    assert cd.round() is None
+    assert cd.all_baseline_ready(["a"]) and not cd.all_baseline_ready(["a", "b"])
+
+
+def slow(ranks=(2,)):
+    return {"isSlow": 1, "slowCalculateRanks": list(ranks), "suspectRanks": []}
+
+
+NOT = {"isSlow": 0, "suspectRanks": []}
+
+
+def kinds(actions):
+    return [a.kind for a in actions]
+
+
+def test_tracker_initial_phase_confirmation_and_recovery():
+    t = DegradationTracker(CONF)
+    assert t.heavy and t.heavy_reason == "initial"
+    assert kinds(t.on_round(NOT, baseline_ready=False)) == []
+    assert kinds(t.on_round(NOT, baseline_ready=True)) == ["heavy_off"]
+    assert kinds(t.on_round(slow())) == ["heavy_on"]  # first slow round
+    for _ in range(3):
+        assert kinds(t.on_round(slow())) == []
+    acts = t.on_round(slow())  # 5th consecutive slow round
+    assert kinds(acts) == ["confirm", "report", "heavy_off"] and acts[1].ranks == [2]
+    assert t.degraded
+    assert kinds(t.on_round(slow())) == []  # already degraded
+    assert kinds(t.on_round({"isSlow": 0, "suspectRanks": [2]})) == []  # still straggling
+    acts = t.on_round(NOT)
+    assert kinds(acts) == ["recover"] and acts[0].ranks == [2] and not t.degraded
+
+
+def test_tracker_interrupted_slow_rounds_restart_count():
+    t = DegradationTracker(CONF)
+    t.on_round(NOT)
+    t.on_round(slow())
+    t.on_round(slow())
+    assert kinds(t.on_round(NOT)) == ["heavy_off"]
+    for _ in range(4):
+        t.on_round(slow())
+    assert not t.degraded
+    assert kinds(t.on_round(slow())) == ["confirm", "report", "heavy_off"]
+
+
+def test_tracker_deferred_report_and_suspect_heavy():
+    t = DegradationTracker(CONF, suspect_max_rounds=2, suspect_cooldown_rounds=3)
+    t.on_round(NOT)
+    sus = {"isSlow": 0, "suspectRanks": [2]}
+    assert kinds(t.on_round(sus)) == ["heavy_on"] and t.heavy_reason == "suspect"
+    assert kinds(t.on_round(sus)) == []
+    assert kinds(t.on_round(sus)) == ["heavy_off"]  # nothing found in 2 rounds
+    assert kinds(t.on_round(sus)) == []  # cooldown
+    assert kinds(t.on_round(sus)) == []
+    assert kinds(t.on_round(sus)) == ["heavy_on"]
+    for _ in range(4):
+        t.on_round(slow(()))
+    acts = t.on_round(slow(()))
+    assert kinds(acts) == ["confirm"] and t.heavy  # ranks unknown: keep profiling
+    acts = t.on_round(slow((3,)))
+    assert kinds(acts) == ["report", "heavy_off"] and acts[0].ranks == [3]
