@@ -1,0 +1,76 @@
+"""``noded`` console script (and ``python -m noded``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+
+from faultmesh import config, runtime
+from faultmesh import log as fmlog
+from faultmesh.log import event
+from noded import nodeinfo
+from noded.app import NodeD, build_parser, load_component_classes
+from noded.levels import LevelTableError
+
+log = logging.getLogger("noded")
+
+
+async def print_node_info(app: NodeD, timeout_s: float) -> int:
+    """Poll the BMC once (when configured) and print the node-info document. Returns 0, or 1 when
+    the BMC poll failed (the document then reflects no BMC faults)."""
+    rc = 0
+    if app.bmc is not None:
+        app.bmc.publish()
+        try:
+            ok = await asyncio.wait_for(app.bmc.poll_once(), timeout_s)
+        except TimeoutError:
+            ok = False
+        if not ok:
+            sys.stderr.write(f"noded: BMC poll failed: {app.bmc.last_error or 'timeout'}\n")
+            rc = 1
+    info = app.node_info()
+    doc = nodeinfo.node_info_document(info)
+    out = {"NodeInfo": json.loads(doc["NodeInfo"]), "updateTime": doc["updateTime"]}
+    sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``noded``. Returns the exit status (2 on bad flags or configuration)."""
+    classes, missing = load_component_classes()
+    parser = build_parser(classes)
+    args = config.parse(parser, argv)
+    fmlog.setup(args.log_level, args.log_file)
+    for spec, err in missing:
+        event(log, logging.WARNING, "component not loaded", component=spec, error=err)
+    if not args.node_name:
+        parser.error("--node-name (or env NODE_NAME) is required")
+
+    async def _main(stop: asyncio.Event) -> int:
+        try:
+            app = NodeD(args, classes if not args.print_node_info else [])
+        except (ValueError, OSError, LevelTableError) as e:
+            event(log, logging.ERROR, "noded configuration error", error=str(e))
+            return 2
+        if args.print_node_info:
+            try:
+                return await print_node_info(app, args.bmc_timeout + 5)
+            finally:
+                app.blocking.shutdown()
+        try:
+            await app.start()
+        except OSError as e:
+            event(log, logging.ERROR, "noded failed to start", error=str(e))
+            await app.stop()
+            return 1
+        await stop.wait()
+        await app.stop()
+        return 0
+
+    return runtime.run(_main)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
