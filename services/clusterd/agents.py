@@ -167,6 +167,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         self._count(agent)
         event(log, logging.INFO, "agent connected", node=h.node, agent=agent, peer=context.peer())
         reader = asyncio.create_task(self._read_loop(session, request_iterator), name=f"agent-read-{h.node}")
+        getter: asyncio.Task | None = None
         try:
             while True:
                 getter = asyncio.create_task(session.queue.get())
@@ -184,6 +185,8 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                     return
                 yield msg
         finally:
+            if getter is not None:
+                getter.cancel()
             reader.cancel()
             with contextlib.suppress(BaseException):
                 await reader

@@ -231,6 +231,9 @@ class FaultCenter:
         )
         return sorted(items, key=lambda f: (f.node, f.device_type, f.device_id, f.code, f.source))
 
+    def __len__(self) -> int:
+        return len(self._faults)
+
     def get(self, key: FaultKey) -> Fault | None:
         """The active fault with ``key``, or None."""
         return self._faults.get(key)

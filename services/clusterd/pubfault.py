@@ -2,7 +2,7 @@
 
 Validation, in the reference's order and with its response codes:
 
-1. per-resource token bucket (1/s, burst 100); unknown resource or empty bucket -> 410
+1. per-resource token bucket (1/s, burst 100; ``--public-fault-qps/--public-fault-burst``); unknown resource or empty bucket -> 410
    ``limiter work by resource failed``;
 2. request rules -> 409 ``check public fault info failed, error: <why>``: id ``^[a-zA-Z0-9-_.]{8,128}$``,
    timestamp 13 digits and >= 2025-01-01 (ms), version "1.0", known resource, 1..100 faults;
@@ -168,18 +168,30 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
             help="public fault table (publicFaultConfiguration.json format); "
             "default: the table shipped with faultmesh; reloaded when it changes",
         )
+        parser.add_argument(
+            "--public-fault-qps",
+            type=float,
+            default=1.0,
+            help="per-resource token bucket refill (req/s); the reference uses 1",
+        )
+        parser.add_argument(
+            "--public-fault-burst",
+            type=float,
+            default=100.0,
+            help="per-resource token bucket size; the reference uses 100",
+        )
 
     def __init__(self, cd) -> None:
         self.cd = cd
         self.path = Path(cd.args.public_fault_config) if cd.args.public_fault_config else DEFAULT_TABLE
         self.table = PublicFaultTable.load(self.path)
         self._mtime = _mtime(self.path)
-        self._buckets = {r: TokenBucket(1.0, 100.0) for r in self.table.resources}
+        self._bucket_args = (cd.args.public_fault_qps, cd.args.public_fault_burst)
+        self._buckets = {r: TokenBucket(*self._bucket_args) for r in self.table.resources}
         self._pending_recover: dict[
             tuple[str, str, str], float
         ] = {}  # (node, resource, faultId) -> deadline s
         self._ratelog = RateLimitedLog(log)
-        self._lock = asyncio.Lock()
         cd.add_servicer(pubfault_pb2_grpc.add_PubFaultServicer_to_server, self)
 
     async def start(self) -> None:
@@ -205,7 +217,7 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
             )
             return
         self.table = table
-        self._buckets = {r: self._buckets.get(r) or TokenBucket(1.0, 100.0) for r in table.resources}
+        self._buckets = {r: self._buckets.get(r) or TokenBucket(*self._bucket_args) for r in table.resources}
         event(log, logging.INFO, "public fault table reloaded", path=self.path, codes=len(table.levels))
 
     def _reject(self, reason: str, code: int, info: str) -> pubfault_pb2.RespStatus:
@@ -241,13 +253,14 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
             accepted.append((f, targets))
         if not accepted:
             return self._reject("no_valid_fault", 409, "there is no valid fault")
-        async with self._lock:
-            await self._apply(request.resource, accepted)
+        await self._apply(request.resource, accepted)
         return pubfault_pb2.RespStatus(code=SUCCESS[0], info=SUCCESS[1])
 
     async def _apply(self, resource: str, accepted) -> None:
+        """Turn accepted faults into one atomic fault-center change (durable when this returns)."""
         center = self.cd.center
         now = now_ms()
+        upserts: list[Fault] = []
         for f, targets in accepted:
             source = f"public:{resource}:{f.faultId}"
             level = self.table.levels[f.faultCode]
@@ -266,11 +279,11 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                             continue
                         due = max(now, int(p.attributes.get("added_ms", "0")) + DELETE_DELAY_MS)
                         ups.append(replace(p, attributes={**p.attributes, "expires_ms": str(due)}))
-                    await center.apply(ups, [], source)
+                    upserts.extend(ups)
                     continue
                 if all(present):
                     continue  # a repeated occur does not refresh the item
-                if len(center.faults()) >= MAX_ITEMS:
+                if len(center) >= MAX_ITEMS:
                     self.cd.rejected.labels("pubfault", "cache_full").inc()
                     self._ratelog.warning(
                         "cache_full", "public fault cache full, fault dropped", cap=MAX_ITEMS
@@ -292,7 +305,7 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                 deadline = self._pending_recover.pop((node, resource, f.faultId), None)
                 if deadline is not None:
                     attrs["expires_ms"] = str(now + max(0, int((deadline - time.monotonic()) * 1000)))
-                ups = [
+                upserts.extend(
                     Fault(
                         source=source,
                         node=node,
@@ -307,8 +320,9 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                     )
                     for d, p in zip(ids, present, strict=True)
                     if p is None
-                ]
-                await center.apply(ups, [], source)
+                )
+        if upserts:
+            await center.apply(upserts, [], "public")
 
     async def _sweeper(self) -> None:
         """Every 1 s: remove public faults whose delete time passed; reload the table if it changed."""
@@ -325,8 +339,7 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                     and int(f.attributes["expires_ms"]) <= now
                 ]
                 if due:
-                    async with self._lock:
-                        await self.cd.center.apply([], due, "public")
+                    await self.cd.center.apply([], due, "public")
                 t = time.monotonic()
                 for k in [k for k, d in self._pending_recover.items() if d <= t]:
                     del self._pending_recover[k]
