@@ -178,7 +178,9 @@ class FaultCodeTable:
             return NpuLevel.PreSeparateNPU, True
         if lvl in NETWORK_ALLOWED:
             return lvl, False
-        event(log, logging.WARNING, "network code level forced", code=self.spelling(code), fault_level=lvl.name)
+        event(
+            log, logging.WARNING, "network code level forced", code=self.spelling(code), fault_level=lvl.name
+        )
         return NpuLevel.NotHandleFault, False
 
 

@@ -1,0 +1,844 @@
+"""deviced: accelerator chip, network and switch faults through DCMI, reported over the agent stream.
+
+``deviced --node-name NAME --clusterd 127.0.0.1:8899 --backend dcmi|sim [--dcmi-lib PATH]
+[--lingqu-lib PATH] --http-addr 127.0.0.1:0`` (issue 4). Flow (reference deviced.md §1.1-§1.2):
+
+- start: load the backend, ``dcmi_init``, walk cards × devices, subscribe to fault events (3 tries,
+  1 s apart; failure -> polling for the process lifetime, "fault get mode downgrade").
+- callbacks arrive on a C thread: a token bucket (``--callback-rate-limit`` per minute, default 1000)
+  is taken right there; accepted events are queued and handed to the loop with one
+  ``call_soon_threadsafe`` per batch; an overflow drops the event, counts it and puts the chip in the
+  re-init set (re-polled next cycle). Nothing calls DCMI from the callback.
+- the cycle runs within ~1 s of a callback and at least every ``--list-watch-period`` s (3..1800):
+  card-drop check (health -8012), mend polling, engine cycle, reporting (``replace_source('dcmi')`` +
+  ``set_device``), reset-config files, hot reset.
+- gateway probe every ``--probe-interval`` s (2.5), 1 s timeout per call, feeding the 20 s rule.
+- switch (lingqu): subscription plus a full query at start and every ``--switch-query-interval`` s
+  (300); every cycle when the subscription failed.
+
+Every DCMI call runs in a ``BlockingPool`` with a timeout; a hanging call is counted and the chip is
+skipped for the cycle, the loop stays responsive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import logging
+import threading
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from deviced import deviceinfo
+from deviced.engine import DeviceEvent, FaultEngine, TokenBucket, UpgradeReason
+from deviced.resetcfg import ChipFault, ResetConfigWriter
+from deviced.switch import SwitchState
+from deviced.tables import (
+    GATEWAY_PROBE,
+    NETWORK_CODES_ALL,
+    Customization,
+    FaultCodeTable,
+    SwitchFaultTable,
+    TableError,
+)
+from faultmesh import config, runtime
+from faultmesh import log as fmlog
+from faultmesh._pb import agent_pb2
+from faultmesh.agent import AgentClient, AgentState
+from faultmesh.dcmi.api import DevFaultEvent, DeviceIds
+from faultmesh.dcmi.lingqu import SwitchEvent
+from faultmesh.dcmi.loader import DcmiError, DeviceNotReady
+from faultmesh.dcmi.structs import BOOT_START_FINISH, network_probe_healthy
+from faultmesh.httpd import HttpServer
+from faultmesh.levels import NpuLevel
+from faultmesh.log import event
+from faultmesh.model import Fault, now_ms
+from faultmesh.runtime import BlockingPool, BlockingTimeout, TaskOwner
+
+log = logging.getLogger("deviced")
+
+SOURCE = "dcmi"
+HOT_RESET_LEVELS = (NpuLevel.RestartNPU, NpuLevel.FreeRestartNPU)
+
+
+def _range(lo: float, hi: float, typ=int):
+    def conv(s: str):
+        v = typ(s)
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{v} outside {lo}..{hi}")
+        return v
+
+    return conv
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """deviced's flags (issue 4; reference §8 for the list-watch range)."""
+    p = argparse.ArgumentParser(
+        prog="deviced", description="faultmesh deviced: NPU, network and switch faults"
+    )
+    p.add_argument("--node-name", default="", help="this node's name (default: hostname)")
+    p.add_argument("--clusterd", default="127.0.0.1:8899", help="clusterd agent-stream address host:port")
+    p.add_argument("--token-file", help="bearer token for clusterd")
+    p.add_argument("--backend", choices=("dcmi", "sim"), default="dcmi")
+    p.add_argument("--dcmi-lib", help="path of libdcmi.so (default: the driver lib dirs)")
+    p.add_argument("--lingqu-lib", help="path of liblingqu-dcmi.so (default: the driver lib dirs)")
+    p.add_argument("--no-switch", action="store_true", help="do not watch lingqu switch faults")
+    p.add_argument("--http-addr", default="127.0.0.1:0", help="metrics/health HTTP address")
+    p.add_argument("--sim-control-addr", help="sim backend: separate HTTP address of the control API")
+    p.add_argument("--sim-cards", type=int, default=1)
+    p.add_argument("--sim-devices-per-card", type=int, default=8)
+    p.add_argument("--fault-code-file", help="faultCode.json (default: faultmesh's table)")
+    p.add_argument("--fault-customization-file", help="faultCustomization.json")
+    p.add_argument("--switch-fault-code-file", help="SwitchFaultCode.json")
+    p.add_argument("--list-watch-period", type=_range(3, 1800), default=5, help="s, 3..1800")
+    p.add_argument("--probe-interval", type=float, default=2.5, help="gateway probe period (s); 0 = off")
+    p.add_argument("--switch-query-interval", type=float, default=300.0, help="s between full switch queries")
+    p.add_argument("--callback-rate-limit", type=int, default=1000, help="accepted callbacks per minute")
+    p.add_argument("--dcmi-timeout", type=float, default=5.0, help="s per DCMI call")
+    p.add_argument("--no-subscribe", action="store_true", help="poll only (no fault subscription)")
+    p.add_argument("--reset-config-dir", help="directory of per-job reset-config files (off when unset)")
+    p.add_argument("--hot-reset", action="store_true", help="hot-reset idle RestartNPU/FreeRestartNPU chips")
+    p.add_argument("--hot-reset-idle", type=float, default=60.0, help="s a chip must be idle before a reset")
+    p.add_argument("--hot-reset-boot-timeout", type=float, default=180.0, help="s to wait for boot")
+    p.add_argument("--print-device-info", action="store_true", help="print the device-info document and exit")
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-file")
+    return p
+
+
+class _EngineCollector(Collector):
+    """Exports the engine's exact counters (events by source and level, outcomes) at scrape time."""
+
+    def __init__(self, app: DeviceD) -> None:
+        self.app = app
+
+    def collect(self):
+        ev = CounterMetricFamily(
+            "faultmesh_deviced_events",
+            "Fault events handled, by source and level",
+            labels=["source", "level"],
+        )
+        for (src, level), n in sorted(self.app.engine.levels_by_event.items()):
+            ev.add_metric([src, level], n)
+        yield ev
+        out = CounterMetricFamily("faultmesh_deviced_event_outcomes", "Event outcomes", labels=["outcome"])
+        for k, n in sorted(self.app.engine.stats.items()):
+            out.add_metric([k], n)
+        yield out
+        drops = CounterMetricFamily(
+            "faultmesh_deviced_callback_drops", "Callbacks dropped by the token bucket"
+        )
+        drops.add_metric([], self.app.callback_drops)
+        yield drops
+        cbs = CounterMetricFamily("faultmesh_deviced_callbacks", "Callbacks received from the driver")
+        cbs.add_metric([], self.app.callbacks)
+        yield cbs
+        errs = CounterMetricFamily(
+            "faultmesh_deviced_dcmi_errors", "Failed DCMI calls", labels=["call", "reason"]
+        )
+        for (call, reason), n in sorted(self.app.call_errors.items()):
+            errs.add_metric([call, reason], n)
+        yield errs
+
+
+class DeviceD:
+    """One deviced process. ``backend`` is a :mod:`deviced.backends` object; ``clock`` (ms) is injectable."""
+
+    def __init__(self, args: argparse.Namespace, backend: Any, clock=now_ms) -> None:
+        self.args = args
+        self.backend = backend
+        self.node_name = args.node_name
+        self.registry = CollectorRegistry()
+        self.engine = FaultEngine(
+            FaultCodeTable.load(args.fault_code_file),
+            Customization.load(args.fault_customization_file),
+            clock=clock,
+        )
+        self.engine.on_reason_change = self._on_reason_change
+        self.switch_state = SwitchState(SwitchFaultTable.load(args.switch_fault_code_file))
+        self.state = AgentState(self.node_name)
+        token = config.read_secret(args.token_file) if args.token_file else None
+        self.agent = AgentClient(
+            args.clusterd,
+            self.node_name,
+            "deviced",
+            state=self.state,
+            on_control=self.on_control,
+            registry=self.registry,
+            token=token,
+        )
+        self.http = HttpServer(args.http_addr, self.registry, ready=self._ready)
+        self.tasks = TaskOwner("deviced")
+        self.blocking = BlockingPool(4, "dcmi")
+        self.probe_pool = BlockingPool(2, "dcmi-probe")
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.trigger = asyncio.Event()
+        self.subscribed = False
+        self.switch_subscribed = False
+        self.started = False
+        self.callbacks = 0
+        self.callback_drops = 0
+        self.call_errors: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._cb_lock = threading.Lock()
+        self._cb_queue: list[tuple[DevFaultEvent, int]] = []
+        self._cb_overflow: set[int] = set()
+        self._cb_scheduled = False
+        self._sw_queue: list[SwitchEvent] = []
+        self.bucket = TokenBucket(args.callback_rate_limit, clock=lambda: time.monotonic_ns() // 1_000_000)
+        self.ids: dict[int, DeviceIds] = {}
+        self.spod: dict[int, tuple[int, int]] = {}
+        self.chip_names: dict[int, str] = {}
+        self.reset_writer = (
+            ResetConfigWriter(args.reset_config_dir, "hotReset" if args.hot_reset else "podReschedule")
+            if args.reset_config_dir
+            else None
+        )
+        self.jobs_ranks: dict[str, dict[int, int]] = {}
+        self.reset_buckets: dict[int, collections.deque[float]] = collections.defaultdict(collections.deque)
+        self.idle_since: dict[int, float] = {}
+        self.resetting: set[int] = set()
+        self.cycles = 0
+        self.last_report_ms = 0
+        self.report_latency_hook = None  # bench: called with ([(event, cb_ns)], now_ns) after each report
+        self._pending_latency: list[tuple[DevFaultEvent, int]] = []
+        self._last_cycle = 0.0
+        self.registry.register(_EngineCollector(self))
+        self.poll_seconds = Histogram(
+            "faultmesh_deviced_poll_duration_seconds",
+            "Duration of one deviced cycle's DCMI polling",
+            buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 1, 5, 30),
+            registry=self.registry,
+        )
+        self.health_gauge = Gauge(
+            "faultmesh_deviced_device_healthy",
+            "1 when the chip is Healthy, 0 otherwise",
+            ["node", "device"],
+            registry=self.registry,
+        )
+        self.net_gauge = Gauge(
+            "faultmesh_deviced_device_network_healthy",
+            "1 when the chip's network is Healthy, 0 otherwise",
+            ["node", "device"],
+            registry=self.registry,
+        )
+        self.subscribed_gauge = Gauge(
+            "faultmesh_deviced_subscribed",
+            "1 while fault events come by subscription",
+            registry=self.registry,
+        )
+
+    # ---------------------------------------------------------------- lifecycle
+    def _ready(self) -> tuple[bool, str]:
+        return (True, "ok") if self.started else (False, "devices not listed yet")
+
+    async def call(
+        self, name: str, fn, *args, timeout_s: float | None = None, pool: BlockingPool | None = None
+    ):
+        """Run a blocking backend call with a timeout; errors are counted by (call, reason) and re-raised."""
+        try:
+            return await (pool or self.blocking).call(timeout_s or self.args.dcmi_timeout, fn, *args)
+        except BlockingTimeout:
+            self.call_errors[(name, "timeout")] += 1
+            raise
+        except DeviceNotReady:
+            self.call_errors[(name, "device not ready")] += 1
+            raise
+        except DcmiError as e:
+            self.call_errors[(name, type(e).__name__)] += 1
+            raise
+
+    async def init_backend(self) -> None:
+        """``init`` + device walk; retried every 5 s until it works (condition DCMIUnavailable meanwhile)."""
+        while True:
+            try:
+                await self.call("init", self.backend.init)
+                devices = await self.call("devices", self.backend.devices)
+                break
+            except (DcmiError, BlockingTimeout, ValueError) as e:
+                self.state.set_condition("DCMIUnavailable", True, "init failed", str(e))
+                event(log, logging.ERROR, "dcmi init failed", error=str(e))
+                await asyncio.sleep(5)
+        self.state.set_condition("DCMIUnavailable", False)
+        self.ids = {d.logic: d for d in devices}
+        self.engine.set_devices(devices)
+        for d in devices:
+            try:
+                self.spod[d.logic] = await self.call("spod", self.backend.spod, d)
+                self.chip_names[d.logic] = await self.call("chip_name", self.backend.chip_name, d)
+            except (DcmiError, BlockingTimeout):
+                self.spod[d.logic] = (-2, -2)
+        event(
+            log,
+            logging.INFO,
+            "devices listed",
+            count=len(devices),
+            phy_ids=",".join(str(d.phy) for d in devices),
+        )
+
+    async def subscribe(self) -> None:
+        """Subscribe to chip fault events: 3 tries, 1 s apart (§1.1); failure -> polling for good."""
+        if self.args.no_subscribe:
+            self._downgrade("subscription disabled by flag")
+            return
+        for attempt in range(1, 4):
+            try:
+                await self.call("subscribe", self.backend.subscribe, self._on_c_event)
+                self.subscribed = True
+                self.subscribed_gauge.set(1)
+                event(log, logging.INFO, "fault subscription up", attempt=attempt)
+                return
+            except (DcmiError, BlockingTimeout) as e:
+                event(log, logging.WARNING, "fault subscription failed", attempt=attempt, error=str(e))
+                await asyncio.sleep(1)
+        self._downgrade("subscribe failed 3 times")
+
+    def _downgrade(self, why: str) -> None:
+        self.engine.subscribe_failed = True
+        self.subscribed = False
+        self.subscribed_gauge.set(0)
+        event(log, logging.WARNING, "fault get mode downgrade", cause=why)
+
+    async def start(self) -> None:
+        """Start HTTP, the backend, the loops and the agent stream. Raises ``OSError`` when HTTP cannot bind."""
+        self.loop = asyncio.get_running_loop()
+        await self.http.start()
+        await self.agent.start()
+        self.tasks.spawn(self._startup(), name="deviced-startup")
+
+    async def _startup(self) -> None:
+        await self.init_backend()
+        await self.subscribe()
+        self.started = True
+        self.tasks.spawn(self._main_loop(), name="deviced-cycle")
+        if self.args.probe_interval > 0:
+            self.tasks.spawn(self._probe_loop(), name="deviced-probe")
+        if getattr(self.backend, "switch", None) is not None and not self.args.no_switch:
+            self.tasks.spawn(self._switch_loop(), name="deviced-switch")
+
+    async def stop(self) -> None:
+        """Stop the loops, drain the agent stream (2 s), stop HTTP and the pools."""
+        await self.tasks.close()
+        await self.agent.stop()
+        await self.http.stop()
+        self.blocking.shutdown()
+        self.probe_pool.shutdown()
+
+    # ---------------------------------------------------------------- callbacks (C thread)
+    def _on_c_event(self, ev: DevFaultEvent) -> None:
+        """Runs on the driver's thread: token bucket, queue, one wake-up per batch. Never calls DCMI."""
+        t = time.monotonic_ns()
+        with self._cb_lock:
+            self.callbacks += 1
+            if self.bucket.take():
+                self._cb_queue.append((ev, t))
+            else:
+                self.callback_drops += 1
+                self._cb_overflow.add(ev.logic_id)
+            if self._cb_scheduled or self.loop is None:
+                return
+            self._cb_scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain_callbacks)
+        except RuntimeError:  # loop closed during shutdown
+            pass
+
+    def _drain_callbacks(self) -> None:
+        with self._cb_lock:
+            batch, self._cb_queue = self._cb_queue, []
+            overflow, self._cb_overflow = self._cb_overflow, set()
+            self._cb_scheduled = False
+        now = self.engine.now()
+        for ev, _t in batch:
+            if ev.assertion not in (0, 1, 2):
+                self.engine.stats["rejected_bad_assertion"] += 1
+                continue
+            event(
+                log,
+                logging.DEBUG,
+                "receive devFaultInfo",
+                logic_id=ev.logic_id,
+                code=f"{ev.event_id:08X}",
+                assertion=ev.assertion,
+                severity=ev.severity,
+            )
+            self.engine.submit(
+                DeviceEvent(ev.logic_id, ev.event_id, ev.assertion, ev.severity, now, "callback")
+            )
+        for logic in overflow:
+            if logic in self.engine.devices:
+                self.engine.mark_reinit(logic)
+            else:
+                self.engine.stats["rejected_unknown_device"] += 1
+        if overflow:
+            event(
+                log,
+                logging.WARNING,
+                "callback rate limit overflow",
+                devices=len(overflow),
+                dropped=self.callback_drops,
+            )
+        if self.report_latency_hook is not None:
+            self._pending_latency.extend(batch)
+        self.trigger.set()
+
+    def _on_switch_event(self, ev: SwitchEvent) -> None:
+        with self._cb_lock:
+            self._sw_queue.append(ev)
+        if self.loop is not None:
+            try:
+                self.loop.call_soon_threadsafe(self.trigger.set)
+            except RuntimeError:
+                pass
+
+    # ---------------------------------------------------------------- the cycle
+    async def _main_loop(self) -> None:
+        period = float(self.args.list_watch_period)
+        while True:
+            wait = period
+            nxt = self.engine._pending[0][0] if self.engine._pending else None
+            if nxt is not None:
+                wait = min(wait, max(0.05, (nxt - self.engine.now()) / 1000))
+            try:
+                await asyncio.wait_for(self.trigger.wait(), wait)
+            except TimeoutError:
+                pass
+            gap = 1.0 - (time.monotonic() - self._last_cycle)
+            if self.trigger.is_set() and gap > 0 and self.cycles > 0:
+                await asyncio.sleep(min(gap, 1.0))  # at most one callback-triggered cycle per second
+            self.trigger.clear()
+            try:
+                await self.run_cycle()
+            except Exception as e:  # one bad cycle must not end the loop
+                event(log, logging.ERROR, "cycle failed", error=repr(e))
+
+    async def run_cycle(self) -> None:
+        """One cycle (reference §1.2): card drop, mend polling, switch events, engine, report."""
+        self._last_cycle = time.monotonic()
+        t0 = time.perf_counter()
+        if self.subscribed:
+            await self._check_card_drop()
+        await self._mend()
+        self.poll_seconds.observe(time.perf_counter() - t0)
+        self._apply_switch_events()
+        self.engine.cycle()
+        self.cycles += 1
+        await self._hot_reset_step()
+        self.report()
+
+    async def _check_card_drop(self) -> None:
+        for logic, ids in self.ids.items():
+            try:
+                await self.call("health", self.backend.health, ids)
+                self.engine.set_card_drop(logic, False)
+            except DeviceNotReady:
+                self.engine.set_card_drop(logic, True)
+            except (DcmiError, BlockingTimeout):
+                continue
+
+    async def _mend(self) -> None:
+        for logic, ids in self.ids.items():
+            reason = self.engine.mend_reason(logic)
+            if reason is None:
+                continue
+            try:
+                codes = await self.call("errorcode", self.backend.error_codes, ids)
+            except (DcmiError, BlockingTimeout) as e:
+                event(log, logging.WARNING, "error code poll failed", logic_id=logic, error=str(e))
+                continue
+            dropped = False
+            try:
+                await self.call("health", self.backend.health, ids)
+            except DeviceNotReady:
+                dropped = True
+            except (DcmiError, BlockingTimeout):
+                pass
+            if dropped:
+                self.engine.devices[logic].card_dropped = True
+                codes = [*codes, 0x40F84E00]
+            elif self.engine.devices[logic].card_dropped:
+                self.engine.devices[logic].card_dropped = False
+            if self.engine.devices[logic].probe_bad:
+                codes = [*codes, GATEWAY_PROBE]
+            n = self.engine.apply_poll(logic, codes)
+            if n:
+                event(
+                    log,
+                    logging.INFO,
+                    "fault codes mended by polling",
+                    logic_id=logic,
+                    reason=reason,
+                    events=n,
+                )
+
+    # ---------------------------------------------------------------- gateway probe
+    async def _probe_loop(self) -> None:
+        while True:
+            for logic, ids in self.ids.items():
+                try:
+                    result = await self.call(
+                        "network_health",
+                        self.backend.network_health,
+                        ids,
+                        timeout_s=1.0,
+                        pool=self.probe_pool,
+                    )
+                except (DcmiError, BlockingTimeout):
+                    continue
+                if self.engine.set_probe(logic, network_probe_healthy(result)):
+                    event(log, logging.INFO, "gateway probe changed", logic_id=logic, result=result)
+                    self.trigger.set()
+            await asyncio.sleep(self.args.probe_interval)
+
+    # ---------------------------------------------------------------- switch
+    async def _switch_loop(self) -> None:
+        sw = self.backend.switch
+        try:
+            await self.call("lq_init", sw.init)
+        except (DcmiError, BlockingTimeout) as e:
+            event(log, logging.ERROR, "switch init failed", error=str(e))
+            return
+        for attempt in range(1, 4):
+            try:
+                await self.call("lq_subscribe", sw.subscribe, self._on_switch_event)
+                self.switch_subscribed = True
+                break
+            except (DcmiError, BlockingTimeout) as e:
+                event(log, logging.WARNING, "switch subscription failed", attempt=attempt, error=str(e))
+                await asyncio.sleep(1)
+        while True:
+            try:
+                events = await self.call("lq_fault_info", sw.fault_info)
+                if self.switch_state.replace(events):
+                    self.trigger.set()
+                event(log, logging.INFO, "switch of 910A3 get fault codes", count=len(events))
+            except (DcmiError, BlockingTimeout) as e:
+                event(log, logging.WARNING, "switch query failed", error=str(e))
+            interval = (
+                self.args.switch_query_interval if self.switch_subscribed else self.args.list_watch_period
+            )
+            await asyncio.sleep(interval)
+
+    def _apply_switch_events(self) -> None:
+        with self._cb_lock:
+            batch, self._sw_queue = self._sw_queue, []
+        for ev in batch:
+            self.switch_state.apply(ev)
+
+    # ---------------------------------------------------------------- reporting
+    def faults(self) -> list[Fault]:
+        """The chip and network faults to report (one per active code, plus held upgrade reasons)."""
+        out = []
+        now = self.engine.now()
+        for logic, d in sorted(self.engine.devices.items()):
+            active = d.codes()
+            for code, st in sorted(active.items()):
+                level, unknown = self.engine._code_level(code, st.severity)
+                attrs = {
+                    "phy_id": str(d.ids.phy),
+                    "plane": "network" if code in NETWORK_CODES_ALL else "chip",
+                    "base_level": level.name,
+                }
+                if unknown:
+                    attrs["unknown"] = "true"
+                if code == GATEWAY_PROBE:
+                    attrs["signal"] = "gateway-probe"
+                ups = [r.kind for (c, _k), r in d.reasons.items() if c == code]
+                if ups:
+                    attrs["upgrade"] = ",".join(sorted(ups))
+                out.append(
+                    Fault(
+                        source=SOURCE,
+                        node=self.node_name,
+                        device_type="NPU",
+                        device_id=logic,
+                        code=self.engine.table.spelling(code),
+                        level=self.engine.code_level(d, code).name,
+                        assertion="once" if st.once else "occur",
+                        first_seen_ms=st.first_seen_ms,
+                        last_seen_ms=now,
+                        attributes=attrs,
+                    )
+                )
+            for (code, kind), r in sorted(d.reasons.items()):
+                if code in active:
+                    continue
+                out.append(
+                    Fault(
+                        source=SOURCE,
+                        node=self.node_name,
+                        device_type="NPU",
+                        device_id=logic,
+                        code=self.engine.table.spelling(code),
+                        level=max(rr.level for (c, _), rr in d.reasons.items() if c == code).name,
+                        first_seen_ms=r.time_ms,
+                        last_seen_ms=now,
+                        attributes={
+                            "phy_id": str(d.ids.phy),
+                            "upgrade": kind,
+                            "recovered": "true",
+                            "plane": "network" if code in NETWORK_CODES_ALL else "chip",
+                        },
+                    )
+                )
+        return out
+
+    def report(self) -> None:
+        """Push the current view into the agent state (deltas go out on their own)."""
+        self.state.replace_source(SOURCE, self.faults())
+        sw = self.switch_state.faults(self.node_name)
+        self.state.replace_source("lingqu", sw)
+        for logic, d in self.engine.devices.items():
+            spod = self.spod.get(logic, (-2, -2))
+            worst = self.engine.worst_level(d)
+            self.state.set_device(
+                agent_pb2.DeviceState(
+                    device_type="NPU",
+                    device_id=logic,
+                    phy_id=d.ids.phy,
+                    health=d.health,
+                    network_health=d.network_health,
+                    level=worst.name if worst is not None else "",
+                    super_pod_id=spod[0],
+                    server_index=spod[1],
+                )
+            )
+            self.health_gauge.labels(self.node_name, str(d.ids.phy)).set(1 if d.health == "Healthy" else 0)
+            self.net_gauge.labels(self.node_name, str(d.ids.phy)).set(
+                1 if d.network_health == "Healthy" else 0
+            )
+        if self.reset_writer is not None:
+            chips = {
+                d.ids.phy: ChipFault(
+                    logic,
+                    d.ids.phy,
+                    self.engine.worst_level(d),
+                    tuple(self.engine.table.spelling(c) for c in sorted(d.codes())),
+                )
+                for logic, d in self.engine.devices.items()
+            }
+            self.reset_writer.update(chips)
+        self.last_report_ms = now_ms()
+        if self.report_latency_hook is not None:
+            pending, self._pending_latency = self._pending_latency, []
+            self.report_latency_hook(pending, time.monotonic_ns())
+
+    def _on_reason_change(self, d, r: UpgradeReason, added: bool) -> None:
+        event(
+            log,
+            logging.WARNING if added else logging.INFO,
+            "upgrade fault reason added" if added else "upgrade fault reason released",
+            logic_id=d.ids.logic,
+            phy_id=d.ids.phy,
+            code=self.engine.table.spelling(r.code),
+            fault_level=r.level.name,
+            upgrade_type=r.kind,
+        )
+
+    # ---------------------------------------------------------------- control
+    async def on_control(self, msg: agent_pb2.ControlMessage) -> None:
+        """Handle control messages: ``job`` (JobInfo) -> chips in use and reset-config files."""
+        kind = msg.WhichOneof("body")
+        if kind != "job":
+            return
+        job = msg.job
+        ranks = {r.rank: r.device_id for r in job.ranks if r.node == self.node_name}
+        if job.deleted or not ranks:
+            self.jobs_ranks.pop(job.job_id, None)
+        else:
+            self.jobs_ranks[job.job_id] = ranks
+        if self.reset_writer is not None:
+            self.reset_writer.set_job(job.job_id, job.name, job.namespace, ranks, job.deleted or not ranks)
+        used_phy = {phy for rs in self.jobs_ranks.values() for phy in rs.values()}
+        self.engine.set_in_use(logic for logic, d in self.engine.devices.items() if d.ids.phy in used_phy)
+        event(log, logging.INFO, "job update", job=job.job_id, ranks_here=len(ranks), deleted=job.deleted)
+        self.trigger.set()
+
+    # ---------------------------------------------------------------- hot reset (§6)
+    async def _hot_reset_step(self) -> None:
+        if not self.args.hot_reset:
+            return
+        now = time.monotonic()
+        for logic, d in self.engine.devices.items():
+            if logic in self.resetting:
+                continue
+            if d.health == "Healthy" or d.level not in HOT_RESET_LEVELS:
+                self.idle_since.pop(logic, None)
+                continue
+            ids = self.ids[logic]
+            try:
+                procs = await self.call("procs", self.backend.process_count, ids)
+            except (DcmiError, BlockingTimeout):
+                procs = -1
+            if procs != 0:  # the job's processes must have stopped (reference §6 gate)
+                self.idle_since.pop(logic, None)
+                continue
+            since = self.idle_since.setdefault(logic, now)
+            if now - since < self.args.hot_reset_idle:
+                continue
+            bucket = self.reset_buckets[logic]
+            while bucket and now - bucket[0] > 6 * 3600:
+                bucket.popleft()
+            if len(bucket) >= 3:
+                self._reset_failed(logic, "reset budget of 3 per 6 h used")
+                continue
+            bucket.append(now)
+            self.resetting.add(logic)
+            d.resetting = True
+            event(
+                log,
+                logging.WARNING,
+                "hot reset start",
+                logic_id=logic,
+                phy_id=ids.phy,
+                fault_level=d.level.name,
+                reason=f"{d.level.name} and idle {now - since:.0f}s",
+            )
+            self.tasks.spawn(self._hot_reset(logic), name=f"hot-reset-{logic}")
+
+    async def _hot_reset(self, logic: int) -> None:
+        ids = self.ids[logic]
+        try:
+            try:
+                health = await self.call("health", self.backend.health, ids)
+            except DeviceNotReady:
+                health = -8012
+            if health == 0:
+                event(log, logging.INFO, "hot reset skipped", logic_id=logic, reason="chip healthy again")
+                return
+            try:
+                await self.call("reset", self.backend.reset, ids, timeout_s=30)
+            except (DcmiError, BlockingTimeout) as e:
+                self._reset_failed(logic, f"reset call failed: {e}")
+                return
+            deadline = time.monotonic() + self.args.hot_reset_boot_timeout
+            while time.monotonic() < deadline:
+                await asyncio.sleep(1)
+                try:
+                    if await self.call("boot", self.backend.boot_status, ids) == BOOT_START_FINISH:
+                        self.engine.mark_reinit(logic)
+                        self.idle_since.pop(logic, None)
+                        event(log, logging.INFO, "hot reset done", logic_id=logic, phy_id=ids.phy)
+                        self.trigger.set()
+                        return
+                except (DcmiError, BlockingTimeout):
+                    continue
+            self._reset_failed(logic, "boot not finished in time")
+        finally:
+            self.resetting.discard(logic)
+            d = self.engine.devices.get(logic)
+            if d is not None:
+                d.resetting = False
+
+    def _reset_failed(self, logic: int, why: str) -> None:
+        d = self.engine.devices.get(logic)
+        if d is None:
+            return
+        key = (0, "HotResetFailed")
+        if key not in d.reasons:
+            d.reasons[key] = UpgradeReason(0, NpuLevel.SeparateNPU, "HotResetFailed", self.engine.now())
+            event(
+                log,
+                logging.ERROR,
+                "hot reset failed",
+                logic_id=logic,
+                phy_id=d.ids.phy,
+                reason=why,
+                fault_level="SeparateNPU",
+            )
+        self.trigger.set()
+
+
+def make_backend(args: argparse.Namespace):
+    """Build the backend of ``--backend``. Raises ``DcmiError`` (e.g. LibraryMissing) for dcmi."""
+    from deviced.backends import DcmiBackend, SimBackend
+
+    if args.backend == "sim":
+        return SimBackend(args.sim_cards, args.sim_devices_per_card)
+    return DcmiBackend(args.dcmi_lib, args.lingqu_lib, want_switch=not args.no_switch)
+
+
+async def print_device_info(args: argparse.Namespace, backend) -> int:
+    """``--print-device-info``: one full poll and cycle, then the device-info document on stdout."""
+    app = DeviceD(args, backend)
+    app.loop = asyncio.get_running_loop()
+    try:
+        await asyncio.wait_for(app.init_backend(), 30)
+        await app.run_cycle()
+        if getattr(backend, "switch", None) is not None and not args.no_switch:
+            try:
+                await app.call("lq_init", backend.switch.init)
+                app.switch_state.replace(await app.call("lq_fault_info", backend.switch.fault_info))
+            except (DcmiError, BlockingTimeout):
+                pass
+        print(deviceinfo.render_json(app))
+        return 0
+    except TimeoutError:
+        event(log, logging.ERROR, "device listing timed out")
+        return 1
+    finally:
+        app.blocking.shutdown()
+        app.probe_pool.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console script ``deviced``."""
+    import socket
+
+    args = config.parse(build_parser(), argv)
+    fmlog.setup(args.log_level, args.log_file)
+    if not args.node_name:
+        args.node_name = socket.gethostname()
+    try:
+        backend = make_backend(args)
+    except DcmiError as e:
+        event(log, logging.ERROR, "dcmi library unavailable", error=str(e))
+        return 1
+    try:
+        FaultCodeTable.load(args.fault_code_file)
+        Customization.load(args.fault_customization_file)
+        SwitchFaultTable.load(args.switch_fault_code_file)
+    except TableError as e:
+        event(log, logging.ERROR, "fault table unusable", error=str(e))
+        return 2
+
+    async def _main(stop: asyncio.Event) -> int:
+        if args.print_device_info:
+            return await print_device_info(args, backend)
+        app = DeviceD(args, backend)
+        sim_http = None
+        try:
+            if args.backend == "sim":
+                from deviced import simapi
+
+                if args.sim_control_addr:
+                    sim_http = HttpServer(args.sim_control_addr, CollectorRegistry())
+                    simapi.add_routes(sim_http.app, backend)
+                    await sim_http.start()
+                    event(log, logging.INFO, "sim control listening", addr=f"{sim_http.host}:{sim_http.port}")
+                else:
+                    simapi.add_routes(app.http.app, backend)
+            await app.start()
+        except OSError as e:
+            event(log, logging.ERROR, "deviced failed to start", error=str(e))
+            await app.stop()
+            return 1
+        event(
+            log,
+            logging.INFO,
+            "deviced listening",
+            http=f"{app.http.host}:{app.http.port}",
+            node=args.node_name,
+            backend=args.backend,
+        )
+        await stop.wait()
+        await app.stop()
+        if sim_http is not None:
+            await sim_http.stop()
+        return 0
+
+    return runtime.run(_main)
