@@ -1,0 +1,89 @@
+"""Shared core: flags > env > YAML config, token buckets, once-per-period logging, levels."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import pytest
+
+from faultmesh import config
+from faultmesh.levels import NpuLevel, level_health, level_severity, worst_health
+from faultmesh.log import RateLimitedLog, kv
+from faultmesh.ratelimit import TokenBucket
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    p.add_argument("--grpc-addr", default="127.0.0.1:8899")
+    p.add_argument("--poll-interval", type=float, default=60.0)
+    p.add_argument("--kube", action="store_true")
+    return p
+
+
+def test_flag_beats_env_beats_yaml_beats_default(tmp_path, monkeypatch):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("grpc-addr: 10.0.0.1:1\npoll_interval: 5\nkube: true\n")
+    a = config.parse(parser(), ["--config", str(cfg)])
+    assert (a.grpc_addr, a.poll_interval, a.kube) == ("10.0.0.1:1", 5, True)
+    monkeypatch.setenv("FAULTMESH_GRPC_ADDR", "10.0.0.2:2")
+    monkeypatch.setenv("FAULTMESH_POLL_INTERVAL", "7.5")
+    a = config.parse(parser(), ["--config", str(cfg)])
+    assert (a.grpc_addr, a.poll_interval) == ("10.0.0.2:2", 7.5)
+    a = config.parse(parser(), ["--config", str(cfg), "--grpc-addr", "10.0.0.3:3"])
+    assert a.grpc_addr == "10.0.0.3:3"
+    monkeypatch.delenv("FAULTMESH_GRPC_ADDR")
+    assert config.parse(parser(), []).grpc_addr == "127.0.0.1:8899"
+
+
+def test_bad_env_value_and_bad_yaml_exit_with_a_message(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FAULTMESH_POLL_INTERVAL", "soon")
+    with pytest.raises(SystemExit) as e:
+        config.parse(parser(), [])
+    assert e.value.code == 2 and "poll_interval" in capsys.readouterr().err
+    monkeypatch.delenv("FAULTMESH_POLL_INTERVAL")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(SystemExit):
+        config.parse(parser(), ["--config", str(bad)])
+    assert "must hold a mapping" in capsys.readouterr().err
+
+
+def test_token_bucket_burst_then_refill():
+    now = [0.0]
+    b = TokenBucket(rate=2.0, burst=3.0, clock=lambda: now[0])
+    assert [b.take() for _ in range(4)] == [True, True, True, False]
+    now[0] = 0.5  # one token back
+    assert b.take() and not b.take()
+    now[0] = 100.0  # capped at the burst
+    assert sum(b.take() for _ in range(10)) == 3
+
+
+def test_rate_limited_log_once_per_period_per_reason(caplog):
+    now = [0.0]
+    rl = RateLimitedLog(logging.getLogger("t"), period_s=60, clock=lambda: now[0])
+    with caplog.at_level(logging.WARNING):
+        assert rl.warning("bad_id", "public fault rejected", code=409)
+        assert not rl.warning("bad_id", "public fault rejected")
+        assert rl.warning("bad_time", "public fault rejected")
+        now[0] = 61
+        assert rl.warning("bad_id", "public fault rejected")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "public fault rejected reason=bad_id suppressed=0 code=409"
+    assert lines[-1] == "public fault rejected reason=bad_id suppressed=1"
+
+
+def test_kv_quotes_values_with_spaces():
+    assert kv(a=1, b="two words", c="") == 'a=1 b="two words" c=""'
+
+
+def test_level_precedence_and_health_mapping():
+    assert sorted(NpuLevel, key=int)[-1] is NpuLevel.ManuallySeparateNPU
+    assert NpuLevel.PreSeparateNPU > NpuLevel.RestartNPU > NpuLevel.FreeRestartNPU
+    assert level_health("PreSeparateNPU") == "SubHealthy"
+    assert level_health("FreeRestartNPU") == "UnHealthy"
+    assert level_health("NotHandleFault") == "Healthy"
+    assert worst_health(["Healthy", "SubHealthy"]) == "SubHealthy"
+    assert level_severity("SeparateFault") == level_severity("SeparateNPU")
+    with pytest.raises(ValueError):
+        NpuLevel.parse("Broken")
