@@ -157,3 +157,18 @@ def test_featconf_keys_case_insensitive_defaults_and_validation():
         with pytest.raises(FeatConfError, match=msg):
             parse_featconf(bad)
     assert parse_featconf({"slowNode": 0}, job_name="from-file").job_name == "from-file"
+
+
+def test_switch_parse_and_dicts():
+    import orjson
+
+    from fdol.slownode.switch import HEAVY, LIGHT, parse_switch, switch_dict
+
+    assert parse_switch(orjson.dumps(HEAVY)) == (True, True)
+    assert parse_switch(orjson.dumps(LIGHT)) == (True, False)
+    assert parse_switch(orjson.dumps(switch_dict(False, False))) == (False, False)
+    assert parse_switch(
+        b'{"CommunicationOperator":"on","Step":"off","SaveCheckpoint":"off","FP":"off","DataLoader":"off"}'
+    ) == (True, True)
+    assert parse_switch(b"garbage") == (False, False)
+    assert parse_switch(b'{"Step":"on"}') == (False, False)

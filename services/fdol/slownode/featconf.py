@@ -16,7 +16,7 @@ with these deliberate differences, each a gap of the reference:
   ``mean + nSigma*std`` (the reference forces it > 0, so nSigma was never used);
 - *fractional interval*: ``nSecondsDoOneDetection`` is a float > 0 (seconds);
 - faultmesh keys: ``nConsecSlowRoundsToConfirm`` (5, cluster rounds to confirm), ``traffic`` (0,
-  TP op element-count filter), ``patternDetector`` (true), ``patternWindowSteps`` (20),
+  TP op element-count filter), ``patternDetector`` (true), ``patternWindowSteps`` (30),
   ``computeRatio`` (1.10), ``waitRatio`` (3.0) — see :mod:`fdol.slownode.pattern`.
 """
 
@@ -51,7 +51,7 @@ class FeatConf:
     n_confirm_rounds: int = 5
     traffic: int = 0
     pattern_detector: bool = True
-    pattern_window: int = 20
+    pattern_window: int = 30
     compute_ratio: float = 1.10
     wait_ratio: float = 3.0
     rank_ids: tuple[int, ...] = field(default=())
@@ -86,7 +86,7 @@ _KEYS: dict[str, tuple[str, str, Any]] = {
     "nConsecSlowRoundsToConfirm": ("n_confirm_rounds", "int", 5),
     "traffic": ("traffic", "int", 0),
     "patternDetector": ("pattern_detector", "bool", True),
-    "patternWindowSteps": ("pattern_window", "int", 20),
+    "patternWindowSteps": ("pattern_window", "int", 30),
     "computeRatio": ("compute_ratio", "float", 1.10),
     "waitRatio": ("wait_ratio", "float", 3.0),
 }

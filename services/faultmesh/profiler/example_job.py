@@ -1,0 +1,204 @@
+"""A real PyTorch CPU training job instrumented with faultmesh.profiler (needs ``faultmesh[torch]``).
+
+The job of ../shared/reference/torch-real-input.md §2: ``--ranks`` processes (4) via
+``torch.multiprocessing.spawn``, gloo on 127.0.0.1, TP-like groups of 2 ranks ([0,1], [2,3]) plus a
+global all_reduce, one thread per process, an MLP 256->256x4->10 on a synthetic batch of 2048,
+SGD by hand, 8 warm-up steps (not recorded); ``--steps`` steps, or fewer when ``--stop-file`` appears
+(the stop flag rides in the global all-reduce so every rank stops after the same step). From step ``--slow-from`` rank ``--slow-rank`` is
+slowed down:
+
+- ``--slow-mode sleep``: sleeps ``--factor`` x its median warm-up compute wall time per step (a stall);
+- ``--slow-mode compute``: runs N extra ``tanh(x @ W)`` products calibrated in *thread CPU time*
+  during warm-up, while every rank runs, to ``--factor`` x its median compute CPU time.
+
+Each step records ``step <n>`` / ``dataloader`` / ``forward`` (forward + backward + the slowdown)
+and the two all-reduces through the instrumented ``torch.distributed``; ``parallel_group.json`` is
+written after warm-up. With ``--summary DIR`` each rank writes ``rank<r>.json`` with per-step
+phase times (ms: compute, compute_cpu, tp_ar, dp_ar, period) so tests assert what was achieved.
+
+Usage: ``python -m faultmesh.profiler.example_job --base-dir D --task-id J --switch F --steps 150``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+import warnings
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    warnings.filterwarnings("ignore")
+    import torch
+    import torch.distributed as dist
+
+    from faultmesh.profiler import Profiler
+    from faultmesh.profiler import torch as fpt
+
+    torch.set_num_threads(1)
+    torch.set_num_interop_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.ranks)
+    prof = Profiler(
+        rank,
+        base_dir=args.base_dir,
+        task_id=args.task_id,
+        switch_path=args.switch or None,
+        flush_interval_s=args.flush_s,
+        switch_poll_s=args.switch_poll_s,
+    )
+    fpt.instrument_distributed(prof)
+    tp_group = None
+    for start in range(0, args.ranks, args.tp):
+        g = fpt.new_group(list(range(start, min(start + args.tp, args.ranks))), "tp")
+        if rank in range(start, start + args.tp):
+            tp_group = g
+    torch.manual_seed(1234)
+    layers: list[torch.nn.Module] = []
+    for _ in range(4):
+        layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(256, 10))
+    params = list(model.parameters())
+    for p in params:
+        dist.broadcast(p.data, 0)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    extra_x = torch.randn(64, 256)
+    extra_w = torch.randn(256, 256) / 16
+    world = args.ranks
+
+    stop_flag = torch.zeros(1)
+
+    def one_step(n_extra: int, sleep_s: float) -> dict[str, float]:
+        t0 = time.perf_counter_ns()
+        with prof.dataloader():
+            x = torch.randn(args.batch, 256)
+            y = torch.randint(0, 10, (args.batch,))
+        c0, cc0 = time.perf_counter_ns(), time.thread_time_ns()
+        with prof.forward():
+            for p in params:
+                p.grad = None
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            for _ in range(n_extra):
+                torch.tanh(extra_x @ extra_w)
+            if sleep_s:
+                time.sleep(sleep_s)
+        c1, cc1 = time.perf_counter_ns(), time.thread_time_ns()
+        flat = torch.cat([p.grad.reshape(-1) for p in params] + [stop_flag])
+        dist.all_reduce(flat, group=tp_group)
+        t_tp = time.perf_counter_ns()
+        dist.all_reduce(flat)
+        t_dp = time.perf_counter_ns()
+        stop_flag[0] = 1.0 if flat[-1].item() > 0 else 0.0  # every rank sees the same sum
+        flat /= world
+        with torch.no_grad():
+            off = 0
+            for p in params:
+                k = p.numel()
+                p -= 0.01 * flat[off : off + k].view_as(p)
+                off += k
+        t1 = time.perf_counter_ns()
+        return {
+            "compute": (c1 - c0) / 1e6,
+            "compute_cpu": (cc1 - cc0) / 1e6,
+            "tp_ar": (t_tp - c1) / 1e6,
+            "dp_ar": (t_dp - t_tp) / 1e6,
+            "step": (t1 - t0) / 1e6,
+        }
+
+    # Warm-up (not recorded) and calibration of the slowdown under the same contention.
+    with prof.paused():
+        warm = [one_step(0, 0.0) for _ in range(args.warmup)]
+        cpu0 = time.thread_time_ns()
+        for _ in range(20):
+            torch.tanh(extra_x @ extra_w)
+        per_extra_cpu = (time.thread_time_ns() - cpu0) / 20 / 1e6
+    med_cpu = statistics.median(w["compute_cpu"] for w in warm[2:])
+    med_wall = statistics.median(w["compute"] for w in warm[2:])
+    n_extra = max(1, round(args.factor * med_cpu / max(per_extra_cpu, 1e-6)))
+    sleep_s = args.factor * med_wall / 1000
+    dist.barrier()
+    fpt.dump_group_info(prof)
+    rows = []
+    last = time.perf_counter_ns()
+    for n in range(args.steps):
+        if rank == 0 and args.stop_file and os.path.exists(args.stop_file):
+            stop_flag[0] = 1.0  # travels in the global all-reduce; all ranks stop after this step
+        if n and stop_flag[0] > 0:
+            break
+        slow = rank == args.slow_rank and n >= args.slow_from and args.slow_mode != "none"
+        with prof.step(n):
+            row = one_step(
+                n_extra if slow and args.slow_mode == "compute" else 0,
+                sleep_s if slow and args.slow_mode == "sleep" else 0.0,
+            )
+        now = time.perf_counter_ns()
+        row["period"] = (now - last) / 1e6
+        row["step_no"] = n
+        last = now
+        rows.append(row)
+    prof.close()
+    dist.barrier()
+    if args.summary:
+        os.makedirs(args.summary, exist_ok=True)
+        with open(os.path.join(args.summary, f"rank{rank}.json"), "w") as f:
+            json.dump(
+                {
+                    "rank": rank,
+                    "n_extra": n_extra,
+                    "sleep_s": sleep_s,
+                    "per_extra_cpu_ms": per_extra_cpu,
+                    "dropped_records": prof.dropped_records,
+                    "written_records": prof.written_records,
+                    "rows": rows,
+                },
+                f,
+            )
+    dist.destroy_process_group()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Command-line flags of the job (see module doc)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--tp", type=int, default=2, help="TP group size")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--warmup", type=int, default=8)
+    p.add_argument("--batch", type=int, default=2048)
+    p.add_argument("--slow-rank", type=int, default=2)
+    p.add_argument("--slow-from", type=int, default=30)
+    p.add_argument("--slow-mode", choices=("none", "sleep", "compute"), default="none")
+    p.add_argument("--factor", type=float, default=0.4)
+    p.add_argument("--base-dir", required=True, help="profiling root (<root>/<task id>/<rank>/)")
+    p.add_argument("--task-id", required=True)
+    p.add_argument("--switch", default="", help="profilingSwitch file (empty: always on)")
+    p.add_argument("--flush-s", type=float, default=1.0)
+    p.add_argument("--switch-poll-s", type=float, default=0.5)
+    p.add_argument("--stop-file", default="", help="stop early (all ranks together) once this file exists")
+    p.add_argument("--summary", default="", help="directory for per-rank rank<r>.json summaries")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the job; returns 0 when every rank finished."""
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    warnings.filterwarnings("ignore")
+    import torch.multiprocessing as mp
+
+    mp.spawn(_worker, args=(args, _free_port()), nprocs=args.ranks, join=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

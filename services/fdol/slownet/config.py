@@ -1,0 +1,124 @@
+"""pingmesh-config: per super pod (or ``global``) ``{"activate": "on"|"off", "task_interval": 1..60}``.
+
+Source: reference noded.md §6 (``pingmesh-config`` ConfigMap: each data value a JSON string; the
+super pod's own id wins over ``global``; invalid activate/interval -> ignored, previous state kept)
+and fdol.md §8.1 (detection period = 10 x task_interval). Accepted inputs: the ConfigMap itself
+(YAML/JSON with ``data``), a plain mapping whose values are objects or JSON strings, or the agent
+stream's ``PingmeshConfig`` message. Key ``roce`` (A5 inter-super-pod RoCE) is accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from faultmesh._pb import agent_pb2
+
+TASK_INTERVAL_RANGE = (1, 60)
+PERIOD_FACTOR = 10  # detection period = 10 x task_interval (s)
+
+
+class PingmeshConfigError(ValueError):
+    """A pingmesh-config that cannot be used; the previous config stays (the message says why)."""
+
+
+@dataclass(frozen=True)
+class Activation:
+    """One entry: ``activate`` (bool) and ``task_interval`` (s, 1..60)."""
+
+    activate: bool
+    task_interval: int
+
+    @property
+    def period_s(self) -> int:
+        """Detection / collection period: 10 x task_interval seconds."""
+        return PERIOD_FACTOR * self.task_interval
+
+    def go_repr(self) -> str:
+        """The reference log's Go ``%#v`` of the config (noded.md §6 result file, line 1)."""
+        act = "on" if self.activate else "off"
+        return f'&types.HccspingMeshConfig{{Activate:"{act}", TaskInterval:{self.task_interval}}}'
+
+
+def _activation(key: str, v: Any) -> Activation:
+    if isinstance(v, (str, bytes)):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            raise PingmeshConfigError(f"{key}: value is not JSON") from None
+    if not isinstance(v, dict):
+        raise PingmeshConfigError(f"{key}: value must be an object")
+    act = v.get("activate")
+    if act not in ("on", "off"):
+        raise PingmeshConfigError(f"{key}: activate must be 'on' or 'off', not {act!r}")
+    ti = v.get("task_interval")
+    if isinstance(ti, str) and ti.strip().isdigit():
+        ti = int(ti)
+    if (
+        isinstance(ti, bool)
+        or not isinstance(ti, int)
+        or not TASK_INTERVAL_RANGE[0] <= ti <= TASK_INTERVAL_RANGE[1]
+    ):
+        raise PingmeshConfigError(f"{key}: task_interval must be an integer 1..60, not {ti!r}")
+    return Activation(act == "on", ti)
+
+
+def parse_config(data: str | bytes | dict[str, Any]) -> dict[str, Activation]:
+    """Parse a pingmesh-config (module doc) into {key: Activation}; keys are ``global`` or decimal
+    super-pod ids. Raises :class:`PingmeshConfigError` on any invalid entry or when no entry is left."""
+    if isinstance(data, (str, bytes)):
+        try:
+            data = yaml.safe_load(data)
+        except yaml.YAMLError as e:
+            raise PingmeshConfigError(f"pingmesh-config is not YAML/JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise PingmeshConfigError("pingmesh-config must be a mapping")
+    if isinstance(data.get("data"), dict):  # a ConfigMap
+        data = data["data"]
+    out: dict[str, Activation] = {}
+    for key, v in data.items():
+        key = str(key)
+        if key == "roce":
+            continue
+        if key != "global" and not key.isdigit():
+            raise PingmeshConfigError(f"key {key!r} is neither 'global' nor a super pod id")
+        out[key] = _activation(key, v)
+    if not out:
+        raise PingmeshConfigError("pingmesh-config has no 'global' or super pod entry")
+    return out
+
+
+def for_super_pod(cfg: dict[str, Activation], super_pod_id: str | int) -> Activation | None:
+    """The entry for a super pod: its own id wins, else ``global``, else None."""
+    return cfg.get(str(super_pod_id)) or cfg.get("global")
+
+
+def to_pb(cfg: dict[str, Activation]) -> agent_pb2.PingmeshConfig:
+    """As ``faultmesh.v1.PingmeshConfig``."""
+    return agent_pb2.PingmeshConfig(
+        activations={
+            k: agent_pb2.PingmeshActivation(activate=a.activate, task_interval_s=a.task_interval)
+            for k, a in cfg.items()
+        }
+    )
+
+
+def from_pb(m: agent_pb2.PingmeshConfig) -> dict[str, Activation]:
+    """``faultmesh.v1.PingmeshConfig`` -> {key: Activation}; raises :class:`PingmeshConfigError`."""
+    return parse_config(
+        {
+            k: {"activate": "on" if a.activate else "off", "task_interval": a.task_interval_s}
+            for k, a in m.activations.items()
+        }
+    )
+
+
+def to_json_obj(cfg: dict[str, Activation]) -> dict[str, dict[str, Any]]:
+    """{key: {"activate": "on"|"off", "task_interval": n}} (for HTTP and the state store)."""
+    return {
+        k: {"activate": "on" if a.activate else "off", "task_interval": a.task_interval}
+        for k, a in cfg.items()
+    }
