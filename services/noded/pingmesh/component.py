@@ -1,0 +1,485 @@
+"""noded's pingmesh component: HCCS pingmesh tasks through DCMI hccsping (or the fabric simulator),
+result files, and result rows streamed to ClusterD.
+
+Source: reference noded.md §6. Inputs, each from a file (re-read when it changes, every
+``--pingmesh-file-poll-s``) or pushed by ClusterD over the agent stream (control kinds
+``pingmesh_config``, ``topology``, ``ping_list``); the latest one wins, and an invalid one is
+rejected (the control message is acked with the error) while the previous one stays:
+
+- pingmesh-config (``--pingmesh-config-file``; :mod:`fdol.slownet.config`): the super pod's entry,
+  else ``global``;
+- the super-pod topology (``--pingmesh-topology-file``, reference ``superPodDevice`` JSON); it must be
+  this node's super pod and hold this node;
+- the ping list (``--pingmesh-ping-list-file``, else ``<net-root>/cluster/super-pod-<id>/
+  ping_list_<serverIndex>.json`` when present; reference format).
+
+Tasks: for every chip that is in the topology's entry for this node and has destinations, the
+destinations on the same server (SDID server id) go to task 0 and the others to task 1 (at most 48
+each; the rest is dropped and counted). A job uid (sha256 over the address map, the config entry and
+the destinations) identifies the plan: an unchanged uid restarts nothing. On a new plan the previous
+tasks are stopped (the first time: tasks 0 and 1 of every chip) and, when ``activate`` is on, the
+new ones started (packet size 1792, 10 packets, 10 ms apart, timeout 1, task_interval from the
+config). Every ``10 x task_interval`` s (``--pingmesh-collect-interval-s`` overrides) each task's state
+and info are read; a stopped task with no destinations (a chip reset) is restarted and that sample
+skipped. Rows go to ``<node>.log``, ``ping_result_<serverIndex>.csv`` and ClusterD
+(:mod:`noded.pingmesh.results`). All DCMI calls and file writes run in the app's BlockingPool.
+
+Backends (``--pingmesh-backend``): ``dcmi`` (ctypes, ``--pingmesh-dcmi-lib``), ``sim`` (the fabric
+simulator of ``--pingmesh-fabric FILE``, this node = ``--pingmesh-fabric-node`` or the node name),
+``auto`` (dcmi when the library loads and supports hccsping, else off), ``off``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import Counter, Gauge
+
+from faultmesh._pb import agent_pb2
+from faultmesh.dcmi.hccsping import STATE_STOPPED, ChipInfo, HccspingParamError, PingOp
+from faultmesh.httpd import json_response
+from faultmesh.log import RateLimitedLog, event
+from fdol.slownet import config as pmconfig
+from fdol.slownet import pinglist as pl
+from fdol.slownet import topology as topo
+from noded.pingmesh.results import ResultWriter, TaskSample, rows_from_samples
+
+log = logging.getLogger("noded.pingmesh")
+
+CALL_TIMEOUT_S = 30.0
+MAX_DESTS = 48
+
+
+def _valid_addr(a: str) -> bool:
+    return bool(a) and "," not in a and len(a) < 16
+
+
+class PingmeshComponent:
+    """The pingmesh component (module doc). ``app`` is noded's app object."""
+
+    name = "pingmesh"
+    control_kinds = ("pingmesh_config", "topology", "ping_list")
+
+    @staticmethod
+    def add_arguments(parser) -> None:
+        """Flags ``--pingmesh-*`` and ``--pingmesh-result-max-age-days``."""
+        g = parser.add_argument_group("pingmesh")
+        g.add_argument("--pingmesh-backend", choices=("auto", "dcmi", "sim", "off"), default="auto")
+        g.add_argument("--pingmesh-dcmi-lib", help="path of libdcmi.so (default: the driver's dirs)")
+        g.add_argument("--pingmesh-fabric", help="fabric simulator file (backend sim)")
+        g.add_argument(
+            "--pingmesh-fabric-node", help="this node's name in the fabric file (default: node name)"
+        )
+        g.add_argument(
+            "--pingmesh-dir", default="/user/mind-cluster/pingmesh", help="folder of <nodename>.log"
+        )
+        g.add_argument(
+            "--pingmesh-net-root",
+            help="RAS net root holding cluster/super-pod-<id>/ (default: --pingmesh-dir)",
+        )
+        g.add_argument("--pingmesh-config-file", help="pingmesh-config (ConfigMap YAML or JSON)")
+        g.add_argument("--pingmesh-topology-file", help="super-pod-<id> topology JSON")
+        g.add_argument("--pingmesh-ping-list-file", help="ping_list_<serverIndex>.json")
+        g.add_argument("--pingmesh-collect-interval-s", type=float, default=0.0,
+                       help="collection interval (s); 0 = 10 x task_interval")  # fmt: skip
+        g.add_argument(
+            "--pingmesh-file-poll-s", type=float, default=10.0, help="input file poll interval (s)"
+        )
+        g.add_argument(
+            "--pingmesh-result-max-age-days", type=float, default=7.0, help="result file retention (days)"
+        )
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.args = app.args
+        self.node = getattr(self.args, "pingmesh_fabric_node", None) or app.node_name
+        self.backend = None
+        self.backend_name = "off"
+        self.chips: dict[int, ChipInfo] = {}
+        self.super_pod_id: str | None = None
+        self.server_index: int | None = None
+        self.config: dict[str, pmconfig.Activation] | None = None
+        self.topology: topo.SuperPod | None = None
+        self.ping_list: dict[int, list[str]] | None = None
+        self.ping_list_uid = ""
+        self.plan: dict[tuple[int, int], tuple[str, ...]] = {}
+        self.plan_uid = ""
+        self.activation: pmconfig.Activation | None = None
+        self._first_stop = True
+        self._changed = asyncio.Event()
+        self._mtimes: dict[str, float] = {}
+        self.last_collect_ms = 0
+        self.rows_sent = 0
+        net_root = self.args.pingmesh_net_root or self.args.pingmesh_dir
+        self.writer = ResultWriter(
+            self.node, self.args.pingmesh_dir, net_root, self.args.pingmesh_result_max_age_days
+        )
+        self._ratelog = RateLimitedLog(log)
+        reg = app.registry
+        self.m_rows = Counter("faultmesh_pingmesh_rows_total", "pingmesh result rows produced", registry=reg)
+        self.m_errors = Counter(
+            "faultmesh_pingmesh_errors_total", "pingmesh failures by reason", ["reason"], registry=reg
+        )
+        self.m_tasks = Gauge("faultmesh_pingmesh_tasks", "hccsping tasks in the current plan", registry=reg)
+        self.m_restarts = Counter(
+            "faultmesh_pingmesh_task_restarts_total", "stopped tasks restarted (chip reset)", registry=reg
+        )
+        if getattr(app, "http", None) is not None:
+            app.http.app.router.add_get("/v1/pingmesh", self._http_status)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open the backend, read the chips and input files, start the pingmesh loop."""
+        try:
+            await self._open_backend()
+        except Exception as e:
+            self.m_errors.labels("backend").inc()
+            event(log, logging.WARNING, "pingmesh disabled", backend=self.args.pingmesh_backend, error=str(e))
+            self.backend = None
+            self.backend_name = "off"
+        self._poll_files()
+        self.app.tasks.spawn(self._loop(), name="pingmesh")
+
+    async def stop(self) -> None:
+        """Stop the running hccsping tasks (best effort, bounded by the call timeout)."""
+        if self.backend is not None and self.plan:
+            with contextlib.suppress(Exception):
+                await self.app.blocking.call(CALL_TIMEOUT_S, self._stop_tasks, list(self.plan))
+
+    async def _open_backend(self) -> None:
+        kind = self.args.pingmesh_backend
+        if kind == "off":
+            return
+        if kind == "sim":
+            if not self.args.pingmesh_fabric:
+                raise ValueError("--pingmesh-backend sim needs --pingmesh-fabric FILE")
+            from faultmesh.dcmi.fabric import Fabric, SimHccsping
+
+            fabric = await self.app.blocking.call(CALL_TIMEOUT_S, Fabric.from_file, self.args.pingmesh_fabric)
+            backend = SimHccsping(fabric, self.node)
+        else:
+            from faultmesh.dcmi.hccsping import DcmiHccsping
+
+            backend = await self.app.blocking.call(
+                CALL_TIMEOUT_S, DcmiHccsping.open, self.args.pingmesh_dcmi_lib
+            )
+            if not await self.app.blocking.call(CALL_TIMEOUT_S, backend.supported):
+                raise RuntimeError("hccsping not supported by this driver")
+        chips = await self.app.blocking.call(CALL_TIMEOUT_S, backend.chips)
+        self.backend = backend
+        self.backend_name = kind if kind != "auto" else "dcmi"
+        self.chips = {c.phy_id: c for c in chips}
+        for c in chips:
+            if c.super_pod_id >= 0 and self.super_pod_id is None:
+                self.super_pod_id = str(c.super_pod_id)
+            if c.server_index >= 0 and self.server_index is None:
+                self.server_index = c.server_index
+        event(log, logging.INFO, "pingmesh backend ready", backend=self.backend_name, chips=len(chips),
+              super_pod=self.super_pod_id, server_index=self.server_index)  # fmt: skip
+
+    # -- inputs ----------------------------------------------------------------------------------
+    async def on_control(self, msg: agent_pb2.ControlMessage) -> None:
+        """Apply a pushed config / topology / ping list. Raises ``ValueError`` (acked as the error)
+        for an invalid one; the previous one stays."""
+        kind = msg.WhichOneof("body")
+        try:
+            if kind == "pingmesh_config":
+                self.set_config(pmconfig.from_pb(msg.pingmesh_config), "clusterd")
+            elif kind == "topology":
+                self.set_topology(topo.from_pb(msg.topology), "clusterd")
+            elif kind == "ping_list":
+                self.set_ping_list_pb(msg.ping_list)
+            else:
+                raise ValueError(f"pingmesh does not handle {kind}")
+        except ValueError as e:
+            self.m_errors.labels(f"bad_{kind}").inc()
+            event(log, logging.WARNING, "pingmesh input rejected", kind=kind, error=str(e))
+            raise
+
+    def set_config(self, cfg: dict[str, pmconfig.Activation], origin: str) -> None:
+        """Use a parsed pingmesh-config."""
+        self.config = cfg
+        event(log, logging.INFO, "pingmesh config applied", origin=origin, keys=",".join(sorted(cfg)))
+        self._changed.set()
+
+    def set_topology(self, sp: topo.SuperPod, origin: str) -> None:
+        """Use a super-pod topology. Raises ``ValueError`` when it is another super pod or lacks this node."""
+        if self.super_pod_id is not None and sp.super_pod_id != self.super_pod_id:
+            raise ValueError(f"topology of super pod {sp.super_pod_id}; this node is in {self.super_pod_id}")
+        if self.node not in sp.nodes:
+            raise ValueError(f"topology of super pod {sp.super_pod_id} does not list node {self.node}")
+        self.topology = sp
+        if self.super_pod_id is None:
+            self.super_pod_id = sp.super_pod_id
+        if self.server_index is None:
+            self.server_index = sp.nodes[self.node].server_index
+        event(log, logging.INFO, "pingmesh topology applied", origin=origin, super_pod=sp.super_pod_id,
+              nodes=len(sp.nodes))  # fmt: skip
+        self._changed.set()
+
+    def set_ping_list_pb(self, m: agent_pb2.PingList) -> None:
+        """Use a pushed ping list. Raises ``ValueError`` for another super pod or a bad address."""
+        if self.super_pod_id is not None and m.super_pod_id and m.super_pod_id != self.super_pod_id:
+            raise ValueError(f"ping list of super pod {m.super_pod_id}; this node is in {self.super_pod_id}")
+        out: dict[int, set[str]] = {}
+        for t in m.tasks:
+            bad = [a for a in t.dst_addrs if not _valid_addr(a)]
+            if bad:
+                raise ValueError(f"bad destination address {bad[0]!r} for phy {t.src_phy_id}")
+            out.setdefault(t.src_phy_id, set()).update(t.dst_addrs)
+        self._set_ping_list({k: sorted(v) for k, v in out.items()}, m.uid, "clusterd")
+
+    def _set_ping_list(self, lst: dict[int, list[str]], uid: str, origin: str) -> None:
+        self.ping_list = lst
+        self.ping_list_uid = uid or hashlib.sha256(json.dumps(lst, sort_keys=True).encode()).hexdigest()
+        event(log, logging.INFO, "pingmesh ping list applied", origin=origin, sources=len(lst),
+              paths=sum(len(v) for v in lst.values()))  # fmt: skip
+        self._changed.set()
+
+    def _changed_file(self, path: str | None) -> bool:
+        if not path:
+            return False
+        try:
+            m = os.stat(path).st_mtime
+        except OSError:
+            return False
+        if self._mtimes.get(path) == m:
+            return False
+        self._mtimes[path] = m
+        return True
+
+    def _ping_list_path(self) -> str | None:
+        if self.args.pingmesh_ping_list_file:
+            return self.args.pingmesh_ping_list_file
+        if self.super_pod_id is None or self.server_index is None:
+            return None
+        root = Path(self.args.pingmesh_net_root or self.args.pingmesh_dir)
+        return str(
+            root / "cluster" / f"super-pod-{self.super_pod_id}" / f"ping_list_{self.server_index}.json"
+        )
+
+    def _poll_files(self) -> None:
+        """Re-read input files that changed (small files: read on the loop). Bad files are logged,
+        counted and ignored."""
+        a = self.args
+        for path, kind in ((a.pingmesh_config_file, "config"), (a.pingmesh_topology_file, "topology")):
+            if not self._changed_file(path):
+                continue
+            try:
+                text = Path(path).read_text(encoding="utf-8")
+                if kind == "config":
+                    self.set_config(pmconfig.parse_config(text), f"file:{path}")
+                else:
+                    self.set_topology(topo.parse_super_pod(text), f"file:{path}")
+            except (OSError, ValueError) as e:
+                self.m_errors.labels(f"bad_{kind}_file").inc()
+                event(log, logging.WARNING, "pingmesh input rejected", kind=kind, file=path, error=str(e))
+        path = self._ping_list_path()
+        if self._changed_file(path):
+            try:
+                if os.path.getsize(path) > 64 << 20:
+                    raise ValueError("ping list file larger than 64 MiB")
+                lst = pl.parse_reference_json(Path(path).read_bytes())
+                if any(not _valid_addr(x) for v in lst.values() for x in v):
+                    raise ValueError("bad destination address")
+                self._set_ping_list(lst, "", f"file:{path}")
+            except (OSError, ValueError) as e:
+                self.m_errors.labels("bad_ping_list_file").inc()
+                event(
+                    log, logging.WARNING, "pingmesh input rejected", kind="ping_list", file=path, error=str(e)
+                )
+
+    # -- plan ------------------------------------------------------------------------------------
+    def compute_plan(self) -> tuple[dict[tuple[int, int], tuple[str, ...]], str, pmconfig.Activation | None]:
+        """(tasks {(phy, task id): destinations}, job uid, activation) from the current inputs."""
+        if (
+            self.config is None
+            or self.topology is None
+            or self.ping_list is None
+            or self.super_pod_id is None
+        ):
+            return {}, "", None
+        act = pmconfig.for_super_pod(self.config, self.super_pod_id)
+        me = self.topology.nodes.get(self.node)
+        if act is None or me is None:
+            return {}, "", act
+        plan: dict[tuple[int, int], tuple[str, ...]] = {}
+        for phy, sdid in sorted(me.devices.items()):
+            if phy not in self.chips or phy not in self.ping_list:
+                continue
+            own_server = topo.sdid_server_id(sdid)
+            groups: dict[int, list[str]] = {0: [], 1: []}
+            for d in self.ping_list[phy]:
+                same = d.isdigit() and topo.sdid_server_id(int(d)) == own_server
+                groups[0 if same else 1].append(d)
+            for task, dsts in groups.items():
+                if len(dsts) > MAX_DESTS:
+                    self.m_errors.labels("too_many_destinations").inc()
+                    dsts = dsts[:MAX_DESTS]
+                if dsts:
+                    plan[(phy, task)] = tuple(dsts)
+        addr_map = {str(p): str(s) for p, s in sorted(me.devices.items())}
+        h = hashlib.sha256()
+        h.update(json.dumps(addr_map, sort_keys=True).encode())
+        h.update(json.dumps({"activate": act.activate, "task_interval": act.task_interval}).encode())
+        h.update(json.dumps(sorted((f"{p}/{t}", list(d)) for (p, t), d in plan.items())).encode())
+        return plan, h.hexdigest(), act
+
+    def _stop_tasks(self, keys: list[tuple[int, int]]) -> None:
+        for phy, task in keys:
+            try:
+                self.backend.stop(phy, task)
+            except Exception as e:  # stopping what is not running is fine
+                self._ratelog.warning("stop", "hccsping stop failed", phy=phy, task=task, error=str(e))
+
+    def _apply_plan(self, plan, act: pmconfig.Activation | None) -> int:
+        """Blocking: stop the previous tasks and start ``plan``. Returns tasks started."""
+        if self._first_stop:
+            old = [(p, t) for p in self.chips for t in (0, 1)]
+            self._first_stop = False
+        else:
+            old = list(self.plan)
+        self._stop_tasks(old)
+        started = 0
+        if act is None or not act.activate:
+            return 0
+        for (phy, task), dsts in sorted(plan.items()):
+            try:
+                self.backend.start(phy, PingOp(dsts, task_id=task, task_interval=act.task_interval))
+                started += 1
+            except (HccspingParamError, ValueError) as e:
+                self.m_errors.labels("bad_task").inc()
+                event(log, logging.WARNING, "hccsping task rejected", phy=phy, task=task, error=str(e))
+            except Exception as e:
+                self.m_errors.labels("start").inc()
+                event(log, logging.WARNING, "hccsping start failed", phy=phy, task=task, error=str(e))
+        return started
+
+    async def _reconcile(self) -> None:
+        plan, uid, act = self.compute_plan()
+        if uid == self.plan_uid and act == self.activation:
+            return
+        started = await self.app.blocking.call(CALL_TIMEOUT_S * 2, self._apply_plan, plan, act)
+        self.plan, self.plan_uid, self.activation = plan, uid, act
+        self.m_tasks.set(started)
+        event(log, logging.INFO, "pingmesh plan applied", uid=uid[:16], tasks=started,
+              activate=bool(act and act.activate), task_interval=act.task_interval if act else 0)  # fmt: skip
+
+    # -- collection ------------------------------------------------------------------------------
+    def _collect_blocking(self) -> list[agent_pb2.PingResult]:
+        samples: list[TaskSample] = []
+        act = self.activation
+        for (phy, task), dsts in sorted(self.plan.items()):
+            try:
+                state = self.backend.state(phy, task)
+                info = self.backend.info(phy, task)
+            except Exception as e:
+                self.m_errors.labels("collect").inc()
+                self._ratelog.warning("collect", "hccsping query failed", phy=phy, task=task, error=str(e))
+                continue
+            if info.dest_num == 0 and state == STATE_STOPPED:
+                try:
+                    self.backend.start(phy, PingOp(dsts, task_id=task, task_interval=act.task_interval))
+                    self.m_restarts.inc()
+                    event(log, logging.INFO, "hccsping task restarted", phy=phy, task=task)
+                except Exception as e:
+                    self.m_errors.labels("restart").inc()
+                    self._ratelog.warning(
+                        "restart", "hccsping restart failed", phy=phy, task=task, error=str(e)
+                    )
+                continue
+            samples.append(TaskSample(phy, self.topology.nodes[self.node].devices[phy], task, info))
+        allowed = {phy: set(self.ping_list.get(phy, ())) for phy in self.chips}
+        now_ms = time.time_ns() // 1_000_000
+        rows, skipped = rows_from_samples(samples, allowed, self.super_pod_id, now_ms)
+        if skipped:
+            self.m_errors.labels("destination_not_in_ping_list").inc(skipped)
+        try:
+            self.writer.write_round(self.plan_uid, act.go_repr(), samples, allowed)
+            self.writer.write_csv(self.super_pod_id, self.server_index, rows)
+        except OSError as e:
+            self.m_errors.labels("result_file").inc()
+            self._ratelog.warning("result_file", "pingmesh result file not written", error=str(e))
+        return rows
+
+    async def collect_once(self) -> int:
+        """One collection round (tests call it directly). Returns rows produced."""
+        if self.backend is None or not self.plan or not (self.activation and self.activation.activate):
+            return 0
+        rows = await self.app.blocking.call(CALL_TIMEOUT_S * 2, self._collect_blocking)
+        self.last_collect_ms = time.time_ns() // 1_000_000
+        if rows:
+            self.app.state.add_ping_results(rows)
+            self.m_rows.inc(len(rows))
+            self.rows_sent += len(rows)
+        return len(rows)
+
+    def _interval(self) -> float:
+        if self.args.pingmesh_collect_interval_s > 0:
+            return self.args.pingmesh_collect_interval_s
+        return float(self.activation.period_s) if self.activation else self.args.pingmesh_file_poll_s
+
+    async def _loop(self) -> None:
+        next_poll = time.monotonic() + self.args.pingmesh_file_poll_s
+        next_collect = time.monotonic() + self._interval()
+        retry_at: float | None = None
+        while True:
+            now = time.monotonic()
+            if now >= next_poll:
+                self._poll_files()
+                next_poll = now + self.args.pingmesh_file_poll_s
+            changed = self._changed.is_set() or (retry_at is not None and now >= retry_at)
+            self._changed.clear()
+            if self.backend is not None:
+                try:
+                    if changed:
+                        retry_at = now + 5.0  # cleared below once the plan is applied
+                        await self._reconcile()
+                        retry_at = None
+                        next_collect = time.monotonic() + self._interval()
+                    if time.monotonic() >= next_collect:
+                        await self.collect_once()
+                        next_collect = time.monotonic() + self._interval()
+                except Exception as e:  # a failing round must not end pingmesh
+                    self.m_errors.labels("round").inc()
+                    event(log, logging.ERROR, "pingmesh round failed", error=repr(e))
+                    next_collect = time.monotonic() + self._interval()
+            due = min(next_poll, next_collect, retry_at if retry_at is not None else next_poll)
+            wait = max(0.05, due - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), wait)
+
+    # -- HTTP ------------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """This node's pingmesh state (for ``GET /v1/pingmesh`` on noded)."""
+        act = self.activation
+        return {
+            "node": self.node,
+            "backend": self.backend_name,
+            "superPodId": self.super_pod_id,
+            "serverIndex": self.server_index,
+            "chips": sorted(self.chips),
+            "activate": bool(act and act.activate),
+            "taskInterval": act.task_interval if act else None,
+            "uid": self.plan_uid,
+            "tasks": [
+                {"phyId": p, "taskId": t, "destinations": list(d)} for (p, t), d in sorted(self.plan.items())
+            ],
+            "lastCollectMs": self.last_collect_ms,
+            "rowsSent": self.rows_sent,
+            "haveConfig": self.config is not None,
+            "haveTopology": self.topology is not None,
+            "havePingList": self.ping_list is not None,
+        }
+
+    async def _http_status(self, request: web.Request) -> web.Response:
+        return json_response(self.status())
