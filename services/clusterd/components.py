@@ -4,4 +4,7 @@ A component class has ``name``, ``@staticmethod add_arguments(parser)``, ``__ini
 (register servicers, routes and subscriptions there), ``async start()`` and ``async stop()``.
 """
 
-COMPONENTS: tuple[str, ...] = ("clusterd.pubfault:PubFaultComponent",)
+COMPONENTS: tuple[str, ...] = (
+    "clusterd.pubfault:PubFaultComponent",
+    "clusterd.brain.component:BrainComponent",
+)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "faults",
     "pubfault",
+    "jobs",
     "bmc_sim",
 )
 

@@ -1,0 +1,550 @@
+"""The brain component: jobs, recovery decisions and the upstream Recover / Fault / Job / Config /
+TrainingDataTrace services inside ClusterD (issue 7; clusterd.md §2-4, §6.4, §7).
+
+On the ClusterD object it sets ``cd.jobs`` (:class:`~clusterd.brain.jobs.JobRegistry`: resolve a
+job's ranks -> (node, device)) and ``cd.brain`` (this component; ``await cd.brain.set_data_trace(
+"ns/name", {"CommunicationOperator": "on", ...})`` for FD-OL).
+
+HTTP:
+
+- ``GET /v1/jobs`` — every job with health, fault count, recovery state;
+- ``POST /v1/jobs`` — apply jobs (JSON body: one job, a list or ``{"jobs": [...]}``; YAML text too);
+  400 with the reason on a bad spec; bearer token when ClusterD has one;
+- ``GET /v1/jobs/<id>`` — one job with its rank faults and fault view; ``DELETE`` removes it;
+- ``GET /v1/jobs/<id>/recovery`` — controller state and the decisions with their reasons.
+
+Decisions (``recovery decision`` log lines) are kept per job (last 200) in the state file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from collections import deque
+from dataclasses import replace
+from typing import Any
+
+from aiohttp import web
+
+from clusterd.brain import controller as ctlmod
+from clusterd.brain.controller import Controller, Timeouts
+from clusterd.brain.datatrace import DataTrace, DataTraceError
+from clusterd.brain.faultsvc import FaultServicer
+from clusterd.brain.faultview import (
+    RECOVER_IGNORED_LEVELS,
+    STRESS_HIDDEN_CODES,
+    RankFault,
+    job_health,
+    job_rank_faults,
+)
+from clusterd.brain.jobs import JobRegistry, JobSpecError, parse_jobs, parse_jobs_text
+from clusterd.brain.jobsvc import ConfigServicer, JobServicer
+from clusterd.brain.recover import RecoverServicer
+from faultmesh._pb import (
+    agent_pb2,
+    config_pb2_grpc,
+    fault_pb2_grpc,
+    job_pb2_grpc,
+    profiling_pb2_grpc,
+    recover_pb2_grpc,
+)
+from faultmesh.httpd import json_response
+from faultmesh.levels import SUB_HEALTHY, UNHEALTHY, level_health
+from faultmesh.log import event
+from faultmesh.model import Fault, now_ms
+
+log = logging.getLogger("clusterd.brain")
+
+MAX_DECISIONS = 200
+HOT_SWITCH_FRAMEWORKS = ("pytorch", "mindspore")
+MAX_HOT_SWITCH_PODS = 10
+ISOLATE_SOURCE = "brain:stress-test"
+ISOLATE_CODE = "StressTestIsolate"
+
+
+class _Meta:
+    """Adapter so ``cd.authorized`` can check an HTTP Authorization header."""
+
+    def __init__(self, header: str | None) -> None:
+        self._h = header
+
+    def invocation_metadata(self):
+        return [("authorization", self._h)] if self._h else []
+
+
+class BrainComponent:
+    """See the module docstring."""
+
+    name = "brain"
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("brain (jobs and recovery)")
+        g.add_argument(
+            "--report-timeout-s", type=float, default=900.0, help="wait for each client report (s)"
+        )
+        g.add_argument("--keepalive-s", type=float, default=5.0, help="keep-alive signal period (s)")
+        g.add_argument("--fault-flush-s", type=float, default=1.0, help="WaitFaultFlushFinished sleep (s)")
+        g.add_argument("--hot-switch-wait-s", type=float, default=60.0, help="wait for a backup pod (s)")
+        g.add_argument(
+            "--scale-wait-s", type=float, default=270.0, help="elastic training: resources back (s)"
+        )
+        g.add_argument("--signal-send-s", type=float, default=5.0, help="a signal must reach its stream (s)")
+        g.add_argument(
+            "--data-trace-dir",
+            default=None,
+            help="host folder of <ns>.data-trace-<job>/profilingSwitch files "
+            "(default <state-dir>/datatrace-config; the reference uses /user/cluster-info/datatrace-config)",
+        )
+
+    def __init__(self, cd) -> None:
+        self.cd = cd
+        a = cd.args
+        self.timeouts = Timeouts(
+            report_s=a.report_timeout_s,
+            keepalive_s=a.keepalive_s,
+            flush_s=a.fault_flush_s,
+            hot_switch_wait_s=a.hot_switch_wait_s,
+            scale_wait_s=a.scale_wait_s,
+            send_s=a.signal_send_s,
+            poll_s=min(1.0, max(0.01, a.report_timeout_s / 10)),
+            subscriber_wait_s=min(10.0, a.report_timeout_s),
+        )
+        self.jobs = JobRegistry(cd.store)
+        cd.jobs = self.jobs
+        cd.brain = self
+        self.controllers: dict[str, Controller] = {}
+        self.initialised: set[str] = set()
+        self.decisions: dict[str, deque] = {}
+        self._sent_nodes: dict[str, set[str]] = {}  # job -> nodes that got its JobInfo
+        self._subhealth_seen: dict[str, set[tuple[int, str]]] = {}
+        self._unregistered_seen: dict[str, set[tuple[int, str]]] = {}
+        self.recover = RecoverServicer(self)
+        self.fault = FaultServicer(self)
+        self.job_svc = JobServicer(self)
+        self.config_svc = ConfigServicer(self)
+        self.datatrace = DataTrace(self, a.data_trace_dir or f"{a.state_dir}/datatrace-config")
+        cd.add_servicer(recover_pb2_grpc.add_RecoverServicer_to_server, self.recover)
+        cd.add_servicer(fault_pb2_grpc.add_FaultServicer_to_server, self.fault)
+        cd.add_servicer(job_pb2_grpc.add_JobServicer_to_server, self.job_svc)
+        cd.add_servicer(config_pb2_grpc.add_ConfigServicer_to_server, self.config_svc)
+        cd.add_servicer(profiling_pb2_grpc.add_TrainingDataTraceServicer_to_server, self.datatrace)
+        cd.center.subscribe(self._on_fault_changes)
+        cd.agents.on_connect(self._on_agent_connect)
+        self.jobs.listen(self._on_job_change)
+        r = cd.http.app.router
+        r.add_get("/v1/jobs", self._http_list)
+        r.add_post("/v1/jobs", self._http_apply)
+        r.add_get("/v1/jobs/{id}", self._http_get)
+        r.add_delete("/v1/jobs/{id}", self._http_delete)
+        r.add_get("/v1/jobs/{id}/recovery", self._http_recovery)
+
+    async def start(self) -> None:
+        n = await self.jobs.load()
+        for key, items in (await self.cd.store.kv_items("decisions")).items():
+            if isinstance(items, list):
+                self.decisions[key] = deque(items[-MAX_DECISIONS:], maxlen=MAX_DECISIONS)
+        event(log, logging.INFO, "brain started", jobs=n)
+
+    async def stop(self) -> None:
+        for ctl in list(self.controllers.values()):
+            await ctl.close()
+
+    # -- helpers used by controllers and servicers --------------------------------------------------
+    def spawn(self, coro, name: str) -> asyncio.Task:
+        """Run ``coro`` as a task owned by ClusterD (cancelled on shutdown)."""
+        return self.cd.tasks.spawn(coro, name=name)
+
+    def count_rejected(self, reason: str) -> None:
+        """Count a rejected request or dropped report (faultmesh_rejected_requests_total{service=brain})."""
+        self.cd.rejected.labels("brain", reason).inc()
+
+    def decide(self, job_id: str, flow: str, decision: str, reason: str, faults=None, **extra: Any) -> dict:
+        """Record one decision: logged (``recovery decision``), kept and persisted. Returns the record."""
+        ctl = self.controllers.get(job_id)
+        rec = {
+            "time_ms": now_ms(),
+            "flow": flow,
+            "decision": decision,
+            "reason": reason,
+            "state": ctl.state if ctl else "",
+        }
+        if faults:
+            rec["faults"] = [f.as_dict() for f in faults]
+        rec.update({k: v for k, v in extra.items() if v not in (None, "", [])})
+        d = self.decisions.setdefault(job_id, deque(maxlen=MAX_DECISIONS))
+        d.append(rec)
+        event(
+            log,
+            logging.INFO,
+            "recovery decision",
+            job=job_id,
+            flow=flow,
+            decision=decision,
+            reason=reason,
+            ranks=",".join(sorted({str(f.rank) for f in faults or ()}, key=int)),
+        )
+        self.spawn(self._persist_decisions(job_id), f"decisions-{job_id}")
+        return rec
+
+    async def _persist_decisions(self, job_id: str) -> None:
+        d = self.decisions.get(job_id)
+        if d is None:
+            return
+        try:
+            await self.cd.store.kv_put("decisions", job_id, list(d))
+        except Exception as e:
+            event(log, logging.ERROR, "decisions not saved", job=job_id, error=repr(e))
+
+    def rank_faults(self, job) -> list[RankFault]:
+        """The job's rank faults now (stress-test hidden codes removed)."""
+        ctl = self.controllers.get(job.id)
+        hidden = ctl.hidden_nodes if ctl else set()
+        return job_rank_faults(
+            job, self.cd.center.faults, lambda node, code: node in hidden and code in STRESS_HIDDEN_CODES
+        )
+
+    def rank_faults_for(self, job, ranks: list[int]) -> list[RankFault]:
+        """Type-"1" RankFaults for ``ranks`` (O&M failures turn ranks into faults, §4)."""
+        if job is None:
+            return []
+        now = now_ms()
+        out = []
+        for r in job.ranks:
+            if r.rank in ranks:
+                out.append(
+                    RankFault(r.rank, r.node, r.device_id, job.pod_rank(r.node), "", "SeparateNPU", "1", now)
+                )
+        return out
+
+    def current_faults(self, job_id: str, cached) -> bool:
+        """True while any rank of ``cached`` (rank, code) keys still has an active fault."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return False
+        ranks = {k[0] for k in cached}
+        return any(f.rank in ranks and level_health(f.level) == UNHEALTHY for f in self.rank_faults(job))
+
+    def super_pod_id(self, job, node: str) -> int:
+        """SuperPoD id of ``node``: the job spec's ``superPodId``, else deviced's device state, else -1."""
+        for r in job.ranks_on(node):
+            if r.super_pod_id >= 0:
+                return r.super_pod_id
+        devices = self.cd.agents.node_info(node).get("devices", {})
+        ids = [d.get("super_pod_id", -1) for d in devices.values()]
+        return max(ids) if ids else -1
+
+    def pick_backup(self, job, count: int) -> list[str] | None:
+        """``count`` backup nodes of ``job`` that have no SubHealthy/UnHealthy fault and host no rank."""
+        used = {r.node for j in self.jobs.all() for r in j.ranks}
+        ok = [
+            n
+            for n in job.backup_nodes
+            if n not in used
+            and all(level_health(f.level) not in (SUB_HEALTHY, UNHEALTHY) for f in self.cd.center.faults(n))
+        ]
+        return ok[:count] if len(ok) >= count else None
+
+    async def degrade(self, job_id: str, flow: str, reason: str) -> None:
+        """Sub-health handling falls back: subHealthyStrategy becomes ``ignore`` (principles 亚健康热切)."""
+        await self.jobs.update(job_id, sub_healthy_strategy="ignore")
+        self.decide(job_id, flow, "degrade-to-ignore", reason)
+
+    async def move_ranks(self, job_id: str, mapping: dict[str, str]) -> None:
+        """Move every rank on each old node to its new node (hot switch done)."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        ranks = tuple(replace(r, node=mapping.get(r.node, r.node)) for r in job.ranks)
+        await self.jobs.update(job_id, ranks=ranks)
+
+    async def isolate_nodes(self, job_id: str, nodes: list[str]) -> None:
+        """Mark nodes UnHealthy after a stress test found a fault (code "2"): a SeparateFault node
+        fault in the fault center (source ``brain:stress-test``)."""
+        ups = [
+            Fault(
+                source=ISOLATE_SOURCE,
+                node=n,
+                device_type="Node",
+                device_id=-1,
+                code=ISOLATE_CODE,
+                level="SeparateFault",
+                attributes={"job": job_id, "NodeHealthyStatus": "UnHealthy"},
+            )
+            for n in nodes
+        ]
+        await self.cd.center.apply(ups, [], ISOLATE_SOURCE)
+
+    async def register_job(self, job_id: str) -> Controller:
+        """Register: process-recover-enable=on and a new controller."""
+        job = self.jobs.get(job_id)
+        if job is not None and job.process_recover_enable != "on":
+            await self.jobs.update(job_id, process_recover_enable="on")
+        ctl = Controller(self, job_id, self.timeouts)
+        job = self.jobs.get(job_id)
+        if job is not None:
+            ctl.seen_fault_keys = {(f.rank, f.code) for f in self.rank_faults(job)}
+        self.controllers[job_id] = ctl
+        event(log, logging.INFO, "recover client registered", job=job_id)
+        return ctl
+
+    async def set_data_trace(self, job_ns_name: str, switch: dict[str, str]) -> None:
+        """Set a job's data-trace switch (FD-OL's hook). Raises :class:`DataTraceError`."""
+        await self.datatrace.set_switch(job_ns_name, switch)
+
+    # -- fault intake ------------------------------------------------------------------------------
+    def _on_fault_changes(self, changes) -> None:
+        nodes = {c.fault.node for c in changes}
+        jobs = {j.id: j for n in nodes for j in self.jobs.jobs_on_node(n)}
+        for job in jobs.values():
+            try:
+                self.evaluate(job)
+            except Exception as e:
+                event(log, logging.ERROR, "job fault evaluation failed", job=job.id, error=repr(e))
+        self.fault.publish(jobs.values())
+
+    def evaluate(self, job) -> None:
+        """Act on new faults of ``job`` (§7.2): recovery for UnHealthy, the sub-health strategy for
+        SubHealthy; only (rank, code) pairs new since the last look act."""
+        faults = [f for f in self.rank_faults(job) if f.level not in RECOVER_IGNORED_LEVELS]
+        health = job_health(faults)
+        keys = {(f.rank, f.code) for f in faults}
+        ctl = self.controllers.get(job.id)
+        if ctl is None:
+            seen = self._unregistered_seen.get(job.id, set())
+            self._unregistered_seen[job.id] = keys
+            new = [f for f in faults if (f.rank, f.code) not in seen]
+            if new and health == UNHEALTHY:
+                resched = job.rescheduling()
+                self.decide(
+                    job.id,
+                    "recovery",
+                    resched[0] if resched else "none",
+                    "no process-recovery client registered; "
+                    + (
+                        "the job is rescheduled away from the fault"
+                        if resched
+                        else "no rescheduling configured"
+                    ),
+                    faults=[f for f in new if level_health(f.level) == UNHEALTHY],
+                )
+            return
+        new = [f for f in faults if (f.rank, f.code) not in ctl.seen_fault_keys]
+        ctl.seen_fault_keys = keys
+        if not new:
+            return
+        if health == UNHEALTHY:
+            unhealthy = [f for f in faults if f.level != "SubHealthFault"]
+            if ctl.busy():
+                ctl.add_faults([f for f in new if f.level != "SubHealthFault"])
+                event(log, logging.INFO, "fault joins the running flow", job=job.id, flow=ctl.flow_name)
+                return
+            ctl.cached_faults.clear()
+            ctl.add_faults(unhealthy)
+            self.decide(job.id, "recovery", "stop-train", "hardware fault on the job's ranks", faults=new)
+            ctl.start_flow("recovery", lambda: ctl.recovery("fault"))
+            return
+        if health == SUB_HEALTHY:
+            self._sub_health(job, ctl, [f for f in new if f.level == "SubHealthFault"])
+
+    def _sub_health(self, job, ctl: Controller, faults: list[RankFault]) -> None:
+        if not faults:
+            return
+        s = job.sub_healthy_strategy or "ignore"
+        if s == "hotSwitch":
+            pods = {f.pod_rank for f in faults}
+            why = None
+            if job.framework not in HOT_SWITCH_FRAMEWORKS:
+                why = f"framework {job.framework} does not support hot switch"
+            elif 0 in pods:
+                why = "the fault is on the master pod (pod rank 0)"
+            elif len(pods) > MAX_HOT_SWITCH_PODS:
+                why = f"more than {MAX_HOT_SWITCH_PODS} fault pods"
+            elif ctl.busy() or ctl.state != ctlmod.INIT:
+                why = f"controller busy ({ctl.state})"
+            if why:
+                self.decide(job.id, "hot-switch", "ignore", why, faults=faults)
+                self.spawn(self.jobs.update(job.id, sub_healthy_strategy="ignore"), f"degrade-{job.id}")
+                return
+            self.decide(
+                job.id, "hot-switch", "start", "sub-health fault, subHealthyStrategy=hotSwitch", faults=faults
+            )
+            ctl.start_flow("hot-switch", lambda: ctl.hot_switch(faults))
+        elif s == "graceExit":
+            if ctl.busy():
+                self.decide(job.id, "grace-exit", "ignore", f"controller busy ({ctl.state})", faults=faults)
+                return
+            self.decide(
+                job.id,
+                "grace-exit",
+                "save-and-exit",
+                "sub-health fault, subHealthyStrategy=graceExit",
+                faults=faults,
+            )
+            ctl.start_flow("grace-exit", lambda: ctl.grace_exit(faults))
+        else:
+            self.decide(
+                job.id, "sub-health", "ignore", "subHealthyStrategy=ignore: training continues", faults=faults
+            )
+
+    async def process_fault(self, job_id: str, ranks) -> None:
+        """ReportProcessFault: type-"1" ranks (or retry-only ranks) start a recovery flow."""
+        ctl = self.controllers.get(job_id)
+        job = self.jobs.get(job_id)
+        if ctl is None or job is None:
+            return
+        now = now_ms()
+        faults = []
+        for fr in ranks:
+            r = next((x for x in job.ranks if str(x.rank) == fr.rankId), None)
+            if r is None:
+                continue
+            level = "RestartBusiness"
+            faults.append(
+                RankFault(
+                    r.rank, r.node, r.device_id, job.pod_rank(r.node), "", level, fr.faultType or "1", now
+                )
+            )
+        if not faults:
+            return
+        if ctl.busy():
+            ctl.add_faults(faults)
+            return
+        ctl.cached_faults.clear()
+        ctl.add_faults(faults)
+        self.decide(
+            job_id, "recovery", "stop-train", "the training side reported a process fault", faults=faults
+        )
+        ctl.start_flow("recovery", lambda: ctl.recovery("process-fault"))
+
+    # -- job changes -------------------------------------------------------------------------------
+    async def _on_job_change(self, job, deleted: bool) -> None:
+        old_nodes = self._sent_nodes.get(job.id, set())
+        nodes = set() if deleted else set(job.nodes())
+        for node in sorted(old_nodes - nodes):
+            await self.cd.agents.send(node, "deviced", job=self._job_info(job, deleted=True))
+        for node in sorted(nodes):
+            await self.cd.agents.send(node, "deviced", job=self._job_info(job))
+        self._sent_nodes[job.id] = nodes
+        self.job_svc.broadcast(job, "delete" if deleted else ("add" if not old_nodes else "update"))
+        if deleted:
+            ctl = self.controllers.pop(job.id, None)
+            self.initialised.discard(job.id)
+            if ctl is not None:
+                await ctl.close()
+        else:
+            self.config_svc.publish(job)
+            self.evaluate(job)
+            self.fault.publish([job])
+
+    def _job_info(self, job, deleted: bool = False) -> agent_pb2.JobInfo:
+        return agent_pb2.JobInfo(
+            job_id=job.id,
+            name=job.name,
+            namespace=job.namespace,
+            ranks=[
+                agent_pb2.RankPlacement(rank=r.rank, node=r.node, device_id=r.device_id) for r in job.ranks
+            ],
+            deleted=deleted,
+        )
+
+    async def _on_agent_connect(self, node: str, agent: str) -> None:
+        if agent != "deviced":
+            return
+        for job in self.jobs.jobs_on_node(node):
+            await self.cd.agents.send(node, "deviced", job=self._job_info(job))
+            self._sent_nodes.setdefault(job.id, set()).add(node)
+
+    # -- HTTP --------------------------------------------------------------------------------------
+    def job_view(self, job, detail: bool = False) -> dict:
+        """A job as JSON with health, faults and recovery state."""
+        faults = self.rank_faults(job)
+        ctl = self.controllers.get(job.id)
+        d = job.to_dict()
+        d.update(
+            health=job_health(faults),
+            fault_count=len(faults),
+            registered=ctl is not None,
+            initialised=job.id in self.initialised,
+            state=ctl.state if ctl else "",
+            strategies=job.strategies(),
+        )
+        if detail:
+            d["faults"] = [f.as_dict() for f in faults]
+            d["node_faults"] = self.fault.job_nodes(job)
+            d["rank_table"] = job.rank_table()
+        return d
+
+    def _authorized(self, request: web.Request) -> bool:
+        return self.cd.authorized(_Meta(request.headers.get("Authorization")))
+
+    async def _http_list(self, request: web.Request) -> web.Response:
+        return json_response([self.job_view(j) for j in self.jobs.all()])
+
+    async def _http_apply(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            self.count_rejected("unauthenticated")
+            return json_response({"error": "bearer token required"}, status=401)
+        raw = await request.text()
+        if len(raw) > 16 * 1024 * 1024:
+            return json_response({"error": "body larger than 16 MiB"}, status=413)
+        try:
+            try:
+                import orjson
+
+                body = orjson.loads(raw)
+                if isinstance(body, dict) and "jobs" in body:
+                    body = body["jobs"]
+                jobs = parse_jobs(body if isinstance(body, list) else [body])
+            except ValueError as e:
+                if isinstance(e, JobSpecError):
+                    raise
+                jobs = parse_jobs_text(raw)
+            results = await self.jobs.apply(jobs)
+        except JobSpecError as e:
+            self.count_rejected("bad_job_spec")
+            return json_response({"error": str(e)}, status=400)
+        out = []
+        for job, what in results:
+            event(log, logging.INFO, f"job {what}", job=job.id, name=job.ns_name, ranks=len(job.ranks))
+            out.append({"id": job.id, "name": job.name, "namespace": job.namespace, "result": what})
+        return json_response(out)
+
+    async def _http_get(self, request: web.Request) -> web.Response:
+        job = self.jobs.get(request.match_info["id"])
+        if job is None:
+            return json_response({"error": f"job {request.match_info['id']} not found"}, status=404)
+        return json_response(self.job_view(job, detail=True))
+
+    async def _http_delete(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return json_response({"error": "bearer token required"}, status=401)
+        job = await self.jobs.delete(request.match_info["id"])
+        if job is None:
+            return json_response({"error": f"job {request.match_info['id']} not found"}, status=404)
+        event(log, logging.INFO, "job deleted", job=job.id, name=job.ns_name)
+        return json_response({"id": job.id, "result": "deleted"})
+
+    async def _http_recovery(self, request: web.Request) -> web.Response:
+        jid = request.match_info["id"]
+        job = self.jobs.get(jid)
+        if job is None and jid not in self.decisions:
+            return json_response({"error": f"job {jid} not found"}, status=404)
+        ctl = self.controllers.get(jid)
+        return json_response(
+            {
+                "job_id": jid,
+                "state": ctl.state if ctl else "",
+                "flow": ctl.flow_name if ctl else "",
+                "registered": ctl is not None,
+                "subscribed": bool(ctl and ctl.subscribed),
+                "strategies": job.strategies() if job else [],
+                "sub_healthy_strategy": job.sub_healthy_strategy if job else "",
+                "cached_faults": [f.as_dict() for f in ctl.cached_faults.values()] if ctl else [],
+                "decisions": list(self.decisions.get(jid, ())),
+            }
+        )
+
+
+__all__ = ["BrainComponent", "DataTraceError"]

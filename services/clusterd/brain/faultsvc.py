@@ -1,0 +1,217 @@
+"""The ``fault.Fault`` service: fault subscription for platforms and inference controllers (clusterd.md §2.4).
+
+- Register(ClientInfo{jobId, role}): empty role -> gRPC error; empty jobId = "-1" (whole cluster);
+  500 once 10000 job ids have publishers; an unknown job -> 402 as a gRPC error; otherwise the
+  publisher for (jobId, role) is created or replaced (the old stream ends) -> 0.
+- SubscribeFaultMsgSignal: needs that publisher (gRPC error otherwise). Pushes a FaultMsgSignal
+  only when it differs from the last one sent for that job; "normal" once after the faults clear.
+  A cluster subscriber gets one message per job, each with that job's id. Buffer 1000 (overflow is
+  dropped and counted). The publisher is removed when the stream ends.
+- GetFaultMsgSignal: token bucket 10/s burst 10 plus a wait queue of 50, over that -> 429 as a gRPC
+  error. Empty jobId -> the whole-cluster view (recomputed at most every 3 s, jobId "-1", nodes
+  sorted by IP). jobId length outside [8, 128] or CJK characters -> 409 as a gRPC error. Unknown job
+  -> 200 with no signal. Otherwise 200 ``all info returned``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+
+import grpc
+import orjson
+
+from clusterd.brain.faultview import node_fault_infos
+from faultmesh._pb import fault_pb2, fault_pb2_grpc
+from faultmesh.log import event
+from faultmesh.ratelimit import TokenBucket
+
+log = logging.getLogger("clusterd.brain.fault")
+
+CLUSTER = "-1"
+MAX_JOB_IDS = 10_000
+BUFFER = 1000
+CJK_RE = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
+
+
+def signal_from_dict(job_id: str, nodes: list[dict]) -> fault_pb2.FaultMsgSignal:
+    """Build a FaultMsgSignal (new uuid) from :func:`node_fault_infos` output."""
+    return fault_pb2.FaultMsgSignal(
+        uuid=str(uuid.uuid4()),
+        jobId=job_id,
+        signalType="fault" if nodes else "normal",
+        nodeFaultInfo=[
+            fault_pb2.NodeFaultInfo(
+                nodeName=n["nodeName"],
+                nodeIP=n["nodeIP"],
+                nodeSN=n["nodeSN"],
+                faultLevel=n["faultLevel"],
+                faultDevice=[fault_pb2.DeviceFaultInfo(**d) for d in n["faultDevice"]],
+            )
+            for n in nodes
+        ],
+    )
+
+
+class _Publisher:
+    __slots__ = ("job_id", "role", "queue", "last", "closed")
+
+    def __init__(self, job_id: str, role: str) -> None:
+        self.job_id = job_id
+        self.role = role
+        self.queue: asyncio.Queue = asyncio.Queue(maxsize=BUFFER)
+        self.last: dict[str, bytes] = {}  # job id -> content last sent
+        self.closed = False
+
+
+class FaultServicer(fault_pb2_grpc.FaultServicer):
+    """fault.Fault on top of the brain's job registry and fault center (module docstring)."""
+
+    def __init__(self, brain) -> None:
+        self.b = brain
+        self.pubs: dict[tuple[str, str], _Publisher] = {}
+        self._bucket = TokenBucket(10.0, 10.0)
+        self._waiting = 0
+        self._cluster_cache: tuple[float, fault_pb2.FaultMsgSignal] | None = None
+
+    # -- views -------------------------------------------------------------------------------------
+    def job_nodes(self, job) -> list[dict]:
+        """The job's nodeFaultInfo dicts (faults on its devices and its nodes)."""
+        ctl = self.b.controllers.get(job.id)
+        hidden = ctl.hidden_nodes if ctl else set()
+        devs = {(r.node, r.device_id) for r in job.ranks}
+
+        def on_job(node, f) -> bool:
+            if node in hidden and f.code in ("80818C05", "80818C06"):
+                return False
+            return f.device_type != "NPU" or f.device_id < 0 or (node, f.device_id) in devs
+
+        return node_fault_infos(job.nodes(), self.b.cd.center.faults, self.b.cd.agents.node_info, on_job)
+
+    def cluster_nodes(self) -> list[dict]:
+        """Every node with faults, sorted by node IP (then name)."""
+        center = self.b.cd.center
+        info = self.b.cd.agents.node_info
+        nodes = sorted(center.node_names(), key=lambda n: (info(n).get("node_ip", ""), n))
+        return node_fault_infos(nodes, center.faults, info)
+
+    # -- publishing --------------------------------------------------------------------------------
+    def publish(self, jobs) -> None:
+        """Push the current view of ``jobs`` to their (and the cluster's) subscribers if it changed."""
+        if not self.pubs:
+            return
+        for job in jobs:
+            targets = [p for (jid, _), p in self.pubs.items() if jid in (job.id, CLUSTER)]
+            if not targets:
+                continue
+            nodes = self.job_nodes(job)
+            content = orjson.dumps(nodes)
+            sig = None
+            for p in targets:
+                last = p.last.get(job.id)
+                if last == content or (last is None and not nodes):
+                    continue
+                p.last[job.id] = content
+                sig = sig or signal_from_dict(job.id, nodes)
+                try:
+                    p.queue.put_nowait(sig)
+                except asyncio.QueueFull:
+                    self.b.count_rejected("fault_publisher_full")
+
+    # -- RPCs --------------------------------------------------------------------------------------
+    async def Register(self, request, context):  # noqa: N802
+        """See the module docstring."""
+        if not request.role:
+            self.b.count_rejected("fault_empty_role")
+            await context.abort(grpc.StatusCode.UNKNOWN, "role is empty")
+        jid = request.jobId or CLUSTER
+        ids = {k[0] for k in self.pubs}
+        if jid not in ids and len(ids) >= MAX_JOB_IDS:
+            self.b.count_rejected("fault_max_jobs")
+            return fault_pb2.Status(code=500, info=f"more than {MAX_JOB_IDS} jobs subscribed")
+        if jid != CLUSTER and self.b.jobs.get(jid) is None:
+            self.b.count_rejected("fault_unknown_job")
+            await context.abort(grpc.StatusCode.UNKNOWN, f"code 402: jobId={jid} does not exist")
+        old = self.pubs.get((jid, request.role))
+        if old is not None:
+            old.closed = True
+            _end(old.queue)
+        self.pubs[(jid, request.role)] = _Publisher(jid, request.role)
+        event(log, logging.INFO, f"role[{request.role}] fault register success", job=jid)
+        return fault_pb2.Status(code=0, info="register success")
+
+    async def SubscribeFaultMsgSignal(self, request, context):  # noqa: N802
+        """Stream of FaultMsgSignal for the registered (jobId, role)."""
+        jid = request.jobId or CLUSTER
+        pub = self.pubs.get((jid, request.role))
+        if pub is None or pub.closed:
+            self.b.count_rejected("fault_unregistered")
+            await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={jid} role={request.role} not registered")
+        jobs = self.b.jobs.all() if jid == CLUSTER else [j for j in [self.b.jobs.get(jid)] if j]
+        self._initial(pub, jobs)
+        try:
+            while True:
+                sig = await pub.queue.get()
+                if sig is None:
+                    return
+                yield sig
+        finally:
+            if self.pubs.get((jid, request.role)) is pub:
+                del self.pubs[(jid, request.role)]
+
+    def _initial(self, pub: _Publisher, jobs) -> None:
+        for job in jobs:
+            nodes = self.job_nodes(job)
+            if nodes:
+                pub.last[job.id] = orjson.dumps(nodes)
+                pub.queue.put_nowait(signal_from_dict(job.id, nodes))
+
+    async def _admit(self) -> bool:
+        if self._bucket.take():
+            return True
+        if self._waiting >= 50:
+            return False
+        self._waiting += 1
+        try:
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                if self._bucket.take():
+                    return True
+            return False
+        finally:
+            self._waiting -= 1
+
+    async def GetFaultMsgSignal(self, request, context):  # noqa: N802
+        """See the module docstring."""
+        if not await self._admit():
+            self.b.count_rejected("fault_rate")
+            await context.abort(grpc.StatusCode.UNKNOWN, "code 429: request rate limited")
+        jid = request.jobId
+        if not jid:
+            now = time.monotonic()
+            if self._cluster_cache is None or now - self._cluster_cache[0] >= 3.0:
+                self._cluster_cache = (now, signal_from_dict(CLUSTER, self.cluster_nodes()))
+            return fault_pb2.FaultQueryResult(
+                code=200, info="all info returned", faultSignal=self._cluster_cache[1]
+            )
+        if not 8 <= len(jid) <= 128 or CJK_RE.search(jid):
+            self.b.count_rejected("fault_bad_job_id")
+            await context.abort(
+                grpc.StatusCode.UNKNOWN, "code 409: jobId must be 8..128 characters without CJK"
+            )
+        job = self.b.jobs.get(jid)
+        if job is None:
+            return fault_pb2.FaultQueryResult(code=200, info=f"jobId={jid} not found")
+        return fault_pb2.FaultQueryResult(
+            code=200, info="all info returned", faultSignal=signal_from_dict(jid, self.job_nodes(job))
+        )
+
+
+def _end(q: asyncio.Queue) -> None:
+    while not q.empty():
+        q.get_nowait()
+    q.put_nowait(None)

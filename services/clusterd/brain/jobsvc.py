@@ -1,0 +1,208 @@
+"""``job.Job`` (job summaries) and ``config.Config`` (rank tables): clusterd.md §2.5, §2.6.
+
+job.Job:
+- Register: role in CCAgent / DefaultUser1 / DefaultUser2 / FdAgent, else 400 as a gRPC error;
+  at most 100000 clients (429); success 200 with a new UUID ``clientId``.
+- Subscribe RPCs need a registered clientId with that role (gRPC error otherwise), at most 20
+  active subscriptions per role and one shared limiter (20/s, burst 20) for both subscribe RPCs.
+  Each client has a 10-message buffer; a full buffer drops the message (counted). A job with more
+  than 40000 ranks gets an empty HcclJson. SubscribeJobSummarySignalList first sends every job in
+  batches of <= 40000 NPUs, then each update as a one-element list (JobTotalNum=1);
+  SubscribeJobSummarySignal only streams updates.
+
+config.Config:
+- Register always 0 ``register success`` and replaces the (jobId, role) publisher.
+- SubscribeRankTable needs that publisher (gRPC error otherwise); it sends the job's rank table at
+  once (the reference's regeneration) and then each new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+import grpc
+import orjson
+
+from faultmesh._pb import config_pb2, config_pb2_grpc, job_pb2, job_pb2_grpc
+from faultmesh.log import event
+from faultmesh.ratelimit import TokenBucket
+
+log = logging.getLogger("clusterd.brain.job")
+
+ROLES = ("CCAgent", "DefaultUser1", "DefaultUser2", "FdAgent")
+MAX_CLIENTS = 100_000
+MAX_SUBS_PER_ROLE = 20
+CLIENT_BUFFER = 10
+MAX_RANKS_HCCL = 40_000
+BATCH_NPUS = 40_000
+
+
+def summary(job, operator: str) -> job_pb2.JobSummarySignal:
+    """A JobSummarySignal for ``job`` (operator add / update / delete)."""
+    table = "" if len(job.ranks) > MAX_RANKS_HCCL else orjson.dumps(job.rank_table()).decode()
+    return job_pb2.JobSummarySignal(
+        uuid=str(uuid.uuid4()),
+        jobId=job.id,
+        jobName=job.name,
+        namespace=job.namespace,
+        frameWork=job.framework,
+        jobStatus=job.status,
+        time=str(job.updated_ms // 1000),
+        cmIndex="0",
+        total="1",
+        HcclJson=table,
+        deleteTime=str(int(time.time())) if operator == "delete" else "",
+        masterAddr=job.nodes()[0] if job.ranks else "",
+        operator=operator,
+        sid="",
+    )
+
+
+class JobServicer(job_pb2_grpc.JobServicer):
+    """job.Job (module docstring)."""
+
+    def __init__(self, brain) -> None:
+        self.b = brain
+        self.clients: dict[str, str] = {}  # clientId -> role
+        self.subs: dict[str, tuple[str, asyncio.Queue]] = {}  # clientId -> (role, queue)
+        self._limiter = TokenBucket(20.0, 20.0)
+
+    async def Register(self, request, context):  # noqa: N802
+        """See the module docstring."""
+        if request.role not in ROLES:
+            self.b.count_rejected("job_bad_role")
+            await context.abort(grpc.StatusCode.UNKNOWN, f"code 400: role {request.role!r} not allowed")
+        if len(self.clients) >= MAX_CLIENTS:
+            self.b.count_rejected("job_max_clients")
+            return job_pb2.Status(code=429, info=f"more than {MAX_CLIENTS} clients")
+        cid = str(uuid.uuid4())
+        self.clients[cid] = request.role
+        event(log, logging.INFO, f"role[{request.role}] job register success", client=cid)
+        return job_pb2.Status(code=200, info="register success", clientId=cid)
+
+    def broadcast(self, job, operator: str) -> None:
+        """Queue a one-job update to every subscriber (drops when a client's buffer is full)."""
+        if not self.subs:
+            return
+        sig = summary(job, operator)
+        for _, (kind, q) in list(self.subs.items()):
+            item = sig if kind == "one" else job_pb2.JobSummarySignalList(
+                jobSummarySignals=[sig], ReportTime=str(int(time.time())), JobTotalNum=1
+            )  # fmt: skip
+            try:
+                q.put_nowait(item)
+            except asyncio.QueueFull:
+                self.b.count_rejected("job_client_full")
+
+    async def _subscribe(self, request, context, kind: str):
+        cid = request.clientId
+        role = self.clients.get(cid)
+        if role is None or role != request.role:
+            self.b.count_rejected("job_unregistered")
+            await context.abort(
+                grpc.StatusCode.UNKNOWN, f"clientId {cid!r} with role {request.role!r} not registered"
+            )
+        if not self._limiter.take():
+            self.b.count_rejected("job_rate")
+            await context.abort(grpc.StatusCode.UNKNOWN, "subscribe rate limited")
+        active = sum(1 for c in self.subs if self.clients.get(c) == role)
+        if cid not in self.subs and active >= MAX_SUBS_PER_ROLE:
+            self.b.count_rejected("job_max_subs")
+            await context.abort(
+                grpc.StatusCode.UNKNOWN, f"more than {MAX_SUBS_PER_ROLE} subscriptions of role {role}"
+            )
+        q: asyncio.Queue = asyncio.Queue(maxsize=CLIENT_BUFFER)
+        old = self.subs.get(cid)
+        if old is not None:
+            _end(old[1])
+        self.subs[cid] = (kind, q)
+        return cid, q
+
+    async def SubscribeJobSummarySignal(self, request, context):  # noqa: N802
+        """Stream of JobSummarySignal updates."""
+        cid, q = await self._subscribe(request, context, "one")
+        try:
+            while (item := await q.get()) is not None:
+                yield item
+        finally:
+            if cid in self.subs and self.subs[cid][1] is q:
+                del self.subs[cid]
+
+    async def SubscribeJobSummarySignalList(self, request, context):  # noqa: N802
+        """Every job first (batches of <= 40000 NPUs), then one-element updates."""
+        cid, q = await self._subscribe(request, context, "list")
+        try:
+            jobs = self.b.jobs.all()
+            batch: list = []
+            npus = 0
+            for job in jobs:
+                if batch and npus + len(job.ranks) > BATCH_NPUS:
+                    yield job_pb2.JobSummarySignalList(
+                        jobSummarySignals=batch, ReportTime=str(int(time.time())), JobTotalNum=len(jobs)
+                    )
+                    batch, npus = [], 0
+                batch.append(summary(job, "add"))
+                npus += len(job.ranks)
+            if batch:
+                yield job_pb2.JobSummarySignalList(
+                    jobSummarySignals=batch, ReportTime=str(int(time.time())), JobTotalNum=len(jobs)
+                )
+            while (item := await q.get()) is not None:
+                yield item
+        finally:
+            if cid in self.subs and self.subs[cid][1] is q:
+                del self.subs[cid]
+
+
+class ConfigServicer(config_pb2_grpc.ConfigServicer):
+    """config.Config (module docstring)."""
+
+    def __init__(self, brain) -> None:
+        self.b = brain
+        self.pubs: dict[tuple[str, str], asyncio.Queue] = {}
+
+    async def Register(self, request, context):  # noqa: N802
+        """Always 0; replaces the (jobId, role) publisher."""
+        old = self.pubs.get((request.jobId, request.role))
+        if old is not None:
+            _end(old)
+        self.pubs[(request.jobId, request.role)] = asyncio.Queue(maxsize=100)
+        return config_pb2.Status(code=0, info="register success")
+
+    def publish(self, job) -> None:
+        """Queue the job's new rank table to its subscribers."""
+        table = orjson.dumps(job.rank_table()).decode()
+        for (jid, _), q in self.pubs.items():
+            if jid == job.id:
+                try:
+                    q.put_nowait(config_pb2.RankTableStream(jobId=jid, rankTable=table))
+                except asyncio.QueueFull:
+                    self.b.count_rejected("config_subscriber_full")
+
+    async def SubscribeRankTable(self, request, context):  # noqa: N802
+        """The job's rank table now, then each change; gRPC error without Register."""
+        key = (request.jobId, request.role)
+        q = self.pubs.get(key)
+        if q is None:
+            self.b.count_rejected("config_unregistered")
+            await context.abort(
+                grpc.StatusCode.UNKNOWN, f"jobId={request.jobId} role={request.role} not registered"
+            )
+        job = self.b.jobs.get(request.jobId)
+        if job is not None:
+            yield config_pb2.RankTableStream(jobId=job.id, rankTable=orjson.dumps(job.rank_table()).decode())
+        try:
+            while (item := await q.get()) is not None:
+                yield item
+        finally:
+            if self.pubs.get(key) is q:
+                del self.pubs[key]
+
+
+def _end(q: asyncio.Queue) -> None:
+    while not q.empty():
+        q.get_nowait()
+    q.put_nowait(None)

@@ -1,0 +1,291 @@
+"""The ``Recover`` service (no proto package): clusterd.md §2.1, §4, §7.
+
+Codes: 0 OK · 400 UnRegistry · 402 JobNotExist · 403 ProcessRecoverEnableOff · 408 UnInit · 411
+OMIsRunning · 413 OMParamInvalid · 500 OutOfMaxServeJobs · 502 OperatePodGroupError (the job
+cannot be resolved) · 504 SignalQueueBusy. Streams of an unknown/unregistered job end with a gRPC
+error (status UNKNOWN, as a Go handler's error shows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from faultmesh._pb import recover_pb2, recover_pb2_grpc
+from faultmesh.log import event
+
+log = logging.getLogger("clusterd.brain.recover")
+
+MAX_SERVED_JOBS = 10_000
+STRESS_OPS = (0, 1)  # 0 AIC, 1 P2P
+
+
+def _st(code: int, info: str) -> recover_pb2.Status:
+    return recover_pb2.Status(code=code, info=info)
+
+
+class RecoverServicer(recover_pb2_grpc.RecoverServicer):
+    """Recover RPCs on top of the brain (``brain.controllers`` holds one Controller per job)."""
+
+    def __init__(self, brain) -> None:
+        self.b = brain
+
+    async def _auth(self, context) -> None:
+        if not self.b.cd.authorized(context):
+            self.b.count_rejected("unauthenticated")
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bearer token required")
+
+    def _reject(self, reason: str, code: int, info: str) -> recover_pb2.Status:
+        self.b.count_rejected(reason)
+        event(log, logging.INFO, "recover request rejected", code=code, info=info)
+        return _st(code, info)
+
+    # -- init / register ---------------------------------------------------------------------------
+    async def Init(self, request, context):  # noqa: N802
+        """0 (also when already initialised) · 502 unknown job · 403 process recovery off."""
+        await self._auth(context)
+        jid = request.jobId
+        if jid in self.b.initialised:
+            return _st(0, f"jobId={jid} already initialised")
+        job = self.b.jobs.get(jid)
+        if job is None:
+            return self._reject("unknown_job", 502, f"jobId={jid} not found: cannot resolve the job")
+        if job.process_recover_enable != "on" and job.sub_healthy_strategy != "hotSwitch":
+            return self._reject(
+                "recover_off",
+                403,
+                f"jobId={jid} has neither process-recover-enable=on nor subHealthyStrategy=hotSwitch",
+            )
+        self.b.initialised.add(jid)
+        event(log, logging.INFO, "role[%s] init success" % (request.role or "-"), job=jid)
+        return _st(0, f"jobId={jid} init success")
+
+    async def Register(self, request, context):  # noqa: N802
+        """0 (also when already registered) · 408 not initialised · 402 unknown job · 500 too many jobs."""
+        await self._auth(context)
+        jid = request.jobId
+        if jid in self.b.controllers:
+            return _st(0, f"jobId={jid} already registered")
+        if jid not in self.b.initialised:
+            return self._reject("uninit", 408, f"jobId={jid} not initialised: call Init first")
+        if self.b.jobs.get(jid) is None:
+            return self._reject("unknown_job", 402, f"jobId={jid} does not exist")
+        if len(self.b.controllers) >= MAX_SERVED_JOBS:
+            return self._reject("max_jobs", 500, f"already serving {MAX_SERVED_JOBS} jobs")
+        await self.b.register_job(jid)
+        return _st(0, f"jobId={jid} register success")
+
+    def _ctl(self, jid: str):
+        return self.b.controllers.get(jid)
+
+    async def SubscribeProcessManageSignal(self, request, context):  # noqa: N802
+        """Stream of ProcessManageSignal (keep-alive every 5 s); gRPC error when not registered."""
+        await self._auth(context)
+        ctl = self._ctl(request.jobId)
+        if ctl is None:
+            self.b.count_rejected("unregistered")
+            await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={request.jobId} not registered")
+        event(log, logging.INFO, "signal subscription", job=request.jobId, role=request.role)
+        async for sig in ctl.stream(request.jobId):
+            yield sig
+
+    # -- reports -----------------------------------------------------------------------------------
+    async def _report(self, kind: str, jid: str, request, context):
+        await self._auth(context)
+        ctl = self._ctl(jid)
+        if ctl is None:
+            return self._reject("unregistered", 400, f"jobId={jid} not registered")
+        code = await ctl.report(kind, request)
+        return _st(code, "ok" if code == 0 else "report queue busy")
+
+    async def ReportStopComplete(self, request, context):  # noqa: N802
+        """400 not registered · 0 (504 when the report slot stays busy)."""
+        return await self._report("stop", request.jobId, request, context)
+
+    async def ReportRecoverStrategy(self, request, context):  # noqa: N802
+        """400 not registered · 0."""
+        return await self._report("strategy", request.jobId, request, context)
+
+    async def ReportRecoverStatus(self, request, context):  # noqa: N802
+        """400 not registered · 0."""
+        return await self._report("status", request.jobId, request, context)
+
+    async def ReportProcessFault(self, request, context):  # noqa: N802
+        """400 not registered · else 0; ranks with type "1" (or retry ranks) start the recovery."""
+        await self._auth(context)
+        ctl = self._ctl(request.jobId)
+        if ctl is None:
+            return self._reject("unregistered", 400, f"jobId={request.jobId} not registered")
+        await self.b.process_fault(request.jobId, list(request.faultRanks))
+        return _st(0, "ok")
+
+    async def HealthCheck(self, request, context):  # noqa: N802
+        """Always 0 ``jobId=<id>, receive HeathCheck`` (the reference's spelling)."""
+        return _st(0, f"jobId={request.jobId}, receive HeathCheck")
+
+    # -- NIC switch (§4.1) -------------------------------------------------------------------------
+    def _job_checks(self, jid: str) -> str | None:
+        job = self.b.jobs.get(jid)
+        if job is None:
+            return f"job {jid} not found"
+        if jid not in self.b.controllers:
+            return f"job {jid} not registered"
+        if job.status != "running":
+            return f"job {jid} is not running (status {job.status})"
+        return None
+
+    async def SwitchNicTrack(self, request, context):  # noqa: N802
+        """413 invalid (reason text) · 411 a flow runs · 0 ``switching operation was successfully distributed``."""
+        await self._auth(context)
+        jid = request.jobID
+        why = self._job_checks(jid)
+        if why is None and not request.nicOps:
+            why = "nicOps is empty"
+        ranks: list[str] = []
+        ops: list[bool] = []
+        job = self.b.jobs.get(jid)
+        if why is None:
+            for node in sorted(request.nicOps):
+                dl = request.nicOps[node]
+                on_node = {r.device_id: r for r in job.ranks_on(node)}
+                if not on_node:
+                    why = f"node {node} is not in the job's server list"
+                    break
+                if not dl.dev or len(dl.dev) != len(dl.op):
+                    why = f"node {node}: dev and op must be non-empty and of equal length"
+                    break
+                if len(set(dl.dev)) != len(dl.dev):
+                    why = f"node {node}: duplicate devices"
+                    break
+                bad = [d for d in dl.dev if not d.isdigit() or int(d) not in on_node]
+                if bad:
+                    why = f"node {node}: devices {bad} are not the job's devices on that node"
+                    break
+                if self.b.super_pod_id(job, node) < 0:
+                    why = f"node {node} is not in a SuperPoD (NIC switch needs A3 SuperPoD)"
+                    break
+                for d, o in zip(dl.dev, dl.op, strict=True):
+                    ranks.append(str(on_node[int(d)].rank))
+                    ops.append(bool(o))
+        if why is not None:
+            return self._reject("om_param_invalid", 413, why)
+        ctl = self._ctl(jid)
+        if ctl.busy() or ctl.state != "INIT":
+            return self._reject("om_running", 411, "nic is swtiching, or job recovering")
+        ctl.start_om("nic")  # visible at once to SubscribeSwitchNicSignal
+        ctl.start_flow("switch-nic", lambda: ctl.nic_switch(ranks, ops))
+        self.b.decide(jid, "switch-nic", "start", f"ranks {','.join(ranks)} op {ops}")
+        return _st(0, "switching operation was successfully distributed")
+
+    async def _om_reply(self, jid: str, kind: str, context):
+        ctl = self._ctl(jid)
+        if ctl is None or ctl.om_reply is None or (ctl.om_kind != kind and not ctl.om_reply.done()):
+            self.b.count_rejected("no_om")
+            await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={jid} has no active {kind} operation")
+        fut = ctl.om_reply
+        try:
+            msg = await asyncio.wait_for(asyncio.shield(fut), self.b.timeouts.report_s * 4 + 60)
+        except TimeoutError:
+            msg = "om failed, no result"
+        if ctl.om_reply is fut:
+            ctl.om_reply = None  # one message per operation
+        return msg
+
+    async def SubscribeSwitchNicSignal(self, request, context):  # noqa: N802
+        """One SwitchNicResponse with the outcome of the running (or just finished) switch."""
+        await self._auth(context)
+        msg = await self._om_reply(request.jobID, "nic", context)
+        yield recover_pb2.SwitchNicResponse(jobID=request.jobID, msg=msg)
+
+    async def SubscribeNotifySwitch(self, request, context):  # noqa: N802
+        """The training side's stream of SwitchRankList; gRPC error when not registered."""
+        await self._auth(context)
+        ctl = self._ctl(request.jobId)
+        if ctl is None:
+            await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={request.jobId} not registered")
+        async for m in ctl.notify_stream("nic"):
+            yield m
+
+    async def ReplySwitchNicResult(self, request, context):  # noqa: N802
+        """413 no job id · 400 not registered · 0."""
+        await self._auth(context)
+        if not request.jobId:
+            return self._reject("om_param_invalid", 413, "jobId is empty")
+        return await self._report("switch", request.jobId, request, context)
+
+    # -- stress test (§4.2) ------------------------------------------------------------------------
+    async def StressTest(self, request, context):  # noqa: N802
+        """413 invalid · 411 a flow runs · 0."""
+        await self._auth(context)
+        jid = request.jobID
+        job = self.b.jobs.get(jid)
+        why = None
+        if job is None:
+            why = f"job {jid} not found"
+        elif jid not in self.b.controllers:
+            why = f"job {jid} not registered"
+        params: dict[str, dict[str, list[int]]] = {}
+        if why is None:
+            if request.allNodesOps:
+                why = _ops_error(list(request.allNodesOps))
+                node_ops = {n: list(request.allNodesOps) for n in job.nodes()}
+            elif not request.stressParam:
+                why = "stressParam and allNodesOps are both empty"
+            else:
+                node_ops = {}
+                for node in sorted(request.stressParam):
+                    ops = list(request.stressParam[node].ops)
+                    if not ops:
+                        why = f"node {node}: ops is empty"
+                        break
+                    if not job.ranks_on(node):
+                        why = f"node {node} is not in the job"
+                        break
+                    why = _ops_error(ops, node)
+                    if why:
+                        break
+                    node_ops[node] = ops
+            if why is None:
+                params = {n: {str(r.rank): ops for r in job.ranks_on(n)} for n, ops in node_ops.items()}
+        if why is not None:
+            return self._reject("om_param_invalid", 413, why)
+        ctl = self._ctl(jid)
+        if ctl.busy() or ctl.state != "INIT":
+            return self._reject("om_running", 411, "nic is swtiching, or job recovering")
+        ctl.start_om("stress")
+        ctl.start_flow("stress-test", lambda: ctl.stress_test(params))
+        self.b.decide(jid, "stress-test", "start", f"nodes {sorted(params)}")
+        return _st(0, "stress test operation was successfully distributed")
+
+    async def SubscribeStressTestResponse(self, request, context):  # noqa: N802
+        """One StressTestResponse with the outcome of the running (or just finished) stress test."""
+        await self._auth(context)
+        msg = await self._om_reply(request.jobID, "stress", context)
+        yield recover_pb2.StressTestResponse(jobID=request.jobID, msg=msg)
+
+    async def SubscribeNotifyExecStressTest(self, request, context):  # noqa: N802
+        """The training side's stream of StressTestRankParams; gRPC error when not registered."""
+        await self._auth(context)
+        ctl = self._ctl(request.jobId)
+        if ctl is None:
+            await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={request.jobId} not registered")
+        async for m in ctl.notify_stream("stress"):
+            yield m
+
+    async def ReplyStressTestResult(self, request, context):  # noqa: N802
+        """413 no job id or empty result · 400 not registered · 0."""
+        await self._auth(context)
+        if not request.jobId or not request.stressResult:
+            return self._reject("om_param_invalid", 413, "jobId or stressResult is empty")
+        return await self._report("stress", request.jobId, request, context)
+
+
+def _ops_error(ops: list[int], node: str = "") -> str | None:
+    where = f"node {node}: " if node else "allNodesOps: "
+    if any(o not in STRESS_OPS for o in ops):
+        return f"{where}ops must be 0 (AIC) or 1 (P2P), got {ops}"
+    if len(set(ops)) != len(ops):
+        return f"{where}duplicate ops {ops}"
+    return None

@@ -1,0 +1,175 @@
+"""``faultmesh jobs`` and ``faultmesh job apply|get|delete|recovery``: ClusterD's job registry.
+
+``faultmesh job apply -f job.yaml`` (or ``-f -`` for stdin; JSON or YAML, one job, a list or
+several YAML documents; the format is in :mod:`clusterd.brain.jobs`) validates the file locally,
+then POSTs it to ``/v1/jobs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from faultmesh.cli.common import CliError, add_server_flags, emit, http_json, print_table, run
+
+
+def _ts(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else ""
+
+
+@run
+def cmd_jobs(args: argparse.Namespace) -> int:
+    """Print every job (GET /v1/jobs)."""
+    data = http_json(args, "GET", "/v1/jobs")
+    rows = [
+        (
+            j["namespace"],
+            j["name"],
+            j["id"],
+            j["status"],
+            len(j["ranks"]),
+            len({r["node"] for r in j["ranks"]}),
+            j["health"],
+            j["fault_count"],
+            ",".join(j["strategies"]),
+            j["subHealthyStrategy"] or "-",
+            j["state"] or ("-" if not j["registered"] else ""),
+        )
+        for j in data
+    ]
+    emit(
+        args,
+        data,
+        rows,
+        (
+            "NAMESPACE",
+            "NAME",
+            "ID",
+            "STATUS",
+            "RANKS",
+            "NODES",
+            "HEALTH",
+            "FAULTS",
+            "STRATEGIES",
+            "SUBHEALTH",
+            "STATE",
+        ),
+    )
+    return 0
+
+
+def _read(path: str) -> str:
+    try:
+        if path == "-":
+            return sys.stdin.read()
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise CliError(f"cannot read {path}: {e.strerror}") from None
+
+
+@run
+def cmd_apply(args: argparse.Namespace) -> int:
+    """Validate and apply a job file (POST /v1/jobs)."""
+    from clusterd.brain.jobs import JobSpecError, parse_jobs_text
+
+    text = _read(args.file)
+    try:
+        jobs = parse_jobs_text(text)
+    except JobSpecError as e:
+        raise CliError(f"{args.file}: {e}") from None
+    body = [j.to_dict() for j in jobs]
+    data = http_json(args, "POST", "/v1/jobs", body)
+    emit(
+        args,
+        data,
+        [(d["namespace"], d["name"], d["id"], d["result"]) for d in data],
+        ("NAMESPACE", "NAME", "ID", "RESULT"),
+    )
+    return 0
+
+
+@run
+def cmd_get(args: argparse.Namespace) -> int:
+    """Print one job: ranks with their faults (GET /v1/jobs/<id>)."""
+    j = http_json(args, "GET", f"/v1/jobs/{args.id}")
+    if args.output == "json":
+        emit(args, j, [], ())
+        return 0
+    print_table(
+        [
+            (
+                j["namespace"],
+                j["name"],
+                j["id"],
+                j["status"],
+                j["health"],
+                j["state"] or "-",
+                ",".join(j["strategies"]),
+            )
+        ],
+        ("NAMESPACE", "NAME", "ID", "STATUS", "HEALTH", "STATE", "STRATEGIES"),
+    )
+    faults: dict[int, list[str]] = {}
+    for f in j["faults"]:
+        faults.setdefault(f["rank"], []).append(f"{f['code'] or '-'}:{f['level']}")
+    sys.stdout.write("\n")
+    print_table(
+        [(r["rank"], r["node"], r["device"], " ".join(faults.get(r["rank"], [])) or "-") for r in j["ranks"]],
+        ("RANK", "NODE", "DEVICE", "FAULTS"),
+    )
+    return 0
+
+
+@run
+def cmd_delete(args: argparse.Namespace) -> int:
+    """Delete a job (DELETE /v1/jobs/<id>)."""
+    data = http_json(args, "DELETE", f"/v1/jobs/{args.id}")
+    emit(args, data, [(data["id"], data["result"])], ("ID", "RESULT"))
+    return 0
+
+
+@run
+def cmd_recovery(args: argparse.Namespace) -> int:
+    """Print the recovery state and decisions of a job (GET /v1/jobs/<id>/recovery)."""
+    data = http_json(args, "GET", f"/v1/jobs/{args.id}/recovery")
+    rows = [
+        (
+            _ts(d["time_ms"]),
+            d["flow"],
+            d["decision"],
+            ",".join(str(f["rank"]) for f in d.get("faults", [])) or "-",
+            d["reason"],
+        )
+        for d in data["decisions"]
+    ]
+    if args.output == "table":
+        sys.stdout.write(
+            f"job {data['job_id']}  state {data['state'] or '-'}  registered {data['registered']}  "
+            f"subscribed {data['subscribed']}\n"
+        )
+    emit(args, data, rows, ("TIME", "FLOW", "DECISION", "RANKS", "REASON"))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("jobs", help="list training jobs with health and recovery state")
+    add_server_flags(p)
+    p.set_defaults(func=cmd_jobs)
+    job = sub.add_parser("job", help="apply, show or delete training jobs")
+    jsub = job.add_subparsers(dest="job_command", metavar="ACTION")
+    jsub.required = True
+    p = jsub.add_parser("apply", help="create or update jobs from a JSON/YAML file")
+    add_server_flags(p)
+    p.add_argument("-f", "--file", required=True, help="job file (JSON or YAML), - for stdin")
+    p.set_defaults(func=cmd_apply)
+    for name, fn, text in (
+        ("get", cmd_get, "show one job with its rank faults"),
+        ("delete", cmd_delete, "delete a job"),
+        ("recovery", cmd_recovery, "show a job's recovery state and decisions"),
+    ):
+        p = jsub.add_parser(name, help=text)
+        add_server_flags(p)
+        p.add_argument("id", help="job id (UID)")
+        p.set_defaults(func=fn)

@@ -1,0 +1,301 @@
+"""trainsim: a stand-in for TaskD / MindIO of one training job, talking to ClusterD's Recover service.
+
+It calls Init and Register, opens SubscribeProcessManageSignal, SubscribeNotifySwitch and
+SubscribeNotifyExecStressTest, and answers every signal the way the training side does
+(clusterd.md §4, §7.3), with outcomes chosen by :class:`Outcomes`:
+
+=====================  =====================================================================
+signal                 answer
+=====================  =====================================================================
+stopTrain              ReportStopComplete, status ``stop`` (ok 0, fail 499, notready 404)
+globalFault            ReportRecoverStrategy with ``strategies`` (and the fault ranks)
+changeStrategy X       ReportRecoverStatus with ``status[X]`` (default 0); none for ``exit``
+saveAndExit            ReportRecoverStatus with ``status["dump"]``
+hot-switch             on ``new pod running``: ReportRecoverStrategy with ``strategies``
+faultNodesExit         ReportRecoverStatus 0
+killMaster             recorded; the simulator stops when ``exit_on_kill``
+SwitchRankList         ReplySwitchNicResult(result = ``switch`` == ok)
+StressTestRankParams   ReplyStressTestResult, each op ``stress_codes.get(rank, stress_code)``
+=====================  =====================================================================
+
+Any answer set to ``silent`` is never sent (a client that vanishes mid-flow). Every event is kept
+in :attr:`TrainSim.events` (and printed as a JSON line by the CLI).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from faultmesh._pb import recover_pb2, recover_pb2_grpc
+
+SILENT = "silent"
+STOP_CODES = {"ok": 0, "fail": 499, "notready": 404}
+
+
+@dataclass
+class Outcomes:
+    """How the simulated training side answers (module docstring)."""
+
+    stop: str = "ok"  # ok | fail | notready | silent
+    strategies: list[str] | None = field(default_factory=lambda: ["retry", "recover", "dump", "exit"])
+    status: dict[str, int | str] = field(default_factory=dict)  # strategy -> code or "silent"
+    default_status: int | str = 0
+    switch: str = "ok"  # ok | fail | silent
+    stress_code: str = "0"  # "0".."4" or silent
+    stress_codes: dict[str, str] = field(default_factory=dict)  # rank -> code
+    delay_s: float = 0.0
+    exit_on_kill: bool = False
+
+
+class TrainSimError(RuntimeError):
+    """Init or Register was refused (the message has the code and info)."""
+
+
+class TrainSim:
+    """One simulated training job (module docstring). ``run()`` until :meth:`stop` or killMaster."""
+
+    def __init__(
+        self,
+        target: str,
+        job_id: str,
+        outcomes: Outcomes | None = None,
+        role: str = "taskd",
+        token: str | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.target = target
+        self.job_id = job_id
+        self.o = outcomes or Outcomes()
+        self.role = role
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self.on_event = on_event
+        self.events: list[dict[str, Any]] = []
+        self._changed = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._channel: grpc.aio.Channel | None = None
+        self.stub: recover_pb2_grpc.RecoverStub | None = None
+
+    # -- events ------------------------------------------------------------------------------------
+    def _record(self, kind: str, **data: Any) -> None:
+        ev = {"event": kind, "t": round(time.time(), 3), **data}
+        self.events.append(ev)
+        self._changed.set()
+        if self.on_event:
+            self.on_event(ev)
+
+    def signals(self, signal_type: str | None = None) -> list[dict[str, Any]]:
+        """Received signals (keep-alive excluded), optionally of one type."""
+        return [
+            e
+            for e in self.events
+            if e["event"] == "signal" and (signal_type is None or e["signalType"] == signal_type)
+        ]
+
+    async def wait_for(self, pred: Callable[[list[dict[str, Any]]], Any], timeout_s: float = 10.0) -> Any:
+        """Wait until ``pred(events)`` is truthy; returns it. Raises ``TimeoutError``."""
+        async with asyncio.timeout(timeout_s):
+            while True:
+                res = pred(self.events)
+                if res:
+                    return res
+                self._changed.clear()
+                await self._changed.wait()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def connect(self) -> None:
+        """Open the channel, Init and Register. Raises :class:`TrainSimError` on a non-zero code."""
+        self._channel = grpc.aio.insecure_channel(self.target)
+        self.stub = recover_pb2_grpc.RecoverStub(self._channel)
+        info = recover_pb2.ClientInfo(jobId=self.job_id, role=self.role)
+        for name in ("Init", "Register"):
+            st = await getattr(self.stub, name)(info, metadata=self.metadata, timeout=10)
+            self._record(name.lower(), code=st.code, info=st.info)
+            if st.code != 0:
+                raise TrainSimError(f"{name}: code {st.code}: {st.info}")
+
+    async def run(self, ready: asyncio.Event | None = None) -> None:
+        """Connect (if needed), subscribe to the three streams and answer until stopped."""
+        if self.stub is None:
+            await self.connect()
+        tasks = [
+            asyncio.create_task(self._signals(ready)),
+            asyncio.create_task(self._notify_switch()),
+            asyncio.create_task(self._notify_stress()),
+        ]
+        try:
+            stop = asyncio.create_task(self._stop.wait())
+            await asyncio.wait([stop, tasks[0]], return_when=asyncio.FIRST_COMPLETED)
+            stop.cancel()
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(BaseException):
+                    await t
+            await self.close()
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to end."""
+        self._stop.set()
+
+    async def close(self) -> None:
+        """Close the channel (all streams end: ClusterD sees the client vanish)."""
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    # -- streams -----------------------------------------------------------------------------------
+    async def _signals(self, ready: asyncio.Event | None) -> None:
+        info = recover_pb2.ClientInfo(jobId=self.job_id, role=self.role)
+        call = self.stub.SubscribeProcessManageSignal(info, metadata=self.metadata)
+        self._record("subscribed")
+        if ready is not None:
+            ready.set()
+        try:
+            async for sig in call:
+                if sig.signalType == "keep-alive":
+                    self._record("keep-alive")
+                    continue
+                self._record(
+                    "signal",
+                    signalType=sig.signalType,
+                    actions=list(sig.actions),
+                    changeStrategy=sig.changeStrategy,
+                    faultRanks=[(f.rankId, f.faultType) for f in sig.faultRanks],
+                    nodeRankIds=list(sig.nodeRankIds),
+                    extraParams=sig.extraParams,
+                    timeout=sig.timeout,
+                    uuid=sig.uuid,
+                )
+                await self._answer(sig)
+                if sig.signalType == "killMaster" and self.o.exit_on_kill:
+                    self.stop()
+                    return
+        except grpc.aio.AioRpcError as e:
+            self._record("stream-ended", code=e.code().name, details=e.details())
+        else:
+            self._record("stream-ended", code="OK")
+
+    async def _delay(self) -> None:
+        if self.o.delay_s:
+            await asyncio.sleep(self.o.delay_s)
+
+    def _status_code(self, strategy: str) -> int | str:
+        return self.o.status.get(strategy, self.o.default_status)
+
+    async def _answer(self, sig) -> None:
+        st = sig.signalType
+        ranks = list(sig.faultRanks)
+        if st == "stopTrain":
+            if self.o.stop == SILENT:
+                return
+            await self._delay()
+            code = STOP_CODES.get(self.o.stop, 0)
+            r = await self.stub.ReportStopComplete(
+                recover_pb2.StopCompleteRequest(
+                    jobId=self.job_id, status=recover_pb2.Status(code=code), faultRanks=ranks
+                ),
+                metadata=self.metadata,
+            )
+            self._record("reply", rpc="ReportStopComplete", sent=code, code=r.code)
+        elif st == "globalFault" or (st == "hot-switch" and "new pod running" in sig.actions):
+            await self._report_strategy(ranks)
+        elif st in ("changeStrategy", "saveAndExit", "faultNodesExit"):
+            strategy = {"saveAndExit": "dump", "faultNodesExit": "fault_nodes_exit"}.get(
+                st, sig.changeStrategy
+            )
+            if strategy == "exit":
+                return
+            code = 0 if st == "faultNodesExit" else self._status_code(strategy)
+            if code == SILENT:
+                return
+            await self._delay()
+            isolate = [f.rankId for f in ranks] if code == 201 else []
+            r = await self.stub.ReportRecoverStatus(
+                recover_pb2.RecoverStatusRequest(
+                    jobId=self.job_id,
+                    status=recover_pb2.Status(code=int(code)),
+                    strategy=strategy,
+                    isolateRankIds=isolate,
+                ),
+                metadata=self.metadata,
+            )
+            self._record("reply", rpc="ReportRecoverStatus", strategy=strategy, sent=int(code), code=r.code)
+
+    async def _report_strategy(self, ranks) -> None:
+        if self.o.strategies is None:
+            return
+        await self._delay()
+        r = await self.stub.ReportRecoverStrategy(
+            recover_pb2.RecoverStrategyRequest(
+                jobId=self.job_id, faultRanks=ranks, strategies=self.o.strategies
+            ),
+            metadata=self.metadata,
+        )
+        self._record("reply", rpc="ReportRecoverStrategy", strategies=list(self.o.strategies), code=r.code)
+
+    async def report_status(self, code: int, strategy: str = "") -> int:
+        """Send a ReportRecoverStatus by hand (e.g. 406: a fault during an O&M flow)."""
+        r = await self.stub.ReportRecoverStatus(
+            recover_pb2.RecoverStatusRequest(
+                jobId=self.job_id, status=recover_pb2.Status(code=code), strategy=strategy
+            ),
+            metadata=self.metadata,
+        )
+        return r.code
+
+    async def report_process_fault(self, ranks: list[tuple[str, str]]) -> int:
+        """ReportProcessFault with [(rankId, faultType)]."""
+        r = await self.stub.ReportProcessFault(
+            recover_pb2.ProcessFaultRequest(
+                jobId=self.job_id, faultRanks=[recover_pb2.FaultRank(rankId=a, faultType=b) for a, b in ranks]
+            ),
+            metadata=self.metadata,
+        )
+        return r.code
+
+    async def _notify_switch(self) -> None:
+        info = recover_pb2.ClientInfo(jobId=self.job_id, role=self.role)
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            async for m in self.stub.SubscribeNotifySwitch(info, metadata=self.metadata):
+                self._record("switch", ranks=list(m.rankID), ops=list(m.op))
+                if self.o.switch == SILENT:
+                    continue
+                await self._delay()
+                r = await self.stub.ReplySwitchNicResult(
+                    recover_pb2.SwitchResult(jobId=self.job_id, result=self.o.switch == "ok"),
+                    metadata=self.metadata,
+                )
+                self._record("reply", rpc="ReplySwitchNicResult", result=self.o.switch == "ok", code=r.code)
+
+    async def _notify_stress(self) -> None:
+        info = recover_pb2.ClientInfo(jobId=self.job_id, role=self.role)
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            async for m in self.stub.SubscribeNotifyExecStressTest(info, metadata=self.metadata):
+                params = {rank: list(ol.ops) for rank, ol in m.stressParam.items()}
+                self._record("stress", params=params)
+                if self.o.stress_code == SILENT:
+                    continue
+                await self._delay()
+                res = {}
+                for rank, ops in params.items():
+                    code = self.o.stress_codes.get(rank, self.o.stress_code)
+                    res[rank] = recover_pb2.StressTestRankResult(
+                        rankResult={
+                            str(op): recover_pb2.StressTestOpResult(
+                                code=code, result="ok" if code == "0" else "fail"
+                            )
+                            for op in ops
+                        }
+                    )
+                r = await self.stub.ReplyStressTestResult(
+                    recover_pb2.StressTestResult(jobId=self.job_id, stressResult=res), metadata=self.metadata
+                )
+                self._record("reply", rpc="ReplyStressTestResult", code=r.code)

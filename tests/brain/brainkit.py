@@ -1,0 +1,118 @@
+"""Helpers for the brain tests: job specs, faults, trainsims and waits (import as ``brain.brainkit``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from faultmesh.model import Fault
+from faultmesh.trainsim import Outcomes, TrainSim
+
+JOB = "job-0001-uid"
+FAST = (
+    "--report-timeout-s", "1.0",
+    "--keepalive-s", "0.3",
+    "--fault-flush-s", "0.01",
+    "--hot-switch-wait-s", "0.5",
+    "--scale-wait-s", "1.0",
+    "--signal-send-s", "1.0",
+)  # fmt: skip
+
+
+def job_spec(job_id: str = JOB, name: str = "llama", **over) -> dict:
+    """Two nodes x 2 NPUs (ranks 0-3), backup node-c; recovery settings overridable."""
+    spec = {
+        "id": job_id,
+        "name": name,
+        "namespace": "default",
+        "status": "running",
+        "framework": "pytorch",
+        "recover-strategy": "retry,recover,dump",
+        "process-recover-enable": "on",
+        "fault-scheduling": "grace",
+        "subHealthyStrategy": "ignore",
+        "backupNodes": ["node-c"],
+        "ranks": [
+            {"rank": 0, "node": "node-a", "device": 0, "superPodId": 0},
+            {"rank": 1, "node": "node-a", "device": 1, "superPodId": 0},
+            {"rank": 2, "node": "node-b", "device": 0, "superPodId": 0},
+            {"rank": 3, "node": "node-b", "device": 1, "superPodId": 0},
+        ],
+    }
+    spec.update(
+        {
+            k.replace("_", "-")
+            if k in ("recover_strategy", "process_recover_enable", "fault_scheduling")
+            else k: v
+            for k, v in over.items()
+        }
+    )
+    return spec
+
+
+async def apply(cd, **over):
+    """Apply :func:`job_spec` (with overrides) to ``cd``; returns the Job."""
+    from clusterd.brain.jobs import parse_job
+
+    ((job, _),) = await cd.jobs.apply([parse_job(job_spec(**over))])
+    return job
+
+
+def npu_fault(node="node-b", dev=0, code="80E18402", level="RestartNPU", source="deviced") -> Fault:
+    """An NPU fault record for the fault center."""
+    return Fault(source=source, node=node, device_type="NPU", device_id=dev, code=code, level=level)
+
+
+class Sims:
+    """Start trainsims in the test's loop; all are stopped at teardown."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.running: list[tuple[TrainSim, asyncio.Task]] = []
+
+    async def start(self, job_id: str = JOB, **outcomes) -> TrainSim:
+        sim = TrainSim(self.target, job_id, Outcomes(**outcomes))
+        ready = asyncio.Event()
+        task = asyncio.create_task(sim.run(ready))
+        done, _ = await asyncio.wait(
+            [task, asyncio.ensure_future(ready.wait())], timeout=5, return_when="FIRST_COMPLETED"
+        )
+        if task in done:
+            task.result()
+        await asyncio.sleep(0.05)  # the subscription reset has run on the server
+        self.running.append((sim, task))
+        return sim
+
+    async def close(self) -> None:
+        for sim, task in self.running:
+            sim.stop()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(task, 5)
+
+
+def decisions(cd, job_id: str = JOB) -> list[str]:
+    """The decision names recorded for ``job_id``, oldest first."""
+    return [d["decision"] for d in cd.brain.decisions.get(job_id, ())]
+
+
+async def wait_decision(cd, decision: str, job_id: str = JOB, timeout_s: float = 10.0) -> dict:
+    """Wait for a decision named ``decision``; returns its record."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            for d in cd.brain.decisions.get(job_id, ()):
+                if d["decision"] == decision:
+                    return d
+            await asyncio.sleep(0.02)
+
+
+async def wait_idle(cd, job_id: str = JOB, timeout_s: float = 10.0) -> None:
+    """Wait until the job's controller runs no flow."""
+    ctl = cd.brain.controllers[job_id]
+    async with asyncio.timeout(timeout_s):
+        while ctl.busy():
+            await asyncio.sleep(0.02)
+
+
+def signals(sim) -> list[tuple[str, tuple[str, ...], str]]:
+    """(signalType, actions, changeStrategy) of every signal the sim got."""
+    return [(e["signalType"], tuple(e["actions"]), e["changeStrategy"]) for e in sim.signals()]
