@@ -128,9 +128,12 @@ class BmcClient:
                 pass
 
     def close(self) -> None:
-        """Log out (best-effort)."""
-        with self._lock:
-            self.drop_session()
+        """Log out (best-effort, without waiting for a call that still hangs)."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self.drop_session()
+            finally:
+                self._lock.release()
 
     def locked(self):
         """Context manager taking this BMC's lock without waiting. Raises :class:`BmcBusy`."""

@@ -1,0 +1,190 @@
+"""noded test helpers: the BMC simulator and noded as real subprocesses on loopback ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+PASSWORD = "s3cret-pw"
+READY_RE = re.compile(r"bmc-sim listening on 127\.0\.0\.1:(\d+) control 127\.0\.0\.1:(\d+)")
+
+
+def free_udp_port() -> int:
+    """A free UDP port on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class BmcSim:
+    """``faultmesh bmc-sim`` as a subprocess; ``port`` (UDP IPMI), ``control`` (host:port)."""
+
+    def __init__(self, tmp: Path, user: str = "admin", password: str = PASSWORD, alarms: int = 0) -> None:
+        self.user = user
+        self.password = password
+        self.password_file = tmp / f"bmc-password-{os.getpid()}-{id(self)}"
+        self.password_file.write_text(password + "\n")
+        self.log_path = tmp / f"bmc-sim-{id(self)}.log"
+        self.alarms = alarms
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+        self.control = ""
+
+    def start(self, port: int = 0) -> BmcSim:
+        cmd = [
+            sys.executable,
+            "-c",
+            "import sys; from faultmesh.cli import main; sys.exit(main())",
+            "bmc-sim",
+            "--port",
+            str(port),
+            "--user",
+            self.user,
+            "--password-file",
+            str(self.password_file),
+            "--alarms",
+            str(self.alarms),
+        ]
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log, text=True)
+        deadline = time.monotonic() + 20
+        line = ""
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            m = READY_RE.search(line)
+            if m:
+                self.port, self.control = int(m.group(1)), f"127.0.0.1:{m.group(2)}"
+                return self
+            if self.proc.poll() is not None:
+                break
+        self.stop()
+        raise RuntimeError(f"bmc-sim did not start: {line!r} {self.log_path.read_text(errors='replace')}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def call(self, path: str, body: dict | None = None) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            f"http://{self.control}{path}", data=data, method="GET" if body is None else "POST"
+        )
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return json.loads(r.read())
+
+    def add_alarm(
+        self, code: str, device_type="Memory", device_id: int = 0, severity: int = 2, count: int = 1
+    ):
+        return self.call(
+            "/alarms",
+            {
+                "code": code,
+                "device_type": device_type,
+                "device_id": device_id,
+                "severity": severity,
+                "count": count,
+            },
+        )
+
+    def clear_alarms(self, **filters):
+        return self.call("/alarms/clear", filters)
+
+    def add_sel(
+        self, sensor_type: int, offset: int, sensor_num: int = 0, event_type: int = 0x6F, deassert=False
+    ):
+        return self.call(
+            "/sel",
+            {
+                "sensor_type": sensor_type,
+                "offset": offset,
+                "sensor_num": sensor_num,
+                "event_type": event_type,
+                "deassert": deassert,
+            },
+        )
+
+    def behave(self, **kw):
+        return self.call("/behaviour", kw)
+
+
+class NodedProcess:
+    """``noded`` as a subprocess (``python -m noded``) with an HTTP port for /metrics and /v1/state."""
+
+    def __init__(self, tmp: Path, node: str, clusterd: str, *extra: str, http_port: int) -> None:
+        self.node = node
+        self.http = f"127.0.0.1:{http_port}"
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "noded",
+            "--node-name",
+            node,
+            "--clusterd",
+            clusterd,
+            "--http-addr",
+            self.http,
+            *extra,
+        ]
+        self.log_path = tmp / f"noded-{node}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> NodedProcess:
+        from support import wait_http
+
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        wait_http(f"http://{self.http}/healthz")
+        return self
+
+    def get_json(self, path: str):
+        with urllib.request.urlopen(f"http://{self.http}{path}", timeout=5) as r:
+            return json.loads(r.read())
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://{self.http}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def stop(self) -> int | None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        if getattr(self, "_log", None):
+            self._log.close()
+        return self.proc.returncode if self.proc else None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def wait_for(pred, timeout_s: float = 15.0, interval_s: float = 0.1, what: str = "condition"):
+    """Poll ``pred()`` until truthy; returns its value. Raises ``AssertionError`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = pred()
+        except OSError as e:  # a server restarting
+            last = e
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out waiting for {what}; last={last!r}")

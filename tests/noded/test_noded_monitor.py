@@ -1,0 +1,210 @@
+"""BMC monitor against bmc-sim: OEM faults, levels, bad replies, unreachable/unsupported BMC, backoff."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from faultmesh.agent import AgentState
+from faultmesh.bmc.client import BmcClient
+from faultmesh.bmc.sel import SelEventTable
+from faultmesh.runtime import BlockingPool
+from noded.bmc import COND_UNREACHABLE, COND_UNSUPPORTED, SOURCE_OEM, SOURCE_SEL, BmcMonitor
+from noded.levels import LevelTable
+from noded.metrics import NodedMetrics
+
+
+def sel_table() -> SelEventTable:
+    return SelEventTable.from_json(resources.files("noded").joinpath("sel_events.json").read_bytes())
+
+
+def make_monitor(sim, *, mode="auto", timeout_s=3.0, password=None, port=None, table=None, **kw):
+    state = AgentState("node-a")
+    registry = CollectorRegistry()
+    tables = {"t": table or LevelTable.default()}
+    client = BmcClient("127.0.0.1", port or sim.port, sim.user, password or sim.password, timeout_s=1.0)
+    mon = BmcMonitor(
+        state=state,
+        client=client,
+        pool=BlockingPool(2, "test-bmc"),
+        levels=lambda: tables["t"],
+        sel_table=sel_table(),
+        metrics=NodedMetrics(registry),
+        poll_interval_s=60,
+        timeout_s=timeout_s,
+        mode=mode,
+        **kw,
+    )
+    mon.registry = registry
+    mon.tables = tables
+    return mon
+
+
+def faults(mon, source=SOURCE_OEM):
+    return sorted(
+        (f.device_type, f.device_id, f.code, f.level, f.attributes.get("unknown", ""))
+        for k, f in mon.state.faults.items()
+        if k.source == source
+    )
+
+
+def metric(mon, name, **labels):
+    return mon.registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_oem_poll_replaces_fault_set_and_sets_status(bmc_sim):
+    mon = make_monitor(bmc_sim)
+    try:
+        mon.publish()
+        assert mon.state.node_status == "Healthy"
+        bmc_sim.add_alarm("0800004B", "Memory", 3)
+        bmc_sim.add_alarm("2C000031", "Disk", 1)
+        bmc_sim.add_alarm("02000007", "Disk", 1)
+        bmc_sim.add_alarm("DEADBEEF", "Fan", 2)
+        assert await mon.poll_once()
+        assert mon.mode == "oem"
+        assert faults(mon) == [
+            ("Disk", 1, "02000007", "PreSeparateFault", ""),
+            ("Disk", 1, "2C000031", "SeparateFault", ""),
+            ("Fan", 2, "DEADBEEF", "NotHandleFault", "true"),
+            ("Memory", 3, "0800004B", "PreSeparateFault", ""),
+        ]
+        assert mon.state.node_status == "UnHealthy"
+        assert metric(mon, "noded_unknown_fault_codes_total") == 1
+        assert mon.state.conditions[COND_UNREACHABLE].active is False
+
+        bmc_sim.clear_alarms(code="2C000031")
+        assert await mon.poll_once()
+        assert ("Disk", 1, "2C000031", "SeparateFault", "") not in faults(mon)
+        assert mon.state.node_status == "PreSeparate"
+        assert metric(mon, "noded_unknown_fault_codes_total") == 1  # still the same unknown alarm
+
+        bmc_sim.clear_alarms()
+        assert await mon.poll_once()
+        assert faults(mon) == [] and mon.state.node_status == "Healthy"
+        assert metric(mon, "noded_bmc_polls_total", result="ok") == 3
+        assert metric(mon, "noded_bmc_last_success_timestamp_seconds") > 0
+    finally:
+        mon.client.close()
+
+
+async def test_level_table_change_relevels_current_alarms(bmc_sim):
+    mon = make_monitor(bmc_sim)
+    try:
+        bmc_sim.add_alarm("0800004B", "Memory", 3)
+        assert await mon.poll_once()
+        assert mon.state.node_status == "PreSeparate"
+        doc = {"FaultTypeCode": {"SeparateFaultCodes": ["0800004B"]}}
+        mon.tables["t"] = LevelTable.from_json(json.dumps(doc))
+        mon.publish()
+        assert faults(mon) == [("Memory", 3, "0800004B", "SeparateFault", "")]
+        assert mon.state.node_status == "UnHealthy"
+    finally:
+        mon.client.close()
+
+
+@pytest.mark.parametrize("mode", ["short", "ragged", "absurd", "count"])
+async def test_bad_oem_reply_is_counted_rejection_and_keeps_state(bmc_sim, mode):
+    mon = make_monitor(bmc_sim)
+    try:
+        bmc_sim.add_alarm("0800004B", "Memory", 3)
+        assert await mon.poll_once()
+        before = faults(mon)
+        bmc_sim.add_alarm("2C000031", "Disk", 1)
+        bmc_sim.behave(oem=mode)
+        assert await mon.poll_once() is False
+        assert faults(mon) == before
+        assert mon.state.node_status == "PreSeparate"
+        assert metric(mon, "noded_bmc_polls_total", result="rejected") == 1
+        reason = {"short": "short", "ragged": "ragged", "absurd": "total", "count": "count"}[mode]
+        assert metric(mon, "noded_bmc_errors_total", kind=f"oem-{reason}") == 1
+        assert mon.state.conditions[COND_UNREACHABLE].active is False
+        bmc_sim.behave(oem="ok")
+        assert await mon.poll_once()
+        assert len(faults(mon)) == 2
+    finally:
+        mon.client.close()
+
+
+async def test_old_ibmc_without_oem_command_falls_back_to_sel(bmc_sim):
+    bmc_sim.behave(oem="unsupported")
+    mon = make_monitor(bmc_sim)
+    try:
+        bmc_sim.add_sel(0x0C, 0x01, sensor_num=0x10)
+        assert await mon.poll_once()
+        assert mon.mode == "sel"
+        assert faults(mon, SOURCE_SEL) == [("Memory", 0x10, "F10C6F01", "PreSeparateFault", "")]
+        assert mon.state.conditions[COND_UNSUPPORTED].active is False
+    finally:
+        mon.client.close()
+
+
+async def test_forced_oem_on_bmc_without_it_sets_bmc_unsupported(bmc_sim):
+    bmc_sim.behave(oem="unsupported")
+    mon = make_monitor(bmc_sim, mode="oem")
+    try:
+        mon.publish()
+        assert await mon.poll_once() is False
+        cond = mon.state.conditions[COND_UNSUPPORTED]
+        assert cond.active and cond.reason == "OemAlarmsUnsupported"
+        assert mon.state.node_status == "Healthy"  # still reported
+        bmc_sim.behave(oem="ok")
+        assert await mon.poll_once()
+        assert mon.state.conditions[COND_UNSUPPORTED].active is False
+    finally:
+        mon.client.close()
+
+
+async def test_unreachable_bmc_keeps_state_sets_condition_and_recovers(bmc_sim):
+    mon = make_monitor(bmc_sim, timeout_s=1.5)
+    try:
+        bmc_sim.add_alarm("0800004B", "Memory", 3)
+        assert await mon.poll_once()
+        bmc_sim.behave(drop=True)
+        assert await mon.poll_once() is False
+        cond = mon.state.conditions[COND_UNREACHABLE]
+        assert cond.active and cond.reason in ("Timeout", "Unreachable")
+        assert faults(mon) == [("Memory", 3, "0800004B", "PreSeparateFault", "")]
+        assert mon.state.node_status == "PreSeparate"
+        assert mon.next_delay(False) == 1.0  # first failure: retry after 1 s (then 2, 4, ... <= period)
+        bmc_sim.behave(drop=False)
+        # the hung call may still hold the session: the monitor answers "busy" at once, never queues
+        for _ in range(40):
+            if await mon.poll_once():
+                break
+            import asyncio
+
+            await asyncio.sleep(0.5)
+        assert mon.state.conditions[COND_UNREACHABLE].active is False
+        assert mon.failures == 0
+    finally:
+        mon.client.close()
+
+
+async def test_nothing_listening_is_unreachable(bmc_sim):
+    from noded_support import free_udp_port
+
+    mon = make_monitor(bmc_sim, port=free_udp_port(), timeout_s=1.0)
+    try:
+        mon.publish()
+        assert await mon.poll_once() is False
+        assert mon.state.conditions[COND_UNREACHABLE].active
+        assert mon.state.node_status == "Healthy"
+        assert metric(mon, "noded_bmc_polls_total", result="failed") == 1
+    finally:
+        mon.client.close()
+
+
+async def test_wrong_password_is_unreachable_with_reason(bmc_sim):
+    mon = make_monitor(bmc_sim, password="wrong")
+    try:
+        assert await mon.poll_once() is False
+        cond = mon.state.conditions[COND_UNREACHABLE]
+        assert cond.active and cond.reason == "AuthFailed"
+        assert "wrong" not in cond.message
+        assert metric(mon, "noded_bmc_errors_total", kind="auth") == 1
+    finally:
+        mon.client.close()
