@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "pubfault",
     "jobs",
     "bmc_sim",
+    "pingmesh",
 )
 
 
