@@ -179,6 +179,7 @@ class DeviceD:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.trigger = asyncio.Event()
         self.subscribed = False
+        self.subscribe_retry_s = 1.0  # §1.1: 3 tries, 1 s apart
         self.switch_subscribed = False
         self.started = False
         self.callbacks = 0
@@ -294,7 +295,7 @@ class DeviceD:
                 return
             except (DcmiError, BlockingTimeout) as e:
                 event(log, logging.WARNING, "fault subscription failed", attempt=attempt, error=str(e))
-                await asyncio.sleep(1)
+                await asyncio.sleep(self.subscribe_retry_s)
         self._downgrade("subscribe failed 3 times")
 
     def _downgrade(self, why: str) -> None:
@@ -314,6 +315,7 @@ class DeviceD:
         await self.init_backend()
         await self.subscribe()
         self.started = True
+        self.trigger.set()  # first cycle at once (it mends every chip by polling)
         self.tasks.spawn(self._main_loop(), name="deviced-cycle")
         if self.args.probe_interval > 0:
             self.tasks.spawn(self._probe_loop(), name="deviced-probe")
@@ -462,8 +464,6 @@ class DeviceD:
                 codes = [*codes, 0x40F84E00]
             elif self.engine.devices[logic].card_dropped:
                 self.engine.devices[logic].card_dropped = False
-            if self.engine.devices[logic].probe_bad:
-                codes = [*codes, GATEWAY_PROBE]
             n = self.engine.apply_poll(logic, codes)
             if n:
                 event(

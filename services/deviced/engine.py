@@ -120,6 +120,7 @@ class Device:
     health: str = "Healthy"
     network_health: str = "Healthy"
     resetting: bool = False
+    last_event_ms: dict[int, int] = field(default_factory=dict)  # code -> time of the last applied event
 
     def codes(self) -> dict[int, CodeState]:
         """Chip and network codes together."""
@@ -250,16 +251,19 @@ class FaultEngine:
             return 0
         d.reinit = False
         now = self.now()
-        live = {c for c in codes if c and c != RESET_FINISHED}
-        pending = {(e.code, e.assertion) for _, _, e in self._pending if e.logic == logic}
-        cached = {c for c in d.codes() if c != GATEWAY_PROBE}
+        live = {c for c in codes if c and c not in (RESET_FINISHED, GATEWAY_PROBE)}
+        # what the cache will hold once the queued events are applied, in time order
+        expected = {c for c, st in d.codes().items() if not st.once}
+        for ev in sorted((e for _, _, e in self._pending if e.logic == logic), key=lambda e: e.time_ms):
+            if ev.assertion == OCCUR:
+                expected.add(ev.code)
+            elif ev.assertion == RECOVER:
+                expected.discard(ev.code)
+        expected.discard(GATEWAY_PROBE)
         n = 0
-        for c in sorted(live - cached):
-            if (c, OCCUR) not in pending:
-                n += self.submit(DeviceEvent(logic, c, OCCUR, 0, now, "poll"))
-        for c in sorted(cached - live):
-            if d.codes()[c].once:
-                continue
+        for c in sorted(live - expected):
+            n += self.submit(DeviceEvent(logic, c, OCCUR, 0, now, "poll"))
+        for c in sorted(expected - live):
             n += self.submit(DeviceEvent(logic, c, RECOVER, 0, now, "poll"))
         return n
 
@@ -310,6 +314,11 @@ class FaultEngine:
             if d is None:
                 continue
             changed.add(ev.logic)
+            last = d.last_event_ms.get(ev.code)
+            if last is not None and ev.time_ms < last:
+                self.stats["stale_event"] += 1  # an older event arriving late (e.g. a delayed recover)
+                continue
+            d.last_event_ms[ev.code] = ev.time_ms
             self._apply(d, ev)
             if self.custom.duration_rule(ev.code) is not None:
                 per_dev_queue[(ev.logic, ev.code)].append((ev.time_ms, ev.assertion))

@@ -1,0 +1,272 @@
+"""deviced end to end on the real ctypes binding: the compiled test libdcmi.so / liblingqu-dcmi.so,
+callbacks fired from C threads, card drop, subscription fallback, a 100k-callback burst, a hanging
+DCMI call, switch faults, reset-config files and hot reset (issue 4 "Done when")."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import time
+
+import aiohttp
+import pytest
+from conftest import free_port
+
+from deviced.app import DeviceD, build_parser
+from deviced.backends import DcmiBackend
+from faultmesh._pb import agent_pb2
+from faultmesh.dcmi.loader import load_dcmi, load_lingqu
+
+
+class Ctl:
+    """ctypes handles on the test library's control API."""
+
+    def __init__(self, libs) -> None:
+        lib = load_dcmi(libs.dcmi)
+        s = lib.symbol
+        i, u, cp = ctypes.c_int, ctypes.c_uint, ctypes.c_char_p
+        self.reset = s("dcmitest_reset", None, i, i)
+        self._set_codes = s("dcmitest_set_codes", i, i, ctypes.POINTER(u), i)
+        self.set_rc = s("dcmitest_set_rc", i, cp, i, i)
+        self.set_hang = s("dcmitest_set_hang", i, cp, i)
+        self.calls = s("dcmitest_calls", ctypes.c_long, cp)
+        self.fire = s("dcmitest_fire", i, i, u, i, i, i, i)
+        self.set_network = s("dcmitest_set_network", i, i, i)
+        self.set_procs = s("dcmitest_set_procs", i, i, i)
+        self.resets = s("dcmitest_resets", i, i)
+        self.set_boot = s("dcmitest_set_boot", i, i, i, i)
+        self.storm_start = s("dcmitest_storm_start", i, i, i, i, i, u)
+        self.storm_wait = s("dcmitest_storm_wait", ctypes.c_long)
+        self.errorcode_list = s(
+            "dcmi_get_device_errorcode_v2", i, i, i, ctypes.POINTER(i), ctypes.POINTER(u), u
+        )
+        lq = load_lingqu(libs.lingqu)
+        self.lq_reset = lq.symbol("lqtest_reset", None)
+        self.lq_fire = lq.symbol("lqtest_fire", i, i, u, i, i, i, i, i, i, i)
+        self.lq_set_rc = lq.symbol("lqtest_set_rc", i, cp, i)
+
+    def set_codes(self, logic: int, codes: list[int]) -> None:
+        arr = (ctypes.c_uint * max(1, len(codes)))(*codes)
+        assert self._set_codes(logic, arr, len(codes)) == 0
+
+    def live_codes(self, card: int, dev: int) -> set[int]:
+        n = ctypes.c_int(0)
+        arr = (ctypes.c_uint * 128)()
+        assert self.errorcode_list(card, dev, ctypes.byref(n), arr, 128) == 0
+        return {arr[k] for k in range(n.value)}
+
+
+@pytest.fixture
+def ctl(native_libs):
+    c = Ctl(native_libs)
+    c.reset(2, 4)
+    c.lq_reset()
+    yield c
+    c.reset(2, 4)
+    c.lq_reset()
+
+
+def make_app(native_libs, tmp_path, *extra: str) -> DeviceD:
+    args = build_parser().parse_args(
+        [
+            "--node-name", "node-a",
+            "--clusterd", f"127.0.0.1:{free_port()}",  # nobody listens: the agent keeps retrying
+            "--backend", "dcmi",
+            "--dcmi-lib", str(native_libs.dcmi),
+            "--lingqu-lib", str(native_libs.lingqu),
+            "--http-addr", "127.0.0.1:0",
+            "--list-watch-period", "3",
+            "--probe-interval", "0.2",
+            *extra,
+        ]
+    )  # fmt: skip
+    app = DeviceD(args, DcmiBackend(args.dcmi_lib, args.lingqu_lib))
+    app.subscribe_retry_s = 0.01
+    return app
+
+
+async def until(pred, timeout_s: float = 8.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def fault_codes(app, source="dcmi"):
+    return {(k.device_id, k.code): f.level for k, f in app.state.faults.items() if k.source == source}
+
+
+@pytest.fixture
+async def running(native_libs, tmp_path, ctl, request):
+    extra = getattr(request, "param", ())
+    app = make_app(native_libs, tmp_path, *extra)
+    await app.start()
+    await until(lambda: app.cycles >= 1, what="first cycle")
+    yield app
+    await app.stop()
+
+
+async def test_callback_from_c_thread_reaches_agent_state(running, ctl):
+    app = running
+    assert app.subscribed
+    assert ctl.fire(5, 0x80E18008, 1, 2, 1, 0) == 0  # logic 5 = card 1 device 1, from a C thread
+    await until(lambda: (5, "80E18008") in fault_codes(app), what="occur")
+    assert fault_codes(app)[(5, "80E18008")] == "RestartNPU"
+    dev = app.state.devices[("NPU", 5)]
+    assert (dev.health, dev.level, dev.phy_id) == ("UnHealthy", "RestartNPU", 5)
+    assert ctl.fire(5, 0x80E18008, 0, 2, 1, 0) == 0
+    await until(lambda: (5, "80E18008") not in fault_codes(app), what="recover")
+    assert app.state.devices[("NPU", 5)].health == "Healthy"
+    assert app.callbacks == 2 and app.callback_drops == 0
+
+
+async def test_card_drop_from_health_minus_8012(running, ctl):
+    app = running
+    ctl.set_rc(b"dcmi_get_device_health", 2, -8012)
+    await until(lambda: (2, "40F84E00") in fault_codes(app), timeout_s=6, what="card drop")
+    assert fault_codes(app)[(2, "40F84E00")] == "RestartNPU"
+    ctl.set_rc(b"dcmi_get_device_health", 2, 0)
+    await until(lambda: (2, "40F84E00") not in fault_codes(app), timeout_s=6, what="card back")
+
+
+async def test_subscription_failure_falls_back_to_polling(native_libs, tmp_path, ctl):
+    ctl.set_rc(b"dcmi_subscribe_fault_event", -1, -8255)
+    ctl.set_codes(1, [0x80C98009])
+    app = make_app(native_libs, tmp_path)
+    await app.start()
+    try:
+        await until(lambda: (1, "80C98009") in fault_codes(app), what="polled code")
+        assert not app.subscribed and app.engine.subscribe_failed
+        assert ctl.calls(b"dcmi_subscribe_fault_event") == 3
+        assert fault_codes(app)[(1, "80C98009")] == "RestartRequest"
+        ctl.set_codes(1, [])
+        await until(lambda: (1, "80C98009") not in fault_codes(app), what="polled recover")
+    finally:
+        await app.stop()
+
+
+async def test_burst_of_100k_callbacks_is_bounded_and_state_converges(running, ctl):
+    app = running
+    assert ctl.storm_start(200_000, 500, 8, 8, 7) == 0  # 100,000 callbacks from one C thread
+    assert ctl.storm_wait() == 100_000
+    await until(lambda: app.callbacks == 100_000, what="all callbacks seen")
+    assert app.callback_drops >= 100_000 - 1100  # token bucket: ~1000 accepted
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{app.http.port}/healthz") as r:
+        assert r.status == 200
+    assert time.monotonic() - t0 < 1.0
+
+    def converged():
+        want = set()
+        for logic in range(8):
+            want |= {(logic, f"{c:08X}") for c in ctl.live_codes(logic // 4, logic % 4)}
+        active = {
+            (k.device_id, k.code)
+            for k, f in app.state.faults.items()
+            if k.source == "dcmi" and "recovered" not in f.attributes
+        }
+        return active == want
+
+    await until(converged, timeout_s=10, what="state == last event per (device, code)")
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{app.http.port}/metrics") as r:
+        text = await r.text()
+    assert "faultmesh_deviced_callback_drops_total" in text
+
+
+@pytest.mark.parametrize("running", [("--probe-interval", "0.2")], indirect=True)
+async def test_hanging_probe_call_times_out_and_loop_stays_responsive(running, ctl):
+    app = running
+    ctl.set_hang(b"dcmi_get_device_network_health", 1500)
+    await until(
+        lambda: app.call_errors[("network_health", "timeout")] >= 1, timeout_s=6, what="probe timeout"
+    )
+    ctl.set_hang(b"dcmi_get_device_network_health", 0)
+    ctl.fire(0, 0x80E18008, 1, 2, 1, 0)
+    await until(lambda: (0, "80E18008") in fault_codes(app), what="event while probe hung")
+
+
+async def test_gateway_probe_abnormal_marks_network_fault(running, ctl):
+    app = running
+    ctl.set_network(3, 3)  # UNREACH
+    await until(lambda: (3, "181078603") in fault_codes(app), what="probe fault")
+    f = next(f for k, f in app.state.faults.items() if k.code == "181078603")
+    assert f.level == "NotHandleFault" and f.attributes["signal"] == "gateway-probe"
+    assert app.state.devices[("NPU", 3)].network_health == "Healthy"  # < 20 s
+    ctl.set_network(3, 6)  # INIT counts as healthy
+    await until(lambda: (3, "181078603") not in fault_codes(app), what="probe recover")
+
+
+async def test_switch_faults_graded_from_table(running, ctl):
+    app = running
+    await until(lambda: app.switch_subscribed, what="switch subscription")
+    assert ctl.lq_fire(17, 155914, 1, 0, 2, 7, 2, 1, 1) == 0  # [0x00000011,155914,npu,na] unlisted
+    assert ctl.lq_fire(0x00F1FEF5, 155914, 1, 0, 2, 7, 2, 1, 1) == 0  # RestartRequest
+    await until(lambda: (2, "[0x00f1fef5,155914,npu,na]") in fault_codes(app, "lingqu"), what="switch fault")
+    assert fault_codes(app, "lingqu") == {(2, "[0x00f1fef5,155914,npu,na]"): "RestartRequest"}
+    assert ctl.lq_fire(0x00F1FEF5, 155914, 1, 0, 2, 7, 2, 0, 1) == 0
+    await until(lambda: not fault_codes(app, "lingqu"), what="switch recover")
+
+
+async def test_reset_config_and_hot_reset(native_libs, tmp_path, ctl):
+    rdir = tmp_path / "reset"
+    app = make_app(
+        native_libs, tmp_path, "--reset-config-dir", str(rdir), "--hot-reset", "--hot-reset-idle", "0.5"
+    )
+    await app.start()
+    try:
+        await until(lambda: app.cycles >= 1, what="first cycle")
+        job = agent_pb2.JobInfo(
+            job_id="j1",
+            name="llama",
+            namespace="ai",
+            ranks=[agent_pb2.RankPlacement(rank=r, node="node-a", device_id=r) for r in range(4)]
+            + [agent_pb2.RankPlacement(rank=9, node="node-b", device_id=0)],
+        )
+        await app.on_control(agent_pb2.ControlMessage(seq=1, job=job))
+        ctl.set_procs(2, 3)  # busy: no reset yet
+        ctl.set_boot(2, 16, 300)
+        ctl.fire(2, 0x80E18008, 1, 2, 1, 0)
+        path = rdir / "ai.reset-config-llama" / "reset.json"
+        await until(lambda: path.exists() and "80E18008" in path.read_text(), what="reset.json")
+        doc = json.loads(path.read_text())
+        assert doc["RankList"] == [
+            {
+                "RankId": 2, "LogicId": 2, "PhyId": 2, "Status": "unrecovered", "Policy": "reset",
+                "InitialPolicy": "reset", "ErrorCode": [], "ErrorCodeHex": "80E18008", "FaultLevel": "RestartNPU",
+            }
+        ]  # fmt: skip
+        assert (path.parent / "restartType").read_text() == "hotReset"
+        await asyncio.sleep(1.2)
+        assert ctl.resets(2) == 0  # processes still on the chip
+        ctl.set_procs(2, 0)
+        await until(lambda: ctl.resets(2) == 1, timeout_s=8, what="hot reset")
+        await until(lambda: (2, "80E18008") not in fault_codes(app), timeout_s=8, what="codes re-polled")
+        await until(
+            lambda: json.loads(path.read_text())["RankList"][0]["Status"] == "recovered", what="recovered"
+        )
+        await app.on_control(
+            agent_pb2.ControlMessage(seq=2, job=agent_pb2.JobInfo(job_id="j1", deleted=True))
+        )
+        assert not path.parent.exists()
+    finally:
+        await app.stop()
+
+
+async def test_failed_hot_reset_escalates_to_separate(native_libs, tmp_path, ctl):
+    app = make_app(native_libs, tmp_path, "--hot-reset", "--hot-reset-idle", "0")
+    ctl.set_rc(b"dcmi_set_device_reset", 6, -1)
+    await app.start()
+    try:
+        ctl.fire(6, 0x80E18008, 1, 2, 1, 0)
+        await until(
+            lambda: (
+                app.state.devices.get(("NPU", 6)) is not None
+                and app.state.devices[("NPU", 6)].level == "SeparateNPU"
+            ),
+            what="escalation",
+        )
+    finally:
+        await app.stop()
