@@ -1,0 +1,156 @@
+"""``python -m faultmesh.demo`` (``make demo``): the whole stack on this machine, a scripted fault
+scenario, and a summary table. Exit status 0 only when every injected fault was detected right.
+
+Flags set the intervals (the CI end-to-end test passes shorter ones); there is no other mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+from faultmesh.demo.report import Clock, all_right, table
+from faultmesh.demo.scenario import Scenario, Timing
+from faultmesh.demo.stack import Stack, StackConfig, StackError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The demo's command line. Every interval has the real rule's value as its default."""
+    p = argparse.ArgumentParser(prog="python -m faultmesh.demo", description=__doc__)
+    p.add_argument(
+        "--run-dir",
+        help="folder for logs, state and data (default: /tmp/faultmesh-demo-<date>-<time>)",
+    )
+    p.add_argument("--servers", type=int, default=4, help="simulated servers (the scenario needs 4)")
+    p.add_argument("--npus", type=int, default=16, help="simulated NPUs per server (multiple of 8)")
+    p.add_argument("--bmc-poll", type=float, default=2.0, help="noded's BMC poll period (s, 1..600)")
+    p.add_argument("--list-watch", type=int, default=3, help="deviced's list-watch period (s, 3..1800)")
+    p.add_argument(
+        "--detect-timeout", type=float, default=30.0, help="how long a step waits for clusterd (s)"
+    )
+    p.add_argument("--link-down", type=float, default=25.0, help="how long the link stays down (s)")
+    p.add_argument(
+        "--link-recover", type=float, default=60.0, help="81078603 RecoverTimeout given to deviced (s)"
+    )
+    p.add_argument("--log-level", default="INFO", help="log level of the started processes")
+    return p
+
+
+def demo_config(args: argparse.Namespace, run_dir: Path) -> StackConfig:
+    """The stack configuration for the demo flags (writes deviced's fault customization file)."""
+    custom = run_dir / "faultCustomization.json"
+    custom.write_text(json.dumps(link_rule_table(args.link_recover), indent=2) + "\n")
+    cfg = StackConfig(
+        servers=args.servers,
+        npus=args.npus,
+        bmc_poll_s=args.bmc_poll,
+        list_watch_s=args.list_watch,
+        log_level=args.log_level,
+        extra={"deviced": ["--fault-customization-file", str(custom)]},
+    )
+    return cfg
+
+
+def link_rule_table(recover_s: float) -> dict:
+    """deviced's default faultCustomization.json with the 81078603 RecoverTimeout set to ``recover_s``."""
+    table = json.loads(resources.files("deviced").joinpath("data/faultCustomization.json").read_text())
+    for rule in table.get("FaultDuration", []):
+        if "81078603" in rule.get("EventId", []):
+            rule["RecoverTimeout"] = int(recover_s) if float(recover_s).is_integer() else recover_s
+    return table
+
+
+async def run(args: argparse.Namespace, clock: Clock, stack: Stack) -> int:
+    """Run the scenario on ``stack`` (started here), print the summary; returns the exit status."""
+    timing = Timing(
+        detect_timeout_s=args.detect_timeout, link_down_s=args.link_down, link_recover_s=args.link_recover
+    )
+    clock.say(f"faultmesh demo: run folder {stack.run_dir}")
+    rows = []
+    status = 1
+    try:
+        await stack.start()
+        scenario = Scenario(stack, clock, timing)
+        rows = await scenario.run()
+        dead = [c for c in stack.procs.dead()]
+        if dead:
+            clock.say(
+                "processes that exited during the run: "
+                + ", ".join(f"{c.name} ({c.proc.returncode})" for c in dead)
+            )
+        status = 0 if all_right(rows) else 1
+    except StackError as e:
+        clock.say(f"the stack did not start: {e}")
+    except asyncio.CancelledError:
+        clock.say("interrupted: stopping every process")
+        status = 130
+    finally:
+        where = _where(stack)
+        clock.say("stopping every process by PID")
+        await asyncio.shield(stack.stop())
+        clock.say(f"stopped {len(stack.procs.children)} processes")
+    if rows:
+        print()
+        print("SUMMARY")
+        print(table(rows, clock))
+    print()
+    print(where)
+    print()
+    verdict = (
+        "every injected fault was detected and localized right"
+        if status == 0
+        else "NOT all faults were detected right"
+    )
+    clock.say(f"demo finished in {time.time() - clock.t0:.0f} s: {verdict} (exit {status})")
+    return status
+
+
+def _where(stack: Stack) -> str:
+    lines = [
+        "WHERE TO LOOK (while the stack runs; `faultmesh up` keeps it running)",
+        f"  clusterd HTTP views : http://{stack.http}/v1/faults  /v1/nodes  /v1/nodes/<name>",
+        f"  clusterd metrics    : http://{stack.http}/metrics",
+        f"  clusterd gRPC       : {stack.grpc}",
+    ]
+    for s in stack.servers:
+        lines.append(
+            f"  {s.name:<19} : noded http://{s.noded_http}/metrics, deviced http://{s.deviced_http}/metrics,"
+            f" bmc-sim control http://{s.bmc_control}/state"
+        )
+    lines.append(f"  log lines          : {stack.log_dir}/<process>.log (one file per process)")
+    lines.append(f"  logs folder        : {stack.log_dir}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; Ctrl-C or SIGTERM stop every started process and exit 130."""
+    args = build_parser().parse_args(argv)
+    clock = Clock()
+    run_dir = Path(args.run_dir or f"/tmp/faultmesh-demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stack = Stack(demo_config(args, run_dir), run_dir, say=clock.say)
+
+    async def _main() -> int:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        try:
+            return await run(args, clock, stack)
+        except asyncio.CancelledError:
+            return 130
+        finally:
+            stack.procs.stop_all_now()  # a second Ctrl-C during the orderly stop: kill by PID
+
+    return asyncio.run(_main())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
