@@ -1,0 +1,128 @@
+"""deviced (sim backend, separate process) reporting to the real clusterd (separate process): faults
+injected through the sim control API show up in clusterd's ``GET /v1/faults``, recover, and survive a
+clusterd restart (resync by snapshot)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from conftest import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+pytestmark = pytest.mark.skipif(
+    not (ROOT / "services" / "clusterd" / "app.py").exists(), reason="clusterd not present"
+)
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen:
+    f = open(log, "wb")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(
+        args, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+
+
+def stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        os.kill(p.pid, signal.SIGTERM)
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait(5)
+
+
+class HTTPError(OSError):
+    pass
+
+
+def http(method: str, url: str, body=None) -> tuple[int, object]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+    except (urllib.error.URLError, ConnectionError) as e:
+        raise HTTPError(str(e)) from e
+
+
+def wait_for(pred, timeout_s=15.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = pred()
+            if last:
+                return last
+        except HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what} (last={last!r})")
+
+
+def test_sim_faults_reach_clusterd_and_resync(tmp_path):
+    grpc_port, http_port, sim_port = free_port(), free_port(), free_port()
+    clusterd_cmd = [
+        str(BIN / "clusterd"), "--grpc-addr", f"127.0.0.1:{grpc_port}", "--http-addr", f"127.0.0.1:{http_port}",
+        "--state-dir", str(tmp_path / "state"),
+    ]  # fmt: skip
+    cd = start(clusterd_cmd, tmp_path / "clusterd.log")
+    dv = start(
+        [
+            str(BIN / "deviced"), "--node-name", "node-7", "--clusterd", f"127.0.0.1:{grpc_port}",
+            "--backend", "sim", "--sim-control-addr", f"127.0.0.1:{sim_port}", "--http-addr", "127.0.0.1:0",
+            "--list-watch-period", "3",
+        ],
+        tmp_path / "deviced.log",
+    )  # fmt: skip
+    sim = f"http://127.0.0.1:{sim_port}"
+    api = f"http://127.0.0.1:{http_port}"
+
+    def faults():
+        status, body = http("GET", f"{api}/v1/faults")
+        if status != 200:
+            raise HTTPError(status)
+        return {(f["device_id"], f["code"]): f for f in body if f["node"] == "node-7"}
+
+    try:
+        wait_for(lambda: http("GET", f"{sim}/sim/devices")[0] == 200, what="sim api")
+        assert (
+            http("POST", f"{sim}/sim/fault", {"device": 3, "code": "80E18008", "assertion": "occur"})[0]
+            == 200
+        )
+        assert http("POST", f"{sim}/sim/link", {"device": 5, "state": "down"})[0] == 200
+        status, body = http("POST", f"{sim}/sim/link", {"device": 99, "state": "down"})
+        assert status == 400 and "unknown device" in body["error"]
+        got = wait_for(
+            lambda: (f := faults()) and (3, "80E18008") in f and (5, "81078603") in f and f,
+            what="faults in clusterd",
+        )
+        assert got[(3, "80E18008")]["level"] == "RestartNPU"
+        assert got[(3, "80E18008")]["source"] == "dcmi" and got[(3, "80E18008")]["device_type"] == "NPU"
+        assert got[(5, "81078603")]["level"] == "NotHandleFault"  # < 20 s link down
+
+        # clusterd restarts: deviced's snapshot on reconnect restores the node's faults
+        stop(cd)
+        cd = start(clusterd_cmd, tmp_path / "clusterd2.log")
+        wait_for(lambda: (3, "80E18008") in faults(), what="resync after clusterd restart")
+
+        assert (
+            http("POST", f"{sim}/sim/fault", {"device": 3, "code": "80E18008", "assertion": "recover"})[0]
+            == 200
+        )
+        wait_for(lambda: (3, "80E18008") not in faults(), what="recover in clusterd")
+    finally:
+        stop(dv)
+        stop(cd)
