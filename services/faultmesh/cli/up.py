@@ -1,0 +1,120 @@
+"""``faultmesh up``: the local stack of the demo without the scenario, for trying things by hand.
+
+Starts clusterd and, per simulated server, a BMC simulator, noded and deviced (sim backend) on
+127.0.0.1 (plus pingmesh on the fabric simulator when installed), prints every address and the
+commands to inject faults, and runs until Ctrl-C (or SIGTERM), which stops every process by PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+from faultmesh.cli.common import CliError, run
+
+
+async def _up(args: argparse.Namespace) -> int:
+    from faultmesh.demo.__main__ import where_text
+    from faultmesh.demo.report import Clock
+    from faultmesh.demo.stack import Stack, StackConfig, StackError
+
+    clock = Clock()
+    run_dir = Path(args.run_dir)
+    cfg = StackConfig(
+        servers=args.servers,
+        npus=args.npus,
+        bmc_poll_s=args.bmc_poll,
+        list_watch_s=args.list_watch,
+        pingmesh_period_s=args.pingmesh_period,
+        log_level=args.log_level,
+    )
+    stack = Stack(cfg, run_dir, say=clock.say)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    status = 0
+    try:
+        start = loop.create_task(stack.start())
+        waiter = loop.create_task(stop.wait())
+        done, _ = await asyncio.wait({start, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if start in done:
+            start.result()  # raises StackError
+            print()
+            print(where_text(stack))
+            print(_howto(stack))
+            clock.say("stack running; Ctrl-C stops every process")
+            while not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), 2.0)
+                except TimeoutError:
+                    dead = stack.procs.dead()
+                    if dead:
+                        names = ", ".join(f"{c.name} (exit {c.proc.returncode}, {c.log_path})" for c in dead)
+                        clock.say(f"process exited: {names}; stopping")
+                        status = 1
+                        break
+        else:
+            start.cancel()
+            status = 130
+        waiter.cancel()
+    except StackError as e:
+        clock.say(f"the stack did not start: {e}")
+        status = 1
+    finally:
+        clock.say("stopping every process by PID")
+        await stack.stop()
+        stack.procs.stop_all_now()
+        clock.say(f"stopped {len(stack.procs.children)} processes; logs in {stack.log_dir}")
+    return status
+
+
+def _howto(stack) -> str:
+    s1, s2 = stack.servers[0], stack.servers[min(1, len(stack.servers) - 1)]
+    lines = [
+        "",
+        "TRY",
+        f"  faultmesh faults --http {stack.http}",
+        f"  faultmesh nodes --http {stack.http}",
+        f"  faultmesh bmc-sim inject --control {s2.bmc_control} --code 0800004B --device-type Memory --device-id 3",
+        f'  curl -s -XPOST http://{s1.deviced_http}/sim/fault -d \'{{"device":0,"code":"80E18008"}}\'',
+        f'  curl -s -XPOST http://{s1.deviced_http}/sim/link -d \'{{"device":4,"state":"down"}}\'',
+        f"  faultmesh pubfault send --grpc {stack.grpc} --code 020001001 --node {s1.name} --devices 5",
+    ]
+    if stack.fabric_file is not None:
+        lines.append(
+            f"  python -m faultmesh.dcmi.fabric inject {stack.fabric_file} lossy_link "
+            f"--a {s2.name}/1 --b {s2.name}/6 --loss 0.3"
+        )
+    return "\n".join(lines)
+
+
+@run
+def cmd_up(args: argparse.Namespace) -> int:
+    """Run the local stack until Ctrl-C."""
+    if args.servers < 1 or args.npus < 8 or args.npus % 8:
+        raise CliError("--servers must be >= 1 and --npus a multiple of 8")
+    args.run_dir = args.run_dir or f"/tmp/faultmesh-up-{time.strftime('%Y%m%d-%H%M%S')}"
+    Path(args.run_dir).mkdir(parents=True, exist_ok=True)
+    return asyncio.run(_up(args))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``faultmesh up``."""
+    p = sub.add_parser("up", help="run the local stack (clusterd + simulated servers) until Ctrl-C")
+    p.add_argument("--run-dir", help="folder for logs and state (default: /tmp/faultmesh-up-<date>-<time>)")
+    p.add_argument("--servers", type=int, default=4, help="simulated servers")
+    p.add_argument("--npus", type=int, default=16, help="simulated NPUs per server (multiple of 8)")
+    p.add_argument("--bmc-poll", type=float, default=2.0, help="noded's BMC poll period (s)")
+    p.add_argument("--list-watch", type=int, default=3, help="deviced's list-watch period (s)")
+    p.add_argument(
+        "--pingmesh-period",
+        type=float,
+        default=0.0,
+        help="pingmesh/slow-network period (s); 0 = 10 x task_interval",
+    )
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=cmd_up)
