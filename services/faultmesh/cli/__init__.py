@@ -19,7 +19,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "jobs",
     "bmc_sim",
     "pingmesh",
-    "slownode",
     "up",
 )
 
