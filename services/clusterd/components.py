@@ -6,5 +6,6 @@ A component class has ``name``, ``@staticmethod add_arguments(parser)``, ``__ini
 
 COMPONENTS: tuple[str, ...] = (
     "clusterd.pubfault:PubFaultComponent",
+    "clusterd.kube:KubeComponent",
     "clusterd.brain.component:BrainComponent",
 )

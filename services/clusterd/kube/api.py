@@ -1,0 +1,320 @@
+"""A thin async Kubernetes API layer over kubernetes_asyncio, on raw JSON objects.
+
+Every call has a timeout and ends in either a parsed JSON body or :class:`KubeError` (``status`` is
+the HTTP status, 0 for a transport error or timeout). Objects stay plain dicts: the component
+compares and re-serializes them, model classes would only cost time. :class:`ListWatcher` keeps a
+local view of one resource in sync: list, then watch from the list's resourceVersion; a watch that
+expires (410 Gone, as an HTTP status or an ERROR event) or cannot resume is re-listed and the
+difference is delivered as upserts and deletes, so no change is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+
+from faultmesh.log import event
+
+log = logging.getLogger("clusterd.kube")
+
+
+class KubeError(Exception):
+    """An API call that failed: ``op`` (what was done), ``status`` (HTTP, 0 = no response), ``reason``."""
+
+    def __init__(self, op: str, status: int, reason: str = "") -> None:
+        super().__init__(f"{op}: {status} {reason}".strip())
+        self.op = op
+        self.status = status
+        self.reason = reason
+
+
+class WatchExpired(KubeError):
+    """The watch's resourceVersion is too old (410 Gone): re-list."""
+
+
+class Backoff:
+    """Exponential backoff with jitter: ``next()`` -> seconds to wait (``base_s`` doubling to ``max_s``)."""
+
+    def __init__(self, base_s: float = 0.2, max_s: float = 30.0) -> None:
+        self.base_s = base_s
+        self.max_s = max_s
+        self._n = 0
+
+    def next(self) -> float:
+        d = min(self.max_s, self.base_s * (2**self._n))
+        self._n = min(self._n + 1, 30)
+        return d * (0.75 + random.random() * 0.5)
+
+    def reset(self) -> None:
+        self._n = 0
+
+
+def _reason(body: bytes) -> str:
+    try:
+        doc = orjson.loads(body)
+        return str(doc.get("message") or doc.get("reason") or "")[:200]
+    except (orjson.JSONDecodeError, AttributeError):
+        return body[:200].decode(errors="replace")
+
+
+class KubeApi:
+    """ConfigMap and Node calls used by Kubernetes mode. ``api`` is a kubernetes_asyncio ``ApiClient``."""
+
+    def __init__(self, api_client: Any, timeout_s: float = 10.0) -> None:
+        from kubernetes_asyncio import client
+
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.timeout_s = timeout_s
+
+    async def _call(self, op: str, fn: Callable[..., Awaitable[Any]], *args: Any, **kw: Any) -> Any:
+        try:
+            resp = await asyncio.wait_for(
+                fn(*args, _preload_content=False, _request_timeout=self.timeout_s, **kw), self.timeout_s + 1
+            )
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise KubeError(op, 0, repr(e)) from None
+        try:
+            body = await asyncio.wait_for(resp.read(), self.timeout_s)
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise KubeError(op, 0, repr(e)) from None
+        finally:
+            resp.release()
+        if not 200 <= resp.status < 300:
+            cls = WatchExpired if resp.status == 410 else KubeError
+            raise cls(op, resp.status, _reason(body))
+        try:
+            return orjson.loads(body) if body else {}
+        except orjson.JSONDecodeError as e:
+            raise KubeError(op, resp.status, f"bad JSON body: {e}") from None
+
+    # -- ConfigMaps ------------------------------------------------------------------------------
+    async def list_config_maps(
+        self, namespace: str | None, label_selector: str = ""
+    ) -> tuple[list[dict], str]:
+        """(items, resourceVersion) of the ConfigMaps in ``namespace`` (None = all namespaces)."""
+        kw = {"label_selector": label_selector} if label_selector else {}
+        if namespace:
+            doc = await self._call("list configmaps", self.core.list_namespaced_config_map, namespace, **kw)
+        else:
+            doc = await self._call("list configmaps", self.core.list_config_map_for_all_namespaces, **kw)
+        return list(doc.get("items") or []), str((doc.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def get_config_map(self, namespace: str, name: str) -> dict:
+        return await self._call("get configmap", self.core.read_namespaced_config_map, name, namespace)
+
+    async def create_config_map(self, namespace: str, body: dict) -> dict:
+        return await self._call("create configmap", self.core.create_namespaced_config_map, namespace, body)
+
+    async def patch_config_map(self, namespace: str, name: str, body: dict) -> dict:
+        """JSON merge patch (RFC 7386)."""
+        return await self._call(
+            "patch configmap",
+            self.core.patch_namespaced_config_map,
+            name,
+            namespace,
+            body,
+            _content_type="application/merge-patch+json",
+        )
+
+    # -- Nodes -----------------------------------------------------------------------------------
+    async def list_nodes(self) -> tuple[list[dict], str]:
+        doc = await self._call("list nodes", self.core.list_node)
+        return list(doc.get("items") or []), str((doc.get("metadata") or {}).get("resourceVersion") or "")
+
+    async def patch_node(self, name: str, body: dict) -> dict:
+        """JSON merge patch of a Node (annotations, labels)."""
+        return await self._call(
+            "patch node", self.core.patch_node, name, body, _content_type="application/merge-patch+json"
+        )
+
+    # -- watch -----------------------------------------------------------------------------------
+    async def watch(
+        self, kind: str, namespace: str | None, label_selector: str, resource_version: str, timeout_s: int
+    ):
+        """Yield raw watch events ``{"type", "object"}`` until the server ends the stream.
+
+        Raises :class:`WatchExpired` on 410 (status or ERROR event), :class:`KubeError` on other
+        errors. The stream ends normally after ``timeout_s`` (server side) or when dropped.
+        """
+        if kind == "nodes":
+            fn, args = self.core.list_node, ()
+        elif namespace:
+            fn, args = self.core.list_namespaced_config_map, (namespace,)
+        else:
+            fn, args = self.core.list_config_map_for_all_namespaces, ()
+        kw: dict[str, Any] = {"watch": "true", "timeout_seconds": timeout_s, "allow_watch_bookmarks": True}
+        if label_selector:
+            kw["label_selector"] = label_selector
+        if resource_version:
+            kw["resource_version"] = resource_version
+        op = f"watch {kind}"
+        try:
+            resp = await asyncio.wait_for(
+                fn(*args, _preload_content=False, _request_timeout=timeout_s + 10, **kw), self.timeout_s + 1
+            )
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise KubeError(op, 0, repr(e)) from None
+        try:
+            if not 200 <= resp.status < 300:
+                body = await asyncio.wait_for(resp.read(), self.timeout_s)
+                cls = WatchExpired if resp.status == 410 else KubeError
+                raise cls(op, resp.status, _reason(body))
+            while True:
+                try:
+                    line = await asyncio.wait_for(resp.content.readline(), timeout_s + 10)
+                except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                    raise KubeError(op, 0, f"stream dropped: {e!r}") from None
+                if not line:
+                    return
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    ev = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    raise KubeError(op, 0, "bad watch line") from None
+                if not isinstance(ev, dict) or "type" not in ev:
+                    continue  # e.g. a list body from a server that ignored ?watch
+                if ev["type"] == "ERROR":
+                    obj = ev.get("object") or {}
+                    code = int(obj.get("code") or 0)
+                    cls = WatchExpired if code == 410 else KubeError
+                    raise cls(op, code, str(obj.get("message") or obj.get("reason") or ""))
+                yield ev
+        finally:
+            resp.release()
+
+
+def obj_key(obj: dict) -> tuple[str, str]:
+    """(namespace, name) of a raw object."""
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+Handler = Callable[[str, dict], Awaitable[None]]
+
+
+class ListWatcher:
+    """Keeps ``self.objects`` ((namespace, name) -> object) equal to the server, calling
+    ``handler("upsert"|"delete", obj)`` for every change, in order, on the loop.
+
+    ``accept(obj)`` filters client-side too (name prefix, labels), so a server that ignores the label
+    selector still gives the right view. ``on_restart(why)`` is called each time the watch is
+    restarted: ``expired`` (410, re-listed), ``error`` (re-listed after a backoff) or ``ended`` (the
+    stream closed or timed out: resumed from the last resourceVersion).
+    """
+
+    def __init__(
+        self,
+        api: KubeApi,
+        kind: str,
+        namespace: str | None,
+        label_selector: str,
+        handler: Handler,
+        accept: Callable[[dict], bool] = lambda obj: True,
+        watch_timeout_s: int = 300,
+        backoff: Backoff | None = None,
+        on_error: Callable[[KubeError], None] | None = None,
+        on_restart: Callable[[str], None] | None = None,
+    ) -> None:
+        self.api = api
+        self.kind = kind
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.handler = handler
+        self.accept = accept
+        self.watch_timeout_s = watch_timeout_s
+        self.backoff = backoff or Backoff()
+        self.on_error = on_error or (lambda e: None)
+        self.on_restart = on_restart or (lambda why: None)
+        self.objects: dict[tuple[str, str], dict] = {}
+        self.synced = asyncio.Event()
+
+    async def _list(self) -> str:
+        if self.kind == "nodes":
+            items, rv = await self.api.list_nodes()
+        else:
+            items, rv = await self.api.list_config_maps(self.namespace, self.label_selector)
+        fresh = {obj_key(o): o for o in items if self.accept(o)}
+        for key in [k for k in self.objects if k not in fresh]:
+            old = self.objects.pop(key)
+            await self.handler("delete", old)
+        for key, obj in sorted(fresh.items()):
+            if self.objects.get(key) != obj:
+                self.objects[key] = obj
+                await self.handler("upsert", obj)
+        self.synced.set()
+        return rv
+
+    async def _apply(self, ev: dict) -> str | None:
+        obj = ev.get("object") or {}
+        rv = str((obj.get("metadata") or {}).get("resourceVersion") or "") or None
+        if ev["type"] == "BOOKMARK":
+            return rv
+        key = obj_key(obj)
+        if ev["type"] == "DELETED" or not self.accept(obj):
+            old = self.objects.pop(key, None)
+            if old is not None:
+                await self.handler("delete", old)
+        elif self.objects.get(key) != obj:
+            self.objects[key] = obj
+            await self.handler("upsert", obj)
+        return rv
+
+    async def run(self) -> None:
+        """List and watch forever (cancel to stop). API errors back off; nothing raises out."""
+        rv = ""
+        need_list = True
+        while True:
+            try:
+                if need_list:
+                    rv = await self._list()
+                    need_list = False
+                started = time.monotonic()
+                async for ev in self.api.watch(
+                    self.kind, self.namespace, self.label_selector, rv, self.watch_timeout_s
+                ):
+                    new_rv = await self._apply(ev)
+                    if new_rv:
+                        rv = new_rv
+                    self.backoff.reset()
+                self.on_restart("ended")
+                if not rv:
+                    need_list = True  # nothing to resume from
+                if time.monotonic() - started < 1.0:
+                    await asyncio.sleep(self.backoff.next())  # a server that closes at once: no hot loop
+            except WatchExpired as e:
+                event(
+                    log,
+                    logging.INFO,
+                    "watch expired, relisting",
+                    kind=self.kind,
+                    namespace=self.namespace or "*",
+                    error=e.reason,
+                )
+                self.on_restart("expired")
+                need_list = True
+            except KubeError as e:
+                self.on_error(e)
+                delay = self.backoff.next()
+                event(
+                    log,
+                    logging.WARNING,
+                    "kube watch failed, retrying",
+                    kind=self.kind,
+                    namespace=self.namespace or "*",
+                    status=e.status,
+                    error=e.reason,
+                    retry_s=round(delay, 2),
+                )
+                need_list = True  # a failed list or a broken stream: re-list so no change is lost
+                self.on_restart("error")
+                await asyncio.sleep(delay)
