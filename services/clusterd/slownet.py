@@ -394,7 +394,7 @@ class SlowNetComponent:
                 for a in rep.emitted:
                     event(log, logging.WARNING, "slow network alarm", super_pod=spid, kind=a.kind, code=a.code,
                           node=a.node, phy=a.phy, peer=f"{a.peer_node}/{a.peer_phy}" if a.peer_node else "",
-                          plane=a.plane, fault_type=a.fault_type, level=a.level, loss=round(a.avg_loss, 1),
+                          plane=a.plane, fault_type=a.fault_type, alarm_level=a.level, loss=round(a.avg_loss, 1),
                           delay=a.avg_delay, paths=len(a.paths))  # fmt: skip
                 for ident in rep.recovered:
                     event(log, logging.INFO, "slow network alarm recovered", super_pod=spid, alarm=ident)
@@ -432,7 +432,7 @@ class SlowNetComponent:
         for f in upserts:
             if f.key not in self.current:
                 event(log, logging.WARNING, "slow network fault raised", node=f.node, device_type=f.device_type,
-                      device_id=f.device_id, code=f.code, level=f.level)  # fmt: skip
+                      device_id=f.device_id, code=f.code, fault_level=f.level)  # fmt: skip
             self.current[f.key] = f
         for k in removals:
             self.current.pop(k, None)
