@@ -8,4 +8,5 @@ COMPONENTS: tuple[str, ...] = (
     "clusterd.pubfault:PubFaultComponent",
     "clusterd.kube:KubeComponent",
     "clusterd.brain.component:BrainComponent",
+    "clusterd.slownet:SlowNetComponent",
 )
