@@ -8,5 +8,6 @@ COMPONENTS: tuple[str, ...] = (
     "clusterd.pubfault:PubFaultComponent",
     "clusterd.kube:KubeComponent",
     "clusterd.brain.component:BrainComponent",
+    "clusterd.slownode:SlowNodeComponent",
     "clusterd.slownet:SlowNetComponent",
 )

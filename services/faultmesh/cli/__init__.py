@@ -19,6 +19,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "jobs",
     "bmc_sim",
     "pingmesh",
+    "slownode",
     "up",
 )
 

@@ -1,0 +1,694 @@
+"""FD-OL slow-node detection, cluster part, inside ClusterD (issue 5; reference fdol.md §3, §5–7).
+
+Job control:
+
+- HTTP ``POST /v1/slownode/jobs`` — enable or update a job: body = FeatConf (§7, keys
+  case-insensitive) plus ``ranks: {"<global rank>": "<node>", ...}`` (the job's placement; optional
+  when the job registry ``cd.jobs`` knows the job). ``SlowNode: 0`` stops it. 400 with the reason on
+  a bad FeatConf; bearer token when ClusterD has one.
+- HTTP ``POST /v1/slownode/<job>/disable`` and ``DELETE /v1/slownode/<job>`` — stop a job.
+- A watched directory (``--slownode-watch-dir``): files ``ras-feature-slownode-<job>.json`` holding
+  the reference ConfigMap payload (a FeatConf object, ``{"FeatConf": "<json text>"}`` or
+  ``{"data": {"FeatConf": ...}}``, optional ``ranks``). New/changed -> enable/update (or stop when
+  ``SlowNode`` is 0); removed -> stop. Bad files are counted and logged once per version.
+- Enabled jobs persist in the state file (``cd.store`` namespace ``slownode.jobs``) and resume on
+  restart; noded instances hosting the job's ranks get a ``SlowNodeJob`` control message (again on
+  every reconnect).
+
+Detection: node results arrive through ``cd.agents.on_slownode_report``; every
+``nSecondsDoOneDetection`` the job's :class:`~fdol.slownode.cluster.ClusterDetector` merges those that
+changed and :class:`~fdol.slownode.cluster.DegradationTracker` decides. Actions:
+communication profiling on/off through :func:`set_data_trace` (initial phase on; first slow round on;
+off after confirmation or when rounds are clean), after ``nConsecSlowRoundsToConfirm`` (5) slow rounds
+the log line ``[FD-OL SLOWNODE]job(name=.., namespace=.., jobId=..) in cluster got degradation, slow
+rank ids: [2]`` and fault 110001010 (SubHealthFault, source ``fd-online``, device_type ``Node``) on each
+node hosting slow ranks (attribute ``influence`` = those global ranks); on recovery that fault is
+removed and 100001011 (NotHandleFault, assertion once, removed after ``--slownode-once-ttl``) raised.
+Deliberate difference: the fault is raised on the node hosting the slow ranks (the reference used
+the host name of the FD-OL process).
+
+``GET /v1/slownode`` lists jobs; ``GET /v1/slownode/<job>`` gives the FeatConf, placement, latest node
+and cluster results, state (heavy profiling, degraded, reported ranks) and the last rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import Counter, Gauge
+
+from faultmesh._pb import agent_pb2
+from faultmesh.httpd import json_response
+from faultmesh.log import event
+from faultmesh.model import NODE_DEVICE_ID, ONCE, Fault, FaultKey, now_ms
+from fdol.slownode.cluster import ClusterDetector, DegradationTracker
+from fdol.slownode.featconf import FeatConf, FeatConfError, parse_featconf
+from fdol.slownode.switch import ALL_OFF, HEAVY, LIGHT, SWITCH_FILE, switch_dir_name
+
+log = logging.getLogger("clusterd.slownode")
+
+SOURCE = "fd-online"
+CODE_SLOW = "110001010"
+CODE_RECOVERED = "100001011"
+STORE_NS = "slownode.jobs"
+WATCH_PREFIX = "ras-feature-slownode-"
+MAX_ROUNDS_KEPT = 100
+
+
+def prefix(conf: FeatConf) -> str:
+    """The reference's log prefix ``[FD-OL SLOWNODE]job(name=<job>, namespace=<ns>, jobId=<id>)``."""
+    return f"[FD-OL SLOWNODE]job(name={conf.job_name}, namespace={conf.job_namespace}, jobId={conf.job_id})"
+
+
+def go_ints(xs: list[int]) -> str:
+    """A Go slice print of ints: ``[3 5]``."""
+    return "[" + " ".join(str(x) for x in xs) + "]"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def data_trace_root(cd) -> str:
+    """The data-trace root: ``--data-trace-dir`` (the brain's flag) or ``<state dir>/datatrace-config``."""
+    return getattr(cd.args, "data_trace_dir", None) or os.path.join(cd.args.state_dir, "datatrace-config")
+
+
+async def set_data_trace(
+    cd, job_ns_name: str, switch_dict: dict[str, str], nodes: list[str] | None = None
+) -> None:
+    """Set a job's data-trace switch — the one hook FD-OL uses (reference fdol.md §1.1).
+
+    When the brain (issue 7) knows the job, its TrainingDataTrace service does it (file, state,
+    subscribers, ``data_trace`` control to the job's nodes). Otherwise this writes
+    ``<root>/<ns>.data-trace-<job>/profilingSwitch`` itself and sends a ``data_trace`` control
+    message to ``nodes``. Raises ``OSError`` when the file cannot be written.
+    """
+    ns, _, name = job_ns_name.partition("/")
+    brain = getattr(cd, "brain", None)
+    jobs = getattr(cd, "jobs", None)
+    if brain is not None and jobs is not None and jobs.by_ns_name(ns, name) is not None:
+        await brain.set_data_trace(job_ns_name, switch_dict)
+        return
+    path = Path(data_trace_root(cd)) / switch_dir_name(ns, name) / SWITCH_FILE
+    await asyncio.to_thread(_write_atomic, path, orjson.dumps(switch_dict))
+    msg = agent_pb2.DataTraceSwitch(
+        job_ns_name=job_ns_name,
+        communication_operator=switch_dict["CommunicationOperator"],
+        step=switch_dict["Step"],
+        save_checkpoint=switch_dict["SaveCheckpoint"],
+        fp=switch_dict["FP"],
+        data_loader=switch_dict["DataLoader"],
+    )
+    for node in nodes or []:
+        await cd.agents.send(node, "noded", data_trace=msg)
+
+
+class EnableError(ValueError):
+    """An enable request that cannot be honoured (bad FeatConf, no placement)."""
+
+
+def parse_placement(obj: Any) -> dict[int, str]:
+    """``{"0": "node-a", ...}`` -> {0: "node-a"}. Raises :class:`EnableError`."""
+    if not isinstance(obj, dict) or not obj:
+        raise EnableError('ranks must be a non-empty object {"<rank>": "<node>"}')
+    out = {}
+    for k, v in obj.items():
+        try:
+            r = int(k)
+        except (TypeError, ValueError):
+            raise EnableError(f"rank {k!r} is not an integer") from None
+        if r < 0 or not isinstance(v, str) or not v:
+            raise EnableError(f"rank {k!r}: node must be a non-empty string and rank >= 0")
+        out[r] = v
+    return out
+
+
+def unwrap_configmap(obj: Any) -> tuple[Any, Any]:
+    """The FeatConf object and optional placement from a file/body: a FeatConf, ``{"FeatConf": text}``
+    or ``{"data": {"FeatConf": text}}``. Raises :class:`EnableError`."""
+    if not isinstance(obj, dict):
+        raise EnableError("expected a JSON object")
+    ranks = obj.get("ranks")
+    inner = obj.get("data") if isinstance(obj.get("data"), dict) else obj
+    fc = None
+    for k, v in inner.items():
+        if isinstance(k, str) and k.lower() == "featconf":
+            fc = v
+    if fc is None:
+        return {k: v for k, v in obj.items() if k != "ranks"}, ranks
+    if isinstance(fc, str):
+        try:
+            fc = orjson.loads(fc)
+        except orjson.JSONDecodeError as e:
+            raise EnableError(f"FeatConf is not JSON: {e}") from None
+    return fc, ranks if ranks is not None else (fc.get("ranks") if isinstance(fc, dict) else None)
+
+
+@dataclass
+class JobState:
+    """One enabled job in clusterd."""
+
+    conf: FeatConf
+    placement: dict[int, str]
+    source: str
+    detector: ClusterDetector
+    tracker: DegradationTracker
+    task: asyncio.Task | None = None
+    rounds: deque = field(default_factory=lambda: deque(maxlen=MAX_ROUNDS_KEPT))
+    latest: dict | None = None
+    faulted_nodes: set[str] = field(default_factory=set)
+    enabled_ms: int = 0
+
+    @property
+    def ns_name(self) -> str:
+        return f"{self.conf.job_namespace}/{self.conf.job_name}"
+
+    def nodes(self) -> list[str]:
+        return sorted(set(self.placement.values()))
+
+    def ranks_on(self, node: str) -> list[int]:
+        return sorted(r for r, n in self.placement.items() if n == node)
+
+
+class _Meta:
+    def __init__(self, header: str | None) -> None:
+        self._h = header
+
+    def invocation_metadata(self):
+        return [("authorization", self._h)] if self._h else []
+
+
+class SlowNodeComponent:
+    """See the module docstring."""
+
+    name = "slownode"
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        g = parser.add_argument_group("slownode (FD-OL)")
+        g.add_argument(
+            "--slownode-watch-dir",
+            default="",
+            help="directory watched for ras-feature-slownode-<job>.json files (empty: off)",
+        )
+        g.add_argument("--slownode-watch-interval", type=float, default=2.0, help="watch period (s)")
+        g.add_argument(
+            "--slownode-once-ttl",
+            type=float,
+            default=60.0,
+            help="how long the once fault 100001011 stays in the fault center (s)",
+        )
+        g.add_argument("--slownode-cluster-name", default="clusterd", help="nodeRank of cluster results")
+
+    def __init__(self, cd) -> None:
+        self.cd = cd
+        self.jobs: dict[str, JobState] = {}
+        self._watch_seen: dict[str, tuple[int, int]] = {}
+        self._watch_jobs: dict[str, str] = {}  # file name -> job id
+        self._lock = asyncio.Lock()
+        reg = cd.registry
+        self.m_reports = Counter(
+            "faultmesh_slownode_reports_total", "Node slow-node results received", ["result"], registry=reg
+        )
+        self.m_rounds = Counter(
+            "faultmesh_slownode_cluster_rounds_total", "Cluster detection rounds", ["slow"], registry=reg
+        )
+        self.m_jobs = Gauge("faultmesh_slownode_jobs", "Jobs with slow-node detection enabled", registry=reg)
+        self.m_degraded = Gauge("faultmesh_slownode_degraded_jobs", "Jobs confirmed slow", registry=reg)
+        self.m_files = Counter(
+            "faultmesh_slownode_watch_files_total", "Watched FeatConf files", ["result"], registry=reg
+        )
+        r = cd.http.app.router
+        r.add_get("/v1/slownode", self._http_list)
+        r.add_post("/v1/slownode/jobs", self._http_enable)
+        r.add_get("/v1/slownode/{job}", self._http_get)
+        r.add_post("/v1/slownode/{job}/disable", self._http_disable)
+        r.add_delete("/v1/slownode/{job}", self._http_disable)
+        cd.agents.on_slownode_report(self._on_report)
+        cd.agents.on_connect(self._on_connect)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        saved = await self.cd.store.kv_items(STORE_NS)
+        for job_id, d in sorted(saved.items()):
+            try:
+                conf = parse_featconf(d["featconf"])
+                await self.enable(
+                    conf, parse_placement(d["ranks"]), d.get("source", "http"), persist=False, resumed=True
+                )
+            except (FeatConfError, EnableError, KeyError, TypeError) as e:
+                event(log, logging.ERROR, "slownode job not resumed", job=job_id, error=str(e))
+        if self.cd.args.slownode_watch_dir:
+            self.cd.tasks.spawn(self._watch_loop(), name="slownode-watch")
+
+    async def stop(self) -> None:
+        for js in self.jobs.values():
+            if js.task is not None:
+                js.task.cancel()
+        for js in self.jobs.values():
+            if js.task is not None:
+                try:
+                    await asyncio.wait_for(asyncio.shield(js.task), 2.0)
+                except (asyncio.CancelledError, TimeoutError, Exception):  # noqa: BLE001 — shutting down
+                    pass
+
+    # -- job control ------------------------------------------------------------------------------
+    def resolve_placement(self, conf: FeatConf, ranks: Any) -> dict[int, str]:
+        """Placement from the request, else from the job registry (``cd.jobs``). Raises :class:`EnableError`."""
+        if ranks is not None:
+            return parse_placement(ranks)
+        jobs = getattr(self.cd, "jobs", None)
+        if jobs is not None:
+            job = jobs.get(conf.job_id) or jobs.by_ns_name(conf.job_namespace, conf.job_name)
+            if job is not None and job.ranks:
+                return {r.rank: r.node for r in job.ranks}
+        raise EnableError('no rank placement: give ranks {"<rank>": "<node>"} or register the job')
+
+    async def enable(
+        self,
+        conf: FeatConf,
+        placement: dict[int, str],
+        source: str,
+        *,
+        persist: bool = True,
+        resumed: bool = False,
+    ) -> JobState:
+        """Start or update detection of a job (stop when ``SlowNode`` is 0)."""
+        async with self._lock:
+            old = self.jobs.get(conf.job_id)
+            if conf.slow_node == 0:
+                await self._stop_job(conf.job_id, "SlowNode=0")
+                return old  # type: ignore[return-value]
+            if old is not None:
+                if old.conf == conf and old.placement == placement:
+                    return old
+                await self._stop_job(conf.job_id, "updated", keep_store=True)
+            js = JobState(
+                conf,
+                placement,
+                source,
+                ClusterDetector(conf.job_id, self.cd.args.slownode_cluster_name),
+                DegradationTracker(conf),
+                enabled_ms=now_ms(),
+            )
+            self.jobs[conf.job_id] = js
+            self.m_jobs.set(len(self.jobs))
+            if persist:
+                await self.cd.store.kv_put(
+                    STORE_NS,
+                    conf.job_id,
+                    {
+                        "featconf": conf.to_json(),
+                        "ranks": {str(r): n for r, n in placement.items()},
+                        "source": source,
+                    },
+                )
+            try:
+                await set_data_trace(self.cd, js.ns_name, HEAVY, js.nodes())
+            except OSError as e:
+                event(log, logging.ERROR, "data-trace switch write failed", job=conf.job_id, error=str(e))
+            for node in js.nodes():
+                await self._send_job(js, node, True)
+            js.task = self.cd.tasks.spawn(self._round_loop(js), name=f"slownode-{conf.job_id}")
+            event(
+                log,
+                logging.INFO,
+                f"{prefix(conf)} slow node detection started",
+                source=source,
+                nodes=",".join(js.nodes()),
+                ranks=len(placement),
+                interval_s=conf.n_seconds,
+                resumed=resumed,
+            )
+            if conf.unknown_keys:
+                event(
+                    log,
+                    logging.WARNING,
+                    "featconf unknown keys ignored",
+                    job=conf.job_id,
+                    keys=",".join(conf.unknown_keys),
+                )
+            return js
+
+    async def disable(self, job: str) -> bool:
+        """Stop a job (by id or name). Returns False when it was not enabled."""
+        async with self._lock:
+            js = self._find(job)
+            if js is None:
+                return False
+            await self._stop_job(js.conf.job_id, "disabled")
+            return True
+
+    async def _stop_job(self, job_id: str, reason: str, keep_store: bool = False) -> None:
+        js = self.jobs.pop(job_id, None)
+        if not keep_store:
+            await self.cd.store.kv_delete(STORE_NS, job_id)
+        self.m_jobs.set(len(self.jobs))
+        if js is None:
+            return
+        if js.task is not None:
+            js.task.cancel()
+        for node in js.nodes():
+            await self._send_job(js, node, False)
+        if not keep_store:
+            try:
+                await set_data_trace(self.cd, js.ns_name, ALL_OFF, js.nodes())
+            except OSError as e:
+                event(log, logging.ERROR, "data-trace switch write failed", job=job_id, error=str(e))
+            await self._clear_faults(js)
+        self.m_degraded.set(sum(1 for j in self.jobs.values() if j.tracker.degraded))
+        event(log, logging.INFO, f"{prefix(js.conf)} slow node detection stopped", reason=reason)
+
+    async def _send_job(self, js: JobState, node: str, enable: bool) -> bool:
+        c = js.conf
+        msg = agent_pb2.SlowNodeJob(
+            job_id=c.job_id,
+            job_name=c.job_name,
+            namespace=c.job_namespace,
+            enable=enable,
+            featconf_json=orjson.dumps(c.to_json()),
+            ranks=js.ranks_on(node),
+        )
+        return await self.cd.agents.send(node, "noded", slownode_job=msg)
+
+    async def _on_connect(self, node: str, agent: str) -> None:
+        if agent != "noded":
+            return
+        for js in list(self.jobs.values()):
+            if node in js.placement.values():
+                await self._send_job(js, node, True)
+
+    def _find(self, job: str) -> JobState | None:
+        js = self.jobs.get(job)
+        if js is None:
+            for j in self.jobs.values():
+                if j.conf.job_name == job:
+                    return j
+        return js
+
+    # -- node reports -----------------------------------------------------------------------------
+    def _on_report(self, node: str, report: agent_pb2.SlowNodeReport) -> None:
+        js = self.jobs.get(report.job_id)
+        if js is None:
+            self.m_reports.labels("unknown_job").inc()
+            return
+        try:
+            obj = orjson.loads(report.result_json)
+            inner = obj[f"slownode_{report.job_id}"]
+            (res,) = inner.values()
+            if not isinstance(res, dict):
+                raise TypeError("result is not an object")
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+            self.m_reports.labels("bad").inc()
+            self.cd.rejected.labels("slownode", "bad_report").inc()
+            event(
+                log, logging.WARNING, "slownode report rejected", node=node, job=report.job_id, error=repr(e)
+            )
+            return
+        if node not in js.placement.values():
+            self.m_reports.labels("foreign_node").inc()
+            return
+        self.m_reports.labels("slow" if res.get("isSlow") == 1 else "normal").inc()
+        res["reportedMs"] = report.timestamp_ms or now_ms()
+        js.detector.add_report(node, res)
+
+    # -- rounds -----------------------------------------------------------------------------------
+    async def _round_loop(self, js: JobState) -> None:
+        interval = js.conf.n_seconds
+        next_t = time.monotonic() + interval
+        while True:
+            await asyncio.sleep(max(0.0, next_t - time.monotonic()))
+            next_t += interval
+            if next_t < time.monotonic():
+                next_t = time.monotonic() + interval
+            try:
+                await self.run_round(js)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a bug in one round must not end the job's detection
+                event(log, logging.ERROR, "slownode round failed", job=js.conf.job_id, error=repr(e))
+
+    async def run_round(self, js: JobState) -> dict | None:
+        """One cluster round of ``js``: merge, decide, act. Returns the cluster result or None."""
+        res = js.detector.round()
+        if res is None:
+            return None
+        ready = js.detector.all_baseline_ready(js.nodes())
+        actions = js.tracker.on_round(res, ready)
+        js.latest = res
+        self.m_rounds.labels(str(res["isSlow"])).inc()
+        js.rounds.append(
+            {
+                "round": js.detector.rounds,
+                "ms": now_ms(),
+                "isSlow": res["isSlow"],
+                "slowCalculateRanks": res["slowCalculateRanks"],
+                "suspectRanks": res["suspectRanks"],
+                "actions": [a.kind for a in actions],
+                "heavy": js.tracker.heavy,
+                "degraded": js.tracker.degraded,
+            }
+        )
+        p = prefix(js.conf)
+        for a in actions:
+            if a.kind == "heavy_on":
+                msg = (
+                    "detected node is degradation, start heavy profiling"
+                    if res["isSlow"] == 1
+                    else "detected suspect ranks, start heavy profiling"
+                )
+                event(log, logging.INFO, f"{p} {msg}")
+                await self._switch(js, HEAVY)
+            elif a.kind == "heavy_off":
+                event(log, logging.INFO, f"{p} detected node is not degradation, stop heavy profiling")
+                await self._switch(js, LIGHT)
+            elif a.kind == "confirm" and not a.ranks:
+                event(log, logging.INFO, f"{p} in cluster got degradation, slow rank ids not localized yet")
+            elif a.kind == "report":
+                event(log, logging.INFO, f"{p} in cluster got degradation, slow rank ids: {go_ints(a.ranks)}")
+                await self._report(js, a.ranks, res)
+            elif a.kind == "recover":
+                await self._recover(js, a.ranks)
+        if js.tracker.degraded and res["isSlow"] == 1 and not actions:
+            event(log, logging.DEBUG, f"{p} in cluster got degradation, no need to start heavy profiling")
+        self.m_degraded.set(sum(1 for j in self.jobs.values() if j.tracker.degraded))
+        return res
+
+    async def _switch(self, js: JobState, sw: dict[str, str]) -> None:
+        try:
+            await set_data_trace(self.cd, js.ns_name, sw, js.nodes())
+        except Exception as e:  # noqa: BLE001 — the brain may refuse; detection goes on
+            event(log, logging.ERROR, "data-trace switch failed", job=js.conf.job_id, error=repr(e))
+
+    async def _report(self, js: JobState, ranks: list[int], res: dict) -> None:
+        now = now_ms()
+        by_node: dict[str, list[int]] = {}
+        for r in ranks:
+            by_node.setdefault(js.placement.get(r, ""), []).append(r)
+        for node, rs in sorted(by_node.items()):
+            if not node:
+                event(
+                    log, logging.WARNING, "slow rank without placement", job=js.conf.job_id, ranks=go_ints(rs)
+                )
+                continue
+            await self.cd.center.remove(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_RECOVERED, SOURCE))
+            f = Fault(
+                SOURCE,
+                node,
+                "Node",
+                NODE_DEVICE_ID,
+                CODE_SLOW,
+                "SubHealthFault",
+                "occur",
+                now,
+                now,
+                {
+                    "jobId": js.conf.job_id,
+                    "jobName": js.conf.job_name,
+                    "namespace": js.conf.job_namespace,
+                    "influence": ",".join(str(r) for r in rs),
+                    "degradationLevel": res.get("degradationLevel", ""),
+                    "description": "slow node detected by FD-OL",
+                },
+            )
+            await self.cd.center.upsert(f, origin=SOURCE)
+            js.faulted_nodes.add(node)
+        event(
+            log, logging.INFO, f"{prefix(js.conf)} report slow node detection: {go_ints(ranks)} successfully"
+        )
+
+    async def _recover(self, js: JobState, ranks: list[int]) -> None:
+        now = now_ms()
+        for node in sorted(js.faulted_nodes):
+            await self.cd.center.remove(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_SLOW, SOURCE))
+            f = Fault(
+                SOURCE,
+                node,
+                "Node",
+                NODE_DEVICE_ID,
+                CODE_RECOVERED,
+                "NotHandleFault",
+                ONCE,
+                now,
+                now,
+                {
+                    "jobId": js.conf.job_id,
+                    "jobName": js.conf.job_name,
+                    "namespace": js.conf.job_namespace,
+                    "influence": ",".join(str(r) for r in ranks if js.placement.get(r) == node),
+                    "description": "slow node recovered",
+                },
+            )
+            await self.cd.center.upsert(f, origin=SOURCE)
+            self.cd.tasks.spawn(
+                self._expire(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_RECOVERED, SOURCE), now),
+                name="slownode-once-expire",
+            )
+        js.faulted_nodes.clear()
+        event(log, logging.INFO, f"{prefix(js.conf)} slow node recovered, slow rank ids: {go_ints(ranks)}")
+
+    async def _expire(self, key: FaultKey, added_ms: int) -> None:
+        await asyncio.sleep(self.cd.args.slownode_once_ttl)
+        f = self.cd.center.get(key)
+        if f is not None and f.last_seen_ms == added_ms:
+            await self.cd.center.remove(key)
+
+    async def _clear_faults(self, js: JobState) -> None:
+        for node in sorted(js.faulted_nodes):
+            await self.cd.center.remove(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_SLOW, SOURCE))
+        js.faulted_nodes.clear()
+
+    # -- watched directory ------------------------------------------------------------------------
+    async def _watch_loop(self) -> None:
+        root = Path(self.cd.args.slownode_watch_dir)
+        while True:
+            try:
+                await self.scan_watch_dir(root)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # keep watching
+                event(log, logging.ERROR, "slownode watch failed", dir=str(root), error=repr(e))
+            await asyncio.sleep(self.cd.args.slownode_watch_interval)
+
+    async def scan_watch_dir(self, root: Path) -> None:
+        """One pass over the watched directory (see module doc)."""
+        entries = await asyncio.to_thread(_list_watch, root)
+        for name, stamp in entries.items():
+            if self._watch_seen.get(name) == stamp:
+                continue
+            self._watch_seen[name] = stamp
+            try:
+                data = await asyncio.to_thread((root / name).read_bytes)
+                obj = orjson.loads(data)
+                fc, ranks = unwrap_configmap(obj)
+                job_hint = name[len(WATCH_PREFIX) : -len(".json")]
+                conf = parse_featconf(fc, job_name=job_hint)
+                if conf.slow_node == 0:
+                    await self.enable(conf, {}, "file")
+                    self._watch_jobs[name] = conf.job_id
+                    self.m_files.labels("stopped").inc()
+                    continue
+                placement = self.resolve_placement(conf, ranks)
+                await self.enable(conf, placement, "file")
+                self._watch_jobs[name] = conf.job_id
+                self.m_files.labels("applied").inc()
+            except (OSError, orjson.JSONDecodeError, FeatConfError, EnableError) as e:
+                self.m_files.labels("rejected").inc()
+                self.cd.rejected.labels("slownode", "bad_featconf_file").inc()
+                event(log, logging.WARNING, "slownode featconf file rejected", file=name, error=str(e))
+        for name in [n for n in self._watch_seen if n not in entries]:
+            del self._watch_seen[name]
+            job_id = self._watch_jobs.pop(name, None)
+            if job_id is not None and job_id in self.jobs and self.jobs[job_id].source == "file":
+                await self.disable(job_id)
+
+    # -- HTTP -------------------------------------------------------------------------------------
+    def _authorized(self, request: web.Request) -> bool:
+        return self.cd.authorized(_Meta(request.headers.get("Authorization")))
+
+    async def _http_enable(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return json_response({"error": "bearer token required"}, 401)
+        try:
+            obj = orjson.loads(await request.read())
+            fc, ranks = unwrap_configmap(obj)
+            conf = parse_featconf(fc)
+            placement = {} if conf.slow_node == 0 else self.resolve_placement(conf, ranks)
+            js = await self.enable(conf, placement, "http")
+        except (orjson.JSONDecodeError, FeatConfError, EnableError) as e:
+            self.cd.rejected.labels("slownode", "bad_enable").inc()
+            return json_response({"error": str(e)}, 400)
+        if conf.slow_node == 0:
+            return json_response({"jobId": conf.job_id, "enabled": False})
+        return json_response(self.status(js))
+
+    async def _http_disable(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return json_response({"error": "bearer token required"}, 401)
+        job = request.match_info["job"]
+        if not await self.disable(job):
+            return json_response({"error": f"job {job!r} has no slow-node detection enabled"}, 404)
+        return json_response({"jobId": job, "enabled": False})
+
+    async def _http_list(self, request: web.Request) -> web.Response:
+        return json_response([self.status(js, brief=True) for _, js in sorted(self.jobs.items())])
+
+    async def _http_get(self, request: web.Request) -> web.Response:
+        js = self._find(request.match_info["job"])
+        if js is None:
+            return json_response({"error": "job not found"}, 404)
+        return json_response(self.status(js))
+
+    def status(self, js: JobState, brief: bool = False) -> dict[str, Any]:
+        """The job's status document (``GET /v1/slownode/<job>``)."""
+        t = js.tracker
+        d: dict[str, Any] = {
+            "jobId": js.conf.job_id,
+            "jobName": js.conf.job_name,
+            "namespace": js.conf.job_namespace,
+            "enabled": True,
+            "source": js.source,
+            "nodes": js.nodes(),
+            "heavyProfiling": t.heavy,
+            "heavyReason": t.heavy_reason,
+            "degraded": t.degraded,
+            "slowRanks": t.reported_ranks,
+            "consecutiveSlowRounds": t.slow_rounds,
+            "rounds": js.detector.rounds,
+            "enabledMs": js.enabled_ms,
+        }
+        if brief:
+            return d
+        d["featConf"] = js.conf.to_json()
+        d["ranks"] = {str(r): n for r, n in sorted(js.placement.items())}
+        d["cluster"] = js.latest
+        d["nodeResults"] = js.detector.reports
+        d["history"] = list(js.rounds)
+        return d
+
+
+def _list_watch(root: Path) -> dict[str, tuple[int, int]]:
+    out = {}
+    try:
+        with os.scandir(root) as it:
+            for e in it:
+                if e.name.startswith(WATCH_PREFIX) and e.name.endswith(".json") and e.is_file():
+                    st = e.stat()
+                    out[e.name] = (st.st_mtime_ns, st.st_size)
+    except OSError:
+        return {}
+    return out

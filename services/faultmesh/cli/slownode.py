@@ -1,0 +1,152 @@
+"""``faultmesh slownode enable|disable|status``: FD-OL slow-node detection of a job through ClusterD.
+
+- ``enable --job J --conf featconf.json [--ranks '{"0": "node-a"}' | --ranks-file F]``: POST
+  /v1/slownode/jobs with the FeatConf (reference fdol.md §7: a FeatConf object, or the ConfigMap
+  payload ``{"FeatConf": "<json>"}``); ``jobName`` defaults to ``--job``; the rank placement may also
+  sit in the conf file as ``ranks`` or come from ClusterD's job registry.
+- ``disable --job J``: POST /v1/slownode/<J>/disable.
+- ``status [JOB]``: every job (GET /v1/slownode) or one job's latest node and cluster results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from faultmesh.cli.common import CliError, add_server_flags, emit, http_json, print_table, run
+
+
+def _load_json(path: str, what: str):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        raise CliError(f"cannot read {what} {path}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise CliError(f"{what} {path} is not JSON: {e}") from None
+
+
+@run
+def cmd_enable(args: argparse.Namespace) -> int:
+    """Enable or update slow-node detection of a job."""
+    body = _load_json(args.conf, "FeatConf file") if args.conf else {}
+    if not isinstance(body, dict):
+        raise CliError("the FeatConf file must hold a JSON object")
+    fc = body
+    for k, v in list(body.items()):
+        if k.lower() == "featconf":
+            fc = json.loads(v) if isinstance(v, str) else v
+            if "ranks" in body:
+                fc = {**fc, "ranks": body["ranks"]}
+    if not isinstance(fc, dict):
+        raise CliError("FeatConf must be a JSON object")
+    if not any(k.lower() == "jobname" for k in fc):
+        fc["jobName"] = args.job
+    if args.namespace:
+        fc["jobNamespace"] = args.namespace
+    if not any(k.lower() == "slownode" for k in fc):
+        fc["SlowNode"] = 1
+    if args.ranks:
+        try:
+            fc["ranks"] = json.loads(args.ranks)
+        except json.JSONDecodeError as e:
+            raise CliError(f"--ranks is not JSON: {e}") from None
+    elif args.ranks_file:
+        fc["ranks"] = _load_json(args.ranks_file, "ranks file")
+    data = http_json(args, "POST", "/v1/slownode/jobs", fc)
+    emit(
+        args,
+        data,
+        [(data.get("jobId"), data.get("enabled"), ",".join(data.get("nodes", [])))],
+        ("JOB", "ENABLED", "NODES"),
+    )
+    return 0
+
+
+@run
+def cmd_disable(args: argparse.Namespace) -> int:
+    """Stop slow-node detection of a job."""
+    data = http_json(args, "POST", f"/v1/slownode/{args.job}/disable", {})
+    emit(args, data, [(data.get("jobId"), data.get("enabled"))], ("JOB", "ENABLED"))
+    return 0
+
+
+def _ranks(xs) -> str:
+    return "[" + " ".join(str(x) for x in xs or []) + "]"
+
+
+@run
+def cmd_status(args: argparse.Namespace) -> int:
+    """Show slow-node detection state of every job or of one job."""
+    if not args.job:
+        data = http_json(args, "GET", "/v1/slownode")
+        rows = [
+            (
+                j["jobId"],
+                j["namespace"],
+                ",".join(j["nodes"]),
+                j["rounds"],
+                j["heavyProfiling"],
+                j["degraded"],
+                _ranks(j["slowRanks"]),
+            )
+            for j in data
+        ]
+        emit(args, data, rows, ("JOB", "NAMESPACE", "NODES", "ROUNDS", "HEAVY", "DEGRADED", "SLOW RANKS"))
+        return 0
+    d = http_json(args, "GET", f"/v1/slownode/{args.job}")
+    if args.output == "json":
+        emit(args, d, [], ())
+        return 0
+    c = d.get("cluster") or {}
+    print_table(
+        [
+            ("job", f"{d['namespace']}/{d['jobName']} (id {d['jobId']})"),
+            ("rounds", d["rounds"]),
+            ("heavy profiling", f"{d['heavyProfiling']} {d.get('heavyReason', '')}".strip()),
+            ("degraded", d["degraded"]),
+            ("slow ranks", _ranks(d["slowRanks"])),
+            ("cluster isSlow", c.get("isSlow", "")),
+            ("cluster degradation", c.get("degradationLevel", "")),
+            ("cluster slowCalculateRanks", _ranks(c.get("slowCalculateRanks"))),
+            ("cluster suspectRanks", _ranks(c.get("suspectRanks"))),
+        ],
+        ("FIELD", "VALUE"),
+    )
+    rows = [
+        (
+            node,
+            r.get("isSlow"),
+            r.get("degradationLevel"),
+            _ranks(r.get("slowCalculateRanks")),
+            _ranks(r.get("suspectRanks")),
+            r.get("lastStep"),
+        )
+        for node, r in sorted((d.get("nodeResults") or {}).items())
+    ]
+    print()
+    print_table(rows, ("NODE", "SLOW", "DEGRADATION", "SLOW RANKS", "SUSPECTS", "LAST STEP"))
+    return 0
+
+
+def register(sub) -> None:
+    """Add ``slownode enable|disable|status``."""
+    p = sub.add_parser("slownode", help="FD-OL slow-node detection of training jobs")
+    s = p.add_subparsers(dest="slownode_cmd", metavar="ACTION")
+    s.required = True
+    e = s.add_parser("enable", help="enable or update detection of a job with its FeatConf")
+    e.add_argument("--job", required=True, help="job name")
+    e.add_argument("--conf", help="FeatConf JSON file (or the ConfigMap payload)")
+    e.add_argument("--namespace", help="job namespace (default: the FeatConf's, else default)")
+    e.add_argument("--ranks", help='rank placement JSON, e.g. \'{"0": "node-a", "1": "node-b"}\'')
+    e.add_argument("--ranks-file", help="rank placement JSON file")
+    add_server_flags(e)
+    e.set_defaults(func=cmd_enable)
+    d = s.add_parser("disable", help="stop detection of a job")
+    d.add_argument("--job", required=True)
+    add_server_flags(d)
+    d.set_defaults(func=cmd_disable)
+    st = s.add_parser("status", help="detection state and latest results")
+    st.add_argument("job", nargs="?", help="job name or id (all jobs when omitted)")
+    add_server_flags(st)
+    st.set_defaults(func=cmd_status)

@@ -1,0 +1,170 @@
+"""clusterd + two noded processes on loopback with a synthetic 4-rank job: enable over HTTP and the
+CLI, detection, log phrases, faults, status, data-trace switch, watched FeatConf files, disable."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from slownode_support import NodedProc, SyntheticJob, http, wait_for
+from support import ClusterdProcess
+
+PHRASE = re.compile(
+    r"\[FD-OL SLOWNODE\]job\(name=(\S+), namespace=(\S+), jobId=(\S+)\) in cluster got degradation, "
+    r"slow rank ids: \[([0-9 ]*)\]"
+)
+NODE_PHRASE = re.compile(r"detected node: (\S+) is degradation, slow rank ids: \[([0-9 ]*)\]")
+PLACEMENT = {"0": "node-a", "1": "node-a", "2": "node-b", "3": "node-b"}
+
+
+def conf(job, **kw):
+    d = {
+        "jobName": job,
+        "jobNamespace": "default",
+        "normalNumber": 20,
+        "nSigma": 3,
+        "degradationPercentage": 0.3,
+        "nConsecAnomaliesSignifySlow": 3,
+        "nSecondsDoOneDetection": 0.3,
+        "clusterMeanDistance": 1.3,
+        "cardOneNode": 16,
+        "SlowNode": 1,
+        "patternWindowSteps": 20,
+    }
+    d.update(kw)
+    return d
+
+
+@pytest.fixture
+def stack(tmp_path):
+    prof = tmp_path / "profiling"
+    dt = tmp_path / "datatrace"
+    watch = tmp_path / "watch"
+    for d in (prof, dt, watch):
+        d.mkdir()
+    cd = ClusterdProcess(
+        tmp_path / "state",
+        ["--data-trace-dir", str(dt), "--slownode-watch-dir", str(watch), "--slownode-watch-interval", "0.2"],
+        log_path=tmp_path / "cd.log",
+    )
+    cd.start()
+    nodes = [NodedProc(tmp_path, n, cd.grpc, prof).start() for n in ("node-a", "node-b")]
+    try:
+        yield cd, nodes, prof, dt, watch
+    finally:
+        for n in nodes:
+            n.stop()
+        cd.stop()
+
+
+def cli(cd, *args):
+    """Run ``faultmesh <args> --http <clusterd>`` as a user would."""
+    code = "import sys; from faultmesh.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args, "--http", cd.http], capture_output=True, text=True, timeout=30
+    )
+
+
+def test_stall_detected_reported_and_disabled(stack, tmp_path):
+    cd, nodes, prof, dt, _ = stack
+    st, body = http(cd.http, "POST", "/v1/slownode/jobs", {**conf("job1"), "ranks": PLACEMENT})
+    assert st == 200, body
+    assert body["heavyProfiling"] and body["nodes"] == ["node-a", "node-b"]
+    switch = dt / "default.data-trace-job1" / "profilingSwitch"
+    wait_for(switch.exists, 10, "the data-trace switch file")
+    assert json.loads(switch.read_text())["CommunicationOperator"] == "on"  # initial phase: all on
+    job = SyntheticJob(prof, "job1", switch_path=switch, steps=400, pace_s=0.01, slow_rank=2, slow_from=60)
+    job.start()
+    try:
+        m = wait_for(lambda: PHRASE.search(cd.log_text()), 30, "the clusterd degradation log line")
+        slow_step = job.step
+    finally:
+        job.stop_event.set()
+        job.join(10)
+    assert m.groups() == ("job1", "default", "job1", "2")
+    assert len(PHRASE.findall(cd.log_text())) == 1  # reported once, no other rank
+    assert slow_step >= 60
+    nb = NODE_PHRASE.findall(nodes[1].log_text())
+    assert nb and all(ip == "node-b" and ranks == "2" for ip, ranks in nb)
+    assert not NODE_PHRASE.findall(nodes[0].log_text())  # node-a hosts no slow rank
+    log = cd.log_text()
+    assert "detected node is degradation, start heavy profiling" in log or "start heavy profiling" in log
+    assert "stop heavy profiling" in log  # after the initial phase and after confirmation
+    faults = [f for f in cd.get_json("/v1/faults") if f["source"] == "fd-online"]
+    assert [
+        (f["node"], f["code"], f["level"], f["device_type"], f["attributes"]["influence"]) for f in faults
+    ] == [("node-b", "110001010", "SubHealthFault", "Node", "2")]
+    status = cd.get_json("/v1/slownode/job1")
+    assert status["degraded"] and status["slowRanks"] == [2]
+    assert status["cluster"]["slowCalculateRanks"] == [2]
+    assert set(status["nodeResults"]) == {"node-a", "node-b"}
+    assert status["featConf"]["normalNumber"] == 20 and status["ranks"] == PLACEMENT
+    # the confirmation came on the 5th consecutive slow round
+    hist = status["history"]
+    first = next(i for i, h in enumerate(hist) if h["isSlow"])
+    confirm = next(i for i, h in enumerate(hist) if h["degraded"])
+    assert confirm - first == 4 and all(h["isSlow"] for h in hist[first : confirm + 1])
+    noded_view = nodes[1].get_json("/v1/slownode")
+    assert noded_view[0]["jobId"] == "job1" and noded_view[0]["badInput"] == {}
+    # CLI status and disable
+    r = cli(cd, "slownode", "status", "job1", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["slowRanks"] == [2]
+    r = cli(cd, "slownode", "status", "job1")
+    assert r.returncode == 0 and "slow ranks" in r.stdout and "2" in r.stdout
+    r = cli(cd, "slownode", "disable", "--job", "job1")
+    assert r.returncode == 0, r.stderr
+    assert http(cd.http, "GET", "/v1/slownode/job1")[0] == 404
+    assert not [f for f in cd.get_json("/v1/faults") if f["source"] == "fd-online"]
+    assert json.loads(switch.read_text())["Step"] == "off"  # stop all
+    wait_for(lambda: nodes[1].get_json("/v1/slownode") == [], 10, "noded to stop the job")
+
+
+def test_clean_job_logs_nothing_and_bad_requests(stack, tmp_path):
+    cd, nodes, prof, dt, _ = stack
+    assert (
+        http(cd.http, "POST", "/v1/slownode/jobs", {**conf("j2"), "normalNumber": 0, "ranks": PLACEMENT})[0]
+        == 400
+    )
+    st, body = http(cd.http, "POST", "/v1/slownode/jobs", conf("j2"))
+    assert st == 400 and "placement" in body["error"]
+    assert http(cd.http, "POST", "/v1/slownode/jobs", {**conf("j2"), "ranks": {"x": "a"}})[0] == 400
+    assert http(cd.http, "POST", "/v1/slownode/nope/disable")[0] == 404
+    fc = tmp_path / "featconf.json"
+    fc.write_text(json.dumps({**conf("j2"), "ranks": PLACEMENT}))
+    r = cli(cd, "slownode", "enable", "--job", "j2", "--conf", str(fc))
+    assert r.returncode == 0, r.stderr
+    switch = dt / "default.data-trace-j2" / "profilingSwitch"
+    job = SyntheticJob(prof, "j2", switch_path=switch, steps=300, pace_s=0.01)
+    job.start()
+    job.join(60)
+    status = wait_for(lambda: (s := cd.get_json("/v1/slownode/j2"))["rounds"] >= 6 and s, 10, "rounds")
+    assert not PHRASE.search(cd.log_text())
+    assert not NODE_PHRASE.search(nodes[0].log_text() + nodes[1].log_text())
+    assert not status["degraded"] and not status["heavyProfiling"]  # initial phase ended
+    assert json.loads(switch.read_text())["CommunicationOperator"] == "off"
+    assert all(not h["isSlow"] for h in status["history"])
+
+
+def test_watched_featconf_file_enables_and_removal_stops(stack, tmp_path):
+    cd, nodes, prof, dt, watch = stack
+    (watch / "ras-feature-slownode-bad.json").write_text("{not json")
+    f = watch / "ras-feature-slownode-j3.json"
+    payload = {"data": {"FeatConf": json.dumps(conf("j3"))}, "ranks": PLACEMENT}
+    f.write_text(json.dumps(payload))
+    wait_for(lambda: http(cd.http, "GET", "/v1/slownode/j3")[0] == 200, 10, "the watched file to enable j3")
+    assert http(cd.http, "GET", "/v1/slownode/j3")[1]["source"] == "file"
+    wait_for(
+        lambda: any(j["jobId"] == "j3" for j in nodes[1].get_json("/v1/slownode")), 10, "noded to start j3"
+    )
+    assert nodes[1].get_json("/v1/slownode")[0]["ranks"] == [2, 3]
+    assert "slownode featconf file rejected" in cd.log_text()
+    # restart clusterd: the job resumes from the state file
+    cd.stop()
+    cd.start()
+    assert http(cd.http, "GET", "/v1/slownode/j3")[0] == 200
+    f.unlink()
+    wait_for(lambda: http(cd.http, "GET", "/v1/slownode/j3")[0] == 404, 10, "removal to stop j3")
