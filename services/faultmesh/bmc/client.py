@@ -81,7 +81,8 @@ class DeviceId(NamedTuple):
 class BmcClient:
     """One BMC at ``host``:``port`` (UDP, lanplus) with ``user``/``password``.
 
-    ``timeout_s`` bounds pyghmi's own wait for one reply. Methods raise :class:`BmcError`
+    ``timeout_s`` is kept for callers' bookkeeping; a call's real bound is the BlockingPool timeout
+    of the caller (pyghmi gives up on its own after a few retries, ~4-30 s). Methods raise :class:`BmcError`
     subclasses; they are safe to call from any thread but run one at a time.
     """
 
@@ -150,7 +151,10 @@ class BmcClient:
 
         c = self._command()
         try:
-            rsp = c.raw_command(netfn=netfn, command=cmd, data=tuple(data), timeout=self.timeout_s)
+            # pyghmi's own retry timer (~0.5-1 s, then +1 s per retry) paces the first retransmit;
+            # its _io_wait can also miss a wake-up and sleep until that timer, so a longer first
+            # timeout would only make those stalls longer. The poll's overall bound is the caller's.
+            rsp = c.raw_command(netfn=netfn, command=cmd, data=tuple(data))
         except pexc.IpmiException as e:
             self.drop_session()
             raise BmcUnreachable(f"{self.host}:{self.port}: {e or 'no answer'}") from None

@@ -42,6 +42,7 @@ log = logging.getLogger("faultmesh.bmc.sim")
 
 OEM_MODES = ("ok", "unsupported", "short", "ragged", "absurd", "count")
 SEL_CAPACITY = 1000
+LOOP_WAIT_S = 0.02
 
 
 class SimState:
@@ -484,6 +485,8 @@ def serve(
     event(log, logging.INFO, "bmc-sim started", port=bmc.port, control=httpd.server_address[1], user=user)
     while True:  # fix (2): an exception in pyghmi's loop must not end the simulator
         try:
-            ipmisession.Session.wait_for_rsp(30)
+            # A short wait: pyghmi's _io_wait can miss the wake-up for a packet grabbed just before
+            # it queues its waiter, and then sleeps until its retry timer (~0.5-1 s per request).
+            ipmisession.Session.wait_for_rsp(LOOP_WAIT_S)
         except Exception as e:
             event(log, logging.WARNING, "bmc-sim loop error", error=repr(e))
