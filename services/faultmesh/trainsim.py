@@ -81,6 +81,7 @@ class TrainSim:
         self._stop = asyncio.Event()
         self._channel: grpc.aio.Channel | None = None
         self.stub: recover_pb2_grpc.RecoverStub | None = None
+        self._fault_ranks: list = []  # the last signal's fault ranks (isolated on a 201 answer)
 
     # -- events ------------------------------------------------------------------------------------
     def _record(self, kind: str, **data: Any) -> None:
@@ -193,6 +194,8 @@ class TrainSim:
     async def _answer(self, sig) -> None:
         st = sig.signalType
         ranks = list(sig.faultRanks)
+        if ranks:
+            self._fault_ranks = ranks
         if st == "stopTrain":
             if self.o.stop == SILENT:
                 return
@@ -217,7 +220,7 @@ class TrainSim:
             if code == SILENT:
                 return
             await self._delay()
-            isolate = [f.rankId for f in ranks] if code == 201 else []
+            isolate = [f.rankId for f in self._fault_ranks] if code == 201 else []
             r = await self.stub.ReportRecoverStatus(
                 recover_pb2.RecoverStatusRequest(
                     jobId=self.job_id,

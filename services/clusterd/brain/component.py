@@ -430,7 +430,6 @@ class BrainComponent:
         self.job_svc.broadcast(job, "delete" if deleted else ("add" if not old_nodes else "update"))
         if deleted:
             ctl = self.controllers.pop(job.id, None)
-            self.initialised.discard(job.id)
             if ctl is not None:
                 await ctl.close()
         else:

@@ -142,7 +142,8 @@ class Controller:
             signalType=signal_type,
             actions=actions or [],
             faultRanks=[
-                recover_pb2.FaultRank(rankId=str(f.rank), faultType=f.fault_type) for f in fault_ranks or []
+                recover_pb2.FaultRank(rankId=str(rank), faultType=t)
+                for rank, t in _per_rank(fault_ranks or [])
             ],
             changeStrategy=change_strategy,
             timeout=sig_timeout,
@@ -296,7 +297,7 @@ class Controller:
     def _finish_om(self, msg: str) -> None:
         if self.om_reply is not None and not self.om_reply.done():
             self.om_reply.set_result(msg)
-            event(log, logging.INFO, "o&m reply", job=self.job_id, kind=self.om_kind, msg=msg)
+            event(log, logging.INFO, "o&m reply", job=self.job_id, kind=self.om_kind, reply=msg)
 
     async def push_notify(self, kind: str, msg: Any) -> bool:
         """Put ``msg`` on the SubscribeNotifySwitch ("nic") or SubscribeNotifyExecStressTest ("stress")
@@ -790,6 +791,15 @@ class Controller:
         """graceExit: a dying-gasp save (``saveAndExit``), then exit."""
         self.add_faults(faults)
         await self.dump_and_exit("grace-exit", "saveAndExit")
+
+
+def _per_rank(faults) -> list[tuple[int, str]]:
+    """One (rank, faultType) per rank, by rank; a normal fault ("1") wins over retry types."""
+    out: dict[int, str] = {}
+    for f in faults:
+        if out.get(f.rank) != "1":
+            out[f.rank] = f.fault_type
+    return sorted(out.items())
 
 
 def _normal(f: RankFault) -> RankFault:

@@ -1,0 +1,204 @@
+"""Every Recover RPC: its success code and each error code (clusterd.md §2.1, §4)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from brain.brainkit import JOB, apply, npu_fault, wait_decision
+
+from clusterd.brain import recover as recover_mod
+from faultmesh._pb import recover_pb2 as pb
+from faultmesh._pb import recover_pb2_grpc
+
+
+@pytest.fixture
+def stub(channel):
+    return recover_pb2_grpc.RecoverStub(channel)
+
+
+def ci(job=JOB):
+    return pb.ClientInfo(jobId=job, role="taskd")
+
+
+async def registered(cd, stub, **over):
+    await apply(cd, **over)
+    assert (await stub.Init(ci())).code == 0
+    assert (await stub.Register(ci())).code == 0
+
+
+async def test_init_codes(cd, stub):
+    r = await stub.Init(ci())
+    assert (r.code, "not found" in r.info) == (502, True)
+    await apply(cd, **{"process-recover-enable": "", "subHealthyStrategy": "ignore"})
+    assert (await stub.Init(ci())).code == 403
+    await apply(cd, **{"process-recover-enable": "", "subHealthyStrategy": "hotSwitch"})
+    assert (await stub.Init(ci())).code == 0  # hotSwitch alone is enough
+    r = await stub.Init(ci())
+    assert (r.code, "already" in r.info) == (0, True)
+
+
+async def test_register_codes(cd, stub, monkeypatch):
+    await apply(cd, **{"process-recover-enable": "", "subHealthyStrategy": "hotSwitch"})
+    assert (await stub.Register(ci())).code == 408
+    await stub.Init(ci())
+    assert (await stub.Register(ci())).code == 0
+    assert cd.jobs.get(JOB).process_recover_enable == "on"  # the label is set on Register
+    assert (await stub.Register(ci())).code == 0  # idempotent
+    await apply(cd, id="job-0002-uid", name="other")
+    await stub.Init(ci("job-0002-uid"))
+    await cd.jobs.delete("job-0002-uid")  # gone between Init and Register
+    assert (await stub.Register(ci("job-0002-uid"))).code == 402
+    monkeypatch.setattr(recover_mod, "MAX_SERVED_JOBS", 1)
+    await apply(cd, id="job-0003-uid", name="third")
+    await stub.Init(ci("job-0003-uid"))
+    assert (await stub.Register(ci("job-0003-uid"))).code == 500
+
+
+async def test_subscribe_unregistered_is_a_grpc_error(cd, stub):
+    call = stub.SubscribeProcessManageSignal(ci())
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await call.read()
+    assert e.value.code() == grpc.StatusCode.UNKNOWN and "not registered" in e.value.details()
+    for sub in (stub.SubscribeNotifySwitch, stub.SubscribeNotifyExecStressTest):
+        with pytest.raises(grpc.aio.AioRpcError):
+            await sub(ci()).read()
+
+
+async def test_reports_400_unregistered_0_registered(cd, stub):
+    reqs = [
+        (stub.ReportStopComplete, pb.StopCompleteRequest(jobId=JOB)),
+        (stub.ReportRecoverStrategy, pb.RecoverStrategyRequest(jobId=JOB, strategies=["recover"])),
+        (stub.ReportRecoverStatus, pb.RecoverStatusRequest(jobId=JOB)),
+        (stub.ReportProcessFault, pb.ProcessFaultRequest(jobId=JOB)),
+        (stub.ReplySwitchNicResult, pb.SwitchResult(jobId=JOB, result=True)),
+        (
+            stub.ReplyStressTestResult,
+            pb.StressTestResult(
+                jobId=JOB,
+                stressResult={
+                    "0": pb.StressTestRankResult(rankResult={"0": pb.StressTestOpResult(code="0")})
+                },
+            ),
+        ),
+    ]
+    for rpc, req in reqs:
+        assert (await rpc(req)).code == 400
+    await registered(cd, stub)
+    for rpc, req in reqs:  # not awaited by any flow: dropped as "order mix", still 0
+        assert (await rpc(req)).code == 0
+    assert cd.brain.controllers[JOB].state == "INIT"
+    assert (await stub.ReplySwitchNicResult(pb.SwitchResult(jobId="", result=True))).code == 413
+    assert (await stub.ReplyStressTestResult(pb.StressTestResult(jobId=JOB))).code == 413
+
+
+async def test_health_check(stub):
+    r = await stub.HealthCheck(ci())
+    assert (r.code, r.info) == (0, f"jobId={JOB}, receive HeathCheck")
+
+
+async def test_report_process_fault_starts_recovery(cd, stub, sims):
+    await apply(cd)
+    sim = await sims.start()
+    assert await sim.report_process_fault([("3", "1")]) == 0
+    d = await wait_decision(cd, "stop-train")
+    assert d["reason"] == "the training side reported a process fault" and d["faults"][0]["rank"] == 3
+    await wait_decision(cd, "recover-success")
+
+
+def nic(**nodes):
+    return pb.SwitchNics(jobID=JOB, nicOps={n: pb.DeviceList(dev=d, op=o) for n, (d, o) in nodes.items()})
+
+
+async def test_switch_nic_track_codes(cd, stub):
+    r = await stub.SwitchNicTrack(nic(**{"node-a": (["0"], [True])}))
+    assert (r.code, r.info) == (413, f"job {JOB} not found")
+    await apply(cd)
+    assert "not registered" in (await stub.SwitchNicTrack(nic(**{"node-a": (["0"], [True])}))).info
+    await stub.Init(ci())
+    await stub.Register(ci())
+    cases = [
+        (nic(), "nicOps is empty"),
+        (nic(**{"node-x": (["0"], [True])}), "not in the job's server list"),
+        (nic(**{"node-a": (["0", "1"], [True])}), "equal length"),
+        (nic(**{"node-a": ([], [])}), "non-empty"),
+        (nic(**{"node-a": (["0", "0"], [True, False])}), "duplicate"),
+        (nic(**{"node-a": (["5"], [True])}), "not the job's devices"),
+    ]
+    for req, why in cases:
+        r = await stub.SwitchNicTrack(req)
+        assert r.code == 413 and why in r.info, (r, why)
+    spec_ranks = [dict(r, superPodId=-1) for r in cd.jobs.get(JOB).to_dict()["ranks"]]
+    await apply(cd, ranks=spec_ranks)
+    r = await stub.SwitchNicTrack(nic(**{"node-a": (["0"], [True])}))
+    assert r.code == 413 and "SuperPoD" in r.info
+    await apply(cd, status="pending")
+    r = await stub.SwitchNicTrack(nic(**{"node-a": (["0"], [True])}))
+    assert r.code == 413 and "not running" in r.info
+
+
+async def test_om_411_while_a_flow_runs_and_0_otherwise(cd, stub, sims):
+    await apply(cd)
+    await sims.start(job_id=JOB, stop="silent")  # pause is never confirmed: the flow stays busy
+    r = await stub.SwitchNicTrack(nic(**{"node-a": (["0"], [True])}))
+    assert (r.code, r.info) == (0, "switching operation was successfully distributed")
+    r = await stub.SwitchNicTrack(nic(**{"node-a": (["1"], [True])}))
+    assert (r.code, r.info) == (411, "nic is swtiching, or job recovering")
+    r = await stub.StressTest(pb.StressTestParam(jobID=JOB, allNodesOps=[0]))
+    assert r.code == 411
+
+
+async def test_stress_test_codes(cd, stub):
+    assert (await stub.StressTest(pb.StressTestParam(jobID=JOB, allNodesOps=[0]))).code == 413
+    await registered(cd, stub)
+    sp = pb.StressOpList
+    cases = [
+        (pb.StressTestParam(jobID=JOB), "both empty"),
+        (pb.StressTestParam(jobID=JOB, allNodesOps=[0, 2]), "must be 0 (AIC) or 1 (P2P)"),
+        (pb.StressTestParam(jobID=JOB, allNodesOps=[1, 1]), "duplicate"),
+        (pb.StressTestParam(jobID=JOB, stressParam={"node-a": sp(ops=[])}), "ops is empty"),
+        (pb.StressTestParam(jobID=JOB, stressParam={"node-x": sp(ops=[0])}), "not in the job"),
+        (pb.StressTestParam(jobID=JOB, stressParam={"node-a": sp(ops=[0, 0])}), "duplicate"),
+    ]
+    for req, why in cases:
+        r = await stub.StressTest(req)
+        assert r.code == 413 and why in r.info, (r, why)
+
+
+async def test_om_reply_streams_need_an_operation(cd, stub):
+    await registered(cd, stub)
+    for call in (
+        stub.SubscribeSwitchNicSignal(pb.SwitchNicRequest(jobID=JOB)),
+        stub.SubscribeStressTestResponse(pb.StressTestRequest(jobID=JOB)),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await call.read()
+        assert "no active" in e.value.details()
+
+
+async def test_token_required_when_configured(tmp_path):
+    from support import make_clusterd
+
+    tok = tmp_path / "token"
+    tok.write_text("s3cret\n")
+    cd = await make_clusterd(tmp_path, "--token-file", str(tok))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{cd.grpc_port}") as ch:
+            stub = recover_pb2_grpc.RecoverStub(ch)
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await stub.Init(ci())
+            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            r = await stub.Init(ci(), metadata=(("authorization", "Bearer s3cret"),))
+            assert r.code == 502
+            assert (await stub.HealthCheck(ci())).code == 0  # read-only, no token
+    finally:
+        await cd.stop()
+
+
+async def test_unregistered_job_fault_is_still_decided(cd):
+    await apply(cd)
+    await cd.center.upsert(npu_fault())
+    d = await wait_decision(cd, "job-rescheduling")
+    assert "no process-recovery client" in d["reason"] and d["faults"][0]["rank"] == 2
+    await asyncio.sleep(0.05)

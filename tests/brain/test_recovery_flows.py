@@ -1,0 +1,220 @@
+"""The recovery state machine (clusterd.md §7.3) driven by trainsim: happy, failure and timeout paths."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+from brain.brainkit import JOB, apply, decisions, npu_fault, signals, wait_decision, wait_idle
+
+from faultmesh._pb import recover_pb2 as pb
+from faultmesh._pb import recover_pb2_grpc
+
+
+async def test_recover_happy_path(cd, sims):
+    await apply(cd)
+    sim = await sims.start()
+    await cd.center.upsert(npu_fault())
+    await wait_decision(cd, "recover-success")
+    await wait_idle(cd)
+    assert decisions(cd) == ["stop-train", "recover", "recover-success"]
+    assert signals(sim) == [
+        ("stopTrain", ("stop_train",), ""),
+        ("globalFault", ("on_global_rank", "fault_nodes_exit"), ""),
+        ("changeStrategy", ("change_strategy",), "recover"),
+    ]
+    stop = sim.signals("stopTrain")[0]
+    assert stop["faultRanks"] == [("2", "1")]
+    assert sim.signals("globalFault")[0]["nodeRankIds"] == ["1"]  # node-b hosts pod rank 1
+    assert (
+        stop["uuid"].split("-")[0] == stop["uuid"].split("-")[0].upper()
+        and len(stop["uuid"].split("-")[1]) == 32
+    )
+    assert cd.brain.controllers[JOB].state == "INIT"
+
+
+async def test_retry_only_uce_then_retry_fails_405_and_recover_takes_over(cd, sims):
+    await apply(cd)
+    sim = await sims.start(status={"retry": 405})
+    await cd.center.upsert(npu_fault(code="80E01801", level="RestartBusiness"))
+    await wait_decision(cd, "recover-success")
+    assert decisions(cd) == ["stop-train", "retry", "retry-failed", "recover", "recover-success"]
+    gf = sim.signals("globalFault")[0]
+    assert gf["actions"] == ["on_global_rank"] and gf["faultRanks"] == [("2", "0")] and gf["timeout"] == 0
+    assert [s["changeStrategy"] for s in sim.signals("changeStrategy")] == ["retry", "recover"]
+
+
+async def test_hccl_retry_fault_gets_33s_timeout(cd, sims):
+    await apply(cd)
+    sim = await sims.start()
+    await cd.center.upsert(npu_fault(code="8C1F860B", level="RestartBusiness"))
+    await wait_decision(cd, "retry-success")
+    assert sim.signals("globalFault")[0]["timeout"] == 33
+
+
+async def test_recover_fails_then_dump_then_exit(cd, sims):
+    await apply(cd)
+    sim = await sims.start(status={"recover": 406})
+    await cd.center.upsert(npu_fault())
+    await wait_decision(cd, "exit-completed")
+    await wait_idle(cd)
+    assert decisions(cd) == [
+        "stop-train",
+        "recover",
+        "recover-failed",
+        "dump",
+        "dump-success",
+        "exit-completed",
+    ]
+    last = sim.signals("changeStrategy")[-1]
+    assert (last["changeStrategy"], last["extraParams"]) == ("exit", "dump_exit")
+    assert "job-rescheduling restarts the job" in cd.brain.decisions[JOB][-1]["reason"]
+
+
+async def test_only_exit_reported_goes_to_exit(cd, sims):
+    await apply(cd)
+    sim = await sims.start(strategies=["exit"])
+    await cd.center.upsert(npu_fault())
+    d = await wait_decision(cd, "exit")
+    assert "recover not possible" in d["reason"]
+    await wait_decision(cd, "exit-completed")
+    assert sim.signals("changeStrategy")[-1]["changeStrategy"] == "exit"
+
+
+async def test_recover_in_place_for_restart_business(cd, sims):
+    await apply(cd, **{"recover-strategy": "recover-in-place,recover"})
+    sim = await sims.start(strategies=["recover"])
+    await cd.center.upsert(npu_fault(code="80C98000", level="RestartBusiness"))
+    await wait_decision(cd, "recover-in-place-success")
+    assert sim.signals("globalFault")[0]["actions"] == ["on_global_rank", "fault_nodes_restart"]
+    cs = sim.signals("changeStrategy")[0]
+    assert (cs["changeStrategy"], cs["extraParams"], cs["actions"]) == (
+        "recover",
+        "recover-in-place",
+        ["change_strategy", "fault_nodes_restart"],
+    )
+
+
+async def test_elastic_training_scale_in_then_out(cd, sims):
+    await apply(cd, **{"recover-strategy": "elastic-training"})
+    sim = await sims.start(strategies=["downgrade", "exit"], status={"downgrade": 201})
+    await cd.center.upsert(npu_fault())
+    await wait_decision(cd, "scale-in-success")
+    fne = sim.signals("faultNodesExit")[0]
+    assert fne["nodeRankIds"] == ["1"]
+    assert json.loads(sim.signals("changeStrategy")[0]["extraParams"]) == {"scale-in-strategy": "DP"}
+    await cd.center.remove(npu_fault().key)  # resources are back
+    await wait_decision(cd, "scale-out-success")
+    assert json.loads(sim.signals("changeStrategy")[-1]["extraParams"]) == {"scale-out-strategy": "DP"}
+
+
+async def test_elastic_training_not_for_pod_rank_0(cd, sims):
+    await apply(cd, **{"recover-strategy": "elastic-training"})
+    await sims.start(strategies=["downgrade", "exit"])
+    await cd.center.upsert(npu_fault(node="node-a"))
+    d = await wait_decision(cd, "exit")
+    assert "elastic-training not possible" in d["reason"]
+
+
+async def test_dump_only_strategy_sends_save_and_exit(cd, sims):
+    await apply(cd, **{"recover-strategy": "dump"})
+    sim = await sims.start()
+    await cd.center.upsert(npu_fault())
+    await wait_decision(cd, "exit-completed")
+    assert [s[0] for s in signals(sim)][:1] == ["saveAndExit"]
+    assert "stopTrain" not in [s[0] for s in signals(sim)]
+
+
+async def test_stop_complete_timeout_clears_the_fault(cd, sims):
+    await apply(cd)
+    await sims.start(stop="silent")
+    await cd.center.upsert(npu_fault())
+    d = await wait_decision(cd, "fault-clear")
+    assert "stop complete not reported in 1.0s" in d["reason"]
+    await wait_idle(cd)
+    assert cd.brain.controllers[JOB].state == "INIT"
+
+
+async def test_stop_complete_404_kills_the_job(cd, sims):
+    await apply(cd)
+    sim = await sims.start(stop="notready")
+    await cd.center.upsert(npu_fault())
+    await wait_decision(cd, "kill-job")
+    await sim.wait_for(lambda ev: sim.signals("killMaster"))
+    assert sim.signals("killMaster")[0]["actions"] == []
+
+
+async def test_strategy_not_reported_kills_the_job(cd, sims):
+    await apply(cd)
+    await sims.start(strategies=None)
+    await cd.center.upsert(npu_fault())
+    d = await wait_decision(cd, "kill-job")
+    assert "recover strategy not reported" in d["reason"]
+
+
+async def test_status_silent_falls_back_until_kill(cd, sims):
+    await apply(cd)
+    await sims.start(status={"recover": "silent", "dump": "silent"})
+    await cd.center.upsert(npu_fault())
+    await wait_decision(cd, "kill-job", timeout_s=15)
+    assert decisions(cd)[:5] == ["stop-train", "recover", "recover-failed", "dump", "dump-failed"]
+
+
+async def test_client_vanishing_mid_flow_resets_the_controller(cd, sims):
+    await apply(cd)
+    sim = await sims.start(stop="silent")
+    await cd.center.upsert(npu_fault())
+    await sim.wait_for(lambda ev: sim.signals("stopTrain"))
+    await sim.close()  # the training side disappears
+    d = await wait_decision(cd, "reset")
+    assert d["reason"] == "signal stream ended"
+    assert cd.brain.controllers[JOB].state == "INIT" and not cd.brain.controllers[JOB].busy()
+
+
+async def test_new_subscription_resets_and_ends_the_old_stream(cd, sims, target):
+    await apply(cd)
+    first = await sims.start(stop="silent")
+    await cd.center.upsert(npu_fault())
+    await first.wait_for(lambda ev: first.signals("stopTrain"))
+    async with grpc.aio.insecure_channel(target) as ch:
+        call = recover_pb2_grpc.RecoverStub(ch).SubscribeProcessManageSignal(pb.ClientInfo(jobId=JOB))
+        sig = await asyncio.wait_for(call.read(), 5)
+        assert sig.signalType == "keep-alive"
+        await first.wait_for(lambda ev: any(e["event"] == "stream-ended" for e in ev))
+        assert "reset" in decisions(cd)
+        call.cancel()
+
+
+async def test_keep_alive_every_period(cd, sims):
+    await apply(cd)
+    sim = await sims.start()
+    await sim.wait_for(lambda ev: sum(e["event"] == "keep-alive" for e in ev) >= 2, timeout_s=3)
+
+
+async def test_fault_during_flow_joins_cached_faults(cd, sims):
+    await apply(cd)
+    sim = await sims.start(delay_s=0.2)
+    await cd.center.upsert(npu_fault())
+    await sim.wait_for(lambda ev: sim.signals("stopTrain"))
+    await cd.center.upsert(npu_fault(node="node-a", dev=1))
+    await wait_decision(cd, "recover-success")
+    gf = sim.signals("globalFault")[0]
+    assert sorted(r for r, _ in gf["faultRanks"]) == ["1", "2"]
+    assert decisions(cd).count("stop-train") == 1
+
+
+async def test_recovery_endpoint_lists_decisions(cd, sims):
+    import urllib.request
+
+    await apply(cd)
+    await sims.start()
+    await cd.center.upsert(npu_fault())
+    await wait_decision(cd, "recover-success")
+    url = f"http://{cd.http.host}:{cd.http.port}/v1/jobs/{JOB}/recovery"
+    body = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(url, timeout=5).read()))
+    assert body["registered"] and body["subscribed"]
+    assert [d["decision"] for d in body["decisions"]] == ["stop-train", "recover", "recover-success"]
+    assert body["decisions"][1]["reason"] == "recover is configured and reported"
+    # persisted: a restarted brain still answers
+    assert [d["decision"] for d in await cd.store.kv_get("decisions", JOB)][-1] == "recover-success"
