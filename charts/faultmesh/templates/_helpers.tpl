@@ -81,3 +81,26 @@ app.kubernetes.io/component: {{ .component }}
 {}
 {{- end -}}
 {{- end -}}
+
+{{/* Fault-table file -> "service flag" (the daemon that reads it and with which flag). */}}
+{{- define "faultmesh.tableFlagMap" -}}
+NodeDConfiguration.json: "noded --levels-file"
+faultCode.json: "deviced --fault-code-file"
+faultCustomization.json: "deviced --fault-customization-file"
+SwitchFaultCode.json: "deviced --switch-fault-code-file"
+publicFaultConfiguration.json: "clusterd --public-fault-config"
+{{- end -}}
+
+{{/* Flags pointing a daemon at the tables given in .Values.faultTables; pass (dict "root" $ "service" "noded"). */}}
+{{- define "faultmesh.tableFlags" -}}
+{{- $map := include "faultmesh.tableFlagMap" .root | fromYaml -}}
+{{- range $file := keys .root.Values.faultTables | sortAlpha }}
+{{- $target := get $map $file }}
+{{- if $target }}
+{{- $parts := splitList " " $target }}
+{{- if eq (index $parts 0) $.service }}
+- {{ printf "%s=/etc/faultmesh/fault-tables/%s" (index $parts 1) $file }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
