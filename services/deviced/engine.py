@@ -120,7 +120,9 @@ class Device:
     health: str = "Healthy"
     network_health: str = "Healthy"
     resetting: bool = False
-    last_event_ms: dict[int, int] = field(default_factory=dict)  # code -> time of the last applied event
+    last_event_ms: dict[int, tuple[int, int]] = field(
+        default_factory=dict
+    )  # code -> (time, seq) last applied
 
     def codes(self) -> dict[int, CodeState]:
         """Chip and network codes together."""
@@ -254,7 +256,7 @@ class FaultEngine:
         live = {c for c in codes if c and c not in (RESET_FINISHED, GATEWAY_PROBE)}
         # what the cache will hold once the queued events are applied, in time order
         expected = {c for c, st in d.codes().items() if not st.once}
-        for ev in sorted((e for _, _, e in self._pending if e.logic == logic), key=lambda e: e.time_ms):
+        for _, ev in sorted(((e.time_ms, seq), e) for _, seq, e in self._pending if e.logic == logic):
             if ev.assertion == OCCUR:
                 expected.add(ev.code)
             elif ev.assertion == RECOVER:
@@ -305,20 +307,20 @@ class FaultEngine:
         due = 0
         while due < len(self._pending) and self._pending[due][0] <= now:
             due += 1
-        batch = [e for _, _, e in self._pending[:due]]
+        # order by event time, then by arrival (events of one callback batch share a ms stamp)
+        batch = sorted(((e.time_ms, seq), e) for _, seq, e in self._pending[:due])
         del self._pending[:due]
-        batch.sort(key=lambda e: e.time_ms)
         per_dev_queue: dict[tuple[int, int], list[tuple[int, int]]] = collections.defaultdict(list)
-        for ev in batch:
+        for order, ev in batch:
             d = self.devices.get(ev.logic)
             if d is None:
                 continue
             changed.add(ev.logic)
             last = d.last_event_ms.get(ev.code)
-            if last is not None and ev.time_ms < last:
+            if last is not None and order < last:
                 self.stats["stale_event"] += 1  # an older event arriving late (e.g. a delayed recover)
                 continue
-            d.last_event_ms[ev.code] = ev.time_ms
+            d.last_event_ms[ev.code] = order
             self._apply(d, ev)
             if self.custom.duration_rule(ev.code) is not None:
                 per_dev_queue[(ev.logic, ev.code)].append((ev.time_ms, ev.assertion))
