@@ -17,10 +17,15 @@ COMMAND_MODULES: tuple[str, ...] = (
     "faults",
     "pubfault",
     "jobs",
+    "trainsim",
+    "trace",
+    "switch_nic",
+    "stress_test",
     "bmc_sim",
     "pingmesh",
     "slownode",
     "up",
+    "device_sim",
 )
 
 

@@ -1,0 +1,68 @@
+"""``faultmesh switch-nic --job-id J --nic NODE:DEV=on|off ...``: NIC fail-over / switch-back (clusterd.md §4.1).
+
+``on`` switches the device's traffic to the backup NIC, ``off`` switches it back. The command calls
+``SwitchNicTrack`` and then (unless ``--no-wait``) waits on ``SubscribeSwitchNicSignal`` for the
+one outcome message (e.g. ``switch nic finish``). Exit status 1 unless the switch finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from faultmesh._pb import recover_pb2, recover_pb2_grpc
+from faultmesh.cli._grpc import call, first_of_stream
+from faultmesh.cli.common import CliError, add_server_flags, emit, run
+
+
+def parse_nics(items: list[str]) -> dict[str, tuple[list[str], list[bool]]]:
+    """``["node-b:0=on", "node-b:1=off"]`` -> {node: ([dev], [op])}. Raises :class:`CliError`."""
+    out: dict[str, tuple[list[str], list[bool]]] = {}
+    for item in items:
+        node, sep, rest = item.partition(":")
+        dev, sep2, op = rest.partition("=")
+        if not sep or not sep2 or not node or not dev.isdigit() or op not in ("on", "off"):
+            raise CliError(f"--nic {item!r}: expected NODE:DEVICE=on|off (e.g. node-b:0=on)")
+        devs, ops = out.setdefault(node, ([], []))
+        devs.append(dev)
+        ops.append(op == "on")
+    return out
+
+
+@run
+def cmd_switch_nic(args: argparse.Namespace) -> int:
+    """Start a NIC switch and print its outcome."""
+    nics = parse_nics(args.nic)
+    req = recover_pb2.SwitchNics(
+        jobID=args.job_id, nicOps={n: recover_pb2.DeviceList(dev=d, op=o) for n, (d, o) in nics.items()}
+    )
+    st = call(args, recover_pb2_grpc.RecoverStub, "SwitchNicTrack", req)
+    if st.code != 0:
+        raise CliError(f"SwitchNicTrack refused: code {st.code}: {st.info}")
+    msg = st.info
+    if not args.no_wait:
+        reply = first_of_stream(
+            args,
+            recover_pb2_grpc.RecoverStub,
+            "SubscribeSwitchNicSignal",
+            recover_pb2.SwitchNicRequest(jobID=args.job_id),
+            args.timeout_s,
+        )
+        msg = reply.msg
+    ok = args.no_wait or msg == "switch nic finish"
+    emit(
+        args,
+        {"job_id": args.job_id, "code": st.code, "result": msg, "ok": ok},
+        [(args.job_id, msg)],
+        ("JOB", "RESULT"),
+    )
+    return 0 if ok else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("switch-nic", help="switch NPU NICs of a running job to/from their backup")
+    add_server_flags(p)
+    p.add_argument("--job-id", required=True)
+    p.add_argument("--nic", action="append", required=True, metavar="NODE:DEV=on|off", help="repeatable")
+    p.add_argument("--no-wait", action="store_true", help="do not wait for the outcome")
+    p.add_argument("--timeout-s", type=float, default=3600.0, help="wait at most this long for the outcome")
+    p.set_defaults(func=cmd_switch_nic)
