@@ -102,7 +102,11 @@ def test_sim_faults_reach_clusterd_and_resync(tmp_path):
             http("POST", f"{sim}/sim/fault", {"device": 3, "code": "80E18008", "assertion": "occur"})[0]
             == 200
         )
-        assert http("POST", f"{sim}/sim/link", {"device": 5, "state": "down"})[0] == 200
+        cli = subprocess.run(
+            [str(BIN / "faultmesh"), "device-sim", "--sim", f"127.0.0.1:{sim_port}", "link", "5", "down"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert cli.returncode == 0, cli.stderr
         status, body = http("POST", f"{sim}/sim/link", {"device": 99, "state": "down"})
         assert status == 400 and "unknown device" in body["error"]
         got = wait_for(
