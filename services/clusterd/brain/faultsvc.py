@@ -34,6 +34,8 @@ log = logging.getLogger("clusterd.brain.fault")
 CLUSTER = "-1"
 MAX_JOB_IDS = 10_000
 BUFFER = 1000
+QUEUE_WAIT_S = 5.0  # how long a queued GetFaultMsgSignal waits for a token
+MAX_WAITING = 50
 CJK_RE = re.compile(r"[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
 
 
@@ -172,11 +174,11 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
     async def _admit(self) -> bool:
         if self._bucket.take():
             return True
-        if self._waiting >= 50:
+        if self._waiting >= MAX_WAITING:
             return False
         self._waiting += 1
         try:
-            deadline = time.monotonic() + 5.0
+            deadline = time.monotonic() + QUEUE_WAIT_S
             while time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
                 if self._bucket.take():
