@@ -151,3 +151,16 @@ def test_ping_op_validation():
     ):
         with pytest.raises(HccspingParamError):
             bad.validate()
+
+
+def test_probe_many_agrees_with_probe():
+    f = fab.Fabric(spec({"kind": "dead_npu", "node": "node-1", "phy": 2},
+                        {"kind": "slow_link", "a": "node-0/0", "b": "node-0/1", "delay_us": 20}))  # fmt: skip
+    probes = [
+        ("node-0", 0, sdid(f, "node-1", 2)),
+        ("node-0", 0, sdid(f, "node-0", 1)),
+        ("node-0", 0, sdid(f, "node-2", 0)),
+    ]
+    suc, fail, avg = f.probe_many(probes, 50)
+    assert list(suc) == [0, 50, 50] and list(fail) == [50, 0, 0]
+    assert avg[0] == -1 and avg[1] > 20 and 4 < avg[2] < 6

@@ -245,6 +245,37 @@ class Fabric:
             d = delay + extra + self._rng.normal(0.0, self.jitter_us, suc)
         return suc, packets - suc, [max(0.5, x) for x in d.tolist()]
 
+    def probe_many(
+        self, probes: list[tuple[str, int, int]], packets: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Vectorized :meth:`probe` for many (src node, src phy, dst SDID): arrays of succeeded and
+        failed packets and the mean delay of the answered packets (µs, -1 when none answered)."""
+        self.maybe_reload()
+        with self._lock:
+            st = self._state
+            keep = np.empty(len(probes))
+            base = np.empty(len(probes))
+            for i, (node, phy, dst_sdid) in enumerate(probes):
+                src = (node, phy)
+                dst = self.sp.locate(dst_sdid)
+                if dst is None or src in st.dead or dst in st.dead:
+                    keep[i], base[i] = 0.0, 0.0
+                    continue
+                key = frozenset((src, dst))
+                k = (1 - self.base_loss) * (1 - st.link_loss.get(key, 0.0))
+                d = self.base_delay_us + st.link_delay.get(key, 0.0)
+                if node != dst[0]:
+                    d += self.inter_node_delay_us
+                    for plane in {self.sp.plane_of(phy), self.sp.plane_of(dst[1])}:
+                        if plane is not None and plane in st.plane_loss:
+                            k *= 1 - st.plane_loss[plane]
+                            d += st.plane_delay[plane]
+                keep[i], base[i] = k, d
+            suc = self._rng.binomial(packets, keep)
+            noise = self._rng.normal(0.0, self.jitter_us, len(probes)) / np.sqrt(np.maximum(suc, 1))
+        avg = np.where(suc > 0, np.maximum(0.5, base + noise), -1.0)
+        return suc, packets - suc, avg
+
     def ground_truth(self) -> list[dict[str, Any]]:
         """Expected localization per injected fault: ``{"kind": npu|link|node|plane, "node", "phy",
         "peer_node", "peer_phy", "plane", "fault"}`` (chip resets have no network truth)."""
