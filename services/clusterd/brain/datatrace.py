@@ -163,8 +163,10 @@ class DataTrace(profiling_pb2_grpc.TrainingDataTraceServicer):
             self.b.count_rejected("datatrace_unregistered")
             await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={jid} not registered")
         old = self.pubs.get(jid)
-        if old is not None:
-            old.put_nowait(None) if not old.full() else None
+        if old is not None:  # the older stream ends
+            while not old.empty():
+                old.get_nowait()
+            old.put_nowait(None)
         q: asyncio.Queue = asyncio.Queue(maxsize=100)
         self.pubs[jid] = q
         try:

@@ -191,6 +191,9 @@ class ConfigServicer(config_pb2_grpc.ConfigServicer):
             await context.abort(
                 grpc.StatusCode.UNKNOWN, f"jobId={request.jobId} role={request.role} not registered"
             )
+        while not q.empty():  # tables queued before the stream opened are superseded by the current one
+            if q.get_nowait() is None:
+                return
         job = self.b.jobs.get(request.jobId)
         if job is not None:
             yield config_pb2.RankTableStream(jobId=job.id, rankTable=orjson.dumps(job.rank_table()).decode())

@@ -1,0 +1,117 @@
+"""job.Job and config.Config (clusterd.md §2.5, §2.6): codes, limits, first batch and updates."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+import pytest
+from brain.brainkit import JOB, apply
+
+from clusterd.brain import jobsvc
+from faultmesh._pb import config_pb2, config_pb2_grpc, job_pb2, job_pb2_grpc
+
+
+@pytest.fixture
+def jstub(channel):
+    return job_pb2_grpc.JobStub(channel)
+
+
+@pytest.fixture
+def cstub(channel):
+    return config_pb2_grpc.ConfigStub(channel)
+
+
+async def test_job_register_roles_and_limit(cd, jstub, monkeypatch):
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await jstub.Register(job_pb2.ClientInfo(role="Hacker"))
+    assert "code 400" in e.value.details()
+    ids = set()
+    for role in jobsvc.ROLES:
+        r = await jstub.Register(job_pb2.ClientInfo(role=role))
+        assert (r.code, r.info, len(r.clientId)) == (200, "register success", 36)
+        ids.add(r.clientId)
+    assert len(ids) == 4
+    monkeypatch.setattr(jobsvc, "MAX_CLIENTS", 4)
+    assert (await jstub.Register(job_pb2.ClientInfo(role="FdAgent"))).code == 429
+
+
+async def test_subscribe_list_first_batch_then_updates(cd, jstub):
+    await apply(cd)
+    cid = (await jstub.Register(job_pb2.ClientInfo(role="FdAgent"))).clientId
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await jstub.SubscribeJobSummarySignalList(job_pb2.ClientInfo(role="CCAgent", clientId=cid)).read()
+    assert "not registered" in e.value.details()  # role mismatch
+    call = jstub.SubscribeJobSummarySignalList(job_pb2.ClientInfo(role="FdAgent", clientId=cid))
+    first = await asyncio.wait_for(call.read(), 5)
+    assert first.JobTotalNum == 1
+    (s,) = first.jobSummarySignals
+    assert (s.jobId, s.jobName, s.namespace, s.frameWork, s.jobStatus, s.operator) == (
+        JOB,
+        "llama",
+        "default",
+        "pytorch",
+        "running",
+        "add",
+    )
+    hccl = json.loads(s.HcclJson)
+    assert hccl["server_count"] == "2" and hccl["server_list"][0]["device"][1] == {
+        "device_id": "1",
+        "rank_id": "1",
+    }
+    await apply(cd, status="completed")
+    upd = await asyncio.wait_for(call.read(), 5)
+    assert upd.JobTotalNum == 1 and upd.jobSummarySignals[0].jobStatus == "completed"
+    assert upd.jobSummarySignals[0].operator == "update"
+    await cd.jobs.delete(JOB)
+    gone = await asyncio.wait_for(call.read(), 5)
+    assert gone.jobSummarySignals[0].operator == "delete" and gone.jobSummarySignals[0].deleteTime
+    call.cancel()
+
+
+async def test_subscribe_single_only_updates_and_per_role_cap(cd, jstub, monkeypatch):
+    await apply(cd)
+    cid = (await jstub.Register(job_pb2.ClientInfo(role="CCAgent"))).clientId
+    call = jstub.SubscribeJobSummarySignal(job_pb2.ClientInfo(role="CCAgent", clientId=cid))
+    await asyncio.sleep(0.1)
+    await apply(cd, status="failed")
+    m = await asyncio.wait_for(call.read(), 5)
+    assert (m.jobId, m.jobStatus) == (JOB, "failed")
+    monkeypatch.setattr(jobsvc, "MAX_SUBS_PER_ROLE", 1)
+    cid2 = (await jstub.Register(job_pb2.ClientInfo(role="CCAgent"))).clientId
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await jstub.SubscribeJobSummarySignal(job_pb2.ClientInfo(role="CCAgent", clientId=cid2)).read()
+    assert "more than 1 subscriptions" in e.value.details()
+    call.cancel()
+
+
+async def test_large_job_has_empty_hccl_json(cd, jstub, monkeypatch):
+    monkeypatch.setattr(jobsvc, "MAX_RANKS_HCCL", 3)
+    await apply(cd)
+    cid = (await jstub.Register(job_pb2.ClientInfo(role="DefaultUser1"))).clientId
+    call = jstub.SubscribeJobSummarySignalList(job_pb2.ClientInfo(role="DefaultUser1", clientId=cid))
+    first = await asyncio.wait_for(call.read(), 5)
+    assert first.jobSummarySignals[0].HcclJson == ""
+    call.cancel()
+
+
+async def test_config_register_and_rank_table_stream(cd, cstub):
+    ci = config_pb2.ClientInfo(jobId=JOB, role="mindie")
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await cstub.SubscribeRankTable(ci).read()
+    assert "not registered" in e.value.details()
+    r = await cstub.Register(ci)
+    assert (r.code, r.info) == (0, "register success")
+    await apply(cd)
+    call = cstub.SubscribeRankTable(ci)
+    m = await asyncio.wait_for(call.read(), 5)
+    assert m.jobId == JOB and json.loads(m.rankTable)["server_count"] == "2"
+    spec_ranks = [{"rank": 0, "node": "node-c", "device": 3}]
+    await apply(cd, ranks=spec_ranks)
+    m = await asyncio.wait_for(call.read(), 5)
+    assert json.loads(m.rankTable)["server_list"] == [
+        {"server_id": "node-c", "device": [{"device_id": "3", "rank_id": "0"}]}
+    ]
+    assert (await cstub.Register(ci)).code == 0  # replaces: the old stream ends
+    assert await asyncio.wait_for(call.read(), 5) is grpc.aio.EOF
