@@ -138,6 +138,13 @@ class _EngineCollector(Collector):
         cbs = CounterMetricFamily("faultmesh_deviced_callbacks", "Callbacks received from the driver")
         cbs.add_metric([], self.app.callbacks)
         yield cbs
+        unk = CounterMetricFamily(
+            "faultmesh_deviced_unknown_event_types",
+            "Callbacks with an event type other than a DMS fault event",
+        )
+        dcmi = getattr(self.app.backend, "dcmi", None)
+        unk.add_metric([], getattr(dcmi, "unknown_events", 0))
+        yield unk
         errs = CounterMetricFamily(
             "faultmesh_deviced_dcmi_errors", "Failed DCMI calls", labels=["call", "reason"]
         )

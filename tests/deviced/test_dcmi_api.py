@@ -84,3 +84,15 @@ def test_lingqu_subscribe_and_query(native_libs):
     assert [e.fault_id for e in lq.fault_info()] == [155914]
     assert fire(17, 155914, 1, 3, 2, 7, 2, 0, 1) == 0
     assert lq.fault_info() == []
+
+
+def test_unknown_event_type_is_counted_not_delivered(dcmi):
+    got = []
+    dcmi.subscribe(got.append)
+    ctl(dcmi, "dcmitest_set_event_type", ctypes.c_int, restype=None)(7)
+    fire = ctl(dcmi, "dcmitest_fire", ctypes.c_int, ctypes.c_uint, *[ctypes.c_int] * 4)
+    assert fire(1, 0x80E18008, 1, 2, 0, 1) == 0
+    assert got == [] and dcmi.unknown_events == 1
+    ctl(dcmi, "dcmitest_set_event_type", ctypes.c_int, restype=None)(0)
+    assert fire(1, 0x80E18008, 1, 2, 0, 1) == 0
+    assert len(got) == 1

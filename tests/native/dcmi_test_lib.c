@@ -17,6 +17,7 @@
  *   dcmitest_storm_start(rate, duration_ms, ndev, ncodes, seed) / dcmitest_storm_wait()
  *                                            fire rate events/s from one C thread, updating the
  *                                            live lists; fire times kept per serial (monotonic ns)
+ *   dcmitest_set_event_type(type)             struct dcmi_event.type of the next fired events
  *   dcmitest_calls(name)                      how many times call `name` ran
  *   dcmitest_sizeof(struct) / dcmitest_offsetof(struct, field)   layout checks
  */
@@ -116,6 +117,7 @@ static dcmi_fault_event_callback callback;
 static int serial;
 static int reset_boot_ms = 200;
 static char chip_name[32] = "910B3";
+static int event_type; /* struct dcmi_event.type of fired events (0 = DMS fault event) */
 
 static int func_index(const char *name) {
     for (int i = 0; i < NFUNCS; i++)
@@ -170,6 +172,7 @@ void dcmitest_reset(int cards, int devs_per_card) {
     }
     callback = NULL;
     serial = 0;
+    event_type = 0;
     pthread_mutex_unlock(&mu);
 }
 
@@ -256,6 +259,9 @@ int dcmitest_resets(int logic) {
 
 int dcmitest_subscribed(void) { return callback != NULL; }
 
+/* Type of the events fired next (0 = DMS fault event; anything else is unknown to deviced). */
+void dcmitest_set_event_type(int type) { event_type = type; }
+
 /* Apply an event to the live list (occur adds, recover removes); caller holds mu. */
 static void apply_to_list(int logic, unsigned int code, int assertion) {
     struct device *d = &devs[logic];
@@ -268,7 +274,7 @@ static void apply_to_list(int logic, unsigned int code, int assertion) {
 
 static void fill_event(struct dcmi_event *ev, int logic, unsigned int code, int assertion, int severity) {
     memset(ev, 0, sizeof *ev);
-    ev->type = 0;
+    ev->type = event_type;
     ev->event_t.dms_event.event_id = code;
     ev->event_t.dms_event.deviceid = (unsigned short)logic;
     ev->event_t.dms_event.severity = (unsigned char)severity;

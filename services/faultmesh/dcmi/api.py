@@ -107,6 +107,7 @@ class Dcmi:
         self._chip_info = f("dcmi_get_device_chip_info", c_int, c_int, P(structs.DcmiChipInfo))
         self._callback_ref: object | None = None  # keeps the CFUNCTYPE alive while subscribed
         self._lock = threading.Lock()
+        self.unknown_events = 0  # callbacks whose event type is not DCMI_DMS_FAULT_EVENT
 
     @classmethod
     def open(cls, path: str | os.PathLike | None = None) -> Dcmi:
@@ -186,13 +187,16 @@ class Dcmi:
 
         ``on_event`` runs on the driver's C thread with a decoded copy of the event: it must only hand
         the event over (e.g. ``loop.call_soon_threadsafe``) and never call back into DCMI. Exceptions
-        it raises are swallowed (a C thread cannot take them).
+        it raises are swallowed (a C thread cannot take them). Events of another type than
+        ``DCMI_DMS_FAULT_EVENT`` are dropped and counted in ``unknown_events``.
         """
 
         def _cb(ptr):  # runs on a C thread, holding the GIL
             try:
                 ev = decode_event(ptr.contents)
-                if ev is not None:
+                if ev is None:
+                    self.unknown_events += 1  # not a DMS fault event: counted, dropped
+                else:
                     on_event(ev)
             except Exception:  # noqa: BLE001 - never let an exception unwind into C
                 pass
