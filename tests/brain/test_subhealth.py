@@ -1,0 +1,123 @@
+"""Sub-health strategies (clusterd.md §7.2-7.3, principles 亚健康热切): ignore, graceExit, hotSwitch + fallbacks."""
+
+from __future__ import annotations
+
+import asyncio
+
+from brain.brainkit import JOB, apply, decisions, npu_fault, signals, wait_decision, wait_idle
+
+from faultmesh.model import Fault
+
+
+def sub(node="node-b", dev=0):
+    return npu_fault(node=node, dev=dev, code="80818C06", level="SubHealthFault")
+
+
+async def test_ignore_keeps_training(cd, sims):
+    await apply(cd)
+    sim = await sims.start()
+    await cd.center.upsert(sub())
+    d = await wait_decision(cd, "ignore")
+    assert d["flow"] == "sub-health" and d["faults"][0]["rank"] == 2
+    assert signals(sim) == []
+
+
+async def test_grace_exit_saves_then_exits(cd, sims):
+    await apply(cd, subHealthyStrategy="graceExit")
+    sim = await sims.start()
+    await cd.center.upsert(sub())
+    await wait_decision(cd, "exit-completed", timeout_s=5)
+    assert [s[0] for s in signals(sim)] == ["saveAndExit", "changeStrategy"]
+    assert sim.signals("saveAndExit")[0]["faultRanks"] == [("2", "1")]
+    assert sim.signals("changeStrategy")[0]["extraParams"] == "dump_exit"
+    assert decisions(cd) == ["save-and-exit", "dump-success", "exit-completed"]
+
+
+async def test_hot_switch_moves_the_pod_to_a_backup(cd, sims):
+    await apply(cd, subHealthyStrategy="hotSwitch")
+    sim = await sims.start(strategies=["migration"])
+    await cd.center.upsert(sub())
+    await wait_decision(cd, "hot-switch-success")
+    await wait_idle(cd)
+    assert signals(sim) == [
+        ("hot-switch", ("hot switch",), ""),
+        ("hot-switch", ("new pod running",), ""),
+        ("changeStrategy", ("change_strategy",), "migration"),
+    ]
+    job = cd.jobs.get(JOB)
+    assert sorted({r.node for r in job.ranks}) == ["node-a", "node-c"]
+    assert job.sub_healthy_strategy == "hotSwitch"
+
+
+async def test_hot_switch_without_backup_stops_switch_and_degrades(cd, sims):
+    await apply(cd, subHealthyStrategy="hotSwitch", backupNodes=[])
+    sim = await sims.start()
+    await cd.center.upsert(sub())
+    d = await wait_decision(cd, "degrade-to-ignore")
+    assert "no backup node" in d["reason"]
+    assert [s[1] for s in signals(sim)] == [("hot switch",), ("stop switch",)]
+    assert cd.jobs.get(JOB).sub_healthy_strategy == "ignore"
+
+
+async def test_hot_switch_unhealthy_backup_is_not_used(cd, sims):
+    await apply(cd, subHealthyStrategy="hotSwitch")
+    await cd.center.upsert(Fault("noded", "node-c", "CPU", -1, "00000009", "SeparateFault"))
+    await sims.start()
+    await cd.center.upsert(sub())
+    await wait_decision(cd, "degrade-to-ignore")
+
+
+async def test_hot_switch_resume_failure_stops_the_job(cd, sims):
+    await apply(cd, subHealthyStrategy="hotSwitch")
+    sim = await sims.start(strategies=["migration"], status={"migration": 406})
+    await cd.center.upsert(sub())
+    d = await wait_decision(cd, "kill-job")
+    assert "resume failed (406)" in d["reason"]
+    await sim.wait_for(lambda ev: sim.signals("killMaster"))
+    assert cd.jobs.get(JOB).sub_healthy_strategy == "ignore"
+    assert {r.node for r in cd.jobs.get(JOB).ranks} == {"node-a", "node-b"}  # not moved
+
+
+async def test_hot_switch_pause_report_timeout_degrades(cd, sims):
+    await apply(cd, subHealthyStrategy="hotSwitch")
+    await sims.start(strategies=None)
+    await cd.center.upsert(sub())
+    d = await wait_decision(cd, "kill-job")
+    assert "pause not reported in time" in d["reason"]
+    assert "degrade-to-ignore" in decisions(cd)
+
+
+async def test_hot_switch_exit_only_stops_the_job(cd, sims):
+    await apply(cd, subHealthyStrategy="hotSwitch")
+    await sims.start(strategies=["exit"])
+    await cd.center.upsert(sub())
+    d = await wait_decision(cd, "kill-job")
+    assert "can only exit" in d["reason"]
+
+
+async def test_hot_switch_not_on_the_master_pod(cd, sims):
+    await apply(cd, subHealthyStrategy="hotSwitch")
+    sim = await sims.start()
+    await cd.center.upsert(sub(node="node-a"))
+    d = await wait_decision(cd, "ignore")
+    assert d["reason"] == "the fault is on the master pod (pod rank 0)"
+    assert signals(sim) == []
+    async with asyncio.timeout(5):  # the degrade is written right after the decision
+        while cd.jobs.get(JOB).sub_healthy_strategy != "ignore":
+            await asyncio.sleep(0.02)
+
+
+async def test_hot_switch_framework_fallback(cd, sims):
+    await apply(cd, subHealthyStrategy="hotSwitch", framework="tensorflow")
+    await sims.start()
+    await cd.center.upsert(sub())
+    d = await wait_decision(cd, "ignore")
+    assert "does not support hot switch" in d["reason"]
+
+
+async def test_unhealthy_fault_with_hot_switch_runs_process_recovery(cd, sims):
+    await apply(cd, subHealthyStrategy="hotSwitch")
+    sim = await sims.start()
+    await cd.center.upsert(npu_fault())
+    await wait_decision(cd, "recover-success")
+    assert sim.signals("stopTrain")
