@@ -25,9 +25,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
@@ -36,7 +38,7 @@ from prometheus_client.registry import Collector
 
 from deviced import deviceinfo
 from deviced.engine import DeviceEvent, FaultEngine, TokenBucket, UpgradeReason
-from deviced.resetcfg import ChipFault, ResetConfigWriter
+from deviced.resetcfg import ChipFault, ResetConfigWriter, atomic_write
 from deviced.switch import SwitchState
 from deviced.tables import (
     GATEWAY_PROBE,
@@ -64,6 +66,7 @@ log = logging.getLogger("deviced")
 
 SOURCE = "dcmi"
 HOT_RESET_LEVELS = (NpuLevel.RestartNPU, NpuLevel.FreeRestartNPU)
+HOT_RESET_FAILED = "HotResetFailed"  # upgrade-reason kind of a failed or refused reset (-> SeparateNPU)
 
 
 def _range(lo: float, hi: float, typ=int):
@@ -102,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dcmi-timeout", type=float, default=5.0, help="s per DCMI call")
     p.add_argument("--no-subscribe", action="store_true", help="poll only (no fault subscription)")
     p.add_argument("--reset-config-dir", help="directory of per-job reset-config files (off when unset)")
+    p.add_argument(
+        "--state-file",
+        help="JSON file keeping escalations (ManuallySeparateNPU, failed resets) across restarts",
+    )
     p.add_argument("--hot-reset", action="store_true", help="hot-reset idle RestartNPU/FreeRestartNPU chips")
     p.add_argument("--hot-reset-idle", type=float, default=60.0, help="s a chip must be idle before a reset")
     p.add_argument("--hot-reset-boot-timeout", type=float, default=180.0, help="s to wait for boot")
@@ -215,6 +222,8 @@ class DeviceD:
         self.report_latency_hook = None  # bench: called with ([(event, cb_ns)], now_ns) after each report
         self._pending_latency: list[tuple[DevFaultEvent, int]] = []
         self._last_cycle = 0.0
+        self._saved_state = ""
+        self.monotonic = time.monotonic  # hot-reset idle/budget clock (s); injectable for tests
         self.registry.register(_EngineCollector(self))
         self.poll_seconds = Histogram(
             "faultmesh_deviced_poll_duration_seconds",
@@ -274,6 +283,7 @@ class DeviceD:
         self.state.set_condition("DCMIUnavailable", False)
         self.ids = {d.logic: d for d in devices}
         self.engine.set_devices(devices)
+        self._restore_state()
         for d in devices:
             try:
                 self.spod[d.logic] = await self.call("spod", self.backend.spod, d)
@@ -438,6 +448,7 @@ class DeviceD:
         self.cycles += 1
         await self._hot_reset_step()
         self.report()
+        self._save_state()
 
     async def _check_card_drop(self) -> None:
         for logic, ids in self.ids.items():
@@ -580,7 +591,7 @@ class DeviceD:
                         node=self.node_name,
                         device_type="NPU",
                         device_id=logic,
-                        code=self.engine.table.spelling(code),
+                        code=self.engine.table.spelling(code) if code else HOT_RESET_FAILED,
                         level=max(rr.level for (c, _), rr in d.reasons.items() if c == code).name,
                         first_seen_ms=r.time_ms,
                         last_seen_ms=now,
@@ -634,6 +645,35 @@ class DeviceD:
             pending, self._pending_latency = self._pending_latency, []
             self.report_latency_hook(pending, time.monotonic_ns())
 
+    def _restore_state(self) -> None:
+        if not self.args.state_file:
+            return
+        try:
+            with open(self.args.state_file, encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            event(log, logging.ERROR, "state file unreadable", path=self.args.state_file, error=str(e))
+            return
+        n = self.engine.import_state(data if isinstance(data, dict) else {})
+        self._saved_state = json.dumps(self.engine.export_state(), sort_keys=True)
+        event(log, logging.INFO, "escalations restored", path=self.args.state_file, reasons=n)
+
+    def _save_state(self) -> None:
+        if not self.args.state_file:
+            return
+        body = json.dumps(self.engine.export_state(), sort_keys=True)
+        if body == self._saved_state:
+            return
+        try:
+            Path(self.args.state_file).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(Path(self.args.state_file), body.encode())
+            self._saved_state = body
+        except OSError as e:
+            self.call_errors[("state_file", "write failed")] += 1
+            event(log, logging.ERROR, "state file write failed", path=self.args.state_file, error=str(e))
+
     def _on_reason_change(self, d, r: UpgradeReason, added: bool) -> None:
         event(
             log,
@@ -667,14 +707,26 @@ class DeviceD:
 
     # ---------------------------------------------------------------- hot reset (§6)
     async def _hot_reset_step(self) -> None:
+        for logic, d in self.engine.devices.items():
+            if not d.chip and (0, HOT_RESET_FAILED) in d.reasons:
+                del d.reasons[(0, HOT_RESET_FAILED)]  # the fault is gone: the escalation goes with it
+                event(log, logging.INFO, "hot reset escalation cleared", logic_id=logic, phy_id=d.ids.phy)
         if not self.args.hot_reset:
             return
-        now = time.monotonic()
+        now = self.monotonic()
         for logic, d in self.engine.devices.items():
             if logic in self.resetting:
                 continue
             if d.health == "Healthy" or d.level not in HOT_RESET_LEVELS:
-                self.idle_since.pop(logic, None)
+                if self.idle_since.pop(logic, None) is not None:
+                    event(
+                        log,
+                        logging.INFO,
+                        "hot reset not needed",
+                        logic_id=logic,
+                        health=d.health,
+                        fault_level=d.level.name if d.level is not None else "",
+                    )
                 continue
             ids = self.ids[logic]
             try:
@@ -682,8 +734,25 @@ class DeviceD:
             except (DcmiError, BlockingTimeout):
                 procs = -1
             if procs != 0:  # the job's processes must have stopped (reference §6 gate)
-                self.idle_since.pop(logic, None)
+                if self.idle_since.pop(logic, None) is not None:
+                    event(
+                        log,
+                        logging.INFO,
+                        "hot reset waiting",
+                        logic_id=logic,
+                        reason=f"{procs} processes on chip",
+                    )
                 continue
+            if logic not in self.idle_since:
+                event(
+                    log,
+                    logging.INFO,
+                    "hot reset candidate",
+                    logic_id=logic,
+                    phy_id=ids.phy,
+                    fault_level=d.level.name,
+                    reason=f"idle, waiting {self.args.hot_reset_idle:.0f}s",
+                )
             since = self.idle_since.setdefault(logic, now)
             if now - since < self.args.hot_reset_idle:
                 continue
@@ -722,8 +791,8 @@ class DeviceD:
             except (DcmiError, BlockingTimeout) as e:
                 self._reset_failed(logic, f"reset call failed: {e}")
                 return
-            deadline = time.monotonic() + self.args.hot_reset_boot_timeout
-            while time.monotonic() < deadline:
+            deadline = self.monotonic() + self.args.hot_reset_boot_timeout
+            while self.monotonic() < deadline:
                 await asyncio.sleep(1)
                 try:
                     if await self.call("boot", self.backend.boot_status, ids) == BOOT_START_FINISH:
@@ -745,9 +814,9 @@ class DeviceD:
         d = self.engine.devices.get(logic)
         if d is None:
             return
-        key = (0, "HotResetFailed")
+        key = (0, HOT_RESET_FAILED)
         if key not in d.reasons:
-            d.reasons[key] = UpgradeReason(0, NpuLevel.SeparateNPU, "HotResetFailed", self.engine.now())
+            d.reasons[key] = UpgradeReason(0, NpuLevel.SeparateNPU, HOT_RESET_FAILED, self.engine.now())
             event(
                 log,
                 logging.ERROR,

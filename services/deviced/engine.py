@@ -543,6 +543,88 @@ class FaultEngine:
         self._levels(d)
         return bool(keys)
 
+    # -- persistence (the reference keeps UpgradeFaultReason in its ConfigMap, §4.2, §10) --------
+    PERSISTED_KINDS = (FREQUENCY, "HotResetFailed")
+
+    def export_state(self) -> dict:
+        """Escalations that must survive a restart, keyed by physical id: FaultFrequency and
+        HotResetFailed reasons plus frequency counters. Duration reasons are re-derived from live codes."""
+        devices = {}
+        for d in self.devices.values():
+            reasons = [
+                {"code": r.code, "level": r.level.name, "kind": r.kind, "time_ms": r.time_ms}
+                for r in d.reasons.values()
+                if r.kind in self.PERSISTED_KINDS
+            ]
+            freq = {
+                str(code): {
+                    "times": fs.times,
+                    "last_fault_ms": fs.last_fault_ms,
+                    "last_recover_ms": fs.last_recover_ms,
+                }
+                for code, fs in d.frequency.items()
+                if fs.times or (code, FREQUENCY) in d.reasons
+            }
+            if reasons or freq:
+                devices[str(d.ids.phy)] = {
+                    "reasons": sorted(reasons, key=lambda r: (r["code"], r["kind"])),
+                    "frequency": freq,
+                }
+        return {"version": 1, "devices": devices}
+
+    def import_state(self, data: dict) -> int:
+        """Restore :meth:`export_state` output (unknown chips and bad entries skipped and counted).
+        FaultFrequency reasons are re-levelled to the current rule or dropped when the rule is gone; a
+        code not recovered before the restart counts as recovered at restart time (a still-active code
+        is re-raised by the first poll). Returns the number of reasons restored."""
+        by_phy = {d.ids.phy: d for d in self.devices.values()}
+        now = self.now()
+        n = 0
+        for phy_s, entry in (data.get("devices") or {}).items():
+            try:
+                d = by_phy.get(int(phy_s))
+            except (TypeError, ValueError):
+                d = None
+            if d is None or not isinstance(entry, dict):
+                self.stats["restore_skipped"] += 1
+                continue
+            for code_s, fs in (entry.get("frequency") or {}).items():
+                try:
+                    st = FrequencyState(
+                        [int(t) for t in fs.get("times", [])],
+                        int(fs["last_fault_ms"]),
+                        int(fs["last_recover_ms"]),
+                    )
+                    code = int(code_s)
+                except (KeyError, TypeError, ValueError, AttributeError):
+                    self.stats["restore_skipped"] += 1
+                    continue
+                if self.custom.frequency_rule(code) is None:
+                    continue
+                if st.last_recover_ms < st.last_fault_ms:
+                    st.last_recover_ms = now
+                d.frequency[code] = st
+            for r in entry.get("reasons") or []:
+                try:
+                    code, kind, t = int(r["code"]), str(r["kind"]), int(r["time_ms"])
+                    level = NpuLevel.parse(str(r["level"]))
+                except (KeyError, TypeError, ValueError):
+                    self.stats["restore_skipped"] += 1
+                    continue
+                if kind == FREQUENCY:
+                    rule = self.custom.frequency_rule(code)
+                    if rule is None:
+                        continue
+                    level = rule.level
+                    d.frequency.setdefault(code, FrequencyState(last_fault_ms=t, last_recover_ms=now))
+                elif kind not in self.PERSISTED_KINDS:
+                    continue
+                d.reasons[(code, kind)] = UpgradeReason(code, level, kind, t)
+                n += 1
+            d.manually_separated = any(r.level == NpuLevel.ManuallySeparateNPU for r in d.reasons.values())
+            self._levels(d)
+        return n
+
     # -- §3 levels ----------------------------------------------------------------------------
     def code_level(self, d: Device, code: int) -> NpuLevel:
         """A code's reported level: its table level (or fallback) merged with its own escalations."""

@@ -290,3 +290,22 @@ def test_token_bucket(clock):
     assert sum(b.take() for _ in range(1500)) == 1000
     clock.advance(6 * S)  # 100 tokens back
     assert sum(b.take() for _ in range(500)) == 100
+
+
+def test_escalations_survive_a_restart(eng, clock):
+    for _ in range(5):
+        flap_escalate(eng, clock, 4)
+    assert eng.devices[4].manually_separated
+    saved = eng.export_state()
+    assert list(saved["devices"]) == ["14"]  # keyed by physical id
+    fresh = FaultEngine(FaultCodeTable.load(), Customization.load(), clock=clock)
+    fresh.set_devices([DeviceIds(i, 10 + i, i // 4, i % 4) for i in range(8)])
+    assert fresh.import_state(saved) == 1
+    d = fresh.devices[4]
+    assert d.manually_separated and d.network_level == NpuLevel.ManuallySeparateNPU
+    fresh.cycle()
+    assert d.network_health == "UnHealthy"
+    step(fresh, clock, 48 * H + 2 * S)
+    assert not d.manually_separated and d.network_health == "Healthy"
+    assert fresh.import_state({"devices": {"99": {}, "x": 1, "12": {"reasons": [{"code": "zz"}]}}}) == 0
+    assert fresh.stats["restore_skipped"] == 3
