@@ -17,6 +17,7 @@ counted and skipped, like the window's own checks (:func:`fdol.slownet.window.ro
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 from collections.abc import Iterable
@@ -130,6 +131,9 @@ class SuperPodAnalyzer:
         self.sp = sp
         self.pairs = pairs
         self.expected = {(p.src_sdid, p.dst_sdid) for p in pairs}
+        # caches (rebuilt on topology change): address pair -> verdict, window path index -> ends
+        self._pair_check: dict[tuple[str, str], str | None] = {}
+        self._meta: dict[int, tuple[str, int, int, str, int, int] | None] = {}
 
     # -- input ---------------------------------------------------------------------------------
     def ingest(self, rows: Iterable[PingRow], now_ms: int | None = None) -> dict[str, int]:
@@ -137,17 +141,16 @@ class SuperPodAnalyzer:
         (``accepted`` and skip reasons); skipped rows are also summed in ``rejected``."""
         ok: list[PingRow] = []
         counts: dict[str, int] = {}
+        check = self._pair_check
         for r in rows:
-            try:
-                pair = (int(r.src_addr), int(r.dst_addr))
-            except ValueError:
-                pair = None
-            if pair is None or self.sp.locate(pair[0]) is None or self.sp.locate(pair[1]) is None:
-                counts["unknown_address"] = counts.get("unknown_address", 0) + 1
-            elif pair not in self.expected:
-                counts["not_in_ping_list"] = counts.get("not_in_ping_list", 0) + 1
-            else:
+            key = (r.src_addr, r.dst_addr)
+            why = check.get(key, "")
+            if why == "":
+                why = check[key] = self._check_pair(key)
+            if why is None:
                 ok.append(r)
+            else:
+                counts[why] = counts.get(why, 0) + 1
         for k, v in self.window.add(ok, now_ms).items():
             counts[k] = counts.get(k, 0) + v
         for k, v in counts.items():
@@ -155,24 +158,42 @@ class SuperPodAnalyzer:
                 self.rejected[k] = self.rejected.get(k, 0) + v
         return counts
 
+    def _check_pair(self, key: tuple[str, str]) -> str | None:
+        try:
+            pair = (int(key[0]), int(key[1]))
+        except ValueError:
+            return "unknown_address"
+        if self.sp.locate(pair[0]) is None or self.sp.locate(pair[1]) is None:
+            return "unknown_address"
+        return None if pair in self.expected else "not_in_ping_list"
+
+    def _ends(self, i: int) -> tuple[str, int, int, str, int, int] | None:
+        if i in self._meta:
+            return self._meta[i]
+        key = self.window.keys[i]
+        m = None
+        if self._check_pair((key[2], key[4])) is None:
+            s, d = int(key[2]), int(key[4])
+            a, b = self.sp.locate(s), self.sp.locate(d)
+            m = (a[0], a[1], s, b[0], b[1], d)
+        self._meta[i] = m
+        return m
+
     # -- one period ------------------------------------------------------------------------------
     def evidence(self, period: int) -> list[PathEvidence]:
         """Verdicts of ``period`` as :class:`PathEvidence` (paths still in the topology only)."""
         res = self.window.evaluate(period)
         out = []
         keys = self.window.keys
-        for j, i in enumerate(res.idx):
-            key = keys[i]
-            s, d = int(key[2]), int(key[4])
-            a, b = self.sp.locate(s), self.sp.locate(d)
-            if a is None or b is None or (s, d) not in self.expected:
+        loss, delay = res.loss.tolist(), res.delay.tolist()
+        lf, df = res.loss_fault.tolist(), res.delay_fault.tolist()
+        for j, i in enumerate(res.idx.tolist()):
+            m = self._ends(i)
+            if m is None:
                 continue
             out.append(
-                PathEvidence(
-                    a[0], a[1], s, b[0], b[1], d, key[0],
-                    float(res.loss[j]), float(res.delay[j]), bool(res.loss_fault[j]), bool(res.delay_fault[j]),
-                )
-            )  # fmt: skip
+                PathEvidence(m[0], m[1], m[2], m[3], m[4], m[5], keys[i][0], loss[j], delay[j], lf[j], df[j])
+            )
         return out
 
     def analyze(self, period: int, now_s: float | None = None) -> PeriodReport:
@@ -332,7 +353,9 @@ class SuperPodAnalyzer:
                 m[4] += 1
         losses = np.array([e.loss for e in ev]) if ev else np.zeros(0)
         delays = np.array([e.delay for e in ev if not math.isnan(e.delay)]) if ev else np.zeros(0)
-        worst = sorted(ev, key=lambda e: (-e.faulty, -e.loss, -(0 if math.isnan(e.delay) else e.delay)))[:10]
+        worst = heapq.nsmallest(
+            10, ev, key=lambda e: (-e.faulty, -e.loss, -(0 if math.isnan(e.delay) else e.delay))
+        )
         return {
             "period": period,
             "periodEndMs": (period + 1) * self.params.period_ms,

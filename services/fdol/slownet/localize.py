@@ -25,8 +25,9 @@ destination answers (code 220001001, reference noded.md §6 "pingmesh-fault").
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,8 +52,7 @@ CODE_NPU_HCCS = "220001001"
 DISCONNECT_LOSS_PCT = 80.0
 
 
-@dataclass(frozen=True, slots=True)
-class PathEvidence:
+class PathEvidence(NamedTuple):
     """One path with data in the period: ends as (node, phy, SDID), task id, loss (%), delay (raw,
     NaN = no sample) and the two verdicts."""
 
@@ -186,28 +186,44 @@ def localize(
     bad = [i for i, p in enumerate(evidence) if p.faulty]
     if not bad:
         return []
-    # object -> indices of probed paths touching it
-    touch: dict[tuple, list[int]] = {}
-    for i, p in enumerate(evidence):
+    plane_of = sp.plane_of if sp.planes else None
+
+    def objects(p: PathEvidence) -> set[tuple]:
         objs = {("npu", p.src_node, p.src_phy), ("npu", p.dst_node, p.dst_phy), ("node", p.src_node)}
         objs.add(("node", p.dst_node))
-        if p.src_node != p.dst_node and sp.planes:
+        if plane_of is not None and p.src_node != p.dst_node:
             for phy in (p.src_phy, p.dst_phy):
-                pl = sp.plane_of(phy)
+                pl = plane_of(phy)
                 if pl is not None:
                     objs.add(("plane", pl))
-        for o in objs:
-            touch.setdefault(o, []).append(i)
+        return objs
+
+    # probed paths per object (counts), faulty paths per object (indices)
+    probed: Counter = Counter()
+    for p in evidence:
+        probed[("npu", p.src_node, p.src_phy)] += 1
+        probed[("npu", p.dst_node, p.dst_phy)] += 1
+        probed[("node", p.src_node)] += 1
+        if p.src_node != p.dst_node:
+            probed[("node", p.dst_node)] += 1
+            if plane_of is not None:
+                a, b = plane_of(p.src_phy), plane_of(p.dst_phy)
+                if a is not None:
+                    probed[("plane", a)] += 1
+                if b is not None and b != a:
+                    probed[("plane", b)] += 1
+    bad_objs = {i: objects(evidence[i]) for i in bad}
     remaining = set(bad)
     alarms: list[Alarm] = []
     n_nodes = len(sp.nodes)
     while remaining:
+        hits: dict[tuple, list[int]] = {}
+        for i in remaining:
+            for o in bad_objs[i]:
+                hits.setdefault(o, []).append(i)
         best = None
-        for obj, paths in touch.items():
-            hit = [i for i in paths if i in remaining]
-            if not hit:
-                continue
-            ratio = len(hit) / len(paths)
+        for obj, hit in hits.items():
+            ratio = len(hit) / probed[obj]
             kind = obj[0]
             if kind == "npu":
                 ok = ratio >= params.npu_ratio and len(hit) >= params.min_npu_paths
@@ -228,9 +244,9 @@ def localize(
                 )
             if not ok:
                 continue
-            score = (math.floor(ratio * 20 + 1e-9), len(hit), kind)
+            score = (math.floor(ratio * 20 + 1e-9), len(hit), kind, obj)
             if best is None or score > best[0]:
-                best = (score, obj, hit)
+                best = (score, obj, sorted(hit))
         if best is None:
             break
         _, obj, hit = best

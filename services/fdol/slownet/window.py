@@ -29,6 +29,7 @@ import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,8 +39,7 @@ MAX_DELAY = 10_000_000.0  # 10 s in µs: anything above is an absurd delay
 FUTURE_SLACK_MS = 60_000
 
 
-@dataclass(frozen=True, slots=True)
-class PingRow:
+class PingRow(NamedTuple):
     """One pingmesh result row (a ``ping_result_<idx>.csv`` line, reference noded.md §6).
 
     ``loss_rate`` is the fraction 0..1 (avgLossRate); delays are raw driver units, -1 when the ping
