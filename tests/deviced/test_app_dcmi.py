@@ -150,14 +150,23 @@ async def test_subscription_failure_falls_back_to_polling(native_libs, tmp_path,
 
 async def test_burst_of_100k_callbacks_is_bounded_and_state_converges(running, ctl):
     app = running
-    assert ctl.storm_start(200_000, 500, 8, 8, 7) == 0  # 100,000 callbacks from one C thread
-    assert ctl.storm_wait() == 100_000
-    await until(lambda: app.callbacks == 100_000, what="all callbacks seen")
-    assert app.callback_drops >= 100_000 - 1100  # token bucket: ~1000 accepted
     t0 = time.monotonic()
-    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{app.http.port}/healthz") as r:
-        assert r.status == 200
-    assert time.monotonic() - t0 < 1.0
+    assert ctl.storm_start(200_000, 500, 8, 8, 7) == 0  # 100,000 callbacks from one C thread
+    storm = asyncio.ensure_future(asyncio.to_thread(ctl.storm_wait))
+    answered = 0
+    async with aiohttp.ClientSession() as s:
+        while not storm.done():  # the loop keeps answering while the burst runs (bounded, not timed)
+            async with s.get(
+                f"http://127.0.0.1:{app.http.port}/healthz", timeout=aiohttp.ClientTimeout(10)
+            ) as r:
+                assert r.status == 200
+                answered += 1
+            await asyncio.sleep(0.05)
+    assert await storm == 100_000
+    assert answered >= 1
+    await until(lambda: app.callbacks == 100_000, timeout_s=30, what="all callbacks seen")
+    accepted = 100_000 - app.callback_drops  # token bucket: 1000 burst + 1000/min refill
+    assert 1000 <= accepted <= 1000 + (time.monotonic() - t0) * 1000 / 60 + 1
 
     def converged():
         want = set()
@@ -170,7 +179,7 @@ async def test_burst_of_100k_callbacks_is_bounded_and_state_converges(running, c
         }
         return active == want
 
-    await until(converged, timeout_s=10, what="state == last event per (device, code)")
+    await until(converged, timeout_s=30, what="state == last event per (device, code)")
     async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{app.http.port}/metrics") as r:
         text = await r.text()
     assert "faultmesh_deviced_callback_drops_total" in text
