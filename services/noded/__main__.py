@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 
 from faultmesh import config, runtime
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.node_name:
         parser.error("--node-name (or env NODE_NAME) is required")
 
+    hung: list[bool] = []
+
     async def _main(stop: asyncio.Event) -> int:
         try:
             app = NodeD(args, classes if not args.print_node_info else [])
@@ -59,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                 return await print_node_info(app, args.bmc_timeout + 5)
             finally:
                 app.blocking.shutdown()
+                hung.append(app.bmc is not None and app.bmc.client.busy)
         try:
             await app.start()
         except OSError as e:
@@ -67,9 +71,19 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         await stop.wait()
         await app.stop()
+        hung.append(app.bmc is not None and app.bmc.client.busy)
         return 0
 
-    return runtime.run(_main)
+    rc = runtime.run(_main)
+    if any(hung):
+        # a pyghmi call that timed out still blocks its pool thread (up to ~30 s against a dead BMC);
+        # the interpreter would join it at exit. Everything is flushed and stopped: leave now.
+        event(log, logging.INFO, "exiting without waiting for a hung BMC call")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        os._exit(rc)
+    return rc
 
 
 if __name__ == "__main__":

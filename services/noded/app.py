@@ -131,6 +131,9 @@ def build_parser(component_classes: list[type]) -> argparse.ArgumentParser:
     p.add_argument("--min-report-interval", type=float, default=5.0, help="at most one report per this (s)")
     p.add_argument("--resend-every", type=float, default=1800.0, help="re-send unchanged state every (s)")
     p.add_argument(
+        "--clusterd-backoff-max", type=float, default=10.0, help="longest wait between reconnects (s)"
+    )
+    p.add_argument(
         "--blocking-workers", type=int, default=2, help="threads for blocking calls (pyghmi, DCMI)"
     )
     p.add_argument("--log-level", default="INFO")
@@ -187,6 +190,7 @@ class NodeD:
             registry=self.registry,
             min_report_interval_s=args.min_report_interval,
             resend_every_s=args.resend_every,
+            backoff_max_s=args.clusterd_backoff_max,
         )
         self.levels = LevelTableWatcher(
             args.levels_file,

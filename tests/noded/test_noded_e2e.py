@@ -14,7 +14,7 @@ from support import ClusterdProcess, free_port
 
 @pytest.fixture
 def clusterd(tmp_path):
-    cd = ClusterdProcess(tmp_path / "state").start()
+    cd = ClusterdProcess(tmp_path / "state", extra=["--drain-s", "0.5"]).start()
     yield cd
     cd.stop()
 

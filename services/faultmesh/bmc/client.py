@@ -136,6 +136,11 @@ class BmcClient:
             finally:
                 self._lock.release()
 
+    @property
+    def busy(self) -> bool:
+        """True while a call runs (possibly one that timed out on the caller's side and still hangs)."""
+        return self._lock.locked()
+
     def locked(self):
         """Context manager taking this BMC's lock without waiting. Raises :class:`BmcBusy`."""
         return _NoWaitLock(self._lock)

@@ -29,9 +29,11 @@ from pathlib import Path
 
 from faultmesh._pb import agent_pb2
 from faultmesh.dcmi.hccsping import HccspingInfo
+from fdol.slownet.csvfile import CSV_HEADER, csv_line, read_csv_rows
 from fdol.slownet.topology import sdid_to_ip
 
-CSV_HEADER = "pingTaskId,srcType,srcAddr,dstType,dstAddr,minDelay,maxDelay,avgDelay,minLossRate,maxLossRate,avgLossRate,timestamp"
+__all__ = ["CSV_HEADER", "ResultWriter", "TaskSample", "csv_line", "read_csv_rows", "rows_from_samples"]
+
 CSV_ROLLOVER_S = 45.0
 MAX_LINE = 2047
 LOG_MAX_BYTES = 20 << 20
@@ -85,30 +87,6 @@ def rows_from_samples(
                 )
             )
     return rows, skipped
-
-
-def _num(v: float) -> str:
-    return str(int(v)) if float(v).is_integer() else repr(float(v))
-
-
-def csv_line(r: agent_pb2.PingResult) -> str:
-    """One CSV line (no newline) for a row, in the header's column order."""
-    return ",".join(
-        [
-            str(r.ping_task_id),
-            r.src_type,
-            r.src_addr,
-            r.dst_type,
-            r.dst_addr,
-            _num(r.min_delay),
-            _num(r.max_delay),
-            _num(r.avg_delay),
-            f"{r.min_loss_rate:.3f}",
-            f"{r.max_loss_rate:.3f}",
-            f"{r.avg_loss_rate:.3f}",
-            str(r.timestamp_ms),
-        ]
-    )
 
 
 class ResultWriter:
@@ -233,46 +211,3 @@ class ResultWriter:
                 f.write(csv_line(r) + "\n")
         os.chmod(path, 0o644)
         return path
-
-
-def read_csv_rows(path: str | os.PathLike) -> tuple[list[agent_pb2.PingResult], int]:
-    """Parse a ping_result CSV (or .csv-bak). Returns (rows, skipped lines): a missing header, a
-    line cut mid-way, or a non-numeric field is skipped and counted."""
-    rows, bad = [], 0
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return [], 0
-    lines = text.split("\n")
-    complete = lines[:-1] if not text.endswith("\n") else lines
-    if not text.endswith("\n") and lines[-1]:
-        bad += 1  # the last line was cut mid-write
-    for i, line in enumerate(complete):
-        if not line:
-            continue
-        if i == 0 and line == CSV_HEADER:
-            continue
-        parts = line.split(",")
-        if len(parts) != 12:
-            bad += 1
-            continue
-        try:
-            rows.append(
-                agent_pb2.PingResult(
-                    ping_task_id=int(parts[0]),
-                    src_type=parts[1],
-                    src_addr=parts[2],
-                    dst_type=parts[3],
-                    dst_addr=parts[4],
-                    min_delay=float(parts[5]),
-                    max_delay=float(parts[6]),
-                    avg_delay=float(parts[7]),
-                    min_loss_rate=float(parts[8]),
-                    max_loss_rate=float(parts[9]),
-                    avg_loss_rate=float(parts[10]),
-                    timestamp_ms=int(parts[11]),
-                )
-            )
-        except ValueError:
-            bad += 1
-    return rows, bad
