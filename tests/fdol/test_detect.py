@@ -103,6 +103,13 @@ def test_pattern_detector_flags_and_suspects():
     # old steps fall out of the window (by step number)
     hist = {2: _steps(2, 10, 120, 2) + _steps(2, 10, 100, 10, start=10), 3: _steps(3, 20, 100, 10)}
     assert p.evaluate([[2, 3]], hist).flagged == []
+    # baseline condition: a rank slower from the start (baseline ratio 1.2) is not flagged ...
+    hist = {2: _steps(2, 10, 120, 2), 3: _steps(3, 10, 100, 10)}
+    assert p.evaluate([[2, 3]], hist, {2: 120.0, 3: 100.0}).flagged == []
+    # ... it is when it got slower than its own baseline by more than half the margin (1.2/1.14 > 1.05)
+    assert p.evaluate([[2, 3]], hist, {2: 114.0, 3: 100.0}).flagged == [2]
+    assert p.evaluate([[2, 3]], hist, {2: 116.0, 3: 100.0}).flagged == []  # 1.2/1.16 < 1.05
+    assert p.evaluate([[2, 3]], hist, {3: 100.0}).flagged == []  # no baseline yet
     # fewer than half a window of samples: no verdict
     hist = {2: _steps(2, 4, 120, 2), 3: _steps(3, 4, 100, 10)}
     assert p.evaluate([[2, 3]], hist).ratios == {}

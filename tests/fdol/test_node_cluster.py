@@ -200,6 +200,11 @@ def test_tracker_initial_phase_confirmation_and_recovery():
     assert t.degraded
     assert kinds(t.on_round(slow())) == []  # already degraded
     assert kinds(t.on_round({"isSlow": 0, "suspectRanks": [2]})) == []  # still straggling
+    for _ in range(4):  # recovery needs 5 consecutive clean rounds (hysteresis)
+        assert kinds(t.on_round(NOT)) == []
+    assert kinds(t.on_round(slow())) == []  # resets the clean count
+    for _ in range(4):
+        assert kinds(t.on_round(NOT)) == []
     acts = t.on_round(NOT)
     assert kinds(acts) == ["recover"] and acts[0].ranks == [2] and not t.degraded
 
@@ -232,3 +237,16 @@ def test_tracker_deferred_report_and_suspect_heavy():
     assert kinds(acts) == ["confirm"] and t.heavy  # ranks unknown: keep profiling
     acts = t.on_round(slow((3,)))
     assert kinds(acts) == ["report", "heavy_off"] and acts[0].ranks == [3]
+
+
+def test_tracker_reports_majority_ranks_only():
+    t = DegradationTracker(CONF)
+    t.on_round(NOT)
+    for ranks in ([0], [0, 2], [3], [0], ()):
+        acts = t.on_round(slow(ranks))
+    assert kinds(acts) == ["confirm", "report", "heavy_off"] and acts[1].ranks == [0]
+    t = DegradationTracker(CONF)
+    t.on_round(NOT)
+    for ranks in ([1], [2], [3], [4], [5]):
+        acts = t.on_round(slow(ranks))
+    assert kinds(acts) == ["confirm"] and t.deferred  # no agreement: not reported

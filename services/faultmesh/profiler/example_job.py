@@ -145,6 +145,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
         now = time.perf_counter_ns()
         row["period"] = (now - last) / 1e6
         row["step_no"] = n
+        row["t_ms"] = time.time_ns() // 1_000_000
         last = now
         rows.append(row)
     prof.close()

@@ -181,6 +181,21 @@ class DegradationTracker:
     State: ``heavy`` (communication profiling on) with ``heavy_reason`` (initial | slow | suspect),
     ``degraded``, ``slow_rounds`` (consecutive slow rounds), ``reported_ranks``. Call
     :meth:`on_round` with each cluster result; it returns the actions in order.
+
+    As the reference: the first slow round switches communication profiling on; after
+    ``nConsecSlowRoundsToConfirm`` consecutive slow rounds the degradation is confirmed and
+    communication profiling goes off again; a round that is not slow resets the count.
+    faultmesh differences (named on purpose):
+
+    - *majority ranks*: the reported slow ranks are those localized in more than half of the
+      confirming rounds that localized anything (the reference reported the last round's ranks, so
+      one noisy round could name a wrong rank); without a majority the report is deferred (and
+      communication profiling kept on) until the rounds agree;
+    - *recovery hysteresis*: a confirmed degradation recovers only after as many consecutive clean
+      rounds (neither slow nor suspect) as it took to confirm (the reference recovered on the first
+      clean round, so a straggler flapped between fault and recovery);
+    - *suspects*: rounds with ``suspectRanks`` switch communication profiling on to localize (at most
+      ``suspect_max_rounds`` rounds, then a cooldown of ``suspect_cooldown_rounds``).
     """
 
     def __init__(
@@ -191,7 +206,8 @@ class DegradationTracker:
         self.heavy_reason = "initial"
         self.degraded = False
         self.slow_rounds = 0
-        self.history: deque[dict] = deque(maxlen=10)
+        self.clean_rounds = 0
+        self.history: deque[list[int]] = deque(maxlen=conf.n_confirm_rounds)
         self.reported_ranks: list[int] = []
         self.deferred = False
         self.suspect_max_rounds = suspect_max_rounds
@@ -207,6 +223,17 @@ class DegradationTracker:
         self.heavy = on
         self.heavy_reason = reason if on else ""
 
+    def majority_ranks(self) -> list[int]:
+        """Ranks localized in more than half of the recent slow rounds that localized any rank."""
+        localized = [set(r) for r in self.history if r]
+        if not localized:
+            return []
+        counts: dict[int, int] = {}
+        for s in localized:
+            for r in s:
+                counts[r] = counts.get(r, 0) + 1
+        return sorted(r for r, c in counts.items() if 2 * c > len(localized))
+
     def on_round(self, result: dict, baseline_ready: bool = True) -> list[Action]:
         """Process one cluster result (:func:`merge_cluster`); ``baseline_ready``: every node reported it."""
         out: list[Action] = []
@@ -215,16 +242,30 @@ class DegradationTracker:
         slow = result.get("isSlow") == 1
         suspects = result.get("suspectRanks") or []
         ranks = list(result.get("slowCalculateRanks") or [])
+        if self.degraded:
+            if slow or suspects:
+                self.clean_rounds = 0
+                if slow:
+                    self.history.append(ranks)
+                if self.deferred and (maj := self.majority_ranks()):
+                    self.deferred = False
+                    self.reported_ranks = maj
+                    out.append(Action("report", maj))
+                    self._heavy(False, "", out)
+                return out
+            self.clean_rounds += 1
+            if self.clean_rounds >= self.conf.n_confirm_rounds:
+                self.degraded = False
+                self.deferred = False
+                self.slow_rounds = 0
+                self.history.clear()
+                out.append(Action("recover", self.reported_ranks))
+                self.reported_ranks = []
+                self._heavy(False, "", out)
+            return out
         if not slow:
             self.slow_rounds = 0
             self.history.clear()
-            if self.degraded:
-                if suspects:
-                    return out  # still straggling, communication profiling is just off
-                self.degraded = False
-                self.deferred = False
-                out.append(Action("recover", self.reported_ranks))
-                self.reported_ranks = []
             if self.heavy:
                 if self.heavy_reason == "initial":
                     if baseline_ready:
@@ -236,19 +277,12 @@ class DegradationTracker:
                         self._heavy(False, "", out)
                 else:
                     self._heavy(False, "", out)
-            elif suspects and not self._cooldown and not self.degraded:
+            elif suspects and not self._cooldown:
                 self._suspect_rounds = 0
                 self._heavy(True, "suspect", out)
             return out
-        if self.degraded:
-            if self.deferred and ranks:
-                self.deferred = False
-                self.reported_ranks = ranks
-                out.append(Action("report", ranks))
-                self._heavy(False, "", out)
-            return out
         self.slow_rounds += 1
-        self.history.append(result)
+        self.history.append(ranks)
         if not self.heavy:
             self._heavy(True, "slow", out)
             if self.slow_rounds < self.conf.n_confirm_rounds:
@@ -256,12 +290,13 @@ class DegradationTracker:
         self.heavy_reason = "slow"
         if self.slow_rounds >= self.conf.n_confirm_rounds:
             self.degraded = True
-            out.append(Action("confirm", ranks))
-            if ranks:
-                self.reported_ranks = ranks
-                out.append(Action("report", ranks))
+            self.clean_rounds = 0
+            maj = self.majority_ranks()
+            out.append(Action("confirm", maj))
+            if maj:
+                self.reported_ranks = maj
+                out.append(Action("report", maj))
                 self._heavy(False, "", out)
             else:
-                self.deferred = True  # keep communication profiling on until the ranks are known
-            self.history.clear()
+                self.deferred = True  # keep communication profiling on until the ranks agree
         return out

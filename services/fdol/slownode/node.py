@@ -33,12 +33,13 @@ Fixes of reference quirks (named on purpose), in addition to those of :mod:`.det
 
 from __future__ import annotations
 
+import statistics
 from collections import deque
 
 from .detect import TimeDetector, homogenize
 from .featconf import FeatConf
 from .metrics import StepMetrics
-from .pattern import PatternDetector
+from .pattern import PatternDetector, compute_value
 from .reader import Group, merge_groups
 
 TIME_COLUMNS = ("step_time", "zp_device", "zp_host", "pp_device", "dataloader_host")
@@ -83,6 +84,8 @@ class NodeDetector:
             for c in TIME_COLUMNS
         }
         self.pattern = PatternDetector(conf.pattern_window, conf.compute_ratio, conf.wait_ratio)
+        self._base_buf: dict[int, list[float]] = {r: [] for r in self.ranks}
+        self.compute_baseline: dict[int, float] = {}
         self.last_detected_step = -1
         self.not_updated = 0
         self.rounds = 0
@@ -100,6 +103,14 @@ class NodeDetector:
         if h and m.step <= h[-1].step:
             return
         h.append(m)
+        if m.rank not in self.compute_baseline:
+            cv = compute_value(m)
+            if cv > 0:
+                buf = self._base_buf[m.rank]
+                buf.append(cv)
+                if len(buf) >= self.conf.normal_number:
+                    self.compute_baseline[m.rank] = statistics.median(buf)
+                    self._base_buf[m.rank] = []
         for c in TIME_COLUMNS:
             self.detectors[(m.rank, c)].add(float(getattr(m, c)))
 
@@ -177,7 +188,9 @@ class NodeDetector:
             res["slowIORanks"] = [r for r in with_data if self._slow(r, "dataloader_host") and r not in host]
         pat = None
         if c.pattern_detector:
-            pat = self.pattern.evaluate([g for g in groups if len(g) > 1], self.history)
+            pat = self.pattern.evaluate(
+                [g for g in groups if len(g) > 1], self.history, self.compute_baseline
+            )
             if pat.flagged:
                 fired.append("pattern")
                 calc.update(pat.flagged)

@@ -14,8 +14,13 @@ What it does, per TP group (ranks of this node, >= 2), over a window of the last
   communication time when no forward markers exist;
 - ``wait ratio`` of rank r = median over the other members of their median TP collective duration
   (ZP_device) / median(ZP_device of r);
-- r is *flagged* when compute ratio > ``computeRatio`` (1.10) and wait ratio > ``waitRatio`` (3);
-  both need at least half a window of samples per member;
+- *baseline ratio* of rank r = the same compute ratio over each member's first ``normalNumber``
+  steps (the job's own baseline, like the time detector's). A rank that was slower from the start
+  (a persistent natural asymmetry, e.g. CPU placement on an oversubscribed box) is judged against
+  it: the compute ratio must also exceed the baseline ratio by half the margin
+  (``compute ratio / baseline ratio > 1 + (computeRatio - 1) / 2``);
+- r is *flagged* when compute ratio > ``computeRatio`` (1.10), the baseline condition holds and
+  wait ratio > ``waitRatio`` (3); both ratios need at least half a window of samples per member;
 - r is a *suspect* when its compute ratio is over the threshold but the window holds too few TP
   collective samples (communication profiling is off): the cluster then switches communication
   profiling on to decide.
@@ -62,10 +67,16 @@ class PatternDetector:
         self.min_samples = max(2, window // 2)
 
     def evaluate(
-        self, groups: Iterable[Sequence[int]], history: dict[int, Sequence[StepMetrics]]
+        self,
+        groups: Iterable[Sequence[int]],
+        history: dict[int, Sequence[StepMetrics]],
+        baseline: dict[int, float] | None = None,
     ) -> PatternResult:
-        """``groups``: TP groups (local ranks); ``history``: recent steps per rank, chronological."""
+        """``groups``: TP groups (local ranks); ``history``: recent steps per rank, chronological;
+        ``baseline``: per-rank baseline compute (median of the first steps, ns) — a rank whose group
+        lacks baselines is never flagged nor suspected (None disables the baseline condition)."""
         res = PatternResult()
+        rel = 1 + (self.compute_ratio - 1) / 2
         for group in groups:
             members = [r for r in group if history.get(r)]
             if len(members) < 2:
@@ -95,6 +106,13 @@ class PatternDetector:
                     ow = statistics.median([wait[m] for m in wait if m != r])
                     wr = ow / wait[r] if wait[r] > 0 else None
                 res.ratios[r] = (round(cr, 4), None if wr is None else round(wr, 4))
+                if baseline is not None:
+                    b_others = [baseline[m] for m in comp if m != r and baseline.get(m)]
+                    if not baseline.get(r) or len(b_others) != len(comp) - 1:
+                        continue
+                    br = baseline[r] / statistics.median(b_others)
+                    if cr / br <= rel:
+                        continue
                 if cr > self.compute_ratio:
                     if wr is None:
                         res.suspects.append(r)
