@@ -47,6 +47,7 @@ from fdol.slownet import config as pmconfig
 from fdol.slownet import pinglist as pl
 from fdol.slownet import topology as topo
 from fdol.slownet.analyzer import SOURCE, AnalyzerParams, SuperPodAnalyzer
+from fdol.slownet.csvfile import read_csv_rows
 from fdol.slownet.window import PingRow
 
 log = logging.getLogger("clusterd.slownet")
@@ -115,6 +116,10 @@ class SlowNetComponent:
             help="periods without data before an alarm is dropped",
         )
         g.add_argument("--slownet-file-poll-s", type=float, default=10.0, help="input file poll interval (s)")
+        g.add_argument(
+            "--slownet-csv-root",
+            help="also read ping_result_*.csv[-bak] under <root>/cluster/super-pod-<id>/",
+        )
 
     def __init__(self, cd) -> None:
         self.cd = cd
@@ -125,7 +130,8 @@ class SlowNetComponent:
         self.current: dict[FaultKey, Fault] = {}
         self._restored: set[FaultKey] = set()
         self._mtimes: dict[str, float] = {}
-        self._busy = False
+        self._csv_stamp: dict[str, tuple[float, int]] = {}  # CSV file -> (mtime, size) last read
+        self._csv_newest: dict[str, int] = {}  # ping_result_<idx> series -> newest row ts taken (ms)
         token_file = getattr(self.args, "token_file", None)
         self._token = read_secret(token_file) if token_file else None
         reg = cd.registry
@@ -306,6 +312,46 @@ class SlowNetComponent:
                     log, logging.WARNING, "slownet input rejected", kind="topology", file=path, error=str(e)
                 )
 
+    def _scan_csv(self, spids: list[str]) -> dict[str, tuple[list[agent_pb2.PingResult], int]]:
+        """Blocking: new rows of the changed result CSVs per super pod -> {spid: (rows, bad lines)}.
+        Per ``ping_result_<idx>`` (its .csv and .csv-bak), rows not newer than the newest row already
+        taken are skipped, so a rollover or a re-read never counts a row twice."""
+        out: dict[str, tuple[list[agent_pb2.PingResult], int]] = {}
+        root = Path(self.args.slownet_csv_root) / "cluster"
+        for spid in spids:
+            d = root / f"super-pod-{spid}"
+            rows_all: list[agent_pb2.PingResult] = []
+            bad_all = 0
+            for f in sorted(d.glob("ping_result_*.csv-bak")) + sorted(d.glob("ping_result_*.csv")):
+                try:
+                    st = f.stat()
+                except OSError:
+                    continue
+                if self._csv_stamp.get(str(f)) == (st.st_mtime, st.st_size):
+                    continue
+                self._csv_stamp[str(f)] = (st.st_mtime, st.st_size)
+                series = str(d / f.name.split(".")[0])
+                newest = self._csv_newest.get(series, 0)
+                rows, bad = read_csv_rows(f)
+                fresh = [r for r in rows if r.timestamp_ms > newest]
+                if fresh:
+                    self._csv_newest[series] = max(r.timestamp_ms for r in fresh)
+                rows_all += fresh
+                bad_all += bad
+            out[spid] = (rows_all, bad_all)
+        return out
+
+    async def _poll_csv(self) -> None:
+        if not self.args.slownet_csv_root:
+            return
+        found = await asyncio.to_thread(self._scan_csv, sorted(self.pods))
+        for spid, (rows, bad) in found.items():
+            if bad:
+                self.m_rows.labels("csv_bad_line").inc(bad)
+            pod = self.pods.get(spid)
+            if pod is not None and rows:
+                pod.pending.extend(_row(r) for r in rows)
+
     # -- agents -----------------------------------------------------------------------------------
     async def _push_node(self, spid: str, node: str) -> bool:
         pod = self.pods[spid]
@@ -338,12 +384,7 @@ class SlowNetComponent:
             if pod is None or node not in pod.sp.nodes:
                 self.m_rows.labels("unknown_super_pod").inc()
                 continue
-            pod.pending.append(
-                PingRow(
-                    int(r.ping_task_id), r.src_type, r.src_addr, r.dst_type, r.dst_addr,
-                    r.min_delay, r.max_delay, r.avg_delay, r.avg_loss_rate, int(r.timestamp_ms),
-                )
-            )  # fmt: skip
+            pod.pending.append(_row(r))
 
     # -- analysis ---------------------------------------------------------------------------------
     def _analyze_blocking(self, pod: _Pod, rows: list[PingRow], periods: list[int], now_ms: int) -> dict:
@@ -447,6 +488,7 @@ class SlowNetComponent:
                 if time.monotonic() >= next_poll:
                     await self._poll_files()
                     next_poll = time.monotonic() + self.args.slownet_file_poll_s
+                await self._poll_csv()
                 await self.run_due()
             except Exception as e:  # one bad round must not end the component
                 event(log, logging.ERROR, "slownet round failed", error=repr(e))
@@ -518,3 +560,10 @@ class SlowNetComponent:
             self.m_inputs.labels("config").inc()
             return json_response({"error": str(e)}, status=400)
         return json_response({"config": pmconfig.to_json_obj(cfg)})
+
+
+def _row(r: agent_pb2.PingResult) -> PingRow:
+    return PingRow(
+        int(r.ping_task_id), r.src_type, r.src_addr, r.dst_type, r.dst_addr,
+        r.min_delay, r.max_delay, r.avg_delay, r.avg_loss_rate, int(r.timestamp_ms),
+    )  # fmt: skip

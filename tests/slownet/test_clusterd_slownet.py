@@ -18,6 +18,11 @@ SP = topo.build_super_pod(0, ["node-0", "node-1"], npus_per_node=4)
 CFG = {"global": {"activate": "on", "task_interval": 1}}
 
 
+def append_text(path, text):
+    with open(path, "a") as fh:
+        fh.write(text)
+
+
 def slownet_component(cd):
     return next(c for c in cd.components if c.name == "slownet")
 
@@ -116,5 +121,51 @@ async def test_topology_file_folder_and_bad_files(tmp_path):
         assert sorted(comp.pods) == ["0"] and comp.config == {}
         assert comp.m_inputs.labels("topology")._value.get() == 2
         assert comp.m_inputs.labels("config")._value.get() == 1
+    finally:
+        await cd.stop()
+
+
+async def test_rows_from_shared_result_csv(tmp_path):
+    from faultmesh.model import now_ms
+    from fdol.slownet import pinglist
+    from noded.pingmesh.results import ResultWriter, csv_line
+
+    topo_file = tmp_path / "super-pod-0.json"
+    topo_file.write_text(json.dumps(SP.to_json_obj()))
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(CFG))
+    cd = await make_clusterd(
+        tmp_path, "--slownet-topology", str(topo_file), "--slownet-config", str(cfg), "--slownet-period-s", "0.5",
+        "--slownet-grace-s", "0.1", "--slownet-csv-root", str(tmp_path / "ras"),
+    )  # fmt: skip
+    try:
+        pairs = pinglist.generate(SP)
+        a, b = SP.nodes["node-0"].devices[3], SP.nodes["node-0"].devices[1]
+        writers = {n: ResultWriter(n, tmp_path / "logs", tmp_path / "ras") for n in SP.nodes}
+        for _ in range(40):
+            ts = now_ms()
+            for n, w in writers.items():
+                rows = [
+                    agent_pb2.PingResult(ping_task_id=p.task_id, src_type="0", src_addr=str(p.src_sdid), dst_type="0",
+                                         dst_addr=str(p.dst_sdid), min_delay=3, max_delay=3, avg_delay=3,
+                                         avg_loss_rate=0.5 if {p.src_sdid, p.dst_sdid} == {a, b} else 0.0,
+                                         min_loss_rate=0, max_loss_rate=0, timestamp_ms=ts)
+                    for p in pairs if p.src_node == n
+                ]  # fmt: skip
+                w.write_csv("0", SP.nodes[n].server_index, rows)
+            faults = [f for f in cd.center.faults() if f.source == "slownet"]
+            if faults:
+                break
+            await asyncio.sleep(0.15)
+        assert [(f.node, f.device_id, f.code) for f in faults] == [("node-0", 1, "200001010")]
+        # a line cut mid-write is counted, not fatal
+        csv = tmp_path / "ras" / "cluster" / "super-pod-0" / "ping_result_1.csv"
+        append_text(csv, csv_line(rows[0])[:20])
+        comp = slownet_component(cd)
+        for _ in range(40):
+            if comp.m_rows.labels("csv_bad_line")._value.get() >= 1:
+                break
+            await asyncio.sleep(0.1)
+        assert comp.m_rows.labels("csv_bad_line")._value.get() >= 1
     finally:
         await cd.stop()
