@@ -57,17 +57,18 @@ def stack(tmp_path):
             http = f"127.0.0.1:{free_port()}"
             log = open(tmp_path / f"{n}.log", "wb")
             logs.append(log)
-            nodeds[n] = subprocess.Popen(
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "noded", "--node-name", n, "--clusterd", cd.grpc, "--http-addr", http,
                  "--pingmesh-backend", "sim", "--pingmesh-fabric", str(fabric_file),
                  "--pingmesh-dir", str(tmp_path / f"pm-{n}"), "--pingmesh-collect-interval-s", "1",
                  "--min-report-interval", "0"],
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
+            nodeds[n] = (proc, http)
             wait_http(f"http://{http}/healthz")
         yield cd, nodeds, fabric_file, tmp_path
     finally:
-        for p in nodeds.values():
+        for p, _ in nodeds.values():
             if p.poll() is None:
                 p.terminate()
                 p.wait(15)
@@ -107,6 +108,14 @@ def test_lossy_link_detected_localized_and_recovered(stack, capsys):
     assert [a["kind"] for a in pod["alarms"]] == ["link"] and pod["nodesConnected"] == NODES
     assert cli_main(["pingmesh", "status", "--http", cd.http]) == 3
     assert "node-0/npu2 <-> node-1/npu2" in capsys.readouterr().out
+    # noded's own view: tasks from the list clusterd pushed (no input files were given to noded)
+    node0 = get(f"http://{nodeds['node-0'][1]}/v1/pingmesh")
+    assert (
+        node0["backend"] == "sim"
+        and node0["activate"]
+        and len(node0["tasks"]) == 16
+        and node0["rowsSent"] > 0
+    )
     # result files on the node
     csv = tmp_path / "pm-node-0" / "cluster" / "super-pod-0" / "ping_result_1.csv"
     assert csv.read_text().startswith("pingTaskId,srcType,srcAddr")
@@ -114,8 +123,8 @@ def test_lossy_link_detected_localized_and_recovered(stack, capsys):
     assert fab.main(["clear", str(fabric_file)]) == 0
     wait_for(lambda: slownet_faults(cd) == [], what="recovery")
     # a noded that stops reporting is not a network fault
-    nodeds["node-1"].terminate()
-    nodeds["node-1"].wait(15)
+    nodeds["node-1"][0].terminate()
+    nodeds["node-1"][0].wait(15)
     time.sleep(4)
     assert slownet_faults(cd) == []
     assert "slow network alarm" in cd.log_text()

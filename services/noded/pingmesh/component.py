@@ -146,7 +146,7 @@ class PingmeshComponent:
             event(log, logging.WARNING, "pingmesh disabled", backend=self.args.pingmesh_backend, error=str(e))
             self.backend = None
             self.backend_name = "off"
-        self._poll_files()
+        await self._poll_files()
         self.app.tasks.spawn(self._loop(), name="pingmesh")
 
     async def stop(self) -> None:
@@ -267,36 +267,44 @@ class PingmeshComponent:
             root / "cluster" / f"super-pod-{self.super_pod_id}" / f"ping_list_{self.server_index}.json"
         )
 
-    def _poll_files(self) -> None:
-        """Re-read input files that changed (small files: read on the loop). Bad files are logged,
-        counted and ignored."""
+    def _read_changed_files(self) -> list[tuple[str, str, bytes | Exception]]:
+        """Blocking: [(kind, path, content or error)] for the input files that changed."""
         a = self.args
-        for path, kind in ((a.pingmesh_config_file, "config"), (a.pingmesh_topology_file, "topology")):
+        out: list[tuple[str, str, bytes | Exception]] = []
+        for path, kind in (
+            (a.pingmesh_config_file, "config"),
+            (a.pingmesh_topology_file, "topology"),
+            (self._ping_list_path(), "ping_list"),
+        ):
             if not self._changed_file(path):
                 continue
             try:
-                text = Path(path).read_text(encoding="utf-8")
+                if os.path.getsize(path) > 64 << 20:
+                    raise ValueError("file larger than 64 MiB")
+                out.append((kind, path, Path(path).read_bytes()))
+            except (OSError, ValueError) as e:
+                out.append((kind, path, e))
+        return out
+
+    async def _poll_files(self) -> None:
+        """Re-read input files that changed (read in the BlockingPool). Bad files are logged, counted
+        and ignored."""
+        for kind, path, data in await self.app.blocking.call(CALL_TIMEOUT_S, self._read_changed_files):
+            try:
+                if isinstance(data, Exception):
+                    raise data
                 if kind == "config":
-                    self.set_config(pmconfig.parse_config(text), f"file:{path}")
+                    self.set_config(pmconfig.parse_config(data), f"file:{path}")
+                elif kind == "topology":
+                    self.set_topology(topo.parse_super_pod(data), f"file:{path}")
                 else:
-                    self.set_topology(topo.parse_super_pod(text), f"file:{path}")
+                    lst = pl.parse_reference_json(data)
+                    if any(not _valid_addr(x) for v in lst.values() for x in v):
+                        raise ValueError("bad destination address")
+                    self._set_ping_list(lst, "", f"file:{path}")
             except (OSError, ValueError) as e:
                 self.m_errors.labels(f"bad_{kind}_file").inc()
                 event(log, logging.WARNING, "pingmesh input rejected", kind=kind, file=path, error=str(e))
-        path = self._ping_list_path()
-        if self._changed_file(path):
-            try:
-                if os.path.getsize(path) > 64 << 20:
-                    raise ValueError("ping list file larger than 64 MiB")
-                lst = pl.parse_reference_json(Path(path).read_bytes())
-                if any(not _valid_addr(x) for v in lst.values() for x in v):
-                    raise ValueError("bad destination address")
-                self._set_ping_list(lst, "", f"file:{path}")
-            except (OSError, ValueError) as e:
-                self.m_errors.labels("bad_ping_list_file").inc()
-                event(
-                    log, logging.WARNING, "pingmesh input rejected", kind="ping_list", file=path, error=str(e)
-                )
 
     # -- plan ------------------------------------------------------------------------------------
     def compute_plan(self) -> tuple[dict[tuple[int, int], tuple[str, ...]], str, pmconfig.Activation | None]:
@@ -435,8 +443,12 @@ class PingmeshComponent:
         while True:
             now = time.monotonic()
             if now >= next_poll:
-                self._poll_files()
                 next_poll = now + self.args.pingmesh_file_poll_s
+                try:
+                    await self._poll_files()
+                except Exception as e:  # e.g. a hung file system: try again next poll
+                    self.m_errors.labels("file_poll").inc()
+                    self._ratelog.warning("file_poll", "pingmesh input files not read", error=repr(e))
             changed = self._changed.is_set() or (retry_at is not None and now >= retry_at)
             self._changed.clear()
             if self.backend is not None:
