@@ -29,16 +29,13 @@ async def test_demo_end_to_end(clusterd_process, tmp_path):
     jf.write_text(json.dumps(job_spec()))
     r = await asyncio.to_thread(cli, proc, "job", "apply", "-f", str(jf))
     assert r.returncode == 0, r.stderr
-    sim = subprocess.Popen(
-        [*CLI, "trainsim", "--job-id", JOB, "--grpc", proc.grpc],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    sim = await asyncio.create_subprocess_exec(
+        *CLI, "trainsim", "--job-id", JOB, "--grpc", proc.grpc, stdout=asyncio.subprocess.DEVNULL
     )
     try:
         deadline = time.monotonic() + 20
         while not proc.get_json(f"/v1/jobs/{JOB}/recovery")["subscribed"]:
-            assert time.monotonic() < deadline and sim.poll() is None, sim.stderr.read() if sim.poll() else ""
+            assert time.monotonic() < deadline and sim.returncode is None
             await asyncio.sleep(0.1)
         r = await asyncio.to_thread(cli, proc, "stress-test", "--job-id", JOB, "--ops", "aic,p2p")
         assert r.returncode == 0 and "stress test finish" in r.stdout, r.stdout + r.stderr
@@ -73,4 +70,4 @@ async def test_demo_end_to_end(clusterd_process, tmp_path):
         assert "recovery decision" in proc.log_text() and "decision=recover-success" in proc.log_text()
     finally:
         sim.terminate()
-        sim.wait(10)
+        await asyncio.wait_for(sim.wait(), 10)
