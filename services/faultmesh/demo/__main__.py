@@ -38,6 +38,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--link-recover", type=float, default=60.0, help="81078603 RecoverTimeout given to deviced (s)"
     )
+    p.add_argument(
+        "--pingmesh-period",
+        type=float,
+        default=0.0,
+        help="pingmesh collection and slow-network detection period (s); 0 = 10 x task_interval",
+    )
+    p.add_argument("--slownode-round", type=float, default=1.0, help="FD-OL nSecondsDoOneDetection (s)")
+    p.add_argument(
+        "--slow-after", type=float, default=20.0, help="clean training before rank 2 is slowed (s)"
+    )
+    p.add_argument(
+        "--slow-mode",
+        choices=("sleep", "compute"),
+        default="sleep",
+        help="how rank 2 is slowed by 40%%: a stall (sleep) or extra CPU work (compute)",
+    )
+    p.add_argument(
+        "--report-timeout", type=float, default=60.0, help="clusterd's wait for each training-side report (s)"
+    )
     p.add_argument("--log-level", default="INFO", help="log level of the started processes")
     return p
 
@@ -51,6 +70,8 @@ def demo_config(args: argparse.Namespace, run_dir: Path) -> StackConfig:
         npus=args.npus,
         bmc_poll_s=args.bmc_poll,
         list_watch_s=args.list_watch,
+        pingmesh_period_s=args.pingmesh_period,
+        report_timeout_s=args.report_timeout,
         log_level=args.log_level,
         extra={"deviced": ["--fault-customization-file", str(custom)]},
     )
@@ -69,7 +90,12 @@ def link_rule_table(recover_s: float) -> dict:
 async def run(args: argparse.Namespace, clock: Clock, stack: Stack) -> int:
     """Run the scenario on ``stack`` (started here), print the summary; returns the exit status."""
     timing = Timing(
-        detect_timeout_s=args.detect_timeout, link_down_s=args.link_down, link_recover_s=args.link_recover
+        detect_timeout_s=args.detect_timeout,
+        link_down_s=args.link_down,
+        link_recover_s=args.link_recover,
+        slownode_round_s=args.slownode_round,
+        slow_after_steps=args.slow_after_steps,
+        slow_mode=args.slow_mode,
     )
     clock.say(f"faultmesh demo: run folder {stack.run_dir}")
     rows = []
@@ -91,7 +117,7 @@ async def run(args: argparse.Namespace, clock: Clock, stack: Stack) -> int:
         clock.say("interrupted: stopping every process")
         status = 130
     finally:
-        where = _where(stack)
+        where = where_text(stack)
         clock.say("stopping every process by PID")
         await asyncio.shield(stack.stop())
         clock.say(f"stopped {len(stack.procs.children)} processes")
@@ -111,7 +137,7 @@ async def run(args: argparse.Namespace, clock: Clock, stack: Stack) -> int:
     return status
 
 
-def _where(stack: Stack) -> str:
+def where_text(stack: Stack) -> str:
     lines = [
         "WHERE TO LOOK (while the stack runs; `faultmesh up` keeps it running)",
         f"  clusterd HTTP views : http://{stack.http}/v1/faults  /v1/nodes  /v1/nodes/<name>",

@@ -101,17 +101,21 @@ class ProcessGroup:
         return [c for c in self.children if not c.alive]
 
     async def stop(self, child: Child, grace_s: float = 5.0) -> int | None:
-        """SIGTERM ``child`` by PID; SIGKILL after ``grace_s``. Returns its exit status."""
+        """SIGTERM ``child`` by PID; SIGKILL after ``grace_s``. Returns its exit status.
+
+        The signal goes to the child's process group, whose id is the child's PID (each child is a
+        session leader), so processes it spawned itself (the PyTorch ranks) stop with it.
+        """
         if child.alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signal.SIGTERM)
+            _signal_tree(child.pid, signal.SIGTERM)
             try:
                 await asyncio.wait_for(child.proc.wait(), grace_s)
             except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child.pid, signal.SIGKILL)
+                _signal_tree(child.pid, signal.SIGKILL)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(child.proc.wait(), 5.0)
+        # the child is gone; anything left in its group (a rank whose parent died) gets SIGKILL
+        _signal_tree(child.pid, signal.SIGKILL, group_only=True)
         return child.proc.returncode
 
     async def stop_all(self, grace_s: float = 5.0) -> None:
@@ -130,9 +134,17 @@ class ProcessGroup:
     def stop_all_now(self) -> None:
         """Synchronous last resort (atexit / a second Ctrl-C): SIGKILL every live child by PID."""
         for c in self.children:
-            if c.proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(c.pid, signal.SIGKILL)
+            _signal_tree(c.pid, signal.SIGKILL, group_only=c.proc.returncode is not None)
+
+
+def _signal_tree(pid: int, sig: int, group_only: bool = False) -> None:
+    """Send ``sig`` to the process group ``pid`` (a child we started as session leader), and to the
+    process itself unless ``group_only``. Missing processes are ignored."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+    if not group_only:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
 
 
 def _open_log(path: Path, argv: list[str]):

@@ -14,11 +14,17 @@ PreSeparateNPU -> SubHealthy; RestartNPU, SeparateNPU, ... -> UnHealthy).
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import shlex
 import sys
 import time
 from dataclasses import dataclass
 
+import grpc
+
+from faultmesh._pb import recover_pb2, recover_pb2_grpc
+from faultmesh.demo.procs import Child, python_argv
 from faultmesh.demo.report import MISSING, NOT_AVAILABLE, RIGHT, WRONG, Clock, Row
 from faultmesh.demo.stack import Stack, StackError
 from faultmesh.demo.watch import FaultWatcher
@@ -31,13 +37,24 @@ class Timing:
     ``detect_timeout_s``: how long a step waits for clusterd to show a fault;
     ``link_down_s``: how long the link stays down; ``link_escalate_s``: deviced's FaultTimeout for
     81078603 (the escalation to PreSeparateNPU); ``link_recover_s``: its RecoverTimeout (the fault
-    clears this long after the link is up again).
+    clears this long after the link is up again); ``slownode_round_s``: FD-OL
+    nSecondsDoOneDetection; ``slow_after_steps``: clean training steps before rank 2 is slowed;
+    ``slow_mode``: ``sleep`` (a stall of 40 % of its compute per step) or ``compute`` (+40 % CPU work).
     """
 
     detect_timeout_s: float = 30.0
     link_down_s: float = 25.0
     link_escalate_s: float = 20.0
     link_recover_s: float = 60.0
+    slownode_round_s: float = 1.0
+    slow_after_steps: int = 60
+    slow_mode: str = "sleep"
+
+
+JOB = "demo-job"
+# global rank -> (server index, NPU): ranks 0,1 on server 1 (TP group [0,1]), ranks 2,3 on server 4
+PLACEMENT = {0: (1, 0), 1: (1, 1), 2: (4, 0), 3: (4, 1)}
+SLOW_RANK = 2
 
 
 class Scenario:
@@ -50,6 +67,11 @@ class Scenario:
         self.t = timing
         self.rows: list[Row] = []
         self.watcher: FaultWatcher | None = None
+        self.train: Child | None = None
+        self.trainsim: Child | None = None
+        self.job_ready = asyncio.Event()  # the job is registered and its training side answers
+        self.training_since = 0.0  # wall time the torch job finished its warm-up
+        self.job_error = ""
 
     # -- helpers -------------------------------------------------------------------------------
     def row(self, fault: str) -> Row:
@@ -69,21 +91,8 @@ class Scenario:
     async def cli(self, *args: str, timeout_s: float = 30.0) -> tuple[int, str]:
         """Run ``faultmesh <args>`` against this stack (``--http/--grpc`` added by the caller);
         returns (exit status, output). The command line is printed first."""
-        argv = [sys.executable, "-m", "faultmesh", *args]
         self.say("$ faultmesh " + " ".join(shlex.quote(a) for a in args))
-        p = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-        )
-        try:
-            out, _ = await asyncio.wait_for(p.communicate(), timeout_s)
-        except TimeoutError:
-            p.kill()
-            await p.wait()
-            return 124, f"timed out after {timeout_s:.0f} s"
-        text = out.decode(errors="replace").rstrip()
-        for line in text.splitlines():
-            self.say("    " + line)
-        return p.returncode or 0, text
+        return await self._exec([sys.executable, "-m", "faultmesh", *args], timeout_s)
 
     def server_flags(self) -> list[str]:
         """``--http`` and ``--grpc`` of this stack's clusterd, for CLI calls."""
@@ -106,6 +115,163 @@ class Scenario:
             f" level {fault['level']} (source {fault['source']}), {t - (row.injected or t):.1f} s after injection"
         )
         return fault
+
+    # -- the training job ----------------------------------------------------------------------
+    def job_spec(self) -> dict:
+        """The job as ``faultmesh job apply`` takes it (clusterd.brain.jobs format)."""
+        st = self.stack
+        return {
+            "id": JOB,
+            "name": JOB,
+            "namespace": "default",
+            "status": "running",
+            "framework": "pytorch",
+            "recover-strategy": "retry,recover,dump",
+            "process-recover-enable": "on",
+            "subHealthyStrategy": "ignore",
+            "ranks": [
+                {"rank": r, "node": st.server(srv).name, "device": dev, "superPodId": 0}
+                for r, (srv, dev) in PLACEMENT.items()
+            ],
+        }
+
+    def featconf(self) -> dict:
+        """The job's FD-OL FeatConf (reference fdol.md §7 defaults, except the round period)."""
+        return {
+            "jobName": JOB,
+            "jobNamespace": "default",
+            "normalNumber": 20,
+            "nSigma": 3,
+            "degradationPercentage": 0.3,
+            "nConsecAnomaliesSignifySlow": 3,
+            "nSecondsDoOneDetection": self.t.slownode_round_s,
+            "clusterMeanDistance": 1.3,
+            "cardOneNode": 16,
+            "SlowNode": 1,
+        }
+
+    async def setup_job(self) -> None:
+        """Register the job, enable slow-node detection for it, start the training-side stand-in
+        (``faultmesh trainsim``) and the real PyTorch job. Sets ``job_error`` when a part is missing."""
+        st = self.stack
+        run = st.run_dir
+        if not st.features.get("brain"):
+            self.job_error = "the brain (jobs, Recover service) is not offered by clusterd"
+        job_file = run / "job.json"
+        job_file.write_text(json.dumps(self.job_spec(), indent=1) + "\n")
+        if not self.job_error:
+            self.say(
+                f"JOB register {JOB}: ranks 0,1 on {st.server(1).name} NPU 0,1; ranks 2,3 on {st.server(4).name} NPU 0,1"
+            )
+            rc, out = await self.cli("job", "apply", "-f", str(job_file), "--http", st.http)
+            if rc != 0:
+                self.job_error = f"faultmesh job apply failed ({rc}): {out[-200:]}"
+        if not self.job_error:
+            self.trainsim = await st.procs.start(
+                "trainsim", python_argv("faultmesh", "trainsim", "--grpc", st.grpc, "--job-id", JOB)
+            )
+            self.say(
+                f"JOB training-side stand-in: faultmesh trainsim --job-id {JOB} (pid {self.trainsim.pid})"
+            )
+        switch = ""
+        if st.features.get("slownode") and st.features.get("brain"):
+            conf = run / "featconf.json"
+            conf.write_text(json.dumps(self.featconf(), indent=1) + "\n")
+            rc, out = await self.cli(
+                "slownode", "enable", "--job", JOB, "--conf", str(conf), "--http", st.http
+            )
+            if rc != 0:
+                self.job_error = self.job_error or f"faultmesh slownode enable failed ({rc}): {out[-200:]}"
+            switch = str(st.datatrace_dir / f"default.data-trace-{JOB}" / "profilingSwitch")
+        argv = python_argv(
+            "faultmesh.demo.train", "--base-dir", str(st.profiling_dir), "--task-id", JOB, "--switch", switch,
+            "--slow-file", str(run / "slow-rank"), "--slow-rank", str(SLOW_RANK), "--slow-mode", self.t.slow_mode,
+            "--factor", "0.4", "--progress-every", "10", "--stop-file", str(run / "stop-training"), "--summary", str(run / "train-summary"),
+        )  # fmt: skip
+        self.train = await st.procs.start("train", argv)
+        self.say(
+            f"JOB PyTorch job started: 4 gloo ranks on CPU, TP groups [0,1] [2,3] (pid {self.train.pid})"
+        )
+        if self.trainsim is not None:
+            await self._wait_registered()
+        self.job_ready.set()
+
+    async def _wait_registered(self, timeout_s: float = 30.0) -> None:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            try:
+                rec = await self.stack.clusterd_json(f"/v1/jobs/{JOB}/recovery")
+                if rec.get("registered") and rec.get("subscribed"):
+                    self.say(f"JOB {JOB} registered with clusterd's Recover service; signal stream open")
+                    return
+            except (StackError, OSError, TimeoutError, ValueError):
+                pass
+            await asyncio.sleep(0.5)
+        self.job_error = self.job_error or f"trainsim did not register {JOB} within {timeout_s:.0f} s"
+
+    async def wait_training(self, timeout_s: float = 120.0) -> bool:
+        """Wait until the torch job printed its warm-up line; sets ``training_since``."""
+        assert self.train is not None
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if "warm-up done" in self.train.log_path.read_text(errors="replace"):
+                if not self.training_since:
+                    self.training_since = time.time()
+                    self.say("JOB PyTorch job is training (warm-up done)")
+                return True
+            if not self.train.alive:
+                return False
+            await asyncio.sleep(0.5)
+        return False
+
+    def train_step(self) -> int:
+        """The latest step rank 0 reported in the job's log (-1 before the first report)."""
+        assert self.train is not None
+        steps = re.findall(r"rank 0: step (\d+):", self.train.log_path.read_text(errors="replace"))
+        return int(steps[-1]) if steps else -1
+
+    async def wait_step(self, step: int, timeout_s: float) -> bool:
+        """Wait until the job reports a step >= ``step`` (progress lines every 10 steps)."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.train_step() + 1 >= step:
+                return True
+            if self.train is None or not self.train.alive:
+                return False
+            await asyncio.sleep(0.5)
+        return False
+
+    async def decisions(self) -> list[dict]:
+        """The job's recovery decisions (GET /v1/jobs/<id>/recovery), [] on error."""
+        try:
+            rec = await self.stack.clusterd_json(f"/v1/jobs/{JOB}/recovery")
+            return list(rec.get("decisions", []))
+        except (StackError, OSError, TimeoutError, ValueError):
+            return []
+
+    async def wait_decision(self, since: float, final: tuple[str, ...], timeout_s: float) -> list[dict]:
+        """Decisions taken after wall time ``since``, waiting until one in ``final`` shows (or timeout)."""
+        deadline = time.time() + timeout_s
+        got: list[dict] = []
+        while time.time() < deadline:
+            got = [d for d in await self.decisions() if d.get("time_ms", 0) >= since * 1000 - 50]
+            if any(d.get("decision") in final for d in got):
+                break
+            await asyncio.sleep(0.5)
+        return got
+
+    async def wait_idle(self, timeout_s: float = 60.0) -> bool:
+        """Wait until the job's recovery controller runs no flow."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            try:
+                rec = await self.stack.clusterd_json(f"/v1/jobs/{JOB}/recovery")
+                if not rec.get("flow"):
+                    return True
+            except (StackError, OSError, TimeoutError, ValueError):
+                pass
+            await asyncio.sleep(0.5)
+        return False
 
     # -- steps ---------------------------------------------------------------------------------
     async def step_bmc_memory(self) -> None:
@@ -165,6 +331,23 @@ class Scenario:
         row.verdict = RIGHT if ok else WRONG
         if not ok:
             row.note = f"expected NPU {dev} RestartNPU, node UnHealthy; got {_brief(f)}, node {health}"
+        if self.trainsim is None:
+            return
+        # rank 0 of the job runs on this NPU: clusterd must decide a recovery and the job recover
+        got = await self.wait_decision(
+            row.injected or 0.0,
+            ("recover-success", "retry-success", "dump", "exit-completed", "kill-job"),
+            60,
+        )
+        chain = " -> ".join(d["decision"] for d in got) or "no decision"
+        for d in got:
+            self.say(f"clusterd recovery decision for {JOB}: {d['decision']} ({d.get('reason', '')})")
+        row.decided += f"; job {JOB} rank 0: {chain}"
+        if not any(d["decision"] in ("recover-success", "retry-success") for d in got):
+            row.verdict = WRONG
+            row.note = (
+                row.note + "; " if row.note else ""
+            ) + f"expected the job to recover from rank 0's fault, got {chain}"
 
     async def step_link_down(self) -> None:
         """A link down on server 3 NPU 4 for ``link_down_s``: NotHandleFault at once, PreSeparateNPU
@@ -273,6 +456,246 @@ class Scenario:
         if not ok:
             row.note = f"expected NPU 5 SeparateNPU, node UnHealthy; got {_brief(f)}, node {health}"
 
+    async def step_lossy_link(self) -> None:
+        """A lossy HCCS link (30 % loss, both directions) between server 2 NPU 1 and NPU 6 in the
+        fabric simulator: pingmesh on every noded measures it, clusterd's slow-network analysis must
+        raise 200001010 (slow network inside a node) localized to that NPU-to-NPU link."""
+        st = self.stack
+        s = st.server(2)
+        a, b = 1, 6
+        row = self.row(f"lossy HCCS link {s.name} NPU {a} <-> NPU {b} (30% loss)")
+        if st.fabric_file is None:
+            row.verdict, row.note = (
+                NOT_AVAILABLE,
+                "pingmesh / slow-network flags not offered by clusterd or noded",
+            )
+            self.say(f"NOT AVAILABLE: {row.fault}: {row.note}")
+            return
+        period = st.pingmesh_period()
+        # the analysis needs a clean baseline first (3 periods by default) before a path can be faulty
+        warm_until = st.started_at + 4.5 * period
+        if time.time() < warm_until:
+            self.say(f"pingmesh baseline: waiting {warm_until - time.time():.0f} s before the HCCS fault")
+            await asyncio.sleep(warm_until - time.time())
+        self.say(
+            f"STEP lossy HCCS link {s.name} NPU {a} <-> NPU {b} in the fabric simulator (period {period:g} s)"
+        )
+        row.injected = time.time()
+        rc, out = await self.run_cmd(
+            "faultmesh.dcmi.fabric", "inject", str(st.fabric_file), "lossy_link",
+            "--a", f"{s.name}/{a}", "--b", f"{s.name}/{b}", "--loss", "0.3",
+        )  # fmt: skip
+        if rc != 0:
+            row.verdict, row.note = WRONG, f"fabric inject failed ({rc}): {out[-200:]}"
+            return
+        f = await self.detect(
+            row,
+            lambda f: f["node"] == s.name and f["source"] == "slownet" and f["code"] == "200001010",
+            f"200001010 on {s.name}",
+            timeout_s=4 * period + 15,
+        )
+        if f is None:
+            return
+        where = str(f.get("attributes", {}).get("description", ""))
+        ends = _link_ends(f)
+        row.decided = f"{f['code']} {f['level']}: {where or ends}"
+        ok = ends == {(s.name, a), (s.name, b)}
+        row.verdict = RIGHT if ok else WRONG
+        if not ok:
+            row.note = f"expected the link {s.name}/{a} <-> {s.name}/{b}; clusterd localized {where or ends}"
+
+    async def step_stress_and_nic(self) -> None:
+        """An online stress test (AIC + P2P) on the job's ranks of server 4, then a NIC switch of
+        those two NPUs, both answered by ``faultmesh trainsim``; clusterd pauses and resumes the job."""
+        st = self.stack
+        s = st.server(4)
+        r_st = self.row(f"online stress test (AIC, P2P) on {s.name}, job ranks 2,3")
+        r_nic = self.row(f"NIC switch of {s.name} NPU 0,1 (ranks 2,3)")
+        await self.job_ready.wait()
+        if self.trainsim is None:
+            for r in (r_st, r_nic):
+                r.verdict, r.note = NOT_AVAILABLE, self.job_error or "trainsim not started"
+            return
+        if not await self.wait_idle(90):
+            for r in (r_st, r_nic):
+                r.verdict, r.note = WRONG, "the job's recovery flow never finished"
+            return
+        async with grpc.aio.insecure_channel(st.grpc) as ch:
+            stub = recover_pb2_grpc.RecoverStub(ch)
+            self.say(f"STEP stress test on {s.name} (ops 0 AIC, 1 P2P) through Recover/StressTest")
+            r_st.injected = time.time()
+            ok, msg = await self._om_call(
+                stub.StressTest(
+                    recover_pb2.StressTestParam(
+                        jobID=JOB, stressParam={s.name: recover_pb2.StressOpList(ops=[0, 1])}
+                    )
+                ),
+                lambda: stub.SubscribeStressTestResponse(recover_pb2.StressTestRequest(jobID=JOB)),
+            )
+            r_st.detected = time.time()
+            got = await self.wait_decision(
+                r_st.injected, ("stress-test-success", "isolate-node", "stop-train"), 30
+            )
+            chain = " -> ".join(d["decision"] for d in got) or "no decision"
+            r_st.decided = f"{msg[:60]}; {chain}"
+            r_st.verdict = (
+                RIGHT
+                if ok and msg.startswith("stress test finish") and "stress-test-success" in chain
+                else WRONG
+            )
+            self.say(f"stress test: {msg[:160]} (decisions: {chain})")
+            await self.wait_idle(60)
+            self.say(f"STEP NIC switch on {s.name} NPU 0,1 through Recover/SwitchNicTrack")
+            r_nic.injected = time.time()
+            ok, msg = await self._om_call(
+                stub.SwitchNicTrack(
+                    recover_pb2.SwitchNics(
+                        jobID=JOB, nicOps={s.name: recover_pb2.DeviceList(dev=["0", "1"], op=[True, True])}
+                    )
+                ),
+                lambda: stub.SubscribeSwitchNicSignal(recover_pb2.SwitchNicRequest(jobID=JOB)),
+            )
+            r_nic.detected = time.time()
+            got = await self.wait_decision(
+                r_nic.injected, ("switch-nic-success", "stop-train", "kill-job"), 30
+            )
+            chain = " -> ".join(d["decision"] for d in got) or "no decision"
+            r_nic.decided = f"{msg[:40]}; {chain}"
+            r_nic.verdict = (
+                RIGHT if ok and msg == "switch nic finish" and "switch-nic-success" in chain else WRONG
+            )
+            self.say(f"NIC switch: {msg} (decisions: {chain})")
+        for r in (r_st, r_nic):
+            if r.verdict == WRONG and not r.note:
+                r.note = f"clusterd answered: {r.decided}"
+
+    async def _om_call(self, call, subscribe) -> tuple[bool, str]:
+        """Start an O&M operation, then read its one result from the matching subscription."""
+        try:
+            resp = await asyncio.wait_for(call, 10)
+            if resp.code != 0:
+                return False, f"code {resp.code}: {resp.info}"
+            reply = await asyncio.wait_for(subscribe().read(), 60)
+            return True, str(getattr(reply, "msg", reply))
+        except (grpc.aio.AioRpcError, TimeoutError) as e:
+            return False, f"gRPC: {e!r}"[:200]
+
+    async def step_slow_rank(self) -> None:
+        """Rank 2 of the real PyTorch job slowed by 40 % of its compute; FD-OL (noded node part,
+        clusterd cluster part) must confirm rank 2, and only rank 2, as the slow rank: log
+        ``got degradation, slow rank ids: [2]`` and raise 110001010 on the server hosting it."""
+        st = self.stack
+        srv = st.server(PLACEMENT[SLOW_RANK][0])
+        row = self.row(f"rank {SLOW_RANK} slowed by 40% ({self.t.slow_mode}), {srv.name}")
+        await self.job_ready.wait()
+        if not st.features.get("slownode") or not st.features.get("brain"):
+            row.verdict, row.note = NOT_AVAILABLE, "FD-OL slow-node flags not offered by clusterd/noded"
+            self.say(f"NOT AVAILABLE: {row.fault}: {row.note}")
+            return
+        if not await self.wait_training():
+            row.verdict, row.note = (
+                WRONG,
+                f"the PyTorch job did not start; see {self.train.log_path if self.train else ''}",
+            )
+            return
+        self.say(f"FD-OL baseline: {self.t.slow_after_steps} clean steps before rank {SLOW_RANK} is slowed")
+        if not await self.wait_step(self.t.slow_after_steps, 180):
+            row.verdict, row.note = WRONG, f"the PyTorch job did not reach step {self.t.slow_after_steps}"
+            return
+        self.say(f"STEP slow rank {SLOW_RANK} of the PyTorch job by 40% of its compute ({self.t.slow_mode})")
+        row.injected = time.time()
+        (st.run_dir / "slow-rank").write_text("1\n")
+
+        def match(f):
+            return f["source"] == "fd-online" and f["code"] == "110001010"
+
+        f = await self.detect(row, match, "slow node 110001010", timeout_s=90)
+        if f is None:
+            return
+        await asyncio.sleep(2 * self.t.slownode_round_s)  # every node's fault of this confirmation
+        assert self.watcher is not None
+        found = self.watcher.current(match)
+        flagged = sorted(
+            (x["node"], str(x.get("attributes", {}).get("influence", "")).replace(" ", ",")) for x in found
+        )
+        text = (st.log_dir / "clusterd.log").read_text(errors="replace")
+        phrase = [
+            ln[ln.find("[FD-OL") :] for ln in text.splitlines() if "got degradation, slow rank ids" in ln
+        ]
+        for ln in phrase:
+            self.say("clusterd log: " + ln[:200])
+        row.decided = f"{f['code']} {f['level']} " + ", ".join(f"on {n} ranks [{r}]" for n, r in flagged)
+        ok = flagged == [(srv.name, str(SLOW_RANK))]
+        ok = ok and bool(phrase) and all(ln.endswith(f"slow rank ids: [{SLOW_RANK}]") for ln in phrase)
+        row.verdict = RIGHT if ok else WRONG
+        if not ok:
+            row.note = (
+                f"expected only rank {SLOW_RANK} on {srv.name}; clusterd flagged {flagged}, log {phrase}"
+            )
+
+    async def stop_job(self) -> None:
+        """Stop the PyTorch job (stop file; all ranks stop after the same step) and trainsim."""
+        st = self.stack
+        if self.train is not None and self.train.alive:
+            (st.run_dir / "stop-training").write_text("1\n")
+            try:
+                await asyncio.wait_for(self.train.proc.wait(), 30)
+                self.say(f"JOB PyTorch job finished (exit {self.train.proc.returncode})")
+            except TimeoutError:
+                self.say("JOB PyTorch job did not stop within 30 s; stopping it by PID")
+                await st.procs.stop(self.train)
+        if self.trainsim is not None:
+            await st.procs.stop(self.trainsim)
+
+    def achieved_slowdown(self) -> str:
+        """From the job's per-rank summaries: rank 2's compute against the others', slow vs clean steps."""
+        import statistics
+
+        d = self.stack.run_dir / "train-summary"
+        try:
+            rows = {r: json.loads((d / f"rank{r}.json").read_text())["rows"] for r in range(4)}
+            slow_idx = {i for i, x in enumerate(rows[SLOW_RANK]) if x["slow"]}
+            n = min(len(v) for v in rows.values())
+
+            def ratio(idx):
+                mine = statistics.median(rows[SLOW_RANK][i]["compute"] for i in idx)
+                others = statistics.median(rows[r][i]["compute"] for r in rows if r != SLOW_RANK for i in idx)
+                return mine / others
+
+            clean = [i for i in range(n) if i not in slow_idx]
+            slow = [i for i in range(n) if i in slow_idx]
+            if not slow or not clean:
+                return ""
+            period = statistics.median(rows[0][i]["period"] for i in slow) / statistics.median(
+                rows[0][i]["period"] for i in clean
+            )
+            return (
+                f"achieved: rank {SLOW_RANK} compute {ratio(clean):.2f}x -> {ratio(slow):.2f}x the others', "
+                f"step time x{period:.2f} ({len(clean)} clean + {len(slow)} slowed steps)"
+            )
+        except (OSError, ValueError, KeyError, ZeroDivisionError, statistics.StatisticsError):
+            return ""
+
+    async def run_cmd(self, module: str, *args: str, timeout_s: float = 30.0) -> tuple[int, str]:
+        """``python -m module args`` (printed first); returns (exit status, output)."""
+        self.say(f"$ python -m {module} " + " ".join(shlex.quote(a) for a in args))
+        return await self._exec([sys.executable, "-m", module, *args], timeout_s)
+
+    async def _exec(self, argv: list[str], timeout_s: float) -> tuple[int, str]:
+        p = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        try:
+            out, _ = await asyncio.wait_for(p.communicate(), timeout_s)
+        except TimeoutError:
+            p.kill()
+            await p.wait()
+            return 124, f"timed out after {timeout_s:.0f} s"
+        text = out.decode(errors="replace").rstrip()
+        for line in text.splitlines():
+            self.say("    " + line)
+        return p.returncode or 0, text
+
     def not_available(self, fault: str, why: str) -> None:
         """A row for a part that is not installed: shown as ``not available`` (a failure)."""
         r = self.row(fault)
@@ -286,11 +709,15 @@ class Scenario:
         self.watcher = FaultWatcher(self.stack.session, self.stack.http)
         self.watcher.start()
         try:
+            await self.setup_job()
             plan = [
                 (0.0, self.step_bmc_memory),
                 (2.0, self.step_npu_fault),
                 (4.0, self.step_link_down),
                 (6.0, self.step_public_fault),
+                (8.0, self.step_lossy_link),
+                (10.0, self.step_stress_and_nic),
+                (12.0, self.step_slow_rank),
             ]
             order: dict[str, int] = {}
             tasks = []
@@ -298,9 +725,13 @@ class Scenario:
                 order[fn.__name__] = i
                 tasks.append(asyncio.get_running_loop().create_task(self._at(offset, fn), name=fn.__name__))
             await asyncio.gather(*tasks)
-            self.not_available("lossy HCCS link between two NPUs (pingmesh)", "slow-network part not landed")
-            self.not_available("stress test + NIC switch via faultmesh trainsim", "brain part not landed")
-            self.not_available("rank 2 slowed by 40% (FD-OL slow node)", "slow-node part not landed")
+            await self.stop_job()
+            achieved = self.achieved_slowdown()
+            if achieved:
+                self.say(achieved)
+                for r in self.rows:
+                    if r.fault.startswith(f"rank {SLOW_RANK} slowed"):
+                        r.note = (r.note + "; " if r.note else "") + achieved
         finally:
             await self.watcher.stop()
         return self.rows
@@ -313,6 +744,21 @@ class Scenario:
             r = self.row(f"{fn.__name__}")
             r.verdict, r.note = WRONG, f"step failed: {e}"
             self.say(f"step {fn.__name__} failed: {e}")
+
+
+def _link_ends(f: dict) -> set[tuple[str, int]]:
+    """The NPU ends named by a slow-network fault's alarms (attribute ``alarms``, JSON list)."""
+    ends: set[tuple[str, int]] = set()
+    try:
+        alarms = json.loads(f.get("attributes", {}).get("alarms", "[]"))
+    except ValueError:
+        return ends
+    for al in alarms if isinstance(alarms, list) else []:
+        if al.get("kind") != "link":
+            continue
+        ends.add((str(al.get("node")), int(al.get("phyId"))))
+        ends.add((str(al.get("peerNode")), int(al.get("peerPhyId"))))
+    return ends
 
 
 def _brief(f: dict) -> str:

@@ -42,6 +42,8 @@ class StackConfig:
     list_watch_s: int = 3
     report_interval_s: float = 1.0
     pingmesh_interval_s: int = 1
+    pingmesh_period_s: float = 0.0
+    report_timeout_s: float = 60.0
     log_level: str = "INFO"
     extra: dict[str, list[str]] = field(default_factory=dict)
 
@@ -80,6 +82,11 @@ class Stack:
         self.servers: list[Server] = []
         self.session: aiohttp.ClientSession | None = None
         self._help: dict[str, str] = {}
+        self.fabric_file: Path | None = None  # set when pingmesh runs on the fabric simulator
+        self.features: dict[str, bool] = {}
+        self.started_at = 0.0  # wall time when every agent was connected
+        self.profiling_dir = run_dir / "profiling"  # <job id>/<rank>/ record files (faultmesh.profiler)
+        self.datatrace_dir = run_dir / "datatrace"  # <ns>.data-trace-<job>/profilingSwitch
 
     # -- helpers -------------------------------------------------------------------------------
     async def help_text(self, module: str, *sub: str) -> str:
@@ -150,6 +157,21 @@ class Stack:
         secret.write_text(BMC_PASSWORD + "\n")
         secret.chmod(0o600)
         cfg = self.cfg
+        await self.probe_features()
+        cd_extra: list[str] = []
+        noded_extra: list[str] = []
+        if self.features["pingmesh"]:
+            cd_extra, noded_extra = self.pingmesh_setup()
+        if self.features["brain"]:
+            # training containers mount <dir>/<ns>.data-trace-<job>/profilingSwitch (brain writes it)
+            cd_extra += [
+                "--data-trace-dir",
+                str(self.datatrace_dir),
+                "--report-timeout-s",
+                f"{cfg.report_timeout_s:g}",
+            ]
+        if self.features["slownode"]:
+            noded_extra += ["--profiling-dir", str(self.profiling_dir)]
 
         cd_args = [
             "--grpc-addr",
@@ -160,6 +182,7 @@ class Stack:
             str(self.run_dir / "state"),
             "--log-level",
             cfg.log_level,
+            *cd_extra,
             *cfg.extra.get("clusterd", []),
         ]
         cd = await self.procs.start("clusterd", python_argv("clusterd", *cd_args))
@@ -220,11 +243,8 @@ class Stack:
                 s.noded_http,
                 "--log-level",
                 cfg.log_level,
+                *[a.replace("{node}", s.name) for a in noded_extra],
                 *cfg.extra.get("noded", []),
-                *[
-                    a.replace("{node}", s.name).replace("{index}", str(s.index))
-                    for a in cfg.extra.get("noded@", [])
-                ],
             )
             agents.append(
                 (await self.procs.start(f"noded-{s.index}", noded), f"http://{s.noded_http}/healthz")
@@ -254,10 +274,54 @@ class Stack:
             )
         await asyncio.gather(*(self.wait_ready(c, url, 90) for c, url in agents))
         await self.wait_agents()
+        self.started_at = time.time()
         self.say(
             f"{cfg.servers} servers up: noded + deviced each, {cfg.npus} simulated NPUs per server, "
             "all connected to clusterd"
         )
+
+    async def probe_features(self) -> None:
+        """Which optional parts the installed programs offer (read from their ``--help``)."""
+        cd, nd = await asyncio.gather(self.help_text("clusterd"), self.help_text("noded"))
+        cdf, ndf = set(cd.split()), set(nd.split())
+        self.features = {
+            "pingmesh": "--slownet-topology" in cdf and "--pingmesh-fabric" in ndf,
+            "brain": "--data-trace-dir" in cdf,
+            "slownode": "--slownode-watch-dir" in cdf and "--profiling-dir" in ndf,
+        }
+
+    def pingmesh_setup(self) -> tuple[list[str], list[str]]:
+        """Write the super-pod fabric file (servers x NPUs, one super pod), its topology and the
+        pingmesh-config; return (clusterd flags, noded flags with ``{node}`` placeholders)."""
+        from faultmesh.dcmi import fabric
+
+        cfg = self.cfg
+        self.fabric_file = self.run_dir / "fabric.json"
+        names = [f"server-{i}" for i in range(1, cfg.servers + 1)]
+        spec = {"super_pod_id": "0", "nodes": names, "npus_per_node": cfg.npus, "seed": 7, "faults": []}
+        fabric.write_fabric_file(self.fabric_file, spec)
+        topo = self.run_dir / "super-pod-0.json"
+        topo.write_text(json.dumps(fabric.Fabric.from_file(self.fabric_file).sp.to_json_obj(), indent=1))
+        pm_cfg = self.run_dir / "pingmesh-config.json"
+        act = json.dumps({"activate": "on", "task_interval": cfg.pingmesh_interval_s})
+        pm_cfg.write_text(json.dumps({"global": act}) + "\n")
+        cd = ["--slownet-topology", str(topo), "--slownet-config", str(pm_cfg)]
+        nd = [
+            "--pingmesh-backend",
+            "sim",
+            "--pingmesh-fabric",
+            str(self.fabric_file),
+            "--pingmesh-dir",
+            str(self.run_dir / "pingmesh" / "{node}"),
+        ]
+        if cfg.pingmesh_period_s > 0:
+            cd += ["--slownet-period-s", f"{cfg.pingmesh_period_s:g}"]
+            nd += ["--pingmesh-collect-interval-s", f"{cfg.pingmesh_period_s:g}"]
+        return cd, nd
+
+    def pingmesh_period(self) -> float:
+        """The pingmesh collection / slow-network detection period (s)."""
+        return self.cfg.pingmesh_period_s or 10.0 * self.cfg.pingmesh_interval_s
 
     async def wait_agents(self, timeout_s: float = 60.0) -> None:
         """Wait until clusterd's ``/v1/nodes`` shows noded and deviced connected for every server."""
