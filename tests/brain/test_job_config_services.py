@@ -115,3 +115,16 @@ async def test_config_register_and_rank_table_stream(cd, cstub):
     ]
     assert (await cstub.Register(ci)).code == 0  # replaces: the old stream ends
     assert await asyncio.wait_for(call.read(), 5) is grpc.aio.EOF
+
+
+async def test_subscribe_rate_limit(cd, jstub):
+    cd.brain.job_svc._limiter = jobsvc.TokenBucket(0.0001, 1)
+    cid = (await jstub.Register(job_pb2.ClientInfo(role="DefaultUser2"))).clientId
+    first = jstub.SubscribeJobSummarySignal(job_pb2.ClientInfo(role="DefaultUser2", clientId=cid))
+    await asyncio.sleep(0.1)
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await jstub.SubscribeJobSummarySignalList(
+            job_pb2.ClientInfo(role="DefaultUser2", clientId=cid)
+        ).read()
+    assert "rate limited" in e.value.details()
+    first.cancel()

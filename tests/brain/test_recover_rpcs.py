@@ -202,3 +202,13 @@ async def test_unregistered_job_fault_is_still_decided(cd):
     d = await wait_decision(cd, "job-rescheduling")
     assert "no process-recovery client" in d["reason"] and d["faults"][0]["rank"] == 2
     await asyncio.sleep(0.05)
+
+
+async def test_report_504_when_the_slot_stays_busy(cd, stub):
+    await registered(cd, stub)
+    ctl = cd.brain.controllers[JOB]
+    ctl.expect("stop")  # a flow waits for a stop report but does not take it
+    req = pb.StopCompleteRequest(jobId=JOB)
+    assert (await stub.ReportStopComplete(req)).code == 0  # fills the 1-slot channel
+    r = await stub.ReportStopComplete(req)
+    assert (r.code, r.info) == (504, "report queue busy")

@@ -218,3 +218,13 @@ async def test_recovery_endpoint_lists_decisions(cd, sims):
     assert body["decisions"][1]["reason"] == "recover is configured and reported"
     # persisted: a restarted brain still answers
     assert [d["decision"] for d in await cd.store.kv_get("decisions", JOB)][-1] == "recover-success"
+
+
+async def test_dump_failure_exits_once(cd, sims):
+    await apply(cd)
+    sim = await sims.start(strategies=["dump", "exit"], status={"dump": 499})
+    await cd.center.upsert(npu_fault())
+    await wait_decision(cd, "exit-completed")
+    await wait_idle(cd)
+    assert decisions(cd) == ["stop-train", "dump", "dump-failed", "exit-completed"]
+    assert [s["changeStrategy"] for s in sim.signals("changeStrategy")] == ["dump", "exit"]

@@ -121,3 +121,20 @@ async def test_unhealthy_fault_with_hot_switch_runs_process_recovery(cd, sims):
     await cd.center.upsert(npu_fault())
     await wait_decision(cd, "recover-success")
     assert sim.signals("stopTrain")
+
+
+async def test_grace_exit_dump_failure_still_exits(cd, sims):
+    await apply(cd, subHealthyStrategy="graceExit")
+    sim = await sims.start(status={"dump": 499})
+    await cd.center.upsert(sub())
+    await wait_decision(cd, "exit-completed", timeout_s=5)
+    assert decisions(cd) == ["save-and-exit", "dump-failed", "exit-completed"]
+    assert sim.signals("changeStrategy")[-1]["extraParams"] == "dump_exit"
+
+
+async def test_grace_exit_dump_timeout_kills_the_job(cd, sims):
+    await apply(cd, subHealthyStrategy="graceExit")
+    await sims.start(status={"dump": "silent"})
+    await cd.center.upsert(sub())
+    d = await wait_decision(cd, "kill-job")
+    assert d["reason"] == "dump timed out"

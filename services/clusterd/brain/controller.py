@@ -479,9 +479,9 @@ class Controller:
             self.set_state("CheckRecoverResult")
             self.brain.decide(self.job_id, flow, "exit-completed", self._after_exit())
             return True, 0
-        if s == "dump":
-            ok = await self.dump_and_exit(flow, "changeStrategy")
-            return ok, 0 if ok else None
+        if s == "dump":  # dump_and_exit ends with exit either way: nothing left to fall back to
+            await self.dump_and_exit(flow, "changeStrategy")
+            return True, 0
         state = {
             "retry": "WaitReportStepRetryStatus",
             "recover": "WaitReportProcessRecoverStatus",
