@@ -202,6 +202,9 @@ async def test_fault_during_flow_joins_cached_faults(cd, sims):
     gf = sim.signals("globalFault")[0]
     assert sorted(r for r, _ in gf["faultRanks"]) == ["1", "2"]
     assert decisions(cd).count("stop-train") == 1
+    pre = sim.signals("preExitProcess")
+    assert pre and pre[0]["actions"] == ["pre exit process"] and pre[0]["faultRanks"] == [("1", "1")]
+    assert pre[0]["nodeRankIds"] == ["0"]
 
 
 async def test_recovery_endpoint_lists_decisions(cd, sims):

@@ -337,8 +337,13 @@ class BrainComponent:
         if health == UNHEALTHY:
             unhealthy = [f for f in faults if f.level != "SubHealthFault"]
             if ctl.busy():
-                ctl.add_faults([f for f in new if f.level != "SubHealthFault"])
+                joined = [f for f in new if f.level != "SubHealthFault"]
+                ctl.add_faults(joined)
                 event(log, logging.INFO, "fault joins the running flow", job=job.id, flow=ctl.flow_name)
+                normal = [f for f in joined if f.fault_type == "1" and f.pod_rank >= 0]
+                if normal and ctl.flow_name == "recovery":
+                    # §7.2: the training side may exit the new fault pods at once (all ranks type "1")
+                    self.spawn(ctl.pre_exit(normal), f"pre-exit-{job.id}")
                 return
             ctl.cached_faults.clear()
             ctl.add_faults(unhealthy)

@@ -416,6 +416,18 @@ class Controller:
         self._merge_reported(r[1].faultRanks)
         await self.decide_and_run(flow, trigger)
 
+    async def pre_exit(self, faults: list[RankFault]) -> None:
+        """``preExitProcess`` ["pre exit process"] for faults that joined a running recovery:
+        all ranks as type "1", nodeRankIds = their pod ranks (clusterd.md §7.2)."""
+        normal = [_normal(f) for f in faults]
+        ok = await self.signal(
+            "preExitProcess", ["pre exit process"], normal, node_rank_ids=self._pod_ranks(normal)
+        )
+        self.brain.decide(
+            self.job_id, "recovery", "pre-exit", "new fault while recovering" if ok else "preExitProcess not delivered",
+            faults=normal,
+        )  # fmt: skip
+
     def _merge_reported(self, ranks) -> None:
         job = self.brain.jobs.get(self.job_id)
         for fr in ranks:
