@@ -231,3 +231,20 @@ async def test_dump_failure_exits_once(cd, sims):
     await wait_idle(cd)
     assert decisions(cd) == ["stop-train", "dump", "dump-failed", "exit-completed"]
     assert [s["changeStrategy"] for s in sim.signals("changeStrategy")] == ["dump", "exit"]
+
+
+async def test_out_of_order_report_is_dropped_and_the_flow_goes_on(cd, sims):
+    await apply(cd)
+    sim = await sims.start(stop="silent")
+    await cd.center.upsert(npu_fault())
+    await sim.wait_for(lambda ev: sim.signals("stopTrain"))
+    ctl = cd.brain.controllers[JOB]
+    assert await sim.report_status(0, "recover") == 0  # not what the flow waits for
+    assert ctl.state == "WaitReportStopComplete"
+    from prometheus_client import generate_latest
+
+    assert (
+        'faultmesh_rejected_requests_total{reason="order_mix",service="brain"} 1.0'
+        in generate_latest(cd.registry).decode()
+    )
+    await wait_decision(cd, "fault-clear")  # the wait still ends by its own timeout

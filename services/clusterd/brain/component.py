@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from clusterd.brain import controller as ctlmod
@@ -495,8 +496,6 @@ class BrainComponent:
             return json_response({"error": "body larger than 16 MiB"}, status=413)
         try:
             try:
-                import orjson
-
                 body = orjson.loads(raw)
                 if isinstance(body, dict) and "jobs" in body:
                     body = body["jobs"]

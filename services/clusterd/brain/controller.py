@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from clusterd.brain import strategy as strat
@@ -743,8 +744,6 @@ class Controller:
             self.add_faults(self.brain.rank_faults_for(job, sorted(set(fault_ranks))))
             await self.recovery(flow)
             return
-        import json
-
         self._finish_om(
             ("stress test failed, " if fault_during else "")
             + "stress test finish, result:"
@@ -815,8 +814,6 @@ def _per_rank(faults) -> list[tuple[int, str]]:
 
 
 def _normal(f: RankFault) -> RankFault:
-    from dataclasses import replace
-
     return replace(f, fault_type="1")
 
 

@@ -26,6 +26,7 @@ reference groups them by ``rank / NPUs-per-pod``.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
@@ -355,8 +356,6 @@ class JobRegistry:
         self._listeners.append(cb)
 
     async def _notify(self, job: Job, deleted: bool) -> None:
-        import asyncio
-
         for cb in list(self._listeners):
             res = cb(job, deleted)
             if asyncio.iscoroutine(res):
