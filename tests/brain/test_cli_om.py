@@ -143,3 +143,27 @@ async def test_cli_trace_on_off_get(cd, tmp_path):
     assert rc == 1 and "failed to found configmap" in err
     rc, out, err = await run_cli(cd, "trace", "on", "default/llama", "--set", "FP=maybe")
     assert rc == 1 and "--set 'FP=maybe'" in err
+
+
+async def test_cli_bad_flags_and_unreachable(cd):
+    rc, out, err = await run_cli(cd, "trainsim", "--job-id", JOB, "--status", "recover=abc")
+    assert rc == 1 and "--status: code 'abc' must be an integer or silent" in err
+    rc, out, err = await run_cli(cd, "trainsim", "--job-id", JOB, "--stress-rank-code", "x=9")
+    assert rc == 1 and "is not rank=code" in err
+    p = await asyncio.create_subprocess_exec(
+        *CLI, "jobs", "--http", "127.0.0.1:1", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(p.communicate(), 30)
+    assert p.returncode == 1 and b"cannot reach clusterd" in err
+    p = await asyncio.create_subprocess_exec(
+        *CLI,
+        "stress-test",
+        "--job-id",
+        JOB,
+        "--grpc",
+        "127.0.0.1:1",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(p.communicate(), 30)
+    assert p.returncode == 1 and b"StressTest: clusterd unreachable" in err
