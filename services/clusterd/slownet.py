@@ -253,6 +253,10 @@ class SlowNetComponent:
             params = self._params(spid)
             if params.period_ms != pod.analyzer.params.period_ms:
                 self.pods[spid] = _Pod(pod.sp, pod.pairs, params)
+                # a new window: keep this pod's faults until the analysis has warmed up again
+                self._restored |= {
+                    k for k, f in self.current.items() if f.attributes.get("superPodId") == spid
+                }
         event(log, logging.INFO, "slownet config applied", origin=origin, keys=",".join(sorted(cfg)))
         for spid in self.pods:
             await self._push_pod(spid)
