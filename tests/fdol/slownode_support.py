@@ -51,6 +51,7 @@ class SyntheticJob(threading.Thread):
         self.slow_factor = slow_factor
         self.rng = random.Random(seed)
         self.stop_event = threading.Event()
+        self.heal = threading.Event()  # set to end the slowdown
         self.step = -1
         self.next_id = 1
 
@@ -93,7 +94,7 @@ class SyntheticJob(threading.Thread):
                 except OSError:
                     on, comm = False, False
             compute = {r: int(60 * MS * (1 + self.rng.gauss(0, 0.03))) for r in range(4)}
-            if self.slow_rank is not None and n >= self.slow_from:
+            if self.slow_rank is not None and n >= self.slow_from and not self.heal.is_set():
                 compute[self.slow_rank] = int(compute[self.slow_rank] * self.slow_factor)
             tp_start = {r: t + 2 * MS + compute[r] for r in range(4)}
             tp_end = {}

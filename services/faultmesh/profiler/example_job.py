@@ -132,10 +132,10 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
     rows = []
     last = time.perf_counter_ns()
     for n in range(args.steps):
-        if rank == 0 and args.stop_file and os.path.exists(args.stop_file):
-            stop_flag[0] = 1.0  # travels in the global all-reduce; all ranks stop after this step
-        if n and stop_flag[0] > 0:
+        if stop_flag[0] > 0:  # set by the previous step's global all-reduce: the same on every rank
             break
+        if rank == 0 and args.stop_file and os.path.exists(args.stop_file):
+            stop_flag[0] = 1.0  # travels in this step's all-reduces; every rank stops after it
         slow = rank == args.slow_rank and n >= args.slow_from and args.slow_mode != "none"
         with prof.step(n):
             row = one_step(
