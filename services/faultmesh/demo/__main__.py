@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--slownode-round", type=float, default=1.0, help="FD-OL nSecondsDoOneDetection (s)")
     p.add_argument(
-        "--slow-after", type=float, default=20.0, help="clean training before rank 2 is slowed (s)"
+        "--slow-after-steps", type=int, default=60, help="clean training steps before rank 2 is slowed"
     )
     p.add_argument(
         "--slow-mode",

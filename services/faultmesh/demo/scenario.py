@@ -254,7 +254,7 @@ class Scenario:
         deadline = time.time() + timeout_s
         got: list[dict] = []
         while time.time() < deadline:
-            got = [d for d in await self.decisions() if d.get("time_ms", 0) >= since * 1000 - 50]
+            got = [d for d in await self.decisions() if d.get("time_ms", 0) >= since * 1000]
             if any(d.get("decision") in final for d in got):
                 break
             await asyncio.sleep(0.5)

@@ -76,7 +76,9 @@ class Stack:
         self.run_dir = run_dir
         self.log_dir = run_dir / "logs"
         self.say = say
-        self.procs = ProcessGroup(self.log_dir, env=_child_env())
+        env = _child_env()
+        env["FAULTMESH_DEMO_RUN_DIR"] = str(run_dir)  # marks every process of this run (and its children)
+        self.procs = ProcessGroup(self.log_dir, env=env)
         self.grpc = f"127.0.0.1:{free_port()}"
         self.http = f"127.0.0.1:{free_port()}"
         self.servers: list[Server] = []
