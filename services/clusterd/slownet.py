@@ -130,6 +130,7 @@ class SlowNetComponent:
         self.current: dict[FaultKey, Fault] = {}
         self._restored: set[FaultKey] = set()
         self._mtimes: dict[str, float] = {}
+        self._workers: dict[str, asyncio.Future] = {}
         self._csv_stamp: dict[str, tuple[float, int]] = {}  # CSV file -> (mtime, size) last read
         self._csv_newest: dict[str, int] = {}  # ping_result_<idx> series -> newest row ts taken (ms)
         token_file = getattr(self.args, "token_file", None)
@@ -295,7 +296,7 @@ class SlowNetComponent:
         return cfg, topos
 
     async def _poll_files(self) -> None:
-        cfg, topos = await asyncio.to_thread(self._scan_files)
+        cfg, topos = await self._in_thread("files", self._scan_files)
         if cfg is not None:
             path, text = cfg
             try:
@@ -348,7 +349,7 @@ class SlowNetComponent:
     async def _poll_csv(self) -> None:
         if not self.args.slownet_csv_root:
             return
-        found = await asyncio.to_thread(self._scan_csv, sorted(self.pods))
+        found = await self._in_thread("csv", self._scan_csv, sorted(self.pods))
         for spid, (rows, bad) in found.items():
             if bad:
                 self.m_rows.labels("csv_bad_line").inc(bad)
@@ -423,8 +424,8 @@ class SlowNetComponent:
             )
             periods = list(range(start, latest + 1))
             rows, pod.pending = pod.pending, []
-            out = await asyncio.wait_for(
-                asyncio.to_thread(self._analyze_blocking, pod, rows, periods, now_ms), ANALYSIS_TIMEOUT_S
+            out = await self._in_thread(
+                f"analysis:{spid}", self._analyze_blocking, pod, rows, periods, now_ms
             )
             pod.last_period = latest
             if pod.first_period is None:
@@ -484,6 +485,22 @@ class SlowNetComponent:
             self._restored.discard(k)
             event(log, logging.INFO, "slow network fault recovered", node=k.node, device_type=k.device_type,
                   device_id=k.device_id, code=k.code)  # fmt: skip
+
+    async def _in_thread(self, name: str, fn, *args):
+        """Run blocking ``fn`` in a worker thread, at most one per ``name`` at a time, waiting at most
+        ``ANALYSIS_TIMEOUT_S``. Raises ``TimeoutError`` (the thread finishes on its own and the next
+        call of that name waits for it: state is never touched by two threads)."""
+        prev = self._workers.get(name)
+        if prev is not None and not prev.done():
+            raise TimeoutError(f"{name}: the previous run is still going")
+        fut = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        self._workers[name] = fut
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), ANALYSIS_TIMEOUT_S)
+        except TimeoutError:
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+            event(log, logging.ERROR, "slownet worker timed out", work=name, timeout_s=ANALYSIS_TIMEOUT_S)
+            raise
 
     async def _loop(self) -> None:
         next_poll = time.monotonic() + self.args.slownet_file_poll_s
