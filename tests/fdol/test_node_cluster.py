@@ -250,3 +250,90 @@ def test_tracker_reports_majority_ranks_only():
     for ranks in ([1], [2], [3], [4], [5]):
         acts = t.on_round(slow(ranks))
     assert kinds(acts) == ["confirm"] and t.deferred  # no agreement: not reported
+
+
+def test_bad_input_never_makes_a_false_detection(tmp_path):
+    """A clean 2-rank job whose files are full of garbage, truncated JSON, unknown names, negative
+    durations, missing ends, a clock jump, a broken parallel_group.json and a vanishing rank
+    directory: everything is counted per reason and no round is slow."""
+    import json
+    import random
+    import shutil
+
+    from fdol.slownode.metrics import StepAssembler
+    from fdol.slownode.reader import JobReader
+    from fdol.slownode.records import encode_record
+
+    rng = random.Random(3)
+    job = tmp_path / "job"
+    for r in (0, 1):
+        (job / str(r)).mkdir(parents=True)
+        (job / str(r) / "parallel_group.json").write_text(
+            json.dumps({"tp_1": {"group_name": "tp", "group_rank": r, "global_ranks": [0, 1]}})
+        )
+    (job / "1" / "parallel_group.json").write_text("{broken")
+    garbage = [
+        b"garbage\n",
+        b'{"Kind":1,"Flag":2,"Sour\n',
+        encode_record(2, 0, 5, 10**9, "forward", "default") + encode_record(4, 0, 3, 10**9),  # negative
+        encode_record(2, 0, 5, 10**9 + 5, "mystery", "default")
+        + encode_record(4, 0, 8, 10**9 + 5),  # unknown
+        encode_record(32, 0, 7, 10**9 + 1),  # end without start
+        encode_record(16, 0, 9, 10**9 + 2, "forward", "default"),  # start without end
+    ]
+    conf = parse_featconf(
+        {"jobName": "j", "normalNumber": 8, "nConsecAnomaliesSignifySlow": 2, "patternWindowSteps": 8}
+    )
+    nd = NodeDetector(conf, [0, 1], "n")
+    jr = JobReader(job, [0, 1])
+    asm = {r: StepAssembler(r, lambda r=r: jr.groups(r), bad=jr.bad) for r in (0, 1)}
+    t = 10**12
+    rid = 1
+    for step in range(60):
+        for r in (0, 1):
+            lines = [rng.choice(garbage) for _ in range(2)]
+            st = t if step != 30 else t - 10**10  # one clock jump backwards
+            c = int(60e6 * (1 + rng.gauss(0, 0.03)))
+            lines += [encode_record(16, 0, st, rid, f"step {step}", "default"), encode_record(16, 1, st, rid)]
+            lines += [
+                encode_record(16, 0, st + 1, rid + 1, "forward", "default"),
+                encode_record(16, 1, st + 1, rid + 1),
+                encode_record(32, 1, st + c, rid + 1),
+                encode_record(32, 0, st + c, rid + 1),
+            ]
+            name = json.dumps({"opName": "AllReduce", "groupName": "tp_1", "count": "10"})
+            lines += [
+                encode_record(16, 0, st + c + 1, rid + 2, name, "communication"),
+                encode_record(16, 1, st + c + 1, rid + 2),
+                encode_record(32, 1, st + c + 5_000_000, rid + 2),
+                encode_record(32, 0, st + c + 5_000_000, rid + 2),
+            ]
+            lines += [encode_record(32, 1, st + 70_000_000, rid), encode_record(32, 0, st + 70_000_000, rid)]
+            rid += 3
+            if (job / str(r)).is_dir():
+                with open(job / str(r) / "1000", "ab") as fh:
+                    fh.write(b"".join(lines))
+        t += 71_000_000
+        if step == 40:
+            shutil.rmtree(job / "0")  # the rank directory disappears for a while
+        if step == 45:
+            (job / "0").mkdir()
+        recs = jr.poll()
+        nd.set_rank_groups({r: g for r in (0, 1) if (g := jr.groups(r))})
+        for r, rs in recs.items():
+            for m in asm[r].feed(rs):
+                nd.add(m)
+        res = nd.round()
+        assert res is None or res["isSlow"] == 0, res
+    b = jr.bad
+    for reason in (
+        "bad_json",
+        "unknown_name",
+        "orphan_end",
+        "negative_duration",
+        "bad_parallel_group",
+        "rank_dir_missing",
+        "clock_jump",
+    ):
+        assert b[reason] > 0, (reason, dict(b))
+    assert nd.last_detected_step >= 40
