@@ -72,6 +72,8 @@ class _Pod:
         self.status: dict[str, Any] = self.analyzer.status()
         self.last_analysis_ms = 0
         self.analysis_s = 0.0
+        self.faults: list[Fault] = []  # fault records of the last analysis (read on the loop)
+        self.active = True
 
 
 class SlowNetComponent:
@@ -411,7 +413,9 @@ class SlowNetComponent:
         now_ms = now_ms if now_ms is not None else time.time_ns() // 1_000_000
         for spid, pod in list(self.pods.items()):
             act = self.activation(spid)
-            if act is None or not act.activate:
+            pod.active = bool(act and act.activate)
+            if not pod.active:
+                pod.faults = []  # pingmesh off: nothing is measured, nothing stays raised
                 continue
             p_ms = pod.analyzer.params.period_ms
             latest = (now_ms - int(self.grace_s(spid) * 1000)) // p_ms - 1
@@ -431,6 +435,7 @@ class SlowNetComponent:
             if pod.first_period is None:
                 pod.first_period = latest
             pod.status = out["status"]
+            pod.faults = out["faults"]
             pod.last_analysis_ms = now_ms
             pod.analysis_s = out["s"]
             self.m_time.observe(out["s"])
@@ -455,11 +460,12 @@ class SlowNetComponent:
         desired: dict[FaultKey, Fault] = {}
         warm = {}
         for spid, pod in self.pods.items():
-            for f in pod.analyzer.faults():
+            for f in pod.faults:
                 desired[f.key] = f
             p = pod.analyzer.params
-            warm[spid] = pod.first_period is not None and pod.last_period - pod.first_period >= (
-                p.min_baseline + p.recover_periods
+            warm[spid] = not pod.active or (
+                pod.first_period is not None
+                and pod.last_period - pod.first_period >= p.min_baseline + p.recover_periods
             )
         upserts = [
             f for k, f in desired.items() if k not in self.current or not self.current[k].same_content(f)

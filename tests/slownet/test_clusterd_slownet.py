@@ -167,5 +167,14 @@ async def test_rows_from_shared_result_csv(tmp_path):
                 break
             await asyncio.sleep(0.1)
         assert comp.m_rows.labels("csv_bad_line")._value.get() >= 1
+        # pingmesh switched off for the super pod: nothing is measured, the fault does not linger
+        from fdol.slownet import config as pmconfig
+
+        await comp.set_config(pmconfig.parse_config({"0": {"activate": "off", "task_interval": 1}}), "test")
+        for _ in range(40):
+            if not [f for f in cd.center.faults() if f.source == "slownet"]:
+                break
+            await asyncio.sleep(0.1)
+        assert not [f for f in cd.center.faults() if f.source == "slownet"]
     finally:
         await cd.stop()
