@@ -153,7 +153,8 @@ def test_rbac_is_limited_to_kubernetes_mode(chart):
         (r["apiGroups"][0], res, v) for r in role["rules"] for res in r["resources"] for v in r["verbs"]
     }
     resources = {res for _, res, _ in granted}
-    assert resources == {"configmaps", "nodes"}
+    assert resources == {"configmaps", "nodes", "pods"}
+    assert {v for _, res, v in granted if res == "pods"} == {"get", "list", "watch"}  # read only
     assert ("", "nodes", "delete") not in granted and ("", "nodes", "update") not in granted
     assert not any(v == "*" or res == "*" for _, res, v in granted)
     binding = find(objs, "ClusterRoleBinding", "-clusterd")

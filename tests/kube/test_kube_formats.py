@@ -201,3 +201,42 @@ def test_sharding_is_deterministic_and_bounded():
     assert formats.shard({}, 100) == []
     huge = {"k": {"v": "z" * 500}}
     assert len(formats.shard(huge, 100)) == 1
+
+
+def test_job_spec_from_pods_follows_the_reference_rank_rule():
+    from clusterd.kube import jobs as kjobs
+
+    def pod(name, node, idx, devs, phase="Running", **ann):
+        conf = {"devices": [{"device_id": str(d)} for d in devs]}
+        return {
+            "metadata": {
+                "name": name,
+                "annotations": {
+                    "ascend.kubectl.kubernetes.io/ascend-910-configuration": json.dumps(conf),
+                    "hccl/rankIndex": str(idx),
+                    **ann,
+                },
+            },
+            "spec": {"nodeName": node},
+            "status": {"phase": phase},
+        }
+
+    spec = kjobs.job_spec("u1", "job", "ns", [pod("b", "n2", 1, [7, 3]), pod("a", "n1", 0, [2, 0])])
+    assert [(r["rank"], r["node"], r["device"]) for r in spec["ranks"]] == [
+        (0, "n1", 0),
+        (1, "n1", 2),
+        (2, "n2", 3),
+        (3, "n2", 7),
+    ]
+    assert spec["status"] == "running"
+    assert kjobs.job_status([{"status": {"phase": "Succeeded"}}] * 2) == "completed"
+    assert kjobs.job_status([{"status": {"phase": "Running"}}, {"status": {"phase": "Failed"}}]) == "failed"
+    with pytest.raises(kjobs.BadPod, match="same hccl/rankIndex"):
+        kjobs.job_spec("u1", "job", "ns", [pod("a", "n1", 0, [0]), pod("b", "n2", 0, [0])])
+    with pytest.raises(kjobs.BadPod, match="not JSON"):
+        bad = pod("a", "n1", 0, [0])
+        bad["metadata"]["annotations"]["ascend.kubectl.kubernetes.io/ascend-910-configuration"] = "{"
+        kjobs.job_spec("u1", "job", "ns", [bad])
+    unscheduled = pod("c", "n3", 2, [1])
+    unscheduled["spec"] = {}
+    assert len(kjobs.job_spec("u1", "job", "ns", [unscheduled])["ranks"]) == 0

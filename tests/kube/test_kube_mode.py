@@ -47,6 +47,7 @@ async def k8s():
     async with kmock.KubernetesEmulator() as emu, kmock.Server(emu) as srv:
         emu.resources["v1/configmaps"] = {}
         emu.resources["v1/nodes"] = {}
+        emu.resources["v1/pods"] = {}
         url = str(srv.url).rstrip("/")
         async with client.ApiClient(client.Configuration(host=url)) as apic:
             api = KubeApi(apic, timeout_s=5)
@@ -459,3 +460,73 @@ async def test_dropped_watches_and_failing_lists_recover(k8s, tmp_path):
         )
     finally:
         await cd.stop()
+
+
+def job_pod(
+    name: str,
+    node: str,
+    rank_index: int,
+    devices: list[int],
+    uid: str = "uid-job-1",
+    job: str = "llama",
+    phase: str = "Running",
+    **annotations: str,
+) -> dict:
+    conf = {
+        "pod_name": name,
+        "server_id": "10.0.0.1",
+        "devices": [{"device_id": str(d), "device_ip": "1.1.1.1"} for d in devices],
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "train",
+            "annotations": {
+                "ascend.kubectl.kubernetes.io/ascend-910-configuration": json.dumps(conf),
+                "hccl/rankIndex": str(rank_index),
+                **annotations,
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch.volcano.sh/v1alpha1",
+                    "kind": "Job",
+                    "name": job,
+                    "uid": uid,
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]},
+        "status": {"phase": phase},
+    }
+
+
+async def test_jobs_are_discovered_from_pods(k8s, kcd):
+    emu, api = k8s
+    pods = [
+        job_pod("llama-worker-1", "node-2", 1, [4, 5], **{"recover-strategy": "recover,dump"}),
+        job_pod("llama-worker-0", "node-1", 0, [0, 1]),
+    ]
+    for p in pods:
+        await api._call("create pod", api.core.create_namespaced_pod, "train", p)
+    job = await until(lambda: kcd.jobs.get("uid-job-1"), what="job from pods")
+    assert (job.namespace, job.name, job.status) == ("train", "llama", "running")
+    assert [(r.rank, r.node, r.device_id) for r in job.ranks] == [
+        (0, "node-1", 0),
+        (1, "node-1", 1),
+        (2, "node-2", 4),
+        (3, "node-2", 5),
+    ]
+    assert "recover" in job.strategies()
+    # A pod with a broken annotation is rejected and counted; the job keeps its last good view.
+    bad = job_pod("other-0", "node-1", 0, [0], uid="uid-job-2", job="other")
+    bad["metadata"]["annotations"]["hccl/rankIndex"] = "zero"
+    await api._call("create pod", api.core.create_namespaced_pod, "train", bad)
+    await until(lambda: rejected(kcd, "bad_job_pods") >= 1, what="bad pod counted")
+    assert kcd.jobs.get("uid-job-2") is None
+    # All pods gone -> the job is removed from the registry.
+    for p in pods:
+        await api._call("delete pod", api.core.delete_namespaced_pod, p["metadata"]["name"], "train")
+    await until(lambda: kcd.jobs.get("uid-job-1") is None, what="job removed")

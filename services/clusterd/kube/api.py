@@ -129,6 +129,15 @@ class KubeApi:
         doc = await self._call("list nodes", self.core.list_node)
         return list(doc.get("items") or []), str((doc.get("metadata") or {}).get("resourceVersion") or "")
 
+    async def list_pods(self, namespace: str | None, label_selector: str = "") -> tuple[list[dict], str]:
+        """(items, resourceVersion) of the pods in ``namespace`` (None = all namespaces)."""
+        kw = {"label_selector": label_selector} if label_selector else {}
+        if namespace:
+            doc = await self._call("list pods", self.core.list_namespaced_pod, namespace, **kw)
+        else:
+            doc = await self._call("list pods", self.core.list_pod_for_all_namespaces, **kw)
+        return list(doc.get("items") or []), str((doc.get("metadata") or {}).get("resourceVersion") or "")
+
     async def patch_node(self, name: str, body: dict) -> dict:
         """JSON merge patch of a Node (annotations, labels)."""
         return await self._call(
@@ -146,6 +155,12 @@ class KubeApi:
         """
         if kind == "nodes":
             fn, args = self.core.list_node, ()
+        elif kind == "pods":
+            fn, args = (
+                (self.core.list_namespaced_pod, (namespace,))
+                if namespace
+                else (self.core.list_pod_for_all_namespaces, ())
+            )
         elif namespace:
             fn, args = self.core.list_namespaced_config_map, (namespace,)
         else:
@@ -241,6 +256,8 @@ class ListWatcher:
     async def _list(self) -> str:
         if self.kind == "nodes":
             items, rv = await self.api.list_nodes()
+        elif self.kind == "pods":
+            items, rv = await self.api.list_pods(self.namespace, self.label_selector)
         else:
             items, rv = await self.api.list_config_maps(self.namespace, self.label_selector)
         fresh = {obj_key(o): o for o in items if self.accept(o)}

@@ -23,6 +23,10 @@ reads public-fault ConfigMaps, and annotates isolated nodes:
   when it recovers. Gauges ``faultmesh_node_unhealthy{node}`` and ``faultmesh_slow_node{node}``
   (code 110001010 active) feed the chart's alerts.
 
+- **jobs from pods** (``--kube-jobs on``): NPU pods (device and ``hccl/rankIndex`` annotations)
+  grouped by their controlling owner become jobs in ``cd.jobs`` (:mod:`.jobs`); a job whose pods are
+  all gone is removed (only jobs this component created, remembered in the store).
+
 Watches re-list on 410 Gone and after errors, so no change is lost (:class:`.api.ListWatcher`).
 """
 
@@ -38,9 +42,10 @@ import orjson
 from prometheus_client import Counter, Gauge
 
 from clusterd.kube import formats
+from clusterd.kube import jobs as kjobs
 from clusterd.kube.api import Backoff, KubeApi, KubeError, ListWatcher
 from faultmesh.config import read_secret
-from faultmesh.levels import UNHEALTHY
+from faultmesh.levels import UNHEALTHY, level_health, worst_health
 from faultmesh.log import RateLimitedLog, event
 from faultmesh.model import now_ms
 
@@ -121,6 +126,12 @@ class KubeComponent:
         )
         g.add_argument("--kube-watch-timeout-s", type=int, default=300, help="server-side watch timeout (s)")
         g.add_argument("--kube-timeout-s", type=float, default=10.0, help="timeout of one API call (s)")
+        g.add_argument(
+            "--kube-jobs",
+            choices=("on", "off"),
+            default="on",
+            help="discover training jobs from pods into the job registry",
+        )
 
     def __init__(self, cd) -> None:
         self.cd = cd
@@ -161,6 +172,10 @@ class KubeComponent:
         self._dirty = asyncio.Event()
         self._written: dict[str, str] = {}  # published ConfigMap name -> data value last written/read
         self._entries: dict[str, dict] = {}  # entry key (CmName) -> last published entry (with UpdateTime)
+        # kind (device / switch / node) -> node -> (entry key, serialized entry): rebuilt per changed node
+        self._parts: dict[str, dict[str, tuple[str, str]]] = {"device": {}, "switch": {}, "node": {}}
+        self._dirty_nodes: set[str] = set()
+        self._full_refresh = True
         self._device_docs: dict[str, formats.DeviceInfoDoc] = {}  # node -> consumed device info
         self._node_status: dict[str, str] = {}  # node -> NodeStatus from consumed node info
         self._pending: dict[tuple[str, str], dict] = {}  # CMs of nodes not (yet) known, by (kind, node)
@@ -168,15 +183,20 @@ class KubeComponent:
         self._annotated: dict[str, str] = {}  # node -> annotation value we set
         self._gauged_unhealthy: set[str] = set()
         self._gauged_slow: set[str] = set()
+        self._job_pods: dict[str, dict[tuple[str, str], dict]] = {}  # job id -> pod key -> pod
+        self._pod_job: dict[tuple[str, str], tuple[str, str, str]] = {}  # pod key -> (job id, name, ns)
+        self._jobs_dirty: set[tuple[str, str, str]] = set()
+        self._jobs_event = asyncio.Event()
         self._api_client: Any = None
         self.api: KubeApi | None = None
         self.nodes: ListWatcher | None = None
+        self.pods: ListWatcher | None = None
         self.watchers: list[ListWatcher] = []
         self._last_resync = 0.0
         self._pubfault = None
         if self.enabled:
-            cd.center.subscribe(lambda changes: self._dirty.set())
-            cd.agents.on_connect(lambda node, agent: self._dirty.set())
+            cd.center.subscribe(self._on_changes)
+            cd.agents.on_connect(lambda node, agent: self._mark(node))
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def _make_client(self):
@@ -252,6 +272,12 @@ class KubeComponent:
                 lambda o: _has_label(o, PUBLIC_FAULT_LABEL),
             ),
         ]
+        if a.kube_jobs == "on" and getattr(self.cd, "jobs", None) is not None:
+            self.pods = watcher("pods", "pods", None, "", self._on_pod, kjobs.is_job_pod)
+            self.watchers.append(self.pods)
+            self.cd.tasks.spawn(self._job_sync(), name="kube-job-sync")
+        elif a.kube_jobs == "on":
+            event(log, logging.WARNING, "kube job discovery off: no job registry in this clusterd")
         for w in self.watchers:
             self.cd.tasks.spawn(w.run(), name=f"kube-watch-{w.kind}-{w.namespace or 'all'}")
         self.cd.tasks.spawn(self._publisher(), name="kube-publisher")
@@ -286,7 +312,7 @@ class KubeComponent:
                     await (self._on_nodeinfo if kind == "nodeinfo" else self._on_deviceinfo)("upsert", cm)
         else:
             self._annotated.pop(node, None)
-        self._dirty.set()
+        self._mark(node)
 
     async def _wait_nodes(self) -> None:
         if self.nodes is not None and not self.nodes.synced.is_set():
@@ -323,7 +349,7 @@ class KubeComponent:
         except Exception as e:  # never let one object stop the watch
             event(log, logging.ERROR, "node info not applied", configmap=name, error=repr(e))
         finally:
-            self._dirty.set()
+            self._mark(node)
 
     async def _on_deviceinfo(self, op: str, cm: dict) -> None:
         name = cm["metadata"]["name"]
@@ -353,7 +379,7 @@ class KubeComponent:
         except Exception as e:
             event(log, logging.ERROR, "device info not applied", configmap=name, error=repr(e))
         finally:
-            self._dirty.set()
+            self._mark(node)
 
     async def _on_publicfault(self, op: str, cm: dict) -> None:
         """Add/change events are applied; deletes are ignored (a recover must be written), as in the reference."""
@@ -403,6 +429,84 @@ class KubeComponent:
                 faults=len(req.faults),
             )
 
+    # -- jobs from pods --------------------------------------------------------------------------
+    async def _on_pod(self, op: str, pod: dict) -> None:
+        meta = pod.get("metadata") or {}
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        old = self._pod_job.pop(key, None)
+        if old is not None:
+            self._job_pods.get(old[0], {}).pop(key, None)
+            self._jobs_dirty.add(old)
+        owner = kjobs.job_owner(pod) if op == "upsert" else None
+        if owner is not None:
+            job = (owner[0], owner[1], key[0])
+            self._pod_job[key] = job
+            self._job_pods.setdefault(job[0], {})[key] = pod
+            self._jobs_dirty.add(job)
+        self._jobs_event.set()
+
+    async def _sync_job(self, job_id: str, name: str, namespace: str) -> None:
+        from clusterd.brain.jobs import JobSpecError, parse_job
+
+        registry = self.cd.jobs
+        pods = list(self._job_pods.get(job_id, {}).values())
+        owned = await self.cd.store.kv_get("kube-jobs", job_id)
+        if not pods:
+            self._job_pods.pop(job_id, None)
+            if owned is not None:
+                await registry.delete(job_id)
+                await self.cd.store.kv_delete("kube-jobs", job_id)
+                event(log, logging.INFO, "kube job removed", job=f"{namespace}/{name}", jobId=job_id)
+            return
+        try:
+            job = parse_job(kjobs.job_spec(job_id, name, namespace, pods))
+        except (kjobs.BadPod, JobSpecError) as e:
+            self._reject("bad_job_pods", job=f"{namespace}/{name}", error=str(e))
+            return
+        other = registry.by_ns_name(namespace, name)
+        if other is not None and other.id != job_id:
+            if await self.cd.store.kv_get("kube-jobs", other.id) is None:
+                self._reject("job_name_taken", job=f"{namespace}/{name}", other=other.id)
+                return
+            await registry.delete(other.id)  # the job was re-created under a new UID
+            await self.cd.store.kv_delete("kube-jobs", other.id)
+        if owned is None:
+            await self.cd.store.kv_put("kube-jobs", job_id, {"name": name, "namespace": namespace})
+        (res,) = await registry.apply([job])
+        if res[1] != "unchanged":
+            event(
+                log,
+                logging.INFO,
+                f"kube job {res[1]}",
+                job=f"{namespace}/{name}",
+                jobId=job_id,
+                ranks=len(job.ranks),
+                status=job.status,
+            )
+
+    async def _job_sync(self) -> None:
+        """Apply the jobs whose pods changed (debounced), and after the first pod list remove the
+        jobs this component created whose pods are all gone."""
+        reconciled = False
+        while True:
+            await self._jobs_event.wait()
+            await asyncio.sleep(0.1)  # let a burst of pod events settle
+            self._jobs_event.clear()
+            dirty, self._jobs_dirty = self._jobs_dirty, set()
+            if not reconciled and self.pods is not None and self.pods.synced.is_set():
+                reconciled = True
+                for job_id, info in (await self.cd.store.kv_items("kube-jobs")).items():
+                    if job_id not in self._job_pods:
+                        dirty.add((job_id, str(info.get("name", "")), str(info.get("namespace", ""))))
+            for job_id, name, ns in sorted(dirty):
+                try:
+                    await self._sync_job(job_id, name, ns)
+                except Exception as e:  # a store error must not stop discovery
+                    event(log, logging.ERROR, "kube job not applied", job=f"{ns}/{name}", error=repr(e))
+            if not reconciled:
+                self._jobs_event.set()
+                await asyncio.sleep(0.2)
+
     # -- publish -----------------------------------------------------------------------------------
     def _stamp(self, key: str, entry: dict, now_s: int) -> dict:
         """``entry`` with UpdateTime: kept from the last publication when nothing else changed."""
@@ -416,57 +520,86 @@ class KubeComponent:
         self._entries[key] = out
         return out
 
-    def desired(self) -> dict[str, str]:
-        """ConfigMap name -> data value of everything Kubernetes mode publishes now."""
-        a = self.args
-        center = self.cd.center
-        type_name = a.kube_device_type
-        now_s = int(time.time())
-        npu, switch, node_faults = {}, {}, {}
-        for f in center.faults():
+    def _mark(self, node: str) -> None:
+        self._dirty_nodes.add(node)
+        self._dirty.set()
+
+    def _on_changes(self, changes) -> None:
+        for c in changes:
+            self._dirty_nodes.add(c.fault.node)
+        self._dirty.set()
+
+    def _rebuild_node(self, node: str, faults: list, now_s: int) -> None:
+        """Recompute the three cluster-info entries of ``node`` into the per-kind caches."""
+        type_name = self.args.kube_device_type
+        npu, switch, node_faults = [], [], []
+        for f in faults:
             if f.device_type in ("NPU", type_name) or f.source.startswith("public:"):
-                npu.setdefault(f.node, []).append(f)
+                npu.append(f)
             elif f.device_type == "Switch":
-                switch.setdefault(f.node, []).append(f)
+                switch.append(f)
             else:
-                node_faults.setdefault(f.node, []).append(f)
-        known = self.cd.agents.known
-        dev_nodes = set(npu) | set(self._device_docs) | {n for n, i in known.items() if i.get("devices")}
-        devices = {}
-        for node in sorted(dev_nodes):
-            devs = list((known.get(node) or {}).get("devices", {}).values())
-            devs = [d for d in devs if d.get("device_type") in ("NPU", type_name, "")]
-            entry = formats.build_device_entry(
-                node, type_name, npu.get(node, []), devs, self._device_docs.get(node)
-            )
-            devices[entry["CmName"]] = self._stamp(entry["CmName"], entry, now_s)
-        sw_nodes = set(switch) | {n for n, d in self._device_docs.items() if d.switch_info}
-        switches = {}
-        for node in sorted(sw_nodes):
-            base = self._device_docs[node].switch_info if node in self._device_docs else None
-            entry = formats.build_switch_entry(node, switch.get(node, []), base)
-            switches[entry["CmName"]] = self._stamp(entry["CmName"], entry, now_s)
-        status_nodes = set(node_faults) | {n for n, s in self._node_status.items() if s and s != "Healthy"}
-        status_nodes |= {n for n, i in known.items() if i.get("node_status") not in (None, "", "Healthy")}
-        nodes = {}
-        for node in sorted(status_nodes):
-            agent_status = self._node_status.get(node) or (known.get(node) or {}).get("node_status", "")
-            entry = formats.build_node_entry(node, node_faults.get(node, []), agent_status)
-            nodes[entry["CmName"]] = self._stamp(entry["CmName"], entry, now_s)
+                node_faults.append(f)
+        info = self.cd.agents.known.get(node) or {}
+        devs = [
+            d for d in (info.get("devices") or {}).values() if d.get("device_type") in ("NPU", type_name, "")
+        ]
+        doc = self._device_docs.get(node)
+        agent_status = self._node_status.get(node) or info.get("node_status", "")
+        present = {
+            "device": bool(npu or doc or devs),
+            "switch": bool(switch or (doc and doc.switch_info)),
+            "node": bool(node_faults or agent_status not in ("", "Healthy")),
+        }
+        for kind, cache in self._parts.items():
+            if not present[kind]:
+                if node in cache:
+                    self._entries.pop(cache.pop(node)[0], None)
+                continue
+            if kind == "device":
+                entry = formats.build_device_entry(node, type_name, npu, devs, doc)
+            elif kind == "switch":
+                entry = formats.build_switch_entry(node, switch, doc.switch_info if doc else None)
+            else:
+                entry = formats.build_node_entry(node, node_faults, agent_status)
+            key = entry["CmName"]
+            cache[node] = (key, formats.entry_part(key, self._stamp(key, entry, now_s)))
+
+    async def refresh(self, full: bool = False) -> None:
+        """Recompute the entries of the nodes that changed (all nodes when ``full``), yielding to the
+        loop every 256 nodes so a 16k-node rebuild never stalls ingest."""
+        nodes = set(self._dirty_nodes)
+        self._dirty_nodes.clear()
+        by_node: dict[str, list] = {}
+        for f in self.cd.center.faults():
+            by_node.setdefault(f.node, []).append(f)
+        if full:
+            known = self.cd.agents.known
+            nodes |= set(by_node) | set(self._device_docs) | set(self._node_status) | set(known)
+            for cache in self._parts.values():
+                nodes |= set(cache)
+        now_s = int(time.time())
+        for i, node in enumerate(sorted(nodes)):
+            self._rebuild_node(node, by_node.get(node, []), now_s)
+            if i % 256 == 255:
+                await asyncio.sleep(0)
+
+    def desired(self) -> dict[str, str]:
+        """ConfigMap name -> data value of everything Kubernetes mode publishes (from the caches)."""
+        a = self.args
         out: dict[str, str] = {}
-        for prefix, entries in ((formats.DEVICE_CM_PREFIX, devices), (formats.SWITCH_CM_PREFIX, switches)):
-            shards = formats.shard(entries, a.kube_shard_bytes) or [""]
+        for prefix, kind in ((formats.DEVICE_CM_PREFIX, "device"), (formats.SWITCH_CM_PREFIX, "switch")):
+            parts = list(self._parts[kind].values())
+            shards = formats.shard_parts(parts, a.kube_shard_bytes) or [""]
             for i, data in enumerate(shards):
                 out[f"{prefix}{i}"] = data
-            self.shards.labels(prefix.rstrip("-")).set(len(shards) if entries else 0)
-        out[formats.NODE_CM_NAME] = formats.shard(nodes, 1 << 62)[0] if nodes else ""
+            self.shards.labels(prefix.rstrip("-")).set(len(shards) if parts else 0)
+        parts = list(self._parts["node"].values())
+        out[formats.NODE_CM_NAME] = formats.shard_parts(parts, 1 << 62)[0] if parts else ""
         # Surplus shards from earlier rounds (or an earlier process) are emptied, not deleted.
         for name in self._written:
             if name not in out:
                 out[name] = ""
-        live = {e for e in (*devices, *switches, *nodes)}
-        for k in [k for k in self._entries if k not in live]:
-            del self._entries[k]
         return out
 
     async def _seed(self) -> None:
@@ -516,7 +649,9 @@ class KubeComponent:
         self._written[name] = value
 
     async def _resync(self) -> None:
-        """Forget what differs on the server (edited or deleted by someone), so it is rewritten."""
+        """Forget what differs on the server (edited or deleted by someone), so it is rewritten, and
+        rebuild every entry once (device states that changed without a fault change)."""
+        self._full_refresh = True
         ns = self.args.kube_publish_namespace
         items, _ = await self.api.list_config_maps(ns, "=".join(VOLCANO_LABEL))
         live = {(cm.get("metadata") or {}).get("name", ""): (cm.get("data") or {}) for cm in items}
@@ -526,6 +661,8 @@ class KubeComponent:
 
     async def publish_once(self) -> int:
         """Write every changed ConfigMap. Returns how many were written. Raises :class:`KubeError`."""
+        full, self._full_refresh = self._full_refresh, False
+        await self.refresh(full=full)
         desired = self.desired()
         n = 0
         for name in sorted(desired):
@@ -544,20 +681,17 @@ class KubeComponent:
 
     async def _annotate(self) -> None:
         """NodeHealthyStatus=UnHealthy on UnHealthy nodes, removed on recovery; health gauges."""
-        from clusterd.http_api import node_summary
-
         center = self.cd.center
-        names = (
-            center.node_names() | set(self.cd.agents.known) | set(self._node_status) | set(self._annotated)
-        )
-        unhealthy, slow = set(), set()
-        for node in names:
-            health = node_summary(self.cd, node)["health"]
-            if health == UNHEALTHY or self._node_status.get(node) == UNHEALTHY:
-                unhealthy.add(node)
+        # One pass over the faults (node_summary per node would be quadratic at 16k nodes).
+        health: dict[str, list[str]] = {}
+        slow = set()
         for f in center.faults():
+            health.setdefault(f.node, []).append(level_health(f.level))
             if f.code == SLOW_NODE_CODE:
                 slow.add(f.node)
+        unhealthy = {n for n, hs in health.items() if worst_health(hs) == UNHEALTHY}
+        unhealthy |= {n for n, i in self.cd.agents.known.items() if i.get("node_status") == UNHEALTHY}
+        unhealthy |= {n for n, s in self._node_status.items() if s == UNHEALTHY}
         for node in sorted(unhealthy - self._gauged_unhealthy):
             self.node_unhealthy.labels(node).set(1)
         for node in sorted(self._gauged_unhealthy - unhealthy):

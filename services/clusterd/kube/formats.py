@@ -429,25 +429,33 @@ def build_switch_entry(node: str, faults: list[Fault], base: dict | None = None)
     }
 
 
-def shard(entries: dict[str, dict], max_bytes: int = MAX_SHARD_BYTES) -> list[str]:
-    """Pack ``entries`` (key -> entry) into JSON objects of at most ``max_bytes`` each, keys in sorted
-    order (deterministic). An entry larger than ``max_bytes`` gets a shard of its own (the API server
-    may still refuse it: over 1 MiB). No entries -> ``[]``."""
+def entry_part(key: str, entry: dict) -> str:
+    """``"key":{...}`` — one member of a cluster-info map, serialized once and cached by the caller."""
+    return gojson.marshal({key: entry}).decode()[1:-1]
+
+
+def shard_parts(parts: list[tuple[str, str]], max_bytes: int = MAX_SHARD_BYTES) -> list[str]:
+    """Pack serialized members ``(key, part)`` into JSON objects of at most ``max_bytes`` bytes each,
+    in key order (deterministic). A member larger than ``max_bytes`` gets a shard of its own (the API
+    server may still refuse it: over 1 MiB). No members -> ``[]``."""
     shards: list[str] = []
-    parts: list[str] = []
+    chunk: list[str] = []
     size = 2  # "{}"
-    for key in sorted(entries):
-        part = gojson.marshal({key: entries[key]}).decode()[1:-1]
-        add = len(part.encode()) + (1 if parts else 0)
-        if parts and size + add > max_bytes:
-            shards.append("{" + ",".join(parts) + "}")
-            parts, size = [], 2
-            add = len(part.encode())
-        parts.append(part)
-        size += add
-    if parts:
-        shards.append("{" + ",".join(parts) + "}")
+    for _, part in sorted(parts):
+        n = len(part.encode())
+        if chunk and size + 1 + n > max_bytes:
+            shards.append("{" + ",".join(chunk) + "}")
+            chunk, size = [], 2
+        size += n + (1 if chunk else 0)
+        chunk.append(part)
+    if chunk:
+        shards.append("{" + ",".join(chunk) + "}")
     return shards
+
+
+def shard(entries: dict[str, dict], max_bytes: int = MAX_SHARD_BYTES) -> list[str]:
+    """:func:`shard_parts` over ``entries`` (key -> entry)."""
+    return shard_parts([(k, entry_part(k, v)) for k, v in entries.items()], max_bytes)
 
 
 def node_name_of(cm_name: str, prefix: str) -> str | None:

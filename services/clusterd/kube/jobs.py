@@ -1,0 +1,135 @@
+"""Training jobs discovered from pods (issue 8 "Discover jobs from pods"; reference clusterd.md §6.1,
+§7.1, deviced.md §5.2).
+
+A pod is a rank holder of a job when it is scheduled (``spec.nodeName``) and carries the annotations
+the reference's scheduling stack sets:
+
+- ``ascend.kubectl.kubernetes.io/ascend-910-configuration`` (or ``...ascend-npu-configuration``):
+  JSON ``{"pod_name", "server_id", "devices": [{"device_id": "0", "device_ip": ...}, ...]}`` — the
+  NPUs the device plugin gave the pod;
+- ``hccl/rankIndex``: the pod's rank index in the job.
+
+The job is the pod's controlling owner (``ownerReferences[controller=true]``: the vcjob or
+AscendJob), so its id is that owner's UID, as the reference's jobId. Global ranks follow the
+reference: ``rank = rankIndex x NPUs-per-pod + position`` of the device in the pod's sorted list.
+The recovery settings the reference reads from the PodGroup (annotation ``recover-strategy``,
+labels ``process-recover-enable``, ``fault-scheduling``, ``pod-rescheduling``,
+``subHealthyStrategy``) are read from the pods' own labels and annotations (the first pod by rank
+index that has them); PodGroups themselves are not watched.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+DEVICE_ANNOTATIONS = (
+    "ascend.kubectl.kubernetes.io/ascend-910-configuration",
+    "ascend.kubectl.kubernetes.io/ascend-npu-configuration",
+)
+RANK_ANNOTATION = "hccl/rankIndex"
+SETTING_KEYS = (
+    "recover-strategy",
+    "process-recover-enable",
+    "fault-scheduling",
+    "pod-rescheduling",
+    "subHealthyStrategy",
+)
+
+
+class BadPod(ValueError):
+    """A job pod whose annotations cannot be read (the message says which)."""
+
+
+def is_job_pod(pod: dict) -> bool:
+    """True for a pod that carries an NPU allocation annotation."""
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    return any(k in ann for k in DEVICE_ANNOTATIONS)
+
+
+def job_owner(pod: dict) -> tuple[str, str] | None:
+    """(uid, name) of the pod's controlling owner, or None."""
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("uid") and ref.get("name"):
+            return str(ref["uid"]), str(ref["name"])
+    return None
+
+
+def pod_devices(pod: dict) -> tuple[int, list[int], int]:
+    """(rank index, sorted device ids, super pod id or -1) of a job pod. Raises :class:`BadPod`."""
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    raw = next((ann[k] for k in DEVICE_ANNOTATIONS if k in ann), None)
+    try:
+        conf = json.loads(raw) if raw else None
+    except ValueError:
+        raise BadPod("device annotation is not JSON") from None
+    if not isinstance(conf, dict) or not isinstance(conf.get("devices"), list):
+        raise BadPod("device annotation has no devices list")
+    try:
+        devs = sorted(int(d["device_id"]) for d in conf["devices"])
+    except (KeyError, TypeError, ValueError):
+        raise BadPod("device annotation has a device without a numeric device_id") from None
+    if len(set(devs)) != len(devs) or any(d < 0 or d > 1 << 16 for d in devs):
+        raise BadPod("device annotation has duplicate or out-of-range device ids")
+    try:
+        rank_index = int(ann.get(RANK_ANNOTATION, ""))
+    except ValueError:
+        raise BadPod(f"annotation {RANK_ANNOTATION} is not an integer") from None
+    if rank_index < 0:
+        raise BadPod(f"annotation {RANK_ANNOTATION} is negative")
+    spid_raw = conf.get("super_pod_id", ann.get("super_pod_id", -1))
+    try:
+        spid = int(spid_raw)
+    except (TypeError, ValueError):
+        spid = -1
+    return rank_index, devs, spid
+
+
+def job_status(pods: list[dict]) -> str:
+    """pending / running / completed / failed from the pods' phases."""
+    phases = [str((p.get("status") or {}).get("phase") or "Pending") for p in pods]
+    if any(ph == "Failed" for ph in phases):
+        return "failed"
+    if phases and all(ph == "Succeeded" for ph in phases):
+        return "completed"
+    if any(ph == "Running" for ph in phases):
+        return "running"
+    return "pending"
+
+
+def job_spec(job_id: str, name: str, namespace: str, pods: list[dict]) -> dict[str, Any]:
+    """The job spec (:func:`clusterd.brain.jobs.parse_job` input) of one job's pods.
+
+    Raises :class:`BadPod` for a pod with unreadable annotations or two pods with one rank index.
+    """
+    rows = []
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node:
+            continue  # not scheduled yet
+        rank_index, devs, spid = pod_devices(pod)
+        rows.append((rank_index, node, devs, spid, pod))
+    rows.sort(key=lambda r: r[0])
+    if len({r[0] for r in rows}) != len(rows):
+        raise BadPod(f"two pods of job {namespace}/{name} have the same {RANK_ANNOTATION}")
+    ranks = []
+    for rank_index, node, devs, spid, _ in rows:
+        for pos, dev in enumerate(devs):
+            ranks.append(
+                {"rank": rank_index * len(devs) + pos, "node": node, "device": dev, "superPodId": spid}
+            )
+    spec: dict[str, Any] = {
+        "id": job_id,
+        "name": name,
+        "namespace": namespace,
+        "status": job_status(pods),
+        "ranks": ranks,
+    }
+    for key in SETTING_KEYS:
+        for *_, pod in rows:
+            meta = pod.get("metadata") or {}
+            value = (meta.get("annotations") or {}).get(key, (meta.get("labels") or {}).get(key))
+            if value not in (None, ""):
+                spec[key] = value
+                break
+    return spec
