@@ -10,7 +10,7 @@ from faultmesh.trainsim import Outcomes, TrainSim
 
 JOB = "job-0001-uid"
 FAST = (
-    "--report-timeout-s", "1.0",
+    "--report-timeout-s", "2.0",
     "--keepalive-s", "0.3",
     "--fault-flush-s", "0.01",
     "--hot-switch-wait-s", "0.5",
