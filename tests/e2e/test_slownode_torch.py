@@ -187,12 +187,29 @@ def _run_job(
     return {r: json.loads((summary / f"rank{r}.json").read_text()) for r in range(4)}
 
 
+def _require_quiet_box() -> None:
+    """Skip when other work saturates the machine: the test measures timing (torch-real-input.md §6)."""
+    load = os.getloadavg()[0]
+    if load > 2.5 * (os.cpu_count() or 1):
+        pytest.skip(
+            f"box overloaded (load average {load:.1f} on {os.cpu_count()} CPUs): timing test not meaningful"
+        )
+
+
+def _require_normal_steps(rows) -> None:
+    """Skip when the job's clean steps were far slower than on a quiet box (~87 ms measured)."""
+    med = statistics.median(r["period"] for r in rows if r["step_no"] < SLOW_FROM)
+    if med > 250:
+        pytest.skip(f"box overloaded during the run: median clean step {med:.0f} ms (quiet box: ~87 ms)")
+
+
 def _median(rows, key, lo, hi):
     return statistics.median(r[key] for r in rows if lo <= r["step_no"] < hi)
 
 
 def test_stall_rank2_detected(stack):
     tmp, cd, prof, dt = stack
+    _require_quiet_box()
     job = "torch-stall"
     _http(cd.http, "POST", "/v1/slownode/jobs", _featconf(job))
     summ = _run_job(
@@ -205,6 +222,7 @@ def test_stall_rank2_detected(stack):
         stop_when=lambda: any(m[0] == job for m in PHRASE.findall(cd.log_text())),
     )
     rows = {r: s["rows"] for r, s in summ.items()}
+    _require_normal_steps(rows[0])
     last = min(len(v) for v in rows.values())
     # What was achieved: rank 2's compute phase against the other ranks', after vs before the stall.
     after = {r: _median(rows[r], "compute", SLOW_FROM, last) for r in range(4)}
@@ -248,9 +266,11 @@ def test_stall_rank2_detected(stack):
 
 def test_clean_run_logs_nothing(stack):
     tmp, cd, prof, dt = stack
+    _require_quiet_box()
     job = "torch-clean"
     _http(cd.http, "POST", "/v1/slownode/jobs", _featconf(job))
     summ = _run_job(tmp, prof, dt, job, "none", 100)
+    _require_normal_steps(summ[0]["rows"])
     assert all(len(s["rows"]) == 100 for s in summ.values())
     time.sleep(1.5)  # the last rounds
     status = _http(cd.http, "GET", f"/v1/slownode/{job}")

@@ -337,3 +337,18 @@ def test_bad_input_never_makes_a_false_detection(tmp_path):
     ):
         assert b[reason] > 0, (reason, dict(b))
     assert nd.last_detected_step >= 40
+
+
+def test_homogenized_card_needs_compute_corroboration_with_pattern_on():
+    conf = parse_featconf(
+        {"jobName": "j", "normalNumber": 8, "nConsecAnomaliesSignifySlow": 2, "patternWindowSteps": 4}
+    )
+    for c0, expected in ((60, []), (75, [0])):
+        n = node(conf)
+        n.round()
+        for s in (8, 9):
+            n.add(m(0, s, st=140, zp=4, compute=c0))
+            n.add(m(1, s, st=140, zp=20))
+        r = n.round()
+        assert r["isSlow"] == 1 and "stepTime" in r["detectedBy"]
+        assert r["slowCalculateRanks"] == expected, (c0, r["pattern"])

@@ -27,6 +27,10 @@ Fixes of reference quirks (named on purpose), in addition to those of :mod:`.det
   subtracted all host ranks, so it was always empty); ranks of a slow host are still excluded.
 - *aligned homogenization*: TP collective durations are aligned by step number across the group
   (the reference truncated the lists to the shortest length keeping the *first* elements).
+- *corroborated compute cards* (with the pattern detector on): a card flagged by homogenization
+  (waits least in its TP collective) is kept only when its compute over the pattern window is also
+  above its peers' by half the ``computeRatio`` margin (when enough compute samples exist); on a
+  noisy box the rank that happened to arrive last in three steps was otherwise named.
 - *applicability*: groups named ``cp``/``exp`` with > 1 rank are reported in ``notApplicable``
   instead of silently stopping the detector.
 """
@@ -162,18 +166,25 @@ class NodeDetector:
         )
         groups = self.tp_groups()
         calc: set[int] = set()
+        pat = None
+        if c.pattern_detector:
+            pat = self.pattern.evaluate(
+                [g for g in groups if len(g) > 1], self.history, self.compute_baseline
+            )
         if level > 0:
             fired.append("stepTime")
             multi = [g for g in groups if len(g) > 1]
             if multi:
                 for g in multi:
-                    calc.update(
-                        homogenize(
-                            self._aligned_zp(g, low - max(c.pattern_window, c.n_consec)),
-                            c.n_consec,
-                            c.cluster_mean_distance,
-                        )
+                    cards = homogenize(
+                        self._aligned_zp(g, low - max(c.pattern_window, c.n_consec)),
+                        c.n_consec,
+                        c.cluster_mean_distance,
                     )
+                    if pat is not None:  # corroboration: a slow compute card also computes longest
+                        rel = 1 + (c.compute_ratio - 1) / 2
+                        cards = [r for r in cards if r not in pat.ratios or pat.ratios[r][0] > rel]
+                    calc.update(cards)
             else:
                 calc.update(r for r in with_data if self._slow(r, "zp_device"))
             res["slowCommunicationDomains"] = [
@@ -186,11 +197,7 @@ class NodeDetector:
             host = with_data if all(self._slow(r, "zp_host") for r in with_data) else []
             res["slowHostNodes"] = [self.node_ip] if host else []
             res["slowIORanks"] = [r for r in with_data if self._slow(r, "dataloader_host") and r not in host]
-        pat = None
-        if c.pattern_detector:
-            pat = self.pattern.evaluate(
-                [g for g in groups if len(g) > 1], self.history, self.compute_baseline
-            )
+        if pat is not None:
             if pat.flagged:
                 fired.append("pattern")
                 calc.update(pat.flagged)
