@@ -248,3 +248,22 @@ async def test_out_of_order_report_is_dropped_and_the_flow_goes_on(cd, sims):
         in generate_latest(cd.registry).decode()
     )
     await wait_decision(cd, "fault-clear")  # the wait still ends by its own timeout
+
+
+async def test_jobs_and_decisions_survive_a_restart(tmp_path):
+    from brain.brainkit import FAST
+    from support import make_clusterd
+
+    cd = await make_clusterd(tmp_path, *FAST)
+    try:
+        await apply(cd)
+        await cd.center.upsert(npu_fault())  # no client: a job-level decision
+        await wait_decision(cd, "job-rescheduling")
+    finally:
+        await cd.stop()
+    cd = await make_clusterd(tmp_path, *FAST)
+    try:
+        assert cd.jobs.get(JOB).ranks[2].node == "node-b"
+        assert decisions(cd) == ["job-rescheduling"]
+    finally:
+        await cd.stop()

@@ -118,6 +118,8 @@ class BrainComponent:
         self.controllers: dict[str, Controller] = {}
         self.initialised: set[str] = set()
         self.decisions: dict[str, deque] = {}
+        self._dirty: set[str] = set()  # jobs whose decisions are not written yet
+        self._flusher: asyncio.Task | None = None
         self._sent_nodes: dict[str, set[str]] = {}  # job -> nodes that got its JobInfo
         self._subhealth_seen: dict[str, set[tuple[int, str]]] = {}
         self._unregistered_seen: dict[str, set[tuple[int, str]]] = {}
@@ -151,6 +153,8 @@ class BrainComponent:
     async def stop(self) -> None:
         for ctl in list(self.controllers.values()):
             await ctl.close()
+        if self._flusher is not None and not self._flusher.done():
+            await asyncio.wait_for(asyncio.shield(self._flusher), 5.0)  # the last decisions are kept
 
     # -- helpers used by controllers and servicers --------------------------------------------------
     def spawn(self, coro, name: str) -> asyncio.Task:
@@ -186,17 +190,22 @@ class BrainComponent:
             reason=reason,
             ranks=",".join(sorted({str(f.rank) for f in faults or ()}, key=int)),
         )
-        self.spawn(self._persist_decisions(job_id), f"decisions-{job_id}")
+        self._dirty.add(job_id)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = self.spawn(self._persist_decisions(), "decisions-writer")
         return rec
 
-    async def _persist_decisions(self, job_id: str) -> None:
-        d = self.decisions.get(job_id)
-        if d is None:
-            return
-        try:
-            await self.cd.store.kv_put("decisions", job_id, list(d))
-        except Exception as e:
-            event(log, logging.ERROR, "decisions not saved", job=job_id, error=repr(e))
+    async def _persist_decisions(self) -> None:
+        """Write the decisions of changed jobs (coalesced: one write per job per pass)."""
+        while self._dirty:
+            job_id = self._dirty.pop()
+            d = self.decisions.get(job_id)
+            if d is None:
+                continue
+            try:
+                await self.cd.store.kv_put("decisions", job_id, list(d))
+            except Exception as e:
+                event(log, logging.ERROR, "decisions not saved", job=job_id, error=repr(e))
 
     def rank_faults(self, job) -> list[RankFault]:
         """The job's rank faults now (stress-test hidden codes removed)."""
