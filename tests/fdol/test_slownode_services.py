@@ -176,3 +176,24 @@ def test_watched_featconf_file_enables_and_removal_stops(stack, tmp_path):
     assert http(cd.http, "GET", "/v1/slownode/j3")[0] == 200
     f.unlink()
     wait_for(lambda: http(cd.http, "GET", "/v1/slownode/j3")[0] == 404, 10, "removal to stop j3")
+
+
+def test_placement_from_job_registry_and_brain_data_trace(stack, tmp_path):
+    """A job registered with the brain (POST /v1/jobs) needs no ranks in the enable request; its
+    data-trace switch then goes through the brain's TrainingDataTrace service (same file)."""
+    cd, nodes, prof, dt, _ = stack
+    ranks = [
+        {"rank": r, "node": n, "device": r % 2}
+        for r, n in ((0, "node-a"), (1, "node-a"), (2, "node-b"), (3, "node-b"))
+    ]
+    st, body = http(cd.http, "POST", "/v1/jobs", {"id": "job4", "name": "job4", "ranks": ranks})
+    assert st in (200, 201), body
+    st, body = http(cd.http, "POST", "/v1/slownode/jobs", conf("job4"))
+    assert st == 200, body
+    assert body["nodes"] == ["node-a", "node-b"]
+    assert http(cd.http, "GET", "/v1/slownode/job4")[1]["ranks"] == PLACEMENT
+    switch = dt / "default.data-trace-job4" / "profilingSwitch"
+    wait_for(switch.exists, 10, "the brain to write the switch")
+    assert json.loads(switch.read_text())["CommunicationOperator"] == "on"
+    wait_for(lambda: [j["ranks"] for j in nodes[1].get_json("/v1/slownode")] == [[2, 3]], 10, "node-b's job")
+    assert "data-trace switch changed" in cd.log_text()  # the brain's own log line
