@@ -19,6 +19,12 @@ async def test_recover_happy_path(cd, sims):
     await wait_decision(cd, "recover-success")
     await wait_idle(cd)
     assert decisions(cd) == ["stop-train", "recover", "recover-success"]
+    from prometheus_client import generate_latest
+
+    metrics = generate_latest(cd.registry).decode()
+    assert 'faultmesh_brain_decisions_total{decision="recover-success",flow="recovery"} 1.0' in metrics
+    assert 'faultmesh_brain_signals_total{signal="stopTrain"} 1.0' in metrics
+    assert "faultmesh_brain_registered_jobs 1.0" in metrics
     assert signals(sim) == [
         ("stopTrain", ("stop_train",), ""),
         ("globalFault", ("on_global_rank", "fault_nodes_exit"), ""),

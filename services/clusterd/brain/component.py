@@ -27,6 +27,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from prometheus_client import Counter, Gauge
 
 from clusterd.brain import controller as ctlmod
 from clusterd.brain.controller import Controller, Timeouts
@@ -123,6 +124,25 @@ class BrainComponent:
         self._sent_nodes: dict[str, set[str]] = {}  # job -> nodes that got its JobInfo
         self._subhealth_seen: dict[str, set[tuple[int, str]]] = {}
         self._unregistered_seen: dict[str, set[tuple[int, str]]] = {}
+        self.m_decisions = Counter(
+            "faultmesh_brain_decisions_total", "Recovery decisions by flow and decision", ["flow", "decision"],
+            registry=cd.registry,
+        )  # fmt: skip
+        self.m_signals = Counter(
+            "faultmesh_brain_signals_total",
+            "ProcessManageSignals delivered by type",
+            ["signal"],
+            registry=cd.registry,
+        )
+        Gauge("faultmesh_brain_jobs", "Jobs in the registry", registry=cd.registry).set_function(
+            lambda: len(self.jobs)
+        )
+        Gauge(
+            "faultmesh_brain_registered_jobs", "Jobs with a Recover client", registry=cd.registry
+        ).set_function(lambda: len(self.controllers))
+        Gauge(
+            "faultmesh_brain_busy_jobs", "Jobs whose controller runs a flow", registry=cd.registry
+        ).set_function(lambda: sum(1 for c in self.controllers.values() if c.busy()))
         self.recover = RecoverServicer(self)
         self.fault = FaultServicer(self)
         self.job_svc = JobServicer(self)
@@ -180,6 +200,7 @@ class BrainComponent:
         rec.update({k: v for k, v in extra.items() if v not in (None, "", [])})
         d = self.decisions.setdefault(job_id, deque(maxlen=MAX_DECISIONS))
         d.append(rec)
+        self.m_decisions.labels(flow, decision).inc()
         event(
             log,
             logging.INFO,

@@ -165,6 +165,7 @@ class Controller:
                 raise
             event(log, logging.WARNING, "signal not sent: stream busy", job=self.job_id, signal=signal_type)
             return False
+        self.brain.m_signals.labels(signal_type).inc()
         self.sent.append((signal_type, list(actions or []) + ([change_strategy] if change_strategy else [])))
         del self.sent[:-50]
         event(
