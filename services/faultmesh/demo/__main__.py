@@ -139,8 +139,9 @@ async def run(args: argparse.Namespace, clock: Clock, stack: Stack) -> int:
 
 def where_text(stack: Stack) -> str:
     lines = [
-        "WHERE TO LOOK (while the stack runs; `faultmesh up` keeps it running)",
-        f"  clusterd HTTP views : http://{stack.http}/v1/faults  /v1/nodes  /v1/nodes/<name>",
+        "WHERE TO LOOK (these addresses lived during the run; `faultmesh up` starts the same stack and keeps it)",
+        f"  clusterd HTTP views : http://{stack.http}/v1/faults  /v1/nodes  /v1/nodes/<name>  /v1/jobs",
+        "                        /v1/jobs/demo-job/recovery  /v1/pingmesh  /v1/slownode/demo-job",
         f"  clusterd metrics    : http://{stack.http}/metrics",
         f"  clusterd gRPC       : {stack.grpc}",
     ]
@@ -149,8 +150,13 @@ def where_text(stack: Stack) -> str:
             f"  {s.name:<19} : noded http://{s.noded_http}/metrics, deviced http://{s.deviced_http}/metrics,"
             f" bmc-sim control http://{s.bmc_control}/state"
         )
-    lines.append(f"  log lines          : {stack.log_dir}/<process>.log (one file per process)")
-    lines.append(f"  logs folder        : {stack.log_dir}")
+    lines.append(f"  log lines           : {stack.log_dir}/<process>.log (one file per process), e.g.")
+    lines.append(f"                        grep 'recovery decision' {stack.log_dir}/clusterd.log")
+    lines.append(
+        f"                        grep 'FD-OL SLOWNODE' {stack.log_dir}/clusterd.log {stack.log_dir}/noded-4.log"
+    )
+    lines.append(f"                        grep 'slow network fault' {stack.log_dir}/clusterd.log")
+    lines.append(f"  logs folder         : {stack.log_dir}")
     return "\n".join(lines)
 
 

@@ -42,6 +42,7 @@ class Child:
     proc: asyncio.subprocess.Process
     log_path: Path
     started_s: float = field(default_factory=time.monotonic)
+    stopping: bool = False  # set when the orchestrator ends it (an exit then is expected)
 
     @property
     def pid(self) -> int:
@@ -97,8 +98,8 @@ class ProcessGroup:
         return None
 
     def dead(self) -> list[Child]:
-        """Children that exited on their own (not through :meth:`stop`)."""
-        return [c for c in self.children if not c.alive]
+        """Children that exited although nobody asked them to (``stopping`` unset)."""
+        return [c for c in self.children if not c.alive and not c.stopping]
 
     async def stop(self, child: Child, grace_s: float = 5.0) -> int | None:
         """SIGTERM ``child`` by PID; SIGKILL after ``grace_s``. Returns its exit status.
@@ -106,6 +107,7 @@ class ProcessGroup:
         The signal goes to the child's process group, whose id is the child's PID (each child is a
         session leader), so processes it spawned itself (the PyTorch ranks) stop with it.
         """
+        child.stopping = True
         if child.alive:
             _signal_tree(child.pid, signal.SIGTERM)
             try:

@@ -14,6 +14,7 @@ PreSeparateNPU -> SubHealthy; RestartNPU, SeparateNPU, ... -> UnHealthy).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import re
 import shlex
@@ -537,7 +538,7 @@ class Scenario:
                 r_st.injected, ("stress-test-success", "isolate-node", "stop-train"), 30
             )
             chain = " -> ".join(d["decision"] for d in got) or "no decision"
-            r_st.decided = f"{msg[:60]}; {chain}"
+            r_st.decided = f"{_stress_brief(msg)}; {chain}"
             r_st.verdict = (
                 RIGHT
                 if ok and msg.startswith("stress test finish") and "stress-test-success" in chain
@@ -588,8 +589,13 @@ class Scenario:
         srv = st.server(PLACEMENT[SLOW_RANK][0])
         row = self.row(f"rank {SLOW_RANK} slowed by 40% ({self.t.slow_mode}), {srv.name}")
         await self.job_ready.wait()
+        why = ""
         if not st.features.get("slownode") or not st.features.get("brain"):
-            row.verdict, row.note = NOT_AVAILABLE, "FD-OL slow-node flags not offered by clusterd/noded"
+            why = "FD-OL slow-node flags not offered by clusterd/noded"
+        elif importlib.util.find_spec("torch") is None:
+            why = "torch is not installed: pip install -e '.[torch]' (torch==2.13.0, CPU)"
+        if why:
+            row.verdict, row.note = NOT_AVAILABLE, why
             self.say(f"NOT AVAILABLE: {row.fault}: {row.note}")
             return
         if not await self.wait_training():
@@ -637,6 +643,7 @@ class Scenario:
         """Stop the PyTorch job (stop file; all ranks stop after the same step) and trainsim."""
         st = self.stack
         if self.train is not None and self.train.alive:
+            self.train.stopping = True
             (st.run_dir / "stop-training").write_text("1\n")
             try:
                 await asyncio.wait_for(self.train.proc.wait(), 30)
@@ -759,6 +766,17 @@ def _link_ends(f: dict) -> set[tuple[str, int]]:
         ends.add((str(al.get("node")), int(al.get("phyId"))))
         ends.add((str(al.get("peerNode")), int(al.get("peerPhyId"))))
     return ends
+
+
+def _stress_brief(msg: str) -> str:
+    """``stress test finish, result:{node: {rank: {op: {code, result}}}}`` -> ``N op results, codes {...}``."""
+    head, sep, body = msg.partition("result:")
+    try:
+        res = json.loads(body) if sep else None
+        codes = [op["code"] for node in res.values() for rank in node.values() for op in rank.values()]
+    except (ValueError, AttributeError, KeyError, TypeError):
+        return msg[:60]
+    return f"{head.strip().rstrip(',')}: {len(codes)} op results, codes {sorted(set(codes))}"
 
 
 def _brief(f: dict) -> str:
