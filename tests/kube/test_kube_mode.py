@@ -530,3 +530,30 @@ async def test_jobs_are_discovered_from_pods(k8s, kcd):
     for p in pods:
         await api._call("delete pod", api.core.delete_namespaced_pod, p["metadata"]["name"], "train")
     await until(lambda: kcd.jobs.get("uid-job-1") is None, what="job removed")
+
+
+async def test_missing_cluster_config_fails_start_with_a_clear_error(tmp_path):
+    from support import free_port
+
+    from clusterd.app import ClusterD, _load_component_classes, build_parser
+
+    classes = _load_component_classes()
+    args = build_parser(classes).parse_args(
+        [
+            "--grpc-addr",
+            f"127.0.0.1:{free_port()}",
+            "--http-addr",
+            f"127.0.0.1:{free_port()}",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--kube",
+            "--kubeconfig",
+            str(tmp_path / "no-such-kubeconfig"),
+        ]
+    )
+    cd = ClusterD(args, classes)
+    try:
+        with pytest.raises(OSError, match="--kube: cannot load the Kubernetes client configuration"):
+            await cd.start()
+    finally:
+        await cd.stop()

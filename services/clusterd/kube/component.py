@@ -188,6 +188,7 @@ class KubeComponent:
         self._jobs_dirty: set[tuple[str, str, str]] = set()
         self._jobs_event = asyncio.Event()
         self._api_client: Any = None
+        self._tasks: list[asyncio.Task] = []
         self.api: KubeApi | None = None
         self.nodes: ListWatcher | None = None
         self.pods: ListWatcher | None = None
@@ -219,7 +220,13 @@ class KubeComponent:
         """Connect and start the watchers and the publisher (owned by ``cd.tasks``)."""
         if not self.enabled:
             return
-        self._api_client = await self._make_client()
+        from kubernetes_asyncio.config import ConfigException
+
+        try:
+            self._api_client = await self._make_client()
+        except (ConfigException, OSError, ValueError) as e:
+            # OSError: clusterd's start path reports it as "clusterd failed to start" and exits 1.
+            raise OSError(f"--kube: cannot load the Kubernetes client configuration: {e}") from None
         self.api = KubeApi(self._api_client, timeout_s=self.args.kube_timeout_s)
         self._pubfault = next((c for c in self.cd.components if getattr(c, "name", "") == "pubfault"), None)
         a = self.args
@@ -275,12 +282,14 @@ class KubeComponent:
         if a.kube_jobs == "on" and getattr(self.cd, "jobs", None) is not None:
             self.pods = watcher("pods", "pods", None, "", self._on_pod, kjobs.is_job_pod)
             self.watchers.append(self.pods)
-            self.cd.tasks.spawn(self._job_sync(), name="kube-job-sync")
+            self._tasks.append(self.cd.tasks.spawn(self._job_sync(), name="kube-job-sync"))
         elif a.kube_jobs == "on":
             event(log, logging.WARNING, "kube job discovery off: no job registry in this clusterd")
         for w in self.watchers:
-            self.cd.tasks.spawn(w.run(), name=f"kube-watch-{w.kind}-{w.namespace or 'all'}")
-        self.cd.tasks.spawn(self._publisher(), name="kube-publisher")
+            self._tasks.append(
+                self.cd.tasks.spawn(w.run(), name=f"kube-watch-{w.kind}-{w.namespace or 'all'}")
+            )
+        self._tasks.append(self.cd.tasks.spawn(self._publisher(), name="kube-publisher"))
         self._dirty.set()
         event(
             log,
@@ -291,6 +300,12 @@ class KubeComponent:
         )
 
     async def stop(self) -> None:
+        """Cancel the watchers and the publisher (before the API client closes under them)."""
+        for t in self._tasks:
+            t.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+        self._tasks.clear()
         if self._api_client is not None:
             await self._api_client.close()
             self._api_client = None
