@@ -12,8 +12,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # noded_support, next 
 from noded_support import BmcSim  # noqa: E402
 
 
-@pytest.fixture
-def bmc_sim(tmp_path):
-    sim = BmcSim(tmp_path).start()
+@pytest.fixture(scope="session")
+def _bmc_sim_process(tmp_path_factory):
+    sim = BmcSim(tmp_path_factory.mktemp("bmc-sim")).start()
     yield sim
     sim.stop()
+
+
+@pytest.fixture
+def bmc_sim(_bmc_sim_process):
+    """One bmc-sim process for the session, reset (no alarms, empty SEL, default behaviour) per test."""
+    if _bmc_sim_process.proc.poll() is not None:
+        _bmc_sim_process.start(_bmc_sim_process.port)
+    _bmc_sim_process.call("/reset", {})
+    return _bmc_sim_process

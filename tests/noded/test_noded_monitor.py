@@ -199,7 +199,7 @@ async def test_nothing_listening_is_unreachable(bmc_sim):
 
 
 async def test_wrong_password_is_unreachable_with_reason(bmc_sim):
-    mon = make_monitor(bmc_sim, password="wrong")
+    mon = make_monitor(bmc_sim, password="wrong", timeout_s=10.0)
     try:
         assert await mon.poll_once() is False
         cond = mon.state.conditions[COND_UNREACHABLE]

@@ -11,6 +11,7 @@ Run time control (a small JSON HTTP API on 127.0.0.1, ``--control-port``):
 - ``POST /alarms`` ``{"code": "0800004B", "device_type": "Memory"|1, "device_id": 3, "severity": 2,
   "count": 1}`` adds alarms (``count`` > 1 adds codes ``code+i`` on device ids ``device_id+i``);
 - ``POST /alarms/clear`` ``{"code": ..., "device_type": ..., "device_id": ...}`` (all optional filters);
+- ``POST /reset``: no alarms, empty SEL, default behaviour;
 - ``POST /sel`` ``{"sensor_type": 12, "sensor_num": 16, "offset": 1, "event_type": 111,
   "deassert": false}`` appends a system event; ``POST /sel/clear``;
 - ``POST /behaviour`` ``{"delay_s": 0, "drop": false, "oem": "ok"}``; ``oem`` is one of ``ok``,
@@ -121,6 +122,15 @@ class SimState:
         with self.lock:
             self.sel.clear()
             self.erase_ts = max(self.now(), self.erase_ts + 1)
+
+    def reset(self) -> None:
+        """Back to the start state: no alarms, empty SEL (an erase), default behaviour."""
+        self.clear_sel()
+        with self.lock:
+            self.alarms = []
+            self.delay_s, self.drop, self.oem_mode = 0.0, False, "ok"
+            self.power_on = True
+            self.requests = 0
 
     def snapshot(self) -> dict:
         with self.lock:
@@ -437,6 +447,10 @@ def make_control_handler(state: SimState):
                     state.clear_sel()
                     event(log, logging.INFO, "bmc-sim sel cleared")
                     return self._send(200, {"cleared": True})
+                if self.path == "/reset":
+                    state.reset()
+                    event(log, logging.INFO, "bmc-sim reset")
+                    return self._send(200, {"reset": True})
                 if self.path == "/behaviour":
                     with state.lock:
                         if "delay_s" in body:
