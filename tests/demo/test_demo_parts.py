@@ -1,0 +1,88 @@
+"""The demo's own parts: the summary verdicts, the link rule table it gives deviced, the slow-network
+link localization it reads, and the process group that must leave nothing running."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+from faultmesh.demo.__main__ import build_parser, link_rule_table
+from faultmesh.demo.procs import ProcessGroup
+from faultmesh.demo.report import MISSING, NOT_AVAILABLE, RIGHT, WRONG, Clock, Row, all_right, table
+from faultmesh.demo.scenario import _link_ends, _stress_brief
+
+
+def test_summary_fails_on_anything_but_right():
+    clock = Clock()
+    ok = Row("a", injected=clock.t0 + 1, detected=clock.t0 + 3.5, decided="x", verdict=RIGHT)
+    assert all_right([ok])
+    assert not all_right([])
+    for bad in (WRONG, MISSING, NOT_AVAILABLE):
+        assert not all_right([ok, Row("b", verdict=bad)])
+    text = table([ok, Row("b", verdict=NOT_AVAILABLE, note="part missing")], clock)
+    lines = text.splitlines()
+    assert lines[0].split()[:3] == ["#", "fault", "injected"]
+    assert lines[2].rstrip().endswith("RIGHT") and "2.5 s" in lines[2] and "(+1.0s)" in lines[2]
+    assert lines[3].rstrip().endswith("NOT AVAILABLE")
+    assert "  #2: part missing" in lines
+
+
+def test_link_rule_table_keeps_the_rules_and_sets_recover_timeout():
+    table_ = link_rule_table(10)
+    rules = [r for r in table_["FaultDuration"] if "81078603" in r["EventId"]]
+    assert rules == [
+        {"EventId": ["81078603"], "FaultTimeout": 20, "RecoverTimeout": 10, "FaultHandling": "PreSeparateNPU"}
+    ]
+    assert table_["FaultFrequency"]  # the other rules stay
+    assert link_rule_table(60)["FaultDuration"][0]["RecoverTimeout"] == 60
+
+
+def test_defaults_are_the_real_rules():
+    a = build_parser().parse_args([])
+    assert (a.link_down, a.link_recover, a.pingmesh_period, a.slow_mode) == (25.0, 60.0, 0.0, "sleep")
+
+
+def test_link_ends_from_slownet_alarms():
+    alarm = {"kind": "link", "node": "server-2", "phyId": 1, "peerNode": "server-2", "peerPhyId": 6}
+    f = {"attributes": {"alarms": json.dumps([alarm])}}
+    assert _link_ends(f) == {("server-2", 1), ("server-2", 6)}
+    assert _link_ends({"attributes": {"alarms": "not json"}}) == set()
+    assert _link_ends({"attributes": {"alarms": json.dumps([dict(alarm, kind="npu")])}}) == set()
+
+
+def test_stress_brief():
+    msg = 'stress test finish, result:{"n":{"2":{"0":{"code":"0","result":"ok"},"1":{"code":"2"}}}}'
+    assert _stress_brief(msg) == "stress test finish: 2 op results, codes ['0', '2']"
+    assert _stress_brief("pause train timeout") == "pause train timeout"
+
+
+async def test_stop_reaches_grandchildren(tmp_path):
+    """A child that spawned its own process (like the PyTorch job's ranks) is stopped with it."""
+    group = ProcessGroup(tmp_path / "logs")
+    pid_file = tmp_path / "grandchild.pid"
+    code = (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(300)\n"
+    )
+    child = await group.start("parent", [sys.executable, "-c", code])
+    for _ in range(100):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        await asyncio.sleep(0.05)
+    grandchild = int(pid_file.read_text())
+    os.kill(grandchild, 0)  # alive
+    await group.stop_all(grace_s=2)
+    assert not child.alive and group.dead() == []
+    for _ in range(100):
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the grandchild survived")
+    assert (tmp_path / "logs" / "parent.log").read_text().startswith("# ")
