@@ -24,8 +24,10 @@ the log line ``[FD-OL SLOWNODE]job(name=.., namespace=.., jobId=..) in cluster g
 rank ids: [2]`` and fault 110001010 (SubHealthFault, source ``fd-online``, device_type ``Node``) on each
 node hosting slow ranks (attribute ``influence`` = those global ranks); on recovery that fault is
 removed and 100001011 (NotHandleFault, assertion once, removed after ``--slownode-once-ttl``) raised.
-Deliberate difference: the fault is raised on the node hosting the slow ranks (the reference used
-the host name of the FD-OL process).
+Deliberate differences: the fault is raised on the node hosting the slow ranks (the reference used
+the host name of the FD-OL process); an update applies every FeatConf key and restarts the job's
+detection state (the reference copied only SlowNode/Servers/RankIds on a modified ConfigMap, so
+threshold changes needed delete + add).
 
 ``GET /v1/slownode`` lists jobs; ``GET /v1/slownode/<job>`` gives the FeatConf, placement, latest node
 and cluster results, state (heavy profiling, degraded, reported ranks) and the last rounds.
