@@ -307,6 +307,8 @@ class SlowNodeComponent:
                 DegradationTracker(conf),
                 enabled_ms=now_ms(),
             )
+            if resumed:
+                self._restore_degradation(js)
             self.jobs[conf.job_id] = js
             self.m_jobs.set(len(self.jobs))
             if persist:
@@ -320,7 +322,7 @@ class SlowNodeComponent:
                     },
                 )
             try:
-                await set_data_trace(self.cd, js.ns_name, HEAVY, js.nodes())
+                await set_data_trace(self.cd, js.ns_name, HEAVY if js.tracker.heavy else LIGHT, js.nodes())
             except OSError as e:
                 event(log, logging.ERROR, "data-trace switch write failed", job=conf.job_id, error=str(e))
             for node in js.nodes():
@@ -345,6 +347,22 @@ class SlowNodeComponent:
                     keys=",".join(conf.unknown_keys),
                 )
             return js
+
+    def _restore_degradation(self, js: JobState) -> None:
+        """After a restart: a 110001010 fault of this job still in the fault center means the job was
+        confirmed slow; resume in that state so recovery removes the fault."""
+        ranks: set[int] = set()
+        for f in self.cd.center.faults():
+            if f.source == SOURCE and f.code == CODE_SLOW and f.attributes.get("jobId") == js.conf.job_id:
+                js.faulted_nodes.add(f.node)
+                ranks.update(
+                    int(x) for x in f.attributes.get("influence", "").split(",") if x.strip().isdigit()
+                )
+        if js.faulted_nodes:
+            js.tracker.degraded = True
+            js.tracker.reported_ranks = sorted(ranks)
+            js.tracker.heavy = False
+            js.tracker.heavy_reason = ""
 
     async def disable(self, job: str) -> bool:
         """Stop a job (by id or name). Returns False when it was not enabled."""
@@ -371,7 +389,7 @@ class SlowNodeComponent:
                 await set_data_trace(self.cd, js.ns_name, ALL_OFF, js.nodes())
             except OSError as e:
                 event(log, logging.ERROR, "data-trace switch write failed", job=job_id, error=str(e))
-            await self._clear_faults(js)
+        await self._clear_faults(js)
         self.m_degraded.set(sum(1 for j in self.jobs.values() if j.tracker.degraded))
         event(log, logging.INFO, f"{prefix(js.conf)} slow node detection stopped", reason=reason)
 

@@ -100,6 +100,10 @@ def test_stall_detected_reported_recovered_and_disabled(stack, tmp_path):
         assert json.loads(r.stdout)["slowRanks"] == [2]
         r = cli(cd, "slownode", "status", "job1")
         assert r.returncode == 0 and "slow ranks" in r.stdout and "[2]" in r.stdout and "node-b" in r.stdout
+        # clusterd restarts while the job is degraded: it resumes in that state
+        cd.stop()
+        cd.start()
+        wait_for(lambda: cd.get_json("/v1/slownode/job1")["degraded"], 10, "the degraded state to resume")
         # the slowdown ends: after 5 clean rounds 110001010 recovers and 100001011 (once) is raised
         job.heal.set()
         wait_for(lambda: "slow node recovered, slow rank ids: [2]" in cd.log_text(), 30, "the recovery")
