@@ -119,6 +119,7 @@ class BrainComponent:
         self.controllers: dict[str, Controller] = {}
         self.initialised: set[str] = set()
         self.decisions: dict[str, deque] = {}
+        self._node_faults: dict[str, dict] = {}  # node -> {FaultKey: Fault}, kept from center changes
         self._dirty: set[str] = set()  # jobs whose decisions are not written yet
         self._flusher: asyncio.Task | None = None
         self._sent_nodes: dict[str, set[str]] = {}  # job -> nodes that got its JobInfo
@@ -164,6 +165,8 @@ class BrainComponent:
         r.add_get("/v1/jobs/{id}/recovery", self._http_recovery)
 
     async def start(self) -> None:
+        for f in self.cd.center.faults():  # restored by ClusterD before components start
+            self._node_faults.setdefault(f.node, {})[f.key] = f
         n = await self.jobs.load()
         for key, items in (await self.cd.store.kv_items("decisions")).items():
             if isinstance(items, list):
@@ -233,8 +236,12 @@ class BrainComponent:
         ctl = self.controllers.get(job.id)
         hidden = ctl.hidden_nodes if ctl else set()
         return job_rank_faults(
-            job, self.cd.center.faults, lambda node, code: node in hidden and code in STRESS_HIDDEN_CODES
+            job, self.faults_of_node, lambda node, code: node in hidden and code in STRESS_HIDDEN_CODES
         )
+
+    def faults_of_node(self, node: str) -> list[Fault]:
+        """Active faults of ``node`` from the brain's node index of the fault center (O(faults on node))."""
+        return list(self._node_faults.get(node, {}).values())
 
     def rank_faults_for(self, job, ranks: list[int]) -> list[RankFault]:
         """Type-"1" RankFaults for ``ranks`` (O&M failures turn ranks into faults, §4)."""
@@ -273,7 +280,7 @@ class BrainComponent:
             n
             for n in job.backup_nodes
             if n not in used
-            and all(level_health(f.level) not in (SUB_HEALTHY, UNHEALTHY) for f in self.cd.center.faults(n))
+            and all(level_health(f.level) not in (SUB_HEALTHY, UNHEALTHY) for f in self.faults_of_node(n))
         ]
         return ok[:count] if len(ok) >= count else None
 
@@ -326,6 +333,15 @@ class BrainComponent:
 
     # -- fault intake ------------------------------------------------------------------------------
     def _on_fault_changes(self, changes) -> None:
+        for kind, f in changes:
+            if kind == "recover":
+                per = self._node_faults.get(f.node)
+                if per is not None:
+                    per.pop(f.key, None)
+                    if not per:
+                        del self._node_faults[f.node]
+            else:
+                self._node_faults.setdefault(f.node, {})[f.key] = f
         nodes = {c.fault.node for c in changes}
         jobs = {j.id: j for n in nodes for j in self.jobs.jobs_on_node(n)}
         for job in jobs.values():

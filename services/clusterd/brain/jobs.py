@@ -340,13 +340,25 @@ class JobRegistry:
     def __init__(self, store) -> None:
         self._store = store
         self._jobs: dict[str, Job] = {}
+        self._by_node: dict[str, set[str]] = {}  # node -> ids of jobs with a rank there
         self._listeners: list = []
+
+    def _index(self, job: Job | None, old: Job | None) -> None:
+        for n in {r.node for r in old.ranks} if old else ():
+            ids = self._by_node.get(n)
+            if ids is not None:
+                ids.discard(old.id)
+                if not ids:
+                    del self._by_node[n]
+        for n in {r.node for r in job.ranks} if job else ():
+            self._by_node.setdefault(n, set()).add(job.id)
 
     async def load(self) -> int:
         """Read the stored jobs (bad records are skipped). Returns how many."""
         for key, value in (await self._store.kv_items(self.NS)).items():
             try:
                 self._jobs[key] = job_from_store(value)
+                self._index(self._jobs[key], None)
             except (JobSpecError, TypeError, ValueError):
                 continue
         return len(self._jobs)
@@ -377,8 +389,9 @@ class JobRegistry:
         return sorted(self._jobs.values(), key=lambda j: (j.namespace, j.name, j.id))
 
     def jobs_on_node(self, node: str) -> list[Job]:
-        """Jobs with at least one rank on ``node``."""
-        return [j for j in self.all() if any(r.node == node for r in j.ranks)]
+        """Jobs with at least one rank on ``node``, by namespace, name."""
+        jobs = [self._jobs[i] for i in self._by_node.get(node, ())]
+        return sorted(jobs, key=lambda j: (j.namespace, j.name, j.id))
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -402,6 +415,7 @@ class JobRegistry:
             job = replace(job, created_ms=old.created_ms if old else now, updated_ms=now)
             await self._store.kv_put(self.NS, job.id, job.to_dict())
             self._jobs[job.id] = job
+            self._index(job, old)
             out.append((job, "updated" if old else "created"))
             await self._notify(job, False)
         return out
@@ -414,6 +428,7 @@ class JobRegistry:
         job = replace(old, updated_ms=now_ms(), **changes)
         await self._store.kv_put(self.NS, job.id, job.to_dict())
         self._jobs[job.id] = job
+        self._index(job, old)
         await self._notify(job, False)
         return job
 
@@ -423,5 +438,6 @@ class JobRegistry:
         if job is None:
             return None
         await self._store.kv_delete(self.NS, job_id)
+        self._index(None, job)
         await self._notify(job, True)
         return job
