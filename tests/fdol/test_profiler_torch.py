@@ -1,0 +1,58 @@
+"""faultmesh.profiler.torch on a one-process gloo group: collectives recorded with their group name,
+parallel_group.json written, forward hooks and the dataloader wrapper (needs faultmesh[torch])."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs the faultmesh[torch] extra (torch==2.13.0)")
+
+pytestmark = pytest.mark.torch
+
+
+def test_instrumented_collectives_and_groups(tmp_path, port):
+    import torch.distributed as dist
+
+    from faultmesh.profiler import Profiler
+    from faultmesh.profiler import torch as fpt
+    from fdol.slownode.metrics import StepAssembler
+    from fdol.slownode.reader import JobReader
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        prof = Profiler(0, base_dir=tmp_path, task_id="t", flush_interval_s=0)
+        fpt.instrument_distributed(prof)
+        g = fpt.new_group([0], "tp")
+        model = torch.nn.Linear(8, 2)
+        fpt.instrument_forward(model, prof)
+        batches = fpt.profiled_loader([torch.randn(4, 8) for _ in range(3)], prof)
+        for n in range(3):
+            with prof.step(n):
+                x = next(batches)
+                model(x).sum().backward()
+                t = torch.ones(16)
+                dist.all_reduce(t, group=g)
+                dist.all_reduce(t)
+                assert t[0].item() == 1.0  # the wrapped collective still works
+        assert fpt.dump_group_info(prof)
+        prof.close()
+    finally:
+        fpt.uninstrument_distributed()
+        dist.destroy_process_group()
+    groups = json.loads((tmp_path / "t" / "0" / "parallel_group.json").read_text())
+    kinds = sorted(v["group_name"] for v in groups.values())
+    assert kinds == ["default_group", "tp"]
+    jr = JobReader(tmp_path / "t", [0])
+    recs = jr.poll()[0]
+    names = [r.name for r in recs if r.name]
+    comm = [json.loads(n) for n in names if n.startswith("{")]
+    assert len(comm) == 6 and {c["opName"] for c in comm} == {"AllReduce"}
+    assert {c["count"] for c in comm} == {"16"} and {c["dataType"] for c in comm} == {"float32"}
+    tp_name = next(k for k, v in groups.items() if v["group_name"] == "tp")
+    assert sum(c["groupName"] == tp_name for c in comm) == 3
+    assert names.count("forward") == 3 and names.count("dataloader") == 3
+    steps = StepAssembler(0, lambda: jr.groups(0)).feed(recs)
+    assert [m.step for m in steps] == [0, 1] and all(m.compute > 0 and m.dataloader_host > 0 for m in steps)
+    assert sum(jr.bad.values()) == 0
