@@ -22,9 +22,6 @@ import sys
 import time
 from dataclasses import dataclass
 
-import grpc
-
-from faultmesh._pb import recover_pb2, recover_pb2_grpc
 from faultmesh.demo.procs import Child, python_argv
 from faultmesh.demo.report import MISSING, NOT_AVAILABLE, RIGHT, WRONG, Clock, Row
 from faultmesh.demo.stack import Stack, StackError
@@ -89,11 +86,11 @@ class Scenario:
         except (StackError, OSError, TimeoutError, ValueError):
             return ""
 
-    async def cli(self, *args: str, timeout_s: float = 30.0) -> tuple[int, str]:
+    async def cli(self, *args: str, timeout_s: float = 90.0, echo: bool = True) -> tuple[int, str]:
         """Run ``faultmesh <args>`` against this stack (``--http/--grpc`` added by the caller);
         returns (exit status, output). The command line is printed first."""
         self.say("$ faultmesh " + " ".join(shlex.quote(a) for a in args))
-        return await self._exec([sys.executable, "-m", "faultmesh", *args], timeout_s)
+        return await self._exec([sys.executable, "-m", "faultmesh", *args], timeout_s, echo)
 
     def server_flags(self) -> list[str]:
         """``--http`` and ``--grpc`` of this stack's clusterd, for CLI calls."""
@@ -428,7 +425,9 @@ class Scenario:
 
     async def _link_up_later(self, s, dev: int, at: float) -> float:
         await asyncio.sleep(max(0.0, at - time.time()))
-        self.say(f"STEP link up again on {s.name} NPU {dev} (after {self.t.link_down_s:.0f} s down)")
+        self.say(
+            f"STEP link up again on {s.name} NPU {dev} after {self.t.link_down_s:.0f} s down (device-sim link {dev} up)"
+        )
         await self.stack.post_json(f"http://{s.deviced_http}/sim/link", {"device": dev, "state": "up"})
         return time.time()
 
@@ -521,65 +520,46 @@ class Scenario:
             for r in (r_st, r_nic):
                 r.verdict, r.note = WRONG, "the job's recovery flow never finished"
             return
-        async with grpc.aio.insecure_channel(st.grpc) as ch:
-            stub = recover_pb2_grpc.RecoverStub(ch)
-            self.say(f"STEP stress test on {s.name} (ops 0 AIC, 1 P2P) through Recover/StressTest")
-            r_st.injected = time.time()
-            ok, msg = await self._om_call(
-                stub.StressTest(
-                    recover_pb2.StressTestParam(
-                        jobID=JOB, stressParam={s.name: recover_pb2.StressOpList(ops=[0, 1])}
-                    )
-                ),
-                lambda: stub.SubscribeStressTestResponse(recover_pb2.StressTestRequest(jobID=JOB)),
-            )
-            r_st.detected = time.time()
-            got = await self.wait_decision(
-                r_st.injected, ("stress-test-success", "isolate-node", "stop-train"), 30
-            )
-            chain = " -> ".join(d["decision"] for d in got) or "no decision"
-            r_st.decided = f"{_stress_brief(msg)}; {chain}"
-            r_st.verdict = (
-                RIGHT
-                if ok and msg.startswith("stress test finish") and "stress-test-success" in chain
-                else WRONG
-            )
-            self.say(f"stress test: {msg[:160]} (decisions: {chain})")
-            await self.wait_idle(60)
-            self.say(f"STEP NIC switch on {s.name} NPU 0,1 through Recover/SwitchNicTrack")
-            r_nic.injected = time.time()
-            ok, msg = await self._om_call(
-                stub.SwitchNicTrack(
-                    recover_pb2.SwitchNics(
-                        jobID=JOB, nicOps={s.name: recover_pb2.DeviceList(dev=["0", "1"], op=[True, True])}
-                    )
-                ),
-                lambda: stub.SubscribeSwitchNicSignal(recover_pb2.SwitchNicRequest(jobID=JOB)),
-            )
-            r_nic.detected = time.time()
-            got = await self.wait_decision(
-                r_nic.injected, ("switch-nic-success", "stop-train", "kill-job"), 30
-            )
-            chain = " -> ".join(d["decision"] for d in got) or "no decision"
-            r_nic.decided = f"{msg[:40]}; {chain}"
-            r_nic.verdict = (
-                RIGHT if ok and msg == "switch nic finish" and "switch-nic-success" in chain else WRONG
-            )
-            self.say(f"NIC switch: {msg} (decisions: {chain})")
+        self.say(f"STEP stress test on {s.name} (ops AIC, P2P) with the operator CLI")
+        r_st.injected = time.time()
+        ok, msg = await self._om_cli("stress-test", "--job-id", JOB, "--ops", "aic,p2p", "--node", s.name)
+        r_st.detected = time.time()
+        got = await self.wait_decision(
+            r_st.injected, ("stress-test-success", "isolate-node", "stop-train"), 30
+        )
+        chain = " -> ".join(d["decision"] for d in got) or "no decision"
+        r_st.decided = f"{_stress_brief(msg)}; {chain}"
+        r_st.verdict = (
+            RIGHT if ok and msg.startswith("stress test finish") and "stress-test-success" in chain else WRONG
+        )
+        self.say(f"stress test: {_stress_brief(msg)} (decisions: {chain})")
+        await self.wait_idle(60)
+        self.say(f"STEP NIC switch on {s.name} NPU 0,1 with the operator CLI")
+        r_nic.injected = time.time()
+        ok, msg = await self._om_cli(
+            "switch-nic", "--job-id", JOB, "--nic", f"{s.name}:0=on", "--nic", f"{s.name}:1=on"
+        )
+        r_nic.detected = time.time()
+        got = await self.wait_decision(r_nic.injected, ("switch-nic-success", "stop-train", "kill-job"), 30)
+        chain = " -> ".join(d["decision"] for d in got) or "no decision"
+        r_nic.decided = f"{msg[:40]}; {chain}"
+        r_nic.verdict = (
+            RIGHT if ok and msg == "switch nic finish" and "switch-nic-success" in chain else WRONG
+        )
+        self.say(f"NIC switch: {msg} (decisions: {chain})")
         for r in (r_st, r_nic):
             if r.verdict == WRONG and not r.note:
                 r.note = f"clusterd answered: {r.decided}"
 
-    async def _om_call(self, call, subscribe) -> tuple[bool, str]:
-        """Start an O&M operation, then read its one result from the matching subscription."""
+    async def _om_cli(self, *args: str) -> tuple[bool, str]:
+        """Run an O&M command of the operator CLI (it waits for the outcome); (exit 0, result text)."""
+        rc, out = await self.cli(
+            *args, "--grpc", self.stack.grpc, "--timeout-s", "60", "-o", "json", echo=False
+        )
         try:
-            resp = await asyncio.wait_for(call, 10)
-            if resp.code != 0:
-                return False, f"code {resp.code}: {resp.info}"
-            reply = await asyncio.wait_for(subscribe().read(), 60)
-            return True, str(getattr(reply, "msg", reply))
-        except (grpc.aio.AioRpcError, TimeoutError) as e:
-            return False, f"gRPC: {e!r}"[:200]
+            return rc == 0, str(json.loads(out[out.index("{") :])["result"])
+        except (ValueError, KeyError):
+            return False, f"exit {rc}: {out[-200:]}"
 
     async def step_slow_rank(self) -> None:
         """Rank 2 of the real PyTorch job slowed by 40 % of its compute; FD-OL (noded node part,
@@ -688,7 +668,7 @@ class Scenario:
         self.say(f"$ python -m {module} " + " ".join(shlex.quote(a) for a in args))
         return await self._exec([sys.executable, "-m", module, *args], timeout_s)
 
-    async def _exec(self, argv: list[str], timeout_s: float) -> tuple[int, str]:
+    async def _exec(self, argv: list[str], timeout_s: float, echo: bool = True) -> tuple[int, str]:
         p = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
         )
@@ -699,7 +679,7 @@ class Scenario:
             await p.wait()
             return 124, f"timed out after {timeout_s:.0f} s"
         text = out.decode(errors="replace").rstrip()
-        for line in text.splitlines():
+        for line in text.splitlines() if echo else ():
             self.say("    " + line)
         return p.returncode or 0, text
 
