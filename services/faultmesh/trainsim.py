@@ -69,6 +69,7 @@ class TrainSim:
         role: str = "taskd",
         token: str | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None,
+        reconnect: bool = False,
     ) -> None:
         self.target = target
         self.job_id = job_id
@@ -76,6 +77,7 @@ class TrainSim:
         self.role = role
         self.metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.on_event = on_event
+        self.reconnect = reconnect
         self.events: list[dict[str, Any]] = []
         self._changed = asyncio.Event()
         self._stop = asyncio.Event()
@@ -122,25 +124,53 @@ class TrainSim:
                 raise TrainSimError(f"{name}: code {st.code}: {st.info}")
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
-        """Connect (if needed), subscribe to the three streams and answer until stopped."""
-        if self.stub is None:
-            await self.connect()
+        """Connect (if needed), subscribe to the three streams and answer until stopped.
+
+        With ``reconnect`` (TaskD's behaviour) a lost stream (ClusterD restarted or unreachable)
+        is followed by Init, Register and new subscriptions, with back-off up to 5 s."""
+        backoff = 0.5
+        try:
+            while not self._stop.is_set():
+                if self.stub is None:
+                    try:
+                        await self.connect()
+                    except (TrainSimError, grpc.aio.AioRpcError) as e:
+                        if not self.reconnect:
+                            raise
+                        self._record("reconnect-failed", error=str(e)[:200])
+                        await self._sleep(backoff)
+                        backoff = min(5.0, backoff * 2)
+                        continue
+                await self._serve(ready)
+                if self._stop.is_set() or not self.reconnect:
+                    return
+                self._record("reconnecting")
+                await self.close()
+                await self._sleep(backoff)
+                backoff = min(5.0, backoff * 2)
+        finally:
+            await self.close()
+
+    async def _sleep(self, s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), s)
+
+    async def _serve(self, ready: asyncio.Event | None) -> None:
         tasks = [
             asyncio.create_task(self._signals(ready)),
             asyncio.create_task(self._notify_switch()),
             asyncio.create_task(self._notify_stress()),
         ]
+        stop = asyncio.create_task(self._stop.wait())
         try:
-            stop = asyncio.create_task(self._stop.wait())
             await asyncio.wait([stop, tasks[0]], return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
         finally:
+            stop.cancel()
             for t in tasks:
                 t.cancel()
             for t in tasks:
                 with contextlib.suppress(BaseException):
                     await t
-            await self.close()
 
     def stop(self) -> None:
         """Ask :meth:`run` to end."""
@@ -151,6 +181,7 @@ class TrainSim:
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
+            self.stub = None
 
     # -- streams -----------------------------------------------------------------------------------
     async def _signals(self, ready: asyncio.Event | None) -> None:

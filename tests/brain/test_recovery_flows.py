@@ -273,3 +273,34 @@ async def test_jobs_and_decisions_survive_a_restart(tmp_path):
         assert decisions(cd) == ["job-rescheduling"]
     finally:
         await cd.stop()
+
+
+async def test_trainsim_reregisters_after_a_clusterd_restart(tmp_path):
+    from brain.brainkit import FAST
+    from support import free_port, make_clusterd
+
+    from faultmesh.trainsim import TrainSim
+
+    port = free_port()
+    cd = await make_clusterd(tmp_path, *FAST, "--grpc-addr", f"127.0.0.1:{port}")
+    sim = TrainSim(f"127.0.0.1:{port}", JOB, reconnect=True)
+    task = None
+    try:
+        await apply(cd)
+        ready = asyncio.Event()
+        task = asyncio.create_task(sim.run(ready))
+        await asyncio.wait_for(ready.wait(), 5)
+        await cd.stop()
+        cd = await make_clusterd(tmp_path, *FAST, "--grpc-addr", f"127.0.0.1:{port}")
+        async with asyncio.timeout(15):
+            while not (JOB in cd.brain.controllers and cd.brain.controllers[JOB].subscribed):
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)
+        await cd.center.upsert(npu_fault())
+        await wait_decision(cd, "recover-success")
+        assert any(e["event"] == "reconnecting" for e in sim.events)
+    finally:
+        sim.stop()
+        if task is not None:
+            await asyncio.wait_for(task, 10)
+        await cd.stop()

@@ -27,11 +27,14 @@ def first_of_stream(args: argparse.Namespace, stub_cls, method: str, request: An
     tok = token(args)
     md = (("authorization", f"Bearer {tok}"),) if tok else None
     with grpc.insecure_channel(args.grpc) as ch:
+        call = getattr(stub_cls(ch), method)(request, timeout=timeout_s, metadata=md)
         try:
-            for msg in getattr(stub_cls(ch), method)(request, timeout=timeout_s, metadata=md):
+            for msg in call:
                 return msg
         except grpc.RpcError as e:
             raise CliError(f"{method}: {_why(e)}") from None
+        finally:
+            call.cancel()  # never leave a live stream behind when the channel closes
     raise CliError(f"{method}: the stream ended without a message")
 
 

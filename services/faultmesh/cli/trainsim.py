@@ -83,7 +83,15 @@ def cmd_trainsim(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     async def main() -> int:
-        sim = TrainSim(args.grpc, args.job_id, outcomes, role=args.role, token=token(args), on_event=emit)
+        sim = TrainSim(
+            args.grpc,
+            args.job_id,
+            outcomes,
+            role=args.role,
+            token=token(args),
+            on_event=emit,
+            reconnect=not args.no_reconnect,
+        )
         loop = asyncio.get_running_loop()
         for s in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(s, sim.stop)
@@ -130,6 +138,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--exit-on-kill", action="store_true", help="stop when killMaster arrives")
     p.add_argument(
         "--duration-s", type=float, default=0.0, help="stop after this many seconds (0 = run until signal)"
+    )
+    p.add_argument(
+        "--no-reconnect",
+        action="store_true",
+        help="exit when the stream is lost (default: Init/Register again)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="also print keep-alive signals")
     p.set_defaults(func=cmd_trainsim)
