@@ -305,7 +305,8 @@ class Scenario:
         dev = 0
         row = self.row(f"NPU fault 80E18008 (RestartNPU), {s.name} NPU {dev}")
         self.say(
-            f"STEP NPU fault on {s.name}: DCMI sim raises 80E18008 on NPU {dev} (POST {s.deviced_http}/sim/fault)"
+            f"STEP NPU fault on {s.name}: the DCMI sim raises 80E18008 on NPU {dev} "
+            f"(same as: faultmesh device-sim --sim {s.deviced_http} fault {dev} 80E18008)"
         )
         row.injected = time.time()
         try:
@@ -361,7 +362,8 @@ class Scenario:
             return f["node"] == s.name and f["code"].upper() == "81078603" and int(f["device_id"]) == dev
 
         self.say(
-            f"STEP link down on {s.name} NPU {dev} for {t.link_down_s:.0f} s (POST {s.deviced_http}/sim/link)"
+            f"STEP link down on {s.name} NPU {dev} for {t.link_down_s:.0f} s "
+            f"(same as: faultmesh device-sim --sim {s.deviced_http} link {dev} down)"
         )
         down_at = time.time()
         r_occ.injected = r_esc.injected = down_at
