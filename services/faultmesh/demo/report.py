@@ -42,7 +42,7 @@ class Clock:
         self.out.flush()
 
 
-@dataclass
+@dataclass(eq=False)  # identity: rows are keys of per-step bookkeeping
 class Row:
     """One line of the summary. Times are wall clock in s (None when not applicable)."""
 

@@ -14,6 +14,7 @@ PreSeparateNPU -> SubHealthy; RestartNPU, SeparateNPU, ... -> UnHealthy).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import importlib.util
 import json
 import re
@@ -49,6 +50,8 @@ class Timing:
     slow_mode: str = "sleep"
 
 
+_STEP: contextvars.ContextVar[str] = contextvars.ContextVar("demo_step", default="")
+
 JOB = "demo-job"
 # global rank -> (server index, NPU): ranks 0,1 on server 1 (TP group [0,1]), ranks 2,3 on server 4
 PLACEMENT = {0: (1, 0), 1: (1, 1), 2: (4, 0), 3: (4, 1)}
@@ -70,12 +73,14 @@ class Scenario:
         self.job_ready = asyncio.Event()  # the job is registered and its training side answers
         self.training_since = 0.0  # wall time the torch job finished its warm-up
         self.job_error = ""
+        self._row_step: dict[Row, str] = {}  # which step created each row
 
     # -- helpers -------------------------------------------------------------------------------
     def row(self, fault: str) -> Row:
         """A new summary row, kept in scenario order."""
         r = Row(fault)
         self.rows.append(r)
+        self._row_step[r] = _STEP.get()
         return r
 
     async def node_health(self, node: str) -> str:
@@ -698,7 +703,12 @@ class Scenario:
         self.watcher = FaultWatcher(self.stack.session, self.stack.http)
         self.watcher.start()
         try:
-            await self.setup_job()
+            try:
+                await self.setup_job()
+            except Exception as e:  # noqa: BLE001 - the job's rows then say why
+                self.job_error = self.job_error or f"job setup failed: {e!r}"
+                self.say(self.job_error)
+                self.job_ready.set()
             plan = [
                 (0.0, self.step_bmc_memory),
                 (2.0, self.step_npu_fault),
@@ -727,12 +737,15 @@ class Scenario:
 
     async def _at(self, offset: float, fn) -> None:
         await asyncio.sleep(offset)
+        _STEP.set(fn.__name__)  # this task's context: rows created below belong to this step
         try:
             await fn()
-        except (StackError, OSError) as e:
-            r = self.row(f"{fn.__name__}")
-            r.verdict, r.note = WRONG, f"step failed: {e}"
-            self.say(f"step {fn.__name__} failed: {e}")
+        except Exception as e:  # noqa: BLE001 - a failing step is a WRONG row, never a crashed demo
+            mine = [r for r, st in self._row_step.items() if st == fn.__name__] or [self.row(fn.__name__)]
+            for r in mine:
+                if r.verdict in (MISSING, RIGHT):
+                    r.verdict, r.note = WRONG, f"step {fn.__name__} failed: {e!r}"
+            self.say(f"step {fn.__name__} failed: {e!r}")
 
 
 def _link_ends(f: dict) -> set[tuple[str, int]]:
