@@ -465,10 +465,12 @@ class DeviceD:
             reason = self.engine.mend_reason(logic)
             if reason is None:
                 continue
+            read_at = self.engine.begin_poll(logic)
             try:
                 codes = await self.call("errorcode", self.backend.error_codes, ids)
             except (DcmiError, BlockingTimeout) as e:
                 event(log, logging.WARNING, "error code poll failed", logic_id=logic, error=str(e))
+                self.engine.mark_reinit(logic)  # try again next cycle
                 continue
             dropped = False
             try:
@@ -482,7 +484,7 @@ class DeviceD:
                 codes = [*codes, 0x40F84E00]
             elif self.engine.devices[logic].card_dropped:
                 self.engine.devices[logic].card_dropped = False
-            n = self.engine.apply_poll(logic, codes)
+            n = self.engine.apply_poll(logic, codes, read_at)
             if n:
                 event(
                     log,

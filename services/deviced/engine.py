@@ -120,7 +120,7 @@ class Device:
     health: str = "Healthy"
     network_health: str = "Healthy"
     resetting: bool = False
-    last_event_ms: dict[int, tuple[int, int]] = field(
+    last_event_ms: dict[int, tuple[int, float, int]] = field(
         default_factory=dict
     )  # code -> (time, seq) last applied
 
@@ -170,7 +170,9 @@ class FaultEngine:
         self.subscribe_failed = False
         self.stats: collections.Counter[str] = collections.Counter()
         self.levels_by_event: collections.Counter[tuple[str, str]] = collections.Counter()
-        self._pending: list[tuple[int, int, DeviceEvent]] = []  # (due_ms, seq, event), sorted
+        # (due_ms, arrival order, unique id, event), sorted; poll events share the order of their read
+        self._pending: list[tuple[int, float, int, DeviceEvent]] = []
+        self._uid = 0
         self._seq = 0
         self._clear_freq: dict[int, int] = {}
         self.on_reason_change: Callable[[Device, UpgradeReason, bool], None] | None = None
@@ -199,7 +201,16 @@ class FaultEngine:
             d.in_use = logic in used
 
     # -- input --------------------------------------------------------------------------------
-    def submit(self, ev: DeviceEvent) -> bool:
+    def begin_poll(self, logic: int) -> tuple[int, float]:
+        """Call right before reading a chip's error codes: takes it out of the re-init set (a callback
+        overflow during the read puts it back) and returns the (time ms, arrival order) mark to pass
+        to :meth:`apply_poll`."""
+        d = self.devices.get(logic)
+        if d is not None:
+            d.reinit = False
+        return self.now(), self._seq + 0.5
+
+    def submit(self, ev: DeviceEvent, order: float | None = None) -> bool:
         """Queue one event. Returns False (counted) for event id 0, an unknown chip or a bad assertion.
 
         0x8C2FA009 (reset finished) only marks the chip for re-polling. Recovers are due 1 s later.
@@ -222,7 +233,8 @@ class FaultEngine:
             self.recover_delay_ms if ev.assertion == RECOVER and ev.origin == "callback" else 0
         )
         self._seq += 1
-        bisect.insort(self._pending, (due, self._seq, ev))
+        self._uid += 1
+        bisect.insort(self._pending, (due, self._seq if order is None else order, self._uid, ev))
         self.stats[f"events_{ev.origin}"] += 1
         return True
 
@@ -245,18 +257,26 @@ class FaultEngine:
             return "unhealthy for more than 5 min"
         return None
 
-    def apply_poll(self, logic: int, codes: Iterable[int]) -> int:
+    def apply_poll(self, logic: int, codes: Iterable[int], at: tuple[int, float] | None = None) -> int:
         """Diff a polled error-code list (card drop included by the caller) against the cache and
-        queue synthetic occur/recover events stamped now. Returns the number of events made."""
+        queue synthetic occur/recover events. ``at`` is :meth:`begin_poll`'s mark taken before the read
+        (default: now): the synthetic events are ordered there, so a callback that arrives during the read is
+        newer and still wins. Returns the number of events made."""
         d = self.devices.get(logic)
         if d is None:
             return 0
-        d.reinit = False
-        now = self.now()
+        if at is None:
+            at = self.begin_poll(logic)
+        now, order = at
         live = {c for c in codes if c and c not in (RESET_FINISHED, GATEWAY_PROBE)}
-        # what the cache will hold once the queued events are applied, in time order
+        # what the cache holds once the events queued before the read are applied, in order
         expected = {c for c, st in d.codes().items() if not st.once}
-        for _, ev in sorted(((e.time_ms, seq), e) for _, seq, e in self._pending if e.logic == logic):
+        queued = sorted(((e.time_ms, seq, uid), e) for _, seq, uid, e in self._pending if e.logic == logic)
+        last = dict(d.last_event_ms)
+        for key, ev in (x for x in queued if x[0][:2] <= (now, order)):
+            if ev.code in last and key < last[ev.code]:
+                continue  # will be skipped as stale by cycle(): it does not change the cache
+            last[ev.code] = key
             if ev.assertion == OCCUR:
                 expected.add(ev.code)
             elif ev.assertion == RECOVER:
@@ -264,9 +284,9 @@ class FaultEngine:
         expected.discard(GATEWAY_PROBE)
         n = 0
         for c in sorted(live - expected):
-            n += self.submit(DeviceEvent(logic, c, OCCUR, 0, now, "poll"))
+            n += self.submit(DeviceEvent(logic, c, OCCUR, 0, now, "poll"), order)
         for c in sorted(expected - live):
-            n += self.submit(DeviceEvent(logic, c, RECOVER, 0, now, "poll"))
+            n += self.submit(DeviceEvent(logic, c, RECOVER, 0, now, "poll"), order)
         return n
 
     def set_card_drop(self, logic: int, dropped: bool) -> bool:
@@ -308,7 +328,7 @@ class FaultEngine:
         while due < len(self._pending) and self._pending[due][0] <= now:
             due += 1
         # order by event time, then by arrival (events of one callback batch share a ms stamp)
-        batch = sorted(((e.time_ms, seq), e) for _, seq, e in self._pending[:due])
+        batch = sorted(((e.time_ms, seq, uid), e) for _, seq, uid, e in self._pending[:due])
         del self._pending[:due]
         per_dev_queue: dict[tuple[int, int], list[tuple[int, int]]] = collections.defaultdict(list)
         for order, ev in batch:

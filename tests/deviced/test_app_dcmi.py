@@ -177,9 +177,13 @@ async def test_burst_of_100k_callbacks_is_bounded_and_state_converges(running, c
             for k, f in app.state.faults.items()
             if k.source == "dcmi" and "recovered" not in f.attributes
         }
+        converged.diff = (sorted(active - want), sorted(want - active))
         return active == want
 
-    await until(converged, timeout_s=30, what="state == last event per (device, code)")
+    try:
+        await until(converged, timeout_s=30, what="state == last event per (device, code)")
+    except AssertionError:
+        raise AssertionError(f"extra, missing: {converged.diff}; stats {dict(app.engine.stats)}") from None
     async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{app.http.port}/metrics") as r:
         text = await r.text()
     assert "faultmesh_deviced_callback_drops_total" in text

@@ -309,3 +309,30 @@ def test_escalations_survive_a_restart(eng, clock):
     assert not d.manually_separated and d.network_health == "Healthy"
     assert fresh.import_state({"devices": {"99": {}, "x": 1, "12": {"reasons": [{"code": "zz"}]}}}) == 0
     assert fresh.stats["restore_skipped"] == 3
+
+
+def test_poll_while_a_stale_recover_is_queued(eng, clock):
+    """A delayed callback recover older than a later poll is stale; a poll in between must not count it."""
+    x = 0x80C98009
+    ev(eng, 0, x, OCCUR)
+    eng.cycle()
+    clock.advance(100)
+    ev(eng, 0, x, RECOVER)  # due 1 s later
+    clock.advance(100)
+    eng.apply_poll(0, [x], eng.begin_poll(0))  # the chip raised x again (its callback was dropped)
+    eng.cycle()
+    clock.advance(100)
+    eng.apply_poll(0, [], eng.begin_poll(0))  # ... and cleared it again
+    eng.cycle()
+    assert x not in eng.devices[0].chip
+    clock.advance(1000)
+    eng.cycle()
+    assert x not in eng.devices[0].chip
+    assert eng.stats["stale_event"] == 1
+
+
+def test_overflow_during_a_read_keeps_the_chip_in_the_reinit_set(eng):
+    at = eng.begin_poll(3)
+    eng.mark_reinit(3)  # a callback overflow drained while the read was in flight
+    eng.apply_poll(3, [], at)
+    assert eng.mend_reason(3) == "re-init"
