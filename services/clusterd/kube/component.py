@@ -56,6 +56,7 @@ VOLCANO_LABEL = ("mx-consumer-volcano", "true")
 PUBLIC_FAULT_LABEL = ("mc-consumer-publicfault", "true")
 HEALTH_ANNOTATION = "NodeHealthyStatus"
 SLOW_NODE_CODE = "110001010"
+ANNOTATE_CONCURRENCY = 8  # node patches in flight
 MANAGED_BY = ("app.kubernetes.io/managed-by", "faultmesh-clusterd")
 
 
@@ -189,6 +190,7 @@ class KubeComponent:
         self._jobs_event = asyncio.Event()
         self._api_client: Any = None
         self._tasks: list[asyncio.Task] = []
+        self._annotate_due = asyncio.Event()
         self.api: KubeApi | None = None
         self.nodes: ListWatcher | None = None
         self.pods: ListWatcher | None = None
@@ -290,6 +292,7 @@ class KubeComponent:
                 self.cd.tasks.spawn(w.run(), name=f"kube-watch-{w.kind}-{w.namespace or 'all'}")
             )
         self._tasks.append(self.cd.tasks.spawn(self._publisher(), name="kube-publisher"))
+        self._tasks.append(self.cd.tasks.spawn(self._annotator(), name="kube-annotator"))
         self._dirty.set()
         event(
             log,
@@ -691,7 +694,7 @@ class KubeComponent:
                 raise
             self.writes.labels("configmap", "ok").inc()
             n += 1
-        await self._annotate()
+        self._annotate_due.set()
         return n
 
     async def _annotate(self) -> None:
@@ -717,33 +720,62 @@ class KubeComponent:
         for node in sorted(self._gauged_slow - slow):
             self.slow_node.remove(node)
         self._gauged_slow = slow
+        todo = []
         for node in sorted(unhealthy | set(self._annotated)):
-            if not self._known_node(node):
-                continue
             want = UNHEALTHY if node in unhealthy else None
-            if self._annotated.get(node) == want:
-                continue
+            if self._known_node(node) and self._annotated.get(node) != want:
+                todo.append((node, want))
+        sem = asyncio.Semaphore(ANNOTATE_CONCURRENCY)
+        results = await asyncio.gather(*(self._annotate_one(node, want, sem) for node, want in todo))
+        failed = [e for e in results if e is not None]
+        if failed:
+            raise failed[0]
+
+    async def _annotate_one(self, node: str, want: str | None, sem: asyncio.Semaphore) -> KubeError | None:
+        """Patch one node's annotation; returns the error (None on success or when the node is gone)."""
+        async with sem:
             try:
                 await self.api.patch_node(node, {"metadata": {"annotations": {HEALTH_ANNOTATION: want}}})
             except KubeError as e:
                 self.writes.labels("node", "error").inc()
                 self.api_errors.labels(e.op, str(e.status)).inc()
-                if e.status == 404:
-                    continue
-                raise
-            self.writes.labels("node", "ok").inc()
-            event(
-                log,
-                logging.INFO,
-                "node annotated" if want else "node annotation removed",
-                node=node,
-                annotation=HEALTH_ANNOTATION,
-                value=want or "",
-            )
-            if want:
-                self._annotated[node] = want
-            else:
-                self._annotated.pop(node, None)
+                return None if e.status == 404 else e
+        self.writes.labels("node", "ok").inc()
+        event(
+            log,
+            logging.INFO,
+            "node annotated" if want else "node annotation removed",
+            node=node,
+            annotation=HEALTH_ANNOTATION,
+            value=want or "",
+        )
+        if want:
+            self._annotated[node] = want
+        else:
+            self._annotated.pop(node, None)
+        return None
+
+    async def _annotator(self) -> None:
+        """Node annotations and health gauges, after each publish round, in their own task so a burst
+        of isolated nodes never delays cluster-info; API errors back off and retry."""
+        backoff = Backoff(0.2, 30.0)
+        while True:
+            await self._annotate_due.wait()
+            self._annotate_due.clear()
+            try:
+                await self._annotate()
+                backoff.reset()
+            except KubeError as e:
+                self._annotate_due.set()
+                delay = backoff.next()
+                event(
+                    log,
+                    logging.WARNING,
+                    "node annotation failed, retrying",
+                    error=str(e),
+                    retry_s=round(delay, 2),
+                )
+                await asyncio.sleep(delay)
 
     async def _publisher(self) -> None:
         a = self.args
