@@ -4,75 +4,54 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 
 from brain.brainkit import JOB, apply, npu_fault, wait_decision
-
-CLI = [sys.executable, "-c", "import sys; from faultmesh.cli import main; sys.exit(main())"]
+from brain.procs import CLI, Background, run
 
 
 async def run_cli(cd, *argv, timeout_s: float = 30.0) -> tuple[int, str, str]:
-    p = await asyncio.create_subprocess_exec(
-        *CLI,
-        *argv,
-        "--grpc",
-        f"127.0.0.1:{cd.grpc_port}",
-        "--http",
-        f"{cd.http.host}:{cd.http.port}",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    return await run(
+        [*CLI, *argv, "--grpc", f"127.0.0.1:{cd.grpc_port}", "--http", f"{cd.http.host}:{cd.http.port}"],
+        timeout_s,
     )
-    out, err = await asyncio.wait_for(p.communicate(), timeout_s)
-    return p.returncode, out.decode(), err.decode()
 
 
 class TrainsimProcess:
-    def __init__(self, cd, *flags: str) -> None:
-        self.cd = cd
-        self.flags = flags
+    """``faultmesh trainsim`` as a child process; its JSON lines are read from a file."""
+
+    def __init__(self, cd, tmp_path, *flags: str) -> None:
+        self.bg = Background(
+            [*CLI, "trainsim", "--job-id", JOB, "--grpc", f"127.0.0.1:{cd.grpc_port}", *flags],
+            tmp_path / f"trainsim-{len(flags)}-{'-'.join(flags)[:40]}.jsonl",
+        )
         self.lines: list[dict] = []
 
     async def __aenter__(self):
-        self.p = await asyncio.create_subprocess_exec(
-            *CLI,
-            "trainsim",
-            "--job-id",
-            JOB,
-            "--grpc",
-            f"127.0.0.1:{self.cd.grpc_port}",
-            *self.flags,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        self.reader = asyncio.create_task(self._read())
+        self.bg.start()
         await self.wait(lambda: any(e["event"] == "subscribed" for e in self.lines))
         await asyncio.sleep(0.1)
         return self
 
-    async def _read(self):
-        async for line in self.p.stdout:
-            self.lines.append(json.loads(line))
-
     async def wait(self, pred, timeout_s: float = 15.0):
         async with asyncio.timeout(timeout_s):
-            while not pred():
-                if self.reader.done():
-                    raise AssertionError(f"trainsim exited: {(await self.p.stderr.read()).decode()}")
-                await asyncio.sleep(0.02)
+            while True:
+                self.lines = self.bg.lines()
+                if pred():
+                    return
+                if not self.bg.alive():
+                    raise AssertionError(f"trainsim exited: {self.bg.out.read_text()[-2000:]}")
+                await asyncio.sleep(0.05)
 
     def signals(self, kind=None):
         return [e for e in self.lines if e["event"] == "signal" and (kind is None or e["signalType"] == kind)]
 
     async def __aexit__(self, *exc):
-        if self.p.returncode is None:
-            self.p.terminate()
-            await asyncio.wait_for(self.p.wait(), 10)
-        self.reader.cancel()
+        await asyncio.to_thread(self.bg.stop)
 
 
-async def test_trainsim_process_answers_a_hardware_fault(cd):
+async def test_trainsim_process_answers_a_hardware_fault(cd, tmp_path):
     await apply(cd)
-    async with TrainsimProcess(cd) as sim:
+    async with TrainsimProcess(cd, tmp_path) as sim:
         await cd.center.upsert(npu_fault())
         await wait_decision(cd, "recover-success", timeout_s=15)
         await sim.wait(lambda: len(sim.signals()) >= 3)
@@ -87,15 +66,15 @@ async def test_trainsim_refused_init_is_a_clear_error(cd):
     assert rc == 1 and "Init: code 502" in err
 
 
-async def test_cli_switch_nic_happy_and_failed(cd):
+async def test_cli_switch_nic_happy_and_failed(cd, tmp_path):
     await apply(cd)
-    async with TrainsimProcess(cd):
+    async with TrainsimProcess(cd, tmp_path):
         rc, out, err = await run_cli(
             cd, "switch-nic", "--job-id", JOB, "--nic", "node-b:0=on", "--nic", "node-b:1=on"
         )
         assert rc == 0, err
         assert "switch nic finish" in out
-    async with TrainsimProcess(cd, "--switch", "fail"):
+    async with TrainsimProcess(cd, tmp_path, "--switch", "fail"):
         rc, out, err = await run_cli(cd, "switch-nic", "--job-id", JOB, "--nic", "node-a:1=off", "-o", "json")
         assert rc == 1 and json.loads(out)["result"] == "switch nic failed, switch nic failed"
         await wait_decision(cd, "recover-success", timeout_s=15)
@@ -109,15 +88,15 @@ async def test_cli_switch_nic_bad_arguments(cd):
     assert rc == 1 and "code 413" in err and "not registered" in err
 
 
-async def test_cli_stress_test_happy_isolate_and_bad_ops(cd):
+async def test_cli_stress_test_happy_isolate_and_bad_ops(cd, tmp_path):
     await apply(cd)
-    async with TrainsimProcess(cd):
+    async with TrainsimProcess(cd, tmp_path):
         rc, out, err = await run_cli(
             cd, "stress-test", "--job-id", JOB, "--ops", "aic,p2p", "--node", "node-a"
         )
         assert rc == 0, err
         assert "stress test finish" in out
-    async with TrainsimProcess(cd, "--stress-rank-code", "3=2"):
+    async with TrainsimProcess(cd, tmp_path, "--stress-rank-code", "3=2"):
         rc, out, err = await run_cli(cd, "stress-test", "--job-id", JOB, "-o", "json")
         assert rc == 1 and json.loads(out)["result"] == "stress test find fault, isolate node:['node-b']"
     rc, out, err = await run_cli(cd, "stress-test", "--job-id", JOB, "--ops", "aic,aic")
@@ -150,20 +129,7 @@ async def test_cli_bad_flags_and_unreachable(cd):
     assert rc == 1 and "--status: code 'abc' must be an integer or silent" in err
     rc, out, err = await run_cli(cd, "trainsim", "--job-id", JOB, "--stress-rank-code", "x=9")
     assert rc == 1 and "is not rank=code" in err
-    p = await asyncio.create_subprocess_exec(
-        *CLI, "jobs", "--http", "127.0.0.1:1", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(p.communicate(), 30)
-    assert p.returncode == 1 and b"cannot reach clusterd" in err
-    p = await asyncio.create_subprocess_exec(
-        *CLI,
-        "stress-test",
-        "--job-id",
-        JOB,
-        "--grpc",
-        "127.0.0.1:1",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(p.communicate(), 30)
-    assert p.returncode == 1 and b"StressTest: clusterd unreachable" in err
+    rc, out, err = await run([*CLI, "jobs", "--http", "127.0.0.1:1"], 30)
+    assert rc == 1 and "cannot reach clusterd" in err
+    rc, out, err = await run([*CLI, "stress-test", "--job-id", JOB, "--grpc", "127.0.0.1:1"], 30)
+    assert rc == 1 and "StressTest: clusterd unreachable" in err

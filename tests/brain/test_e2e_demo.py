@@ -6,15 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
 
 from brain.brainkit import FAST, JOB, job_spec
+from brain.procs import CLI, Background
 
 from faultmesh.agent import AgentClient
 from faultmesh.model import Fault
-
-CLI = [sys.executable, "-c", "import sys; from faultmesh.cli import main; sys.exit(main())"]
 
 
 def cli(proc, *argv) -> subprocess.CompletedProcess:
@@ -29,13 +27,13 @@ async def test_demo_end_to_end(clusterd_process, tmp_path):
     jf.write_text(json.dumps(job_spec()))
     r = await asyncio.to_thread(cli, proc, "job", "apply", "-f", str(jf))
     assert r.returncode == 0, r.stderr
-    sim = await asyncio.create_subprocess_exec(
-        *CLI, "trainsim", "--job-id", JOB, "--grpc", proc.grpc, stdout=asyncio.subprocess.DEVNULL
-    )
+    sim = Background(
+        [*CLI, "trainsim", "--job-id", JOB, "--grpc", proc.grpc], tmp_path / "trainsim.jsonl"
+    ).start()
     try:
         deadline = time.monotonic() + 20
         while not proc.get_json(f"/v1/jobs/{JOB}/recovery")["subscribed"]:
-            assert time.monotonic() < deadline and sim.returncode is None
+            assert time.monotonic() < deadline and sim.alive(), sim.out.read_text()
             await asyncio.sleep(0.1)
         r = await asyncio.to_thread(cli, proc, "stress-test", "--job-id", JOB, "--ops", "aic,p2p")
         assert r.returncode == 0 and "stress test finish" in r.stdout, r.stdout + r.stderr
@@ -69,5 +67,4 @@ async def test_demo_end_to_end(clusterd_process, tmp_path):
         assert "UnHealthy" in r.stdout  # the fault is still there (recovery does not clear hardware)
         assert "recovery decision" in proc.log_text() and "decision=recover-success" in proc.log_text()
     finally:
-        sim.terminate()
-        await asyncio.wait_for(sim.wait(), 10)
+        await asyncio.to_thread(sim.stop)

@@ -3,7 +3,6 @@ every service (Recover, TrainingDataTrace, PubFault, fault.Fault, job.Job, confi
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from brain.brainkit import apply
+from brain.procs import run
 
 HERE = Path(__file__).resolve().parent
 
@@ -51,19 +51,13 @@ def gen(tmp_path) -> Path:
 
 async def test_every_service_with_independent_stubs(cd, gen):
     await apply(cd, id="wire-job-0001", name="wirejob")
-    env = {**os.environ, "PYTHONPATH": str(gen)}
-    p = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(HERE / "client.py"),
-        f"127.0.0.1:{cd.grpc_port}",
-        "wire-job-0001",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
+    rc, out, err = await run(
+        [sys.executable, str(HERE / "client.py"), f"127.0.0.1:{cd.grpc_port}", "wire-job-0001"],
+        60,
+        env={**os.environ, "PYTHONPATH": str(gen)},
         cwd=str(gen),
     )
-    out, err = await asyncio.wait_for(p.communicate(), 60)
-    assert p.returncode == 0, err.decode()[-3000:]
+    assert rc == 0, err[-3000:]
     o = json.loads(out)
     assert (o["init"], o["register"]) == (0, 0)
     assert o["health"] == "jobId=wire-job-0001, receive HeathCheck"
