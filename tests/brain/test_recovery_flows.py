@@ -304,3 +304,20 @@ async def test_trainsim_reregisters_after_a_clusterd_restart(tmp_path):
         if task is not None:
             await asyncio.wait_for(task, 10)
         await cd.stop()
+
+
+async def test_elastic_training_failure_and_timeout_fall_back_to_dump(cd, sims):
+    await apply(cd, **{"recover-strategy": "elastic-training,dump"})
+    await sims.start(strategies=["downgrade", "dump", "exit"], status={"downgrade": 406})
+    await cd.center.upsert(npu_fault())
+    await wait_decision(cd, "exit-completed")
+    assert decisions(cd)[1:4] == ["elastic-training", "elastic-training-failed", "dump"]
+
+
+async def test_elastic_training_status_timeout_falls_back(cd, sims):
+    await apply(cd, **{"recover-strategy": "elastic-training"})
+    await sims.start(strategies=["downgrade", "exit"], status={"downgrade": "silent"})
+    await cd.center.upsert(npu_fault())
+    d = await wait_decision(cd, "elastic-training-failed")
+    assert d["reason"] == "no status reported in 2.0s"
+    await wait_decision(cd, "exit-completed")

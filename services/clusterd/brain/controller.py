@@ -475,7 +475,12 @@ class Controller:
             ok, code = await self.run_strategy(flow, choice)
             if ok:
                 return
-            self.brain.decide(self.job_id, flow, f"{choice.strategy}-failed", f"status code {code}")
+            self.brain.decide(
+                self.job_id,
+                flow,
+                f"{choice.strategy}-failed",
+                f"status code {code}" if code is not None else f"no status reported in {self.t.report_s}s",
+            )
             if choice.strategy == "retry" and code != 405:
                 reported.discard("recover")  # §7.3 step 6: recover is removed ("dump" too on 499)
                 if code == 499:
