@@ -27,8 +27,10 @@ import asyncio
 import collections
 import json
 import logging
+import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault-customization-file", help="faultCustomization.json")
     p.add_argument("--switch-fault-code-file", help="SwitchFaultCode.json")
     p.add_argument("--list-watch-period", type=_range(3, 1800), default=5, help="s, 3..1800")
+    p.add_argument(
+        "--table-reload-interval",
+        type=float,
+        default=300.0,
+        help="s between checks of the table files for changes (reference PollInterval); 0 = never",
+    )
     p.add_argument("--probe-interval", type=float, default=2.5, help="gateway probe period (s); 0 = off")
     p.add_argument("--switch-query-interval", type=float, default=300.0, help="s between full switch queries")
     p.add_argument("--callback-rate-limit", type=int, default=1000, help="accepted callbacks per minute")
@@ -338,6 +346,8 @@ class DeviceD:
             self.tasks.spawn(self._probe_loop(), name="deviced-probe")
         if getattr(self.backend, "switch", None) is not None and not self.args.no_switch:
             self.tasks.spawn(self._switch_loop(), name="deviced-switch")
+        if self.args.table_reload_interval > 0:
+            self.tasks.spawn(self._reload_loop(), name="deviced-table-reload")
 
     async def stop(self) -> None:
         """Stop the loops, drain the agent stream (2 s), stop HTTP and the pools."""
@@ -514,6 +524,62 @@ class DeviceD:
                     self.trigger.set()
             await asyncio.sleep(self.args.probe_interval)
 
+    # ---------------------------------------------------------------- table reload
+    def _table_stamps(self) -> dict[str, tuple[int, int] | None]:
+        out: dict[str, tuple[int, int] | None] = {}
+        for path in (
+            self.args.fault_code_file,
+            self.args.fault_customization_file,
+            self.args.switch_fault_code_file,
+        ):
+            if path:
+                try:
+                    st = os.stat(path)
+                    out[path] = (st.st_mtime_ns, st.st_size)
+                except OSError:
+                    out[path] = None
+        return out
+
+    def reload_tables(self) -> bool:
+        """Re-read the table files given by flags, each on its own: a file that fails keeps its old
+        table (logged). Returns True when every file loaded."""
+        a = self.args
+        loaded: dict[str, Any] = {}
+        for name, loader, path in (
+            ("faultCode.json", FaultCodeTable.load, a.fault_code_file),
+            ("faultCustomization.json", Customization.load, a.fault_customization_file),
+            ("SwitchFaultCode.json", SwitchFaultTable.load, a.switch_fault_code_file),
+        ):
+            if not path:
+                continue
+            try:
+                loaded[name] = loader(path)
+            except TableError as e:
+                event(log, logging.ERROR, "fault table reload failed", table=name, error=str(e))
+        n = self.engine.reload(loaded.get("faultCode.json"), loaded.get("faultCustomization.json"))
+        if "SwitchFaultCode.json" in loaded:
+            self.switch_state.table = loaded["SwitchFaultCode.json"]
+        event(log, logging.INFO, "fault tables reloaded", tables=",".join(sorted(loaded)), reasons_changed=n)
+        self.trigger.set()
+        return all(
+            name in loaded
+            for name, path in (
+                ("faultCode.json", a.fault_code_file),
+                ("faultCustomization.json", a.fault_customization_file),
+                ("SwitchFaultCode.json", a.switch_fault_code_file),
+            )
+            if path
+        )
+
+    async def _reload_loop(self) -> None:
+        stamps = self._table_stamps()
+        while True:
+            await asyncio.sleep(self.args.table_reload_interval)
+            now = self._table_stamps()
+            if now != stamps:
+                stamps = now
+                self.reload_tables()
+
     # ---------------------------------------------------------------- switch
     async def _switch_loop(self) -> None:
         sw = self.backend.switch
@@ -611,6 +677,10 @@ class DeviceD:
         """Push the current view into the agent state (deltas go out on their own)."""
         self.state.replace_source(SOURCE, self.faults())
         sw = self.switch_state.faults(self.node_name)
+        if self.resetting:  # §7: while a chip reset runs, switch codes are reported as NotHandle
+            sw = [
+                replace(f, level="NotHandle", attributes={**f.attributes, "during_reset": "true"}) for f in sw
+            ]
         self.state.replace_source("lingqu", sw)
         for logic, d in self.engine.devices.items():
             spod = self.spod.get(logic, (-2, -2))

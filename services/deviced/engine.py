@@ -563,6 +563,36 @@ class FaultEngine:
         self._levels(d)
         return bool(keys)
 
+    def reload(self, table: FaultCodeTable | None = None, custom: Customization | None = None) -> int:
+        """Adopt new tables (§4.2 "Re-applying the config"): escalations are re-levelled to their
+        rule's new FaultHandling, or dropped when the rule is gone. Returns the number of reasons changed."""
+        if table is not None:
+            self.table = table
+        if custom is None:
+            return 0
+        self.custom = custom
+        n = 0
+        for d in self.devices.values():
+            for (code, kind), r in list(d.reasons.items()):
+                rule = (
+                    custom.frequency_rule(code)
+                    if kind == FREQUENCY
+                    else custom.duration_rule(code)
+                    if kind == DURATION
+                    else None
+                )
+                if kind not in (FREQUENCY, DURATION):
+                    continue
+                if rule is None:
+                    self._drop_reason(d, code, kind)
+                    n += 1
+                elif rule.level != r.level:
+                    r.level = rule.level
+                    n += 1
+            d.manually_separated = any(r.level == NpuLevel.ManuallySeparateNPU for r in d.reasons.values())
+            self._levels(d)
+        return n
+
     # -- persistence (the reference keeps UpgradeFaultReason in its ConfigMap, §4.2, §10) --------
     PERSISTED_KINDS = (FREQUENCY, "HotResetFailed")
 
