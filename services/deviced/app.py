@@ -432,6 +432,8 @@ class DeviceD:
             nxt = self.engine._pending[0][0] if self.engine._pending else None
             if nxt is not None:
                 wait = min(wait, max(0.05, (nxt - self.engine.now()) / 1000))
+            if self.idle_since or self.resetting:  # hot-reset candidates: check the idle gate each second
+                wait = min(wait, 1.0)
             try:
                 await asyncio.wait_for(self.trigger.wait(), wait)
             except TimeoutError:
