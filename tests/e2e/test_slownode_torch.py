@@ -11,7 +11,9 @@ Ranks 0,1 are placed on node-a and 2,3 on node-b.
   Asserted on the achieved slowdown measured by the job, not on the intended factor.
 - Clean: the same job without slowdown logs nothing and raises no fault.
 
-Timing-sensitive: skipped on parallel runners (pytest-xdist) — ../shared/reference/torch-real-input.md §6.
+Timing-sensitive: skipped on parallel runners (pytest-xdist) and on an overloaded box (load average
+> 2.5 per CPU, or clean steps > 150 ms) — ../shared/reference/torch-real-input.md §6;
+``FAULTMESH_TIMING_TESTS=force`` runs it anyway.
 """
 
 from __future__ import annotations
@@ -189,6 +191,8 @@ def _run_job(
 
 def _require_quiet_box() -> None:
     """Skip when other work saturates the machine: the test measures timing (torch-real-input.md §6)."""
+    if os.environ.get("FAULTMESH_TIMING_TESTS") == "force":
+        return
     load = os.getloadavg()[0]
     if load > 2.5 * (os.cpu_count() or 1):
         pytest.skip(
@@ -199,7 +203,7 @@ def _require_quiet_box() -> None:
 def _require_normal_steps(rows) -> None:
     """Skip when the job's clean steps were far slower than on a quiet box (~87 ms measured)."""
     med = statistics.median(r["period"] for r in rows if r["step_no"] < SLOW_FROM)
-    if med > 250:
+    if med > 150 and os.environ.get("FAULTMESH_TIMING_TESTS") != "force":
         pytest.skip(f"box overloaded during the run: median clean step {med:.0f} ms (quiet box: ~87 ms)")
 
 
