@@ -541,15 +541,7 @@ class BrainComponent:
         if len(raw) > 16 * 1024 * 1024:
             return json_response({"error": "body larger than 16 MiB"}, status=413)
         try:
-            try:
-                body = orjson.loads(raw)
-                if isinstance(body, dict) and "jobs" in body:
-                    body = body["jobs"]
-                jobs = parse_jobs(body if isinstance(body, list) else [body])
-            except ValueError as e:
-                if isinstance(e, JobSpecError):
-                    raise
-                jobs = parse_jobs_text(raw)
+            jobs = await asyncio.to_thread(_parse_body, raw)  # large YAML must not stall the loop
             results = await self.jobs.apply(jobs)
         except JobSpecError as e:
             self.count_rejected("bad_job_spec")
@@ -594,6 +586,17 @@ class BrainComponent:
                 "decisions": list(self.decisions.get(jid, ())),
             }
         )
+
+
+def _parse_body(raw: str):
+    """POST /v1/jobs body: JSON (object, list or {"jobs": [...]}) or YAML. Raises JobSpecError."""
+    try:
+        body = orjson.loads(raw)
+    except ValueError:
+        return parse_jobs_text(raw)
+    if isinstance(body, dict) and "jobs" in body:
+        body = body["jobs"]
+    return parse_jobs(body if isinstance(body, list) else [body])
 
 
 __all__ = ["BrainComponent", "DataTraceError"]
