@@ -352,3 +352,10 @@ def test_homogenized_card_needs_compute_corroboration_with_pattern_on():
         r = n.round()
         assert r["isSlow"] == 1 and "stepTime" in r["detectedBy"]
         assert r["slowCalculateRanks"] == expected, (c0, r["pattern"])
+
+
+def test_tracker_initial_phase_is_bounded():
+    t = DegradationTracker(CONF, initial_max_rounds=3)
+    assert kinds(t.on_round(NOT, baseline_ready=False)) == []
+    assert kinds(t.on_round(NOT, baseline_ready=False)) == []
+    assert kinds(t.on_round(NOT, baseline_ready=False)) == ["heavy_off"]

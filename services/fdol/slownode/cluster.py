@@ -194,14 +194,22 @@ class DegradationTracker:
     - *recovery hysteresis*: a confirmed degradation recovers only after as many consecutive clean
       rounds (neither slow nor suspect) as it took to confirm (the reference recovered on the first
       clean round, so a straggler flapped between fault and recovery);
+    - *initial phase bounded*: communication profiling of the initial phase goes off once every node
+      has its baselines, or after ``initial_max_rounds`` rounds (a node that never gets TP data);
     - *suspects*: rounds with ``suspectRanks`` switch communication profiling on to localize (at most
       ``suspect_max_rounds`` rounds, then a cooldown of ``suspect_cooldown_rounds``).
     """
 
     def __init__(
-        self, conf: FeatConf, suspect_max_rounds: int = 10, suspect_cooldown_rounds: int = 30
+        self,
+        conf: FeatConf,
+        suspect_max_rounds: int = 10,
+        suspect_cooldown_rounds: int = 30,
+        initial_max_rounds: int = 60,
     ) -> None:
         self.conf = conf
+        self.initial_max_rounds = initial_max_rounds
+        self._initial_rounds = 0
         self.heavy = True
         self.heavy_reason = "initial"
         self.degraded = False
@@ -268,7 +276,8 @@ class DegradationTracker:
             self.history.clear()
             if self.heavy:
                 if self.heavy_reason == "initial":
-                    if baseline_ready:
+                    self._initial_rounds += 1
+                    if baseline_ready or self._initial_rounds >= self.initial_max_rounds:
                         self._heavy(False, "", out)
                 elif self.heavy_reason == "suspect" and suspects:
                     self._suspect_rounds += 1
