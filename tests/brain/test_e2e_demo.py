@@ -4,10 +4,11 @@ a NIC switch through the CLI, then a RestartNPU fault from a deviced agent -> a 
 from __future__ import annotations
 
 import asyncio
-import json
 import subprocess
 import time
+from pathlib import Path
 
+import yaml
 from brain.brainkit import FAST, JOB, job_spec
 from brain.procs import CLI, Background
 
@@ -23,8 +24,8 @@ def cli(proc, *argv) -> subprocess.CompletedProcess:
 
 async def test_demo_end_to_end(clusterd_process, tmp_path):
     proc = clusterd_process(*FAST)
-    jf = tmp_path / "job.json"
-    jf.write_text(json.dumps(job_spec()))
+    jf = Path(__file__).with_name("data") / "demo-job.yaml"
+    assert yaml.safe_load(jf.read_text()) == {**job_spec(), "process-recover-enable": "on"}
     r = await asyncio.to_thread(cli, proc, "job", "apply", "-f", str(jf))
     assert r.returncode == 0, r.stderr
     sim = Background(
