@@ -68,6 +68,7 @@ log = logging.getLogger("deviced")
 
 SOURCE = "dcmi"
 HOT_RESET_LEVELS = (NpuLevel.RestartNPU, NpuLevel.FreeRestartNPU)
+SWITCH_QUEUE_MAX = 10_000  # queued switch events; beyond, a full query replaces them
 HOT_RESET_FAILED = "HotResetFailed"  # upgrade-reason kind of a failed or refused reset (-> SeparateNPU)
 
 
@@ -146,9 +147,12 @@ class _EngineCollector(Collector):
             out.add_metric([k], n)
         yield out
         drops = CounterMetricFamily(
-            "faultmesh_deviced_callback_drops", "Callbacks dropped by the token bucket"
+            "faultmesh_deviced_callback_drops",
+            "Callbacks dropped: chip (token bucket) or switch (queue full)",
+            labels=["kind"],
         )
-        drops.add_metric([], self.app.callback_drops)
+        drops.add_metric(["chip"], self.app.callback_drops)
+        drops.add_metric(["switch"], self.app.switch_drops)
         yield drops
         cbs = CounterMetricFamily("faultmesh_deviced_callbacks", "Callbacks received from the driver")
         cbs.add_metric([], self.app.callbacks)
@@ -212,6 +216,9 @@ class DeviceD:
         self._cb_overflow: set[int] = set()
         self._cb_scheduled = False
         self._sw_queue: list[SwitchEvent] = []
+        self._switch_resync = False
+        self.switch_drops = 0
+        self._ratelog = fmlog.RateLimitedLog(log, 10.0)
         self.bucket = TokenBucket(args.callback_rate_limit, clock=lambda: time.monotonic_ns() // 1_000_000)
         self.ids: dict[int, DeviceIds] = {}
         self.spod: dict[int, tuple[int, int]] = {}
@@ -404,9 +411,8 @@ class DeviceD:
             else:
                 self.engine.stats["rejected_unknown_device"] += 1
         if overflow:
-            event(
-                log,
-                logging.WARNING,
+            self._ratelog.warning(
+                "callback-overflow",
                 "callback rate limit overflow",
                 devices=len(overflow),
                 dropped=self.callback_drops,
@@ -417,6 +423,10 @@ class DeviceD:
 
     def _on_switch_event(self, ev: SwitchEvent) -> None:
         with self._cb_lock:
+            if len(self._sw_queue) >= SWITCH_QUEUE_MAX:
+                self.switch_drops += 1  # bounded: the next cycle re-reads the full list instead
+                self._switch_resync = True
+                return
             self._sw_queue.append(ev)
         if self.loop is not None:
             try:
@@ -455,7 +465,7 @@ class DeviceD:
             await self._check_card_drop()
         await self._mend()
         self.poll_seconds.observe(time.perf_counter() - t0)
-        self._apply_switch_events()
+        await self._apply_switch_events()
         self.engine.cycle()
         self.cycles += 1
         await self._hot_reset_step()
@@ -611,11 +621,17 @@ class DeviceD:
             )
             await asyncio.sleep(interval)
 
-    def _apply_switch_events(self) -> None:
+    async def _apply_switch_events(self) -> None:
         with self._cb_lock:
             batch, self._sw_queue = self._sw_queue, []
+            resync, self._switch_resync = self._switch_resync, False
         for ev in batch:
             self.switch_state.apply(ev)
+        if resync and getattr(self.backend, "switch", None) is not None:
+            try:
+                self.switch_state.replace(await self.call("lq_fault_info", self.backend.switch.fault_info))
+            except (DcmiError, BlockingTimeout):
+                self._switch_resync = True
 
     # ---------------------------------------------------------------- reporting
     def faults(self) -> list[Fault]:
