@@ -1,0 +1,245 @@
+"""clusterd at 1k / 4k / 16k nodes: resident memory and CPU, with Kubernetes mode publishing
+cluster-info for every node (issue 8 "clusterd sized in values for 1k / 4k / 16k nodes").
+
+For each size N a real clusterd process runs ``--kube`` against kmock's API emulator (in this
+process, N Node objects); N simulated deviced agents connect over the agent stream (16 NPUs each,
+10% of the nodes with two NPU faults and a node fault from a noded stream), then the benchmark waits
+until every node is in the published ``cluster-info-device-*`` shards and reads clusterd's RSS and
+CPU time from /proc. The chart's ``clusterd.scale`` presets come from these figures.
+
+Run: ``.venv/bin/python bench/clusterd_scale.py [--nodes 1000,4000,16000]``. The last line holds the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import urllib.request
+
+import grpc
+import kmock
+import uvloop
+
+from faultmesh._pb import agent_pb2, agent_pb2_grpc
+
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / CLK
+
+
+def snapshot(node: str, faulty: bool) -> agent_pb2.Snapshot:
+    devices = [
+        agent_pb2.DeviceState(
+            device_type="NPU",
+            device_id=i,
+            phy_id=i,
+            health="Healthy",
+            network_health="Healthy",
+            level="NotHandleFault",
+            super_pod_id=-1,
+            server_index=-1,
+        )
+        for i in range(16)
+    ]
+    faults = []
+    if faulty:
+        faults = [
+            agent_pb2.Fault(
+                source="dcmi", node=node, device_type="NPU", device_id=3, code="80E18008", level="RestartNPU"
+            ),
+            agent_pb2.Fault(
+                source="dcmi",
+                node=node,
+                device_type="NPU",
+                device_id=5,
+                code="81078603",
+                level="PreSeparateNPU",
+            ),
+        ]
+    return agent_pb2.Snapshot(seq=1, faults=faults, devices=devices)
+
+
+async def connect_agents(addr: str, n: int, faulty_every: int) -> tuple[list, list, float]:
+    per_channel = 50
+    channels = [
+        grpc.aio.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range((n + per_channel - 1) // per_channel + n // faulty_every // per_channel + 1)
+    ]
+    calls = []
+    t0 = time.perf_counter()
+    sem = asyncio.Semaphore(512)
+
+    async def agent(i: int, kind: str, ch) -> None:
+        node = f"node-{i:05d}"
+        async with sem:
+            call = agent_pb2_grpc.AgentStreamStub(ch).Connect()
+            await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=node, agent=kind)))
+            if kind == "deviced":
+                snap = snapshot(node, i % faulty_every == 0)
+            else:
+                snap = agent_pb2.Snapshot(
+                    seq=1,
+                    node_status="UnHealthy",
+                    faults=[
+                        agent_pb2.Fault(
+                            source="bmc-oem",
+                            node=node,
+                            device_type="Disk",
+                            device_id=1,
+                            code="2C000031",
+                            level="SeparateFault",
+                        )
+                    ],
+                )
+            await call.write(agent_pb2.AgentMessage(snapshot=snap))
+            msg = await call.read()
+            assert msg.ack.seq == 1 and not msg.ack.error, msg
+            calls.append(call)
+
+    jobs = [agent(i, "deviced", channels[i // per_channel]) for i in range(n)]
+    base = (n + per_channel - 1) // per_channel
+    jobs += [
+        agent(i, "noded", channels[base + k // per_channel]) for k, i in enumerate(range(0, n, faulty_every))
+    ]
+    await asyncio.gather(*jobs)
+    return channels, calls, time.perf_counter() - t0
+
+
+def published_nodes(emu) -> int:
+    total = 0
+    for (res, _ns, name), obj in list(emu.objects.items()):
+        if res.plural == "configmaps" and name.startswith("cluster-info-device-") and not obj.deleted:
+            value = (obj.get("data") or {}).get(name) or ""
+            total += value.count('"CmName":"mindx-dl-deviceinfo-')  # cheap: no parse on kmock's loop
+    return total
+
+
+async def run_size(n: int, faulty_every: int) -> dict:
+    state = tempfile.mkdtemp(prefix="fm-scale-")
+    async with kmock.KubernetesEmulator() as emu, kmock.Server(emu) as srv:
+        emu.resources["v1/configmaps"] = {}
+        emu.resources["v1/nodes"] = {}
+        emu.resources["v1/pods"] = {}
+        for i in range(n):
+            name = f"node-{i:05d}"
+            emu.objects[(kmock.resource("v1/nodes"), None, name)] = {"metadata": {"name": name}}
+        grpc_addr, http_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "clusterd",
+            "--grpc-addr",
+            grpc_addr,
+            "--http-addr",
+            http_addr,
+            "--state-dir",
+            state,
+            "--kube",
+            "--kube-api",
+            str(srv.url).rstrip("/"),
+            "--kube-min-write-s",
+            "1",
+            "--log-level",
+            "WARNING",
+        )
+        try:
+            for _ in range(200):
+                try:
+                    await asyncio.to_thread(urllib.request.urlopen, f"http://{http_addr}/readyz", timeout=1)
+                    break
+                except OSError:
+                    await asyncio.sleep(0.1)
+            idle_rss = rss_mib(proc.pid)
+            cpu0 = cpu_s(proc.pid)
+            channels, calls, connect_s = await connect_agents(grpc_addr, n, faulty_every)
+            t0 = time.perf_counter()
+            while published_nodes(emu) < n:
+                await asyncio.sleep(1.0)
+                if time.perf_counter() - t0 > 180:
+                    metrics = await asyncio.to_thread(
+                        lambda: (
+                            urllib.request.urlopen(f"http://{http_addr}/metrics", timeout=5).read().decode()
+                        )
+                    )
+                    kube = "\n".join(
+                        line for line in metrics.splitlines() if "kube" in line and not line.startswith("#")
+                    )
+                    raise TimeoutError(
+                        f"only {published_nodes(emu)} of {n} nodes published; clusterd:\n{kube}"
+                    )
+            publish_s = time.perf_counter() - t0
+            busy_cpu = cpu_s(proc.pid) - cpu0
+            loaded_rss = rss_mib(proc.pid)
+            c1 = cpu_s(proc.pid)
+            await asyncio.sleep(5)
+            steady_cores = (cpu_s(proc.pid) - c1) / 5
+            for call in calls:
+                call.cancel()
+            for ch in channels:
+                await ch.close()
+        finally:
+            proc.terminate()
+            await proc.wait()
+            shutil.rmtree(state, ignore_errors=True)
+    return {
+        "nodes": n,
+        "idle_rss_mib": idle_rss,
+        "rss_mib": loaded_rss,
+        "connect_s": connect_s,
+        "publish_s": publish_s,
+        "busy_cpu_s": busy_cpu,
+        "steady_cores": steady_cores,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", default="1000,4000,16000")
+    ap.add_argument("--faulty-every", type=int, default=10, help="one node in this many has faults")
+    a = ap.parse_args()
+    results = []
+    for n in (int(x) for x in a.nodes.split(",")):
+        r = uvloop.run(run_size(n, a.faulty_every))
+        results.append(r)
+        print(
+            f"{n:6d} nodes: RSS {r['rss_mib']:7.1f} MiB (idle {r['idle_rss_mib']:.1f})  "
+            f"connect+snapshot {r['connect_s']:5.1f} s  all published {r['publish_s']:5.1f} s later  "
+            f"CPU {r['busy_cpu_s']:5.1f} s  steady {r['steady_cores']:.3f} cores",
+            flush=True,
+        )
+    print(
+        "RESULT "
+        + " ".join(
+            f"n{r['nodes']}_rss_mib={r['rss_mib']:.0f} n{r['nodes']}_cpu_s={r['busy_cpu_s']:.1f} "
+            f"n{r['nodes']}_steady_cores={r['steady_cores']:.3f}"
+            for r in results
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
