@@ -122,12 +122,12 @@ async def run(args: argparse.Namespace, clock: Clock, stack: Stack) -> int:
         await asyncio.shield(stack.stop())
         clock.say(f"stopped {len(stack.procs.children)} processes")
     if rows:
-        print()
-        print("SUMMARY")
-        print(table(rows, clock))
-    print()
-    print(where)
-    print()
+        clock.print()
+        clock.print("SUMMARY")
+        clock.print(table(rows, clock))
+    clock.print()
+    clock.print(where)
+    clock.print()
     verdict = (
         "every injected fault was detected and localized right"
         if status == 0
@@ -156,7 +156,7 @@ def where_text(stack: Stack) -> str:
         f"                        grep 'FD-OL SLOWNODE' {stack.log_dir}/clusterd.log {stack.log_dir}/noded-4.log"
     )
     lines.append(f"                        grep 'slow network fault' {stack.log_dir}/clusterd.log")
-    lines.append(f"  logs folder         : {stack.log_dir}")
+    lines.append(f"  logs folder         : {stack.log_dir} (this output: demo.log)")
     return "\n".join(lines)
 
 
@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run_dir or f"/tmp/faultmesh-demo-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     stack = Stack(demo_config(args, run_dir), run_dir, say=clock.say)
+    stack.log_dir.mkdir(parents=True, exist_ok=True)
+    clock.tee(stack.log_dir / "demo.log")  # the demo's own lines, next to every process's log
 
     async def _main() -> int:
         loop = asyncio.get_running_loop()

@@ -15,11 +15,26 @@ RIGHT, WRONG, MISSING, NOT_AVAILABLE = "right", "wrong", "missing", "not availab
 
 
 class Clock:
-    """Wall clock and offset from the demo's start; ``say`` prints ``HH:MM:SS.mmm +SSS.Ss  msg``."""
+    """Wall clock and offset from the demo's start; ``say`` prints ``HH:MM:SS.mmm +SSS.Ss  msg``.
+
+    With :meth:`tee`, everything printed also goes to a file (the demo's own log, ``logs/demo.log``).
+    """
 
     def __init__(self, out=sys.stdout) -> None:
         self.t0 = time.time()
         self.out = out
+        self.copy = None
+
+    def tee(self, path) -> None:
+        """Also append every line printed from now on to ``path`` (line-buffered)."""
+        self.copy = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - open for the run
+
+    def print(self, text: str = "") -> None:
+        """Print ``text`` (and a newline) to the terminal and the tee file."""
+        self.out.write(text + "\n")
+        self.out.flush()
+        if self.copy is not None:
+            self.copy.write(text + "\n")
 
     def now(self) -> float:
         """Wall clock (s since the epoch)."""
@@ -36,10 +51,7 @@ class Clock:
         """Print one progress line with the wall time and the offset from the start."""
         t = time.time()
         lt = time.localtime(t)
-        self.out.write(
-            f"{time.strftime('%H:%M:%S', lt)}.{int((t % 1) * 1000):03d} +{t - self.t0:6.1f}s  {msg}\n"
-        )
-        self.out.flush()
+        self.print(f"{time.strftime('%H:%M:%S', lt)}.{int((t % 1) * 1000):03d} +{t - self.t0:6.1f}s  {msg}")
 
 
 @dataclass(eq=False)  # identity: rows are keys of per-step bookkeeping
