@@ -125,7 +125,9 @@ def build(app) -> dict[str, Any]:
 def switch_info(app, now_s: int) -> dict[str, Any]:
     """``SwitchInfoCfg`` (§7) from the switch state."""
     st = app.switch_state
-    graded = {(f.device_id, f.code): f.level for f in st.faults(app.node_name)}
+    graded = {
+        (f.device_id, f.code): f.level for f in st.faults(app.node_name) if "unknown" not in f.attributes
+    }
     codes, tmap = [], {}
     for ev, t in sorted(st.current.values(), key=lambda x: (x[0].switch_chip, x[0].switch_port, x[1])):
         code = switch_code(ev.event_type, ev.fault_id, ev.peer_device)
@@ -148,7 +150,7 @@ def switch_info(app, now_s: int) -> dict[str, Any]:
             )
         )
         tmap[f"{code}_{ev.switch_chip}_{ev.switch_port}"] = {"fault_time": t, "fault_level": level}
-    level, status = st.node_status(st.faults(app.node_name))
+    level, status = st.node_status([f for f in st.faults(app.node_name) if "unknown" not in f.attributes])
     return {
         "FaultCode": codes,
         "FaultLevel": level,

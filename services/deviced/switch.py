@@ -2,7 +2,8 @@
 
 Key of one switch fault: (alarm id, fault id, peer device type, peer port, switch chip, switch port).
 A Recover removes the matching fault; a full query replaces the list (Recover entries dropped).
-Codes not in the SwitchFaultCode table are not reported (counted in ``unlisted``). If all 16 L1->L2
+Codes not in the SwitchFaultCode table are reported as NotHandle with ``unknown=true`` and counted in
+``unlisted`` (design.md: unknown codes are never dropped; the reference drops them). If all 16 L1->L2
 ports of one chip are down (peer type L2, Occur), that chip's faults are Separate.
 """
 
@@ -58,7 +59,7 @@ class SwitchState:
         return changed
 
     def faults(self, node: str) -> list[Fault]:
-        """Graded faults (unlisted codes skipped and counted), sorted by (chip, code)."""
+        """Graded faults (unlisted codes: NotHandle, ``unknown=true``, counted), sorted by (chip, code)."""
         l2_down: dict[int, set[int]] = collections.defaultdict(set)
         for ev, _t in self.current.values():
             if ev.peer_device == PEER_L2:
@@ -69,9 +70,10 @@ class SwitchState:
         out = []
         for (chip, code), evs in sorted(groups.items()):
             level = self.table.level(code)
-            if level is None:
+            unknown = level is None
+            if unknown:  # design.md: unknown codes are reported (NotHandle, marked unknown), never dropped
                 self.unlisted[code] += 1
-                continue
+                level = "NotHandle"
             if len(l2_down.get(chip, ())) >= L2_PORTS_PER_CHIP:
                 level = "Separate"
             first = min(t for _, t in evs)
@@ -90,6 +92,7 @@ class SwitchState:
                         "switch_ports": ",".join(map(str, ports)),
                         "peer_ports": ",".join(sorted({str(ev.peer_port) for ev, _ in evs})),
                         "severity": str(max(ev.severity for ev, _ in evs)),
+                        **({"unknown": "true"} if unknown else {}),
                     },
                 )
             )

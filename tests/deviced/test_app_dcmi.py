@@ -218,8 +218,12 @@ async def test_switch_faults_graded_from_table(running, ctl):
     assert ctl.lq_fire(17, 155914, 1, 0, 2, 7, 2, 1, 1) == 0  # [0x00000011,155914,npu,na] unlisted
     assert ctl.lq_fire(0x00F1FEF5, 155914, 1, 0, 2, 7, 2, 1, 1) == 0  # RestartRequest
     await until(lambda: (2, "[0x00f1fef5,155914,npu,na]") in fault_codes(app, "lingqu"), what="switch fault")
-    assert fault_codes(app, "lingqu") == {(2, "[0x00f1fef5,155914,npu,na]"): "RestartRequest"}
+    assert fault_codes(app, "lingqu") == {
+        (2, "[0x00f1fef5,155914,npu,na]"): "RestartRequest",
+        (2, "[0x00000011,155914,npu,na]"): "NotHandle",  # unlisted: reported, marked unknown
+    }
     assert ctl.lq_fire(0x00F1FEF5, 155914, 1, 0, 2, 7, 2, 0, 1) == 0
+    assert ctl.lq_fire(17, 155914, 1, 0, 2, 7, 2, 0, 1) == 0
     await until(lambda: not fault_codes(app, "lingqu"), what="switch recover")
 
 

@@ -27,11 +27,13 @@ def test_switch_state_recover_replace_and_l2_rule():
     st = SwitchState(SwitchFaultTable.load())
     assert st.apply(sw(0x00F1FEF5, 155914, 1, 0, 3))
     assert not st.apply(sw(0x00F1FEF5, 155914, 1, 0, 3))  # duplicate
-    assert st.apply(sw(0x12345678, 1, 1, 0, 4))  # unlisted code: kept, not reported
+    assert st.apply(sw(0x12345678, 1, 1, 0, 4))  # unlisted code: reported NotHandle, marked unknown
     faults = st.faults("n")
     assert [(f.device_id, f.code, f.level) for f in faults] == [
-        (0, "[0x00f1fef5,155914,npu,na]", "RestartRequest")
+        (0, "[0x00f1fef5,155914,npu,na]", "RestartRequest"),
+        (0, "[0x12345678,1,npu,na]", "NotHandle"),
     ]
+    assert faults[1].attributes["unknown"] == "true" and "unknown" not in faults[0].attributes
     assert st.unlisted["[0x12345678,1,npu,na]"] == 1
     assert st.node_status(faults) == ("RestartRequest", "UnHealthy")
     # all 16 L1->L2 ports of chip 1 down: Separate
