@@ -1,6 +1,7 @@
 """Slow-node detection quality on labelled synthetic jobs, and the cost of one detection round.
 
-Scenarios (ranks 8..1024, TP groups of 8 = one node, PP groups across nodes, 3 % compute noise):
+Scenarios (ranks 8..1024, TP groups of 8 = one node, PP groups across nodes, compute noise 3 % on
+even seeds and 8 % on odd seeds):
 slow compute card (+50 % compute, step time rises over the 30 % gate), compute straggler (+20 %:
 under the gate — only faultmesh's pattern detector can see it), slow TP domain, slow PP link, slow
 host, slow dataloader, transient spikes (2 slow steps) and no fault. Each job runs 50 normal steps,
@@ -8,6 +9,10 @@ then the fault from step 50 to 120; a detection round runs every 5 steps (node r
 merge, confirmation after 5 consecutive slow rounds). A detection is *correct* when the confirmed
 cluster result names the faulty entity (rank / TP group / PP link / host / IO rank); a confirmation
 naming anything else, or any confirmation in a no-fault or transient job, is a false alarm.
+
+The slow host / IO / TP domain / PP link faults add 25-35 ms to a ~75 ms step, near the 30 %
+step-time gate of the reference rules; with 8 % noise the step-time baseline is wider and some
+of them stay under the gate (missed, not misnamed).
 
 Prints per scenario: runs, correct detections, false alarms, precision, recall, F1, mean detection
 delay (steps after onset); then the cost of one round for 1024 ranks (ms, peak RSS) and the
@@ -41,6 +46,7 @@ PP_STAGES = 4
 ONSET = 50
 STEPS = 120
 ROUND_STEPS = 5
+NOISE = (0.03, 0.08)  # compute noise (std/mean) of even / odd seeds; step-time noise is a third of it
 SCENARIOS = (
     "compute_card",
     "compute_straggler",
@@ -66,7 +72,7 @@ def layout(n: int) -> tuple[list[list[int]], list[list[int]]]:
     return tp, pp
 
 
-def generate(kind: str, n: int, rng: random.Random):
+def generate(kind: str, n: int, rng: random.Random, noise: float = 0.03):
     """Per-step metrics of every rank and the ground truth: (steps[n][rank] -> StepMetrics, truth)."""
     tp, pp = layout(n)
     target_node = rng.randrange(n // TP)
@@ -87,7 +93,7 @@ def generate(kind: str, n: int, rng: random.Random):
     for step in range(STEPS):
         on = step >= ONSET
         spike = kind == "transient" and step in (ONSET, ONSET + 1)
-        c = [60 * MS * (1 + rng.gauss(0, 0.03)) for _ in range(n)]
+        c = [60 * MS * (1 + rng.gauss(0, noise)) for _ in range(n)]
         dl = [1 * MS * (1 + rng.gauss(0, 0.05)) for _ in range(n)]
         ppd = [0.0] * n
         for g in pp:
@@ -121,7 +127,7 @@ def generate(kind: str, n: int, rng: random.Random):
             t *= 1.6
         row = []
         for r in range(n):
-            st = t * (1 + rng.gauss(0, 0.01))
+            st = t * (1 + rng.gauss(0, noise / 3))
             row.append(
                 StepMetrics(
                     r,
@@ -186,7 +192,7 @@ def run_job(
 
     ``round_ms`` collects the wall time of each full round (all node rounds + cluster merge)."""
     rng = random.Random(seed * 7919 + n)
-    steps, truth, tp, pp = generate(kind, n, rng)
+    steps, truth, tp, pp = generate(kind, n, rng, NOISE[seed % len(NOISE)])
     nodes = build_nodes(conf, n, tp, pp)
     cluster = ClusterDetector(conf.job_id)
     tracker = DegradationTracker(conf)
