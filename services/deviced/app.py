@@ -16,6 +16,10 @@
 - switch (lingqu): subscription plus a full query at start and every ``--switch-query-interval`` s
   (300); every cycle when the subscription failed.
 
+HTTP (``--http-addr``): ``/metrics``, ``/healthz``, ``/readyz``, ``GET /v1/devices`` (every chip:
+health, levels, codes with first-seen ms, escalations) and ``POST /v1/devices/<phy>/release`` (operator
+release of a ManuallySeparateNPU chip).
+
 Every DCMI call runs in a ``BlockingPool`` with a timeout; a hanging call is counted and the chip is
 skipped for the cycle, the loop stays responsive.
 """
@@ -34,6 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
@@ -58,7 +63,7 @@ from faultmesh.dcmi.api import DevFaultEvent, DeviceIds
 from faultmesh.dcmi.lingqu import SwitchEvent
 from faultmesh.dcmi.loader import DcmiError, DeviceNotReady
 from faultmesh.dcmi.structs import BOOT_START_FINISH, network_probe_healthy
-from faultmesh.httpd import HttpServer
+from faultmesh.httpd import HttpServer, json_response
 from faultmesh.levels import NpuLevel
 from faultmesh.log import event
 from faultmesh.model import Fault, now_ms
@@ -199,6 +204,8 @@ class DeviceD:
             token=token,
         )
         self.http = HttpServer(args.http_addr, self.registry, ready=self._ready)
+        self.http.app.router.add_get("/v1/devices", self._http_devices)
+        self.http.app.router.add_post("/v1/devices/{phy}/release", self._http_release)
         self.tasks = TaskOwner("deviced")
         self.blocking = BlockingPool(4, "dcmi")
         self.probe_pool = BlockingPool(2, "dcmi-probe")
@@ -263,6 +270,68 @@ class DeviceD:
             "1 while fault events come by subscription",
             registry=self.registry,
         )
+
+    # ---------------------------------------------------------------- HTTP API
+    def device_views(self) -> list[dict[str, Any]]:
+        """Every chip as JSON: ids, health, levels, active codes (level, first seen ms), escalations."""
+        out = []
+        for logic, d in sorted(self.engine.devices.items()):
+            worst = self.engine.worst_level(d)
+            out.append(
+                {
+                    "logic_id": logic,
+                    "phy_id": d.ids.phy,
+                    "card_id": d.ids.card,
+                    "device_id": d.ids.device,
+                    "health": d.health,
+                    "network_health": d.network_health,
+                    "level": worst.name if worst is not None else "",
+                    "chip_level": d.level.name if d.level is not None else "",
+                    "network_level": d.network_level.name if d.network_level is not None else "",
+                    "in_use": d.in_use,
+                    "resetting": d.resetting,
+                    "manually_separated": d.manually_separated,
+                    "codes": [
+                        {
+                            "code": self.engine.table.spelling(c),
+                            "level": self.engine.code_level(d, c).name,
+                            "plane": "network" if c in NETWORK_CODES_ALL else "chip",
+                            "first_seen_ms": st.first_seen_ms,
+                        }
+                        for c, st in sorted(d.codes().items())
+                    ],
+                    "upgrades": [
+                        {
+                            "code": self.engine.table.spelling(r.code) if r.code else HOT_RESET_FAILED,
+                            "level": r.level.name,
+                            "type": r.kind,
+                            "time_ms": r.time_ms,
+                        }
+                        for r in d.reasons.values()
+                    ],
+                }
+            )
+        return out
+
+    async def _http_devices(self, request: web.Request) -> web.Response:
+        return json_response(
+            {"node": self.node_name, "subscribed": self.subscribed, "devices": self.device_views()}
+        )
+
+    async def _http_release(self, request: web.Request) -> web.Response:
+        """Operator release of a ManuallySeparateNPU chip (the reference: deleting its name from the CM)."""
+        try:
+            phy = int(request.match_info["phy"])
+        except ValueError:
+            return json_response({"error": "phy id must be an integer"}, status=400)
+        logic = next((lg for lg, d in self.engine.devices.items() if d.ids.phy == phy), None)
+        if logic is None:
+            return json_response({"error": f"no chip with physical id {phy}"}, status=404)
+        released = self.engine.release_manual(logic)
+        event(log, logging.WARNING, "manual separation released by operator", phy_id=phy, released=released)
+        self.report()
+        self._save_state()
+        return json_response({"phy_id": phy, "released": released})
 
     # ---------------------------------------------------------------- lifecycle
     def _ready(self) -> tuple[bool, str]:
