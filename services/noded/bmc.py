@@ -117,10 +117,16 @@ class BmcMonitor:
 
     # -- loop ------------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Poll, then sleep ``next_delay`` — forever (cancel to stop)."""
+        """Poll forever (cancel to stop): successful polls start every ``poll_interval_s`` (fixed
+        rate; a poll longer than the period is followed at once by the next), failed ones are
+        retried after ``next_delay``."""
         while True:
+            started = self.clock()
             ok = await self.poll_once()
-            await self.sleep(self.next_delay(ok))
+            delay = self.next_delay(ok)
+            if ok:
+                delay = max(0.0, delay - (self.clock() - started))
+            await self.sleep(delay)
 
     def next_delay(self, ok: bool) -> float:
         """Seconds until the next poll: the poll period after success; after the n-th failure in a

@@ -86,6 +86,7 @@ def make_monitor(pool, client=None, poll=60.0, **kw):
         **kw,
     )
     mon.max_sleeps = 10**9
+    mon.fake_clock = clock
     return mon, sleeps
 
 
@@ -283,3 +284,16 @@ async def test_unchanged_state_is_resent_periodically(fake_clusterd):
         assert fake_clusterd.of("delta") == []
     finally:
         await client.stop()
+
+
+async def test_poll_period_is_a_fixed_rate():
+    class SlowPool(ScriptedPool):
+        async def call(self, timeout_s, fn, *args):
+            mon.fake_clock["t"] += 0.4  # each poll takes 0.4 s of (injected) time
+            return await super().call(timeout_s, fn, *args)
+
+    mon, sleeps = make_monitor(SlowPool([]), poll=1.0)
+    mon.max_sleeps = 3
+    with pytest.raises(Stop):
+        await mon.run()
+    assert sleeps == pytest.approx([0.6, 0.6, 0.6])
