@@ -328,7 +328,8 @@ class BrainComponent:
         return ctl
 
     async def set_data_trace(self, job_ns_name: str, switch: dict[str, str]) -> None:
-        """Set a job's data-trace switch (FD-OL's hook). Raises :class:`DataTraceError`."""
+        """Set a job's data-trace switch (FD-OL's hook). Raises :class:`DataTraceError` (300 bad
+        name, 500 unknown job); a file write failure is a ``DataTraceWriteError``, also an ``OSError``."""
         await self.datatrace.set_switch(job_ns_name, switch)
 
     # -- fault intake ------------------------------------------------------------------------------

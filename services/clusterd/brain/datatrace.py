@@ -43,6 +43,10 @@ class DataTraceError(Exception):
         self.code = code
 
 
+class DataTraceWriteError(DataTraceError, OSError):
+    """The profilingSwitch file could not be written (code 500; also an ``OSError``)."""
+
+
 def split_ns_name(job_ns_name: str) -> tuple[str, str] | None:
     """``namespace/jobName`` -> (ns, name); None unless it splits into exactly two non-empty parts."""
     parts = job_ns_name.split("/")
@@ -84,7 +88,7 @@ class DataTrace(profiling_pb2_grpc.TrainingDataTraceServicer):
                 await asyncio.to_thread(_write_atomic, switch_path(self.root, ns, name), orjson.dumps(value))
             except OSError as e:
                 event(log, logging.ERROR, "data-trace file write failed", job=job_ns_name, error=e)
-                raise DataTraceError(500, f"failed to write profilingSwitch: {e}") from None
+                raise DataTraceWriteError(500, f"failed to write profilingSwitch: {e}") from None
             await self.b.cd.store.kv_put(self.NS, job_ns_name, value)
         q = self.pubs.get(job.id)
         if q is not None:
