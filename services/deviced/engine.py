@@ -43,6 +43,8 @@ RECOVER, OCCUR, ONCE = 0, 1, 2
 ASSERTION_NAMES = {RECOVER: "recover", OCCUR: "occur", ONCE: "once"}
 RECOVER_DELAY_MS = 1_000  # §1.1: the driver's error list lags the recover event
 SUBSCRIBE_TO_POLL_MS = 5 * 60_000  # §1.1: unhealthy for more than 5 min -> mend by polling
+MAX_CODES_PER_DEVICE = 512  # active codes kept per chip (the driver lists at most 128)
+MAX_EVENT_MEMORY = 2048  # per-chip last-event entries before inactive codes are forgotten
 
 FREQUENCY = "FaultFrequency"
 DURATION = "FaultDuration"
@@ -355,10 +357,17 @@ class FaultEngine:
                 changed.add(logic)
         # end of cycle: once codes leave, fired frequency counters clear (§1.2 step 8)
         for logic, d in self.devices.items():
+            gone = False
             for store in (d.chip, d.network):
                 for c in [c for c, s in store.items() if s.once]:
                     del store[c]
-                    changed.add(logic)
+                    gone = True
+            if gone:
+                changed.add(logic)
+                self._levels(d)
+            if len(d.last_event_ms) > MAX_EVENT_MEMORY:  # bounded memory under a flood of distinct codes
+                live = d.codes()
+                d.last_event_ms = {c: o for c, o in d.last_event_ms.items() if c in live}
         for logic, code in self._clear_freq.items():
             d = self.devices.get(logic)
             if d is not None and code in d.frequency:
@@ -372,6 +381,9 @@ class FaultEngine:
         freq_rule = self.custom.frequency_rule(ev.code)
         if ev.assertion in (OCCUR, ONCE):
             cur = store.get(ev.code)
+            if cur is None and len(d.chip) + len(d.network) >= MAX_CODES_PER_DEVICE:
+                self.stats["rejected_too_many_codes"] += 1  # a driver flooding distinct codes
+                return
             if cur is None:
                 store[ev.code] = CodeState(ev.time_ms, ev.severity, once=ev.assertion == ONCE)
                 d.alarm_ms = ev.time_ms

@@ -336,3 +336,21 @@ def test_overflow_during_a_read_keeps_the_chip_in_the_reinit_set(eng):
     eng.mark_reinit(3)  # a callback overflow drained while the read was in flight
     eng.apply_poll(3, [], at)
     assert eng.mend_reason(3) == "re-init"
+
+
+def test_flood_of_distinct_codes_is_bounded(eng, clock):
+    from deviced.engine import MAX_CODES_PER_DEVICE
+
+    for i in range(MAX_CODES_PER_DEVICE + 100):
+        ev(eng, 0, 0xDE000000 + i, OCCUR, severity=0)
+    eng.cycle()
+    assert len(eng.devices[0].chip) == MAX_CODES_PER_DEVICE
+    assert eng.stats["rejected_too_many_codes"] == 100
+    for i in range(MAX_CODES_PER_DEVICE + 100):
+        ev(eng, 0, 0xDE000000 + i, RECOVER, severity=0)
+    step(eng, clock, 1100)
+    assert eng.devices[0].chip == {} and eng.devices[0].health == "Healthy"
+    for i in range(3000):  # distinct once-events: nothing stays, memory stays bounded
+        ev(eng, 1, 0xAB000000 + i, ONCE, severity=0)
+    eng.cycle()
+    assert eng.devices[1].chip == {} and len(eng.devices[1].last_event_ms) <= 2048
