@@ -213,6 +213,7 @@ class DeviceD:
         self.trigger = asyncio.Event()
         self.subscribed = False
         self.subscribe_retry_s = 1.0  # §1.1: 3 tries, 1 s apart
+        self.init_retry_s = 5.0
         self.switch_subscribed = False
         self.started = False
         self.callbacks = 0
@@ -354,16 +355,21 @@ class DeviceD:
             raise
 
     async def init_backend(self) -> None:
-        """``init`` + device walk; retried every 5 s until it works (condition DCMIUnavailable meanwhile)."""
+        """Load the library (when not loaded yet), ``init``, device walk; retried every
+        ``init_retry_s`` s until it works, with the node condition DCMIUnavailable set meanwhile (so
+        clusterd shows why this node reports no chips)."""
         while True:
             try:
+                if self.backend is None:
+                    self.backend = await self.call("load", make_backend, self.args)
                 await self.call("init", self.backend.init)
                 devices = await self.call("devices", self.backend.devices)
                 break
             except (DcmiError, BlockingTimeout, ValueError) as e:
-                self.state.set_condition("DCMIUnavailable", True, "init failed", str(e))
-                event(log, logging.ERROR, "dcmi init failed", error=str(e))
-                await asyncio.sleep(5)
+                reason = "library missing" if self.backend is None else "init failed"
+                if self.state.set_condition("DCMIUnavailable", True, reason, str(e)):
+                    event(log, logging.ERROR, "dcmi unavailable", reason=reason, error=str(e))
+                await asyncio.sleep(self.init_retry_s)
         self.state.set_condition("DCMIUnavailable", False)
         self.ids = {d.logic: d for d in devices}
         self.engine.set_devices(devices)
@@ -1031,8 +1037,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         backend = make_backend(args)
     except DcmiError as e:
-        event(log, logging.ERROR, "dcmi library unavailable", error=str(e))
-        return 1
+        if args.print_device_info:
+            event(log, logging.ERROR, "dcmi library unavailable", error=str(e))
+            return 1
+        # keep running: the agent stream reports DCMIUnavailable and loading is retried
+        event(log, logging.ERROR, "dcmi library unavailable", error=str(e), action="retrying every 5 s")
+        backend = None
     try:
         FaultCodeTable.load(args.fault_code_file)
         Customization.load(args.fault_customization_file)

@@ -287,3 +287,28 @@ async def test_failed_hot_reset_escalates_to_separate(native_libs, tmp_path, ctl
         )
     finally:
         await app.stop()
+
+
+async def test_missing_library_is_reported_and_retried(native_libs, tmp_path, ctl):
+    import shutil
+
+    lib = tmp_path / "driver" / "libdcmi.so"
+    args = build_parser().parse_args(
+        ["--node-name", "node-a", "--clusterd", f"127.0.0.1:{free_port()}", "--backend", "dcmi",
+         "--dcmi-lib", str(lib), "--no-switch", "--probe-interval", "0"]
+    )  # fmt: skip
+    app = DeviceD(args, None)
+    app.init_retry_s = 0.1
+    await app.start()
+    try:
+        await until(lambda: "DCMIUnavailable" in app.state.conditions, what="condition")
+        cond = app.state.conditions["DCMIUnavailable"]
+        assert cond.active and cond.reason == "library missing" and "libdcmi.so" in cond.message
+        assert not app.started
+        lib.parent.mkdir()
+        shutil.copy(native_libs.dcmi, lib)  # the driver gets installed
+        await until(lambda: app.started and app.cycles >= 1, what="devices after install")
+        assert not app.state.conditions["DCMIUnavailable"].active
+        assert len(app.state.devices) == 8
+    finally:
+        await app.stop()
