@@ -73,7 +73,7 @@ def stop(proc: subprocess.Popen | None) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--duration", type=float, default=50.0, help="measured seconds (120 for the issue's figure)"
+        "--duration", type=float, default=45.0, help="measured seconds (120 for the issue's figure)"
     )
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
     ap.add_argument("--alarms", type=int, default=200)
