@@ -44,11 +44,12 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from deviced import deviceinfo
-from deviced.engine import DeviceEvent, FaultEngine, TokenBucket, UpgradeReason
+from deviced.engine import OCCUR, RECOVER, DeviceEvent, FaultEngine, TokenBucket, UpgradeReason
 from deviced.resetcfg import ChipFault, ResetConfigWriter, atomic_write
 from deviced.switch import SwitchState
 from deviced.tables import (
     GATEWAY_PROBE,
+    LINK_DOWN,
     NETWORK_CODES_ALL,
     Customization,
     FaultCodeTable,
@@ -99,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dcmi-lib", help="path of libdcmi.so (default: the driver lib dirs)")
     p.add_argument("--lingqu-lib", help="path of liblingqu-dcmi.so (default: the driver lib dirs)")
     p.add_argument("--no-switch", action="store_true", help="do not watch lingqu switch faults")
+    p.add_argument("--hccn-tool", default="/usr/local/Ascend/driver/tools/hccn_tool", help="hccn_tool path")
+    p.add_argument(
+        "--link-check-interval",
+        type=float,
+        default=300.0,
+        help="s between hccn_tool link checks of a chip without network codes (reference: 5 min); 0 = off",
+    )
     p.add_argument("--http-addr", default="127.0.0.1:0", help="metrics/health HTTP address")
     p.add_argument("--sim-control-addr", help="sim backend: separate HTTP address of the control API")
     p.add_argument("--sim-cards", type=int, default=1)
@@ -246,7 +254,9 @@ class DeviceD:
         self._pending_latency: list[tuple[DevFaultEvent, int]] = []
         self._last_cycle = 0.0
         self._saved_state = ""
-        self.monotonic = time.monotonic  # hot-reset idle/budget clock (s); injectable for tests
+        self.monotonic = time.monotonic  # hot-reset and link-check clock (s); injectable for tests
+        self.link_checked: dict[int, float] = {}
+        self.link_raised: set[int] = set()
         self.registry.register(_EngineCollector(self))
         self.poll_seconds = Histogram(
             "faultmesh_deviced_poll_duration_seconds",
@@ -539,6 +549,7 @@ class DeviceD:
         if self.subscribed:
             await self._check_card_drop()
         await self._mend()
+        await self._check_links()
         self.poll_seconds.observe(time.perf_counter() - t0)
         await self._apply_switch_events()
         self.engine.cycle()
@@ -556,6 +567,35 @@ class DeviceD:
                 self.engine.set_card_drop(logic, True)
             except (DcmiError, BlockingTimeout):
                 continue
+
+    async def _check_links(self) -> None:
+        """hccn_tool link state for chips that have no network code (reference §1.1 "Link status"),
+        at most once per ``--link-check-interval`` per chip: DOWN raises 81078603 (which then runs the
+        20 s rule); UP recovers the 81078603 this check raised."""
+        interval = self.args.link_check_interval
+        if interval <= 0 or not hasattr(self.backend, "link_up"):
+            return
+        now = self.monotonic()
+        for logic, ids in self.ids.items():
+            d = self.engine.devices[logic]
+            mine = logic in self.link_raised
+            if d.network and not (mine and set(d.network) == {LINK_DOWN}):
+                continue  # the driver reports network codes itself
+            if now - self.link_checked.get(logic, -1e18) < interval:
+                continue
+            self.link_checked[logic] = now
+            try:
+                up = await self.call("hccn_link", self.backend.link_up, ids, timeout_s=10)
+            except (DcmiError, BlockingTimeout):
+                continue
+            if up is False and not mine and LINK_DOWN not in d.network:
+                self.link_raised.add(logic)
+                self.engine.submit(DeviceEvent(logic, LINK_DOWN, OCCUR, 0, self.engine.now(), "link"))
+                event(log, logging.WARNING, "link down found by hccn_tool", logic_id=logic, phy_id=ids.phy)
+            elif up is True and mine:
+                self.link_raised.discard(logic)
+                self.engine.submit(DeviceEvent(logic, LINK_DOWN, RECOVER, 0, self.engine.now(), "link"))
+                event(log, logging.INFO, "link up found by hccn_tool", logic_id=logic, phy_id=ids.phy)
 
     async def _mend(self) -> None:
         for logic, ids in self.ids.items():
@@ -581,6 +621,8 @@ class DeviceD:
                 codes = [*codes, 0x40F84E00]
             elif self.engine.devices[logic].card_dropped:
                 self.engine.devices[logic].card_dropped = False
+            if logic in self.link_raised:
+                codes = [*codes, LINK_DOWN]  # raised from hccn_tool, not in the driver's list
             n = self.engine.apply_poll(logic, codes, read_at)
             if n:
                 event(
@@ -1000,7 +1042,9 @@ def make_backend(args: argparse.Namespace):
 
     if args.backend == "sim":
         return SimBackend(args.sim_cards, args.sim_devices_per_card)
-    return DcmiBackend(args.dcmi_lib, args.lingqu_lib, want_switch=not args.no_switch)
+    return DcmiBackend(
+        args.dcmi_lib, args.lingqu_lib, want_switch=not args.no_switch, hccn_tool=args.hccn_tool
+    )
 
 
 async def print_device_info(args: argparse.Namespace, backend) -> int:

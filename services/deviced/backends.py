@@ -8,12 +8,15 @@ Methods: ``init()``, ``devices() -> list[DeviceIds]``, ``health(ids) -> int`` (r
 ``DeviceNotReady`` on a card drop), ``error_codes(ids) -> list[int]``, ``subscribe(cb)``,
 ``network_health(ids) -> int`` (``RdfxDetectResult``), ``process_count(ids)``, ``boot_status(ids)``,
 ``reset(ids)``, ``spod(ids) -> (super_pod_id, server_index)`` (-1 unset, -2 failed, reference §5.1),
-``chip_name(ids)``; ``switch`` is None or an object with ``init()``, ``subscribe(cb)``,
+``chip_name(ids)``, ``link_up(ids) -> bool | None`` (hccn_tool link state); ``switch`` is None or an object with ``init()``, ``subscribe(cb)``,
 ``fault_info() -> list[SwitchEvent]``.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -25,12 +28,43 @@ from faultmesh.dcmi.loader import DcmiError, DeviceNotReady, LibraryMissing
 UNSET = 0xFFFFFFFF
 
 
+HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"
+_LINK_RE = re.compile(r"link status:\s*(UP|DOWN)", re.IGNORECASE)
+
+
+def hccn_link_up(tool: str, phy: int, timeout_s: float = 5.0) -> bool | None:
+    """``hccn_tool -i <phy> -link -g`` -> True (UP), False (DOWN), None (tool absent, failed or unparsable).
+
+    Reference deviced.md §1 "Link state without DCMI"; the reference treats a failed exec as DOWN,
+    which raises a link-down on every chip of a node without the tool -- faultmesh reports "unknown".
+    """
+    if not (os.path.isfile(tool) and os.access(tool, os.X_OK)):
+        return None
+    try:
+        out = subprocess.run(
+            [tool, "-i", str(phy), "-link", "-g"], capture_output=True, text=True, timeout=timeout_s
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = _LINK_RE.search(out.stdout)
+    if out.returncode != 0 or m is None:
+        return None
+    return m.group(1).upper() == "UP"
+
+
 class DcmiBackend:
     """The real driver through :class:`faultmesh.dcmi.api.Dcmi` (and lingqu when its library loads)."""
 
     name = "dcmi"
 
-    def __init__(self, dcmi_lib: str | None = None, lingqu_lib: str | None = None, want_switch: bool = True):
+    def __init__(
+        self,
+        dcmi_lib: str | None = None,
+        lingqu_lib: str | None = None,
+        want_switch: bool = True,
+        hccn_tool: str = HCCN_TOOL,
+    ):
+        self.hccn_tool = hccn_tool
         self.dcmi = Dcmi.open(dcmi_lib)
         self.switch: Lingqu | None = None
         self.switch_error = ""
@@ -84,6 +118,9 @@ class DcmiBackend:
         except DcmiError:
             return ""
 
+    def link_up(self, ids: DeviceIds) -> bool | None:
+        return hccn_link_up(self.hccn_tool, ids.phy)
+
 
 class SimDevice:
     """One simulated chip: live codes, health code, network-probe result, process count, boot status."""
@@ -96,6 +133,7 @@ class SimDevice:
         self.procs = 0
         self.boot = 16
         self.resets = 0
+        self.link_up = True
 
 
 class SimSwitch:
@@ -217,6 +255,9 @@ class SimBackend:
     def spod(self, ids: DeviceIds) -> tuple[int, int]:
         return -1, -1
 
+    def link_up(self, ids: DeviceIds) -> bool | None:
+        return self._dev(ids).link_up
+
     def chip_name(self, ids: DeviceIds) -> str:
         return self.chip
 
@@ -241,8 +282,13 @@ class SimBackend:
             t.join(5)
 
     def link(self, logic: int, up: bool) -> None:
-        """Link down (81078603 occur) or up (recover)."""
+        """Link down (81078603 occur) or up (recover); ``hccn_tool`` shows the same state."""
+        self.devs[logic].link_up = up
         self.inject(logic, 0x81078603, 0 if up else 1, 2)
+
+    def link_silent(self, logic: int, up: bool) -> None:
+        """Change the link state without any event (a lost linkdown event): only hccn_tool sees it."""
+        self.devs[logic].link_up = up
 
     def probe(self, logic: int, result: int) -> None:
         """Set the gateway-probe result (0 OK, 6 INIT healthy; 1..5, 7, 8 abnormal)."""
