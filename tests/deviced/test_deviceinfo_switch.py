@@ -122,3 +122,34 @@ def test_print_device_info_cli():
         json.loads(doc["data"]["DeviceInfoCfg"])["DeviceInfo"]["DeviceList"]["huawei.com/Ascend910-Unhealthy"]
         == ""
     )
+
+
+async def test_device_info_is_accepted_by_clusterd_kube_reader():
+    """The document deviced renders passes clusterd's Go-compatible device-info reader (CheckCode)."""
+    import pytest
+
+    formats = pytest.importorskip("clusterd.kube.formats")
+    args = build_parser().parse_args(
+        [
+            "--node-name",
+            "n2",
+            "--backend",
+            "sim",
+            "--clusterd",
+            f"127.0.0.1:{free_port()}",
+            "--probe-interval",
+            "0",
+        ]
+    )
+    sim = SimBackend(1, 8)
+    app = DeviceD(args, sim)
+    await app.init_backend()
+    sim.devs[6].codes.append(0x80E18008)
+    sim.devs[3].codes.append(0x110001024)
+    await app.run_cycle()
+    doc = formats.parse_device_info(deviceinfo.build(app)["data"])
+    assert doc.device_list["huawei.com/Ascend910-Unhealthy"] == "Ascend910-6"
+    assert doc.device_list["huawei.com/Ascend910-NetworkUnhealthy"] == "Ascend910-3"
+    assert doc.super_pod_id == -1 and doc.server_index == -1
+    app.blocking.shutdown()
+    app.probe_pool.shutdown()
