@@ -162,7 +162,10 @@ def where_text(stack: Stack) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; Ctrl-C or SIGTERM stop every started process and exit 130."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.servers < 4 or args.npus < 8 or args.npus % 8:
+        parser.error("the scenario needs --servers >= 4 and --npus a multiple of 8")
     clock = Clock()
     run_dir = Path(args.run_dir or f"/tmp/faultmesh-demo-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -160,6 +160,10 @@ class Stack:
         secret.chmod(0o600)
         cfg = self.cfg
         await self.probe_features()
+        self.say(
+            "installed parts: core (clusterd, noded, deviced, bmc-sim), "
+            + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in self.features.items())
+        )
         cd_extra: list[str] = []
         noded_extra: list[str] = []
         if self.features["pingmesh"]:
