@@ -188,3 +188,58 @@ def wait_for(pred, timeout_s: float = 15.0, interval_s: float = 0.1, what: str =
             return last
         time.sleep(interval_s)
     raise AssertionError(f"timed out waiting for {what}; last={last!r}")
+
+
+def make_pki(tmp: Path) -> tuple[Path, dict[str, tuple[Path, Path]]]:
+    """A throw-away CA with a server certificate (SAN localhost, 127.0.0.1) and a client certificate.
+    Returns (ca.crt, {"server": (crt, key), "client": (crt, key)})."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "noded-test-ca")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    files: dict[str, tuple[Path, Path]] = {}
+    for serial, (name, server) in enumerate((("server", True), ("client", False)), start=2):
+        k = ec.generate_private_key(ec.SECP256R1())
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(
+                x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost" if server else "noded")])
+            )
+            .issuer_name(ca_name)
+            .public_key(k.public_key())
+            .serial_number(serial)
+            .not_valid_before(now)
+            .not_valid_after(now + datetime.timedelta(days=1))
+        )
+        if server:
+            san = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            b = b.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        cert = b.sign(ca_key, hashes.SHA256())
+        crt, key = tmp / f"{name}.crt", tmp / f"{name}.key"
+        crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        key.write_bytes(
+            k.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+        files[name] = (crt, key)
+    (tmp / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    return tmp / "ca.crt", files

@@ -209,3 +209,63 @@ async def test_node_info_file_level_reload_storage_and_http(tmp_path, bmc_sim):
         await until(lambda: not info_file.exists(), "node-info removed when healthy")
     finally:
         await nd.stop()
+
+
+async def test_tls_and_token_to_clusterd(tmp_path, bmc_sim):
+    from noded_support import make_pki
+
+    ca, files = make_pki(tmp_path)
+    token = tmp_path / "token"
+    token.write_text("agent-token\n")
+    cd = await make_clusterd(
+        tmp_path,
+        "--tls-cert",
+        str(files["server"][0]),
+        "--tls-key",
+        str(files["server"][1]),
+        "--tls-ca",
+        str(ca),
+        "--token-file",
+        str(token),
+    )
+    bmc_sim.add_alarm("0800004B", "Memory", 3)
+    common = [
+        "--clusterd",
+        cd.args.grpc_addr,
+        "--http-addr",
+        "127.0.0.1:0",
+        "--bmc-host",
+        "127.0.0.1",
+        "--bmc-port",
+        str(bmc_sim.port),
+        "--bmc-password-file",
+        str(bmc_sim.password_file),
+        "--poll-interval",
+        "1",
+        "--min-report-interval",
+        "0",
+        "--clusterd-tls-ca",
+        str(ca),
+        "--clusterd-tls-cert",
+        str(files["client"][0]),
+        "--clusterd-tls-key",
+        str(files["client"][1]),
+    ]
+    good = NodeD(parse("--node-name", "node-tls", "--clusterd-token-file", str(token), *common))
+    bad = NodeD(parse("--node-name", "node-notoken", *common))
+    try:
+        await good.start()
+        await bad.start()
+        for _ in range(100):
+            codes = {(f.node, f.code) for f in cd.center.faults()}
+            if ("node-tls", "0800004B") in codes:
+                break
+            await asyncio.sleep(0.1)
+        assert ("node-tls", "0800004B") in codes
+        await asyncio.sleep(0.5)
+        assert not any(f.node == "node-notoken" for f in cd.center.faults())  # no token: refused
+        assert not bad.agent.synced.is_set()
+    finally:
+        await good.stop()
+        await bad.stop()
+        await cd.stop()

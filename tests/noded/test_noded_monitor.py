@@ -208,3 +208,24 @@ async def test_wrong_password_is_unreachable_with_reason(bmc_sim):
         assert metric(mon, "noded_bmc_errors_total", kind="auth") == 1
     finally:
         mon.client.close()
+
+
+async def test_slow_bmc_within_and_beyond_the_poll_timeout(bmc_sim):
+    mon = make_monitor(bmc_sim, timeout_s=2.0)
+    try:
+        bmc_sim.add_alarm("08000001", "PCIe Card", 0, count=20)  # 2 pages
+        assert await mon.poll_once()
+        bmc_sim.behave(delay_s=0.2)  # slow but inside the timeout: fine
+        bmc_sim.clear_alarms()
+        bmc_sim.add_alarm("0800004B", "Memory", 3)
+        assert await mon.poll_once()
+        assert faults(mon) == [("Memory", 3, "0800004B", "PreSeparateFault", "")]
+        bmc_sim.behave(delay_s=3.0)  # slower than the poll timeout: a counted failure, state kept
+        bmc_sim.clear_alarms()
+        assert await mon.poll_once() is False
+        assert mon.state.conditions[COND_UNREACHABLE].reason == "Timeout"
+        assert faults(mon) == [("Memory", 3, "0800004B", "PreSeparateFault", "")]
+        assert metric(mon, "noded_bmc_errors_total", kind="timeout") == 1
+    finally:
+        bmc_sim.behave(delay_s=0)
+        mon.client.close()
