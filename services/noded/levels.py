@@ -129,7 +129,8 @@ class LevelTableWatcher:
 
     ``check()`` compares (mtime_ns, size) and then the sha256; a valid new table replaces the
     current one and calls ``on_change(table)``; an invalid one is logged ("fault config rejected"),
-    counted in ``rejected`` and the old table stays. ``path=None`` keeps the default table.
+    counted in ``rejected`` and the old table stays. ``path=None`` keeps the default table; a
+    missing or invalid file at startup also starts with the default table (logged and counted).
     """
 
     def __init__(
@@ -143,11 +144,23 @@ class LevelTableWatcher:
         self.on_reject = on_reject or (lambda reason: None)
         self.rejected = 0
         self._stat: tuple[int, int] | None = None
+        self.table = LevelTable.default()
         if path:
-            self.table = LevelTable.load(path)  # startup: a bad file is a startup error
             self._stat = _stat(path)
-        else:
-            self.table = LevelTable.default()
+            try:
+                self.table = LevelTable.load(path)
+            except LevelTableError as e:
+                # as the reference falls back to its baked-in file: run with the default table and
+                # apply the operator's file once it becomes valid
+                self.rejected += 1
+                self.on_reject("missing" if self._stat is None else "invalid")
+                event(
+                    log,
+                    logging.ERROR,
+                    "fault config rejected, using the default table",
+                    path=path,
+                    error=str(e),
+                )
         event(log, logging.INFO, "fault config loaded", path=self.table.path, codes=len(self.table))
 
     def check(self) -> bool:

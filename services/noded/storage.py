@@ -273,6 +273,8 @@ class StorageMonitor:
             for c in sorted(codes)
         ]
         changed = self.state.replace_source(self.kind, faults)
+        for lv in sorted(set(STORAGE_LEVELS.values())):
+            self.metrics.faults.labels(self.kind, lv).set(sum(1 for f in faults if f.level == lv))
         for c in sorted(added):
             event(log, logging.WARNING, "storage fault occur", monitor=self.kind, code=c)
         for c in sorted(removed):

@@ -112,11 +112,16 @@ def test_reload_on_change_and_bad_table_keeps_old(tmp_path):
     assert w.table.classify("0800004B") == (NodeLevel.NotHandleFault, True)
 
 
-def test_bad_table_at_startup_is_an_error(tmp_path):
+def test_bad_table_at_startup_falls_back_to_default_until_fixed(tmp_path):
     f = tmp_path / "levels.json"
     f.write_text(_table(pre=["bad"]))
-    with pytest.raises(LevelTableError):
-        LevelTableWatcher(str(f))
+    rejects = []
+    w = LevelTableWatcher(str(f), on_reject=rejects.append)
+    assert w.table.levels == LevelTable.default().levels
+    assert rejects == ["invalid"] and w.rejected == 1
+    _write(f, _table(sep=["0800004B"]))
+    assert w.check() is True
+    assert w.table.levels == {"0800004B": NodeLevel.SeparateFault}
 
 
 async def test_watcher_run_picks_up_change(tmp_path):
