@@ -724,6 +724,9 @@ class Scenario:
                 order[fn.__name__] = i
                 tasks.append(asyncio.get_running_loop().create_task(self._at(offset, fn), name=fn.__name__))
             await asyncio.gather(*tasks)
+            self.say("what clusterd holds now:")
+            await self.cli("nodes", "--http", self.stack.http)
+            await self.cli("faults", "--http", self.stack.http)
             await self.stop_job()
             achieved = self.achieved_slowdown()
             if achieved:
