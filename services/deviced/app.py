@@ -98,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-file", help="bearer token for clusterd")
     p.add_argument("--backend", choices=("dcmi", "sim"), default="dcmi")
     p.add_argument("--dcmi-lib", help="path of libdcmi.so (default: the driver lib dirs)")
+    p.add_argument(
+        "--dcmi-api",
+        choices=("auto", "v1", "v2"),
+        default="auto",
+        help="DCMI family: v1 (card/device; 910, A2, A3), v2 (dev id; A5); auto = v1 when exported, else v2",
+    )
     p.add_argument("--lingqu-lib", help="path of liblingqu-dcmi.so (default: the driver lib dirs)")
     p.add_argument("--no-switch", action="store_true", help="do not watch lingqu switch faults")
     p.add_argument("--hccn-tool", default="/usr/local/Ascend/driver/tools/hccn_tool", help="hccn_tool path")
@@ -1038,12 +1044,16 @@ class DeviceD:
 
 def make_backend(args: argparse.Namespace):
     """Build the backend of ``--backend``. Raises ``DcmiError`` (e.g. LibraryMissing) for dcmi."""
-    from deviced.backends import DcmiBackend, SimBackend
+    from deviced.backends import SimBackend, open_dcmi_backend
 
     if args.backend == "sim":
         return SimBackend(args.sim_cards, args.sim_devices_per_card)
-    return DcmiBackend(
-        args.dcmi_lib, args.lingqu_lib, want_switch=not args.no_switch, hccn_tool=args.hccn_tool
+    return open_dcmi_backend(
+        args.dcmi_api,
+        args.dcmi_lib,
+        args.lingqu_lib,
+        want_switch=not args.no_switch,
+        hccn_tool=args.hccn_tool,
     )
 
 

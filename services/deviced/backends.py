@@ -21,9 +21,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from faultmesh.dcmi.api import Dcmi, DevFaultEvent, DeviceIds
+from faultmesh.dcmi.api import Dcmi, DcmiV2, DevFaultEvent, DeviceIds
 from faultmesh.dcmi.lingqu import Lingqu, SwitchEvent
-from faultmesh.dcmi.loader import DcmiError, DeviceNotReady, LibraryMissing
+from faultmesh.dcmi.loader import DcmiError, DeviceNotReady, LibraryMissing, load_dcmi
 
 UNSET = 0xFFFFFFFF
 
@@ -120,6 +120,70 @@ class DcmiBackend:
 
     def link_up(self, ids: DeviceIds) -> bool | None:
         return hccn_link_up(self.hccn_tool, ids.phy)
+
+
+class DcmiV2Backend:
+    """The A5 driver through :class:`faultmesh.dcmi.api.DcmiV2` (one dev id per chip; no lingqu)."""
+
+    name = "dcmi-v2"
+    switch = None
+
+    def __init__(self, lib, hccn_tool: str = HCCN_TOOL) -> None:
+        self.dcmi = DcmiV2(lib)
+        self.hccn_tool = hccn_tool
+
+    def init(self) -> None:
+        self.dcmi.init()
+
+    def devices(self) -> list[DeviceIds]:
+        return self.dcmi.devices()
+
+    def health(self, ids: DeviceIds) -> int:
+        return self.dcmi.health(ids.logic)
+
+    def error_codes(self, ids: DeviceIds) -> list[int]:
+        return self.dcmi.error_codes(ids.logic)
+
+    def subscribe(self, cb: Callable[[DevFaultEvent], None]) -> None:
+        self.dcmi.subscribe(cb)
+
+    def network_health(self, ids: DeviceIds) -> int:
+        return self.dcmi.network_health(ids.logic)
+
+    def process_count(self, ids: DeviceIds) -> int:
+        return self.dcmi.process_count(ids.logic)
+
+    def boot_status(self, ids: DeviceIds) -> int:
+        return self.dcmi.boot_status(ids.logic)
+
+    def reset(self, ids: DeviceIds) -> None:
+        self.dcmi.reset(ids.logic)
+
+    def spod(self, ids: DeviceIds) -> tuple[int, int]:
+        return -2, -2
+
+    def chip_name(self, ids: DeviceIds) -> str:
+        return ""
+
+    def link_up(self, ids: DeviceIds) -> bool | None:
+        return hccn_link_up(self.hccn_tool, ids.phy)
+
+
+def open_dcmi_backend(
+    api: str = "auto",
+    dcmi_lib: str | None = None,
+    lingqu_lib: str | None = None,
+    want_switch: bool = True,
+    hccn_tool: str = HCCN_TOOL,
+):
+    """The DCMI backend for ``api``: v1, v2, or auto = v1 when the library exports ``dcmi_init``, else
+    v2 when it exports ``dcmiv2_init`` (newer drivers may export both; A5 nodes should say v2 --
+    the reference chooses the family by chip type). Raises ``LibraryMissing`` when libdcmi.so
+    cannot be loaded."""
+    lib = load_dcmi(dcmi_lib)
+    if api == "v2" or (api == "auto" and not lib.has("dcmi_init") and DcmiV2.supported(lib)):
+        return DcmiV2Backend(lib, hccn_tool)
+    return DcmiBackend(dcmi_lib, lingqu_lib, want_switch=want_switch, hccn_tool=hccn_tool)
 
 
 class SimDevice:

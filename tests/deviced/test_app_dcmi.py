@@ -312,3 +312,29 @@ async def test_missing_library_is_reported_and_retried(native_libs, tmp_path, ct
         assert len(app.state.devices) == 8
     finally:
         await app.stop()
+
+
+async def test_v2_backend_cycle(native_libs, tmp_path, ctl):
+    from deviced.app import make_backend
+    from deviced.backends import DcmiV2Backend
+
+    args = build_parser().parse_args(
+        ["--node-name", "a5", "--clusterd", f"127.0.0.1:{free_port()}", "--backend", "dcmi", "--dcmi-api", "v2",
+         "--dcmi-lib", str(native_libs.dcmi), "--probe-interval", "0"]
+    )  # fmt: skip
+    backend = make_backend(args)
+    assert isinstance(backend, DcmiV2Backend)
+    ctl.set_codes(3, [0x81B18603])
+    ctl.set_rc(b"dcmi_get_device_health", 5, -8012)
+    app = DeviceD(args, backend)
+    app.subscribe_retry_s = 0.01
+    await app.init_backend()
+    try:
+        await app.subscribe()
+        assert app.subscribed
+        await app.run_cycle()
+        await app.run_cycle()
+        assert fault_codes(app) == {(3, "81B18603"): "NotHandleFault", (5, "40F84E00"): "RestartNPU"}
+    finally:
+        app.blocking.shutdown()
+        app.probe_pool.shutdown()

@@ -96,3 +96,26 @@ def test_unknown_event_type_is_counted_not_delivered(dcmi):
     ctl(dcmi, "dcmitest_set_event_type", ctypes.c_int, restype=None)(0)
     assert fire(1, 0x80E18008, 1, 2, 0, 1) == 0
     assert len(got) == 1
+
+
+def test_v2_family_by_dev_id(dcmi):
+    v2 = api.DcmiV2(dcmi.lib)
+    assert api.DcmiV2.supported(dcmi.lib)
+    ctl(dcmi, "dcmitest_set_phy", ctypes.c_int, ctypes.c_int)(6, 30)
+    v2.init()
+    devs = v2.devices()
+    assert [d.logic for d in devs] == list(range(8)) and devs[6] == api.DeviceIds(6, 30, 6, 0)
+    codes = (ctypes.c_uint * 2)(0x81B18603, 0x020001002 & 0xFFFFFFFF)
+    ctl(dcmi, "dcmitest_set_codes", ctypes.c_int, ctypes.c_void_p, ctypes.c_int)(6, codes, 1)
+    assert v2.error_codes(6) == [0x81B18603]
+    ctl(dcmi, "dcmitest_set_rc", ctypes.c_char_p, ctypes.c_int, ctypes.c_int)(
+        b"dcmi_get_device_health", 7, -8012
+    )
+    with pytest.raises(DeviceNotReady):
+        v2.health(7)
+    got = []
+    done = threading.Event()
+    v2.subscribe(lambda ev: (got.append(ev), done.set()))
+    fire = ctl(dcmi, "dcmitest_fire", ctypes.c_int, ctypes.c_uint, *[ctypes.c_int] * 4)
+    assert fire(2, 0x80E18008, 1, 3, 0, 1) == 0
+    assert done.wait(5) and got[0].logic_id == 2 and got[0].severity == 3

@@ -20,6 +20,7 @@
  *   dcmitest_set_event_type(type)             struct dcmi_event.type of the next fired events
  *   dcmitest_calls(name)                      how many times call `name` ran
  *   dcmitest_sizeof(struct) / dcmitest_offsetof(struct, field)   layout checks
+ * The v2 family (dcmiv2_*, dev id = logic id) maps onto the same state.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -657,3 +658,69 @@ int dcmi_get_device_chip_info(int card_id, int device_id, struct dcmi_chip_info 
 }
 
 __attribute__((constructor)) static void init_defaults(void) { dcmitest_reset(1, 8); }
+
+/* ---------------------------------------------------------------- DCMI v2 (dev id = logic id) */
+
+static int card_dev(int dev_id, int *card, int *dev) {
+    if (dev_id < 0 || dev_id >= ndev()) return RC_PARAM;
+    *card = dev_id / per_card;
+    *dev = dev_id % per_card;
+    return 0;
+}
+
+int dcmiv2_init(void) { return dcmi_init(); }
+
+int dcmiv2_get_device_list(int *device_list, int *device_num, int list_len) {
+    int rc = enter(func_index("dcmi_get_card_list"), -1);
+    if (rc) return rc;
+    if (!device_list || !device_num || list_len <= 0) return RC_PARAM;
+    int n = ndev() < list_len ? ndev() : list_len;
+    for (int i = 0; i < n; i++) device_list[i] = i;
+    *device_num = n;
+    return 0;
+}
+
+int dcmiv2_get_chip_phy_id_by_dev_id(unsigned int dev_id, unsigned int *phyid) {
+    return dcmi_get_device_phyid_from_logicid(dev_id, phyid);
+}
+
+int dcmiv2_get_device_health(int dev_id, unsigned int *health) {
+    int c, d;
+    if (card_dev(dev_id, &c, &d)) return RC_PARAM;
+    return dcmi_get_device_health(c, d, health);
+}
+
+int dcmiv2_get_device_error_code_list(int dev_id, int *error_count, unsigned int *list, unsigned int len) {
+    int c, d;
+    if (card_dev(dev_id, &c, &d)) return RC_PARAM;
+    return dcmi_get_device_errorcode_v2(c, d, error_count, list, len);
+}
+
+int dcmiv2_subscribe_fault_event(int dev_id, struct dcmi_event_filter filter, dcmi_fault_event_callback handler) {
+    if (dev_id != -1) return RC_PARAM;
+    return dcmi_subscribe_fault_event(-1, -1, filter, handler);
+}
+
+int dcmiv2_get_device_network_health(int dev_id, int *result) {
+    int c, d;
+    if (card_dev(dev_id, &c, &d)) return RC_PARAM;
+    return dcmi_get_device_network_health(c, d, result);
+}
+
+int dcmiv2_get_device_boot_status(int dev_id, int *status) {
+    int c, d;
+    if (card_dev(dev_id, &c, &d)) return RC_PARAM;
+    return dcmi_get_device_boot_status(c, d, status);
+}
+
+int dcmiv2_reset_device(int dev_id, int channel) {
+    int c, d;
+    if (card_dev(dev_id, &c, &d)) return RC_PARAM;
+    return dcmi_set_device_reset(c, d, channel);
+}
+
+int dcmiv2_get_device_proc_mem_info(int dev_id, struct dcmi_proc_mem_info *proc_info, int *proc_num) {
+    int c, d;
+    if (card_dev(dev_id, &c, &d)) return RC_PARAM;
+    return dcmi_get_device_resource_info(c, d, proc_info, proc_num);
+}

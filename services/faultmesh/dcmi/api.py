@@ -254,3 +254,110 @@ class Dcmi:
         info = structs.DcmiChipInfo()
         self._chip_info(card, device, ctypes.byref(info))
         return info.chip_name.decode("utf-8", "replace")
+
+
+class DcmiV2:
+    """The DCMI v2 calls (``dcmiv2_*``, A5 / Atlas 350/850/950), addressed by one ``dev_id`` (the
+    logic id). Same Python surface as :class:`Dcmi` where it makes sense; device ids come back as
+    ``DeviceIds(logic=dev_id, phy, card=dev_id, device=0)``. Reference deviced.md §1 (v2 family).
+    """
+
+    def __init__(self, lib: Library) -> None:
+        self.lib = lib
+        f = lib.function
+        self._init = f("dcmiv2_init")
+        self._list = f("dcmiv2_get_device_list", P(c_int), P(c_int), c_int)
+        self._phy = f("dcmiv2_get_chip_phy_id_by_dev_id", c_uint, P(c_uint))
+        self._health = f("dcmiv2_get_device_health", c_int, P(c_uint))
+        self._errorcode = f("dcmiv2_get_device_error_code_list", c_int, P(c_int), P(c_uint), c_uint)
+        self._subscribe = f(
+            "dcmiv2_subscribe_fault_event", c_int, structs.DcmiEventFilter, structs.DcmiFaultEventCallback
+        )
+        self._net_health = f("dcmiv2_get_device_network_health", c_int, P(c_int))
+        self._boot = f("dcmiv2_get_device_boot_status", c_int, P(c_int))
+        self._reset = f("dcmiv2_reset_device", c_int, c_int)
+        self._procs = f("dcmiv2_get_device_proc_mem_info", c_int, P(structs.DcmiProcMemInfo), P(c_int))
+        self._callback_ref: object | None = None
+        self._lock = threading.Lock()
+        self.unknown_events = 0
+
+    @staticmethod
+    def supported(lib: Library) -> bool:
+        """True when the library exports the v2 family (``dcmiv2_init``)."""
+        return lib.has("dcmiv2_init")
+
+    def init(self) -> None:
+        """``dcmiv2_init()``."""
+        self._init()
+
+    def devices(self) -> list[DeviceIds]:
+        """``dcmiv2_get_device_list`` (64) + physical ids, sorted by dev id."""
+        num = c_int(0)
+        arr = (c_int * structs.CARD_LIST_LEN)()
+        self._list(arr, ctypes.byref(num), structs.CARD_LIST_LEN)
+        if not 0 <= num.value <= structs.CARD_LIST_LEN:
+            raise ValueError(f"dcmiv2_get_device_list returned an invalid count {num.value}")
+        out = []
+        for i in range(num.value):
+            dev = arr[i]
+            if dev < 0:
+                continue
+            phy = c_uint(0)
+            self._phy(dev, ctypes.byref(phy))
+            out.append(DeviceIds(dev, phy.value, dev, 0))
+        return sorted(out)
+
+    def health(self, dev: int) -> int:
+        """``dcmiv2_get_device_health``; ``DeviceNotReady`` on -8012."""
+        out = c_uint(0)
+        self._health(dev, ctypes.byref(out))
+        return out.value
+
+    def error_codes(self, dev: int) -> list[int]:
+        """``dcmiv2_get_device_error_code_list`` (128), zeros dropped."""
+        count = c_int(0)
+        arr = (c_uint * structs.ERROR_CODE_LIST_LEN)()
+        self._errorcode(dev, ctypes.byref(count), arr, structs.ERROR_CODE_LIST_LEN)
+        n = max(0, min(count.value, structs.ERROR_CODE_LIST_LEN))
+        return [arr[i] for i in range(n) if arr[i] != 0]
+
+    def subscribe(self, on_event: Callable[[DevFaultEvent], None]) -> None:
+        """``dcmiv2_subscribe_fault_event(-1, zero filter, cb)``; same callback rules as :meth:`Dcmi.subscribe`."""
+
+        def _cb(ptr):
+            try:
+                ev = decode_event(ptr.contents)
+                if ev is None:
+                    self.unknown_events += 1
+                else:
+                    on_event(ev)
+            except Exception:  # noqa: BLE001 - never let an exception unwind into C
+                pass
+
+        cfn = structs.DcmiFaultEventCallback(_cb)
+        with self._lock:
+            self._subscribe(-1, structs.DcmiEventFilter(), cfn)
+            self._callback_ref = cfn
+
+    def network_health(self, dev: int) -> int:
+        """``dcmiv2_get_device_network_health``."""
+        out = c_int(0)
+        self._net_health(dev, ctypes.byref(out))
+        return out.value
+
+    def boot_status(self, dev: int) -> int:
+        """``dcmiv2_get_device_boot_status``."""
+        out = c_int(0)
+        self._boot(dev, ctypes.byref(out))
+        return out.value
+
+    def reset(self, dev: int, channel: int = structs.INBAND_CHANNEL) -> None:
+        """``dcmiv2_reset_device``."""
+        self._reset(dev, channel)
+
+    def process_count(self, dev: int) -> int:
+        """``dcmiv2_get_device_proc_mem_info``: processes on the chip."""
+        arr = (structs.DcmiProcMemInfo * structs.MAX_PROC_NUM)()
+        n = c_int(structs.MAX_PROC_NUM)
+        self._procs(dev, arr, ctypes.byref(n))
+        return max(0, n.value)
