@@ -16,6 +16,8 @@ The app object gives components: ``args``, ``node_name``, ``state``, ``agent``, 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import importlib
 import logging
 import os
@@ -91,6 +93,13 @@ def build_parser(component_classes: list[type]) -> argparse.ArgumentParser:
         help="bearer token file for the agent stream",
     )
     p.add_argument("--bmc-host", help="BMC address; empty: run without a BMC")
+    p.add_argument("--node-sn", help="the server's serial number (default: read from a Huawei iBMC)")
+    p.add_argument(
+        "--sn-wait",
+        type=float,
+        default=3.0,
+        help="how long the agent stream waits at startup for the BMC to give the node SN (s)",
+    )
     p.add_argument("--bmc-port", type=int, default=623, help="BMC IPMI UDP port")
     p.add_argument("--bmc-user", default="admin")
     p.add_argument("--bmc-password-file", help="file with the BMC password (else env FAULTMESH_BMC_PASSWORD)")
@@ -184,6 +193,7 @@ class NodeD:
             "noded",
             state=self.state,
             node_ip=os.environ.get("XDL_IP", ""),
+            node_sn=args.node_sn or "",
             on_control=self.on_control,
             credentials=self._credentials(),
             token=token,
@@ -218,6 +228,7 @@ class NodeD:
                 mode=args.bmc_mode,
                 backoff_base_s=args.backoff_base,
             )
+            self.bmc.on_serial = self._serial_read
         self.storage = [
             StorageMonitor(kind, path, self.state, self.metrics, interval_s=args.storage_interval)
             for kind, path in (("dpc", args.dpc_status_file), ("dtfs", args.dtfs_status_file))
@@ -279,6 +290,11 @@ class NodeD:
         self.tasks.spawn(self.levels.run(self.args.levels_check_interval), name="levels-watch")
         if self.args.node_info_file:
             self.state_hook()
+        if self.bmc is not None and not self.agent.hello.node_sn:
+            # the Hello carries the node SN (ClusterD maps public faults' nodeSN to nodes): give the
+            # first BMC poll a moment to read it; a later read reaches ClusterD on the next reconnect
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.bmc.polled.wait(), self.args.sn_wait)
         await self.agent.start()
         for comp in self.components:
             try:
@@ -359,6 +375,10 @@ class NodeD:
             event(log, logging.WARNING, "node-info write failed", path=self.args.node_info_file, error=str(e))
 
     # -- hooks -------------------------------------------------------------------------------------
+    def _serial_read(self, sn: str) -> None:
+        if not self.agent.hello.node_sn:
+            self.agent.hello.node_sn = sn
+
     def _levels_changed(self, table: LevelTable) -> None:
         self.metrics.level_reloads.labels("ok").inc()
         if self.bmc is not None:

@@ -54,7 +54,7 @@ MODES = ("auto", "oem", "sel")
 class PollResult:
     """What one blocking poll returned (built in the pool thread, applied on the loop)."""
 
-    __slots__ = ("mode", "fallback", "alarms", "records", "cursor", "cleared", "device")
+    __slots__ = ("mode", "fallback", "alarms", "records", "cursor", "cleared", "device", "serial")
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
@@ -64,6 +64,7 @@ class PollResult:
         self.cursor: sel.SelCursor | None = None
         self.cleared = False
         self.device: Any = None
+        self.serial: str | None = None
 
 
 class BmcMonitor:
@@ -107,6 +108,8 @@ class BmcMonitor:
         self.wall_ms = wall_ms
         self.failures = 0
         self.polls_ok = 0
+        self.serial_number = ""  # the server's serial number from a Huawei iBMC (node SN)
+        self.on_serial: Callable[[str], None] = lambda sn: None
         self.last_error = ""
         self.alarms: list[oem.AlarmRecord] = []
         self.cursor = sel.SelCursor()
@@ -179,11 +182,17 @@ class BmcMonitor:
                 try:
                     res = PollResult("oem")
                     res.alarms = self.client.oem_alarms()
-                    return res
                 except BmcCommandError as e:
                     if not (e.unsupported and self.configured_mode == "auto"):
                         raise
                     fallback = True
+                else:
+                    if not self.serial_number:
+                        try:
+                            res.serial = self.client.serial_number()
+                        except BmcCommandError:
+                            res.serial = ""
+                    return res
             res = PollResult("sel")
             res.fallback = fallback
             res.records, res.cursor, res.cleared = sel.read_new_records(self.client.raw, cursor)
@@ -266,6 +275,10 @@ class BmcMonitor:
             self.mode = res.mode
         self.state.set_condition(COND_UNREACHABLE, False)
         self.state.set_condition(COND_UNSUPPORTED, False)
+        if res.serial:
+            self.serial_number = res.serial
+            event(log, logging.INFO, "node serial number read", serial=res.serial)
+            self.on_serial(res.serial)
         if res.mode == "oem":
             self.alarms = res.alarms
         else:

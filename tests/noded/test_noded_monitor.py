@@ -66,6 +66,7 @@ async def test_oem_poll_replaces_fault_set_and_sets_status(bmc_sim):
         bmc_sim.add_alarm("DEADBEEF", "Fan", 2)
         assert await mon.poll_once()
         assert mon.mode == "oem"
+        assert mon.serial_number == "2102SIM0000001"  # Huawei OEM 0x30 0x90 (node SN)
         assert faults(mon) == [
             ("Disk", 1, "02000007", "PreSeparateFault", ""),
             ("Disk", 1, "2C000031", "SeparateFault", ""),

@@ -224,6 +224,17 @@ class BmcClient:
             raise BmcCommandError(0x00, 0x01, 0xFF, "empty chassis status")
         return bool(d[0] & 0x01)
 
+    def serial_number(self) -> str:
+        """The server's serial number from a Huawei iBMC (reference noded.md §1 "Node SN"): OEM
+        ``30 90 05 00 03 04 00 FF``, or the manufacturer name ``... 03 00 00 FF`` when the first
+        reply is empty. The value is the reply data after its first byte. Returns "" when neither
+        gives one. Raises :class:`BmcError`."""
+        for selector in (0x04, 0x00):
+            d = self.raw(oem.NETFN, oem.CMD_GET_INFO, bytes((0x05, 0x00, 0x03, selector, 0x00, 0xFF)))
+            if len(d) > 1:
+                return bytes(d[1:]).decode("ascii", "replace").strip("\x00 \t\r\n")
+        return ""
+
     def oem_alarms(self) -> list[oem.AlarmRecord]:
         """All current Huawei iBMC alarms, paged (see :func:`faultmesh.bmc.oem.read_alarms`).
 

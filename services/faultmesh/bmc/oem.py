@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 NETFN = 0x30
 CMD = 0x94
+CMD_GET_INFO = 0x90  # serial number / manufacturer (reference noded.md §1 "Node SN")
 IANA = 0x0007DB
 IANA_BYTES = bytes((0xDB, 0x07, 0x00))
 SUBFUNCTION = 0x40

@@ -2,7 +2,8 @@
 
 It answers what noded and ``ipmitool`` use: Get Device ID (manufacturer 2011 = Huawei, so noded
 picks the OEM path), Get Chassis Status / Chassis Control, the Huawei "get current alarms" OEM
-command (netfn 0x30 cmd 0x94, paged as reference noded.md §1), and the SEL (Get SEL Info, Get SEL
+command (netfn 0x30 cmd 0x94, paged as reference noded.md §1), the serial-number OEM command
+(0x30 0x90, ``--serial``), and the SEL (Get SEL Info, Get SEL
 Allocation Info, Reserve, Get/Add/Delete Entry, Clear, Get/Set SEL Time).
 
 Run time control (a small JSON HTTP API on 127.0.0.1, ``--control-port``):
@@ -67,6 +68,7 @@ class SimState:
         self.drop = False
         self.oem_mode = "ok"
         self.requests = 0
+        self.serial = "2102SIM0000001"
 
     # -- alarms ---------------------------------------------------------------------------------
     def add_alarms(self, code: str, type_byte: int, device_id: int, severity: int, count: int = 1) -> int:
@@ -256,12 +258,26 @@ def _patched_classes():
             try:
                 if netfn == oem.NETFN and cmd == oem.CMD:
                     return self._oem_alarms(data, session)
+                if netfn == oem.NETFN and cmd == oem.CMD_GET_INFO:
+                    return self._oem_info(data, session)
                 if netfn == sel.NETFN_STORAGE:
                     return self._storage(cmd, data, session)
             except Exception as e:  # a simulator bug answers 0xFF, never kills the listener
                 event(log, logging.ERROR, "bmc-sim request failed", netfn=netfn, cmd=cmd, error=repr(e))
                 return session.send_ipmi_response(code=0xFF)
             return super().handle_raw_request(request, session)
+
+        def _oem_info(self, data: bytes, session):
+            if len(data) != 6 or data[:3] != b"\x05\x00\x03":
+                return session.send_ipmi_response(code=0xCC)
+            with self.state.lock:
+                mode = self.state.oem_mode
+                value = self.state.serial if data[3] == 0x04 else "Huawei" if data[3] == 0x00 else None
+            if mode == "unsupported":
+                return session.send_ipmi_response(code=0xC1)
+            if value is None:
+                return session.send_ipmi_response(code=0xCC)
+            return session.send_ipmi_response(data=[0x00] + list(value.encode()))
 
         def _oem_alarms(self, data: bytes, session):
             st = self.state
@@ -479,12 +495,15 @@ def serve(
     address: str = "127.0.0.1",
     preload_alarms: int = 0,
     ready_out=sys.stdout,
+    serial: str = "",
 ) -> None:
     """Run the simulator until the process ends. Prints one ready line:
     ``bmc-sim listening on 127.0.0.1:<udp port> control 127.0.0.1:<tcp port>``.
     ``preload_alarms`` > 0 starts with that many alarms (for the overhead bench).
     """
     state = SimState()
+    if serial:
+        state.serial = serial
     if preload_alarms > 0:
         state.add_alarms("08000001", 0x08, 0, 2, preload_alarms)
     sim_bmc, ipmisession = _patched_classes()

@@ -76,7 +76,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError("bmc-sim needs --password-file or env FAULTMESH_BMC_PASSWORD")
     setup(args.log_level)
     try:
-        serve(args.port, args.user, password, args.control_port, args.address, args.alarms)
+        serve(
+            args.port, args.user, password, args.control_port, args.address, args.alarms, serial=args.serial
+        )
     except OSError as e:
         raise CliError(f"cannot bind: {e}") from None
     return 0
@@ -169,6 +171,7 @@ def register(subparsers) -> None:
     )
     p.add_argument("--control-port", type=int, default=0, help="TCP port of the control API on 127.0.0.1")
     p.add_argument("--alarms", type=int, default=0, help="start with this many alarms (bench)")
+    p.add_argument("--serial", default="", help="serial number answered to OEM 0x30 0x90")
     p.add_argument("--log-level", default="INFO")
     p.set_defaults(func=cmd_serve)
     verbs = p.add_subparsers(dest="verb", metavar="VERB")
