@@ -349,7 +349,8 @@ class FaultEngine:
         for (logic, code), q in per_dev_queue.items():
             d = self.devices[logic]
             st = d.duration.setdefault(code, DurationState())
-            st.queue.extend((t, OCCUR if a == ONCE else a) for t, a in q)
+            for t, a in q:  # a one-off notice is an occurrence that ends at once
+                st.queue.extend([(t, OCCUR), (t, RECOVER)] if a == ONCE else [(t, a)])
         for logic, d in self.devices.items():
             if self._run_duration(d, now) | self._run_frequency(d, now):
                 changed.add(logic)
@@ -431,7 +432,7 @@ class FaultEngine:
                 del d.duration[code]
                 continue
             ft, rt = rule.fault_timeout_s * 1000, rule.recover_timeout_s * 1000
-            q = sorted(st.queue)
+            q = sorted(st.queue, key=lambda x: x[0])  # stable: same-ms events keep their order
             merged: list[tuple[int, int]] = []
             for t, a in q:
                 if not merged or merged[-1][1] != a:

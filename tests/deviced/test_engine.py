@@ -354,3 +354,10 @@ def test_flood_of_distinct_codes_is_bounded(eng, clock):
         ev(eng, 1, 0xAB000000 + i, ONCE, severity=0)
     eng.cycle()
     assert eng.devices[1].chip == {} and len(eng.devices[1].last_event_ms) <= 2048
+
+
+def test_once_link_notice_does_not_escalate(eng, clock):
+    ev(eng, 3, LINK_DOWN, ONCE)
+    eng.cycle()
+    step(eng, clock, 30 * S)
+    assert eng.devices[3].network_health == "Healthy" and not eng.devices[3].reasons
