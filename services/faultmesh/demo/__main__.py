@@ -15,7 +15,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from faultmesh.demo.report import Clock, all_right, table
+from faultmesh.demo.report import MISSING, Clock, all_right, table
 from faultmesh.demo.scenario import Scenario, Timing
 from faultmesh.demo.stack import Stack, StackConfig, StackError
 
@@ -98,12 +98,12 @@ async def run(args: argparse.Namespace, clock: Clock, stack: Stack) -> int:
         slow_mode=args.slow_mode,
     )
     clock.say(f"faultmesh demo: run folder {stack.run_dir}")
-    rows = []
+    scenario = Scenario(stack, clock, timing)
+    rows = scenario.rows  # filled as the steps run: an interrupted run still shows what it saw
     status = 1
     try:
         await stack.start()
-        scenario = Scenario(stack, clock, timing)
-        rows = await scenario.run()
+        await scenario.run()
         dead = [c for c in stack.procs.dead()]
         if dead:
             clock.say(
@@ -116,6 +116,9 @@ async def run(args: argparse.Namespace, clock: Clock, stack: Stack) -> int:
     except asyncio.CancelledError:
         clock.say("interrupted: stopping every process")
         status = 130
+        for r in rows:
+            if r.verdict == MISSING and r.detected is None:
+                r.note = r.note or "interrupted before clusterd showed it"
     finally:
         where = where_text(stack)
         clock.say("stopping every process by PID")
@@ -128,11 +131,10 @@ async def run(args: argparse.Namespace, clock: Clock, stack: Stack) -> int:
     clock.print()
     clock.print(where)
     clock.print()
-    verdict = (
-        "every injected fault was detected and localized right"
-        if status == 0
-        else "NOT all faults were detected right"
-    )
+    verdict = {
+        0: "every injected fault was detected and localized right",
+        130: "interrupted",
+    }.get(status, "NOT all faults were detected right")
     clock.say(f"demo finished in {time.time() - clock.t0:.0f} s: {verdict} (exit {status})")
     return status
 
