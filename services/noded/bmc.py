@@ -155,7 +155,9 @@ class BmcMonitor:
             return self._failed("auth", COND_UNREACHABLE, "AuthFailed", str(e), t0, mode_label)
         except BmcCommandError as e:
             if e.unsupported:
-                reason = "OemAlarmsUnsupported" if e.netfn == oem.NETFN else "SelUnsupported"
+                reason = {oem.NETFN: "OemAlarmsUnsupported", sel.NETFN_STORAGE: "SelUnsupported"}.get(
+                    e.netfn, "CommandUnsupported"
+                )
                 return self._failed("completion-code", COND_UNSUPPORTED, reason, str(e), t0, mode_label)
             return self._rejected("completion-code", str(e), t0, mode_label)
         except BmcError as e:
