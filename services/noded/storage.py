@@ -152,6 +152,7 @@ class DpcEvaluator:
         self.process_fault = False
 
     def update(self, status: dict[int, tuple[int, int]]) -> set[str]:
+        """One successful read: {instance: (internal, process)} -> active codes (110001020/21)."""
         now = self.clock()
         for idx, (internal, _process) in status.items():
             err = internal == -12

@@ -98,10 +98,12 @@ class SelRecord(NamedTuple):
 
     @property
     def is_system_event(self) -> bool:
+        """Record type 0x02 (system event)."""
         return self.record_type == SYSTEM_EVENT
 
     @property
     def is_oem(self) -> bool:
+        """Record types 0xC0..0xFF (OEM timestamped / non-timestamped)."""
         return self.record_type >= 0xC0
 
 
@@ -331,6 +333,7 @@ class SelFaultTracker:
         self.active: dict[tuple[str, int, str], tuple[SelEventRule, int]] = {}
 
     def apply(self, table: SelEventTable, records: Iterable[SelRecord], cleared: bool) -> dict[str, int]:
+        """Apply newly read ``records`` (after recovering everything when ``cleared``); returns counts."""
         counts = {"mapped": 0, "unmapped": 0, "oem": 0, "unknown_type": 0}
         if cleared:
             self.active.clear()

@@ -103,6 +103,7 @@ class SimState:
 
     # -- SEL ------------------------------------------------------------------------------------
     def now(self) -> int:
+        """The BMC's SEL clock (s since the epoch, shifted by Set SEL Time)."""
         return int(time.time()) + self.sel_time_offset
 
     def add_sel(self, record: bytes) -> int:
@@ -121,6 +122,7 @@ class SimState:
             return rid
 
     def clear_sel(self) -> None:
+        """Erase the SEL; the erase timestamp moves forward (Get SEL Info shows it)."""
         with self.lock:
             self.sel.clear()
             self.erase_ts = max(self.now(), self.erase_ts + 1)
@@ -135,6 +137,7 @@ class SimState:
             self.requests = 0
 
     def snapshot(self) -> dict:
+        """The state as JSON-able dict (``GET /state``)."""
         with self.lock:
             return {
                 "alarms": [
@@ -177,6 +180,8 @@ def _patched_classes():
     import pyghmi.ipmi.private.session as ipmisession
 
     class SimServerSession(serversession.ServerSession):
+        """pyghmi's server session with fixes (1) and (2) of the module docstring."""
+
         def create_open_session_response(self, request):
             # fix (1): only cipher suite 3 (HMAC-SHA1 auth + HMAC-SHA1-96 integrity) is implemented
             auth_algo = request[12] & 0x3F if len(request) > 12 else 1
@@ -209,6 +214,8 @@ def _patched_classes():
     serversession.ServerSession = SimServerSession  # used by IpmiServer.sessionless_data
 
     class SimBmc(pbmc.Bmc):
+        """The simulated BMC: device id (fix 3), chassis, OEM alarms and serial, SEL."""
+
         def __init__(self, authdata, state: SimState, port: int, address: str) -> None:
             super().__init__(authdata, port=port, address=address)
             self.port = self.serversocket.getsockname()[1]  # port 0 -> the bound port
@@ -245,6 +252,7 @@ def _patched_classes():
             return self.uuid
 
         def handle_raw_request(self, request, session):
+            """Dispatch one request (after the configured delay; never answered with ``drop``)."""
             st = self.state
             with st.lock:
                 st.requests += 1
