@@ -270,3 +270,40 @@ async def test_tls_and_token_to_clusterd(tmp_path, bmc_sim):
         await good.stop()
         await bad.stop()
         await cd.stop()
+
+
+class BrokenInit(FakeComponent):
+    name = "broken-init"
+
+    def __init__(self, app):
+        raise RuntimeError("cannot start")
+
+
+class BrokenStart(FakeComponent):
+    name = "broken-start"
+    control_kinds = ("ping_list",)
+
+    async def start(self):
+        raise RuntimeError("start failed")
+
+
+async def test_broken_components_do_not_take_noded_down(caplog):
+    args = parse(
+        "--node-name",
+        "node-b",
+        "--clusterd",
+        f"127.0.0.1:{free_port()}",
+        "--http-addr",
+        "127.0.0.1:0",
+        classes=[BrokenInit, BrokenStart, FakeComponent],
+    )
+    nd = NodeD(args, [BrokenInit, BrokenStart, FakeComponent])
+    try:
+        await nd.start()
+        assert [c.name for c in nd.components] == ["broken-start", "fake"]
+        assert nd.components[1].started
+        status, _ = await asyncio.to_thread(_get, nd.http.port, "/healthz")
+        assert status == 200
+        assert "component not started" in caplog.text
+    finally:
+        await nd.stop()
