@@ -322,8 +322,10 @@ class NodeD:
         await self.tasks.close()
         await self.agent.stop()
         await self.http.stop()
-        if self.bmc is not None:
-            self.bmc.client.drop_session()
+        if self.bmc is not None and not self.bmc.client.busy:
+            # log out of the BMC (blocking: in the pool, bounded); a hung call is left alone
+            with contextlib.suppress(Exception):
+                await self.blocking.call(3.0, self.bmc.client.close)
         self.blocking.shutdown()
         event(log, logging.INFO, "noded stopped", node=self.node_name)
 
