@@ -758,7 +758,11 @@ class DeviceD:
 
     # ---------------------------------------------------------------- reporting
     def faults(self) -> list[Fault]:
-        """The chip and network faults to report (one per active code, plus held upgrade reasons)."""
+        """The chip and network faults to report (one per active code, plus held upgrade reasons).
+
+        ``device_id`` is the chip's **physical** id (the id rank tables and clusterd's job view use);
+        the logic id is in ``attributes["logic_id"]``.
+        """
         out = []
         now = self.engine.now()
         for logic, d in sorted(self.engine.devices.items()):
@@ -766,7 +770,7 @@ class DeviceD:
             for code, st in sorted(active.items()):
                 level, unknown = self.engine._code_level(code, st.severity)
                 attrs = {
-                    "phy_id": str(d.ids.phy),
+                    "logic_id": str(logic),
                     "plane": "network" if code in NETWORK_CODES_ALL else "chip",
                     "base_level": level.name,
                 }
@@ -782,7 +786,7 @@ class DeviceD:
                         source=SOURCE,
                         node=self.node_name,
                         device_type="NPU",
-                        device_id=logic,
+                        device_id=d.ids.phy,
                         code=self.engine.table.spelling(code),
                         level=self.engine.code_level(d, code).name,
                         assertion="once" if st.once else "occur",
@@ -791,22 +795,24 @@ class DeviceD:
                         attributes=attrs,
                     )
                 )
-            for (code, kind), r in sorted(d.reasons.items()):
-                if code in active:
-                    continue
+            held: dict[int, list[UpgradeReason]] = {}
+            for (code, _kind), r in sorted(d.reasons.items()):
+                if code not in active:
+                    held.setdefault(code, []).append(r)
+            for code, rs in held.items():
                 out.append(
                     Fault(
                         source=SOURCE,
                         node=self.node_name,
                         device_type="NPU",
-                        device_id=logic,
+                        device_id=d.ids.phy,
                         code=self.engine.table.spelling(code) if code else HOT_RESET_FAILED,
-                        level=max(rr.level for (c, _), rr in d.reasons.items() if c == code).name,
-                        first_seen_ms=r.time_ms,
+                        level=max(r.level for r in rs).name,
+                        first_seen_ms=min(r.time_ms for r in rs),
                         last_seen_ms=now,
                         attributes={
-                            "phy_id": str(d.ids.phy),
-                            "upgrade": kind,
+                            "logic_id": str(logic),
+                            "upgrade": ",".join(sorted(r.kind for r in rs)),
                             "recovered": "true",
                             "plane": "network" if code in NETWORK_CODES_ALL else "chip",
                         },

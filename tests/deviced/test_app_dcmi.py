@@ -27,6 +27,7 @@ class Ctl:
         s = lib.symbol
         i, u, cp = ctypes.c_int, ctypes.c_uint, ctypes.c_char_p
         self.reset = s("dcmitest_reset", None, i, i)
+        self.set_phy = s("dcmitest_set_phy", i, i, i)
         self._set_codes = s("dcmitest_set_codes", i, i, ctypes.POINTER(u), i)
         self.set_rc = s("dcmitest_set_rc", i, cp, i, i)
         self.set_hang = s("dcmitest_set_hang", i, cp, i)
@@ -102,6 +103,7 @@ def fault_codes(app, source="dcmi"):
 @pytest.fixture
 async def running(native_libs, tmp_path, ctl, request):
     extra = getattr(request, "param", ())
+    ctl.set_phy(5, 13)  # logic 5 is physical chip 13: faults are reported by physical id
     app = make_app(native_libs, tmp_path, *extra)
     await app.start()
     await until(lambda: app.cycles >= 1, what="first cycle")
@@ -113,12 +115,14 @@ async def test_callback_from_c_thread_reaches_agent_state(running, ctl):
     app = running
     assert app.subscribed
     assert ctl.fire(5, 0x80E18008, 1, 2, 1, 0) == 0  # logic 5 = card 1 device 1, from a C thread
-    await until(lambda: (5, "80E18008") in fault_codes(app), what="occur")
-    assert fault_codes(app)[(5, "80E18008")] == "RestartNPU"
-    dev = app.state.devices[("NPU", 5)]
-    assert (dev.health, dev.level, dev.phy_id) == ("UnHealthy", "RestartNPU", 5)
+    await until(lambda: (13, "80E18008") in fault_codes(app), what="occur")
+    assert fault_codes(app)[(13, "80E18008")] == "RestartNPU"
+    f = next(f for f in app.state.faults.values() if f.code == "80E18008")
+    assert f.attributes["logic_id"] == "5"
+    dev = app.state.devices[("NPU", 5)]  # DeviceState: logic id + phy id
+    assert (dev.health, dev.level, dev.phy_id) == ("UnHealthy", "RestartNPU", 13)
     assert ctl.fire(5, 0x80E18008, 0, 2, 1, 0) == 0
-    await until(lambda: (5, "80E18008") not in fault_codes(app), what="recover")
+    await until(lambda: (13, "80E18008") not in fault_codes(app), what="recover")
     assert app.state.devices[("NPU", 5)].health == "Healthy"
     assert app.callbacks == 2 and app.callback_drops == 0
 
@@ -171,7 +175,8 @@ async def test_burst_of_100k_callbacks_is_bounded_and_state_converges(running, c
     def converged():
         want = set()
         for logic in range(8):
-            want |= {(logic, f"{c:08X}") for c in ctl.live_codes(logic // 4, logic % 4)}
+            phy = app.engine.devices[logic].ids.phy
+            want |= {(phy, f"{c:08X}") for c in ctl.live_codes(logic // 4, logic % 4)}
         active = {
             (k.device_id, k.code)
             for k, f in app.state.faults.items()
