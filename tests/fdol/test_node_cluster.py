@@ -359,3 +359,13 @@ def test_tracker_initial_phase_is_bounded():
     assert kinds(t.on_round(NOT, baseline_ready=False)) == []
     assert kinds(t.on_round(NOT, baseline_ready=False)) == []
     assert kinds(t.on_round(NOT, baseline_ready=False)) == ["heavy_off"]
+
+
+def test_tracker_keeps_profiling_on_while_a_straggler_is_suspected():
+    t = DegradationTracker(CONF, suspect_max_rounds=3)
+    t.on_round(NOT)
+    sus = {"isSlow": 0, "suspectRanks": [2]}
+    assert kinds(t.on_round(slow())) == ["heavy_on"]
+    assert kinds(t.on_round(sus)) == [] and t.heavy and t.heavy_reason == "suspect"  # no flapping
+    assert kinds(t.on_round(slow())) == [] and t.slow_rounds == 1  # consecutive count restarted
+    assert kinds(t.on_round(NOT)) == ["heavy_off"]

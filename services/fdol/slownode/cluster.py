@@ -196,8 +196,10 @@ class DegradationTracker:
       clean round, so a straggler flapped between fault and recovery);
     - *initial phase bounded*: communication profiling of the initial phase goes off once every node
       has its baselines, or after ``initial_max_rounds`` rounds (a node that never gets TP data);
-    - *suspects*: rounds with ``suspectRanks`` switch communication profiling on to localize (at most
-      ``suspect_max_rounds`` rounds, then a cooldown of ``suspect_cooldown_rounds``).
+    - *suspects*: rounds with ``suspectRanks`` switch communication profiling on, or keep it on after
+      slow rounds, to localize (at most ``suspect_max_rounds`` rounds, then a cooldown of
+      ``suspect_cooldown_rounds``); the reference switched it off on the first round that was not
+      slow, so a straggler near the thresholds made profiling flap and never got 5 rounds of data.
     """
 
     def __init__(
@@ -279,7 +281,10 @@ class DegradationTracker:
                     self._initial_rounds += 1
                     if baseline_ready or self._initial_rounds >= self.initial_max_rounds:
                         self._heavy(False, "", out)
-                elif self.heavy_reason == "suspect" and suspects:
+                elif suspects:  # a straggler is still suspected: keep localizing (bounded)
+                    if self.heavy_reason != "suspect":
+                        self.heavy_reason = "suspect"
+                        self._suspect_rounds = 0
                     self._suspect_rounds += 1
                     if self._suspect_rounds >= self.suspect_max_rounds:
                         self._cooldown = self.suspect_cooldown_rounds

@@ -21,9 +21,9 @@ What it does, per TP group (ranks of this node, >= 2), over a window of the last
   (``compute ratio / baseline ratio > 1 + (computeRatio - 1) / 2``);
 - r is *flagged* when compute ratio > ``computeRatio`` (1.10), the baseline condition holds and
   wait ratio > ``waitRatio`` (3); both ratios need at least half a window of samples per member;
-- r is a *suspect* when its compute ratio is over the threshold but the window holds too few TP
-  collective samples (communication profiling is off): the cluster then switches communication
-  profiling on to decide.
+- r is a *suspect* when its compute conditions hold but the wait condition does not (or the window
+  holds too few TP collective samples because communication profiling is off): the cluster then
+  keeps or switches communication profiling on to decide.
 
 Measured on the real 4-rank CPU job (torch-real-input.md §4b): the rule flagged the slow rank in
 5/5 30-step windows and 9/10 15-step windows with 0 clean windows flagged; natural stragglers on a
@@ -114,10 +114,10 @@ class PatternDetector:
                     if cr / br <= rel:
                         continue
                 if cr > self.compute_ratio:
-                    if wr is None:
-                        res.suspects.append(r)
-                    elif wr > self.wait_ratio:
+                    if wr is not None and wr > self.wait_ratio:
                         res.flagged.append(r)
+                    else:
+                        res.suspects.append(r)
         res.flagged.sort()
         res.suspects.sort()
         return res
