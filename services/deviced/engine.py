@@ -3,7 +3,8 @@
 Everything is driven by an injected clock (``clock() -> ms``) so tests can walk hours in microseconds.
 Sources: reference deviced.md §1.1 (callback handling, 1 s recover delay, mend rules, card drop),
 §2 (network codes, 20 s / 60 s link-down rule), §3 (levels, precedence, Health / NetworkHealth),
-§4.2 (frequency), §4.3 (duration). faultmesh differences (design.md): the gateway probe feeds the
+§4.2 (frequency), §4.3 (duration, incl. the HBM/AIC pairing when 80E01801 has a duration rule).
+faultmesh differences (design.md): the gateway probe feeds the
 20 s rule through the synthetic network code ``GATEWAY_PROBE``; unknown codes are kept, marked
 ``unknown`` and counted; each code's own level is the max of its table level and its own escalations.
 
@@ -43,6 +44,9 @@ RECOVER, OCCUR, ONCE = 0, 1, 2
 ASSERTION_NAMES = {RECOVER: "recover", OCCUR: "occur", ONCE: "once"}
 RECOVER_DELAY_MS = 1_000  # §1.1: the driver's error list lags the recover event
 SUBSCRIBE_TO_POLL_MS = 5 * 60_000  # §1.1: unhealthy for more than 5 min -> mend by polling
+HBM_DOUBLE_BIT = 0x80E01801
+AIC_BUS_CODES = frozenset({0x80C98009, 0x80CB8009})
+HBM_PAIR_WINDOW_MS = 5_000  # §4.3: AIC/AIV bus faults within ±5 s of an HBM double-bit fault
 MAX_CODES_PER_DEVICE = 512  # active codes kept per chip (the driver lists at most 128)
 MAX_EVENT_MEMORY = 2048  # per-chip last-event entries before inactive codes are forgotten
 
@@ -122,6 +126,7 @@ class Device:
     health: str = "Healthy"
     network_health: str = "Healthy"
     resetting: bool = False
+    hbm_times: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=64))
     last_event_ms: dict[int, tuple[int, float, int]] = field(
         default_factory=dict
     )  # code -> (time, seq) last applied
@@ -234,6 +239,11 @@ class FaultEngine:
         due = ev.time_ms + (
             self.recover_delay_ms if ev.assertion == RECOVER and ev.origin == "callback" else 0
         )
+        if self.custom.duration_rule(HBM_DOUBLE_BIT) is not None:  # §4.3 HBM/AIC pairing
+            if ev.code == HBM_DOUBLE_BIT and ev.assertion != RECOVER:
+                d.hbm_times.append(ev.time_ms)
+            elif ev.code in AIC_BUS_CODES and ev.assertion != RECOVER:
+                due = max(due, ev.time_ms + HBM_PAIR_WINDOW_MS)  # held back, decided when due
         self._seq += 1
         self._uid += 1
         bisect.insort(self._pending, (due, self._seq if order is None else order, self._uid, ev))
@@ -338,6 +348,14 @@ class FaultEngine:
             if d is None:
                 continue
             changed.add(ev.logic)
+            if (
+                ev.code in AIC_BUS_CODES
+                and ev.assertion != RECOVER
+                and self.custom.duration_rule(HBM_DOUBLE_BIT) is not None
+                and any(abs(t - ev.time_ms) <= HBM_PAIR_WINDOW_MS for t in d.hbm_times)
+            ):
+                self.stats["aic_fault_paired_with_hbm"] += 1  # a consequence of the HBM fault: discarded
+                continue
             last = d.last_event_ms.get(ev.code)
             if last is not None and order < last:
                 self.stats["stale_event"] += 1  # an older event arriving late (e.g. a delayed recover)

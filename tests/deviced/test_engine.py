@@ -361,3 +361,31 @@ def test_once_link_notice_does_not_escalate(eng, clock):
     eng.cycle()
     step(eng, clock, 30 * S)
     assert eng.devices[3].network_health == "Healthy" and not eng.devices[3].reasons
+
+
+def test_aic_bus_fault_paired_with_hbm_fault_is_discarded(clock):
+    custom = Customization.from_obj(
+        {"FaultDuration": [{"EventId": ["80E01801"], "FaultTimeout": 30, "RecoverTimeout": 60,
+                            "FaultHandling": "SeparateNPU"}]}
+    )  # fmt: skip
+    e = FaultEngine(FaultCodeTable.load(), custom, clock=clock)
+    e.set_devices([DeviceIds(0, 0, 0, 0), DeviceIds(1, 1, 0, 1)])
+    t = clock()
+    e.submit(DeviceEvent(0, 0x80C98009, OCCUR, 2, t))  # AIC bus fault, held 5 s
+    e.submit(DeviceEvent(0, 0x80E01801, OCCUR, 2, t + 3 * S))  # HBM fault 3 s later: they pair
+    e.submit(DeviceEvent(1, 0x80CB8009, OCCUR, 2, t))  # no HBM fault on chip 1: released after 5 s
+    clock.advance(3 * S)
+    e.cycle()
+    assert 0x80C98009 not in e.devices[0].chip and 0x80CB8009 not in e.devices[1].chip
+    assert 0x80E01801 in e.devices[0].chip
+    clock.advance(2 * S + 1)
+    e.cycle()
+    assert 0x80C98009 not in e.devices[0].chip
+    assert 0x80CB8009 in e.devices[1].chip
+    assert e.stats["aic_fault_paired_with_hbm"] == 1
+
+
+def test_aic_bus_fault_not_held_without_hbm_duration_rule(eng):
+    ev(eng, 0, 0x80C98009, OCCUR)
+    eng.cycle()
+    assert 0x80C98009 in eng.devices[0].chip
