@@ -78,12 +78,19 @@ def test_sim_faults_reach_clusterd_and_resync(tmp_path):
         str(BIN / "clusterd"), "--grpc-addr", f"127.0.0.1:{grpc_port}", "--http-addr", f"127.0.0.1:{http_port}",
         "--state-dir", str(tmp_path / "state"),
     ]  # fmt: skip
+    custom = tmp_path / "faultCustomization.json"  # the link-down rule with a 3 s FaultTimeout
+    custom.write_text(
+        json.dumps(
+            {"FaultDuration": [{"EventId": ["81078603"], "FaultTimeout": 3, "RecoverTimeout": 60,
+                                "FaultHandling": "PreSeparateNPU"}]}
+        )
+    )  # fmt: skip
     cd = start(clusterd_cmd, tmp_path / "clusterd.log")
     dv = start(
         [
             str(BIN / "deviced"), "--node-name", "node-7", "--clusterd", f"127.0.0.1:{grpc_port}",
             "--backend", "sim", "--sim-control-addr", f"127.0.0.1:{sim_port}", "--http-addr", "127.0.0.1:0",
-            "--list-watch-period", "3",
+            "--list-watch-period", "3", "--fault-customization-file", str(custom),
         ],
         tmp_path / "deviced.log",
     )  # fmt: skip
@@ -115,7 +122,12 @@ def test_sim_faults_reach_clusterd_and_resync(tmp_path):
         )
         assert got[(3, "80E18008")]["level"] == "RestartNPU"
         assert got[(3, "80E18008")]["source"] == "dcmi" and got[(3, "80E18008")]["device_type"] == "NPU"
-        assert got[(5, "81078603")]["level"] == "NotHandleFault"  # < 20 s link down
+        assert got[(5, "81078603")]["level"] == "NotHandleFault"  # before FaultTimeout
+        esc = wait_for(
+            lambda: (f := faults().get((5, "81078603"))) and f["level"] == "PreSeparateNPU" and f,
+            what="link-down escalation in clusterd",
+        )
+        assert esc["attributes"]["upgrade"] == "FaultDuration"
 
         # clusterd restarts: deviced's snapshot on reconnect restores the node's faults
         stop(cd)
