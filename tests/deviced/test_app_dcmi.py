@@ -11,7 +11,7 @@ import time
 
 import aiohttp
 import pytest
-from conftest import free_port
+from support import free_port
 
 from deviced.app import DeviceD, build_parser
 from deviced.backends import DcmiBackend

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import free_port
+from support import free_port
 
 from deviced import deviceinfo
 from deviced.app import DeviceD, build_parser

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from conftest import free_port
+from support import free_port
 
 from deviced.app import DeviceD, build_parser
 from deviced.backends import SimBackend, hccn_link_up

@@ -7,7 +7,7 @@ import asyncio
 import json
 
 import aiohttp
-from conftest import free_port
+from support import free_port
 
 from deviced.app import DeviceD, build_parser
 from deviced.backends import SimBackend
