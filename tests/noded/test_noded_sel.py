@@ -95,14 +95,18 @@ def test_cursor_reads_each_event_once_and_detects_clear():
     assert [r.record_id for r in recs] == [1, 2] and not cleared
     reads = bmc.entry_reads
     recs, cur, _ = sel.read_new_records(bmc.raw, cur)
-    assert recs == [] and bmc.entry_reads == reads  # nothing added: only Get SEL Info
+    assert recs == [] and bmc.entry_reads == reads + 1  # nothing added: SEL info + the cursor's record
+    bmc.add_ts -= 1  # a BMC with a 1 s clock: the next event gets the same "last add" time
+    bmc.add(ev(0x0C, 1, 1, deassert=True))
+    recs, cur, _ = sel.read_new_records(bmc.raw, cur)
+    assert [r.deassert for r in recs] == [True]
     bmc.add(ev(0x08, 2, 1))
     recs, cur, _ = sel.read_new_records(bmc.raw, cur)
-    assert [r.record_id for r in recs] == [3]
+    assert [r.record_id for r in recs] == [4]
     bmc.clear()
     bmc.add(ev(0x0D, 4, 1))
     recs, cur, cleared = sel.read_new_records(bmc.raw, cur)
-    assert cleared and [r.record_id for r in recs] == [4]
+    assert cleared and [r.record_id for r in recs] == [5]
 
 
 def test_cursor_record_gone_without_erase_time_means_cleared():

@@ -191,9 +191,10 @@ def read_new_records(raw: Raw, cursor: SelCursor) -> tuple[list[SelRecord], SelC
     if cursor.last_id is not None:
         if cursor.erase_ts is not None and info.erase_ts != cursor.erase_ts:
             cleared = True
-        elif cursor.add_ts is not None and info.add_ts == cursor.add_ts:
-            return [], SelCursor(cursor.last_id, info.erase_ts, info.add_ts), False
         else:
+            # Re-read the cursor's record for its next-record id. (The "most recent addition" time
+            # alone cannot say "nothing new": it has a 1 s resolution, two events in one second
+            # share it.)
             try:
                 nxt, _ = _get_entry(raw, cursor.last_id)
             except Exception as e:
