@@ -90,35 +90,44 @@ async def connect_agents(addr: str, n: int, faulty_every: int) -> tuple[list, li
         for _ in range((n + per_channel - 1) // per_channel + n // faulty_every // per_channel + 1)
     ]
     calls = []
+    retries = [0]
     t0 = time.perf_counter()
     sem = asyncio.Semaphore(512)
 
     async def agent(i: int, kind: str, ch) -> None:
         node = f"node-{i:05d}"
-        async with sem:
-            call = agent_pb2_grpc.AgentStreamStub(ch).Connect()
-            await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=node, agent=kind)))
-            if kind == "deviced":
-                snap = snapshot(node, i % faulty_every == 0)
-            else:
-                snap = agent_pb2.Snapshot(
-                    seq=1,
-                    node_status="UnHealthy",
-                    faults=[
-                        agent_pb2.Fault(
-                            source="bmc-oem",
-                            node=node,
-                            device_type="Disk",
-                            device_id=1,
-                            code="2C000031",
-                            level="SeparateFault",
+        for attempt in range(5):  # an overloaded machine may fail a stream: reconnect, as agents do
+            async with sem:
+                call = agent_pb2_grpc.AgentStreamStub(ch).Connect()
+                try:
+                    await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=node, agent=kind)))
+                    if kind == "deviced":
+                        snap = snapshot(node, i % faulty_every == 0)
+                    else:
+                        snap = agent_pb2.Snapshot(
+                            seq=1,
+                            node_status="UnHealthy",
+                            faults=[
+                                agent_pb2.Fault(
+                                    source="bmc-oem",
+                                    node=node,
+                                    device_type="Disk",
+                                    device_id=1,
+                                    code="2C000031",
+                                    level="SeparateFault",
+                                )
+                            ],
                         )
-                    ],
-                )
-            await call.write(agent_pb2.AgentMessage(snapshot=snap))
-            msg = await call.read()
-            assert msg.ack.seq == 1 and not msg.ack.error, msg
-            calls.append(call)
+                    await call.write(agent_pb2.AgentMessage(snapshot=snap))
+                    msg = await call.read()
+                    assert msg.ack.seq == 1 and not msg.ack.error, msg
+                    calls.append(call)
+                    return
+                except grpc.aio.AioRpcError:
+                    call.cancel()
+                    retries[0] += 1
+            await asyncio.sleep(0.5 * (attempt + 1))
+        raise RuntimeError(f"agent {node}/{kind} could not connect")
 
     jobs = [agent(i, "deviced", channels[i // per_channel]) for i in range(n)]
     base = (n + per_channel - 1) // per_channel
@@ -126,6 +135,8 @@ async def connect_agents(addr: str, n: int, faulty_every: int) -> tuple[list, li
         agent(i, "noded", channels[base + k // per_channel]) for k, i in enumerate(range(0, n, faulty_every))
     ]
     await asyncio.gather(*jobs)
+    if retries[0]:
+        print(f"  ({retries[0]} agent streams had to reconnect)", flush=True)
     return channels, calls, time.perf_counter() - t0
 
 

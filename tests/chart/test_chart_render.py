@@ -171,7 +171,7 @@ def test_rbac_is_limited_to_kubernetes_mode(chart):
 
 
 @pytest.mark.parametrize(
-    ("scale", "cpu", "memory"), [("1k", "500m", "512Mi"), ("4k", "1", "1Gi"), ("16k", "2", "3Gi")]
+    ("scale", "cpu", "memory"), [("1k", "100m", "256Mi"), ("4k", "250m", "512Mi"), ("16k", "500m", "1536Mi")]
 )
 def test_clusterd_sizing_presets(chart, scale, cpu, memory):
     c = _container(

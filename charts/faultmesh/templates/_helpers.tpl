@@ -60,12 +60,14 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (printf "%s-bmc" (include "faultmesh.fullname" .)) .Values.noded.bmc.existingSecret -}}
 {{- end -}}
 
-{{/* clusterd requests/limits per cluster size (see docs/deploy.md "Sizing"). */}}
+{{/* clusterd requests/limits per cluster size. Measured by bench/clusterd_scale.py (clusterd RSS
+with every node connected and cluster-info published: 1k 169 MiB, 4k 337 MiB, 16k 1007 MiB; steady
+CPU under 0.05 cores): requests = 1.5x RSS, limits = 3x; see docs/deploy.md "Sizing clusterd". */}}
 {{- define "faultmesh.clusterdResources" -}}
 {{- $presets := dict
-  "1k" (dict "requests" (dict "cpu" "500m" "memory" "512Mi") "limits" (dict "cpu" "2" "memory" "1Gi"))
-  "4k" (dict "requests" (dict "cpu" "1" "memory" "1Gi") "limits" (dict "cpu" "4" "memory" "2Gi"))
-  "16k" (dict "requests" (dict "cpu" "2" "memory" "3Gi") "limits" (dict "cpu" "8" "memory" "6Gi")) -}}
+  "1k" (dict "requests" (dict "cpu" "100m" "memory" "256Mi") "limits" (dict "cpu" "1" "memory" "512Mi"))
+  "4k" (dict "requests" (dict "cpu" "250m" "memory" "512Mi") "limits" (dict "cpu" "2" "memory" "1Gi"))
+  "16k" (dict "requests" (dict "cpu" "500m" "memory" "1536Mi") "limits" (dict "cpu" "4" "memory" "3Gi")) -}}
 {{- if eq .Values.clusterd.scale "custom" -}}
 {{- toYaml .Values.clusterd.resources -}}
 {{- else -}}
