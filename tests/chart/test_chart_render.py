@@ -356,6 +356,11 @@ def test_rendered_command_lines_parse_with_the_daemons_parsers(chart, values_nam
         assert parsed["clusterd"].token_file == "/etc/faultmesh/token/token"
         assert parsed["deviced"].fault_code_file == "/etc/faultmesh/fault-tables/faultCode.json"
         assert (
+            parsed["deviced"].dcmi_lib
+            == parsed["noded"].pingmesh_dcmi_lib
+            == ("/usr/local/Ascend/driver/lib64/driver/libdcmi.so")
+        )
+        assert (
             parsed["clusterd"].public_fault_config
             == "/etc/faultmesh/fault-tables/publicFaultConfiguration.json"
         )
@@ -363,6 +368,7 @@ def test_rendered_command_lines_parse_with_the_daemons_parsers(chart, values_nam
         assert parsed["clusterd"].kube and parsed["clusterd"].kube_publicfault_namespace == NAMESPACE
     if values_name == "default":
         assert parsed["noded"].pingmesh_config_file == parsed["clusterd"].slownet_config
+        assert parsed["deviced"].dcmi_lib is None  # deviced searches the driver's library folders
         assert parsed["clusterd"].kube is True
 
 
