@@ -557,3 +557,54 @@ async def test_missing_cluster_config_fails_start_with_a_clear_error(tmp_path):
             await cd.start()
     finally:
         await cd.stop()
+
+
+async def test_restart_does_not_rewrite_unchanged_cluster_info(k8s, tmp_path):
+    emu, api = k8s
+    for n in ("node-1", "node-2"):
+        await api.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}})
+    args = ("--kube", "--kube-api", api.url, "--kube-min-write-s", "0.02", "--kube-timeout-s", "2")
+    cd = await make_clusterd(tmp_path, *args)
+    try:
+        await cd.center.upsert(
+            Fault("deviced", "node-1", "NPU", 1, "80E18008", "RestartNPU"), origin="deviced"
+        )
+        await cd.center.upsert(
+            Fault("noded", "node-2", "CPU", 0, "00000001", "SeparateFault"), origin="noded"
+        )
+        first = await until(lambda: published(api, "cluster-info-node-cm"), what="first publication")
+        dev = await until(lambda: published(api, "cluster-info-device-0"), what="device shard")
+    finally:
+        await cd.stop()
+    await asyncio.sleep(1.1)  # a rewrite would now carry a newer UpdateTime
+    cd2 = await make_clusterd(tmp_path, *args)  # same state dir: the faults come back from SQLite
+    try:
+        comp = kube(cd2)
+        await until(lambda: comp._written and not comp._dirty.is_set(), what="second clusterd settled")
+        await asyncio.sleep(0.5)
+        ok = cd2.registry.get_sample_value(
+            "faultmesh_kube_writes_total", {"kind": "configmap", "result": "ok"}
+        )
+        assert not ok, f"{ok} ConfigMaps rewritten although nothing changed"
+        assert await published(api, "cluster-info-node-cm") == first
+        assert await published(api, "cluster-info-device-0") == dev
+    finally:
+        await cd2.stop()
+
+
+def test_switch_entry_keeps_reference_switch_info_and_adds_own_faults():
+    from clusterd.kube import formats
+
+    base = {
+        "FaultCode": ['{"EventType":1}'],
+        "FaultLevel": "SubHealthFault",
+        "NodeStatus": "SubHealthy",
+        "FaultTimeAndLevelMap": {"x_1_2": {"fault_time": 5, "fault_level": "SubHealthFault"}},
+    }
+    own = Fault("deviced", "n", "Switch", 3, "[0x08520003,na,L2,na]", "SeparateNPU", first_seen_ms=7)
+    e = formats.build_switch_entry("n", [own], base)
+    assert e["CmName"] == "mindx-dl-switchinfo-n"
+    assert e["FaultCode"] == ['{"EventType":1}', "[0x08520003,na,L2,na]"]
+    assert e["FaultLevel"] == "SeparateNPU" and e["NodeStatus"] == "UnHealthy"
+    assert set(e["FaultTimeAndLevelMap"]) == {"x_1_2", "[0x08520003,na,L2,na]_3"}
+    assert formats.build_switch_entry("n", [], base)["NodeStatus"] == "SubHealthy"
