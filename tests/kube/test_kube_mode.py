@@ -511,7 +511,12 @@ async def test_jobs_are_discovered_from_pods(k8s, kcd):
     ]
     for p in pods:
         await api._call("create pod", api.core.create_namespaced_pod, "train", p)
-    job = await until(lambda: kcd.jobs.get("uid-job-1"), what="job from pods")
+
+    def full_job():
+        job = kcd.jobs.get("uid-job-1")
+        return job if job is not None and len(job.ranks) == 4 else None
+
+    job = await until(full_job, what="job with both pods")
     assert (job.namespace, job.name, job.status) == ("train", "llama", "running")
     assert [(r.rank, r.node, r.device_id) for r in job.ranks] == [
         (0, "node-1", 0),

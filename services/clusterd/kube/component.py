@@ -60,6 +60,13 @@ ANNOTATE_CONCURRENCY = 8  # node patches in flight
 MANAGED_BY = ("app.kubernetes.io/managed-by", "faultmesh-clusterd")
 
 
+def _shard_order(name: str) -> tuple[str, int]:
+    """``cluster-info-device-10`` after ``-9``: shards are written in numeric order, so a node moving
+    to an earlier shard is never missing in between (it may briefly appear twice)."""
+    prefix, _, tail = name.rpartition("-")
+    return (prefix, int(tail)) if tail.isdigit() else (name, -1)
+
+
 def _labels(obj: dict) -> dict:
     return (obj.get("metadata") or {}).get("labels") or {}
 
@@ -683,7 +690,7 @@ class KubeComponent:
         await self.refresh(full=full)
         desired = self.desired()
         n = 0
-        for name in sorted(desired):
+        for name in sorted(desired, key=_shard_order):
             if self._written.get(name) == desired[name]:
                 continue
             try:
