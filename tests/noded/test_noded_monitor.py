@@ -204,7 +204,7 @@ async def test_wrong_password_is_unreachable_with_reason(bmc_sim):
     try:
         assert await mon.poll_once() is False
         cond = mon.state.conditions[COND_UNREACHABLE]
-        assert cond.active and cond.reason == "AuthFailed"
+        assert cond.active and cond.reason == "AuthFailed", mon.last_error
         assert "wrong" not in cond.message
         assert metric(mon, "noded_bmc_errors_total", kind="auth") == 1
     finally:

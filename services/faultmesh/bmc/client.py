@@ -16,7 +16,6 @@ The password is held only as bytes in this object; it never appears in messages 
 
 from __future__ import annotations
 
-import struct
 import threading
 from typing import NamedTuple
 
@@ -131,24 +130,38 @@ class BmcClient:
     # -- session -----------------------------------------------------------------------------
     def _command(self):
         if self._cmd is None:
-            import pyghmi.exceptions as pexc
-            import pyghmi.ipmi.command as ipmicommand
-
             install_pyghmi_wakeup_fix()
             try:
-                self._cmd = ipmicommand.Command(
-                    bmc=self.host, userid=self._user, password=self._password, port=self.port
-                )
-            except pexc.IpmiException as e:
-                text = str(e)
-                if "password" in text.lower() or "unauthorized" in text.lower():
-                    raise BmcAuthError(f"login to {self.host}:{self.port} rejected: {text}") from None
-                raise BmcUnreachable(
-                    f"login to {self.host}:{self.port} failed: {text or 'no answer'}"
-                ) from None
-            except OSError as e:
-                raise BmcUnreachable(f"login to {self.host}:{self.port} failed: {e}") from None
+                self._cmd = self._login()
+            except (BmcError, OSError):
+                raise
+            except Exception:
+                # pyghmi 1.6.19 sometimes fails a login with an internal error (seen: AttributeError
+                # "'Session' object has no attribute 'errormsg'" for a wrong password); one retry
+                # gives the real outcome
+                try:
+                    self._cmd = self._login()
+                except (BmcError, OSError):
+                    raise
+                except Exception as e:
+                    raise BmcUnreachable(f"login to {self.host}:{self.port} failed: {e!r}") from None
         return self._cmd
+
+    def _login(self):
+        import pyghmi.exceptions as pexc
+        import pyghmi.ipmi.command as ipmicommand
+
+        try:
+            return ipmicommand.Command(
+                bmc=self.host, userid=self._user, password=self._password, port=self.port
+            )
+        except pexc.IpmiException as e:
+            text = str(e)
+            if "password" in text.lower() or "unauthorized" in text.lower():
+                raise BmcAuthError(f"login to {self.host}:{self.port} rejected: {text}") from None
+            raise BmcUnreachable(f"login to {self.host}:{self.port} failed: {text or 'no answer'}") from None
+        except OSError as e:
+            raise BmcUnreachable(f"login to {self.host}:{self.port} failed: {e}") from None
 
     def drop_session(self) -> None:
         """Forget the session (log out best-effort) so the next call logs in again."""
@@ -194,7 +207,7 @@ class BmcClient:
         except pexc.IpmiException as e:
             self.drop_session()
             raise BmcUnreachable(f"{self.host}:{self.port}: {e or 'no answer'}") from None
-        except (OSError, struct.error, TypeError) as e:
+        except Exception as e:  # pyghmi internals (struct.error, TypeError, ...): the session is unusable
             self.drop_session()
             raise BmcUnreachable(f"{self.host}:{self.port}: {e!r}") from None
         if rsp is None:
