@@ -351,7 +351,7 @@ def test_rendered_command_lines_parse_with_the_daemons_parsers(chart, values_nam
     if values_name == "full.yaml":
         assert parsed["noded"].bmc_host == "node-1-bmc.mgmt.example.com"
         assert parsed["noded"].token_file == parsed["deviced"].token_file == "/etc/faultmesh/token/token"
-        assert parsed["noded"].tls_ca == "/etc/faultmesh/tls/ca.crt"
+        assert parsed["noded"].tls_ca == parsed["deviced"].tls_ca == "/etc/faultmesh/tls/ca.crt"
         assert parsed["clusterd"].tls_cert == "/etc/faultmesh/tls/tls.crt"
         assert parsed["clusterd"].token_file == "/etc/faultmesh/token/token"
         assert parsed["deviced"].fault_code_file == "/etc/faultmesh/fault-tables/faultCode.json"

@@ -143,10 +143,10 @@ def test_device_entry_merges_faults_per_npu_and_marks_unhealthy():
         {"device_id": i, "phy_id": i + 8, "health": "Healthy", "network_health": "Healthy"} for i in range(4)
     ]
     devices[3]["network_health"] = "UnHealthy"
-    faults = [
-        _f("n", 1, "80E18008", "RestartNPU"),
-        _f("n", 1, "80C98009", "NotHandleFault"),
-        _f("n", 2, "80818C05", "SubHealthFault"),
+    faults = [  # device_id = physical id (logic 1 -> phy 9, logic 2 -> phy 10)
+        _f("n", 9, "80E18008", "RestartNPU"),
+        _f("n", 9, "80C98009", "NotHandleFault"),
+        _f("n", 10, "80818C05", "SubHealthFault"),
     ]
     e = formats.build_device_entry("n", "Ascend910", faults, devices)
     dl = e["DeviceList"]

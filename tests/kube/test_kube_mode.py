@@ -384,9 +384,14 @@ async def test_api_errors_500_and_409_are_retried_with_backoff(k8s, kcd):
         "faultmesh_kube_writes_total", {"kind": "configmap", "result": "error"}
     )
     assert errors and errors >= 1
-    assert kcd.registry.get_sample_value(
-        "faultmesh_kube_api_errors_total", {"op": "patch configmap", "status": "500"}
-    )
+    samples = {
+        tuple(sorted(s.labels.items())): s.value
+        for m in kcd.registry.collect()
+        if m.name == "faultmesh_kube_api_errors"
+        for s in m.samples
+        if s.name.endswith("_total")
+    }
+    assert sum(v for k, v in samples.items() if ("status", "500") in k) >= 1, samples
 
 
 async def start_kcd(api, tmp_path):

@@ -315,20 +315,15 @@ def build_device_entry(
 ) -> dict:
     """One ``mindx-dl-deviceinfo-<node>`` entry of ``cluster-info-device-*`` (UpdateTime left out).
 
-    ``faults``: the node's NPU faults from every source; ``devices``: the faultmesh agent's device
-    states (``device_id`` logic id, ``phy_id``, ``health``, ``network_health``); ``base``: a reference
+    ``faults``: the node's NPU faults from every source, ``device_id`` = the chip's physical id;
+    ``devices``: the faultmesh agent's device states (``device_id`` logic id, ``phy_id``, ``health``,
+    ``network_health``); names use the physical id (``Ascend910-<phy>``); ``base``: a reference
     device-info ConfigMap read for the node (its lists are kept and the Fault array rebuilt).
     """
     prefix = RESOURCE_PREFIX + type_name
-    phy_of = {int(d["device_id"]): int(d.get("phy_id", d["device_id"])) for d in devices or ()}
     by_dev: dict[int, list[Fault]] = {}
-    for f in faults:
-        dev = (
-            f.device_id
-            if f.source in (SOURCE_DEVICEINFO,) or f.source.startswith("public:")
-            else phy_of.get(f.device_id, f.device_id)
-        )
-        by_dev.setdefault(dev, []).append(f)
+    for f in faults:  # every source names NPUs by physical id (deviced since its phy-id change)
+        by_dev.setdefault(f.device_id, []).append(f)
     name = lambda i: f"{type_name}-{i}"  # noqa: E731
     unhealthy = {d for d, fs in by_dev.items() if any(f.level not in AVAILABLE_LEVELS for f in fs)}
     all_devs: set[int] = set()
