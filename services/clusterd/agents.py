@@ -76,6 +76,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         self._rejected = rejected
         self._ratelog = RateLimitedLog(log)
         self.authorize: Callable[[Any], bool] = lambda context: True
+        self._per_agent: dict[str, int] = {}  # agent kind -> live sessions
         self.connected_gauge = Gauge(
             "faultmesh_agents_connected", "Connected agent streams", ["agent"], registry=registry
         )
@@ -161,6 +162,8 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             old.closed = True
             with contextlib.suppress(asyncio.QueueFull):
                 old.queue.put_nowait(None)
+        if old is None:
+            self._per_agent[agent] = self._per_agent.get(agent, 0) + 1
         self.sessions[(h.node, agent)] = session
         info = self.known.setdefault(h.node, {"conditions": {}, "devices": {}})
         info.update(node_ip=h.node_ip, node_sn=h.node_sn, boot_id=h.boot_id)
@@ -193,11 +196,12 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             session.closed = True
             if self.sessions.get((session.node, session.agent)) is session:
                 del self.sessions[(session.node, session.agent)]
+                self._per_agent[session.agent] -= 1
                 event(log, logging.INFO, "agent disconnected", node=session.node, agent=session.agent)
             self._count(session.agent)
 
     def _count(self, agent: str) -> None:
-        self.connected_gauge.labels(agent).set(sum(1 for k in self.sessions if k[1] == agent))
+        self.connected_gauge.labels(agent).set(self._per_agent.get(agent, 0))
 
     async def _read_loop(self, session: AgentSession, request_iterator) -> None:
         try:

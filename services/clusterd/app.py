@@ -23,7 +23,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
 
 from clusterd.agents import AgentHub
-from clusterd.center import FaultCenter
+from clusterd.center import FaultCenter, NodeHealthCollector
 from clusterd.components import COMPONENTS
 from clusterd.grpcserver import SERVER_OPTIONS, RateLimitInterceptor, server_credentials
 from clusterd.http_api import setup_routes
@@ -96,6 +96,12 @@ class ClusterD:
         self.center = FaultCenter(self.store, self.registry)
         self.agents = AgentHub(self.center, self.registry, self.rejected)
         self.agents.authorize = self.authorized
+        self.registry.register(
+            NodeHealthCollector(
+                self.center,
+                lambda: {n: i.get("node_status", "") for n, i in self.agents.known.items()},
+            )
+        )
         self.tasks = runtime.TaskOwner("clusterd")
         self._ready = False
         self.http = HttpServer(

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from clusterd.store import Store
-from faultmesh.levels import HEALTHY, level_health, level_severity, worst_health
+from faultmesh.levels import HEALTHY, UNHEALTHY, level_health, level_severity, worst_health
 from faultmesh.log import event
 from faultmesh.model import Fault, FaultKey, now_ms
 
@@ -60,6 +60,9 @@ class FaultCenter:
         self._faults: dict[FaultKey, Fault] = {}
         self._origin: dict[FaultKey, str] = {}
         self._by_scope: dict[tuple[str, str], set[FaultKey]] = {}
+        self._by_node: dict[str, dict[FaultKey, Fault]] = {}  # node -> its faults
+        self._level_counts: dict[str, int] = {}
+        self._gauged_levels: set[str] = set()
         self._subs: list[Subscriber] = []
         self._queue: asyncio.Queue[_Op] = asyncio.Queue()
         self._max_batch = max_batch
@@ -197,15 +200,21 @@ class FaultCenter:
                     event(log, logging.ERROR, "fault subscriber failed", subscriber=repr(cb), error=repr(e))
 
     def _put(self, f: Fault, origin: str) -> None:
+        old = self._faults.get(f.key)
+        if old is not None:
+            self._index_drop(old)
         old_origin = self._origin.get(f.key)
         if old_origin is not None and old_origin != origin:
             self._by_scope.get((f.node, old_origin), set()).discard(f.key)
         self._faults[f.key] = f
         self._origin[f.key] = origin
         self._by_scope.setdefault((f.node, origin), set()).add(f.key)
+        self._index_add(f)
 
     def _drop(self, key: FaultKey) -> Fault | None:
         f = self._faults.pop(key, None)
+        if f is not None:
+            self._index_drop(f)
         origin = self._origin.pop(key, None)
         if origin is not None:
             scope = self._by_scope.get((key.node, origin))
@@ -215,13 +224,29 @@ class FaultCenter:
                     del self._by_scope[(key.node, origin)]
         return f
 
+    def _index_add(self, f: Fault) -> None:
+        self._level_counts[f.level] = self._level_counts.get(f.level, 0) + 1
+        node = self._by_node.setdefault(f.node, {})
+        node[f.key] = f
+
+    def _index_drop(self, f: Fault) -> None:
+        n = self._level_counts.get(f.level, 0) - 1
+        if n > 0:
+            self._level_counts[f.level] = n
+        else:
+            self._level_counts.pop(f.level, None)
+        node = self._by_node.get(f.node)
+        if node is not None:
+            node.pop(f.key, None)
+            if not node:
+                del self._by_node[f.node]
+
     def _update_gauges(self) -> None:
-        counts: dict[str, int] = {}
-        for f in self._faults.values():
-            counts[f.level] = counts.get(f.level, 0) + 1
-        self.active.clear()
-        for level, n in counts.items():
+        for level in list(self._gauged_levels - self._level_counts.keys()):
+            self.active.remove(level)
+        for level, n in self._level_counts.items():
             self.active.labels(level).set(n)
+        self._gauged_levels = set(self._level_counts)
 
     # -- reads -----------------------------------------------------------------------------------
     def faults(self, node: str | None = None) -> list[Fault]:
@@ -244,15 +269,54 @@ class FaultCenter:
 
     def node_names(self) -> set[str]:
         """Every node that has at least one active fault."""
-        return {k.node for k in self._faults}
+        return set(self._by_node)
 
     def node_health(self, node: str) -> tuple[str, str]:
         """(health, worst level) of ``node`` from its faults: Healthy / SubHealthy / UnHealthy."""
-        faults = [f for f in self._faults.values() if f.node == node]
+        faults = list(self._by_node.get(node, {}).values())
         if not faults:
             return HEALTHY, ""
         worst = max(faults, key=lambda f: level_severity(f.level)).level
         return worst_health(level_health(f.level) for f in faults), worst
+
+
+class NodeHealthCollector:
+    """Prometheus collector of per-node health, computed at scrape time from the fault center.
+
+    ``faultmesh_node_unhealthy{node}`` = 1 for every UnHealthy node (faults, or the node status an
+    agent reported); ``faultmesh_slow_node{node}`` = 1 while a slow-node fault (110001010) is active.
+    Series of healthy nodes are absent, so the cardinality follows the broken nodes only.
+    """
+
+    SLOW_NODE_CODE = "110001010"
+
+    def __init__(self, center: FaultCenter, node_status: Callable[[], dict[str, str]]) -> None:
+        self._center = center
+        self._node_status = node_status
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        unhealthy = GaugeMetricFamily(
+            "faultmesh_node_unhealthy",
+            "1 while the node is UnHealthy (series absent otherwise)",
+            labels=["node"],
+        )
+        slow = GaugeMetricFamily(
+            "faultmesh_slow_node",
+            "1 while a slow-node fault (110001010) is active on the node",
+            labels=["node"],
+        )
+        bad = {n for n, s in self._node_status().items() if s == UNHEALTHY}
+        for node in self._center.node_names():
+            if self._center.node_health(node)[0] == UNHEALTHY:
+                bad.add(node)
+            if any(f.code == self.SLOW_NODE_CODE for f in self._center.faults(node)):
+                slow.add_metric([node], 1)
+        for node in sorted(bad):
+            unhealthy.add_metric([node], 1)
+        yield unhealthy
+        yield slow
 
 
 def fault_dict(f: Fault) -> dict[str, Any]:

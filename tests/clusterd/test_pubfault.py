@@ -218,3 +218,13 @@ async def test_table_from_a_custom_file_and_reload(tmp_path):
             )
     finally:
         await cd.stop()
+
+
+async def test_node_health_gauges_follow_the_fault_center(cd, stub):
+    assert cd.registry.get_sample_value("faultmesh_node_unhealthy", {"node": "node-1"}) is None
+    assert await send(stub, request([fault(faultCode="220001001")])) == OK
+    assert cd.registry.get_sample_value("faultmesh_node_unhealthy", {"node": "node-1"}) == 1
+    assert cd.registry.get_sample_value("faultmesh_faults_active", {"level": "SeparateNPU"}) == 2
+    await cd.center.apply([], [f.key for f in cd.center.faults()], "public")
+    assert cd.registry.get_sample_value("faultmesh_node_unhealthy", {"node": "node-1"}) is None
+    assert cd.registry.get_sample_value("faultmesh_faults_active", {"level": "SeparateNPU"}) is None

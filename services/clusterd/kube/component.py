@@ -20,8 +20,8 @@ reads public-fault ConfigMaps, and annotates isolated nodes:
 - **public faults** from ConfigMaps labelled ``mc-consumer-publicfault=true`` (key ``PublicFault``),
   validated and applied by the PubFault component exactly like ``SendPublicFault``.
 - **node annotation** ``NodeHealthyStatus=UnHealthy`` while a node is UnHealthy (isolated); removed
-  when it recovers. Gauges ``faultmesh_node_unhealthy{node}`` and ``faultmesh_slow_node{node}``
-  (code 110001010 active) feed the chart's alerts.
+  when it recovers. (The per-node gauges the chart's alerts use, ``faultmesh_node_unhealthy`` and
+  ``faultmesh_slow_node``, are exported by ClusterD's core in every mode: clusterd.center.NodeHealthCollector.)
 
 - **jobs from pods** (``--kube-jobs on``): NPU pods (device and ``hccl/rankIndex`` annotations)
   grouped by their controlling owner become jobs in ``cd.jobs`` (:mod:`.jobs`); a job whose pods are
@@ -45,7 +45,7 @@ from clusterd.kube import formats
 from clusterd.kube import jobs as kjobs
 from clusterd.kube.api import Backoff, KubeApi, KubeError, ListWatcher
 from faultmesh.config import read_secret
-from faultmesh.levels import UNHEALTHY, level_health, worst_health
+from faultmesh.levels import UNHEALTHY
 from faultmesh.log import RateLimitedLog, event
 from faultmesh.model import now_ms
 
@@ -55,7 +55,6 @@ CIM_LABEL = ("mx-consumer-cim", "true")
 VOLCANO_LABEL = ("mx-consumer-volcano", "true")
 PUBLIC_FAULT_LABEL = ("mc-consumer-publicfault", "true")
 HEALTH_ANNOTATION = "NodeHealthyStatus"
-SLOW_NODE_CODE = "110001010"
 ANNOTATE_CONCURRENCY = 8  # node patches in flight
 MANAGED_BY = ("app.kubernetes.io/managed-by", "faultmesh-clusterd")
 
@@ -164,18 +163,6 @@ class KubeComponent:
         self.shards = Gauge(
             "faultmesh_kube_published_shards", "Published cluster-info shards", ["kind"], registry=reg
         )
-        self.node_unhealthy = Gauge(
-            "faultmesh_node_unhealthy",
-            "1 while the node is UnHealthy (series absent otherwise)",
-            ["node"],
-            registry=reg,
-        )
-        self.slow_node = Gauge(
-            "faultmesh_slow_node",
-            "1 while a slow-node fault (110001010) is active on the node",
-            ["node"],
-            registry=reg,
-        )
         self._ratelog = RateLimitedLog(log)
         self._dirty = asyncio.Event()
         self._written: dict[str, str] = {}  # published ConfigMap name -> data value last written/read
@@ -189,8 +176,6 @@ class KubeComponent:
         self._pending: dict[tuple[str, str], dict] = {}  # CMs of nodes not (yet) known, by (kind, node)
         self._public_seen: dict[tuple[str, str], bytes] = {}
         self._annotated: dict[str, str] = {}  # node -> annotation value we set
-        self._gauged_unhealthy: set[str] = set()
-        self._gauged_slow: set[str] = set()
         self._job_pods: dict[str, dict[tuple[str, str], dict]] = {}  # job id -> pod key -> pod
         self._pod_job: dict[tuple[str, str], tuple[str, str, str]] = {}  # pod key -> (job id, name, ns)
         self._jobs_dirty: set[tuple[str, str, str]] = set()
@@ -705,28 +690,11 @@ class KubeComponent:
         return n
 
     async def _annotate(self) -> None:
-        """NodeHealthyStatus=UnHealthy on UnHealthy nodes, removed on recovery; health gauges."""
+        """NodeHealthyStatus=UnHealthy on UnHealthy nodes, removed on recovery."""
         center = self.cd.center
-        # One pass over the faults (node_summary per node would be quadratic at 16k nodes).
-        health: dict[str, list[str]] = {}
-        slow = set()
-        for f in center.faults():
-            health.setdefault(f.node, []).append(level_health(f.level))
-            if f.code == SLOW_NODE_CODE:
-                slow.add(f.node)
-        unhealthy = {n for n, hs in health.items() if worst_health(hs) == UNHEALTHY}
+        unhealthy = {n for n in center.node_names() if center.node_health(n)[0] == UNHEALTHY}
         unhealthy |= {n for n, i in self.cd.agents.known.items() if i.get("node_status") == UNHEALTHY}
         unhealthy |= {n for n, s in self._node_status.items() if s == UNHEALTHY}
-        for node in sorted(unhealthy - self._gauged_unhealthy):
-            self.node_unhealthy.labels(node).set(1)
-        for node in sorted(self._gauged_unhealthy - unhealthy):
-            self.node_unhealthy.remove(node)
-        self._gauged_unhealthy = unhealthy
-        for node in sorted(slow - self._gauged_slow):
-            self.slow_node.labels(node).set(1)
-        for node in sorted(self._gauged_slow - slow):
-            self.slow_node.remove(node)
-        self._gauged_slow = slow
         todo = []
         for node in sorted(unhealthy | set(self._annotated)):
             want = UNHEALTHY if node in unhealthy else None
