@@ -65,8 +65,9 @@ def http_json(
         raise CliError(f"cannot reach clusterd at {args.http}: {e}") from None
 
 
-def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out=sys.stdout) -> None:
-    """Print rows as an aligned text table."""
+def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out=None) -> None:
+    """Print rows as an aligned text table to ``out`` (default: the current ``sys.stdout``)."""
+    out = out if out is not None else sys.stdout
     cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     for r in cells:
