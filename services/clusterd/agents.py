@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from clusterd.center import FaultCenter
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
+from faultmesh.levels import KNOWN_LEVELS
 from faultmesh.log import RateLimitedLog, event
 from faultmesh.model import ASSERTIONS
 from faultmesh.wire import fault_from_pb, key_from_pb
@@ -35,6 +37,11 @@ log = logging.getLogger("clusterd.agents")
 
 MAX_FAULTS_PER_MESSAGE = 100_000
 MAX_FIELD_LEN = 256
+MAX_CONDITIONS = 64  # per node
+MAX_DEVICES = 4096  # per node
+MAX_TIME_MS = 4_102_444_800_000  # 2100-01-01
+CODE_RE = re.compile(r"^[\x21-\x7e]{1,64}$")  # printable, no spaces: hex, public and switch codes
+AGENT_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
 
 class AgentInputError(ValueError):
@@ -154,6 +161,15 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         if first.WhichOneof("body") != "hello" or not _valid_name(first.hello.node):
             self._reject("no_hello")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be Hello with a node")
+        if (
+            not AGENT_RE.match(first.hello.agent or "agent")
+            or len(first.hello.node_ip) > 64
+            or len(first.hello.node_sn) > 128
+        ):
+            self._reject("bad_hello")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "Hello: agent must match [a-z][a-z0-9_-]{0,31}"
+            )
         h = first.hello
         agent = h.agent or "agent"
         session = AgentSession(h.node, agent, h.boot_id, h.node_ip, h.node_sn, context.peer())
@@ -246,6 +262,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         body = getattr(msg, kind)
         try:
             if kind == "snapshot":
+                self._check_state(s, body.conditions, body.devices, body.node_status)
                 faults = [self._fault(s, m) for m in body.faults]
                 await self.center.replace_origin(s.node, s.agent, faults)
                 info = self.known[s.node]
@@ -254,6 +271,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 if body.node_status:
                     info["node_status"] = body.node_status
             else:
+                self._check_state(s, body.conditions, body.devices, body.node_status)
                 ups = [self._fault(s, m) for m in body.upserts]
                 rms = [key_from_pb(k, s.node) for k in body.removals]
                 if ups or rms:
@@ -284,13 +302,37 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             for r in body.slownode_reports:
                 await self._notify(self._on_slownode, s.node, r)
 
+    def _check_state(self, s: AgentSession, conditions, devices, node_status: str) -> None:
+        if len(node_status) > 32:
+            raise AgentInputError("bad_state: node_status longer than 32 chars")
+        info = self.known.get(s.node, {})
+        if len(conditions) > MAX_CONDITIONS or len(info.get("conditions", {})) > MAX_CONDITIONS:
+            raise AgentInputError(f"bad_state: more than {MAX_CONDITIONS} conditions on one node")
+        if len(devices) > MAX_DEVICES or len(info.get("devices", {})) > MAX_DEVICES:
+            raise AgentInputError(f"bad_state: more than {MAX_DEVICES} devices on one node")
+        for c in conditions:
+            if not c.type or len(c.type) > 64 or len(c.reason) > 256 or len(c.message) > 1024:
+                raise AgentInputError("bad_state: condition type/reason/message empty or too long")
+        for d in devices:
+            if (
+                len(d.device_type) > 64
+                or len(d.health) > 32
+                or len(d.network_health) > 32
+                or len(d.level) > 64
+            ):
+                raise AgentInputError("bad_state: device fields too long")
+
     def _fault(self, s: AgentSession, m: agent_pb2.Fault):
         if m.node and m.node != s.node:
             raise AgentInputError(f"foreign_node: fault for node {m.node!r} on the stream of {s.node!r}")
-        if not m.code or len(m.code) > 32 or not m.source or len(m.source) > 64:
-            raise AgentInputError("bad_fault: code and source are required (≤32 / ≤64 chars)")
-        if len(m.device_type) > 64 or len(m.level) > 64 or m.device_id < -1 or m.device_id > 1 << 20:
-            raise AgentInputError("bad_fault: device or level out of range")
+        if not CODE_RE.match(m.code) or not m.source or len(m.source) > 64:
+            raise AgentInputError("bad_fault: code (printable, ≤64 chars) and source (≤64) are required")
+        if len(m.device_type) > 64 or m.device_id < -1 or m.device_id > 1 << 20:
+            raise AgentInputError("bad_fault: device out of range")
+        if m.level not in KNOWN_LEVELS:
+            raise AgentInputError(f"bad_fault: unknown fault level {m.level[:64]!r}")
+        if not (0 <= m.first_seen_ms <= MAX_TIME_MS and 0 <= m.last_seen_ms <= MAX_TIME_MS):
+            raise AgentInputError("bad_fault: first/last seen time out of range")
         if m.assertion and m.assertion not in ASSERTIONS:
             raise AgentInputError(f"bad_fault: assertion {m.assertion!r}")
         if len(m.attributes) > 64 or any(

@@ -81,6 +81,15 @@ _LEVEL_HEALTH = {
 }
 
 
+KNOWN_LEVELS = frozenset(
+    set(NpuLevel.__members__)
+    | set(NodeLevel.__members__)
+    | set(_LEVEL_HEALTH)
+    | {"NormalNPU", "NormalNetwork"}
+)
+"""Every fault level name a faultmesh agent may report (NPU, node and switch levels)."""
+
+
 def level_health(level: str) -> str:
     """Map a fault level name to Healthy / SubHealthy / UnHealthy (clusterd.md §2.4)."""
     return _LEVEL_HEALTH.get(level, SUB_HEALTHY)

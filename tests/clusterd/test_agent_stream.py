@@ -179,3 +179,48 @@ async def test_a_peer_vanishing_mid_stream_costs_nothing(cd):
     await client.wait_synced()
     await client.stop()
     assert len(cd.center.faults()) == 2
+
+
+@pytest.mark.parametrize(
+    "fault, why",
+    [
+        (dict(level="Apocalypse"), "unknown fault level"),
+        (dict(code="\x00\x01<>"), "code"),
+        (dict(code="a b"), "code"),
+        (dict(first_seen_ms=-(2**63)), "time out of range"),
+        (dict(last_seen_ms=2**63 - 1), "time out of range"),
+    ],
+)
+async def test_junk_fault_fields_are_rejected(cd, fault, why):
+    base = dict(source="bmc-oem", device_type="CPU", device_id=0, code="00000001", level="SeparateFault")
+    base.update(fault)
+    acks = await raw_stream(
+        cd.grpc_port,
+        [
+            agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="node-1", agent="noded")),
+            agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=1, upserts=[agent_pb2.Fault(**base)])),
+        ],
+    )
+    errors = [a.ack.error for a in acks if a.WhichOneof("body") == "ack"]
+    assert errors and why in errors[0]
+    assert cd.center.faults() == []
+
+
+async def test_state_caps_and_agent_names(cd):
+    many = [agent_pb2.Condition(type=f"c{i}", active=True) for i in range(65)]
+    acks = await raw_stream(
+        cd.grpc_port,
+        [
+            agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="node-1", agent="noded")),
+            agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=1, conditions=many)),
+            agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=2, node_status="x" * 1000)),
+        ],
+    )
+    errors = [a.ack.error for a in acks if a.WhichOneof("body") == "ack"]
+    assert errors[0].startswith("bad_state") and errors[1].startswith("bad_state")
+    assert cd.agents.node_info("node-1")["conditions"] == {}
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await raw_stream(
+            cd.grpc_port, [agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="n", agent="X" * 1000))]
+        )
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT

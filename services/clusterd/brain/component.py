@@ -538,7 +538,11 @@ class BrainComponent:
         if not self._authorized(request):
             self.count_rejected("unauthenticated")
             return json_response({"error": "bearer token required"}, status=401)
-        raw = await request.text()
+        try:
+            raw = (await request.read()).decode("utf-8")
+        except UnicodeDecodeError:
+            self.count_rejected("bad_job_spec")
+            return json_response({"error": "body is not valid UTF-8"}, status=400)
         if len(raw) > 16 * 1024 * 1024:
             return json_response({"error": "body larger than 16 MiB"}, status=413)
         try:

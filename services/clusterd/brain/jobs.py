@@ -294,8 +294,8 @@ def parse_jobs_text(text: str) -> list[Job]:
     """
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        raise JobSpecError(f"not JSON or YAML: {e}") from None
+    except (yaml.YAMLError, RecursionError) as e:
+        raise JobSpecError(f"not JSON or YAML: {str(e)[:200] or 'nested too deeply'}") from None
     items: list[Any] = []
     for d in docs:
         if isinstance(d, dict) and "jobs" in d:

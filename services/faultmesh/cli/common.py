@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import sys
@@ -37,18 +38,27 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
 
 
 def token(args: argparse.Namespace) -> str | None:
-    """The bearer token from ``--token-file`` or env ``FAULTMESH_TOKEN``."""
+    """The bearer token from ``--token-file`` or env ``FAULTMESH_TOKEN``. Raises :class:`CliError`."""
     if getattr(args, "token_file", None):
-        with open(args.token_file, encoding="utf-8") as f:
-            return f.read().strip()
+        try:
+            with open(args.token_file, encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError as e:
+            raise CliError(f"cannot read token file {args.token_file}: {e.strerror or e}") from None
     return os.environ.get("FAULTMESH_TOKEN")
+
+
+def base_url(addr: str) -> str:
+    """``127.0.0.1:8080`` or ``http://127.0.0.1:8080/`` -> ``http://127.0.0.1:8080``."""
+    addr = addr.strip().rstrip("/")
+    return addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
 
 
 def http_json(
     args: argparse.Namespace, method: str, path: str, body: Any = None, timeout_s: float = 10.0
 ) -> Any:
     """Call ClusterD's HTTP API and return the decoded JSON. Raises :class:`CliError` with the reason."""
-    url = f"http://{args.http}{path}"
+    url = base_url(args.http) + path
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
     req.add_header("Content-Type", "application/json")
@@ -61,8 +71,12 @@ def http_json(
     except urllib.error.HTTPError as e:
         detail = e.read().decode(errors="replace").strip()
         raise CliError(f"{method} {path}: HTTP {e.code}: {detail}") from None
-    except (urllib.error.URLError, OSError) as e:
-        raise CliError(f"cannot reach clusterd at {args.http}: {e}") from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        raise CliError(f"cannot reach clusterd's HTTP API at {args.http}: {e!r}") from None
+    except ValueError:
+        raise CliError(
+            f"{args.http} answered {path} with something that is not JSON: is it clusterd's HTTP port?"
+        ) from None
 
 
 def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out=None) -> None:

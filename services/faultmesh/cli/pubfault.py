@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 import uuid
 
@@ -45,15 +44,17 @@ def cmd_send(args: argparse.Namespace) -> int:
             resp = pubfault_pb2_grpc.PubFaultStub(ch).SendPublicFault(req, timeout=10, metadata=md)
         except grpc.RpcError as e:
             raise CliError(f"SendPublicFault: {e.code().name}: {e.details()}") from None
+    if resp.code != 0:
+        hint = (
+            " (clusterd's log line 'public fault dropped' names the failed rule)" if resp.code == 409 else ""
+        )
+        raise CliError(f"clusterd answered {resp.code}: {resp.info}{hint}")
     emit(
         args,
         {"code": resp.code, "info": resp.info, "faultId": req.faults[0].faultId},
         [(resp.code, resp.info, req.faults[0].faultId)],
         ("CODE", "INFO", "FAULT ID"),
     )
-    if resp.code != 0:
-        sys.stderr.write(f"error: clusterd answered {resp.code}: {resp.info}\n")
-        return 1
     return 0
 
 
@@ -66,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--resource", default="CCAE", help="sender (must be in the public fault table)")
     q.add_argument("--code", required=True, help="9-digit public fault code, e.g. 010001001")
     q.add_argument("--node", required=True)
-    q.add_argument("--devices", default="0", help="comma list of device ids in [0, 31]")
+    q.add_argument("--devices", default="0", help="comma list of device ids in [0, 31] (default: 0)")
     q.add_argument("--type", default="NPU", choices=("NPU", "Node", "Network", "Storage"))
     q.add_argument("--assertion", default="occur", choices=("occur", "recover", "once"))
     q.add_argument("--fault-id", help="fault id (default: a fresh UUID); reuse it to recover")

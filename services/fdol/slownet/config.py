@@ -9,10 +9,10 @@ stream's ``PingmeshConfig`` message. Key ``roce`` (A5 inter-super-pod RoCE) is a
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import yaml
 
 from faultmesh._pb import agent_pb2
@@ -46,7 +46,7 @@ class Activation:
 def _activation(key: str, v: Any) -> Activation:
     if isinstance(v, (str, bytes)):
         try:
-            v = json.loads(v)
+            v = orjson.loads(v)
         except ValueError:
             raise PingmeshConfigError(f"{key}: value is not JSON") from None
     if not isinstance(v, dict):
@@ -72,8 +72,8 @@ def parse_config(data: str | bytes | dict[str, Any]) -> dict[str, Activation]:
     if isinstance(data, (str, bytes)):
         try:
             data = yaml.safe_load(data)
-        except yaml.YAMLError as e:
-            raise PingmeshConfigError(f"pingmesh-config is not YAML/JSON: {e}") from None
+        except (yaml.YAMLError, RecursionError) as e:
+            raise PingmeshConfigError(f"pingmesh-config is not YAML/JSON: {str(e)[:200]}") from None
     if not isinstance(data, dict):
         raise PingmeshConfigError("pingmesh-config must be a mapping")
     if isinstance(data.get("data"), dict):  # a ConfigMap

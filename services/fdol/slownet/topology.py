@@ -14,9 +14,10 @@ each physical id uses for inter-node traffic; with it localization can blame a p
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from faultmesh._pb import agent_pb2
 
@@ -192,7 +193,7 @@ def parse_super_pod(data: str | bytes | dict[str, Any]) -> SuperPod:
     """
     if isinstance(data, (str, bytes, bytearray)):
         try:
-            data = json.loads(data)
+            data = orjson.loads(data)
         except ValueError as e:
             raise TopologyError(f"topology is not JSON: {e}") from None
     if not isinstance(data, dict):
