@@ -44,7 +44,7 @@ async def _up(args: argparse.Namespace) -> int:
         if start in done:
             start.result()  # raises StackError
             print()
-            print(where_text(stack))
+            print(where_text(stack, demo=False))
             print(_howto(stack))
             clock.say("stack running; Ctrl-C stops every process")
             while not stop.is_set():
@@ -76,7 +76,7 @@ def _howto(stack) -> str:
     s1, s2 = stack.servers[0], stack.servers[min(1, len(stack.servers) - 1)]
     lines = [
         "",
-        "TRY",
+        "TRY (with .venv/bin on PATH, or prefix the commands with .venv/bin/)",
         f"  faultmesh faults --http {stack.http}",
         f"  faultmesh nodes --http {stack.http}",
         f"  faultmesh bmc-sim inject --control {s2.bmc_control} --code 0800004B --device-type Memory --device-id 3",

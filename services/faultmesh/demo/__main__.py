@@ -139,11 +139,18 @@ async def run(args: argparse.Namespace, clock: Clock, stack: Stack) -> int:
     return status
 
 
-def where_text(stack: Stack) -> str:
+def where_text(stack: Stack, demo: bool = True) -> str:
+    """Where the metrics, HTTP views and logs of ``stack`` are; ``demo=False`` for ``faultmesh up``."""
+    head = (
+        "WHERE TO LOOK (these addresses lived during the run; `faultmesh up` starts the same stack and keeps it)"
+        if demo
+        else "WHERE TO LOOK"
+    )
+    jobs = "/v1/jobs/demo-job/recovery  /v1/pingmesh  /v1/slownode/demo-job" if demo else "/v1/pingmesh"
     lines = [
-        "WHERE TO LOOK (these addresses lived during the run; `faultmesh up` starts the same stack and keeps it)",
+        head,
         f"  clusterd HTTP views : http://{stack.http}/v1/faults  /v1/nodes  /v1/nodes/<name>  /v1/jobs",
-        "                        /v1/jobs/demo-job/recovery  /v1/pingmesh  /v1/slownode/demo-job",
+        f"                        {jobs}",
         f"  clusterd metrics    : http://{stack.http}/metrics",
         f"  clusterd gRPC       : {stack.grpc}",
     ]
@@ -158,7 +165,7 @@ def where_text(stack: Stack) -> str:
         f"                        grep 'FD-OL SLOWNODE' {stack.log_dir}/clusterd.log {stack.log_dir}/noded-4.log"
     )
     lines.append(f"                        grep 'slow network fault' {stack.log_dir}/clusterd.log")
-    lines.append(f"  logs folder         : {stack.log_dir} (this output: demo.log)")
+    lines.append(f"  logs folder         : {stack.log_dir}" + (" (this output: demo.log)" if demo else ""))
     return "\n".join(lines)
 
 
