@@ -6,6 +6,6 @@
 - :mod:`faultmesh.demo.watch`: polls clusterd's fault center for detections;
 - :mod:`faultmesh.demo.scenario`: the scripted faults and how each is judged;
 - :mod:`faultmesh.demo.report`: timestamped lines and the summary table;
-- :mod:`faultmesh.demo.train`: the real 4-process PyTorch CPU (gloo) job, instrumented with
-  :mod:`faultmesh.profiler`.
+- the training job is :mod:`faultmesh.profiler.example_job` (a real 4-process PyTorch CPU gloo
+  job instrumented with :mod:`faultmesh.profiler`), slowed at run time through its ``--slow-file``.
 """

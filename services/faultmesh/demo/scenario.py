@@ -187,8 +187,8 @@ class Scenario:
                 self.job_error = self.job_error or f"faultmesh slownode enable failed ({rc}): {out[-200:]}"
             switch = str(st.datatrace_dir / f"default.data-trace-{JOB}" / "profilingSwitch")
         argv = python_argv(
-            "faultmesh.demo.train", "--base-dir", str(st.profiling_dir), "--task-id", JOB, "--switch", switch,
-            "--slow-file", str(run / "slow-rank"), "--slow-rank", str(SLOW_RANK), "--slow-mode", self.t.slow_mode,
+            "faultmesh.profiler.example_job", "--base-dir", str(st.profiling_dir), "--task-id", JOB,
+            "--switch", switch, "--steps", "5000", "--slow-from", "-1", "--slow-file", str(run / "slow-rank"), "--slow-rank", str(SLOW_RANK), "--slow-mode", self.t.slow_mode,
             "--factor", "0.4", "--progress-every", "10", "--stop-file", str(run / "stop-training"), "--summary", str(run / "train-summary"),
         )  # fmt: skip
         self.train = await st.procs.start("train", argv)

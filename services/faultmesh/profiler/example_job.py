@@ -4,8 +4,9 @@ The job of ../shared/reference/torch-real-input.md §2: ``--ranks`` processes (4
 ``torch.multiprocessing.spawn``, gloo on 127.0.0.1, TP-like groups of 2 ranks ([0,1], [2,3]) plus a
 global all_reduce, one thread per process, an MLP 256->256x4->10 on a synthetic batch of 2048,
 SGD by hand, 8 warm-up steps (not recorded); ``--steps`` steps, or fewer when ``--stop-file`` appears
-(the stop flag rides in the global all-reduce so every rank stops after the same step). From step ``--slow-from`` rank ``--slow-rank`` is
-slowed down:
+(the stop flag rides in the global all-reduce so every rank stops after the same step). From step
+``--slow-from`` (``-1``: never by step), or once the file ``--slow-file`` exists (how the demo
+triggers it at run time), rank ``--slow-rank`` is slowed down:
 
 - ``--slow-mode sleep``: sleeps ``--factor`` x its median warm-up compute wall time per step (a stall);
 - ``--slow-mode compute``: runs N extra ``tanh(x @ W)`` products calibrated in *thread CPU time*
@@ -14,7 +15,10 @@ slowed down:
 Each step records ``step <n>`` / ``dataloader`` / ``forward`` (forward + backward + the slowdown)
 and the two all-reduces through the instrumented ``torch.distributed``; ``parallel_group.json`` is
 written after warm-up. With ``--summary DIR`` each rank writes ``rank<r>.json`` with per-step
-phase times (ms: compute, compute_cpu, tp_ar, dp_ar, period) so tests assert what was achieved.
+phase times (ms: compute, compute_cpu, tp_ar, dp_ar, period; ``slow``) so tests assert what was
+achieved. Rank 0 prints ``warm-up done``, ``slowdown on at step N`` (the slow rank), the median step
+time every ``--progress-every`` steps and ``finished after N steps``. This is the one training job of
+the project: the demo, the real-torch test and bench/slownode_torch.py all run it.
 
 Usage: ``python -m faultmesh.profiler.example_job --base-dir D --task-id J --switch F --steps 150``.
 """
@@ -37,7 +41,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
+def _say(rank: int, msg: str) -> None:
+    sys.stdout.write(f"{time.strftime('%H:%M:%S')} rank {rank}: {msg}\n")
+    sys.stdout.flush()
+
+
+def _worker(rank: int, args: argparse.Namespace, port: int) -> None:  # noqa: C901 - one training loop
     os.environ["OMP_NUM_THREADS"] = "1"
     warnings.filterwarnings("ignore")
     import torch
@@ -105,7 +114,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
             off = 0
             for p in params:
                 k = p.numel()
-                p -= 0.01 * flat[off : off + k].view_as(p)
+                p -= args.lr * flat[off : off + k].view_as(p)
                 off += k
         t1 = time.perf_counter_ns()
         return {
@@ -129,14 +138,32 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
     sleep_s = args.factor * med_wall / 1000
     dist.barrier()
     fpt.dump_group_info(prof)
+    if rank == 0:
+        _say(rank, f"warm-up done: compute {med_wall:.1f} ms wall / {med_cpu:.1f} ms CPU per step; training")
     rows = []
+    slow_on = False
+    window: list[float] = []
     last = time.perf_counter_ns()
     for n in range(args.steps):
         if stop_flag[0] > 0:  # set by the previous step's global all-reduce: the same on every rank
             break
         if rank == 0 and args.stop_file and os.path.exists(args.stop_file):
             stop_flag[0] = 1.0  # travels in this step's all-reduces; every rank stops after it
-        slow = rank == args.slow_rank and n >= args.slow_from and args.slow_mode != "none"
+        if rank == args.slow_rank and not slow_on and args.slow_mode != "none":
+            by_step = 0 <= args.slow_from <= n
+            by_file = bool(args.slow_file) and os.path.exists(args.slow_file)
+            if by_step or by_file:
+                slow_on = True
+                what = (
+                    f"sleep {sleep_s * 1000:.1f} ms"
+                    if args.slow_mode == "sleep"
+                    else f"{n_extra} extra products"
+                )
+                _say(
+                    rank,
+                    f"slowdown on at step {n}: {args.slow_mode}, {args.factor:.0%} of compute ({what} per step)",
+                )
+        slow = slow_on
         with prof.step(n):
             row = one_step(
                 n_extra if slow and args.slow_mode == "compute" else 0,
@@ -146,8 +173,15 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
         row["period"] = (now - last) / 1e6
         row["step_no"] = n
         row["t_ms"] = time.time_ns() // 1_000_000
+        row["slow"] = slow
         last = now
         rows.append(row)
+        window.append(row["period"])
+        if rank == 0 and args.progress_every and len(window) >= args.progress_every:
+            _say(
+                rank, f"step {n}: {statistics.median(window):.0f} ms/step (median of the last {len(window)})"
+            )
+            window = []
     prof.close()
     dist.barrier()
     if args.summary:
@@ -165,6 +199,8 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:
                 },
                 f,
             )
+    if rank == 0:
+        _say(rank, f"finished after {len(rows)} steps")
     dist.destroy_process_group()
 
 
@@ -176,8 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--batch", type=int, default=2048)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument(
+        "--progress-every", type=int, default=0, help="rank 0 prints the median step time every N steps"
+    )
     p.add_argument("--slow-rank", type=int, default=2)
-    p.add_argument("--slow-from", type=int, default=30)
+    p.add_argument("--slow-from", type=int, default=30, help="slow down from this step (-1: never by step)")
+    p.add_argument("--slow-file", default="", help="slow down once this file exists (the demo's trigger)")
     p.add_argument("--slow-mode", choices=("none", "sleep", "compute"), default="none")
     p.add_argument("--factor", type=float, default=0.4)
     p.add_argument("--base-dir", required=True, help="profiling root (<root>/<task id>/<rank>/)")
