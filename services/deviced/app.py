@@ -38,7 +38,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import grpc
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
@@ -60,7 +59,7 @@ from deviced.tables import (
 from faultmesh import config, runtime
 from faultmesh import log as fmlog
 from faultmesh._pb import agent_pb2
-from faultmesh.agent import AgentClient, AgentState
+from faultmesh.agent import AgentClient, AgentState, add_clusterd_arguments, channel_credentials
 from faultmesh.dcmi.api import DevFaultEvent, DeviceIds
 from faultmesh.dcmi.lingqu import SwitchEvent
 from faultmesh.dcmi.loader import DcmiError, DeviceNotReady
@@ -99,18 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("NODE_NAME", ""),
         help="this node's name (env NODE_NAME, else hostname)",
     )
-    p.add_argument("--clusterd", default="127.0.0.1:8899", help="clusterd agent-stream address host:port")
-    p.add_argument(
-        "--clusterd-token-file", "--token-file", dest="token_file", help="bearer token for clusterd"
-    )
-    p.add_argument(
-        "--clusterd-tls-ca",
-        "--tls-ca",
-        dest="tls_ca",
-        help="PEM CA of clusterd's certificate: use TLS to clusterd",
-    )
-    p.add_argument("--clusterd-tls-cert", "--tls-cert", dest="tls_cert", help="PEM client certificate (mTLS)")
-    p.add_argument("--clusterd-tls-key", "--tls-key", dest="tls_key", help="PEM key of --clusterd-tls-cert")
+    add_clusterd_arguments(p)
     p.add_argument("--backend", choices=("dcmi", "sim"), default="dcmi")
     p.add_argument("--dcmi-lib", help="path of libdcmi.so (default: the driver lib dirs)")
     p.add_argument(
@@ -231,7 +219,7 @@ class DeviceD:
             on_control=self.on_control,
             registry=self.registry,
             token=token,
-            credentials=self._credentials(),
+            credentials=channel_credentials(args),
         )
         self.http = HttpServer(args.http_addr, self.registry, ready=self._ready)
         self.http.app.router.add_get("/v1/devices", self._http_devices)
@@ -303,16 +291,6 @@ class DeviceD:
             "1 while fault events come by subscription",
             registry=self.registry,
         )
-
-    def _credentials(self) -> grpc.ChannelCredentials | None:
-        """TLS (and mTLS with a client certificate) to clusterd when ``--clusterd-tls-ca`` is set."""
-        a = self.args
-        if not a.tls_ca:
-            return None
-        ca = Path(a.tls_ca).read_bytes()
-        cert = Path(a.tls_cert).read_bytes() if a.tls_cert else None
-        key = Path(a.tls_key).read_bytes() if a.tls_key else None
-        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
     # ---------------------------------------------------------------- HTTP API
     def device_views(self) -> list[dict[str, Any]]:

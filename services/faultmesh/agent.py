@@ -48,6 +48,52 @@ CHANNEL_OPTIONS = [
 ]
 
 
+def add_clusterd_arguments(parser) -> None:
+    """The agent's ClusterD flags, shared by NodeD and deviced: ``--clusterd host:port``,
+    ``--clusterd-tls-ca/--tls-ca``, ``--clusterd-tls-cert/--tls-cert``, ``--clusterd-tls-key/--tls-key``
+    (PEM files; a CA turns TLS on, cert + key add mTLS) and ``--clusterd-token-file/--token-file``."""
+    parser.add_argument(
+        "--clusterd", default="127.0.0.1:8899", help="ClusterD agent-stream address host:port"
+    )
+    parser.add_argument(
+        "--clusterd-tls-ca",
+        "--tls-ca",
+        dest="tls_ca",
+        help="PEM CA of ClusterD's certificate: use TLS to ClusterD",
+    )
+    parser.add_argument(
+        "--clusterd-tls-cert", "--tls-cert", dest="tls_cert", help="PEM client certificate (mTLS)"
+    )
+    parser.add_argument(
+        "--clusterd-tls-key", "--tls-key", dest="tls_key", help="PEM key of --clusterd-tls-cert"
+    )
+    parser.add_argument(
+        "--clusterd-token-file",
+        "--token-file",
+        dest="token_file",
+        help="bearer token file for the agent stream",
+    )
+
+
+def channel_credentials(args) -> grpc.ChannelCredentials | None:
+    """TLS credentials to ClusterD from the flags of :func:`add_clusterd_arguments` (None: plaintext).
+
+    Raises ``OSError`` when a PEM file cannot be read.
+    """
+    if not args.tls_ca:
+        return None
+    with open(args.tls_ca, "rb") as f:
+        ca = f.read()
+    cert = key = None
+    if args.tls_cert:
+        with open(args.tls_cert, "rb") as f:
+            cert = f.read()
+    if args.tls_key:
+        with open(args.tls_key, "rb") as f:
+            key = f.read()
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
 class AgentState:
     """The agent's current state, with change tracking for deltas.
 

@@ -23,12 +23,11 @@ import logging
 import os
 from pathlib import Path
 
-import grpc
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from faultmesh import config
-from faultmesh.agent import AgentClient, AgentState
+from faultmesh.agent import AgentClient, AgentState, add_clusterd_arguments, channel_credentials
 from faultmesh.bmc.client import BmcClient
 from faultmesh.bmc.sel import SelEventTable, SelTableError
 from faultmesh.httpd import HttpServer, json_response
@@ -77,21 +76,7 @@ def build_parser(component_classes: list[type]) -> argparse.ArgumentParser:
     p.add_argument(
         "--node-name", default=os.environ.get("NODE_NAME"), help="this node's name (env NODE_NAME)"
     )
-    p.add_argument("--clusterd", default="127.0.0.1:8899", help="ClusterD gRPC address host:port")
-    p.add_argument(
-        "--clusterd-tls-ca",
-        "--tls-ca",
-        dest="tls_ca",
-        help="PEM CA of ClusterD's certificate: use TLS to ClusterD",
-    )
-    p.add_argument("--clusterd-tls-cert", "--tls-cert", dest="tls_cert", help="PEM client certificate (mTLS)")
-    p.add_argument("--clusterd-tls-key", "--tls-key", dest="tls_key", help="PEM key of --clusterd-tls-cert")
-    p.add_argument(
-        "--clusterd-token-file",
-        "--token-file",
-        dest="token_file",
-        help="bearer token file for the agent stream",
-    )
+    add_clusterd_arguments(p)
     p.add_argument("--bmc-host", help="BMC address; empty: run without a BMC")
     p.add_argument("--node-sn", help="the server's serial number (default: read from a Huawei iBMC)")
     p.add_argument(
@@ -195,7 +180,7 @@ class NodeD:
             node_ip=os.environ.get("XDL_IP", ""),
             node_sn=args.node_sn or "",
             on_control=self.on_control,
-            credentials=self._credentials(),
+            credentials=channel_credentials(args),
             token=token,
             registry=self.registry,
             min_report_interval_s=args.min_report_interval,
@@ -252,15 +237,6 @@ class NodeD:
             for kind in getattr(comp, "control_kinds", ()):
                 self._routes[kind] = comp
         self._last_doc_digest = ""
-
-    def _credentials(self) -> grpc.ChannelCredentials | None:
-        a = self.args
-        if not a.tls_ca:
-            return None
-        ca = Path(a.tls_ca).read_bytes()
-        cert = Path(a.tls_cert).read_bytes() if a.tls_cert else None
-        key = Path(a.tls_key).read_bytes() if a.tls_key else None
-        return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
     def _sel_table(self) -> SelEventTable:
         if self.args.sel_events_file:
