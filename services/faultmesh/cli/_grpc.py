@@ -45,3 +45,34 @@ def _why(e: grpc.RpcError) -> str:
     if code() == grpc.StatusCode.DEADLINE_EXCEEDED:
         return "no answer in time"
     return f"{code().name}: {e.details()}"
+
+
+def om_operation(
+    args: argparse.Namespace,
+    start: tuple[str, Any],
+    reply: tuple[str, Any],
+    ok: Callable[[str], bool],
+) -> int:
+    """Run one Recover O&M operation (SwitchNicTrack, StressTest) as the operator CLI does.
+
+    ``start`` = (unary method, request); ``reply`` = (O&M reply stream method, request); ``ok(msg)``
+    judges the reply text. Prints JOB / RESULT (or JSON); returns 0 when ``ok`` (or ``--no-wait``),
+    else 1. A refused start (code != 0) raises :class:`CliError` with the code and reason.
+    """
+    from faultmesh._pb import recover_pb2_grpc
+    from faultmesh.cli.common import emit
+
+    st = call(args, recover_pb2_grpc.RecoverStub, start[0], start[1])
+    if st.code != 0:
+        raise CliError(f"{start[0]} refused: code {st.code}: {st.info}")
+    msg = st.info
+    if not args.no_wait:
+        msg = first_of_stream(args, recover_pb2_grpc.RecoverStub, reply[0], reply[1], args.timeout_s).msg
+    good = args.no_wait or ok(msg)
+    emit(
+        args,
+        {"job_id": args.job_id, "code": st.code, "result": msg, "ok": good},
+        [(args.job_id, msg)],
+        ("JOB", "RESULT"),
+    )
+    return 0 if good else 1

@@ -6,10 +6,9 @@ import argparse
 import time
 import uuid
 
-import grpc
-
 from faultmesh._pb import pubfault_pb2, pubfault_pb2_grpc
-from faultmesh.cli.common import CliError, add_server_flags, emit, run, token
+from faultmesh.cli._grpc import call
+from faultmesh.cli.common import CliError, add_server_flags, emit, run
 
 
 def build_request(args: argparse.Namespace) -> pubfault_pb2.PublicFaultRequest:
@@ -37,13 +36,7 @@ def build_request(args: argparse.Namespace) -> pubfault_pb2.PublicFaultRequest:
 def cmd_send(args: argparse.Namespace) -> int:
     """Send one public fault; prints the response code and info. Exit 1 unless code 0."""
     req = build_request(args)
-    tok = token(args)
-    md = (("authorization", f"Bearer {tok}"),) if tok else None
-    with grpc.insecure_channel(args.grpc) as ch:
-        try:
-            resp = pubfault_pb2_grpc.PubFaultStub(ch).SendPublicFault(req, timeout=10, metadata=md)
-        except grpc.RpcError as e:
-            raise CliError(f"SendPublicFault: {e.code().name}: {e.details()}") from None
+    resp = call(args, pubfault_pb2_grpc.PubFaultStub, "SendPublicFault", req)
     if resp.code != 0:
         hint = (
             " (clusterd's log line 'public fault dropped' names the failed rule)" if resp.code == 409 else ""

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from faultmesh._pb import recover_pb2, recover_pb2_grpc
-from faultmesh.cli._grpc import call, first_of_stream
-from faultmesh.cli.common import CliError, add_server_flags, emit, run
+from faultmesh._pb import recover_pb2
+from faultmesh.cli._grpc import om_operation
+from faultmesh.cli.common import CliError, add_server_flags, run
 
 OPS = {"aic": 0, "p2p": 1, "0": 0, "1": 1}
 
@@ -40,26 +40,12 @@ def cmd_stress_test(args: argparse.Namespace) -> int:
         )
     else:
         req = recover_pb2.StressTestParam(jobID=args.job_id, allNodesOps=ops)
-    st = call(args, recover_pb2_grpc.RecoverStub, "StressTest", req)
-    if st.code != 0:
-        raise CliError(f"StressTest refused: code {st.code}: {st.info}")
-    msg = st.info
-    if not args.no_wait:
-        msg = first_of_stream(
-            args,
-            recover_pb2_grpc.RecoverStub,
-            "SubscribeStressTestResponse",
-            recover_pb2.StressTestRequest(jobID=args.job_id),
-            args.timeout_s,
-        ).msg
-    ok = args.no_wait or msg.startswith("stress test finish")
-    emit(
+    return om_operation(
         args,
-        {"job_id": args.job_id, "code": st.code, "result": msg, "ok": ok},
-        [(args.job_id, msg)],
-        ("JOB", "RESULT"),
+        ("StressTest", req),
+        ("SubscribeStressTestResponse", recover_pb2.StressTestRequest(jobID=args.job_id)),
+        lambda msg: msg.startswith("stress test finish"),
     )
-    return 0 if ok else 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from faultmesh._pb import recover_pb2, recover_pb2_grpc
-from faultmesh.cli._grpc import call, first_of_stream
-from faultmesh.cli.common import CliError, add_server_flags, emit, run
+from faultmesh._pb import recover_pb2
+from faultmesh.cli._grpc import om_operation
+from faultmesh.cli.common import CliError, add_server_flags, run
 
 
 def parse_nics(items: list[str]) -> dict[str, tuple[list[str], list[bool]]]:
@@ -35,27 +35,12 @@ def cmd_switch_nic(args: argparse.Namespace) -> int:
     req = recover_pb2.SwitchNics(
         jobID=args.job_id, nicOps={n: recover_pb2.DeviceList(dev=d, op=o) for n, (d, o) in nics.items()}
     )
-    st = call(args, recover_pb2_grpc.RecoverStub, "SwitchNicTrack", req)
-    if st.code != 0:
-        raise CliError(f"SwitchNicTrack refused: code {st.code}: {st.info}")
-    msg = st.info
-    if not args.no_wait:
-        reply = first_of_stream(
-            args,
-            recover_pb2_grpc.RecoverStub,
-            "SubscribeSwitchNicSignal",
-            recover_pb2.SwitchNicRequest(jobID=args.job_id),
-            args.timeout_s,
-        )
-        msg = reply.msg
-    ok = args.no_wait or msg == "switch nic finish"
-    emit(
+    return om_operation(
         args,
-        {"job_id": args.job_id, "code": st.code, "result": msg, "ok": ok},
-        [(args.job_id, msg)],
-        ("JOB", "RESULT"),
+        ("SwitchNicTrack", req),
+        ("SubscribeSwitchNicSignal", recover_pb2.SwitchNicRequest(jobID=args.job_id)),
+        lambda msg: msg == "switch nic finish",
     )
-    return 0 if ok else 1
 
 
 def register(sub: argparse._SubParsersAction) -> None:
