@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollecto
 from clusterd.agents import AgentHub
 from clusterd.center import FaultCenter, NodeHealthCollector
 from clusterd.components import COMPONENTS
-from clusterd.grpcserver import SERVER_OPTIONS, RateLimitInterceptor, server_credentials
+from clusterd.grpcserver import RateLimitInterceptor, server_credentials, server_options
 from clusterd.http_api import setup_routes
 from clusterd.store import Store
 from faultmesh import config, runtime
@@ -67,6 +67,7 @@ def build_parser(component_classes: list[type]) -> argparse.ArgumentParser:
     p.add_argument("--token-file", help="bearer token that mutating RPCs and agents must send")
     p.add_argument("--drain-s", type=float, default=5.0, help="grace period for streams on shutdown (s)")
     p.add_argument("--unary-qps", type=float, default=1000.0, help="shared unary token bucket (req/s)")
+    p.add_argument("--max-connections", type=int, default=1024, help="gRPC connections accepted at once")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-file", help="also log to this file (rotated at 20 MiB, 5 kept)")
     for cls in component_classes:
@@ -138,7 +139,7 @@ class ClusterD:
             await c.start()
         await self.http.start()
         server = grpc.aio.server(
-            options=SERVER_OPTIONS,
+            options=server_options(self.args.max_connections),
             interceptors=[RateLimitInterceptor(self.rejected, unary_rate=self.args.unary_qps)],
         )
         for add_fn, servicer in self._servicers:

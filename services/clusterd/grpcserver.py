@@ -7,8 +7,9 @@ other unary method one shared bucket of 1000/s (burst 1000). A rejected call is 
 reference: status UNKNOWN, message ``qps exceeded, method=<m>``, and counted. Streaming RPCs are not
 throttled here.
 
-Not enforced: the reference's accept-level cap of 1024 connections (512 per source IP); grpcio does
-not expose accept-level control (see the issue note).
+At most ``--max-connections`` (1024, as the reference) connections are accepted at once (gRPC core's
+``grpc.max_allowed_incoming_connections``: an extra connection gets GOAWAY). Not enforced: the
+reference's 512-per-source-IP cap (grpcio exposes no per-peer accept hook).
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ class RateLimitInterceptor(grpc.aio.ServerInterceptor):
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
+
+
+def server_options(max_connections: int = 1024) -> list[tuple[str, int]]:
+    """:data:`SERVER_OPTIONS` plus the connection cap (``max_connections`` >= 1)."""
+    return [*SERVER_OPTIONS, ("grpc.max_allowed_incoming_connections", max_connections)]
 
 
 def server_credentials(cert: str, key: str, ca: str | None) -> grpc.ServerCredentials:

@@ -207,3 +207,28 @@ async def test_services_of_later_issues_answer_unimplemented_or_serve(cd):
             assert r.code == 0
         except grpc.aio.AioRpcError as e:
             assert e.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_connections_above_the_cap_are_refused(tmp_path):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    cd = await make_clusterd(tmp_path, "--max-connections", "2")
+    chans = [
+        grpc.aio.insecure_channel(
+            f"127.0.0.1:{cd.grpc_port}", options=[("grpc.use_local_subchannel_pool", 1)]
+        )
+        for _ in range(3)
+    ]
+    try:
+        results = []
+        for ch in chans:
+            try:
+                await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=3)
+                results.append("ok")
+            except grpc.aio.AioRpcError as e:
+                results.append(e.code())
+        assert results == ["ok", "ok", grpc.StatusCode.UNAVAILABLE]
+    finally:
+        for ch in chans:
+            await ch.close()
+        await cd.stop()
