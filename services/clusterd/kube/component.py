@@ -332,62 +332,65 @@ class KubeComponent:
                 pass
 
     async def _on_nodeinfo(self, op: str, cm: dict) -> None:
-        name = cm["metadata"]["name"]
-        node = formats.node_name_of(name, formats.NODEINFO_PREFIX)
-        if node is None:
-            return
-        try:
-            if op == "delete":
-                self._pending.pop(("nodeinfo", node), None)
-                self._node_status.pop(node, None)
-                await self.cd.center.replace_source(node, formats.SOURCE_NODEINFO, [])
-                return
-            await self._wait_nodes()
-            if not self._known_node(node):
-                self._pending[("nodeinfo", node)] = cm
-                self._reject("unknown_node", configmap=name, node=node)
-                return
-            try:
-                doc = formats.parse_node_info(cm.get("data"))
-            except formats.BadConfigMap as e:
-                self._reject(e.reason, configmap=name, error=e.detail)
-                return
-            faults = formats.faults_from_node_info(node, doc, now_ms())
-            self._node_status[node] = doc.info["NodeStatus"]
-            await self.cd.center.replace_source(node, formats.SOURCE_NODEINFO, faults)
-            event(log, logging.DEBUG, "node info consumed", node=node, faults=len(faults))
-        except Exception as e:  # never let one object stop the watch
-            event(log, logging.ERROR, "node info not applied", configmap=name, error=repr(e))
-        finally:
-            self._mark(node)
+        def parse(node: str, data):
+            doc = formats.parse_node_info(data)
+            return doc.info["NodeStatus"], formats.faults_from_node_info(node, doc, now_ms())
+
+        await self._consume(
+            "nodeinfo",
+            "node info",
+            formats.NODEINFO_PREFIX,
+            formats.SOURCE_NODEINFO,
+            self._node_status,
+            parse,
+            op,
+            cm,
+        )
 
     async def _on_deviceinfo(self, op: str, cm: dict) -> None:
+        def parse(node: str, data):
+            doc = formats.parse_device_info(data)
+            return doc, formats.faults_from_device_info(node, doc)
+
+        await self._consume(
+            "deviceinfo", "device info", formats.DEVICEINFO_PREFIX, formats.SOURCE_DEVICEINFO, self._device_docs, parse,
+            op, cm,
+        )  # fmt: skip
+
+    async def _consume(
+        self, kind: str, what: str, prefix: str, source: str, docs: dict, parse, op: str, cm: dict
+    ) -> None:
+        """Apply one reference agent ConfigMap (node-info or device-info) to the fault center.
+
+        ``parse(node, data) -> (kept, faults)`` raises ``formats.BadConfigMap``; ``kept`` is stored in
+        ``docs[node]``. A delete clears the node's faults of ``source``; a ConfigMap of a node not (yet)
+        known waits in ``_pending``; a bad one is rejected and counted; nothing stops the watch.
+        """
         name = cm["metadata"]["name"]
-        node = formats.node_name_of(name, formats.DEVICEINFO_PREFIX)
+        node = formats.node_name_of(name, prefix)
         if node is None:
             return
         try:
             if op == "delete":
-                self._pending.pop(("deviceinfo", node), None)
-                self._device_docs.pop(node, None)
-                await self.cd.center.replace_source(node, formats.SOURCE_DEVICEINFO, [])
+                self._pending.pop((kind, node), None)
+                docs.pop(node, None)
+                await self.cd.center.replace_source(node, source, [])
                 return
             await self._wait_nodes()
             if not self._known_node(node):
-                self._pending[("deviceinfo", node)] = cm
+                self._pending[(kind, node)] = cm
                 self._reject("unknown_node", configmap=name, node=node)
                 return
             try:
-                doc = formats.parse_device_info(cm.get("data"))
-                faults = formats.faults_from_device_info(node, doc)
+                kept, faults = parse(node, cm.get("data"))
             except formats.BadConfigMap as e:
                 self._reject(e.reason, configmap=name, error=e.detail)
                 return
-            self._device_docs[node] = doc
-            await self.cd.center.replace_source(node, formats.SOURCE_DEVICEINFO, faults)
-            event(log, logging.DEBUG, "device info consumed", node=node, faults=len(faults))
-        except Exception as e:
-            event(log, logging.ERROR, "device info not applied", configmap=name, error=repr(e))
+            docs[node] = kept
+            await self.cd.center.replace_source(node, source, faults)
+            event(log, logging.DEBUG, f"{what} consumed", node=node, faults=len(faults))
+        except Exception as e:  # never let one object stop the watch
+            event(log, logging.ERROR, f"{what} not applied", configmap=name, error=repr(e))
         finally:
             self._mark(node)
 
