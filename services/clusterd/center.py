@@ -256,6 +256,10 @@ class FaultCenter:
         )
         return sorted(items, key=lambda f: (f.node, f.device_type, f.device_id, f.code, f.source))
 
+    def faults_of_origin(self, origin: str) -> list[Fault]:
+        """Every active fault owned by ``origin`` (unsorted; cost follows that origin's faults)."""
+        return [self._faults[k] for (_, o), keys in self._by_scope.items() if o == origin for k in keys]
+
     def __len__(self) -> int:
         return len(self._faults)
 

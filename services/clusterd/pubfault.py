@@ -333,10 +333,8 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                 now = now_ms()
                 due = [
                     f.key
-                    for f in self.cd.center.faults()
-                    if f.source.startswith("public:")
-                    and int(f.attributes.get("expires_ms", "0") or 0)
-                    and int(f.attributes["expires_ms"]) <= now
+                    for f in self.cd.center.faults_of_origin("public")
+                    if 0 < int(f.attributes.get("expires_ms", "0") or 0) <= now
                 ]
                 if due:
                     await self.cd.center.apply([], due, "public")
