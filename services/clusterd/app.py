@@ -134,7 +134,7 @@ class ClusterD:
         """Open state, restore faults, start components, HTTP, then gRPC. Raises ``OSError`` on bind."""
         await self.store.open()
         n = await self.center.load()
-        self.tasks.spawn(self.center._writer(), name="fault-center-writer")
+        self.tasks.spawn(self.center.run(), name="fault-center-writer")
         for c in self.components:
             await c.start()
         await self.http.start()

@@ -53,7 +53,7 @@ class _Op(NamedTuple):
 
 
 class FaultCenter:
-    """Active faults in memory, persisted in ``store``. Start with :meth:`load` then :meth:`start`."""
+    """Active faults in memory, persisted in ``store``. Start with :meth:`load`, then run :meth:`run` as a task."""
 
     def __init__(self, store: Store, registry: CollectorRegistry, max_batch: int = 512) -> None:
         self._store = store
@@ -66,7 +66,6 @@ class FaultCenter:
         self._subs: list[Subscriber] = []
         self._queue: asyncio.Queue[_Op] = asyncio.Queue()
         self._max_batch = max_batch
-        self._task: asyncio.Task | None = None
         self.active = Gauge("faultmesh_faults_active", "Active faults by level", ["level"], registry=registry)
         self.changes = Counter(
             "faultmesh_fault_changes_total", "Fault center changes", ["kind"], registry=registry
@@ -88,11 +87,6 @@ class FaultCenter:
             self._put(fault, origin)
         self._update_gauges()
         return len(self._faults)
-
-    def start(self) -> asyncio.Task:
-        """Start the writer task (the caller owns and cancels it)."""
-        self._task = asyncio.create_task(self._writer(), name="fault-center-writer")
-        return self._task
 
     def subscribe(self, cb: Subscriber) -> None:
         """Call ``cb(changes)`` after each committed batch that changed something (on the loop)."""
@@ -126,7 +120,9 @@ class FaultCenter:
         """Make ``faults`` every fault of ``source`` on ``node``; origin = source."""
         return await self._submit(faults, (), (node, source), source)
 
-    async def _writer(self) -> None:
+    async def run(self) -> None:
+        """The writer loop: applies queued operations in order, one commit per batch. Runs until
+        cancelled (its owner, ClusterD's TaskOwner, cancels it on shutdown)."""
         while True:
             ops = [await self._queue.get()]
             while len(ops) < self._max_batch and not self._queue.empty():
