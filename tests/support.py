@@ -109,10 +109,12 @@ async def make_clusterd(tmp_path: Path, *extra: str):
     classes = _load_component_classes()
     args = build_parser(classes).parse_args(
         [
+            # port 0: the OS picks free ports at bind time (no race with other sockets); tests read
+            # them back from cd.grpc_port and cd.http.port
             "--grpc-addr",
-            f"127.0.0.1:{free_port()}",
+            "127.0.0.1:0",
             "--http-addr",
-            f"127.0.0.1:{free_port()}",
+            "127.0.0.1:0",
             "--state-dir",
             str(tmp_path / "state"),
             *extra,

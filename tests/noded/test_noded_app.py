@@ -89,7 +89,7 @@ async def test_control_messages_reach_components_through_clusterd(tmp_path):
         "--node-name",
         "node-c",
         "--clusterd",
-        cd.args.grpc_addr,
+        f"127.0.0.1:{cd.grpc_port}",
         "--http-addr",
         "127.0.0.1:0",
         "--min-report-interval",
@@ -231,7 +231,7 @@ async def test_tls_and_token_to_clusterd(tmp_path, bmc_sim):
     bmc_sim.add_alarm("0800004B", "Memory", 3)
     common = [
         "--clusterd",
-        cd.args.grpc_addr,
+        f"127.0.0.1:{cd.grpc_port}",
         "--http-addr",
         "127.0.0.1:0",
         "--bmc-host",

@@ -40,7 +40,7 @@ async def test_http_inputs_push_and_restart(tmp_path):
     async def on_control(msg):
         got.append(msg)
 
-    agent = AgentClient(cd.args.grpc_addr, "node-1", "noded", on_control=on_control, token="s3cret")
+    agent = AgentClient(f"127.0.0.1:{cd.grpc_port}", "node-1", "noded", on_control=on_control, token="s3cret")
     try:
         async with aiohttp.ClientSession() as s:
             async with s.post(f"{base}/v1/pingmesh/topology", data=json.dumps(SP.to_json_obj())) as r:
@@ -75,7 +75,9 @@ async def test_http_inputs_push_and_restart(tmp_path):
         # a reconnecting noded gets everything again
         await agent.stop()
         got.clear()
-        agent = AgentClient(cd.args.grpc_addr, "node-1", "noded", on_control=on_control, token="s3cret")
+        agent = AgentClient(
+            f"127.0.0.1:{cd.grpc_port}", "node-1", "noded", on_control=on_control, token="s3cret"
+        )
         await agent.start()
         for _ in range(100):
             if len(got) >= 3:
