@@ -156,11 +156,14 @@ class ClusterD:
                     mod = importlib.import_module(base.__module__.replace("_grpc", ""))
                     names.extend(s.full_name for s in mod.DESCRIPTOR.services_by_name.values())
         reflection.enable_server_reflection(sorted(set(names)), server)
-        if self.args.tls_cert:
-            creds = server_credentials(self.args.tls_cert, self.args.tls_key, self.args.tls_ca)
-            self.grpc_port = server.add_secure_port(self.args.grpc_addr, creds)
-        else:
-            self.grpc_port = server.add_insecure_port(self.args.grpc_addr)
+        try:
+            if self.args.tls_cert:
+                creds = server_credentials(self.args.tls_cert, self.args.tls_key, self.args.tls_ca)
+                self.grpc_port = server.add_secure_port(self.args.grpc_addr, creds)
+            else:
+                self.grpc_port = server.add_insecure_port(self.args.grpc_addr)
+        except RuntimeError as e:  # grpcio raises this when the port is taken
+            raise OSError(f"cannot bind gRPC address {self.args.grpc_addr}: {e}") from None
         if not self.grpc_port:
             raise OSError(f"cannot bind gRPC address {self.args.grpc_addr}")
         await server.start()
