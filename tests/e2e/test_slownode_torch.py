@@ -7,7 +7,7 @@ Ranks 0,1 are placed on node-a and 2,3 on node-b.
 
 - Stall: from step 30 rank 2 sleeps 0.4 x its compute time per step. clusterd must log
   ``got degradation, slow rank ids: [2]`` (and no other rank) within 3 rounds of the confirmation
-  becoming possible (5 consecutive slow rounds from the first round that localized the rank).
+  becoming possible (the 5th consecutive round that localizes the rank; an interruption restarts the count).
   Asserted on the achieved slowdown measured by the job, not on the intended factor.
 - Clean: the same job without slowdown logs nothing and raises no fault.
 
@@ -246,9 +246,18 @@ def test_stall_rank2_detected(stack):
     status = _http(cd.http, "GET", f"/v1/slownode/{job}")
     assert status["degraded"] and status["slowRanks"] == [2]
     hist = status["history"]
-    first = next(i for i, h in enumerate(hist) if 2 in h["slowCalculateRanks"])
     confirm = next(i for i, h in enumerate(hist) if h["degraded"])
-    assert confirm - first <= 4 + 3, hist
+    # confirmation becomes possible at the 5th consecutive round that localizes rank 2 (a round in
+    # between without it, e.g. no fresh data on a loaded box, restarts the count); it must follow
+    # within 3 rounds of that
+    run, possible = 0, None
+    for i, h in enumerate(hist[: confirm + 1]):
+        run = run + 1 if 2 in h["slowCalculateRanks"] else 0
+        if run >= 5:
+            possible = i
+            break
+    assert possible is not None and confirm - possible <= 3, hist
+    first = next(i for i, h in enumerate(hist) if 2 in h["slowCalculateRanks"])
     others = [h["round"] for h in hist if set(h["slowCalculateRanks"]) - {2}]
     print(f"rounds that also localized another rank (never reported: majority rule): {others}")
     # detection delay in steps after the stall began (printed for the record)
