@@ -1,0 +1,150 @@
+"""Sinks: consumers of changes, each with its own bounded queue and task (issue 12, anchors §7).
+
+A producer (clusterd's fault center writer, an agent's state) hands every committed batch to
+:meth:`SinkWorker.offer`, which never waits and never runs the consumer: the consumer runs in the
+worker's own task. So a slow consumer delays only itself. When its queue is full (``maxsize``
+batches) the worker drops what is queued, counts an overflow and, once it catches up, calls the
+consumer's ``resync(snapshot)`` with a fresh snapshot from ``snapshot()`` instead of the lost
+batches: it converges to the truth rather than replaying history it fell behind on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter
+
+from faultmesh.log import event
+
+C = TypeVar("C")
+log = logging.getLogger("faultmesh.sink")
+
+__all__ = ["FaultSink", "SinkMetrics", "SinkWorker"]
+
+
+class FaultSink(Protocol[C]):
+    """A consumer of change batches. ``publish`` gets batches in commit order; ``resync`` gets the
+    whole current state after the sink fell behind (or at start)."""
+
+    name: str
+
+    async def publish(self, changes: Sequence[C]) -> None: ...
+    async def resync(self, snapshot: Any) -> None: ...
+
+
+class SinkMetrics:
+    """``faultmesh_sink_overflows_total{sink}`` and ``faultmesh_sink_errors_total{sink}``."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.overflows = Counter(
+            "faultmesh_sink_overflows",
+            "sink queue overflows (resynced from a snapshot)",
+            ["sink"],
+            registry=registry,
+        )
+        self.errors = Counter("faultmesh_sink_errors", "sink calls that raised", ["sink"], registry=registry)
+
+
+class SinkWorker(Generic[C]):
+    """One bounded queue and one task for one consumer.
+
+    ``name`` (log/metrics label), ``publish(batch)`` (sync or async callable), ``resync(snapshot)``
+    and ``snapshot()`` (optional: without them an overflow is only counted and logged),
+    ``maxsize`` (batches, default 1024). Start with :meth:`run` as an owned task.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        publish: Callable[[Sequence[C]], Awaitable[None] | None],
+        *,
+        resync: Callable[[Any], Awaitable[None] | None] | None = None,
+        snapshot: Callable[[], Any] | None = None,
+        maxsize: int = 1024,
+        metrics: SinkMetrics | None = None,
+    ) -> None:
+        self.name = name
+        self._publish = publish
+        self._resync = resync
+        self._snapshot = snapshot
+        self._queue: asyncio.Queue[Sequence[C]] = asyncio.Queue(maxsize=maxsize)
+        self._need_resync = False
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._metrics = metrics
+        self.delivered = 0
+        self.overflows = 0
+
+    def offer(self, batch: Sequence[C]) -> None:
+        """Queue one batch (never waits). On a full queue: drop the queue, resync later."""
+        if self._need_resync:
+            return
+        self._idle.clear()
+        try:
+            self._queue.put_nowait(batch)
+        except asyncio.QueueFull:
+            self.overflows += 1
+            if self._metrics is not None:
+                self._metrics.overflows.labels(self.name).inc()
+            event(log, logging.WARNING, "sink overflow", sink=self.name, queued=self._queue.qsize())
+            while not self._queue.empty():
+                self._queue.get_nowait()
+            self._need_resync = True
+            self._wake.set()
+
+    def pending(self) -> int:
+        """Batches waiting."""
+        return self._queue.qsize()
+
+    async def _call(self, fn: Callable[[Any], Awaitable[None] | None], arg: Any) -> None:
+        try:
+            res = fn(arg)
+            if asyncio.iscoroutine(res):
+                await res
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a broken consumer must not stop its worker
+            if self._metrics is not None:
+                self._metrics.errors.labels(self.name).inc()
+            event(log, logging.ERROR, "sink failed", sink=self.name, error=repr(e))
+
+    async def run(self) -> None:
+        """Deliver batches until cancelled."""
+        while True:
+            if self._need_resync:
+                self._need_resync = False
+                if self._resync is not None and self._snapshot is not None:
+                    await self._call(self._resync, self._snapshot())
+                continue
+            if self._queue.empty():
+                self._idle.set()
+                self._wake.clear()
+                getter = asyncio.ensure_future(self._queue.get())
+                waker = asyncio.ensure_future(self._wake.wait())
+                try:
+                    done, _ = await asyncio.wait({getter, waker}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waker.cancel()
+                    if not getter.done():
+                        getter.cancel()
+                if getter in done and not getter.cancelled():
+                    batch = getter.result()
+                else:
+                    continue
+            else:
+                batch = self._queue.get_nowait()
+            await self._call(self._publish, batch)
+            self.delivered += 1
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` s until the queue is empty. True when drained."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
