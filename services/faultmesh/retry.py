@@ -51,7 +51,7 @@ class Backoff:
         self.max_s = max_s
         self.healthy_s = healthy_s
         jitter = initial_s * 0.1 if jitter_s is None else jitter_s
-        self._wait = tenacity.wait_exponential_jitter(initial=initial_s, max=max_s, jitter=jitter)
+        self._wait = tenacity.wait_exponential_jitter(multiplier=initial_s, max=max_s, jitter=jitter)
         self.failures = 0
 
     def next_delay(self) -> float:
@@ -83,7 +83,7 @@ async def retrying(
         retry=tenacity.retry_if_exception_type(on),
         stop=tenacity.stop_after_attempt(attempts),
         wait=tenacity.wait_exponential_jitter(
-            initial=initial_s, max=max_s, jitter=initial_s * random.random()
+            multiplier=initial_s, max=max_s, jitter=initial_s * random.random()
         ),
         reraise=True,
     ):
