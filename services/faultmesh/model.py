@@ -8,12 +8,33 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import NamedTuple
 
-OCCUR = "occur"
-RECOVER = "recover"
-ONCE = "once"
-ASSERTIONS = (OCCUR, RECOVER, ONCE)
+
+class Assertion(StrEnum):
+    """What a fault report asserts (reference ``Assertion``): ``occur`` (active), ``recover`` (gone),
+    ``once`` (a one-shot event, active until it expires). Values are the wire strings."""
+
+    OCCUR = "occur"
+    RECOVER = "recover"
+    ONCE = "once"
+
+
+OCCUR = Assertion.OCCUR
+RECOVER = Assertion.RECOVER
+ONCE = Assertion.ONCE
+ASSERTIONS = tuple(Assertion)
+
+
+class ChangeKind(StrEnum):
+    """What one committed change did to the fault center: ``occur`` (a new key), ``update`` (same key,
+    new level or attributes) or ``recover`` (the key removed)."""
+
+    OCCUR = "occur"
+    UPDATE = "update"
+    RECOVER = "recover"
+
 
 NODE_DEVICE_ID = -1
 
@@ -71,3 +92,11 @@ class Fault:
             and self.assertion == other.assertion
             and self.attributes == other.attributes
         )
+
+
+class Change(NamedTuple):
+    """One committed change: ``kind`` (:class:`ChangeKind`) and the fault (for ``recover``, the
+    record as it was before removal). The one meaning of occur/update/recover in every service."""
+
+    kind: ChangeKind
+    fault: Fault
