@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared"
+# ../shared next to the checkout; FAULTMESH_SHARED points elsewhere (a git worktree whose parent has none).
+SHARED = Path(os.environ.get("FAULTMESH_SHARED") or ROOT.parent / "shared")
 FAULT_TABLES = SHARED / "data" / "fault-tables"
 
 

@@ -6,6 +6,9 @@
 - :class:`Customization` reads ``faultCustomization.json`` (§4): GraceTolerance, FaultFrequency and
   FaultDuration rules with the §4.1 validation (a bad rule is dropped, the rest applies).
 - :class:`SwitchFaultTable` reads ``SwitchFaultCode.json`` (§7): ``[0xALARM,faultId,peer,na]`` strings.
+- :func:`load_fault_duration` / :func:`load_relations` read ``faultDuration.json`` and
+  ``relationFaultCustomization.json`` (reference clusterd.md §6.3) with the core parsers of
+  :mod:`faultmesh.faultrules`.
 
 Defaults written for faultmesh ship in ``deviced/data/``; operators point ``--fault-code-file`` etc. at
 their own files. Errors: :class:`TableError` for a file that is not usable at all.
@@ -21,6 +24,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from faultmesh.faultrules import DurationTable, RelationTable, RuleTableError
 from faultmesh.levels import NpuLevel
 from faultmesh.log import event
 
@@ -426,3 +430,26 @@ class SwitchFaultTable:
     def level(self, code: str) -> str | None:
         """The switch level of ``code``, or None when unlisted (unlisted codes are not reported, §7)."""
         return self.levels.get(normalize_switch_code(code))
+
+
+# ---- cross-fault rules (faultDuration.json, relationFaultCustomization.json) ------------------
+
+
+def load_fault_duration(path: str | Path | None = None) -> DurationTable:
+    """``faultDuration.json`` (None = faultmesh's default): per-code relation deadlines in seconds.
+    Bad entries are dropped into ``rejected``. Raises :class:`TableError` for an unusable file."""
+    obj, name = _read_json(path, "faultDuration.json")
+    try:
+        return DurationTable.from_obj(obj, name)
+    except RuleTableError as e:
+        raise TableError(str(e)) from e
+
+
+def load_relations(path: str | Path | None = None) -> RelationTable:
+    """``relationFaultCustomization.json`` (None = faultmesh's default): trigger + relation faults ->
+    SubHealth / Separate. Bad rules are dropped into ``rejected``. Raises :class:`TableError`."""
+    obj, name = _read_json(path, "relationFaultCustomization.json")
+    try:
+        return RelationTable.from_obj(obj, name)
+    except RuleTableError as e:
+        raise TableError(str(e)) from e

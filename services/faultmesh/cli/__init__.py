@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "slownode",
     "up",
     "device_sim",
+    "explain",
 )
 
 

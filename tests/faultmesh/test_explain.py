@@ -1,0 +1,104 @@
+"""``faultmesh explain CODE`` as a user runs it (the console entry point in a subprocess, and the CLI
+main with captured output), and the core knowledge behind it (faultmesh.faultinfo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from faultmesh import faultinfo
+from faultmesh.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "services")}
+    return subprocess.run(
+        [sys.executable, "-m", "faultmesh", "explain", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def test_explain_80e18008_prints_meaning_level_and_rules():
+    p = run_cli("80E18008")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "HBM" in out  # meaning
+    assert "faultCode.json: RestartNPU" in out  # level
+    assert "frequency (faultCustomization.json): 2 times within 86400 s -> ManuallySeparateNPU" in out
+
+
+def test_explain_link_down_shows_every_rule_kind(capsys):
+    assert main(["explain", "0x81078603"]) == 0
+    out = capsys.readouterr().out
+    assert "NotHandleFault" in out and "NPU到交换机断链不恢复" in out
+    assert "lasting more than 20 s -> PreSeparateNPU, cleared after 60 s recovered" in out
+    assert "5 times within 86400 s -> ManuallySeparateNPU, released after 172800 s" in out
+    assert "kept 300 s waiting for a trigger" in out
+    assert out.count("relation (relationFaultCustomization.json, as relation fault)") == 4
+
+
+def test_explain_switch_and_public_and_node_codes(capsys):
+    assert main(["explain", "[0x08520003,,l2,na]"]) == 0  # spelling canonicalized
+    out = capsys.readouterr().out
+    assert "[0x08520003,na,L2,na]" in out and "SwitchFaultCode.json: NotHandle" in out
+    assert main(["explain", "010001001"]) == 0
+    out = capsys.readouterr().out
+    assert "publicFaultConfiguration.json: SubHealthFault" in out and "光链路脏污（芯片故障）" in out
+    assert main(["explain", "2c000031"]) == 0
+    assert "NodeDConfiguration.json: SeparateFault" in capsys.readouterr().out
+
+
+def test_explain_json():
+    p = run_cli("--json", "8C1F860B")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["known"] and d["levels"][0]["level"] == "NotHandleFault"
+    assert {r["strategy"] for r in d["relations"]} == {"Separate"} and len(d["relations"]) == 2
+
+
+def test_explain_unknown_code_exit_1(capsys):
+    assert main(["explain", "DEAD0001"]) == 1
+    out = capsys.readouterr().out
+    assert "unknown" in out and "still reported" in out
+
+
+@pytest.mark.parametrize("bad", ["zz", "80E1800G", "[0x1,2]", "12345678901234567"])
+def test_explain_malformed_code_exit_2(bad):
+    p = run_cli(bad)
+    assert p.returncode == 2
+    assert "error:" in p.stderr and "80E18008" in p.stderr and not p.stdout
+
+
+def test_explain_help_documents_exit_status():
+    p = subprocess.run(
+        [sys.executable, "-m", "faultmesh", "explain", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "services")},
+        timeout=60,
+    )
+    assert p.returncode == 0 and "exit status: 0" in p.stdout and "1 the code is unknown" in p.stdout
+
+
+def test_typical_faults_listed(capsys):
+    assert main(["explain", "--typical"]) == 0
+    out = capsys.readouterr().out
+    assert "[chip] PCIe" in out and "[node] CPU" in out and "[business plane]" in out
+
+
+def test_meaning_lookup_by_value():
+    assert faultinfo.meaning("20001002").code == "020001002"  # leading zero optional, as deviced reads it
+    assert faultinfo.meaning("80E18005") is None
+    with pytest.raises(ValueError):
+        faultinfo.meaning("nope")
+    assert faultinfo.level_handling("RestartNPU")[1] == "复位芯片"
