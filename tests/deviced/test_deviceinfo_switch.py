@@ -10,10 +10,10 @@ from pathlib import Path
 
 from support import free_port
 
-from deviced import deviceinfo
 from deviced.app import DeviceD, build_parser
 from deviced.backends import SimBackend
 from deviced.engine import OCCUR, DeviceEvent
+from deviced.sinks import deviceinfo
 from deviced.switch import SwitchState
 from deviced.tables import SwitchFaultTable
 from faultmesh.dcmi.lingqu import SwitchEvent

@@ -111,10 +111,10 @@ async def test_switch_event_burst_is_bounded_and_resynced():
     try:
         sim.switch.faults = [SwitchEvent(0x00F1FEF5, 155914, 1, 0, 2, 7, 2, 1, 1, 0, 0)]
         for i in range(SWITCH_QUEUE_MAX + 500):  # a burst from the lingqu thread
-            app._on_switch_event(SwitchEvent(0x12345678, i, 1, 0, 0, 0, 2, 1, i, 0, 0))
-        assert len(app._sw_queue) == SWITCH_QUEUE_MAX and app.switch_drops == 500
+            app.lingqu.on_event(SwitchEvent(0x12345678, i, 1, 0, 0, 0, 2, 1, i, 0, 0))
+        assert len(app.lingqu.queue) == SWITCH_QUEUE_MAX and app.switch_drops == 500
         await app.run_cycle()
-        assert app._sw_queue == [] and not app._switch_resync
+        assert app.lingqu.queue == [] and not app.lingqu.resync_pending
         # the full query replaced the partial burst: the state is the library's current list
         assert [f.code for f in app.state.faults.values() if f.source == "lingqu"] == [
             "[0x00f1fef5,155914,npu,na]"
