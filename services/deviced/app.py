@@ -87,7 +87,6 @@ class DeviceD:
         self.init_retry_s = 5.0
         self.started = False
         self.last_report_ms = 0
-        self.report_latency_hook = None  # bench: called with ([(event, cb_ns)], now_ns) after each report
         # sinks
         self.agent_sink = AgentStateSink(self.state, self.node_name, self.registry)
         self.reset_writer = (
@@ -103,6 +102,7 @@ class DeviceD:
         deps = srcmod.Deps(self.engine, self.io, self.switch_state, args, self._wake)
         self.sources = [cls(deps) for cls in srcmod.SOURCES]
         self.chip = self._source(srcmod.ChipEvents)
+        self._latency_hook = None
         self.lingqu = self._source(srcmod.LingquSwitch)
         self.link_check = self._source(srcmod.LinkCheck)
         self.hot_reset = HotReset(args, self.engine, self.io, self.tasks, self._wake)
@@ -163,6 +163,16 @@ class DeviceD:
         self.chip.subscribe_retry_s = s
 
     @property
+    def report_latency_hook(self):
+        """Bench hook, called with ([(event, callback ns)], now ns) after each report; None: off."""
+        return self._latency_hook
+
+    @report_latency_hook.setter
+    def report_latency_hook(self, hook) -> None:
+        self._latency_hook = hook
+        self.chip.track_latency = hook is not None
+
+    @property
     def monotonic(self):
         """The hot-reset and link-check clock (s); injectable for tests."""
         return self.hot_reset.monotonic
@@ -182,8 +192,7 @@ class DeviceD:
         if self.reset_writer is not None:
             self.reset_writer.update(chips_of(self.engine))
         self.last_report_ms = now_ms()
-        hook = self.report_latency_hook
-        self.chip.track_latency = hook is not None
+        hook = self._latency_hook
         if hook is not None:
             hook(self.chip.take_latency(), time.monotonic_ns())
 
