@@ -1,6 +1,7 @@
-"""deviced backends: the ctypes DCMI binding (``dcmi``) and a pure-Python simulator (``sim``).
+"""deviced backends: the ctypes DCMI binding (``dcmi`` v1 and v2) and a pure-Python simulator (``sim``).
 
-Both expose the same blocking methods, called by the app through a ``BlockingPool`` (never on the
+All satisfy :class:`NpuBackend` (the Protocol the sources are written against) and expose the same
+blocking methods, called by the app through a ``BlockingPool`` (never on the
 event loop). Event callbacks arrive on a foreign thread (the driver's C thread, or the simulator's
 firing thread) and must only be handed to the loop.
 
@@ -14,12 +15,14 @@ Methods: ``init()``, ``devices() -> list[DeviceIds]``, ``health(ids) -> int`` (r
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 from faultmesh.dcmi.api import Dcmi, DcmiV2, DevFaultEvent, DeviceIds
 from faultmesh.dcmi.lingqu import Lingqu, SwitchEvent
@@ -30,6 +33,59 @@ UNSET = 0xFFFFFFFF
 
 HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"
 _LINK_RE = re.compile(r"link status:\s*(UP|DOWN)", re.IGNORECASE)
+
+
+@runtime_checkable
+class SwitchBackend(Protocol):
+    """The lingqu switch calls (blocking): ``init()``, ``subscribe(cb)`` (cb runs on a foreign thread),
+    ``fault_info() -> list[SwitchEvent]`` (the full current list). Raise ``DcmiError`` on failure."""
+
+    def init(self) -> None: ...
+    def subscribe(self, cb: Callable[[SwitchEvent], None]) -> None: ...
+    def fault_info(self) -> list[SwitchEvent]: ...
+
+
+@runtime_checkable
+class NpuBackend(Protocol):
+    """What deviced needs of an NPU driver (dcmi v1, dcmi v2, sim). Every call blocks and is run in a
+    ``BlockingPool`` with a timeout; failures raise ``DcmiError`` (``DeviceNotReady`` for health -8012).
+
+    ``name``; ``switch`` (a :class:`SwitchBackend` or None); ``init()``; ``devices() -> [DeviceIds]``;
+    ``health(ids) -> int`` (0 healthy); ``error_codes(ids) -> [int]``; ``subscribe(cb)`` (fault events
+    as :class:`DevFaultEvent` on a foreign thread); ``network_health(ids) -> int`` (RdfxDetectResult);
+    ``process_count(ids) -> int``; ``boot_status(ids) -> int``; ``reset(ids)``; ``spod(ids) ->
+    (super_pod_id, server_index)``; ``chip_name(ids) -> str``; ``link_up(ids) -> bool | None``.
+    """
+
+    name: str
+    switch: SwitchBackend | None
+
+    def init(self) -> None: ...
+    def devices(self) -> list[DeviceIds]: ...
+    def health(self, ids: DeviceIds) -> int: ...
+    def error_codes(self, ids: DeviceIds) -> list[int]: ...
+    def subscribe(self, cb: Callable[[DevFaultEvent], None]) -> None: ...
+    def network_health(self, ids: DeviceIds) -> int: ...
+    def process_count(self, ids: DeviceIds) -> int: ...
+    def boot_status(self, ids: DeviceIds) -> int: ...
+    def reset(self, ids: DeviceIds) -> None: ...
+    def spod(self, ids: DeviceIds) -> tuple[int, int]: ...
+    def chip_name(self, ids: DeviceIds) -> str: ...
+    def link_up(self, ids: DeviceIds) -> bool | None: ...
+
+
+def make_backend(args: argparse.Namespace) -> NpuBackend:
+    """Build the backend of ``--backend`` (sim, or dcmi by ``--dcmi-api``). Raises ``DcmiError``
+    (e.g. LibraryMissing) for dcmi."""
+    if args.backend == "sim":
+        return SimBackend(args.sim_cards, args.sim_devices_per_card)
+    return open_dcmi_backend(
+        args.dcmi_api,
+        args.dcmi_lib,
+        args.lingqu_lib,
+        want_switch=not args.no_switch,
+        hccn_tool=args.hccn_tool,
+    )
 
 
 def hccn_link_up(tool: str, phy: int, timeout_s: float = 5.0) -> bool | None:

@@ -1,14 +1,21 @@
 """deviced's fault state machine: events in, per-device codes, levels and health out. No I/O.
 
+The engine is the ONLY owner of device state (issue 12): sources emit events into it through its
+public methods (``submit``, ``apply_poll``, ``set_card_drop``, ``set_probe``, ``set_link``,
+``mark_reinit``, ``overflowed``), actions change it through it (hot reset: ``reset_begin`` /
+``reset_end`` / ``reset_failed``; operator release: ``release_manual``), and readers use
+``devices`` (read only), ``code_level`` / ``base_level`` / ``worst_level`` and ``next_due_ms``.
+
 Everything is driven by an injected clock (``clock() -> ms``) so tests can walk hours in microseconds.
 Sources: reference deviced.md §1.1 (callback handling, 1 s recover delay, mend rules, card drop),
 §2 (network codes, 20 s / 60 s link-down rule), §3 (levels, precedence, Health / NetworkHealth),
-§4.2 (frequency), §4.3 (duration, incl. the HBM/AIC pairing when 80E01801 has a duration rule).
+§4.2 (frequency), §4.3 (duration, incl. the HBM/AIC pairing when 80E01801 has a duration rule); the
+frequency and duration rules themselves are in :mod:`deviced.rules`.
 faultmesh differences (design.md): the gateway probe feeds the
 20 s rule through the synthetic network code ``GATEWAY_PROBE``; unknown codes are kept, marked
 ``unknown`` and counted; each code's own level is the max of its table level and its own escalations.
 
-Typical use (the deviced app does this)::
+Typical use (the deviced cycle does this)::
 
     eng = FaultEngine(FaultCodeTable.load(), Customization.load())
     eng.set_devices(dcmi.devices())
@@ -23,11 +30,28 @@ import bisect
 import collections
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
+from deviced import rules
+from deviced.state import (
+    ASSERTION_NAMES,
+    DURATION,
+    FREQUENCY,
+    HOT_RESET_FAILED,
+    MAX_CODES_PER_DEVICE,
+    OCCUR,
+    ONCE,
+    RECOVER,
+    CodeState,
+    Device,
+    DeviceEvent,
+    DurationState,
+    FrequencyState,
+    UpgradeReason,
+)
 from deviced.tables import (
     CARD_DROP,
     GATEWAY_PROBE,
+    LINK_DOWN,
     NETWORK_CODES_ALL,
     RESET_FINISHED,
     Customization,
@@ -38,129 +62,40 @@ from faultmesh.levels import NpuLevel
 from faultmesh.log import event
 from faultmesh.model import now_ms
 
+__all__ = [
+    "ASSERTION_NAMES",
+    "DURATION",
+    "FREQUENCY",
+    "HOT_RESET_FAILED",
+    "MAX_CODES_PER_DEVICE",
+    "OCCUR",
+    "ONCE",
+    "RECOVER",
+    "CodeState",
+    "Device",
+    "DeviceEvent",
+    "DurationState",
+    "FaultEngine",
+    "FrequencyState",
+    "UpgradeReason",
+]
+
 log = logging.getLogger("deviced.engine")
 
-RECOVER, OCCUR, ONCE = 0, 1, 2
-ASSERTION_NAMES = {RECOVER: "recover", OCCUR: "occur", ONCE: "once"}
 RECOVER_DELAY_MS = 1_000  # §1.1: the driver's error list lags the recover event
 SUBSCRIBE_TO_POLL_MS = 5 * 60_000  # §1.1: unhealthy for more than 5 min -> mend by polling
 HBM_DOUBLE_BIT = 0x80E01801
 AIC_BUS_CODES = frozenset({0x80C98009, 0x80CB8009})
 HBM_PAIR_WINDOW_MS = 5_000  # §4.3: AIC/AIV bus faults within ±5 s of an HBM double-bit fault
-MAX_CODES_PER_DEVICE = 512  # active codes kept per chip (the driver lists at most 128)
 MAX_EVENT_MEMORY = 2048  # per-chip last-event entries before inactive codes are forgotten
-
-FREQUENCY = "FaultFrequency"
-DURATION = "FaultDuration"
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceEvent:
-    """One fault event for a chip: ``logic`` id, ``code``, ``assertion`` (0 recover, 1 occur, 2 once),
-    ``severity`` (0..3; None unknown), ``time_ms`` (host time, ms), ``origin`` (callback, poll, probe,
-    card-drop)."""
-
-    logic: int
-    code: int
-    assertion: int
-    severity: int | None
-    time_ms: int
-    origin: str = "callback"
-
-
-@dataclass
-class CodeState:
-    """An active code on a chip: first-seen time (ms), last severity, ``once`` (lives one cycle)."""
-
-    first_seen_ms: int
-    severity: int | None
-    once: bool = False
-
-
-@dataclass
-class DurationState:
-    """§4.3 state per (code, chip): timed out or not, the event queue, and the alarm time (ms)."""
-
-    timed_out: bool = False
-    queue: list[tuple[int, int]] = field(default_factory=list)  # (time_ms, assertion)
-    alarm_ms: int = 0
-
-
-@dataclass
-class FrequencyState:
-    """§4.2 state per (code, chip): occurrence times (ms), last fault and last recover times."""
-
-    times: list[int] = field(default_factory=list)
-    last_fault_ms: int = 0
-    last_recover_ms: int = 0
-
-
-@dataclass
-class UpgradeReason:
-    """An escalation kept for a chip: ``code``, ``level``, ``kind`` (FaultFrequency / FaultDuration), ``time_ms``."""
-
-    code: int
-    level: NpuLevel
-    kind: str
-    time_ms: int
-
-
-@dataclass
-class Device:
-    """Everything deviced knows about one chip, keyed by logic id."""
-
-    ids: DeviceIds
-    chip: dict[int, CodeState] = field(default_factory=dict)
-    network: dict[int, CodeState] = field(default_factory=dict)
-    duration: dict[int, DurationState] = field(default_factory=dict)
-    frequency: dict[int, FrequencyState] = field(default_factory=dict)
-    reasons: dict[tuple[int, str], UpgradeReason] = field(default_factory=dict)
-    manually_separated: bool = False
-    reinit: bool = True  # first cycle after start mends by polling
-    card_dropped: bool = False
-    probe_bad: bool = False
-    alarm_ms: int = 0
-    in_use: bool = False
-    level: NpuLevel | None = None
-    network_level: NpuLevel | None = None
-    health: str = "Healthy"
-    network_health: str = "Healthy"
-    resetting: bool = False
-    hbm_times: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=64))
-    last_event_ms: dict[int, tuple[int, float, int]] = field(
-        default_factory=dict
-    )  # code -> (time, seq) last applied
-
-    def codes(self) -> dict[int, CodeState]:
-        """Chip and network codes together."""
-        return {**self.chip, **self.network}
-
-
-class TokenBucket:
-    """A token bucket: ``capacity`` tokens, refilled at ``per_minute`` / 60 per second (clock in ms)."""
-
-    def __init__(
-        self, per_minute: int, capacity: int | None = None, clock: Callable[[], int] = now_ms
-    ) -> None:
-        self.rate_per_ms = per_minute / 60_000
-        self.capacity = float(capacity if capacity is not None else per_minute)
-        self.tokens = self.capacity
-        self.clock = clock
-        self.last = clock()
-
-    def take(self) -> bool:
-        """Take one token; False when the bucket is empty."""
-        now = self.clock()
-        self.tokens = min(self.capacity, self.tokens + (now - self.last) * self.rate_per_ms)
-        self.last = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return True
-        return False
 
 
 class FaultEngine:
-    """Per-chip fault state (see module docstring). ``stats`` counts events by outcome."""
+    """Per-chip fault state (see module docstring). ``stats`` counts events by outcome;
+    ``levels_by_event`` counts handled events by (origin, level); ``subscribed`` is True while fault
+    events come by subscription, ``subscribe_failed`` once it was given up (mend by polling)."""
+
+    PERSISTED_KINDS = rules.PERSISTED_KINDS
 
     def __init__(
         self,
@@ -174,6 +109,7 @@ class FaultEngine:
         self.clock = clock
         self.recover_delay_ms = recover_delay_ms
         self.devices: dict[int, Device] = {}
+        self.subscribed = False
         self.subscribe_failed = False
         self.stats: collections.Counter[str] = collections.Counter()
         self.levels_by_event: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -188,6 +124,10 @@ class FaultEngine:
         """The engine clock (ms)."""
         return self.clock()
 
+    def next_due_ms(self) -> int | None:
+        """When the earliest queued event falls due (engine ms), or None when nothing is queued."""
+        return self._pending[0][0] if self._pending else None
+
     # -- devices ------------------------------------------------------------------------------
     def set_devices(self, ids: Iterable[DeviceIds]) -> None:
         """Adopt the device list; known chips keep their state, vanished chips are dropped."""
@@ -201,11 +141,20 @@ class FaultEngine:
             new[i.logic] = d
         self.devices = new
 
+    def logic_of_phy(self, phy: int) -> int | None:
+        """The logic id of the chip with physical id ``phy`` (None when unknown)."""
+        return next((lg for lg, d in self.devices.items() if d.ids.phy == phy), None)
+
     def set_in_use(self, logics: Iterable[int]) -> None:
         """Mark the chips a job uses (PreSeparateNPU keeps them Healthy, §3.3)."""
         used = set(logics)
         for logic, d in self.devices.items():
             d.in_use = logic in used
+
+    def set_subscription(self, up: bool) -> None:
+        """Fault events come by subscription (``up``) or the subscription was given up (mend by polling)."""
+        self.subscribed = up
+        self.subscribe_failed = not up
 
     # -- input --------------------------------------------------------------------------------
     def begin_poll(self, logic: int) -> tuple[int, float]:
@@ -250,11 +199,17 @@ class FaultEngine:
         self.stats[f"events_{ev.origin}"] += 1
         return True
 
-    def mark_reinit(self, logic: int) -> None:
-        """Put a chip in the re-init set: its codes are re-polled next cycle (§1.1)."""
+    def mark_reinit(self, logic: int) -> bool:
+        """Put a chip in the re-init set: its codes are re-polled next cycle (§1.1). False: unknown chip."""
         d = self.devices.get(logic)
         if d is not None:
             d.reinit = True
+        return d is not None
+
+    def overflowed(self, logic: int) -> None:
+        """A callback for ``logic`` was dropped (rate limit): re-poll the chip (an unknown one is counted)."""
+        if not self.mark_reinit(logic):
+            self.stats["rejected_unknown_device"] += 1
 
     def mend_reason(self, logic: int) -> str | None:
         """Why this chip's codes must be polled this cycle, or None (§1.1 mend rules)."""
@@ -269,17 +224,33 @@ class FaultEngine:
             return "unhealthy for more than 5 min"
         return None
 
-    def apply_poll(self, logic: int, codes: Iterable[int], at: tuple[int, float] | None = None) -> int:
-        """Diff a polled error-code list (card drop included by the caller) against the cache and
-        queue synthetic occur/recover events. ``at`` is :meth:`begin_poll`'s mark taken before the read
-        (default: now): the synthetic events are ordered there, so a callback that arrives during the read is
-        newer and still wins. Returns the number of events made."""
+    def apply_poll(
+        self,
+        logic: int,
+        codes: Iterable[int],
+        at: tuple[int, float] | None = None,
+        card_dropped: bool | None = None,
+    ) -> int:
+        """Diff a polled error-code list against the cache and queue synthetic occur/recover events.
+
+        ``at`` is :meth:`begin_poll`'s mark taken before the read (default: now): the synthetic events
+        are ordered there, so a callback that arrives during the read is newer and still wins.
+        ``card_dropped`` (the health read of the same poll: True on -8012, False when it answered,
+        None unknown) adds or removes the card-drop code 40F84E00; a link down raised by hccn_tool
+        (:meth:`set_link`) stays live (it is not in the driver's list). Returns the number of events made."""
         d = self.devices.get(logic)
         if d is None:
             return 0
         if at is None:
             at = self.begin_poll(logic)
         now, order = at
+        codes = list(codes)
+        if card_dropped is not None:
+            d.card_dropped = card_dropped
+            if card_dropped:
+                codes.append(CARD_DROP)
+        if d.link_raised:
+            codes.append(LINK_DOWN)
         live = {c for c in codes if c and c not in (RESET_FINISHED, GATEWAY_PROBE)}
         # what the cache holds once the events queued before the read are applied, in order
         expected = {c for c, st in d.codes().items() if not st.once}
@@ -328,6 +299,68 @@ class FaultEngine:
         self.submit(DeviceEvent(logic, GATEWAY_PROBE, RECOVER if healthy else OCCUR, 0, self.now(), "probe"))
         return True
 
+    def link_check_wanted(self, logic: int) -> bool:
+        """Whether an hccn_tool link check of this chip is useful (§1.1 "Link status"): the driver
+        reports no network code for it, or only the link down that a link check raised."""
+        d = self.devices.get(logic)
+        if d is None:
+            return False
+        return not d.network or (d.link_raised and set(d.network) == {LINK_DOWN})
+
+    def set_link(self, logic: int, up: bool) -> bool:
+        """Feed one hccn_tool link state: DOWN raises 81078603 (which then runs the 20 s rule) unless
+        the driver already reports it; UP recovers only the 81078603 a link check raised. True on change."""
+        d = self.devices.get(logic)
+        if d is None:
+            return False
+        if not up and not d.link_raised and LINK_DOWN not in d.network:
+            d.link_raised = True
+            self.submit(DeviceEvent(logic, LINK_DOWN, OCCUR, 0, self.now(), "link"))
+            return True
+        if up and d.link_raised:
+            d.link_raised = False
+            self.submit(DeviceEvent(logic, LINK_DOWN, RECOVER, 0, self.now(), "link"))
+            return True
+        return False
+
+    # -- hot reset (§6): the action's state changes ------------------------------------------------
+    def resetting(self) -> set[int]:
+        """Logic ids of the chips whose hot reset is running."""
+        return {lg for lg, d in self.devices.items() if d.resetting}
+
+    def reset_begin(self, logic: int) -> None:
+        """A hot reset of ``logic`` starts (the chip shows as Recovering)."""
+        d = self.devices.get(logic)
+        if d is not None:
+            d.resetting = True
+
+    def reset_end(self, logic: int, booted: bool) -> None:
+        """A hot reset of ``logic`` ended; ``booted``: the chip came back, re-poll its codes."""
+        d = self.devices.get(logic)
+        if d is None:
+            return
+        d.resetting = False
+        if booted:
+            d.reinit = True
+
+    def reset_failed(self, logic: int) -> bool:
+        """A hot reset failed or was refused: escalate the chip to SeparateNPU (reason HotResetFailed,
+        kept until its chip faults are gone). Returns True when the escalation is new."""
+        d = self.devices.get(logic)
+        key = (0, HOT_RESET_FAILED)
+        if d is None or key in d.reasons:
+            return False
+        d.reasons[key] = UpgradeReason(0, NpuLevel.SeparateNPU, HOT_RESET_FAILED, self.now())
+        return True
+
+    def clear_reset_failures(self) -> list[int]:
+        """Drop the HotResetFailed escalation of every chip whose chip faults are gone; returns them."""
+        cleared = []
+        for logic, d in self.devices.items():
+            if not d.chip and d.reasons.pop((0, HOT_RESET_FAILED), None) is not None:
+                cleared.append(logic)
+        return cleared
+
     # -- the cycle ----------------------------------------------------------------------------
     def cycle(self) -> set[int]:
         """Apply due events, run duration and frequency rules, recompute levels and health.
@@ -361,7 +394,7 @@ class FaultEngine:
                 self.stats["stale_event"] += 1  # an older event arriving late (e.g. a delayed recover)
                 continue
             d.last_event_ms[ev.code] = order
-            self._apply(d, ev)
+            rules.apply_event(self, d, ev)
             if self.custom.duration_rule(ev.code) is not None:
                 per_dev_queue[(ev.logic, ev.code)].append((ev.time_ms, ev.assertion))
         for (logic, code), q in per_dev_queue.items():
@@ -370,7 +403,7 @@ class FaultEngine:
             for t, a in q:  # a one-off notice is an occurrence that ends at once
                 st.queue.extend([(t, OCCUR), (t, RECOVER)] if a == ONCE else [(t, a)])
         for logic, d in self.devices.items():
-            if self._run_duration(d, now) | self._run_frequency(d, now):
+            if rules.run_duration(self, d, now) | rules.run_frequency(self, d, now, self._clear_freq):
                 changed.add(logic)
             if self._levels(d):
                 changed.add(logic)
@@ -394,188 +427,24 @@ class FaultEngine:
         self._clear_freq.clear()
         return changed
 
-    def _apply(self, d: Device, ev: DeviceEvent) -> None:
-        store = d.network if ev.code in NETWORK_CODES_ALL else d.chip
-        has_duration = self.custom.duration_rule(ev.code) is not None
-        freq_rule = self.custom.frequency_rule(ev.code)
-        if ev.assertion in (OCCUR, ONCE):
-            cur = store.get(ev.code)
-            if cur is None and len(d.chip) + len(d.network) >= MAX_CODES_PER_DEVICE:
-                self.stats["rejected_too_many_codes"] += 1  # a driver flooding distinct codes
-                return
-            if cur is None:
-                store[ev.code] = CodeState(ev.time_ms, ev.severity, once=ev.assertion == ONCE)
-                d.alarm_ms = ev.time_ms
-            else:
-                self.stats["duplicate_occur"] += 1
-                if ev.severity is not None:
-                    cur.severity = ev.severity
-                cur.once = cur.once and ev.assertion == ONCE
-            if freq_rule is not None and not has_duration:
-                fs = d.frequency.setdefault(ev.code, FrequencyState())
-                fs.times.append(ev.time_ms)
-                fs.last_fault_ms = ev.time_ms
-                event(
-                    log,
-                    logging.INFO,
-                    "insert fault frequency success",
-                    logic_id=d.ids.logic,
-                    code=self.table.spelling(ev.code),
-                    count=len(fs.times),
-                )
-            level, unknown = self._code_level(ev.code, store[ev.code].severity)
-            self.levels_by_event[(ev.origin, level.name)] += 1
-            if unknown:
-                self.stats["unknown_code"] += 1
-        else:
-            if store.pop(ev.code, None) is None:
-                self.stats["recover_without_occur"] += 1
-            if freq_rule is not None and not has_duration:
-                d.frequency.setdefault(ev.code, FrequencyState()).last_recover_ms = ev.time_ms
-            self.levels_by_event[(ev.origin, "Recover")] += 1
-
-    def _code_level(self, code: int, severity: int | None) -> tuple[NpuLevel, bool]:
+    def base_level(self, code: int, severity: int | None) -> tuple[NpuLevel, bool]:
+        """A code's table level (or fallback) without escalations, and whether the code is unknown."""
         if code in NETWORK_CODES_ALL:
             if code == GATEWAY_PROBE and not self.table.known(code):
                 return NpuLevel.NotHandleFault, False  # the probe starts like a link down (§2)
             return self.table.network_code_level(code)
         return self.table.chip_code_level(code, severity)
 
-    # -- §4.3 duration ------------------------------------------------------------------------
-    def _run_duration(self, d: Device, now: int) -> bool:
-        changed = False
-        for code, st in list(d.duration.items()):
-            rule = self.custom.duration_rule(code)
-            if rule is None:
-                del d.duration[code]
-                continue
-            ft, rt = rule.fault_timeout_s * 1000, rule.recover_timeout_s * 1000
-            q = sorted(st.queue, key=lambda x: x[0])  # stable: same-ms events keep their order
-            merged: list[tuple[int, int]] = []
-            for t, a in q:
-                if not merged or merged[-1][1] != a:
-                    merged.append((t, a))
-            q = merged
-            while True:
-                if not st.timed_out:
-                    while q and q[0][1] == RECOVER:
-                        q.pop(0)
-                    if not q:
-                        break
-                    t_occ = q[0][0]
-                    end = q[1][0] if len(q) > 1 else now
-                    if end - t_occ > ft:
-                        st.timed_out = True
-                        st.alarm_ms = t_occ + ft
-                        self._duration_flip(d, code, rule.level, st.alarm_ms, True)
-                        changed = True
-                        q = q[1:]
-                        continue
-                    if len(q) > 1:
-                        q = q[2:]
-                        continue
-                    break
-                while q and q[0][1] == OCCUR:
-                    q.pop(0)
-                if not q:
-                    break
-                t_rec = q[0][0]
-                end = q[1][0] if len(q) > 1 else now
-                if end - t_rec > rt:
-                    st.timed_out = False
-                    self._duration_flip(d, code, rule.level, t_rec, False)
-                    changed = True
-                    q = q[1:]
-                    continue
-                if len(q) > 1:
-                    q = q[2:]
-                    continue
-                break
-            st.queue = q
-            if not st.timed_out and not q:
-                del d.duration[code]
-        return changed
-
-    def _duration_flip(self, d: Device, code: int, level: NpuLevel, t: int, timed_out: bool) -> None:
-        fs = d.frequency.setdefault(code, FrequencyState()) if self.custom.frequency_rule(code) else None
-        name = self.table.spelling(code)
-        if timed_out:
-            self._set_reason(d, UpgradeReason(code, level, DURATION, t))
-            if fs is not None:
-                fs.times.append(t)
-                fs.last_fault_ms = t
-            event(
-                log,
-                logging.WARNING,
-                "fault duration timeout",
-                logic_id=d.ids.logic,
-                code=name,
-                fault_level=level.name,
-            )
-        else:
-            self._drop_reason(d, code, DURATION)
-            if fs is not None:
-                fs.last_recover_ms = t
-            event(log, logging.INFO, "fault duration recovered", logic_id=d.ids.logic, code=name)
-
-    # -- §4.2 frequency -----------------------------------------------------------------------
-    def _run_frequency(self, d: Device, now: int) -> bool:
-        changed = False
-        for code, fs in list(d.frequency.items()):
-            rule = self.custom.frequency_rule(code)
-            if rule is None:
-                del d.frequency[code]
-                continue
-            cutoff = now - rule.window_s * 1000
-            fs.times = [t for t in fs.times if t >= cutoff]
-            key = (code, FREQUENCY)
-            if len(fs.times) >= rule.times:
-                if key not in d.reasons:
-                    event(
-                        log,
-                        logging.WARNING,
-                        "FaultFrequency detected",
-                        logic_id=d.ids.logic,
-                        code=self.table.spelling(code),
-                        times=len(fs.times),
-                        fault_level=rule.level.name,
-                    )
-                self._set_reason(d, UpgradeReason(code, rule.level, FREQUENCY, fs.last_fault_ms))
-                self._clear_freq[d.ids.logic] = code
-                changed = True
-            elif (
-                key in d.reasons
-                and fs.last_recover_ms >= fs.last_fault_ms
-                and rule.release_s is not None
-                and now - fs.last_recover_ms > rule.release_s * 1000
-            ):
-                self._drop_reason(d, code, FREQUENCY)
-                event(
-                    log,
-                    logging.INFO,
-                    "fault frequency released",
-                    logic_id=d.ids.logic,
-                    code=self.table.spelling(code),
-                )
-                changed = True
-            elif key in d.reasons:
-                if fs.times:
-                    d.reasons[key].time_ms = fs.last_fault_ms
-                fs.times.clear()
-            if not fs.times and key not in d.reasons and fs.last_recover_ms >= fs.last_fault_ms:
-                if code not in d.codes() and code not in d.duration:
-                    del d.frequency[code]
-        d.manually_separated = any(r.level == NpuLevel.ManuallySeparateNPU for r in d.reasons.values())
-        return changed
-
-    def _set_reason(self, d: Device, r: UpgradeReason) -> None:
+    def set_reason(self, d: Device, r: UpgradeReason) -> None:
+        """Keep escalation ``r`` for ``d`` (the rules call this); a new one fires ``on_reason_change``."""
         key = (r.code, r.kind)
         new = key not in d.reasons
         d.reasons[key] = r
         if new and self.on_reason_change is not None:
             self.on_reason_change(d, r, True)
 
-    def _drop_reason(self, d: Device, code: int, kind: str) -> None:
+    def drop_reason(self, d: Device, code: int, kind: str) -> None:
+        """Drop the escalation (code, kind) of ``d``; fires ``on_reason_change`` when there was one."""
         r = d.reasons.pop((code, kind), None)
         if r is not None and self.on_reason_change is not None:
             self.on_reason_change(d, r, False)
@@ -587,7 +456,7 @@ class FaultEngine:
             return False
         keys = [k for k, r in d.reasons.items() if r.level == NpuLevel.ManuallySeparateNPU]
         for code, kind in keys:
-            self._drop_reason(d, code, kind)
+            self.drop_reason(d, code, kind)
             if code in d.frequency:
                 d.frequency[code].times.clear()
         d.manually_separated = False
@@ -604,151 +473,37 @@ class FaultEngine:
         self.custom = custom
         n = 0
         for d in self.devices.values():
-            for (code, kind), r in list(d.reasons.items()):
-                rule = (
-                    custom.frequency_rule(code)
-                    if kind == FREQUENCY
-                    else custom.duration_rule(code)
-                    if kind == DURATION
-                    else None
-                )
-                if kind not in (FREQUENCY, DURATION):
-                    continue
-                if rule is None:
-                    self._drop_reason(d, code, kind)
-                    n += 1
-                elif rule.level != r.level:
-                    r.level = rule.level
-                    n += 1
-            d.manually_separated = any(r.level == NpuLevel.ManuallySeparateNPU for r in d.reasons.values())
+            n += rules.relevel(self, d, custom)
             self._levels(d)
         return n
-
-    # -- persistence (the reference keeps UpgradeFaultReason in its ConfigMap, §4.2, §10) --------
-    PERSISTED_KINDS = (FREQUENCY, "HotResetFailed")
 
     def export_state(self) -> dict:
-        """Escalations that must survive a restart, keyed by physical id: FaultFrequency and
-        HotResetFailed reasons plus frequency counters. Duration reasons are re-derived from live codes."""
-        devices = {}
-        for d in self.devices.values():
-            reasons = [
-                {"code": r.code, "level": r.level.name, "kind": r.kind, "time_ms": r.time_ms}
-                for r in d.reasons.values()
-                if r.kind in self.PERSISTED_KINDS
-            ]
-            freq = {
-                str(code): {
-                    "times": fs.times,
-                    "last_fault_ms": fs.last_fault_ms,
-                    "last_recover_ms": fs.last_recover_ms,
-                }
-                for code, fs in d.frequency.items()
-                if fs.times or (code, FREQUENCY) in d.reasons
-            }
-            if reasons or freq:
-                devices[str(d.ids.phy)] = {
-                    "reasons": sorted(reasons, key=lambda r: (r["code"], r["kind"])),
-                    "frequency": freq,
-                }
-        return {"version": 1, "devices": devices}
+        """Escalations that must survive a restart (see :func:`deviced.rules.export_state`)."""
+        return rules.export_state(self.devices)
 
     def import_state(self, data: dict) -> int:
-        """Restore :meth:`export_state` output (unknown chips and bad entries skipped and counted).
-        FaultFrequency reasons are re-levelled to the current rule or dropped when the rule is gone; a
-        code not recovered before the restart counts as recovered at restart time (a still-active code
-        is re-raised by the first poll). Returns the number of reasons restored."""
-        by_phy = {d.ids.phy: d for d in self.devices.values()}
-        now = self.now()
-        n = 0
-        for phy_s, entry in (data.get("devices") or {}).items():
-            try:
-                d = by_phy.get(int(phy_s))
-            except (TypeError, ValueError):
-                d = None
-            if d is None or not isinstance(entry, dict):
-                self.stats["restore_skipped"] += 1
-                continue
-            for code_s, fs in (entry.get("frequency") or {}).items():
-                try:
-                    st = FrequencyState(
-                        [int(t) for t in fs.get("times", [])],
-                        int(fs["last_fault_ms"]),
-                        int(fs["last_recover_ms"]),
-                    )
-                    code = int(code_s)
-                except (KeyError, TypeError, ValueError, AttributeError):
-                    self.stats["restore_skipped"] += 1
-                    continue
-                if self.custom.frequency_rule(code) is None:
-                    continue
-                if st.last_recover_ms < st.last_fault_ms:
-                    st.last_recover_ms = now
-                d.frequency[code] = st
-            for r in entry.get("reasons") or []:
-                try:
-                    code, kind, t = int(r["code"]), str(r["kind"]), int(r["time_ms"])
-                    level = NpuLevel.parse(str(r["level"]))
-                except (KeyError, TypeError, ValueError):
-                    self.stats["restore_skipped"] += 1
-                    continue
-                if kind == FREQUENCY:
-                    rule = self.custom.frequency_rule(code)
-                    if rule is None:
-                        continue
-                    level = rule.level
-                    d.frequency.setdefault(code, FrequencyState(last_fault_ms=t, last_recover_ms=now))
-                elif kind not in self.PERSISTED_KINDS:
-                    continue
-                d.reasons[(code, kind)] = UpgradeReason(code, level, kind, t)
-                n += 1
-            d.manually_separated = any(r.level == NpuLevel.ManuallySeparateNPU for r in d.reasons.values())
-            self._levels(d)
-        return n
+        """Restore :meth:`export_state` output (see :func:`deviced.rules.import_state`). Returns the
+        number of reasons restored."""
+        return rules.import_state(self, data)
+
+    def refresh(self, logic: int) -> bool:
+        """Recompute one chip's levels and health now. True when they changed."""
+        d = self.devices.get(logic)
+        return d is not None and self._levels(d)
 
     # -- §3 levels ----------------------------------------------------------------------------
     def code_level(self, d: Device, code: int) -> NpuLevel:
         """A code's reported level: its table level (or fallback) merged with its own escalations."""
         st = d.codes().get(code)
-        base = self._code_level(code, st.severity if st else 0)[0]
+        base = self.base_level(code, st.severity if st else 0)[0]
         for (c, _kind), r in d.reasons.items():
             if c == code and r.level > base:
                 base = r.level
         return base
 
     def _levels(self, d: Device) -> bool:
-        chip = [self.code_level(d, c) for c in d.chip]
-        net = [self.code_level(d, c) for c in d.network]
-        for (c, _k), r in d.reasons.items():
-            (net if c in NETWORK_CODES_ALL else chip).append(r.level)
-        level = max(chip) if chip else None
-        network_level = max(net) if net else None
-        if level is None or level <= NpuLevel.SubHealthFault:
-            health = "Healthy"
-        elif level == NpuLevel.PreSeparateNPU and d.in_use:
-            health = "Healthy"
-        else:
-            health = "UnHealthy"
-        network_health = (
-            "Healthy" if network_level is None or network_level == NpuLevel.NotHandleFault else "UnHealthy"
-        )
-        old = (d.level, d.network_level, d.health, d.network_health)
-        d.level, d.network_level, d.health, d.network_health = level, network_level, health, network_health
-        if old[2] != health or old[3] != network_health:
-            event(
-                log,
-                logging.INFO,
-                "device health changed",
-                logic_id=d.ids.logic,
-                phy_id=d.ids.phy,
-                health=health,
-                network_health=network_health,
-                fault_level=level.name if level is not None else "",
-                network_level=network_level.name if network_level is not None else "",
-            )
-        return old != (level, network_level, health, network_health)
+        return rules.compute_levels(self, d)
 
     def worst_level(self, d: Device) -> NpuLevel | None:
         """The worse of the chip and network levels (None: no fault)."""
-        levels = [x for x in (d.level, d.network_level) if x is not None]
-        return max(levels) if levels else None
+        return d.worst_level()

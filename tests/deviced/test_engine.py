@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from deviced.engine import OCCUR, ONCE, RECOVER, DeviceEvent, FaultEngine, TokenBucket
+from deviced.engine import OCCUR, ONCE, RECOVER, DeviceEvent, FaultEngine
 from deviced.tables import CARD_DROP, GATEWAY_PROBE, LINK_DOWN, Customization, FaultCodeTable
 from faultmesh.dcmi.api import DeviceIds
 from faultmesh.levels import NpuLevel
@@ -283,13 +283,6 @@ def test_gateway_probe_feeds_the_20s_rule(eng, clock):
     step(eng, clock, 61 * S)
     eng.cycle()
     assert d.network_health == "Healthy"
-
-
-def test_token_bucket(clock):
-    b = TokenBucket(1000, clock=clock)
-    assert sum(b.take() for _ in range(1500)) == 1000
-    clock.advance(6 * S)  # 100 tokens back
-    assert sum(b.take() for _ in range(500)) == 100
 
 
 def test_escalations_survive_a_restart(eng, clock):

@@ -15,6 +15,7 @@ import json
 import time
 from typing import Any
 
+from deviced.faults import code_name
 from deviced.tables import NETWORK_CODES_ALL, switch_code
 from faultmesh.levels import NpuLevel
 
@@ -35,7 +36,8 @@ def npu_name(phy: int) -> str:
 
 
 def build(app) -> dict[str, Any]:
-    """The document as a dict (see module docstring). ``app`` is a :class:`deviced.app.DeviceD`."""
+    """The document as a dict (see module docstring). ``app`` is a :class:`deviced.app.DeviceD`
+    (anything with ``engine``, ``switch_state``, ``node_name`` and ``spod``)."""
     eng = app.engine
     table = eng.table
     now_s = int(time.time())
@@ -58,7 +60,7 @@ def build(app) -> dict[str, Any]:
             upgrade[name] = [
                 {
                     "upgrade_time": r.time_ms,
-                    "fault_code": table.spelling(r.code) if r.code else "HotResetFailed",
+                    "fault_code": code_name(eng, r.code),
                     "fault_level": r.level.name,
                     "upgrade_type": r.kind,
                 }
@@ -79,7 +81,7 @@ def build(app) -> dict[str, Any]:
                     lvl = extra
                 tmap[table.spelling(code)] = {"fault_time": st.first_seen_ms, "fault_level": lvl.name}
             for r in mode_reasons:
-                hexcode = table.spelling(r.code) if r.code else "HotResetFailed"
+                hexcode = code_name(eng, r.code)
                 if hexcode not in tmap:
                     tmap[hexcode] = {"fault_time": r.time_ms, "fault_level": r.level.name}
             lvl_name = (level or NpuLevel.NotHandleFault).name

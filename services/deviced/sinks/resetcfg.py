@@ -3,7 +3,7 @@
 For each job using this node's chips (jobs arrive from clusterd as ``JobInfo`` control messages), the
 directory ``<reset_dir>/<namespace>.reset-config-<job name>/`` holds ``reset.json``, ``restartType``
 and ``checkCode`` (sha256 of reset.json), which the training container mounts. Every write is atomic
-(write a temp file, fsync, rename) and happens only when the content (UpdateTime aside) changed.
+(:func:`faultmesh.files.atomic_write`) and happens only when the content (UpdateTime aside) changed.
 
 ``reset.json``: ``{RankList:[{RankId, LogicId, PhyId, Status: unrecovered|recovered, Policy,
 InitialPolicy, ErrorCode: [], ErrorCodeHex: "A,B", FaultLevel}], UpdateTime: <unix s>, RetryTime: 0,
@@ -14,17 +14,16 @@ RestartNPU reset, PreSeparate/Separate/ManuallySeparate isolate, others empty.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from faultmesh.files import atomic_write
 from faultmesh.levels import NpuLevel
 from faultmesh.log import event
 
@@ -75,19 +74,14 @@ class ChipFault:
     codes: tuple[str, ...]
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file in the same dir, fsync, rename)."""
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+def chips_of(engine) -> dict[int, ChipFault]:
+    """What the writer needs of a :class:`deviced.engine.FaultEngine`: physical id -> ChipFault."""
+    return {
+        d.ids.phy: ChipFault(
+            logic, d.ids.phy, d.worst_level(), tuple(engine.table.spelling(c) for c in sorted(d.codes()))
+        )
+        for logic, d in engine.devices.items()
+    }
 
 
 class ResetConfigWriter:

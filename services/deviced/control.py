@@ -1,0 +1,45 @@
+"""Control messages for deviced: ``job`` (JobInfo from clusterd) -> the chips in use (engine, §3.3
+PreSeparateNPU keeps a used chip Healthy) and the job's reset-config files."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from deviced.engine import FaultEngine
+from deviced.sinks.resetcfg import ResetConfigWriter
+from faultmesh._pb import agent_pb2
+from faultmesh.log import event
+
+log = logging.getLogger("deviced")
+
+
+class JobControl:
+    """Tracks the ranks each job places on ``node`` (rank -> physical id, in ``jobs_ranks``)."""
+
+    def __init__(
+        self, node: str, engine: FaultEngine, writer: ResetConfigWriter | None, wake: Callable[[], None]
+    ) -> None:
+        self.node = node
+        self.engine = engine
+        self.writer = writer
+        self.wake = wake
+        self.jobs_ranks: dict[str, dict[int, int]] = {}
+
+    async def on_control(self, msg: agent_pb2.ControlMessage) -> None:
+        """Handle one ControlMessage; kinds other than ``job`` are ignored."""
+        if msg.WhichOneof("body") != "job":
+            return
+        job = msg.job
+        ranks = {r.rank: r.device_id for r in job.ranks if r.node == self.node}
+        gone = job.deleted or not ranks
+        if gone:
+            self.jobs_ranks.pop(job.job_id, None)
+        else:
+            self.jobs_ranks[job.job_id] = ranks
+        if self.writer is not None:
+            self.writer.set_job(job.job_id, job.name, job.namespace, ranks, gone)
+        used_phy = {phy for rs in self.jobs_ranks.values() for phy in rs.values()}
+        self.engine.set_in_use(logic for logic, d in self.engine.devices.items() if d.ids.phy in used_phy)
+        event(log, logging.INFO, "job update", job=job.job_id, ranks_here=len(ranks), deleted=job.deleted)
+        self.wake()

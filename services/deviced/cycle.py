@@ -1,0 +1,89 @@
+"""deviced's cycle (reference deviced.md §1.2): sources' cycle hooks -> engine -> actions -> sinks.
+
+The cycle runs within ~1 s of a wake-up (a callback batch, a probe change, a job update) and at
+least every ``--list-watch-period`` s (3..1800), sooner when a queued event (e.g. a delayed
+recover) falls due, and every second while a hot reset waits or runs; callback-triggered cycles
+are at most one per second. One cycle: each source's ``on_cycle`` in ``SOURCES`` order (card drop,
+mend polling, link check, switch events), ``engine.cycle()``, the hot-reset step, then the sinks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from prometheus_client import Histogram
+
+from deviced.engine import FaultEngine
+from deviced.hotreset import HotReset
+from faultmesh.log import event
+
+log = logging.getLogger("deviced")
+
+
+class Cycle:
+    """Runs cycles (see module docstring). ``hooks`` are the sources' ``on_cycle`` coroutines;
+    ``publish()`` runs the sinks. ``cycles`` counts finished cycles; ``wake()`` asks for one soon."""
+
+    def __init__(
+        self,
+        engine: FaultEngine,
+        hooks: Sequence[Callable[[], Awaitable[None]]],
+        hot_reset: HotReset,
+        publish: Callable[[], None],
+        poll_seconds: Histogram,
+        period_s: float,
+    ) -> None:
+        self.engine = engine
+        self.hooks = list(hooks)
+        self.hot_reset = hot_reset
+        self.publish = publish
+        self.poll_seconds = poll_seconds
+        self.period_s = period_s
+        self.trigger = asyncio.Event()
+        self.cycles = 0
+        self._last = 0.0
+
+    def wake(self) -> None:
+        """Ask for a cycle soon (loop thread only)."""
+        self.trigger.set()
+
+    async def run_cycle(self) -> None:
+        """One cycle (see module docstring)."""
+        self._last = time.monotonic()
+        t0 = time.perf_counter()
+        for hook in self.hooks:
+            await hook()
+        self.poll_seconds.observe(time.perf_counter() - t0)
+        self.engine.cycle()
+        self.cycles += 1
+        await self.hot_reset.step()
+        self.publish()
+
+    def next_wait(self) -> float:
+        """Seconds until the next cycle is due without a wake-up."""
+        wait = self.period_s
+        nxt = self.engine.next_due_ms()
+        if nxt is not None:
+            wait = min(wait, max(0.05, (nxt - self.engine.now()) / 1000))
+        if self.hot_reset.busy:  # hot-reset candidates: check the idle gate each second
+            wait = min(wait, 1.0)
+        return wait
+
+    async def run(self) -> None:
+        """Cycle forever (until cancelled); a failed cycle is logged and the loop goes on."""
+        while True:
+            try:
+                await asyncio.wait_for(self.trigger.wait(), self.next_wait())
+            except TimeoutError:
+                pass
+            gap = 1.0 - (time.monotonic() - self._last)
+            if self.trigger.is_set() and gap > 0 and self.cycles > 0:
+                await asyncio.sleep(min(gap, 1.0))  # at most one callback-triggered cycle per second
+            self.trigger.clear()
+            try:
+                await self.run_cycle()
+            except Exception as e:  # one bad cycle must not end the loop
+                event(log, logging.ERROR, "cycle failed", error=repr(e))

@@ -1,0 +1,82 @@
+"""deviced's command-line flags (issue 4; reference deviced.md §8 for the list-watch range).
+
+Every flag can also come from the environment / config file through :func:`faultmesh.config.parse`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from faultmesh.agent import add_clusterd_arguments
+
+
+def _range(lo: float, hi: float, typ=int):
+    def conv(s: str):
+        v = typ(s)
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{v} outside {lo}..{hi}")
+        return v
+
+    return conv
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """deviced's flags (issue 4; reference §8 for the list-watch range)."""
+    p = argparse.ArgumentParser(
+        prog="deviced", description="faultmesh deviced: NPU, network and switch faults"
+    )
+    p.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME", ""),
+        help="this node's name (env NODE_NAME, else hostname)",
+    )
+    add_clusterd_arguments(p)
+    p.add_argument("--backend", choices=("dcmi", "sim"), default="dcmi")
+    p.add_argument("--dcmi-lib", help="path of libdcmi.so (default: the driver lib dirs)")
+    p.add_argument(
+        "--dcmi-api",
+        choices=("auto", "v1", "v2"),
+        default="auto",
+        help="DCMI family: v1 (card/device; 910, A2, A3), v2 (dev id; A5); auto = v1 when exported, else v2",
+    )
+    p.add_argument("--lingqu-lib", help="path of liblingqu-dcmi.so (default: the driver lib dirs)")
+    p.add_argument("--no-switch", action="store_true", help="do not watch lingqu switch faults")
+    p.add_argument("--hccn-tool", default="/usr/local/Ascend/driver/tools/hccn_tool", help="hccn_tool path")
+    p.add_argument(
+        "--link-check-interval",
+        type=float,
+        default=300.0,
+        help="s between hccn_tool link checks of a chip without network codes (reference: 5 min); 0 = off",
+    )
+    p.add_argument("--http-addr", default="127.0.0.1:0", help="metrics/health HTTP address")
+    p.add_argument("--sim-control-addr", help="sim backend: separate HTTP address of the control API")
+    p.add_argument("--sim-cards", type=int, default=1)
+    p.add_argument("--sim-devices-per-card", type=int, default=8)
+    p.add_argument("--fault-code-file", help="faultCode.json (default: faultmesh's table)")
+    p.add_argument("--fault-customization-file", help="faultCustomization.json")
+    p.add_argument("--switch-fault-code-file", help="SwitchFaultCode.json")
+    p.add_argument("--list-watch-period", type=_range(3, 1800), default=5, help="s, 3..1800")
+    p.add_argument(
+        "--table-reload-interval",
+        type=float,
+        default=300.0,
+        help="s between checks of the table files for changes (reference PollInterval); 0 = never",
+    )
+    p.add_argument("--probe-interval", type=float, default=2.5, help="gateway probe period (s); 0 = off")
+    p.add_argument("--switch-query-interval", type=float, default=300.0, help="s between full switch queries")
+    p.add_argument("--callback-rate-limit", type=int, default=1000, help="accepted callbacks per minute")
+    p.add_argument("--dcmi-timeout", type=float, default=5.0, help="s per DCMI call")
+    p.add_argument("--no-subscribe", action="store_true", help="poll only (no fault subscription)")
+    p.add_argument("--reset-config-dir", help="directory of per-job reset-config files (off when unset)")
+    p.add_argument(
+        "--state-file",
+        help="JSON file keeping escalations (ManuallySeparateNPU, failed resets) across restarts",
+    )
+    p.add_argument("--hot-reset", action="store_true", help="hot-reset idle RestartNPU/FreeRestartNPU chips")
+    p.add_argument("--hot-reset-idle", type=float, default=60.0, help="s a chip must be idle before a reset")
+    p.add_argument("--hot-reset-boot-timeout", type=float, default=180.0, help="s to wait for boot")
+    p.add_argument("--print-device-info", action="store_true", help="print the device-info document and exit")
+    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-file")
+    return p

@@ -1,0 +1,357 @@
+"""The escalation rules of deviced's engine: §4.3 fault duration, §4.2 fault frequency, re-levelling
+after a table reload, and the persisted escalations (reference deviced.md §4.2, §4.3, §10).
+
+These functions are the engine's own rules, split out of :mod:`deviced.engine` to keep it readable:
+they change a :class:`deviced.state.Device` and report escalations through the engine's reason
+API (``set_reason`` / ``drop_reason``, which fire the engine's ``on_reason_change`` hook). The 20 s /
+60 s link-down rule of §2 is a duration rule on 81078603 (and the gateway probe's synthetic code),
+so it runs here too.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from deviced.state import (
+    DURATION,
+    FREQUENCY,
+    HOT_RESET_FAILED,
+    MAX_CODES_PER_DEVICE,
+    OCCUR,
+    ONCE,
+    RECOVER,
+    CodeState,
+    Device,
+    DeviceEvent,
+    FrequencyState,
+    UpgradeReason,
+)
+from deviced.tables import NETWORK_CODES_ALL
+from faultmesh.levels import NpuLevel
+from faultmesh.log import event
+
+if TYPE_CHECKING:
+    from deviced.engine import FaultEngine
+    from deviced.tables import Customization
+
+log = logging.getLogger("deviced.engine")
+
+PERSISTED_KINDS = (FREQUENCY, HOT_RESET_FAILED)
+
+
+def update_manual(d: Device) -> None:
+    """Recompute ``d.manually_separated`` from its reasons."""
+    d.manually_separated = any(r.level == NpuLevel.ManuallySeparateNPU for r in d.reasons.values())
+
+
+# -- one event, §3 levels -------------------------------------------------------------------------
+def apply_event(eng: FaultEngine, d: Device, ev: DeviceEvent) -> None:
+    """Apply one due event to the chip's code cache (occur / once / recover) and feed the frequency counter."""
+    store = d.network if ev.code in NETWORK_CODES_ALL else d.chip
+    has_duration = eng.custom.duration_rule(ev.code) is not None
+    freq_rule = eng.custom.frequency_rule(ev.code)
+    if ev.assertion in (OCCUR, ONCE):
+        cur = store.get(ev.code)
+        if cur is None and len(d.chip) + len(d.network) >= MAX_CODES_PER_DEVICE:
+            eng.stats["rejected_too_many_codes"] += 1  # a driver flooding distinct codes
+            return
+        if cur is None:
+            store[ev.code] = CodeState(ev.time_ms, ev.severity, once=ev.assertion == ONCE)
+            d.alarm_ms = ev.time_ms
+        else:
+            eng.stats["duplicate_occur"] += 1
+            if ev.severity is not None:
+                cur.severity = ev.severity
+            cur.once = cur.once and ev.assertion == ONCE
+        if freq_rule is not None and not has_duration:
+            fs = d.frequency.setdefault(ev.code, FrequencyState())
+            fs.times.append(ev.time_ms)
+            fs.last_fault_ms = ev.time_ms
+            event(
+                log,
+                logging.INFO,
+                "insert fault frequency success",
+                logic_id=d.ids.logic,
+                code=eng.table.spelling(ev.code),
+                count=len(fs.times),
+            )
+        level, unknown = eng.base_level(ev.code, store[ev.code].severity)
+        eng.levels_by_event[(ev.origin, level.name)] += 1
+        if unknown:
+            eng.stats["unknown_code"] += 1
+    else:
+        if store.pop(ev.code, None) is None:
+            eng.stats["recover_without_occur"] += 1
+        if freq_rule is not None and not has_duration:
+            d.frequency.setdefault(ev.code, FrequencyState()).last_recover_ms = ev.time_ms
+        eng.levels_by_event[(ev.origin, "Recover")] += 1
+
+
+def compute_levels(eng: FaultEngine, d: Device) -> bool:
+    """§3: recompute the chip's level, network level, Health and NetworkHealth. True when any changed."""
+    chip = [eng.code_level(d, c) for c in d.chip]
+    net = [eng.code_level(d, c) for c in d.network]
+    for (c, _k), r in d.reasons.items():
+        (net if c in NETWORK_CODES_ALL else chip).append(r.level)
+    level = max(chip) if chip else None
+    network_level = max(net) if net else None
+    if level is None or level <= NpuLevel.SubHealthFault:
+        health = "Healthy"
+    elif level == NpuLevel.PreSeparateNPU and d.in_use:
+        health = "Healthy"
+    else:
+        health = "UnHealthy"
+    network_health = (
+        "Healthy" if network_level is None or network_level == NpuLevel.NotHandleFault else "UnHealthy"
+    )
+    old = (d.level, d.network_level, d.health, d.network_health)
+    d.level, d.network_level, d.health, d.network_health = level, network_level, health, network_health
+    if old[2] != health or old[3] != network_health:
+        event(
+            log,
+            logging.INFO,
+            "device health changed",
+            logic_id=d.ids.logic,
+            phy_id=d.ids.phy,
+            health=health,
+            network_health=network_health,
+            fault_level=level.name if level is not None else "",
+            network_level=network_level.name if network_level is not None else "",
+        )
+    return old != (level, network_level, health, network_health)
+
+
+# -- §4.3 duration ----------------------------------------------------------------------------------
+def run_duration(eng: FaultEngine, d: Device, now: int) -> bool:
+    """Walk each (code, chip) duration queue up to ``now`` (ms); flips raise or drop the
+    FaultDuration reason. Returns True when a reason changed."""
+    changed = False
+    for code, st in list(d.duration.items()):
+        rule = eng.custom.duration_rule(code)
+        if rule is None:
+            del d.duration[code]
+            continue
+        ft, rt = rule.fault_timeout_s * 1000, rule.recover_timeout_s * 1000
+        q = sorted(st.queue, key=lambda x: x[0])  # stable: same-ms events keep their order
+        merged: list[tuple[int, int]] = []
+        for t, a in q:
+            if not merged or merged[-1][1] != a:
+                merged.append((t, a))
+        q = merged
+        while True:
+            if not st.timed_out:
+                while q and q[0][1] == RECOVER:
+                    q.pop(0)
+                if not q:
+                    break
+                t_occ = q[0][0]
+                end = q[1][0] if len(q) > 1 else now
+                if end - t_occ > ft:
+                    st.timed_out = True
+                    st.alarm_ms = t_occ + ft
+                    _duration_flip(eng, d, code, rule.level, st.alarm_ms, True)
+                    changed = True
+                    q = q[1:]
+                    continue
+                if len(q) > 1:
+                    q = q[2:]
+                    continue
+                break
+            while q and q[0][1] == OCCUR:
+                q.pop(0)
+            if not q:
+                break
+            t_rec = q[0][0]
+            end = q[1][0] if len(q) > 1 else now
+            if end - t_rec > rt:
+                st.timed_out = False
+                _duration_flip(eng, d, code, rule.level, t_rec, False)
+                changed = True
+                q = q[1:]
+                continue
+            if len(q) > 1:
+                q = q[2:]
+                continue
+            break
+        st.queue = q
+        if not st.timed_out and not q:
+            del d.duration[code]
+    return changed
+
+
+def _duration_flip(eng: FaultEngine, d: Device, code: int, level: NpuLevel, t: int, timed_out: bool) -> None:
+    fs = d.frequency.setdefault(code, FrequencyState()) if eng.custom.frequency_rule(code) else None
+    name = eng.table.spelling(code)
+    if timed_out:
+        eng.set_reason(d, UpgradeReason(code, level, DURATION, t))
+        if fs is not None:
+            fs.times.append(t)
+            fs.last_fault_ms = t
+        event(
+            log,
+            logging.WARNING,
+            "fault duration timeout",
+            logic_id=d.ids.logic,
+            code=name,
+            fault_level=level.name,
+        )
+    else:
+        eng.drop_reason(d, code, DURATION)
+        if fs is not None:
+            fs.last_recover_ms = t
+        event(log, logging.INFO, "fault duration recovered", logic_id=d.ids.logic, code=name)
+
+
+# -- §4.2 frequency ---------------------------------------------------------------------------------
+def run_frequency(eng: FaultEngine, d: Device, now: int, fired: dict[int, int]) -> bool:
+    """Count occurrences in each rule's window, raise / release FaultFrequency reasons. A rule that
+    fired this cycle is recorded in ``fired`` (logic -> code): its counter clears at cycle end."""
+    changed = False
+    for code, fs in list(d.frequency.items()):
+        rule = eng.custom.frequency_rule(code)
+        if rule is None:
+            del d.frequency[code]
+            continue
+        cutoff = now - rule.window_s * 1000
+        fs.times = [t for t in fs.times if t >= cutoff]
+        key = (code, FREQUENCY)
+        if len(fs.times) >= rule.times:
+            if key not in d.reasons:
+                event(
+                    log,
+                    logging.WARNING,
+                    "FaultFrequency detected",
+                    logic_id=d.ids.logic,
+                    code=eng.table.spelling(code),
+                    times=len(fs.times),
+                    fault_level=rule.level.name,
+                )
+            eng.set_reason(d, UpgradeReason(code, rule.level, FREQUENCY, fs.last_fault_ms))
+            fired[d.ids.logic] = code
+            changed = True
+        elif (
+            key in d.reasons
+            and fs.last_recover_ms >= fs.last_fault_ms
+            and rule.release_s is not None
+            and now - fs.last_recover_ms > rule.release_s * 1000
+        ):
+            eng.drop_reason(d, code, FREQUENCY)
+            event(
+                log,
+                logging.INFO,
+                "fault frequency released",
+                logic_id=d.ids.logic,
+                code=eng.table.spelling(code),
+            )
+            changed = True
+        elif key in d.reasons:
+            if fs.times:
+                d.reasons[key].time_ms = fs.last_fault_ms
+            fs.times.clear()
+        if not fs.times and key not in d.reasons and fs.last_recover_ms >= fs.last_fault_ms:
+            if code not in d.codes() and code not in d.duration:
+                del d.frequency[code]
+    update_manual(d)
+    return changed
+
+
+def relevel(eng: FaultEngine, d: Device, custom: Customization) -> int:
+    """§4.2 "Re-applying the config": re-level each escalation to its rule's new FaultHandling, or
+    drop it when the rule is gone. Returns the number of reasons changed."""
+    n = 0
+    for (code, kind), r in list(d.reasons.items()):
+        if kind not in (FREQUENCY, DURATION):
+            continue
+        rule = custom.frequency_rule(code) if kind == FREQUENCY else custom.duration_rule(code)
+        if rule is None:
+            eng.drop_reason(d, code, kind)
+            n += 1
+        elif rule.level != r.level:
+            r.level = rule.level
+            n += 1
+    update_manual(d)
+    return n
+
+
+# -- persistence (the reference keeps UpgradeFaultReason in its ConfigMap, §4.2, §10) ----------------
+def export_state(devices: dict[int, Device]) -> dict:
+    """Escalations that must survive a restart, keyed by physical id: FaultFrequency and
+    HotResetFailed reasons plus frequency counters. Duration reasons are re-derived from live codes.
+    Shape: ``{"version": 1, "devices": {"<phy>": {"reasons": [...], "frequency": {...}}}}``."""
+    out = {}
+    for d in devices.values():
+        reasons = [
+            {"code": r.code, "level": r.level.name, "kind": r.kind, "time_ms": r.time_ms}
+            for r in d.reasons.values()
+            if r.kind in PERSISTED_KINDS
+        ]
+        freq = {
+            str(code): {
+                "times": fs.times,
+                "last_fault_ms": fs.last_fault_ms,
+                "last_recover_ms": fs.last_recover_ms,
+            }
+            for code, fs in d.frequency.items()
+            if fs.times or (code, FREQUENCY) in d.reasons
+        }
+        if reasons or freq:
+            out[str(d.ids.phy)] = {
+                "reasons": sorted(reasons, key=lambda r: (r["code"], r["kind"])),
+                "frequency": freq,
+            }
+    return {"version": 1, "devices": out}
+
+
+def import_state(eng: FaultEngine, data: dict) -> int:
+    """Restore :func:`export_state` output into ``eng`` (unknown chips and bad entries skipped and
+    counted in ``restore_skipped``). FaultFrequency reasons are re-levelled to the current rule or
+    dropped when the rule is gone; a code not recovered before the restart counts as recovered at
+    restart time (a still-active code is re-raised by the first poll). Returns the reasons restored."""
+    by_phy = {d.ids.phy: d for d in eng.devices.values()}
+    now = eng.now()
+    n = 0
+    for phy_s, entry in (data.get("devices") or {}).items():
+        try:
+            d = by_phy.get(int(phy_s))
+        except (TypeError, ValueError):
+            d = None
+        if d is None or not isinstance(entry, dict):
+            eng.stats["restore_skipped"] += 1
+            continue
+        for code_s, fs in (entry.get("frequency") or {}).items():
+            try:
+                st = FrequencyState(
+                    [int(t) for t in fs.get("times", [])],
+                    int(fs["last_fault_ms"]),
+                    int(fs["last_recover_ms"]),
+                )
+                code = int(code_s)
+            except (KeyError, TypeError, ValueError, AttributeError):
+                eng.stats["restore_skipped"] += 1
+                continue
+            if eng.custom.frequency_rule(code) is None:
+                continue
+            if st.last_recover_ms < st.last_fault_ms:
+                st.last_recover_ms = now
+            d.frequency[code] = st
+        for r in entry.get("reasons") or []:
+            try:
+                code, kind, t = int(r["code"]), str(r["kind"]), int(r["time_ms"])
+                level = NpuLevel.parse(str(r["level"]))
+            except (KeyError, TypeError, ValueError):
+                eng.stats["restore_skipped"] += 1
+                continue
+            if kind == FREQUENCY:
+                rule = eng.custom.frequency_rule(code)
+                if rule is None:
+                    continue
+                level = rule.level
+                d.frequency.setdefault(code, FrequencyState(last_fault_ms=t, last_recover_ms=now))
+            elif kind not in PERSISTED_KINDS:
+                continue
+            d.reasons[(code, kind)] = UpgradeReason(code, level, kind, t)
+            n += 1
+        update_manual(d)
+        eng.refresh(d.ids.logic)
+    return n

@@ -1,0 +1,45 @@
+"""What deviced's sources share: their dependencies and the per-cycle hook (issue 12).
+
+A deviced source is a :class:`faultmesh.source.Source` (``PushSource`` or ``PolledSource``) that only
+EMITS into the engine (events, poll results, probe / link / card-drop signals) or, for the switch,
+into the :class:`deviced.switch.SwitchState`; it never builds faults and never touches the agent
+stream. Besides its own tasks (started by ``start(ctx)``), each source may take part in the cycle
+through :meth:`DeviceSource.on_cycle`, run in ``SOURCES`` order before the engine's cycle.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from deviced.chipio import ChipIO
+from deviced.engine import FaultEngine
+from deviced.switch import SwitchState
+
+
+@dataclass
+class Deps:
+    """The shared parts a deviced source is built with: ``engine`` (the device state), ``io`` (the
+    backend calls and chip ids), ``switch`` (the switch state), ``args`` (the flags: each source reads
+    its own), ``wake()`` (ask for a cycle soon; loop thread only)."""
+
+    engine: FaultEngine
+    io: ChipIO
+    switch: SwitchState
+    args: argparse.Namespace
+    wake: Callable[[], None]
+
+
+class DeviceSource:
+    """Mixin of deviced's sources: keeps :class:`Deps` and adds the per-cycle hook."""
+
+    name = "device"
+
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+        super().__init__()
+
+    async def on_cycle(self) -> None:
+        """Run inside the cycle (before ``engine.cycle()``); default: nothing. Must not raise for a
+        failed backend call (count it and skip the chip)."""

@@ -1,0 +1,62 @@
+"""deviced's HTTP API: GET /v1/devices and the operator release of a ManuallySeparateNPU chip (§4.2)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+from support import free_port
+
+from deviced.app import DeviceD, build_parser
+from deviced.backends import SimBackend
+
+
+async def until(pred, timeout_s=8.0):
+    for _ in range(int(timeout_s / 0.05)):
+        if pred():
+            return True
+        await asyncio.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+async def test_devices_endpoint_and_operator_release():
+    sim = SimBackend(1, 2)
+    args = build_parser().parse_args(
+        [
+            "--node-name",
+            "n",
+            "--backend",
+            "sim",
+            "--clusterd",
+            f"127.0.0.1:{free_port()}",
+            "--probe-interval",
+            "0",
+        ]
+    )
+    app = DeviceD(args, sim)
+    await app.start()
+    base = f"http://127.0.0.1:{app.http.port}"
+    try:
+        await until(lambda: app.cycles >= 1)
+        for _ in range(2):  # 80E18008 twice in 24 h -> ManuallySeparateNPU
+            sim.inject(1, 0x80E18008, 1)
+            await until(lambda: app.state.devices[("NPU", 1)].health == "UnHealthy")
+            sim.inject(1, 0x80E18008, 0)
+            await asyncio.sleep(1.2)
+        await until(lambda: app.state.devices[("NPU", 1)].level == "ManuallySeparateNPU")
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"{base}/v1/devices") as r:
+                body = await r.json()
+            d1 = body["devices"][1]
+            assert d1["manually_separated"] and d1["level"] == "ManuallySeparateNPU"
+            assert d1["upgrades"][0]["type"] == "FaultFrequency" and d1["upgrades"][0]["code"] == "80E18008"
+            async with s.post(f"{base}/v1/devices/9/release") as r:
+                assert r.status == 404
+            async with s.post(f"{base}/v1/devices/x/release") as r:
+                assert r.status == 400
+            async with s.post(f"{base}/v1/devices/1/release") as r:
+                assert (await r.json()) == {"phy_id": 1, "released": True}
+        assert app.state.devices[("NPU", 1)].level == ""
+        assert app.state.devices[("NPU", 1)].health == "Healthy"
+    finally:
+        await app.stop()

@@ -1,0 +1,60 @@
+"""Table reload (reference deviced.md §1.1 fault-config polling, §4.2 re-applying the config), on the sim backend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from support import free_port
+
+from deviced.app import DeviceD, build_parser
+from deviced.backends import SimBackend
+
+
+async def until(pred, timeout_s=8.0):
+    for _ in range(int(timeout_s / 0.05)):
+        if pred():
+            return True
+        await asyncio.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+async def test_changed_table_files_are_reloaded_and_escalations_relevelled(tmp_path):
+    codes = tmp_path / "faultCode.json"
+    custom = tmp_path / "faultCustomization.json"
+    codes.write_text(json.dumps({"RestartBusinessCodes": ["80E18005"]}))
+    rule = {"EventId": ["80E18005"], "TimeWindow": 3600, "Times": 2, "FaultHandling": "ManuallySeparateNPU"}
+    custom.write_text(json.dumps({"FaultFrequency": [rule]}))
+    sim = SimBackend(1, 2)
+    args = build_parser().parse_args(
+        ["--node-name", "n", "--backend", "sim", "--clusterd", f"127.0.0.1:{free_port()}", "--probe-interval", "0",
+         "--fault-code-file", str(codes), "--fault-customization-file", str(custom),
+         "--table-reload-interval", "0.1", "--list-watch-period", "3"]
+    )  # fmt: skip
+    app = DeviceD(args, sim)
+    await app.start()
+    try:
+        await until(lambda: app.cycles >= 1)
+        sim.inject(1, 0x80E18005, 1)
+        await until(lambda: app.state.devices[("NPU", 1)].level == "RestartBusiness")
+        sim.inject(1, 0x80E18005, 0)
+        await asyncio.sleep(1.3)
+        sim.inject(1, 0x80E18005, 1)
+        await until(lambda: app.state.devices[("NPU", 1)].level == "ManuallySeparateNPU")
+        # the operator changes both files: the code is now RestartNPU, the rule now SeparateNPU
+        codes.write_text(json.dumps({"RestartNPUCodes": ["80E18005"]}))
+        custom.write_text(
+            json.dumps(
+                {"FaultFrequency": [{**rule, "FaultHandling": "SeparateNPU", "ReleaseTimeWindow": 600}]}
+            )
+        )
+        await until(lambda: app.state.devices[("NPU", 1)].level == "SeparateNPU")
+        # a broken file keeps the tables in force
+        codes.write_text("{not json")
+        await asyncio.sleep(0.5)
+        assert app.engine.table.listed_level(0x80E18005).name == "RestartNPU"
+        # the rule is removed: its escalation goes
+        custom.write_text("{}")
+        await until(lambda: app.state.devices[("NPU", 1)].level == "RestartNPU")
+    finally:
+        await app.stop()
