@@ -22,11 +22,11 @@ from support import free_port
 
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
 from faultmesh.agent import AgentClient, AgentState
-from faultmesh.bmc.client import BmcUnreachable, _NoWaitLock
-from faultmesh.bmc.sel import SelEventTable
+from noded.bmc.client import BmcUnreachable, _NoWaitLock
+from noded.bmc.sel import SelEventTable
 from faultmesh.model import Fault
 from faultmesh.runtime import BlockingPool
-from noded.bmc import COND_UNREACHABLE, BmcMonitor, PollResult
+from noded.sources.bmc import COND_UNREACHABLE, BmcMonitor, PollResult
 from noded.levels import LevelTable
 from noded.metrics import NodedMetrics
 

@@ -1,4 +1,4 @@
-"""SEL records, cursor-based reading, the event table and active SEL faults (faultmesh.bmc.sel)."""
+"""SEL records, cursor-based reading, the event table and active SEL faults (noded.bmc.sel)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from faultmesh.bmc import sel
+from noded.bmc import sel
 from faultmesh.levels import NodeLevel
 
 

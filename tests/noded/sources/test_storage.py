@@ -11,9 +11,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from faultmesh.agent import AgentState
-from noded import storage
+from noded.sources import storage
 from noded.metrics import NodedMetrics
-from noded.storage import DpcEvaluator, StatusFileError, StorageMonitor
+from noded.sources.storage import DpcEvaluator, StatusFileError, StorageMonitor
 
 
 def dpc_text(*insts):

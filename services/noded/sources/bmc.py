@@ -6,7 +6,7 @@ Source: issue 3 "BMC access", reference noded.md §1–3, design.md "Deliberate 
   OEM alarm command, any other with the SEL. A Huawei BMC that rejects the OEM command (an old
   iBMC) falls back to the SEL. ``oem`` / ``sel`` force one path.
 - Each OEM poll replaces the node's ``bmc-oem`` fault set; SEL events assert/deassert ``bmc-sel``
-  faults (see :mod:`faultmesh.bmc.sel`). Codes are levelled by the NodeD level table; unknown codes
+  faults (see :mod:`noded.bmc.sel`). Codes are levelled by the NodeD level table; unknown codes
   are NotHandleFault with attribute ``unknown=true`` and counted.
 - Node status = worst level over the BMC faults: Healthy / PreSeparate / UnHealthy.
 - pyghmi blocks: one poll is one call in the :class:`BlockingPool` with ``timeout_s``.
@@ -26,8 +26,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from faultmesh.agent import AgentState
-from faultmesh.bmc import oem, sel
-from faultmesh.bmc.client import (
+from noded.bmc import oem, sel
+from noded.bmc.client import (
     HUAWEI_MANUFACTURER_ID,
     BmcAuthError,
     BmcBusy,

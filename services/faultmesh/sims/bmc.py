@@ -37,10 +37,10 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from faultmesh.bmc import oem, sel
+from noded.bmc import oem, sel
 from faultmesh.log import event
 
-log = logging.getLogger("faultmesh.bmc.sim")
+log = logging.getLogger("faultmesh.sims.bmc")
 
 OEM_MODES = ("ok", "unsupported", "short", "ragged", "absurd", "count")
 SEL_CAPACITY = 1000
@@ -50,7 +50,7 @@ LOOP_WAIT_S = 0.02
 class SimState:
     """Everything the simulated BMC holds; all access under ``lock``.
 
-    ``alarms``: list of :class:`faultmesh.bmc.oem.AlarmRecord`; ``sel``: record id -> 16 bytes
+    ``alarms``: list of :class:`noded.bmc.oem.AlarmRecord`; ``sel``: record id -> 16 bytes
     (insertion-ordered); ``delay_s``/``drop``/``oem_mode``: behaviour for bad-BMC tests.
     """
 

@@ -1,0 +1,1 @@
+"""noded's fault sources (issue 12)."""
