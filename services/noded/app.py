@@ -28,16 +28,16 @@ from prometheus_client import CollectorRegistry
 
 from faultmesh import config
 from faultmesh.agent import AgentClient, AgentState, add_clusterd_arguments, channel_credentials
-from noded.bmc.client import BmcClient
-from noded.bmc.sel import SelEventTable, SelTableError
 from faultmesh.httpd import HttpServer, json_response
 from faultmesh.log import event
 from faultmesh.runtime import BlockingPool, TaskOwner
 from noded import nodeinfo
-from noded.sources.bmc import SOURCE_OEM, SOURCE_SEL, BmcMonitor
+from noded.bmc.client import BmcClient
+from noded.bmc.sel import SelEventTable, SelTableError
 from noded.components import COMPONENTS
 from noded.levels import LevelTable, LevelTableWatcher
 from noded.metrics import NodedMetrics
+from noded.sources.bmc import SOURCE_OEM, SOURCE_SEL, BmcMonitor
 from noded.sources.storage import StorageMonitor
 
 log = logging.getLogger("noded")

@@ -22,13 +22,13 @@ from support import free_port
 
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
 from faultmesh.agent import AgentClient, AgentState
-from noded.bmc.client import BmcUnreachable, _NoWaitLock
-from noded.bmc.sel import SelEventTable
 from faultmesh.model import Fault
 from faultmesh.runtime import BlockingPool
-from noded.sources.bmc import COND_UNREACHABLE, BmcMonitor, PollResult
+from noded.bmc.client import BmcUnreachable, _NoWaitLock
+from noded.bmc.sel import SelEventTable
 from noded.levels import LevelTable
 from noded.metrics import NodedMetrics
+from noded.sources.bmc import COND_UNREACHABLE, BmcMonitor, PollResult
 
 
 class FakeClient:

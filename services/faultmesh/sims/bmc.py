@@ -37,8 +37,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from noded.bmc import oem, sel
 from faultmesh.log import event
+from noded.bmc import oem, sel
 
 log = logging.getLogger("faultmesh.sims.bmc")
 

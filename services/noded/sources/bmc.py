@@ -26,6 +26,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from faultmesh.agent import AgentState
+from faultmesh.levels import NodeLevel
+from faultmesh.log import RateLimitedLog, event
+from faultmesh.model import Fault, now_ms
+from faultmesh.runtime import BlockingPool, BlockingTimeout
 from noded.bmc import oem, sel
 from noded.bmc.client import (
     HUAWEI_MANUFACTURER_ID,
@@ -35,10 +39,6 @@ from noded.bmc.client import (
     BmcCommandError,
     BmcError,
 )
-from faultmesh.levels import NodeLevel
-from faultmesh.log import RateLimitedLog, event
-from faultmesh.model import Fault, now_ms
-from faultmesh.runtime import BlockingPool, BlockingTimeout
 from noded.levels import LevelTable, node_status
 from noded.metrics import NodedMetrics
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from noded.bmc import sel
 from faultmesh.levels import NodeLevel
+from noded.bmc import sel
 
 
 class NotPresent(Exception):

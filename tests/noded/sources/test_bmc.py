@@ -9,12 +9,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from faultmesh.agent import AgentState
+from faultmesh.runtime import BlockingPool
 from noded.bmc.client import BmcClient
 from noded.bmc.sel import SelEventTable
-from faultmesh.runtime import BlockingPool
-from noded.sources.bmc import COND_UNREACHABLE, COND_UNSUPPORTED, SOURCE_OEM, SOURCE_SEL, BmcMonitor
 from noded.levels import LevelTable
 from noded.metrics import NodedMetrics
+from noded.sources.bmc import COND_UNREACHABLE, COND_UNSUPPORTED, SOURCE_OEM, SOURCE_SEL, BmcMonitor
 
 
 def sel_table() -> SelEventTable:

@@ -11,8 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from faultmesh.agent import AgentState
-from noded.sources import storage
 from noded.metrics import NodedMetrics
+from noded.sources import storage
 from noded.sources.storage import DpcEvaluator, StatusFileError, StorageMonitor
 
 
