@@ -17,18 +17,18 @@ from importlib import resources
 
 import grpc
 import pytest
+from noded_support import source_ctx
 from prometheus_client import CollectorRegistry
 from support import free_port
 
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
 from faultmesh.agent import AgentClient, AgentState
 from faultmesh.model import Fault
-from faultmesh.runtime import BlockingPool
 from noded.bmc.client import BmcUnreachable, _NoWaitLock
 from noded.bmc.sel import SelEventTable
 from noded.levels import LevelTable
 from noded.metrics import NodedMetrics
-from noded.sources.bmc import COND_UNREACHABLE, BmcMonitor, PollResult
+from noded.sources.bmc import COND_UNREACHABLE, Bmc, PollResult
 
 
 class FakeClient:
@@ -73,10 +73,8 @@ def make_monitor(pool, client=None, poll=60.0, **kw):
         if len(sleeps) >= mon.max_sleeps:
             raise Stop()
 
-    mon = BmcMonitor(
-        state=AgentState("node-t"),
+    mon = Bmc(
         client=client or FakeClient(),
-        pool=pool,
         levels=LevelTable.default,
         sel_table=SelEventTable.from_json(resources.files("noded").joinpath("sel_events.json").read_bytes()),
         metrics=NodedMetrics(CollectorRegistry()),
@@ -85,6 +83,7 @@ def make_monitor(pool, client=None, poll=60.0, **kw):
         sleep=fake_sleep,
         **kw,
     )
+    mon.ctx = source_ctx("bmc", "node-t", pool=pool)
     mon.max_sleeps = 10**9
     mon.fake_clock = clock
     return mon, sleeps
@@ -135,16 +134,15 @@ class HangingClient(FakeClient):
 
 async def test_hung_bmc_times_out_without_blocking_the_loop_and_is_never_queued():
     client = HangingClient(1.5)
-    mon = BmcMonitor(
-        state=AgentState("node-t"),
+    mon = Bmc(
         client=client,
-        pool=BlockingPool(2, "t"),
         levels=LevelTable.default,
         sel_table=SelEventTable.from_json(resources.files("noded").joinpath("sel_events.json").read_bytes()),
         metrics=NodedMetrics(CollectorRegistry()),
         poll_interval_s=60,
         timeout_s=0.3,
     )
+    mon.ctx = source_ctx("bmc", "node-t")
     ticks = 0
 
     async def ticker():
