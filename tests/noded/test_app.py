@@ -320,3 +320,36 @@ async def test_broken_sources_do_not_take_noded_down(caplog):
             await nd.on_control(agent_pb2.ControlMessage(seq=3, ping_list=agent_pb2.PingList()))
     finally:
         await nd.stop()
+
+
+class HangingStop(FakeSource):
+    """A source whose stop never returns on its own (a hung DCMI call, say)."""
+
+    name = "hanging"
+
+    async def stop(self):
+        await asyncio.sleep(3600)
+
+
+async def test_stop_fits_the_budget_with_a_hanging_source(caplog):
+    args = parse(
+        "--node-name",
+        "node-h",
+        "--clusterd",
+        f"127.0.0.1:{free_port()}",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--stop-budget",
+        "3",
+        "--stop-sources-budget",
+        "1",
+        classes=[HangingStop],
+    )
+    nd = NodeD(args, (HangingStop,))
+    await nd.start()
+    t0 = asyncio.get_running_loop().time()
+    await nd.stop()
+    took = asyncio.get_running_loop().time() - t0
+    assert took < 3.0, took
+    assert "source stop overran" in caplog.text
+    assert nd.started == []
