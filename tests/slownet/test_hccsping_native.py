@@ -105,7 +105,7 @@ def test_bad_parameters_never_reach_the_driver(hcc):
         hcc._start(0, 0, 0, ctypes.byref(op))
 
 
-async def test_noded_component_on_the_c_library(hcc, libdcmi, tmp_path):
+async def test_noded_pingmesh_source_on_the_c_library(hcc, libdcmi, tmp_path):
     p = argparse.ArgumentParser()
     Pingmesh.add_arguments(p)
     args = p.parse_args(["--pingmesh-backend", "dcmi", "--pingmesh-dcmi-lib", libdcmi,

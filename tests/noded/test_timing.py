@@ -2,7 +2,7 @@
 
 With an injected clock/sleep: BMC poll period (1..600 s), exponential backoff capped at the poll
 period and retried forever, one poll per BMC at a time with a timeout that never blocks the loop.
-DPC hysteresis (10 min) is in test_noded_storage.py. The agent-stream rules (change reaches
+DPC hysteresis (10 min) is in sources/test_storage.py. The agent-stream rules (change reaches
 ClusterD within 1 s, at most one report per 5 s under flapping with last state winning, unchanged
 state re-sent every 30 min) live in faultmesh.agent.AgentClient, which takes no clock: they are
 checked here against a recording fake ClusterD with the intervals scaled down.
