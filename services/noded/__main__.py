@@ -7,12 +7,14 @@ import json
 import logging
 import os
 import sys
+import threading
+import time
 
 from faultmesh import config, runtime
 from faultmesh import log as fmlog
 from faultmesh.log import event
 from noded import nodeinfo
-from noded.app import NodeD, build_parser, load_component_classes
+from noded.app import NodeD, build_parser
 from noded.levels import LevelTableError
 
 log = logging.getLogger("noded")
@@ -22,7 +24,8 @@ async def print_node_info(app: NodeD, timeout_s: float) -> int:
     """Poll the BMC once (when configured) and print the node-info document. Returns 0, or 1 when
     the BMC poll failed (the document then reflects no BMC faults)."""
     rc = 0
-    if app.bmc is not None:
+    if app.bmc is not None and app.bmc_configured:
+        app.bmc.ctx = app.make_ctx(app.bmc)
         app.bmc.publish()
         try:
             ok = await asyncio.wait_for(app.bmc.poll_once(), timeout_s)
@@ -38,14 +41,21 @@ async def print_node_info(app: NodeD, timeout_s: float) -> int:
     return rc
 
 
+def pool_threads_hung(prefix: str = "noded-blocking", wait_s: float = 1.0) -> bool:
+    """True when a thread of the (shut down) blocking pool is still running after ``wait_s`` s: a
+    hung pyghmi / DCMI call the interpreter would otherwise join at exit (up to ~30 s)."""
+    deadline = time.monotonic() + wait_s
+    for t in threading.enumerate():
+        if t.name.startswith(prefix) and t.is_alive():
+            t.join(max(0.0, deadline - time.monotonic()))
+    return any(t.name.startswith(prefix) and t.is_alive() for t in threading.enumerate())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``noded``. Returns the exit status (2 on bad flags or configuration)."""
-    classes, missing = load_component_classes()
-    parser = build_parser(classes)
+    parser = build_parser()
     args = config.parse(parser, argv)
     fmlog.setup(args.log_level, args.log_file)
-    for spec, err in missing:
-        event(log, logging.WARNING, "component not loaded", component=spec, error=err)
     if not args.node_name:
         parser.error("--node-name (or env NODE_NAME) is required")
 
@@ -53,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
     async def _main(stop: asyncio.Event) -> int:
         try:
-            app = NodeD(args, classes if not args.print_node_info else [])
+            app = NodeD(args)
         except (ValueError, OSError, LevelTableError) as e:
             event(log, logging.ERROR, "noded configuration error", error=str(e))
             return 2
@@ -62,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                 return await print_node_info(app, args.bmc_timeout + 5)
             finally:
                 app.blocking.shutdown()
-                hung.append(app.bmc is not None and app.bmc.client.busy)
+                hung.append(pool_threads_hung())
         try:
             await app.start()
         except OSError as e:
@@ -71,13 +81,13 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         await stop.wait()
         await app.stop()
-        hung.append(app.bmc is not None and app.bmc.client.busy)
+        hung.append(pool_threads_hung())
         return 0
 
     rc = runtime.run(_main)
     if any(hung):
-        # a pyghmi call that timed out still blocks its pool thread (up to ~30 s against a dead BMC);
-        # the interpreter would join it at exit. Everything is flushed and stopped: leave now.
+        # a pyghmi / DCMI call that timed out still blocks its pool thread (up to ~30 s against a dead
+        # BMC); the interpreter would join it at exit. Everything is flushed and stopped: leave now.
         event(log, logging.INFO, "exiting without waiting for a hung BMC call")
         sys.stdout.flush()
         sys.stderr.flush()

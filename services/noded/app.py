@@ -1,16 +1,24 @@
-"""noded: the node agent for node hardware faults (BMC over IPMI), storage monitors and components.
+"""noded: the node agent for node hardware faults (BMC over IPMI), shared storage, pingmesh and
+FD-OL slow-node detection. This module is the wiring; the detection lives in the sources.
 
-Source: issue 3, design.md "Processes" / "Agent stream", reference noded.md §1–5, §7–8.
+Source: issue 3, issue 12 (one source model, staged and budgeted shutdown), design.md "Processes" /
+"Agent stream", reference noded.md §1–8.
 
 One :class:`NodeD` per process. It owns the agent state and the agent stream to ClusterD
 (:class:`faultmesh.agent.AgentClient`: snapshot on (re)connect, deltas with seq, at most one report
 per ``--min-report-interval`` (5 s) under flapping, full re-send every ``--resend-every`` (30 min)),
-the BMC monitor, the DPC/DTFS monitors, the level table watcher, the HTTP server (/metrics,
-/healthz, /readyz, /v1/node-info) and the components of :mod:`noded.components`. Control
-messages from ClusterD go to the component whose ``control_kinds`` lists the message's body kind.
+the HTTP server (/metrics, /healthz, /readyz, /v1/node-info, /v1/state and the sources' routes), the
+bounded blocking pool and the sources of :data:`noded.sources.SOURCES`, each started with its own
+:class:`faultmesh.source.SourceContext`. A ControlMessage goes to the source that registered its
+body kind (``ctx.on_control``).
 
-The app object gives components: ``args``, ``node_name``, ``state``, ``agent``, ``registry``,
-``http``, ``tasks``, ``blocking`` (BlockingPool), ``metrics``.
+Startup: sources (their routes and control kinds registered), HTTP, then — when a BMC is configured
+and no ``--node-sn`` is given — up to ``--sn-wait`` s for the first BMC poll (the Hello carries the
+node SN), then the agent stream.
+
+Shutdown (:meth:`NodeD.stop`), within ``--stop-budget`` s in all (default 12 s, under the agents'
+15 s grace): stop the sources (``--stop-sources-budget``, reverse order, overruns cancelled), drain
+the agent stream (``--stop-drain-budget``), close HTTP, shut the pool down.
 """
 
 from __future__ import annotations
@@ -18,66 +26,34 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
 import logging
 import os
-from pathlib import Path
+import time
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from faultmesh import config
 from faultmesh.agent import AgentClient, AgentState, add_clusterd_arguments, channel_credentials
-from faultmesh.bmc.client import BmcClient
-from faultmesh.bmc.sel import SelEventTable, SelTableError
 from faultmesh.httpd import HttpServer, json_response
 from faultmesh.log import event
-from faultmesh.runtime import BlockingPool, TaskOwner
-from noded import nodeinfo
-from noded.bmc import SOURCE_OEM, SOURCE_SEL, BmcMonitor
-from noded.components import COMPONENTS
-from noded.levels import LevelTable, LevelTableWatcher
+from faultmesh.runtime import BlockingPool
+from faultmesh.source import SourceContext, SourceMetrics, start_sources, stop_sources
+from noded import nodeinfo, sources
 from noded.metrics import NodedMetrics
-from noded.storage import StorageMonitor
+from noded.sources.bmc import SOURCE_OEM, SOURCE_SEL, Bmc
 
 log = logging.getLogger("noded")
 
-DEFAULT_SEL_TABLE = "sel_events.json"
 
-
-def load_component_classes(names: tuple[str, ...] = COMPONENTS) -> tuple[list[type], list[tuple[str, str]]]:
-    """Import every ``"module:Class"`` in ``names``. Returns (classes, missing) where ``missing`` is
-    [(spec, error)] for components that are not importable (logged by the caller; noded runs on)."""
-    classes: list[type] = []
-    missing: list[tuple[str, str]] = []
-    for spec in names:
-        mod, _, cls = spec.partition(":")
-        try:
-            classes.append(getattr(importlib.import_module(mod), cls))
-        except Exception as e:  # missing module, missing class, or a broken component: skip it
-            missing.append((spec, repr(e)))
-    return classes, missing
-
-
-def _interval(lo: float, hi: float):
-    def parse(v: str) -> float:
-        x = float(v)
-        if not lo <= x <= hi:
-            raise argparse.ArgumentTypeError(f"must be within {lo:g}..{hi:g}")
-        return x
-
-    return parse
-
-
-def build_parser(component_classes: list[type]) -> argparse.ArgumentParser:
-    """The noded command line (core flags + each component's flags). Env ``FAULTMESH_<FLAG>`` and
+def build_parser(source_classes: tuple[type, ...] = sources.SOURCES) -> argparse.ArgumentParser:
+    """The noded command line (core flags + each source's flags). Env ``FAULTMESH_<FLAG>`` and
     ``--config`` YAML work for every flag (faultmesh.config)."""
     p = argparse.ArgumentParser(prog="noded", description="faultmesh noded: node hardware faults via the BMC")
     p.add_argument(
         "--node-name", default=os.environ.get("NODE_NAME"), help="this node's name (env NODE_NAME)"
     )
     add_clusterd_arguments(p)
-    p.add_argument("--bmc-host", help="BMC address; empty: run without a BMC")
     p.add_argument("--node-sn", help="the server's serial number (default: read from a Huawei iBMC)")
     p.add_argument(
         "--sn-wait",
@@ -85,38 +61,6 @@ def build_parser(component_classes: list[type]) -> argparse.ArgumentParser:
         default=3.0,
         help="how long the agent stream waits at startup for the BMC to give the node SN (s)",
     )
-    p.add_argument("--bmc-port", type=int, default=623, help="BMC IPMI UDP port")
-    p.add_argument("--bmc-user", default="admin")
-    p.add_argument("--bmc-password-file", help="file with the BMC password (else env FAULTMESH_BMC_PASSWORD)")
-    p.add_argument(
-        "--bmc-mode",
-        choices=("auto", "oem", "sel"),
-        default="auto",
-        help="auto: Huawei iBMC OEM alarms when the BMC is Huawei, else the SEL",
-    )
-    p.add_argument(
-        "--bmc-timeout", type=_interval(0.5, 600), default=15.0, help="timeout of one BMC poll (s)"
-    )
-    p.add_argument(
-        "--poll-interval", type=_interval(1, 600), default=60.0, help="BMC poll period (s), 1..600"
-    )
-    p.add_argument(
-        "--backoff-base", type=float, default=1.0, help="first retry delay after a BMC failure (s)"
-    )
-    p.add_argument(
-        "--levels-file", help="fault level table in NodeDConfiguration.json format (reloaded on change)"
-    )
-    p.add_argument(
-        "--levels-check-interval", type=float, default=5.0, help="how often to look for a new table (s)"
-    )
-    p.add_argument("--sel-events-file", help="SEL event -> fault table (JSON), default: noded's own")
-    p.add_argument(
-        "--dpc-status-file", help="DPC status file, e.g. /user/mind-cluster/dpcstatus/dpc_status_check"
-    )
-    p.add_argument(
-        "--dtfs-status-file", help="DTFS status file, e.g. /user/mind-cluster/dtfsstatus/dtfs_status_check"
-    )
-    p.add_argument("--storage-interval", type=float, default=5.0, help="DPC/DTFS poll period (s)")
     p.add_argument(
         "--http-addr", default="127.0.0.1:11255", help="HTTP address for /metrics /healthz /readyz"
     )
@@ -130,43 +74,36 @@ def build_parser(component_classes: list[type]) -> argparse.ArgumentParser:
     p.add_argument(
         "--blocking-workers", type=int, default=2, help="threads for blocking calls (pyghmi, DCMI)"
     )
+    p.add_argument(
+        "--stop-budget", type=float, default=12.0, help="the whole shutdown, at most (s; agents' grace is 15)"
+    )
+    p.add_argument("--stop-sources-budget", type=float, default=6.0, help="stopping the sources, at most (s)")
+    p.add_argument(
+        "--stop-drain-budget", type=float, default=2.0, help="sending pending changes at stop, at most (s)"
+    )
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-file", help="also log to this file (rotated at 20 MiB)")
-    for cls in component_classes:
-        try:
-            cls.add_arguments(p)
-        except Exception as e:  # a component must not break noded's command line
-            event(
-                log,
-                logging.ERROR,
-                "component flags not added",
-                component=getattr(cls, "name", cls),
-                error=repr(e),
-            )
+    sources.add_arguments(p, source_classes)
     return p
 
 
-def read_password(args: argparse.Namespace) -> str:
-    """The BMC password from ``--bmc-password-file`` or env ``FAULTMESH_BMC_PASSWORD``. Raises
-    ``ValueError`` without it (the value itself is never logged)."""
-    pw = config.read_secret(args.bmc_password_file, "FAULTMESH_BMC_PASSWORD")
-    if not pw:
-        raise ValueError("a BMC host needs --bmc-password-file or env FAULTMESH_BMC_PASSWORD")
-    return pw
-
-
 class NodeD:
-    """The noded process. Build with parsed ``args``; ``await start()``; ``await stop()``."""
+    """The noded process. Build with parsed ``args`` (and the source classes, default
+    :data:`noded.sources.SOURCES`); ``await start()``; ``await stop()``.
 
-    def __init__(self, args: argparse.Namespace, component_classes: list[type] | None = None) -> None:
+    Raises ``ValueError`` (no node name, a BMC host without password, a bad SEL table) or ``OSError``
+    (an unreadable configuration file) for a configuration it cannot run with.
+    """
+
+    def __init__(self, args: argparse.Namespace, source_classes: tuple[type, ...] = sources.SOURCES) -> None:
         if not args.node_name:
             raise ValueError("noded needs --node-name (or env NODE_NAME)")
         self.args = args
         self.node_name: str = args.node_name
         self.registry = CollectorRegistry()
         self.metrics = NodedMetrics(self.registry)
+        self.source_metrics = SourceMetrics(self.registry)
         self.state = AgentState(self.node_name)
-        self.tasks = TaskOwner("noded")
         self.blocking = BlockingPool(max_workers=max(1, args.blocking_workers), name="noded-blocking")
         self.http = HttpServer(args.http_addr, self.registry, ready=self._ready)
         self.http.app.router.add_get("/v1/node-info", self._node_info_handler)
@@ -187,134 +124,104 @@ class NodeD:
             resend_every_s=args.resend_every,
             backoff_max_s=args.clusterd_backoff_max,
         )
-        self.levels = LevelTableWatcher(
-            args.levels_file,
-            on_change=self._levels_changed,
-            on_reject=lambda r: self.metrics.level_reloads.labels(r).inc(),
-        )
-        self.bmc: BmcMonitor | None = None
-        if args.bmc_host:
-            client = BmcClient(
-                args.bmc_host,
-                args.bmc_port,
-                args.bmc_user,
-                read_password(args),
-                timeout_s=min(5.0, args.bmc_timeout),
-            )
-            self.bmc = BmcMonitor(
-                state=self.state,
-                client=client,
-                pool=self.blocking,
-                levels=lambda: self.levels.table,
-                sel_table=self._sel_table(),
-                metrics=self.metrics,
-                poll_interval_s=args.poll_interval,
-                timeout_s=args.bmc_timeout,
-                mode=args.bmc_mode,
-                backoff_base_s=args.backoff_base,
-            )
-            self.bmc.on_serial = self._serial_read
-        self.storage = [
-            StorageMonitor(kind, path, self.state, self.metrics, interval_s=args.storage_interval)
-            for kind, path in (("dpc", args.dpc_status_file), ("dtfs", args.dtfs_status_file))
-            if path
-        ]
-        self.components: list = []
-        self._routes: dict[str, object] = {}
-        for cls in component_classes or []:
+        self.sources: list = []
+        self._sections: dict[int, argparse.Namespace] = {}
+        for cls in source_classes:
+            section = sources.config_section(args, cls)
             try:
-                comp = cls(self)
-            except Exception as e:  # one broken component must not take noded down
-                event(
-                    log,
-                    logging.ERROR,
-                    "component not started",
-                    component=getattr(cls, "name", cls),
-                    error=repr(e),
-                )
+                src = cls.from_config(section, self.metrics)
+            except (ValueError, OSError):
+                raise  # a configuration noded cannot run with
+            except Exception as e:  # one broken source must not take noded down
+                event(log, logging.ERROR, "source not started", source=cls.name, error=repr(e))
                 continue
-            self.components.append(comp)
-            for kind in getattr(comp, "control_kinds", ()):
-                self._routes[kind] = comp
+            self._sections[id(src)] = section
+            self.sources.append(src)
+        self.bmc: Bmc | None = next((s for s in self.sources if isinstance(s, Bmc)), None)
+        if self.bmc is not None:
+            self.bmc.on_serial = self._serial_read
+        self.started: list[tuple[object, SourceContext]] = []
+        self._controls: dict = {}
         self._last_doc_digest = ""
 
-    def _sel_table(self) -> SelEventTable:
-        if self.args.sel_events_file:
-            raw = Path(self.args.sel_events_file).read_bytes()
-        else:
-            from importlib import resources
+    def make_ctx(self, src) -> SourceContext:
+        """The context of one source: its section, this node's state, the pool, the registry."""
+        return SourceContext(
+            name=src.name,
+            node=self.node_name,
+            state=self.state,
+            pool=self.blocking,
+            config=self._sections.get(id(src)),
+            registry=self.registry,
+            metrics=self.source_metrics,
+        )
 
-            raw = resources.files("noded").joinpath(DEFAULT_SEL_TABLE).read_bytes()
-        try:
-            return SelEventTable.from_json(raw)
-        except SelTableError as e:
-            raise ValueError(f"SEL event table: {e}") from None
+    @property
+    def bmc_configured(self) -> bool:
+        """True when a BMC host is configured (the BMC source polls)."""
+        return self.bmc is not None and self.bmc.client is not None
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Serve HTTP, connect to ClusterD, start monitors and components. Raises ``OSError`` when
-        the HTTP address is taken."""
-        await self.http.start()
-        if self.bmc is not None:
-            self.bmc.publish()  # the node status is reported even before the first poll
-            self.tasks.spawn(self.bmc.run(), name="bmc-poll")
-        else:
-            self.state.set_node_status("Healthy")
-            self.state.set_condition("BMCUnreachable", True, "NotConfigured", "noded runs without --bmc-host")
-        for m in self.storage:
-            self.tasks.spawn(m.run(), name=f"storage-{m.kind}")
-        self.tasks.spawn(self.levels.run(self.args.levels_check_interval), name="levels-watch")
+        """Start the sources, serve HTTP, wait (bounded) for the node SN, connect to ClusterD.
+        Raises ``OSError`` when the HTTP address is taken."""
         if self.args.node_info_file:
             self.state_hook()
-        if self.bmc is not None and not self.agent.hello.node_sn:
+        self.started = await start_sources(self.sources, self.make_ctx)
+        for _src, ctx in self.started:
+            for method, path, handler in ctx.routes:
+                self.http.app.router.add_route(method, path, handler)
+            self._controls.update(ctx.controls)
+        await self.http.start()
+        if self.bmc_configured and not self.agent.hello.node_sn:
             # the Hello carries the node SN (ClusterD maps public faults' nodeSN to nodes): give the
             # first BMC poll a moment to read it; a later read reaches ClusterD on the next reconnect
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.bmc.polled.wait(), self.args.sn_wait)
         await self.agent.start()
-        for comp in self.components:
-            try:
-                await comp.start()
-            except Exception as e:
-                event(log, logging.ERROR, "component not started", component=comp.name, error=repr(e))
         event(
             log,
             logging.INFO,
             "noded started",
             node=self.node_name,
             clusterd=self.args.clusterd,
-            bmc=f"{self.args.bmc_host}:{self.args.bmc_port}" if self.args.bmc_host else "-",
+            bmc=f"{self.bmc.client.host}:{self.bmc.client.port}" if self.bmc_configured else "-",
             http=f"{self.http.host}:{self.http.port}",
-            components=",".join(c.name for c in self.components),
+            sources=",".join(src.name for src, _ in self.started),
         )
 
     async def stop(self) -> None:
-        """Stop components, monitors, the agent stream (draining pending changes) and HTTP."""
-        for comp in reversed(self.components):
+        """Staged stop within ``--stop-budget`` s: sources, agent drain, HTTP, pool (module doc)."""
+        a = self.args
+        deadline = time.monotonic() + a.stop_budget
+
+        def left(cap: float) -> float:
+            return max(0.1, min(cap, deadline - time.monotonic()))
+
+        await stop_sources(self.started, left(a.stop_sources_budget))
+        self.started = []
+        for stage, coro, cap in (
+            ("agent", self.agent.stop(drain_s=left(a.stop_drain_budget)), a.stop_drain_budget + 1.0),
+            ("http", self.http.stop(), a.stop_budget),
+        ):
             try:
-                await comp.stop()
-            except Exception as e:
-                event(log, logging.WARNING, "component stop failed", component=comp.name, error=repr(e))
-        await self.tasks.close()
-        await self.agent.stop()
-        await self.http.stop()
-        if self.bmc is not None and not self.bmc.client.busy:
-            # log out of the BMC (blocking: in the pool, bounded); a hung call is left alone
-            with contextlib.suppress(Exception):
-                await self.blocking.call(3.0, self.bmc.client.close)
+                async with asyncio.timeout(left(cap)):
+                    await coro
+            except TimeoutError:
+                event(log, logging.WARNING, "noded stop overran", stage=stage)
         self.blocking.shutdown()
         event(log, logging.INFO, "noded stopped", node=self.node_name)
 
     # -- control messages ------------------------------------------------------------------------
     async def on_control(self, msg) -> None:
-        """Route a ControlMessage to the component handling its body kind. Raises ``LookupError``
+        """Route a ControlMessage to the source handling its body kind. Raises ``LookupError``
         for a kind nobody handles (the agent client acks it with that error)."""
         kind = msg.WhichOneof("body")
-        comp = self._routes.get(kind or "")
-        if comp is None:
+        handler = self._controls.get(kind or "")
+        if handler is None:
             event(log, logging.WARNING, "control message unhandled", kind=kind, seq=msg.seq)
-            raise LookupError(f"no noded component handles control kind {kind!r}")
-        await comp.on_control(msg)
+            raise LookupError(f"no noded source handles control kind {kind!r}")
+        await handler(msg)
 
     # -- node-info ---------------------------------------------------------------------------------
     def bmc_faults(self):
@@ -357,14 +264,9 @@ class NodeD:
         if not self.agent.hello.node_sn:
             self.agent.hello.node_sn = sn
 
-    def _levels_changed(self, table: LevelTable) -> None:
-        self.metrics.level_reloads.labels("ok").inc()
-        if self.bmc is not None:
-            self.bmc.publish()
-
     def _ready(self) -> tuple[bool, str]:
         parts = ["clusterd=" + ("up" if self.agent.connected.is_set() else "down")]
-        if self.bmc is not None:
+        if self.bmc is not None and self.bmc_configured:
             parts.append(
                 "bmc="
                 + (
@@ -399,7 +301,7 @@ class NodeD:
                     t: {"active": c.active, "reason": c.reason, "message": c.message}
                     for t, c in self.state.conditions.items()
                 },
-                "bmc_mode": self.bmc.mode if self.bmc else None,
+                "bmc_mode": self.bmc.mode if self.bmc is not None and self.bmc_configured else None,
                 "clusterd_connected": self.agent.connected.is_set(),
             }
         )

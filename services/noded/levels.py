@@ -23,6 +23,7 @@ from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
+from faultmesh.files import FileWatch, stamp
 from faultmesh.levels import NODE_STATUS_BY_LEVEL, NodeLevel
 from faultmesh.log import event
 
@@ -127,7 +128,7 @@ def node_status(levels) -> str:
 class LevelTableWatcher:
     """Holds the current :class:`LevelTable` and re-reads ``path`` when it changes.
 
-    ``check()`` compares (mtime_ns, size) and then the sha256; a valid new table replaces the
+    ``check()`` asks a :class:`faultmesh.files.FileWatch` (stat, then sha256); a valid new table replaces the
     current one and calls ``on_change(table)``; an invalid one is logged ("fault config rejected"),
     counted in ``rejected`` and the old table stays. ``path=None`` keeps the default table; a
     missing or invalid file at startup also starts with the default table (logged and counted).
@@ -143,17 +144,18 @@ class LevelTableWatcher:
         self.on_change = on_change or (lambda t: None)
         self.on_reject = on_reject or (lambda reason: None)
         self.rejected = 0
-        self._stat: tuple[int, int] | None = None
+        self._watch = FileWatch(path) if path else None
         self.table = LevelTable.default()
         if path:
-            self._stat = _stat(path)
+            assert self._watch is not None
+            self._watch.changed()  # the first look: what is loaded below
             try:
                 self.table = LevelTable.load(path)
             except LevelTableError as e:
                 # as the reference falls back to its baked-in file: run with the default table and
                 # apply the operator's file once it becomes valid
                 self.rejected += 1
-                self.on_reject("missing" if self._stat is None else "invalid")
+                self.on_reject("missing" if stamp(path) is None else "invalid")
                 event(
                     log,
                     logging.ERROR,
@@ -164,14 +166,10 @@ class LevelTableWatcher:
         event(log, logging.INFO, "fault config loaded", path=self.table.path, codes=len(self.table))
 
     def check(self) -> bool:
-        """Re-read the file when its stat changed. Returns True when a new table took effect."""
-        if not self.path:
+        """Re-read the file when it changed. Returns True when a new table took effect."""
+        if not self.path or self._watch is None or not self._watch.changed():
             return False
-        st = _stat(self.path)
-        if st == self._stat:
-            return False
-        self._stat = st
-        if st is None:
+        if stamp(self.path) is None:
             self.rejected += 1
             self.on_reject("missing")
             event(
@@ -219,11 +217,3 @@ class LevelTableWatcher:
                 self.check()
             except Exception as e:  # never let a reload bug end the watcher
                 event(log, logging.ERROR, "fault config check failed", error=repr(e))
-
-
-def _stat(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_size)

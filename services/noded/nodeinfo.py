@@ -16,9 +16,9 @@ import datetime as dt
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable
 
+from faultmesh.files import atomic_write
 from faultmesh.levels import NodeLevel
 from faultmesh.model import Fault
 from noded.levels import node_status
@@ -95,18 +95,5 @@ def write_document(path: str, info: dict) -> bool:
         except FileNotFoundError:
             pass
         return False
-    doc = node_info_document(info)
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".nodeinfo-", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write(path, json.dumps(node_info_document(info), indent=2) + "\n")
     return True

@@ -13,11 +13,11 @@ Per job, every ``nSecondsDoOneDetection`` seconds, in the blocking pool (file I/
 run on the event loop): tail ``<--profiling-dir>/<job id>/<rank>/`` of each local rank
 (:class:`~fdol.slownode.reader.JobReader`), turn records into per-step metrics, run one node round
 (:class:`~fdol.slownode.node.NodeDetector`). A result (there is none when no new step arrived) goes
-to ClusterD through ``app.state.add_slownode_report`` as ``{"slownode_<jobId>": {"<nodeIp>": result}}``;
+to ClusterD through ``ctx.state.add_slownode_report`` as ``{"slownode_<jobId>": {"<nodeIp>": result}}``;
 a slow one also logs ``[FD-OL SLOWNODE]job(name=<job>, namespace=<ns>, jobId=<id>) detected node:
 <nodeIp> is degradation, slow rank ids: [3]``. ``nodeIp`` is env ``XDL_IP`` or the node name.
 
-``GET /v1/slownode`` on noded's HTTP server lists the jobs with their latest node result and the
+``GET /v1/slownode`` on noded's HTTP server (a route of the source's context) lists the jobs with their latest node result and the
 bad-input counters per reason.
 """
 
@@ -36,9 +36,11 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from faultmesh._pb import agent_pb2
+from faultmesh.files import atomic_write
 from faultmesh.httpd import json_response
 from faultmesh.log import event
 from faultmesh.model import now_ms
+from faultmesh.source import PushSource, SourceContext
 from fdol.slownode.featconf import FeatConf, parse_featconf
 from fdol.slownode.metrics import StepAssembler
 from fdol.slownode.node import NodeDetector
@@ -68,14 +70,16 @@ class NodeJob:
     started_ms: int = 0
 
 
-class SlowNodeComponent:
-    """See the module docstring."""
+class SlowNode(PushSource):
+    """The slow-node source (module doc): fed by control messages, one detection loop per job.
+    Build with :meth:`from_config`, then ``await start(ctx)``."""
 
     name = "slownode"
     control_kinds = ("slownode_job", "data_trace")
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
+        """Flags ``--profiling-dir``, ``--slownode-data-trace-dir``, ``--slownode-round-timeout``."""
         g = parser.add_argument_group("slownode (FD-OL node part)")
         g.add_argument(
             "--profiling-dir",
@@ -94,34 +98,47 @@ class SlowNodeComponent:
             help="limit of one detection round in the blocking pool (s)",
         )
 
-    def __init__(self, app) -> None:
-        self.app = app
-        self.node_ip = os.environ.get("XDL_IP") or app.node_name
+    @classmethod
+    def from_config(cls, cfg, metrics=None) -> SlowNode:
+        """The source for its flag section ``cfg`` (``metrics``: unused, its own are on ctx.registry)."""
+        return cls(cfg)
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.config = config
+        self.node_ip = ""
         self.jobs: dict[str, NodeJob] = {}
         self.switches: dict[str, dict[str, str]] = {}
+
+    async def start(self, ctx: SourceContext) -> None:
+        """Take the context: metrics, route ``GET /v1/slownode``, control kinds ``slownode_job`` /
+        ``data_trace``. Jobs start on control messages."""
+        await super().start(ctx)
+        self.node_ip = os.environ.get("XDL_IP") or ctx.node
         self.m_bad = Counter(
             "faultmesh_slownode_bad_input_total",
             "Rejected profiling input by reason",
             ["reason"],
-            registry=app.registry,
+            registry=ctx.registry,
         )
         self.m_rounds = Counter(
             "faultmesh_slownode_node_rounds_total",
             "Node detection rounds with a result",
             ["slow"],
-            registry=app.registry,
+            registry=ctx.registry,
         )
         self.m_steps = Counter(
-            "faultmesh_slownode_steps_total", "Per-step metrics computed", registry=app.registry
+            "faultmesh_slownode_steps_total", "Per-step metrics computed", registry=ctx.registry
         )
-        app.http.app.router.add_get("/v1/slownode", self._http_list)
-
-    async def start(self) -> None:
-        pass
+        ctx.add_route("GET", "/v1/slownode", self._http_list)
+        for kind in self.control_kinds:
+            ctx.on_control(kind, self.on_control)
 
     async def stop(self) -> None:
+        """Stop every job's detection (their loops are cancelled with the context's tasks)."""
         for job_id in list(self.jobs):
             self._stop(job_id, "noded stopping")
+        await super().stop()
 
     # -- control ----------------------------------------------------------------------------------
     async def on_control(self, msg: agent_pb2.ControlMessage) -> None:
@@ -151,7 +168,7 @@ class SlowNodeComponent:
             self._stop(conf.job_id, "updated")
         if conf.slow_node == 0 or not ranks:
             return
-        job_dir = Path(self.app.args.profiling_dir) / conf.job_id
+        job_dir = Path(self.config.profiling_dir) / conf.job_id
         reader = JobReader(job_dir, ranks, start_time_s=None)
         assemblers = {
             r: StepAssembler(r, lambda r=r: reader.groups(r), traffic=conf.traffic, bad=reader.bad)
@@ -161,7 +178,7 @@ class SlowNodeComponent:
             conf, ranks, reader, assemblers, NodeDetector(conf, ranks, self.node_ip), started_ms=now_ms()
         )
         self.jobs[conf.job_id] = nj
-        nj.task = self.app.tasks.spawn(self._loop(nj), name=f"slownode-{conf.job_id}")
+        nj.task = self.ctx.spawn(self._loop(nj), name=f"slownode-{conf.job_id}")
         event(
             log,
             logging.INFO,
@@ -192,10 +209,10 @@ class SlowNodeComponent:
         if not sep or not ns or not name or "/" in name or ".." in d.job_ns_name:
             raise ValueError(f"job_ns_name must be namespace/jobName, got {d.job_ns_name!r}")
         self.switches[d.job_ns_name] = sw
-        root = self.app.args.slownode_data_trace_dir
+        root = self.config.slownode_data_trace_dir
         if root:
             path = Path(root) / switch_dir_name(ns, name) / SWITCH_FILE
-            await self.app.blocking.call(10.0, _write_atomic, path, orjson.dumps(sw))
+            await self.ctx.run_blocking(10.0, _write_switch, path, orjson.dumps(sw))
         event(log, logging.INFO, "data-trace switch received", job=d.job_ns_name, written=bool(root), **sw)
 
     # -- rounds -----------------------------------------------------------------------------------
@@ -208,7 +225,7 @@ class SlowNodeComponent:
             if next_t < time.monotonic():
                 next_t = time.monotonic() + interval
             try:
-                res = await self.app.blocking.call(self.app.args.slownode_round_timeout, _round, nj)
+                res = await self.ctx.run_blocking(self.config.slownode_round_timeout, _round, nj)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # a failing round must not end detection
@@ -232,10 +249,10 @@ class SlowNodeComponent:
                     f"{prefix(nj.conf)} detected node: {self.node_ip} is degradation, slow rank ids: [{ranks}]",
                 )
             body = {f"slownode_{nj.conf.job_id}": {self.node_ip: result}}
-            self.app.state.add_slownode_report(
+            self.ctx.state.add_slownode_report(
                 agent_pb2.SlowNodeReport(
                     job_id=nj.conf.job_id,
-                    node=self.app.node_name,
+                    node=self.ctx.node,
                     result_json=orjson.dumps(body),
                     timestamp_ms=now_ms(),
                 )
@@ -278,8 +295,6 @@ def _round(nj: NodeJob) -> tuple[int, dict | None]:
     return steps, nj.detector.round()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_switch(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    atomic_write(path, data)

@@ -303,9 +303,9 @@ def _parser(command: str):
 
         return build_parser(_load_component_classes())
     if command == "noded":
-        from noded.app import build_parser, load_component_classes
+        from noded.app import build_parser
 
-        return build_parser(load_component_classes()[0])
+        return build_parser()
     from deviced.app import build_parser
 
     return build_parser()

@@ -243,3 +243,21 @@ def make_pki(tmp: Path) -> tuple[Path, dict[str, tuple[Path, Path]]]:
         files[name] = (crt, key)
     (tmp / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     return tmp / "ca.crt", files
+
+
+def source_ctx(name: str, node: str, pool=None, registry=None, config=None):
+    """A :class:`SourceContext` for driving one noded source in a test (its own state and pool)."""
+    from prometheus_client import CollectorRegistry
+
+    from faultmesh.agent import AgentState
+    from faultmesh.runtime import BlockingPool
+    from faultmesh.source import SourceContext
+
+    return SourceContext(
+        name=name,
+        node=node,
+        state=AgentState(node),
+        pool=pool if pool is not None else BlockingPool(2, f"test-{name}"),
+        config=config,
+        registry=registry if registry is not None else CollectorRegistry(),
+    )

@@ -9,15 +9,15 @@ import types
 
 import pytest
 from native.build import build_libs
-from prometheus_client import CollectorRegistry
 
 from faultmesh._pb import agent_pb2
 from faultmesh.agent import AgentState
 from faultmesh.dcmi import hccsping as h
-from faultmesh.runtime import BlockingPool, TaskOwner
+from faultmesh.runtime import BlockingPool
+from faultmesh.source import SourceContext
 from fdol.slownet import config as pmconfig
 from fdol.slownet import topology as topo
-from noded.pingmesh import PingmeshComponent
+from noded.pingmesh import Pingmesh
 
 
 @pytest.fixture(scope="session")
@@ -105,15 +105,15 @@ def test_bad_parameters_never_reach_the_driver(hcc):
         hcc._start(0, 0, 0, ctypes.byref(op))
 
 
-async def test_noded_component_on_the_c_library(hcc, libdcmi, tmp_path):
+async def test_noded_pingmesh_source_on_the_c_library(hcc, libdcmi, tmp_path):
     p = argparse.ArgumentParser()
-    PingmeshComponent.add_arguments(p)
+    Pingmesh.add_arguments(p)
     args = p.parse_args(["--pingmesh-backend", "dcmi", "--pingmesh-dcmi-lib", libdcmi,
                          "--pingmesh-dir", str(tmp_path), "--pingmesh-collect-interval-s", "3600"])  # fmt: skip
-    app = types.SimpleNamespace(args=args, node_name="n1", state=AgentState("n1"), registry=CollectorRegistry(),
-                                http=None, tasks=TaskOwner("t"), blocking=BlockingPool(2))  # fmt: skip
-    comp = PingmeshComponent(app)
-    await comp.start()
+    ctx = SourceContext("pingmesh", "n1", AgentState("n1"), BlockingPool(2), config=args)
+    app = types.SimpleNamespace(state=ctx.state, tasks=ctx.tasks)
+    comp = Pingmesh.from_config(args)
+    await comp.start(ctx)
     try:
         assert comp.backend_name == "dcmi" and sorted(comp.chips) == [0, 1, 2, 3]
         sp = topo.build_super_pod(4, ["n1", "n2"], npus_per_node=4)

@@ -1,4 +1,4 @@
-"""noded pingmesh component against the fabric simulator: inputs, tasks, result files, rows."""
+"""noded pingmesh source against the fabric simulator: inputs, tasks, result files, rows."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import json
 import types
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from faultmesh._pb import agent_pb2
 from faultmesh.agent import AgentState
 from faultmesh.dcmi import fabric as fab
-from faultmesh.runtime import BlockingPool, TaskOwner
+from faultmesh.runtime import BlockingPool
+from faultmesh.source import SourceContext
 from fdol.slownet import config as pmconfig
 from fdol.slownet import pinglist
-from noded.pingmesh import PingmeshComponent
+from noded.pingmesh import Pingmesh
 from noded.pingmesh import results as res
 
 NODES = ["node-0", "node-1"]
@@ -24,7 +24,7 @@ NODES = ["node-0", "node-1"]
 
 def make_app(tmp_path, node="node-0", **flags):
     p = argparse.ArgumentParser()
-    PingmeshComponent.add_arguments(p)
+    Pingmesh.add_arguments(p)
     fabric_file = tmp_path / "fabric.json"
     if not fabric_file.exists():
         fab.write_fabric_file(fabric_file, {"nodes": NODES, "npus_per_node": 4, "seed": 2, "faults": []})
@@ -39,15 +39,8 @@ def make_app(tmp_path, node="node-0", **flags):
     for k, v in flags.items():
         argv += [f"--{k.replace('_', '-')}", str(v)]
     args = p.parse_args(argv)
-    return types.SimpleNamespace(
-        args=args,
-        node_name=node,
-        state=AgentState(node),
-        registry=CollectorRegistry(),
-        http=None,
-        tasks=TaskOwner("test"),
-        blocking=BlockingPool(2),
-    )
+    ctx = SourceContext("pingmesh", node, AgentState(node), BlockingPool(2), config=args)
+    return types.SimpleNamespace(args=args, node_name=node, state=ctx.state, tasks=ctx.tasks, ctx=ctx)
 
 
 def inputs(fabric_file):
@@ -64,8 +57,8 @@ def ctl(**body):
 
 async def started(tmp_path, **flags):
     app = make_app(tmp_path, **flags)
-    comp = PingmeshComponent(app)
-    await comp.start()
+    comp = Pingmesh.from_config(app.args)
+    await comp.start(app.ctx)
     return app, comp
 
 

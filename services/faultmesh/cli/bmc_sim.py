@@ -8,7 +8,7 @@
 - ``faultmesh bmc-sim status --control ...`` prints the simulator state; ``behave`` sets delay/drop/
   OEM reply mode for bad-BMC tests.
 
-See :mod:`faultmesh.bmc.sim` for the protocol details.
+See :mod:`faultmesh.sims.bmc` for the protocol details.
 """
 
 from __future__ import annotations
@@ -62,9 +62,9 @@ def _open(control: str, req: urllib.request.Request, timeout_s: float) -> dict:
 @run
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the simulator in the foreground until killed."""
-    from faultmesh.bmc.sim import serve
     from faultmesh.config import read_secret
     from faultmesh.log import setup
+    from faultmesh.sims.bmc import serve
 
     if args.port is None:
         raise CliError("bmc-sim needs --port (0 picks a free port)")

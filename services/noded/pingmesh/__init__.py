@@ -1,5 +1,5 @@
-"""noded pingmesh (reference noded.md §6): :class:`PingmeshComponent` and its result files."""
+"""noded pingmesh (reference noded.md §6): the :class:`Pingmesh` source and its result files."""
 
-from noded.pingmesh.component import PingmeshComponent
+from noded.pingmesh.component import Pingmesh
 
-__all__ = ["PingmeshComponent"]
+__all__ = ["Pingmesh"]

@@ -1,4 +1,4 @@
-"""noded's pingmesh component: HCCS pingmesh tasks through DCMI hccsping (or the fabric simulator),
+"""noded's pingmesh source: HCCS pingmesh tasks through DCMI hccsping (or the fabric simulator),
 result files, and result rows streamed to ClusterD.
 
 Source: reference noded.md §6. Inputs, each from a file (re-read when it changes, every
@@ -22,7 +22,7 @@ new ones started (packet size 1792, 10 packets, 10 ms apart, timeout 1, task_int
 config). Every ``10 x task_interval`` s (``--pingmesh-collect-interval-s`` overrides) each task's state
 and info are read; a stopped task with no destinations (a chip reset) is restarted and that sample
 skipped. Rows go to ``<node>.log``, ``ping_result_<serverIndex>.csv`` and ClusterD
-(:mod:`noded.pingmesh.results`). All DCMI calls and file writes run in the app's BlockingPool.
+(:mod:`noded.pingmesh.results`). All DCMI calls and file writes run in the bounded pool (``ctx.run_blocking``).
 
 Backends (``--pingmesh-backend``): ``dcmi`` (ctypes, ``--pingmesh-dcmi-lib``), ``sim`` (the fabric
 simulator of ``--pingmesh-fabric FILE``, this node = ``--pingmesh-fabric-node`` or the node name),
@@ -46,8 +46,10 @@ from prometheus_client import Counter, Gauge
 
 from faultmesh._pb import agent_pb2
 from faultmesh.dcmi.hccsping import STATE_STOPPED, ChipInfo, HccspingParamError, PingOp
+from faultmesh.files import FileWatch, stamp
 from faultmesh.httpd import json_response
 from faultmesh.log import RateLimitedLog, event
+from faultmesh.source import PushSource, SourceContext
 from fdol.slownet import config as pmconfig
 from fdol.slownet import pinglist as pl
 from fdol.slownet import topology as topo
@@ -56,6 +58,7 @@ from noded.pingmesh.results import ResultWriter, TaskSample, rows_from_samples
 log = logging.getLogger("noded.pingmesh")
 
 CALL_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 5.0  # stopping the hccsping tasks at shutdown
 MAX_DESTS = 48
 
 
@@ -63,8 +66,9 @@ def _valid_addr(a: str) -> bool:
     return bool(a) and "," not in a and len(a) < 16
 
 
-class PingmeshComponent:
-    """The pingmesh component (module doc). ``app`` is noded's app object."""
+class Pingmesh(PushSource):
+    """The pingmesh source (module doc); fed by hccsping collections, file changes and control
+    messages. Build with :meth:`from_config`, then ``await start(ctx)``."""
 
     name = "pingmesh"
     control_kinds = ("pingmesh_config", "topology", "ping_list")
@@ -98,10 +102,15 @@ class PingmeshComponent:
             "--pingmesh-result-max-age-days", type=float, default=7.0, help="result file retention (days)"
         )
 
-    def __init__(self, app) -> None:
-        self.app = app
-        self.args = app.args
-        self.node = getattr(self.args, "pingmesh_fabric_node", None) or app.node_name
+    @classmethod
+    def from_config(cls, cfg, metrics=None) -> Pingmesh:
+        """The source for its flag section ``cfg`` (``metrics``: unused, its own are on ctx.registry)."""
+        return cls(cfg)
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.args = config
+        self.node = ""  # set by start(): --pingmesh-fabric-node or the node name
         self.backend = None
         self.backend_name = "off"
         self.chips: dict[int, ChipInfo] = {}
@@ -116,15 +125,22 @@ class PingmeshComponent:
         self.activation: pmconfig.Activation | None = None
         self._first_stop = True
         self._changed = asyncio.Event()
-        self._mtimes: dict[str, float] = {}
+        self._watches: dict[str, FileWatch] = {}
         self.last_collect_ms = 0
         self.rows_sent = 0
+        self._ratelog = RateLimitedLog(log)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self, ctx: SourceContext) -> None:
+        """Take the context (metrics, route ``GET /v1/pingmesh``, control kinds), open the backend,
+        read the chips and input files, start the pingmesh loop."""
+        await super().start(ctx)
+        self.node = getattr(self.args, "pingmesh_fabric_node", None) or ctx.node
         net_root = self.args.pingmesh_net_root or self.args.pingmesh_dir
         self.writer = ResultWriter(
             self.node, self.args.pingmesh_dir, net_root, self.args.pingmesh_result_max_age_days
         )
-        self._ratelog = RateLimitedLog(log)
-        reg = app.registry
+        reg = ctx.registry
         self.m_rows = Counter("faultmesh_pingmesh_rows_total", "pingmesh result rows produced", registry=reg)
         self.m_errors = Counter(
             "faultmesh_pingmesh_errors_total", "pingmesh failures by reason", ["reason"], registry=reg
@@ -133,12 +149,9 @@ class PingmeshComponent:
         self.m_restarts = Counter(
             "faultmesh_pingmesh_task_restarts_total", "stopped tasks restarted (chip reset)", registry=reg
         )
-        if getattr(app, "http", None) is not None:
-            app.http.app.router.add_get("/v1/pingmesh", self._http_status)
-
-    # -- lifecycle -----------------------------------------------------------------------------
-    async def start(self) -> None:
-        """Open the backend, read the chips and input files, start the pingmesh loop."""
+        ctx.add_route("GET", "/v1/pingmesh", self._http_status)
+        for kind in self.control_kinds:
+            ctx.on_control(kind, self.on_control)
         try:
             await self._open_backend()
         except Exception as e:
@@ -147,13 +160,15 @@ class PingmeshComponent:
             self.backend = None
             self.backend_name = "off"
         await self._poll_files()
-        self.app.tasks.spawn(self._loop(), name="pingmesh")
+        ctx.spawn(self._loop(), name="pingmesh")
 
     async def stop(self) -> None:
-        """Stop the running hccsping tasks (best effort, bounded by the call timeout)."""
-        if self.backend is not None and self.plan:
+        """Cancel the loop, then stop the running hccsping tasks (best effort, at most
+        ``STOP_TIMEOUT_S``; noded's stop budget bounds it further)."""
+        await super().stop()
+        if self.backend is not None and self.plan and self.ctx is not None:
             with contextlib.suppress(Exception):
-                await self.app.blocking.call(CALL_TIMEOUT_S, self._stop_tasks, list(self.plan))
+                await self.ctx.run_blocking(STOP_TIMEOUT_S, self._stop_tasks, list(self.plan))
 
     async def _open_backend(self) -> None:
         kind = self.args.pingmesh_backend
@@ -164,17 +179,17 @@ class PingmeshComponent:
                 raise ValueError("--pingmesh-backend sim needs --pingmesh-fabric FILE")
             from faultmesh.dcmi.fabric import Fabric, SimHccsping
 
-            fabric = await self.app.blocking.call(CALL_TIMEOUT_S, Fabric.from_file, self.args.pingmesh_fabric)
+            fabric = await self.ctx.run_blocking(CALL_TIMEOUT_S, Fabric.from_file, self.args.pingmesh_fabric)
             backend = SimHccsping(fabric, self.node)
         else:
             from faultmesh.dcmi.hccsping import DcmiHccsping
 
-            backend = await self.app.blocking.call(
+            backend = await self.ctx.run_blocking(
                 CALL_TIMEOUT_S, DcmiHccsping.open, self.args.pingmesh_dcmi_lib
             )
-            if not await self.app.blocking.call(CALL_TIMEOUT_S, backend.supported):
+            if not await self.ctx.run_blocking(CALL_TIMEOUT_S, backend.supported):
                 raise RuntimeError("hccsping not supported by this driver")
-        chips = await self.app.blocking.call(CALL_TIMEOUT_S, backend.chips)
+        chips = await self.ctx.run_blocking(CALL_TIMEOUT_S, backend.chips)
         self.backend = backend
         self.backend_name = kind if kind != "auto" else "dcmi"
         self.chips = {c.phy_id: c for c in chips}
@@ -248,14 +263,8 @@ class PingmeshComponent:
     def _changed_file(self, path: str | None) -> bool:
         if not path:
             return False
-        try:
-            m = os.stat(path).st_mtime
-        except OSError:
-            return False
-        if self._mtimes.get(path) == m:
-            return False
-        self._mtimes[path] = m
-        return True
+        watch = self._watches.setdefault(path, FileWatch(path))
+        return watch.changed() and stamp(path) is not None  # a removed file keeps the last input
 
     def _ping_list_path(self) -> str | None:
         if self.args.pingmesh_ping_list_file:
@@ -289,7 +298,7 @@ class PingmeshComponent:
     async def _poll_files(self) -> None:
         """Re-read input files that changed (read in the BlockingPool). Bad files are logged, counted
         and ignored."""
-        for kind, path, data in await self.app.blocking.call(CALL_TIMEOUT_S, self._read_changed_files):
+        for kind, path, data in await self.ctx.run_blocking(CALL_TIMEOUT_S, self._read_changed_files):
             try:
                 if isinstance(data, Exception):
                     raise data
@@ -376,7 +385,7 @@ class PingmeshComponent:
         plan, uid, act = self.compute_plan()
         if uid == self.plan_uid and act == self.activation:
             return
-        started = await self.app.blocking.call(CALL_TIMEOUT_S * 2, self._apply_plan, plan, act)
+        started = await self.ctx.run_blocking(CALL_TIMEOUT_S * 2, self._apply_plan, plan, act)
         self.plan, self.plan_uid, self.activation = plan, uid, act
         self.m_tasks.set(started)
         event(log, logging.INFO, "pingmesh plan applied", uid=uid[:16], tasks=started,
@@ -423,10 +432,10 @@ class PingmeshComponent:
         """One collection round (tests call it directly). Returns rows produced."""
         if self.backend is None or not self.plan or not (self.activation and self.activation.activate):
             return 0
-        rows = await self.app.blocking.call(CALL_TIMEOUT_S * 2, self._collect_blocking)
+        rows = await self.ctx.run_blocking(CALL_TIMEOUT_S * 2, self._collect_blocking)
         self.last_collect_ms = time.time_ns() // 1_000_000
         if rows:
-            self.app.state.add_ping_results(rows)
+            self.ctx.state.add_ping_results(rows)
             self.m_rows.inc(len(rows))
             self.rows_sent += len(rows)
         return len(rows)

@@ -1,4 +1,4 @@
-"""SEL records, cursor-based reading, the event table and active SEL faults (faultmesh.bmc.sel)."""
+"""SEL records, cursor-based reading, the event table and active SEL faults (noded.bmc.sel)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from faultmesh.bmc import sel
 from faultmesh.levels import NodeLevel
+from noded.bmc import sel
 
 
 class NotPresent(Exception):

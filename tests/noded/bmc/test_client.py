@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from faultmesh.bmc import oem
-from faultmesh.bmc.client import BmcAuthError, BmcClient, BmcCommandError
+from noded.bmc import oem
+from noded.bmc.client import BmcAuthError, BmcClient, BmcCommandError
 
 IPMITOOL = shutil.which("ipmitool")
 needs_ipmitool = pytest.mark.skipif(

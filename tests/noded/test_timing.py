@@ -2,7 +2,7 @@
 
 With an injected clock/sleep: BMC poll period (1..600 s), exponential backoff capped at the poll
 period and retried forever, one poll per BMC at a time with a timeout that never blocks the loop.
-DPC hysteresis (10 min) is in test_noded_storage.py. The agent-stream rules (change reaches
+DPC hysteresis (10 min) is in sources/test_storage.py. The agent-stream rules (change reaches
 ClusterD within 1 s, at most one report per 5 s under flapping with last state winning, unchanged
 state re-sent every 30 min) live in faultmesh.agent.AgentClient, which takes no clock: they are
 checked here against a recording fake ClusterD with the intervals scaled down.
@@ -17,18 +17,18 @@ from importlib import resources
 
 import grpc
 import pytest
+from noded_support import source_ctx
 from prometheus_client import CollectorRegistry
 from support import free_port
 
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
 from faultmesh.agent import AgentClient, AgentState
-from faultmesh.bmc.client import BmcUnreachable, _NoWaitLock
-from faultmesh.bmc.sel import SelEventTable
 from faultmesh.model import Fault
-from faultmesh.runtime import BlockingPool
-from noded.bmc import COND_UNREACHABLE, BmcMonitor, PollResult
+from noded.bmc.client import BmcUnreachable, _NoWaitLock
+from noded.bmc.sel import SelEventTable
 from noded.levels import LevelTable
 from noded.metrics import NodedMetrics
+from noded.sources.bmc import COND_UNREACHABLE, Bmc, PollResult
 
 
 class FakeClient:
@@ -73,10 +73,8 @@ def make_monitor(pool, client=None, poll=60.0, **kw):
         if len(sleeps) >= mon.max_sleeps:
             raise Stop()
 
-    mon = BmcMonitor(
-        state=AgentState("node-t"),
+    mon = Bmc(
         client=client or FakeClient(),
-        pool=pool,
         levels=LevelTable.default,
         sel_table=SelEventTable.from_json(resources.files("noded").joinpath("sel_events.json").read_bytes()),
         metrics=NodedMetrics(CollectorRegistry()),
@@ -85,6 +83,7 @@ def make_monitor(pool, client=None, poll=60.0, **kw):
         sleep=fake_sleep,
         **kw,
     )
+    mon.ctx = source_ctx("bmc", "node-t", pool=pool)
     mon.max_sleeps = 10**9
     mon.fake_clock = clock
     return mon, sleeps
@@ -135,16 +134,15 @@ class HangingClient(FakeClient):
 
 async def test_hung_bmc_times_out_without_blocking_the_loop_and_is_never_queued():
     client = HangingClient(1.5)
-    mon = BmcMonitor(
-        state=AgentState("node-t"),
+    mon = Bmc(
         client=client,
-        pool=BlockingPool(2, "t"),
         levels=LevelTable.default,
         sel_table=SelEventTable.from_json(resources.files("noded").joinpath("sel_events.json").read_bytes()),
         metrics=NodedMetrics(CollectorRegistry()),
         poll_interval_s=60,
         timeout_s=0.3,
     )
+    mon.ctx = source_ctx("bmc", "node-t")
     ticks = 0
 
     async def ticker():

@@ -1,4 +1,4 @@
-"""The noded app: command line, components and control routing, node-info file, level reload, HTTP."""
+"""The noded app: command line, the source tuple and control routing, node-info file, level reload, HTTP."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ from support import free_port, make_clusterd
 
 from faultmesh import config
 from faultmesh._pb import agent_pb2
-from noded import app as noded_app
-from noded.app import NodeD, build_parser, load_component_classes
+from faultmesh.source import PushSource
+from noded import sources
+from noded.app import NodeD, build_parser
+from noded.sources import SOURCES, Bmc, Dpc, Dtfs, Pingmesh, SlowNode
 
 
-class FakeComponent:
-    """A component in the shape the brief gives (pingmesh, slownode use it)."""
+class FakeSource(PushSource):
+    """A source in noded's shape (add_arguments, from_config, start(ctx) registering control kinds)."""
 
     name = "fake"
     control_kinds = ("pingmesh_config", "topology")
@@ -27,44 +29,51 @@ class FakeComponent:
     def add_arguments(parser):
         parser.add_argument("--fake-flag", default="x")
 
-    def __init__(self, app):
-        self.app = app
+    @classmethod
+    def from_config(cls, cfg, metrics):
+        return cls(cfg)
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
         self.started = False
 
-    async def start(self):
+    async def start(self, ctx):
+        await super().start(ctx)
+        for kind in self.control_kinds:
+            ctx.on_control(kind, self.on_control)
         self.started = True
 
     async def stop(self):
         self.started = False
+        await super().stop()
 
     async def on_control(self, msg):
-        FakeComponent.seen.append(msg.WhichOneof("body"))
+        FakeSource.seen.append(msg.WhichOneof("body"))
 
 
-def parse(*argv, classes=()):
-    return config.parse(build_parser(list(classes)), list(argv))
+def parse(*argv, classes=SOURCES):
+    return config.parse(build_parser(tuple(classes)), list(argv))
 
 
-def test_components_tuple_starts_with_pingmesh_and_slownode():
-    assert noded_app.COMPONENTS[:2] == (
-        "noded.pingmesh:PingmeshComponent",
-        "noded.slownode:SlowNodeComponent",
-    )
-
-
-def test_missing_component_is_skipped_and_reported():
-    classes, missing = load_component_classes(
-        ("noded.not_landed_yet:Thing", "noded.app:NodeD", "noded.app:Nope")
-    )
-    assert classes == [NodeD]
-    assert [m[0] for m in missing] == ["noded.not_landed_yet:Thing", "noded.app:Nope"]
-    assert "ModuleNotFoundError" in missing[0][1]
+def test_sources_tuple_is_the_one_extension_model():
+    assert [c.name for c in SOURCES] == ["bmc", "dpc", "dtfs", "pingmesh", "slownode"]
+    assert SOURCES == (Bmc, Dpc, Dtfs, Pingmesh, SlowNode)
+    # each source gets just its own flags as its config section
+    a = parse("--node-name", "n1", "--dpc-status-file", "/d", "--profiling-dir", "/p")
+    assert vars(sources.config_section(a, Dpc)) == {
+        "dpc_status_file": "/d",
+        "dtfs_status_file": None,
+        "storage_interval": 5.0,
+    }
+    assert sources.config_section(a, SlowNode).profiling_dir == "/p"
+    assert not hasattr(sources.config_section(a, SlowNode), "bmc_host")
 
 
 def test_flags_env_and_ranges(monkeypatch, capsys):
     monkeypatch.setenv("FAULTMESH_POLL_INTERVAL", "30")
     monkeypatch.setenv("FAULTMESH_TLS_CA", "/etc/ca.crt")  # what the Helm chart sets
-    a = parse("--node-name", "n1", "--clusterd-token-file", "/tok", classes=[FakeComponent])
+    a = parse("--node-name", "n1", "--clusterd-token-file", "/tok", classes=[*SOURCES, FakeSource])
     assert (
         a.poll_interval == 30 and a.tls_ca == "/etc/ca.crt" and a.token_file == "/tok" and a.fake_flag == "x"
     )
@@ -82,9 +91,9 @@ def test_bmc_host_without_password_is_a_clear_error(monkeypatch):
         NodeD(parse("--node-name", "n1", "--bmc-host", "127.0.0.1"))
 
 
-async def test_control_messages_reach_components_through_clusterd(tmp_path):
+async def test_control_messages_reach_sources_through_clusterd(tmp_path):
     cd = await make_clusterd(tmp_path)
-    FakeComponent.seen = []
+    FakeSource.seen = []
     args = parse(
         "--node-name",
         "node-c",
@@ -94,12 +103,13 @@ async def test_control_messages_reach_components_through_clusterd(tmp_path):
         "127.0.0.1:0",
         "--min-report-interval",
         "0",
-        classes=[FakeComponent],
+        classes=[Bmc, FakeSource],
     )
-    nd = NodeD(args, [FakeComponent])
+    nd = NodeD(args, (Bmc, FakeSource))
     try:
         await nd.start()
-        assert nd.components[0].started
+        fake = nd.sources[1]
+        assert fake.started
         await asyncio.wait_for(nd.agent.connected.wait(), 10)
         await nd.agent.wait_synced(10)
         assert await cd.agents.send("node-c", "noded", pingmesh_config=agent_pb2.PingmeshConfig())
@@ -108,10 +118,10 @@ async def test_control_messages_reach_components_through_clusterd(tmp_path):
         )  # nobody handles
         assert await cd.agents.send("node-c", "noded", topology=agent_pb2.SuperPodTopology(super_pod_id="1"))
         for _ in range(100):
-            if FakeComponent.seen == ["pingmesh_config", "topology"]:
+            if FakeSource.seen == ["pingmesh_config", "topology"]:
                 break
             await asyncio.sleep(0.05)
-        assert FakeComponent.seen == ["pingmesh_config", "topology"]
+        assert FakeSource.seen == ["pingmesh_config", "topology"]
         with pytest.raises(LookupError):
             await nd.on_control(agent_pb2.ControlMessage(seq=9, data_trace=agent_pb2.DataTraceSwitch()))
         # no BMC configured: the node is still reported, with the reason
@@ -123,7 +133,7 @@ async def test_control_messages_reach_components_through_clusterd(tmp_path):
     finally:
         await nd.stop()
         await cd.stop()
-    assert not nd.components[0].started
+    assert not fake.started
 
 
 def _get(port, path):
@@ -165,7 +175,7 @@ async def test_node_info_file_level_reload_storage_and_http(tmp_path, bmc_sim):
         "0.2",
     )
     bmc_sim.add_alarm("0800004B", "Memory", 3)
-    nd = NodeD(args, [])
+    nd = NodeD(args, (Bmc, Dpc, Dtfs))
     try:
         await nd.start()
         port = nd.http.port
@@ -272,22 +282,23 @@ async def test_tls_and_token_to_clusterd(tmp_path, bmc_sim):
         await cd.stop()
 
 
-class BrokenInit(FakeComponent):
+class BrokenInit(FakeSource):
     name = "broken-init"
 
-    def __init__(self, app):
-        raise RuntimeError("cannot start")
+    @classmethod
+    def from_config(cls, cfg, metrics):
+        raise RuntimeError("cannot build")
 
 
-class BrokenStart(FakeComponent):
+class BrokenStart(FakeSource):
     name = "broken-start"
     control_kinds = ("ping_list",)
 
-    async def start(self):
+    async def start(self, ctx):
         raise RuntimeError("start failed")
 
 
-async def test_broken_components_do_not_take_noded_down(caplog):
+async def test_broken_sources_do_not_take_noded_down(caplog):
     args = parse(
         "--node-name",
         "node-b",
@@ -295,15 +306,50 @@ async def test_broken_components_do_not_take_noded_down(caplog):
         f"127.0.0.1:{free_port()}",
         "--http-addr",
         "127.0.0.1:0",
-        classes=[BrokenInit, BrokenStart, FakeComponent],
+        classes=[BrokenInit, BrokenStart, FakeSource],
     )
-    nd = NodeD(args, [BrokenInit, BrokenStart, FakeComponent])
+    nd = NodeD(args, (BrokenInit, BrokenStart, FakeSource))
     try:
         await nd.start()
-        assert [c.name for c in nd.components] == ["broken-start", "fake"]
-        assert nd.components[1].started
+        assert [s.name for s, _ in nd.started] == ["fake"]
+        assert nd.started[0][0].started
         status, _ = await asyncio.to_thread(_get, nd.http.port, "/healthz")
         assert status == 200
-        assert "component not started" in caplog.text
+        assert caplog.text.count("source not started") == 2
+        with pytest.raises(LookupError):  # the broken source's control kind is not routed
+            await nd.on_control(agent_pb2.ControlMessage(seq=3, ping_list=agent_pb2.PingList()))
     finally:
         await nd.stop()
+
+
+class HangingStop(FakeSource):
+    """A source whose stop never returns on its own (a hung DCMI call, say)."""
+
+    name = "hanging"
+
+    async def stop(self):
+        await asyncio.sleep(3600)
+
+
+async def test_stop_fits_the_budget_with_a_hanging_source(caplog):
+    args = parse(
+        "--node-name",
+        "node-h",
+        "--clusterd",
+        f"127.0.0.1:{free_port()}",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--stop-budget",
+        "3",
+        "--stop-sources-budget",
+        "1",
+        classes=[HangingStop],
+    )
+    nd = NodeD(args, (HangingStop,))
+    await nd.start()
+    t0 = asyncio.get_running_loop().time()
+    await nd.stop()
+    took = asyncio.get_running_loop().time() - t0
+    assert took < 3.0, took
+    assert "source stop overran" in caplog.text
+    assert nd.started == []

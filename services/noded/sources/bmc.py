@@ -1,33 +1,50 @@
-"""The BMC monitor: polls the BMC over IPMI and keeps the node's hardware faults and status current.
+"""The BMC source: polls the BMC over IPMI and keeps the node's hardware faults and status current.
 
-Source: issue 3 "BMC access", reference noded.md §1–3, design.md "Deliberate differences".
+Source: issue 3 "BMC access", issue 12 (one source model), reference noded.md §1–3, design.md
+"Deliberate differences".
 
 - Mode ``auto`` (default): Get Device ID; a Huawei BMC (manufacturer 2011) is read with the iBMC
   OEM alarm command, any other with the SEL. A Huawei BMC that rejects the OEM command (an old
   iBMC) falls back to the SEL. ``oem`` / ``sel`` force one path.
 - Each OEM poll replaces the node's ``bmc-oem`` fault set; SEL events assert/deassert ``bmc-sel``
-  faults (see :mod:`faultmesh.bmc.sel`). Codes are levelled by the NodeD level table; unknown codes
-  are NotHandleFault with attribute ``unknown=true`` and counted.
+  faults (see :mod:`noded.bmc.sel`). Codes are levelled by the NodeD level table
+  (``--levels-file``, re-read when it changes: :class:`noded.levels.LevelTableWatcher`, owned by this
+  source); unknown codes are NotHandleFault with attribute ``unknown=true`` and counted.
 - Node status = worst level over the BMC faults: Healthy / PreSeparate / UnHealthy.
-- pyghmi blocks: one poll is one call in the :class:`BlockingPool` with ``timeout_s``.
+- pyghmi blocks: one poll is one call in the bounded pool (``ctx.run_blocking``) with ``timeout_s``.
 - A failed poll keeps the previous faults and sets condition ``BMCUnreachable`` (timeout, no answer,
   login refused, previous call still hanging) or ``BMCUnsupported`` (completion code meaning the
   command is not supported); a bad reply is a counted rejection. The BMC is retried with
-  exponential backoff from ``backoff_base_s`` capped at the poll period, forever (the reference
-  gives up after three tries).
+  :class:`faultmesh.retry.Backoff` from ``backoff_base_s`` capped at the poll period, forever (the
+  reference gives up after three tries). Successful polls start at a fixed rate.
+- Without ``--bmc-host`` the source reports the node Healthy with condition ``BMCUnreachable``
+  (reason ``NotConfigured``) and polls nothing.
+
+The source writes the two fault sources ``bmc-oem`` / ``bmc-sel`` and the node status into the
+agent state (``ctx.state``), so its own name ``bmc`` is only its metrics label and config key.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
-from faultmesh.agent import AgentState
-from faultmesh.bmc import oem, sel
-from faultmesh.bmc.client import (
+from faultmesh import config
+from faultmesh.levels import NodeLevel
+from faultmesh.log import RateLimitedLog, event
+from faultmesh.model import now_ms
+from faultmesh.retry import Backoff
+from faultmesh.runtime import BlockingTimeout
+from faultmesh.source import PolledSource, SourceContext
+from noded.bmc import faults, oem, sel
+from noded.bmc.client import (
     HUAWEI_MANUFACTURER_ID,
     BmcAuthError,
     BmcBusy,
@@ -35,20 +52,48 @@ from faultmesh.bmc.client import (
     BmcCommandError,
     BmcError,
 )
-from faultmesh.levels import NodeLevel
-from faultmesh.log import RateLimitedLog, event
-from faultmesh.model import Fault, now_ms
-from faultmesh.runtime import BlockingPool, BlockingTimeout
-from noded.levels import LevelTable, node_status
+from noded.bmc.faults import SOURCE_OEM, SOURCE_SEL
+from noded.levels import LevelTable, LevelTableWatcher, node_status
 from noded.metrics import NodedMetrics
 
 log = logging.getLogger("noded.bmc")
 
-SOURCE_OEM = "bmc-oem"
-SOURCE_SEL = "bmc-sel"
 COND_UNREACHABLE = "BMCUnreachable"
 COND_UNSUPPORTED = "BMCUnsupported"
 MODES = ("auto", "oem", "sel")
+DEFAULT_SEL_TABLE = "sel_events.json"
+LOGOUT_TIMEOUT_S = 3.0
+
+
+def _interval(lo: float, hi: float):
+    def parse(v: str) -> float:
+        x = float(v)
+        if not lo <= x <= hi:
+            raise argparse.ArgumentTypeError(f"must be within {lo:g}..{hi:g}")
+        return x
+
+    return parse
+
+
+def read_password(cfg: Any) -> str:
+    """The BMC password from ``--bmc-password-file`` or env ``FAULTMESH_BMC_PASSWORD``. Raises
+    ``ValueError`` without it (the value itself is never logged)."""
+    pw = config.read_secret(cfg.bmc_password_file, "FAULTMESH_BMC_PASSWORD")
+    if not pw:
+        raise ValueError("a BMC host needs --bmc-password-file or env FAULTMESH_BMC_PASSWORD")
+    return pw
+
+
+def load_sel_table(path: str | None) -> sel.SelEventTable:
+    """The SEL event table from ``path`` (``--sel-events-file``), else noded's own. Raises
+    ``ValueError`` for an invalid table and ``OSError`` for an unreadable file."""
+    raw = (
+        Path(path).read_bytes() if path else resources.files("noded").joinpath(DEFAULT_SEL_TABLE).read_bytes()
+    )
+    try:
+        return sel.SelEventTable.from_json(raw)
+    except sel.SelTableError as e:
+        raise ValueError(f"SEL event table: {e}") from None
 
 
 class PollResult:
@@ -67,18 +112,84 @@ class PollResult:
         self.serial: str | None = None
 
 
-class BmcMonitor:
-    """Polls one BMC forever. ``levels()`` returns the current :class:`LevelTable`.
+class Bmc(PolledSource):
+    """The BMC source (module doc). Build with :meth:`from_config` (noded) or the keyword arguments
+    (tests); ``levels()`` returns the current :class:`LevelTable`; ``client=None``: no BMC.
 
-    Injectable for tests: ``clock`` (monotonic s), ``sleep`` (async s), ``wall_ms`` (epoch ms).
+    Injectable for tests: ``clock`` (monotonic s), ``sleep`` (async s), ``wall_ms`` (epoch ms). A test
+    may set ``ctx`` without :meth:`start` and call :meth:`poll_once` / :meth:`run` itself.
     """
+
+    name = "bmc"
+
+    @staticmethod
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        """The BMC and level-table flags (``--bmc-*``, ``--poll-interval``, ``--levels-*``, ...)."""
+        p.add_argument("--bmc-host", help="BMC address; empty: run without a BMC")
+        p.add_argument("--bmc-port", type=int, default=623, help="BMC IPMI UDP port")
+        p.add_argument("--bmc-user", default="admin")
+        p.add_argument(
+            "--bmc-password-file", help="file with the BMC password (else env FAULTMESH_BMC_PASSWORD)"
+        )
+        p.add_argument(
+            "--bmc-mode",
+            choices=MODES,
+            default="auto",
+            help="auto: Huawei iBMC OEM alarms when the BMC is Huawei, else the SEL",
+        )
+        p.add_argument(
+            "--bmc-timeout", type=_interval(0.5, 600), default=15.0, help="timeout of one BMC poll (s)"
+        )
+        p.add_argument(
+            "--poll-interval", type=_interval(1, 600), default=60.0, help="BMC poll period (s), 1..600"
+        )
+        p.add_argument(
+            "--backoff-base", type=float, default=1.0, help="first retry delay after a BMC failure (s)"
+        )
+        p.add_argument(
+            "--levels-file", help="fault level table in NodeDConfiguration.json format (reloaded on change)"
+        )
+        p.add_argument(
+            "--levels-check-interval", type=float, default=5.0, help="how often to look for a new table (s)"
+        )
+        p.add_argument("--sel-events-file", help="SEL event -> fault table (JSON), default: noded's own")
+
+    @classmethod
+    def from_config(cls, cfg: Any, metrics: NodedMetrics) -> Bmc:
+        """The source for noded's flags ``cfg`` (its section). Raises ``ValueError`` (no password,
+        bad SEL table) or ``OSError`` (unreadable SEL table file)."""
+        watcher = LevelTableWatcher(
+            cfg.levels_file,
+            on_reject=lambda reason: metrics.level_reloads.labels(reason).inc(),
+        )
+        client = None
+        if cfg.bmc_host:
+            client = BmcClient(
+                cfg.bmc_host,
+                cfg.bmc_port,
+                cfg.bmc_user,
+                read_password(cfg),
+                timeout_s=min(5.0, cfg.bmc_timeout),
+            )
+        src = cls(
+            client=client,
+            levels=lambda: watcher.table,
+            sel_table=load_sel_table(cfg.sel_events_file),
+            metrics=metrics,
+            poll_interval_s=cfg.poll_interval,
+            timeout_s=cfg.bmc_timeout,
+            mode=cfg.bmc_mode,
+            backoff_base_s=cfg.backoff_base,
+        )
+        src.watcher = watcher
+        src.levels_check_interval_s = cfg.levels_check_interval
+        watcher.on_change = src._levels_changed
+        return src
 
     def __init__(
         self,
         *,
-        state: AgentState,
-        client: BmcClient,
-        pool: BlockingPool,
+        client: BmcClient | None,
         levels: Callable[[], LevelTable],
         sel_table: sel.SelEventTable,
         metrics: NodedMetrics,
@@ -92,31 +203,65 @@ class BmcMonitor:
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"bmc mode must be one of {MODES}, got {mode!r}")
-        self.state = state
+        super().__init__()
         self.client = client
-        self.pool = pool
         self.levels = levels
         self.sel_table = sel_table
         self.metrics = metrics
-        self.poll_interval_s = poll_interval_s
+        self.poll_interval_s = self.interval_s = poll_interval_s
         self.timeout_s = timeout_s
         self.configured_mode = mode
         self.mode: str | None = None if mode == "auto" else mode
         self.backoff_base_s = backoff_base_s
+        # no jitter: the retry schedule is the documented 1, 2, 4, ... s capped at the poll period
+        self.backoff = Backoff(min(backoff_base_s, poll_interval_s), poll_interval_s, jitter_s=0.0)
+        self._retry_s = self.backoff.initial_s
         self.clock = clock
         self.sleep = sleep
         self.wall_ms = wall_ms
-        self.failures = 0
-        self.polls_ok = 0
+        self.watcher: LevelTableWatcher | None = None
+        self.levels_check_interval_s = 5.0
         self.serial_number = ""  # the server's serial number from a Huawei iBMC (node SN)
         self.on_serial: Callable[[str], None] = lambda sn: None
-        self.last_error = ""
         self.alarms: list[oem.AlarmRecord] = []
         self.cursor = sel.SelCursor()
         self.tracker = sel.SelFaultTracker()
         self._known_unknown: set[tuple[str, str, int, str]] = set()
         self._ratelog = RateLimitedLog(log, period_s=300.0, clock=clock)
-        self.polled = asyncio.Event()  # set after every poll attempt (tests, --print-node-info)
+
+    @property
+    def state(self):
+        """The agent state (:class:`faultmesh.agent.AgentState`) of the context."""
+        assert self.ctx is not None, "Bmc used before start() / without ctx"
+        return self.ctx.state
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self, ctx: SourceContext) -> None:
+        """Publish the current (empty) state, start the poll loop and the level-table watcher; without
+        a BMC report the node Healthy with ``BMCUnreachable``/``NotConfigured``."""
+        self.ctx = ctx
+        ctx.bind_loop()
+        if self.client is None:
+            ctx.state.set_node_status("Healthy")
+            ctx.set_condition(COND_UNREACHABLE, True, "NotConfigured", "noded runs without --bmc-host")
+            self.polled.set()
+            return
+        self.publish()  # the node status is reported even before the first poll
+        ctx.spawn(self.run(), name="bmc-poll")
+        if self.watcher is not None and self.watcher.path:
+            ctx.spawn(self.watcher.run(self.levels_check_interval_s), name="levels-watch")
+
+    async def stop(self) -> None:
+        """Cancel the loops, then log out of the BMC (in the pool, bounded); a hung call is left alone."""
+        await super().stop()
+        if self.ctx is not None and self.client is not None and not self.client.busy:
+            with contextlib.suppress(Exception):
+                await self.ctx.run_blocking(LOGOUT_TIMEOUT_S, self.client.close)
+
+    def _levels_changed(self, table: LevelTable) -> None:
+        self.metrics.level_reloads.labels("ok").inc()
+        if self.ctx is not None and self.client is not None:
+            self.publish()
 
     # -- loop ------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -133,18 +278,15 @@ class BmcMonitor:
 
     def next_delay(self, ok: bool) -> float:
         """Seconds until the next poll: the poll period after success; after the n-th failure in a
-        row ``backoff_base_s * 2**(n-1)`` capped at the poll period."""
-        if ok:
-            return self.poll_interval_s
-        n = max(self.failures, 1)
-        return min(self.backoff_base_s * (2 ** min(n - 1, 30)), self.poll_interval_s)
+        row ``backoff_base_s * 2**(n-1)`` capped at the poll period (:class:`Backoff`, no jitter)."""
+        return self.poll_interval_s if ok else self._retry_s
 
     async def poll_once(self) -> bool:
         """One poll. Returns True on success; failures are counted, logged and set conditions."""
         t0 = self.clock()
         mode_label = self.mode or "auto"
         try:
-            result = await self.pool.call(self.timeout_s, self._blocking_poll, self.mode, self.cursor)
+            result = await self.ctx.run_blocking(self.timeout_s, self._blocking_poll, self.mode, self.cursor)
         except BlockingTimeout:
             return self._failed(
                 "timeout", COND_UNREACHABLE, "Timeout", f"no answer within {self.timeout_s}s", t0, mode_label
@@ -201,12 +343,19 @@ class BmcMonitor:
             return res
 
     # -- outcomes ----------------------------------------------------------------------------------
-    def _failed(self, kind: str, cond: str, reason: str, message: str, t0: float, mode: str) -> bool:
+    def _count_failure(self, kind: str, message: str, t0: float, mode: str, result: str) -> None:
         self.metrics.poll_duration.labels(mode).observe(max(0.0, self.clock() - t0))
-        self.metrics.polls.labels("failed").inc()
+        self.metrics.polls.labels(result).inc()
         self.metrics.bmc_errors.labels(kind).inc()
         self.failures += 1
+        self._retry_s = self.backoff.next_delay()
         self.last_error = f"{kind}: {message}"
+        self.up = False
+        if self.ctx is not None and self.ctx.metrics is not None:
+            self.ctx.metrics.up.labels(self.name).set(0)
+
+    def _failed(self, kind: str, cond: str, reason: str, message: str, t0: float, mode: str) -> bool:
+        self._count_failure(kind, message, t0, mode, "failed")
         other = COND_UNSUPPORTED if cond == COND_UNREACHABLE else COND_UNREACHABLE
         changed = self.state.set_condition(cond, True, reason, message)
         if other in self.state.conditions:
@@ -231,11 +380,7 @@ class BmcMonitor:
         return False
 
     def _rejected(self, kind: str, message: str, t0: float, mode: str) -> bool:
-        self.metrics.poll_duration.labels(mode).observe(max(0.0, self.clock() - t0))
-        self.metrics.polls.labels("rejected").inc()
-        self.metrics.bmc_errors.labels(kind).inc()
-        self.failures += 1
-        self.last_error = f"{kind}: {message}"
+        self._count_failure(kind, message, t0, mode, "rejected")
         # the BMC answered: it is reachable; the previous fault set stays
         self.state.set_condition(COND_UNREACHABLE, False)
         self._ratelog.warning(
@@ -256,8 +401,12 @@ class BmcMonitor:
                 log, logging.INFO, "bmc reachable again", host=self.client.host, after_failures=self.failures
             )
         self.failures = 0
+        self.backoff.reset()
         self.last_error = ""
         self.polls_ok += 1
+        self.up = True
+        if self.ctx is not None and self.ctx.metrics is not None:
+            self.ctx.metrics.up.labels(self.name).set(1)
         if self.mode != res.mode:
             event(
                 log,
@@ -300,60 +449,13 @@ class BmcMonitor:
         self.polled.set()
 
     # -- faults --------------------------------------------------------------------------------------
-    def oem_faults(self, table: LevelTable) -> list[Fault]:
-        """Current OEM alarms as faults (one per device and code, first occurrence wins)."""
-        now = self.wall_ms()
-        out: dict[tuple[str, int, str], Fault] = {}
-        for a in self.alarms:
-            key = (a.device_type, a.device_id, a.code)
-            if key in out:
-                continue
-            level, known = table.classify(a.code)
-            attrs = {"severity": str(a.severity), "type_byte": f"0x{a.type_byte:02X}"}
-            if not known:
-                attrs["unknown"] = "true"
-            out[key] = Fault(
-                SOURCE_OEM,
-                self.state.node,
-                a.device_type,
-                a.device_id,
-                a.code,
-                level.name,
-                first_seen_ms=now,
-                last_seen_ms=now,
-                attributes=attrs,
-            )
-        return list(out.values())
-
-    def sel_faults(self, table: LevelTable) -> list[Fault]:
-        """Active SEL faults. The SEL table gives the level; a level-table entry for the code wins."""
-        now = self.wall_ms()
-        out = []
-        for (dtype, num, code), (rule, bmc_ts) in self.tracker.active.items():
-            level, known = table.classify(code)
-            lv = level if known else rule.level
-            attrs = {"event": rule.name, "sensor_type": f"0x{rule.sensor_type:02X}", "bmc_time": str(bmc_ts)}
-            out.append(
-                Fault(
-                    SOURCE_SEL,
-                    self.state.node,
-                    dtype,
-                    num,
-                    code,
-                    lv.name,
-                    first_seen_ms=now,
-                    last_seen_ms=now,
-                    attributes=attrs,
-                )
-            )
-        return out
-
     def publish(self) -> None:
         """Push the current BMC faults and node status into the agent state (re-levelled with the
         current table; also called when the level table changes)."""
         table = self.levels()
-        oem_faults = self.oem_faults(table)
-        sel_faults = self.sel_faults(table)
+        now, node = self.wall_ms(), self.state.node
+        oem_faults = faults.oem_faults(self.alarms, table, node, now)
+        sel_faults = faults.sel_faults(self.tracker, table, node, now)
         for f in oem_faults:
             if f.attributes.get("unknown") and f.key not in self.state.faults:
                 k = (f.device_type, f.code, f.device_id, f.source)

@@ -1,4 +1,4 @@
-"""BMC monitor against bmc-sim: OEM faults, levels, bad replies, unreachable/unsupported BMC, backoff."""
+"""The BMC source against bmc-sim: OEM faults, levels, bad replies, unreachable/unsupported BMC, backoff."""
 
 from __future__ import annotations
 
@@ -6,15 +6,14 @@ import json
 from importlib import resources
 
 import pytest
+from noded_support import source_ctx
 from prometheus_client import CollectorRegistry
 
-from faultmesh.agent import AgentState
-from faultmesh.bmc.client import BmcClient
-from faultmesh.bmc.sel import SelEventTable
-from faultmesh.runtime import BlockingPool
-from noded.bmc import COND_UNREACHABLE, COND_UNSUPPORTED, SOURCE_OEM, SOURCE_SEL, BmcMonitor
+from noded.bmc.client import BmcClient
+from noded.bmc.sel import SelEventTable
 from noded.levels import LevelTable
 from noded.metrics import NodedMetrics
+from noded.sources.bmc import COND_UNREACHABLE, COND_UNSUPPORTED, SOURCE_OEM, SOURCE_SEL, Bmc
 
 
 def sel_table() -> SelEventTable:
@@ -22,14 +21,11 @@ def sel_table() -> SelEventTable:
 
 
 def make_monitor(sim, *, mode="auto", timeout_s=3.0, password=None, port=None, table=None, **kw):
-    state = AgentState("node-a")
     registry = CollectorRegistry()
     tables = {"t": table or LevelTable.default()}
     client = BmcClient("127.0.0.1", port or sim.port, sim.user, password or sim.password, timeout_s=1.0)
-    mon = BmcMonitor(
-        state=state,
+    mon = Bmc(
         client=client,
-        pool=BlockingPool(2, "test-bmc"),
         levels=lambda: tables["t"],
         sel_table=sel_table(),
         metrics=NodedMetrics(registry),
@@ -38,6 +34,7 @@ def make_monitor(sim, *, mode="auto", timeout_s=3.0, password=None, port=None, t
         mode=mode,
         **kw,
     )
+    mon.ctx = source_ctx("bmc", "node-a", registry=registry)
     mon.registry = registry
     mon.tables = tables
     return mon

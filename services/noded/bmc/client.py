@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from typing import NamedTuple
 
-from faultmesh.bmc import oem
+from noded.bmc import oem
 
 # Completion codes (IPMI 2.0 table 5-2) that mean "this BMC does not do that command".
 UNSUPPORTED_CODES = frozenset({0xC1, 0xC2, 0xC7, 0xC9, 0xCC, 0xCD, 0xD4, 0xD5, 0xD6})
@@ -249,9 +249,9 @@ class BmcClient:
         return ""
 
     def oem_alarms(self) -> list[oem.AlarmRecord]:
-        """All current Huawei iBMC alarms, paged (see :func:`faultmesh.bmc.oem.read_alarms`).
+        """All current Huawei iBMC alarms, paged (see :func:`noded.bmc.oem.read_alarms`).
 
-        Raises :class:`faultmesh.bmc.oem.OemReplyError` for bad replies and :class:`BmcError`.
+        Raises :class:`noded.bmc.oem.OemReplyError` for bad replies and :class:`BmcError`.
         """
         return oem.read_alarms(lambda req: self.raw(oem.NETFN, oem.CMD, req))
 

@@ -8,12 +8,12 @@ import json
 import os
 
 import pytest
+from noded_support import source_ctx
 from prometheus_client import CollectorRegistry
 
-from faultmesh.agent import AgentState
-from noded import storage
 from noded.metrics import NodedMetrics
-from noded.storage import DpcEvaluator, StatusFileError, StorageMonitor
+from noded.sources import storage
+from noded.sources.storage import Dpc, DpcEvaluator, Dtfs, StatusFileError
 
 
 def dpc_text(*insts):
@@ -103,9 +103,10 @@ def test_dpc_process_error_is_immediate():
 
 
 def make_monitor(kind, path, clock=None):
-    state = AgentState("node-s")
     reg = CollectorRegistry()
-    mon = StorageMonitor(kind, str(path), state, NodedMetrics(reg), clock=clock or Clock())
+    cls = {"dpc": Dpc, "dtfs": Dtfs}[kind]
+    mon = cls(str(path), NodedMetrics(reg), clock=clock or Clock())
+    mon.ctx = source_ctx(kind, "node-s", registry=reg)
     mon.reg = reg
     return mon
 

@@ -16,7 +16,7 @@ import pytest
 from noded_support import NodedProcess, free_udp_port, wait_for
 from support import ClusterdProcess, free_port
 
-from faultmesh.bmc.client import BmcClient
+from noded.bmc.client import BmcClient
 
 IPMI_SIM = shutil.which("ipmi_sim")
 pytestmark = pytest.mark.skipif(

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from faultmesh.bmc import oem
-from faultmesh.bmc.oem import AlarmRecord, OemReplyError
+from noded.bmc import oem
+from noded.bmc.oem import AlarmRecord, OemReplyError
 
 records_st = st.builds(
     AlarmRecord,

@@ -6,7 +6,7 @@ command (netfn 0x30 cmd 0x94, paged as reference noded.md §1), the serial-numbe
 (0x30 0x90, ``--serial``), and the SEL (Get SEL Info, Get SEL
 Allocation Info, Reserve, Get/Add/Delete Entry, Clear, Get/Set SEL Time).
 
-Run time control (a small JSON HTTP API on 127.0.0.1, ``--control-port``):
+Run time control (a small JSON HTTP API on 127.0.0.1, ``--control-port``; :mod:`faultmesh.sims.bmc_control`):
 
 - ``GET /state`` -> alarms, SEL size, behaviour;
 - ``POST /alarms`` ``{"code": "0800004B", "device_type": "Memory"|1, "device_id": 3, "severity": 2,
@@ -29,20 +29,19 @@ port, a stale packet called a missing ``ServerSession.sessionless_data``, and an
 
 from __future__ import annotations
 
-import json
 import logging
 import struct
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
-from faultmesh.bmc import oem, sel
 from faultmesh.log import event
+from faultmesh.sims.bmc_control import make_control_handler
+from noded.bmc import oem, sel
 
-log = logging.getLogger("faultmesh.bmc.sim")
+log = logging.getLogger("faultmesh.sims.bmc")
 
-OEM_MODES = ("ok", "unsupported", "short", "ragged", "absurd", "count")
 SEL_CAPACITY = 1000
 LOOP_WAIT_S = 0.02
 
@@ -50,7 +49,7 @@ LOOP_WAIT_S = 0.02
 class SimState:
     """Everything the simulated BMC holds; all access under ``lock``.
 
-    ``alarms``: list of :class:`faultmesh.bmc.oem.AlarmRecord`; ``sel``: record id -> 16 bytes
+    ``alarms``: list of :class:`noded.bmc.oem.AlarmRecord`; ``sel``: record id -> 16 bytes
     (insertion-ordered); ``delay_s``/``drop``/``oem_mode``: behaviour for bad-BMC tests.
     """
 
@@ -389,112 +388,6 @@ def _patched_classes():
 
 
 # -- control API ----------------------------------------------------------------------------------
-def _type_byte(v) -> int:
-    return oem.device_type_byte(v if isinstance(v, int) else str(v))
-
-
-def make_control_handler(state: SimState):
-    """An http.server handler class serving the control API on ``state``."""
-
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "faultmesh-bmc-sim"
-
-        def log_message(self, fmt, *args):  # quiet; events are logged explicitly
-            pass
-
-        def _send(self, status: int, body) -> None:
-            raw = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(raw)))
-            self.end_headers()
-            self.wfile.write(raw)
-
-        def _body(self) -> dict:
-            n = int(self.headers.get("Content-Length") or 0)
-            if n > 1 << 20:
-                raise ValueError("body too large")
-            doc = json.loads(self.rfile.read(n) or b"{}")
-            if not isinstance(doc, dict):
-                raise ValueError("body must be a JSON object")
-            return doc
-
-        def do_GET(self):
-            if self.path == "/state":
-                return self._send(200, state.snapshot())
-            return self._send(404, {"error": "not found"})
-
-        def do_POST(self):
-            try:
-                body = self._body()
-                if self.path == "/alarms":
-                    code = str(body["code"])
-                    if len(code) != 8:
-                        raise ValueError("code must be 8 hex digits")
-                    int(code, 16)
-                    n = state.add_alarms(
-                        code,
-                        _type_byte(body.get("device_type", 0x2C)),
-                        int(body.get("device_id", 0)),
-                        int(body.get("severity", 2)),
-                        int(body.get("count", 1)),
-                    )
-                    event(log, logging.INFO, "bmc-sim alarms injected", code=code.upper(), total=n)
-                    return self._send(200, {"alarms": n})
-                if self.path == "/alarms/clear":
-                    dt = body.get("device_type")
-                    did = body.get("device_id")
-                    removed = state.clear_alarms(
-                        body.get("code"),
-                        None if dt is None else _type_byte(dt),
-                        None if did is None else int(did),
-                    )
-                    event(log, logging.INFO, "bmc-sim alarms cleared", removed=removed)
-                    return self._send(200, {"removed": removed})
-                if self.path == "/sel":
-                    if "raw" in body:
-                        rec = bytes.fromhex(str(body["raw"]))
-                        if len(rec) != 16:
-                            raise ValueError("raw SEL record must be 16 bytes")
-                    else:
-                        rec = sel.make_event_record(
-                            int(body["sensor_type"]),
-                            int(body.get("sensor_num", 0)),
-                            int(body["offset"]),
-                            event_type=int(body.get("event_type", 0x6F)),
-                            deassert=bool(body.get("deassert", False)),
-                        )
-                    rid = state.add_sel(rec)
-                    event(log, logging.INFO, "bmc-sim sel event added", record_id=rid)
-                    return self._send(200, {"record_id": rid})
-                if self.path == "/sel/clear":
-                    state.clear_sel()
-                    event(log, logging.INFO, "bmc-sim sel cleared")
-                    return self._send(200, {"cleared": True})
-                if self.path == "/reset":
-                    state.reset()
-                    event(log, logging.INFO, "bmc-sim reset")
-                    return self._send(200, {"reset": True})
-                if self.path == "/behaviour":
-                    with state.lock:
-                        if "delay_s" in body:
-                            state.delay_s = max(0.0, float(body["delay_s"]))
-                        if "drop" in body:
-                            state.drop = bool(body["drop"])
-                        if "oem" in body:
-                            if body["oem"] not in OEM_MODES:
-                                raise ValueError(f"oem must be one of {OEM_MODES}")
-                            state.oem_mode = body["oem"]
-                        if "power_on" in body:
-                            state.power_on = bool(body["power_on"])
-                    return self._send(200, state.snapshot()["behaviour"])
-                return self._send(404, {"error": "not found"})
-            except (KeyError, ValueError, TypeError, OverflowError) as e:
-                return self._send(400, {"error": f"{type(e).__name__}: {e}"})
-
-    return Handler
-
-
 def serve(
     port: int,
     user: str,

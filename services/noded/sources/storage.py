@@ -1,6 +1,7 @@
-"""DPC and DTFS shared-storage monitors: status files polled every 5 s, sent as node faults.
+"""DPC and DTFS shared-storage sources: status files polled every 5 s, sent as node faults.
 
-Source: reference noded.md §5 and §7.
+Source: reference noded.md §5 and §7; issue 12 (:class:`Dpc` and :class:`Dtfs` are
+:class:`faultmesh.source.PolledSource` s; the file is read in the bounded pool with the poll timeout).
 
 DPC (``dpc_status_check``): blocks of ``[instidx=N]`` / ``DPC_INTERNAL_ERROR: V`` /
 ``DPC_PROCESS_ERROR: V``. INTERNAL 0 = healthy, -12 = out of memory; PROCESS 0 = healthy,
@@ -23,7 +24,7 @@ reference's stable fault id ``sha256("<node>/<DPC_PROCESS|...>")`` as attribute 
 
 from __future__ import annotations
 
-import asyncio
+import argparse
 import hashlib
 import logging
 import os
@@ -32,10 +33,11 @@ import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from faultmesh.agent import AgentState
 from faultmesh.log import RateLimitedLog, event
 from faultmesh.model import NODE_DEVICE_ID, Fault, now_ms
+from faultmesh.source import PolledSource, Support
 from noded.metrics import NodedMetrics
 
 log = logging.getLogger("noded.storage")
@@ -188,38 +190,67 @@ class DpcEvaluator:
         return any(i.mem_error for i in self.insts.values()) and not self.memory_fault
 
 
-class StorageMonitor:
-    """Polls one status file (``kind`` ``dpc`` or ``dtfs``) every ``interval_s`` and keeps the node
-    faults of source ``kind`` in ``state`` current."""
+class StorageSource(PolledSource):
+    """Polls one status file (``kind`` ``dpc`` or ``dtfs``, also the source name and the faults'
+    source) every ``interval_s`` and keeps that source's node faults current. A file that cannot be
+    used is a failed poll: counted in ``noded_storage_reads_total{monitor,result}``, logged
+    (rate-limited), the previous faults kept. Subclasses :class:`Dpc` / :class:`Dtfs` set ``kind``.
+    """
+
+    kind: ClassVar[str] = ""
+    name: ClassVar[str] = ""
+    timeout_s = 5.0
+
+    @staticmethod
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        """``--dpc-status-file``, ``--dtfs-status-file``, ``--storage-interval`` (one set for both)."""
+        p.add_argument(
+            "--dpc-status-file", help="DPC status file, e.g. /user/mind-cluster/dpcstatus/dpc_status_check"
+        )
+        p.add_argument(
+            "--dtfs-status-file",
+            help="DTFS status file, e.g. /user/mind-cluster/dtfsstatus/dtfs_status_check",
+        )
+        p.add_argument("--storage-interval", type=float, default=5.0, help="DPC/DTFS poll period (s)")
+
+    @classmethod
+    def from_config(cls, cfg: Any, metrics: NodedMetrics) -> StorageSource:
+        """The source for the storage section ``cfg`` (path ``<kind>_status_file``, may be empty)."""
+        return cls(getattr(cfg, f"{cls.kind}_status_file") or "", metrics, interval_s=cfg.storage_interval)
 
     def __init__(
         self,
-        kind: str,
         path: str,
-        state: AgentState,
         metrics: NodedMetrics,
         interval_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = now_ms,
     ) -> None:
-        if kind not in ("dpc", "dtfs"):
-            raise ValueError(f"storage monitor kind must be dpc or dtfs, got {kind!r}")
-        self.kind = kind
+        if self.kind not in ("dpc", "dtfs"):
+            raise ValueError(f"storage source kind must be dpc or dtfs, got {self.kind!r}")
+        super().__init__()
         self.path = path
-        self.state = state
         self.metrics = metrics
         self.interval_s = interval_s
+        self.timeout_s = max(1.0, min(interval_s, 5.0))
         self.wall_ms = wall_ms
         self.dpc = DpcEvaluator(clock)
         self.codes: set[str] = set()
         self.reads_ok = 0
+        self._faults: list[Fault] = []
         self._ratelog = RateLimitedLog(log, period_s=300.0, clock=clock)
 
-    async def run(self) -> None:
-        """Check every ``interval_s`` seconds, forever (cancel to stop)."""
-        while True:
-            self.check()
-            await asyncio.sleep(self.interval_s)
+    def supported(self) -> Support:
+        """Runs when its status file is configured."""
+        if not self.path:
+            return Support(False, f"--{self.kind}-status-file not set")
+        return Support(True)
+
+    @property
+    def state(self):
+        """The agent state of the context."""
+        assert self.ctx is not None, f"{self.kind} source used without ctx"
+        return self.ctx.state
 
     def evaluate(self, text: str) -> set[str]:
         """Status file text -> active codes. Raises :class:`StatusFileError`."""
@@ -236,30 +267,52 @@ class StorageMonitor:
             codes.add(DTFS_LINK_CODE)
         return codes
 
+    async def poll(self) -> list[Fault]:
+        """Read the file in the pool and evaluate it: the full fault set. Raises
+        :class:`StatusFileError` (counted and logged)."""
+        assert self.ctx is not None
+        try:
+            text = await self.ctx.run_blocking(self.timeout_s, read_status_file, self.path)
+            codes = self.evaluate(text)
+        except StatusFileError as e:
+            self._count_error(e)
+            raise
+        return self._faults_for(codes)
+
     def check(self) -> bool:
-        """One read; returns True when the fault set changed. Errors keep the previous state."""
+        """One synchronous read and publish (tests); True when the fault set changed. Errors keep
+        the previous state."""
         try:
             codes = self.evaluate(read_status_file(self.path))
         except StatusFileError as e:
-            self.metrics.storage_reads.labels(self.kind, e.reason).inc()
-            self._ratelog.warning(
-                f"{self.kind}-{e.reason}",
-                "storage status read failed",
-                monitor=self.kind,
-                path=self.path,
-                error=str(e),
-            )
+            self._count_error(e)
             return False
+        faults = self._faults_for(codes)
+        return self.state.replace_source(self.kind, faults)
+
+    def _count_error(self, e: StatusFileError) -> None:
+        self.metrics.storage_reads.labels(self.kind, e.reason).inc()
+        self._ratelog.warning(
+            f"{self.kind}-{e.reason}",
+            "storage status read failed",
+            monitor=self.kind,
+            path=self.path,
+            error=str(e),
+        )
+
+    def _faults_for(self, codes: set[str]) -> list[Fault]:
+        """Count the read, log what changed and return the faults of ``codes`` (the same records
+        while the codes stay the same)."""
         self.metrics.storage_reads.labels(self.kind, "ok").inc()
         self.reads_ok += 1
         if codes == self.codes and self.reads_ok > 1:
-            return False
+            return self._faults
         added, removed = codes - self.codes, self.codes - codes
         self.codes = codes
         now = self.wall_ms()
-        node = self.state.node
+        node = self.ctx.node if self.ctx is not None else ""
         resource = "dpcStorage" if self.kind == "dpc" else "dtfsStorage"
-        faults = [
+        self._faults = [
             Fault(
                 self.kind,
                 node,
@@ -273,11 +326,22 @@ class StorageMonitor:
             )
             for c in sorted(codes)
         ]
-        changed = self.state.replace_source(self.kind, faults)
         for lv in sorted(set(STORAGE_LEVELS.values())):
-            self.metrics.faults.labels(self.kind, lv).set(sum(1 for f in faults if f.level == lv))
+            self.metrics.faults.labels(self.kind, lv).set(sum(1 for f in self._faults if f.level == lv))
         for c in sorted(added):
             event(log, logging.WARNING, "storage fault occur", monitor=self.kind, code=c)
         for c in sorted(removed):
             event(log, logging.INFO, "storage fault recover", monitor=self.kind, code=c)
-        return changed
+        return self._faults
+
+
+class Dpc(StorageSource):
+    """The DPC status file source (codes 110001020 process, 110001021 memory with hysteresis)."""
+
+    kind = name = "dpc"
+
+
+class Dtfs(StorageSource):
+    """The DTFS status file source (codes 110001022 process, 110001023 link)."""
+
+    kind = name = "dtfs"

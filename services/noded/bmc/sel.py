@@ -181,7 +181,7 @@ def read_new_records(raw: Raw, cursor: SelCursor) -> tuple[list[SelRecord], SelC
     """Read the records added since ``cursor``. Returns (records, new cursor, cleared).
 
     ``raw(netfn, cmd, data) -> reply data`` raises an exception with ``code == 0xCB`` (see
-    :class:`faultmesh.bmc.client.BmcCommandError`) when a record is not present; other errors
+    :class:`noded.bmc.client.BmcCommandError`) when a record is not present; other errors
     propagate. ``cleared`` is True when the SEL was cleared since the cursor (then every record
     now in the SEL is returned). Raises :class:`SelError` for bad replies.
     """

@@ -1,0 +1,1 @@
+"""Simulators (top floor): may import any service."""
