@@ -4,21 +4,21 @@ Job control:
 
 - HTTP ``POST /v1/slownode/jobs`` — enable or update a job: body = FeatConf (§7, keys
   case-insensitive) plus ``ranks: {"<global rank>": "<node>", ...}`` (the job's placement; optional
-  when the job registry ``cd.jobs`` knows the job). ``SlowNode: 0`` stops it. 400 with the reason on
+  when the brain's job registry knows the job). ``SlowNode: 0`` stops it. 400 with the reason on
   a bad FeatConf; bearer token when ClusterD has one.
 - HTTP ``POST /v1/slownode/<job>/disable`` and ``DELETE /v1/slownode/<job>`` — stop a job.
 - A watched directory (``--slownode-watch-dir``): files ``ras-feature-slownode-<job>.json`` holding
   the reference ConfigMap payload (a FeatConf object, ``{"FeatConf": "<json text>"}`` or
   ``{"data": {"FeatConf": ...}}``, optional ``ranks``). New/changed -> enable/update (or stop when
   ``SlowNode`` is 0); removed -> stop. Bad files are counted and logged once per version.
-- Enabled jobs persist in the state file (``cd.store`` namespace ``slownode.jobs``) and resume on
+- Enabled jobs persist in the state file (store namespace ``slownode.jobs``) and resume on
   restart; noded instances hosting the job's ranks get a ``SlowNodeJob`` control message (again on
   every reconnect).
 
-Detection: node results arrive through ``cd.agents.on_slownode_report``; every
+Detection: node results arrive through ``agents.on_slownode_report``; every
 ``nSecondsDoOneDetection`` the job's :class:`~fdol.slownode.cluster.ClusterDetector` merges those that
 changed and :class:`~fdol.slownode.cluster.DegradationTracker` decides. Actions:
-communication profiling on/off through :func:`set_data_trace` (initial phase on; first slow round on;
+communication profiling on/off through :meth:`SlowNodeComponent.set_data_trace` (initial phase on; first slow round on;
 off after confirmation or when rounds are clean), after ``nConsecSlowRoundsToConfirm`` (5) slow rounds
 the log line ``[FD-OL SLOWNODE]job(name=.., namespace=.., jobId=..) in cluster got degradation, slow
 rank ids: [2]`` and fault 110001010 (SubHealthFault, source ``fd-online``, device_type ``Node``) on each
@@ -38,24 +38,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
 from prometheus_client import Counter, Gauge
 
+from clusterd.brain.datatrace import switch_message, write_switch
 from faultmesh._pb import agent_pb2
+from faultmesh.files import DirWatch
 from faultmesh.httpd import json_response
 from faultmesh.log import event
 from faultmesh.model import NODE_DEVICE_ID, ONCE, Fault, FaultKey, now_ms
 from fdol.slownode.cluster import ClusterDetector, DegradationTracker
 from fdol.slownode.featconf import FeatConf, FeatConfError, parse_featconf
 from fdol.slownode.switch import ALL_OFF, HEAVY, LIGHT, SWITCH_FILE, switch_dir_name
+
+if TYPE_CHECKING:
+    from clusterd.brain.jobs import JobRegistry
+    from clusterd.context import ClusterContext
 
 log = logging.getLogger("clusterd.slownode")
 
@@ -75,48 +81,6 @@ def prefix(conf: FeatConf) -> str:
 def go_ints(xs: list[int]) -> str:
     """A Go slice print of ints: ``[3 5]``."""
     return "[" + " ".join(str(x) for x in xs) + "]"
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def data_trace_root(cd) -> str:
-    """The data-trace root: ``--data-trace-dir`` (the brain's flag) or ``<state dir>/datatrace-config``."""
-    return getattr(cd.args, "data_trace_dir", None) or os.path.join(cd.args.state_dir, "datatrace-config")
-
-
-async def set_data_trace(
-    cd, job_ns_name: str, switch_dict: dict[str, str], nodes: list[str] | None = None
-) -> None:
-    """Set a job's data-trace switch — the one hook FD-OL uses (reference fdol.md §1.1).
-
-    When the brain (issue 7) knows the job, its TrainingDataTrace service does it (file, state,
-    subscribers, ``data_trace`` control to the job's nodes). Otherwise this writes
-    ``<root>/<ns>.data-trace-<job>/profilingSwitch`` itself and sends a ``data_trace`` control
-    message to ``nodes``. Raises ``OSError`` when the file cannot be written.
-    """
-    ns, _, name = job_ns_name.partition("/")
-    brain = getattr(cd, "brain", None)
-    jobs = getattr(cd, "jobs", None)
-    if brain is not None and jobs is not None and jobs.by_ns_name(ns, name) is not None:
-        await brain.set_data_trace(job_ns_name, switch_dict)
-        return
-    path = Path(data_trace_root(cd)) / switch_dir_name(ns, name) / SWITCH_FILE
-    await asyncio.to_thread(_write_atomic, path, orjson.dumps(switch_dict))
-    msg = agent_pb2.DataTraceSwitch(
-        job_ns_name=job_ns_name,
-        communication_operator=switch_dict["CommunicationOperator"],
-        step=switch_dict["Step"],
-        save_checkpoint=switch_dict["SaveCheckpoint"],
-        fp=switch_dict["FP"],
-        data_loader=switch_dict["DataLoader"],
-    )
-    for node in nodes or []:
-        await cd.agents.send(node, "noded", data_trace=msg)
 
 
 class EnableError(ValueError):
@@ -186,14 +150,6 @@ class JobState:
         return sorted(r for r, n in self.placement.items() if n == node)
 
 
-class _Meta:
-    def __init__(self, header: str | None) -> None:
-        self._h = header
-
-    def invocation_metadata(self):
-        return [("authorization", self._h)] if self._h else []
-
-
 class SlowNodeComponent:
     """See the module docstring."""
 
@@ -216,13 +172,26 @@ class SlowNodeComponent:
         )
         g.add_argument("--slownode-cluster-name", default="clusterd", help="nodeRank of cluster results")
 
-    def __init__(self, cd) -> None:
-        self.cd = cd
+    def __init__(
+        self,
+        ctx: ClusterContext,
+        jobs: JobRegistry | None = None,
+        set_data_trace: Callable[[str, dict[str, str]], Awaitable[None]] | None = None,
+        data_trace_root: str | None = None,
+    ) -> None:
+        """``jobs``: the brain's job registry (placement, and whether the brain owns a job's data
+        trace); ``set_data_trace``: the brain's hook for the jobs it knows; ``data_trace_root``: the
+        folder of the switch files this component writes itself (default
+        ``<state dir>/datatrace-config``)."""
+        self.ctx = ctx
+        self.registry = jobs
+        self._brain_data_trace = set_data_trace
+        self.data_trace_root = data_trace_root or str(Path(ctx.config.state_dir) / "datatrace-config")
         self.jobs: dict[str, JobState] = {}
-        self._watch_seen: dict[str, tuple[int, int]] = {}
+        self._watch: DirWatch | None = None
         self._watch_jobs: dict[str, str] = {}  # file name -> job id
         self._lock = asyncio.Lock()
-        reg = cd.registry
+        reg = ctx.metrics.registry
         self.m_reports = Counter(
             "faultmesh_slownode_reports_total", "Node slow-node results received", ["result"], registry=reg
         )
@@ -234,18 +203,18 @@ class SlowNodeComponent:
         self.m_files = Counter(
             "faultmesh_slownode_watch_files_total", "Watched FeatConf files", ["result"], registry=reg
         )
-        r = cd.http.app.router
+        r = ctx.http.app.router
         r.add_get("/v1/slownode", self._http_list)
         r.add_post("/v1/slownode/jobs", self._http_enable)
         r.add_get("/v1/slownode/{job}", self._http_get)
         r.add_post("/v1/slownode/{job}/disable", self._http_disable)
         r.add_delete("/v1/slownode/{job}", self._http_disable)
-        cd.agents.on_slownode_report(self._on_report)
-        cd.agents.on_connect(self._on_connect)
+        ctx.agents.on_slownode_report(self._on_report)
+        ctx.agents.on_connect(self._on_connect)
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
-        saved = await self.cd.store.kv_items(STORE_NS)
+        saved = await self.ctx.store.kv_items(STORE_NS)
         for job_id, d in sorted(saved.items()):
             try:
                 conf = parse_featconf(d["featconf"])
@@ -254,8 +223,8 @@ class SlowNodeComponent:
                 )
             except (FeatConfError, EnableError, KeyError, TypeError) as e:
                 event(log, logging.ERROR, "slownode job not resumed", job=job_id, error=str(e))
-        if self.cd.args.slownode_watch_dir:
-            self.cd.tasks.spawn(self._watch_loop(), name="slownode-watch")
+        if self.ctx.config.slownode_watch_dir:
+            self.ctx.tasks.spawn(self._watch_loop(), name="slownode-watch")
 
     async def stop(self) -> None:
         for js in self.jobs.values():
@@ -268,12 +237,34 @@ class SlowNodeComponent:
                 except (asyncio.CancelledError, TimeoutError, Exception):  # noqa: BLE001 — shutting down
                     pass
 
+    # -- data trace -------------------------------------------------------------------------------
+    async def set_data_trace(
+        self, job_ns_name: str, switch_dict: dict[str, str], nodes: list[str] | None = None
+    ) -> None:
+        """Set a job's data-trace switch — the one hook FD-OL uses (reference fdol.md §1.1).
+
+        When the brain (issue 7) knows the job, its TrainingDataTrace service does it (file, state,
+        subscribers, ``data_trace`` control to the job's nodes). Otherwise this writes
+        ``<root>/<ns>.data-trace-<job>/profilingSwitch`` itself and sends a ``data_trace`` control
+        message to ``nodes``. Raises ``OSError`` when the file cannot be written.
+        """
+        ns, _, name = job_ns_name.partition("/")
+        reg = self.registry
+        if self._brain_data_trace is not None and reg is not None and reg.by_ns_name(ns, name) is not None:
+            await self._brain_data_trace(job_ns_name, switch_dict)
+            return
+        path = Path(self.data_trace_root) / switch_dir_name(ns, name) / SWITCH_FILE
+        await asyncio.to_thread(write_switch, path, orjson.dumps(switch_dict))
+        msg = switch_message(job_ns_name, switch_dict)
+        for node in nodes or []:
+            await self.ctx.agents.send(node, "noded", data_trace=msg)
+
     # -- job control ------------------------------------------------------------------------------
     def resolve_placement(self, conf: FeatConf, ranks: Any) -> dict[int, str]:
-        """Placement from the request, else from the job registry (``cd.jobs``). Raises :class:`EnableError`."""
+        """Placement from the request, else from the brain's job registry. Raises :class:`EnableError`."""
         if ranks is not None:
             return parse_placement(ranks)
-        jobs = getattr(self.cd, "jobs", None)
+        jobs = self.registry
         if jobs is not None:
             job = jobs.get(conf.job_id) or jobs.by_ns_name(conf.job_namespace, conf.job_name)
             if job is not None and job.ranks:
@@ -303,7 +294,7 @@ class SlowNodeComponent:
                 conf,
                 placement,
                 source,
-                ClusterDetector(conf.job_id, self.cd.args.slownode_cluster_name),
+                ClusterDetector(conf.job_id, self.ctx.config.slownode_cluster_name),
                 DegradationTracker(conf),
                 enabled_ms=now_ms(),
             )
@@ -312,7 +303,7 @@ class SlowNodeComponent:
             self.jobs[conf.job_id] = js
             self.m_jobs.set(len(self.jobs))
             if persist:
-                await self.cd.store.kv_put(
+                await self.ctx.store.kv_put(
                     STORE_NS,
                     conf.job_id,
                     {
@@ -322,12 +313,12 @@ class SlowNodeComponent:
                     },
                 )
             try:
-                await set_data_trace(self.cd, js.ns_name, HEAVY if js.tracker.heavy else LIGHT, js.nodes())
+                await self.set_data_trace(js.ns_name, HEAVY if js.tracker.heavy else LIGHT, js.nodes())
             except OSError as e:
                 event(log, logging.ERROR, "data-trace switch write failed", job=conf.job_id, error=str(e))
             for node in js.nodes():
                 await self._send_job(js, node, True)
-            js.task = self.cd.tasks.spawn(self._round_loop(js), name=f"slownode-{conf.job_id}")
+            js.task = self.ctx.tasks.spawn(self._round_loop(js), name=f"slownode-{conf.job_id}")
             event(
                 log,
                 logging.INFO,
@@ -352,7 +343,7 @@ class SlowNodeComponent:
         """After a restart: a 110001010 fault of this job still in the fault center means the job was
         confirmed slow; resume in that state so recovery removes the fault."""
         ranks: set[int] = set()
-        for f in self.cd.center.faults():
+        for f in self.ctx.center.faults():
             if f.source == SOURCE and f.code == CODE_SLOW and f.attributes.get("jobId") == js.conf.job_id:
                 js.faulted_nodes.add(f.node)
                 ranks.update(
@@ -376,7 +367,7 @@ class SlowNodeComponent:
     async def _stop_job(self, job_id: str, reason: str, keep_store: bool = False) -> None:
         js = self.jobs.pop(job_id, None)
         if not keep_store:
-            await self.cd.store.kv_delete(STORE_NS, job_id)
+            await self.ctx.store.kv_delete(STORE_NS, job_id)
         self.m_jobs.set(len(self.jobs))
         if js is None:
             return
@@ -386,7 +377,7 @@ class SlowNodeComponent:
             await self._send_job(js, node, False)
         if not keep_store:
             try:
-                await set_data_trace(self.cd, js.ns_name, ALL_OFF, js.nodes())
+                await self.set_data_trace(js.ns_name, ALL_OFF, js.nodes())
             except OSError as e:
                 event(log, logging.ERROR, "data-trace switch write failed", job=job_id, error=str(e))
         await self._clear_faults(js)
@@ -403,7 +394,7 @@ class SlowNodeComponent:
             featconf_json=orjson.dumps(c.to_json()),
             ranks=js.ranks_on(node),
         )
-        return await self.cd.agents.send(node, "noded", slownode_job=msg)
+        return await self.ctx.agents.send(node, "noded", slownode_job=msg)
 
     async def _on_connect(self, node: str, agent: str) -> None:
         if agent != "noded":
@@ -434,7 +425,7 @@ class SlowNodeComponent:
                 raise TypeError("result is not an object")
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             self.m_reports.labels("bad").inc()
-            self.cd.rejected.labels("slownode", "bad_report").inc()
+            self.ctx.metrics.reject("slownode", "bad_report")
             event(
                 log, logging.WARNING, "slownode report rejected", node=node, job=report.job_id, error=repr(e)
             )
@@ -510,7 +501,7 @@ class SlowNodeComponent:
 
     async def _switch(self, js: JobState, sw: dict[str, str]) -> None:
         try:
-            await set_data_trace(self.cd, js.ns_name, sw, js.nodes())
+            await self.set_data_trace(js.ns_name, sw, js.nodes())
         except Exception as e:  # noqa: BLE001 — the brain may refuse; detection goes on
             event(log, logging.ERROR, "data-trace switch failed", job=js.conf.job_id, error=repr(e))
 
@@ -525,7 +516,7 @@ class SlowNodeComponent:
                     log, logging.WARNING, "slow rank without placement", job=js.conf.job_id, ranks=go_ints(rs)
                 )
                 continue
-            await self.cd.center.remove(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_RECOVERED, SOURCE))
+            await self.ctx.center.remove(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_RECOVERED, SOURCE))
             f = Fault(
                 SOURCE,
                 node,
@@ -545,7 +536,7 @@ class SlowNodeComponent:
                     "description": "slow node detected by FD-OL",
                 },
             )
-            await self.cd.center.upsert(f, origin=SOURCE)
+            await self.ctx.center.upsert(f, origin=SOURCE)
             js.faulted_nodes.add(node)
         event(
             log, logging.INFO, f"{prefix(js.conf)} report slow node detection: {go_ints(ranks)} successfully"
@@ -554,7 +545,7 @@ class SlowNodeComponent:
     async def _recover(self, js: JobState, ranks: list[int]) -> None:
         now = now_ms()
         for node in sorted(js.faulted_nodes):
-            await self.cd.center.remove(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_SLOW, SOURCE))
+            await self.ctx.center.remove(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_SLOW, SOURCE))
             f = Fault(
                 SOURCE,
                 node,
@@ -573,8 +564,8 @@ class SlowNodeComponent:
                     "description": "slow node recovered",
                 },
             )
-            await self.cd.center.upsert(f, origin=SOURCE)
-            self.cd.tasks.spawn(
+            await self.ctx.center.upsert(f, origin=SOURCE)
+            self.ctx.tasks.spawn(
                 self._expire(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_RECOVERED, SOURCE), now),
                 name="slownode-once-expire",
             )
@@ -582,19 +573,19 @@ class SlowNodeComponent:
         event(log, logging.INFO, f"{prefix(js.conf)} slow node recovered, slow rank ids: {go_ints(ranks)}")
 
     async def _expire(self, key: FaultKey, added_ms: int) -> None:
-        await asyncio.sleep(self.cd.args.slownode_once_ttl)
-        f = self.cd.center.get(key)
+        await asyncio.sleep(self.ctx.config.slownode_once_ttl)
+        f = self.ctx.center.get(key)
         if f is not None and f.last_seen_ms == added_ms:
-            await self.cd.center.remove(key)
+            await self.ctx.center.remove(key)
 
     async def _clear_faults(self, js: JobState) -> None:
         for node in sorted(js.faulted_nodes):
-            await self.cd.center.remove(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_SLOW, SOURCE))
+            await self.ctx.center.remove(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_SLOW, SOURCE))
         js.faulted_nodes.clear()
 
     # -- watched directory ------------------------------------------------------------------------
     async def _watch_loop(self) -> None:
-        root = Path(self.cd.args.slownode_watch_dir)
+        root = Path(self.ctx.config.slownode_watch_dir)
         while True:
             try:
                 await self.scan_watch_dir(root)
@@ -602,15 +593,16 @@ class SlowNodeComponent:
                 raise
             except Exception as e:  # keep watching
                 event(log, logging.ERROR, "slownode watch failed", dir=str(root), error=repr(e))
-            await asyncio.sleep(self.cd.args.slownode_watch_interval)
+            await asyncio.sleep(self.ctx.config.slownode_watch_interval)
 
     async def scan_watch_dir(self, root: Path) -> None:
         """One pass over the watched directory (see module doc)."""
-        entries = await asyncio.to_thread(_list_watch, root)
-        for name, stamp in entries.items():
-            if self._watch_seen.get(name) == stamp:
-                continue
-            self._watch_seen[name] = stamp
+        if self._watch is None or self._watch.folder != root:
+            self._watch = DirWatch(root, f"{WATCH_PREFIX}*.json")
+        watch = self._watch
+        changed = await asyncio.to_thread(watch.changes)
+        present = watch.names()
+        for name in sorted(changed & present):
             try:
                 data = await asyncio.to_thread((root / name).read_bytes)
                 obj = orjson.loads(data)
@@ -628,21 +620,15 @@ class SlowNodeComponent:
                 self.m_files.labels("applied").inc()
             except (OSError, orjson.JSONDecodeError, FeatConfError, EnableError) as e:
                 self.m_files.labels("rejected").inc()
-                self.cd.rejected.labels("slownode", "bad_featconf_file").inc()
+                self.ctx.metrics.reject("slownode", "bad_featconf_file")
                 event(log, logging.WARNING, "slownode featconf file rejected", file=name, error=str(e))
-        for name in [n for n in self._watch_seen if n not in entries]:
-            del self._watch_seen[name]
+        for name in sorted(changed - present):
             job_id = self._watch_jobs.pop(name, None)
             if job_id is not None and job_id in self.jobs and self.jobs[job_id].source == "file":
                 await self.disable(job_id)
 
     # -- HTTP -------------------------------------------------------------------------------------
-    def _authorized(self, request: web.Request) -> bool:
-        return self.cd.authorized(_Meta(request.headers.get("Authorization")))
-
     async def _http_enable(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            return json_response({"error": "bearer token required"}, 401)
         try:
             obj = orjson.loads(await request.read())
             fc, ranks = unwrap_configmap(obj)
@@ -650,15 +636,13 @@ class SlowNodeComponent:
             placement = {} if conf.slow_node == 0 else self.resolve_placement(conf, ranks)
             js = await self.enable(conf, placement, "http")
         except (orjson.JSONDecodeError, FeatConfError, EnableError) as e:
-            self.cd.rejected.labels("slownode", "bad_enable").inc()
+            self.ctx.metrics.reject("slownode", "bad_enable")
             return json_response({"error": str(e)}, 400)
         if conf.slow_node == 0:
             return json_response({"jobId": conf.job_id, "enabled": False})
         return json_response(self.status(js))
 
     async def _http_disable(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            return json_response({"error": "bearer token required"}, 401)
         job = request.match_info["job"]
         if not await self.disable(job):
             return json_response({"error": f"job {job!r} has no slow-node detection enabled"}, 404)
@@ -699,16 +683,3 @@ class SlowNodeComponent:
         d["nodeResults"] = js.detector.reports
         d["history"] = list(js.rounds)
         return d
-
-
-def _list_watch(root: Path) -> dict[str, tuple[int, int]]:
-    out = {}
-    try:
-        with os.scandir(root) as it:
-            for e in it:
-                if e.name.startswith(WATCH_PREFIX) and e.name.endswith(".json") and e.is_file():
-                    st = e.stat()
-                    out[e.name] = (st.st_mtime_ns, st.st_size)
-    except OSError:
-        return {}
-    return out
