@@ -590,7 +590,10 @@ async def test_restart_does_not_rewrite_unchanged_cluster_info(k8s, tmp_path):
     cd2 = await make_clusterd(tmp_path, *args)  # same state dir: the faults come back from SQLite
     try:
         comp = kube(cd2)
-        await until(lambda: comp.publisher._written and not comp.publisher._dirty.is_set(), what="second clusterd settled")
+        await until(
+            lambda: comp.publisher._written and not comp.publisher._dirty.is_set(),
+            what="second clusterd settled",
+        )
         await asyncio.sleep(0.5)
         ok = cd2.registry.get_sample_value(
             "faultmesh_kube_writes_total", {"kind": "configmap", "result": "ok"}
