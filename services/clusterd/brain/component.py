@@ -23,17 +23,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-import orjson
-from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from clusterd.brain import controller as ctlmod
 from clusterd.brain.controller import Controller, Timeouts
 from clusterd.brain.datatrace import DataTrace, DataTraceError
+from clusterd.brain.decisions import DecisionLog
 from clusterd.brain.faultsvc import FaultServicer
 from clusterd.brain.faultview import (
     RECOVER_IGNORED_LEVELS,
@@ -42,7 +40,8 @@ from clusterd.brain.faultview import (
     job_health,
     job_rank_faults,
 )
-from clusterd.brain.jobs import JobRegistry, JobSpecError, parse_jobs, parse_jobs_text
+from clusterd.brain.http import JobsHttp
+from clusterd.brain.jobs import JobRegistry
 from clusterd.brain.jobsvc import ConfigServicer, JobServicer
 from clusterd.brain.recover import RecoverServicer
 from faultmesh._pb import (
@@ -53,7 +52,6 @@ from faultmesh._pb import (
     profiling_pb2_grpc,
     recover_pb2_grpc,
 )
-from faultmesh.httpd import json_response
 from faultmesh.levels import SUB_HEALTHY, UNHEALTHY, level_health
 from faultmesh.log import event
 from faultmesh.model import Fault, now_ms
@@ -63,7 +61,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("clusterd.brain")
 
-MAX_DECISIONS = 200
 HOT_SWITCH_FRAMEWORKS = ("pytorch", "mindspore")
 MAX_HOT_SWITCH_PODS = 10
 ISOLATE_SOURCE = "brain:stress-test"
@@ -112,17 +109,12 @@ class BrainComponent:
         self.jobs = JobRegistry(ctx.store)
         self.controllers: dict[str, Controller] = {}
         self.initialised: set[str] = set()
-        self.decisions: dict[str, deque] = {}
+        self.decision_log = DecisionLog(ctx.store, reg, ctx.tasks.spawn)
+        self.decisions = self.decision_log.decisions
         self._node_faults: dict[str, dict] = {}  # node -> {FaultKey: Fault}, kept from center changes
-        self._dirty: set[str] = set()  # jobs whose decisions are not written yet
-        self._flusher: asyncio.Task | None = None
         self._sent_nodes: dict[str, set[str]] = {}  # job -> nodes that got its JobInfo
         self._subhealth_seen: dict[str, set[tuple[int, str]]] = {}
         self._unregistered_seen: dict[str, set[tuple[int, str]]] = {}
-        self.m_decisions = Counter(
-            "faultmesh_brain_decisions_total", "Recovery decisions by flow and decision", ["flow", "decision"],
-            registry=reg,
-        )  # fmt: skip
         self.m_signals = Counter(
             "faultmesh_brain_signals_total",
             "ProcessManageSignals delivered by type",
@@ -146,12 +138,7 @@ class BrainComponent:
         ctx.center.subscribe("brain", self._on_fault_changes, resync=self._resync_faults)
         ctx.agents.on_connect(self._on_agent_connect)
         self.jobs.listen(self._on_job_change)
-        r = ctx.http.app.router
-        r.add_get("/v1/jobs", self._http_list)
-        r.add_post("/v1/jobs", self._http_apply)
-        r.add_get("/v1/jobs/{id}", self._http_get)
-        r.add_delete("/v1/jobs/{id}", self._http_delete)
-        r.add_get("/v1/jobs/{id}/recovery", self._http_recovery)
+        JobsHttp(self).add_routes(ctx.http.app.router)
 
     def servicers(self) -> list[tuple[Any, Any]]:
         """(add_to_server, servicer) pairs: Recover, Fault, Job, Config, TrainingDataTrace."""
@@ -167,16 +154,13 @@ class BrainComponent:
         for f in self.ctx.center.faults():  # restored by ClusterD before components start
             self._node_faults.setdefault(f.node, {})[f.key] = f
         n = await self.jobs.load()
-        for key, items in (await self.ctx.store.kv_items("decisions")).items():
-            if isinstance(items, list):
-                self.decisions[key] = deque(items[-MAX_DECISIONS:], maxlen=MAX_DECISIONS)
+        await self.decision_log.load()
         event(log, logging.INFO, "brain started", jobs=n)
 
     async def stop(self) -> None:
         for ctl in list(self.controllers.values()):
             await ctl.close()
-        if self._flusher is not None and not self._flusher.done():
-            await asyncio.wait_for(asyncio.shield(self._flusher), 5.0)  # the last decisions are kept
+        await self.decision_log.flush(5.0)  # the last decisions are kept
 
     # -- helpers used by controllers and servicers --------------------------------------------------
     def spawn(self, coro, name: str) -> asyncio.Task:
@@ -188,47 +172,11 @@ class BrainComponent:
         self.ctx.metrics.reject("brain", reason)
 
     def decide(self, job_id: str, flow: str, decision: str, reason: str, faults=None, **extra: Any) -> dict:
-        """Record one decision: logged (``recovery decision``), kept and persisted. Returns the record."""
+        """Record one decision (:class:`~clusterd.brain.decisions.DecisionLog`). Returns the record."""
         ctl = self.controllers.get(job_id)
-        rec = {
-            "time_ms": now_ms(),
-            "flow": flow,
-            "decision": decision,
-            "reason": reason,
-            "state": ctl.state if ctl else "",
-        }
-        if faults:
-            rec["faults"] = [f.as_dict() for f in faults]
-        rec.update({k: v for k, v in extra.items() if v not in (None, "", [])})
-        d = self.decisions.setdefault(job_id, deque(maxlen=MAX_DECISIONS))
-        d.append(rec)
-        self.m_decisions.labels(flow, decision).inc()
-        event(
-            log,
-            logging.INFO,
-            "recovery decision",
-            job=job_id,
-            flow=flow,
-            decision=decision,
-            reason=reason,
-            ranks=",".join(sorted({str(f.rank) for f in faults or ()}, key=int)),
+        return self.decision_log.record(
+            job_id, flow, decision, reason, ctl.state if ctl else "", faults=faults, **extra
         )
-        self._dirty.add(job_id)
-        if self._flusher is None or self._flusher.done():
-            self._flusher = self.spawn(self._persist_decisions(), "decisions-writer")
-        return rec
-
-    async def _persist_decisions(self) -> None:
-        """Write the decisions of changed jobs (coalesced: one write per job per pass)."""
-        while self._dirty:
-            job_id = self._dirty.pop()
-            d = self.decisions.get(job_id)
-            if d is None:
-                continue
-            try:
-                await self.ctx.store.kv_put("decisions", job_id, list(d))
-            except Exception as e:
-                event(log, logging.ERROR, "decisions not saved", job=job_id, error=repr(e))
 
     def rank_faults(self, job) -> list[RankFault]:
         """The job's rank faults now (stress-test hidden codes removed)."""
@@ -521,7 +469,6 @@ class BrainComponent:
             await self.ctx.agents.send(node, "deviced", job=self._job_info(job))
             self._sent_nodes.setdefault(job.id, set()).add(node)
 
-    # -- HTTP --------------------------------------------------------------------------------------
     def job_view(self, job, detail: bool = False) -> dict:
         """A job as JSON with health, faults and recovery state."""
         faults = self.rank_faults(job)
@@ -540,73 +487,6 @@ class BrainComponent:
             d["node_faults"] = self.fault.job_nodes(job)
             d["rank_table"] = job.rank_table()
         return d
-
-    async def _http_list(self, request: web.Request) -> web.Response:
-        return json_response([self.job_view(j) for j in self.jobs.all()])
-
-    async def _http_apply(self, request: web.Request) -> web.Response:
-        try:
-            raw = (await request.read()).decode("utf-8")
-        except UnicodeDecodeError:
-            self.count_rejected("bad_job_spec")
-            return json_response({"error": "body is not valid UTF-8"}, status=400)
-        if len(raw) > 16 * 1024 * 1024:
-            return json_response({"error": "body larger than 16 MiB"}, status=413)
-        try:
-            jobs = await asyncio.to_thread(_parse_body, raw)  # large YAML must not stall the loop
-            results = await self.jobs.apply(jobs)
-        except JobSpecError as e:
-            self.count_rejected("bad_job_spec")
-            return json_response({"error": str(e)}, status=400)
-        out = []
-        for job, what in results:
-            event(log, logging.INFO, f"job {what}", job=job.id, name=job.ns_name, ranks=len(job.ranks))
-            out.append({"id": job.id, "name": job.name, "namespace": job.namespace, "result": what})
-        return json_response(out)
-
-    async def _http_get(self, request: web.Request) -> web.Response:
-        job = self.jobs.get(request.match_info["id"])
-        if job is None:
-            return json_response({"error": f"job {request.match_info['id']} not found"}, status=404)
-        return json_response(self.job_view(job, detail=True))
-
-    async def _http_delete(self, request: web.Request) -> web.Response:
-        job = await self.jobs.delete(request.match_info["id"])
-        if job is None:
-            return json_response({"error": f"job {request.match_info['id']} not found"}, status=404)
-        event(log, logging.INFO, "job deleted", job=job.id, name=job.ns_name)
-        return json_response({"id": job.id, "result": "deleted"})
-
-    async def _http_recovery(self, request: web.Request) -> web.Response:
-        jid = request.match_info["id"]
-        job = self.jobs.get(jid)
-        if job is None and jid not in self.decisions:
-            return json_response({"error": f"job {jid} not found"}, status=404)
-        ctl = self.controllers.get(jid)
-        return json_response(
-            {
-                "job_id": jid,
-                "state": ctl.state if ctl else "",
-                "flow": ctl.flow_name if ctl else "",
-                "registered": ctl is not None,
-                "subscribed": bool(ctl and ctl.subscribed),
-                "strategies": job.strategies() if job else [],
-                "sub_healthy_strategy": job.sub_healthy_strategy if job else "",
-                "cached_faults": [f.as_dict() for f in ctl.cached_faults.values()] if ctl else [],
-                "decisions": list(self.decisions.get(jid, ())),
-            }
-        )
-
-
-def _parse_body(raw: str):
-    """POST /v1/jobs body: JSON (object, list or {"jobs": [...]}) or YAML. Raises JobSpecError."""
-    try:
-        body = orjson.loads(raw)
-    except ValueError:
-        return parse_jobs_text(raw)
-    if isinstance(body, dict) and "jobs" in body:
-        body = body["jobs"]
-    return parse_jobs(body if isinstance(body, list) else [body])
 
 
 __all__ = ["BrainComponent", "DataTraceError"]
