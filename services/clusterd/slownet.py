@@ -31,22 +31,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 
+from clusterd.slownet_http import AGENT, SlowNetHttp
+from clusterd.slownet_inputs import SlowNetInputs
 from faultmesh._pb import agent_pb2
-from faultmesh.files import FileWatch, Stamp, stamp
-from faultmesh.httpd import json_response
+from faultmesh.files import FileWatch, Stamp
 from faultmesh.log import event
 from faultmesh.model import Fault, FaultKey
 from fdol.slownet import config as pmconfig
 from fdol.slownet import pinglist as pl
 from fdol.slownet import topology as topo
 from fdol.slownet.analyzer import SOURCE, AnalyzerParams, SuperPodAnalyzer
-from fdol.slownet.csvfile import read_csv_rows
 from fdol.slownet.window import PingRow
 
 if TYPE_CHECKING:
@@ -55,7 +53,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("clusterd.slownet")
 
 NS = "slownet"
-AGENT = "noded"
 ANALYSIS_TIMEOUT_S = 60.0
 TICK_S = 0.25
 
@@ -78,7 +75,7 @@ class _Pod:
         self.active = True
 
 
-class SlowNetComponent:
+class SlowNetComponent(SlowNetInputs, SlowNetHttp):
     """The clusterd slow-network component (module doc)."""
 
     name = "slownet"
@@ -264,84 +261,6 @@ class SlowNetComponent:
         for spid in self.pods:
             await self._push_pod(spid)
 
-    def _file_changed(self, path: Path) -> bool:
-        """True when ``path`` exists and its content changed since the last look (core FileWatch)."""
-        w = self._watches.get(str(path))
-        if w is None:
-            w = self._watches[str(path)] = FileWatch(path)
-        return w.changed() and path.exists()
-
-    def _scan_files(self) -> tuple[tuple[str, str | OSError] | None, list[tuple[str, str | OSError]]]:
-        """Blocking: read the input files that changed -> (config (path, text|error), [(path, text|error)])."""
-
-        def read(p: Path) -> str | OSError:
-            try:
-                return p.read_text(encoding="utf-8")
-            except OSError as e:
-                return e
-
-        a = self.args
-        cfg = None
-        if a.slownet_config and self._file_changed(Path(a.slownet_config)):
-            cfg = (a.slownet_config, read(Path(a.slownet_config)))
-        topos = []
-        if a.slownet_topology:
-            p = Path(a.slownet_topology)
-            if p.is_dir():
-                files = sorted(p.glob("super-pod-*.json")) + sorted(p.glob("super-pod-*/super-pod-*.json"))
-            else:
-                files = [p]
-            topos = [(str(f), read(f)) for f in files if self._file_changed(f)]
-        return cfg, topos
-
-    async def _poll_files(self) -> None:
-        cfg, topos = await self._in_thread("files", self._scan_files)
-        if cfg is not None:
-            path, text = cfg
-            try:
-                if isinstance(text, OSError):
-                    raise text
-                await self.set_config(pmconfig.parse_config(text), f"file:{path}")
-            except (OSError, ValueError) as e:
-                self.m_inputs.labels("config").inc()
-                event(log, logging.WARNING, "slownet input rejected", kind="config", file=path, error=str(e))
-        for path, text in topos:
-            try:
-                if isinstance(text, OSError):
-                    raise text
-                await self.set_topology(topo.parse_super_pod(text), f"file:{path}")
-            except (OSError, ValueError) as e:
-                self.m_inputs.labels("topology").inc()
-                event(
-                    log, logging.WARNING, "slownet input rejected", kind="topology", file=path, error=str(e)
-                )
-
-    def _scan_csv(self, spids: list[str]) -> dict[str, tuple[list[agent_pb2.PingResult], int]]:
-        """Blocking: new rows of the changed result CSVs per super pod -> {spid: (rows, bad lines)}.
-        Per ``ping_result_<idx>`` (its .csv and .csv-bak), rows not newer than the newest row already
-        taken are skipped, so a rollover or a re-read never counts a row twice."""
-        out: dict[str, tuple[list[agent_pb2.PingResult], int]] = {}
-        root = Path(self.args.slownet_csv_root) / "cluster"
-        for spid in spids:
-            d = root / f"super-pod-{spid}"
-            rows_all: list[agent_pb2.PingResult] = []
-            bad_all = 0
-            for f in sorted(d.glob("ping_result_*.csv-bak")) + sorted(d.glob("ping_result_*.csv")):
-                st = stamp(f)
-                if st is None or self._csv_stamp.get(str(f)) == st:
-                    continue
-                self._csv_stamp[str(f)] = st
-                series = str(d / f.name.split(".")[0])
-                newest = self._csv_newest.get(series, 0)
-                rows, bad = read_csv_rows(f)
-                fresh = [r for r in rows if r.timestamp_ms > newest]
-                if fresh:
-                    self._csv_newest[series] = max(r.timestamp_ms for r in fresh)
-                rows_all += fresh
-                bad_all += bad
-            out[spid] = (rows_all, bad_all)
-        return out
-
     async def _poll_csv(self) -> None:
         if not self.args.slownet_csv_root:
             return
@@ -514,62 +433,6 @@ class SlowNetComponent:
             except Exception as e:  # one bad round must not end the component
                 event(log, logging.ERROR, "slownet round failed", error=repr(e))
             await asyncio.sleep(TICK_S)
-
-    # -- HTTP -------------------------------------------------------------------------------------
-    def pod_status(self, spid: str) -> dict[str, Any]:
-        """One super pod's status (latest summary, alarms, config, timing)."""
-        pod = self.pods[spid]
-        act = self.activation(spid)
-        connected = {n for n, a in self.ctx.agents.connected() if a == AGENT}
-        return {
-            **pod.status,
-            "activate": bool(act and act.activate),
-            "taskInterval": act.task_interval if act else None,
-            "periodMs": pod.analyzer.params.period_ms,
-            "lastAnalyzedPeriod": pod.last_period,
-            "lastAnalysisMs": pod.last_analysis_ms,
-            "analysisSeconds": round(pod.analysis_s, 4),
-            "paths": len(pod.pairs),
-            "nodesConnected": sorted(set(pod.sp.nodes) & connected),
-        }
-
-    async def _http_all(self, request: web.Request) -> web.Response:
-        return json_response(
-            {
-                "config": pmconfig.to_json_obj(self.config),
-                "superPods": [self.pod_status(s) for s in sorted(self.pods)],
-            }
-        )
-
-    async def _http_one(self, request: web.Request) -> web.Response:
-        spid = request.match_info["spid"]
-        if spid not in self.pods:
-            return json_response({"error": f"super pod {spid} not known"}, status=404)
-        return json_response(self.pod_status(spid))
-
-    async def _http_topology(self, request: web.Request) -> web.Response:
-        try:
-            sp = topo.parse_super_pod(await request.read())
-            await self.set_topology(sp, "http")
-        except ValueError as e:
-            self.m_inputs.labels("topology").inc()
-            return json_response({"error": str(e)}, status=400)
-        return json_response(
-            {
-                "superPodId": sp.super_pod_id,
-                "nodes": len(sp.nodes),
-                "paths": len(self.pods[sp.super_pod_id].pairs),
-            }
-        )
-
-    async def _http_config(self, request: web.Request) -> web.Response:
-        try:
-            cfg = pmconfig.parse_config(await request.read())
-            await self.set_config(cfg, "http")
-        except ValueError as e:
-            self.m_inputs.labels("config").inc()
-            return json_response({"error": str(e)}, status=400)
-        return json_response({"config": pmconfig.to_json_obj(cfg)})
 
 
 def _row(r: agent_pb2.PingResult) -> PingRow:

@@ -39,20 +39,24 @@ import argparse
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from clusterd.brain.datatrace import switch_message, write_switch
+from clusterd.slownode_http import SlowNodeHttp
+from clusterd.slownode_jobs import (
+    EnableError,
+    JobState,
+    go_ints,
+    parse_placement,
+    prefix,
+)
 from faultmesh._pb import agent_pb2
 from faultmesh.files import DirWatch
-from faultmesh.httpd import json_response
 from faultmesh.log import event
 from faultmesh.model import NODE_DEVICE_ID, ONCE, Fault, FaultKey, now_ms
 from fdol.slownode.cluster import ClusterDetector, DegradationTracker
@@ -65,92 +69,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("clusterd.slownode")
 
+
 SOURCE = "fd-online"
 CODE_SLOW = "110001010"
 CODE_RECOVERED = "100001011"
 STORE_NS = "slownode.jobs"
-WATCH_PREFIX = "ras-feature-slownode-"
-MAX_ROUNDS_KEPT = 100
 
 
-def prefix(conf: FeatConf) -> str:
-    """The reference's log prefix ``[FD-OL SLOWNODE]job(name=<job>, namespace=<ns>, jobId=<id>)``."""
-    return f"[FD-OL SLOWNODE]job(name={conf.job_name}, namespace={conf.job_namespace}, jobId={conf.job_id})"
-
-
-def go_ints(xs: list[int]) -> str:
-    """A Go slice print of ints: ``[3 5]``."""
-    return "[" + " ".join(str(x) for x in xs) + "]"
-
-
-class EnableError(ValueError):
-    """An enable request that cannot be honoured (bad FeatConf, no placement)."""
-
-
-def parse_placement(obj: Any) -> dict[int, str]:
-    """``{"0": "node-a", ...}`` -> {0: "node-a"}. Raises :class:`EnableError`."""
-    if not isinstance(obj, dict) or not obj:
-        raise EnableError('ranks must be a non-empty object {"<rank>": "<node>"}')
-    out = {}
-    for k, v in obj.items():
-        try:
-            r = int(k)
-        except (TypeError, ValueError):
-            raise EnableError(f"rank {k!r} is not an integer") from None
-        if r < 0 or not isinstance(v, str) or not v:
-            raise EnableError(f"rank {k!r}: node must be a non-empty string and rank >= 0")
-        out[r] = v
-    return out
-
-
-def unwrap_configmap(obj: Any) -> tuple[Any, Any]:
-    """The FeatConf object and optional placement from a file/body: a FeatConf, ``{"FeatConf": text}``
-    or ``{"data": {"FeatConf": text}}``. Raises :class:`EnableError`."""
-    if not isinstance(obj, dict):
-        raise EnableError("expected a JSON object")
-    ranks = obj.get("ranks")
-    inner = obj.get("data") if isinstance(obj.get("data"), dict) else obj
-    fc = None
-    for k, v in inner.items():
-        if isinstance(k, str) and k.lower() == "featconf":
-            fc = v
-    if fc is None:
-        return {k: v for k, v in obj.items() if k != "ranks"}, ranks
-    if isinstance(fc, str):
-        try:
-            fc = orjson.loads(fc)
-        except orjson.JSONDecodeError as e:
-            raise EnableError(f"FeatConf is not JSON: {e}") from None
-    return fc, ranks if ranks is not None else (fc.get("ranks") if isinstance(fc, dict) else None)
-
-
-@dataclass
-class JobState:
-    """One enabled job in clusterd."""
-
-    conf: FeatConf
-    placement: dict[int, str]
-    source: str
-    detector: ClusterDetector
-    tracker: DegradationTracker
-    task: asyncio.Task | None = None
-    rounds: deque = field(default_factory=lambda: deque(maxlen=MAX_ROUNDS_KEPT))
-    latest: dict | None = None
-    faulted_nodes: set[str] = field(default_factory=set)
-    enabled_ms: int = 0
-
-    @property
-    def ns_name(self) -> str:
-        return f"{self.conf.job_namespace}/{self.conf.job_name}"
-
-    def nodes(self) -> list[str]:
-        return sorted(set(self.placement.values()))
-
-    def ranks_on(self, node: str) -> list[int]:
-        return sorted(r for r, n in self.placement.items() if n == node)
-
-
-class SlowNodeComponent:
+class SlowNodeComponent(SlowNodeHttp):
     """See the module docstring."""
 
     name = "slownode"
@@ -582,104 +508,3 @@ class SlowNodeComponent:
         for node in sorted(js.faulted_nodes):
             await self.ctx.center.remove(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_SLOW, SOURCE))
         js.faulted_nodes.clear()
-
-    # -- watched directory ------------------------------------------------------------------------
-    async def _watch_loop(self) -> None:
-        root = Path(self.ctx.config.slownode_watch_dir)
-        while True:
-            try:
-                await self.scan_watch_dir(root)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # keep watching
-                event(log, logging.ERROR, "slownode watch failed", dir=str(root), error=repr(e))
-            await asyncio.sleep(self.ctx.config.slownode_watch_interval)
-
-    async def scan_watch_dir(self, root: Path) -> None:
-        """One pass over the watched directory (see module doc)."""
-        if self._watch is None or self._watch.folder != root:
-            self._watch = DirWatch(root, f"{WATCH_PREFIX}*.json")
-        watch = self._watch
-        changed = await asyncio.to_thread(watch.changes)
-        present = watch.names()
-        for name in sorted(changed & present):
-            try:
-                data = await asyncio.to_thread((root / name).read_bytes)
-                obj = orjson.loads(data)
-                fc, ranks = unwrap_configmap(obj)
-                job_hint = name[len(WATCH_PREFIX) : -len(".json")]
-                conf = parse_featconf(fc, job_name=job_hint)
-                if conf.slow_node == 0:
-                    await self.enable(conf, {}, "file")
-                    self._watch_jobs[name] = conf.job_id
-                    self.m_files.labels("stopped").inc()
-                    continue
-                placement = self.resolve_placement(conf, ranks)
-                await self.enable(conf, placement, "file")
-                self._watch_jobs[name] = conf.job_id
-                self.m_files.labels("applied").inc()
-            except (OSError, orjson.JSONDecodeError, FeatConfError, EnableError) as e:
-                self.m_files.labels("rejected").inc()
-                self.ctx.metrics.reject("slownode", "bad_featconf_file")
-                event(log, logging.WARNING, "slownode featconf file rejected", file=name, error=str(e))
-        for name in sorted(changed - present):
-            job_id = self._watch_jobs.pop(name, None)
-            if job_id is not None and job_id in self.jobs and self.jobs[job_id].source == "file":
-                await self.disable(job_id)
-
-    # -- HTTP -------------------------------------------------------------------------------------
-    async def _http_enable(self, request: web.Request) -> web.Response:
-        try:
-            obj = orjson.loads(await request.read())
-            fc, ranks = unwrap_configmap(obj)
-            conf = parse_featconf(fc)
-            placement = {} if conf.slow_node == 0 else self.resolve_placement(conf, ranks)
-            js = await self.enable(conf, placement, "http")
-        except (orjson.JSONDecodeError, FeatConfError, EnableError) as e:
-            self.ctx.metrics.reject("slownode", "bad_enable")
-            return json_response({"error": str(e)}, 400)
-        if conf.slow_node == 0:
-            return json_response({"jobId": conf.job_id, "enabled": False})
-        return json_response(self.status(js))
-
-    async def _http_disable(self, request: web.Request) -> web.Response:
-        job = request.match_info["job"]
-        if not await self.disable(job):
-            return json_response({"error": f"job {job!r} has no slow-node detection enabled"}, 404)
-        return json_response({"jobId": job, "enabled": False})
-
-    async def _http_list(self, request: web.Request) -> web.Response:
-        return json_response([self.status(js, brief=True) for _, js in sorted(self.jobs.items())])
-
-    async def _http_get(self, request: web.Request) -> web.Response:
-        js = self._find(request.match_info["job"])
-        if js is None:
-            return json_response({"error": "job not found"}, 404)
-        return json_response(self.status(js))
-
-    def status(self, js: JobState, brief: bool = False) -> dict[str, Any]:
-        """The job's status document (``GET /v1/slownode/<job>``)."""
-        t = js.tracker
-        d: dict[str, Any] = {
-            "jobId": js.conf.job_id,
-            "jobName": js.conf.job_name,
-            "namespace": js.conf.job_namespace,
-            "enabled": True,
-            "source": js.source,
-            "nodes": js.nodes(),
-            "heavyProfiling": t.heavy,
-            "heavyReason": t.heavy_reason,
-            "degraded": t.degraded,
-            "slowRanks": t.reported_ranks,
-            "consecutiveSlowRounds": t.slow_rounds,
-            "rounds": js.detector.rounds,
-            "enabledMs": js.enabled_ms,
-        }
-        if brief:
-            return d
-        d["featConf"] = js.conf.to_json()
-        d["ranks"] = {str(r): n for r, n in sorted(js.placement.items())}
-        d["cluster"] = js.latest
-        d["nodeResults"] = js.detector.reports
-        d["history"] = list(js.rounds)
-        return d
