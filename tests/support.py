@@ -125,3 +125,28 @@ async def make_clusterd(tmp_path: Path, *extra: str):
     cd = ClusterD(args, classes)
     await cd.start()
     return cd
+
+
+def public_request(fault_id: str, node: str = "node-1", code: str = "010001001"):
+    """A valid one-fault PubFault request (resource CCAE, NPU device 0 of ``node``)."""
+    import time
+
+    from faultmesh._pb import pubfault_pb2
+
+    now = int(time.time() * 1000)
+    return pubfault_pb2.PublicFaultRequest(
+        id=f"req-{fault_id}",
+        timestamp=now,
+        version="1.0",
+        resource="CCAE",
+        faults=[
+            pubfault_pb2.Fault(
+                faultId=fault_id,
+                faultType="NPU",
+                faultCode=code,
+                faultTime=now,
+                assertion="occur",
+                influence=[pubfault_pb2.PubFaultInfo(nodeName=node, deviceIds=[0])],
+            )
+        ],
+    )

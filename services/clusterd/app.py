@@ -1,20 +1,34 @@
-"""ClusterD: the cluster brain (issue 2; design.md "Processes").
+"""ClusterD: the cluster brain (issue 2; design.md "Processes"), wired explicitly (issue 12).
 
 ``clusterd --grpc-addr 127.0.0.1:8899 --http-addr 127.0.0.1:8080 --state-dir DIR`` (the defaults;
 ``--state-dir`` defaults to ``$XDG_STATE_HOME/faultmesh/clusterd``). Every flag also reads
-``FAULTMESH_<FLAG>`` and a YAML ``--config``. Start order: state file -> fault center (restored) ->
-components -> HTTP -> gRPC; SIGTERM stops gRPC (streams drained for ``--drain-s``), components, HTTP,
-and closes the state file.
+``FAULTMESH_<FLAG>`` and a YAML ``--config``.
+
+Wiring: :class:`ClusterD` builds one frozen :class:`~clusterd.context.ClusterContext` (store, fault
+center, node registry, agent hub, tasks, HTTP, metrics, auth, config) and the components with it
+plus the peers each needs, in this order: PubFault, Kubernetes mode (gets the PubFault intake and
+the brain's job registry), brain, slow node (gets the job registry and the brain's data-trace hook),
+slow net. Start order: state file -> fault center and node registry (restored) -> components ->
+HTTP -> gRPC.
+
+Shutdown is staged, each stage with a budget from the command line, in all at most
+``--shutdown-budget-s`` (25 s: inside the chart's 30 s termination grace):
+
+1. stop accepting: not ready, gRPC health NOT_SERVING, the gRPC server stops with ``--drain-s``
+   grace for open streams;
+2. stop components (``--component-stop-s`` shared by all);
+3. drain the fault-center subscribers (``--sink-drain-s``) and the final write of the node registry;
+4. close: HTTP, the remaining tasks (``--task-stop-s``) and the state file.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
 import importlib
 import logging
 import os
+import time
 from pathlib import Path
 
 import grpc
@@ -22,11 +36,18 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
 
-from clusterd.agents import AgentHub
-from clusterd.center import FaultCenter, NodeHealthCollector
-from clusterd.components import COMPONENTS
-from clusterd.grpcserver import RateLimitInterceptor, server_credentials, server_options
-from clusterd.http_api import setup_routes
+from clusterd.api.grpcserver import RateLimitInterceptor, server_credentials, server_options
+from clusterd.api.pubfault import PubFaultComponent
+from clusterd.auth import TokenAuth
+from clusterd.brain.component import BrainComponent
+from clusterd.center import FaultCenter
+from clusterd.context import ClusterContext, Metrics
+from clusterd.http.nodes import NodeApi
+from clusterd.ingest.agents import AgentHub
+from clusterd.kube import KubeComponent
+from clusterd.nodes import NodeHealthCollector, NodeRegistry
+from clusterd.slownet import SlowNetComponent
+from clusterd.slownode import SlowNodeComponent
 from clusterd.store import Store
 from faultmesh import config, runtime
 from faultmesh import log as fmlog
@@ -36,6 +57,15 @@ from faultmesh.log import event
 
 log = logging.getLogger("clusterd")
 
+COMPONENT_CLASSES: tuple[type, ...] = (
+    PubFaultComponent,
+    KubeComponent,
+    BrainComponent,
+    SlowNodeComponent,
+    SlowNetComponent,
+)
+"""Every component class, in start order (their flags join the command line)."""
+
 
 def default_state_dir() -> str:
     """``$XDG_STATE_HOME/faultmesh/clusterd`` (``~/.local/state/...`` when unset)."""
@@ -43,18 +73,15 @@ def default_state_dir() -> str:
     return os.path.join(base, "faultmesh", "clusterd")
 
 
-def _load_component_classes() -> list[type]:
-    classes = []
-    for spec in COMPONENTS:
-        mod, _, cls = spec.partition(":")
-        try:
-            classes.append(getattr(importlib.import_module(mod), cls))
-        except (ImportError, AttributeError) as e:
-            event(log, logging.ERROR, "component not loaded", component=spec, error=repr(e))
-    return classes
+def component_classes() -> list[type]:
+    """:data:`COMPONENT_CLASSES` as a list (what :func:`build_parser` takes)."""
+    return list(COMPONENT_CLASSES)
 
 
-def build_parser(component_classes: list[type]) -> argparse.ArgumentParser:
+_load_component_classes = component_classes  # the name tests and the chart check use
+
+
+def build_parser(classes: list[type] | None = None) -> argparse.ArgumentParser:
     """The clusterd command line (core flags + every component's flags)."""
     p = argparse.ArgumentParser(prog="clusterd", description="faultmesh ClusterD: the cluster brain")
     p.add_argument("--grpc-addr", default="127.0.0.1:8899", help="gRPC listen address (host:port)")
@@ -66,83 +93,134 @@ def build_parser(component_classes: list[type]) -> argparse.ArgumentParser:
     p.add_argument("--tls-ca", help="PEM CA: clients must present a certificate it signed (mTLS)")
     p.add_argument("--token-file", help="bearer token that mutating RPCs and agents must send")
     p.add_argument("--drain-s", type=float, default=5.0, help="grace period for streams on shutdown (s)")
+    p.add_argument(
+        "--component-stop-s", type=float, default=10.0, help="shutdown: budget of all component stops (s)"
+    )
+    p.add_argument(
+        "--sink-drain-s", type=float, default=3.0, help="shutdown: fault subscribers catch up within (s)"
+    )
+    p.add_argument("--task-stop-s", type=float, default=3.0, help="shutdown: remaining tasks end within (s)")
+    p.add_argument(
+        "--shutdown-budget-s",
+        type=float,
+        default=25.0,
+        help="shutdown: all stages together (s); keep under the pod's termination grace (30 s)",
+    )
     p.add_argument("--unary-qps", type=float, default=1000.0, help="shared unary token bucket (req/s)")
     p.add_argument("--max-connections", type=int, default=1024, help="gRPC connections accepted at once")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-file", help="also log to this file (rotated at 20 MiB, 5 kept)")
-    for cls in component_classes:
+    for cls in COMPONENT_CLASSES if classes is None else classes:
         cls.add_arguments(p)
     return p
 
 
-class ClusterD:
-    """One ClusterD process: state, fault center, agent hub, components, HTTP and gRPC servers.
+class _Budget:
+    """What is left of the shutdown budget: ``take(stage_s)`` -> min(stage_s, left) seconds."""
 
-    Attributes used by components: ``args``, ``registry``, ``store``, ``center``, ``agents``,
-    ``http``, ``tasks``, ``rejected``; methods ``add_servicer`` and ``authorized``.
+    def __init__(self, total_s: float) -> None:
+        self._deadline = time.monotonic() + total_s
+
+    def take(self, stage_s: float) -> float:
+        return max(0.0, min(stage_s, self._deadline - time.monotonic()))
+
+
+class ClusterD:
+    """One ClusterD process (see the module docstring).
+
+    ``ctx`` is the cluster context; ``components`` the started components in order; ``brain``,
+    ``jobs``, ``pubfault`` the peers wired here. ``center``, ``store``, ``nodes``, ``agents``,
+    ``http``, ``registry``, ``rejected``, ``args`` are the context's parts (read-only shortcuts).
+    ``classes`` is accepted for the command-line's sake and must be :data:`COMPONENT_CLASSES`.
     """
 
-    def __init__(self, args: argparse.Namespace, component_classes: list[type] | None = None) -> None:
-        self.args = args
-        self.registry = CollectorRegistry()
-        ProcessCollector(registry=self.registry)
-        self.rejected = Counter(
+    def __init__(self, args: argparse.Namespace, classes: list[type] | None = None) -> None:
+        registry = CollectorRegistry()
+        ProcessCollector(registry=registry)
+        rejected = Counter(
             "faultmesh_rejected_requests_total",
             "Rejected requests by service and reason",
             ["service", "reason"],
-            registry=self.registry,
+            registry=registry,
         )
-        self.up = Gauge("faultmesh_clusterd_ready", "1 when ClusterD serves", registry=self.registry)
-        self.store = Store(args.state_dir, fsync_full=args.fsync_full)
-        self.center = FaultCenter(self.store, self.registry)
-        self.agents = AgentHub(self.center, self.registry, self.rejected)
-        self.agents.authorize = self.authorized
-        self.registry.register(
-            NodeHealthCollector(
-                self.center,
-                lambda: {n: i.get("node_status", "") for n, i in self.agents.known.items()},
-            )
-        )
-        self.tasks = runtime.TaskOwner("clusterd")
+        self.up = Gauge("faultmesh_clusterd_ready", "1 when ClusterD serves", registry=registry)
+        store = Store(args.state_dir, fsync_full=args.fsync_full)
+        center = FaultCenter(store, registry)
+        nodes = NodeRegistry(store, center)
+        registry.register(NodeHealthCollector(nodes, center))
         self._ready = False
-        self.http = HttpServer(
-            args.http_addr, self.registry, ready=lambda: (self._ready, "ready" if self._ready else "starting")
+        http = HttpServer(
+            args.http_addr, registry, ready=lambda: (self._ready, "ready" if self._ready else "starting")
         )
-        self._token = config.read_secret(args.token_file) if args.token_file else None
-        self._servicers: list[tuple] = [(agent_pb2_grpc.add_AgentStreamServicer_to_server, self.agents)]
+        auth = TokenAuth.from_file(args.token_file, rejected)
+        http.app.middlewares.append(auth.http_middleware())
+        self.ctx = ClusterContext(
+            config=args,
+            store=store,
+            center=center,
+            nodes=nodes,
+            agents=AgentHub(center, nodes, registry, rejected),
+            tasks=runtime.TaskOwner("clusterd"),
+            http=http,
+            metrics=Metrics(registry, rejected),
+            auth=auth,
+        )
+        NodeApi(center, nodes, self.ctx.agents).add_routes(http.app.router)
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
-        setup_routes(self)
-        classes = component_classes if component_classes is not None else _load_component_classes()
-        self.components = [cls(self) for cls in classes]
+        ctx = self.ctx
+        self.pubfault = PubFaultComponent(ctx)
+        self.brain = BrainComponent(ctx)
+        kube = KubeComponent(ctx, public_faults=self.pubfault.intake, jobs=self.brain.jobs)
+        slownode = SlowNodeComponent(
+            ctx,
+            jobs=self.brain.jobs,
+            set_data_trace=self.brain.set_data_trace,
+            data_trace_root=self.brain.datatrace.root,
+        )
+        self.components = [self.pubfault, kube, self.brain, slownode, SlowNetComponent(ctx)]
         self.grpc_port = 0
         self._server: grpc.aio.Server | None = None
 
-    def add_servicer(self, add_fn, servicer) -> None:
-        """Register a gRPC servicer (called from a component's ``__init__``)."""
-        self._servicers.append((add_fn, servicer))
+    # -- read-only shortcuts to the context -------------------------------------------------------
+    args = property(lambda self: self.ctx.config)
+    store = property(lambda self: self.ctx.store)
+    center = property(lambda self: self.ctx.center)
+    nodes = property(lambda self: self.ctx.nodes)
+    agents = property(lambda self: self.ctx.agents)
+    tasks = property(lambda self: self.ctx.tasks)
+    http = property(lambda self: self.ctx.http)
+    registry = property(lambda self: self.ctx.metrics.registry)
+    rejected = property(lambda self: self.ctx.metrics.rejected)
+    jobs = property(lambda self: self.brain.jobs)
 
-    def authorized(self, context) -> bool:
-        """True when no token is configured or the call carries ``authorization: Bearer <token>``."""
-        if not self._token:
-            return True
-        for k, v in context.invocation_metadata() or ():
-            if k == "authorization" and hmac.compare_digest(v, f"Bearer {self._token}"):
-                return True
-        return False
+    def _servicers(self) -> list[tuple]:
+        out: list[tuple] = [(agent_pb2_grpc.add_AgentStreamServicer_to_server, self.ctx.agents)]
+        for c in self.components:
+            out.extend(c.servicers() if hasattr(c, "servicers") else ())
+        return out
 
     async def start(self) -> None:
-        """Open state, restore faults, start components, HTTP, then gRPC. Raises ``OSError`` on bind."""
-        await self.store.open()
-        n = await self.center.load()
-        self.tasks.spawn(self.center.run(), name="fault-center-writer")
+        """Open state, restore faults and nodes, start components, HTTP, then gRPC.
+        Raises ``OSError`` on bind (or a component's start error)."""
+        ctx, args = self.ctx, self.ctx.config
+        await ctx.store.open()
+        n = await ctx.center.load()
+        await ctx.nodes.load()
+        ctx.tasks.spawn(ctx.center.run(), name="fault-center-writer")
+        ctx.tasks.spawn(ctx.nodes.run(), name="node-registry-writer")
+        ctx.center.start_sinks(ctx.tasks.spawn)
         for c in self.components:
             await c.start()
-        await self.http.start()
+        await ctx.http.start()
         server = grpc.aio.server(
-            options=server_options(self.args.max_connections),
-            interceptors=[RateLimitInterceptor(self.rejected, unary_rate=self.args.unary_qps)],
+            options=server_options(args.max_connections),
+            interceptors=[
+                RateLimitInterceptor(ctx.metrics.rejected, unary_rate=args.unary_qps),
+                ctx.auth.interceptor(),
+            ],
         )
-        for add_fn, servicer in self._servicers:
+        servicers = self._servicers()
+        for add_fn, servicer in servicers:
             add_fn(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = [
@@ -150,22 +228,22 @@ class ClusterD:
             reflection.SERVICE_NAME,
             agent_pb2.DESCRIPTOR.services_by_name["AgentStream"].full_name,
         ]
-        for _, servicer in self._servicers:
+        for _, servicer in servicers:
             for base in type(servicer).__mro__:
                 if base.__name__.endswith("Servicer") and base.__module__.startswith("faultmesh._pb"):
                     mod = importlib.import_module(base.__module__.replace("_grpc", ""))
                     names.extend(s.full_name for s in mod.DESCRIPTOR.services_by_name.values())
         reflection.enable_server_reflection(sorted(set(names)), server)
         try:
-            if self.args.tls_cert:
-                creds = server_credentials(self.args.tls_cert, self.args.tls_key, self.args.tls_ca)
-                self.grpc_port = server.add_secure_port(self.args.grpc_addr, creds)
+            if args.tls_cert:
+                creds = server_credentials(args.tls_cert, args.tls_key, args.tls_ca)
+                self.grpc_port = server.add_secure_port(args.grpc_addr, creds)
             else:
-                self.grpc_port = server.add_insecure_port(self.args.grpc_addr)
+                self.grpc_port = server.add_insecure_port(args.grpc_addr)
         except RuntimeError as e:  # grpcio raises this when the port is taken
-            raise OSError(f"cannot bind gRPC address {self.args.grpc_addr}: {e}") from None
+            raise OSError(f"cannot bind gRPC address {args.grpc_addr}: {e}") from None
         if not self.grpc_port:
-            raise OSError(f"cannot bind gRPC address {self.args.grpc_addr}")
+            raise OSError(f"cannot bind gRPC address {args.grpc_addr}")
         await server.start()
         self._server = server
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -175,42 +253,60 @@ class ClusterD:
             log,
             logging.INFO,
             "clusterd started",
-            grpc=self.args.grpc_addr,
+            grpc=args.grpc_addr,
             grpc_port=self.grpc_port,
-            http=f"{self.http.host}:{self.http.port}",
-            state=self.store.path,
+            http=f"{ctx.http.host}:{ctx.http.port}",
+            state=ctx.store.path,
             faults_restored=n,
-            tls=bool(self.args.tls_cert),
+            tls=bool(args.tls_cert),
             components=",".join(c.name for c in self.components),
         )
 
     async def stop(self) -> None:
-        """Drain and stop gRPC, stop components and HTTP, flush and close the state file."""
+        """Staged shutdown within ``--shutdown-budget-s`` (see the module docstring)."""
+        ctx, args = self.ctx, self.ctx.config
+        t0 = time.monotonic()
+        budget = _Budget(args.shutdown_budget_s)
         self._ready = False
         self.up.set(0)
+        # 1. stop accepting
         if self._server is not None:
             await self.health.enter_graceful_shutdown()
-            await self._server.stop(self.args.drain_s)
+            grace = budget.take(args.drain_s)
+            try:
+                await asyncio.wait_for(self._server.stop(grace), grace + 1.0)
+            except TimeoutError:
+                event(log, logging.WARNING, "grpc server stop timed out", grace_s=grace)
+        # 2. stop components (one shared budget, in reverse start order)
+        stop_by = time.monotonic() + budget.take(args.component_stop_s)
         for c in reversed(self.components):
             try:
-                await asyncio.wait_for(c.stop(), 5.0)
+                await asyncio.wait_for(c.stop(), max(0.1, stop_by - time.monotonic()))
             except Exception as e:
                 event(log, logging.ERROR, "component stop failed", component=c.name, error=repr(e))
-        await self.http.stop()
-        await self.tasks.close()
-        await self.store.close()
-        event(log, logging.INFO, "clusterd stopped")
+        # 3. drain the subscribers, final write
+        await ctx.center.drain_sinks(budget.take(args.sink_drain_s))
+        await ctx.center.stop_sinks()
+        if ctx.store.is_open:
+            try:
+                await asyncio.wait_for(ctx.nodes.flush(), max(0.1, budget.take(args.sink_drain_s)))
+            except Exception as e:
+                event(log, logging.ERROR, "node state write failed", error=repr(e))
+        # 4. close
+        await ctx.http.stop()
+        await ctx.tasks.close(max(0.1, budget.take(args.task_stop_s)))
+        await ctx.store.close()
+        event(log, logging.INFO, "clusterd stopped", took_s=round(time.monotonic() - t0, 2))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Console script ``clusterd``."""
-    classes = _load_component_classes()
-    args = config.parse(build_parser(classes), argv)
+    args = config.parse(build_parser(), argv)
     fmlog.setup(args.log_level, args.log_file)
     Path(args.state_dir).mkdir(parents=True, exist_ok=True)
 
     async def _main(stop: asyncio.Event) -> int:
-        cd = ClusterD(args, classes)
+        cd = ClusterD(args)
         try:
             await cd.start()
         except OSError as e:

@@ -4,8 +4,14 @@ Source: issue 2 "Fault center"; design.md "Fault model"; clusterd.md §2.4 (heal
 
 Writers (agent stream, PubFault, FD-OL, ...) submit operations; one writer task applies them in
 order, commits each batch to the :class:`~clusterd.store.Store` in one transaction (group commit),
-then resolves the callers and notifies subscribers. So an operation that returned is durable, the
-in-memory view equals the file, and concurrent writers never interleave half-applied changes.
+then resolves the callers and offers the batch to every subscriber. So an operation that returned
+is durable, the in-memory view equals the file, and concurrent writers never interleave
+half-applied changes.
+
+Subscribers (:meth:`FaultCenter.subscribe`) never run inside the writer: each has its own bounded
+queue and task (:class:`faultmesh.sink.SinkWorker`); the writer only offers the batch, which never
+waits. A subscriber that falls ``maxsize`` batches behind loses its queue and gets ``resync(faults)``
+with every active fault instead, so one slow consumer delays only itself, never durable ingest.
 
 Each fault has an *origin*: the agent (``noded``/``deviced`` on that node) or the component
 (``public``, ``fd-online``, ...) that owns it. An agent snapshot replaces everything its origin said
@@ -16,16 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from clusterd.store import Store
-from faultmesh.levels import HEALTHY, UNHEALTHY, level_health, level_severity, worst_health
+from faultmesh.levels import HEALTHY, level_health, level_severity, worst_health
 from faultmesh.log import event
 from faultmesh.model import Fault, FaultKey, now_ms
+from faultmesh.sink import SinkMetrics, SinkWorker
 
 log = logging.getLogger("clusterd.center")
 
@@ -41,7 +48,8 @@ class Change(NamedTuple):
     fault: Fault
 
 
-Subscriber = Callable[[list[Change]], Any]
+Publish = Callable[[Sequence[Change]], Awaitable[None] | None]
+Resync = Callable[[list[Fault]], Awaitable[None] | None]
 
 
 class _Op(NamedTuple):
@@ -63,7 +71,10 @@ class FaultCenter:
         self._by_node: dict[str, dict[FaultKey, Fault]] = {}  # node -> its faults
         self._level_counts: dict[str, int] = {}
         self._gauged_levels: set[str] = set()
-        self._subs: list[Subscriber] = []
+        self._sinks: list[SinkWorker[Change]] = []
+        self._sink_tasks: list[asyncio.Task] = []
+        self._spawn: Callable[..., asyncio.Task] | None = None
+        self._sink_metrics = SinkMetrics(registry)
         self._queue: asyncio.Queue[_Op] = asyncio.Queue()
         self._max_batch = max_batch
         self.active = Gauge("faultmesh_faults_active", "Active faults by level", ["level"], registry=registry)
@@ -88,9 +99,46 @@ class FaultCenter:
         self._update_gauges()
         return len(self._faults)
 
-    def subscribe(self, cb: Subscriber) -> None:
-        """Call ``cb(changes)`` after each committed batch that changed something (on the loop)."""
-        self._subs.append(cb)
+    def subscribe(
+        self, name: str, publish: Publish, maxsize: int = 1024, resync: Resync | None = None
+    ) -> SinkWorker[Change]:
+        """Deliver every committed batch that changed something to ``publish(changes)`` in its own
+        task, in commit order, through a queue of ``maxsize`` batches. On overflow the queue is
+        dropped and ``resync(faults)`` gets every active fault (without ``resync`` the lost batches
+        are only counted: ``faultmesh_sink_overflows_total{sink=name}``). Returns the worker; it
+        runs once :meth:`start_sinks` was called (at once when it was)."""
+        w: SinkWorker[Change] = SinkWorker(
+            name, publish, resync=resync, snapshot=self.faults, maxsize=maxsize, metrics=self._sink_metrics
+        )
+        self._sinks.append(w)
+        if self._spawn is not None:
+            self._sink_tasks.append(self._spawn(w.run(), name=f"sink-{name}"))
+        return w
+
+    def start_sinks(self, spawn: Callable[..., asyncio.Task]) -> None:
+        """Start every subscriber's task with ``spawn(coro, name=...)`` (ClusterD's TaskOwner)."""
+        self._spawn = spawn
+        for w in self._sinks:
+            self._sink_tasks.append(spawn(w.run(), name=f"sink-{w.name}"))
+
+    async def drain_sinks(self, budget_s: float) -> bool:
+        """Wait up to ``budget_s`` s in all until every subscriber caught up. True when all did."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget_s
+        ok = True
+        for w in self._sinks:
+            if not await w.drain(max(0.0, deadline - loop.time())):
+                event(log, logging.WARNING, "sink not drained", sink=w.name, pending=w.pending())
+                ok = False
+        return ok
+
+    async def stop_sinks(self) -> None:
+        """Cancel the subscribers' tasks (after :meth:`drain_sinks`)."""
+        for t in self._sink_tasks:
+            t.cancel()
+        if self._sink_tasks:
+            await asyncio.wait(self._sink_tasks, timeout=1.0)
+        self._sink_tasks.clear()
 
     # -- writes ----------------------------------------------------------------------------------
     async def _submit(self, upserts, removals=(), replace_scope=None, origin: str = "") -> list[Change]:
@@ -187,13 +235,8 @@ class FaultCenter:
             for c in all_changes:
                 self.changes.labels(c.kind).inc()
             self._update_gauges()
-            for cb in list(self._subs):
-                try:
-                    res = cb(all_changes)
-                    if asyncio.iscoroutine(res):
-                        await res
-                except Exception as e:  # a broken subscriber must not stop ingest
-                    event(log, logging.ERROR, "fault subscriber failed", subscriber=repr(cb), error=repr(e))
+            for w in self._sinks:
+                w.offer(all_changes)  # never waits: each subscriber runs in its own task
 
     def _put(self, f: Fault, origin: str) -> None:
         old = self._faults.get(f.key)
@@ -247,10 +290,12 @@ class FaultCenter:
     # -- reads -----------------------------------------------------------------------------------
     def faults(self, node: str | None = None) -> list[Fault]:
         """Active faults (optionally of one node), sorted by node, device, code, source."""
-        items = (
-            self._faults.values() if node is None else [f for f in self._faults.values() if f.node == node]
-        )
+        items = self._faults.values() if node is None else self._by_node.get(node, {}).values()
         return sorted(items, key=lambda f: (f.node, f.device_type, f.device_id, f.code, f.source))
+
+    def faults_of_node(self, node: str) -> list[Fault]:
+        """Active faults of ``node`` (unsorted; cost follows that node's faults)."""
+        return list(self._by_node.get(node, {}).values())
 
     def faults_of_origin(self, origin: str) -> list[Fault]:
         """Every active fault owned by ``origin`` (unsorted; cost follows that origin's faults)."""
@@ -278,45 +323,6 @@ class FaultCenter:
             return HEALTHY, ""
         worst = max(faults, key=lambda f: level_severity(f.level)).level
         return worst_health(level_health(f.level) for f in faults), worst
-
-
-class NodeHealthCollector:
-    """Prometheus collector of per-node health, computed at scrape time from the fault center.
-
-    ``faultmesh_node_unhealthy{node}`` = 1 for every UnHealthy node (faults, or the node status an
-    agent reported); ``faultmesh_slow_node{node}`` = 1 while a slow-node fault (110001010) is active.
-    Series of healthy nodes are absent, so the cardinality follows the broken nodes only.
-    """
-
-    SLOW_NODE_CODE = "110001010"
-
-    def __init__(self, center: FaultCenter, node_status: Callable[[], dict[str, str]]) -> None:
-        self._center = center
-        self._node_status = node_status
-
-    def collect(self):
-        from prometheus_client.core import GaugeMetricFamily
-
-        unhealthy = GaugeMetricFamily(
-            "faultmesh_node_unhealthy",
-            "1 while the node is UnHealthy (series absent otherwise)",
-            labels=["node"],
-        )
-        slow = GaugeMetricFamily(
-            "faultmesh_slow_node",
-            "1 while a slow-node fault (110001010) is active on the node",
-            labels=["node"],
-        )
-        bad = {n for n, s in self._node_status().items() if s == UNHEALTHY}
-        for node in self._center.node_names():
-            if self._center.node_health(node)[0] == UNHEALTHY:
-                bad.add(node)
-            if any(f.code == self.SLOW_NODE_CODE for f in self._center.faults(node)):
-                slow.add_metric([node], 1)
-        for node in sorted(bad):
-            unhealthy.add_metric([node], 1)
-        yield unhealthy
-        yield slow
 
 
 def fault_dict(f: Fault) -> dict[str, Any]:

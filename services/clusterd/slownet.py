@@ -15,7 +15,7 @@ when clusterd has ``--token-file``.
 
 Outputs to each noded of a super pod (on change and again on every reconnect): its pingmesh config,
 the topology and its ping list (:func:`fdol.slownet.pinglist.generate`). Rows arrive through
-``cd.agents.on_ping_results`` and are analysed once per period (``--slownet-period-s``, default
+``agents.on_ping_results`` and are analysed once per period (``--slownet-period-s``, default
 10 x task_interval): period ``k`` = ``[kP, (k+1)P)`` is analysed ``--slownet-grace-s`` after it ends
 (rows may wait up to noded's report interval). Analysis runs in a worker thread. Alarms become fault
 records of source ``slownet`` (origin ``slownet``) in the fault center and recover when the paths are
@@ -29,31 +29,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 
+from clusterd.slownet_http import AGENT, SlowNetHttp
+from clusterd.slownet_inputs import SlowNetInputs
 from faultmesh._pb import agent_pb2
-from faultmesh.config import read_secret
-from faultmesh.httpd import json_response
+from faultmesh.files import FileWatch, Stamp
 from faultmesh.log import event
 from faultmesh.model import Fault, FaultKey
 from fdol.slownet import config as pmconfig
 from fdol.slownet import pinglist as pl
 from fdol.slownet import topology as topo
 from fdol.slownet.analyzer import SOURCE, AnalyzerParams, SuperPodAnalyzer
-from fdol.slownet.csvfile import read_csv_rows
 from fdol.slownet.window import PingRow
+
+if TYPE_CHECKING:
+    from clusterd.context import ClusterContext
 
 log = logging.getLogger("clusterd.slownet")
 
 NS = "slownet"
-AGENT = "noded"
 ANALYSIS_TIMEOUT_S = 60.0
 TICK_S = 0.25
 
@@ -76,7 +75,7 @@ class _Pod:
         self.active = True
 
 
-class SlowNetComponent:
+class SlowNetComponent(SlowNetInputs, SlowNetHttp):
     """The clusterd slow-network component (module doc)."""
 
     name = "slownet"
@@ -123,21 +122,19 @@ class SlowNetComponent:
             help="also read ping_result_*.csv[-bak] under <root>/cluster/super-pod-<id>/",
         )
 
-    def __init__(self, cd) -> None:
-        self.cd = cd
-        self.args = cd.args
+    def __init__(self, ctx: ClusterContext) -> None:
+        self.ctx = ctx
+        self.args = ctx.config
         self.pods: dict[str, _Pod] = {}
         self.config: dict[str, pmconfig.Activation] = {}
         self.node_pod: dict[str, str] = {}
         self.current: dict[FaultKey, Fault] = {}
         self._restored: set[FaultKey] = set()
-        self._mtimes: dict[str, float] = {}
+        self._watches: dict[str, FileWatch] = {}  # input file -> its change detector
         self._workers: dict[str, asyncio.Future] = {}
-        self._csv_stamp: dict[str, tuple[float, int]] = {}  # CSV file -> (mtime, size) last read
+        self._csv_stamp: dict[str, Stamp] = {}  # CSV file -> (mtime_ns, size) last read
         self._csv_newest: dict[str, int] = {}  # ping_result_<idx> series -> newest row ts taken (ms)
-        token_file = getattr(self.args, "token_file", None)
-        self._token = read_secret(token_file) if token_file else None
-        reg = cd.registry
+        reg = ctx.metrics.registry
         self.m_rows = Counter(
             "faultmesh_slownet_rows_total", "pingmesh rows received by result", ["result"], registry=reg
         )
@@ -153,9 +150,9 @@ class SlowNetComponent:
         self.m_inputs = Counter(
             "faultmesh_slownet_inputs_rejected_total", "rejected inputs", ["kind"], registry=reg
         )
-        cd.agents.on_connect(self._on_connect)
-        cd.agents.on_ping_results(self._on_rows)
-        r = cd.http.app.router
+        ctx.agents.on_connect(self._on_connect)
+        ctx.agents.on_ping_results(self._on_rows)
+        r = ctx.http.app.router
         r.add_get("/v1/pingmesh", self._http_all)
         r.add_get("/v1/pingmesh/{spid}", self._http_one)
         r.add_post("/v1/pingmesh/topology", self._http_topology)
@@ -194,7 +191,7 @@ class SlowNetComponent:
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         """Restore stored inputs and faults, read input files, push lists, start the period loop."""
-        stored = await self.cd.store.kv_items(NS)
+        stored = await self.ctx.store.kv_items(NS)
         if "config" in stored:
             with contextlib.suppress(ValueError):
                 self.config = pmconfig.parse_config(stored["config"])
@@ -204,12 +201,12 @@ class SlowNetComponent:
                     self._install(topo.parse_super_pod(value))
                 except ValueError as e:
                     event(log, logging.WARNING, "stored topology dropped", key=key, error=str(e))
-        self.current = {f.key: f for f in self.cd.center.faults() if f.source == SOURCE}
+        self.current = {f.key: f for f in self.ctx.center.faults() if f.source == SOURCE}
         self._restored = set(self.current)
         await self._poll_files()
         for spid in list(self.pods):
             await self._push_pod(spid)
-        self.cd.tasks.spawn(self._loop(), name="slownet")
+        self.ctx.tasks.spawn(self._loop(), name="slownet")
         event(
             log, logging.INFO, "slownet started", super_pods=len(self.pods), restored_faults=len(self.current)
         )
@@ -243,7 +240,7 @@ class SlowNetComponent:
                     f"nodes {sorted(clash)[:3]} already belong to super pod {other.sp.super_pod_id}"
                 )
         self._install(sp)
-        await self.cd.store.kv_put(NS, f"topology:{sp.super_pod_id}", sp.to_json_obj())
+        await self.ctx.store.kv_put(NS, f"topology:{sp.super_pod_id}", sp.to_json_obj())
         event(log, logging.INFO, "slownet topology applied", origin=origin, super_pod=sp.super_pod_id,
               nodes=len(sp.nodes), npus=sp.npu_count, paths=len(self.pods[sp.super_pod_id].pairs))  # fmt: skip
         await self._push_pod(sp.super_pod_id)
@@ -251,7 +248,7 @@ class SlowNetComponent:
     async def set_config(self, cfg: dict[str, pmconfig.Activation], origin: str) -> None:
         """Use a (validated) pingmesh-config: store it, rebuild analyzers whose period changed, push."""
         self.config = cfg
-        await self.cd.store.kv_put(NS, "config", pmconfig.to_json_obj(cfg))
+        await self.ctx.store.kv_put(NS, "config", pmconfig.to_json_obj(cfg))
         for spid, pod in self.pods.items():
             params = self._params(spid)
             if params.period_ms != pod.analyzer.params.period_ms:
@@ -263,90 +260,6 @@ class SlowNetComponent:
         event(log, logging.INFO, "slownet config applied", origin=origin, keys=",".join(sorted(cfg)))
         for spid in self.pods:
             await self._push_pod(spid)
-
-    def _file_changed(self, path: Path) -> bool:
-        try:
-            m = path.stat().st_mtime
-        except OSError:
-            return False
-        if self._mtimes.get(str(path)) == m:
-            return False
-        self._mtimes[str(path)] = m
-        return True
-
-    def _scan_files(self) -> tuple[tuple[str, str | OSError] | None, list[tuple[str, str | OSError]]]:
-        """Blocking: read the input files that changed -> (config (path, text|error), [(path, text|error)])."""
-
-        def read(p: Path) -> str | OSError:
-            try:
-                return p.read_text(encoding="utf-8")
-            except OSError as e:
-                return e
-
-        a = self.args
-        cfg = None
-        if a.slownet_config and self._file_changed(Path(a.slownet_config)):
-            cfg = (a.slownet_config, read(Path(a.slownet_config)))
-        topos = []
-        if a.slownet_topology:
-            p = Path(a.slownet_topology)
-            if p.is_dir():
-                files = sorted(p.glob("super-pod-*.json")) + sorted(p.glob("super-pod-*/super-pod-*.json"))
-            else:
-                files = [p]
-            topos = [(str(f), read(f)) for f in files if self._file_changed(f)]
-        return cfg, topos
-
-    async def _poll_files(self) -> None:
-        cfg, topos = await self._in_thread("files", self._scan_files)
-        if cfg is not None:
-            path, text = cfg
-            try:
-                if isinstance(text, OSError):
-                    raise text
-                await self.set_config(pmconfig.parse_config(text), f"file:{path}")
-            except (OSError, ValueError) as e:
-                self.m_inputs.labels("config").inc()
-                event(log, logging.WARNING, "slownet input rejected", kind="config", file=path, error=str(e))
-        for path, text in topos:
-            try:
-                if isinstance(text, OSError):
-                    raise text
-                await self.set_topology(topo.parse_super_pod(text), f"file:{path}")
-            except (OSError, ValueError) as e:
-                self.m_inputs.labels("topology").inc()
-                event(
-                    log, logging.WARNING, "slownet input rejected", kind="topology", file=path, error=str(e)
-                )
-
-    def _scan_csv(self, spids: list[str]) -> dict[str, tuple[list[agent_pb2.PingResult], int]]:
-        """Blocking: new rows of the changed result CSVs per super pod -> {spid: (rows, bad lines)}.
-        Per ``ping_result_<idx>`` (its .csv and .csv-bak), rows not newer than the newest row already
-        taken are skipped, so a rollover or a re-read never counts a row twice."""
-        out: dict[str, tuple[list[agent_pb2.PingResult], int]] = {}
-        root = Path(self.args.slownet_csv_root) / "cluster"
-        for spid in spids:
-            d = root / f"super-pod-{spid}"
-            rows_all: list[agent_pb2.PingResult] = []
-            bad_all = 0
-            for f in sorted(d.glob("ping_result_*.csv-bak")) + sorted(d.glob("ping_result_*.csv")):
-                try:
-                    st = f.stat()
-                except OSError:
-                    continue
-                if self._csv_stamp.get(str(f)) == (st.st_mtime, st.st_size):
-                    continue
-                self._csv_stamp[str(f)] = (st.st_mtime, st.st_size)
-                series = str(d / f.name.split(".")[0])
-                newest = self._csv_newest.get(series, 0)
-                rows, bad = read_csv_rows(f)
-                fresh = [r for r in rows if r.timestamp_ms > newest]
-                if fresh:
-                    self._csv_newest[series] = max(r.timestamp_ms for r in fresh)
-                rows_all += fresh
-                bad_all += bad
-            out[spid] = (rows_all, bad_all)
-        return out
 
     async def _poll_csv(self) -> None:
         if not self.args.slownet_csv_root:
@@ -362,7 +275,7 @@ class SlowNetComponent:
     # -- agents -----------------------------------------------------------------------------------
     async def _push_node(self, spid: str, node: str) -> bool:
         pod = self.pods[spid]
-        send = self.cd.agents.send
+        send = self.ctx.agents.send
         ok = True
         if self.config:
             ok &= await send(node, AGENT, pingmesh_config=pmconfig.to_pb(self.config))
@@ -371,7 +284,7 @@ class SlowNetComponent:
         return ok
 
     async def _push_pod(self, spid: str) -> None:
-        connected = {n for n, a in self.cd.agents.connected() if a == AGENT}
+        connected = {n for n, a in self.ctx.agents.connected() if a == AGENT}
         sent = 0
         for node in sorted(self.pods[spid].sp.nodes):
             if node in connected and await self._push_node(spid, node):
@@ -480,7 +393,7 @@ class SlowNetComponent:
             removals.append(k)
         if not upserts and not removals:
             return
-        await self.cd.center.apply(upserts, removals, origin=SOURCE)
+        await self.ctx.center.apply(upserts, removals, origin=SOURCE)
         for f in upserts:
             if f.key not in self.current:
                 event(log, logging.WARNING, "slow network fault raised", node=f.node, device_type=f.device_type,
@@ -520,73 +433,6 @@ class SlowNetComponent:
             except Exception as e:  # one bad round must not end the component
                 event(log, logging.ERROR, "slownet round failed", error=repr(e))
             await asyncio.sleep(TICK_S)
-
-    # -- HTTP -------------------------------------------------------------------------------------
-    def pod_status(self, spid: str) -> dict[str, Any]:
-        """One super pod's status (latest summary, alarms, config, timing)."""
-        pod = self.pods[spid]
-        act = self.activation(spid)
-        connected = {n for n, a in self.cd.agents.connected() if a == AGENT}
-        return {
-            **pod.status,
-            "activate": bool(act and act.activate),
-            "taskInterval": act.task_interval if act else None,
-            "periodMs": pod.analyzer.params.period_ms,
-            "lastAnalyzedPeriod": pod.last_period,
-            "lastAnalysisMs": pod.last_analysis_ms,
-            "analysisSeconds": round(pod.analysis_s, 4),
-            "paths": len(pod.pairs),
-            "nodesConnected": sorted(set(pod.sp.nodes) & connected),
-        }
-
-    def _authorized(self, request: web.Request) -> bool:
-        if not self._token:
-            return True
-        return hmac.compare_digest(request.headers.get("Authorization", ""), f"Bearer {self._token}")
-
-    async def _http_all(self, request: web.Request) -> web.Response:
-        return json_response(
-            {
-                "config": pmconfig.to_json_obj(self.config),
-                "superPods": [self.pod_status(s) for s in sorted(self.pods)],
-            }
-        )
-
-    async def _http_one(self, request: web.Request) -> web.Response:
-        spid = request.match_info["spid"]
-        if spid not in self.pods:
-            return json_response({"error": f"super pod {spid} not known"}, status=404)
-        return json_response(self.pod_status(spid))
-
-    async def _http_topology(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            self.cd.rejected.labels("http", "unauthorized").inc()
-            return json_response({"error": "unauthorized"}, status=401)
-        try:
-            sp = topo.parse_super_pod(await request.read())
-            await self.set_topology(sp, "http")
-        except ValueError as e:
-            self.m_inputs.labels("topology").inc()
-            return json_response({"error": str(e)}, status=400)
-        return json_response(
-            {
-                "superPodId": sp.super_pod_id,
-                "nodes": len(sp.nodes),
-                "paths": len(self.pods[sp.super_pod_id].pairs),
-            }
-        )
-
-    async def _http_config(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            self.cd.rejected.labels("http", "unauthorized").inc()
-            return json_response({"error": "unauthorized"}, status=401)
-        try:
-            cfg = pmconfig.parse_config(await request.read())
-            await self.set_config(cfg, "http")
-        except ValueError as e:
-            self.m_inputs.labels("config").inc()
-            return json_response({"error": str(e)}, status=400)
-        return json_response({"config": pmconfig.to_json_obj(cfg)})
 
 
 def _row(r: agent_pb2.PingResult) -> PingRow:

@@ -4,21 +4,21 @@ Job control:
 
 - HTTP ``POST /v1/slownode/jobs`` — enable or update a job: body = FeatConf (§7, keys
   case-insensitive) plus ``ranks: {"<global rank>": "<node>", ...}`` (the job's placement; optional
-  when the job registry ``cd.jobs`` knows the job). ``SlowNode: 0`` stops it. 400 with the reason on
+  when the brain's job registry knows the job). ``SlowNode: 0`` stops it. 400 with the reason on
   a bad FeatConf; bearer token when ClusterD has one.
 - HTTP ``POST /v1/slownode/<job>/disable`` and ``DELETE /v1/slownode/<job>`` — stop a job.
 - A watched directory (``--slownode-watch-dir``): files ``ras-feature-slownode-<job>.json`` holding
   the reference ConfigMap payload (a FeatConf object, ``{"FeatConf": "<json text>"}`` or
   ``{"data": {"FeatConf": ...}}``, optional ``ranks``). New/changed -> enable/update (or stop when
   ``SlowNode`` is 0); removed -> stop. Bad files are counted and logged once per version.
-- Enabled jobs persist in the state file (``cd.store`` namespace ``slownode.jobs``) and resume on
+- Enabled jobs persist in the state file (store namespace ``slownode.jobs``) and resume on
   restart; noded instances hosting the job's ranks get a ``SlowNodeJob`` control message (again on
   every reconnect).
 
-Detection: node results arrive through ``cd.agents.on_slownode_report``; every
+Detection: node results arrive through ``agents.on_slownode_report``; every
 ``nSecondsDoOneDetection`` the job's :class:`~fdol.slownode.cluster.ClusterDetector` merges those that
 changed and :class:`~fdol.slownode.cluster.DegradationTracker` decides. Actions:
-communication profiling on/off through :func:`set_data_trace` (initial phase on; first slow round on;
+communication profiling on/off through :meth:`SlowNodeComponent.set_data_trace` (initial phase on; first slow round on;
 off after confirmation or when rounds are clean), after ``nConsecSlowRoundsToConfirm`` (5) slow rounds
 the log line ``[FD-OL SLOWNODE]job(name=.., namespace=.., jobId=..) in cluster got degradation, slow
 rank ids: [2]`` and fault 110001010 (SubHealthFault, source ``fd-online``, device_type ``Node``) on each
@@ -38,163 +38,45 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import time
-from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-from aiohttp import web
 from prometheus_client import Counter, Gauge
 
+from clusterd.brain.datatrace import switch_message, write_switch
+from clusterd.slownode_http import SlowNodeHttp
+from clusterd.slownode_jobs import (
+    EnableError,
+    JobState,
+    go_ints,
+    parse_placement,
+    prefix,
+)
 from faultmesh._pb import agent_pb2
-from faultmesh.httpd import json_response
+from faultmesh.files import DirWatch
 from faultmesh.log import event
 from faultmesh.model import NODE_DEVICE_ID, ONCE, Fault, FaultKey, now_ms
 from fdol.slownode.cluster import ClusterDetector, DegradationTracker
 from fdol.slownode.featconf import FeatConf, FeatConfError, parse_featconf
 from fdol.slownode.switch import ALL_OFF, HEAVY, LIGHT, SWITCH_FILE, switch_dir_name
 
+if TYPE_CHECKING:
+    from clusterd.brain.jobs import JobRegistry
+    from clusterd.context import ClusterContext
+
 log = logging.getLogger("clusterd.slownode")
+
 
 SOURCE = "fd-online"
 CODE_SLOW = "110001010"
 CODE_RECOVERED = "100001011"
 STORE_NS = "slownode.jobs"
-WATCH_PREFIX = "ras-feature-slownode-"
-MAX_ROUNDS_KEPT = 100
 
 
-def prefix(conf: FeatConf) -> str:
-    """The reference's log prefix ``[FD-OL SLOWNODE]job(name=<job>, namespace=<ns>, jobId=<id>)``."""
-    return f"[FD-OL SLOWNODE]job(name={conf.job_name}, namespace={conf.job_namespace}, jobId={conf.job_id})"
-
-
-def go_ints(xs: list[int]) -> str:
-    """A Go slice print of ints: ``[3 5]``."""
-    return "[" + " ".join(str(x) for x in xs) + "]"
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def data_trace_root(cd) -> str:
-    """The data-trace root: ``--data-trace-dir`` (the brain's flag) or ``<state dir>/datatrace-config``."""
-    return getattr(cd.args, "data_trace_dir", None) or os.path.join(cd.args.state_dir, "datatrace-config")
-
-
-async def set_data_trace(
-    cd, job_ns_name: str, switch_dict: dict[str, str], nodes: list[str] | None = None
-) -> None:
-    """Set a job's data-trace switch — the one hook FD-OL uses (reference fdol.md §1.1).
-
-    When the brain (issue 7) knows the job, its TrainingDataTrace service does it (file, state,
-    subscribers, ``data_trace`` control to the job's nodes). Otherwise this writes
-    ``<root>/<ns>.data-trace-<job>/profilingSwitch`` itself and sends a ``data_trace`` control
-    message to ``nodes``. Raises ``OSError`` when the file cannot be written.
-    """
-    ns, _, name = job_ns_name.partition("/")
-    brain = getattr(cd, "brain", None)
-    jobs = getattr(cd, "jobs", None)
-    if brain is not None and jobs is not None and jobs.by_ns_name(ns, name) is not None:
-        await brain.set_data_trace(job_ns_name, switch_dict)
-        return
-    path = Path(data_trace_root(cd)) / switch_dir_name(ns, name) / SWITCH_FILE
-    await asyncio.to_thread(_write_atomic, path, orjson.dumps(switch_dict))
-    msg = agent_pb2.DataTraceSwitch(
-        job_ns_name=job_ns_name,
-        communication_operator=switch_dict["CommunicationOperator"],
-        step=switch_dict["Step"],
-        save_checkpoint=switch_dict["SaveCheckpoint"],
-        fp=switch_dict["FP"],
-        data_loader=switch_dict["DataLoader"],
-    )
-    for node in nodes or []:
-        await cd.agents.send(node, "noded", data_trace=msg)
-
-
-class EnableError(ValueError):
-    """An enable request that cannot be honoured (bad FeatConf, no placement)."""
-
-
-def parse_placement(obj: Any) -> dict[int, str]:
-    """``{"0": "node-a", ...}`` -> {0: "node-a"}. Raises :class:`EnableError`."""
-    if not isinstance(obj, dict) or not obj:
-        raise EnableError('ranks must be a non-empty object {"<rank>": "<node>"}')
-    out = {}
-    for k, v in obj.items():
-        try:
-            r = int(k)
-        except (TypeError, ValueError):
-            raise EnableError(f"rank {k!r} is not an integer") from None
-        if r < 0 or not isinstance(v, str) or not v:
-            raise EnableError(f"rank {k!r}: node must be a non-empty string and rank >= 0")
-        out[r] = v
-    return out
-
-
-def unwrap_configmap(obj: Any) -> tuple[Any, Any]:
-    """The FeatConf object and optional placement from a file/body: a FeatConf, ``{"FeatConf": text}``
-    or ``{"data": {"FeatConf": text}}``. Raises :class:`EnableError`."""
-    if not isinstance(obj, dict):
-        raise EnableError("expected a JSON object")
-    ranks = obj.get("ranks")
-    inner = obj.get("data") if isinstance(obj.get("data"), dict) else obj
-    fc = None
-    for k, v in inner.items():
-        if isinstance(k, str) and k.lower() == "featconf":
-            fc = v
-    if fc is None:
-        return {k: v for k, v in obj.items() if k != "ranks"}, ranks
-    if isinstance(fc, str):
-        try:
-            fc = orjson.loads(fc)
-        except orjson.JSONDecodeError as e:
-            raise EnableError(f"FeatConf is not JSON: {e}") from None
-    return fc, ranks if ranks is not None else (fc.get("ranks") if isinstance(fc, dict) else None)
-
-
-@dataclass
-class JobState:
-    """One enabled job in clusterd."""
-
-    conf: FeatConf
-    placement: dict[int, str]
-    source: str
-    detector: ClusterDetector
-    tracker: DegradationTracker
-    task: asyncio.Task | None = None
-    rounds: deque = field(default_factory=lambda: deque(maxlen=MAX_ROUNDS_KEPT))
-    latest: dict | None = None
-    faulted_nodes: set[str] = field(default_factory=set)
-    enabled_ms: int = 0
-
-    @property
-    def ns_name(self) -> str:
-        return f"{self.conf.job_namespace}/{self.conf.job_name}"
-
-    def nodes(self) -> list[str]:
-        return sorted(set(self.placement.values()))
-
-    def ranks_on(self, node: str) -> list[int]:
-        return sorted(r for r, n in self.placement.items() if n == node)
-
-
-class _Meta:
-    def __init__(self, header: str | None) -> None:
-        self._h = header
-
-    def invocation_metadata(self):
-        return [("authorization", self._h)] if self._h else []
-
-
-class SlowNodeComponent:
+class SlowNodeComponent(SlowNodeHttp):
     """See the module docstring."""
 
     name = "slownode"
@@ -216,13 +98,26 @@ class SlowNodeComponent:
         )
         g.add_argument("--slownode-cluster-name", default="clusterd", help="nodeRank of cluster results")
 
-    def __init__(self, cd) -> None:
-        self.cd = cd
+    def __init__(
+        self,
+        ctx: ClusterContext,
+        jobs: JobRegistry | None = None,
+        set_data_trace: Callable[[str, dict[str, str]], Awaitable[None]] | None = None,
+        data_trace_root: str | None = None,
+    ) -> None:
+        """``jobs``: the brain's job registry (placement, and whether the brain owns a job's data
+        trace); ``set_data_trace``: the brain's hook for the jobs it knows; ``data_trace_root``: the
+        folder of the switch files this component writes itself (default
+        ``<state dir>/datatrace-config``)."""
+        self.ctx = ctx
+        self.registry = jobs
+        self._brain_data_trace = set_data_trace
+        self.data_trace_root = data_trace_root or str(Path(ctx.config.state_dir) / "datatrace-config")
         self.jobs: dict[str, JobState] = {}
-        self._watch_seen: dict[str, tuple[int, int]] = {}
+        self._watch: DirWatch | None = None
         self._watch_jobs: dict[str, str] = {}  # file name -> job id
         self._lock = asyncio.Lock()
-        reg = cd.registry
+        reg = ctx.metrics.registry
         self.m_reports = Counter(
             "faultmesh_slownode_reports_total", "Node slow-node results received", ["result"], registry=reg
         )
@@ -234,18 +129,18 @@ class SlowNodeComponent:
         self.m_files = Counter(
             "faultmesh_slownode_watch_files_total", "Watched FeatConf files", ["result"], registry=reg
         )
-        r = cd.http.app.router
+        r = ctx.http.app.router
         r.add_get("/v1/slownode", self._http_list)
         r.add_post("/v1/slownode/jobs", self._http_enable)
         r.add_get("/v1/slownode/{job}", self._http_get)
         r.add_post("/v1/slownode/{job}/disable", self._http_disable)
         r.add_delete("/v1/slownode/{job}", self._http_disable)
-        cd.agents.on_slownode_report(self._on_report)
-        cd.agents.on_connect(self._on_connect)
+        ctx.agents.on_slownode_report(self._on_report)
+        ctx.agents.on_connect(self._on_connect)
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
-        saved = await self.cd.store.kv_items(STORE_NS)
+        saved = await self.ctx.store.kv_items(STORE_NS)
         for job_id, d in sorted(saved.items()):
             try:
                 conf = parse_featconf(d["featconf"])
@@ -254,8 +149,8 @@ class SlowNodeComponent:
                 )
             except (FeatConfError, EnableError, KeyError, TypeError) as e:
                 event(log, logging.ERROR, "slownode job not resumed", job=job_id, error=str(e))
-        if self.cd.args.slownode_watch_dir:
-            self.cd.tasks.spawn(self._watch_loop(), name="slownode-watch")
+        if self.ctx.config.slownode_watch_dir:
+            self.ctx.tasks.spawn(self._watch_loop(), name="slownode-watch")
 
     async def stop(self) -> None:
         for js in self.jobs.values():
@@ -268,12 +163,34 @@ class SlowNodeComponent:
                 except (asyncio.CancelledError, TimeoutError, Exception):  # noqa: BLE001 — shutting down
                     pass
 
+    # -- data trace -------------------------------------------------------------------------------
+    async def set_data_trace(
+        self, job_ns_name: str, switch_dict: dict[str, str], nodes: list[str] | None = None
+    ) -> None:
+        """Set a job's data-trace switch — the one hook FD-OL uses (reference fdol.md §1.1).
+
+        When the brain (issue 7) knows the job, its TrainingDataTrace service does it (file, state,
+        subscribers, ``data_trace`` control to the job's nodes). Otherwise this writes
+        ``<root>/<ns>.data-trace-<job>/profilingSwitch`` itself and sends a ``data_trace`` control
+        message to ``nodes``. Raises ``OSError`` when the file cannot be written.
+        """
+        ns, _, name = job_ns_name.partition("/")
+        reg = self.registry
+        if self._brain_data_trace is not None and reg is not None and reg.by_ns_name(ns, name) is not None:
+            await self._brain_data_trace(job_ns_name, switch_dict)
+            return
+        path = Path(self.data_trace_root) / switch_dir_name(ns, name) / SWITCH_FILE
+        await asyncio.to_thread(write_switch, path, orjson.dumps(switch_dict))
+        msg = switch_message(job_ns_name, switch_dict)
+        for node in nodes or []:
+            await self.ctx.agents.send(node, "noded", data_trace=msg)
+
     # -- job control ------------------------------------------------------------------------------
     def resolve_placement(self, conf: FeatConf, ranks: Any) -> dict[int, str]:
-        """Placement from the request, else from the job registry (``cd.jobs``). Raises :class:`EnableError`."""
+        """Placement from the request, else from the brain's job registry. Raises :class:`EnableError`."""
         if ranks is not None:
             return parse_placement(ranks)
-        jobs = getattr(self.cd, "jobs", None)
+        jobs = self.registry
         if jobs is not None:
             job = jobs.get(conf.job_id) or jobs.by_ns_name(conf.job_namespace, conf.job_name)
             if job is not None and job.ranks:
@@ -303,7 +220,7 @@ class SlowNodeComponent:
                 conf,
                 placement,
                 source,
-                ClusterDetector(conf.job_id, self.cd.args.slownode_cluster_name),
+                ClusterDetector(conf.job_id, self.ctx.config.slownode_cluster_name),
                 DegradationTracker(conf),
                 enabled_ms=now_ms(),
             )
@@ -312,7 +229,7 @@ class SlowNodeComponent:
             self.jobs[conf.job_id] = js
             self.m_jobs.set(len(self.jobs))
             if persist:
-                await self.cd.store.kv_put(
+                await self.ctx.store.kv_put(
                     STORE_NS,
                     conf.job_id,
                     {
@@ -322,12 +239,12 @@ class SlowNodeComponent:
                     },
                 )
             try:
-                await set_data_trace(self.cd, js.ns_name, HEAVY if js.tracker.heavy else LIGHT, js.nodes())
+                await self.set_data_trace(js.ns_name, HEAVY if js.tracker.heavy else LIGHT, js.nodes())
             except OSError as e:
                 event(log, logging.ERROR, "data-trace switch write failed", job=conf.job_id, error=str(e))
             for node in js.nodes():
                 await self._send_job(js, node, True)
-            js.task = self.cd.tasks.spawn(self._round_loop(js), name=f"slownode-{conf.job_id}")
+            js.task = self.ctx.tasks.spawn(self._round_loop(js), name=f"slownode-{conf.job_id}")
             event(
                 log,
                 logging.INFO,
@@ -352,7 +269,7 @@ class SlowNodeComponent:
         """After a restart: a 110001010 fault of this job still in the fault center means the job was
         confirmed slow; resume in that state so recovery removes the fault."""
         ranks: set[int] = set()
-        for f in self.cd.center.faults():
+        for f in self.ctx.center.faults():
             if f.source == SOURCE and f.code == CODE_SLOW and f.attributes.get("jobId") == js.conf.job_id:
                 js.faulted_nodes.add(f.node)
                 ranks.update(
@@ -376,7 +293,7 @@ class SlowNodeComponent:
     async def _stop_job(self, job_id: str, reason: str, keep_store: bool = False) -> None:
         js = self.jobs.pop(job_id, None)
         if not keep_store:
-            await self.cd.store.kv_delete(STORE_NS, job_id)
+            await self.ctx.store.kv_delete(STORE_NS, job_id)
         self.m_jobs.set(len(self.jobs))
         if js is None:
             return
@@ -386,7 +303,7 @@ class SlowNodeComponent:
             await self._send_job(js, node, False)
         if not keep_store:
             try:
-                await set_data_trace(self.cd, js.ns_name, ALL_OFF, js.nodes())
+                await self.set_data_trace(js.ns_name, ALL_OFF, js.nodes())
             except OSError as e:
                 event(log, logging.ERROR, "data-trace switch write failed", job=job_id, error=str(e))
         await self._clear_faults(js)
@@ -403,7 +320,7 @@ class SlowNodeComponent:
             featconf_json=orjson.dumps(c.to_json()),
             ranks=js.ranks_on(node),
         )
-        return await self.cd.agents.send(node, "noded", slownode_job=msg)
+        return await self.ctx.agents.send(node, "noded", slownode_job=msg)
 
     async def _on_connect(self, node: str, agent: str) -> None:
         if agent != "noded":
@@ -434,7 +351,7 @@ class SlowNodeComponent:
                 raise TypeError("result is not an object")
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             self.m_reports.labels("bad").inc()
-            self.cd.rejected.labels("slownode", "bad_report").inc()
+            self.ctx.metrics.reject("slownode", "bad_report")
             event(
                 log, logging.WARNING, "slownode report rejected", node=node, job=report.job_id, error=repr(e)
             )
@@ -510,7 +427,7 @@ class SlowNodeComponent:
 
     async def _switch(self, js: JobState, sw: dict[str, str]) -> None:
         try:
-            await set_data_trace(self.cd, js.ns_name, sw, js.nodes())
+            await self.set_data_trace(js.ns_name, sw, js.nodes())
         except Exception as e:  # noqa: BLE001 — the brain may refuse; detection goes on
             event(log, logging.ERROR, "data-trace switch failed", job=js.conf.job_id, error=repr(e))
 
@@ -525,7 +442,7 @@ class SlowNodeComponent:
                     log, logging.WARNING, "slow rank without placement", job=js.conf.job_id, ranks=go_ints(rs)
                 )
                 continue
-            await self.cd.center.remove(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_RECOVERED, SOURCE))
+            await self.ctx.center.remove(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_RECOVERED, SOURCE))
             f = Fault(
                 SOURCE,
                 node,
@@ -545,7 +462,7 @@ class SlowNodeComponent:
                     "description": "slow node detected by FD-OL",
                 },
             )
-            await self.cd.center.upsert(f, origin=SOURCE)
+            await self.ctx.center.upsert(f, origin=SOURCE)
             js.faulted_nodes.add(node)
         event(
             log, logging.INFO, f"{prefix(js.conf)} report slow node detection: {go_ints(ranks)} successfully"
@@ -554,7 +471,7 @@ class SlowNodeComponent:
     async def _recover(self, js: JobState, ranks: list[int]) -> None:
         now = now_ms()
         for node in sorted(js.faulted_nodes):
-            await self.cd.center.remove(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_SLOW, SOURCE))
+            await self.ctx.center.remove(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_SLOW, SOURCE))
             f = Fault(
                 SOURCE,
                 node,
@@ -573,8 +490,8 @@ class SlowNodeComponent:
                     "description": "slow node recovered",
                 },
             )
-            await self.cd.center.upsert(f, origin=SOURCE)
-            self.cd.tasks.spawn(
+            await self.ctx.center.upsert(f, origin=SOURCE)
+            self.ctx.tasks.spawn(
                 self._expire(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_RECOVERED, SOURCE), now),
                 name="slownode-once-expire",
             )
@@ -582,133 +499,12 @@ class SlowNodeComponent:
         event(log, logging.INFO, f"{prefix(js.conf)} slow node recovered, slow rank ids: {go_ints(ranks)}")
 
     async def _expire(self, key: FaultKey, added_ms: int) -> None:
-        await asyncio.sleep(self.cd.args.slownode_once_ttl)
-        f = self.cd.center.get(key)
+        await asyncio.sleep(self.ctx.config.slownode_once_ttl)
+        f = self.ctx.center.get(key)
         if f is not None and f.last_seen_ms == added_ms:
-            await self.cd.center.remove(key)
+            await self.ctx.center.remove(key)
 
     async def _clear_faults(self, js: JobState) -> None:
         for node in sorted(js.faulted_nodes):
-            await self.cd.center.remove(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_SLOW, SOURCE))
+            await self.ctx.center.remove(FaultKey(node, "Node", NODE_DEVICE_ID, CODE_SLOW, SOURCE))
         js.faulted_nodes.clear()
-
-    # -- watched directory ------------------------------------------------------------------------
-    async def _watch_loop(self) -> None:
-        root = Path(self.cd.args.slownode_watch_dir)
-        while True:
-            try:
-                await self.scan_watch_dir(root)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # keep watching
-                event(log, logging.ERROR, "slownode watch failed", dir=str(root), error=repr(e))
-            await asyncio.sleep(self.cd.args.slownode_watch_interval)
-
-    async def scan_watch_dir(self, root: Path) -> None:
-        """One pass over the watched directory (see module doc)."""
-        entries = await asyncio.to_thread(_list_watch, root)
-        for name, stamp in entries.items():
-            if self._watch_seen.get(name) == stamp:
-                continue
-            self._watch_seen[name] = stamp
-            try:
-                data = await asyncio.to_thread((root / name).read_bytes)
-                obj = orjson.loads(data)
-                fc, ranks = unwrap_configmap(obj)
-                job_hint = name[len(WATCH_PREFIX) : -len(".json")]
-                conf = parse_featconf(fc, job_name=job_hint)
-                if conf.slow_node == 0:
-                    await self.enable(conf, {}, "file")
-                    self._watch_jobs[name] = conf.job_id
-                    self.m_files.labels("stopped").inc()
-                    continue
-                placement = self.resolve_placement(conf, ranks)
-                await self.enable(conf, placement, "file")
-                self._watch_jobs[name] = conf.job_id
-                self.m_files.labels("applied").inc()
-            except (OSError, orjson.JSONDecodeError, FeatConfError, EnableError) as e:
-                self.m_files.labels("rejected").inc()
-                self.cd.rejected.labels("slownode", "bad_featconf_file").inc()
-                event(log, logging.WARNING, "slownode featconf file rejected", file=name, error=str(e))
-        for name in [n for n in self._watch_seen if n not in entries]:
-            del self._watch_seen[name]
-            job_id = self._watch_jobs.pop(name, None)
-            if job_id is not None and job_id in self.jobs and self.jobs[job_id].source == "file":
-                await self.disable(job_id)
-
-    # -- HTTP -------------------------------------------------------------------------------------
-    def _authorized(self, request: web.Request) -> bool:
-        return self.cd.authorized(_Meta(request.headers.get("Authorization")))
-
-    async def _http_enable(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            return json_response({"error": "bearer token required"}, 401)
-        try:
-            obj = orjson.loads(await request.read())
-            fc, ranks = unwrap_configmap(obj)
-            conf = parse_featconf(fc)
-            placement = {} if conf.slow_node == 0 else self.resolve_placement(conf, ranks)
-            js = await self.enable(conf, placement, "http")
-        except (orjson.JSONDecodeError, FeatConfError, EnableError) as e:
-            self.cd.rejected.labels("slownode", "bad_enable").inc()
-            return json_response({"error": str(e)}, 400)
-        if conf.slow_node == 0:
-            return json_response({"jobId": conf.job_id, "enabled": False})
-        return json_response(self.status(js))
-
-    async def _http_disable(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            return json_response({"error": "bearer token required"}, 401)
-        job = request.match_info["job"]
-        if not await self.disable(job):
-            return json_response({"error": f"job {job!r} has no slow-node detection enabled"}, 404)
-        return json_response({"jobId": job, "enabled": False})
-
-    async def _http_list(self, request: web.Request) -> web.Response:
-        return json_response([self.status(js, brief=True) for _, js in sorted(self.jobs.items())])
-
-    async def _http_get(self, request: web.Request) -> web.Response:
-        js = self._find(request.match_info["job"])
-        if js is None:
-            return json_response({"error": "job not found"}, 404)
-        return json_response(self.status(js))
-
-    def status(self, js: JobState, brief: bool = False) -> dict[str, Any]:
-        """The job's status document (``GET /v1/slownode/<job>``)."""
-        t = js.tracker
-        d: dict[str, Any] = {
-            "jobId": js.conf.job_id,
-            "jobName": js.conf.job_name,
-            "namespace": js.conf.job_namespace,
-            "enabled": True,
-            "source": js.source,
-            "nodes": js.nodes(),
-            "heavyProfiling": t.heavy,
-            "heavyReason": t.heavy_reason,
-            "degraded": t.degraded,
-            "slowRanks": t.reported_ranks,
-            "consecutiveSlowRounds": t.slow_rounds,
-            "rounds": js.detector.rounds,
-            "enabledMs": js.enabled_ms,
-        }
-        if brief:
-            return d
-        d["featConf"] = js.conf.to_json()
-        d["ranks"] = {str(r): n for r, n in sorted(js.placement.items())}
-        d["cluster"] = js.latest
-        d["nodeResults"] = js.detector.reports
-        d["history"] = list(js.rounds)
-        return d
-
-
-def _list_watch(root: Path) -> dict[str, tuple[int, int]]:
-    out = {}
-    try:
-        with os.scandir(root) as it:
-            for e in it:
-                if e.name.startswith(WATCH_PREFIX) and e.name.endswith(".json") and e.is_file():
-                    st = e.stat()
-                    out[e.name] = (st.st_mtime_ns, st.st_size)
-    except OSError:
-        return {}
-    return out

@@ -1,7 +1,10 @@
 """ClusterD's durable state: SQLite in WAL mode under ``--state-dir`` (issue 2 "Durable state").
 
-Two tables: ``faults`` (the fault center, one row per FaultKey) and ``kv`` (namespaced JSON values
-for components: jobs, data-trace switches, slow-node jobs, ...). Every write commits before the
+Three tables: ``faults`` (the fault center, one row per FaultKey), ``nodes`` (the node registry: what
+the agents last said about each node, one JSON row per node, :mod:`clusterd.nodes`) and ``kv``
+(namespaced JSON values for components: jobs, data-trace switches, slow-node jobs, ...). Every table
+is created with ``CREATE TABLE IF NOT EXISTS``, so a state file of an older version gains the new
+tables on open and keeps its rows. Every write commits before the
 caller acknowledges its sender, so an acked fault survives ``kill -9`` (WAL, synchronous=NORMAL:
 durable against process death; ``--fsync full`` also against power loss).
 
@@ -31,6 +34,9 @@ CREATE TABLE IF NOT EXISTS faults (
   origin TEXT NOT NULL,
   PRIMARY KEY (node, device_type, device_id, code, source)
 );
+CREATE TABLE IF NOT EXISTS nodes (
+  node TEXT NOT NULL PRIMARY KEY, state TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS kv (
   ns TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
   PRIMARY KEY (ns, key)
@@ -58,6 +64,11 @@ class Store:
         db.execute("PRAGMA busy_timeout=5000")
         db.executescript(SCHEMA)
         self._db = db
+
+    @property
+    def is_open(self) -> bool:
+        """True between :meth:`open` and :meth:`close`."""
+        return self._db is not None
 
     async def open(self) -> None:
         """Create the folder and schema if needed. Raises ``sqlite3.Error`` / ``OSError``."""
@@ -144,6 +155,35 @@ class Store:
     async def load_faults(self) -> list[tuple[Fault, str]]:
         """Every stored fault with its origin (the agent or component that owns it)."""
         return await self._run(self._load_faults)
+
+    # -- nodes -----------------------------------------------------------------------------------
+    async def write_nodes(self, states: dict[str, dict[str, Any]]) -> None:
+        """Store each node's JSON-able state (node -> dict) in one transaction, committed on return."""
+        rows = [(n, orjson.dumps(st, option=orjson.OPT_NON_STR_KEYS).decode()) for n, st in states.items()]
+        if not rows:
+            return
+
+        def _write() -> None:
+            db = self._db
+            assert db is not None
+            db.execute("BEGIN")
+            try:
+                db.executemany("INSERT OR REPLACE INTO nodes VALUES (?,?)", rows)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+        await self._run(_write)
+
+    async def load_nodes(self) -> dict[str, dict[str, Any]]:
+        """Every stored node state (node -> dict)."""
+
+        def _load():
+            assert self._db is not None
+            return self._db.execute("SELECT node, state FROM nodes").fetchall()
+
+        return {n: orjson.loads(st) for n, st in await self._run(_load)}
 
     # -- kv ---------------------------------------------------------------------------------------
     async def kv_put(self, ns: str, key: str, value: Any) -> None:

@@ -142,6 +142,10 @@ class DirWatch:
                 out[str(e.relative_to(self.folder))] = st
         return out
 
+    def names(self) -> set[str]:
+        """The names present at the last :meth:`changes` (so ``changes() - names()`` = vanished)."""
+        return set(self._stamps)
+
     def changes(self) -> set[str]:
         """Names that appeared, changed or vanished since the last call."""
         now = self.scan()

@@ -52,7 +52,7 @@ async def read(call, timeout_s=5.0):
 
 async def test_job_stream_fault_dedup_and_normal(cd, stub):
     await apply(cd)
-    cd.agents.known["node-b"] = {"node_ip": "10.0.0.2", "node_sn": "SN-B", "conditions": {}, "devices": {}}
+    cd.nodes.hello("node-b", "10.0.0.2", "SN-B", "")
     await stub.Register(ci())
     call = stub.SubscribeFaultMsgSignal(ci())
     await asyncio.sleep(0.1)
@@ -139,8 +139,8 @@ async def test_get_codes(cd, stub, monkeypatch):
         assert "409" in e.value.details()
     r = await stub.GetFaultMsgSignal(ci(job="unknown-job-id"))
     assert r.code == 200 and not r.HasField("faultSignal")
-    cd.agents.known["node-a"] = {"node_ip": "10.0.0.9", "conditions": {}, "devices": {}}
-    cd.agents.known["node-b"] = {"node_ip": "10.0.0.1", "conditions": {}, "devices": {}}
+    cd.nodes.hello("node-a", "10.0.0.9", "", "")
+    cd.nodes.hello("node-b", "10.0.0.1", "", "")
     await cd.center.apply([npu_fault(node="node-a"), npu_fault(node="node-b")], [], "test")
     r = await stub.GetFaultMsgSignal(ci(job=""))
     assert r.faultSignal.jobId == "-1" and [n.nodeName for n in r.faultSignal.nodeFaultInfo] == [

@@ -5,35 +5,12 @@ from __future__ import annotations
 import datetime
 import subprocess
 import sys
-import time
 
 import grpc
 import pytest
-from support import make_clusterd
+from support import make_clusterd, public_request
 
-from faultmesh._pb import pubfault_pb2, pubfault_pb2_grpc
-
-
-def public_request(
-    fault_id: str, node: str = "node-1", code: str = "010001001"
-) -> pubfault_pb2.PublicFaultRequest:
-    now = int(time.time() * 1000)
-    return pubfault_pb2.PublicFaultRequest(
-        id=f"req-{fault_id}",
-        timestamp=now,
-        version="1.0",
-        resource="CCAE",
-        faults=[
-            pubfault_pb2.Fault(
-                faultId=fault_id,
-                faultType="NPU",
-                faultCode=code,
-                faultTime=now,
-                assertion="occur",
-                influence=[pubfault_pb2.PubFaultInfo(nodeName=node, deviceIds=[0])],
-            )
-        ],
-    )
+from faultmesh._pb import pubfault_pb2_grpc
 
 
 def test_acked_fault_survives_kill_9_with_its_first_seen_time(clusterd_process, tmp_path):

@@ -155,7 +155,7 @@ async def test_once_and_recover_remove_after_five_seconds(cd, stub):
 
 
 async def test_node_sn_resolves_through_agents(cd, stub):
-    cd.agents.known["node-7"] = {"node_sn": "SN-0007", "conditions": {}, "devices": {}}
+    cd.nodes.hello("node-7", "", "SN-0007", "")
     inf = [pubfault_pb2.PubFaultInfo(nodeSN="SN-0007", deviceIds=[3])]
     assert await send(stub, request([fault(influence=inf)])) == OK
     assert [(f.node, f.device_id) for f in cd.center.faults()] == [("node-7", 3)]

@@ -142,7 +142,7 @@ async def test_publishes_cluster_info_and_writes_only_on_change(k8s, kcd):
     )
     update_time = entry["UpdateTime"]
     for _ in range(5):
-        comp._dirty.set()
+        comp.publisher._dirty.set()
         await asyncio.sleep(0.1)
     assert (
         kcd.registry.get_sample_value("faultmesh_kube_writes_total", {"kind": "configmap", "result": "ok"})
@@ -590,7 +590,10 @@ async def test_restart_does_not_rewrite_unchanged_cluster_info(k8s, tmp_path):
     cd2 = await make_clusterd(tmp_path, *args)  # same state dir: the faults come back from SQLite
     try:
         comp = kube(cd2)
-        await until(lambda: comp._written and not comp._dirty.is_set(), what="second clusterd settled")
+        await until(
+            lambda: comp.publisher._written and not comp.publisher._dirty.is_set(),
+            what="second clusterd settled",
+        )
         await asyncio.sleep(0.5)
         ok = cd2.registry.get_sample_value(
             "faultmesh_kube_writes_total", {"kind": "configmap", "result": "ok"}

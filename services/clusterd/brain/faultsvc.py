@@ -91,12 +91,12 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
                 return False
             return f.device_type != "NPU" or f.device_id < 0 or (node, f.device_id) in devs
 
-        return node_fault_infos(job.nodes(), self.b.faults_of_node, self.b.cd.agents.node_info, on_job)
+        return node_fault_infos(job.nodes(), self.b.faults_of_node, self.b.ctx.nodes.info, on_job)
 
     def cluster_nodes(self) -> list[dict]:
         """Every node with faults, sorted by node IP (then name)."""
-        info = self.b.cd.agents.node_info
-        nodes = sorted(self.b.cd.center.node_names(), key=lambda n: (info(n).get("node_ip", ""), n))
+        info = self.b.ctx.nodes.info
+        nodes = sorted(self.b.ctx.center.node_names(), key=lambda n: (info(n).get("node_ip", ""), n))
         return node_fault_infos(nodes, self.b.faults_of_node, info)
 
     # -- publishing --------------------------------------------------------------------------------

@@ -32,11 +32,6 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
     def __init__(self, brain) -> None:
         self.b = brain
 
-    async def _auth(self, context) -> None:
-        if not self.b.cd.authorized(context):
-            self.b.count_rejected("unauthenticated")
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bearer token required")
-
     def _reject(self, reason: str, code: int, info: str) -> recover_pb2.Status:
         self.b.count_rejected(reason)
         event(log, logging.INFO, "recover request rejected", code=code, info=info)
@@ -45,7 +40,6 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
     # -- init / register ---------------------------------------------------------------------------
     async def Init(self, request, context):  # noqa: N802
         """0 (also when already initialised) · 502 unknown job · 403 process recovery off."""
-        await self._auth(context)
         jid = request.jobId
         if jid in self.b.initialised:
             return _st(0, f"jobId={jid} already initialised")
@@ -64,7 +58,6 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
 
     async def Register(self, request, context):  # noqa: N802
         """0 (also when already registered) · 408 not initialised · 402 unknown job · 500 too many jobs."""
-        await self._auth(context)
         jid = request.jobId
         if jid in self.b.controllers:
             return _st(0, f"jobId={jid} already registered")
@@ -82,7 +75,6 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
 
     async def SubscribeProcessManageSignal(self, request, context):  # noqa: N802
         """Stream of ProcessManageSignal (keep-alive every 5 s); gRPC error when not registered."""
-        await self._auth(context)
         ctl = self._ctl(request.jobId)
         if ctl is None:
             self.b.count_rejected("unregistered")
@@ -93,7 +85,6 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
 
     # -- reports -----------------------------------------------------------------------------------
     async def _report(self, kind: str, jid: str, request, context):
-        await self._auth(context)
         ctl = self._ctl(jid)
         if ctl is None:
             return self._reject("unregistered", 400, f"jobId={jid} not registered")
@@ -114,7 +105,6 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
 
     async def ReportProcessFault(self, request, context):  # noqa: N802
         """400 not registered · else 0; ranks with type "1" (or retry ranks) start the recovery."""
-        await self._auth(context)
         ctl = self._ctl(request.jobId)
         if ctl is None:
             return self._reject("unregistered", 400, f"jobId={request.jobId} not registered")
@@ -138,7 +128,6 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
 
     async def SwitchNicTrack(self, request, context):  # noqa: N802
         """413 invalid (reason text) · 411 a flow runs · 0 ``switching operation was successfully distributed``."""
-        await self._auth(context)
         jid = request.jobID
         why = self._job_checks(jid)
         if why is None and not request.nicOps:
@@ -195,13 +184,11 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
 
     async def SubscribeSwitchNicSignal(self, request, context):  # noqa: N802
         """One SwitchNicResponse with the outcome of the running (or just finished) switch."""
-        await self._auth(context)
         msg = await self._om_reply(request.jobID, "nic", context)
         yield recover_pb2.SwitchNicResponse(jobID=request.jobID, msg=msg)
 
     async def SubscribeNotifySwitch(self, request, context):  # noqa: N802
         """The training side's stream of SwitchRankList; gRPC error when not registered."""
-        await self._auth(context)
         ctl = self._ctl(request.jobId)
         if ctl is None:
             await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={request.jobId} not registered")
@@ -210,7 +197,6 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
 
     async def ReplySwitchNicResult(self, request, context):  # noqa: N802
         """413 no job id · 400 not registered · 0."""
-        await self._auth(context)
         if not request.jobId:
             return self._reject("om_param_invalid", 413, "jobId is empty")
         return await self._report("switch", request.jobId, request, context)
@@ -218,7 +204,6 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
     # -- stress test (§4.2) ------------------------------------------------------------------------
     async def StressTest(self, request, context):  # noqa: N802
         """413 invalid · 411 a flow runs · 0."""
-        await self._auth(context)
         jid = request.jobID
         job = self.b.jobs.get(jid)
         why = None
@@ -261,13 +246,11 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
 
     async def SubscribeStressTestResponse(self, request, context):  # noqa: N802
         """One StressTestResponse with the outcome of the running (or just finished) stress test."""
-        await self._auth(context)
         msg = await self._om_reply(request.jobID, "stress", context)
         yield recover_pb2.StressTestResponse(jobID=request.jobID, msg=msg)
 
     async def SubscribeNotifyExecStressTest(self, request, context):  # noqa: N802
         """The training side's stream of StressTestRankParams; gRPC error when not registered."""
-        await self._auth(context)
         ctl = self._ctl(request.jobId)
         if ctl is None:
             await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={request.jobId} not registered")
@@ -276,7 +259,6 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
 
     async def ReplyStressTestResult(self, request, context):  # noqa: N802
         """413 no job id or empty result · 400 not registered · 0."""
-        await self._auth(context)
         if not request.jobId or not request.stressResult:
             return self._reject("om_param_invalid", 413, "jobId or stressResult is empty")
         return await self._report("stress", request.jobId, request, context)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,6 +20,7 @@ import aiohttp
 import orjson
 
 from faultmesh.log import event
+from faultmesh.retry import Backoff
 
 log = logging.getLogger("clusterd.kube")
 
@@ -37,23 +37,6 @@ class KubeError(Exception):
 
 class WatchExpired(KubeError):
     """The watch's resourceVersion is too old (410 Gone): re-list."""
-
-
-class Backoff:
-    """Exponential backoff with jitter: ``next()`` -> seconds to wait (``base_s`` doubling to ``max_s``)."""
-
-    def __init__(self, base_s: float = 0.2, max_s: float = 30.0) -> None:
-        self.base_s = base_s
-        self.max_s = max_s
-        self._n = 0
-
-    def next(self) -> float:
-        d = min(self.max_s, self.base_s * (2**self._n))
-        self._n = min(self._n + 1, 30)
-        return d * (0.75 + random.random() * 0.5)
-
-    def reset(self) -> None:
-        self._n = 0
 
 
 def _reason(body: bytes) -> str:
@@ -247,7 +230,7 @@ class ListWatcher:
         self.handler = handler
         self.accept = accept
         self.watch_timeout_s = watch_timeout_s
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff or Backoff(0.2, 30.0)
         self.on_error = on_error or (lambda e: None)
         self.on_restart = on_restart or (lambda why: None)
         self.objects: dict[tuple[str, str], dict] = {}
@@ -307,7 +290,9 @@ class ListWatcher:
                 if not rv:
                     need_list = True  # nothing to resume from
                 if time.monotonic() - started < 1.0:
-                    await asyncio.sleep(self.backoff.next())  # a server that closes at once: no hot loop
+                    await asyncio.sleep(
+                        self.backoff.next_delay()
+                    )  # a server that closes at once: no hot loop
             except WatchExpired as e:
                 event(
                     log,
@@ -321,7 +306,7 @@ class ListWatcher:
                 need_list = True
             except KubeError as e:
                 self.on_error(e)
-                delay = self.backoff.next()
+                delay = self.backoff.next_delay()
                 event(
                     log,
                     logging.WARNING,

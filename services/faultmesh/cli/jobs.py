@@ -72,7 +72,7 @@ def _read(path: str) -> str:
 @run
 def cmd_apply(args: argparse.Namespace) -> int:
     """Validate and apply a job file (POST /v1/jobs)."""
-    from clusterd.brain.jobs import JobSpecError, parse_jobs_text
+    from faultmesh.jobspec import JobSpecError, parse_jobs_text
 
     text = _read(args.file)
     try:

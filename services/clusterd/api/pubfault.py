@@ -17,6 +17,10 @@ resource + faultId per node; a repeated occur does not refresh; ``once`` and ``r
 fault 5 s after it was added (a recover before its occur removes a later occur at now+5 s); at most
 50 000 items. Faults go to the fault center (source ``public:<resource>:<faultId>``, one record per
 device id) and so survive restarts with their first-seen time.
+
+Intake is one plain method, :meth:`PubFaultComponent.intake`; the gRPC servicer method
+``SendPublicFault`` and Kubernetes mode (public-fault ConfigMaps) both call it. The bearer token
+of the gRPC call is checked by :class:`clusterd.auth.TokenInterceptor` before it gets here.
 """
 
 from __future__ import annotations
@@ -24,24 +28,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import re
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import grpc
 import orjson
 
 from faultmesh._pb import pubfault_pb2, pubfault_pb2_grpc
+from faultmesh.files import FileWatch
 from faultmesh.log import RateLimitedLog, event
 from faultmesh.model import ONCE, RECOVER, Fault, FaultKey, now_ms
 from faultmesh.ratelimit import TokenBucket
 
+if TYPE_CHECKING:
+    from clusterd.context import ClusterContext
+
 log = logging.getLogger("clusterd.pubfault")
 
-DEFAULT_TABLE = Path(__file__).with_name("tables") / "publicFaultConfiguration.json"
+DEFAULT_TABLE = Path(__file__).parent.parent / "tables" / "publicFaultConfiguration.json"
 ID_RE = re.compile(r"^[a-zA-Z0-9\-_.]{8,128}$")
 DESC_RE = re.compile(r"^[\S ]{0,512}$")
 NODE_RE = re.compile(r"^[a-z0-9]([a-z0-9\-.]{0,251}[a-z0-9])?$")
@@ -181,30 +187,33 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
             help="per-resource token bucket size; the reference uses 100",
         )
 
-    def __init__(self, cd) -> None:
-        self.cd = cd
-        self.path = Path(cd.args.public_fault_config) if cd.args.public_fault_config else DEFAULT_TABLE
+    def __init__(self, ctx: ClusterContext) -> None:
+        self.ctx = ctx
+        a = ctx.config
+        self.path = Path(a.public_fault_config) if a.public_fault_config else DEFAULT_TABLE
         self.table = PublicFaultTable.load(self.path)
-        self._mtime = _mtime(self.path)
-        self._bucket_args = (cd.args.public_fault_qps, cd.args.public_fault_burst)
+        self._watch = FileWatch(self.path)
+        self._watch.changed()  # the table just loaded is the baseline
+        self._bucket_args = (a.public_fault_qps, a.public_fault_burst)
         self._buckets = {r: TokenBucket(*self._bucket_args) for r in self.table.resources}
         self._pending_recover: dict[
             tuple[str, str, str], float
         ] = {}  # (node, resource, faultId) -> deadline s
         self._ratelog = RateLimitedLog(log)
-        cd.add_servicer(pubfault_pb2_grpc.add_PubFaultServicer_to_server, self)
+
+    def servicers(self) -> list[tuple[Any, Any]]:
+        """(add_to_server, servicer) pairs this component serves."""
+        return [(pubfault_pb2_grpc.add_PubFaultServicer_to_server, self)]
 
     async def start(self) -> None:
-        self.cd.tasks.spawn(self._sweeper(), name="pubfault-sweeper")
+        self.ctx.tasks.spawn(self._sweeper(), name="pubfault-sweeper")
 
     async def stop(self) -> None:
         pass
 
     def _reload_if_changed(self) -> None:
-        m = _mtime(self.path)
-        if m == self._mtime:
+        if not self._watch.changed():
             return
-        self._mtime = m
         try:
             table = PublicFaultTable.load(self.path)
         except (TableError, OSError) as e:
@@ -221,15 +230,17 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
         event(log, logging.INFO, "public fault table reloaded", path=self.path, codes=len(table.levels))
 
     def _reject(self, reason: str, code: int, info: str) -> pubfault_pb2.RespStatus:
-        self.cd.rejected.labels("pubfault", reason).inc()
+        self.ctx.metrics.reject("pubfault", reason)
         self._ratelog.warning(reason, "public fault rejected", code=code, info=info)
         return pubfault_pb2.RespStatus(code=code, info=info)
 
     async def SendPublicFault(self, request, context):  # noqa: N802
-        """Validate and apply one public fault request; see the module docstring for the codes."""
-        if not self.cd.authorized(context):
-            self.cd.rejected.labels("pubfault", "unauthenticated").inc()
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bearer token required")
+        """The gRPC method: :meth:`intake`."""
+        return await self.intake(request)
+
+    async def intake(self, request: pubfault_pb2.PublicFaultRequest) -> pubfault_pb2.RespStatus:
+        """Validate and apply one public fault request (durable when this returns); see the module
+        docstring for the codes of the returned status."""
         bucket = self._buckets.get(request.resource)
         if bucket is None or not bucket.take():
             return self._reject("rate_or_resource", 410, "limiter work by resource failed")
@@ -237,15 +248,13 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
             validate_request(request, self.table)
         except RequestInvalid as e:
             return self._reject("invalid_request", 409, f"check public fault info failed, error: {e}")
-        sn_to_node = {
-            info.get("node_sn"): node for node, info in self.cd.agents.known.items() if info.get("node_sn")
-        }
+        sn_to_node = self.ctx.nodes.by_sn()
         accepted = []
         for f in request.faults:
             try:
                 targets = validate_fault(f, self.table, sn_to_node)
             except ValueError as e:
-                self.cd.rejected.labels("pubfault", "invalid_fault").inc()
+                self.ctx.metrics.reject("pubfault", "invalid_fault")
                 self._ratelog.warning(
                     "invalid_fault", "public fault dropped", faultId=f.faultId[:128], error=e
                 )
@@ -258,7 +267,7 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
 
     async def _apply(self, resource: str, accepted) -> None:
         """Turn accepted faults into one atomic fault-center change (durable when this returns)."""
-        center = self.cd.center
+        center = self.ctx.center
         now = now_ms()
         upserts: list[Fault] = []
         for f, targets in accepted:
@@ -284,7 +293,7 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                 if all(present):
                     continue  # a repeated occur does not refresh the item
                 if len(center) >= MAX_ITEMS:
-                    self.cd.rejected.labels("pubfault", "cache_full").inc()
+                    self.ctx.metrics.reject("pubfault", "cache_full")
                     self._ratelog.warning(
                         "cache_full", "public fault cache full, fault dropped", cap=MAX_ITEMS
                     )
@@ -333,20 +342,13 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                 now = now_ms()
                 due = [
                     f.key
-                    for f in self.cd.center.faults_of_origin("public")
+                    for f in self.ctx.center.faults_of_origin("public")
                     if 0 < int(f.attributes.get("expires_ms", "0") or 0) <= now
                 ]
                 if due:
-                    await self.cd.center.apply([], due, "public")
+                    await self.ctx.center.apply([], due, "public")
                 t = time.monotonic()
                 for k in [k for k, d in self._pending_recover.items() if d <= t]:
                     del self._pending_recover[k]
             except Exception as e:
                 event(log, logging.ERROR, "public fault sweep failed", error=repr(e))
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return -1.0

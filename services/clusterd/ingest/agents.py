@@ -8,6 +8,10 @@ agent. A new stream from the same (node, agent) replaces the old one. A stream t
 nothing: the agent's faults stay (the agent is the truth and resyncs on reconnect) and the node is
 marked disconnected.
 
+Non-fault state (Hello identity, node status, conditions, device states) goes to the
+:class:`~clusterd.nodes.NodeRegistry`. The bearer token is checked before this servicer runs
+(:class:`clusterd.auth.TokenInterceptor`).
+
 Bad input (no Hello, a message too large, faults of another node, absurd values) is rejected with an
 Ack carrying the error, counted in ``faultmesh_rejected_requests_total{service="agent",reason}``.
 """
@@ -27,6 +31,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from clusterd.center import FaultCenter
+from clusterd.nodes import NodeRegistry
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
 from faultmesh.levels import KNOWN_LEVELS
 from faultmesh.log import RateLimitedLog, event
@@ -73,16 +78,17 @@ Callback = Callable[..., Awaitable[Any] | Any]
 class AgentHub(agent_pb2_grpc.AgentStreamServicer):
     """The agent-stream endpoint and the registry of connected agents."""
 
-    def __init__(self, center: FaultCenter, registry: CollectorRegistry, rejected: Counter) -> None:
+    def __init__(
+        self, center: FaultCenter, nodes: NodeRegistry, registry: CollectorRegistry, rejected: Counter
+    ) -> None:
         self.center = center
+        self.nodes = nodes
         self.sessions: dict[tuple[str, str], AgentSession] = {}
-        self.known: dict[str, dict[str, Any]] = {}  # node -> last hello/status/conditions/devices
         self._on_connect: list[Callback] = []
         self._on_ping: list[Callback] = []
         self._on_slownode: list[Callback] = []
         self._rejected = rejected
         self._ratelog = RateLimitedLog(log)
-        self.authorize: Callable[[Any], bool] = lambda context: True
         self._per_agent: dict[str, int] = {}  # agent kind -> live sessions
         self.connected_gauge = Gauge(
             "faultmesh_agents_connected", "Connected agent streams", ["agent"], registry=registry
@@ -127,8 +133,9 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         return True
 
     def node_info(self, node: str) -> dict[str, Any]:
-        """What the agents last said about ``node`` besides faults: ip, sn, status, conditions, devices."""
-        return self.known.get(node, {})
+        """What the agents last said about ``node`` besides faults: ip, sn, status, conditions, devices
+        (:meth:`NodeRegistry.info`)."""
+        return self.nodes.info(node)
 
     # -- the stream --------------------------------------------------------------------------
     def _reject(self, reason: str, **fields: Any) -> None:
@@ -150,9 +157,6 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         Written as an async generator: only this coroutine writes to the stream (acks and control
         messages come through the session queue), while a reader task applies what the agent sends.
         """
-        if not self.authorize(context):
-            self._reject("unauthenticated", peer=context.peer())
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "bearer token required")
         try:
             first = await asyncio.wait_for(anext(request_iterator), 30.0)
         except (StopAsyncIteration, TimeoutError):
@@ -181,8 +185,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         if old is None:
             self._per_agent[agent] = self._per_agent.get(agent, 0) + 1
         self.sessions[(h.node, agent)] = session
-        info = self.known.setdefault(h.node, {"conditions": {}, "devices": {}})
-        info.update(node_ip=h.node_ip, node_sn=h.node_sn, boot_id=h.boot_id)
+        self.nodes.hello(h.node, h.node_ip, h.node_sn, h.boot_id)
         self._count(agent)
         event(log, logging.INFO, "agent connected", node=h.node, agent=agent, peer=context.peer())
         reader = asyncio.create_task(self._read_loop(session, request_iterator), name=f"agent-read-{h.node}")
@@ -265,24 +268,26 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 self._check_state(s, body.conditions, body.devices, body.node_status)
                 faults = [self._fault(s, m) for m in body.faults]
                 await self.center.replace_origin(s.node, s.agent, faults)
-                info = self.known[s.node]
-                info["conditions"] = {c.type: _condition(c) for c in body.conditions}
-                info["devices"] = {f"{d.device_type}-{d.device_id}": _device(d) for d in body.devices}
-                if body.node_status:
-                    info["node_status"] = body.node_status
+                self.nodes.update(
+                    s.node,
+                    conditions=[_condition(c) for c in body.conditions],
+                    devices=[_device(d) for d in body.devices],
+                    status=body.node_status,
+                    replace=True,
+                )
             else:
                 self._check_state(s, body.conditions, body.devices, body.node_status)
                 ups = [self._fault(s, m) for m in body.upserts]
                 rms = [key_from_pb(k, s.node) for k in body.removals]
                 if ups or rms:
                     await self.center.apply(ups, rms, s.agent)
-                info = self.known[s.node]
-                for c in body.conditions:
-                    info["conditions"][c.type] = _condition(c)
-                for d in body.devices:
-                    info["devices"][f"{d.device_type}-{d.device_id}"] = _device(d)
-                if body.node_status:
-                    info["node_status"] = body.node_status
+                if body.conditions or body.devices or body.node_status:
+                    self.nodes.update(
+                        s.node,
+                        conditions=[_condition(c) for c in body.conditions],
+                        devices=[_device(d) for d in body.devices],
+                        status=body.node_status,
+                    )
         except AgentInputError as e:
             reason = str(e).split(":", 1)[0]
             self._reject(reason, node=s.node, agent=s.agent, detail=str(e))
@@ -305,10 +310,10 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
     def _check_state(self, s: AgentSession, conditions, devices, node_status: str) -> None:
         if len(node_status) > 32:
             raise AgentInputError("bad_state: node_status longer than 32 chars")
-        info = self.known.get(s.node, {})
-        if len(conditions) > MAX_CONDITIONS or len(info.get("conditions", {})) > MAX_CONDITIONS:
+        st = self.nodes.get(s.node)
+        if len(conditions) > MAX_CONDITIONS or (st is not None and len(st.conditions) > MAX_CONDITIONS):
             raise AgentInputError(f"bad_state: more than {MAX_CONDITIONS} conditions on one node")
-        if len(devices) > MAX_DEVICES or len(info.get("devices", {})) > MAX_DEVICES:
+        if len(devices) > MAX_DEVICES or (st is not None and len(st.devices) > MAX_DEVICES):
             raise AgentInputError(f"bad_state: more than {MAX_DEVICES} devices on one node")
         for c in conditions:
             if not c.type or len(c.type) > 64 or len(c.reason) > 256 or len(c.message) > 1024:

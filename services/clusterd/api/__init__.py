@@ -1,0 +1,1 @@
+"""ClusterD gRPC services of the core: the server (limits, TLS) and PubFault."""

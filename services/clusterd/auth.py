@@ -1,0 +1,148 @@
+"""ClusterD's one bearer-token check, for HTTP and gRPC (issue 12).
+
+With ``--token-file`` every mutating call must carry ``authorization: Bearer <token>``; without it
+nothing is checked. Two enforcement points, both built from one :class:`TokenAuth`:
+
+- :meth:`TokenAuth.http_middleware`: an aiohttp middleware; every request whose method is not
+  GET/HEAD/OPTIONS under ``/v1/`` needs the header, else ``401 {"error": "bearer token required"}``,
+  counted in ``faultmesh_rejected_requests_total{service="http",reason="unauthenticated"}``.
+- :class:`TokenInterceptor`: a gRPC server interceptor; the methods of :data:`PROTECTED` (agent
+  stream, PubFault, every Recover RPC but HealthCheck, ModifyTrainingDataTraceSwitch) need the
+  metadata, else status ``UNAUTHENTICATED`` ``bearer token required``, counted with the service
+  label of that table. Read-only RPCs are open, as in the reference.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Iterable
+
+import grpc
+from aiohttp import web
+from prometheus_client import Counter
+
+from faultmesh.config import read_secret
+from faultmesh.httpd import json_response
+from faultmesh.log import RateLimitedLog
+
+log = logging.getLogger("clusterd.auth")
+
+RECOVER_OPEN = ("HealthCheck",)
+RECOVER_METHODS = (
+    "Init", "Register", "SubscribeProcessManageSignal", "ReportStopComplete", "ReportRecoverStrategy",
+    "ReportRecoverStatus", "ReportProcessFault", "SwitchNicTrack", "SubscribeSwitchNicSignal",
+    "SubscribeNotifySwitch", "ReplySwitchNicResult", "StressTest", "SubscribeStressTestResponse",
+    "SubscribeNotifyExecStressTest", "ReplyStressTestResult",
+)  # fmt: skip
+PROTECTED: dict[str, str] = {
+    "/faultmesh.v1.AgentStream/Connect": "agent",
+    "/PubFault/SendPublicFault": "pubfault",
+    "/TrainingDataTrace/ModifyTrainingDataTraceSwitch": "brain",
+    **{f"/Recover/{m}": "brain" for m in RECOVER_METHODS},
+}
+"""gRPC method path -> service label of the rejected-requests counter."""
+OPEN_HTTP_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+DENIED = "bearer token required"
+
+
+class TokenAuth:
+    """The configured token (None: open). ``rejected`` is ``faultmesh_rejected_requests_total``."""
+
+    def __init__(self, token: str | None, rejected: Counter) -> None:
+        self._expect = f"Bearer {token}" if token else None
+        self.rejected = rejected
+        self._ratelog = RateLimitedLog(log)
+
+    @classmethod
+    def from_file(cls, path: str | None, rejected: Counter) -> TokenAuth:
+        """Read ``--token-file`` (None or "" -> open). Raises ``OSError`` when unreadable."""
+        return cls(read_secret(path) if path else None, rejected)
+
+    @property
+    def enabled(self) -> bool:
+        """True when a token is configured."""
+        return self._expect is not None
+
+    def check(self, header: str | None) -> bool:
+        """True when open, or ``header`` is exactly ``Bearer <token>`` (constant-time compare)."""
+        if self._expect is None:
+            return True
+        return header is not None and hmac.compare_digest(header, self._expect)
+
+    def check_metadata(self, metadata: Iterable[tuple[str, str]] | None) -> bool:
+        """:meth:`check` on the ``authorization`` entry of gRPC invocation metadata."""
+        if self._expect is None:
+            return True
+        return any(k == "authorization" and self.check(v) for k, v in metadata or ())
+
+    def deny(self, service: str, **fields) -> None:
+        """Count and (rate-limited) log one unauthenticated call."""
+        self.rejected.labels(service, "unauthenticated").inc()
+        self._ratelog.warning(
+            f"unauthenticated:{service}", "request unauthenticated", service=service, **fields
+        )
+
+    def http_middleware(self):
+        """The aiohttp middleware (see the module docstring)."""
+
+        @web.middleware
+        async def bearer_auth(request: web.Request, handler):
+            if (
+                self._expect is not None
+                and request.method not in OPEN_HTTP_METHODS
+                and request.path.startswith("/v1/")
+                and not self.check(request.headers.get("Authorization"))
+            ):
+                self.deny("http", path=request.path)
+                return json_response({"error": DENIED}, status=401)
+            return await handler(request)
+
+        return bearer_auth
+
+    def interceptor(self) -> TokenInterceptor:
+        """The gRPC server interceptor of this token."""
+        return TokenInterceptor(self)
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Rejects calls of :data:`PROTECTED` methods without the token (see the module docstring)."""
+
+    def __init__(self, auth: TokenAuth, protected: dict[str, str] | None = None) -> None:
+        self._auth = auth
+        self._protected = PROTECTED if protected is None else protected
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        service = self._protected.get(method)
+        if (
+            handler is None
+            or service is None
+            or self._auth.check_metadata(handler_call_details.invocation_metadata)
+        ):
+            return handler
+        auth = self._auth
+
+        async def deny(context) -> None:
+            auth.deny(service, method=method, peer=context.peer())
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, DENIED)
+
+        async def unary(request, context):
+            await deny(context)
+
+        async def streaming(request, context):
+            await deny(context)
+            yield  # pragma: no cover — abort raises
+
+        kw = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(unary, **kw)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(streaming, **kw)
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(unary, **kw)
+        return grpc.stream_stream_rpc_method_handler(streaming, **kw)

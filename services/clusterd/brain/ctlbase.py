@@ -1,0 +1,372 @@
+"""The per-job recovery controller, its base: signal stream, report slots, state, flow task.
+
+See :mod:`clusterd.brain.controller` for the whole picture; the flows live in
+:mod:`clusterd.brain.flows` (fault recovery) and :mod:`clusterd.brain.omflows` (NIC switch, stress
+test, hot switch, grace exit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from clusterd.brain.faultview import RankFault
+from faultmesh._pb import recover_pb2
+from faultmesh.log import event
+
+log = logging.getLogger("clusterd.brain")
+
+INIT = "INIT"
+KEEP_ALIVE = "keep-alive"
+
+
+def new_uuid() -> str:
+    """uuid = upper-case hex nanotime + "-" + 32 random hex chars (clusterd.md §7.3)."""
+    return f"{time.time_ns():X}-{os.urandom(16).hex()}"
+
+
+@dataclass
+class Timeouts:
+    """Every wait of the controller, in seconds (reference defaults; tests pass small values)."""
+
+    report_s: float = 900.0  # each client report (15 min)
+    keepalive_s: float = 5.0
+    flush_s: float = 1.0  # WaitFaultFlushFinished
+    send_s: float = 5.0  # a signal must reach the stream (enqueue 1 s + 3 tries)
+    hot_switch_wait_s: float = 60.0  # backup pod running
+    scale_wait_s: float = 270.0  # elastic training: resources back
+    kill_s: float = 60.0  # killMaster enqueue
+    poll_s: float = 1.0
+    subscriber_wait_s: float = 10.0  # an O&M notify stream (SubscribeNotifySwitch / ExecStressTest)
+
+
+class FlowEnd(Exception):
+    """Raised inside a flow to end it (the controller returns to INIT)."""
+
+
+class ControllerBase:
+    """The state machine of one job: its stream, report slots, state and flow task. ``brain`` gives
+    job data and decisions. The flows are added by :class:`clusterd.brain.controller.Controller`."""
+
+    def __init__(self, brain, job_id: str, timeouts: Timeouts) -> None:
+        self.brain = brain
+        self.job_id = job_id
+        self.t = timeouts
+        self.state = INIT
+        self.flow_name = ""
+        self._flow: asyncio.Task | None = None
+        self._signals: asyncio.Queue | None = None
+        self._stream_gen = 0
+        self._reports: dict[str, asyncio.Queue] = {}
+        self._expect: set[str] = set()
+        self.notify_switch: asyncio.Queue | None = None  # SwitchRankList to the training side
+        self.notify_stress: asyncio.Queue | None = None  # StressTestRankParams to the training side
+        self.om_kind = ""  # "nic" | "stress" while an O&M flow runs
+        self.om_reply: asyncio.Future | None = None  # final O&M message (one per operation)
+        self.cached_faults: dict[tuple[int, str], RankFault] = {}
+        self.seen_fault_keys: set[tuple[int, str]] = set()
+        self.hidden_nodes: set[str] = set()  # nodes under stress test (80818C05/06 hidden)
+        self.agent_strategies: list[str] = []
+        self.uuid = ""
+        self.sent: list[tuple[str, list[str]]] = []  # last signals (type, actions), for views/tests
+
+    # -- subscription and signals ------------------------------------------------------------------
+    @property
+    def subscribed(self) -> bool:
+        """True while a SubscribeProcessManageSignal stream is open."""
+        return self._signals is not None
+
+    async def stream(self, job_id: str):
+        """Async generator serving SubscribeProcessManageSignal (resets the controller)."""
+        await self.reset("new signal subscription")
+        old = self._signals
+        if old is not None:
+            _close_queue(old)
+        q: asyncio.Queue = asyncio.Queue(maxsize=1)
+        self._signals = q
+        self._stream_gen += 1
+        gen = self._stream_gen
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(q.get(), self.t.keepalive_s)
+                except TimeoutError:
+                    yield recover_pb2.ProcessManageSignal(jobId=job_id, signalType=KEEP_ALIVE)
+                    continue
+                if item is None:
+                    return
+                sig, fut = item
+                yield sig
+                if not fut.done():
+                    fut.set_result(True)
+        finally:
+            if self._stream_gen == gen:
+                self._signals = None
+                _close_queue(q)
+                await self.reset("signal stream ended")
+
+    async def signal(
+        self,
+        signal_type: str,
+        actions: list[str] | None = None,
+        fault_ranks: list[RankFault] | None = None,
+        change_strategy: str = "",
+        sig_timeout: int = 0,
+        node_rank_ids: list[str] | None = None,
+        extra: str = "",
+        new_id: bool = False,
+    ) -> bool:
+        """Send one ProcessManageSignal on the stream; True once it was written (False: no stream,
+        queue busy for ``send_s``). ``new_id`` makes a new uuid (stopTrain, pause)."""
+        if new_id or not self.uuid:
+            self.uuid = new_uuid()
+        sig = recover_pb2.ProcessManageSignal(
+            uuid=self.uuid,
+            jobId=self.job_id,
+            signalType=signal_type,
+            actions=actions or [],
+            faultRanks=[
+                recover_pb2.FaultRank(rankId=str(rank), faultType=t)
+                for rank, t in _per_rank(fault_ranks or [])
+            ],
+            changeStrategy=change_strategy,
+            timeout=sig_timeout,
+            nodeRankIds=node_rank_ids or [],
+            extraParams=extra,
+        )
+        q = self._signals
+        if q is None:
+            event(log, logging.WARNING, "signal not sent: no subscriber", job=self.job_id, signal=signal_type)
+            return False
+        fut = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(q.put((sig, fut)), self.t.send_s)
+            ok = await asyncio.wait_for(fut, self.t.send_s)
+        except (TimeoutError, asyncio.CancelledError) as e:
+            fut.cancel()
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            event(log, logging.WARNING, "signal not sent: stream busy", job=self.job_id, signal=signal_type)
+            return False
+        self.brain.m_signals.labels(signal_type).inc()
+        self.sent.append((signal_type, list(actions or []) + ([change_strategy] if change_strategy else [])))
+        del self.sent[:-50]
+        event(
+            log,
+            logging.INFO,
+            "signal sent",
+            job=self.job_id,
+            signal=signal_type,
+            actions=",".join(actions or []),
+            strategy=change_strategy,
+            uuid=self.uuid,
+        )
+        return bool(ok)
+
+    # -- reports -----------------------------------------------------------------------------------
+    def _slot(self, kind: str) -> asyncio.Queue:
+        q = self._reports.get(kind)
+        if q is None:
+            q = self._reports[kind] = asyncio.Queue(maxsize=1)
+        return q
+
+    def expect(self, *kinds: str) -> None:
+        """Start accepting reports of ``kinds`` (call before sending the signal that asks for them)."""
+        for k in kinds:
+            q = self._slot(k)
+            while not q.empty():
+                q.get_nowait()
+            self._expect.add(k)
+
+    async def report(self, kind: str, msg: Any) -> int:
+        """Hand a client report to the flow. Returns 0, or 504 when the slot stays busy for 1 s.
+
+        A report the flow does not wait for is dropped ("order mix", clusterd.md §7.2)."""
+        if kind not in self._expect:
+            self.brain.count_rejected("order_mix")
+            event(
+                log, logging.INFO, "report dropped: order mix", job=self.job_id, report=kind, state=self.state
+            )
+            return 0
+        try:
+            await asyncio.wait_for(self._slot(kind).put(msg), 1.0)
+        except TimeoutError:
+            return 504
+        return 0
+
+    async def wait(self, *kinds: str, timeout_s: float | None = None) -> tuple[str, Any] | None:
+        """Wait for the first report of ``kinds`` (already expected). None on timeout."""
+        timeout_s = self.t.report_s if timeout_s is None else timeout_s
+        getters = {asyncio.ensure_future(self._slot(k).get()): k for k in kinds}
+        try:
+            done, _ = await asyncio.wait(getters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for g in getters:
+                if not g.done():
+                    g.cancel()
+        for k in kinds:
+            self._expect.discard(k)
+        if not done:
+            return None
+        g = next(iter(done))
+        return getters[g], g.result()
+
+    # -- flow management ---------------------------------------------------------------------------
+    def busy(self) -> bool:
+        """True while a flow runs (the state is not INIT)."""
+        return self._flow is not None and not self._flow.done()
+
+    def set_state(self, state: str) -> None:
+        """Move to ``state`` (logged at debug)."""
+        if state != self.state:
+            log.debug("job=%s state %s -> %s", self.job_id, self.state, state)
+        self.state = state
+
+    def start_flow(self, name: str, coro_fn: Callable[[], Awaitable[None]]) -> bool:
+        """Run ``coro_fn()`` as the job's flow if the state is INIT. Returns False when busy."""
+        if self.busy() or self.state != INIT:
+            return False
+        self.flow_name = name
+        self._flow = self.brain.spawn(self._run_flow(name, coro_fn), f"flow-{name}-{self.job_id}")
+        return True
+
+    async def _run_flow(self, name: str, coro_fn) -> None:
+        try:
+            await coro_fn()
+        except FlowEnd:
+            pass
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a handler error resets the controller (§7.2)
+            event(log, logging.ERROR, "recovery flow failed", job=self.job_id, flow=name, error=repr(e))
+            self.brain.decide(self.job_id, name, "reset", f"handler error: {e!r}")
+        finally:
+            self._expect.clear()
+            self.hidden_nodes.clear()
+            self.om_kind = ""
+            self.set_state(INIT)
+            self.flow_name = ""
+
+    async def reset(self, reason: str) -> None:
+        """Cancel the flow, drop pending reports, back to INIT (a new or ended subscription)."""
+        flow = self._flow
+        if flow is not None and not flow.done() and flow is not asyncio.current_task():
+            flow.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(flow), 2.0)
+            self.brain.decide(self.job_id, self.flow_name or "controller", "reset", reason)
+        self._flow = None
+        self._expect.clear()
+        self.hidden_nodes.clear()
+        self.cached_faults.clear()
+        self._finish_om(f"om failed, {reason}")
+        self.om_kind = ""
+        self.set_state(INIT)
+
+    async def close(self) -> None:
+        """Stop everything (job deleted or ClusterD stopping): the stream ends."""
+        await self.reset("controller closed")
+        if self._signals is not None:
+            _close_queue(self._signals)
+            self._signals = None
+        for q in (self.notify_switch, self.notify_stress):
+            if q is not None:
+                _close_queue(q)
+
+    # -- O&M reply ---------------------------------------------------------------------------------
+    def start_om(self, kind: str) -> None:
+        """Begin an O&M operation: its single reply future is visible to the O&M subscriber."""
+        self.om_kind = kind
+        self.om_reply = asyncio.get_running_loop().create_future()
+
+    def _finish_om(self, msg: str) -> None:
+        if self.om_reply is not None and not self.om_reply.done():
+            self.om_reply.set_result(msg)
+            event(log, logging.INFO, "o&m reply", job=self.job_id, kind=self.om_kind, reply=msg)
+
+    async def push_notify(self, kind: str, msg: Any) -> bool:
+        """Put ``msg`` on the SubscribeNotifySwitch ("nic") or SubscribeNotifyExecStressTest ("stress")
+        stream; False when no subscriber takes it within ``subscriber_wait_s``."""
+        q = self.notify_switch if kind == "nic" else self.notify_stress
+        if q is None:
+            return False
+        fut = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(q.put((msg, fut)), self.t.subscriber_wait_s)
+            return bool(await asyncio.wait_for(fut, self.t.subscriber_wait_s))
+        except TimeoutError:
+            fut.cancel()
+            return False
+
+    async def notify_stream(self, kind: str):
+        """Async generator for SubscribeNotifySwitch / SubscribeNotifyExecStressTest (newest wins)."""
+        q: asyncio.Queue = asyncio.Queue(maxsize=1)
+        old = self.notify_switch if kind == "nic" else self.notify_stress
+        if old is not None:
+            _close_queue(old)
+        if kind == "nic":
+            self.notify_switch = q
+        else:
+            self.notify_stress = q
+        try:
+            while True:
+                item = await q.get()
+                if item is None:
+                    return
+                msg, fut = item
+                yield msg
+                if not fut.done():
+                    fut.set_result(True)
+        finally:
+            if kind == "nic" and self.notify_switch is q:
+                self.notify_switch = None
+            if kind == "stress" and self.notify_stress is q:
+                self.notify_stress = None
+
+    # -- shared steps ------------------------------------------------------------------------------
+    async def kill_job(self, flow: str, reason: str) -> None:
+        """Signal ``killMaster`` (no actions), then end the flow (→ INIT). clusterd.md §7.3 step 8."""
+        self.set_state("KillJob")
+        self.brain.decide(self.job_id, flow, "kill-job", reason)
+        ok = await self.signal("killMaster", [])
+        if not ok:
+            event(log, logging.WARNING, "killMaster not delivered", job=self.job_id)
+        raise FlowEnd
+
+    def _pod_ranks(self, faults) -> list[str]:
+        return sorted({str(f.pod_rank) for f in faults if f.pod_rank >= 0}, key=int)
+
+    # -- fault recovery (§7.3) ---------------------------------------------------------------------
+    def add_faults(self, faults: list[RankFault]) -> None:
+        """Merge rank faults into the cached faults (the reset CM's fault list)."""
+        for f in faults:
+            self.cached_faults[(f.rank, f.code)] = f
+
+
+def _per_rank(faults) -> list[tuple[int, str]]:
+    """One (rank, faultType) per rank, by rank; a normal fault ("1") wins over retry types."""
+    out: dict[int, str] = {}
+    for f in faults:
+        if out.get(f.rank) != "1":
+            out[f.rank] = f.fault_type
+    return sorted(out.items())
+
+
+def _normal(f: RankFault) -> RankFault:
+    return replace(f, fault_type="1")
+
+
+def _close_queue(q: asyncio.Queue) -> None:
+    """End a stream: drop what is queued (failing its futures) and put the None sentinel."""
+    while not q.empty():
+        item = q.get_nowait()
+        if item is not None and not item[1].done():
+            item[1].set_result(False)
+    with contextlib.suppress(asyncio.QueueFull):
+        q.put_nowait(None)

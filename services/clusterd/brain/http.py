@@ -1,0 +1,100 @@
+"""The brain's HTTP routes (issue 7): ``GET/POST /v1/jobs``, ``GET/DELETE /v1/jobs/<id>``,
+``GET /v1/jobs/<id>/recovery`` (see :mod:`clusterd.brain.component`). The bearer token of the
+mutating ones is checked by :mod:`clusterd.auth`'s middleware.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import orjson
+from aiohttp import web
+
+from clusterd.brain.jobs import JobSpecError, parse_jobs, parse_jobs_text
+from faultmesh.httpd import json_response
+from faultmesh.log import event
+
+log = logging.getLogger("clusterd.brain")
+
+
+class JobsHttp:
+    """The job routes over one brain component ``b`` (its jobs, controllers and decisions)."""
+
+    def __init__(self, brain) -> None:
+        self.b = brain
+
+    def add_routes(self, r: web.UrlDispatcher) -> None:
+        """Register the routes of the module docstring."""
+        r.add_get("/v1/jobs", self._http_list)
+        r.add_post("/v1/jobs", self._http_apply)
+        r.add_get("/v1/jobs/{id}", self._http_get)
+        r.add_delete("/v1/jobs/{id}", self._http_delete)
+        r.add_get("/v1/jobs/{id}/recovery", self._http_recovery)
+
+    async def _http_list(self, request: web.Request) -> web.Response:
+        return json_response([self.b.job_view(j) for j in self.b.jobs.all()])
+
+    async def _http_apply(self, request: web.Request) -> web.Response:
+        try:
+            raw = (await request.read()).decode("utf-8")
+        except UnicodeDecodeError:
+            self.b.count_rejected("bad_job_spec")
+            return json_response({"error": "body is not valid UTF-8"}, status=400)
+        if len(raw) > 16 * 1024 * 1024:
+            return json_response({"error": "body larger than 16 MiB"}, status=413)
+        try:
+            jobs = await asyncio.to_thread(_parse_body, raw)  # large YAML must not stall the loop
+            results = await self.b.jobs.apply(jobs)
+        except JobSpecError as e:
+            self.b.count_rejected("bad_job_spec")
+            return json_response({"error": str(e)}, status=400)
+        out = []
+        for job, what in results:
+            event(log, logging.INFO, f"job {what}", job=job.id, name=job.ns_name, ranks=len(job.ranks))
+            out.append({"id": job.id, "name": job.name, "namespace": job.namespace, "result": what})
+        return json_response(out)
+
+    async def _http_get(self, request: web.Request) -> web.Response:
+        job = self.b.jobs.get(request.match_info["id"])
+        if job is None:
+            return json_response({"error": f"job {request.match_info['id']} not found"}, status=404)
+        return json_response(self.b.job_view(job, detail=True))
+
+    async def _http_delete(self, request: web.Request) -> web.Response:
+        job = await self.b.jobs.delete(request.match_info["id"])
+        if job is None:
+            return json_response({"error": f"job {request.match_info['id']} not found"}, status=404)
+        event(log, logging.INFO, "job deleted", job=job.id, name=job.ns_name)
+        return json_response({"id": job.id, "result": "deleted"})
+
+    async def _http_recovery(self, request: web.Request) -> web.Response:
+        jid = request.match_info["id"]
+        job = self.b.jobs.get(jid)
+        if job is None and jid not in self.b.decisions:
+            return json_response({"error": f"job {jid} not found"}, status=404)
+        ctl = self.b.controllers.get(jid)
+        return json_response(
+            {
+                "job_id": jid,
+                "state": ctl.state if ctl else "",
+                "flow": ctl.flow_name if ctl else "",
+                "registered": ctl is not None,
+                "subscribed": bool(ctl and ctl.subscribed),
+                "strategies": job.strategies() if job else [],
+                "sub_healthy_strategy": job.sub_healthy_strategy if job else "",
+                "cached_faults": [f.as_dict() for f in ctl.cached_faults.values()] if ctl else [],
+                "decisions": list(self.b.decisions.get(jid, ())),
+            }
+        )
+
+
+def _parse_body(raw: str):
+    """POST /v1/jobs body: JSON (object, list or {"jobs": [...]}) or YAML. Raises JobSpecError."""
+    try:
+        body = orjson.loads(raw)
+    except ValueError:
+        return parse_jobs_text(raw)
+    if isinstance(body, dict) and "jobs" in body:
+        body = body["jobs"]
+    return parse_jobs(body if isinstance(body, list) else [body])

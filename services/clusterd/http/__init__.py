@@ -1,0 +1,1 @@
+"""ClusterD HTTP read API (routes of the core; components add their own)."""

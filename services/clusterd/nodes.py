@@ -1,0 +1,274 @@
+"""The node registry: what ClusterD knows about each node besides its faults (issue 12).
+
+One :class:`NodeRegistry` per ClusterD holds a typed :class:`NodeState` per node: identity from the
+agent's Hello (ip, serial number, boot id), the node status each reporter gave (the agents
+``"agent"``, Kubernetes node-info ConfigMaps ``"kube:nodeinfo"``), the conditions and the device
+states of the agents' snapshots and deltas. It is persisted in the store's ``nodes`` table (flushed
+once per ``flush_s`` and at shutdown), so a restarted ClusterD resolves serial numbers and serves
+``/v1/nodes`` before the agents reconnect.
+
+:meth:`NodeRegistry.health` is the one answer to "how healthy is this node": the worst of its faults
+(clusterd.md §2.4 level -> health) and UnHealthy when any reporter says so. The HTTP node view,
+the ``faultmesh_node_unhealthy`` gauge and the Kubernetes node annotation all read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
+
+from clusterd.center import FaultCenter
+from clusterd.store import Store
+from faultmesh.levels import UNHEALTHY
+from faultmesh.log import event
+
+log = logging.getLogger("clusterd.nodes")
+
+AGENT = "agent"  # the node status reporter of the agent stream
+SLOW_NODE_CODE = "110001010"
+
+
+@dataclass
+class NodeState:
+    """What the reporters last said about one node (faults live in the fault center).
+
+    ``status``: reporter -> node status string (``Healthy`` / ``SubHealthy`` / ``UnHealthy``);
+    ``conditions``: type -> condition view (type, active, reason, message, since_ms); ``devices``:
+    ``"<type>-<id>"`` -> device view (device_type, device_id, phy_id, health, network_health, level,
+    super_pod_id, server_index). The views are the JSON objects of ``GET /v1/nodes/<name>``.
+    """
+
+    name: str
+    node_ip: str = ""
+    node_sn: str = ""
+    boot_id: str = ""
+    status: dict[str, str] = field(default_factory=dict)
+    conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    devices: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def node_status(self) -> str:
+        """The status the node's agent reported ("" when none)."""
+        return self.status.get(AGENT, "")
+
+    def to_json(self) -> dict[str, Any]:
+        """The persisted form (and the shape :meth:`from_json` reads)."""
+        d = asdict(self)
+        d.pop("name")
+        return d
+
+    @classmethod
+    def from_json(cls, name: str, d: dict[str, Any]) -> NodeState:
+        """Rebuild from :meth:`to_json` output; unknown keys are ignored."""
+        return cls(
+            name=name,
+            node_ip=str(d.get("node_ip", "")),
+            node_sn=str(d.get("node_sn", "")),
+            boot_id=str(d.get("boot_id", "")),
+            status={str(k): str(v) for k, v in (d.get("status") or {}).items()},
+            conditions=dict(d.get("conditions") or {}),
+            devices=dict(d.get("devices") or {}),
+        )
+
+
+class NodeHealth(NamedTuple):
+    """``health``: Healthy / SubHealthy / UnHealthy; ``worst_level``: worst fault level ("" if none)."""
+
+    health: str
+    worst_level: str
+
+
+class NodeRegistry:
+    """Every node ClusterD heard of, with one :meth:`health`. Load with :meth:`load`, run :meth:`run`."""
+
+    def __init__(self, store: Store, center: FaultCenter, flush_s: float = 1.0) -> None:
+        self._store = store
+        self._center = center
+        self._nodes: dict[str, NodeState] = {}
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self.flush_s = flush_s
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def load(self) -> int:
+        """Read the persisted nodes. Returns how many."""
+        for name, d in (await self._store.load_nodes()).items():
+            self._nodes[name] = NodeState.from_json(name, d)
+        return len(self._nodes)
+
+    async def flush(self) -> None:
+        """Write the nodes changed since the last flush (one transaction). Raises ``sqlite3.Error``."""
+        if not self._dirty:
+            return
+        names, self._dirty = self._dirty, set()
+        try:
+            await self._store.write_nodes({n: self._nodes[n].to_json() for n in names if n in self._nodes})
+        except BaseException:
+            self._dirty |= names
+            raise
+
+    async def run(self) -> None:
+        """Flush changes at most once per ``flush_s`` until cancelled (a failed write is retried)."""
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(self.flush_s)
+            self._wake.clear()
+            try:
+                await self.flush()
+            except Exception as e:  # disk full: memory stays right, retried next round
+                event(log, logging.ERROR, "node state write failed", error=repr(e))
+                self._wake.set()
+
+    def _touch(self, node: str) -> None:
+        self._dirty.add(node)
+        self._wake.set()
+
+    # -- writes ----------------------------------------------------------------------------------
+    def hello(self, node: str, node_ip: str, node_sn: str, boot_id: str) -> NodeState:
+        """An agent said hello from ``node``: record its identity. Returns the node's state."""
+        st = self._nodes.get(node)
+        if st is None:
+            st = self._nodes[node] = NodeState(node)
+        st.node_ip, st.node_sn, st.boot_id = node_ip, node_sn, boot_id
+        self._touch(node)
+        return st
+
+    def update(
+        self,
+        node: str,
+        *,
+        conditions: Iterable[dict[str, Any]] = (),
+        devices: Iterable[dict[str, Any]] = (),
+        status: str = "",
+        reporter: str = AGENT,
+        replace: bool = False,
+    ) -> NodeState:
+        """Merge conditions/devices (views keyed by type / ``<type>-<id>``) into ``node``; ``replace``
+        makes them the whole set (a snapshot). A non-empty ``status`` is ``reporter``'s node status."""
+        st = self._nodes.get(node)
+        if st is None:
+            st = self._nodes[node] = NodeState(node)
+        conds = {c["type"]: c for c in conditions}
+        devs = {f"{d['device_type']}-{d['device_id']}": d for d in devices}
+        if replace:
+            st.conditions, st.devices = conds, devs
+        else:
+            st.conditions.update(conds)
+            st.devices.update(devs)
+        if status:
+            st.status[reporter] = status
+        self._touch(node)
+        return st
+
+    def set_status(self, node: str, reporter: str, status: str | None) -> None:
+        """Set (or with None/"" clear) ``reporter``'s status of ``node``."""
+        st = self._nodes.get(node)
+        if not status:
+            if st is not None and st.status.pop(reporter, None) is not None:
+                self._touch(node)
+            return
+        if st is None:
+            st = self._nodes[node] = NodeState(node)
+        if st.status.get(reporter) != status:
+            st.status[reporter] = status
+            self._touch(node)
+
+    def put(self, state: NodeState) -> None:
+        """Replace a node's whole state (tests, imports)."""
+        self._nodes[state.name] = state
+        self._touch(state.name)
+
+    # -- reads -----------------------------------------------------------------------------------
+    def get(self, node: str) -> NodeState | None:
+        """The node's state, or None when no reporter ever mentioned it."""
+        return self._nodes.get(node)
+
+    def __contains__(self, node: object) -> bool:
+        return node in self._nodes
+
+    def names(self) -> set[str]:
+        """Every node in the registry."""
+        return set(self._nodes)
+
+    def all_names(self) -> set[str]:
+        """Nodes of the registry plus nodes that have faults."""
+        return self.names() | self._center.node_names()
+
+    def by_sn(self) -> dict[str, str]:
+        """Serial number -> node, for the nodes whose agent gave one."""
+        return {st.node_sn: n for n, st in self._nodes.items() if st.node_sn}
+
+    def status(self, node: str, prefer: str = AGENT) -> str:
+        """``prefer``'s node status of ``node``, else the agent's, else ""."""
+        st = self._nodes.get(node)
+        if st is None:
+            return ""
+        return st.status.get(prefer) or st.status.get(AGENT, "")
+
+    def health(self, node: str) -> NodeHealth:
+        """The node's health: the worst of its faults' health, UnHealthy when any reporter says so."""
+        health, worst = self._center.node_health(node)
+        st = self._nodes.get(node)
+        if st is not None and UNHEALTHY in st.status.values():
+            health = UNHEALTHY
+        return NodeHealth(health, worst)
+
+    def unhealthy(self) -> set[str]:
+        """Every UnHealthy node (by :meth:`health`)."""
+        bad = {n for n, st in self._nodes.items() if UNHEALTHY in st.status.values()}
+        bad |= {n for n in self._center.node_names() if self._center.node_health(n)[0] == UNHEALTHY}
+        return bad
+
+    def info(self, node: str) -> dict[str, Any]:
+        """The node's state as a JSON-shaped dict (node_ip, node_sn, boot_id, node_status, conditions,
+        devices); {} when unknown."""
+        st = self._nodes.get(node)
+        if st is None:
+            return {}
+        return {
+            "node_ip": st.node_ip,
+            "node_sn": st.node_sn,
+            "boot_id": st.boot_id,
+            "node_status": st.node_status,
+            "conditions": st.conditions,
+            "devices": st.devices,
+        }
+
+
+class NodeHealthCollector:
+    """Prometheus collector of per-node health, computed at scrape time from :meth:`NodeRegistry.health`.
+
+    ``faultmesh_node_unhealthy{node}`` = 1 for every UnHealthy node; ``faultmesh_slow_node{node}`` =
+    1 while a slow-node fault (110001010) is active. Series of healthy nodes are absent, so the
+    cardinality follows the broken nodes only.
+    """
+
+    SLOW_NODE_CODE = SLOW_NODE_CODE
+
+    def __init__(self, nodes: NodeRegistry, center: FaultCenter) -> None:
+        self._nodes = nodes
+        self._center = center
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        unhealthy = GaugeMetricFamily(
+            "faultmesh_node_unhealthy",
+            "1 while the node is UnHealthy (series absent otherwise)",
+            labels=["node"],
+        )
+        slow = GaugeMetricFamily(
+            "faultmesh_slow_node",
+            "1 while a slow-node fault (110001010) is active on the node",
+            labels=["node"],
+        )
+        for node in sorted(self._center.node_names()):
+            if any(f.code == SLOW_NODE_CODE for f in self._center.faults_of_node(node)):
+                slow.add_metric([node], 1)
+        for node in sorted(self._nodes.unhealthy()):
+            unhealthy.add_metric([node], 1)
+        yield unhealthy
+        yield slow

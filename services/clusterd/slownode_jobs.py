@@ -1,0 +1,93 @@
+"""Slow-node detection jobs: FeatConf helpers, placement parsing and the per-job state
+(see :mod:`clusterd.slownode`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from fdol.slownode.cluster import ClusterDetector, DegradationTracker
+from fdol.slownode.featconf import FeatConf
+
+MAX_ROUNDS_KEPT = 100
+
+
+def prefix(conf: FeatConf) -> str:
+    """The reference's log prefix ``[FD-OL SLOWNODE]job(name=<job>, namespace=<ns>, jobId=<id>)``."""
+    return f"[FD-OL SLOWNODE]job(name={conf.job_name}, namespace={conf.job_namespace}, jobId={conf.job_id})"
+
+
+def go_ints(xs: list[int]) -> str:
+    """A Go slice print of ints: ``[3 5]``."""
+    return "[" + " ".join(str(x) for x in xs) + "]"
+
+
+class EnableError(ValueError):
+    """An enable request that cannot be honoured (bad FeatConf, no placement)."""
+
+
+def parse_placement(obj: Any) -> dict[int, str]:
+    """``{"0": "node-a", ...}`` -> {0: "node-a"}. Raises :class:`EnableError`."""
+    if not isinstance(obj, dict) or not obj:
+        raise EnableError('ranks must be a non-empty object {"<rank>": "<node>"}')
+    out = {}
+    for k, v in obj.items():
+        try:
+            r = int(k)
+        except (TypeError, ValueError):
+            raise EnableError(f"rank {k!r} is not an integer") from None
+        if r < 0 or not isinstance(v, str) or not v:
+            raise EnableError(f"rank {k!r}: node must be a non-empty string and rank >= 0")
+        out[r] = v
+    return out
+
+
+def unwrap_configmap(obj: Any) -> tuple[Any, Any]:
+    """The FeatConf object and optional placement from a file/body: a FeatConf, ``{"FeatConf": text}``
+    or ``{"data": {"FeatConf": text}}``. Raises :class:`EnableError`."""
+    if not isinstance(obj, dict):
+        raise EnableError("expected a JSON object")
+    ranks = obj.get("ranks")
+    inner = obj.get("data") if isinstance(obj.get("data"), dict) else obj
+    fc = None
+    for k, v in inner.items():
+        if isinstance(k, str) and k.lower() == "featconf":
+            fc = v
+    if fc is None:
+        return {k: v for k, v in obj.items() if k != "ranks"}, ranks
+    if isinstance(fc, str):
+        try:
+            fc = orjson.loads(fc)
+        except orjson.JSONDecodeError as e:
+            raise EnableError(f"FeatConf is not JSON: {e}") from None
+    return fc, ranks if ranks is not None else (fc.get("ranks") if isinstance(fc, dict) else None)
+
+
+@dataclass
+class JobState:
+    """One enabled job in clusterd."""
+
+    conf: FeatConf
+    placement: dict[int, str]
+    source: str
+    detector: ClusterDetector
+    tracker: DegradationTracker
+    task: asyncio.Task | None = None
+    rounds: deque = field(default_factory=lambda: deque(maxlen=MAX_ROUNDS_KEPT))
+    latest: dict | None = None
+    faulted_nodes: set[str] = field(default_factory=set)
+    enabled_ms: int = 0
+
+    @property
+    def ns_name(self) -> str:
+        return f"{self.conf.job_namespace}/{self.conf.job_name}"
+
+    def nodes(self) -> list[str]:
+        return sorted(set(self.placement.values()))
+
+    def ranks_on(self, node: str) -> list[int]:
+        return sorted(r for r, n in self.placement.items() if n == node)

@@ -1,0 +1,326 @@
+"""Job files: the format and parsing of training jobs, their ranks and their recovery settings.
+
+Core (issue 12): the CLI (``faultmesh job apply``) and ClusterD's job registry
+(:mod:`clusterd.brain.jobs`) both parse with this module. Source: issue 7 "Jobs"; clusterd.md §7.1 (the PodGroup labels and annotations a job carries) and
+§6.4 (fault -> rank mapping). Without Kubernetes a job comes from ``faultmesh job apply`` (HTTP
+``POST /v1/jobs``); the Recover Init/Register flow then marks it for process-level recovery.
+
+A job spec (JSON or YAML; one object, a list, or ``{"jobs": [...]}``)::
+
+    id: 7f3c0d5e-job-uid          # the job's UID ("jobId" on every upstream RPC); also jobId / uid
+    name: llama                   # required
+    namespace: default
+    status: running               # pending | running | completed | failed
+    framework: pytorch            # pytorch | mindspore | tensorflow
+    recover-strategy: retry,recover,dump      # annotation (list or comma string)
+    process-recover-enable: "on"  # label: on | pause | "" (off)
+    fault-scheduling: grace       # label: grace | force | ""
+    pod-rescheduling: "on"        # label
+    subHealthyStrategy: hotSwitch # label: ignore | graceExit | hotSwitch
+    backupNodes: [node-c]         # spare nodes a hot switch may move a pod to
+    ranks:                        # global rank -> (node, device id); one pod per node
+      - {rank: 0, node: node-a, device: 0, superPodId: 0}
+
+Ranks are grouped into pods by node (pod rank = order of the node's lowest rank), as the
+reference groups them by ``rank / NPUs-per-pod``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import yaml
+
+# clusterd.md §7.1: kept strategy values and their priority.
+STRATEGY_PRIORITY = {
+    "retry": 1,
+    "recover-in-place": 2,
+    "recover": 3,
+    "elastic-training": 4,
+    "dump": 5,
+    "exit": 6,
+}
+SUBHEALTH_STRATEGIES = ("ignore", "graceExit", "hotSwitch")
+STATUSES = ("pending", "running", "completed", "failed")
+FRAMEWORKS = ("pytorch", "mindspore", "tensorflow", "")
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9\-.]{0,251}[a-z0-9])?$")
+ID_RE = re.compile(r"^[A-Za-z0-9\-_.]{1,128}$")
+MAX_RANKS = 100_000
+
+
+class JobSpecError(ValueError):
+    """A job spec that cannot be applied (the message names the field and why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rank:
+    """One global rank placed on ``node``'s NPU ``device_id`` (``super_pod_id`` -1 = none known)."""
+
+    rank: int
+    node: str
+    device_id: int
+    super_pod_id: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A training job (fields as in the module docstring; times in ms since the epoch)."""
+
+    id: str
+    name: str
+    namespace: str = "default"
+    status: str = "running"
+    framework: str = "pytorch"
+    recover_strategy: tuple[str, ...] = ()
+    process_recover_enable: str = ""
+    fault_scheduling: str = ""
+    pod_rescheduling: str = ""
+    sub_healthy_strategy: str = ""
+    backup_nodes: tuple[str, ...] = ()
+    ranks: tuple[Rank, ...] = ()
+    created_ms: int = 0
+    updated_ms: int = 0
+    extra: dict[str, str] = field(default_factory=dict, compare=False)
+
+    # -- derived views ---------------------------------------------------------------------------
+    @property
+    def ns_name(self) -> str:
+        """``namespace/name`` (the data-trace key)."""
+        return f"{self.namespace}/{self.name}"
+
+    def strategies(self) -> list[str]:
+        """The effective strategy list of clusterd.md §7.1: kept values + exit, by priority."""
+        kept = {s for s in self.recover_strategy if s in STRATEGY_PRIORITY}
+        kept.add("exit")
+        return sorted(kept, key=STRATEGY_PRIORITY.__getitem__)
+
+    def rescheduling(self) -> list[str]:
+        """``job-rescheduling`` / ``pod-rescheduling`` entries derived from the labels (§7.1)."""
+        out = []
+        if self.fault_scheduling in ("grace", "force"):
+            out.append("job-rescheduling")
+        if self.pod_rescheduling == "on":
+            out.append("pod-rescheduling")
+        return out
+
+    def nodes(self) -> list[str]:
+        """The job's nodes (its pods' servers) in pod-rank order."""
+        first: dict[str, int] = {}
+        for r in self.ranks:
+            first[r.node] = min(first.get(r.node, r.rank), r.rank)
+        return sorted(first, key=lambda n: (first[n], n))
+
+    def pod_rank(self, node: str) -> int:
+        """Pod rank of the pod on ``node`` (-1 when the job has no rank there)."""
+        nodes = self.nodes()
+        return nodes.index(node) if node in nodes else -1
+
+    def rank_of(self, node: str, device_id: int) -> Rank | None:
+        """The rank placed on (node, device_id), or None."""
+        for r in self.ranks:
+            if r.node == node and r.device_id == device_id:
+                return r
+        return None
+
+    def ranks_on(self, node: str) -> list[Rank]:
+        """Ranks hosted by ``node``, by rank."""
+        return sorted((r for r in self.ranks if r.node == node), key=lambda r: r.rank)
+
+    def node_of_rank(self, rank: int) -> str | None:
+        """The node hosting global rank ``rank``."""
+        for r in self.ranks:
+            if r.rank == rank:
+                return r.node
+        return None
+
+    def rank_table(self) -> dict[str, Any]:
+        """The job's HCCL rank table (``hccl.json`` shape): servers with device_id / rank_id strings."""
+        servers = []
+        for node in self.nodes():
+            servers.append(
+                {
+                    "server_id": node,
+                    "device": [
+                        {"device_id": str(r.device_id), "rank_id": str(r.rank)} for r in self.ranks_on(node)
+                    ],
+                }
+            )
+        return {
+            "status": "completed",
+            "version": "1.0",
+            "server_count": str(len(servers)),
+            "server_list": servers,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (the same keys ``job apply`` accepts)."""
+        d = asdict(self)
+        return {
+            "id": d["id"],
+            "name": d["name"],
+            "namespace": d["namespace"],
+            "status": d["status"],
+            "framework": d["framework"],
+            "recover-strategy": list(self.recover_strategy),
+            "process-recover-enable": self.process_recover_enable,
+            "fault-scheduling": self.fault_scheduling,
+            "pod-rescheduling": self.pod_rescheduling,
+            "subHealthyStrategy": self.sub_healthy_strategy,
+            "backupNodes": list(self.backup_nodes),
+            "ranks": [
+                {"rank": r.rank, "node": r.node, "device": r.device_id, "superPodId": r.super_pod_id}
+                for r in self.ranks
+            ],
+            "created_ms": self.created_ms,
+            "updated_ms": self.updated_ms,
+        }
+
+
+def _pick(d: dict[str, Any], *names: str, default: Any = None) -> Any:
+    for n in names:
+        if n in d and d[n] is not None:
+            return d[n]
+    return default
+
+
+def _str(d: dict[str, Any], names: tuple[str, ...], default: str = "") -> str:
+    v = _pick(d, *names, default=default)
+    if isinstance(v, bool):  # YAML 1.1 turns a bare on into True
+        return "on" if v else ""
+    if not isinstance(v, (str, int)):
+        raise JobSpecError(f"{names[0]} must be a string")
+    return str(v)
+
+
+def parse_job(d: Any) -> Job:
+    """Validate one job spec (module docstring) and return a :class:`Job`. Raises :class:`JobSpecError`."""
+    if not isinstance(d, dict):
+        raise JobSpecError("a job must be an object")
+    job_id = _str(d, ("id", "jobId", "uid", "job_id"))
+    if not ID_RE.match(job_id):
+        raise JobSpecError(f"id {job_id[:140]!r} must match {ID_RE.pattern}")
+    name = _str(d, ("name", "jobName"))
+    if not NAME_RE.match(name):
+        raise JobSpecError(f"name {name[:64]!r} must be a DNS-1123 name")
+    namespace = _str(d, ("namespace",), "default")
+    if not NAME_RE.match(namespace) or len(namespace) > 63:
+        raise JobSpecError(f"namespace {namespace[:64]!r} must be a DNS-1123 label")
+    status = _str(d, ("status",), "running").lower()
+    if status not in STATUSES:
+        raise JobSpecError(f"status {status!r} must be one of {', '.join(STATUSES)}")
+    framework = _str(d, ("framework", "frameWork"), "pytorch").lower()
+    if framework not in FRAMEWORKS:
+        raise JobSpecError(f"framework {framework!r} must be one of pytorch, mindspore, tensorflow")
+    rs = _pick(d, "recover-strategy", "recoverStrategy", "recover_strategy", default=[])
+    if isinstance(rs, str):
+        rs = [s.strip() for s in rs.split(",") if s.strip()]
+    if not isinstance(rs, list) or not all(isinstance(s, str) for s in rs):
+        raise JobSpecError("recover-strategy must be a list or a comma-separated string")
+    bad = [s for s in rs if s not in STRATEGY_PRIORITY]
+    if bad:
+        raise JobSpecError(
+            f"recover-strategy has unknown values {bad}; known: {', '.join(STRATEGY_PRIORITY)}"
+        )
+    pre = _str(d, ("process-recover-enable", "processRecoverEnable"), "")
+    if pre not in ("on", "pause", "off", ""):
+        raise JobSpecError("process-recover-enable must be on, pause, off or empty")
+    fs = _str(d, ("fault-scheduling", "faultScheduling"), "")
+    if fs not in ("grace", "force", "off", ""):
+        raise JobSpecError("fault-scheduling must be grace, force, off or empty")
+    pr = _str(d, ("pod-rescheduling", "podRescheduling"), "")
+    if pr not in ("on", "off", ""):
+        raise JobSpecError("pod-rescheduling must be on, off or empty")
+    shs = _str(d, ("subHealthyStrategy", "sub-healthy-strategy", "subhealthy-strategy"), "")
+    if shs and shs not in SUBHEALTH_STRATEGIES:
+        raise JobSpecError(f"subHealthyStrategy {shs!r} must be one of {', '.join(SUBHEALTH_STRATEGIES)}")
+    backups = _pick(d, "backupNodes", "backup-nodes", default=[])
+    if not isinstance(backups, list) or not all(isinstance(n, str) and NAME_RE.match(n) for n in backups):
+        raise JobSpecError("backupNodes must be a list of node names")
+    raw = _pick(d, "ranks", default=[])
+    if not isinstance(raw, list):
+        raise JobSpecError("ranks must be a list")
+    if len(raw) > MAX_RANKS:
+        raise JobSpecError(f"ranks: at most {MAX_RANKS}")
+    ranks: list[Rank] = []
+    seen_rank: set[int] = set()
+    seen_dev: set[tuple[str, int]] = set()
+    for i, r in enumerate(raw):
+        if not isinstance(r, dict):
+            raise JobSpecError(f"ranks[{i}] must be an object with rank, node, device")
+        try:
+            rank = int(_pick(r, "rank", "rankId", "rank_id"))
+            dev = int(_pick(r, "device", "deviceId", "device_id"))
+            spid = int(_pick(r, "superPodId", "super_pod_id", default=-1))
+        except (TypeError, ValueError):
+            raise JobSpecError(f"ranks[{i}]: rank, device and superPodId must be integers") from None
+        node = _pick(r, "node", "nodeName")
+        if not isinstance(node, str) or not NAME_RE.match(node):
+            raise JobSpecError(f"ranks[{i}]: node must be a node name")
+        if rank < 0 or dev < 0:
+            raise JobSpecError(f"ranks[{i}]: rank and device must be >= 0")
+        if rank in seen_rank:
+            raise JobSpecError(f"ranks[{i}]: rank {rank} appears twice")
+        if (node, dev) in seen_dev:
+            raise JobSpecError(f"ranks[{i}]: device {node}/{dev} holds two ranks")
+        seen_rank.add(rank)
+        seen_dev.add((node, dev))
+        ranks.append(Rank(rank, node, dev, spid))
+    ranks.sort(key=lambda r: r.rank)
+    return Job(
+        id=job_id,
+        name=name,
+        namespace=namespace,
+        status=status,
+        framework=framework,
+        recover_strategy=tuple(dict.fromkeys(rs)),
+        process_recover_enable="" if pre == "off" else pre,
+        fault_scheduling="" if fs == "off" else fs,
+        pod_rescheduling="" if pr == "off" else pr,
+        sub_healthy_strategy=shs,
+        backup_nodes=tuple(backups),
+        ranks=tuple(ranks),
+    )
+
+
+def parse_jobs_text(text: str) -> list[Job]:
+    """Parse a JSON or YAML document (one job, a list, ``{"jobs": [...]}`` or several YAML documents).
+
+    Raises :class:`JobSpecError` naming the job index and the problem.
+    """
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except (yaml.YAMLError, RecursionError) as e:
+        raise JobSpecError(f"not JSON or YAML: {str(e)[:200] or 'nested too deeply'}") from None
+    items: list[Any] = []
+    for d in docs:
+        if isinstance(d, dict) and "jobs" in d:
+            d = d["jobs"]
+        items.extend(d if isinstance(d, list) else [d])
+    return parse_jobs(items)
+
+
+def parse_jobs(items: Iterable[Any]) -> list[Job]:
+    """Validate a list of job specs; ids must be unique. Raises :class:`JobSpecError`."""
+    out: list[Job] = []
+    ids: set[str] = set()
+    for i, d in enumerate(items):
+        try:
+            job = parse_job(d)
+        except JobSpecError as e:
+            raise JobSpecError(f"job {i}: {e}") from None
+        if job.id in ids:
+            raise JobSpecError(f"job {i}: id {job.id} appears twice")
+        ids.add(job.id)
+        out.append(job)
+    if not out:
+        raise JobSpecError("no job in the document")
+    return out
+
+
+def job_from_store(d: dict[str, Any]) -> Job:
+    """Rebuild a stored job (its :meth:`Job.to_dict`) keeping its times."""
+    job = parse_job(d)
+    return replace(job, created_ms=int(d.get("created_ms", 0)), updated_ms=int(d.get("updated_ms", 0)))
