@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import asyncio.runners
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -40,3 +44,51 @@ def clusterd_process(tmp_path):
     yield start
     for p in procs:
         p.stop()
+
+
+# -- leak guard: a test that leaves tasks or threads behind fails (issue 12; anchors §7, HA verify_cleanup)
+_LEAKED_TASKS: list[str] = []
+_orig_cancel_all_tasks = asyncio.runners._cancel_all_tasks
+
+
+def _cancel_all_tasks_and_record(loop):
+    """pytest-asyncio's Runner cancels what is still running when the test's loop closes (after
+    every fixture's teardown): whatever is still pending then was left behind by the test."""
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    _LEAKED_TASKS.extend(f"{t.get_name()} {t.get_coro()!r}" for t in pending)
+    return _orig_cancel_all_tasks(loop)
+
+
+asyncio.runners._cancel_all_tasks = _cancel_all_tasks_and_record
+
+
+def _live_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.is_alive() and not t.daemon}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Fail a test (at teardown) that left asyncio tasks running or non-daemon threads alive."""
+    before = item.stash.get(_THREADS_KEY, set())
+    _LEAKED_TASKS.clear()
+    result = yield
+    tasks = list(_LEAKED_TASKS)
+    _LEAKED_TASKS.clear()
+    deadline = time.monotonic() + 3.0
+    extra = _live_threads() - before
+    while extra and time.monotonic() < deadline:
+        time.sleep(0.05)
+        extra = {t for t in extra if t.is_alive()}
+    problems = [f"task left running: {t}" for t in tasks]
+    problems += [f"thread left alive: {t.name}" for t in extra]
+    if problems:
+        pytest.fail("test left work behind:\n  " + "\n  ".join(problems), pytrace=False)
+    return result
+
+
+_THREADS_KEY = pytest.StashKey[set]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_THREADS_KEY] = _live_threads()
