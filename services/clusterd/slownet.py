@@ -38,6 +38,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 
+from clusterd.detectors import fdol_edge as edge
+from clusterd.detectors.fdol_edge import SOURCE
 from faultmesh._pb import agent_pb2
 from faultmesh.config import read_secret
 from faultmesh.httpd import json_response
@@ -46,8 +48,8 @@ from faultmesh.model import Fault, FaultKey
 from fdol.slownet import config as pmconfig
 from fdol.slownet import pinglist as pl
 from fdol.slownet import topology as topo
-from fdol.slownet.analyzer import SOURCE, AnalyzerParams, SuperPodAnalyzer
-from fdol.slownet.csvfile import read_csv_rows
+from fdol.slownet.analyzer import AnalyzerParams, SuperPodAnalyzer
+from fdol.slownet.csvfile import PingRecord, read_csv_rows
 from fdol.slownet.window import PingRow
 
 log = logging.getLogger("clusterd.slownet")
@@ -69,7 +71,7 @@ class _Pod:
         self.pending: list[PingRow] = []
         self.last_period: int | None = None
         self.first_period: int | None = None
-        self.status: dict[str, Any] = self.analyzer.status()
+        self.status: dict[str, Any] = edge.status_json(self.analyzer.status())
         self.last_analysis_ms = 0
         self.analysis_s = 0.0
         self.faults: list[Fault] = []  # fault records of the last analysis (read on the loop)
@@ -319,15 +321,15 @@ class SlowNetComponent:
                     log, logging.WARNING, "slownet input rejected", kind="topology", file=path, error=str(e)
                 )
 
-    def _scan_csv(self, spids: list[str]) -> dict[str, tuple[list[agent_pb2.PingResult], int]]:
+    def _scan_csv(self, spids: list[str]) -> dict[str, tuple[list[PingRecord], int]]:
         """Blocking: new rows of the changed result CSVs per super pod -> {spid: (rows, bad lines)}.
         Per ``ping_result_<idx>`` (its .csv and .csv-bak), rows not newer than the newest row already
         taken are skipped, so a rollover or a re-read never counts a row twice."""
-        out: dict[str, tuple[list[agent_pb2.PingResult], int]] = {}
+        out: dict[str, tuple[list[PingRecord], int]] = {}
         root = Path(self.args.slownet_csv_root) / "cluster"
         for spid in spids:
             d = root / f"super-pod-{spid}"
-            rows_all: list[agent_pb2.PingResult] = []
+            rows_all: list[PingRecord] = []
             bad_all = 0
             for f in sorted(d.glob("ping_result_*.csv-bak")) + sorted(d.glob("ping_result_*.csv")):
                 try:
@@ -357,7 +359,7 @@ class SlowNetComponent:
                 self.m_rows.labels("csv_bad_line").inc(bad)
             pod = self.pods.get(spid)
             if pod is not None and rows:
-                pod.pending.extend(_row(r) for r in rows)
+                pod.pending.extend(r.row() for r in rows)
 
     # -- agents -----------------------------------------------------------------------------------
     async def _push_node(self, spid: str, node: str) -> bool:
@@ -365,9 +367,10 @@ class SlowNetComponent:
         send = self.cd.agents.send
         ok = True
         if self.config:
-            ok &= await send(node, AGENT, pingmesh_config=pmconfig.to_pb(self.config))
-        ok &= await send(node, AGENT, topology=pod.sp.to_pb())
-        ok &= await send(node, AGENT, ping_list=pl.to_pb(spid, pod.by_node.get(node, [])))
+            ok &= await send(node, AGENT, pingmesh_config=edge.config_to_pb(self.config))
+        ok &= await send(node, AGENT, topology=edge.topology_to_pb(pod.sp))
+        lst = pl.node_ping_list(spid, pod.by_node.get(node, []))
+        ok &= await send(node, AGENT, ping_list=edge.ping_list_to_pb(lst))
         return ok
 
     async def _push_pod(self, spid: str) -> None:
@@ -391,15 +394,15 @@ class SlowNetComponent:
             if pod is None or node not in pod.sp.nodes:
                 self.m_rows.labels("unknown_super_pod").inc()
                 continue
-            pod.pending.append(_row(r))
+            pod.pending.append(edge.row_from_pb(r))
 
     # -- analysis ---------------------------------------------------------------------------------
     def _analyze_blocking(self, pod: _Pod, rows: list[PingRow], periods: list[int], now_ms: int) -> dict:
         t0 = time.perf_counter()
         counts = pod.analyzer.ingest(rows, now_ms)
         reports = [pod.analyzer.analyze(k, now_s=now_ms / 1000) for k in periods]
-        faults = pod.analyzer.faults()
-        status = pod.analyzer.status()
+        faults = edge.faults(pod.analyzer.detections())
+        status = edge.status_json(pod.analyzer.status())
         return {
             "counts": counts,
             "reports": reports,
@@ -587,10 +590,3 @@ class SlowNetComponent:
             self.m_inputs.labels("config").inc()
             return json_response({"error": str(e)}, status=400)
         return json_response({"config": pmconfig.to_json_obj(cfg)})
-
-
-def _row(r: agent_pb2.PingResult) -> PingRow:
-    return PingRow(
-        int(r.ping_task_id), r.src_type, r.src_addr, r.dst_type, r.dst_addr,
-        r.min_delay, r.max_delay, r.avg_delay, r.avg_loss_rate, int(r.timestamp_ms),
-    )  # fmt: skip

@@ -51,6 +51,7 @@ from faultmesh.log import RateLimitedLog, event
 from fdol.slownet import config as pmconfig
 from fdol.slownet import pinglist as pl
 from fdol.slownet import topology as topo
+from noded.pingmesh import wire
 from noded.pingmesh.results import ResultWriter, TaskSample, rows_from_samples
 
 log = logging.getLogger("noded.pingmesh")
@@ -162,7 +163,7 @@ class PingmeshComponent:
         if kind == "sim":
             if not self.args.pingmesh_fabric:
                 raise ValueError("--pingmesh-backend sim needs --pingmesh-fabric FILE")
-            from faultmesh.dcmi.fabric import Fabric, SimHccsping
+            from noded.pingmesh.fabric import Fabric, SimHccsping
 
             fabric = await self.app.blocking.call(CALL_TIMEOUT_S, Fabric.from_file, self.args.pingmesh_fabric)
             backend = SimHccsping(fabric, self.node)
@@ -193,9 +194,9 @@ class PingmeshComponent:
         kind = msg.WhichOneof("body")
         try:
             if kind == "pingmesh_config":
-                self.set_config(pmconfig.from_pb(msg.pingmesh_config), "clusterd")
+                self.set_config(wire.config_from_pb(msg.pingmesh_config), "clusterd")
             elif kind == "topology":
-                self.set_topology(topo.from_pb(msg.topology), "clusterd")
+                self.set_topology(wire.topology_from_pb(msg.topology), "clusterd")
             elif kind == "ping_list":
                 self.set_ping_list_pb(msg.ping_list)
             else:
