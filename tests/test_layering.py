@@ -3,7 +3,8 @@
 - core (``faultmesh`` except the top floor) imports no service, no fdol and nothing of the top floor;
 - fdol is a pure library: it imports nothing of faultmesh and no service;
 - a service (noded, deviced, clusterd) imports core and fdol, never another service or the top floor;
-- the top floor (CLI, simulators, demo, trainsim, the training-side profiler) may import anything.
+- the top floor (CLI, simulators, demo, trainsim, the training-side profiler) may import anything;
+- and fdol needs nothing outside the standard library but numpy.
 
 Every import is read from the source (module level and inside functions), so a lazy import counts.
 """
@@ -11,6 +12,7 @@ Every import is read from the source (module level and inside functions), so a l
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,8 +56,8 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def imports(path: Path) -> list[tuple[int, str]]:
-    """(line, absolute module) for every first-party import in ``path``."""
+def all_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) for every import in ``path`` (relative ones resolved)."""
     mod = module_name(path)
     pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
     out: list[tuple[int, str]] = []
@@ -70,7 +72,12 @@ def imports(path: Path) -> list[tuple[int, str]]:
             else:
                 target = node.module or ""
             out.append((node.lineno, target))
-    return [(ln, m) for ln, m in out if m.split(".")[0] in FIRST_PARTY]
+    return out
+
+
+def imports(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) for every first-party import in ``path``."""
+    return [(ln, m) for ln, m in all_imports(path) if m.split(".")[0] in FIRST_PARTY]
 
 
 def sources() -> list[Path]:
@@ -99,3 +106,16 @@ def test_rules_catch_each_kind_of_breach():
     assert not allowed("core", "clusterd") and not allowed("core", "fdol") and not allowed("core", "top")
     assert not allowed("fdol", "core") and not allowed("noded", "deviced") and not allowed("clusterd", "top")
     assert allowed("noded", "core") and allowed("clusterd", "fdol") and allowed("top", "clusterd")
+
+
+def test_fdol_needs_only_the_standard_library_and_numpy():
+    """fdol is a pure library (issue 12): stdlib and numpy, nothing else installed."""
+    ok = set(sys.stdlib_module_names) | {"__future__", "fdol", "numpy"}
+    bad = [
+        f"{p.relative_to(SERVICES)}:{ln} imports {m}"
+        for p in sources()
+        if module_name(p).split(".")[0] == "fdol"
+        for ln, m in all_imports(p)
+        if m.split(".")[0] not in ok
+    ]
+    assert not bad, "\n".join(bad)

@@ -41,7 +41,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from clusterd.detectors import fdol_edge as edge
 from clusterd.detectors.fdol_edge import SOURCE
 from faultmesh._pb import agent_pb2
-from faultmesh.config import read_secret
+from faultmesh.config import load_document, read_secret
 from faultmesh.httpd import json_response
 from faultmesh.log import event
 from faultmesh.model import Fault, FaultKey
@@ -306,7 +306,7 @@ class SlowNetComponent:
             try:
                 if isinstance(text, OSError):
                     raise text
-                await self.set_config(pmconfig.parse_config(text), f"file:{path}")
+                await self.set_config(pmconfig.parse_config(load_document(text)), f"file:{path}")
             except (OSError, ValueError) as e:
                 self.m_inputs.labels("config").inc()
                 event(log, logging.WARNING, "slownet input rejected", kind="config", file=path, error=str(e))
@@ -584,7 +584,7 @@ class SlowNetComponent:
             self.cd.rejected.labels("http", "unauthorized").inc()
             return json_response({"error": "unauthorized"}, status=401)
         try:
-            cfg = pmconfig.parse_config(await request.read())
+            cfg = pmconfig.parse_config(load_document(await request.read()))
             await self.set_config(cfg, "http")
         except ValueError as e:
             self.m_inputs.labels("config").inc()

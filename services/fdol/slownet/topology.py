@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
+from fdol import strictjson
 
 MAX_PHY_ID = 63
 MAX_SDID = (1 << 32) - 1
@@ -180,7 +180,7 @@ def parse_super_pod(data: str | bytes | dict[str, Any]) -> SuperPod:
     """
     if isinstance(data, (str, bytes, bytearray)):
         try:
-            data = orjson.loads(data)
+            data = strictjson.loads(data)
         except ValueError as e:
             raise TopologyError(f"topology is not JSON: {e}") from None
     if not isinstance(data, dict):

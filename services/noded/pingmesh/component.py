@@ -45,6 +45,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from faultmesh._pb import agent_pb2
+from faultmesh.config import load_document
 from faultmesh.dcmi.hccsping import STATE_STOPPED, ChipInfo, HccspingParamError, PingOp
 from faultmesh.httpd import json_response
 from faultmesh.log import RateLimitedLog, event
@@ -295,7 +296,7 @@ class PingmeshComponent:
                 if isinstance(data, Exception):
                     raise data
                 if kind == "config":
-                    self.set_config(pmconfig.parse_config(data), f"file:{path}")
+                    self.set_config(pmconfig.parse_config(load_document(data)), f"file:{path}")
                 elif kind == "topology":
                     self.set_topology(topo.parse_super_pod(data), f"file:{path}")
                 else:
