@@ -82,7 +82,7 @@ class PathEvidence(NamedTuple):
 class Alarm:
     """One localized alarm (fields of fdol.md §8.7 plus where it is).
 
-    ``kind``: npu | link | node | plane. ``node``/``phy``: where the fault record goes (phy None for
+    ``kind``: npu | link | node | plane. ``node``/``phy``: where it is reported (phy None for
     node and plane alarms); ``peer_node``/``peer_phy``: the other end of a link. Loss in %, delay raw.
     """
 

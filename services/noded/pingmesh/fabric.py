@@ -105,9 +105,10 @@ class Fabric:
     @classmethod
     def from_file(cls, path: str | os.PathLike, reload_s: float = 0.2) -> Fabric:
         """Open a fabric file (raises :class:`FabricError` when unreadable or invalid)."""
-        p = Path(path)
-        fab = cls(read_spec(p), p, reload_s)
-        fab._watch.changed()  # the content just read is the baseline
+        watch = FileWatch(path)
+        watch.changed()  # the baseline before reading: a write from now on shows on the next look
+        fab = cls(read_spec(path), path, reload_s)
+        fab._watch = watch
         return fab
 
     def _apply(self, spec: dict[str, Any]) -> None:
