@@ -21,10 +21,14 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constant)
 
 
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
-    """Decode one JSON document (bytes as UTF-8). Raises ``ValueError`` for invalid JSON."""
+    """Decode one JSON document (bytes as UTF-8). Raises ``ValueError`` for invalid JSON, including
+    nesting deeper than the interpreter's recursion limit."""
     if not isinstance(data, str):
         data = bytes(data).decode("utf-8")
-    return _DECODER.decode(data)
+    try:
+        return _DECODER.decode(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def dumps(obj: Any) -> bytes:

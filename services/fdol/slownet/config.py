@@ -72,7 +72,7 @@ def parse_config(data: str | bytes | dict[str, Any]) -> dict[str, Activation]:
     if isinstance(data, (str, bytes)):
         try:
             data = strictjson.loads(data)
-        except (ValueError, RecursionError) as e:
+        except ValueError as e:
             raise PingmeshConfigError(f"pingmesh-config is not JSON: {str(e)[:200]}") from None
     if not isinstance(data, dict):
         raise PingmeshConfigError("pingmesh-config must be a mapping")

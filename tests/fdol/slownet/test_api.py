@@ -92,3 +92,15 @@ def test_detections_of_a_degraded_plane_one_per_node_and_filtered():
     assert d.fault_types == ("loss",) and d.alarms[0]["kind"] == "plane" and d.first_ms == d.last_ms == 10 * P
     assert d.description == "switch plane 1 degraded" and d.super_pod_id == "0"
     assert [x.node for x in an.detections(node_filter={"n1"})] == ["n1"]
+
+
+def test_strict_json_refuses_what_is_not_json():
+    from fdol import strictjson
+
+    assert strictjson.loads(b'{"a": [1, 2.5, "\\u00e9"]}') == {"a": [1, 2.5, "é"]}
+    assert strictjson.dumps({"a": "é", "b": [1]}) == '{"a":"é","b":[1]}'.encode()
+    for bad in (b"NaN", b'{"a": Infinity}', b"\xff", b"[" * 100_000, b"{", b""):
+        with pytest.raises(ValueError):
+            strictjson.loads(bad)
+    with pytest.raises(TopologyError, match="not JSON"):
+        topology.parse_super_pod(b"[" * 100_000)
