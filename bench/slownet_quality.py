@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from faultmesh.dcmi.fabric import Fabric
+from faultmesh.sims.fabric import Fabric, ground_truth
 from fdol.slownet import pinglist
 from fdol.slownet.analyzer import AnalyzerParams, SuperPodAnalyzer
 from fdol.slownet.topology import build_super_pod
@@ -113,7 +113,7 @@ def quality(trials: int, seed: int) -> tuple[dict, int, int]:
                 k += 1
             spec["faults"] = [random_fault(kind, rng, nodes, pairs)]
             fabric = Fabric(spec)
-            truth = fabric.ground_truth()[0]
+            truth = ground_truth(fabric)[0]
             for h in range(1, HORIZON + 1):
                 an.ingest(rows_for(fabric, pairs, probes, k))
                 alarms = an.analyze(k).alarms
@@ -166,7 +166,7 @@ def period_time(n_nodes: int = 48) -> tuple[float, int]:
     t0 = time.perf_counter()
     an.ingest(batch)
     rep = an.analyze(9)
-    an.faults()
+    an.detections()
     an.status()
     dt = time.perf_counter() - t0
     assert rep.alarms, "the lossy path was not found"

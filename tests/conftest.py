@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import asyncio.runners
+import gc
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -63,7 +65,20 @@ asyncio.runners._cancel_all_tasks = _cancel_all_tasks_and_record
 
 
 def _live_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.is_alive() and not t.daemon}
+    return {t for t in threading.enumerate() if t.is_alive() and not t.daemon and not _of_closed_pool(t)}
+
+
+def _of_closed_pool(t: threading.Thread) -> bool:
+    """A worker of a ThreadPoolExecutor that was shut down: it ends when its current call returns
+    (a BlockingPool call that timed out is left to finish in its thread by design)."""
+    args = getattr(t, "_args", ())
+    ref = args[0] if args else None
+    pool = ref() if callable(ref) and isinstance(ref, weakref.ref) else None
+    return (
+        ref is not None
+        and isinstance(ref, weakref.ref)
+        and (pool is None or getattr(pool, "_shutdown", False))
+    )
 
 
 @pytest.hookimpl(wrapper=True)
@@ -74,6 +89,7 @@ def pytest_runtest_teardown(item, nextitem):
     result = yield
     tasks = list(_LEAKED_TASKS)
     _LEAKED_TASKS.clear()
+    gc.collect()  # an unreferenced ThreadPoolExecutor wakes its idle workers to exit when collected
     deadline = time.monotonic() + 3.0
     extra = _live_threads() - before
     while extra and time.monotonic() < deadline:

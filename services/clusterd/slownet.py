@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from clusterd.detectors import fdol_edge as edge
+from clusterd.detectors.fdol_edge import SOURCE
 from clusterd.slownet_http import AGENT, SlowNetHttp
 from clusterd.slownet_inputs import SlowNetInputs
 from faultmesh._pb import agent_pb2
@@ -44,7 +46,7 @@ from faultmesh.model import Fault, FaultKey
 from fdol.slownet import config as pmconfig
 from fdol.slownet import pinglist as pl
 from fdol.slownet import topology as topo
-from fdol.slownet.analyzer import SOURCE, AnalyzerParams, SuperPodAnalyzer
+from fdol.slownet.analyzer import AnalyzerParams, SuperPodAnalyzer
 from fdol.slownet.window import PingRow
 
 if TYPE_CHECKING:
@@ -68,7 +70,7 @@ class _Pod:
         self.pending: list[PingRow] = []
         self.last_period: int | None = None
         self.first_period: int | None = None
-        self.status: dict[str, Any] = self.analyzer.status()
+        self.status: dict[str, Any] = edge.status_json(self.analyzer.status())
         self.last_analysis_ms = 0
         self.analysis_s = 0.0
         self.faults: list[Fault] = []  # fault records of the last analysis (read on the loop)
@@ -270,7 +272,7 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
                 self.m_rows.labels("csv_bad_line").inc(bad)
             pod = self.pods.get(spid)
             if pod is not None and rows:
-                pod.pending.extend(_row(r) for r in rows)
+                pod.pending.extend(r.row() for r in rows)
 
     # -- agents -----------------------------------------------------------------------------------
     async def _push_node(self, spid: str, node: str) -> bool:
@@ -278,9 +280,10 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
         send = self.ctx.agents.send
         ok = True
         if self.config:
-            ok &= await send(node, AGENT, pingmesh_config=pmconfig.to_pb(self.config))
-        ok &= await send(node, AGENT, topology=pod.sp.to_pb())
-        ok &= await send(node, AGENT, ping_list=pl.to_pb(spid, pod.by_node.get(node, [])))
+            ok &= await send(node, AGENT, pingmesh_config=edge.config_to_pb(self.config))
+        ok &= await send(node, AGENT, topology=edge.topology_to_pb(pod.sp))
+        lst = pl.node_ping_list(spid, pod.by_node.get(node, []))
+        ok &= await send(node, AGENT, ping_list=edge.ping_list_to_pb(lst))
         return ok
 
     async def _push_pod(self, spid: str) -> None:
@@ -304,15 +307,15 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
             if pod is None or node not in pod.sp.nodes:
                 self.m_rows.labels("unknown_super_pod").inc()
                 continue
-            pod.pending.append(_row(r))
+            pod.pending.append(edge.row_from_pb(r))
 
     # -- analysis ---------------------------------------------------------------------------------
     def _analyze_blocking(self, pod: _Pod, rows: list[PingRow], periods: list[int], now_ms: int) -> dict:
         t0 = time.perf_counter()
         counts = pod.analyzer.ingest(rows, now_ms)
         reports = [pod.analyzer.analyze(k, now_s=now_ms / 1000) for k in periods]
-        faults = pod.analyzer.faults()
-        status = pod.analyzer.status()
+        faults = edge.faults(pod.analyzer.detections())
+        status = edge.status_json(pod.analyzer.status())
         return {
             "counts": counts,
             "reports": reports,
@@ -433,10 +436,3 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
             except Exception as e:  # one bad round must not end the component
                 event(log, logging.ERROR, "slownet round failed", error=repr(e))
             await asyncio.sleep(TICK_S)
-
-
-def _row(r: agent_pb2.PingResult) -> PingRow:
-    return PingRow(
-        int(r.ping_task_id), r.src_type, r.src_addr, r.dst_type, r.dst_addr,
-        r.min_delay, r.max_delay, r.avg_delay, r.avg_loss_rate, int(r.timestamp_ms),
-    )  # fmt: skip

@@ -8,6 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
+from faultmesh.config import load_document
 from faultmesh.httpd import json_response
 from fdol.slownet import config as pmconfig
 from fdol.slownet import topology as topo
@@ -67,7 +68,7 @@ class SlowNetHttp:
 
     async def _http_config(self, request: web.Request) -> web.Response:
         try:
-            cfg = pmconfig.parse_config(await request.read())
+            cfg = pmconfig.parse_config(load_document(await request.read()))
             await self.set_config(cfg, "http")
         except ValueError as e:
             self.m_inputs.labels("config").inc()

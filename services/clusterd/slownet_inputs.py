@@ -7,12 +7,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from faultmesh._pb import agent_pb2
+from faultmesh.config import load_document
 from faultmesh.files import FileWatch, stamp
 from faultmesh.log import event
 from fdol.slownet import config as pmconfig
 from fdol.slownet import topology as topo
-from fdol.slownet.csvfile import read_csv_rows
+from fdol.slownet.csvfile import PingRecord, read_csv_rows
 
 log = logging.getLogger("clusterd.slownet")
 
@@ -57,7 +57,7 @@ class SlowNetInputs:
             try:
                 if isinstance(text, OSError):
                     raise text
-                await self.set_config(pmconfig.parse_config(text), f"file:{path}")
+                await self.set_config(pmconfig.parse_config(load_document(text)), f"file:{path}")
             except (OSError, ValueError) as e:
                 self.m_inputs.labels("config").inc()
                 event(log, logging.WARNING, "slownet input rejected", kind="config", file=path, error=str(e))
@@ -72,15 +72,15 @@ class SlowNetInputs:
                     log, logging.WARNING, "slownet input rejected", kind="topology", file=path, error=str(e)
                 )
 
-    def _scan_csv(self, spids: list[str]) -> dict[str, tuple[list[agent_pb2.PingResult], int]]:
+    def _scan_csv(self, spids: list[str]) -> dict[str, tuple[list[PingRecord], int]]:
         """Blocking: new rows of the changed result CSVs per super pod -> {spid: (rows, bad lines)}.
         Per ``ping_result_<idx>`` (its .csv and .csv-bak), rows not newer than the newest row already
         taken are skipped, so a rollover or a re-read never counts a row twice."""
-        out: dict[str, tuple[list[agent_pb2.PingResult], int]] = {}
+        out: dict[str, tuple[list[PingRecord], int]] = {}
         root = Path(self.args.slownet_csv_root) / "cluster"
         for spid in spids:
             d = root / f"super-pod-{spid}"
-            rows_all: list[agent_pb2.PingResult] = []
+            rows_all: list[PingRecord] = []
             bad_all = 0
             for f in sorted(d.glob("ping_result_*.csv-bak")) + sorted(d.glob("ping_result_*.csv")):
                 st = stamp(f)

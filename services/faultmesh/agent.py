@@ -409,10 +409,12 @@ class AgentClient:
                     self._wakeup.clear()
                     if not self.state.has_pending():
                         waker = asyncio.create_task(self._wakeup.wait())
-                        done, _ = await asyncio.wait(
-                            {waker, reader}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
-                        )
-                        waker.cancel()
+                        try:
+                            done, _ = await asyncio.wait(
+                                {waker, reader}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
+                            )
+                        finally:
+                            waker.cancel()  # also when the session itself is cancelled
                         if reader in done:
                             continue
                     if time.monotonic() - last_snapshot >= self.resend_every_s:

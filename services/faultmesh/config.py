@@ -24,6 +24,18 @@ def env_name(dest: str) -> str:
     return "FAULTMESH_" + dest.upper()
 
 
+def load_document(data: str | bytes) -> Any:
+    """Decode a YAML (or JSON: YAML 1.2 holds it) document, e.g. a ConfigMap read from a file.
+
+    Returns the decoded value (None for an empty document). Raises ``ValueError`` naming the
+    problem (cut to 200 characters) when the text is neither.
+    """
+    try:
+        return yaml.safe_load(data)
+    except (yaml.YAMLError, RecursionError) as e:
+        raise ValueError(f"not YAML/JSON: {str(e)[:200]}") from None
+
+
 def _load_yaml(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:

@@ -25,6 +25,9 @@ log = logging.getLogger("faultmesh.sink")
 __all__ = ["FaultSink", "SinkMetrics", "SinkWorker"]
 
 
+_RESYNC: Any = object()  # queued in place of a dropped backlog
+
+
 class FaultSink(Protocol[C]):
     """A consumer of change batches. ``publish`` gets batches in commit order; ``resync`` gets the
     whole current state after the sink fell behind (or at start)."""
@@ -72,7 +75,6 @@ class SinkWorker(Generic[C]):
         self._snapshot = snapshot
         self._queue: asyncio.Queue[Sequence[C]] = asyncio.Queue(maxsize=maxsize)
         self._need_resync = False
-        self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self._metrics = metrics
@@ -80,7 +82,8 @@ class SinkWorker(Generic[C]):
         self.overflows = 0
 
     def offer(self, batch: Sequence[C]) -> None:
-        """Queue one batch (never waits). On a full queue: drop the queue, resync later."""
+        """Queue one batch (never waits). On a full queue: drop the backlog and queue one resync
+        instead; batches offered until that resync runs are covered by its snapshot and dropped."""
         if self._need_resync:
             return
         self._idle.clear()
@@ -94,7 +97,7 @@ class SinkWorker(Generic[C]):
             while not self._queue.empty():
                 self._queue.get_nowait()
             self._need_resync = True
-            self._wake.set()
+            self._queue.put_nowait(_RESYNC)
 
     def pending(self) -> int:
         """Batches waiting."""
@@ -113,31 +116,17 @@ class SinkWorker(Generic[C]):
             event(log, logging.ERROR, "sink failed", sink=self.name, error=repr(e))
 
     async def run(self) -> None:
-        """Deliver batches until cancelled."""
+        """Deliver batches (and resyncs) in order until cancelled."""
         while True:
-            if self._need_resync:
+            if self._queue.empty():
+                self._idle.set()
+            item = await self._queue.get()
+            if item is _RESYNC:
                 self._need_resync = False
                 if self._resync is not None and self._snapshot is not None:
                     await self._call(self._resync, self._snapshot())
                 continue
-            if self._queue.empty():
-                self._idle.set()
-                self._wake.clear()
-                getter = asyncio.ensure_future(self._queue.get())
-                waker = asyncio.ensure_future(self._wake.wait())
-                try:
-                    done, _ = await asyncio.wait({getter, waker}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waker.cancel()
-                    if not getter.done():
-                        getter.cancel()
-                if getter in done and not getter.cancelled():
-                    batch = getter.result()
-                else:
-                    continue
-            else:
-                batch = self._queue.get_nowait()
-            await self._call(self._publish, batch)
+            await self._call(self._publish, item)
             self.delivered += 1
 
     async def drain(self, timeout_s: float) -> bool:

@@ -373,9 +373,10 @@ def test_rendered_command_lines_parse_with_the_daemons_parsers(chart, values_nam
 
 
 def test_pingmesh_config_file_parses_as_the_reference_format(chart):
+    from faultmesh.config import load_document
     from fdol.slownet.config import parse_config
 
     ping = find(render_objects(chart, load_values("full.yaml")), "ConfigMap", "-pingmesh-config")
-    cfg = parse_config(ping["data"]["pingmesh-config.yaml"])
+    cfg = parse_config(load_document(ping["data"]["pingmesh-config.yaml"]))
     assert cfg["global"].activate is True and cfg["global"].task_interval == 5
     assert cfg["1"].activate is False and cfg["1"].task_interval == 60

@@ -42,10 +42,7 @@ for _d in (_TESTS / "noded", _TESTS / "fdol"):  # noded_support (bmc-sim), slown
 from noded_support import BmcSim  # noqa: E402
 from slownode_support import SyntheticJob  # noqa: E402
 
-try:  # the fabric simulator is moving to the top floor (faultmesh.sims) in issue 12
-    from faultmesh.sims import fabric as fab  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - before that move lands
-    from faultmesh.dcmi import fabric as fab
+from faultmesh.sims import fabric as fab  # noqa: E402
 
 NODE = "node-0"
 STOP_BUDGET_S = 3.0

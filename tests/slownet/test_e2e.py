@@ -14,7 +14,7 @@ import pytest
 from support import ClusterdProcess, free_port, wait_http
 
 from faultmesh.cli import main as cli_main
-from faultmesh.dcmi import fabric as fab
+from faultmesh.sims import fabric as fab
 
 NODES = ["node-0", "node-1"]
 

@@ -10,6 +10,7 @@ import types
 import pytest
 from native.build import build_libs
 
+from clusterd.detectors import fdol_edge as edge
 from faultmesh._pb import agent_pb2
 from faultmesh.agent import AgentState
 from faultmesh.dcmi import hccsping as h
@@ -118,10 +119,10 @@ async def test_noded_pingmesh_source_on_the_c_library(hcc, libdcmi, tmp_path):
         assert comp.backend_name == "dcmi" and sorted(comp.chips) == [0, 1, 2, 3]
         sp = topo.build_super_pod(4, ["n1", "n2"], npus_per_node=4)
         mine, peer = sp.nodes["n1"].devices, sp.nodes["n2"].devices
-        await comp.on_control(agent_pb2.ControlMessage(topology=sp.to_pb()))
+        await comp.on_control(agent_pb2.ControlMessage(topology=edge.topology_to_pb(sp)))
         assert comp.super_pod_id == "4"  # from the topology: the test driver has no super-pod info
         cfg = pmconfig.parse_config({"4": {"activate": "on", "task_interval": 2}})
-        await comp.on_control(agent_pb2.ControlMessage(pingmesh_config=pmconfig.to_pb(cfg)))
+        await comp.on_control(agent_pb2.ControlMessage(pingmesh_config=edge.config_to_pb(cfg)))
         lst = agent_pb2.PingList(super_pod_id="4", tasks=[
             agent_pb2.PingTask(src_phy_id=0, dst_addrs=[str(mine[1]), str(peer[0])]),
             agent_pb2.PingTask(src_phy_id=1, dst_addrs=[str(mine[0])])])  # fmt: skip

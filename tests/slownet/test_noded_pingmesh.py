@@ -9,10 +9,12 @@ import types
 
 import pytest
 
+from clusterd.detectors import fdol_edge as edge
 from faultmesh._pb import agent_pb2
 from faultmesh.agent import AgentState
-from faultmesh.dcmi import fabric as fab
+from faultmesh.dcmi.hccsping import HccspingInfo
 from faultmesh.runtime import BlockingPool
+from faultmesh.sims import fabric as fab
 from faultmesh.source import SourceContext
 from fdol.slownet import config as pmconfig
 from fdol.slownet import pinglist
@@ -67,9 +69,11 @@ async def test_pushed_inputs_start_tasks_and_rows_stream(tmp_path):
     try:
         f, sp, pairs, cfg = inputs(tmp_path / "fabric.json")
         assert comp.super_pod_id == "0" and comp.server_index == 1 and sorted(comp.chips) == [0, 1, 2, 3]
-        await comp.on_control(ctl(pingmesh_config=pmconfig.to_pb(cfg)))
-        await comp.on_control(ctl(topology=sp.to_pb()))
-        await comp.on_control(ctl(ping_list=pinglist.to_pb("0", pairs["node-0"])))
+        await comp.on_control(ctl(pingmesh_config=edge.config_to_pb(cfg)))
+        await comp.on_control(ctl(topology=edge.topology_to_pb(sp)))
+        await comp.on_control(
+            ctl(ping_list=edge.ping_list_to_pb(pinglist.node_ping_list("0", pairs["node-0"])))
+        )
         await comp._reconcile()
         # 4 chips x (task 0: 3 intra destinations, task 1: 1 inter destination)
         assert sorted(comp.plan) == [(p, t) for p in range(4) for t in (0, 1)]
@@ -107,7 +111,7 @@ async def test_invalid_inputs_rejected_and_previous_kept(tmp_path):
     app, comp = await started(tmp_path)
     try:
         f, sp, pairs, cfg = inputs(tmp_path / "fabric.json")
-        await comp.on_control(ctl(pingmesh_config=pmconfig.to_pb(cfg)))
+        await comp.on_control(ctl(pingmesh_config=edge.config_to_pb(cfg)))
         bad_cfg = agent_pb2.PingmeshConfig(
             activations={"global": agent_pb2.PingmeshActivation(activate=True, task_interval_s=99)}
         )
@@ -224,6 +228,6 @@ def test_log_rotation_and_retention(tmp_path):
     w.write_round("u", "cfg", [], {})
     assert all(b not in set(tmp_path.glob("n-*.log")) for b in backups)
     assert w.csv_path("0", 1) is None
-    long = res.TaskSample(0, 4194304, 0, fab.HccspingInfo([]))
+    long = res.TaskSample(0, 4194304, 0, HccspingInfo([]))
     w.write_round("u", "x" * 5000, [long], {})
     assert max(len(line) for line in w.log_path.read_text().splitlines()) <= res.MAX_LINE

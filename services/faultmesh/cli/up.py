@@ -86,7 +86,7 @@ def _howto(stack) -> str:
     ]
     if stack.fabric_file is not None:
         lines.append(
-            f"  python -m faultmesh.dcmi.fabric inject {stack.fabric_file} lossy_link "
+            f"  python -m faultmesh.sims.fabric inject {stack.fabric_file} lossy_link "
             f"--a {s2.name}/1 --b {s2.name}/6 --loss 0.3"
         )
     return "\n".join(lines)

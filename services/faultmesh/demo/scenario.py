@@ -489,7 +489,7 @@ class Scenario:
         )
         row.injected = time.time()
         rc, out = await self.run_cmd(
-            "faultmesh.dcmi.fabric", "inject", str(st.fabric_file), "lossy_link",
+            "faultmesh.sims.fabric", "inject", str(st.fabric_file), "lossy_link",
             "--a", f"{s.name}/{a}", "--b", f"{s.name}/{b}", "--loss", "0.3",
         )  # fmt: skip
         if rc != 0:

@@ -299,7 +299,7 @@ class Stack:
     def pingmesh_setup(self) -> tuple[list[str], list[str]]:
         """Write the super-pod fabric file (servers x NPUs, one super pod), its topology and the
         pingmesh-config; return (clusterd flags, noded flags with ``{node}`` placeholders)."""
-        from faultmesh.dcmi import fabric
+        from faultmesh.sims import fabric
 
         cfg = self.cfg
         self.fabric_file = self.run_dir / "fabric.json"

@@ -5,7 +5,12 @@
 - :mod:`fdol.slownet.window` — sliding window of periods and thresholds (fdol.md §8.6);
 - :mod:`fdol.slownet.localize` — NPU / link / node / plane localization (fdol.md §8.7);
 - :mod:`fdol.slownet.suppress` — alarm suppression by key (fdol.md §8.7);
-- :mod:`fdol.slownet.analyzer` — one super pod's analysis per period, alarms -> fault records (§8.8).
+- :mod:`fdol.slownet.analyzer` — one super pod's analysis per period, alarms -> detections (§8.8);
+- :mod:`fdol.slownet.config` — pingmesh-config; :mod:`fdol.slownet.csvfile` — the result CSV.
 
-No I/O and no asyncio here; numpy for the per-period arithmetic.
+Its own dataclasses in and out (``SuperPod``, ``PingPair``, ``NodePingList``, ``PingRow``,
+``PingRecord``, ``Activation``, ``Alarm``, ``SlowNetDetection``): no protobuf, no fault records,
+codes or levels — clusterd and noded convert at their edge (``clusterd.detectors.fdol_edge``,
+``noded.pingmesh.wire``). No asyncio; the only I/O is :func:`fdol.slownet.csvfile.read_csv_rows`;
+numpy for the per-period arithmetic.
 """

@@ -1,7 +1,9 @@
-"""One super pod's slow-network analysis per period: rows -> window -> verdicts -> alarms -> faults.
+"""One super pod's slow-network analysis per period: rows -> window -> verdicts -> alarms -> detections.
 
-Source: reference fdol.md §8.5–§8.8 (period loop, window, localization, suppression, fault codes)
-and noded.md §6 (220001001 for a card no destination reaches; its level SeparateNPU).
+Source: reference fdol.md §8.5–§8.8 (period loop, window, localization, suppression) and noded.md §6
+(a card no destination reaches). The output is :class:`SlowNetDetection` records — what is blamed,
+where, since when — with no fault code or level: the service raising faults maps each detection's
+``scope`` to its code and level (clusterd's FD-OL edge).
 
 Lifecycle of an alarm (faultmesh; the reference only emits one-shot alarms): an alarm is *active*
 from the first period it is localized; it *recovers* after ``recover_periods`` (2) consecutive
@@ -18,7 +20,6 @@ counted and skipped, like the window's own checks (:func:`fdol.slownet.window.ro
 from __future__ import annotations
 
 import heapq
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -26,12 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from faultmesh.model import Fault
 from fdol.slownet.localize import (
-    CODE_BETWEEN_NODES,
-    CODE_INSIDE_NODE,
-    CODE_NOT_CONVERGED,
-    CODE_NPU_HCCS,
+    SCOPE_CARD_UNREACHABLE,
     Alarm,
     LocalizeParams,
     PathEvidence,
@@ -43,15 +40,38 @@ from fdol.slownet.suppress import Suppressor
 from fdol.slownet.topology import SuperPod
 from fdol.slownet.window import PathWindow, PingRow
 
-SOURCE = "slownet"
-# Levels of the codes raised here (reference clusterd publicFaultConfiguration; checked by a test
-# against ../shared/data/fault-tables/publicFaultConfiguration.json).
-CODE_LEVELS = {
-    CODE_INSIDE_NODE: "NotHandleFault",
-    CODE_BETWEEN_NODES: "NotHandleFault",
-    CODE_NOT_CONVERGED: "NotHandleFault",
-    CODE_NPU_HCCS: "SeparateNPU",
-}
+
+@dataclass(frozen=True)
+class SlowNetDetection:
+    """One thing the analysis currently blames (an active alarm, or several merged on one place).
+
+    ``node``/``device_type``/``device_id``: where it lies — ``"NPU"`` and the phy id (an NPU, one end
+    of a link, an unreachable card), ``"Node"`` and -1 (a node), ``"Plane"`` and the plane id (one
+    detection per node of the plane). ``scope``: :data:`fdol.slownet.localize.SCOPES` (inside_node,
+    between_nodes, not_converged, card_unreachable). ``first_ms``/``last_ms``: first and last period
+    end (ms since the epoch) it was localized in. ``alarms``: :meth:`Alarm.to_dict` of the merged
+    alarms sorted by (srcId, dstId) — they name the NPUs and links (empty for an unreachable card).
+    """
+
+    super_pod_id: str
+    node: str
+    device_type: str
+    device_id: int
+    scope: str
+    first_ms: int
+    last_ms: int
+    description: str
+    alarms: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str, int, str]:
+        """(node, device type, device id, scope): one detection per key."""
+        return (self.node, self.device_type, self.device_id, self.scope)
+
+    @property
+    def fault_types(self) -> tuple[str, ...]:
+        """Sorted distinct fault type names (delay, loss, disconnect) of the alarms."""
+        return tuple(sorted({a["faultTypeName"] for a in self.alarms}))
 
 
 @dataclass(frozen=True)
@@ -261,18 +281,19 @@ class SuperPodAnalyzer:
         return cur.clean >= self.params.recover_periods or cur.missing >= self.params.stale_periods
 
     # -- output ----------------------------------------------------------------------------------
-    def faults(self, node_filter: set[str] | None = None) -> list[Fault]:
-        """The fault records the active alarms and unreachable cards stand for (one per fault key;
-        several alarms on one key are merged into ``attributes["alarms"]``). Sorted by key."""
-        merged: dict[tuple, dict[str, Any]] = {}
+    def detections(self, node_filter: set[str] | None = None) -> list[SlowNetDetection]:
+        """What the active alarms and unreachable cards blame, one :class:`SlowNetDetection` per
+        (node, device type, device id, scope) — several alarms on one place are merged. Sorted by key;
+        ``node_filter`` keeps only those nodes."""
+        merged: dict[tuple[str, str, int, str], dict[str, Any]] = {}
 
-        def put(
-            node: str, dtype: str, did: int, code: str, first: int, last: int, alarm: dict | None, desc: str
-        ):
-            k = (node, dtype, did, code)
-            m = merged.setdefault(k, {"first": first, "last": last, "alarms": [], "desc": []})
-            m["first"] = min(m["first"], first)
-            m["last"] = max(m["last"], last)
+        def put(node: str, dtype: str, did: int, scope: str, cur: Active, alarm: dict | None, desc: str):
+            m = merged.setdefault(
+                (node, dtype, did, scope),
+                {"first": cur.first_ms, "last": cur.last_ms, "alarms": [], "desc": []},
+            )
+            m["first"] = min(m["first"], cur.first_ms)
+            m["last"] = max(m["last"], cur.last_ms)
             if alarm is not None:
                 m["alarms"].append(alarm)
             m["desc"].append(desc)
@@ -282,64 +303,32 @@ class SuperPodAnalyzer:
             assert a is not None
             d = a.to_dict()
             if a.kind == "npu":
-                put(
-                    a.node,
-                    "NPU",
-                    a.phy,
-                    a.code,
-                    cur.first_ms,
-                    cur.last_ms,
-                    d,
-                    f"NPU {a.node}/{a.phy} network fault",
-                )
+                put(a.node, "NPU", a.phy, a.scope, cur, d, f"NPU {a.node}/{a.phy} network fault")
             elif a.kind == "link":
-                put(
-                    a.node, "NPU", a.phy, a.code, cur.first_ms, cur.last_ms, d,
-                    f"link {a.node}/{a.phy} <-> {a.peer_node}/{a.peer_phy}",
-                )  # fmt: skip
+                desc = f"link {a.node}/{a.phy} <-> {a.peer_node}/{a.peer_phy}"
+                put(a.node, "NPU", a.phy, a.scope, cur, d, desc)
             elif a.kind == "node":
-                put(
-                    a.node,
-                    "Node",
-                    -1,
-                    a.code,
-                    cur.first_ms,
-                    cur.last_ms,
-                    d,
-                    f"node {a.node} unreachable on HCCS",
-                )
+                put(a.node, "Node", -1, a.scope, cur, d, f"node {a.node} unreachable on HCCS")
             else:
                 for n in a.nodes:
-                    put(
-                        n,
-                        "Plane",
-                        a.plane,
-                        a.code,
-                        cur.first_ms,
-                        cur.last_ms,
-                        d,
-                        f"switch plane {a.plane} degraded",
-                    )
+                    put(n, "Plane", a.plane, a.scope, cur, d, f"switch plane {a.plane} degraded")
         for (node, phy), cur in self.cards.items():
-            put(node, "NPU", phy, CODE_NPU_HCCS, cur.first_ms, cur.last_ms, None, "hccsping-mesh fault")
-        out = []
-        for (node, dtype, did, code), m in sorted(merged.items()):
-            if node_filter is not None and node not in node_filter:
-                continue
-            attrs = {
-                "superPodId": self.sp.super_pod_id,
-                "description": "; ".join(sorted(set(m["desc"]))),
-            }
-            if m["alarms"]:
-                alarms = sorted(m["alarms"], key=lambda x: (x["srcId"], x["dstId"]))
-                attrs["alarms"] = json.dumps(alarms, sort_keys=True)
-                attrs["faultType"] = ",".join(sorted({x["faultTypeName"] for x in alarms}))
-            out.append(
-                Fault(
-                    SOURCE, node, dtype, did, code, CODE_LEVELS[code], "occur", m["first"], m["last"], attrs
-                )
-            )
-        return out
+            put(node, "NPU", phy, SCOPE_CARD_UNREACHABLE, cur, None, "hccsping-mesh fault")
+        return [
+            SlowNetDetection(
+                self.sp.super_pod_id,
+                node,
+                dtype,
+                did,
+                scope,
+                m["first"],
+                m["last"],
+                "; ".join(sorted(set(m["desc"]))),
+                tuple(sorted(m["alarms"], key=lambda x: (x["srcId"], x["dstId"]))),
+            )  # fmt: skip
+            for (node, dtype, did, scope), m in sorted(merged.items())
+            if node_filter is None or node in node_filter
+        ]
 
     def _summary(self, period: int, ev: list[PathEvidence]) -> dict[str, Any]:
         matrix: dict[tuple[str, str], list[float]] = {}

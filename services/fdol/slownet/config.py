@@ -3,8 +3,10 @@
 Source: reference noded.md §6 (``pingmesh-config`` ConfigMap: each data value a JSON string; the
 super pod's own id wins over ``global``; invalid activate/interval -> ignored, previous state kept)
 and fdol.md §8.1 (detection period = 10 x task_interval). Accepted inputs: the ConfigMap itself
-(YAML/JSON with ``data``), a plain mapping whose values are objects or JSON strings, or the agent
-stream's ``PingmeshConfig`` message. Key ``roce`` (A5 inter-super-pod RoCE) is accepted and ignored.
+decoded (a mapping with ``data``; the services decode its YAML with
+:func:`faultmesh.config.load_document`), JSON text, or a plain mapping whose values are objects or
+JSON strings (the agent stream's ``PingmeshConfig`` message is converted by the services at their
+edge). Key ``roce`` (A5 inter-super-pod RoCE) is accepted and ignored.
 """
 
 from __future__ import annotations
@@ -12,10 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-import yaml
-
-from faultmesh._pb import agent_pb2
+from fdol import strictjson
 
 TASK_INTERVAL_RANGE = (1, 60)
 PERIOD_FACTOR = 10  # detection period = 10 x task_interval (s)
@@ -46,7 +45,7 @@ class Activation:
 def _activation(key: str, v: Any) -> Activation:
     if isinstance(v, (str, bytes)):
         try:
-            v = orjson.loads(v)
+            v = strictjson.loads(v)
         except ValueError:
             raise PingmeshConfigError(f"{key}: value is not JSON") from None
     if not isinstance(v, dict):
@@ -67,13 +66,14 @@ def _activation(key: str, v: Any) -> Activation:
 
 
 def parse_config(data: str | bytes | dict[str, Any]) -> dict[str, Activation]:
-    """Parse a pingmesh-config (module doc) into {key: Activation}; keys are ``global`` or decimal
-    super-pod ids. Raises :class:`PingmeshConfigError` on any invalid entry or when no entry is left."""
+    """Parse a pingmesh-config (module doc: a decoded mapping or JSON text) into {key: Activation};
+    keys are ``global`` or decimal super-pod ids. Raises :class:`PingmeshConfigError` for text that is
+    not JSON, on any invalid entry or when no entry is left."""
     if isinstance(data, (str, bytes)):
         try:
-            data = yaml.safe_load(data)
-        except (yaml.YAMLError, RecursionError) as e:
-            raise PingmeshConfigError(f"pingmesh-config is not YAML/JSON: {str(e)[:200]}") from None
+            data = strictjson.loads(data)
+        except ValueError as e:
+            raise PingmeshConfigError(f"pingmesh-config is not JSON: {str(e)[:200]}") from None
     if not isinstance(data, dict):
         raise PingmeshConfigError("pingmesh-config must be a mapping")
     if isinstance(data.get("data"), dict):  # a ConfigMap
@@ -94,26 +94,6 @@ def parse_config(data: str | bytes | dict[str, Any]) -> dict[str, Activation]:
 def for_super_pod(cfg: dict[str, Activation], super_pod_id: str | int) -> Activation | None:
     """The entry for a super pod: its own id wins, else ``global``, else None."""
     return cfg.get(str(super_pod_id)) or cfg.get("global")
-
-
-def to_pb(cfg: dict[str, Activation]) -> agent_pb2.PingmeshConfig:
-    """As ``faultmesh.v1.PingmeshConfig``."""
-    return agent_pb2.PingmeshConfig(
-        activations={
-            k: agent_pb2.PingmeshActivation(activate=a.activate, task_interval_s=a.task_interval)
-            for k, a in cfg.items()
-        }
-    )
-
-
-def from_pb(m: agent_pb2.PingmeshConfig) -> dict[str, Activation]:
-    """``faultmesh.v1.PingmeshConfig`` -> {key: Activation}; raises :class:`PingmeshConfigError`."""
-    return parse_config(
-        {
-            k: {"activate": "on" if a.activate else "off", "task_interval": a.task_interval_s}
-            for k, a in m.activations.items()
-        }
-    )
 
 
 def to_json_obj(cfg: dict[str, Activation]) -> dict[str, dict[str, Any]]:

@@ -9,18 +9,45 @@ Source: reference noded.md §6 and fdol.md §8.4 (header below; loss columns wit
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
-from faultmesh._pb import agent_pb2
+from fdol.slownet.window import PingRow
 
 CSV_HEADER = "pingTaskId,srcType,srcAddr,dstType,dstAddr,minDelay,maxDelay,avgDelay,minLossRate,maxLossRate,avgLossRate,timestamp"
+
+
+@dataclass(frozen=True, slots=True)
+class PingRecord:
+    """One result row with every CSV column (header order). Loss rates are fractions 0..1; delays in
+    the driver's unit, -1 when the ping failed; ``timestamp_ms`` = write time, ms since the epoch."""
+
+    ping_task_id: int
+    src_type: str
+    src_addr: str
+    dst_type: str
+    dst_addr: str
+    min_delay: float
+    max_delay: float
+    avg_delay: float
+    min_loss_rate: float
+    max_loss_rate: float
+    avg_loss_rate: float
+    timestamp_ms: int
+
+    def row(self) -> PingRow:
+        """The analysis row (:class:`fdol.slownet.window.PingRow`; loss = ``avg_loss_rate``)."""
+        return PingRow(
+            self.ping_task_id, self.src_type, self.src_addr, self.dst_type, self.dst_addr,
+            self.min_delay, self.max_delay, self.avg_delay, self.avg_loss_rate, self.timestamp_ms,
+        )  # fmt: skip
 
 
 def _num(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else repr(float(v))
 
 
-def csv_line(r: agent_pb2.PingResult) -> str:
+def csv_line(r: PingRecord) -> str:
     """One CSV line (no newline) for a row, in the header's column order."""
     return ",".join(
         [
@@ -40,10 +67,11 @@ def csv_line(r: agent_pb2.PingResult) -> str:
     )
 
 
-def read_csv_rows(path: str | os.PathLike) -> tuple[list[agent_pb2.PingResult], int]:
+def read_csv_rows(path: str | os.PathLike) -> tuple[list[PingRecord], int]:
     """Parse a ping_result CSV (or .csv-bak). Returns (rows, skipped lines): a missing header, a
     line cut mid-way, or a non-numeric field is skipped and counted."""
-    rows, bad = [], 0
+    rows: list[PingRecord] = []
+    bad = 0
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -63,20 +91,20 @@ def read_csv_rows(path: str | os.PathLike) -> tuple[list[agent_pb2.PingResult], 
             continue
         try:
             rows.append(
-                agent_pb2.PingResult(
-                    ping_task_id=int(parts[0]),
-                    src_type=parts[1],
-                    src_addr=parts[2],
-                    dst_type=parts[3],
-                    dst_addr=parts[4],
-                    min_delay=float(parts[5]),
-                    max_delay=float(parts[6]),
-                    avg_delay=float(parts[7]),
-                    min_loss_rate=float(parts[8]),
-                    max_loss_rate=float(parts[9]),
-                    avg_loss_rate=float(parts[10]),
-                    timestamp_ms=int(parts[11]),
-                )
+                PingRecord(
+                    int(parts[0]),
+                    parts[1],
+                    parts[2],
+                    parts[3],
+                    parts[4],
+                    float(parts[5]),
+                    float(parts[6]),
+                    float(parts[7]),
+                    float(parts[8]),
+                    float(parts[9]),
+                    float(parts[10]),
+                    int(parts[11]),
+                )  # fmt: skip
             )
         except ValueError:
             bad += 1

@@ -2,7 +2,8 @@
 
 Source: reference fdol.md §8.7 (layered scoring: count the objects faulty paths share, the most
 shared object is the candidate, NPU alarms major, links minor, racks/planes critical; object types
-0 NPU, 4 work node, 5 L1 plane) and §8.8 (codes). faultmesh's layering, in its own words:
+0 NPU, 4 work node, 5 L1 plane) and §8.8 (the scopes its codes name). faultmesh's layering, in its
+own words:
 
 1. Every object — each NPU, each node, each plane (when the topology names planes) — gets
    ``ratio = faulty paths touching it / probed paths touching it`` (probed = paths with data in the
@@ -17,9 +18,11 @@ shared object is the candidate, NPU alarms major, links minor, racks/planes crit
 3. Each remaining faulty path is an NPU-to-NPU link alarm (both directions of a pair merge).
 
 Fault type: loss -> 1, or 2 (disconnect) when the average loss of the alarm's lossy paths is >= 80 %;
-delay only -> 0. Codes (§8.8): both ends NPUs on the same server -> 200001010, on different servers ->
-200001011, anything else (node, plane) -> 200001012. :func:`unreachable_cards` finds the cards no
-destination answers (code 220001001, reference noded.md §6 "pingmesh-fault").
+delay only -> 0. Scope (:attr:`Alarm.scope`, the distinction §8.8 gives its codes): both ends NPUs
+on the same server -> ``inside_node``, on different servers -> ``between_nodes``, anything else
+(node, plane) -> ``not_converged``. :func:`unreachable_cards` finds the cards no destination answers
+(scope ``card_unreachable``, reference noded.md §6 "pingmesh-fault"). This library names no fault
+code or level: the service that raises faults maps scopes to codes (clusterd's FD-OL edge).
 """
 
 from __future__ import annotations
@@ -44,11 +47,12 @@ FT_DISCONNECT = 2
 FAULT_TYPE_NAMES = {FT_DELAY: "delay", FT_LOSS: "loss", FT_DISCONNECT: "disconnect"}
 # levels
 LV_MINOR, LV_MAJOR, LV_CRITICAL = 0, 1, 2
-# fault codes (fdol.md §8.8, noded.md §6)
-CODE_INSIDE_NODE = "200001010"
-CODE_BETWEEN_NODES = "200001011"
-CODE_NOT_CONVERGED = "200001012"
-CODE_NPU_HCCS = "220001001"
+# scopes (the distinctions of fdol.md §8.8 and noded.md §6 "pingmesh-fault"; codes are the caller's)
+SCOPE_INSIDE_NODE = "inside_node"
+SCOPE_BETWEEN_NODES = "between_nodes"
+SCOPE_NOT_CONVERGED = "not_converged"
+SCOPE_CARD_UNREACHABLE = "card_unreachable"
+SCOPES = (SCOPE_INSIDE_NODE, SCOPE_BETWEEN_NODES, SCOPE_NOT_CONVERGED, SCOPE_CARD_UNREACHABLE)
 DISCONNECT_LOSS_PCT = 80.0
 
 
@@ -78,7 +82,7 @@ class PathEvidence(NamedTuple):
 class Alarm:
     """One localized alarm (fields of fdol.md §8.7 plus where it is).
 
-    ``kind``: npu | link | node | plane. ``node``/``phy``: where the fault record goes (phy None for
+    ``kind``: npu | link | node | plane. ``node``/``phy``: where it is reported (phy None for
     node and plane alarms); ``peer_node``/``peer_phy``: the other end of a link. Loss in %, delay raw.
     """
 
@@ -111,15 +115,16 @@ class Alarm:
         return f"{self.src_id}-{self.dst_id}-{self.fault_type}-{self.level}"
 
     @property
-    def code(self) -> str:
-        """Fault code of this alarm (module doc)."""
+    def scope(self) -> str:
+        """Where the alarm lies: ``inside_node`` (NPU ends on one server), ``between_nodes`` (NPU ends
+        on two servers) or ``not_converged`` (a node or plane) — module doc."""
         if self.src_type == OBJ_NPU and self.dst_type == OBJ_NPU:
             src, dst = int(self.src_id), int(self.dst_id)
-            return CODE_INSIDE_NODE if sdid_server_id(src) == sdid_server_id(dst) else CODE_BETWEEN_NODES
-        return CODE_NOT_CONVERGED
+            return SCOPE_INSIDE_NODE if sdid_server_id(src) == sdid_server_id(dst) else SCOPE_BETWEEN_NODES
+        return SCOPE_NOT_CONVERGED
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (for HTTP and fault attributes)."""
+        """JSON-able form (for HTTP and fault attributes); ``scope`` is :attr:`scope`."""
         return {
             "kind": self.kind,
             "superPodId": self.super_pod_id,
@@ -130,7 +135,7 @@ class Alarm:
             "faultType": self.fault_type,
             "faultTypeName": FAULT_TYPE_NAMES[self.fault_type],
             "level": self.level,
-            "code": self.code,
+            "scope": self.scope,
             "node": self.node,
             "phyId": self.phy,
             "peerNode": self.peer_node,

@@ -27,7 +27,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from faultmesh._pb import agent_pb2
 from fdol.slownet.topology import SuperPod
 
 TASK_INTRA = 0
@@ -111,20 +110,26 @@ def list_uid(super_pod_id: str, pairs: list[PingPair]) -> str:
     return h.hexdigest()
 
 
-def to_pb(super_pod_id: str, pairs: list[PingPair]) -> agent_pb2.PingList:
-    """One node's paths as ``faultmesh.v1.PingList``: one ``PingTask`` per source phy id with every
-    destination SDID (decimal strings, sorted numerically). noded splits them into task 0 / task 1 by
-    the destination's server id (same server -> task 0)."""
+@dataclass(frozen=True)
+class NodePingList:
+    """One node's ping list as clusterd pushes it: ``super_pod_id``, ``uid`` (:func:`list_uid`) and
+    ``tasks`` — source phy id -> destination SDIDs as decimal strings, sorted numerically, each once.
+    noded splits each source's destinations into task 0 / task 1 by the destination's server id."""
+
+    super_pod_id: str
+    uid: str
+    tasks: dict[int, tuple[str, ...]]
+
+
+def node_ping_list(super_pod_id: str, pairs: list[PingPair]) -> NodePingList:
+    """One node's paths (:func:`by_node`) as a :class:`NodePingList`, sources in phy order."""
     tasks: dict[int, list[int]] = {}
     for p in pairs:
         tasks.setdefault(p.src_phy, []).append(p.dst_sdid)
-    return agent_pb2.PingList(
-        super_pod_id=super_pod_id,
-        uid=list_uid(super_pod_id, pairs),
-        tasks=[
-            agent_pb2.PingTask(src_phy_id=phy, dst_addrs=[str(s) for s in sorted(set(d))])
-            for phy, d in sorted(tasks.items())
-        ],
+    return NodePingList(
+        super_pod_id,
+        list_uid(super_pod_id, pairs),
+        {phy: tuple(str(s) for s in sorted(set(d))) for phy, d in sorted(tasks.items())},
     )
 
 

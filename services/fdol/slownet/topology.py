@@ -14,12 +14,11 @@ each physical id uses for inter-node traffic; with it localization can blame a p
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from faultmesh._pb import agent_pb2
+from fdol import strictjson
 
 MAX_PHY_ID = 63
 MAX_SDID = (1 << 32) - 1
@@ -127,18 +126,6 @@ class SuperPod:
             obj["Planes"] = {str(k): sorted(v) for k, v in sorted(self.planes.items())}
         return obj
 
-    def to_pb(self) -> agent_pb2.SuperPodTopology:
-        """As ``faultmesh.v1.SuperPodTopology`` (planes are not carried: noded does not need them)."""
-        return agent_pb2.SuperPodTopology(
-            super_pod_id=self.super_pod_id,
-            nodes=[
-                agent_pb2.TopologyNode(
-                    node_name=n.name, server_index=n.server_index, phy_id_to_sdid=dict(n.devices)
-                )
-                for n in sorted(self.nodes.values(), key=lambda n: n.server_index)
-            ],
-        )
-
 
 def _int(value: Any, what: str, lo: int, hi: int) -> int:
     if isinstance(value, bool):
@@ -193,7 +180,7 @@ def parse_super_pod(data: str | bytes | dict[str, Any]) -> SuperPod:
     """
     if isinstance(data, (str, bytes, bytearray)):
         try:
-            data = orjson.loads(data)
+            data = strictjson.loads(data)
         except ValueError as e:
             raise TopologyError(f"topology is not JSON: {e}") from None
     if not isinstance(data, dict):
@@ -239,23 +226,29 @@ def parse_super_pod(data: str | bytes | dict[str, Any]) -> SuperPod:
     return _check(SuperPod(spid, nodes, planes, version=str(data.get("Version") or "A3")))
 
 
-def from_pb(m: agent_pb2.SuperPodTopology) -> SuperPod:
-    """``faultmesh.v1.SuperPodTopology`` -> :class:`SuperPod`. Raises :class:`TopologyError`."""
-    if not m.super_pod_id:
+def from_nodes(super_pod_id: str | int, nodes: Iterable[NodeTopology]) -> SuperPod:
+    """A :class:`SuperPod` from already-split fields (e.g. the agent stream's topology message,
+    converted by the service at its edge); planes are not carried.
+
+    Raises :class:`TopologyError` for an empty super pod id, a node without a name or listed twice,
+    a phy id outside 0..63 or an SDID outside 0..2^32-1, and everything :func:`parse_super_pod` checks
+    (duplicate SDIDs or server indexes, an empty device map).
+    """
+    if super_pod_id is None or str(super_pod_id) == "":
         raise TopologyError("topology has no super_pod_id")
-    nodes = {}
-    for n in m.nodes:
-        if not n.node_name:
+    out: dict[str, NodeTopology] = {}
+    for n in nodes:
+        if not n.name:
             raise TopologyError("topology node without a name")
-        if n.node_name in nodes:
-            raise TopologyError(f"node {n.node_name} listed twice")
+        if n.name in out:
+            raise TopologyError(f"node {n.name} listed twice")
         devices = {}
-        for p, s in n.phy_id_to_sdid.items():
-            if not 0 <= p <= MAX_PHY_ID or not 0 <= s <= MAX_SDID:
-                raise TopologyError(f"node {n.node_name}: phy {p} / SDID {s} out of range")
-            devices[int(p)] = int(s)
-        nodes[n.node_name] = NodeTopology(n.node_name, int(n.server_index), devices)
-    return _check(SuperPod(str(_int(m.super_pod_id, "super_pod_id", 0, 65535)), nodes))
+        for phy, sdid in n.devices.items():
+            if not 0 <= phy <= MAX_PHY_ID or not 0 <= sdid <= MAX_SDID:
+                raise TopologyError(f"node {n.name}: phy {phy} / SDID {sdid} out of range")
+            devices[int(phy)] = int(sdid)
+        out[n.name] = NodeTopology(n.name, int(n.server_index), devices)
+    return _check(SuperPod(str(_int(super_pod_id, "super_pod_id", 0, 65535)), out))
 
 
 def build_super_pod(

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-import orjson
+from fdol import strictjson
 
 from .reader import Group
 from .records import (
@@ -100,8 +100,8 @@ class _Step:
 def parse_comm_name(name: str) -> tuple[str, str, int] | None:
     """``{"opName":..,"groupName":..,"count":"4194304",...}`` -> (opName lower-case, groupName, count)."""
     try:
-        obj = orjson.loads(name)
-    except orjson.JSONDecodeError:
+        obj = strictjson.loads(name)
+    except ValueError:
         return None
     if not isinstance(obj, dict):
         return None

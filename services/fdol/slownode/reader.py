@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
+from fdol import strictjson
 
 from .records import BadInput, Record, parse_line
 
@@ -151,8 +151,8 @@ class RankTailer:
             tail = self._partial
             self._partial = b""
             try:
-                orjson.loads(tail)
-            except orjson.JSONDecodeError:
+                strictjson.loads(tail)
+            except ValueError:
                 self.bad.add("truncated_line")
                 return
             self.lines += 1
@@ -208,8 +208,8 @@ class Group:
 def parse_parallel_groups(data: bytes) -> dict[str, Group]:
     """Parse parallel_group.json bytes -> {comm name: Group}. Raises ``ValueError`` with the reason."""
     try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError as e:
+        obj = strictjson.loads(data)
+    except ValueError as e:
         raise ValueError(f"not JSON: {e}") from None
     if not isinstance(obj, dict):
         raise ValueError("top level is not an object")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import NamedTuple
 
-import orjson
+from fdol import strictjson
 
 KIND_MARKER = 1
 SOURCE_HOST = 0
@@ -70,8 +70,8 @@ def parse_line(line: bytes, bad: BadInput) -> Record | None:
     but carry no duration, so they are returned (callers ignore them).
     """
     try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError:
+        obj = strictjson.loads(line)
+    except ValueError:
         bad.add("bad_json")
         return None
     if not isinstance(obj, dict):
@@ -128,7 +128,7 @@ def encode_record(
     of an Id).
     """
     return (
-        orjson.dumps(
+        strictjson.dumps(
             {
                 "Kind": KIND_MARKER,
                 "Flag": flag,

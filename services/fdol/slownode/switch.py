@@ -13,7 +13,7 @@ layout): ``<datatrace root>/<namespace>.data-trace-<job name>/profilingSwitch``.
 
 from __future__ import annotations
 
-import orjson
+from fdol import strictjson
 
 SWITCH_KEYS = ("CommunicationOperator", "Step", "SaveCheckpoint", "FP", "DataLoader")
 SWITCH_FILE = "profilingSwitch"
@@ -34,8 +34,8 @@ ALL_OFF = switch_dict(False, False)
 def parse_switch(data: bytes | str) -> tuple[bool, bool]:
     """-> (default domain on, communication domain on). Invalid input -> (False, False)."""
     try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
+        obj = strictjson.loads(data)
+    except ValueError:
         return False, False
     if not isinstance(obj, dict):
         return False, False

@@ -45,6 +45,7 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from faultmesh._pb import agent_pb2
+from faultmesh.config import load_document
 from faultmesh.dcmi.hccsping import STATE_STOPPED, ChipInfo, HccspingParamError, PingOp
 from faultmesh.files import FileWatch, stamp
 from faultmesh.httpd import json_response
@@ -53,6 +54,7 @@ from faultmesh.source import PushSource, SourceContext
 from fdol.slownet import config as pmconfig
 from fdol.slownet import pinglist as pl
 from fdol.slownet import topology as topo
+from noded.pingmesh import wire
 from noded.pingmesh.results import ResultWriter, TaskSample, rows_from_samples
 
 log = logging.getLogger("noded.pingmesh")
@@ -177,7 +179,7 @@ class Pingmesh(PushSource):
         if kind == "sim":
             if not self.args.pingmesh_fabric:
                 raise ValueError("--pingmesh-backend sim needs --pingmesh-fabric FILE")
-            from faultmesh.dcmi.fabric import Fabric, SimHccsping
+            from noded.pingmesh.fabric import Fabric, SimHccsping
 
             fabric = await self.ctx.run_blocking(CALL_TIMEOUT_S, Fabric.from_file, self.args.pingmesh_fabric)
             backend = SimHccsping(fabric, self.node)
@@ -208,9 +210,9 @@ class Pingmesh(PushSource):
         kind = msg.WhichOneof("body")
         try:
             if kind == "pingmesh_config":
-                self.set_config(pmconfig.from_pb(msg.pingmesh_config), "clusterd")
+                self.set_config(wire.config_from_pb(msg.pingmesh_config), "clusterd")
             elif kind == "topology":
-                self.set_topology(topo.from_pb(msg.topology), "clusterd")
+                self.set_topology(wire.topology_from_pb(msg.topology), "clusterd")
             elif kind == "ping_list":
                 self.set_ping_list_pb(msg.ping_list)
             else:
@@ -303,7 +305,7 @@ class Pingmesh(PushSource):
                 if isinstance(data, Exception):
                     raise data
                 if kind == "config":
-                    self.set_config(pmconfig.parse_config(data), f"file:{path}")
+                    self.set_config(pmconfig.parse_config(load_document(data)), f"file:{path}")
                 elif kind == "topology":
                     self.set_topology(topo.parse_super_pod(data), f"file:{path}")
                 else:

@@ -29,8 +29,9 @@ from pathlib import Path
 
 from faultmesh._pb import agent_pb2
 from faultmesh.dcmi.hccsping import HccspingInfo
-from fdol.slownet.csvfile import CSV_HEADER, csv_line, read_csv_rows
+from fdol.slownet.csvfile import CSV_HEADER, read_csv_rows
 from fdol.slownet.topology import sdid_to_ip
+from noded.pingmesh.wire import csv_line
 
 __all__ = ["CSV_HEADER", "ResultWriter", "TaskSample", "csv_line", "read_csv_rows", "rows_from_samples"]
 

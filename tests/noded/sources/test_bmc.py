@@ -87,6 +87,7 @@ async def test_oem_poll_replaces_fault_set_and_sets_status(bmc_sim):
         assert metric(mon, "noded_bmc_last_success_timestamp_seconds") > 0
     finally:
         mon.client.close()
+        mon.ctx.pool.shutdown()
 
 
 async def test_level_table_change_relevels_current_alarms(bmc_sim):
@@ -102,6 +103,7 @@ async def test_level_table_change_relevels_current_alarms(bmc_sim):
         assert mon.state.node_status == "UnHealthy"
     finally:
         mon.client.close()
+        mon.ctx.pool.shutdown()
 
 
 @pytest.mark.parametrize("mode", ["short", "ragged", "absurd", "count"])
@@ -125,6 +127,7 @@ async def test_bad_oem_reply_is_counted_rejection_and_keeps_state(bmc_sim, mode)
         assert len(faults(mon)) == 2
     finally:
         mon.client.close()
+        mon.ctx.pool.shutdown()
 
 
 async def test_old_ibmc_without_oem_command_falls_back_to_sel(bmc_sim):
@@ -138,6 +141,7 @@ async def test_old_ibmc_without_oem_command_falls_back_to_sel(bmc_sim):
         assert mon.state.conditions[COND_UNSUPPORTED].active is False
     finally:
         mon.client.close()
+        mon.ctx.pool.shutdown()
 
 
 async def test_forced_oem_on_bmc_without_it_sets_bmc_unsupported(bmc_sim):
@@ -154,6 +158,7 @@ async def test_forced_oem_on_bmc_without_it_sets_bmc_unsupported(bmc_sim):
         assert mon.state.conditions[COND_UNSUPPORTED].active is False
     finally:
         mon.client.close()
+        mon.ctx.pool.shutdown()
 
 
 async def test_unreachable_bmc_keeps_state_sets_condition_and_recovers(bmc_sim):
@@ -180,6 +185,7 @@ async def test_unreachable_bmc_keeps_state_sets_condition_and_recovers(bmc_sim):
         assert mon.failures == 0
     finally:
         mon.client.close()
+        mon.ctx.pool.shutdown()
 
 
 async def test_nothing_listening_is_unreachable(bmc_sim):
@@ -194,6 +200,7 @@ async def test_nothing_listening_is_unreachable(bmc_sim):
         assert metric(mon, "noded_bmc_polls_total", result="failed") == 1
     finally:
         mon.client.close()
+        mon.ctx.pool.shutdown()
 
 
 async def test_wrong_password_is_unreachable_with_reason(bmc_sim):
@@ -206,6 +213,7 @@ async def test_wrong_password_is_unreachable_with_reason(bmc_sim):
         assert metric(mon, "noded_bmc_errors_total", kind="auth") == 1
     finally:
         mon.client.close()
+        mon.ctx.pool.shutdown()
 
 
 async def test_slow_bmc_within_and_beyond_the_poll_timeout(bmc_sim):
@@ -227,3 +235,4 @@ async def test_slow_bmc_within_and_beyond_the_poll_timeout(bmc_sim):
     finally:
         bmc_sim.behave(delay_s=0)
         mon.client.close()
+        mon.ctx.pool.shutdown()

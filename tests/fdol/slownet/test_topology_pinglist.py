@@ -80,9 +80,9 @@ def test_not_json_rejected():
         topology.parse_super_pod("{nope")
 
 
-def test_pb_round_trip():
+def test_from_nodes_round_trip():
     sp = topology.build_super_pod(3, ["n0", "n1"], npus_per_node=4)
-    back = topology.from_pb(sp.to_pb())
+    back = topology.from_nodes(3, sp.nodes.values())
     assert back.super_pod_id == "3"
     assert {n: (t.server_index, t.devices) for n, t in back.nodes.items()} == {
         n: (t.server_index, t.devices) for n, t in sp.nodes.items()
@@ -140,17 +140,16 @@ def test_irregular_nodes_and_single_npu_nodes_are_covered():
         pinglist.generate(sp, intra="star")
 
 
-def test_pb_and_reference_json_forms():
+def test_node_ping_list_and_reference_json_forms():
     sp = topology.build_super_pod(0, ["a", "b"], npus_per_node=4)
     pairs = pinglist.generate(sp)
     mine = pinglist.by_node(pairs)["a"]
-    msg = pinglist.to_pb("0", mine)
-    assert [t.src_phy_id for t in msg.tasks] == [0, 1, 2, 3]
-    t0 = msg.tasks[0]
-    assert t0.dst_addrs == [
+    lst = pinglist.node_ping_list("0", mine)
+    assert list(lst.tasks) == [0, 1, 2, 3] and lst.super_pod_id == "0"
+    assert list(lst.tasks[0]) == [
         str(s) for s in sorted([*(sp.nodes["a"].devices[p] for p in (1, 2, 3)), sp.nodes["b"].devices[0]])
     ]
-    assert msg.uid == pinglist.list_uid("0", mine) and len(msg.uid) == 64
+    assert lst.uid == pinglist.list_uid("0", mine) and len(lst.uid) == 64
     ref = pinglist.to_reference_json(mine)
     assert ref[0]["pingList"][0].keys() == {
         "srcType",
@@ -162,7 +161,7 @@ def test_pb_and_reference_json_forms():
         "dstCardPhyId",
     }
     parsed = pinglist.parse_reference_json(json.dumps(ref))
-    assert parsed[0] == list(t0.dst_addrs)
+    assert parsed[0] == list(lst.tasks[0])
     for bad in ("[]", "{}", '[{"pingList": [{"srcCardPhyId": 1}]}]', "nope"):
         with pytest.raises(pinglist.PingListError):
             pinglist.parse_reference_json(bad)

@@ -1,5 +1,18 @@
-"""Super-pod HCCS fabric simulator with injected faults and ground truth, and a pure-Python
-hccsping backend on top of it (issue 6 "Fabric simulator").
+"""The simulated HCCS fabric as noded's pingmesh sees it: the fabric file read back, probes through
+it, and a pure-Python hccsping backend on top (``--pingmesh-backend sim``; issue 6 "Fabric simulator").
+
+The file is written by the simulator proper (:mod:`faultmesh.sims.fabric`: ``init``, ``inject``,
+``clear``, ground truth); every noded of a super pod opens the same file with
+:meth:`Fabric.from_file`, which re-reads it when its content changes (checked at most every
+``reload_s`` = 0.2 s), so a fault injected into the file changes what every noded measures on its
+next collection.
+
+File (JSON object)::
+
+    {"super_pod_id": "0", "nodes": ["node-0", "node-1"], "npus_per_node": 16, "planes": 4,
+     "first_server_id": 1, "base_delay_us": 3, "inter_node_delay_us": 2, "jitter_us": 0.3,
+     "base_loss": 0.0, "seed": 1, "faults": [{"kind": "lossy_link", "a": {"node": "node-0", "phy": 1},
+     "b": {"node": "node-0", "phy": 4}, "loss": 0.3}]}
 
 The fabric is N nodes x M NPUs (SDIDs as in the reference, :func:`fdol.slownet.topology.make_sdid`),
 optionally split into switch planes (phy ``p`` uses plane ``p % planes`` for inter-node traffic).
@@ -18,37 +31,13 @@ Faults (``kind`` and fields):
   source or destination phy is in the plane;
 - ``chip_reset`` {node, phy, id}: once per distinct ``id``, the chip's hccsping tasks are wiped
   (state stopped, no destinations) as after a chip reset — noded must restart them.
-
-**Injecting faults from outside (how several noded processes share one fabric).** The fabric is a
-JSON *fabric file*::
-
-    {"super_pod_id": "0", "nodes": ["node-0", "node-1"], "npus_per_node": 16, "planes": 4,
-     "first_server_id": 1, "base_delay_us": 3, "inter_node_delay_us": 2, "jitter_us": 0.3,
-     "base_loss": 0.0, "seed": 1, "faults": [{"kind": "lossy_link", "a": {"node": "node-0", "phy": 1},
-     "b": {"node": "node-0", "phy": 4}, "loss": 0.3}]}
-
-Every process opens it with :meth:`Fabric.from_file`; the fabric re-reads the file when its mtime or
-size changes (checked at most every ``reload_s`` = 0.2 s), so editing ``faults`` (atomically: write a
-temp file and rename — :func:`write_fabric_file` and the CLI do) changes what every noded measures on
-its next collection. CLI::
-
-    python -m faultmesh.dcmi.fabric init FILE --nodes node-0,node-1,node-2,node-3 [--planes 4]
-    python -m faultmesh.dcmi.fabric inject FILE lossy_link --a node-0/1 --b node-0/4 --loss 0.3
-    python -m faultmesh.dcmi.fabric clear FILE
-    python -m faultmesh.dcmi.fabric topology FILE      # the super-pod JSON for clusterd
-    python -m faultmesh.dcmi.fabric truth FILE         # expected localizations
-
-Ground truth (:meth:`Fabric.ground_truth`): per fault, the localization faultmesh should report
-(``npu``/``link``/``node``/``plane`` with its ends), used by the bench and tests.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import logging
 import os
-import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -65,7 +54,11 @@ from faultmesh.dcmi.hccsping import (
     HccspingInfo,
     PingOp,
 )
+from faultmesh.files import FileWatch
+from faultmesh.log import event
 from fdol.slownet.topology import SuperPod, build_super_pod
+
+log = logging.getLogger("noded.pingmesh.fabric")
 
 FAULT_KINDS = ("dead_npu", "lossy_link", "slow_link", "dead_node", "degraded_plane", "chip_reset")
 
@@ -74,7 +67,7 @@ class FabricError(ValueError):
     """A fabric file or fault that cannot be used (the message says why)."""
 
 
-def _end(d: Any, what: str) -> tuple[str, int]:
+def fault_end(d: Any, what: str) -> tuple[str, int]:
     if isinstance(d, str) and "/" in d:
         node, phy = d.rsplit("/", 1)
         d = {"node": node, "phy": phy}
@@ -105,17 +98,17 @@ class Fabric:
         self.path = Path(path) if path else None
         self.reload_s = reload_s
         self._lock = threading.Lock()
-        self._stamp: tuple[float, int] | None = None
+        self._watch = FileWatch(self.path) if self.path else None
         self._checked = 0.0
         self._apply(spec)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, reload_s: float = 0.2) -> Fabric:
         """Open a fabric file (raises :class:`FabricError` when unreadable or invalid)."""
-        p = Path(path)
-        fab = cls(_read(p), p, reload_s)
-        st = p.stat()
-        fab._stamp = (st.st_mtime, st.st_size)
+        watch = FileWatch(path)
+        watch.changed()  # the baseline before reading: a write from now on shows on the next look
+        fab = cls(read_spec(path), path, reload_s)
+        fab._watch = watch
         return fab
 
     def _apply(self, spec: dict[str, Any]) -> None:
@@ -168,14 +161,14 @@ class Fabric:
             return x
 
         if kind == "dead_npu":
-            st.dead.add(npu(_end(f, kind)))
+            st.dead.add(npu(fault_end(f, kind)))
         elif kind == "dead_node":
             node = str(f.get("node"))
             if node not in sp.nodes:
                 raise FabricError(f"dead_node: no node {node}")
             st.dead.update((node, p) for p in sp.nodes[node].devices)
         elif kind in ("lossy_link", "slow_link"):
-            a, b = npu(_end(f.get("a"), kind + ".a")), npu(_end(f.get("b"), kind + ".b"))
+            a, b = npu(fault_end(f.get("a"), kind + ".a")), npu(fault_end(f.get("b"), kind + ".b"))
             if a == b:
                 raise FabricError(f"{kind}: both ends are {a}")
             key = frozenset((a, b))
@@ -190,31 +183,25 @@ class Fabric:
             st.plane_loss[plane] = frac(f.get("loss"), 0.3)
             st.plane_delay[plane] = float(f.get("delay_us", 0))
         else:
-            st.resets[npu(_end(f, kind))] = str(f.get("id", "1"))
+            st.resets[npu(fault_end(f, kind))] = str(f.get("id", "1"))
 
     def maybe_reload(self) -> None:
-        """Re-read the fabric file when it changed (at most every ``reload_s``); a bad file is kept
-        out (the previous state stays) and reported once per change on stderr."""
-        if self.path is None:
+        """Re-read the fabric file when it changed (at most every ``reload_s``); a bad or missing
+        file is kept out (the previous state stays) and logged once per change."""
+        if self._watch is None:
             return
         now = time.monotonic()
         if now - self._checked < self.reload_s:
             return
         self._checked = now
-        try:
-            st = self.path.stat()
-        except OSError:
+        if not self._watch.changed():
             return
-        stamp = (st.st_mtime, st.st_size)
-        if stamp == self._stamp:
-            return
-        self._stamp = stamp
         try:
-            spec = _read(self.path)
+            spec = read_spec(self.path)
             with self._lock:
                 self._apply(spec)
         except FabricError as e:
-            sys.stderr.write(f"fabric file {self.path} rejected: {e}\n")
+            event(log, logging.WARNING, "fabric file rejected", file=str(self.path), error=str(e))
 
     # -- probes ---------------------------------------------------------------------------------
     def reset_id(self, node: str, phy: int) -> str | None:
@@ -276,28 +263,6 @@ class Fabric:
         avg = np.where(suc > 0, np.maximum(0.5, base + noise), -1.0)
         return suc, packets - suc, avg
 
-    def ground_truth(self) -> list[dict[str, Any]]:
-        """Expected localization per injected fault: ``{"kind": npu|link|node|plane, "node", "phy",
-        "peer_node", "peer_phy", "plane", "fault"}`` (chip resets have no network truth)."""
-        out = []
-        for f in self.faults:
-            k = f["kind"]
-            if k == "dead_npu":
-                n, p = _end(f, k)
-                out.append({"kind": "npu", "node": n, "phy": p, "fault": k})
-            elif k in ("lossy_link", "slow_link"):
-                (n1, p1), (n2, p2) = sorted(
-                    (_end(f["a"], k), _end(f["b"], k)), key=lambda e: self.sp.nodes[e[0]].devices[e[1]]
-                )
-                out.append(
-                    {"kind": "link", "node": n1, "phy": p1, "peer_node": n2, "peer_phy": p2, "fault": k}
-                )
-            elif k == "dead_node":
-                out.append({"kind": "node", "node": str(f["node"]), "fault": k})
-            elif k == "degraded_plane":
-                out.append({"kind": "plane", "plane": int(f["plane"]), "fault": k})
-        return out
-
     def chips(self, node: str) -> list[ChipInfo]:
         """The chips of ``node`` as the driver would list them (card = phy // 2, device = phy % 2)."""
         n = self.sp.nodes.get(node)
@@ -307,7 +272,9 @@ class Fabric:
         return [ChipInfo(p, p // 2, p % 2, s, spid, n.server_index) for p, s in sorted(n.devices.items())]
 
 
-def _read(path: Path) -> dict[str, Any]:
+def read_spec(path: str | os.PathLike) -> dict[str, Any]:
+    """The fabric file's JSON object. Raises :class:`FabricError` when unreadable or not an object."""
+    path = Path(path)
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -315,16 +282,6 @@ def _read(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise FabricError("fabric file must hold a JSON object")
     return data
-
-
-def write_fabric_file(path: str | os.PathLike, spec: dict[str, Any]) -> None:
-    """Validate ``spec`` and write it atomically (temp file + rename) so readers never see half a file."""
-    Fabric(spec)  # raises FabricError
-    p = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=p.name + ".")
-    with os.fdopen(fd, "w") as f:
-        json.dump(spec, f, indent=1)
-    os.replace(tmp, p)
 
 
 # -- the pure-Python hccsping backend -------------------------------------------------------------
@@ -337,7 +294,8 @@ class _Task:
 
 
 class SimHccsping:
-    """:class:`faultmesh.dcmi.hccsping.HccspingBackend` for one node of a :class:`Fabric`.
+    """:class:`faultmesh.dcmi.hccsping.HccspingBackend` for one node of a :class:`Fabric`
+    (``--pingmesh-backend sim``).
 
     A running task pings every destination with ``pkt_send_num`` packets every ``task_interval``
     seconds; ``info`` returns the statistics of the rounds since the previous ``info`` call (at
@@ -413,72 +371,3 @@ class SimHccsping:
                 stats = [-1, -1, -1, -1]
             out.append(DestStat(addr, suc, fail, *stats, rounds, task.rounds_total))
         return HccspingInfo(out)
-
-
-# -- CLI ---------------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    """``python -m faultmesh.dcmi.fabric`` (see the module doc). Returns the exit status."""
-    ap = argparse.ArgumentParser(
-        prog="python -m faultmesh.dcmi.fabric", description="HCCS fabric simulator file"
-    )
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("init", help="write a new fabric file")
-    p.add_argument("file")
-    p.add_argument("--nodes", required=True, help="comma-separated node names")
-    p.add_argument("--npus", type=int, default=16)
-    p.add_argument("--planes", type=int, default=0)
-    p.add_argument("--super-pod-id", default="0")
-    p.add_argument("--first-server-id", type=int, default=1)
-    p.add_argument("--seed", type=int, default=1)
-    p = sub.add_parser("inject", help="add one fault")
-    p.add_argument("file")
-    p.add_argument("kind", choices=FAULT_KINDS)
-    p.add_argument("--node")
-    p.add_argument("--phy", type=int)
-    p.add_argument("--a", help="node/phy")
-    p.add_argument("--b", help="node/phy")
-    p.add_argument("--loss", type=float)
-    p.add_argument("--delay-us", type=float)
-    p.add_argument("--plane", type=int)
-    p.add_argument("--id")
-    for name in ("clear", "topology", "truth"):
-        sub.add_parser(name).add_argument("file")
-    args = ap.parse_args(argv)
-    try:
-        if args.cmd == "init":
-            spec = {
-                "super_pod_id": args.super_pod_id,
-                "nodes": [n for n in args.nodes.split(",") if n],
-                "npus_per_node": args.npus,
-                "planes": args.planes,
-                "first_server_id": args.first_server_id,
-                "seed": args.seed,
-                "faults": [],
-            }
-            write_fabric_file(args.file, spec)
-        elif args.cmd == "inject":
-            spec = _read(Path(args.file))
-            f: dict[str, Any] = {"kind": args.kind}
-            for k in ("node", "phy", "a", "b", "loss", "plane", "id"):
-                if getattr(args, k) is not None:
-                    f[k] = getattr(args, k)
-            if args.delay_us is not None:
-                f["delay_us"] = args.delay_us
-            spec.setdefault("faults", []).append(f)
-            write_fabric_file(args.file, spec)
-        elif args.cmd == "clear":
-            spec = _read(Path(args.file))
-            spec["faults"] = []
-            write_fabric_file(args.file, spec)
-        elif args.cmd == "topology":
-            print(json.dumps(Fabric.from_file(args.file).sp.to_json_obj(), indent=1))
-        else:
-            print(json.dumps(Fabric.from_file(args.file).ground_truth(), indent=1))
-    except FabricError as e:
-        sys.stderr.write(f"error: {e}\n")
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

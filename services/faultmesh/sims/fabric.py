@@ -1,0 +1,142 @@
+"""The super-pod HCCS fabric simulator (top floor; issue 6 "Fabric simulator"): build a fabric
+file, inject and clear faults, print its topology and the ground truth.
+
+The fabric file's format, the fault kinds and the probe model are :mod:`noded.pingmesh.fabric`,
+which every noded of the super pod uses to read the file back (``--pingmesh-backend sim
+--pingmesh-fabric FILE``). Writes are atomic (:func:`faultmesh.files.atomic_write`), so a reader
+sees the old or the new file, never half of one. CLI::
+
+    python -m faultmesh.sims.fabric init FILE --nodes node-0,node-1,node-2,node-3 [--planes 4]
+    python -m faultmesh.sims.fabric inject FILE lossy_link --a node-0/1 --b node-0/4 --loss 0.3
+    python -m faultmesh.sims.fabric clear FILE
+    python -m faultmesh.sims.fabric topology FILE      # the super-pod JSON for clusterd
+    python -m faultmesh.sims.fabric truth FILE         # expected localizations
+
+Ground truth (:func:`ground_truth`): per fault, the localization faultmesh should report
+(``npu``/``link``/``node``/``plane`` with its ends), used by the bench and tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from faultmesh.files import atomic_write
+from noded.pingmesh.fabric import (
+    FAULT_KINDS,
+    Fabric,
+    FabricError,
+    fault_end,
+    read_spec,
+)
+
+__all__ = [
+    "FAULT_KINDS",
+    "Fabric",
+    "FabricError",
+    "ground_truth",
+    "main",
+    "read_spec",
+    "write_fabric_file",
+]
+
+
+def write_fabric_file(path: str | os.PathLike, spec: dict[str, Any]) -> None:
+    """Validate ``spec`` (raises :class:`FabricError`) and write it atomically (temp file + rename)
+    so readers never see half a file. Raises ``OSError`` when it cannot be written."""
+    Fabric(spec)
+    atomic_write(path, json.dumps(spec, indent=1))
+
+
+def ground_truth(fabric: Fabric) -> list[dict[str, Any]]:
+    """Expected localization per injected fault: ``{"kind": npu|link|node|plane, "node", "phy",
+    "peer_node", "peer_phy", "plane", "fault"}`` (chip resets have no network truth)."""
+    out = []
+    for f in fabric.faults:
+        k = f["kind"]
+        if k == "dead_npu":
+            n, p = fault_end(f, k)
+            out.append({"kind": "npu", "node": n, "phy": p, "fault": k})
+        elif k in ("lossy_link", "slow_link"):
+            (n1, p1), (n2, p2) = sorted(
+                (fault_end(f["a"], k), fault_end(f["b"], k)),
+                key=lambda e: fabric.sp.nodes[e[0]].devices[e[1]],
+            )
+            out.append({"kind": "link", "node": n1, "phy": p1, "peer_node": n2, "peer_phy": p2, "fault": k})
+        elif k == "dead_node":
+            out.append({"kind": "node", "node": str(f["node"]), "fault": k})
+        elif k == "degraded_plane":
+            out.append({"kind": "plane", "plane": int(f["plane"]), "fault": k})
+    return out
+
+
+# -- CLI ---------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    """``python -m faultmesh.sims.fabric`` (see the module doc). Returns the exit status."""
+    ap = argparse.ArgumentParser(
+        prog="python -m faultmesh.sims.fabric", description="HCCS fabric simulator file"
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("init", help="write a new fabric file")
+    p.add_argument("file")
+    p.add_argument("--nodes", required=True, help="comma-separated node names")
+    p.add_argument("--npus", type=int, default=16)
+    p.add_argument("--planes", type=int, default=0)
+    p.add_argument("--super-pod-id", default="0")
+    p.add_argument("--first-server-id", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1)
+    p = sub.add_parser("inject", help="add one fault")
+    p.add_argument("file")
+    p.add_argument("kind", choices=FAULT_KINDS)
+    p.add_argument("--node")
+    p.add_argument("--phy", type=int)
+    p.add_argument("--a", help="node/phy")
+    p.add_argument("--b", help="node/phy")
+    p.add_argument("--loss", type=float)
+    p.add_argument("--delay-us", type=float)
+    p.add_argument("--plane", type=int)
+    p.add_argument("--id")
+    for name in ("clear", "topology", "truth"):
+        sub.add_parser(name).add_argument("file")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "init":
+            spec = {
+                "super_pod_id": args.super_pod_id,
+                "nodes": [n for n in args.nodes.split(",") if n],
+                "npus_per_node": args.npus,
+                "planes": args.planes,
+                "first_server_id": args.first_server_id,
+                "seed": args.seed,
+                "faults": [],
+            }
+            write_fabric_file(args.file, spec)
+        elif args.cmd == "inject":
+            spec = read_spec(args.file)
+            f: dict[str, Any] = {"kind": args.kind}
+            for k in ("node", "phy", "a", "b", "loss", "plane", "id"):
+                if getattr(args, k) is not None:
+                    f[k] = getattr(args, k)
+            if args.delay_us is not None:
+                f["delay_us"] = args.delay_us
+            spec.setdefault("faults", []).append(f)
+            write_fabric_file(args.file, spec)
+        elif args.cmd == "clear":
+            spec = read_spec(args.file)
+            spec["faults"] = []
+            write_fabric_file(args.file, spec)
+        elif args.cmd == "topology":
+            print(json.dumps(Fabric.from_file(args.file).sp.to_json_obj(), indent=1))
+        else:
+            print(json.dumps(ground_truth(Fabric.from_file(args.file)), indent=1))
+    except FabricError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
