@@ -6,7 +6,10 @@ Writers (agent stream, PubFault, FD-OL, ...) submit operations; one writer task 
 order, commits each batch to the :class:`~clusterd.store.Store` in one transaction (group commit),
 then resolves the callers and offers the batch to every subscriber. So an operation that returned
 is durable, the in-memory view equals the file, and concurrent writers never interleave
-half-applied changes.
+half-applied changes. When the commit fails (write lock held past the busy timeout, full disk,
+I/O error) the batch is undone in memory, counted (``faultmesh_store_errors_total``), logged with
+the store's own error, and every caller of the batch gets :class:`StoreWriteError`: nothing is
+acked that is not stored, and a retry of the same write is applied and stored again.
 
 Subscribers (:meth:`FaultCenter.subscribe`) never run inside the writer: each has its own bounded
 queue and task (:class:`faultmesh.sink.SinkWorker`); the writer only offers the batch, which never
@@ -39,6 +42,11 @@ log = logging.getLogger("clusterd.center")
 OCCUR = "occur"
 UPDATE = "update"
 RECOVER = "recover"
+
+
+class StoreWriteError(RuntimeError):
+    """A batch whose commit failed: nothing of it was applied (memory rolled back), so the caller
+    must not ack it; the message carries the store's own error (``state write failed: <error>``)."""
 
 
 class Change(NamedTuple):
@@ -180,6 +188,7 @@ class FaultCenter:
     async def _apply_batch(self, ops: list[_Op]) -> None:
         per_op: list[list[Change]] = []
         dirty: dict[FaultKey, str | None] = {}
+        undo: dict[FaultKey, tuple[Fault | None, str | None]] = {}  # state before this batch
         for op in ops:
             changes: list[Change] = []
             now = now_ms()
@@ -200,36 +209,39 @@ class FaultCenter:
                         changes.append(Change(UPDATE, f))
                     elif f.last_seen_ms == old.last_seen_ms and self._origin.get(f.key) == op.origin:
                         continue
+                undo.setdefault(f.key, (old, self._origin.get(f.key)))
                 self._put(f, op.origin)
                 dirty[f.key] = op.origin
             removals = list(op.removals)
             if op.replace_scope is not None:
                 removals.extend(k for k in self._by_scope.get(op.replace_scope, ()) if k not in new_keys)
             for key in removals:
+                prev_origin = self._origin.get(key)
                 old = self._drop(key)
                 if old is not None:
+                    undo.setdefault(key, (old, prev_origin))
                     changes.append(Change(RECOVER, old))
                     dirty[key] = None
             per_op.append(changes)
-        error: BaseException | None = None
         if dirty:
             ups = [(self._faults[k], o) for k, o in dirty.items() if o is not None]
             rms = [k for k, o in dirty.items() if o is None]
             try:
                 with self.commit_s.time():
                     await self._store.write_faults(ups, rms)
-            except Exception as e:  # disk full, I/O error: memory stays right; callers are not acked
-                error = e
+            except Exception as e:  # lock timeout, disk full, I/O error: undo, never ack
+                self._undo(undo)
                 self.store_errors.inc()
                 event(log, logging.ERROR, "state write failed", error=repr(e), batch=len(ops))
+                err = StoreWriteError(f"state write failed: {e}")
+                for op in ops:
+                    if not op.future.done():
+                        op.future.set_exception(err)
+                return
         all_changes: list[Change] = []
         for op, changes in zip(ops, per_op, strict=True):
             all_changes.extend(changes)
-            if op.future.done():
-                continue
-            if error is not None:
-                op.future.set_exception(error)
-            else:
+            if not op.future.done():
                 op.future.set_result(changes)
         if all_changes:
             for c in all_changes:
@@ -237,6 +249,13 @@ class FaultCenter:
             self._update_gauges()
             for w in self._sinks:
                 w.offer(all_changes)  # never waits: each subscriber runs in its own task
+
+    def _undo(self, undo: dict[FaultKey, tuple[Fault | None, str | None]]) -> None:
+        """Put memory back as it was before a batch whose commit failed (memory == file again)."""
+        for key, (fault, origin) in undo.items():
+            self._drop(key)
+            if fault is not None:
+                self._put(fault, origin or fault.source)
 
     def _put(self, f: Fault, origin: str) -> None:
         old = self._faults.get(f.key)

@@ -12,7 +12,9 @@ Validation, in the reference's order and with its response codes:
    value <= 128; description ``^[\\S ]{0,512}$``; influence 1..1000 entries, each with a valid
    nodeName (or a nodeSN that resolves to a node) and 1..32 distinct deviceIds in [0, 31].
 
-Success: 0 ``public fault send successfully``. Cache semantics (§5 "Cache semantics"): key =
+Success: 0 ``public fault send successfully``, only once the change is committed; when the state
+write fails nothing is applied and the answer is 599 (ServerInnerError) ``state write failed: <error>``,
+so a sender's retry of the same faultId is applied and stored. Cache semantics (§5 "Cache semantics"): key =
 resource + faultId per node; a repeated occur does not refresh; ``once`` and ``recover`` remove the
 fault 5 s after it was added (a recover before its occur removes a later occur at now+5 s); at most
 50 000 items. Faults go to the fault center (source ``public:<resource>:<faultId>``, one record per
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from clusterd.center import StoreWriteError
 from faultmesh._pb import pubfault_pb2, pubfault_pb2_grpc
 from faultmesh.files import FileWatch
 from faultmesh.log import RateLimitedLog, event
@@ -57,6 +60,7 @@ ASSERTIONS = ("occur", "recover", "once")
 MAX_ITEMS = 50_000
 DELETE_DELAY_MS = 5_000
 SUCCESS = (0, "public fault send successfully")
+SERVER_INNER_ERROR = 599  # reference code ServerInnerError: the state write failed, nothing applied
 LEVEL_KEYS = (  # lookup precedence: Separate > PreSeparate > SubHealth > NotHandle
     ("SeparateNPUCodes", "SeparateNPU"),
     ("PreSeparateNPUCodes", "PreSeparateNPU"),
@@ -262,7 +266,10 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
             accepted.append((f, targets))
         if not accepted:
             return self._reject("no_valid_fault", 409, "there is no valid fault")
-        await self._apply(request.resource, accepted)
+        try:
+            await self._apply(request.resource, accepted)
+        except StoreWriteError as e:  # nothing was applied: the sender must retry (never answered 0)
+            return self._reject("store_error", SERVER_INNER_ERROR, str(e))
         return pubfault_pb2.RespStatus(code=SUCCESS[0], info=SUCCESS[1])
 
     async def _apply(self, resource: str, accepted) -> None:

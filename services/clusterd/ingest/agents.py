@@ -14,6 +14,8 @@ Non-fault state (Hello identity, node status, conditions, device states) goes to
 
 Bad input (no Hello, a message too large, faults of another node, absurd values) is rejected with an
 Ack carrying the error, counted in ``faultmesh_rejected_requests_total{service="agent",reason}``.
+A valid message whose state write failed is acked with ``internal: state write failed: <error>``
+and the stream is ended, so the agent reconnects and resends its whole state as a snapshot.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ MAX_DEVICES = 4096  # per node
 MAX_TIME_MS = 4_102_444_800_000  # 2100-01-01
 CODE_RE = re.compile(r"^[\x21-\x7e]{1,64}$")  # printable, no spaces: hex, public and switch codes
 AGENT_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+# Ack.error prefix of a message that was valid but not stored (state write failed): the agent must
+# not count it as acked; ClusterD then ends the stream and the agent resends all by snapshot.
+INTERNAL_ERROR = "internal"
 
 
 class AgentInputError(ValueError):
@@ -229,6 +234,8 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                     return
                 session.last_seen = time.time()
                 await self._handle(session, msg)
+                if session.closed:
+                    return
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the peer vanished or sent garbage: end this stream only
@@ -293,9 +300,10 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             self._reject(reason, node=s.node, agent=s.agent, detail=str(e))
             self._ack(s, body.seq, str(e))
             return
-        except Exception as e:  # state write failed: do not ack; the agent resends on reconnect
-            event(log, logging.ERROR, "agent message not applied", node=s.node, error=repr(e))
-            self._ack(s, body.seq, f"internal: {e!r}")
+        except Exception as e:  # state write failed: nothing applied; end the stream so the agent resyncs
+            event(log, logging.ERROR, "agent message not applied", node=s.node, agent=s.agent, error=str(e))
+            self._ack(s, body.seq, f"{INTERNAL_ERROR}: {e}")
+            s.closed = True  # the reader stops; the agent reconnects and sends a full snapshot
             return
         s.last_seq = body.seq
         self._ack(s, body.seq)
