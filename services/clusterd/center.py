@@ -77,6 +77,8 @@ class FaultCenter:
         self._origin: dict[FaultKey, str] = {}
         self._by_scope: dict[tuple[str, str], set[FaultKey]] = {}
         self._by_node: dict[str, dict[FaultKey, Fault]] = {}  # node -> its faults
+        self._origin_n: dict[str, int] = {}  # origin -> its records
+        self._groups: dict[str, dict[tuple[str, str], int]] = {}  # origin -> (node, source) -> records
         self._level_counts: dict[str, int] = {}
         self._gauged_levels: set[str] = set()
         self._sinks: list[SinkWorker[Change]] = []
@@ -264,6 +266,12 @@ class FaultCenter:
         old_origin = self._origin.get(f.key)
         if old_origin is not None and old_origin != origin:
             self._by_scope.get((f.node, old_origin), set()).discard(f.key)
+        if old_origin != origin:
+            if old_origin is not None:
+                self._count_drop(f.key, old_origin)
+            self._origin_n[origin] = self._origin_n.get(origin, 0) + 1
+            groups = self._groups.setdefault(origin, {})
+            groups[(f.node, f.source)] = groups.get((f.node, f.source), 0) + 1
         self._faults[f.key] = f
         self._origin[f.key] = origin
         self._by_scope.setdefault((f.node, origin), set()).add(f.key)
@@ -275,12 +283,26 @@ class FaultCenter:
             self._index_drop(f)
         origin = self._origin.pop(key, None)
         if origin is not None:
+            self._count_drop(key, origin)
             scope = self._by_scope.get((key.node, origin))
             if scope is not None:
                 scope.discard(key)
                 if not scope:
                     del self._by_scope[(key.node, origin)]
         return f
+
+    def _count_drop(self, key: FaultKey, origin: str) -> None:
+        n = self._origin_n.get(origin, 0) - 1
+        if n > 0:
+            self._origin_n[origin] = n
+        else:
+            self._origin_n.pop(origin, None)
+        groups = self._groups.get(origin, {})
+        g = groups.get((key.node, key.source), 0) - 1
+        if g > 0:
+            groups[(key.node, key.source)] = g
+        else:
+            groups.pop((key.node, key.source), None)
 
     def _index_add(self, f: Fault) -> None:
         self._level_counts[f.level] = self._level_counts.get(f.level, 0) + 1
@@ -319,6 +341,19 @@ class FaultCenter:
     def faults_of_origin(self, origin: str) -> list[Fault]:
         """Every active fault owned by ``origin`` (unsorted; cost follows that origin's faults)."""
         return [self._faults[k] for (_, o), keys in self._by_scope.items() if o == origin for k in keys]
+
+    def count_of_origin(self, origin: str) -> int:
+        """How many records ``origin`` owns (O(1))."""
+        return self._origin_n.get(origin, 0)
+
+    def groups_of_origin(self, origin: str) -> int:
+        """How many distinct (node, source) pairs ``origin`` owns (O(1)); for PubFault one pair is
+        one reference cache item: one influence entry of one faultId on one node."""
+        return len(self._groups.get(origin, ()))
+
+    def has_group(self, origin: str, node: str, source: str) -> bool:
+        """True when ``origin`` owns at least one record of ``source`` on ``node``."""
+        return (node, source) in self._groups.get(origin, {})
 
     def __len__(self) -> int:
         return len(self._faults)
