@@ -52,8 +52,8 @@ MAX_FIELD_LEN = 256
 MAX_CONDITIONS = 64  # per node
 MAX_DEVICES = 4096  # per node
 MAX_TIME_MS = 4_102_444_800_000  # 2100-01-01
-CODE_RE = re.compile(r"^[\x21-\x7e]{1,64}$")  # printable, no spaces: hex, public and switch codes
-AGENT_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+CODE_RE = re.compile(r"^[\x21-\x7e]{1,64}\Z")  # printable, no spaces: hex, public and switch codes
+AGENT_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}\Z")  # \Z: "$" also matches before a final newline
 # Ack.error prefix of a message that was valid but not stored (state write failed): the agent must
 # not count it as acked; ClusterD then ends the stream and the agent resends all by snapshot.
 INTERNAL_ERROR = "internal"
@@ -322,8 +322,13 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             return
         body = getattr(msg, kind)
         try:
+            n = len(body.faults) if kind == "snapshot" else len(body.upserts) + len(body.removals)
+            if n > MAX_FAULTS_PER_MESSAGE:
+                raise AgentInputError(
+                    f"too_many_faults: {n} faults in one message, limit {MAX_FAULTS_PER_MESSAGE}"
+                )
             if kind == "snapshot":
-                self._check_state(s, body.conditions, body.devices, body.node_status)
+                self._check_state(s, body.conditions, body.devices, body.node_status, replace=True)
                 faults, _, refused = self._owned(s, [self._fault(s, m) for m in body.faults], [])
                 if s.closed:  # taken over meanwhile: the newer stream owns this (node, agent)
                     return
@@ -373,11 +378,14 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             for r in body.slownode_reports:
                 await self._notify(self._on_slownode, s.node, r)
 
-    def _check_state(self, s: AgentSession, conditions, devices, node_status: str) -> None:
+    def _check_state(self, s: AgentSession, conditions, devices, node_status: str, replace=False) -> None:
         if len(node_status) > 32:
             raise AgentInputError("bad_state: node_status longer than 32 chars")
         st = self.nodes.get(s.node)
-        if len(conditions) > MAX_CONDITIONS or (st is not None and len(st.conditions) > MAX_CONDITIONS):
+        types = {c.type for c in conditions}
+        if not replace and st is not None:
+            types |= set(st.conditions)  # what the node would hold after this message
+        if len(conditions) > MAX_CONDITIONS or len(types) > MAX_CONDITIONS:
             raise AgentInputError(f"bad_state: more than {MAX_CONDITIONS} conditions on one node")
         if len(devices) > MAX_DEVICES or (st is not None and len(st.devices) > MAX_DEVICES):
             raise AgentInputError(f"bad_state: more than {MAX_DEVICES} devices on one node")
