@@ -88,6 +88,12 @@ def build_parser(classes: list[type] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--http-addr", default="127.0.0.1:8080", help="HTTP listen address for /metrics, /v1/...")
     p.add_argument("--state-dir", default=default_state_dir(), help="folder of the SQLite state file")
     p.add_argument("--fsync-full", action="store_true", help="fsync every commit (survives power loss)")
+    p.add_argument(
+        "--state-busy-timeout-ms",
+        type=int,
+        default=5000,
+        help="how long a state write waits for another holder of the SQLite write lock before it fails",
+    )
     p.add_argument("--tls-cert", help="PEM server certificate: enables TLS on gRPC")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--tls-ca", help="PEM CA: clients must present a certificate it signed (mTLS)")
@@ -144,7 +150,7 @@ class ClusterD:
             registry=registry,
         )
         self.up = Gauge("faultmesh_clusterd_ready", "1 when ClusterD serves", registry=registry)
-        store = Store(args.state_dir, fsync_full=args.fsync_full)
+        store = Store(args.state_dir, fsync_full=args.fsync_full, busy_timeout_ms=args.state_busy_timeout_ms)
         center = FaultCenter(store, registry)
         nodes = NodeRegistry(store, center)
         registry.register(NodeHealthCollector(nodes, center))

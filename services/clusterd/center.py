@@ -6,7 +6,10 @@ Writers (agent stream, PubFault, FD-OL, ...) submit operations; one writer task 
 order, commits each batch to the :class:`~clusterd.store.Store` in one transaction (group commit),
 then resolves the callers and offers the batch to every subscriber. So an operation that returned
 is durable, the in-memory view equals the file, and concurrent writers never interleave
-half-applied changes.
+half-applied changes. When the commit fails (write lock held past the busy timeout, full disk,
+I/O error) the batch is undone in memory, counted (``faultmesh_store_errors_total``), logged with
+the store's own error, and every caller of the batch gets :class:`StoreWriteError`: nothing is
+acked that is not stored, and a retry of the same write is applied and stored again.
 
 Subscribers (:meth:`FaultCenter.subscribe`) never run inside the writer: each has its own bounded
 queue and task (:class:`faultmesh.sink.SinkWorker`); the writer only offers the batch, which never
@@ -41,6 +44,11 @@ UPDATE = "update"
 RECOVER = "recover"
 
 
+class StoreWriteError(RuntimeError):
+    """A batch whose commit failed: nothing of it was applied (memory rolled back), so the caller
+    must not ack it; the message carries the store's own error (``state write failed: <error>``)."""
+
+
 class Change(NamedTuple):
     """One change of the fault center: kind is ``occur`` / ``update`` / ``recover``."""
 
@@ -69,6 +77,8 @@ class FaultCenter:
         self._origin: dict[FaultKey, str] = {}
         self._by_scope: dict[tuple[str, str], set[FaultKey]] = {}
         self._by_node: dict[str, dict[FaultKey, Fault]] = {}  # node -> its faults
+        self._origin_n: dict[str, int] = {}  # origin -> its records
+        self._groups: dict[str, dict[tuple[str, str], int]] = {}  # origin -> (node, source) -> records
         self._level_counts: dict[str, int] = {}
         self._gauged_levels: set[str] = set()
         self._sinks: list[SinkWorker[Change]] = []
@@ -180,6 +190,7 @@ class FaultCenter:
     async def _apply_batch(self, ops: list[_Op]) -> None:
         per_op: list[list[Change]] = []
         dirty: dict[FaultKey, str | None] = {}
+        undo: dict[FaultKey, tuple[Fault | None, str | None]] = {}  # state before this batch
         for op in ops:
             changes: list[Change] = []
             now = now_ms()
@@ -200,36 +211,39 @@ class FaultCenter:
                         changes.append(Change(UPDATE, f))
                     elif f.last_seen_ms == old.last_seen_ms and self._origin.get(f.key) == op.origin:
                         continue
+                undo.setdefault(f.key, (old, self._origin.get(f.key)))
                 self._put(f, op.origin)
                 dirty[f.key] = op.origin
             removals = list(op.removals)
             if op.replace_scope is not None:
                 removals.extend(k for k in self._by_scope.get(op.replace_scope, ()) if k not in new_keys)
             for key in removals:
+                prev_origin = self._origin.get(key)
                 old = self._drop(key)
                 if old is not None:
+                    undo.setdefault(key, (old, prev_origin))
                     changes.append(Change(RECOVER, old))
                     dirty[key] = None
             per_op.append(changes)
-        error: BaseException | None = None
         if dirty:
             ups = [(self._faults[k], o) for k, o in dirty.items() if o is not None]
             rms = [k for k, o in dirty.items() if o is None]
             try:
                 with self.commit_s.time():
                     await self._store.write_faults(ups, rms)
-            except Exception as e:  # disk full, I/O error: memory stays right; callers are not acked
-                error = e
+            except Exception as e:  # lock timeout, disk full, I/O error: undo, never ack
+                self._undo(undo)
                 self.store_errors.inc()
                 event(log, logging.ERROR, "state write failed", error=repr(e), batch=len(ops))
+                err = StoreWriteError(f"state write failed: {e}")
+                for op in ops:
+                    if not op.future.done():
+                        op.future.set_exception(err)
+                return
         all_changes: list[Change] = []
         for op, changes in zip(ops, per_op, strict=True):
             all_changes.extend(changes)
-            if op.future.done():
-                continue
-            if error is not None:
-                op.future.set_exception(error)
-            else:
+            if not op.future.done():
                 op.future.set_result(changes)
         if all_changes:
             for c in all_changes:
@@ -238,6 +252,13 @@ class FaultCenter:
             for w in self._sinks:
                 w.offer(all_changes)  # never waits: each subscriber runs in its own task
 
+    def _undo(self, undo: dict[FaultKey, tuple[Fault | None, str | None]]) -> None:
+        """Put memory back as it was before a batch whose commit failed (memory == file again)."""
+        for key, (fault, origin) in undo.items():
+            self._drop(key)
+            if fault is not None:
+                self._put(fault, origin or fault.source)
+
     def _put(self, f: Fault, origin: str) -> None:
         old = self._faults.get(f.key)
         if old is not None:
@@ -245,6 +266,12 @@ class FaultCenter:
         old_origin = self._origin.get(f.key)
         if old_origin is not None and old_origin != origin:
             self._by_scope.get((f.node, old_origin), set()).discard(f.key)
+        if old_origin != origin:
+            if old_origin is not None:
+                self._count_drop(f.key, old_origin)
+            self._origin_n[origin] = self._origin_n.get(origin, 0) + 1
+            groups = self._groups.setdefault(origin, {})
+            groups[(f.node, f.source)] = groups.get((f.node, f.source), 0) + 1
         self._faults[f.key] = f
         self._origin[f.key] = origin
         self._by_scope.setdefault((f.node, origin), set()).add(f.key)
@@ -256,12 +283,26 @@ class FaultCenter:
             self._index_drop(f)
         origin = self._origin.pop(key, None)
         if origin is not None:
+            self._count_drop(key, origin)
             scope = self._by_scope.get((key.node, origin))
             if scope is not None:
                 scope.discard(key)
                 if not scope:
                     del self._by_scope[(key.node, origin)]
         return f
+
+    def _count_drop(self, key: FaultKey, origin: str) -> None:
+        n = self._origin_n.get(origin, 0) - 1
+        if n > 0:
+            self._origin_n[origin] = n
+        else:
+            self._origin_n.pop(origin, None)
+        groups = self._groups.get(origin, {})
+        g = groups.get((key.node, key.source), 0) - 1
+        if g > 0:
+            groups[(key.node, key.source)] = g
+        else:
+            groups.pop((key.node, key.source), None)
 
     def _index_add(self, f: Fault) -> None:
         self._level_counts[f.level] = self._level_counts.get(f.level, 0) + 1
@@ -300,6 +341,19 @@ class FaultCenter:
     def faults_of_origin(self, origin: str) -> list[Fault]:
         """Every active fault owned by ``origin`` (unsorted; cost follows that origin's faults)."""
         return [self._faults[k] for (_, o), keys in self._by_scope.items() if o == origin for k in keys]
+
+    def count_of_origin(self, origin: str) -> int:
+        """How many records ``origin`` owns (O(1))."""
+        return self._origin_n.get(origin, 0)
+
+    def groups_of_origin(self, origin: str) -> int:
+        """How many distinct (node, source) pairs ``origin`` owns (O(1)); for PubFault one pair is
+        one reference cache item: one influence entry of one faultId on one node."""
+        return len(self._groups.get(origin, ()))
+
+    def has_group(self, origin: str, node: str, source: str) -> bool:
+        """True when ``origin`` owns at least one record of ``source`` on ``node``."""
+        return (node, source) in self._groups.get(origin, {})
 
     def __len__(self) -> int:
         return len(self._faults)

@@ -15,6 +15,7 @@ commit may block), never on the event loop. Methods raise ``sqlite3.Error`` on I
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -44,12 +45,26 @@ CREATE TABLE IF NOT EXISTS kv (
 """
 
 
-class Store:
-    """SQLite (WAL) state file ``<state_dir>/clusterd.db``. Open with :meth:`open`, close with :meth:`close`."""
+def _rollback(db: sqlite3.Connection) -> None:
+    """Roll back the open transaction, if SQLite did not already (on SQLITE_FULL / SQLITE_IOERR it may
+    roll back by itself; a ROLLBACK then fails with "no transaction is active" and would mask the
+    real error). A failing ROLLBACK never replaces the error being raised."""
+    if db.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
 
-    def __init__(self, state_dir: str | Path, fsync_full: bool = False) -> None:
+
+class Store:
+    """SQLite (WAL) state file ``<state_dir>/clusterd.db``. Open with :meth:`open`, close with :meth:`close`.
+
+    ``busy_timeout_ms``: how long a write waits for another holder of the write lock before it
+    raises ``sqlite3.OperationalError("database is locked")``.
+    """
+
+    def __init__(self, state_dir: str | Path, fsync_full: bool = False, busy_timeout_ms: int = 5000) -> None:
         self.path = Path(state_dir) / "clusterd.db"
         self._fsync_full = fsync_full
+        self._busy_timeout_ms = int(busy_timeout_ms)
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
         self._db: sqlite3.Connection | None = None
 
@@ -61,7 +76,7 @@ class Store:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA synchronous={'FULL' if self._fsync_full else 'NORMAL'}")
-        db.execute("PRAGMA busy_timeout=5000")
+        db.execute(f"PRAGMA busy_timeout={self._busy_timeout_ms}")
         db.executescript(SCHEMA)
         self._db = db
 
@@ -119,7 +134,7 @@ class Store:
                 )
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            _rollback(db)
             raise
 
     async def write_faults(
@@ -171,7 +186,7 @@ class Store:
                 db.executemany("INSERT OR REPLACE INTO nodes VALUES (?,?)", rows)
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                _rollback(db)
                 raise
 
         await self._run(_write)

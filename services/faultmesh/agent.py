@@ -5,7 +5,8 @@ node status) and appends one-shot events (pingmesh rows, slow-node reports) to b
 :class:`AgentClient` keeps one bidirectional stream to ClusterD: ``Hello``, a full ``Snapshot``,
 then ``Delta``s with increasing ``seq``; ClusterD acks each seq. On every (re)connect a fresh
 snapshot is sent, so nothing is lost while ClusterD is down and nothing is duplicated (a snapshot
-replaces all the agent said before). Control messages from ClusterD go to ``on_control`` and are
+replaces all the agent said before). An ack whose error starts with ``internal:`` (ClusterD could
+not store the message) is not an ack: the session ends and the next one resends all by snapshot. Control messages from ClusterD go to ``on_control`` and are
 acked after it returns.
 
 Timings (issue 3): a change is sent at once unless a report went out less than
@@ -34,6 +35,10 @@ from faultmesh.runtime import TaskOwner
 from faultmesh.wire import fault_to_pb, key_to_pb
 
 log = logging.getLogger("faultmesh.agent")
+
+# Ack.error prefix ClusterD uses for a valid message it could not store (clusterd.ingest.agents
+# INTERNAL_ERROR): such a seq is not acked, the session ends and the next one sends a snapshot.
+NOT_STORED_PREFIX = "internal:"
 
 ControlHandler = Callable[[agent_pb2.ControlMessage], Awaitable[None]]
 
@@ -445,6 +450,10 @@ class AgentClient:
                 raise ConnectionError("clusterd closed the stream")
             kind = msg.WhichOneof("body")
             if kind == "ack":
+                if msg.ack.error.startswith(NOT_STORED_PREFIX):
+                    # valid but not stored (ClusterD's state write failed): not acked; a new session
+                    # resends everything by snapshot
+                    raise ConnectionError(f"clusterd did not store seq {msg.ack.seq}: {msg.ack.error}")
                 if msg.ack.error:
                     event(
                         log,

@@ -12,10 +12,16 @@ Validation, in the reference's order and with its response codes:
    value <= 128; description ``^[\\S ]{0,512}$``; influence 1..1000 entries, each with a valid
    nodeName (or a nodeSN that resolves to a node) and 1..32 distinct deviceIds in [0, 31].
 
-Success: 0 ``public fault send successfully``. Cache semantics (§5 "Cache semantics"): key =
+Success: 0 ``public fault send successfully``, only once the change is committed; when the state
+write fails nothing is applied and the answer is 599 (ServerInnerError) ``state write failed: <error>``,
+so a sender's retry of the same faultId is applied and stored. Cache semantics (§5 "Cache semantics"): key =
 resource + faultId per node; a repeated occur does not refresh; ``once`` and ``recover`` remove the
 fault 5 s after it was added (a recover before its occur removes a later occur at now+5 s); at most
-50 000 items. Faults go to the fault center (source ``public:<resource>:<faultId>``, one record per
+50 000 items, counted as the reference does (one per influence entry: node + resource + faultId) over
+public faults only, and at most 50 000 device records (faultmesh stores one per device id; the
+reference has no such bound). Unlike the reference, which drops adds over the cap silently and
+answers 0, a request that would go over either cap is refused whole before anything is applied:
+409 ``check public fault info failed, error: public fault cache full: ...``. Faults go to the fault center (source ``public:<resource>:<faultId>``, one record per
 device id) and so survive restarts with their first-seen time.
 
 Intake is one plain method, :meth:`PubFaultComponent.intake`; the gRPC servicer method
@@ -36,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from clusterd.center import StoreWriteError
 from faultmesh._pb import pubfault_pb2, pubfault_pb2_grpc
 from faultmesh.files import FileWatch
 from faultmesh.log import RateLimitedLog, event
@@ -54,9 +61,11 @@ NODE_RE = re.compile(r"^[a-z0-9]([a-z0-9\-.]{0,251}[a-z0-9])?$")
 MIN_TIME_MS = 1735689600000  # 2025-01-01T00:00:00Z
 FAULT_TYPES = ("NPU", "Node", "Network", "Storage")
 ASSERTIONS = ("occur", "recover", "once")
-MAX_ITEMS = 50_000
+MAX_ITEMS = 50_000  # reference cache cap: one item per (node, resource + faultId)
+MAX_RECORDS = 50_000  # faultmesh: one record per device id; bounded too (memory, event-loop time)
 DELETE_DELAY_MS = 5_000
 SUCCESS = (0, "public fault send successfully")
+SERVER_INNER_ERROR = 599  # reference code ServerInnerError: the state write failed, nothing applied
 LEVEL_KEYS = (  # lookup precedence: Separate > PreSeparate > SubHealth > NotHandle
     ("SeparateNPUCodes", "SeparateNPU"),
     ("PreSeparateNPUCodes", "PreSeparateNPU"),
@@ -200,6 +209,7 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
             tuple[str, str, str], float
         ] = {}  # (node, resource, faultId) -> deadline s
         self._ratelog = RateLimitedLog(log)
+        self._reserved = (0, 0)  # (items, records) of requests being applied: counted against the caps
 
     def servicers(self) -> list[tuple[Any, Any]]:
         """(add_to_server, servicer) pairs this component serves."""
@@ -262,8 +272,61 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
             accepted.append((f, targets))
         if not accepted:
             return self._reject("no_valid_fault", 409, "there is no valid fault")
-        await self._apply(request.resource, accepted)
+        over, reserve = self._over_cap(request.resource, accepted)
+        if over:
+            return self._reject("cache_full", 409, f"check public fault info failed, error: {over}")
+        r = self._reserved
+        self._reserved = (r[0] + reserve[0], r[1] + reserve[1])
+        try:
+            await self._apply(request.resource, accepted)
+        except StoreWriteError as e:  # nothing was applied: the sender must retry (never answered 0)
+            return self._reject("store_error", SERVER_INNER_ERROR, str(e))
+        finally:
+            r = self._reserved
+            self._reserved = (r[0] - reserve[0], r[1] - reserve[1])
         return pubfault_pb2.RespStatus(code=SUCCESS[0], info=SUCCESS[1])
+
+    def _over_cap(self, resource: str, accepted) -> tuple[str, tuple[int, int]]:
+        """(why the request would take the public faults over a cap or "", (items, records) it may
+        add: reserved while it is being applied). Counted before
+        anything is applied and over public faults only (agents' faults do not use the cap).
+
+        Items are counted as the reference counts its cache: one per (node, resource + faultId),
+        i.e. per influence entry (``MAX_ITEMS``). faultmesh stores one record per device id, so the
+        records are bounded too (``MAX_RECORDS``)."""
+        center = self.ctx.center
+        items_now = center.groups_of_origin("public") + self._reserved[0]
+        records_now = center.count_of_origin("public") + self._reserved[1]
+        adds = [(f, t) for f, t in accepted if f.assertion != RECOVER]
+        most_items = sum(len(t) for _, t in adds)
+        most_records = sum(len(ids) for _, t in adds for _, ids in t)
+        if items_now + most_items <= MAX_ITEMS and records_now + most_records <= MAX_RECORDS:
+            return "", (most_items, most_records)  # cannot exceed: no need to count exactly
+        groups: set[tuple[str, str]] = set()
+        records: set[FaultKey] = set()
+        for f, targets in adds:
+            source = f"public:{resource}:{f.faultId}"
+            for node, ids in targets:
+                if not center.has_group("public", node, source):
+                    groups.add((node, source))
+                records.update(
+                    k
+                    for k in (FaultKey(node, f.faultType, d, f.faultCode, source) for d in ids)
+                    if center.get(k) is None
+                )
+        if items_now + len(groups) > MAX_ITEMS:
+            why = (
+                f"public fault cache full: the request adds {len(groups)} items to {items_now}, "
+                f"limit {MAX_ITEMS} (one item per influence entry); nothing was applied"
+            )
+            return why, (0, 0)
+        if records_now + len(records) > MAX_RECORDS:
+            why = (
+                f"public fault cache full: the request adds {len(records)} device faults to "
+                f"{records_now}, limit {MAX_RECORDS}; nothing was applied"
+            )
+            return why, (0, 0)
+        return "", (len(groups), len(records))
 
     async def _apply(self, resource: str, accepted) -> None:
         """Turn accepted faults into one atomic fault-center change (durable when this returns)."""
@@ -292,12 +355,6 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                     continue
                 if all(present):
                     continue  # a repeated occur does not refresh the item
-                if len(center) >= MAX_ITEMS:
-                    self.ctx.metrics.reject("pubfault", "cache_full")
-                    self._ratelog.warning(
-                        "cache_full", "public fault cache full, fault dropped", cap=MAX_ITEMS
-                    )
-                    continue
                 attrs = {
                     "faultId": f.faultId,
                     "resource": resource,

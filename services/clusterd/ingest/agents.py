@@ -4,7 +4,12 @@
 ``Hello``; a ``Snapshot`` replaces everything that agent said about its node
 (:meth:`FaultCenter.replace_origin`); a ``Delta`` applies upserts/removals; each is acked with its seq
 after it is durable. Down the same stream go control messages (``send``), numbered, and acked by the
-agent. A new stream from the same (node, agent) replaces the old one. A stream that breaks costs
+agent. A new stream from the same (node, agent) takes over: the old one is closed and applies
+nothing more, its faults stay until the new snapshot replaces them ("agent stream taken over",
+reason ``reconnect`` for the same boot id, ``restart`` for another; :meth:`AgentHub._take_over`).
+A stream changes only faults its agent owns: an upsert or removal of a key owned by another origin
+(another agent, ``public:*``, a component) is skipped, counted as ``foreign_origin`` and named in
+the ack's error; the rest of the message is applied. A stream that breaks costs
 nothing: the agent's faults stay (the agent is the truth and resyncs on reconnect) and the node is
 marked disconnected.
 
@@ -14,6 +19,8 @@ Non-fault state (Hello identity, node status, conditions, device states) goes to
 
 Bad input (no Hello, a message too large, faults of another node, absurd values) is rejected with an
 Ack carrying the error, counted in ``faultmesh_rejected_requests_total{service="agent",reason}``.
+A valid message whose state write failed is acked with ``internal: state write failed: <error>``
+and the stream is ended, so the agent reconnects and resends its whole state as a snapshot.
 """
 
 from __future__ import annotations
@@ -45,8 +52,11 @@ MAX_FIELD_LEN = 256
 MAX_CONDITIONS = 64  # per node
 MAX_DEVICES = 4096  # per node
 MAX_TIME_MS = 4_102_444_800_000  # 2100-01-01
-CODE_RE = re.compile(r"^[\x21-\x7e]{1,64}$")  # printable, no spaces: hex, public and switch codes
-AGENT_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+CODE_RE = re.compile(r"^[\x21-\x7e]{1,64}\Z")  # printable, no spaces: hex, public and switch codes
+AGENT_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}\Z")  # \Z: "$" also matches before a final newline
+# Ack.error prefix of a message that was valid but not stored (state write failed): the agent must
+# not count it as acked; ClusterD then ends the stream and the agent resends all by snapshot.
+INTERNAL_ERROR = "internal"
 
 
 class AgentInputError(ValueError):
@@ -95,6 +105,12 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         )
         self.messages = Counter(
             "faultmesh_agent_messages_total", "Agent stream messages received", ["kind"], registry=registry
+        )
+        self.takeovers = Counter(
+            "faultmesh_agent_stream_takeovers_total",
+            "A newer stream for the same (node, agent) replaced a live one",
+            ["reason"],
+            registry=registry,
         )
 
     # -- extension points --------------------------------------------------------------------
@@ -179,9 +195,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         session = AgentSession(h.node, agent, h.boot_id, h.node_ip, h.node_sn, context.peer())
         old = self.sessions.get((h.node, agent))
         if old is not None:
-            old.closed = True
-            with contextlib.suppress(asyncio.QueueFull):
-                old.queue.put_nowait(None)
+            self._take_over(old, session)
         if old is None:
             self._per_agent[agent] = self._per_agent.get(agent, 0) + 1
         self.sessions[(h.node, agent)] = session
@@ -219,6 +233,48 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 event(log, logging.INFO, "agent disconnected", node=session.node, agent=session.agent)
             self._count(session.agent)
 
+    def _take_over(self, old: AgentSession, new: AgentSession) -> None:
+        """A second stream for the same (node, agent): the newer stream always takes over (a restarted
+        agent has a new boot id and must get in while its old TCP stream is still half-open). The old
+        stream is closed and applies nothing more; its faults stay until the new stream's snapshot
+        replaces them. Logged as "agent stream taken over" with reason ``reconnect`` (same boot id)
+        or ``restart`` (another boot id: a restarted agent, or two agents claiming one node — then
+        the log shows the two peers taking turns) and counted by reason."""
+        reason = "reconnect" if old.boot_id == new.boot_id else "restart"
+        old.closed = True
+        with contextlib.suppress(asyncio.QueueFull):
+            old.queue.put_nowait(None)
+        self.takeovers.labels(reason).inc()
+        event(
+            log,
+            logging.INFO if reason == "reconnect" else logging.WARNING,
+            "agent stream taken over",
+            node=new.node,
+            agent=new.agent,
+            reason=reason,
+            old_peer=old.peer,
+            new_peer=new.peer,
+            old_boot_id=old.boot_id[:64],
+            new_boot_id=new.boot_id[:64],
+            old_idle_s=round(time.time() - old.last_seen, 1),
+        )
+
+    def _owned(self, s: AgentSession, ups: list, rms: list) -> tuple[list, list, int]:
+        """Keep only what this agent may change: keys it owns or that nobody owns yet, never a
+        ``public:*`` source. Returns (upserts, removals, refused count); refusals are counted."""
+        center = self.center
+
+        def mine(key) -> bool:
+            owner = center.origin(key)
+            return not key.source.startswith("public:") and (owner is None or owner == s.agent)
+
+        keep_ups = [f for f in ups if mine(f.key)]
+        keep_rms = [k for k in rms if mine(k)]
+        refused = len(ups) - len(keep_ups) + len(rms) - len(keep_rms)
+        if refused:
+            self._reject("foreign_origin", node=s.node, agent=s.agent, refused=refused)
+        return keep_ups, keep_rms, refused
+
     def _count(self, agent: str) -> None:
         self.connected_gauge.labels(agent).set(self._per_agent.get(agent, 0))
 
@@ -229,6 +285,8 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                     return
                 session.last_seen = time.time()
                 await self._handle(session, msg)
+                if session.closed:
+                    return
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the peer vanished or sent garbage: end this stream only
@@ -264,9 +322,16 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             return
         body = getattr(msg, kind)
         try:
+            n = len(body.faults) if kind == "snapshot" else len(body.upserts) + len(body.removals)
+            if n > MAX_FAULTS_PER_MESSAGE:
+                raise AgentInputError(
+                    f"too_many_faults: {n} faults in one message, limit {MAX_FAULTS_PER_MESSAGE}"
+                )
             if kind == "snapshot":
-                self._check_state(s, body.conditions, body.devices, body.node_status)
-                faults = [self._fault(s, m) for m in body.faults]
+                self._check_state(s, body.conditions, body.devices, body.node_status, replace=True)
+                faults, _, refused = self._owned(s, [self._fault(s, m) for m in body.faults], [])
+                if s.closed:  # taken over meanwhile: the newer stream owns this (node, agent)
+                    return
                 await self.center.replace_origin(s.node, s.agent, faults)
                 self.nodes.update(
                     s.node,
@@ -279,6 +344,9 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 self._check_state(s, body.conditions, body.devices, body.node_status)
                 ups = [self._fault(s, m) for m in body.upserts]
                 rms = [key_from_pb(k, s.node) for k in body.removals]
+                ups, rms, refused = self._owned(s, ups, rms)
+                if s.closed:
+                    return
                 if ups or rms:
                     await self.center.apply(ups, rms, s.agent)
                 if body.conditions or body.devices or body.node_status:
@@ -293,12 +361,15 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             self._reject(reason, node=s.node, agent=s.agent, detail=str(e))
             self._ack(s, body.seq, str(e))
             return
-        except Exception as e:  # state write failed: do not ack; the agent resends on reconnect
-            event(log, logging.ERROR, "agent message not applied", node=s.node, error=repr(e))
-            self._ack(s, body.seq, f"internal: {e!r}")
+        except Exception as e:  # state write failed: nothing applied; end the stream so the agent resyncs
+            event(log, logging.ERROR, "agent message not applied", node=s.node, agent=s.agent, error=str(e))
+            self._ack(s, body.seq, f"{INTERNAL_ERROR}: {e}")
+            s.closed = True  # the reader stops; the agent reconnects and sends a full snapshot
             return
         s.last_seq = body.seq
-        self._ack(s, body.seq)
+        self._ack(
+            s, body.seq, f"foreign_origin: {refused} faults of another origin not changed" if refused else ""
+        )
         if kind == "snapshot":
             await self._notify(self._on_connect, s.node, s.agent)
         else:
@@ -307,11 +378,14 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             for r in body.slownode_reports:
                 await self._notify(self._on_slownode, s.node, r)
 
-    def _check_state(self, s: AgentSession, conditions, devices, node_status: str) -> None:
+    def _check_state(self, s: AgentSession, conditions, devices, node_status: str, replace=False) -> None:
         if len(node_status) > 32:
             raise AgentInputError("bad_state: node_status longer than 32 chars")
         st = self.nodes.get(s.node)
-        if len(conditions) > MAX_CONDITIONS or (st is not None and len(st.conditions) > MAX_CONDITIONS):
+        types = {c.type for c in conditions}
+        if not replace and st is not None:
+            types |= set(st.conditions)  # what the node would hold after this message
+        if len(conditions) > MAX_CONDITIONS or len(types) > MAX_CONDITIONS:
             raise AgentInputError(f"bad_state: more than {MAX_CONDITIONS} conditions on one node")
         if len(devices) > MAX_DEVICES or (st is not None and len(st.devices) > MAX_DEVICES):
             raise AgentInputError(f"bad_state: more than {MAX_DEVICES} devices on one node")

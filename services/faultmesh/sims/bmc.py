@@ -16,8 +16,9 @@ Run time control (a small JSON HTTP API on 127.0.0.1, ``--control-port``; :mod:`
 - ``POST /sel`` ``{"sensor_type": 12, "sensor_num": 16, "offset": 1, "event_type": 111,
   "deassert": false}`` appends a system event; ``POST /sel/clear``;
 - ``POST /behaviour`` ``{"delay_s": 0, "drop": false, "oem": "ok"}``; ``oem`` is one of ``ok``,
-  ``unsupported`` (completion code 0xC1, an old iBMC), ``short``, ``ragged``, ``absurd``, ``count``
-  (malformed replies for bad-input tests).
+  ``unsupported`` (completion code 0xC1, an old iBMC), ``busy-once`` (the next alarm query is
+  answered 0xD5 "not supported in present state", then ``ok``), ``short``, ``ragged``, ``absurd``,
+  ``count`` (malformed replies for bad-input tests); ``"serial": "..."`` sets the serial number.
 
 pyghmi 1.6.19's server needs three fixes (reference ecosystem.md §2.2), applied here by subclassing:
 (1) it accepts any cipher-suite proposal but only implements suite 3, so the pyghmi client's
@@ -67,7 +68,7 @@ class SimState:
         self.drop = False
         self.oem_mode = "ok"
         self.requests = 0
-        self.serial = "2102SIM0000001"
+        self.serial = self.initial_serial = "2102SIM0000001"
 
     # -- alarms ---------------------------------------------------------------------------------
     def add_alarms(self, code: str, type_byte: int, device_id: int, severity: int, count: int = 1) -> int:
@@ -134,6 +135,7 @@ class SimState:
             self.delay_s, self.drop, self.oem_mode = 0.0, False, "ok"
             self.power_on = True
             self.requests = 0
+            self.serial = self.initial_serial
 
     def snapshot(self) -> dict:
         """The state as JSON-able dict (``GET /state``)."""
@@ -253,18 +255,20 @@ def _patched_classes():
         def handle_raw_request(self, request, session):
             """Dispatch one request (after the configured delay; never answered with ``drop``)."""
             st = self.state
+            netfn, cmd = request["netfn"], request["command"]
             with st.lock:
                 st.requests += 1
-                delay, drop = st.delay_s, st.drop
+                delay, drop, oem_mode = st.delay_s, st.drop, st.oem_mode
+                if oem_mode == "busy-once" and netfn == oem.NETFN and cmd == oem.CMD:
+                    st.oem_mode = "ok"  # the behaviour as the request arrived, not after its delay
             if drop:
                 return None
             if delay > 0:
                 time.sleep(delay)
-            netfn, cmd = request["netfn"], request["command"]
             data = bytes(request.get("data") or b"")
             try:
                 if netfn == oem.NETFN and cmd == oem.CMD:
-                    return self._oem_alarms(data, session)
+                    return self._oem_alarms(data, session, oem_mode)
                 if netfn == oem.NETFN and cmd == oem.CMD_GET_INFO:
                     return self._oem_info(data, session)
                 if netfn == sel.NETFN_STORAGE:
@@ -286,17 +290,18 @@ def _patched_classes():
                 return session.send_ipmi_response(code=0xCC)
             return session.send_ipmi_response(data=[0x00] + list(value.encode()))
 
-        def _oem_alarms(self, data: bytes, session):
+        def _oem_alarms(self, data: bytes, session, mode: str):
             st = self.state
             try:
                 index = oem.parse_request(data)
             except oem.OemReplyError:
                 return session.send_ipmi_response(code=0xCC)
             with st.lock:
-                mode = st.oem_mode
                 alarms = list(st.alarms)
             if mode == "unsupported":
                 return session.send_ipmi_response(code=0xC1)
+            if mode == "busy-once":
+                return session.send_ipmi_response(code=0xD5)
             page = alarms[index : index + oem.PAGE_RECORDS]
             reply = oem.encode_reply(len(alarms), page, more=index + len(page) < len(alarms))
             if mode == "short":
@@ -404,7 +409,7 @@ def serve(
     """
     state = SimState()
     if serial:
-        state.serial = serial
+        state.serial = state.initial_serial = serial
     if preload_alarms > 0:
         state.add_alarms("08000001", 0x08, 0, 2, preload_alarms)
     sim_bmc, ipmisession = _patched_classes()

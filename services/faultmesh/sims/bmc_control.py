@@ -16,7 +16,7 @@ from noded.bmc import oem, sel
 
 log = logging.getLogger("faultmesh.sims.bmc")
 
-OEM_MODES = ("ok", "unsupported", "short", "ragged", "absurd", "count")
+OEM_MODES = ("ok", "unsupported", "busy-once", "short", "ragged", "absurd", "count")
 
 
 def _type_byte(v) -> int:
@@ -118,6 +118,8 @@ def make_control_handler(state: Any):
                             state.oem_mode = body["oem"]
                         if "power_on" in body:
                             state.power_on = bool(body["power_on"])
+                        if "serial" in body:
+                            state.serial = str(body["serial"])
                     return self._send(200, state.snapshot()["behaviour"])
                 return self._send(404, {"error": "not found"})
             except (KeyError, ValueError, TypeError, OverflowError) as e:

@@ -23,7 +23,11 @@ from noded.bmc import oem
 
 # Completion codes (IPMI 2.0 table 5-2) that mean "this BMC does not do that command".
 UNSUPPORTED_CODES = frozenset({0xC1, 0xC2, 0xC7, 0xC9, 0xCC, 0xCD, 0xD4, 0xD5, 0xD6})
+# Of those, codes that say "not now" rather than "never" (0xD5: not supported in present state),
+# plus the busy / timeout / cannot-answer codes: one of them is no reason to give up the command.
+TRANSIENT_CODES = frozenset({0xC0, 0xC3, 0xCE, 0xD5})
 CC_NOT_PRESENT = 0xCB
+MAX_SERIAL_LEN = 128  # what ClusterD accepts as Hello.node_sn
 HUAWEI_MANUFACTURER_ID = 2011
 
 
@@ -96,6 +100,11 @@ class BmcCommandError(BmcError):
     def unsupported(self) -> bool:
         """True when the code means the command or its data is not supported by this BMC."""
         return self.code in UNSUPPORTED_CODES
+
+    @property
+    def transient(self) -> bool:
+        """True when the code means "not now" (busy, timeout, not in present state): retry later."""
+        return self.code in TRANSIENT_CODES
 
 
 class DeviceId(NamedTuple):
@@ -241,11 +250,18 @@ class BmcClient:
         """The server's serial number from a Huawei iBMC (reference noded.md §1 "Node SN"): OEM
         ``30 90 05 00 03 04 00 FF``, or the manufacturer name ``... 03 00 00 FF`` when the first
         reply is empty. The value is the reply data after its first byte. Returns "" when neither
-        gives one. Raises :class:`BmcError`."""
+        gives one. Raises :class:`BmcError`; :class:`BmcCommandError` (code 0xFF) for a value that
+        cannot be a serial number (over ``MAX_SERIAL_LEN`` chars or not printable ASCII): it would
+        make ClusterD refuse the node's Hello."""
         for selector in (0x04, 0x00):
             d = self.raw(oem.NETFN, oem.CMD_GET_INFO, bytes((0x05, 0x00, 0x03, selector, 0x00, 0xFF)))
             if len(d) > 1:
-                return bytes(d[1:]).decode("ascii", "replace").strip("\x00 \t\r\n")
+                sn = bytes(d[1:]).decode("ascii", "replace").strip("\x00 \t\r\n")
+                if len(sn) > MAX_SERIAL_LEN or not all(" " <= c <= "~" for c in sn):
+                    raise BmcCommandError(
+                        oem.NETFN, oem.CMD_GET_INFO, 0xFF, f"serial number of {len(sn)} chars rejected"
+                    )
+                return sn
         return ""
 
     def oem_alarms(self) -> list[oem.AlarmRecord]:

@@ -8,6 +8,7 @@ Source: reference noded.md §1–3. Codes are levelled by the NodeD level table
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from faultmesh.model import Fault
 from noded.bmc import oem, sel
@@ -65,3 +66,30 @@ def sel_faults(tracker: sel.SelFaultTracker, table: LevelTable, node: str, now_m
             )
         )
     return out
+
+
+class PollResult:
+    """What one blocking poll returned (built in the pool thread, applied on the loop)."""
+
+    __slots__ = (
+        "mode",
+        "fallback",
+        "transient",
+        "alarms",
+        "records",
+        "cursor",
+        "cleared",
+        "device",
+        "serial",
+    )
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.fallback = False
+        self.transient = False  # the fallback came from a transient completion code
+        self.alarms: list[oem.AlarmRecord] = []
+        self.records: list[sel.SelRecord] = []
+        self.cursor: sel.SelCursor | None = None
+        self.cleared = False
+        self.device: Any = None
+        self.serial: str | None = None

@@ -5,7 +5,10 @@ Source: issue 3 "BMC access", issue 12 (one source model), reference noded.md §
 
 - Mode ``auto`` (default): Get Device ID; a Huawei BMC (manufacturer 2011) is read with the iBMC
   OEM alarm command, any other with the SEL. A Huawei BMC that rejects the OEM command (an old
-  iBMC) falls back to the SEL. ``oem`` / ``sel`` force one path.
+  iBMC) falls back to the SEL, and the OEM query is tried again every ``oem_retry_s`` (600 s); a
+  transient code (0xD5 "not in present state", busy, timeout) is a rejected poll, retried with the
+  backoff, and only ``TRANSIENT_STRIKES`` in a row fall back (then the OEM query is retried at the
+  next poll). Back on OEM the SEL-derived faults are dropped. ``oem`` / ``sel`` force one path.
 - Each OEM poll replaces the node's ``bmc-oem`` fault set; SEL events assert/deassert ``bmc-sel``
   faults (see :mod:`noded.bmc.sel`). Codes are levelled by the NodeD level table
   (``--levels-file``, re-read when it changes: :class:`noded.levels.LevelTableWatcher`, owned by this
@@ -52,7 +55,7 @@ from noded.bmc.client import (
     BmcCommandError,
     BmcError,
 )
-from noded.bmc.faults import SOURCE_OEM, SOURCE_SEL
+from noded.bmc.faults import SOURCE_OEM, SOURCE_SEL, PollResult
 from noded.levels import LevelTable, LevelTableWatcher, node_status
 from noded.metrics import NodedMetrics
 
@@ -63,6 +66,8 @@ COND_UNSUPPORTED = "BMCUnsupported"
 MODES = ("auto", "oem", "sel")
 DEFAULT_SEL_TABLE = "sel_events.json"
 LOGOUT_TIMEOUT_S = 3.0
+OEM_RETRY_S = 600.0  # after a fallback to the SEL, try the OEM alarms again this often
+TRANSIENT_STRIKES = 3  # transient completion codes in a row before falling back
 
 
 def _interval(lo: float, hi: float):
@@ -94,22 +99,6 @@ def load_sel_table(path: str | None) -> sel.SelEventTable:
         return sel.SelEventTable.from_json(raw)
     except sel.SelTableError as e:
         raise ValueError(f"SEL event table: {e}") from None
-
-
-class PollResult:
-    """What one blocking poll returned (built in the pool thread, applied on the loop)."""
-
-    __slots__ = ("mode", "fallback", "alarms", "records", "cursor", "cleared", "device", "serial")
-
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
-        self.fallback = False
-        self.alarms: list[oem.AlarmRecord] = []
-        self.records: list[sel.SelRecord] = []
-        self.cursor: sel.SelCursor | None = None
-        self.cleared = False
-        self.device: Any = None
-        self.serial: str | None = None
 
 
 class Bmc(PolledSource):
@@ -200,6 +189,7 @@ class Bmc(PolledSource):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         wall_ms: Callable[[], int] = now_ms,
+        oem_retry_s: float = OEM_RETRY_S,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"bmc mode must be one of {MODES}, got {mode!r}")
@@ -213,6 +203,9 @@ class Bmc(PolledSource):
         self.configured_mode = mode
         self.mode: str | None = None if mode == "auto" else mode
         self.backoff_base_s = backoff_base_s
+        self.oem_retry_s = oem_retry_s
+        self._oem_retry_at: float | None = None  # set while on the SEL after a fallback
+        self._transient_strikes = 0
         # no jitter: the retry schedule is the documented 1, 2, 4, ... s capped at the poll period
         self.backoff = Backoff(min(backoff_base_s, poll_interval_s), poll_interval_s, jitter_s=0.0)
         self._retry_s = self.backoff.initial_s
@@ -285,8 +278,12 @@ class Bmc(PolledSource):
         """One poll. Returns True on success; failures are counted, logged and set conditions."""
         t0 = self.clock()
         mode_label = self.mode or "auto"
+        mode = self.mode
+        if self._oem_retry_at is not None and t0 >= self._oem_retry_at:
+            mode = "oem"  # after a fallback: is the OEM command back?
+            self._oem_retry_at = t0 + self.oem_retry_s  # until this attempt says otherwise
         try:
-            result = await self.ctx.run_blocking(self.timeout_s, self._blocking_poll, self.mode, self.cursor)
+            result = await self.ctx.run_blocking(self.timeout_s, self._blocking_poll, mode, self.cursor)
         except BlockingTimeout:
             return self._failed(
                 "timeout", COND_UNREACHABLE, "Timeout", f"no answer within {self.timeout_s}s", t0, mode_label
@@ -296,6 +293,9 @@ class Bmc(PolledSource):
         except BmcAuthError as e:
             return self._failed("auth", COND_UNREACHABLE, "AuthFailed", str(e), t0, mode_label)
         except BmcCommandError as e:
+            if e.transient:  # "not now": keep the state, retry with the backoff
+                self._transient_strikes += 1
+                return self._rejected("completion-code", str(e), t0, mode_label)
             if e.unsupported:
                 reason = {oem.NETFN: "OemAlarmsUnsupported", sel.NETFN_STORAGE: "SelUnsupported"}.get(
                     e.netfn, "CommandUnsupported"
@@ -318,7 +318,7 @@ class Bmc(PolledSource):
     def _blocking_poll(self, mode: str | None, cursor: sel.SelCursor) -> PollResult:
         """Runs in the pool thread: detect the mode when needed, read alarms or new SEL records."""
         with self.client.locked():
-            fallback = False
+            fallback = transient = False
             if mode is None:
                 dev = self.client.device_id()
                 mode = "oem" if dev.manufacturer_id == HUAWEI_MANUFACTURER_ID else "sel"
@@ -329,7 +329,10 @@ class Bmc(PolledSource):
                 except BmcCommandError as e:
                     if not (e.unsupported and self.configured_mode == "auto"):
                         raise
+                    if e.transient and self._transient_strikes + 1 < TRANSIENT_STRIKES:
+                        raise
                     fallback = True
+                    transient = e.transient
                 else:
                     if not self.serial_number:
                         try:
@@ -338,7 +341,7 @@ class Bmc(PolledSource):
                             res.serial = ""
                     return res
             res = PollResult("sel")
-            res.fallback = fallback
+            res.fallback, res.transient = fallback, transient
             res.records, res.cursor, res.cleared = sel.read_new_records(self.client.raw, cursor)
             return res
 
@@ -401,6 +404,7 @@ class Bmc(PolledSource):
                 log, logging.INFO, "bmc reachable again", host=self.client.host, after_failures=self.failures
             )
         self.failures = 0
+        self._transient_strikes = 0
         self.backoff.reset()
         self.last_error = ""
         self.polls_ok += 1
@@ -423,7 +427,14 @@ class Bmc(PolledSource):
                     "bmc oem alarms unsupported, reading the sel instead",
                     host=self.client.host,
                 )
+            if res.mode == "oem" and self._oem_retry_at is not None:
+                event(log, logging.INFO, "bmc oem alarms back, leaving the sel", host=self.client.host)
+                self.tracker, self.cursor = sel.SelFaultTracker(), sel.SelCursor()
             self.mode = res.mode
+        if res.fallback:
+            self._oem_retry_at = self.clock() + (self.poll_interval_s if res.transient else self.oem_retry_s)
+        elif res.mode == "oem":
+            self._oem_retry_at = None
         self.state.set_condition(COND_UNREACHABLE, False)
         self.state.set_condition(COND_UNSUPPORTED, False)
         if res.serial:

@@ -236,3 +236,62 @@ async def test_slow_bmc_within_and_beyond_the_poll_timeout(bmc_sim):
         bmc_sim.behave(delay_s=0)
         mon.client.close()
         mon.ctx.pool.shutdown()
+
+
+async def test_one_transient_0xd5_does_not_switch_to_the_sel(bmc_sim):
+    mon = make_monitor(bmc_sim)
+    try:
+        assert await mon.poll_once()  # auto -> oem (and past requests a previous test left queued)
+        assert mon.mode == "oem"
+        bmc_sim.add_alarm("0800004B", "Memory", 3)
+        bmc_sim.behave(oem="busy-once")  # the next alarm query is answered 0xD5, then all is well
+        assert await mon.poll_once() is False  # a rejected poll: state kept, retried with the backoff
+        assert mon.mode != "sel"
+        assert await mon.poll_once()
+        assert mon.mode == "oem"
+        assert [f[2] for f in faults(mon)] == ["0800004B"]
+        bmc_sim.call("/alarms/clear", {})
+        assert await mon.poll_once()
+        assert faults(mon) == []  # a cleared alarm leaves
+    finally:
+        mon.client.close()
+        mon.ctx.pool.shutdown()
+
+
+async def test_after_a_fallback_the_oem_alarms_are_tried_again(bmc_sim):
+    now = [1000.0]
+    mon = make_monitor(bmc_sim, clock=lambda: now[0], oem_retry_s=100.0)
+    try:
+        bmc_sim.behave(oem="unsupported")
+        bmc_sim.add_sel(0x0C, 0x01, sensor_num=0x10)
+        assert await mon.poll_once()
+        assert mon.mode == "sel" and len(faults(mon, SOURCE_SEL)) == 1
+        bmc_sim.behave(oem="ok")
+        bmc_sim.add_alarm("0800004B", "Memory", 3)
+        now[0] += 50
+        assert await mon.poll_once()
+        assert mon.mode == "sel"  # not yet: the OEM query is retried every oem_retry_s
+        now[0] += 51
+        assert await mon.poll_once()
+        assert mon.mode == "oem"
+        assert [f[2] for f in faults(mon)] == ["0800004B"]
+        assert faults(mon, SOURCE_SEL) == []  # the SEL-derived faults go with the SEL
+    finally:
+        mon.client.close()
+        mon.ctx.pool.shutdown()
+
+
+async def test_a_serial_number_over_128_chars_never_reaches_the_wire(bmc_sim):
+    bmc_sim.behave(serial="S" * 200)
+    mon = make_monitor(bmc_sim)
+    got = []
+    mon.on_serial = got.append
+    try:
+        assert await mon.poll_once()
+        assert mon.mode == "oem" and mon.serial_number == "" and got == []
+        bmc_sim.behave(serial="2102SIM0000009")
+        assert await mon.poll_once()
+        assert got == ["2102SIM0000009"]
+    finally:
+        mon.client.close()
+        mon.ctx.pool.shutdown()

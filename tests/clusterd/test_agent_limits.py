@@ -1,0 +1,109 @@
+"""Every documented agent-stream limit holds at the limit and is refused at limit + 1 (issue 19 #6)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from clusterd.ingest import agents as agents_mod
+from faultmesh._pb import agent_pb2, agent_pb2_grpc
+
+
+async def raw_stream(port: int, messages) -> list[agent_pb2.ControlMessage]:
+    """Send ``messages`` on one stream; what comes back until the server is quiet for 1 s."""
+    out = []
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        call = agent_pb2_grpc.AgentStreamStub(ch).Connect()
+        for m in messages:
+            await call.write(m)
+        while True:
+            try:
+                msg = await asyncio.wait_for(call.read(), 1.0)
+            except TimeoutError:
+                break
+            if msg is grpc.aio.EOF:
+                break
+            out.append(msg)
+        call.cancel()
+    return out
+
+
+def _hello(agent: str = "noded") -> agent_pb2.AgentMessage:
+    return agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="node-1", agent=agent))
+
+
+def _f(i: int, code: str | None = None) -> agent_pb2.Fault:
+    return agent_pb2.Fault(
+        source="bmc-oem", device_type="CPU", device_id=i, code=code or f"{i:08X}", level="SeparateFault"
+    )
+
+
+def _errors(acks) -> dict[int, str]:
+    return {a.ack.seq: a.ack.error for a in acks if a.WhichOneof("body") == "ack"}
+
+
+async def test_faults_per_message_at_the_limit_and_over_it(cd, monkeypatch):
+    monkeypatch.setattr(agents_mod, "MAX_FAULTS_PER_MESSAGE", 3)
+    acks = await raw_stream(
+        cd.grpc_port,
+        [
+            _hello(),
+            agent_pb2.AgentMessage(snapshot=agent_pb2.Snapshot(seq=1, faults=[_f(i) for i in range(3)])),
+            agent_pb2.AgentMessage(snapshot=agent_pb2.Snapshot(seq=2, faults=[_f(i) for i in range(4)])),
+            agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=3, upserts=[_f(9)] * 2)),
+            agent_pb2.AgentMessage(
+                delta=agent_pb2.Delta(
+                    seq=4, upserts=[_f(7), _f(8)], removals=[agent_pb2.FaultKey(code="1")] * 2
+                )
+            ),
+        ],
+    )
+    errs = _errors(acks)
+    assert errs[1] == "" and errs[3] == ""
+    assert errs[2].startswith("too_many_faults") and errs[4].startswith("too_many_faults")
+    assert sorted(f.device_id for f in cd.center.faults("node-1")) == [0, 1, 2, 9]
+
+
+async def test_conditions_per_node_count_what_the_node_would_hold(cd):
+    first = [agent_pb2.Condition(type=f"c{i}", active=True) for i in range(64)]
+    acks = await raw_stream(
+        cd.grpc_port,
+        [
+            _hello(),
+            agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=1, conditions=first)),  # at the limit
+            agent_pb2.AgentMessage(
+                delta=agent_pb2.Delta(seq=2, conditions=[agent_pb2.Condition(type="c0", active=False)])
+            ),  # an update of a known one
+            agent_pb2.AgentMessage(
+                delta=agent_pb2.Delta(seq=3, conditions=[agent_pb2.Condition(type="c64", active=True)])
+            ),  # the 65th
+        ],
+    )
+    errs = _errors(acks)
+    assert errs[1] == "" and errs[2] == "" and errs[3].startswith("bad_state")
+    assert len(cd.agents.node_info("node-1")["conditions"]) == 64
+
+
+@pytest.mark.parametrize("agent", ["noded\n", "a" * 33])
+async def test_agent_names_are_matched_whole(cd, agent):
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await raw_stream(cd.grpc_port, [_hello(agent)])
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_agent_name_at_the_length_limit_is_accepted(cd):
+    acks = await raw_stream(
+        cd.grpc_port, [_hello("a" * 32), agent_pb2.AgentMessage(snapshot=agent_pb2.Snapshot(seq=1))]
+    )
+    assert _errors(acks) == {1: ""}
+
+
+async def test_a_code_with_a_trailing_newline_is_refused(cd):
+    acks = await raw_stream(
+        cd.grpc_port,
+        [_hello(), agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=1, upserts=[_f(0, "0000000A\n")]))],
+    )
+    assert _errors(acks)[1].startswith("bad_fault")
+    assert cd.center.faults() == []
