@@ -55,7 +55,12 @@ async def test_trainsim_process_answers_a_hardware_fault(cd, tmp_path):
         await cd.center.upsert(npu_fault())
         await wait_decision(cd, "recover-success", timeout_s=15)
         await sim.wait(lambda: len(sim.signals()) >= 3)
-        assert [s["signalType"] for s in sim.signals()] == ["stopTrain", "globalFault", "changeStrategy"]
+        assert [s["signalType"] for s in sim.signals()] == [
+            "preExitProcess",
+            "stopTrain",
+            "globalFault",
+            "changeStrategy",
+        ]
         assert any(e["event"] == "reply" and e["rpc"] == "ReportRecoverStatus" for e in sim.lines)
     rc, out, err = await run_cli(cd, "job", "recovery", JOB)
     assert rc == 0 and "recover-success" in out and "DECISION" in out

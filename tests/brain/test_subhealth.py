@@ -132,9 +132,12 @@ async def test_grace_exit_dump_failure_still_exits(cd, sims):
     assert sim.signals("changeStrategy")[-1]["extraParams"] == "dump_exit"
 
 
-async def test_grace_exit_dump_timeout_kills_the_job(cd, sims):
+async def test_grace_exit_dump_timeout_goes_to_fault_retry(cd, sims):
+    # reference: WaitReportDumpStatus timeout -> FaultClear -> FaultRetry (not a kill)
     await apply(cd, subHealthyStrategy="graceExit")
     await sims.start(status={"dump": "silent"})
     await cd.center.upsert(sub())
-    d = await wait_decision(cd, "kill-job")
+    d = await wait_decision(cd, "fault-clear")
     assert d["reason"] == "dump timed out"
+    await wait_decision(cd, "fault-retry")
+    assert "kill-job" not in decisions(cd)

@@ -86,6 +86,15 @@ class BrainComponent:
         )
         g.add_argument("--signal-send-s", type=float, default=5.0, help="a signal must reach its stream (s)")
         g.add_argument(
+            "--fault-retry-s", type=float, default=65.0, help="FaultRetry: wait for the job to run again (s)"
+        )
+        g.add_argument(
+            "--hccl-route-s",
+            type=float,
+            default=3.0,
+            help="a retry with HCCL ranks: route convergence wait (s)",
+        )
+        g.add_argument(
             "--data-trace-dir",
             default=None,
             help="host folder of <ns>.data-trace-<job>/profilingSwitch files "
@@ -103,6 +112,8 @@ class BrainComponent:
             hot_switch_wait_s=a.hot_switch_wait_s,
             scale_wait_s=a.scale_wait_s,
             send_s=a.signal_send_s,
+            fault_retry_s=a.fault_retry_s,
+            hccl_route_s=a.hccl_route_s,
             poll_s=min(1.0, max(0.01, a.report_timeout_s / 10)),
             subscriber_wait_s=min(10.0, a.report_timeout_s),
         )
@@ -344,18 +355,29 @@ class BrainComponent:
         if not new:
             return
         if health == UNHEALTHY:
-            unhealthy = [f for f in faults if f.level != "SubHealthFault"]
+            joined = [f for f in new if f.level != "SubHealthFault"]
+            if not joined:
+                return
+            only_retry = all(f.fault_type in ("0", "2") for f in joined)
+            pre_exit = "retry" not in job.strategies() or not only_retry
+            ctl.add_faults(joined)  # the reference's saveCacheFault: every new fault is cached
             if ctl.busy():
-                joined = [f for f in new if f.level != "SubHealthFault"]
-                ctl.add_faults(joined)
                 event(log, logging.INFO, "fault joins the running flow", job=job.id, flow=ctl.flow_name)
                 normal = [f for f in joined if f.fault_type == "1" and f.pod_rank >= 0]
                 if normal and ctl.flow_name == "recovery":
                     # §7.2: the training side may exit the new fault pods at once (all ranks type "1")
                     self.spawn(ctl.pre_exit(normal), f"pre-exit-{job.id}")
                 return
-            ctl.cached_faults.clear()
-            ctl.add_faults(unhealthy)
+            if pre_exit and any(f.pod_rank >= 0 for f in joined):
+                # §7.2: the reference does not stop the job itself: preExitProcess tells TaskD to stop
+                # the fault ranks' workers; TaskD's ReportProcessFault then starts the recovery.
+                self.spawn(
+                    ctl.pre_exit(
+                        joined, "hardware fault on the job's ranks; waiting for TaskD's ReportProcessFault"
+                    ),
+                    f"pre-exit-{job.id}",
+                )
+                return
             self.decide(job.id, "recovery", "stop-train", "hardware fault on the job's ranks", faults=new)
             ctl.start_flow("recovery", lambda: ctl.recovery("fault"))
             return
@@ -422,14 +444,13 @@ class BrainComponent:
             )
         if not faults:
             return
+        ctl.add_faults(faults, new_ranks_only=True)  # ranks the hardware intake cached keep their fault
         if ctl.busy():
-            ctl.add_faults(faults)
             return
-        ctl.cached_faults.clear()
-        ctl.add_faults(faults)
         self.decide(
-            job_id, "recovery", "stop-train", "the training side reported a process fault", faults=faults
-        )
+            job_id, "recovery", "stop-train", "the training side reported a process fault",
+            faults=ctl.faults(),
+        )  # fmt: skip
         ctl.start_flow("recovery", lambda: ctl.recovery("process-fault"))
 
     # -- job changes -------------------------------------------------------------------------------
