@@ -462,7 +462,7 @@ class BrainComponent:
         for node in sorted(nodes):
             await self.ctx.agents.send(node, "deviced", job=self._job_info(job))
         self._sent_nodes[job.id] = nodes
-        self.job_svc.broadcast(job, "delete" if deleted else ("add" if not old_nodes else "update"))
+        self.job_svc.broadcast(job, "delete" if deleted else "add")  # the reference: add / delete only
         if deleted:
             ctl = self.controllers.pop(job.id, None)
             if ctl is not None:
