@@ -5,7 +5,7 @@ Built with the cluster context only. Its peers for other components, handed over
 :mod:`clusterd.app`: ``jobs`` (:class:`~clusterd.brain.jobs.JobRegistry`: resolve a job's ranks ->
 (node, device)) and ``set_data_trace("ns/name", {"CommunicationOperator": "on", ...})`` (FD-OL's
 hook). Fault changes arrive through its own fault-center subscription (``brain``: own queue and
-task, resync = re-evaluate every job).
+task, resync = re-evaluate every job); what a new fault does is :mod:`clusterd.brain.intake`.
 
 HTTP:
 
@@ -28,19 +28,18 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge
 
-from clusterd.brain import controller as ctlmod
 from clusterd.brain.controller import Controller, Timeouts
 from clusterd.brain.datatrace import DataTrace, DataTraceError
 from clusterd.brain.decisions import DecisionLog
 from clusterd.brain.faultsvc import FaultServicer
 from clusterd.brain.faultview import (
-    RECOVER_IGNORED_LEVELS,
     STRESS_HIDDEN_CODES,
     RankFault,
     job_health,
     job_rank_faults,
 )
 from clusterd.brain.http import JobsHttp
+from clusterd.brain.intake import FaultIntake
 from clusterd.brain.jobs import JobRegistry
 from clusterd.brain.jobsvc import ConfigServicer, JobServicer
 from clusterd.brain.recover import RecoverServicer
@@ -61,13 +60,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("clusterd.brain")
 
-HOT_SWITCH_FRAMEWORKS = ("pytorch", "mindspore")
-MAX_HOT_SWITCH_PODS = 10
 ISOLATE_SOURCE = "brain:stress-test"
 ISOLATE_CODE = "StressTestIsolate"
 
 
-class BrainComponent:
+class BrainComponent(FaultIntake):
     """See the module docstring."""
 
     name = "brain"
@@ -323,135 +320,6 @@ class BrainComponent:
             except Exception as e:
                 event(log, logging.ERROR, "job fault evaluation failed", job=job.id, error=repr(e))
         self.fault.publish(jobs.values())
-
-    def evaluate(self, job) -> None:
-        """Act on new faults of ``job`` (§7.2): recovery for UnHealthy, the sub-health strategy for
-        SubHealthy; only (rank, code) pairs new since the last look act."""
-        faults = [f for f in self.rank_faults(job) if f.level not in RECOVER_IGNORED_LEVELS]
-        health = job_health(faults)
-        keys = {(f.rank, f.code) for f in faults}
-        ctl = self.controllers.get(job.id)
-        if ctl is None:
-            seen = self._unregistered_seen.get(job.id, set())
-            self._unregistered_seen[job.id] = keys
-            new = [f for f in faults if (f.rank, f.code) not in seen]
-            if new and health == UNHEALTHY:
-                resched = job.rescheduling()
-                self.decide(
-                    job.id,
-                    "recovery",
-                    resched[0] if resched else "none",
-                    "no process-recovery client registered; "
-                    + (
-                        "the job is rescheduled away from the fault"
-                        if resched
-                        else "no rescheduling configured"
-                    ),
-                    faults=[f for f in new if level_health(f.level) == UNHEALTHY],
-                )
-            return
-        new = [f for f in faults if (f.rank, f.code) not in ctl.seen_fault_keys]
-        ctl.seen_fault_keys = keys
-        if not new:
-            return
-        if health == UNHEALTHY:
-            joined = [f for f in new if f.level != "SubHealthFault"]
-            if not joined:
-                return
-            only_retry = all(f.fault_type in ("0", "2") for f in joined)
-            pre_exit = "retry" not in job.strategies() or not only_retry
-            ctl.add_faults(joined)  # the reference's saveCacheFault: every new fault is cached
-            if ctl.busy():
-                event(log, logging.INFO, "fault joins the running flow", job=job.id, flow=ctl.flow_name)
-                normal = [f for f in joined if f.fault_type == "1" and f.pod_rank >= 0]
-                if normal and ctl.flow_name == "recovery":
-                    # §7.2: the training side may exit the new fault pods at once (all ranks type "1")
-                    self.spawn(ctl.pre_exit(normal), f"pre-exit-{job.id}")
-                return
-            if pre_exit and any(f.pod_rank >= 0 for f in joined):
-                # §7.2: the reference does not stop the job itself: preExitProcess tells TaskD to stop
-                # the fault ranks' workers; TaskD's ReportProcessFault then starts the recovery.
-                self.spawn(
-                    ctl.pre_exit(
-                        joined, "hardware fault on the job's ranks; waiting for TaskD's ReportProcessFault"
-                    ),
-                    f"pre-exit-{job.id}",
-                )
-                return
-            self.decide(job.id, "recovery", "stop-train", "hardware fault on the job's ranks", faults=new)
-            ctl.start_flow("recovery", lambda: ctl.recovery("fault"))
-            return
-        if health == SUB_HEALTHY:
-            self._sub_health(job, ctl, [f for f in new if f.level == "SubHealthFault"])
-
-    def _sub_health(self, job, ctl: Controller, faults: list[RankFault]) -> None:
-        if not faults:
-            return
-        s = job.sub_healthy_strategy or "ignore"
-        if s == "hotSwitch":
-            pods = {f.pod_rank for f in faults}
-            why = None
-            if job.framework not in HOT_SWITCH_FRAMEWORKS:
-                why = f"framework {job.framework} does not support hot switch"
-            elif 0 in pods:
-                why = "the fault is on the master pod (pod rank 0)"
-            elif len(pods) > MAX_HOT_SWITCH_PODS:
-                why = f"more than {MAX_HOT_SWITCH_PODS} fault pods"
-            elif ctl.busy() or ctl.state != ctlmod.INIT:
-                why = f"controller busy ({ctl.state})"
-            if why:
-                self.decide(job.id, "hot-switch", "ignore", why, faults=faults)
-                self.spawn(self.jobs.update(job.id, sub_healthy_strategy="ignore"), f"degrade-{job.id}")
-                return
-            self.decide(
-                job.id, "hot-switch", "start", "sub-health fault, subHealthyStrategy=hotSwitch", faults=faults
-            )
-            ctl.start_flow("hot-switch", lambda: ctl.hot_switch(faults))
-        elif s == "graceExit":
-            if ctl.busy():
-                self.decide(job.id, "grace-exit", "ignore", f"controller busy ({ctl.state})", faults=faults)
-                return
-            self.decide(
-                job.id,
-                "grace-exit",
-                "save-and-exit",
-                "sub-health fault, subHealthyStrategy=graceExit",
-                faults=faults,
-            )
-            ctl.start_flow("grace-exit", lambda: ctl.grace_exit(faults))
-        else:
-            self.decide(
-                job.id, "sub-health", "ignore", "subHealthyStrategy=ignore: training continues", faults=faults
-            )
-
-    async def process_fault(self, job_id: str, ranks) -> None:
-        """ReportProcessFault: type-"1" ranks (or retry-only ranks) start a recovery flow."""
-        ctl = self.controllers.get(job_id)
-        job = self.jobs.get(job_id)
-        if ctl is None or job is None:
-            return
-        now = now_ms()
-        faults = []
-        for fr in ranks:
-            r = next((x for x in job.ranks if str(x.rank) == fr.rankId), None)
-            if r is None:
-                continue
-            level = "RestartBusiness"
-            faults.append(
-                RankFault(
-                    r.rank, r.node, r.device_id, job.pod_rank(r.node), "", level, fr.faultType or "1", now
-                )
-            )
-        if not faults:
-            return
-        ctl.add_faults(faults, new_ranks_only=True)  # ranks the hardware intake cached keep their fault
-        if ctl.busy():
-            return
-        self.decide(
-            job_id, "recovery", "stop-train", "the training side reported a process fault",
-            faults=ctl.faults(),
-        )  # fmt: skip
-        ctl.start_flow("recovery", lambda: ctl.recovery("process-fault"))
 
     # -- job changes -------------------------------------------------------------------------------
     async def _on_job_change(self, job, deleted: bool) -> None:
