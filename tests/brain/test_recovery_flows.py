@@ -128,6 +128,8 @@ async def test_recover_in_place_for_restart_business(cd, sims):
         "recover-in-place",
         ["change_strategy", "fault_nodes_restart"],
     )
+    # TaskD restarts the workers of nodeRankIds (RestartWorkers to each agent) for faultRanks
+    assert (cs["faultRanks"], cs["nodeRankIds"]) == ([("2", "1"), ("3", "1")], ["1"])
 
 
 async def test_elastic_training_scale_in_then_out(cd, sims):
