@@ -116,6 +116,13 @@ class FaultIntake:
             )
             ctl.start_flow("hot-switch", lambda: ctl.hot_switch(faults))
         elif s == "graceExit":
+            if [x for x in job.strategies() if x != "exit"] != ["dump"]:
+                # the reference's skipHandleSubHealthyFaults: graceExit acts only for dump-only jobs
+                self.decide(
+                    job.id, "grace-exit", "ignore", "subHealthyStrategy=graceExit needs dump as the only strategy",
+                    faults=faults,
+                )  # fmt: skip
+                return
             if ctl.busy():
                 self.decide(job.id, "grace-exit", "ignore", f"controller busy ({ctl.state})", faults=faults)
                 return
