@@ -1,13 +1,14 @@
 """``faultmesh trainsim``: play TaskD / MindIO of one job against ClusterD (see :mod:`faultmesh.trainsim`).
 
-Prints one JSON line per event (init, register, signal, reply, switch, stress, stream-ended) on
-stdout. Examples::
+Prints one JSON line per event (init, register, signal, reply, switch, stress, stream-ended, and
+client-error where the real TaskD / MindIO would break on what clusterd sent) on stdout. Examples::
 
     faultmesh trainsim --job-id JOB                       # answers everything with success
     faultmesh trainsim --job-id JOB --strategies recover,dump --status recover=406
     faultmesh trainsim --job-id JOB --switch fail         # NIC switch fails -> normal recovery
     faultmesh trainsim --job-id JOB --stress-code 2       # stress test finds a fault: node isolated
     faultmesh trainsim --job-id JOB --stop silent         # never confirms a pause (timeout path)
+    faultmesh trainsim --job-id JOB --ranks-per-pod 8     # also check globalFault names whole pods
 """
 
 from __future__ import annotations
