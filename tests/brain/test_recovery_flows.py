@@ -376,3 +376,29 @@ async def test_elastic_training_status_timeout_goes_to_fault_retry(cd, sims):
     d = await wait_decision(cd, "fault-clear")
     assert d["reason"] == "no elastic-training status reported in 2.0s"
     await wait_decision(cd, "fault-retry")
+
+
+async def test_operator_reset_clears_a_stuck_flow_and_can_reevaluate(cd, sims):
+    import urllib.request
+
+    await apply(cd)
+    await sims.start(stop="silent")  # the flow waits for ReportStopComplete
+    await cd.center.upsert(npu_fault())
+    ctl = cd.brain.controllers[JOB]
+    async with asyncio.timeout(5):
+        while ctl.state != "WaitReportStopComplete":
+            await asyncio.sleep(0.02)
+    url = f"http://{cd.http.host}:{cd.http.port}/v1/jobs/{JOB}/recovery/reset"
+
+    def post(body: bytes) -> dict:
+        req = urllib.request.Request(url, data=body, method="POST")
+        return json.loads(urllib.request.urlopen(req, timeout=5).read())
+
+    out = await asyncio.to_thread(post, b"")
+    assert (out["result"], out["was"], out["state"]) == ("reset", "WaitReportStopComplete", "INIT")
+    assert not ctl.busy() and not ctl.cached_faults
+    assert decisions(cd)[-1] == "operator-reset"
+    await asyncio.to_thread(post, b'{"reevaluate": true}')  # the still-active fault acts again
+    async with asyncio.timeout(5):
+        while decisions(cd).count("pre-exit") < 2:
+            await asyncio.sleep(0.02)
