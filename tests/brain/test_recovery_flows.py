@@ -145,6 +145,17 @@ async def test_elastic_training_scale_in_then_out(cd, sims):
     assert json.loads(sim.signals("changeStrategy")[-1]["extraParams"]) == {"scale-out-strategy": "DP"}
 
 
+async def test_new_fault_during_scale_in_running_restarts_with_stop_train(cd, sims):
+    await apply(cd, **{"recover-strategy": "elastic-training"})
+    sim = await sims.start(strategies=["downgrade", "exit"], status={"downgrade": 201})
+    await cd.center.upsert(npu_fault())
+    await wait_decision(cd, "scale-in-success")
+    await cd.center.upsert(npu_fault(node="node-a", dev=1))  # a new fault while scaled in
+    await wait_decision(cd, "exit-completed")  # pod rank 0 is faulty now: no elastic training
+    assert "new fault during ScaleInRunning" in [x["reason"] for x in cd.brain.decisions[JOB]]
+    assert len(sim.signals("stopTrain")) == 2
+
+
 async def test_elastic_training_not_for_pod_rank_0(cd, sims):
     await apply(cd, **{"recover-strategy": "elastic-training"})
     await sims.start(strategies=["downgrade", "exit"])

@@ -281,8 +281,16 @@ class RecoveryFlows(ControllerBase):
             return False, rep.status.code
         self.set_state("ScaleInRunning")
         self.brain.decide(self.job_id, flow, "scale-in-success", "training continues on fewer DP groups")
+        scaled = {k[0] for k in self.cached_faults}
         deadline = time.monotonic() + self.t.scale_wait_s
         while time.monotonic() < deadline:
+            if {k[0] for k in self.cached_faults} - scaled:
+                # §7.3 elastic step 4: a new fault during ScaleInRunning -> NotifyStopTrain
+                self.brain.decide(
+                    self.job_id, flow, "stop-train", "new fault during ScaleInRunning", faults=self.faults()
+                )
+                await self.recovery("fault during scale-in")
+                raise FlowEnd
             if not self.brain.current_faults(self.job_id, self.cached_faults):
                 break
             await asyncio.sleep(self.t.poll_s)
