@@ -164,3 +164,16 @@ async def test_node_pre_separate_fault_makes_no_job_fault(cd, sims):
     await asyncio.sleep(0.3)
     assert decisions(cd) == [] and not sim.signals()
     assert cd.brain.job_view(cd.jobs.get(JOB))["health"] == "Healthy"
+
+
+async def test_sub_health_fault_on_an_unhealthy_job_starts_nothing(cd, sims):
+    # e.g. FD-OL's slow-node 110001010 (SubHealthFault) on a job that is already UnHealthy: not a
+    # "hardware fault" recovery of the slow ranks
+    await apply(cd, subHealthyStrategy="graceExit", recover_strategy="dump")
+    sim = await sims.start(process_fault="silent")  # TaskD never reports: the job stays UnHealthy
+    await cd.center.upsert(npu_fault())
+    await wait_decision(cd, "pre-exit")
+    before = decisions(cd)
+    await cd.center.upsert(sub(node="node-a", dev=1))
+    await asyncio.sleep(0.3)
+    assert decisions(cd) == before and [s[0] for s in signals(sim)] == ["preExitProcess"]
