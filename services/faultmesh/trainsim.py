@@ -257,7 +257,7 @@ class TrainSim:
         """TaskD's / MindIO's view of ``sig`` (module docstring). True when it is not answered."""
         st, cs, actions = sig.signalType, sig.changeStrategy, set(sig.actions)
         ranks, pods = list(sig.faultRanks), set(sig.nodeRankIds)
-        if st in ("stopTrain", "saveAndExit", "hot-switch") and "pause_train" not in actions:
+        if st in ("stopTrain", "saveAndExit", "hot-switch"):  # each begins a flow (pause too)
             self._flow_uuid = sig.uuid
         elif st in ("globalFault", "changeStrategy") and self._flow_uuid and sig.uuid != self._flow_uuid:
             return self._fail(sig, f"uuid {sig.uuid} is not the flow's {self._flow_uuid}")

@@ -200,3 +200,16 @@ async def test_hardware_fault_while_idle_after_om(cd, stub, sims):
     await wait_idle(cd)
     await cd.center.upsert(npu_fault())
     await wait_decision(cd, "recover-success")
+
+
+async def test_stress_test_after_a_recovery_on_the_same_client(cd, stub, sims):
+    # a pause (stopTrain pause_train) starts a new uuid: the O&M signals after it carry that one
+    await apply(cd)
+    sim = await sims.start()
+    await cd.center.upsert(npu_fault())
+    await wait_decision(cd, "recover-success")
+    await wait_idle(cd)
+    msg = await stress(stub, stressParam={"node-b": pb.StressOpList(ops=[0])})
+    assert msg.startswith("stress test finish, result:")
+    await wait_decision(cd, "stress-test-success")
+    assert sim.errors == []
