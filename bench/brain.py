@@ -1,11 +1,13 @@
-"""The brain's latencies: fault -> first stopTrain on the Recover stream, and Fault-service fan-out.
+"""The brain's latencies: fault -> first signal / stopTrain on the Recover stream, Fault-service fan-out.
 
 1. An in-process ClusterD (all components, state file in a temp folder) with one registered job and
    an in-process trainsim (TaskD stand-in) subscribed to SubscribeProcessManageSignal. For each of
    ``--faults`` rounds an NPU RestartNPU fault enters the fault center (``center.upsert``: the
-   clock starts), the brain decides, and the clock stops when the trainsim's stream delivers the
-   ``stopTrain`` signal. The trainsim answers 404 so the controller kills the job and returns to
-   INIT, the fault is removed, and the next round starts.
+   clock starts), the brain decides, and the first signal is ``preExitProcess`` (the reference's
+   answer to a non-retry hardware fault); the trainsim reports the fault ranks (ReportProcessFault),
+   which starts the flow, and the second clock stops when ``stopTrain`` arrives. The trainsim
+   answers that with 404 so the controller kills the job and returns to INIT, the fault is removed,
+   and the next round starts.
 2. ``--subscribers`` SubscribeFaultMsgSignal streams (one registered role each, spread over
    channels of <= 50 streams because of the 64-streams-per-connection limit) on the same job; per
    round a fault appears or clears and the clock stops when every subscriber got its message.
@@ -63,14 +65,25 @@ def job():
     )
 
 
-async def stop_train_latency(cd, n: int) -> list[float]:
-    got = asyncio.Event()
-    arrived: list[float] = []
+async def stop_train_latency(cd, n: int) -> tuple[list[float], list[float]]:
+    """(fault -> first signal, fault -> stopTrain) in ms, one of each per round."""
+    first = asyncio.Event()
+    stop = asyncio.Event()
+    killed = asyncio.Event()
+    t_first: list[float] = []
+    t_stop: list[float] = []
 
     def on_event(ev):
-        if ev["event"] == "signal" and ev["signalType"] == "stopTrain":
-            arrived.append(time.perf_counter())
-            got.set()
+        if ev["event"] != "signal":
+            return
+        if not first.is_set():
+            t_first.append(time.perf_counter())
+            first.set()
+        if ev["signalType"] == "stopTrain":
+            t_stop.append(time.perf_counter())
+            stop.set()
+        if ev["signalType"] == "killMaster":
+            killed.set()
 
     sim = TrainSim(f"127.0.0.1:{cd.grpc_port}", JOB, Outcomes(stop="notready"), on_event=on_event)
     ready = asyncio.Event()
@@ -78,7 +91,7 @@ async def stop_train_latency(cd, n: int) -> list[float]:
     await asyncio.wait_for(ready.wait(), 10)
     await asyncio.sleep(0.2)
     ctl = cd.brain.controllers[JOB]
-    out = []
+    out_first, out_stop = [], []
     for i in range(n):
         node = f"node-{i % 16:03d}"
         f = Fault(
@@ -89,17 +102,20 @@ async def stop_train_latency(cd, n: int) -> list[float]:
             code="80E18402",
             level="RestartNPU",
         )
-        got.clear()
+        for ev in (first, stop, killed):
+            ev.clear()
         t0 = time.perf_counter()
         await cd.center.upsert(f)
-        await asyncio.wait_for(got.wait(), 10)
-        out.append((arrived[-1] - t0) * 1000)
+        await asyncio.wait_for(stop.wait(), 10)
+        out_first.append((t_first[-1] - t0) * 1000)
+        out_stop.append((t_stop[-1] - t0) * 1000)
+        await asyncio.wait_for(killed.wait(), 10)
         while ctl.busy():
             await asyncio.sleep(0.0005)
         await cd.center.remove(f.key)
     sim.stop()
     await asyncio.wait_for(task, 10)
-    return out
+    return out_first, out_stop
 
 
 async def fan_out(cd, subscribers: int, rounds: int) -> list[float]:
@@ -161,8 +177,12 @@ async def main(args) -> None:
         try:
             await cd.jobs.apply([job()])
             t = time.perf_counter()
-            lat = await stop_train_latency(cd, args.faults)
+            first, lat = await stop_train_latency(cd, args.faults)
             t_lat = time.perf_counter() - t
+            print(
+                f"fault -> first signal (preExitProcess) over {len(first)} faults: p50 "
+                f"{statistics.median(first):.2f} ms, p99 {pct(first, 99):.2f} ms, max {max(first):.2f} ms"
+            )
             print(
                 f"fault -> stopTrain over {len(lat)} faults: p50 {statistics.median(lat):.2f} ms, "
                 f"p99 {pct(lat, 99):.2f} ms, max {max(lat):.2f} ms ({t_lat:.1f} s)"
@@ -174,7 +194,8 @@ async def main(args) -> None:
                 f"p50 {statistics.median(fan):.2f} ms, p99 {pct(fan, 99):.2f} ms"
             )
             print(
-                f"RESULT stoptrain_p50_ms={statistics.median(lat):.2f} stoptrain_p99_ms={pct(lat, 99):.2f} "
+                f"RESULT firstsignal_p50_ms={statistics.median(first):.2f} firstsignal_p99_ms={pct(first, 99):.2f} "
+                f"stoptrain_p50_ms={statistics.median(lat):.2f} stoptrain_p99_ms={pct(lat, 99):.2f} "
                 f"faults={len(lat)} fanout_subscribers={args.subscribers} fanout_p50_ms={statistics.median(fan):.2f} "
                 f"fanout_p99_ms={pct(fan, 99):.2f} cpu_count={os.cpu_count()}"
             )

@@ -7,6 +7,8 @@ SubscribeNotifyExecStressTest, and answers every signal the way the training sid
 =====================  =====================================================================
 signal                 answer
 =====================  =====================================================================
+preExitProcess         TaskD stops the fault ranks' workers and reports them: ReportProcessFault
+                       with every fault rank as type "1" (``process_fault``)
 stopTrain              ReportStopComplete, status ``stop`` (ok 0, fail 499, notready 404)
 globalFault            ReportRecoverStrategy with ``strategies`` (and the fault ranks)
 changeStrategy X       ReportRecoverStatus with ``status[X]`` (default 0); none for ``exit``
@@ -17,6 +19,20 @@ killMaster             recorded; the simulator stops when ``exit_on_kill``
 SwitchRankList         ReplySwitchNicResult(result = ``switch`` == ok)
 StressTestRankParams   ReplyStressTestResult, each op ``stress_codes.get(rank, stress_code)``
 =====================  =====================================================================
+
+It checks each payload as TaskD's manager and MindIO's controller use it, and *fails loudly*
+(a ``client-error`` event, :attr:`TrainSim.errors`, and no answer: the real client would hang or
+misbehave) where ClusterD sends what they would reject or misread:
+
+- ``preExitProcess`` without faultRanks or nodeRankIds: TaskD stops no worker (its StopWorkers
+  messages go to the agents of nodeRankIds); a fault rank on a pod not named is never stopped;
+- ``globalFault`` with ``fault_nodes_exit`` / ``fault_nodes_restart``: nodeRankIds must name the
+  pods and faultRanks every rank of those pods (MindIO's on_global_rank would treat a rank killed
+  with its pod as healthy) — checked when ``ranks_per_pod`` is known;
+- ``changeStrategy``: retry / recover / dump / downgrade / upgrade need faultRanks; recover,
+  recover-in-place (restart workers), dump, downgrade and exit need nodeRankIds (TaskD restarts,
+  exits or sends ExitAgent only to those pods);
+- ``globalFault`` / ``changeStrategy`` must carry the uuid of the flow's stopTrain / saveAndExit.
 
 Any answer set to ``silent`` is never sent (a client that vanishes mid-flow). Every event is kept
 in :attr:`TrainSim.events` (and printed as a JSON line by the CLI).
@@ -52,6 +68,7 @@ class Outcomes:
     stress_codes: dict[str, str] = field(default_factory=dict)  # rank -> code
     delay_s: float = 0.0
     exit_on_kill: bool = False
+    process_fault: str = "ok"  # ok | silent: the ReportProcessFault after preExitProcess
 
 
 class TrainSimError(RuntimeError):
@@ -70,6 +87,7 @@ class TrainSim:
         token: str | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None,
         reconnect: bool = False,
+        ranks_per_pod: int = 0,
     ) -> None:
         self.target = target
         self.job_id = job_id
@@ -84,6 +102,9 @@ class TrainSim:
         self._channel: grpc.aio.Channel | None = None
         self.stub: recover_pb2_grpc.RecoverStub | None = None
         self._fault_ranks: list = []  # the last signal's fault ranks (isolated on a 201 answer)
+        self.ranks_per_pod = ranks_per_pod  # NPUs per pod (0: unknown, the pod checks are skipped)
+        self.errors: list[str] = []  # what the real TaskD / MindIO would reject or misread
+        self._flow_uuid = ""  # the uuid of the flow's stopTrain / saveAndExit / hot-switch
 
     # -- events ------------------------------------------------------------------------------------
     def _record(self, kind: str, **data: Any) -> None:
@@ -222,12 +243,64 @@ class TrainSim:
     def _status_code(self, strategy: str) -> int | str:
         return self.o.status.get(strategy, self.o.default_status)
 
+    def _fail(self, sig, why: str) -> bool:
+        """Record what the real client would hit; True (the signal is not answered)."""
+        msg = f"{sig.signalType}{' ' + sig.changeStrategy if sig.changeStrategy else ''}: {why}"
+        self.errors.append(msg)
+        self._record("client-error", error=msg)
+        return True
+
+    def _pods_of(self, ranks) -> set[str]:
+        return {str(int(f.rankId) // self.ranks_per_pod) for f in ranks if f.rankId.isdigit()}
+
+    def _rejected(self, sig) -> bool:
+        """TaskD's / MindIO's view of ``sig`` (module docstring). True when it is not answered."""
+        st, cs, actions = sig.signalType, sig.changeStrategy, set(sig.actions)
+        ranks, pods = list(sig.faultRanks), set(sig.nodeRankIds)
+        if st in ("stopTrain", "saveAndExit", "hot-switch"):  # each begins a flow (pause too)
+            self._flow_uuid = sig.uuid
+        elif st in ("globalFault", "changeStrategy") and self._flow_uuid and sig.uuid != self._flow_uuid:
+            return self._fail(sig, f"uuid {sig.uuid} is not the flow's {self._flow_uuid}")
+        if st == "preExitProcess":
+            if not ranks or not pods:
+                return self._fail(sig, "no faultRanks or nodeRankIds: TaskD stops no worker")
+            if self.ranks_per_pod and not self._pods_of(ranks) <= pods:
+                return self._fail(sig, f"fault ranks on pods {sorted(self._pods_of(ranks) - pods)} not named")
+        exiting = actions & {"fault_nodes_exit", "fault_nodes_restart"}
+        if st == "globalFault" and exiting:
+            if not pods or not ranks:
+                return self._fail(sig, f"{sorted(exiting)} without nodeRankIds / faultRanks")
+            if self.ranks_per_pod:
+                named = {f.rankId for f in ranks}
+                lost = sorted(
+                    (str(r) for p in pods if p.isdigit()
+                     for r in range(int(p) * self.ranks_per_pod, (int(p) + 1) * self.ranks_per_pod)
+                     if str(r) not in named), key=int,
+                )  # fmt: skip
+                if lost:
+                    return self._fail(sig, f"ranks {lost} exit with their pod but are not in faultRanks")
+        if st == "changeStrategy":
+            if cs in ("retry", "recover", "dump", "downgrade", "upgrade") and not ranks:
+                return self._fail(sig, "empty faultRanks: MindIO recovers no rank")
+            if cs in ("recover", "dump", "downgrade", "exit") and not pods:
+                what = "restarts no worker" if "fault_nodes_restart" in actions else "exits no agent"
+                return self._fail(sig, f"empty nodeRankIds: TaskD {what}")
+        return False
+
     async def _answer(self, sig) -> None:
         st = sig.signalType
         ranks = list(sig.faultRanks)
         if ranks:
             self._fault_ranks = ranks
-        if st == "stopTrain":
+        if self._rejected(sig):
+            return
+        if st == "preExitProcess":
+            if self.o.process_fault == SILENT:
+                return
+            await self._delay()
+            code = await self.report_process_fault([(f.rankId, "1") for f in ranks])
+            self._record("reply", rpc="ReportProcessFault", code=code)
+        elif st == "stopTrain":
             if self.o.stop == SILENT:
                 return
             await self._delay()

@@ -16,6 +16,8 @@ FAST = (
     "--hot-switch-wait-s", "0.5",
     "--scale-wait-s", "1.0",
     "--signal-send-s", "1.0",
+    "--fault-retry-s", "1.0",
+    "--hccl-route-s", "0.01",
 )  # fmt: skip
 
 
@@ -70,8 +72,14 @@ class Sims:
         self.target = target
         self.running: list[tuple[TrainSim, asyncio.Task]] = []
 
-    async def start(self, job_id: str = JOB, **outcomes) -> TrainSim:
-        sim = TrainSim(self.target, job_id, Outcomes(**outcomes))
+    async def start(
+        self, job_id: str = JOB, ranks_per_pod: int = 2, allow_errors: bool = False, **outcomes
+    ) -> TrainSim:
+        """A running trainsim for ``job_id`` (2 NPUs per pod as :func:`job_spec`). At teardown a
+        sim that saw a signal the real TaskD / MindIO would reject fails the test, unless
+        ``allow_errors``."""
+        sim = TrainSim(self.target, job_id, Outcomes(**outcomes), ranks_per_pod=ranks_per_pod)
+        sim.allow_errors = allow_errors
         ready = asyncio.Event()
         task = asyncio.create_task(sim.run(ready))
         done, _ = await asyncio.wait(
@@ -88,6 +96,8 @@ class Sims:
             sim.stop()
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(task, 5)
+        errors = [e for sim, _ in self.running if not sim.allow_errors for e in sim.errors]
+        assert not errors, f"trainsim (TaskD/MindIO) would break on: {errors}"
 
 
 def decisions(cd, job_id: str = JOB) -> list[str]:

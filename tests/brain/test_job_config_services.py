@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import grpc
 import pytest
@@ -60,13 +61,38 @@ async def test_subscribe_list_first_batch_then_updates(cd, jstub):
         "device_id": "1",
         "rank_id": "1",
     }
+    assert not s.deleteTime  # running
     await apply(cd, status="completed")
     upd = await asyncio.wait_for(call.read(), 5)
-    assert upd.JobTotalNum == 1 and upd.jobSummarySignals[0].jobStatus == "completed"
-    assert upd.jobSummarySignals[0].operator == "update"
+    assert upd.JobTotalNum == 1 and upd.jobSummarySignals[0].jobStatus == "complete"  # reference spelling
+    assert upd.jobSummarySignals[0].operator == "add"  # the reference sends add / delete only
+    assert upd.jobSummarySignals[0].deleteTime  # FD-OL stops slow-node detection on it
     await cd.jobs.delete(JOB)
     gone = await asyncio.wait_for(call.read(), 5)
     assert gone.jobSummarySignals[0].operator == "delete" and gone.jobSummarySignals[0].deleteTime
+    assert gone.jobSummarySignals[0].jobStatus == "complete"
+    call.cancel()
+
+
+async def test_summary_carries_server_ips_ms_report_time_and_ip_master(cd, jstub):
+    cd.nodes.hello("node-a", "10.0.0.1", "SN-A", "boot-a")
+    cd.nodes.hello("node-b", "10.0.0.2", "SN-B", "boot-b")
+    await apply(cd)
+    cid = (await jstub.Register(job_pb2.ClientInfo(role="FdAgent"))).clientId
+    call = jstub.SubscribeJobSummarySignalList(job_pb2.ClientInfo(role="FdAgent", clientId=cid))
+    first = await asyncio.wait_for(call.read(), 5)
+    before_ms = time.time() * 1000
+    assert abs(int(first.ReportTime) - before_ms) < 60_000  # milliseconds, not seconds
+    (s,) = first.jobSummarySignals
+    assert s.masterAddr == "10.0.0.1"  # an IP (pod rank 0's server), not a node name
+    servers = json.loads(s.HcclJson)["server_list"]
+    assert [(x["server_id"], x["host_ip"], x["server_name"]) for x in servers] == [
+        ("10.0.0.1", "10.0.0.1", "node-a"),
+        ("10.0.0.2", "10.0.0.2", "node-b"),
+    ]
+    await cd.jobs.delete(JOB)
+    gone = (await asyncio.wait_for(call.read(), 5)).jobSummarySignals[0]
+    assert (gone.operator, gone.jobStatus) == ("delete", "failed")  # deleted before it completed
     call.cancel()
 
 

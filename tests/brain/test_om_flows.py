@@ -112,7 +112,8 @@ async def test_stress_test_happy(cd, stub, sims):
     sim = await sims.start()
     msg = await stress(stub, stressParam={"node-b": pb.StressOpList(ops=[0, 1])})
     assert msg.startswith("stress test finish, result:")
-    assert '"node-b":{"0":{"0":{"code":"0"' in msg
+    # the reference marshals each device's StressTestRankResult: its rankResult level is kept
+    assert '"node-b":{"0":{"rankResult":{"0":{"code":"0"' in msg
     ev = await sim.wait_for(lambda ev: [e for e in ev if e["event"] == "stress"])
     assert ev[0]["params"] == {"2": [0, 1], "3": [0, 1]}
     await wait_idle(cd)
@@ -130,7 +131,7 @@ async def test_stress_code_2_isolates_the_node(cd, stub, sims):
     await apply(cd)
     sim = await sims.start(stress_codes={"2": "2"})
     msg = await stress(stub, allNodesOps=[0])
-    assert msg == "stress test find fault, isolate node:['node-b']"
+    assert msg.startswith("stress test find fault, isolate node:['node-b'],result:{")  # + the results
     await wait_decision(cd, "recover-success")
     iso = [f for f in cd.center.faults("node-b") if f.source == "brain:stress-test"]
     assert iso and iso[0].level == "SeparateFault" and iso[0].attributes["NodeHealthyStatus"] == "UnHealthy"
@@ -142,7 +143,7 @@ async def test_stress_code_3_makes_a_rank_fault(cd, stub, sims):
     await apply(cd)
     sim = await sims.start(stress_codes={"1": "3"})
     msg = await stress(stub, allNodesOps=[1])
-    assert msg == "stress test timeout fault, faultRank:[1]"
+    assert msg.startswith("stress test timeout fault, faultRank:[1],result:{")
     await wait_decision(cd, "recover-success")
     assert sim.signals("stopTrain")[-1]["faultRanks"] == [("1", "1")]
 
@@ -199,3 +200,16 @@ async def test_hardware_fault_while_idle_after_om(cd, stub, sims):
     await wait_idle(cd)
     await cd.center.upsert(npu_fault())
     await wait_decision(cd, "recover-success")
+
+
+async def test_stress_test_after_a_recovery_on_the_same_client(cd, stub, sims):
+    # a pause (stopTrain pause_train) starts a new uuid: the O&M signals after it carry that one
+    await apply(cd)
+    sim = await sims.start()
+    await cd.center.upsert(npu_fault())
+    await wait_decision(cd, "recover-success")
+    await wait_idle(cd)
+    msg = await stress(stub, stressParam={"node-b": pb.StressOpList(ops=[0])})
+    assert msg.startswith("stress test finish, result:")
+    await wait_decision(cd, "stress-test-success")
+    assert sim.errors == []

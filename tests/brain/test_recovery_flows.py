@@ -18,7 +18,8 @@ async def test_recover_happy_path(cd, sims):
     await cd.center.upsert(npu_fault())
     await wait_decision(cd, "recover-success")
     await wait_idle(cd)
-    assert decisions(cd) == ["stop-train", "recover", "recover-success"]
+    # reference §7.2: a non-retry hardware fault -> preExitProcess, TaskD's ReportProcessFault -> stopTrain
+    assert decisions(cd) == ["pre-exit", "stop-train", "recover", "recover-success"]
     from prometheus_client import generate_latest
 
     metrics = generate_latest(cd.registry).decode()
@@ -26,13 +27,22 @@ async def test_recover_happy_path(cd, sims):
     assert 'faultmesh_brain_signals_total{signal="stopTrain"} 1.0' in metrics
     assert "faultmesh_brain_registered_jobs 1.0" in metrics
     assert signals(sim) == [
+        ("preExitProcess", ("pre exit process",), ""),
         ("stopTrain", ("stop_train",), ""),
         ("globalFault", ("on_global_rank", "fault_nodes_exit"), ""),
         ("changeStrategy", ("change_strategy",), "recover"),
     ]
+    pre = sim.signals("preExitProcess")[0]
+    assert (pre["faultRanks"], pre["nodeRankIds"]) == ([("2", "1")], ["1"])
+    assert any(e.get("rpc") == "ReportProcessFault" for e in sim.events)
     stop = sim.signals("stopTrain")[0]
     assert stop["faultRanks"] == [("2", "1")]
-    assert sim.signals("globalFault")[0]["nodeRankIds"] == ["1"]  # node-b hosts pod rank 1
+    gf = sim.signals("globalFault")[0]
+    assert gf["nodeRankIds"] == ["1"]  # node-b hosts pod rank 1
+    assert gf["faultRanks"] == [("2", "1"), ("3", "1")]  # every rank of the pod told to exit
+    cs = sim.signals("changeStrategy")[0]
+    assert (cs["faultRanks"], cs["nodeRankIds"]) == ([("2", "1"), ("3", "1")], ["1"])
+    assert cs["uuid"] == stop["uuid"] == gf["uuid"] != pre["uuid"]
     assert (
         stop["uuid"].split("-")[0] == stop["uuid"].split("-")[0].upper()
         and len(stop["uuid"].split("-")[1]) == 32
@@ -49,6 +59,15 @@ async def test_retry_only_uce_then_retry_fails_405_and_recover_takes_over(cd, si
     gf = sim.signals("globalFault")[0]
     assert gf["actions"] == ["on_global_rank"] and gf["faultRanks"] == [("2", "0")] and gf["timeout"] == 0
     assert [s["changeStrategy"] for s in sim.signals("changeStrategy")] == ["retry", "recover"]
+    retry = sim.signals("changeStrategy")[0]
+    assert (retry["faultRanks"], retry["nodeRankIds"]) == ([("2", "0")], ["1"])
+    # reference: 405 -> WaitFaultFlushFinished -> globalFault fault_nodes_exit (faults now normal, every
+    # rank of the pod) -> a new ReportRecoverStrategy -> the strategy chosen after a retry failure
+    assert len(sim.signals("globalFault")) == 2
+    again = sim.signals("globalFault")[1]
+    assert again["actions"] == ["on_global_rank", "fault_nodes_exit"]
+    assert (again["faultRanks"], again["nodeRankIds"]) == ([("2", "1"), ("3", "1")], ["1"])
+    assert sum(e.get("rpc") == "ReportRecoverStrategy" for e in sim.events) == 2
 
 
 async def test_hccl_retry_fault_gets_33s_timeout(cd, sims):
@@ -66,6 +85,7 @@ async def test_recover_fails_then_dump_then_exit(cd, sims):
     await wait_decision(cd, "exit-completed")
     await wait_idle(cd)
     assert decisions(cd) == [
+        "pre-exit",
         "stop-train",
         "recover",
         "recover-failed",
@@ -75,6 +95,13 @@ async def test_recover_fails_then_dump_then_exit(cd, sims):
     ]
     last = sim.signals("changeStrategy")[-1]
     assert (last["changeStrategy"], last["extraParams"]) == ("exit", "dump_exit")
+    assert (last["faultRanks"], last["nodeRankIds"]) == ([], ["1"])  # sendDumpExit: the fault pods
+    dump = sim.signals("changeStrategy")[-2]
+    assert (dump["changeStrategy"], dump["faultRanks"], dump["nodeRankIds"]) == (
+        "dump",
+        [("2", "1"), ("3", "1")],
+        ["1"],
+    )
     assert "job-rescheduling restarts the job" in cd.brain.decisions[JOB][-1]["reason"]
 
 
@@ -85,7 +112,8 @@ async def test_only_exit_reported_goes_to_exit(cd, sims):
     d = await wait_decision(cd, "exit")
     assert "recover not possible" in d["reason"]
     await wait_decision(cd, "exit-completed")
-    assert sim.signals("changeStrategy")[-1]["changeStrategy"] == "exit"
+    last = sim.signals("changeStrategy")[-1]
+    assert last["changeStrategy"] == "exit" and last["nodeRankIds"] == ["1"]  # TaskD's ExitAgent targets
 
 
 async def test_recover_in_place_for_restart_business(cd, sims):
@@ -100,6 +128,8 @@ async def test_recover_in_place_for_restart_business(cd, sims):
         "recover-in-place",
         ["change_strategy", "fault_nodes_restart"],
     )
+    # TaskD restarts the workers of nodeRankIds (RestartWorkers to each agent) for faultRanks
+    assert (cs["faultRanks"], cs["nodeRankIds"]) == ([("2", "1"), ("3", "1")], ["1"])
 
 
 async def test_elastic_training_scale_in_then_out(cd, sims):
@@ -115,6 +145,17 @@ async def test_elastic_training_scale_in_then_out(cd, sims):
     assert json.loads(sim.signals("changeStrategy")[-1]["extraParams"]) == {"scale-out-strategy": "DP"}
 
 
+async def test_new_fault_during_scale_in_running_restarts_with_stop_train(cd, sims):
+    await apply(cd, **{"recover-strategy": "elastic-training"})
+    sim = await sims.start(strategies=["downgrade", "exit"], status={"downgrade": 201})
+    await cd.center.upsert(npu_fault())
+    await wait_decision(cd, "scale-in-success")
+    await cd.center.upsert(npu_fault(node="node-a", dev=1))  # a new fault while scaled in
+    await wait_decision(cd, "exit-completed")  # pod rank 0 is faulty now: no elastic training
+    assert "new fault during ScaleInRunning" in [x["reason"] for x in cd.brain.decisions[JOB]]
+    assert len(sim.signals("stopTrain")) == 2
+
+
 async def test_elastic_training_not_for_pod_rank_0(cd, sims):
     await apply(cd, **{"recover-strategy": "elastic-training"})
     await sims.start(strategies=["downgrade", "exit"])
@@ -128,7 +169,7 @@ async def test_dump_only_strategy_sends_save_and_exit(cd, sims):
     sim = await sims.start()
     await cd.center.upsert(npu_fault())
     await wait_decision(cd, "exit-completed")
-    assert [s[0] for s in signals(sim)][:1] == ["saveAndExit"]
+    assert [s[0] for s in signals(sim)][:2] == ["preExitProcess", "saveAndExit"]
     assert "stopTrain" not in [s[0] for s in signals(sim)]
 
 
@@ -151,20 +192,39 @@ async def test_stop_complete_404_kills_the_job(cd, sims):
     assert sim.signals("killMaster")[0]["actions"] == []
 
 
-async def test_strategy_not_reported_kills_the_job(cd, sims):
+async def test_strategy_not_reported_goes_to_fault_clear_and_retry(cd, sims):
+    # reference: WaitReportRecoverStrategy timeout -> FaultClear -> FaultRetry (label pause, dump_exit,
+    # job Running, label on) -> INIT; no killMaster
     await apply(cd)
-    await sims.start(strategies=None)
+    sim = await sims.start(strategies=None)
     await cd.center.upsert(npu_fault())
-    d = await wait_decision(cd, "kill-job")
+    d = await wait_decision(cd, "fault-clear")
     assert "recover strategy not reported" in d["reason"]
+    await wait_decision(cd, "fault-retry")
+    await wait_idle(cd)
+    last = sim.signals("changeStrategy")[-1]
+    assert (last["changeStrategy"], last["extraParams"], last["nodeRankIds"]) == ("exit", "dump_exit", ["1"])
+    assert not sim.signals("killMaster") and cd.jobs.get(JOB).process_recover_enable == "on"
 
 
-async def test_status_silent_falls_back_until_kill(cd, sims):
+async def test_fault_retry_kills_a_job_that_does_not_run_again(cd, sims):
+    await apply(cd)
+    sim = await sims.start(strategies=None)
+    await cd.center.upsert(npu_fault())
+    await sim.wait_for(lambda ev: sim.signals("globalFault"))
+    await cd.jobs.update(JOB, status="pending")  # the rescheduled job never runs
+    d = await wait_decision(cd, "kill-job", timeout_s=8)
+    assert "not running" in d["reason"]
+
+
+async def test_status_silent_goes_to_fault_clear_and_retry(cd, sims):
+    # reference: WaitReportProcessRecoverStatus timeout -> FaultClear -> FaultRetry (no other strategy)
     await apply(cd)
     await sims.start(status={"recover": "silent", "dump": "silent"})
     await cd.center.upsert(npu_fault())
-    await wait_decision(cd, "kill-job", timeout_s=15)
-    assert decisions(cd)[:5] == ["stop-train", "recover", "recover-failed", "dump", "dump-failed"]
+    await wait_decision(cd, "fault-retry", timeout_s=15)
+    assert decisions(cd) == ["pre-exit", "stop-train", "recover", "fault-clear", "fault-retry"]
+    assert cd.brain.decisions[JOB][3]["reason"] == "no recover status reported in 2.0s"
 
 
 async def test_client_vanishing_mid_flow_resets_the_controller(cd, sims):
@@ -206,11 +266,12 @@ async def test_fault_during_flow_joins_cached_faults(cd, sims):
     await cd.center.upsert(npu_fault(node="node-a", dev=1))
     await wait_decision(cd, "recover-success")
     gf = sim.signals("globalFault")[0]
-    assert sorted(r for r, _ in gf["faultRanks"]) == ["1", "2"]
+    assert sorted(r for r, _ in gf["faultRanks"]) == ["0", "1", "2", "3"]  # both pods, every rank
+    assert gf["nodeRankIds"] == ["0", "1"]
     assert decisions(cd).count("stop-train") == 1
     pre = sim.signals("preExitProcess")
-    assert pre and pre[0]["actions"] == ["pre exit process"] and pre[0]["faultRanks"] == [("1", "1")]
-    assert pre[0]["nodeRankIds"] == ["0"]
+    assert [p["faultRanks"] for p in pre] == [[("2", "1")], [("1", "1")]]  # idle, then joined
+    assert pre[-1]["actions"] == ["pre exit process"] and pre[-1]["nodeRankIds"] == ["0"]
 
 
 async def test_recovery_endpoint_lists_decisions(cd, sims):
@@ -223,8 +284,13 @@ async def test_recovery_endpoint_lists_decisions(cd, sims):
     url = f"http://{cd.http.host}:{cd.http.port}/v1/jobs/{JOB}/recovery"
     body = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(url, timeout=5).read()))
     assert body["registered"] and body["subscribed"]
-    assert [d["decision"] for d in body["decisions"]] == ["stop-train", "recover", "recover-success"]
-    assert body["decisions"][1]["reason"] == "recover is configured and reported"
+    assert [d["decision"] for d in body["decisions"]] == [
+        "pre-exit",
+        "stop-train",
+        "recover",
+        "recover-success",
+    ]
+    assert body["decisions"][2]["reason"] == "recover is configured and reported"
     # persisted: a restarted brain still answers
     assert [d["decision"] for d in await cd.store.kv_get("decisions", JOB)][-1] == "recover-success"
 
@@ -235,7 +301,7 @@ async def test_dump_failure_exits_once(cd, sims):
     await cd.center.upsert(npu_fault())
     await wait_decision(cd, "exit-completed")
     await wait_idle(cd)
-    assert decisions(cd) == ["stop-train", "dump", "dump-failed", "exit-completed"]
+    assert decisions(cd) == ["pre-exit", "stop-train", "dump", "dump-failed", "exit-completed"]
     assert [s["changeStrategy"] for s in sim.signals("changeStrategy")] == ["dump", "exit"]
 
 
@@ -311,13 +377,39 @@ async def test_elastic_training_failure_and_timeout_fall_back_to_dump(cd, sims):
     await sims.start(strategies=["downgrade", "dump", "exit"], status={"downgrade": 406})
     await cd.center.upsert(npu_fault())
     await wait_decision(cd, "exit-completed")
-    assert decisions(cd)[1:4] == ["elastic-training", "elastic-training-failed", "dump"]
+    assert decisions(cd)[2:5] == ["elastic-training", "elastic-training-failed", "dump"]
 
 
-async def test_elastic_training_status_timeout_falls_back(cd, sims):
+async def test_elastic_training_status_timeout_goes_to_fault_retry(cd, sims):
     await apply(cd, **{"recover-strategy": "elastic-training"})
     await sims.start(strategies=["downgrade", "exit"], status={"downgrade": "silent"})
     await cd.center.upsert(npu_fault())
-    d = await wait_decision(cd, "elastic-training-failed")
-    assert d["reason"] == "no status reported in 2.0s"
-    await wait_decision(cd, "exit-completed")
+    d = await wait_decision(cd, "fault-clear")
+    assert d["reason"] == "no elastic-training status reported in 2.0s"
+    await wait_decision(cd, "fault-retry")
+
+
+async def test_operator_reset_clears_a_stuck_flow_and_can_reevaluate(cd, sims):
+    import urllib.request
+
+    await apply(cd)
+    await sims.start(stop="silent")  # the flow waits for ReportStopComplete
+    await cd.center.upsert(npu_fault())
+    ctl = cd.brain.controllers[JOB]
+    async with asyncio.timeout(5):
+        while ctl.state != "WaitReportStopComplete":
+            await asyncio.sleep(0.02)
+    url = f"http://{cd.http.host}:{cd.http.port}/v1/jobs/{JOB}/recovery/reset"
+
+    def post(body: bytes) -> dict:
+        req = urllib.request.Request(url, data=body, method="POST")
+        return json.loads(urllib.request.urlopen(req, timeout=5).read())
+
+    out = await asyncio.to_thread(post, b"")
+    assert (out["result"], out["was"], out["state"]) == ("reset", "WaitReportStopComplete", "INIT")
+    assert not ctl.busy() and not ctl.cached_faults
+    assert decisions(cd)[-1] == "operator-reset"
+    await asyncio.to_thread(post, b'{"reevaluate": true}')  # the still-active fault acts again
+    async with asyncio.timeout(5):
+        while decisions(cd).count("pre-exit") < 2:
+            await asyncio.sleep(0.02)

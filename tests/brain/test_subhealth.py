@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from brain.brainkit import JOB, apply, decisions, npu_fault, signals, wait_decision, wait_idle
 
@@ -23,7 +24,7 @@ async def test_ignore_keeps_training(cd, sims):
 
 
 async def test_grace_exit_saves_then_exits(cd, sims):
-    await apply(cd, subHealthyStrategy="graceExit")
+    await apply(cd, subHealthyStrategy="graceExit", recover_strategy="dump")
     sim = await sims.start()
     await cd.center.upsert(sub())
     await wait_decision(cd, "exit-completed", timeout_s=5)
@@ -124,7 +125,7 @@ async def test_unhealthy_fault_with_hot_switch_runs_process_recovery(cd, sims):
 
 
 async def test_grace_exit_dump_failure_still_exits(cd, sims):
-    await apply(cd, subHealthyStrategy="graceExit")
+    await apply(cd, subHealthyStrategy="graceExit", recover_strategy="dump")
     sim = await sims.start(status={"dump": 499})
     await cd.center.upsert(sub())
     await wait_decision(cd, "exit-completed", timeout_s=5)
@@ -132,9 +133,47 @@ async def test_grace_exit_dump_failure_still_exits(cd, sims):
     assert sim.signals("changeStrategy")[-1]["extraParams"] == "dump_exit"
 
 
-async def test_grace_exit_dump_timeout_kills_the_job(cd, sims):
-    await apply(cd, subHealthyStrategy="graceExit")
+async def test_grace_exit_dump_timeout_goes_to_fault_retry(cd, sims):
+    # reference: WaitReportDumpStatus timeout -> FaultClear -> FaultRetry (not a kill)
+    await apply(cd, subHealthyStrategy="graceExit", recover_strategy="dump")
     await sims.start(status={"dump": "silent"})
     await cd.center.upsert(sub())
-    d = await wait_decision(cd, "kill-job")
+    d = await wait_decision(cd, "fault-clear")
     assert d["reason"] == "dump timed out"
+    await wait_decision(cd, "fault-retry")
+    assert "kill-job" not in decisions(cd)
+
+
+async def test_grace_exit_only_for_dump_only_jobs(cd, sims):
+    # reference skipHandleSubHealthyFaults: sub-health + graceExit is skipped unless dump is the only strategy
+    await apply(cd, subHealthyStrategy="graceExit")  # retry,recover,dump
+    sim = await sims.start()
+    await cd.center.upsert(sub())
+    d = await wait_decision(cd, "ignore")
+    assert d["flow"] == "grace-exit" and "dump as the only strategy" in d["reason"]
+    await asyncio.sleep(0.2)
+    assert not sim.signals()
+
+
+async def test_node_pre_separate_fault_makes_no_job_fault(cd, sims):
+    # reference: a NodeD PreSeparateFault (e.g. iBMC 0800004B) creates no job fault: no graceExit, no flow
+    await apply(cd, subHealthyStrategy="graceExit", recover_strategy="dump")
+    sim = await sims.start()
+    f = npu_fault(code="0800004B", level="PreSeparateFault", source="noded")
+    await cd.center.upsert(replace(f, device_type="Memory", device_id=-1))
+    await asyncio.sleep(0.3)
+    assert decisions(cd) == [] and not sim.signals()
+    assert cd.brain.job_view(cd.jobs.get(JOB))["health"] == "Healthy"
+
+
+async def test_sub_health_fault_on_an_unhealthy_job_starts_nothing(cd, sims):
+    # e.g. FD-OL's slow-node 110001010 (SubHealthFault) on a job that is already UnHealthy: not a
+    # "hardware fault" recovery of the slow ranks
+    await apply(cd, subHealthyStrategy="graceExit", recover_strategy="dump")
+    sim = await sims.start(process_fault="silent")  # TaskD never reports: the job stays UnHealthy
+    await cd.center.upsert(npu_fault())
+    await wait_decision(cd, "pre-exit")
+    before = decisions(cd)
+    await cd.center.upsert(sub(node="node-a", dev=1))
+    await asyncio.sleep(0.3)
+    assert decisions(cd) == before and [s[0] for s in signals(sim)] == ["preExitProcess"]

@@ -56,6 +56,8 @@ def test_stress_brief():
     msg = 'stress test finish, result:{"n":{"2":{"0":{"code":"0","result":"ok"},"1":{"code":"2"}}}}'
     assert _stress_brief(msg) == "stress test finish: 2 op results, codes ['0', '2']"
     assert _stress_brief("pause train timeout") == "pause train timeout"
+    ref = 'stress test finish, result:{"n":{"2":{"rankResult":{"0":{"code":"0","result":"ok"}}}}}'
+    assert _stress_brief(ref) == "stress test finish: 1 op results, codes ['0']"
 
 
 async def test_stop_reaches_grandchildren(tmp_path):

@@ -5,7 +5,7 @@ Built with the cluster context only. Its peers for other components, handed over
 :mod:`clusterd.app`: ``jobs`` (:class:`~clusterd.brain.jobs.JobRegistry`: resolve a job's ranks ->
 (node, device)) and ``set_data_trace("ns/name", {"CommunicationOperator": "on", ...})`` (FD-OL's
 hook). Fault changes arrive through its own fault-center subscription (``brain``: own queue and
-task, resync = re-evaluate every job).
+task, resync = re-evaluate every job); what a new fault does is :mod:`clusterd.brain.intake`.
 
 HTTP:
 
@@ -28,19 +28,18 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge
 
-from clusterd.brain import controller as ctlmod
 from clusterd.brain.controller import Controller, Timeouts
 from clusterd.brain.datatrace import DataTrace, DataTraceError
 from clusterd.brain.decisions import DecisionLog
 from clusterd.brain.faultsvc import FaultServicer
 from clusterd.brain.faultview import (
-    RECOVER_IGNORED_LEVELS,
     STRESS_HIDDEN_CODES,
     RankFault,
     job_health,
     job_rank_faults,
 )
 from clusterd.brain.http import JobsHttp
+from clusterd.brain.intake import FaultIntake
 from clusterd.brain.jobs import JobRegistry
 from clusterd.brain.jobsvc import ConfigServicer, JobServicer
 from clusterd.brain.recover import RecoverServicer
@@ -61,13 +60,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("clusterd.brain")
 
-HOT_SWITCH_FRAMEWORKS = ("pytorch", "mindspore")
-MAX_HOT_SWITCH_PODS = 10
 ISOLATE_SOURCE = "brain:stress-test"
 ISOLATE_CODE = "StressTestIsolate"
 
 
-class BrainComponent:
+class BrainComponent(FaultIntake):
     """See the module docstring."""
 
     name = "brain"
@@ -86,6 +83,15 @@ class BrainComponent:
         )
         g.add_argument("--signal-send-s", type=float, default=5.0, help="a signal must reach its stream (s)")
         g.add_argument(
+            "--fault-retry-s", type=float, default=65.0, help="FaultRetry: wait for the job to run again (s)"
+        )
+        g.add_argument(
+            "--hccl-route-s",
+            type=float,
+            default=3.0,
+            help="a retry with HCCL ranks: route convergence wait (s)",
+        )
+        g.add_argument(
             "--data-trace-dir",
             default=None,
             help="host folder of <ns>.data-trace-<job>/profilingSwitch files "
@@ -103,6 +109,8 @@ class BrainComponent:
             hot_switch_wait_s=a.hot_switch_wait_s,
             scale_wait_s=a.scale_wait_s,
             send_s=a.signal_send_s,
+            fault_retry_s=a.fault_retry_s,
+            hccl_route_s=a.hccl_route_s,
             poll_s=min(1.0, max(0.01, a.report_timeout_s / 10)),
             subscriber_wait_s=min(10.0, a.report_timeout_s),
         )
@@ -313,125 +321,6 @@ class BrainComponent:
                 event(log, logging.ERROR, "job fault evaluation failed", job=job.id, error=repr(e))
         self.fault.publish(jobs.values())
 
-    def evaluate(self, job) -> None:
-        """Act on new faults of ``job`` (§7.2): recovery for UnHealthy, the sub-health strategy for
-        SubHealthy; only (rank, code) pairs new since the last look act."""
-        faults = [f for f in self.rank_faults(job) if f.level not in RECOVER_IGNORED_LEVELS]
-        health = job_health(faults)
-        keys = {(f.rank, f.code) for f in faults}
-        ctl = self.controllers.get(job.id)
-        if ctl is None:
-            seen = self._unregistered_seen.get(job.id, set())
-            self._unregistered_seen[job.id] = keys
-            new = [f for f in faults if (f.rank, f.code) not in seen]
-            if new and health == UNHEALTHY:
-                resched = job.rescheduling()
-                self.decide(
-                    job.id,
-                    "recovery",
-                    resched[0] if resched else "none",
-                    "no process-recovery client registered; "
-                    + (
-                        "the job is rescheduled away from the fault"
-                        if resched
-                        else "no rescheduling configured"
-                    ),
-                    faults=[f for f in new if level_health(f.level) == UNHEALTHY],
-                )
-            return
-        new = [f for f in faults if (f.rank, f.code) not in ctl.seen_fault_keys]
-        ctl.seen_fault_keys = keys
-        if not new:
-            return
-        if health == UNHEALTHY:
-            unhealthy = [f for f in faults if f.level != "SubHealthFault"]
-            if ctl.busy():
-                joined = [f for f in new if f.level != "SubHealthFault"]
-                ctl.add_faults(joined)
-                event(log, logging.INFO, "fault joins the running flow", job=job.id, flow=ctl.flow_name)
-                normal = [f for f in joined if f.fault_type == "1" and f.pod_rank >= 0]
-                if normal and ctl.flow_name == "recovery":
-                    # §7.2: the training side may exit the new fault pods at once (all ranks type "1")
-                    self.spawn(ctl.pre_exit(normal), f"pre-exit-{job.id}")
-                return
-            ctl.cached_faults.clear()
-            ctl.add_faults(unhealthy)
-            self.decide(job.id, "recovery", "stop-train", "hardware fault on the job's ranks", faults=new)
-            ctl.start_flow("recovery", lambda: ctl.recovery("fault"))
-            return
-        if health == SUB_HEALTHY:
-            self._sub_health(job, ctl, [f for f in new if f.level == "SubHealthFault"])
-
-    def _sub_health(self, job, ctl: Controller, faults: list[RankFault]) -> None:
-        if not faults:
-            return
-        s = job.sub_healthy_strategy or "ignore"
-        if s == "hotSwitch":
-            pods = {f.pod_rank for f in faults}
-            why = None
-            if job.framework not in HOT_SWITCH_FRAMEWORKS:
-                why = f"framework {job.framework} does not support hot switch"
-            elif 0 in pods:
-                why = "the fault is on the master pod (pod rank 0)"
-            elif len(pods) > MAX_HOT_SWITCH_PODS:
-                why = f"more than {MAX_HOT_SWITCH_PODS} fault pods"
-            elif ctl.busy() or ctl.state != ctlmod.INIT:
-                why = f"controller busy ({ctl.state})"
-            if why:
-                self.decide(job.id, "hot-switch", "ignore", why, faults=faults)
-                self.spawn(self.jobs.update(job.id, sub_healthy_strategy="ignore"), f"degrade-{job.id}")
-                return
-            self.decide(
-                job.id, "hot-switch", "start", "sub-health fault, subHealthyStrategy=hotSwitch", faults=faults
-            )
-            ctl.start_flow("hot-switch", lambda: ctl.hot_switch(faults))
-        elif s == "graceExit":
-            if ctl.busy():
-                self.decide(job.id, "grace-exit", "ignore", f"controller busy ({ctl.state})", faults=faults)
-                return
-            self.decide(
-                job.id,
-                "grace-exit",
-                "save-and-exit",
-                "sub-health fault, subHealthyStrategy=graceExit",
-                faults=faults,
-            )
-            ctl.start_flow("grace-exit", lambda: ctl.grace_exit(faults))
-        else:
-            self.decide(
-                job.id, "sub-health", "ignore", "subHealthyStrategy=ignore: training continues", faults=faults
-            )
-
-    async def process_fault(self, job_id: str, ranks) -> None:
-        """ReportProcessFault: type-"1" ranks (or retry-only ranks) start a recovery flow."""
-        ctl = self.controllers.get(job_id)
-        job = self.jobs.get(job_id)
-        if ctl is None or job is None:
-            return
-        now = now_ms()
-        faults = []
-        for fr in ranks:
-            r = next((x for x in job.ranks if str(x.rank) == fr.rankId), None)
-            if r is None:
-                continue
-            level = "RestartBusiness"
-            faults.append(
-                RankFault(
-                    r.rank, r.node, r.device_id, job.pod_rank(r.node), "", level, fr.faultType or "1", now
-                )
-            )
-        if not faults:
-            return
-        if ctl.busy():
-            ctl.add_faults(faults)
-            return
-        ctl.cached_faults.clear()
-        ctl.add_faults(faults)
-        self.decide(
-            job_id, "recovery", "stop-train", "the training side reported a process fault", faults=faults
-        )
-        ctl.start_flow("recovery", lambda: ctl.recovery("process-fault"))
-
     # -- job changes -------------------------------------------------------------------------------
     async def _on_job_change(self, job, deleted: bool) -> None:
         old_nodes = self._sent_nodes.get(job.id, set())
@@ -441,7 +330,7 @@ class BrainComponent:
         for node in sorted(nodes):
             await self.ctx.agents.send(node, "deviced", job=self._job_info(job))
         self._sent_nodes[job.id] = nodes
-        self.job_svc.broadcast(job, "delete" if deleted else ("add" if not old_nodes else "update"))
+        self.job_svc.broadcast(job, "delete" if deleted else "add")  # the reference: add / delete only
         if deleted:
             ctl = self.controllers.pop(job.id, None)
             if ctl is not None:

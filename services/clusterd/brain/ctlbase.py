@@ -42,6 +42,8 @@ class Timeouts:
     hot_switch_wait_s: float = 60.0  # backup pod running
     scale_wait_s: float = 270.0  # elastic training: resources back
     kill_s: float = 60.0  # killMaster enqueue
+    fault_retry_s: float = 65.0  # FaultRetry: the job Running again after dump_exit (13 x 5 s)
+    hccl_route_s: float = 3.0  # a retry with HCCL ranks waits for route convergence
     poll_s: float = 1.0
     subscriber_wait_s: float = 10.0  # an O&M notify stream (SubscribeNotifySwitch / ExecStressTest)
 
@@ -75,6 +77,7 @@ class ControllerBase:
         self.agent_strategies: list[str] = []
         self.uuid = ""
         self.sent: list[tuple[str, list[str]]] = []  # last signals (type, actions), for views/tests
+        self._no_status = ""  # why the last strategy got no status (not sent / timed out)
 
     # -- subscription and signals ------------------------------------------------------------------
     @property
@@ -121,13 +124,16 @@ class ControllerBase:
         node_rank_ids: list[str] | None = None,
         extra: str = "",
         new_id: bool = False,
+        own_id: bool = False,
     ) -> bool:
         """Send one ProcessManageSignal on the stream; True once it was written (False: no stream,
-        queue busy for ``send_s``). ``new_id`` makes a new uuid (stopTrain, pause)."""
+        queue busy for ``send_s``). ``new_id`` makes a new flow uuid (stopTrain, pause); ``own_id``
+        gives this signal alone a fresh uuid (preExitProcess), the flow's uuid stays."""
         if new_id or not self.uuid:
             self.uuid = new_uuid()
+        uuid = new_uuid() if own_id else self.uuid
         sig = recover_pb2.ProcessManageSignal(
-            uuid=self.uuid,
+            uuid=uuid,
             jobId=self.job_id,
             signalType=signal_type,
             actions=actions or [],
@@ -165,7 +171,7 @@ class ControllerBase:
             signal=signal_type,
             actions=",".join(actions or []),
             strategy=change_strategy,
-            uuid=self.uuid,
+            uuid=uuid,
         )
         return bool(ok)
 
@@ -249,6 +255,8 @@ class ControllerBase:
         finally:
             self._expect.clear()
             self.hidden_nodes.clear()
+            self.cached_faults.clear()  # the reference's reset after every flow
+            self.uuid = ""
             self.om_kind = ""
             self.set_state(INIT)
             self.flow_name = ""
@@ -340,13 +348,40 @@ class ControllerBase:
         raise FlowEnd
 
     def _pod_ranks(self, faults) -> list[str]:
+        """The pod ranks (``nodeRankIds``) hosting ``faults``, as sorted strings (the reference's
+        GetNodeRankIdsByFaultRanks)."""
         return sorted({str(f.pod_rank) for f in faults if f.pod_rank >= 0}, key=int)
 
     # -- fault recovery (§7.3) ---------------------------------------------------------------------
-    def add_faults(self, faults: list[RankFault]) -> None:
-        """Merge rank faults into the cached faults (the reset CM's fault list)."""
+    def add_faults(self, faults: list[RankFault], new_ranks_only: bool = False) -> None:
+        """Merge rank faults into the cached faults (the reset CM's fault list). ``new_ranks_only``:
+        skip ranks already cached (a ReportProcessFault rank the hardware intake already holds)."""
+        ranks = {k[0] for k in self.cached_faults} if new_ranks_only else set()
         for f in faults:
-            self.cached_faults[(f.rank, f.code)] = f
+            if f.rank not in ranks:
+                self.cached_faults[(f.rank, f.code)] = f
+
+    def faults(self) -> list[RankFault]:
+        """The cached faults, by rank then code."""
+        return [self.cached_faults[k] for k in sorted(self.cached_faults)]
+
+    def expand_to_pods(self) -> list[RankFault]:
+        """Make every cached fault normal ("1") and add every other rank of each fault pod (the
+        reference's GetFaultRankIdsInSameNode, §7.3 step 3): the pods told to exit lose all their
+        ranks, so MindIO must hear of all of them. Returns the cached faults."""
+        job = self.brain.jobs.get(self.job_id)
+        for k, f in list(self.cached_faults.items()):
+            self.cached_faults[k] = _normal(f)
+        if job is not None:
+            have = {k[0] for k in self.cached_faults}
+            by_node = {f.node: f for f in self.cached_faults.values()}
+            for node, f in by_node.items():
+                for r in job.ranks_on(node):
+                    if r.rank not in have:
+                        self.cached_faults[(r.rank, "")] = replace(
+                            f, rank=r.rank, device_id=r.device_id, code=""
+                        )
+        return self.faults()
 
 
 def _per_rank(faults) -> list[tuple[int, str]]:

@@ -5,7 +5,7 @@ Per job, per node of the job:
 - an NPU fault on a device that holds a rank makes that rank faulty with the fault's level;
 - any other fault (node, CPU, storage, network, switch, or device id -1) that makes the node
   UnHealthy gives *every* rank on the node level ``SeparateNPU`` (SubHealthy: ``SubHealthFault``),
-  as the reference does for NodeD and switch node states;
+  as the reference does for NodeD and switch node states; a node ``PreSeparateFault`` gives none;
 - codes hidden for a node (the stress test hides 80818C05 / 80818C06) are left out.
 
 Rank fault types (``FaultRank.faultType``): "0" UCE 80E01801 and "2" HCCL 8C1F860B when the job has
@@ -27,6 +27,9 @@ HCCL_RETRY_CODE = "8C1F860B"
 STRESS_HIDDEN_CODES = ("80818C05", "80818C06")
 # §6.4: levels that do not make a job UnHealthy.
 NOT_UNHEALTHY_LEVELS = ("SubHealthFault", "NotHandleFault", "PreSeparate", "PreSeparateNPU")
+# A node (NodeD) fault of these levels creates no job fault in the reference (an iBMC 0800004B
+# memory alarm is PreSeparateFault: the node is not used for new jobs, the running job goes on).
+NODE_NO_JOB_FAULT_LEVELS = ("PreSeparateFault",)
 # §7.2: levels the Recover controller ignores.
 RECOVER_IGNORED_LEVELS = ("NotHandleFault", "PreSeparateNPU")
 
@@ -86,7 +89,7 @@ def job_rank_faults(
                 continue
             if _is_node_scope(f):
                 h = level_health(f.level)
-                if h == HEALTHY:
+                if h == HEALTHY or f.level in NODE_NO_JOB_FAULT_LEVELS:
                     continue
                 level = "SeparateNPU" if h == UNHEALTHY else "SubHealthFault"
                 targets = ranks

@@ -29,7 +29,7 @@ class RecoveryFlows(ControllerBase):
             raise FlowEnd
         flow = "recovery"
         configured = job.strategies()
-        faults = list(self.cached_faults.values())
+        faults = self.faults()
         self.set_state("NotifyWaitFaultFlushing")
         if [s for s in configured if s != "exit"] == ["dump"]:
             self.brain.decide(self.job_id, flow, "dump", "dump is the only strategy", faults=faults)
@@ -38,60 +38,69 @@ class RecoveryFlows(ControllerBase):
         self.set_state("NotifyStopTrain")
         self.expect("stop")
         if not await self.signal("stopTrain", ["stop_train"], faults, new_id=True):
-            self.brain.decide(self.job_id, flow, "fault-clear", "stopTrain not delivered (no stream)")
-            raise FlowEnd
+            await self.fault_retry(flow, "stopTrain not delivered")
         self.set_state("WaitReportStopComplete")
         r = await self.wait("stop")
         if r is None:
-            self.brain.decide(
-                self.job_id, flow, "fault-clear", f"stop complete not reported in {self.t.report_s}s"
-            )
-            raise FlowEnd
+            await self.fault_retry(flow, f"stop complete not reported in {self.t.report_s}s")
         rep = r[1]
         if rep.status.code == 404:
             await self.kill_job(flow, "processes not ready (ReportStopComplete 404)")
         self._merge_reported(rep.faultRanks)
-        faults = list(self.cached_faults.values())
-        self.set_state("WaitFaultFlushFinished")
-        pure_uce = faults and all(f.fault_type == "0" for f in faults) and "retry" in configured
-        if not pure_uce:
-            await asyncio.sleep(self.t.flush_s)
-        faults = list(self.cached_faults.values())
-        self.set_state("NotifyGlobalFault")
-        retry_only = faults and all(f.fault_type in ("0", "2") for f in faults) and "retry" in configured
-        self.expect("strategy")
-        if retry_only:
-            timeout = 33 if any(f.fault_type == "2" for f in faults) else 0
-            ok = await self.signal("globalFault", ["on_global_rank"], faults, sig_timeout=timeout)
-        else:
-            levels = {f.level for f in faults}
-            in_place = "recover-in-place" in configured and levels <= set(strat.IN_PLACE_LEVELS)
-            action = "fault_nodes_restart" if in_place else "fault_nodes_exit"
-            ok = await self.signal(
-                "globalFault", ["on_global_rank", action], faults, node_rank_ids=self._pod_ranks(faults)
-            )
-        if not ok:
-            self.brain.decide(self.job_id, flow, "fault-clear", "globalFault not delivered")
-            raise FlowEnd
-        self.set_state("WaitReportRecoverStrategy")
-        r = await self.wait("strategy")
-        if r is None:
-            await self.kill_job(flow, f"recover strategy not reported in {self.t.report_s}s")
-        self.agent_strategies = list(r[1].strategies)
-        self._merge_reported(r[1].faultRanks)
-        await self.decide_and_run(flow, trigger)
+        await self.global_fault_and_decide(flow, trigger)
 
-    async def pre_exit(self, faults: list[RankFault]) -> None:
-        """``preExitProcess`` ["pre exit process"] for faults that joined a running recovery:
-        all ranks as type "1", nodeRankIds = their pod ranks (clusterd.md §7.2)."""
+    async def global_fault_and_decide(self, flow: str, trigger: str) -> None:
+        """WaitFaultFlushFinished -> NotifyGlobalFault -> WaitReportRecoverStrategy -> the strategy
+        (§7.3 steps 3-6). A retry answered 405 comes back here with its faults made normal."""
+        retried = False
+        while True:
+            configured = (
+                self.brain.jobs.get(self.job_id).strategies() if self.brain.jobs.get(self.job_id) else []
+            )
+            faults = self.faults()
+            self.set_state("WaitFaultFlushFinished")
+            retry_types = bool(faults) and all(f.fault_type in ("0", "2") for f in faults)
+            retry_only = retry_types and "retry" in configured and not retried
+            if not (retry_only and all(f.fault_type == "0" for f in faults)):
+                await asyncio.sleep(self.t.flush_s)
+            self.set_state("NotifyGlobalFault")
+            self.expect("strategy")
+            if retry_only:
+                faults = self.faults()
+                timeout = 33 if any(f.fault_type == "2" for f in faults) else 0
+                ok = await self.signal("globalFault", ["on_global_rank"], faults, sig_timeout=timeout)
+            else:
+                faults = self.expand_to_pods()
+                levels = {f.level for f in faults}
+                in_place = "recover-in-place" in configured and levels <= set(strat.IN_PLACE_LEVELS)
+                action = "fault_nodes_restart" if in_place else "fault_nodes_exit"
+                ok = await self.signal(
+                    "globalFault", ["on_global_rank", action], faults, node_rank_ids=self._pod_ranks(faults)
+                )
+            if not ok:
+                await self.kill_job(flow, "globalFault not delivered")
+            self.set_state("WaitReportRecoverStrategy")
+            r = await self.wait("strategy")
+            if r is None:
+                await self.fault_retry(flow, f"recover strategy not reported in {self.t.report_s}s")
+            self.agent_strategies = list(r[1].strategies)
+            self._merge_reported(r[1].faultRanks)
+            if await self.decide_and_run(flow, trigger, after_retry=retried) != "again":
+                return
+            retried = True
+
+    async def pre_exit(self, faults: list[RankFault], reason: str = "new fault while recovering") -> bool:
+        """``preExitProcess`` ["pre exit process"]: all ranks as type "1", nodeRankIds = their pod
+        ranks, a new uuid (clusterd.md §7.2). TaskD stops those workers and reports them with
+        ReportProcessFault, which starts (or joins) the recovery."""
         normal = [_normal(f) for f in faults]
         ok = await self.signal(
-            "preExitProcess", ["pre exit process"], normal, node_rank_ids=self._pod_ranks(normal)
+            "preExitProcess", ["pre exit process"], normal, node_rank_ids=self._pod_ranks(normal), own_id=True
         )
         self.brain.decide(
-            self.job_id, "recovery", "pre-exit", "new fault while recovering" if ok else "preExitProcess not delivered",
-            faults=normal,
+            self.job_id, "recovery", "pre-exit", reason if ok else "preExitProcess not delivered", faults=normal,
         )  # fmt: skip
+        return ok
 
     def _merge_reported(self, ranks) -> None:
         job = self.brain.jobs.get(self.job_id)
@@ -110,15 +119,19 @@ class RecoveryFlows(ControllerBase):
                 fr.faultType or "1", int(time.time() * 1000),
             )  # fmt: skip
 
-    async def decide_and_run(self, flow: str, trigger: str) -> None:
-        """Choose strategies with fallback until one succeeds or exit ran (§7.3 steps 5-6)."""
+    async def decide_and_run(self, flow: str, trigger: str, after_retry: bool = False) -> str:
+        """Choose strategies with fallback until one succeeds or exit ran (§7.3 steps 5-6).
+
+        Returns "done", or "again" when a retry was answered 405 (RecoverableRetryError: back to
+        globalFault with ``fault_nodes_exit``). A status that never comes or a changeStrategy that
+        cannot be sent ends in FaultClear / FaultRetry (:meth:`fault_retry`)."""
         job = self.brain.jobs.get(self.job_id)
         if job is None:
             raise FlowEnd
-        allowed: tuple[str, ...] = strat.ORDER
+        allowed: tuple[str, ...] = strat.AFTER_FAILURE["retry"] if after_retry else strat.ORDER
         reported = set(self.agent_strategies)
         while True:
-            faults = list(self.cached_faults.values())
+            faults = self.faults()
             pod0 = any(f.pod_rank == 0 for f in faults)
             choice = strat.choose(
                 job.strategies(),
@@ -128,36 +141,50 @@ class RecoveryFlows(ControllerBase):
                 pod0,
                 allowed,
             )
+            if choice.strategy != "retry":  # retry not chosen: retry faults become normal faults
+                faults = self.expand_to_pods()
             self.brain.decide(
                 self.job_id, flow, choice.strategy, choice.reason, faults=faults, trigger=trigger,
                 reported=sorted(reported),
             )  # fmt: skip
-            if choice.strategy != "retry":  # retry not chosen: retry faults become normal faults
-                for k, f in list(self.cached_faults.items()):
-                    self.cached_faults[k] = _normal(f)
             ok, code = await self.run_strategy(flow, choice)
             if ok:
-                return
-            self.brain.decide(
-                self.job_id,
-                flow,
-                f"{choice.strategy}-failed",
-                f"status code {code}" if code is not None else f"no status reported in {self.t.report_s}s",
-            )
-            if choice.strategy == "retry" and code != 405:
+                return "done"
+            if code is None:
+                await self.fault_retry(flow, self._no_status)
+            self.brain.decide(self.job_id, flow, f"{choice.strategy}-failed", f"status code {code}")
+            if choice.strategy == "retry":
+                if code == 405:
+                    return "again"
                 reported.discard("recover")  # §7.3 step 6: recover is removed ("dump" too on 499)
                 if code == 499:
                     reported.discard("dump")
+                self.expand_to_pods()  # KillPodForUnrecoverableRetry: the fault list, all normal
             allowed = strat.AFTER_FAILURE[choice.strategy]
             if choice.strategy == "exit":
-                return
+                return "done"
+
+    def _strategy_signal(self, s: str) -> tuple[list[RankFault], list[str]]:
+        """faultRanks and nodeRankIds of ``changeStrategy s`` (the reference's
+        handleDecidedStrategyAfterChoose): retry -> the retry faults; every other strategy -> the
+        cached normal faults; nodeRankIds -> their pod ranks."""
+        faults = self.faults()
+        if s == "retry":
+            faults = [f for f in faults if f.fault_type in ("0", "2")] or faults
+        return faults, self._pod_ranks(faults)
 
     async def run_strategy(self, flow: str, choice: strat.Choice) -> tuple[bool, int | None]:
-        """Send ``changeStrategy`` and wait for its status. Returns (success, status code or None)."""
+        """Send ``changeStrategy`` and wait for its status. Returns (success, status code or None
+        when it was not sent or no status came; :attr:`_no_status` says which)."""
         s = choice.strategy
         if s == "exit":
             self.set_state("NotifyDecidedStrategy")
-            await self.signal("changeStrategy", ["change_strategy"], change_strategy="exit")
+            faults, pods = self._strategy_signal(s)
+            if not await self.signal(
+                "changeStrategy", ["change_strategy"], faults, change_strategy="exit", node_rank_ids=pods
+            ):
+                self._no_status = "changeStrategy exit not delivered"
+                return False, None
             self.set_state("CheckRecoverResult")
             self.brain.decide(self.job_id, flow, "exit-completed", self._after_exit())
             return True, 0
@@ -170,16 +197,22 @@ class RecoveryFlows(ControllerBase):
             "recover-in-place": "WaitReportProcessRecoverStatus",
             "elastic-training": "WaitReportScaleInIsolateRanks",
         }[s]
+        if s == "retry" and any(f.fault_type == "2" for f in self.faults()):
+            await asyncio.sleep(self.t.hccl_route_s)  # HCCL route convergence
         self.set_state("NotifyDecidedStrategy")
         self.expect("status")
         actions = ["change_strategy"] + (["fault_nodes_restart"] if s == "recover-in-place" else [])
+        faults, pods = self._strategy_signal(s)
         if not await self.signal(
-            "changeStrategy", actions, change_strategy=choice.signal, extra=choice.extra
-        ):
+            "changeStrategy", actions, faults, change_strategy=choice.signal, extra=choice.extra,
+            node_rank_ids=pods,
+        ):  # fmt: skip
+            self._no_status = f"changeStrategy {choice.signal} not delivered"
             return False, None
         self.set_state(state)
         r = await self.wait("status")
         if r is None:
+            self._no_status = f"no {s} status reported in {self.t.report_s}s"
             return False, None
         code = r[1].status.code
         if s == "elastic-training":
@@ -189,6 +222,43 @@ class RecoveryFlows(ControllerBase):
             self.cached_faults.clear()
             return True, 0
         return False, code
+
+    async def fault_retry(self, flow: str, reason: str) -> None:
+        """FaultClear then FaultRetry (§7.3 step 7): process-recover-enable=pause, ``changeStrategy
+        exit`` dump_exit to the fault pods, wait up to ``fault_retry_s`` for the job to run, label
+        back to ``on``. A job that does not run again is killed (killMaster). Ends the flow."""
+        self.set_state("FaultClear")
+        self.brain.decide(self.job_id, flow, "fault-clear", reason)
+        self.set_state("FaultRetry")
+        await self.brain.jobs.update(self.job_id, process_recover_enable="pause")
+        await self._dump_exit()
+        deadline = time.monotonic() + self.t.fault_retry_s
+        while True:
+            job = self.brain.jobs.get(self.job_id)
+            if job is None:
+                raise FlowEnd
+            if job.status == "running":
+                break
+            if time.monotonic() >= deadline:
+                await self.kill_job(flow, f"job not running {self.t.fault_retry_s}s after FaultRetry")
+            await asyncio.sleep(self.t.poll_s)
+        await self.brain.jobs.update(self.job_id, process_recover_enable="on")
+        self.brain.decide(
+            self.job_id, flow, "fault-retry", "processes told to exit (dump_exit); the job runs again"
+        )
+        raise FlowEnd
+
+    async def _dump_exit(self) -> bool:
+        """``changeStrategy exit`` with extraParams ``dump_exit`` and nodeRankIds = the fault pods
+        (the reference's sendDumpExit: no faultRanks)."""
+        pods = self._pod_ranks(self.expand_to_pods())
+        return await self.signal(
+            "changeStrategy",
+            ["change_strategy"],
+            change_strategy="exit",
+            extra="dump_exit",
+            node_rank_ids=pods,
+        )
 
     async def _elastic(self, flow: str, rep) -> tuple[bool, int | None]:
         """Elastic training (DP scale-in, then scale-out when the fault ranks are healthy again)."""
@@ -211,8 +281,16 @@ class RecoveryFlows(ControllerBase):
             return False, rep.status.code
         self.set_state("ScaleInRunning")
         self.brain.decide(self.job_id, flow, "scale-in-success", "training continues on fewer DP groups")
+        scaled = {k[0] for k in self.cached_faults}
         deadline = time.monotonic() + self.t.scale_wait_s
         while time.monotonic() < deadline:
+            if {k[0] for k in self.cached_faults} - scaled:
+                # §7.3 elastic step 4: a new fault during ScaleInRunning -> NotifyStopTrain
+                self.brain.decide(
+                    self.job_id, flow, "stop-train", "new fault during ScaleInRunning", faults=self.faults()
+                )
+                await self.recovery("fault during scale-in")
+                raise FlowEnd
             if not self.brain.current_faults(self.job_id, self.cached_faults):
                 break
             await asyncio.sleep(self.t.poll_s)
@@ -222,11 +300,14 @@ class RecoveryFlows(ControllerBase):
             )
             return True, 0
         self.expect("status")
+        faults, pods = self._strategy_signal("upgrade")
         await self.signal(
             "changeStrategy",
             ["change_strategy"],
+            faults,
             change_strategy="upgrade",
             extra='{"scale-out-strategy": "DP"}',
+            node_rank_ids=pods,
         )
         r = await self.wait("status")
         if r is None or r[1].status.code != 0:
@@ -236,28 +317,32 @@ class RecoveryFlows(ControllerBase):
         return True, 0
 
     async def dump_and_exit(self, flow: str, how: str) -> bool:
-        """Dump (``saveAndExit`` or ``changeStrategy dump``), then ``changeStrategy exit`` dump_exit."""
+        """Dump (``saveAndExit`` or ``changeStrategy dump``), then ``changeStrategy exit`` dump_exit.
+        A dump signal that cannot be sent or a dump status that never comes -> FaultClear / FaultRetry."""
         self.set_state("NotifyDump")
         self.expect("status")
+        faults = self.expand_to_pods() if how != "saveAndExit" else self.faults()
+        pods = self._pod_ranks(faults)
         if how == "saveAndExit":
-            faults = list(self.cached_faults.values())
-            ok = await self.signal("saveAndExit", ["save_and_exit"], faults)
+            ok = await self.signal("saveAndExit", ["save_and_exit"], faults, node_rank_ids=pods)
         else:
-            ok = await self.signal("changeStrategy", ["change_strategy"], change_strategy="dump")
+            ok = await self.signal(
+                "changeStrategy", ["change_strategy"], faults, change_strategy="dump", node_rank_ids=pods
+            )
         if not ok:
-            await self.kill_job(flow, "dump signal not delivered")
+            await self.fault_retry(flow, "dump signal not delivered")
         self.set_state("WaitReportDumpStatus")
         r = await self.wait("status")
         if r is None:
             self.brain.decide(
                 self.job_id, flow, "dump-failed", f"dump status not reported in {self.t.report_s}s"
             )
-            await self.kill_job(flow, "dump timed out")
+            await self.fault_retry(flow, "dump timed out")
         success = r[1].status.code == 0
         self.brain.decide(
             self.job_id, flow, "dump-success" if success else "dump-failed", f"status {r[1].status.code}"
         )
-        await self.signal("changeStrategy", ["change_strategy"], change_strategy="exit", extra="dump_exit")
+        await self._dump_exit()
         self.set_state("CheckRecoverResult")
         self.brain.decide(self.job_id, flow, "exit-completed", self._after_exit())
         self.cached_faults.clear()

@@ -1,5 +1,6 @@
 """The brain's HTTP routes (issue 7): ``GET/POST /v1/jobs``, ``GET/DELETE /v1/jobs/<id>``,
-``GET /v1/jobs/<id>/recovery`` (see :mod:`clusterd.brain.component`). The bearer token of the
+``GET /v1/jobs/<id>/recovery`` (see :mod:`clusterd.brain.component`) and the operator undo
+``POST /v1/jobs/<id>/recovery/reset`` (``{"reevaluate": true}`` optional). The bearer token of the
 mutating ones is checked by :mod:`clusterd.auth`'s middleware.
 """
 
@@ -31,6 +32,7 @@ class JobsHttp:
         r.add_get("/v1/jobs/{id}", self._http_get)
         r.add_delete("/v1/jobs/{id}", self._http_delete)
         r.add_get("/v1/jobs/{id}/recovery", self._http_recovery)
+        r.add_post("/v1/jobs/{id}/recovery/reset", self._http_reset)
 
     async def _http_list(self, request: web.Request) -> web.Response:
         return json_response([self.b.job_view(j) for j in self.b.jobs.all()])
@@ -87,6 +89,31 @@ class JobsHttp:
                 "decisions": list(self.b.decisions.get(jid, ())),
             }
         )
+
+    async def _http_reset(self, request: web.Request) -> web.Response:
+        """Operator undo of the brain's recovery state: the running flow is cancelled, the cached
+        faults dropped, a paused process-recover-enable set back to ``on``. With ``reevaluate``
+        the job's current faults are looked at again as new (they may start a new flow).
+        404 unknown or unregistered job."""
+        jid = request.match_info["id"]
+        ctl = self.b.controllers.get(jid)
+        job = self.b.jobs.get(jid)
+        if ctl is None or job is None:
+            return json_response({"error": f"job {jid} not found or not registered"}, status=404)
+        try:
+            body = orjson.loads(await request.read() or b"{}")
+        except ValueError:
+            return json_response({"error": "body is not JSON"}, status=400)
+        was = ctl.state
+        await ctl.reset("operator reset")
+        if job.process_recover_enable == "pause":
+            await self.b.jobs.update(jid, process_recover_enable="on")
+        self.b.decide(jid, "operator", "operator-reset", f"recovery state cleared (was {was})")
+        if isinstance(body, dict) and body.get("reevaluate"):
+            ctl.seen_fault_keys = set()
+            self.b.evaluate(self.b.jobs.get(jid))
+        event(log, logging.INFO, "recovery reset by operator", job=jid, state=was)
+        return json_response({"job_id": jid, "result": "reset", "was": was, "state": ctl.state})
 
 
 def _parse_body(raw: str):

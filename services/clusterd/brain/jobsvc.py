@@ -22,6 +22,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 import grpc
 import orjson
@@ -40,25 +41,67 @@ MAX_RANKS_HCCL = 40_000
 BATCH_NPUS = 40_000
 
 
-def summary(job, operator: str) -> job_pb2.JobSummarySignal:
-    """A JobSummarySignal for ``job`` (operator add / update / delete)."""
-    table = "" if len(job.ranks) > MAX_RANKS_HCCL else orjson.dumps(job.rank_table()).decode()
+# job.Job statuses as the reference names them (StatusJobCompleted is "complete").
+SUMMARY_STATUS = {"completed": "complete"}
+
+
+def summary_status(job, operator: str) -> str:
+    """The summary's jobStatus: the reference's pending / running / complete / failed; a deleted job
+    that did not complete is ``failed`` (PreDeleteCmAndCache)."""
+    status = SUMMARY_STATUS.get(job.status, job.status)
+    if operator == "delete" and status != "complete":
+        return "failed"
+    return status
+
+
+def summary_rank_table(job, node_ip: Callable[[str], str]) -> dict:
+    """The HcclJson of a summary (the reference's RankTable): ``server_id`` and ``host_ip`` are the
+    node's IP (FD-OL reads the servers' IPs from it), ``server_name`` the node, status ``complete``."""
+    servers = []
+    for node in job.nodes():
+        ip = node_ip(node)
+        servers.append(
+            {
+                "server_id": ip or node,
+                "host_ip": ip,
+                "server_name": node,
+                "device": [
+                    {"device_id": str(r.device_id), "rank_id": str(r.rank)} for r in job.ranks_on(node)
+                ],
+            }
+        )
+    return {"status": "complete", "version": "1.0", "server_count": str(len(servers)), "server_list": servers}
+
+
+def summary(job, operator: str, node_ip: Callable[[str], str] = lambda node: "") -> job_pb2.JobSummarySignal:
+    """A JobSummarySignal for ``job``; ``operator`` is ``add`` (new or changed job) or ``delete``
+    (the reference sends no other). ``deleteTime`` (s) is set once the job is complete, failed or
+    deleted; ``masterAddr`` is the IP of the first server (pod rank 0); ``node_ip(node)`` -> IP or ""."""
+    status = summary_status(job, operator)
+    table = "" if len(job.ranks) > MAX_RANKS_HCCL else orjson.dumps(summary_rank_table(job, node_ip)).decode()
+    ended = operator == "delete" or status in ("complete", "failed")
+    end_s = int(time.time()) if operator == "delete" else job.updated_ms // 1000
     return job_pb2.JobSummarySignal(
         uuid=str(uuid.uuid4()),
         jobId=job.id,
         jobName=job.name,
         namespace=job.namespace,
         frameWork=job.framework,
-        jobStatus=job.status,
-        time=str(job.updated_ms // 1000),
+        jobStatus=status,
+        time=str(job.created_ms // 1000),
         cmIndex="0",
         total="1",
         HcclJson=table,
-        deleteTime=str(int(time.time())) if operator == "delete" else "",
-        masterAddr=job.nodes()[0] if job.ranks else "",
+        deleteTime=str(end_s) if ended else "",
+        masterAddr=node_ip(job.nodes()[0]) if job.ranks else "",
         operator=operator,
-        sid="",
+        sid=job.id,
     )
+
+
+def report_time() -> str:
+    """JobSummarySignalList.ReportTime: now in milliseconds (the reference's unit)."""
+    return str(time.time_ns() // 1_000_000)
 
 
 class JobServicer(job_pb2_grpc.JobServicer):
@@ -69,6 +112,9 @@ class JobServicer(job_pb2_grpc.JobServicer):
         self.clients: dict[str, str] = {}  # clientId -> role
         self.subs: dict[str, tuple[str, asyncio.Queue]] = {}  # clientId -> (role, queue)
         self._limiter = TokenBucket(20.0, 20.0)
+
+    def _node_ip(self, node: str) -> str:
+        return self.b.ctx.nodes.info(node).get("node_ip", "")
 
     async def Register(self, request, context):  # noqa: N802
         """See the module docstring."""
@@ -87,10 +133,10 @@ class JobServicer(job_pb2_grpc.JobServicer):
         """Queue a one-job update to every subscriber (drops when a client's buffer is full)."""
         if not self.subs:
             return
-        sig = summary(job, operator)
+        sig = summary(job, operator, self._node_ip)
         for _, (kind, q) in list(self.subs.items()):
             item = sig if kind == "one" else job_pb2.JobSummarySignalList(
-                jobSummarySignals=[sig], ReportTime=str(int(time.time())), JobTotalNum=1
+                jobSummarySignals=[sig], ReportTime=report_time(), JobTotalNum=1
             )  # fmt: skip
             try:
                 q.put_nowait(item)
@@ -141,14 +187,14 @@ class JobServicer(job_pb2_grpc.JobServicer):
             for job in jobs:
                 if batch and npus + len(job.ranks) > BATCH_NPUS:
                     yield job_pb2.JobSummarySignalList(
-                        jobSummarySignals=batch, ReportTime=str(int(time.time())), JobTotalNum=len(jobs)
+                        jobSummarySignals=batch, ReportTime=report_time(), JobTotalNum=len(jobs)
                     )
                     batch, npus = [], 0
-                batch.append(summary(job, "add"))
+                batch.append(summary(job, "add", self._node_ip))
                 npus += len(job.ranks)
             if batch:
                 yield job_pb2.JobSummarySignalList(
-                    jobSummarySignals=batch, ReportTime=str(int(time.time())), JobTotalNum=len(jobs)
+                    jobSummarySignals=batch, ReportTime=report_time(), JobTotalNum=len(jobs)
                 )
             while (item := await q.get()) is not None:
                 yield item

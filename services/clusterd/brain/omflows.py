@@ -137,25 +137,31 @@ class OmFlows(ControllerBase):
         job = self.brain.jobs.get(self.job_id)
         isolate: set[str] = set()
         fault_ranks: list[int] = []
-        table: dict[str, dict[str, dict[str, dict[str, str]]]] = {}
+        table: dict[str, dict[str, dict[str, dict[str, dict[str, str]]]]] = {}
         for rank, rr in result.stressResult.items():
             node = job.node_of_rank(int(rank)) if job and rank.isdigit() else None
             if node is None:
                 continue
             dev = next((str(r.device_id) for r in job.ranks if str(r.rank) == rank), rank)
+            ops = table.setdefault(node, {}).setdefault(dev, {}).setdefault("rankResult", {})
             for op, res in rr.rankResult.items():
-                table.setdefault(node, {}).setdefault(dev, {})[op] = {"code": res.code, "result": res.result}
+                # the reference marshals the StressTestRankResult itself: {"rankResult": {op: {...}}},
+                # empty fields left out (omitempty)
+                ops[op] = {k: v for k, v in (("code", res.code), ("result", res.result)) if v}
                 if res.code == "2":
                     isolate.add(node)
                 elif res.code in ("3", "4"):
                     fault_ranks.append(int(rank))
+        result_json = json.dumps(table, sort_keys=True, separators=(",", ":"))
         if isolate:
-            self._finish_om(f"stress test find fault, isolate node:{sorted(isolate)}")
+            self._finish_om(f"stress test find fault, isolate node:{sorted(isolate)},result:{result_json}")
             self.brain.decide(self.job_id, flow, "isolate-node", f"stress test code 2 on {sorted(isolate)}")
             await self.brain.isolate_nodes(self.job_id, sorted(isolate))
             fault_ranks += [r.rank for n in isolate for r in job.ranks_on(n)]
         elif fault_ranks:
-            self._finish_om(f"stress test timeout fault, faultRank:{sorted(set(fault_ranks))}")
+            self._finish_om(
+                f"stress test timeout fault, faultRank:{sorted(set(fault_ranks))},result:{result_json}"
+            )
         if fault_ranks or isolate:
             self.brain.decide(
                 self.job_id, flow, "stop-train", f"stress test faults on ranks {sorted(set(fault_ranks))}"
@@ -164,9 +170,7 @@ class OmFlows(ControllerBase):
             await self.recovery(flow)
             return
         self._finish_om(
-            ("stress test failed, " if fault_during else "")
-            + "stress test finish, result:"
-            + json.dumps(table, sort_keys=True, separators=(",", ":"))
+            ("stress test failed, " if fault_during else "") + "stress test finish, result:" + result_json
         )
         await self._continue(flow)
         self.brain.decide(self.job_id, flow, "stress-test-success", "all ops returned code 0/1")

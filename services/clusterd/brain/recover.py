@@ -258,9 +258,8 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
             yield m
 
     async def ReplyStressTestResult(self, request, context):  # noqa: N802
-        """413 no job id or empty result · 400 not registered · 0."""
-        if not request.jobId or not request.stressResult:
-            return self._reject("om_param_invalid", 413, "jobId or stressResult is empty")
+        """400 not registered (an empty job id too) · else 0, an empty result included (the
+        reference's answer; the flow then finds no op result)."""
         return await self._report("stress", request.jobId, request, context)
 
 

@@ -1,13 +1,14 @@
 """``faultmesh trainsim``: play TaskD / MindIO of one job against ClusterD (see :mod:`faultmesh.trainsim`).
 
-Prints one JSON line per event (init, register, signal, reply, switch, stress, stream-ended) on
-stdout. Examples::
+Prints one JSON line per event (init, register, signal, reply, switch, stress, stream-ended, and
+client-error where the real TaskD / MindIO would break on what clusterd sent) on stdout. Examples::
 
     faultmesh trainsim --job-id JOB                       # answers everything with success
     faultmesh trainsim --job-id JOB --strategies recover,dump --status recover=406
     faultmesh trainsim --job-id JOB --switch fail         # NIC switch fails -> normal recovery
     faultmesh trainsim --job-id JOB --stress-code 2       # stress test finds a fault: node isolated
     faultmesh trainsim --job-id JOB --stop silent         # never confirms a pause (timeout path)
+    faultmesh trainsim --job-id JOB --ranks-per-pod 8     # also check globalFault names whole pods
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def outcomes_from_args(args: argparse.Namespace) -> Outcomes:
         stress_codes=_rank_codes(args.stress_rank_code),
         delay_s=args.delay_s,
         exit_on_kill=args.exit_on_kill,
+        process_fault=args.process_fault,
     )
 
 
@@ -91,6 +93,7 @@ def cmd_trainsim(args: argparse.Namespace) -> int:
             token=token(args),
             on_event=emit,
             reconnect=not args.no_reconnect,
+            ranks_per_pod=args.ranks_per_pod,
         )
         loop = asyncio.get_running_loop()
         for s in (signal.SIGINT, signal.SIGTERM):
@@ -134,6 +137,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--stress-code", choices=("0", "1", "2", "3", "4", SILENT), default="0", help="stress test op code"
     )
     p.add_argument("--stress-rank-code", default="", help="per-rank stress codes, e.g. 2=2,3=3")
+    p.add_argument(
+        "--process-fault",
+        choices=("ok", SILENT),
+        default="ok",
+        help="answer preExitProcess with ReportProcessFault (ok) or never (silent)",
+    )
+    p.add_argument(
+        "--ranks-per-pod",
+        type=int,
+        default=0,
+        help="NPUs per pod: check that globalFault names every rank of an exiting pod (0: skip)",
+    )
     p.add_argument("--delay-s", type=float, default=0.0, help="wait before every answer (s)")
     p.add_argument("--exit-on-kill", action="store_true", help="stop when killMaster arrives")
     p.add_argument(

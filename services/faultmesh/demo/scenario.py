@@ -767,11 +767,17 @@ def _link_ends(f: dict) -> set[tuple[str, int]]:
 
 
 def _stress_brief(msg: str) -> str:
-    """``stress test finish, result:{node: {rank: {op: {code, result}}}}`` -> ``N op results, codes {...}``."""
+    """``stress test finish, result:{node: {dev: {"rankResult": {op: {code, result}}}}}`` -> ``N op
+    results, codes {...}`` (a result without the ``rankResult`` level is read too)."""
     head, sep, body = msg.partition("result:")
     try:
         res = json.loads(body) if sep else None
-        codes = [op["code"] for node in res.values() for rank in node.values() for op in rank.values()]
+        codes = [
+            op.get("code", "")
+            for node in res.values()
+            for dev in node.values()
+            for op in dev.get("rankResult", dev).values()
+        ]
     except (ValueError, AttributeError, KeyError, TypeError):
         return msg[:60]
     return f"{head.strip().rstrip(',')}: {len(codes)} op results, codes {sorted(set(codes))}"

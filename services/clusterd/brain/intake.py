@@ -1,0 +1,169 @@
+"""The brain's fault intake (clusterd.md §7.2): new job faults -> the recovery controller.
+
+A mixin of :class:`clusterd.brain.component.BrainComponent` (it uses the component's ``jobs``,
+``controllers``, ``decide``, ``spawn``, ``rank_faults``). Only (rank, code) pairs new since the last
+look act. Every new fault is cached on the controller (the reference's saveCacheFault); then:
+
+- a non-retry fault (or any fault when retry is not configured) -> ``preExitProcess`` to the fault
+  pods; TaskD stops those workers and its ``ReportProcessFault`` starts the recovery
+  (:meth:`FaultIntake.process_fault`);
+- only step-retry faults (UCE "0" / HCCL "2") with retry configured -> the recovery starts at once
+  (``stopTrain``);
+- sub-health faults -> the job's subHealthyStrategy (hotSwitch / graceExit / ignore).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from clusterd.brain import controller as ctlmod
+from clusterd.brain.controller import Controller
+from clusterd.brain.faultview import RECOVER_IGNORED_LEVELS, RankFault, job_health
+from faultmesh.levels import SUB_HEALTHY, UNHEALTHY, level_health
+from faultmesh.log import event
+from faultmesh.model import now_ms
+
+log = logging.getLogger("clusterd.brain")
+
+HOT_SWITCH_FRAMEWORKS = ("pytorch", "mindspore")
+MAX_HOT_SWITCH_PODS = 10
+
+
+class FaultIntake:
+    """Fault intake of the brain component (module docstring)."""
+
+    def evaluate(self, job) -> None:
+        """Act on new faults of ``job`` (§7.2): recovery for UnHealthy, the sub-health strategy for
+        SubHealthy; only (rank, code) pairs new since the last look act."""
+        faults = [f for f in self.rank_faults(job) if f.level not in RECOVER_IGNORED_LEVELS]
+        health = job_health(faults)
+        keys = {(f.rank, f.code) for f in faults}
+        ctl = self.controllers.get(job.id)
+        if ctl is None:
+            seen = self._unregistered_seen.get(job.id, set())
+            self._unregistered_seen[job.id] = keys
+            new = [f for f in faults if (f.rank, f.code) not in seen]
+            if new and health == UNHEALTHY:
+                resched = job.rescheduling()
+                self.decide(
+                    job.id,
+                    "recovery",
+                    resched[0] if resched else "none",
+                    "no process-recovery client registered; "
+                    + (
+                        "the job is rescheduled away from the fault"
+                        if resched
+                        else "no rescheduling configured"
+                    ),
+                    faults=[f for f in new if level_health(f.level) == UNHEALTHY],
+                )
+            return
+        new = [f for f in faults if (f.rank, f.code) not in ctl.seen_fault_keys]
+        ctl.seen_fault_keys = keys
+        if not new:
+            return
+        if health == UNHEALTHY:
+            joined = [f for f in new if f.level != "SubHealthFault"]
+            if not joined:
+                return
+            only_retry = all(f.fault_type in ("0", "2") for f in joined)
+            pre_exit = "retry" not in job.strategies() or not only_retry
+            ctl.add_faults(joined)  # the reference's saveCacheFault: every new fault is cached
+            if ctl.busy():
+                event(log, logging.INFO, "fault joins the running flow", job=job.id, flow=ctl.flow_name)
+                normal = [f for f in joined if f.fault_type == "1" and f.pod_rank >= 0]
+                if normal and ctl.flow_name == "recovery":
+                    # §7.2: the training side may exit the new fault pods at once (all ranks type "1")
+                    self.spawn(ctl.pre_exit(normal), f"pre-exit-{job.id}")
+                return
+            if pre_exit and any(f.pod_rank >= 0 for f in joined):
+                # §7.2: the reference does not stop the job itself: preExitProcess tells TaskD to stop
+                # the fault ranks' workers; TaskD's ReportProcessFault then starts the recovery.
+                self.spawn(
+                    ctl.pre_exit(
+                        joined, "hardware fault on the job's ranks; waiting for TaskD's ReportProcessFault"
+                    ),
+                    f"pre-exit-{job.id}",
+                )
+                return
+            self.decide(job.id, "recovery", "stop-train", "hardware fault on the job's ranks", faults=new)
+            ctl.start_flow("recovery", lambda: ctl.recovery("fault"))
+            return
+        if health == SUB_HEALTHY:
+            self._sub_health(job, ctl, [f for f in new if f.level == "SubHealthFault"])
+
+    def _sub_health(self, job, ctl: Controller, faults: list[RankFault]) -> None:
+        if not faults:
+            return
+        s = job.sub_healthy_strategy or "ignore"
+        if s == "hotSwitch":
+            pods = {f.pod_rank for f in faults}
+            why = None
+            if job.framework not in HOT_SWITCH_FRAMEWORKS:
+                why = f"framework {job.framework} does not support hot switch"
+            elif 0 in pods:
+                why = "the fault is on the master pod (pod rank 0)"
+            elif len(pods) > MAX_HOT_SWITCH_PODS:
+                why = f"more than {MAX_HOT_SWITCH_PODS} fault pods"
+            elif ctl.busy() or ctl.state != ctlmod.INIT:
+                why = f"controller busy ({ctl.state})"
+            if why:
+                self.decide(job.id, "hot-switch", "ignore", why, faults=faults)
+                self.spawn(self.jobs.update(job.id, sub_healthy_strategy="ignore"), f"degrade-{job.id}")
+                return
+            self.decide(
+                job.id, "hot-switch", "start", "sub-health fault, subHealthyStrategy=hotSwitch", faults=faults
+            )
+            ctl.start_flow("hot-switch", lambda: ctl.hot_switch(faults))
+        elif s == "graceExit":
+            if [x for x in job.strategies() if x != "exit"] != ["dump"]:
+                # the reference's skipHandleSubHealthyFaults: graceExit acts only for dump-only jobs
+                self.decide(
+                    job.id, "grace-exit", "ignore", "subHealthyStrategy=graceExit needs dump as the only strategy",
+                    faults=faults,
+                )  # fmt: skip
+                return
+            if ctl.busy():
+                self.decide(job.id, "grace-exit", "ignore", f"controller busy ({ctl.state})", faults=faults)
+                return
+            self.decide(
+                job.id,
+                "grace-exit",
+                "save-and-exit",
+                "sub-health fault, subHealthyStrategy=graceExit",
+                faults=faults,
+            )
+            ctl.start_flow("grace-exit", lambda: ctl.grace_exit(faults))
+        else:
+            self.decide(
+                job.id, "sub-health", "ignore", "subHealthyStrategy=ignore: training continues", faults=faults
+            )
+
+    async def process_fault(self, job_id: str, ranks) -> None:
+        """ReportProcessFault: type-"1" ranks (or retry-only ranks) start a recovery flow."""
+        ctl = self.controllers.get(job_id)
+        job = self.jobs.get(job_id)
+        if ctl is None or job is None:
+            return
+        now = now_ms()
+        faults = []
+        for fr in ranks:
+            r = next((x for x in job.ranks if str(x.rank) == fr.rankId), None)
+            if r is None:
+                continue
+            level = "RestartBusiness"
+            faults.append(
+                RankFault(
+                    r.rank, r.node, r.device_id, job.pod_rank(r.node), "", level, fr.faultType or "1", now
+                )
+            )
+        if not faults:
+            return
+        ctl.add_faults(faults, new_ranks_only=True)  # ranks the hardware intake cached keep their fault
+        if ctl.busy():
+            return
+        self.decide(
+            job_id, "recovery", "stop-train", "the training side reported a process fault",
+            faults=ctl.faults(),
+        )  # fmt: skip
+        ctl.start_flow("recovery", lambda: ctl.recovery("process-fault"))
