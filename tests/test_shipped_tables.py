@@ -14,8 +14,8 @@ import json
 import pytest
 from support import FAULT_TABLES
 
-from clusterd.pubfault import DEFAULT_TABLE as PUBLIC_DEFAULT
-from clusterd.pubfault import PublicFaultTable
+from clusterd.api.pubfault import DEFAULT_TABLE as PUBLIC_DEFAULT
+from clusterd.api.pubfault import PublicFaultTable
 from deviced import tables
 from deviced.tables import Customization, FaultCodeTable, SwitchFaultTable
 from faultmesh import faultinfo

@@ -39,6 +39,7 @@ from deviced.flags import build_parser
 from deviced.hotreset import HotReset
 from deviced.http import add_routes
 from deviced.metrics import CycleMetrics, DevicedCollector
+from deviced.relations import RelationRules
 from deviced.reload import TableReloader
 from deviced.sinks import deviceinfo
 from deviced.sinks.agentstate import AgentStateSink
@@ -46,7 +47,14 @@ from deviced.sinks.resetcfg import ResetConfigWriter, chips_of
 from deviced.sinks.statefile import StateFile
 from deviced.sources.lingqu import SWITCH_QUEUE_MAX
 from deviced.switch import SwitchState
-from deviced.tables import Customization, FaultCodeTable, SwitchFaultTable, TableError
+from deviced.tables import (
+    Customization,
+    FaultCodeTable,
+    SwitchFaultTable,
+    TableError,
+    load_fault_duration,
+    load_relations,
+)
 from faultmesh import config, runtime
 from faultmesh import log as fmlog
 from faultmesh.agent import AgentClient, AgentState, channel_credentials
@@ -82,6 +90,13 @@ class DeviceD:
         self.engine.on_reason_change = self._on_reason_change
         self.switch_state = SwitchState(SwitchFaultTable.load(args.switch_fault_code_file))
         self.io = ChipIO(args, backend)
+        self.relations = RelationRules(
+            load_relations(args.relation_fault_file),
+            load_fault_duration(args.fault_duration_file),
+            self.switch_state,
+            a3=lambda: any(sp >= 0 for sp, _ in self.io.spod.values()),
+        )
+        self.engine.add_stage(self.relations)
         self.state = AgentState(self.node_name)
         self.tasks = TaskOwner("deviced")
         self.init_retry_s = 5.0
@@ -114,7 +129,7 @@ class DeviceD:
             self.metrics.poll_seconds,
             float(args.list_watch_period),
         )
-        self.reloader = TableReloader(args, self.engine, self.switch_state, self._wake)
+        self.reloader = TableReloader(args, self.engine, self.switch_state, self._wake, self.relations)
         self.jobs = JobControl(self.node_name, self.engine, self.reset_writer, self._wake)
         self._started_sources: list = []
         # the outside: agent stream, HTTP, metrics
@@ -332,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         FaultCodeTable.load(args.fault_code_file)
         Customization.load(args.fault_customization_file)
         SwitchFaultTable.load(args.switch_fault_code_file)
+        load_relations(args.relation_fault_file)
+        load_fault_duration(args.fault_duration_file)
     except TableError as e:
         event(log, logging.ERROR, "fault table unusable", error=str(e))
         return 2
