@@ -7,35 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from support import ClusterdProcess, free_port
+from support import ClusterdProcess, free_port, wait_for
+from support import http_call as http
 
 BIN = Path(sys.executable).parent
-
-
-def http(method: str, url: str, body=None) -> tuple[int, object]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
-    except (urllib.error.URLError, ConnectionError):
-        return 0, None
-
-
-def wait_for(pred, what: str, timeout_s: float = 20.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if got := pred():
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_relation_and_deadline_change_levels_in_clusterd(tmp_path):

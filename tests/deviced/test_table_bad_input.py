@@ -4,11 +4,10 @@ is dropped with its reason; a live reload keeps the last good table and counts t
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
-from support import free_port
+from support import free_port, until
 
 from deviced.app import DeviceD, build_parser
 from deviced.backends import SimBackend
@@ -103,14 +102,6 @@ def test_bad_relation_and_deadline_entries(tmp_path):
     r.write_text(json.dumps({"TriggerFault": "8C1F860B"}))
     with pytest.raises(TableError, match="top level must be a list"):
         load_relations(r)
-
-
-async def until(pred, timeout_s=8.0):
-    for _ in range(int(timeout_s / 0.05)):
-        if pred():
-            return True
-        await asyncio.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 async def test_live_override_and_rejected_reload_keeps_last_good(tmp_path):
