@@ -20,9 +20,12 @@ survives a restart. It is released after ``fault_free_hours`` without a counted 
 :mod:`clusterd.auth`):
 
 - ``POST /v1/release/npu`` ``{"node": N, "device_id": PHY}`` -> ``{"released": [...]}`` (404 when
-  that NPU is not separated);
-- ``POST /v1/release/node`` ``{"node": N}``: every separated NPU of the node and the node's
-  stress-test isolation (source ``brain:stress-test``, reference clusterd.md §4.2 step 6);
+  that NPU is not separated). An NPU that deviced itself separated (a ManuallySeparateNPU frequency
+  rule, reference deviced.md §4.2) is released by a ``release`` control message to that deviced on
+  the authenticated agent stream (503 when it is not connected): deviced's own HTTP port is not
+  authenticated and releases nothing;
+- ``POST /v1/release/node`` ``{"node": N}``: every separated NPU of the node (this policy's and
+  deviced's) and the node's stress-test isolation (source ``brain:stress-test``, reference clusterd.md §4.2 step 6);
 - ``GET /v1/separations``: the separated NPUs.
 
 The CLI is ``faultmesh release npu NODE/PHY`` / ``faultmesh release node NODE``. Disabling the
@@ -52,6 +55,7 @@ from prometheus_client import Counter, Gauge
 from clusterd.brain.component import ISOLATE_SOURCE
 from clusterd.center import OCCUR, Change
 from clusterd.context import ClusterContext
+from faultmesh._pb import agent_pb2
 from faultmesh.files import FileWatch
 from faultmesh.httpd import json_response
 from faultmesh.log import event
@@ -65,6 +69,10 @@ SOFTWARE_WINDOW_MS = 30_000
 NOT_COUNTED = frozenset({"NotHandleFault", "SubHealthFault", "NotHandle"})
 MAX_POLICY_BYTES = 64 * 1024
 HOUR_MS = 3_600_000
+
+
+class AgentUnavailable(RuntimeError):
+    """The node's deviced, which holds the NPU's own separation, is not connected."""
 
 
 class PolicyError(ValueError):
@@ -310,29 +318,56 @@ class ManualSeparation:
         return s
 
     # -- release --------------------------------------------------------------------------------
-    async def release_npu(self, node: str, dev: int, by: str = "operator") -> bool:
-        """Release one separated NPU. Returns False when it was not separated."""
+    async def release_npu(self, node: str, dev: int, by: str = "operator") -> list[str]:
+        """Release NPU ``dev`` (physical id) of ``node``. Returns who released it: ``clusterd`` (this
+        policy's separation) and, for an operator, ``deviced`` when the node's deviced holds its own
+        ManuallySeparateNPU escalation (frequency rule) and the release was sent to it on the agent
+        stream. Raises :class:`AgentUnavailable` when that deviced is not connected."""
+        out = []
         s = self.separated.pop((node, dev), None)
-        if s is None:
-            return False
-        for key in [k for k in self.counts if k[:2] == (node, dev)]:
-            del self.counts[key]
-        await self.ctx.store.delete_separation(node, dev)
-        await self.ctx.center.apply([], [s.fault().key], SOURCE)
-        self.stats[f"released_{by}"] += 1
-        event(log, logging.INFO, "npu separation released", node=node, device_id=dev, by=by)
-        return True
+        if s is not None:
+            for key in [k for k in self.counts if k[:2] == (node, dev)]:
+                del self.counts[key]
+            await self.ctx.store.delete_separation(node, dev)
+            await self.ctx.center.apply([], [s.fault().key], SOURCE)
+            self.stats[f"released_{by}"] += 1
+            out.append("clusterd")
+        if by == "operator" and any(
+            f.device_type == "NPU" and f.device_id == dev and f.level == LEVEL and f.source != SOURCE
+            for f in self.ctx.center.faults_of_node(node)
+        ):
+            if not await self.ctx.agents.send(node, "deviced", release=agent_pb2.ReleaseDevice(phy_id=dev)):
+                raise AgentUnavailable(f"deviced on {node} is not connected: its ManuallySeparateNPU stays")
+            out.append("deviced")
+        if out:
+            event(
+                log,
+                logging.INFO,
+                "npu separation released",
+                node=node,
+                device_id=dev,
+                by=by,
+                at=",".join(out),
+            )
+        return out
 
     async def release_node(self, node: str, by: str = "operator") -> list[dict[str, Any]]:
-        """Release every separated NPU of ``node`` and its stress-test isolation; what was released."""
+        """Release every separated NPU of ``node`` (this policy's and deviced's) and its stress-test
+        isolation; returns what was released."""
+        devs = {k[1] for k in self.separated if k[0] == node}
+        devs |= {
+            f.device_id
+            for f in self.ctx.center.faults_of_node(node)
+            if f.device_type == "NPU" and f.level == LEVEL
+        }
         out: list[dict[str, Any]] = []
-        for _n, dev in sorted(k for k in self.separated if k[0] == node):
-            if await self.release_npu(node, dev, by):
-                out.append({"node": node, "device_id": dev, "code": CODE})
+        for dev in sorted(devs):
+            for who in await self.release_npu(node, dev, by):
+                out.append({"node": node, "device_id": dev, "code": CODE, "by": who})
         iso = [f.key for f in self.ctx.center.faults_of_node(node) if f.source == ISOLATE_SOURCE]
         if iso:
             await self.ctx.center.apply([], iso, ISOLATE_SOURCE)
-            out += [{"node": node, "device_id": k.device_id, "code": k.code} for k in iso]
+            out += [{"node": node, "device_id": k.device_id, "code": k.code, "by": "clusterd"} for k in iso]
             event(log, logging.INFO, "node isolation released", node=node, by=by, faults=len(iso))
         return out
 
@@ -355,13 +390,22 @@ class ManualSeparation:
         dev = body.get("device_id")
         if isinstance(dev, bool) or not isinstance(dev, int) or dev < 0:
             return json_response({"error": "device_id (physical id, integer >= 0) required"}, status=400)
-        if not await self.release_npu(body["node"], dev):
+        try:
+            who = await self.release_npu(body["node"], dev)
+        except AgentUnavailable as e:
+            return json_response({"error": str(e)}, status=503)
+        if not who:
             return json_response({"error": f"NPU {body['node']}/{dev} is not manually separated"}, status=404)
-        return json_response({"released": [{"node": body["node"], "device_id": dev, "code": CODE}]})
+        return json_response(
+            {"released": [{"node": body["node"], "device_id": dev, "code": CODE, "by": w} for w in who]}
+        )
 
     async def _http_release_node(self, request: web.Request) -> web.Response:
         body = await self._body(request)
-        released = await self.release_node(body["node"])
+        try:
+            released = await self.release_node(body["node"])
+        except AgentUnavailable as e:
+            return json_response({"error": str(e)}, status=503)
         if not released:
             return json_response(
                 {"error": f"node {body['node']} has nothing separated or isolated"}, status=404

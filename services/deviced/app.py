@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 from deviced import sources as srcmod
 from deviced.backends import NpuBackend, make_backend
 from deviced.chipio import CALL_ERRORS, ChipIO
-from deviced.control import JobControl
+from deviced.control import JobControl, release_device
 from deviced.cycle import Cycle
 from deviced.engine import FaultEngine, UpgradeReason
 from deviced.flags import build_parser
@@ -145,7 +145,7 @@ class DeviceD:
             credentials=channel_credentials(args),
         )
         self.http = HttpServer(args.http_addr, self.registry, ready=self._ready)
-        add_routes(self.http.app, self.engine, self.node_name, self.report_and_save)
+        add_routes(self.http.app, self.engine, self.node_name)
         self.registry.register(DevicedCollector(self))
 
     def _source(self, cls):
@@ -229,7 +229,11 @@ class DeviceD:
         )
 
     async def on_control(self, msg) -> None:
-        """Control messages from clusterd (``job``: see :class:`deviced.control.JobControl`)."""
+        """Control messages from clusterd (``job``: see :class:`deviced.control.JobControl`;
+        ``release``: :func:`deviced.control.release_device`)."""
+        if msg.WhichOneof("body") == "release":
+            release_device(self.engine, msg.release.phy_id, self.report_and_save)
+            return
         await self.jobs.on_control(msg)
 
     def reload_tables(self) -> bool:

@@ -170,3 +170,48 @@ async def test_bad_policy_rejected_last_good_stays(env):
     assert sample == 7
     policy.write_text("enabled: false\n")
     assert cd.separation.reload_policy() is True and not cd.separation.policy.enabled
+
+
+async def test_devices_own_separation_released_through_clusterd(env, tmp_path):
+    """deviced's ManuallySeparateNPU (its frequency rule) is released by the operator through
+    clusterd's authenticated API; clusterd forwards it on the agent stream."""
+    from support import until
+
+    from deviced.app import DeviceD
+    from deviced.app import build_parser as deviced_parser
+    from deviced.backends import SimBackend
+
+    cd, _clock, _, _ = env
+    sim = SimBackend(1, 2)
+    dargs = deviced_parser().parse_args(
+        ["--node-name", "node-d", "--backend", "sim", "--clusterd", f"127.0.0.1:{cd.grpc_port}",
+         "--token-file", str(tmp_path / "token"), "--probe-interval", "0", "--list-watch-period", "3"]
+    )  # fmt: skip
+    dv = DeviceD(dargs, sim)
+    await dv.start()
+    try:
+
+        def level():
+            f = [f for f in cd.center.faults_of_node("node-d") if f.device_id == 1 and f.code == "80E18008"]
+            return f[0].level if f else None
+
+        await until(lambda: dv.cycles >= 1)
+        for _ in range(2):  # 80E18008 twice in 24 h -> deviced's own ManuallySeparateNPU
+            sim.inject(1, 0x80E18008, 1)
+            await until(lambda: dv.state.devices[("NPU", 1)].health == "UnHealthy")
+            sim.inject(1, 0x80E18008, 0)
+            await asyncio.sleep(1.2)
+        await until(lambda: level() == "ManuallySeparateNPU")
+        http = ["--http", f"127.0.0.1:{cd.http.port}", "--token-file", str(tmp_path / "token")]
+        assert await asyncio.to_thread(cli_main, ["release", "npu", "node-d/1", *http]) == 0
+        await until(lambda: level() is None)  # released in deviced, gone from clusterd
+        assert dv.state.devices[("NPU", 1)].level == ""
+    finally:
+        await dv.stop()
+    await until(lambda: ("node-d", "deviced") not in cd.agents.connected())
+    await cd.center.upsert(npu_fault("node-d", 0, level="ManuallySeparateNPU"), origin="deviced")
+    hdr = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession() as s:
+        url = f"http://127.0.0.1:{cd.http.port}/v1/release/npu"
+        async with s.post(url, json={"node": "node-d", "device_id": 0}, headers=hdr) as r:
+            assert r.status == 503  # deviced not connected: its separation stays

@@ -19,8 +19,8 @@ def _npu(text: str) -> tuple[str, int]:
 
 
 def _released(args: argparse.Namespace, data) -> int:
-    rows = [(r["node"], r["device_id"], r["code"]) for r in data["released"]]
-    emit(args, data, rows, ("NODE", "ID", "RELEASED"))
+    rows = [(r["node"], r["device_id"], r["code"], r.get("by", "")) for r in data["released"]]
+    emit(args, data, rows, ("NODE", "ID", "RELEASED", "BY"))
     return 0
 
 
