@@ -28,6 +28,10 @@ survives a restart. It is released after ``fault_free_hours`` without a counted 
   deviced's) and the node's stress-test isolation (source ``brain:stress-test``, reference clusterd.md §4.2 step 6);
 - ``GET /v1/separations``: the separated NPUs.
 
+In Kubernetes mode (``--kube``) the ``clusterd-config-cm`` ConfigMap (namespace
+``--kube-clusterd-config-namespace``, default cluster-system) is watched too: each change of its
+``manually_separate_policy.conf`` key goes through the same validation (:meth:`set_policy_text`).
+
 The CLI is ``faultmesh release npu NODE/PHY`` / ``faultmesh release node NODE``. Disabling the
 policy resets the counters and the pending window (separations stay until released). A policy file
 is re-checked every tick; a bad one is rejected with the file, the key and why (logged ``manual
@@ -229,10 +233,29 @@ class ManualSeparation:
         Returns True when a new policy is in force."""
         if self._watch is None or not self._watch.changed():
             return False
+        return self._adopt(lambda: Policy.load(self.path), Path(self.path).name)
+
+    def set_policy_text(self, text: str | None, name: str = "clusterd-config-cm") -> bool:
+        """Adopt a policy given as YAML text (Kubernetes mode: the ``manually_separate_policy.conf``
+        key of ``clusterd-config-cm``); a bad or missing one is rejected, the last good stays."""
+
+        def parse() -> Policy:
+            if text is None:
+                raise PolicyError(f"{name}: no key manually_separate_policy.conf")
+            if len(text) > MAX_POLICY_BYTES:
+                raise PolicyError(f"{name}: larger than {MAX_POLICY_BYTES} bytes")
+            try:
+                return Policy.from_obj(yaml.safe_load(text), name)
+            except yaml.YAMLError as e:
+                raise PolicyError(f"{name}: not YAML: {e}") from None
+
+        return self._adopt(parse, name)
+
+    def _adopt(self, parse, name: str) -> bool:
         try:
-            new = Policy.load(self.path)
+            new = parse()
         except PolicyError as e:
-            self.rejected.labels(Path(self.path).name).inc()
+            self.rejected.labels(name).inc()
             event(
                 log, logging.ERROR, "manual separation policy rejected", error=str(e), kept=str(self.policy)
             )
@@ -241,7 +264,7 @@ class ManualSeparation:
             self.seen.clear()
             self.counts.clear()
         self.policy = new
-        event(log, logging.INFO, "manual separation policy loaded", policy=str(new))
+        event(log, logging.INFO, "manual separation policy loaded", source=name, policy=str(new))
         return True
 
     async def _loop(self) -> None:
