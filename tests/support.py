@@ -150,3 +150,43 @@ def public_request(fault_id: str, node: str = "node-1", code: str = "010001001")
             )
         ],
     )
+
+
+async def until(pred, timeout_s: float = 8.0) -> bool:
+    """Await until ``pred()`` is true, polling every 50 ms (raises ``AssertionError`` on timeout)."""
+    import asyncio
+
+    for _ in range(int(timeout_s / 0.05)):
+        if pred():
+            return True
+        await asyncio.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+def http_call(method: str, url: str, body=None) -> tuple[int, object]:
+    """One JSON HTTP call: (status, decoded body); (0, None) when nothing answers."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+    except (urllib.error.URLError, ConnectionError):
+        return 0, None
+
+
+def wait_for(pred, what: str, timeout_s: float = 20.0):
+    """Poll ``pred()`` every 100 ms until it returns something truthy, and return that."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if got := pred():
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -6,8 +6,9 @@
 
 Wiring: :class:`ClusterD` builds one frozen :class:`~clusterd.context.ClusterContext` (store, fault
 center, node registry, agent hub, tasks, HTTP, metrics, auth, config) and the components with it
-plus the peers each needs, in this order: PubFault, Kubernetes mode (gets the PubFault intake and
-the brain's job registry), brain, slow node (gets the job registry and the brain's data-trace hook),
+plus the peers each needs, in this order: PubFault, Kubernetes mode (gets the PubFault intake,
+the brain's job registry and the manual-separation policy intake), brain, manual separation (:mod:`clusterd.separation`), slow node (gets
+the job registry and the brain's data-trace hook),
 slow net. Start order: state file -> fault center and node registry (restored) -> components ->
 HTTP -> gRPC.
 
@@ -46,6 +47,7 @@ from clusterd.http.nodes import NodeApi
 from clusterd.ingest.agents import AgentHub
 from clusterd.kube import KubeComponent
 from clusterd.nodes import NodeHealthCollector, NodeRegistry
+from clusterd.separation import ManualSeparation
 from clusterd.slownet import SlowNetComponent
 from clusterd.slownode import SlowNodeComponent
 from clusterd.store import Store
@@ -61,6 +63,7 @@ COMPONENT_CLASSES: tuple[type, ...] = (
     PubFaultComponent,
     KubeComponent,
     BrainComponent,
+    ManualSeparation,
     SlowNodeComponent,
     SlowNetComponent,
 )
@@ -176,14 +179,21 @@ class ClusterD:
         ctx = self.ctx
         self.pubfault = PubFaultComponent(ctx)
         self.brain = BrainComponent(ctx)
-        kube = KubeComponent(ctx, public_faults=self.pubfault.intake, jobs=self.brain.jobs)
+        self.separation = ManualSeparation(ctx)
+        self.separation.add_routes(http.app.router)
+        kube = KubeComponent(
+            ctx,
+            public_faults=self.pubfault.intake,
+            jobs=self.brain.jobs,
+            policy=self.separation.set_policy_text,
+        )
         slownode = SlowNodeComponent(
             ctx,
             jobs=self.brain.jobs,
             set_data_trace=self.brain.set_data_trace,
             data_trace_root=self.brain.datatrace.root,
         )
-        self.components = [self.pubfault, kube, self.brain, slownode, SlowNetComponent(ctx)]
+        self.components = [self.pubfault, kube, self.brain, self.separation, slownode, SlowNetComponent(ctx)]
         self.grpc_port = 0
         self._server: grpc.aio.Server | None = None
 

@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from clusterd.store import Store
+from faultmesh.faultinfo import short_name
 from faultmesh.levels import HEALTHY, level_health, level_severity, worst_health
 from faultmesh.log import event
 from faultmesh.model import Fault, FaultKey, now_ms
@@ -380,13 +381,15 @@ class FaultCenter:
 
 
 def fault_dict(f: Fault) -> dict[str, Any]:
-    """A fault as the JSON object of the HTTP API."""
+    """A fault as the JSON object of the HTTP API; ``name`` is the code's short name
+    (:func:`faultmesh.faultinfo.short_name`, "" when unknown)."""
     return {
         "source": f.source,
         "node": f.node,
         "device_type": f.device_type,
         "device_id": f.device_id,
         "code": f.code,
+        "name": short_name(f.code),
         "level": f.level,
         "assertion": f.assertion,
         "first_seen_ms": f.first_seen_ms,

@@ -1,8 +1,9 @@
 """ClusterD's durable state: SQLite in WAL mode under ``--state-dir`` (issue 2 "Durable state").
 
-Three tables: ``faults`` (the fault center, one row per FaultKey), ``nodes`` (the node registry: what
+Four tables: ``faults`` (the fault center, one row per FaultKey), ``nodes`` (the node registry: what
 the agents last said about each node, one JSON row per node, :mod:`clusterd.nodes`) and ``kv``
-(namespaced JSON values for components: jobs, data-trace switches, slow-node jobs, ...). Every table
+(namespaced JSON values for components: jobs, data-trace switches, slow-node jobs, ...) and
+``separations`` (manually separated NPUs, :mod:`clusterd.separation`). Every table
 is created with ``CREATE TABLE IF NOT EXISTS``, so a state file of an older version gains the new
 tables on open and keeps its rows. Every write commits before the
 caller acknowledges its sender, so an acked fault survives ``kill -9`` (WAL, synchronous=NORMAL:
@@ -41,6 +42,11 @@ CREATE TABLE IF NOT EXISTS nodes (
 CREATE TABLE IF NOT EXISTS kv (
   ns TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
   PRIMARY KEY (ns, key)
+);
+CREATE TABLE IF NOT EXISTS separations (
+  node TEXT NOT NULL, device_id INTEGER NOT NULL, codes TEXT NOT NULL,
+  separated_ms INTEGER NOT NULL, last_fault_ms INTEGER NOT NULL,
+  PRIMARY KEY (node, device_id)
 );
 """
 
@@ -238,3 +244,38 @@ class Store:
             return self._db.execute("SELECT key, value FROM kv WHERE ns=?", (ns,)).fetchall()
 
         return {k: orjson.loads(v) for k, v in await self._run(_items)}
+
+    # -- separations ------------------------------------------------------------------------------
+    async def put_separation(
+        self, node: str, device_id: int, codes: str, separated_ms: int, last_fault_ms: int
+    ) -> None:
+        """Store (or update) one manually separated NPU, committed when this returns."""
+
+        def _put() -> None:
+            assert self._db is not None
+            self._db.execute(
+                "INSERT OR REPLACE INTO separations VALUES (?,?,?,?,?)",
+                (node, device_id, codes, separated_ms, last_fault_ms),
+            )
+
+        await self._run(_put)
+
+    async def delete_separation(self, node: str, device_id: int) -> None:
+        """Forget one manually separated NPU (released)."""
+
+        def _del() -> None:
+            assert self._db is not None
+            self._db.execute("DELETE FROM separations WHERE node=? AND device_id=?", (node, device_id))
+
+        await self._run(_del)
+
+    async def load_separations(self) -> list[tuple[str, int, str, int, int]]:
+        """Every stored separation as (node, device_id, codes, separated_ms, last_fault_ms)."""
+
+        def _load():
+            assert self._db is not None
+            return self._db.execute(
+                "SELECT node, device_id, codes, separated_ms, last_fault_ms FROM separations"
+            ).fetchall()
+
+        return [tuple(r) for r in await self._run(_load)]

@@ -32,13 +32,14 @@ from prometheus_client import CollectorRegistry
 from deviced import sources as srcmod
 from deviced.backends import NpuBackend, make_backend
 from deviced.chipio import CALL_ERRORS, ChipIO
-from deviced.control import JobControl
+from deviced.control import JobControl, release_device
 from deviced.cycle import Cycle
 from deviced.engine import FaultEngine, UpgradeReason
 from deviced.flags import build_parser
 from deviced.hotreset import HotReset
 from deviced.http import add_routes
 from deviced.metrics import CycleMetrics, DevicedCollector
+from deviced.relations import RelationRules
 from deviced.reload import TableReloader
 from deviced.sinks import deviceinfo
 from deviced.sinks.agentstate import AgentStateSink
@@ -46,7 +47,14 @@ from deviced.sinks.resetcfg import ResetConfigWriter, chips_of
 from deviced.sinks.statefile import StateFile
 from deviced.sources.lingqu import SWITCH_QUEUE_MAX
 from deviced.switch import SwitchState
-from deviced.tables import Customization, FaultCodeTable, SwitchFaultTable, TableError
+from deviced.tables import (
+    Customization,
+    FaultCodeTable,
+    SwitchFaultTable,
+    TableError,
+    load_fault_duration,
+    load_relations,
+)
 from faultmesh import config, runtime
 from faultmesh import log as fmlog
 from faultmesh.agent import AgentClient, AgentState, channel_credentials
@@ -82,6 +90,13 @@ class DeviceD:
         self.engine.on_reason_change = self._on_reason_change
         self.switch_state = SwitchState(SwitchFaultTable.load(args.switch_fault_code_file))
         self.io = ChipIO(args, backend)
+        self.relations = RelationRules(
+            load_relations(args.relation_fault_file),
+            load_fault_duration(args.fault_duration_file),
+            self.switch_state,
+            a3=lambda: any(sp >= 0 for sp, _ in self.io.spod.values()),
+        )
+        self.engine.add_stage(self.relations)
         self.state = AgentState(self.node_name)
         self.tasks = TaskOwner("deviced")
         self.init_retry_s = 5.0
@@ -114,7 +129,7 @@ class DeviceD:
             self.metrics.poll_seconds,
             float(args.list_watch_period),
         )
-        self.reloader = TableReloader(args, self.engine, self.switch_state, self._wake)
+        self.reloader = TableReloader(args, self.engine, self.switch_state, self._wake, self.relations)
         self.jobs = JobControl(self.node_name, self.engine, self.reset_writer, self._wake)
         self._started_sources: list = []
         # the outside: agent stream, HTTP, metrics
@@ -130,7 +145,7 @@ class DeviceD:
             credentials=channel_credentials(args),
         )
         self.http = HttpServer(args.http_addr, self.registry, ready=self._ready)
-        add_routes(self.http.app, self.engine, self.node_name, self.report_and_save)
+        add_routes(self.http.app, self.engine, self.node_name)
         self.registry.register(DevicedCollector(self))
 
     def _source(self, cls):
@@ -214,7 +229,11 @@ class DeviceD:
         )
 
     async def on_control(self, msg) -> None:
-        """Control messages from clusterd (``job``: see :class:`deviced.control.JobControl`)."""
+        """Control messages from clusterd (``job``: see :class:`deviced.control.JobControl`;
+        ``release``: :func:`deviced.control.release_device`)."""
+        if msg.WhichOneof("body") == "release":
+            release_device(self.engine, msg.release.phy_id, self.report_and_save)
+            return
         await self.jobs.on_control(msg)
 
     def reload_tables(self) -> bool:
@@ -332,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         FaultCodeTable.load(args.fault_code_file)
         Customization.load(args.fault_customization_file)
         SwitchFaultTable.load(args.switch_fault_code_file)
+        load_relations(args.relation_fault_file)
+        load_fault_duration(args.fault_duration_file)
     except TableError as e:
         event(log, logging.ERROR, "fault table unusable", error=str(e))
         return 2

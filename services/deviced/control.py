@@ -1,5 +1,6 @@
 """Control messages for deviced: ``job`` (JobInfo from clusterd) -> the chips in use (engine, §3.3
-PreSeparateNPU keeps a used chip Healthy) and the job's reset-config files."""
+PreSeparateNPU keeps a used chip Healthy) and the job's reset-config files; ``release`` (an
+operator's release through clusterd's authenticated API) -> :func:`release_device`."""
 
 from __future__ import annotations
 
@@ -43,3 +44,17 @@ class JobControl:
         self.engine.set_in_use(logic for logic, d in self.engine.devices.items() if d.ids.phy in used_phy)
         event(log, logging.INFO, "job update", job=job.job_id, ranks_here=len(ranks), deleted=job.deleted)
         self.wake()
+
+
+def release_device(engine: FaultEngine, phy: int, changed: Callable[[], None]) -> bool | None:
+    """Drop the ManuallySeparateNPU escalations of the chip with physical id ``phy`` (reference
+    deviced.md §4.2 "Operator deletion"), then ``changed()`` (report + save). Returns whether
+    something was released, None for an unknown chip."""
+    logic = engine.logic_of_phy(phy)
+    if logic is None:
+        event(log, logging.WARNING, "release of an unknown chip ignored", phy_id=phy)
+        return None
+    released = engine.release_manual(logic)
+    event(log, logging.WARNING, "manual separation released by operator", phy_id=phy, released=released)
+    changed()
+    return released

@@ -30,6 +30,7 @@ import bisect
 import collections
 import logging
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from deviced import rules
 from deviced.state import (
@@ -119,14 +120,24 @@ class FaultEngine:
         self._seq = 0
         self._clear_freq: dict[int, int] = {}
         self.on_reason_change: Callable[[Device, UpgradeReason, bool], None] | None = None
+        self.stages: list[Any] = []
+
+    def add_stage(self, stage: Any) -> None:
+        """Run ``stage.run(engine, now_ms) -> changed logic ids`` in every :meth:`cycle` after the
+        duration and frequency rules (e.g. :class:`deviced.relations.RelationRules`; the changed chips
+        get their levels recomputed); ``stage.next_due_ms()`` joins :meth:`next_due_ms`."""
+        self.stages.append(stage)
 
     def now(self) -> int:
         """The engine clock (ms)."""
         return self.clock()
 
     def next_due_ms(self) -> int | None:
-        """When the earliest queued event falls due (engine ms), or None when nothing is queued."""
-        return self._pending[0][0] if self._pending else None
+        """When the earliest queued event or stage deadline falls due (engine ms), or None."""
+        due = [t for t in (s.next_due_ms() for s in self.stages) if t is not None]
+        if self._pending:
+            due.append(self._pending[0][0])
+        return min(due) if due else None
 
     # -- devices ------------------------------------------------------------------------------
     def set_devices(self, ids: Iterable[DeviceIds]) -> None:
@@ -407,6 +418,11 @@ class FaultEngine:
                 changed.add(logic)
             if self._levels(d):
                 changed.add(logic)
+        for stage in self.stages:
+            for logic in stage.run(self, now):
+                if logic in self.devices:
+                    changed.add(logic)
+                    self._levels(self.devices[logic])
         # end of cycle: once codes leave, fired frequency counters clear (§1.2 step 8)
         for logic, d in self.devices.items():
             gone = False

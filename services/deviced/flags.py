@@ -56,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault-code-file", help="faultCode.json (default: faultmesh's table)")
     p.add_argument("--fault-customization-file", help="faultCustomization.json")
     p.add_argument("--switch-fault-code-file", help="SwitchFaultCode.json")
+    p.add_argument(
+        "--relation-fault-file",
+        help="relationFaultCustomization.json (relation faults; default: faultmesh's)",
+    )
+    p.add_argument(
+        "--fault-duration-file", help="faultDuration.json (relation-fault deadlines; default: faultmesh's)"
+    )
     p.add_argument("--list-watch-period", type=_range(3, 1800), default=5, help="s, 3..1800")
     p.add_argument(
         "--table-reload-interval",

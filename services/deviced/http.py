@@ -2,15 +2,15 @@
 
 - ``GET /v1/devices`` -> ``{"node", "subscribed", "devices": [...]}``: every chip with ids, health,
   levels, codes (level, plane, first seen ms) and escalations (:func:`device_views`).
-- ``POST /v1/devices/<phy>/release`` -> ``{"phy_id", "released"}``: operator release of a
-  ManuallySeparateNPU chip (the reference: deleting its name from the ConfigMap, §4.2); 400 for a
-  non-integer id, 404 for an unknown chip.
+
+This port is not authenticated, so it changes nothing: an operator releases a ManuallySeparateNPU
+chip through clusterd's authenticated API (``faultmesh release npu NODE/PHY``), which reaches deviced
+as a ``release`` control message on the agent stream (:func:`deviced.control.release_device`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -18,7 +18,6 @@ from aiohttp import web
 from deviced.engine import FaultEngine
 from deviced.faults import code_name, plane
 from faultmesh.httpd import json_response
-from faultmesh.log import event
 
 log = logging.getLogger("deviced")
 
@@ -65,24 +64,10 @@ def device_views(engine: FaultEngine) -> list[dict[str, Any]]:
     return out
 
 
-def add_routes(app: web.Application, engine: FaultEngine, node: str, changed: Callable[[], None]) -> None:
-    """Add the /v1/devices routes; ``changed()`` runs after an operator release (report + save)."""
+def add_routes(app: web.Application, engine: FaultEngine, node: str) -> None:
+    """Add the read-only /v1/devices route."""
 
     async def devices(_request: web.Request) -> web.Response:
         return json_response({"node": node, "subscribed": engine.subscribed, "devices": device_views(engine)})
 
-    async def release(request: web.Request) -> web.Response:
-        try:
-            phy = int(request.match_info["phy"])
-        except ValueError:
-            return json_response({"error": "phy id must be an integer"}, status=400)
-        logic = engine.logic_of_phy(phy)
-        if logic is None:
-            return json_response({"error": f"no chip with physical id {phy}"}, status=404)
-        released = engine.release_manual(logic)
-        event(log, logging.WARNING, "manual separation released by operator", phy_id=phy, released=released)
-        changed()
-        return json_response({"phy_id": phy, "released": released})
-
     app.router.add_get("/v1/devices", devices)
-    app.router.add_post("/v1/devices/{phy}/release", release)

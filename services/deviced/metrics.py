@@ -59,6 +59,15 @@ class DevicedCollector(Collector):
         for (call, reason), n in sorted(app.io.call_errors.items()):
             errs.add_metric([call, reason], n)
         yield errs
+        bad = CounterMetricFamily(
+            "faultmesh_deviced_table_reload_failures",
+            "Table reloads rejected (the last good table stays), by table",
+            labels=["table"],
+        )
+        reloader = getattr(app, "reloader", None)
+        for table, n in sorted(getattr(reloader, "failures", {}).items()):
+            bad.add_metric([table], n)
+        yield bad
 
 
 class CycleMetrics:

@@ -28,6 +28,7 @@ class SwitchState:
         self.table = table
         self.current: dict[tuple, tuple[SwitchEvent, int]] = {}
         self.unlisted: collections.Counter[str] = collections.Counter()
+        self.overrides: dict[str, str] = {}  # code -> raised level (relation faults, deviced.relations)
 
     @staticmethod
     def key(ev: SwitchEvent) -> tuple:
@@ -76,6 +77,9 @@ class SwitchState:
                 level = "NotHandle"
             if len(l2_down.get(chip, ())) >= L2_PORTS_PER_CHIP:
                 level = "Separate"
+            raised = self.overrides.get(code)
+            if raised is not None and SWITCH_LEVEL_RANK[raised] > SWITCH_LEVEL_RANK[level]:
+                level = raised
             first = min(t for _, t in evs)
             ports = sorted({ev.switch_port for ev, _ in evs})
             out.append(
@@ -93,6 +97,7 @@ class SwitchState:
                         "peer_ports": ",".join(sorted({str(ev.peer_port) for ev, _ in evs})),
                         "severity": str(max(ev.severity for ev, _ in evs)),
                         **({"unknown": "true"} if unknown else {}),
+                        **({"upgrade": "RelationFault"} if raised is not None and raised == level else {}),
                     },
                 )
             )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -87,14 +88,40 @@ def parse_code(text: str | int) -> int:
     return int(s, 16)
 
 
+MAX_TABLE_BYTES = 4 * 1024 * 1024  # the reference's largest default table is ~30 KiB
+
+
 def _read_json(path: str | Path | None, default_name: str) -> tuple[Any, str]:
     if path is None:
         ref = resources.files("deviced") / "data" / default_name
         return json.loads(ref.read_text(encoding="utf-8")), f"<default {default_name}>"
     try:
+        size = Path(path).stat().st_size
+        if size > MAX_TABLE_BYTES:
+            raise TableError(f"{path}: {size} bytes, larger than {MAX_TABLE_BYTES}")
         return json.loads(Path(path).read_text(encoding="utf-8")), str(path)
     except (OSError, ValueError) as e:
+        if isinstance(e, TableError):
+            raise
         raise TableError(f"cannot read {path}: {e}") from e
+
+
+def _check_keys(obj: dict, known: Iterable[str], name: str) -> None:
+    """Refuse a table with a key outside ``known`` (a misspelt level name would drop its codes)."""
+    unknown = sorted(set(obj) - set(known))
+    if unknown:
+        raise TableError(f"{name}: unknown key {unknown[0]!r} (known: {', '.join(known)})")
+
+
+def _code_list(obj: dict, key: str, name: str) -> list[Any]:
+    """``obj[key]`` as a list (absent or null: empty); its entries are checked by the caller (a bad
+    entry is skipped with a warning). Raises :class:`TableError` when it is not a list."""
+    vals = obj.get(key)
+    if vals is None:
+        return []
+    if not isinstance(vals, list):
+        raise TableError(f"{name}: {key}: must be a list of code strings, not {type(vals).__name__}")
+    return vals
 
 
 class FaultCodeTable:
@@ -114,17 +141,16 @@ class FaultCodeTable:
         """Build from the parsed JSON object. Invalid codes are skipped with a warning."""
         if not isinstance(obj, dict):
             raise TableError(f"{name}: top level must be an object")
+        _check_keys(obj, [k for k, _ in CHIP_BUCKETS + NETWORK_KEYS], name)
         spellings: dict[int, str] = {}
 
         def codes(key: str) -> set[int]:
             out: set[int] = set()
-            vals = obj.get(key) or []
-            if not isinstance(vals, list):
-                event(log, logging.WARNING, "fault table key skipped", table=name, key=key)
-                return out
-            for v in vals:
+            for v in _code_list(obj, key, name):
                 try:
-                    c = parse_code(str(v))
+                    if not isinstance(v, str):
+                        raise ValueError(v)
+                    c = parse_code(v)
                 except ValueError:
                     event(log, logging.WARNING, "fault code skipped", table=name, key=key, value=v)
                     continue
@@ -134,6 +160,14 @@ class FaultCodeTable:
 
         buckets = {level: codes(key) for key, level in CHIP_BUCKETS}
         network = {level: codes(key) for key, level in NETWORK_KEYS}
+        seen: dict[int, NpuLevel] = {}
+        for _key, level in CHIP_BUCKETS:  # precedence order: the first level holding a code wins
+            for c in sorted(buckets[level]):
+                if c in seen:  # the reference's own file has one (A2301001): kept, not refused
+                    event(log, logging.WARNING, "fault code in several levels", table=name,
+                          code=spellings.get(c, f"{c:08X}"), kept=seen[c].name, also=level.name)  # fmt: skip
+                else:
+                    seen[c] = level
         return cls(buckets, network, spellings)
 
     @classmethod
@@ -248,6 +282,10 @@ class Customization:
         """Validate per §4.1: a bad rule is dropped (named in ``rejected``), the rest applies."""
         if not isinstance(obj, dict):
             raise TableError(f"{name}: top level must be an object")
+        _check_keys(obj, ("GraceTolerance", "FaultFrequency", "FaultDuration"), name)
+        for key, typ in (("GraceTolerance", dict), ("FaultFrequency", list), ("FaultDuration", list)):
+            if obj.get(key) is not None and not isinstance(obj[key], typ):
+                raise TableError(f"{name}: {key}: must be a {'list' if typ is list else 'object'}")
         out = cls()
         g = obj.get("GraceTolerance") or {}
         if isinstance(g, dict):
@@ -416,9 +454,10 @@ class SwitchFaultTable:
         """Invalid strings are skipped with a warning (§7); a higher level wins for duplicates."""
         if not isinstance(obj, dict):
             raise TableError(f"{name}: top level must be an object")
+        _check_keys(obj, [k for k, _ in _SWITCH_KEYS], name)
         levels: dict[str, str] = {}
         for key, level in _SWITCH_KEYS:
-            for s in obj.get(key) or []:
+            for s in _code_list(obj, key, name):
                 if not isinstance(s, str) or len(s) > 50 or not _SWITCH_CODE_RE.match(s.strip()):
                     event(log, logging.WARNING, "switch fault code skipped", table=name, key=key, value=s)
                     continue

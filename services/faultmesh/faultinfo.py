@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -192,6 +192,18 @@ def meaning(code: str) -> Meaning | None:
                 m.get("source", ""),
             )
     return None
+
+
+@lru_cache(maxsize=4096)
+def short_name(code: str) -> str:
+    """The short English name of ``code`` (``Meaning.name``), or "" when the code is unknown or is
+    not a chip / switch code (``ManuallySeparateNPU``, node or public codes without a meaning).
+    Never raises; cached (the fault lists of ``/v1/faults`` and ``faultmesh faults`` use it)."""
+    try:
+        m = meaning(code)
+    except ValueError:
+        return ""
+    return m.name if m is not None else ""
 
 
 def level_handling(level: str) -> tuple[str, str]:

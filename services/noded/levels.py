@@ -38,6 +38,9 @@ CODE_RE = re.compile(r"^[a-zA-Z0-9]{8}$")
 DEFAULT_TABLE = "NodeDConfiguration.json"
 
 
+MAX_TABLE_BYTES = 4 * 1024 * 1024
+
+
 class LevelTableError(ValueError):
     """A level table that cannot be used; the message names the problem (code, key, file)."""
 
@@ -84,6 +87,11 @@ class LevelTable:
         if not isinstance(doc, dict) or not isinstance(doc.get("FaultTypeCode"), dict):
             raise LevelTableError(f"{where}: missing object FaultTypeCode")
         groups = doc["FaultTypeCode"]
+        unknown = sorted(set(groups) - set(LEVEL_KEYS))
+        if unknown:
+            raise LevelTableError(
+                f"{where}: FaultTypeCode: unknown key {unknown[0]!r} (known: {', '.join(LEVEL_KEYS)})"
+            )
         levels: dict[str, NodeLevel] = {}
         for key, level in LEVEL_KEYS.items():
             codes = groups.get(key, [])
@@ -107,6 +115,9 @@ class LevelTable:
     def load(cls, path: str | os.PathLike) -> LevelTable:
         """Read and validate ``path``. Raises :class:`LevelTableError` (also for unreadable files)."""
         try:
+            size = Path(path).stat().st_size
+            if size > MAX_TABLE_BYTES:
+                raise LevelTableError(f"{path}: {size} bytes, larger than {MAX_TABLE_BYTES}")
             raw = Path(path).read_bytes()
         except OSError as e:
             raise LevelTableError(f"{path}: cannot read: {e}") from None

@@ -10,12 +10,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
-from support import free_port
+from support import free_port, http_call
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -47,15 +45,10 @@ class HTTPError(OSError):
 
 
 def http(method: str, url: str, body=None) -> tuple[int, object]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=5) as r:
-            return r.status, json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
-    except (urllib.error.URLError, ConnectionError) as e:
-        raise HTTPError(str(e)) from e
+    status, got = http_call(method, url, body)
+    if status == 0:
+        raise HTTPError(f"{method} {url}: no answer")
+    return status, got
 
 
 def wait_for(pred, timeout_s=15.0, what="condition"):

@@ -429,8 +429,9 @@ async def test_expired_watch_is_relisted_without_losing_events(k8s, tmp_path):
         "type": "ERROR",
         "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"},
     }
-    # Every configmap watch first gets "410 Gone" (its resourceVersion expired).
-    emu[kmock.action.WATCH, kmock.resource("v1/configmaps")][:3] << (gone,)
+    # Every configmap watch (4: nodeinfo, deviceinfo, publicfault, clusterd-config-cm) first gets
+    # "410 Gone" (its resourceVersion expired).
+    emu[kmock.action.WATCH, kmock.resource("v1/configmaps")][:4] << (gone,)
     cd = await start_kcd(api, tmp_path)
     try:
         await until(lambda: restarts(cd, "nodeinfo", "expired") >= 1, what="relist after 410")
@@ -447,15 +448,16 @@ async def test_expired_watch_is_relisted_without_losing_events(k8s, tmp_path):
 
 async def test_dropped_watches_and_failing_lists_recover(k8s, tmp_path):
     emu, api = k8s
-    # The API server fails the first lists with 500 and then drops the first watches at once.
-    emu[kmock.action.LIST, kmock.resource("v1/configmaps")][:3] << 500
-    emu[kmock.action.WATCH, kmock.resource("v1/configmaps")][:3] << b""
+    # The API server fails the first lists with 500 and then drops the first watches at once (one
+    # of each per configmap watcher: nodeinfo, deviceinfo, publicfault, clusterd-config-cm).
+    emu[kmock.action.LIST, kmock.resource("v1/configmaps")][:4] << 500
+    emu[kmock.action.WATCH, kmock.resource("v1/configmaps")][:4] << b""
     emu[kmock.action.LIST, kmock.resource("v1/nodes")][:1] << 503
     cd = await start_kcd(api, tmp_path)
     try:
-        watches = ("nodeinfo", "deviceinfo", "publicfault")
+        watches = ("nodeinfo", "deviceinfo", "publicfault", "clusterdconfig")
         await until(
-            lambda: sum(restarts(cd, w, "ended") for w in watches) >= 3, what="dropped watches resumed"
+            lambda: sum(restarts(cd, w, "ended") for w in watches) >= 4, what="dropped watches resumed"
         )
         await until(lambda: sum(restarts(cd, w, "error") for w in watches) >= 2, what="failed lists retried")
         assert restarts(cd, "nodes", "error") >= 1
@@ -621,3 +623,26 @@ def test_switch_entry_keeps_reference_switch_info_and_adds_own_faults():
     assert e["FaultLevel"] == "SeparateNPU" and e["NodeStatus"] == "UnHealthy"
     assert set(e["FaultTimeAndLevelMap"]) == {"x_1_2", "[0x08520003,na,L2,na]_3"}
     assert formats.build_switch_entry("n", [], base)["NodeStatus"] == "SubHealthy"
+
+
+async def test_clusterd_config_cm_sets_the_manual_separation_policy_live(k8s, kcd):
+    """clusterd-config-cm (reference clusterd.md §8): a change takes effect without restart; a bad
+    policy is rejected (counted) and the last good one stays."""
+    from clusterd.separation import Policy
+
+    emu, api = k8s
+    assert kcd.separation.policy == Policy()
+    key = "manually_separate_policy.conf"
+    policy = "enabled: true\nseparate: {fault_window_hours: 2, fault_threshold: 5}\nrelease: {fault_free_hours: -1}\n"
+    await create_cm(api, "cluster-system", "clusterd-config-cm", {key: policy}, labels={})
+    await until(lambda: kcd.separation.policy == Policy(True, 2, 5, -1), what="policy from the ConfigMap")
+    await api.patch_config_map(
+        "cluster-system", "clusterd-config-cm", {"data": {key: "separate: {fault_window_hours: 0}\n"}}
+    )
+
+    def rejected_policies():
+        labels = {"file": "clusterd-config-cm"}
+        return kcd.registry.get_sample_value("faultmesh_config_rejected_total", labels) or 0
+
+    await until(lambda: rejected_policies() == 1, what="bad policy rejected")
+    assert kcd.separation.policy == Policy(True, 2, 5, -1)

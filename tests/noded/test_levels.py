@@ -61,12 +61,22 @@ def test_codes_upper_cased_and_deduplicated():
         (_table(pre=["0800004B"], sep=["0800004b"]), "in two levels"),
         (json.dumps({"FaultTypeCode": {"SeparateFaultCodes": "2C000031"}}), "must be a list"),
         (json.dumps({"Codes": {}}), "FaultTypeCode"),
+        (json.dumps({"FaultTypeCode": {"SeperateFaultCodes": []}}), "unknown key 'SeperateFaultCodes'"),
         ("{not json", "not JSON"),
     ],
 )
 def test_invalid_tables_rejected(doc, needle):
     with pytest.raises(LevelTableError, match=needle):
         LevelTable.from_json(doc)
+
+
+def test_huge_table_rejected(tmp_path):
+    from noded.levels import MAX_TABLE_BYTES
+
+    f = tmp_path / "NodeDConfiguration.json"
+    f.write_text(_table(pre=["0800004B"] * (MAX_TABLE_BYTES // 10)))
+    with pytest.raises(LevelTableError, match="larger than"):
+        LevelTable.load(f)
 
 
 def test_node_status_from_worst_level():

@@ -90,6 +90,8 @@ NodeDConfiguration.json: "noded --levels-file"
 faultCode.json: "deviced --fault-code-file"
 faultCustomization.json: "deviced --fault-customization-file"
 SwitchFaultCode.json: "deviced --switch-fault-code-file"
+relationFaultCustomization.json: "deviced --relation-fault-file"
+faultDuration.json: "deviced --fault-duration-file"
 publicFaultConfiguration.json: "clusterd --public-fault-config"
 {{- end -}}
 

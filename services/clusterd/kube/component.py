@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from clusterd.brain.jobs import JobRegistry
@@ -35,6 +36,9 @@ from clusterd.kube.metrics import KubeMetrics
 from clusterd.kube.podjobs import PodJobs
 from clusterd.kube.publisher import ClusterInfoPublisher
 from faultmesh.log import event
+
+CLUSTERD_CONFIG_CM = "clusterd-config-cm"  # reference clusterd.md §8: the manual-separation policy
+POLICY_KEY = "manually_separate_policy.conf"
 
 if TYPE_CHECKING:
     from clusterd.context import ClusterContext
@@ -93,6 +97,11 @@ class KubeComponent:
         g.add_argument("--kube-watch-timeout-s", type=int, default=300, help="server-side watch timeout (s)")
         g.add_argument("--kube-timeout-s", type=float, default=10.0, help="timeout of one API call (s)")
         g.add_argument(
+            "--kube-clusterd-config-namespace",
+            default="cluster-system",
+            help="namespace of clusterd-config-cm (the manual-separation policy)",
+        )
+        g.add_argument(
             "--kube-jobs",
             choices=("on", "off"),
             default="on",
@@ -104,8 +113,10 @@ class KubeComponent:
         ctx: ClusterContext,
         public_faults: PublicFaultIntake | None = None,
         jobs: JobRegistry | None = None,
+        policy: Callable[[str | None, str], bool] | None = None,
     ) -> None:
         self.ctx = ctx
+        self.policy = policy
         self.args = a = ctx.config
         self.enabled = bool(a.kube)
         self.metrics = KubeMetrics(ctx.metrics.registry, ctx.metrics.reject)
@@ -193,6 +204,13 @@ class KubeComponent:
                 c.on_publicfault, lambda o: has_label(o, PUBLIC_FAULT_LABEL),
             ),
         ]  # fmt: skip
+        if self.policy is not None:
+            self.watchers.append(
+                watcher(
+                    "clusterdconfig", "configmaps", a.kube_clusterd_config_namespace, "", self._on_config,
+                    lambda o: o["metadata"].get("name") == CLUSTERD_CONFIG_CM,
+                )
+            )  # fmt: skip
         spawn = self.ctx.tasks.spawn
         if a.kube_jobs == "on" and self.pod_jobs is not None:
             self.pods = self.pod_jobs.pod_watch = watcher(
@@ -226,6 +244,12 @@ class KubeComponent:
             self._api_client = None
 
     # -- wiring ----------------------------------------------------------------------------------
+    async def _on_config(self, op: str, obj: dict) -> None:
+        """clusterd-config-cm changed: its policy key goes to ``policy`` (a deleted map keeps the
+        policy in force, as a rejected one does)."""
+        if op == "upsert" and self.policy is not None:
+            self.policy((obj.get("data") or {}).get(POLICY_KEY), CLUSTERD_CONFIG_CM)
+
     def _known_node(self, node: str) -> bool:
         return self.consumer.known_node(node)
 

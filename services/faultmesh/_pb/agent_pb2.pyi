@@ -310,6 +310,12 @@ class SlowNodeJob(_message.Message):
     ranks: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., namespace: _Optional[str] = ..., enable: _Optional[bool] = ..., featconf_json: _Optional[bytes] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class ReleaseDevice(_message.Message):
+    __slots__ = ("phy_id",)
+    PHY_ID_FIELD_NUMBER: _ClassVar[int]
+    phy_id: int
+    def __init__(self, phy_id: _Optional[int] = ...) -> None: ...
+
 class DataTraceSwitch(_message.Message):
     __slots__ = ("job_ns_name", "communication_operator", "step", "save_checkpoint", "fp", "data_loader")
     JOB_NS_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -327,7 +333,7 @@ class DataTraceSwitch(_message.Message):
     def __init__(self, job_ns_name: _Optional[str] = ..., communication_operator: _Optional[str] = ..., step: _Optional[str] = ..., save_checkpoint: _Optional[str] = ..., fp: _Optional[str] = ..., data_loader: _Optional[str] = ...) -> None: ...
 
 class ControlMessage(_message.Message):
-    __slots__ = ("seq", "ack", "pingmesh_config", "topology", "ping_list", "job", "slownode_job", "data_trace")
+    __slots__ = ("seq", "ack", "pingmesh_config", "topology", "ping_list", "job", "slownode_job", "data_trace", "release")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     PINGMESH_CONFIG_FIELD_NUMBER: _ClassVar[int]
@@ -336,6 +342,7 @@ class ControlMessage(_message.Message):
     JOB_FIELD_NUMBER: _ClassVar[int]
     SLOWNODE_JOB_FIELD_NUMBER: _ClassVar[int]
     DATA_TRACE_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
     seq: int
     ack: Ack
     pingmesh_config: PingmeshConfig
@@ -344,4 +351,5 @@ class ControlMessage(_message.Message):
     job: JobInfo
     slownode_job: SlowNodeJob
     data_trace: DataTraceSwitch
-    def __init__(self, seq: _Optional[int] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., pingmesh_config: _Optional[_Union[PingmeshConfig, _Mapping]] = ..., topology: _Optional[_Union[SuperPodTopology, _Mapping]] = ..., ping_list: _Optional[_Union[PingList, _Mapping]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ..., slownode_job: _Optional[_Union[SlowNodeJob, _Mapping]] = ..., data_trace: _Optional[_Union[DataTraceSwitch, _Mapping]] = ...) -> None: ...
+    release: ReleaseDevice
+    def __init__(self, seq: _Optional[int] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., pingmesh_config: _Optional[_Union[PingmeshConfig, _Mapping]] = ..., topology: _Optional[_Union[SuperPodTopology, _Mapping]] = ..., ping_list: _Optional[_Union[PingList, _Mapping]] = ..., job: _Optional[_Union[JobInfo, _Mapping]] = ..., slownode_job: _Optional[_Union[SlowNodeJob, _Mapping]] = ..., data_trace: _Optional[_Union[DataTraceSwitch, _Mapping]] = ..., release: _Optional[_Union[ReleaseDevice, _Mapping]] = ...) -> None: ...

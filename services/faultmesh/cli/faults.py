@@ -13,6 +13,14 @@ def _ts(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else ""
 
 
+NAME_WIDTH = 32
+
+
+def _short(name: str) -> str:
+    """A fault name cut to :data:`NAME_WIDTH` characters for the table (JSON keeps it whole)."""
+    return name if len(name) <= NAME_WIDTH else name[: NAME_WIDTH - 1] + "…"
+
+
 @run
 def cmd_faults(args: argparse.Namespace) -> int:
     """Print the active faults (GET /v1/faults)."""
@@ -24,6 +32,7 @@ def cmd_faults(args: argparse.Namespace) -> int:
             f["device_type"],
             f["device_id"],
             f["code"],
+            _short(f.get("name", "")),
             f["level"],
             f["source"],
             _ts(f["first_seen_ms"]),
@@ -31,7 +40,12 @@ def cmd_faults(args: argparse.Namespace) -> int:
         )
         for f in data
     ]
-    emit(args, data, rows, ("NODE", "DEVICE", "ID", "CODE", "LEVEL", "SOURCE", "FIRST SEEN", "LAST SEEN"))
+    emit(
+        args,
+        data,
+        rows,
+        ("NODE", "DEVICE", "ID", "CODE", "NAME", "LEVEL", "SOURCE", "FIRST SEEN", "LAST SEEN"),
+    )
     return 0
 
 

@@ -1,0 +1,445 @@
+"""ClusterD's manual-separation policy and the operator's release (reference clusterd.md §6.2
+"increment + manual", §8 ``clusterd-config-cm``).
+
+Policy (``--manual-separation-policy FILE``: the YAML of the ``manually_separate_policy.conf`` key
+of ``clusterd-config-cm``; shipped defaults when absent)::
+
+    enabled: true
+    separate: {fault_window_hours: 24, fault_threshold: 3}   # 1..720 h, 1..50
+    release: {fault_free_hours: 48}                          # 1..240 h, or -1 = never
+
+Counting (a fault-center subscriber, its own :class:`faultmesh.sink.SinkWorker`): every new NPU
+fault whose level is not NotHandle / SubHealth (and is not a separation itself) is held for
+:data:`SOFTWARE_WINDOW_MS` (30 s). If the same code occurred on another NPU within 30 s of it, it is
+a software fault and not counted; otherwise it is counted per (node, NPU, code). ``fault_threshold``
+counts whose span is within ``fault_window_hours`` separate the NPU: the fault center gets a fault
+of source :data:`SOURCE`, code and level ``ManuallySeparateNPU`` on that NPU (device id = the
+physical id), and the separation is stored (``separations`` table of :mod:`clusterd.store`) so it
+survives a restart. It is released after ``fault_free_hours`` without a counted fault on that NPU
+(never with -1), or by an operator through the authenticated HTTP API (``--token-file``;
+:mod:`clusterd.auth`):
+
+- ``POST /v1/release/npu`` ``{"node": N, "device_id": PHY}`` -> ``{"released": [...]}`` (404 when
+  that NPU is not separated). An NPU that deviced itself separated (a ManuallySeparateNPU frequency
+  rule, reference deviced.md §4.2) is released by a ``release`` control message to that deviced on
+  the authenticated agent stream (503 when it is not connected): deviced's own HTTP port is not
+  authenticated and releases nothing;
+- ``POST /v1/release/node`` ``{"node": N}``: every separated NPU of the node (this policy's and
+  deviced's) and the node's stress-test isolation (source ``brain:stress-test``, reference clusterd.md §4.2 step 6);
+- ``GET /v1/separations``: the separated NPUs.
+
+In Kubernetes mode (``--kube``) the ``clusterd-config-cm`` ConfigMap (namespace
+``--kube-clusterd-config-namespace``, default cluster-system) is watched too: each change of its
+``manually_separate_policy.conf`` key goes through the same validation (:meth:`set_policy_text`).
+
+The CLI is ``faultmesh release npu NODE/PHY`` / ``faultmesh release node NODE``. Disabling the
+policy resets the counters and the pending window (separations stay until released). A policy file
+is re-checked every tick; a bad one is rejected with the file, the key and why (logged ``manual
+separation policy rejected``, counted in ``faultmesh_config_rejected_total{file}``) and the last
+good policy stays.
+
+faultmesh differences: the 30 s software-fault window spans the cluster (the reference's spans one
+job); the separation state lives in the state file, not in ``clusterd-manual-info-cm``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+from prometheus_client import Counter, Gauge
+
+from clusterd.brain.component import ISOLATE_SOURCE
+from clusterd.center import OCCUR, Change
+from clusterd.context import ClusterContext
+from faultmesh._pb import agent_pb2
+from faultmesh.files import FileWatch
+from faultmesh.httpd import json_response
+from faultmesh.log import event
+from faultmesh.model import Fault, now_ms
+
+log = logging.getLogger("clusterd.separation")
+
+SOURCE = "clusterd:manual-separation"
+CODE = LEVEL = "ManuallySeparateNPU"
+SOFTWARE_WINDOW_MS = 30_000
+NOT_COUNTED = frozenset({"NotHandleFault", "SubHealthFault", "NotHandle"})
+MAX_POLICY_BYTES = 64 * 1024
+HOUR_MS = 3_600_000
+
+
+class AgentUnavailable(RuntimeError):
+    """The node's deviced, which holds the NPU's own separation, is not connected."""
+
+
+class PolicyError(ValueError):
+    """A policy file that is rejected (the message names the file, the key and why)."""
+
+
+def _int_in(obj: dict, key: str, lo: int, hi: int, name: str, where: str, extra: tuple[int, ...] = ()) -> int:
+    v = obj.get(key)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise PolicyError(f"{name}: {where}.{key}: {v!r} is not an integer")
+    if not (lo <= v <= hi or v in extra):
+        allowed = f"{lo}..{hi}" + "".join(f" or {e}" for e in extra)
+        raise PolicyError(f"{name}: {where}.{key}: {v} outside {allowed}")
+    return v
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The manual-separation policy (module docstring); defaults are the reference's shipped ones."""
+
+    enabled: bool = True
+    window_hours: int = 24
+    threshold: int = 3
+    free_hours: int = 48
+
+    @classmethod
+    def from_obj(cls, obj: Any, name: str = "manually_separate_policy.conf") -> Policy:
+        """Validate a parsed YAML document. Raises :class:`PolicyError` naming the key and why."""
+        if not isinstance(obj, dict):
+            raise PolicyError(f"{name}: top level must be a mapping")
+        enabled = obj.get("enabled", True)
+        if not isinstance(enabled, bool):
+            raise PolicyError(f"{name}: enabled: {enabled!r} is not true/false")
+        sep, rel = obj.get("separate", {}), obj.get("release", {})
+        for key, v in (("separate", sep), ("release", rel)):
+            if not isinstance(v, dict):
+                raise PolicyError(f"{name}: {key}: must be a mapping")
+        d = cls()
+        return cls(
+            enabled,
+            _int_in(
+                {"fault_window_hours": d.window_hours, **sep}, "fault_window_hours", 1, 720, name, "separate"
+            ),
+            _int_in({"fault_threshold": d.threshold, **sep}, "fault_threshold", 1, 50, name, "separate"),
+            _int_in(
+                {"fault_free_hours": d.free_hours, **rel}, "fault_free_hours", 1, 240, name, "release", (-1,)
+            ),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Policy:
+        """Read and validate a policy file (at most 64 KiB). Raises :class:`PolicyError`."""
+        p = Path(path)
+        try:
+            if p.stat().st_size > MAX_POLICY_BYTES:
+                raise PolicyError(f"{p}: larger than {MAX_POLICY_BYTES} bytes")
+            obj = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+            raise PolicyError(f"{p}: cannot read: {e}") from None
+        return cls.from_obj(obj, str(p))
+
+
+@dataclass
+class Separation:
+    """One separated NPU: ``codes`` that got it there, when (ms), the last counted fault (ms)."""
+
+    node: str
+    device_id: int
+    codes: set[str] = field(default_factory=set)
+    separated_ms: int = 0
+    last_fault_ms: int = 0
+
+    def fault(self) -> Fault:
+        """The fault-center record of this separation."""
+        return Fault(
+            source=SOURCE,
+            node=self.node,
+            device_type="NPU",
+            device_id=self.device_id,
+            code=CODE,
+            level=LEVEL,
+            first_seen_ms=self.separated_ms,
+            last_seen_ms=self.separated_ms,
+            attributes={"codes": ",".join(sorted(self.codes)), "manually_separated": "true"},
+        )
+
+
+class ManualSeparation:
+    """The policy as a ClusterD component (module docstring). ``clock`` (ms) is injectable; tests
+    call :meth:`tick` directly."""
+
+    name = "manual-separation"
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--manual-separation-policy",
+            help="YAML of clusterd-config-cm's manually_separate_policy.conf (default: enabled, 24 h, 3, 48 h); "
+            "re-read when it changes",
+        )
+        parser.add_argument(
+            "--manual-separation-check-s",
+            type=float,
+            default=15.0,
+            help="s between policy ticks (reference 15)",
+        )
+
+    def __init__(self, ctx: ClusterContext, clock=now_ms) -> None:
+        self.ctx = ctx
+        self.clock = clock
+        self.path = getattr(ctx.config, "manual_separation_policy", None)
+        self.check_s = getattr(ctx.config, "manual_separation_check_s", 15.0)
+        self.policy = Policy()
+        self._watch = FileWatch(self.path) if self.path else None
+        self.separated: dict[tuple[str, int], Separation] = {}
+        self.seen: list[tuple[int, str, int, str, bool]] = []  # (t, node, dev, code, decided)
+        self.counts: dict[tuple[str, int, str], list[int]] = collections.defaultdict(list)
+        self.stats: collections.Counter[str] = collections.Counter()
+        reg = ctx.metrics.registry
+        self.rejected = Counter(
+            "faultmesh_config_rejected",
+            "Rejected config files (the last good one stays)",
+            ["file"],
+            registry=reg,
+        )
+        self.gauge = Gauge("faultmesh_manually_separated_npus", "NPUs manually separated", registry=reg)
+        self.gauge.set_function(lambda: len(self.separated))
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load the policy and the stored separations, re-assert their faults, subscribe, tick."""
+        self.reload_policy()
+        for node, dev, codes, sep_ms, last_ms in await self.ctx.store.load_separations():
+            self.separated[(node, dev)] = Separation(
+                node, dev, set(filter(None, codes.split(","))), sep_ms, last_ms
+            )
+        keep = {s.fault().key for s in self.separated.values()}
+        stale = [f.key for f in self.ctx.center.faults_of_origin(SOURCE) if f.key not in keep]
+        await self.ctx.center.apply([s.fault() for s in self.separated.values()], stale, SOURCE)
+        self.ctx.center.subscribe(self.name, self.on_changes, maxsize=1024)
+        self.ctx.tasks.spawn(self._loop(), name="manual-separation")
+
+    async def stop(self) -> None:
+        """Nothing to flush: every separation is stored when it happens."""
+
+    def add_routes(self, router: web.UrlDispatcher) -> None:
+        """``POST /v1/release/npu``, ``POST /v1/release/node``, ``GET /v1/separations``."""
+        router.add_post("/v1/release/npu", self._http_release_npu)
+        router.add_post("/v1/release/node", self._http_release_node)
+        router.add_get("/v1/separations", self._http_list)
+
+    def reload_policy(self) -> bool:
+        """Re-read the policy file when it changed; a bad one is rejected (the last good stays).
+        Returns True when a new policy is in force."""
+        if self._watch is None or not self._watch.changed():
+            return False
+        return self._adopt(lambda: Policy.load(self.path), Path(self.path).name)
+
+    def set_policy_text(self, text: str | None, name: str = "clusterd-config-cm") -> bool:
+        """Adopt a policy given as YAML text (Kubernetes mode: the ``manually_separate_policy.conf``
+        key of ``clusterd-config-cm``); a bad or missing one is rejected, the last good stays."""
+
+        def parse() -> Policy:
+            if text is None:
+                raise PolicyError(f"{name}: no key manually_separate_policy.conf")
+            if len(text) > MAX_POLICY_BYTES:
+                raise PolicyError(f"{name}: larger than {MAX_POLICY_BYTES} bytes")
+            try:
+                return Policy.from_obj(yaml.safe_load(text), name)
+            except yaml.YAMLError as e:
+                raise PolicyError(f"{name}: not YAML: {e}") from None
+
+        return self._adopt(parse, name)
+
+    def _adopt(self, parse, name: str) -> bool:
+        try:
+            new = parse()
+        except PolicyError as e:
+            self.rejected.labels(name).inc()
+            event(
+                log, logging.ERROR, "manual separation policy rejected", error=str(e), kept=str(self.policy)
+            )
+            return False
+        if not new.enabled and self.policy.enabled:
+            self.seen.clear()
+            self.counts.clear()
+        self.policy = new
+        event(log, logging.INFO, "manual separation policy loaded", source=name, policy=str(new))
+        return True
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.check_s)
+            try:
+                self.reload_policy()
+                await self.tick()
+            except Exception as e:  # one bad tick must not end the loop
+                event(log, logging.ERROR, "manual separation tick failed", error=repr(e))
+
+    # -- counting -------------------------------------------------------------------------------
+    async def on_changes(self, changes: list[Change]) -> None:
+        """The fault-center subscriber: note each new countable NPU fault (module docstring)."""
+        now = self.clock()
+        for ch in changes:
+            f = ch.fault
+            if ch.kind != OCCUR or f.device_type != "NPU" or f.source == SOURCE:
+                continue
+            if f.level in NOT_COUNTED or f.code == CODE or not self.policy.enabled:
+                continue
+            self.seen.append((now, f.node, f.device_id, f.code, False))
+            sep = self.separated.get((f.node, f.device_id))
+            if sep is not None:
+                sep.last_fault_ms = now
+
+    async def tick(self) -> None:
+        """Decide the faults whose 30 s window closed, separate, and release expired separations."""
+        now = self.clock()
+        decided = []
+        for i, (t, node, dev, code, done) in enumerate(self.seen):
+            if done or t > now - SOFTWARE_WINDOW_MS:
+                continue
+            self.seen[i] = (t, node, dev, code, True)
+            software = any(
+                c == code and (n, d) != (node, dev) and abs(t2 - t) <= SOFTWARE_WINDOW_MS
+                for t2, n, d, c, _ in self.seen
+            )
+            if software:
+                self.stats["software"] += 1
+                continue
+            decided.append((t, node, dev, code))
+        self.seen = [e for e in self.seen if e[0] > now - 2 * SOFTWARE_WINDOW_MS or not e[4]]
+        window = self.policy.window_hours * HOUR_MS
+        for t, node, dev, code in decided:
+            times = self.counts[(node, dev, code)]
+            times.append(t)
+            times[:] = [x for x in times if x >= now - window]
+            self.stats["counted"] += 1
+            n = self.policy.threshold
+            if len(times) >= n and times[-1] - times[-n] < window:
+                del self.counts[(node, dev, code)]
+                await self.separate(node, dev, code, now)
+        if self.policy.free_hours != -1:
+            free = self.policy.free_hours * HOUR_MS
+            for (node, dev), s in list(self.separated.items()):
+                if now - max(s.separated_ms, s.last_fault_ms) > free:
+                    await self.release_npu(node, dev, by="fault-free")
+
+    async def separate(self, node: str, dev: int, code: str, now: int | None = None) -> Separation:
+        """Separate NPU ``dev`` (physical id) of ``node`` for ``code``; stored, then in the fault center."""
+        now = self.clock() if now is None else now
+        s = self.separated.get((node, dev))
+        if s is None:
+            s = self.separated[(node, dev)] = Separation(node, dev, set(), now, now)
+        s.codes.add(code)
+        await self.ctx.store.put_separation(
+            node, dev, ",".join(sorted(s.codes)), s.separated_ms, s.last_fault_ms
+        )
+        await self.ctx.center.upsert(s.fault(), origin=SOURCE)
+        self.stats["separated"] += 1
+        event(log, logging.WARNING, "npu manually separated", node=node, device_id=dev, code=code,
+              threshold=self.policy.threshold, window_hours=self.policy.window_hours)  # fmt: skip
+        return s
+
+    # -- release --------------------------------------------------------------------------------
+    async def release_npu(self, node: str, dev: int, by: str = "operator") -> list[str]:
+        """Release NPU ``dev`` (physical id) of ``node``. Returns who released it: ``clusterd`` (this
+        policy's separation) and, for an operator, ``deviced`` when the node's deviced holds its own
+        ManuallySeparateNPU escalation (frequency rule) and the release was sent to it on the agent
+        stream. Raises :class:`AgentUnavailable` when that deviced is not connected."""
+        out = []
+        s = self.separated.pop((node, dev), None)
+        if s is not None:
+            for key in [k for k in self.counts if k[:2] == (node, dev)]:
+                del self.counts[key]
+            await self.ctx.store.delete_separation(node, dev)
+            await self.ctx.center.apply([], [s.fault().key], SOURCE)
+            self.stats[f"released_{by}"] += 1
+            out.append("clusterd")
+        if by == "operator" and any(
+            f.device_type == "NPU" and f.device_id == dev and f.level == LEVEL and f.source != SOURCE
+            for f in self.ctx.center.faults_of_node(node)
+        ):
+            if not await self.ctx.agents.send(node, "deviced", release=agent_pb2.ReleaseDevice(phy_id=dev)):
+                raise AgentUnavailable(f"deviced on {node} is not connected: its ManuallySeparateNPU stays")
+            out.append("deviced")
+        if out:
+            event(
+                log,
+                logging.INFO,
+                "npu separation released",
+                node=node,
+                device_id=dev,
+                by=by,
+                at=",".join(out),
+            )
+        return out
+
+    async def release_node(self, node: str, by: str = "operator") -> list[dict[str, Any]]:
+        """Release every separated NPU of ``node`` (this policy's and deviced's) and its stress-test
+        isolation; returns what was released."""
+        devs = {k[1] for k in self.separated if k[0] == node}
+        devs |= {
+            f.device_id
+            for f in self.ctx.center.faults_of_node(node)
+            if f.device_type == "NPU" and f.level == LEVEL
+        }
+        out: list[dict[str, Any]] = []
+        for dev in sorted(devs):
+            for who in await self.release_npu(node, dev, by):
+                out.append({"node": node, "device_id": dev, "code": CODE, "by": who})
+        iso = [f.key for f in self.ctx.center.faults_of_node(node) if f.source == ISOLATE_SOURCE]
+        if iso:
+            await self.ctx.center.apply([], iso, ISOLATE_SOURCE)
+            out += [{"node": node, "device_id": k.device_id, "code": k.code, "by": "clusterd"} for k in iso]
+            event(log, logging.INFO, "node isolation released", node=node, by=by, faults=len(iso))
+        return out
+
+    # -- HTTP -----------------------------------------------------------------------------------
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise web.HTTPBadRequest(
+                text='{"error": "body must be JSON"}', content_type="application/json"
+            ) from None
+        if not isinstance(body, dict) or not isinstance(body.get("node"), str) or not body["node"]:
+            raise web.HTTPBadRequest(
+                text='{"error": "node (string) required"}', content_type="application/json"
+            )
+        return body
+
+    async def _http_release_npu(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        dev = body.get("device_id")
+        if isinstance(dev, bool) or not isinstance(dev, int) or dev < 0:
+            return json_response({"error": "device_id (physical id, integer >= 0) required"}, status=400)
+        try:
+            who = await self.release_npu(body["node"], dev)
+        except AgentUnavailable as e:
+            return json_response({"error": str(e)}, status=503)
+        if not who:
+            return json_response({"error": f"NPU {body['node']}/{dev} is not manually separated"}, status=404)
+        return json_response(
+            {"released": [{"node": body["node"], "device_id": dev, "code": CODE, "by": w} for w in who]}
+        )
+
+    async def _http_release_node(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        try:
+            released = await self.release_node(body["node"])
+        except AgentUnavailable as e:
+            return json_response({"error": str(e)}, status=503)
+        if not released:
+            return json_response(
+                {"error": f"node {body['node']} has nothing separated or isolated"}, status=404
+            )
+        return json_response({"released": released})
+
+    async def _http_list(self, _request: web.Request) -> web.Response:
+        return json_response(
+            [
+                {"node": s.node, "device_id": s.device_id, "codes": sorted(s.codes),
+                 "separated_ms": s.separated_ms, "last_fault_ms": s.last_fault_ms}
+                for s in sorted(self.separated.values(), key=lambda s: (s.node, s.device_id))
+            ]
+        )  # fmt: skip

@@ -1,0 +1,63 @@
+"""``faultmesh release npu NODE/PHY`` and ``faultmesh release node NODE``: an operator releases a
+manually separated NPU, or every separated NPU of a node plus its stress-test isolation, through
+clusterd's authenticated HTTP API (``POST /v1/release/npu`` / ``/v1/release/node``; the bearer token
+from ``--token-file`` or ``FAULTMESH_TOKEN``). ``faultmesh release list`` shows the separated NPUs.
+See :mod:`clusterd.separation`."""
+
+from __future__ import annotations
+
+import argparse
+
+from faultmesh.cli.common import CliError, add_server_flags, emit, http_json, run
+
+
+def _npu(text: str) -> tuple[str, int]:
+    node, sep, phy = text.rpartition("/")
+    if not sep or not node or not phy.isdigit():
+        raise CliError(f"expected NODE/PHYID (e.g. node-3/5), got {text!r}")
+    return node, int(phy)
+
+
+def _released(args: argparse.Namespace, data) -> int:
+    rows = [(r["node"], r["device_id"], r["code"], r.get("by", "")) for r in data["released"]]
+    emit(args, data, rows, ("NODE", "ID", "RELEASED", "BY"))
+    return 0
+
+
+@run
+def cmd_npu(args: argparse.Namespace) -> int:
+    """Release one manually separated NPU (POST /v1/release/npu)."""
+    node, phy = _npu(args.npu)
+    return _released(args, http_json(args, "POST", "/v1/release/npu", {"node": node, "device_id": phy}))
+
+
+@run
+def cmd_node(args: argparse.Namespace) -> int:
+    """Release a node's separated NPUs and its stress-test isolation (POST /v1/release/node)."""
+    return _released(args, http_json(args, "POST", "/v1/release/node", {"node": args.node}))
+
+
+@run
+def cmd_list(args: argparse.Namespace) -> int:
+    """List the manually separated NPUs (GET /v1/separations)."""
+    data = http_json(args, "GET", "/v1/separations")
+    rows = [(s["node"], s["device_id"], ",".join(s["codes"])) for s in data]
+    emit(args, data, rows, ("NODE", "ID", "CODES"))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("release", help="release a manually separated NPU or an isolated node")
+    rs = p.add_subparsers(dest="what", metavar="WHAT")
+    rs.required = True
+    q = rs.add_parser("npu", help="release one NPU: NODE/PHYID")
+    add_server_flags(q)
+    q.add_argument("npu", metavar="NODE/PHYID")
+    q.set_defaults(func=cmd_npu)
+    q = rs.add_parser("node", help="release every separated NPU of NODE and its stress-test isolation")
+    add_server_flags(q)
+    q.add_argument("node", metavar="NODE")
+    q.set_defaults(func=cmd_node)
+    q = rs.add_parser("list", help="list the manually separated NPUs")
+    add_server_flags(q)
+    q.set_defaults(func=cmd_list)

@@ -1,0 +1,44 @@
+"""``/v1/faults`` carries each code's short name (faultmesh.faultinfo) and ``faultmesh faults`` shows
+it in a NAME column; codes without a meaning get "" (issue 13 "Meaning")."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import aiohttp
+
+from faultmesh.cli import main as cli_main
+from faultmesh.faultinfo import short_name
+from faultmesh.model import Fault
+
+
+def test_short_name_never_raises():
+    assert short_name("80E18008") == "HBM error on the chip"
+    assert short_name("0x80e18008") == "HBM error on the chip"
+    assert short_name("[0x08520003,na,L2,na]") == "switch L2 port link down"
+    assert short_name("ManuallySeparateNPU") == "" and short_name("") == "" and short_name("FFFFFFF0") == ""
+
+
+async def test_faults_api_and_cli_carry_the_name(cd, capsys):
+    for dev, code in ((2, "80E18008"), (3, "ManuallySeparateNPU")):
+        f = Fault(
+            source="dcmi", node="node-1", device_type="NPU", device_id=dev, code=code, level="RestartNPU"
+        )
+        await cd.center.upsert(f, origin="deviced")
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"http://127.0.0.1:{cd.http.port}/v1/faults") as r:
+            body = await r.json()
+    assert {f["code"]: f["name"] for f in body} == {
+        "80E18008": "HBM error on the chip",
+        "ManuallySeparateNPU": "",
+    }
+    http = ["--http", f"127.0.0.1:{cd.http.port}"]
+    assert await asyncio.to_thread(cli_main, ["faults", *http]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:6] == ["NODE", "DEVICE", "ID", "CODE", "NAME", "LEVEL"]
+    rows = [re.split(r"\s{2,}", line) for line in out[1:]]
+    assert ["node-1", "NPU", "2", "80E18008", "HBM error on the chip", "RestartNPU"] in [r[:6] for r in rows]
+    assert await asyncio.to_thread(cli_main, ["faults", *http, "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["name"] == "HBM error on the chip"

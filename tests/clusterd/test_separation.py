@@ -1,0 +1,217 @@
+"""The manual-separation policy (reference clusterd.md §6.2, §8): N counted occurrences of a code on
+one NPU within the window separate it (ManuallySeparateNPU in the fault center, stored across a
+restart); a software fault (same code on another NPU within 30 s) is not counted; only an
+operator's authenticated release (HTTP or ``faultmesh release``) or the fault-free time clears it;
+a bad policy file is rejected and the last good policy stays."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+from support import make_clusterd
+
+from clusterd.separation import CODE, SOURCE, Policy, PolicyError
+from faultmesh.cli import main as cli_main
+from faultmesh.model import Fault
+
+S = 1000
+TOKEN = "s3cret-token"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_767_000_000_000
+
+    def __call__(self) -> int:
+        return self.t
+
+
+def npu_fault(node: str, dev: int, code: str = "80E18008", level: str = "RestartNPU") -> Fault:
+    return Fault(source="dcmi", node=node, device_type="NPU", device_id=dev, code=code, level=level)
+
+
+async def occur_once(cd, f: Fault) -> None:
+    await cd.center.upsert(f, origin="deviced")
+    await cd.center.remove(f.key)
+
+
+async def settle(cd) -> None:
+    await cd.center.drain_sinks(2.0)
+
+
+async def start(tmp_path):
+    (tmp_path / "token").write_text(TOKEN)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "enabled: true\nseparate: {fault_window_hours: 1, fault_threshold: 2}\nrelease: {fault_free_hours: 1}\n"
+    )
+    args = ["--token-file", str(tmp_path / "token"), "--manual-separation-policy", str(policy)]
+    cd = await make_clusterd(tmp_path, *args)
+    clock = Clock()
+    cd.separation.clock = clock
+    return cd, clock, policy, args
+
+
+@pytest.fixture
+async def env(tmp_path):
+    e = await start(tmp_path)
+    yield e
+    await e[0].stop()
+
+
+async def separate_by_policy(cd, clock, node="node-1", dev=3) -> None:
+    for _ in range(2):
+        await occur_once(cd, npu_fault(node, dev))
+        await settle(cd)
+        clock.t += 31 * S
+        await cd.separation.tick()
+        clock.t += 60 * S
+
+
+async def test_policy_separates_and_release_needs_the_token(env):
+    cd, clock, _policy, _ = env
+    assert cd.separation.policy == Policy(True, 1, 2, 1)
+    await occur_once(cd, npu_fault("node-1", 3, level="NotHandleFault"))  # not counted
+    await separate_by_policy(cd, clock)
+    sep = cd.center.get(npu_fault("node-1", 3).key._replace(code=CODE, source=SOURCE))
+    assert sep is not None and sep.level == "ManuallySeparateNPU" and sep.attributes["codes"] == "80E18008"
+    assert cd.nodes.health("node-1")[0] == "UnHealthy"
+    base = f"http://127.0.0.1:{cd.http.port}"
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"{base}/v1/release/npu", json={"node": "node-1", "device_id": 3}) as r:
+            assert r.status == 401  # never without the token
+        hdr = {"Authorization": f"Bearer {TOKEN}"}
+        async with s.get(f"{base}/v1/separations") as r:
+            assert [x["device_id"] for x in await r.json()] == [3]
+        async with s.post(
+            f"{base}/v1/release/npu", json={"node": "node-1", "device_id": 4}, headers=hdr
+        ) as r:
+            assert r.status == 404
+        async with s.post(f"{base}/v1/release/npu", json={"node": "node-1"}, headers=hdr) as r:
+            assert r.status == 400
+        async with s.post(
+            f"{base}/v1/release/npu", json={"node": "node-1", "device_id": 3}, headers=hdr
+        ) as r:
+            assert r.status == 200 and (await r.json())["released"][0]["device_id"] == 3
+    assert not cd.separation.separated and not cd.center.faults_of_origin(SOURCE)
+
+
+async def test_software_fault_is_not_counted(env):
+    cd, clock, _, _ = env
+    for _ in range(3):
+        await occur_once(cd, npu_fault("node-1", 3))
+        await occur_once(cd, npu_fault("node-2", 0))  # same code elsewhere within 30 s
+        await settle(cd)
+        clock.t += 31 * S
+        await cd.separation.tick()
+    assert not cd.separation.separated and cd.separation.stats["software"] == 6
+
+
+async def test_separation_survives_restart_and_cli_release(tmp_path):
+    cd, clock, _, args = await start(tmp_path)
+    await separate_by_policy(cd, clock, "node-7", 5)
+    await cd.stop()
+    cd2 = await make_clusterd(tmp_path, *args)
+    try:
+        assert list(cd2.separation.separated) == [("node-7", 5)]
+        assert cd2.center.faults_of_origin(SOURCE)[0].device_id == 5
+        http = ["--http", f"127.0.0.1:{cd2.http.port}", "--token-file", str(tmp_path / "token")]
+        rc = await asyncio.to_thread(cli_main, ["release", "npu", "node-7/5", *http])
+        assert rc == 0
+        assert not cd2.separation.separated and not cd2.center.faults_of_origin(SOURCE)
+        rc = await asyncio.to_thread(cli_main, ["release", "npu", "node-7/5", *http])
+        assert rc == 1  # nothing left to release
+    finally:
+        await cd2.stop()
+
+
+async def test_release_node_clears_npus_and_stress_test_isolation(env, tmp_path, capsys):
+    cd, clock, _, _ = env
+    await separate_by_policy(cd, clock, "node-4", 1)
+    await cd.brain.isolate_nodes("job-1", ["node-4"])
+    assert cd.nodes.health("node-4")[0] == "UnHealthy"
+    http = ["--http", f"127.0.0.1:{cd.http.port}", "--token-file", str(tmp_path / "token"), "-o", "json"]
+    rc = await asyncio.to_thread(cli_main, ["release", "node", "node-4", *http])
+    assert rc == 0
+    released = json.loads(capsys.readouterr().out)["released"]
+    assert {r["code"] for r in released} == {CODE, "StressTestIsolate"}
+    assert cd.center.faults_of_node("node-4") == []
+
+
+async def test_fault_free_time_releases(env):
+    cd, clock, _, _ = env
+    await separate_by_policy(cd, clock)
+    clock.t += 3600 * S + 1
+    await cd.separation.tick()
+    assert not cd.separation.separated and cd.separation.stats["released_fault-free"] == 1
+
+
+async def test_bad_policy_rejected_last_good_stays(env):
+    cd, _clock, policy, _ = env
+    good = cd.separation.policy
+    for text, why in (
+        ("separate: {fault_window_hours: 0}\n", "separate.fault_window_hours: 0 outside 1..720"),
+        ("separate: {fault_threshold: -3}\n", "fault_threshold: -3 outside 1..50"),
+        ("release: {fault_free_hours: 0}\n", "fault_free_hours: 0 outside 1..240 or -1"),
+        ("enabled: maybe\n", "enabled: 'maybe' is not true/false"),
+        ("separate: {fault_threshold: '3'}\n", "is not an integer"),
+        ("- a list\n", "top level must be a mapping"),
+        ("x: " + "y" * 70_000 + "\n", "larger than"),
+    ):
+        policy.write_text(text)
+        assert cd.separation.reload_policy() is False
+        assert cd.separation.policy == good
+        with pytest.raises(PolicyError, match=why.replace("(", r"\(").replace(".", r"\.")):
+            Policy.load(policy)
+    sample = cd.registry.get_sample_value("faultmesh_config_rejected_total", {"file": "policy.yaml"})
+    assert sample == 7
+    policy.write_text("enabled: false\n")
+    assert cd.separation.reload_policy() is True and not cd.separation.policy.enabled
+
+
+async def test_devices_own_separation_released_through_clusterd(env, tmp_path):
+    """deviced's ManuallySeparateNPU (its frequency rule) is released by the operator through
+    clusterd's authenticated API; clusterd forwards it on the agent stream."""
+    from support import until
+
+    from deviced.app import DeviceD
+    from deviced.app import build_parser as deviced_parser
+    from deviced.backends import SimBackend
+
+    cd, _clock, _, _ = env
+    sim = SimBackend(1, 2)
+    dargs = deviced_parser().parse_args(
+        ["--node-name", "node-d", "--backend", "sim", "--clusterd", f"127.0.0.1:{cd.grpc_port}",
+         "--token-file", str(tmp_path / "token"), "--probe-interval", "0", "--list-watch-period", "3"]
+    )  # fmt: skip
+    dv = DeviceD(dargs, sim)
+    await dv.start()
+    try:
+
+        def level():
+            f = [f for f in cd.center.faults_of_node("node-d") if f.device_id == 1 and f.code == "80E18008"]
+            return f[0].level if f else None
+
+        await until(lambda: dv.cycles >= 1)
+        for _ in range(2):  # 80E18008 twice in 24 h -> deviced's own ManuallySeparateNPU
+            sim.inject(1, 0x80E18008, 1)
+            await until(lambda: dv.state.devices[("NPU", 1)].health == "UnHealthy")
+            sim.inject(1, 0x80E18008, 0)
+            await asyncio.sleep(1.2)
+        await until(lambda: level() == "ManuallySeparateNPU")
+        http = ["--http", f"127.0.0.1:{cd.http.port}", "--token-file", str(tmp_path / "token")]
+        assert await asyncio.to_thread(cli_main, ["release", "npu", "node-d/1", *http]) == 0
+        await until(lambda: level() is None)  # released in deviced, gone from clusterd
+        assert dv.state.devices[("NPU", 1)].level == ""
+    finally:
+        await dv.stop()
+    await until(lambda: ("node-d", "deviced") not in cd.agents.connected())
+    await cd.center.upsert(npu_fault("node-d", 0, level="ManuallySeparateNPU"), origin="deviced")
+    hdr = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession() as s:
+        url = f"http://127.0.0.1:{cd.http.port}/v1/release/npu"
+        async with s.post(url, json={"node": "node-d", "device_id": 0}, headers=hdr) as r:
+            assert r.status == 503  # deviced not connected: its separation stays
