@@ -252,6 +252,7 @@ class FaultEngine:
         if d.link_raised:
             codes.append(LINK_DOWN)
         live = {c for c in codes if c and c not in (RESET_FINISHED, GATEWAY_PROBE)}
+        rules.settle_restored(d, live, now)
         # what the cache holds once the events queued before the read are applied, in order
         expected = {c for c, st in d.codes().items() if not st.once}
         queued = sorted(((e.time_ms, seq, uid), e) for _, seq, uid, e in self._pending if e.logic == logic)
@@ -392,6 +393,7 @@ class FaultEngine:
             last = d.last_event_ms.get(ev.code)
             if last is not None and order < last:
                 self.stats["stale_event"] += 1  # an older event arriving late (e.g. a delayed recover)
+                rules.stale_recover(self, d, ev)
                 continue
             d.last_event_ms[ev.code] = order
             rules.apply_event(self, d, ev)
