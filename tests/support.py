@@ -150,3 +150,48 @@ def public_request(fault_id: str, node: str = "node-1", code: str = "010001001")
             )
         ],
     )
+
+
+class ChangeWatch:
+    """Records every change the in-process ClusterD ``cd`` commits and samples its faults every
+    ``every_s`` (50 ms) while running: ``recovers`` (changes of kind recover), ``gaps`` (samples in
+    which one of ``keys()`` was missing). Use as ``async with ChangeWatch(cd, keys) as w: ...``."""
+
+    def __init__(self, cd, keys, every_s: float = 0.05) -> None:
+        self.cd = cd
+        self.keys = keys
+        self.every_s = every_s
+        self.changes: list = []
+        self.gaps: list = []
+        self.samples = 0
+        self._task = None
+
+    @property
+    def recovers(self) -> list:
+        return [c for c in self.changes if c.kind == "recover"]
+
+    async def __aenter__(self) -> ChangeWatch:
+        import asyncio
+
+        self.cd.center.subscribe(f"change-watch-{id(self)}", self.changes.extend)
+        self._task = asyncio.create_task(self._sample())
+        return self
+
+    async def _sample(self) -> None:
+        import asyncio
+
+        while True:
+            have = {f.key for f in self.cd.center.faults()}
+            missing = [k for k in self.keys() if k not in have]
+            if missing:
+                self.gaps.append(missing)
+            self.samples += 1
+            await asyncio.sleep(self.every_s)
+
+    async def __aexit__(self, *exc) -> None:
+        import asyncio
+        import contextlib
+
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task

@@ -38,7 +38,9 @@ class NodeState:
     ``status``: reporter -> node status string (``Healthy`` / ``SubHealthy`` / ``UnHealthy``);
     ``conditions``: type -> condition view (type, active, reason, message, since_ms); ``devices``:
     ``"<type>-<id>"`` -> device view (device_type, device_id, phy_id, health, network_health, level,
-    super_pod_id, server_index). The views are the JSON objects of ``GET /v1/nodes/<name>``.
+    super_pod_id, server_index); ``pending``: agent -> the fault sources that have not completed
+    their first poll since that agent started (their faults are the last ones known, issue 20).
+    The views are the JSON objects of ``GET /v1/nodes/<name>``.
     """
 
     name: str
@@ -48,6 +50,7 @@ class NodeState:
     status: dict[str, str] = field(default_factory=dict)
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
     devices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pending: dict[str, list[str]] = field(default_factory=dict)  # agent -> sources not polled yet
 
     @property
     def node_status(self) -> str:
@@ -162,6 +165,26 @@ class NodeRegistry:
             st.status[reporter] = status
         self._touch(node)
         return st
+
+    def set_pending(self, node: str, agent: str, sources: Iterable[str]) -> None:
+        """``agent``'s fault sources on ``node`` that have not completed their first poll (empty: none)."""
+        st = self._nodes.get(node)
+        if st is None:
+            st = self._nodes[node] = NodeState(node)
+        new = sorted(sources)
+        if st.pending.get(agent, []) != new:
+            if new:
+                st.pending[agent] = new
+            else:
+                st.pending.pop(agent, None)
+            self._touch(node)
+
+    def pending_sources(self, node: str) -> list[str]:
+        """``"<agent>/<source>"`` for every source of ``node`` still pending its first poll."""
+        st = self._nodes.get(node)
+        if st is None:
+            return []
+        return [f"{a}/{src}" for a, srcs in sorted(st.pending.items()) for src in srcs]
 
     def set_status(self, node: str, reporter: str, status: str | None) -> None:
         """Set (or with None/"" clear) ``reporter``'s status of ``node``."""

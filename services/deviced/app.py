@@ -89,6 +89,7 @@ class DeviceD:
         self.last_report_ms = 0
         # sinks
         self.agent_sink = AgentStateSink(self.state, self.node_name, self.registry)
+        self.agent_sink.expect()  # dcmi / lingqu pending until the first complete report
         self.reset_writer = (
             ResetConfigWriter(args.reset_config_dir, "hotReset" if args.hot_reset else "podReschedule")
             if args.reset_config_dir
@@ -188,13 +189,23 @@ class DeviceD:
 
     def report(self) -> None:
         """Push the current view into the sinks: agent state, reset-config files, the latency hook."""
-        self.agent_sink.publish(self.engine, self.switch_state, self.io.spod)
+        self.agent_sink.publish(
+            self.engine,
+            self.switch_state,
+            self.io.spod,
+            chips_complete=self.cycle.cycles > 0 and not any(d.reinit for d in self.engine.devices.values()),
+            switch_complete=self._switch_complete(),
+        )
         if self.reset_writer is not None:
             self.reset_writer.update(chips_of(self.engine))
         self.last_report_ms = now_ms()
         hook = self._latency_hook
         if hook is not None:
             hook(self.chip.take_latency(), time.monotonic_ns())
+
+    def _switch_complete(self) -> bool:
+        """The switch view is complete: the lingqu source does not run, or its first query is done."""
+        return self.lingqu.polls_ok > 0 or (self.started and not self.lingqu.supported().ok)
 
     def report_and_save(self) -> None:
         """:meth:`report`, then the state file (when its content changed)."""

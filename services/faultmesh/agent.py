@@ -5,7 +5,9 @@ node status) and appends one-shot events (pingmesh rows, slow-node reports) to b
 :class:`AgentClient` keeps one bidirectional stream to ClusterD: ``Hello``, a full ``Snapshot``,
 then ``Delta``s with increasing ``seq``; ClusterD acks each seq. On every (re)connect a fresh
 snapshot is sent, so nothing is lost while ClusterD is down and nothing is duplicated (a snapshot
-replaces all the agent said before). Control messages from ClusterD go to ``on_control`` and are
+replaces all the agent said before, except the faults of its ``pending_sources``: sources that have
+not completed their first poll since the agent started keep what ClusterD had, and a new snapshot
+goes out when one completes — issue 20). Control messages from ClusterD go to ``on_control`` and are
 acked after it returns.
 
 Timings (issue 3): a change is sent at once unless a report went out less than
@@ -118,6 +120,8 @@ class AgentState:
         self._dirty_conditions: set[str] = set()
         self._dirty_devices: set[tuple[str, int]] = set()
         self._status_dirty = False
+        self.pending_sources: set[str] = set()
+        self._pending_changed = False
         self.on_change: Callable[[], None] = lambda: None
 
     # -- mutators ---------------------------------------------------------------------------
@@ -204,11 +208,38 @@ class AgentState:
         self.slownode_reports.append(report)
         self.on_change()
 
+    def expect_sources(self, sources: Iterable[str]) -> None:
+        """Mark fault ``sources`` (``Fault.source`` names) pending: they have not completed their
+        first poll since the agent started, so ClusterD keeps what it had for them (issue 20)."""
+        new = set(sources) - self.pending_sources
+        if new:
+            self.pending_sources |= new
+            self._pending_changed = True
+            self.on_change()
+
+    def source_ready(self, sources: Iterable[str]) -> bool:
+        """Fault ``sources`` completed their first poll (their faults in this state are complete):
+        the next message is a Snapshot, which lets ClusterD clear what they no longer report.
+        True when one of them was pending."""
+        done = self.pending_sources & set(sources)
+        if not done:
+            return False
+        self.pending_sources -= done
+        self._pending_changed = True
+        self.on_change()
+        return True
+
+    @property
+    def needs_snapshot(self) -> bool:
+        """True when the pending sources changed since the last snapshot (send a Snapshot, not a Delta)."""
+        return self._pending_changed
+
     # -- wire ---------------------------------------------------------------------------------
     def has_pending(self) -> bool:
         """True when a delta would carry something."""
         return bool(
-            self._dirty_faults
+            self._pending_changed
+            or self._dirty_faults
             or self._dirty_conditions
             or self._dirty_devices
             or self._status_dirty
@@ -217,17 +248,20 @@ class AgentState:
         )
 
     def snapshot(self, seq: int) -> agent_pb2.Snapshot:
-        """The full state as a Snapshot; clears dirty marks (events stay queued for the next delta)."""
+        """The full state as a Snapshot (with the pending sources); clears dirty marks (events stay
+        queued for the next delta)."""
         self._dirty_faults.clear()
         self._dirty_conditions.clear()
         self._dirty_devices.clear()
         self._status_dirty = False
+        self._pending_changed = False
         return agent_pb2.Snapshot(
             seq=seq,
             faults=[fault_to_pb(f) for f in self.faults.values()],
             conditions=list(self.conditions.values()),
             devices=list(self.devices.values()),
             node_status=self.node_status,
+            pending_sources=sorted(self.pending_sources),
         )
 
     def take_delta(self, seq: int) -> agent_pb2.Delta:
@@ -415,7 +449,7 @@ class AgentClient:
                         waker.cancel()
                         if reader in done:
                             continue
-                    if time.monotonic() - last_snapshot >= self.resend_every_s:
+                    if time.monotonic() - last_snapshot >= self.resend_every_s or self.state.needs_snapshot:
                         self.seq += 1
                         await call.write(agent_pb2.AgentMessage(snapshot=self.state.snapshot(self.seq)))
                         self.metrics.sent.labels("snapshot").inc()

@@ -3,8 +3,9 @@
 ``/v1/faults`` takes optional ``node``, ``level`` and ``source`` query filters and returns a JSON list of
 fault objects (see :func:`clusterd.center.fault_dict`). ``/v1/nodes`` lists every node known from
 faults or agents with its health (Healthy / SubHealthy / UnHealthy, clusterd.md §2.4, from
-:meth:`clusterd.nodes.NodeRegistry.health`), worst level, fault count, connected agents and
-conditions; ``/v1/nodes/<name>`` adds the node's faults and devices, or 404.
+:meth:`clusterd.nodes.NodeRegistry.health`), worst level, fault count, connected agents,
+conditions and ``pending_sources`` (``agent/source`` not polled yet since that agent started: its
+faults are the last known, issue 20); ``/v1/nodes/<name>`` adds the node's faults and devices, or 404.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class NodeApi:
             "node_ip": st.node_ip if st else "",
             "node_status": st.node_status if st else "",
             "conditions": conditions,
+            "pending_sources": self.nodes.pending_sources(name),
         }
 
     async def faults(self, request: web.Request) -> web.Response:

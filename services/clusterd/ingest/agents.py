@@ -2,7 +2,8 @@
 
 :class:`AgentHub` serves ``faultmesh.v1.AgentStream/Connect``. Per stream: the first message must be
 ``Hello``; a ``Snapshot`` replaces everything that agent said about its node
-(:meth:`FaultCenter.replace_origin`); a ``Delta`` applies upserts/removals; each is acked with its seq
+(:meth:`FaultCenter.replace_origin`) except the faults of its ``pending_sources`` (not polled yet
+since the agent started: kept, and shown pending in the node view, issue 20); a ``Delta`` applies upserts/removals; each is acked with its seq
 after it is durable. Down the same stream go control messages (``send``), numbered, and acked by the
 agent. A new stream from the same (node, agent) replaces the old one. A stream that breaks costs
 nothing: the agent's faults stay (the agent is the truth and resyncs on reconnect) and the node is
@@ -266,15 +267,19 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         try:
             if kind == "snapshot":
                 self._check_state(s, body.conditions, body.devices, body.node_status)
+                pending = _pending(body.pending_sources)
                 faults = [self._fault(s, m) for m in body.faults]
-                await self.center.replace_origin(s.node, s.agent, faults)
+                # sources pending their first poll keep their faults; only a complete poll clears
+                await self.center.replace_origin(s.node, s.agent, faults, keep_sources=pending)
                 self.nodes.update(
                     s.node,
                     conditions=[_condition(c) for c in body.conditions],
                     devices=[_device(d) for d in body.devices],
-                    status=body.node_status,
+                    # while sources are pending the last known status stays (none known: take it)
+                    status=body.node_status if not pending or not self.nodes.status(s.node) else "",
                     replace=True,
                 )
+                self.nodes.set_pending(s.node, s.agent, pending)
             else:
                 self._check_state(s, body.conditions, body.devices, body.node_status)
                 ups = [self._fault(s, m) for m in body.upserts]
@@ -345,6 +350,13 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         ):
             raise AgentInputError("bad_fault: too many or too long attributes")
         return fault_from_pb(m, node=s.node)
+
+
+def _pending(sources) -> frozenset[str]:
+    """A snapshot's ``pending_sources`` (at most 64 names of ≤64 chars). Raises AgentInputError."""
+    if len(sources) > 64 or any(not x or len(x) > 64 for x in sources):
+        raise AgentInputError("bad_state: more than 64 pending sources or a bad source name")
+    return frozenset(sources)
 
 
 def _valid_name(name: str) -> bool:

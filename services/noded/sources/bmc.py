@@ -121,6 +121,7 @@ class Bmc(PolledSource):
     """
 
     name = "bmc"
+    fault_sources = (SOURCE_OEM, SOURCE_SEL)
 
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -246,6 +247,7 @@ class Bmc(PolledSource):
             ctx.set_condition(COND_UNREACHABLE, True, "NotConfigured", "noded runs without --bmc-host")
             self.polled.set()
             return
+        ctx.mark_pending(*self.fault_sources)  # ClusterD keeps its BMC faults until the first poll
         self.publish()  # the node status is reported even before the first poll
         ctx.spawn(self.run(), name="bmc-poll")
         if self.watcher is not None and self.watcher.path:
@@ -446,6 +448,8 @@ class Bmc(PolledSource):
             if res.cursor is not None:
                 self.cursor = res.cursor
         self.publish()
+        if self.ctx is not None:
+            self.ctx.mark_ready(*self.fault_sources)
         self.polled.set()
 
     # -- faults --------------------------------------------------------------------------------------
