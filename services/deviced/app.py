@@ -49,7 +49,7 @@ from deviced.switch import SwitchState
 from deviced.tables import Customization, FaultCodeTable, SwitchFaultTable, TableError
 from faultmesh import config, runtime
 from faultmesh import log as fmlog
-from faultmesh.agent import AgentClient, AgentState, channel_credentials
+from faultmesh.agent import AgentClient, AgentState, agent_options, channel_credentials
 from faultmesh.dcmi.loader import DcmiError
 from faultmesh.httpd import HttpServer
 from faultmesh.log import event
@@ -129,6 +129,7 @@ class DeviceD:
             registry=self.registry,
             token=token,
             credentials=channel_credentials(args),
+            **agent_options(args),
         )
         self.http = HttpServer(args.http_addr, self.registry, ready=self._ready)
         add_routes(self.http.app, self.engine, self.node_name, self.report_and_save)

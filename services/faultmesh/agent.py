@@ -12,7 +12,9 @@ acked after it returns.
 
 Timings (issue 3): a change is sent at once unless a report went out less than
 ``min_report_interval_s`` ago (then coalesced, last state wins); the full state is re-sent every
-``resend_every_s`` (1800 s); reconnects back off exponentially up to ``backoff_max_s``.
+``resend_every_s`` (1800 s); reconnects back off exponentially up to ``backoff_max_s``. Liveness
+(issue 20): an empty Delta goes out after ``heartbeat_s`` (10 s) without a message, so ClusterD can
+mark a hung agent stale; gRPC keepalive pings every ``keepalive_s`` (60 s, ack within 5 s).
 """
 
 from __future__ import annotations
@@ -39,21 +41,41 @@ log = logging.getLogger("faultmesh.agent")
 
 ControlHandler = Callable[[agent_pb2.ControlMessage], Awaitable[None]]
 
-# gRPC channel options matching ClusterD's server limits (clusterd.md §1).
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 8 << 20),
-    ("grpc.max_send_message_length", 4 << 20),
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
+KEEPALIVE_S = 60.0  # gRPC keepalive ping after this long idle (clusterd.md §1)
+KEEPALIVE_TIMEOUT_S = 5.0  # ... and its ack timeout
+HEARTBEAT_S = 10.0  # an empty Delta after this long without a message: ClusterD's liveness signal
+
+
+def channel_options(keepalive_s: float = KEEPALIVE_S, keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S):
+    """gRPC channel options matching ClusterD's server limits (clusterd.md §1), keepalive in s."""
+    return [
+        ("grpc.max_receive_message_length", 8 << 20),
+        ("grpc.max_send_message_length", 4 << 20),
+        ("grpc.keepalive_time_ms", int(keepalive_s * 1000)),
+        ("grpc.keepalive_timeout_ms", int(keepalive_timeout_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+CHANNEL_OPTIONS = channel_options()
+
+
+def agent_options(args) -> dict[str, float]:
+    """The :class:`AgentClient` liveness keywords from the flags of :func:`add_clusterd_arguments`."""
+    return {
+        "keepalive_s": getattr(args, "clusterd_keepalive_s", KEEPALIVE_S),
+        "keepalive_timeout_s": getattr(args, "clusterd_keepalive_timeout_s", KEEPALIVE_TIMEOUT_S),
+        "heartbeat_s": getattr(args, "clusterd_heartbeat_s", HEARTBEAT_S),
+    }
 
 
 def add_clusterd_arguments(parser) -> None:
     """The agent's ClusterD flags, shared by NodeD and deviced: ``--clusterd host:port``,
     ``--clusterd-tls-ca/--tls-ca``, ``--clusterd-tls-cert/--tls-cert``, ``--clusterd-tls-key/--tls-key``
-    (PEM files; a CA turns TLS on, cert + key add mTLS) and ``--clusterd-token-file/--token-file``."""
+    (PEM files; a CA turns TLS on, cert + key add mTLS), ``--clusterd-token-file/--token-file`` and
+    the liveness flags ``--clusterd-keepalive-s`` (60), ``--clusterd-keepalive-timeout-s`` (5),
+    ``--clusterd-heartbeat-s`` (10; see :func:`agent_options`)."""
     parser.add_argument(
         "--clusterd", default="127.0.0.1:8899", help="ClusterD agent-stream address host:port"
     )
@@ -74,6 +96,22 @@ def add_clusterd_arguments(parser) -> None:
         "--token-file",
         dest="token_file",
         help="bearer token file for the agent stream",
+    )
+    parser.add_argument(
+        "--clusterd-keepalive-s", type=float, default=KEEPALIVE_S, help="gRPC keepalive ping period (s)"
+    )
+    parser.add_argument(
+        "--clusterd-keepalive-timeout-s",
+        type=float,
+        default=KEEPALIVE_TIMEOUT_S,
+        help="gRPC keepalive ack timeout (s)",
+    )
+    parser.add_argument(
+        "--clusterd-heartbeat-s",
+        type=float,
+        default=HEARTBEAT_S,
+        help="send an empty delta after this long without a message (s; 0: off); keep it well under "
+        "ClusterD's --agent-stale-after-s",
     )
 
 
@@ -330,6 +368,9 @@ class AgentClient:
         resend_every_s: float = 1800.0,
         backoff_max_s: float = 10.0,
         ack_timeout_s: float = 30.0,
+        keepalive_s: float = KEEPALIVE_S,
+        keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
+        heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self.target = target
         self.state = state or AgentState(node)
@@ -350,6 +391,8 @@ class AgentClient:
         self.resend_every_s = resend_every_s
         self.backoff_max_s = backoff_max_s
         self.ack_timeout_s = ack_timeout_s
+        self.channel_options = channel_options(keepalive_s, keepalive_timeout_s)
+        self.heartbeat_s = heartbeat_s
         self.seq = 0
         self.acked_seq = 0
         self.connected = asyncio.Event()
@@ -358,6 +401,7 @@ class AgentClient:
         self._tasks = TaskOwner(f"agent-{agent}")
         self._stopping = False
         self._last_report = 0.0
+        self._last_sent = 0.0  # monotonic time of the last message written (heartbeat clock)
 
     def _wake(self) -> None:
         self.synced.clear()
@@ -382,8 +426,8 @@ class AgentClient:
 
     def _channel(self) -> grpc.aio.Channel:
         if self.credentials is not None:
-            return grpc.aio.secure_channel(self.target, self.credentials, options=CHANNEL_OPTIONS)
-        return grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+            return grpc.aio.secure_channel(self.target, self.credentials, options=self.channel_options)
+        return grpc.aio.insecure_channel(self.target, options=self.channel_options)
 
     async def _run(self) -> None:
         backoff = 0.5
@@ -422,7 +466,7 @@ class AgentClient:
             self.seq += 1
             await call.write(agent_pb2.AgentMessage(snapshot=self.state.snapshot(self.seq)))
             self.metrics.sent.labels("snapshot").inc()
-            last_snapshot = time.monotonic()
+            last_snapshot = self._last_sent = time.monotonic()
             self.connected.set()
             self.metrics.connected.set(1)
             event(
@@ -440,6 +484,10 @@ class AgentClient:
                         reader.result()
                         return
                     wait_s = max(0.0, self.resend_every_s - (time.monotonic() - last_snapshot))
+                    if self.heartbeat_s > 0:
+                        wait_s = min(
+                            wait_s, max(0.0, self.heartbeat_s - (time.monotonic() - self._last_sent))
+                        )
                     self._wakeup.clear()
                     if not self.state.has_pending():
                         waker = asyncio.create_task(self._wakeup.wait())
@@ -453,22 +501,28 @@ class AgentClient:
                         self.seq += 1
                         await call.write(agent_pb2.AgentMessage(snapshot=self.state.snapshot(self.seq)))
                         self.metrics.sent.labels("snapshot").inc()
-                        last_snapshot = time.monotonic()
+                        last_snapshot = self._last_sent = time.monotonic()
                         continue
                     if not self.state.has_pending():
+                        if 0 < self.heartbeat_s <= time.monotonic() - self._last_sent:
+                            await self._write_delta(call)  # empty: the heartbeat
                         continue
                     gap = self.min_report_interval_s - (time.monotonic() - self._last_report)
                     if gap > 0:
                         await asyncio.sleep(gap)  # coalesce: last state wins
-                    self.seq += 1
-                    await call.write(agent_pb2.AgentMessage(delta=self.state.take_delta(self.seq)))
+                    await self._write_delta(call)
                     self._last_report = time.monotonic()
-                    self.metrics.sent.labels("delta").inc()
             finally:
                 reader.cancel()
                 with contextlib.suppress(BaseException):
                     await reader
                 call.cancel()
+
+    async def _write_delta(self, call) -> None:
+        self.seq += 1
+        await call.write(agent_pb2.AgentMessage(delta=self.state.take_delta(self.seq)))
+        self._last_sent = time.monotonic()
+        self.metrics.sent.labels("delta").inc()
 
     async def _read(self, call) -> None:
         while True:

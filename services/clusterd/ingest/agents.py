@@ -7,7 +7,8 @@ since the agent started: kept, and shown pending in the node view, issue 20); a 
 after it is durable. Down the same stream go control messages (``send``), numbered, and acked by the
 agent. A new stream from the same (node, agent) replaces the old one. A stream that breaks costs
 nothing: the agent's faults stay (the agent is the truth and resyncs on reconnect) and the node is
-marked disconnected.
+marked disconnected. Liveness (issue 20): a stream silent for ``stale_after_s`` (agents send a
+heartbeat, an empty Delta, every 10 s) or ended is marked stale in the node registry (faults kept).
 
 Non-fault state (Hello identity, node status, conditions, device states) goes to the
 :class:`~clusterd.nodes.NodeRegistry`. The bearer token is checked before this servicer runs
@@ -71,6 +72,7 @@ class AgentSession:
     control_seq: int = 0
     acked_control: int = 0
     closed: bool = False
+    stale: bool = False  # nothing arrived for the hub's stale_after_s (a hung agent)
 
 
 Callback = Callable[..., Awaitable[Any] | Any]
@@ -80,10 +82,16 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
     """The agent-stream endpoint and the registry of connected agents."""
 
     def __init__(
-        self, center: FaultCenter, nodes: NodeRegistry, registry: CollectorRegistry, rejected: Counter
+        self,
+        center: FaultCenter,
+        nodes: NodeRegistry,
+        registry: CollectorRegistry,
+        rejected: Counter,
+        stale_after_s: float = 30.0,
     ) -> None:
         self.center = center
         self.nodes = nodes
+        self.stale_after_s = stale_after_s
         self.sessions: dict[tuple[str, str], AgentSession] = {}
         self._on_connect: list[Callback] = []
         self._on_ping: list[Callback] = []
@@ -187,6 +195,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             self._per_agent[agent] = self._per_agent.get(agent, 0) + 1
         self.sessions[(h.node, agent)] = session
         self.nodes.hello(h.node, h.node_ip, h.node_sn, h.boot_id)
+        self.nodes.set_stale(h.node, agent, None)
         self._count(agent)
         event(log, logging.INFO, "agent connected", node=h.node, agent=agent, peer=context.peer())
         reader = asyncio.create_task(self._read_loop(session, request_iterator), name=f"agent-read-{h.node}")
@@ -217,8 +226,30 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             if self.sessions.get((session.node, session.agent)) is session:
                 del self.sessions[(session.node, session.agent)]
                 self._per_agent[session.agent] -= 1
+                self.nodes.set_stale(session.node, session.agent, "Disconnected")  # its faults stay
                 event(log, logging.INFO, "agent disconnected", node=session.node, agent=session.agent)
             self._count(session.agent)
+
+    async def watch_liveness(self) -> None:
+        """Mark a connected agent stale when nothing (not even its heartbeat) arrived for
+        ``stale_after_s``; its faults stay, the node view and ``faultmesh_agent_stale`` say so.
+        Checks 10 times per deadline (at most once per second). Runs until cancelled."""
+        period = max(0.05, min(1.0, self.stale_after_s / 10))
+        while True:
+            await asyncio.sleep(period)
+            now = time.time()
+            for s in list(self.sessions.values()):
+                if not s.stale and not s.closed and now - s.last_seen > self.stale_after_s:
+                    s.stale = True
+                    self.nodes.set_stale(s.node, s.agent, "NoHeartbeat", int(s.last_seen * 1000))
+                    event(
+                        log,
+                        logging.WARNING,
+                        "agent stale",
+                        node=s.node,
+                        agent=s.agent,
+                        silent_s=round(now - s.last_seen, 1),
+                    )
 
     def _count(self, agent: str) -> None:
         self.connected_gauge.labels(agent).set(self._per_agent.get(agent, 0))
@@ -229,6 +260,10 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 if session.closed:
                     return
                 session.last_seen = time.time()
+                if session.stale:
+                    session.stale = False
+                    self.nodes.set_stale(session.node, session.agent, None)
+                    event(log, logging.INFO, "agent live again", node=session.node, agent=session.agent)
                 await self._handle(session, msg)
         except asyncio.CancelledError:
             raise
