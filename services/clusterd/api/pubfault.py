@@ -16,7 +16,9 @@ Success: 0 ``public fault send successfully``. Cache semantics (§5 "Cache seman
 resource + faultId per node; a repeated occur does not refresh; ``once`` and ``recover`` remove the
 fault 5 s after it was added (a recover before its occur removes a later occur at now+5 s); at most
 50 000 items. Faults go to the fault center (source ``public:<resource>:<faultId>``, one record per
-device id) and so survive restarts with their first-seen time.
+device id) and so survive restarts with their first-seen time. The table file is re-read within
+1 s of a change; a valid new table re-levels the active public faults (:meth:`PubFaultComponent.relevel`,
+issue 20), a broken one is rejected and the old one kept.
 
 Intake is one plain method, :meth:`PubFaultComponent.intake`; the gRPC servicer method
 ``SendPublicFault`` and Kubernetes mode (public-fault ConfigMaps) both call it. The bearer token
@@ -211,9 +213,10 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
     async def stop(self) -> None:
         pass
 
-    def _reload_if_changed(self) -> None:
+    def _reload_if_changed(self) -> bool:
+        """Adopt the table file when it changed and is valid. True when a new table was taken."""
         if not self._watch.changed():
-            return
+            return False
         try:
             table = PublicFaultTable.load(self.path)
         except (TableError, OSError) as e:
@@ -224,10 +227,38 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                 path=self.path,
                 error=e,
             )
-            return
+            return False
         self.table = table
         self._buckets = {r: self._buckets.get(r) or TokenBucket(*self._bucket_args) for r in table.resources}
         event(log, logging.INFO, "public fault table reloaded", path=self.path, codes=len(table.levels))
+        return True
+
+    async def relevel(self) -> int:
+        """Re-level the active public faults to the current table (issue 20): each fault whose code
+        now has another level is updated (one ``update`` change, logged "fault level updated"); a
+        code the table no longer lists keeps its level (logged once per code). Returns the count."""
+        ups, unlisted = [], set()
+        for f in self.ctx.center.faults_of_origin("public"):
+            level = self.table.levels.get(f.code)
+            if level is None:
+                unlisted.add(f.code)
+            elif level != f.level:
+                event(
+                    log,
+                    logging.INFO,
+                    "fault level updated",
+                    node=f.node,
+                    code=f.code,
+                    faultId=f.attributes.get("faultId", ""),
+                    old_level=f.level,
+                    new_level=level,
+                )
+                ups.append(replace(f, level=level))
+        for code in sorted(unlisted):
+            event(log, logging.WARNING, "public fault code not in the new table, level kept", code=code)
+        if ups:
+            await self.ctx.center.apply(ups, [], "public")
+        return len(ups)
 
     def _reject(self, reason: str, code: int, info: str) -> pubfault_pb2.RespStatus:
         self.ctx.metrics.reject("pubfault", reason)
@@ -338,7 +369,8 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
         while True:
             await asyncio.sleep(1.0)
             try:
-                self._reload_if_changed()
+                if self._reload_if_changed():
+                    await self.relevel()
                 now = now_ms()
                 due = [
                     f.key
