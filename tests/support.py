@@ -195,3 +195,18 @@ class ChangeWatch:
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+
+
+async def eventually(pred, timeout_s: float = 15.0, what: str = "condition", every_s: float = 0.05):
+    """Await until ``pred()`` is truthy (checked every ``every_s``); returns its value. Raises
+    ``AssertionError`` naming ``what`` after ``timeout_s``."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        got = pred()
+        if got:
+            return got
+        await asyncio.sleep(every_s)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -4,7 +4,7 @@ completed its first poll; then the next snapshot clears what the source no longe
 
 from __future__ import annotations
 
-import asyncio
+from support import eventually
 
 from faultmesh.agent import AgentClient
 from faultmesh.model import Fault
@@ -14,14 +14,6 @@ def hw(code: str, dev: int = 0, source: str = "bmc-oem") -> Fault:
     return Fault(
         source=source, node="node-1", device_type="Memory", device_id=dev, code=code, level="SeparateFault"
     )
-
-
-async def eventually(pred, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not pred():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.05)
 
 
 async def test_pending_source_keeps_its_faults_until_its_first_poll(cd):

@@ -5,30 +5,19 @@ no longer lists keeps its level."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import time
 
 import grpc
-from support import make_clusterd, public_request
+from support import eventually, make_clusterd, public_request
 
 from faultmesh._pb import pubfault_pb2_grpc
 
 
 def table(path, levels: dict[str, list[str]]) -> None:
     path.write_text(json.dumps({"publicFaultCode": levels, "publicFaultResource": ["CCAE"]}))
-
-
-async def eventually(pred, timeout_s: float = 5.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        if pred():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not reached in time")
 
 
 async def test_table_reload_relevels_active_public_faults(tmp_path, caplog):

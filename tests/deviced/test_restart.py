@@ -12,23 +12,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from support import ChangeWatch, make_clusterd
+from support import ChangeWatch, eventually, make_clusterd
 
 from deviced.app import DeviceD, build_parser
 from deviced.backends import SimBackend
 
 NODE = "node-d"
-
-
-async def eventually(pred, timeout_s: float = 15.0, what: str = "condition"):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        got = pred()
-        if got:
-            return got
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def node_faults(cd):

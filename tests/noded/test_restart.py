@@ -10,22 +10,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from support import ChangeWatch, make_clusterd
+from support import ChangeWatch, eventually, make_clusterd
 
 from noded.app import NodeD, build_parser
 
 NODE = "node-n"
-
-
-async def eventually(pred, timeout_s: float = 20.0, what: str = "condition"):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        got = pred()
-        if got:
-            return got
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.parametrize(
@@ -65,7 +54,9 @@ async def test_three_noded_restarts_make_no_recover(tmp_path, bmc_sim, node_sn, 
                 await app.stop()
                 app = NodeD(args)
                 await app.start()
-                await eventually(lambda a=app: a.bmc.polls_ok > 0, what="first BMC poll after restart")
+                await eventually(
+                    lambda a=app: a.bmc.polls_ok > 0, what="first BMC poll after restart", timeout_s=25
+                )
                 await eventually(
                     lambda: (st := cd.nodes.get(NODE)) is not None and not st.pending,
                     what="pending sources cleared",
