@@ -45,7 +45,17 @@ async def test_three_deviced_restarts_make_no_recover(tmp_path, state_file):
             lambda: len(node_faults(cd)) == 2 and node_faults(cd), what="faults in clusterd"
         )
         levels = {k: f.level for k, f in got.items()}
+        devices = await eventually(lambda: len(cd.nodes.get(NODE).devices) == 4, what="device states")
+        unhealthy: list[int] = []
         assert "RestartNPU" in levels.values()
+
+        async def sample_devices():  # the chips' health in the node view, every 50 ms
+            while True:
+                devs = cd.nodes.get(NODE).devices
+                unhealthy.append(sum(d["health"] != "Healthy" for d in devs.values()))
+                await asyncio.sleep(0.05)
+
+        sampler = asyncio.create_task(sample_devices())
         async with ChangeWatch(cd, lambda: got) as watch:
             for _ in range(3):
                 await app.stop()
@@ -59,8 +69,10 @@ async def test_three_deviced_restarts_make_no_recover(tmp_path, state_file):
                 hw.inject(1, 0x80E18008)  # the driver repeats its callback too
                 await asyncio.sleep(1.5)  # a duplicate counted would escalate within ~1 s
             assert watch.samples > 50
+        sampler.cancel()
         assert watch.recovers == [], watch.recovers
         assert watch.gaps == []
+        assert devices and set(unhealthy) == {2}, unhealthy  # chips 1 and 2 stay UnHealthy throughout
         assert {k: f.level for k, f in node_faults(cd).items()} == levels
     finally:
         await app.stop()

@@ -312,7 +312,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                     devices=[_device(d) for d in body.devices],
                     # while sources are pending the last known status stays (none known: take it)
                     status=body.node_status if not pending or not self.nodes.status(s.node) else "",
-                    replace=True,
+                    replace=not pending,  # pending: merged, the complete snapshot replaces
                 )
                 self.nodes.set_pending(s.node, s.agent, pending)
             else:
