@@ -78,6 +78,10 @@ class DeviceD:
             FaultCodeTable.load(args.fault_code_file),
             Customization.load(args.fault_customization_file),
             clock=clock,
+            recover_delay_ms=int(args.recover_delay_s * 1000),
+            poll_fallback_ms=int(args.poll_fallback_s * 1000),
+            hbm_pair_window_ms=int(args.hbm_pair_window_s * 1000),
+            max_codes=args.max_codes_per_chip,
         )
         self.engine.on_reason_change = self._on_reason_change
         self.switch_state = SwitchState(SwitchFaultTable.load(args.switch_fault_code_file))

@@ -17,7 +17,6 @@ from deviced.state import (
     DURATION,
     FREQUENCY,
     HOT_RESET_FAILED,
-    MAX_CODES_PER_DEVICE,
     OCCUR,
     ONCE,
     RECOVER,
@@ -57,7 +56,7 @@ def apply_event(eng: FaultEngine, d: Device, ev: DeviceEvent) -> None:
     freq_rule = eng.custom.frequency_rule(ev.code)
     if ev.assertion in (OCCUR, ONCE):
         cur = store.get(ev.code)
-        if cur is None and len(d.chip) + len(d.network) >= MAX_CODES_PER_DEVICE:
+        if cur is None and len(d.chip) + len(d.network) >= eng.max_codes:
             eng.stats["rejected_too_many_codes"] += 1  # a driver flooding distinct codes
             return
         distinct = cur is None

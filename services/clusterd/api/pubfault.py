@@ -183,6 +183,18 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
             help="per-resource token bucket refill (req/s); the reference uses 1",
         )
         parser.add_argument(
+            "--public-fault-delete-delay-s",
+            type=float,
+            default=DELETE_DELAY_MS / 1000,
+            help="a once / recovered public fault is removed this long after it was added (s); the reference uses 5",
+        )
+        parser.add_argument(
+            "--public-fault-max-items",
+            type=int,
+            default=MAX_ITEMS,
+            help="faults in the fault center beyond which new public faults are dropped; the reference uses 50000",
+        )
+        parser.add_argument(
             "--public-fault-burst",
             type=float,
             default=100.0,
@@ -202,6 +214,8 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
             tuple[str, str, str], float
         ] = {}  # (node, resource, faultId) -> deadline s
         self._ratelog = RateLimitedLog(log)
+        self.delete_delay_ms = int(getattr(a, "public_fault_delete_delay_s", DELETE_DELAY_MS / 1000) * 1000)
+        self.max_items = getattr(a, "public_fault_max_items", MAX_ITEMS)
 
     def servicers(self) -> list[tuple[Any, Any]]:
         """(add_to_server, servicer) pairs this component serves."""
@@ -310,23 +324,23 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                 if f.assertion == RECOVER:
                     if not any(present):
                         self._pending_recover[(node, resource, f.faultId)] = (
-                            time.monotonic() + DELETE_DELAY_MS / 1000
+                            time.monotonic() + self.delete_delay_ms / 1000
                         )
                         continue
                     ups = []
                     for p in present:
                         if p is None:
                             continue
-                        due = max(now, int(p.attributes.get("added_ms", "0")) + DELETE_DELAY_MS)
+                        due = max(now, int(p.attributes.get("added_ms", "0")) + self.delete_delay_ms)
                         ups.append(replace(p, attributes={**p.attributes, "expires_ms": str(due)}))
                     upserts.extend(ups)
                     continue
                 if all(present):
                     continue  # a repeated occur does not refresh the item
-                if len(center) >= MAX_ITEMS:
+                if len(center) >= self.max_items:
                     self.ctx.metrics.reject("pubfault", "cache_full")
                     self._ratelog.warning(
-                        "cache_full", "public fault cache full, fault dropped", cap=MAX_ITEMS
+                        "cache_full", "public fault cache full, fault dropped", cap=self.max_items
                     )
                     continue
                 attrs = {
@@ -341,7 +355,7 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                         dict(f.faultLocation), option=orjson.OPT_SORT_KEYS
                     ).decode()
                 if f.assertion == ONCE:
-                    attrs["expires_ms"] = str(now + DELETE_DELAY_MS)
+                    attrs["expires_ms"] = str(now + self.delete_delay_ms)
                 deadline = self._pending_recover.pop((node, resource, f.faultId), None)
                 if deadline is not None:
                     attrs["expires_ms"] = str(now + max(0, int((deadline - time.monotonic()) * 1000)))

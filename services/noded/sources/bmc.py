@@ -145,6 +145,12 @@ class Bmc(PolledSource):
             "--poll-interval", type=_interval(1, 600), default=60.0, help="BMC poll period (s), 1..600"
         )
         p.add_argument(
+            "--bmc-call-timeout-max",
+            type=_interval(0.5, 600),
+            default=5.0,
+            help="timeout of one IPMI call, at most (s; the call timeout is min(this, --bmc-timeout))",
+        )
+        p.add_argument(
             "--backoff-base", type=float, default=1.0, help="first retry delay after a BMC failure (s)"
         )
         p.add_argument(
@@ -170,7 +176,7 @@ class Bmc(PolledSource):
                 cfg.bmc_port,
                 cfg.bmc_user,
                 read_password(cfg),
-                timeout_s=min(5.0, cfg.bmc_timeout),
+                timeout_s=min(getattr(cfg, "bmc_call_timeout_max", 5.0), cfg.bmc_timeout),
             )
         src = cls(
             client=client,
