@@ -190,3 +190,63 @@ def wait_for(pred, what: str, timeout_s: float = 20.0):
             return got
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+class ChangeWatch:
+    """Records every change the in-process ClusterD ``cd`` commits and samples its faults every
+    ``every_s`` (50 ms) while running: ``recovers`` (changes of kind recover), ``gaps`` (samples in
+    which one of ``keys()`` was missing). Use as ``async with ChangeWatch(cd, keys) as w: ...``."""
+
+    def __init__(self, cd, keys, every_s: float = 0.05) -> None:
+        self.cd = cd
+        self.keys = keys
+        self.every_s = every_s
+        self.changes: list = []
+        self.gaps: list = []
+        self.samples = 0
+        self._task = None
+
+    @property
+    def recovers(self) -> list:
+        return [c for c in self.changes if c.kind == "recover"]
+
+    async def __aenter__(self) -> ChangeWatch:
+        import asyncio
+
+        self.cd.center.subscribe(f"change-watch-{id(self)}", self.changes.extend)
+        self._task = asyncio.create_task(self._sample())
+        return self
+
+    async def _sample(self) -> None:
+        import asyncio
+
+        while True:
+            have = {f.key for f in self.cd.center.faults()}
+            missing = [k for k in self.keys() if k not in have]
+            if missing:
+                self.gaps.append(missing)
+            self.samples += 1
+            await asyncio.sleep(self.every_s)
+
+    async def __aexit__(self, *exc) -> None:
+        import asyncio
+        import contextlib
+
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+async def eventually(pred, timeout_s: float = 15.0, what: str = "condition", every_s: float = 0.05):
+    """Await until ``pred()`` is truthy (checked every ``every_s``); returns its value. Raises
+    ``AssertionError`` naming ``what`` after ``timeout_s``."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        got = pred()
+        if got:
+            return got
+        await asyncio.sleep(every_s)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -117,6 +117,16 @@ def build_parser(classes: list[type] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--unary-qps", type=float, default=1000.0, help="shared unary token bucket (req/s)")
     p.add_argument("--max-connections", type=int, default=1024, help="gRPC connections accepted at once")
+    p.add_argument("--grpc-keepalive-s", type=float, default=60.0, help="gRPC keepalive ping period (s)")
+    p.add_argument(
+        "--grpc-keepalive-timeout-s", type=float, default=5.0, help="gRPC keepalive ack timeout (s)"
+    )
+    p.add_argument(
+        "--agent-stale-after-s",
+        type=float,
+        default=30.0,
+        help="an agent stream silent this long (no message, not even its heartbeat) is marked stale (s)",
+    )
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-file", help="also log to this file (rotated at 20 MiB, 5 kept)")
     for cls in COMPONENT_CLASSES if classes is None else classes:
@@ -168,7 +178,7 @@ class ClusterD:
             store=store,
             center=center,
             nodes=nodes,
-            agents=AgentHub(center, nodes, registry, rejected),
+            agents=AgentHub(center, nodes, registry, rejected, stale_after_s=args.agent_stale_after_s),
             tasks=runtime.TaskOwner("clusterd"),
             http=http,
             metrics=Metrics(registry, rejected),
@@ -224,12 +234,15 @@ class ClusterD:
         await ctx.nodes.load()
         ctx.tasks.spawn(ctx.center.run(), name="fault-center-writer")
         ctx.tasks.spawn(ctx.nodes.run(), name="node-registry-writer")
+        ctx.tasks.spawn(ctx.agents.watch_liveness(), name="agent-liveness")
         ctx.center.start_sinks(ctx.tasks.spawn)
         for c in self.components:
             await c.start()
         await ctx.http.start()
         server = grpc.aio.server(
-            options=server_options(args.max_connections),
+            options=server_options(
+                args.max_connections, args.grpc_keepalive_s, args.grpc_keepalive_timeout_s
+            ),
             interceptors=[
                 RateLimitInterceptor(ctx.metrics.rejected, unary_rate=args.unary_qps),
                 ctx.auth.interceptor(),

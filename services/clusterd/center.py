@@ -67,6 +67,7 @@ class _Op(NamedTuple):
     replace_scope: tuple[str, str] | None  # (node, origin): remove its keys not in upserts
     origin: str
     future: asyncio.Future
+    keep_sources: frozenset[str] = frozenset()  # replace_scope: sources whose keys stay (pending)
 
 
 class FaultCenter:
@@ -152,9 +153,13 @@ class FaultCenter:
         self._sink_tasks.clear()
 
     # -- writes ----------------------------------------------------------------------------------
-    async def _submit(self, upserts, removals=(), replace_scope=None, origin: str = "") -> list[Change]:
+    async def _submit(
+        self, upserts, removals=(), replace_scope=None, origin: str = "", keep_sources=frozenset()
+    ) -> list[Change]:
         fut = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Op(list(upserts), list(removals), replace_scope, origin, fut))
+        self._queue.put_nowait(
+            _Op(list(upserts), list(removals), replace_scope, origin, fut, frozenset(keep_sources))
+        )
         return await fut
 
     async def upsert(self, fault: Fault, origin: str | None = None) -> list[Change]:
@@ -171,9 +176,13 @@ class FaultCenter:
         """Apply several upserts and removals of one owner atomically. Durable on return."""
         return await self._submit(upserts, removals, origin=origin)
 
-    async def replace_origin(self, node: str, origin: str, faults: Iterable[Fault]) -> list[Change]:
-        """Make ``faults`` everything ``origin`` reports for ``node`` (an agent snapshot)."""
-        return await self._submit(faults, (), (node, origin), origin)
+    async def replace_origin(
+        self, node: str, origin: str, faults: Iterable[Fault], keep_sources: Iterable[str] = ()
+    ) -> list[Change]:
+        """Make ``faults`` everything ``origin`` reports for ``node`` (an agent snapshot); the faults
+        of ``keep_sources`` (sources still pending their first poll, issue 20) that it does not
+        report stay as they are."""
+        return await self._submit(faults, (), (node, origin), origin, frozenset(keep_sources))
 
     async def replace_source(self, node: str, source: str, faults: Iterable[Fault]) -> list[Change]:
         """Make ``faults`` every fault of ``source`` on ``node``; origin = source."""
@@ -217,7 +226,11 @@ class FaultCenter:
                 dirty[f.key] = op.origin
             removals = list(op.removals)
             if op.replace_scope is not None:
-                removals.extend(k for k in self._by_scope.get(op.replace_scope, ()) if k not in new_keys)
+                removals.extend(
+                    k
+                    for k in self._by_scope.get(op.replace_scope, ())
+                    if k not in new_keys and k.source not in op.keep_sources
+                )
             for key in removals:
                 prev_origin = self._origin.get(key)
                 old = self._drop(key)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
@@ -38,7 +39,10 @@ class NodeState:
     ``status``: reporter -> node status string (``Healthy`` / ``SubHealthy`` / ``UnHealthy``);
     ``conditions``: type -> condition view (type, active, reason, message, since_ms); ``devices``:
     ``"<type>-<id>"`` -> device view (device_type, device_id, phy_id, health, network_health, level,
-    super_pod_id, server_index). The views are the JSON objects of ``GET /v1/nodes/<name>``.
+    super_pod_id, server_index); ``pending``: agent -> the fault sources that have not completed
+    their first poll since that agent started (their faults are the last ones known, issue 20);
+    ``stale``: agent -> ``{"reason": "NoHeartbeat" | "Disconnected", "since_ms"}`` for the agents
+    whose data is no longer current (hung or gone; their faults are kept). The views are the JSON objects of ``GET /v1/nodes/<name>``.
     """
 
     name: str
@@ -48,6 +52,8 @@ class NodeState:
     status: dict[str, str] = field(default_factory=dict)
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
     devices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pending: dict[str, list[str]] = field(default_factory=dict)  # agent -> sources not polled yet
+    stale: dict[str, dict[str, Any]] = field(default_factory=dict)  # agent -> {reason, since_ms}
 
     @property
     def node_status(self) -> str:
@@ -163,6 +169,62 @@ class NodeRegistry:
         self._touch(node)
         return st
 
+    def set_pending(self, node: str, agent: str, sources: Iterable[str]) -> None:
+        """``agent``'s fault sources on ``node`` that have not completed their first poll (empty: none)."""
+        st = self._nodes.get(node)
+        if st is None:
+            st = self._nodes[node] = NodeState(node)
+        new = sorted(sources)
+        if st.pending.get(agent, []) != new:
+            if new:
+                st.pending[agent] = new
+            else:
+                st.pending.pop(agent, None)
+            self._touch(node)
+
+    def set_stale(self, node: str, agent: str, reason: str | None, since_ms: int | None = None) -> None:
+        """Mark ``agent``'s data on ``node`` stale (``reason``: NoHeartbeat, Disconnected; since
+        ``since_ms``, default now) or, with None, current again."""
+        st = self._nodes.get(node)
+        if st is None:
+            if reason is None:
+                return
+            st = self._nodes[node] = NodeState(node)
+        if reason is None:
+            if st.stale.pop(agent, None) is not None:
+                self._touch(node)
+            return
+        st.stale[agent] = {"reason": reason, "since_ms": since_ms or int(time.time() * 1000)}
+        self._touch(node)
+
+    def stale_conditions(self, node: str) -> list[dict[str, Any]]:
+        """One active ``AgentStale`` condition view per stale agent of ``node`` (reason, since_ms)."""
+        st = self._nodes.get(node)
+        if st is None:
+            return []
+        return [
+            {
+                "type": "AgentStale",
+                "active": True,
+                "reason": v["reason"],
+                "message": f"{agent}: its data is no longer current (faults kept)",
+                "since_ms": v["since_ms"],
+                "agent": agent,
+            }
+            for agent, v in sorted(st.stale.items())
+        ]
+
+    def stale_agents(self) -> list[tuple[str, str]]:
+        """(node, agent) of every stale agent."""
+        return sorted((n, a) for n, st in self._nodes.items() for a in st.stale)
+
+    def pending_sources(self, node: str) -> list[str]:
+        """``"<agent>/<source>"`` for every source of ``node`` still pending its first poll."""
+        st = self._nodes.get(node)
+        if st is None:
+            return []
+        return [f"{a}/{src}" for a, srcs in sorted(st.pending.items()) for src in srcs]
+
     def set_status(self, node: str, reporter: str, status: str | None) -> None:
         """Set (or with None/"" clear) ``reporter``'s status of ``node``."""
         st = self._nodes.get(node)
@@ -242,8 +304,9 @@ class NodeHealthCollector:
     """Prometheus collector of per-node health, computed at scrape time from :meth:`NodeRegistry.health`.
 
     ``faultmesh_node_unhealthy{node}`` = 1 for every UnHealthy node; ``faultmesh_slow_node{node}`` =
-    1 while a slow-node fault (110001010) is active. Series of healthy nodes are absent, so the
-    cardinality follows the broken nodes only.
+    1 while a slow-node fault (110001010) is active; ``faultmesh_agent_stale{node,agent}`` = 1 while
+    that agent's data is stale. Series of healthy nodes are absent, so the cardinality follows the
+    broken nodes only.
     """
 
     SLOW_NODE_CODE = SLOW_NODE_CODE
@@ -270,5 +333,14 @@ class NodeHealthCollector:
                 slow.add_metric([node], 1)
         for node in sorted(self._nodes.unhealthy()):
             unhealthy.add_metric([node], 1)
+        stale = GaugeMetricFamily(
+            "faultmesh_agent_stale",
+            "1 while the agent's data on the node is not current: silent past --agent-stale-after-s "
+            "or disconnected (series absent otherwise)",
+            labels=["node", "agent"],
+        )
+        for node, agent in self._nodes.stale_agents():
+            stale.add_metric([node, agent], 1)
         yield unhealthy
         yield slow
+        yield stale

@@ -57,7 +57,7 @@ from deviced.tables import (
 )
 from faultmesh import config, runtime
 from faultmesh import log as fmlog
-from faultmesh.agent import AgentClient, AgentState, channel_credentials
+from faultmesh.agent import AgentClient, AgentState, agent_options, channel_credentials
 from faultmesh.dcmi.loader import DcmiError
 from faultmesh.httpd import HttpServer
 from faultmesh.log import event
@@ -86,6 +86,10 @@ class DeviceD:
             FaultCodeTable.load(args.fault_code_file),
             Customization.load(args.fault_customization_file),
             clock=clock,
+            recover_delay_ms=int(args.recover_delay_s * 1000),
+            poll_fallback_ms=int(args.poll_fallback_s * 1000),
+            hbm_pair_window_ms=int(args.hbm_pair_window_s * 1000),
+            max_codes=args.max_codes_per_chip,
         )
         self.engine.on_reason_change = self._on_reason_change
         self.switch_state = SwitchState(SwitchFaultTable.load(args.switch_fault_code_file))
@@ -104,6 +108,7 @@ class DeviceD:
         self.last_report_ms = 0
         # sinks
         self.agent_sink = AgentStateSink(self.state, self.node_name, self.registry)
+        self.agent_sink.expect()  # dcmi / lingqu pending until the first complete report
         self.reset_writer = (
             ResetConfigWriter(args.reset_config_dir, "hotReset" if args.hot_reset else "podReschedule")
             if args.reset_config_dir
@@ -143,6 +148,7 @@ class DeviceD:
             registry=self.registry,
             token=token,
             credentials=channel_credentials(args),
+            **agent_options(args),
         )
         self.http = HttpServer(args.http_addr, self.registry, ready=self._ready)
         add_routes(self.http.app, self.engine, self.node_name)
@@ -203,13 +209,23 @@ class DeviceD:
 
     def report(self) -> None:
         """Push the current view into the sinks: agent state, reset-config files, the latency hook."""
-        self.agent_sink.publish(self.engine, self.switch_state, self.io.spod)
+        self.agent_sink.publish(
+            self.engine,
+            self.switch_state,
+            self.io.spod,
+            chips_complete=self.cycle.cycles > 0 and not any(d.reinit for d in self.engine.devices.values()),
+            switch_complete=self._switch_complete(),
+        )
         if self.reset_writer is not None:
             self.reset_writer.update(chips_of(self.engine))
         self.last_report_ms = now_ms()
         hook = self._latency_hook
         if hook is not None:
             hook(self.chip.take_latency(), time.monotonic_ns())
+
+    def _switch_complete(self) -> bool:
+        """The switch view is complete: the lingqu source does not run, or its first query is done."""
+        return self.lingqu.polls_ok > 0 or (self.started and not self.lingqu.supported().ok)
 
     def report_and_save(self) -> None:
         """:meth:`report`, then the state file (when its content changed)."""

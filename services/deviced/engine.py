@@ -92,7 +92,9 @@ MAX_EVENT_MEMORY = 2048  # per-chip last-event entries before inactive codes are
 
 
 class FaultEngine:
-    """Per-chip fault state (see module docstring). ``stats`` counts events by outcome;
+    """Per-chip fault state (see module docstring). The timings are ms (``recover_delay_ms`` 1 s,
+    ``poll_fallback_ms`` 5 min, ``hbm_pair_window_ms`` 5 s) and ``max_codes`` (512) caps a chip's
+    active codes; deviced's flags set them (issue 20). ``stats`` counts events by outcome;
     ``levels_by_event`` counts handled events by (origin, level); ``subscribed`` is True while fault
     events come by subscription, ``subscribe_failed`` once it was given up (mend by polling)."""
 
@@ -104,11 +106,17 @@ class FaultEngine:
         custom: Customization,
         clock: Callable[[], int] = now_ms,
         recover_delay_ms: int = RECOVER_DELAY_MS,
+        poll_fallback_ms: int = SUBSCRIBE_TO_POLL_MS,
+        hbm_pair_window_ms: int = HBM_PAIR_WINDOW_MS,
+        max_codes: int = MAX_CODES_PER_DEVICE,
     ) -> None:
         self.table = table
         self.custom = custom
         self.clock = clock
         self.recover_delay_ms = recover_delay_ms
+        self.poll_fallback_ms = poll_fallback_ms
+        self.hbm_pair_window_ms = hbm_pair_window_ms
+        self.max_codes = max_codes
         self.devices: dict[int, Device] = {}
         self.subscribed = False
         self.subscribe_failed = False
@@ -203,7 +211,7 @@ class FaultEngine:
             if ev.code == HBM_DOUBLE_BIT and ev.assertion != RECOVER:
                 d.hbm_times.append(ev.time_ms)
             elif ev.code in AIC_BUS_CODES and ev.assertion != RECOVER:
-                due = max(due, ev.time_ms + HBM_PAIR_WINDOW_MS)  # held back, decided when due
+                due = max(due, ev.time_ms + self.hbm_pair_window_ms)  # held back, decided when due
         self._seq += 1
         self._uid += 1
         bisect.insort(self._pending, (due, self._seq if order is None else order, self._uid, ev))
@@ -231,7 +239,7 @@ class FaultEngine:
             return "re-init"
         if self.subscribe_failed:
             return "subscription failed"
-        if d.health != "Healthy" and d.alarm_ms and self.now() - d.alarm_ms > SUBSCRIBE_TO_POLL_MS:
+        if d.health != "Healthy" and d.alarm_ms and self.now() - d.alarm_ms > self.poll_fallback_ms:
             return "unhealthy for more than 5 min"
         return None
 
@@ -263,6 +271,7 @@ class FaultEngine:
         if d.link_raised:
             codes.append(LINK_DOWN)
         live = {c for c in codes if c and c not in (RESET_FINISHED, GATEWAY_PROBE)}
+        rules.settle_restored(d, live, now)
         # what the cache holds once the events queued before the read are applied, in order
         expected = {c for c, st in d.codes().items() if not st.once}
         queued = sorted(((e.time_ms, seq, uid), e) for _, seq, uid, e in self._pending if e.logic == logic)
@@ -396,13 +405,14 @@ class FaultEngine:
                 ev.code in AIC_BUS_CODES
                 and ev.assertion != RECOVER
                 and self.custom.duration_rule(HBM_DOUBLE_BIT) is not None
-                and any(abs(t - ev.time_ms) <= HBM_PAIR_WINDOW_MS for t in d.hbm_times)
+                and any(abs(t - ev.time_ms) <= self.hbm_pair_window_ms for t in d.hbm_times)
             ):
                 self.stats["aic_fault_paired_with_hbm"] += 1  # a consequence of the HBM fault: discarded
                 continue
             last = d.last_event_ms.get(ev.code)
             if last is not None and order < last:
                 self.stats["stale_event"] += 1  # an older event arriving late (e.g. a delayed recover)
+                rules.stale_recover(self, d, ev)
                 continue
             d.last_event_ms[ev.code] = order
             rules.apply_event(self, d, ev)

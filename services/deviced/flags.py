@@ -83,6 +83,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hot-reset", action="store_true", help="hot-reset idle RestartNPU/FreeRestartNPU chips")
     p.add_argument("--hot-reset-idle", type=float, default=60.0, help="s a chip must be idle before a reset")
     p.add_argument("--hot-reset-boot-timeout", type=float, default=180.0, help="s to wait for boot")
+    p.add_argument(
+        "--hot-reset-budget", type=int, default=3, help="hot resets per chip per --hot-reset-window-s"
+    )
+    p.add_argument(
+        "--hot-reset-window-s", type=float, default=6 * 3600.0, help="window of --hot-reset-budget (s)"
+    )
+    p.add_argument(
+        "--recover-delay-s", type=float, default=1.0, help="a callback recover is applied this late (s; §1.1)"
+    )
+    p.add_argument(
+        "--poll-fallback-s",
+        type=float,
+        default=300.0,
+        help="a chip unhealthy this long is mended by polling (s; reference: 5 min)",
+    )
+    p.add_argument(
+        "--hbm-pair-window-s",
+        type=float,
+        default=5.0,
+        help="AIC/AIV bus faults within this of an HBM double-bit fault are its consequence (s; §4.3)",
+    )
+    p.add_argument("--max-codes-per-chip", type=int, default=512, help="active codes kept per chip")
     p.add_argument("--print-device-info", action="store_true", help="print the device-info document and exit")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-file")

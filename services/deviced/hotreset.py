@@ -111,10 +111,12 @@ class HotReset:
             if now - since < self.args.hot_reset_idle:
                 continue
             budget = self.budgets[logic]
-            while budget and now - budget[0] > RESET_WINDOW_S:
+            limit = getattr(self.args, "hot_reset_budget", RESET_BUDGET)
+            window_s = getattr(self.args, "hot_reset_window_s", RESET_WINDOW_S)
+            while budget and now - budget[0] > window_s:
                 budget.popleft()
-            if len(budget) >= RESET_BUDGET:
-                self.failed(logic, "reset budget of 3 per 6 h used")
+            if len(budget) >= limit:
+                self.failed(logic, f"reset budget of {limit} per {window_s / 3600:g} h used")
                 continue
             budget.append(now)
             self.engine.reset_begin(logic)

@@ -17,7 +17,6 @@ from deviced.state import (
     DURATION,
     FREQUENCY,
     HOT_RESET_FAILED,
-    MAX_CODES_PER_DEVICE,
     OCCUR,
     ONCE,
     RECOVER,
@@ -47,35 +46,38 @@ def update_manual(d: Device) -> None:
 
 # -- one event, §3 levels -------------------------------------------------------------------------
 def apply_event(eng: FaultEngine, d: Device, ev: DeviceEvent) -> None:
-    """Apply one due event to the chip's code cache (occur / once / recover) and feed the frequency counter."""
+    """Apply one due event to the chip's code cache (occur / once / recover) and feed the frequency
+    counter with DISTINCT occurrences only: an occur of a code the chip does not carry (nor carried
+    when the state file was written, see :func:`import_state`). A duplicate occur of a still-active
+    fault is counted in ``stats["duplicate_occur"]`` and changes no rule (faultmesh's deliberate
+    difference from the reference, which counts every notice: docs/compatibility.md)."""
     store = d.network if ev.code in NETWORK_CODES_ALL else d.chip
     has_duration = eng.custom.duration_rule(ev.code) is not None
     freq_rule = eng.custom.frequency_rule(ev.code)
     if ev.assertion in (OCCUR, ONCE):
         cur = store.get(ev.code)
-        if cur is None and len(d.chip) + len(d.network) >= MAX_CODES_PER_DEVICE:
+        if cur is None and len(d.chip) + len(d.network) >= eng.max_codes:
             eng.stats["rejected_too_many_codes"] += 1  # a driver flooding distinct codes
             return
+        distinct = cur is None
         if cur is None:
             store[ev.code] = CodeState(ev.time_ms, ev.severity, once=ev.assertion == ONCE)
             d.alarm_ms = ev.time_ms
         else:
             eng.stats["duplicate_occur"] += 1
+            cur.dup_ms = ev.time_ms
             if ev.severity is not None:
                 cur.severity = ev.severity
             cur.once = cur.once and ev.assertion == ONCE
         if freq_rule is not None and not has_duration:
-            fs = d.frequency.setdefault(ev.code, FrequencyState())
-            fs.times.append(ev.time_ms)
-            fs.last_fault_ms = ev.time_ms
-            event(
-                log,
-                logging.INFO,
-                "insert fault frequency success",
-                logic_id=d.ids.logic,
-                code=eng.table.spelling(ev.code),
-                count=len(fs.times),
-            )
+            if distinct and ev.code in d.restored_active:
+                distinct = False  # the re-report of a fault active before the restart
+                eng.stats["rereport_after_restart"] += 1
+            d.restored_active.discard(ev.code)
+            if distinct:
+                _count(eng, d, ev.code, ev.time_ms)
+            if ev.assertion == ONCE:  # a one-off notice ends at once
+                d.frequency.setdefault(ev.code, FrequencyState()).last_recover_ms = ev.time_ms
         level, unknown = eng.base_level(ev.code, store[ev.code].severity)
         eng.levels_by_event[(ev.origin, level.name)] += 1
         if unknown:
@@ -83,9 +85,52 @@ def apply_event(eng: FaultEngine, d: Device, ev: DeviceEvent) -> None:
     else:
         if store.pop(ev.code, None) is None:
             eng.stats["recover_without_occur"] += 1
+        d.restored_active.discard(ev.code)
         if freq_rule is not None and not has_duration:
             d.frequency.setdefault(ev.code, FrequencyState()).last_recover_ms = ev.time_ms
         eng.levels_by_event[(ev.origin, "Recover")] += 1
+
+
+def _count(eng: FaultEngine, d: Device, code: int, t: int) -> None:
+    """One distinct occurrence of ``code`` at ``t`` (ms) for its frequency rule."""
+    fs = d.frequency.setdefault(code, FrequencyState())
+    fs.times.append(t)
+    fs.last_fault_ms = t
+    event(
+        log,
+        logging.INFO,
+        "insert fault frequency success",
+        logic_id=d.ids.logic,
+        code=eng.table.spelling(code),
+        count=len(fs.times),
+    )
+
+
+def stale_recover(eng: FaultEngine, d: Device, ev: DeviceEvent) -> None:
+    """A recover that fell due after a newer occur of its code (the 1 s recover delay): the cache
+    keeps the code, but the fault did recover in between, so the duplicate occur after the recover
+    was a distinct occurrence: count it now (frequency rules without a duration rule)."""
+    if ev.assertion != RECOVER or eng.custom.frequency_rule(ev.code) is None:
+        return
+    if eng.custom.duration_rule(ev.code) is not None:
+        return
+    cur = d.codes().get(ev.code)
+    fs = d.frequency.get(ev.code)
+    if cur is None or fs is None or not fs.last_fault_ms <= ev.time_ms < cur.dup_ms:
+        return
+    fs.last_recover_ms = ev.time_ms
+    _count(eng, d, ev.code, cur.dup_ms)
+
+
+def settle_restored(d: Device, live: set[int], now: int) -> None:
+    """The first poll after a restart: a code active at the last save that the chip no longer
+    carries recovered while deviced was down (at ``now``, ms); one it still carries stays the same
+    occurrence (its re-report is not counted)."""
+    for code in [c for c in d.restored_active if c not in live]:
+        d.restored_active.discard(code)
+        fs = d.frequency.get(code)
+        if fs is not None and fs.last_recover_ms < fs.last_fault_ms:
+            fs.last_recover_ms = now
 
 
 def compute_levels(eng: FaultEngine, d: Device) -> bool:
@@ -185,7 +230,10 @@ def _duration_flip(eng: FaultEngine, d: Device, code: int, level: NpuLevel, t: i
     name = eng.table.spelling(code)
     if timed_out:
         eng.set_reason(d, UpgradeReason(code, level, DURATION, t))
-        if fs is not None:
+        if fs is not None and code in d.restored_active:
+            d.restored_active.discard(code)  # timed out before the restart: the same occurrence
+            eng.stats["rereport_after_restart"] += 1
+        elif fs is not None:
             fs.times.append(t)
             fs.last_fault_ms = t
         event(
@@ -293,7 +341,7 @@ def export_state(devices: dict[int, Device]) -> dict:
                 "last_recover_ms": fs.last_recover_ms,
             }
             for code, fs in d.frequency.items()
-            if fs.times or (code, FREQUENCY) in d.reasons
+            if fs.times or (code, FREQUENCY) in d.reasons or fs.last_recover_ms < fs.last_fault_ms
         }
         if reasons or freq:
             out[str(d.ids.phy)] = {
@@ -306,8 +354,10 @@ def export_state(devices: dict[int, Device]) -> dict:
 def import_state(eng: FaultEngine, data: dict) -> int:
     """Restore :func:`export_state` output into ``eng`` (unknown chips and bad entries skipped and
     counted in ``restore_skipped``). FaultFrequency reasons are re-levelled to the current rule or
-    dropped when the rule is gone; a code not recovered before the restart counts as recovered at
-    restart time (a still-active code is re-raised by the first poll). Returns the reasons restored."""
+    dropped when the rule is gone. A code not recovered before the restart is kept active in
+    ``Device.restored_active``: its re-report after the restart is the same occurrence, and the first
+    poll (:func:`settle_restored`) marks it recovered when the chip no longer carries it. Importing
+    the same document again changes nothing. Returns the reasons restored."""
     by_phy = {d.ids.phy: d for d in eng.devices.values()}
     now = eng.now()
     n = 0
@@ -332,8 +382,8 @@ def import_state(eng: FaultEngine, data: dict) -> int:
                 continue
             if eng.custom.frequency_rule(code) is None:
                 continue
-            if st.last_recover_ms < st.last_fault_ms:
-                st.last_recover_ms = now
+            if st.last_recover_ms < st.last_fault_ms and code not in d.codes():
+                d.restored_active.add(code)
             d.frequency[code] = st
         for r in entry.get("reasons") or []:
             try:

@@ -5,13 +5,18 @@ node status) and appends one-shot events (pingmesh rows, slow-node reports) to b
 :class:`AgentClient` keeps one bidirectional stream to ClusterD: ``Hello``, a full ``Snapshot``,
 then ``Delta``s with increasing ``seq``; ClusterD acks each seq. On every (re)connect a fresh
 snapshot is sent, so nothing is lost while ClusterD is down and nothing is duplicated (a snapshot
-replaces all the agent said before). An ack whose error starts with ``internal:`` (ClusterD could
-not store the message) is not an ack: the session ends and the next one resends all by snapshot. Control messages from ClusterD go to ``on_control`` and are
+replaces all the agent said before, except the faults of its ``pending_sources``: sources that have
+not completed their first poll since the agent started keep what ClusterD had, and a new snapshot
+goes out when one completes — issue 20). An ack whose error starts with ``internal:`` (ClusterD could
+not store the message) is not an ack: the session ends and the next one resends all by snapshot.
+Control messages from ClusterD go to ``on_control`` and are
 acked after it returns.
 
 Timings (issue 3): a change is sent at once unless a report went out less than
 ``min_report_interval_s`` ago (then coalesced, last state wins); the full state is re-sent every
-``resend_every_s`` (1800 s); reconnects back off exponentially up to ``backoff_max_s``.
+``resend_every_s`` (1800 s); reconnects back off exponentially up to ``backoff_max_s``. Liveness
+(issue 20): an empty Delta goes out after ``heartbeat_s`` (10 s) without a message, so ClusterD can
+mark a hung agent stale; gRPC keepalive pings every ``keepalive_s`` (60 s, ack within 5 s).
 """
 
 from __future__ import annotations
@@ -29,6 +34,16 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
+from faultmesh.agentconf import (  # noqa: F401 - re-exported: the agents import them from here
+    CHANNEL_OPTIONS,
+    HEARTBEAT_S,
+    KEEPALIVE_S,
+    KEEPALIVE_TIMEOUT_S,
+    add_clusterd_arguments,
+    agent_options,
+    channel_credentials,
+    channel_options,
+)
 from faultmesh.log import event
 from faultmesh.model import Fault, FaultKey
 from faultmesh.runtime import TaskOwner
@@ -41,62 +56,6 @@ log = logging.getLogger("faultmesh.agent")
 NOT_STORED_PREFIX = "internal:"
 
 ControlHandler = Callable[[agent_pb2.ControlMessage], Awaitable[None]]
-
-# gRPC channel options matching ClusterD's server limits (clusterd.md §1).
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 8 << 20),
-    ("grpc.max_send_message_length", 4 << 20),
-    ("grpc.keepalive_time_ms", 60_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
-
-
-def add_clusterd_arguments(parser) -> None:
-    """The agent's ClusterD flags, shared by NodeD and deviced: ``--clusterd host:port``,
-    ``--clusterd-tls-ca/--tls-ca``, ``--clusterd-tls-cert/--tls-cert``, ``--clusterd-tls-key/--tls-key``
-    (PEM files; a CA turns TLS on, cert + key add mTLS) and ``--clusterd-token-file/--token-file``."""
-    parser.add_argument(
-        "--clusterd", default="127.0.0.1:8899", help="ClusterD agent-stream address host:port"
-    )
-    parser.add_argument(
-        "--clusterd-tls-ca",
-        "--tls-ca",
-        dest="tls_ca",
-        help="PEM CA of ClusterD's certificate: use TLS to ClusterD",
-    )
-    parser.add_argument(
-        "--clusterd-tls-cert", "--tls-cert", dest="tls_cert", help="PEM client certificate (mTLS)"
-    )
-    parser.add_argument(
-        "--clusterd-tls-key", "--tls-key", dest="tls_key", help="PEM key of --clusterd-tls-cert"
-    )
-    parser.add_argument(
-        "--clusterd-token-file",
-        "--token-file",
-        dest="token_file",
-        help="bearer token file for the agent stream",
-    )
-
-
-def channel_credentials(args) -> grpc.ChannelCredentials | None:
-    """TLS credentials to ClusterD from the flags of :func:`add_clusterd_arguments` (None: plaintext).
-
-    Raises ``OSError`` when a PEM file cannot be read.
-    """
-    if not args.tls_ca:
-        return None
-    with open(args.tls_ca, "rb") as f:
-        ca = f.read()
-    cert = key = None
-    if args.tls_cert:
-        with open(args.tls_cert, "rb") as f:
-            cert = f.read()
-    if args.tls_key:
-        with open(args.tls_key, "rb") as f:
-            key = f.read()
-    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
 
 class AgentState:
@@ -123,6 +82,8 @@ class AgentState:
         self._dirty_conditions: set[str] = set()
         self._dirty_devices: set[tuple[str, int]] = set()
         self._status_dirty = False
+        self.pending_sources: set[str] = set()
+        self._pending_changed = False
         self.on_change: Callable[[], None] = lambda: None
 
     # -- mutators ---------------------------------------------------------------------------
@@ -209,11 +170,38 @@ class AgentState:
         self.slownode_reports.append(report)
         self.on_change()
 
+    def expect_sources(self, sources: Iterable[str]) -> None:
+        """Mark fault ``sources`` (``Fault.source`` names) pending: they have not completed their
+        first poll since the agent started, so ClusterD keeps what it had for them (issue 20)."""
+        new = set(sources) - self.pending_sources
+        if new:
+            self.pending_sources |= new
+            self._pending_changed = True
+            self.on_change()
+
+    def source_ready(self, sources: Iterable[str]) -> bool:
+        """Fault ``sources`` completed their first poll (their faults in this state are complete):
+        the next message is a Snapshot, which lets ClusterD clear what they no longer report.
+        True when one of them was pending."""
+        done = self.pending_sources & set(sources)
+        if not done:
+            return False
+        self.pending_sources -= done
+        self._pending_changed = True
+        self.on_change()
+        return True
+
+    @property
+    def needs_snapshot(self) -> bool:
+        """True when the pending sources changed since the last snapshot (send a Snapshot, not a Delta)."""
+        return self._pending_changed
+
     # -- wire ---------------------------------------------------------------------------------
     def has_pending(self) -> bool:
         """True when a delta would carry something."""
         return bool(
-            self._dirty_faults
+            self._pending_changed
+            or self._dirty_faults
             or self._dirty_conditions
             or self._dirty_devices
             or self._status_dirty
@@ -222,17 +210,20 @@ class AgentState:
         )
 
     def snapshot(self, seq: int) -> agent_pb2.Snapshot:
-        """The full state as a Snapshot; clears dirty marks (events stay queued for the next delta)."""
+        """The full state as a Snapshot (with the pending sources); clears dirty marks (events stay
+        queued for the next delta)."""
         self._dirty_faults.clear()
         self._dirty_conditions.clear()
         self._dirty_devices.clear()
         self._status_dirty = False
+        self._pending_changed = False
         return agent_pb2.Snapshot(
             seq=seq,
             faults=[fault_to_pb(f) for f in self.faults.values()],
             conditions=list(self.conditions.values()),
             devices=list(self.devices.values()),
             node_status=self.node_status,
+            pending_sources=sorted(self.pending_sources),
         )
 
     def take_delta(self, seq: int) -> agent_pb2.Delta:
@@ -301,6 +292,9 @@ class AgentClient:
         resend_every_s: float = 1800.0,
         backoff_max_s: float = 10.0,
         ack_timeout_s: float = 30.0,
+        keepalive_s: float = KEEPALIVE_S,
+        keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
+        heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self.target = target
         self.state = state or AgentState(node)
@@ -321,6 +315,8 @@ class AgentClient:
         self.resend_every_s = resend_every_s
         self.backoff_max_s = backoff_max_s
         self.ack_timeout_s = ack_timeout_s
+        self.channel_options = channel_options(keepalive_s, keepalive_timeout_s)
+        self.heartbeat_s = heartbeat_s
         self.seq = 0
         self.acked_seq = 0
         self.connected = asyncio.Event()
@@ -329,6 +325,7 @@ class AgentClient:
         self._tasks = TaskOwner(f"agent-{agent}")
         self._stopping = False
         self._last_report = 0.0
+        self._last_sent = 0.0  # monotonic time of the last message written (heartbeat clock)
 
     def _wake(self) -> None:
         self.synced.clear()
@@ -353,8 +350,8 @@ class AgentClient:
 
     def _channel(self) -> grpc.aio.Channel:
         if self.credentials is not None:
-            return grpc.aio.secure_channel(self.target, self.credentials, options=CHANNEL_OPTIONS)
-        return grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+            return grpc.aio.secure_channel(self.target, self.credentials, options=self.channel_options)
+        return grpc.aio.insecure_channel(self.target, options=self.channel_options)
 
     async def _run(self) -> None:
         backoff = 0.5
@@ -393,7 +390,7 @@ class AgentClient:
             self.seq += 1
             await call.write(agent_pb2.AgentMessage(snapshot=self.state.snapshot(self.seq)))
             self.metrics.sent.labels("snapshot").inc()
-            last_snapshot = time.monotonic()
+            last_snapshot = self._last_sent = time.monotonic()
             self.connected.set()
             self.metrics.connected.set(1)
             event(
@@ -411,6 +408,10 @@ class AgentClient:
                         reader.result()
                         return
                     wait_s = max(0.0, self.resend_every_s - (time.monotonic() - last_snapshot))
+                    if self.heartbeat_s > 0:
+                        wait_s = min(
+                            wait_s, max(0.0, self.heartbeat_s - (time.monotonic() - self._last_sent))
+                        )
                     self._wakeup.clear()
                     if not self.state.has_pending():
                         waker = asyncio.create_task(self._wakeup.wait())
@@ -422,26 +423,32 @@ class AgentClient:
                             waker.cancel()  # also when the session itself is cancelled
                         if reader in done:
                             continue
-                    if time.monotonic() - last_snapshot >= self.resend_every_s:
+                    if time.monotonic() - last_snapshot >= self.resend_every_s or self.state.needs_snapshot:
                         self.seq += 1
                         await call.write(agent_pb2.AgentMessage(snapshot=self.state.snapshot(self.seq)))
                         self.metrics.sent.labels("snapshot").inc()
-                        last_snapshot = time.monotonic()
+                        last_snapshot = self._last_sent = time.monotonic()
                         continue
                     if not self.state.has_pending():
+                        if 0 < self.heartbeat_s <= time.monotonic() - self._last_sent:
+                            await self._write_delta(call)  # empty: the heartbeat
                         continue
                     gap = self.min_report_interval_s - (time.monotonic() - self._last_report)
                     if gap > 0:
                         await asyncio.sleep(gap)  # coalesce: last state wins
-                    self.seq += 1
-                    await call.write(agent_pb2.AgentMessage(delta=self.state.take_delta(self.seq)))
+                    await self._write_delta(call)
                     self._last_report = time.monotonic()
-                    self.metrics.sent.labels("delta").inc()
             finally:
                 reader.cancel()
                 with contextlib.suppress(BaseException):
                     await reader
                 call.cancel()
+
+    async def _write_delta(self, call) -> None:
+        self.seq += 1
+        await call.write(agent_pb2.AgentMessage(delta=self.state.take_delta(self.seq)))
+        self._last_sent = time.monotonic()
+        self.metrics.sent.labels("delta").inc()
 
     async def _read(self, call) -> None:
         while True:

@@ -13,7 +13,8 @@ A source detects one kind of fault and writes what it sees into the agent state 
   schedule, ``asyncio.timeout`` per poll, backoff (faultmesh.retry) after a failure, "source down"
   logged once on the first failure and "source up" once on recovery, and the gauge
   ``faultmesh_source_up{source}``. ``poll()`` returns the FULL current set of faults; a fault absent
-  from it has recovered.
+  from it has recovered. Until its first successful poll a source is *pending* in the agent state
+  (``ctx.mark_pending`` / ``ctx.mark_ready``): ClusterD keeps what it had for it (issue 20).
 - :class:`PushSource` is the base of sources fed by callbacks (DCMI fault events, pingmesh results).
 - :func:`start_sources` / :func:`stop_sources` run a service's source tuple.
 """
@@ -81,6 +82,8 @@ class _State(Protocol):
     """What a SourceContext needs of the agent state (faultmesh.agent.AgentState)."""
 
     def replace_source(self, source: str, faults: Iterable[Fault]) -> bool: ...
+    def expect_sources(self, sources: Iterable[str]) -> None: ...
+    def source_ready(self, sources: Iterable[str]) -> bool: ...
     def set_condition(self, type_: str, active: bool, reason: str = "", message: str = "") -> bool: ...
 
 
@@ -121,6 +124,16 @@ class SourceContext:
     def set_condition(self, type_: str, active: bool, reason: str = "", message: str = "") -> bool:
         """Set a node condition (BMCUnreachable, ...). True on change."""
         return self.state.set_condition(type_, active, reason, message)
+
+    def mark_pending(self, *sources: str) -> None:
+        """This source's fault sources (default: its own name) have not completed their first poll:
+        ClusterD keeps what it had for them until :meth:`mark_ready` (issue 20)."""
+        self.state.expect_sources(sources or (self.name,))
+
+    def mark_ready(self, *sources: str) -> bool:
+        """The first complete poll of these fault sources (default: this source's name) is in the
+        state: ClusterD may now clear what they no longer report. True when one was pending."""
+        return self.state.source_ready(sources or (self.name,))
 
     # -- tasks, threads ---------------------------------------------------------------------------
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task:
@@ -203,12 +216,17 @@ class PolledSource(PushSource):
     ``jitter`` (fraction of ``interval_s``, default 0.1) spreads a fleet's polls; after a failure the
     next poll waits :class:`faultmesh.retry.Backoff` (``backoff_initial_s``, capped at ``interval_s``).
     ``on_down(error)`` / ``on_up()`` hooks run once per transition (conditions, logs).
+    ``fault_sources`` (default: ``(name,)``) are marked pending at start and ready after the first
+    successful poll's :meth:`publish`.
     """
 
     interval_s: float = 60.0
     timeout_s: float = 15.0
     jitter: float = 0.1
     backoff_initial_s: float = 1.0
+    # the Fault.source names this source reports, pending until its first successful poll
+    # (None: its own name; (): it reports no faults of its own, e.g. deviced's engine-fed sources)
+    fault_sources: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -224,6 +242,10 @@ class PolledSource(PushSource):
         """The full current set of this source's faults."""
         raise NotImplementedError
 
+    def reported_sources(self) -> tuple[str, ...]:
+        """The ``Fault.source`` names this source reports (``fault_sources``, default its name)."""
+        return (self.name,) if self.fault_sources is None else self.fault_sources
+
     def on_up(self) -> None:
         """Called once when polls start working (after start, or after failures)."""
 
@@ -236,8 +258,11 @@ class PolledSource(PushSource):
         self.ctx.set_faults(faults)
 
     async def start(self, ctx: SourceContext) -> None:
-        """Start the poll loop as an owned task."""
+        """Mark the source pending (until its first successful poll) and start the poll loop as an
+        owned task."""
         await super().start(ctx)
+        if self.reported_sources():
+            ctx.mark_pending(*self.reported_sources())
         self._backoff = Backoff(
             min(self.backoff_initial_s, self.interval_s), max(self.interval_s, self.backoff_initial_s)
         )
@@ -265,6 +290,8 @@ class PolledSource(PushSource):
         m.polls.labels(self.name, "ok").inc()
         m.up.labels(self.name).set(1)
         self.publish(faults)
+        if self.reported_sources():
+            self.ctx.mark_ready(*self.reported_sources())
         self.polls_ok += 1
         self.failures = 0
         self.last_error = ""

@@ -34,7 +34,13 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from faultmesh import config
-from faultmesh.agent import AgentClient, AgentState, add_clusterd_arguments, channel_credentials
+from faultmesh.agent import (
+    AgentClient,
+    AgentState,
+    add_clusterd_arguments,
+    agent_options,
+    channel_credentials,
+)
 from faultmesh.httpd import HttpServer, json_response
 from faultmesh.log import event
 from faultmesh.runtime import BlockingPool
@@ -123,6 +129,7 @@ class NodeD:
             min_report_interval_s=args.min_report_interval,
             resend_every_s=args.resend_every,
             backoff_max_s=args.clusterd_backoff_max,
+            **agent_options(args),
         )
         self.sources: list = []
         self._sections: dict[int, argparse.Namespace] = {}

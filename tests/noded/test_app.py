@@ -65,6 +65,7 @@ def test_sources_tuple_is_the_one_extension_model():
         "dpc_status_file": "/d",
         "dtfs_status_file": None,
         "storage_interval": 5.0,
+        "storage_memory_hold_s": 600.0,
     }
     assert sources.config_section(a, SlowNode).profiling_dir == "/p"
     assert not hasattr(sources.config_section(a, SlowNode), "bmc_host")

@@ -1,7 +1,8 @@
 """ClusterD's gRPC server: the reference's transport limits, per-method token buckets, TLS, token.
 
 Limits (clusterd.md §1): 4 MiB receive, 8 MiB send, 64 concurrent streams per connection, keepalive
-ping after 60 s idle with a 5 s ack timeout, client pings allowed every >= 3 s without streams.
+ping after 60 s idle with a 5 s ack timeout (``--grpc-keepalive-s`` / ``--grpc-keepalive-timeout-s``),
+client pings allowed every >= 3 s without streams.
 Unary calls pass a token bucket keyed by method: ``/Recover/HealthCheck`` 10000/s (burst 10000), every
 other unary method one shared bucket of 1000/s (burst 1000). A rejected call is answered like the
 reference: status UNKNOWN, message ``qps exceeded, method=<m>``, and counted. Streaming RPCs are not
@@ -62,9 +63,17 @@ class RateLimitInterceptor(grpc.aio.ServerInterceptor):
         )
 
 
-def server_options(max_connections: int = 1024) -> list[tuple[str, int]]:
-    """:data:`SERVER_OPTIONS` plus the connection cap (``max_connections`` >= 1)."""
-    return [*SERVER_OPTIONS, ("grpc.max_allowed_incoming_connections", max_connections)]
+def server_options(
+    max_connections: int = 1024, keepalive_s: float = 60.0, keepalive_timeout_s: float = 5.0
+) -> list[tuple[str, int]]:
+    """:data:`SERVER_OPTIONS` with the keepalive ping period / ack timeout (s; ``--grpc-keepalive-s``,
+    ``--grpc-keepalive-timeout-s``) plus the connection cap (``max_connections`` >= 1)."""
+    keep = {
+        "grpc.keepalive_time_ms": int(keepalive_s * 1000),
+        "grpc.keepalive_timeout_ms": int(keepalive_timeout_s * 1000),
+    }
+    opts = [(k, keep.get(k, v)) for k, v in SERVER_OPTIONS]
+    return [*opts, ("grpc.max_allowed_incoming_connections", max_connections)]
 
 
 def server_credentials(cert: str, key: str, ca: str | None) -> grpc.ServerCredentials:

@@ -22,7 +22,9 @@ public faults only, and at most 50 000 device records (faultmesh stores one per 
 reference has no such bound). Unlike the reference, which drops adds over the cap silently and
 answers 0, a request that would go over either cap is refused whole before anything is applied:
 409 ``check public fault info failed, error: public fault cache full: ...``. Faults go to the fault center (source ``public:<resource>:<faultId>``, one record per
-device id) and so survive restarts with their first-seen time.
+device id) and so survive restarts with their first-seen time. The table file is re-read within
+1 s of a change; a valid new table re-levels the active public faults (:meth:`PubFaultComponent.relevel`,
+issue 20), a broken one is rejected and the old one kept.
 
 Intake is one plain method, :meth:`PubFaultComponent.intake`; the gRPC servicer method
 ``SendPublicFault`` and Kubernetes mode (public-fault ConfigMaps) both call it. The bearer token
@@ -190,6 +192,18 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
             help="per-resource token bucket refill (req/s); the reference uses 1",
         )
         parser.add_argument(
+            "--public-fault-delete-delay-s",
+            type=float,
+            default=DELETE_DELAY_MS / 1000,
+            help="a once / recovered public fault is removed this long after it was added (s); the reference uses 5",
+        )
+        parser.add_argument(
+            "--public-fault-max-items",
+            type=int,
+            default=MAX_ITEMS,
+            help="faults in the fault center beyond which new public faults are dropped; the reference uses 50000",
+        )
+        parser.add_argument(
             "--public-fault-burst",
             type=float,
             default=100.0,
@@ -210,6 +224,8 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
         ] = {}  # (node, resource, faultId) -> deadline s
         self._ratelog = RateLimitedLog(log)
         self._reserved = (0, 0)  # (items, records) of requests being applied: counted against the caps
+        self.delete_delay_ms = int(getattr(a, "public_fault_delete_delay_s", DELETE_DELAY_MS / 1000) * 1000)
+        self.max_items = getattr(a, "public_fault_max_items", MAX_ITEMS)
 
     def servicers(self) -> list[tuple[Any, Any]]:
         """(add_to_server, servicer) pairs this component serves."""
@@ -221,9 +237,10 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
     async def stop(self) -> None:
         pass
 
-    def _reload_if_changed(self) -> None:
+    def _reload_if_changed(self) -> bool:
+        """Adopt the table file when it changed and is valid. True when a new table was taken."""
         if not self._watch.changed():
-            return
+            return False
         try:
             table = PublicFaultTable.load(self.path)
         except (TableError, OSError) as e:
@@ -234,10 +251,38 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                 path=self.path,
                 error=e,
             )
-            return
+            return False
         self.table = table
         self._buckets = {r: self._buckets.get(r) or TokenBucket(*self._bucket_args) for r in table.resources}
         event(log, logging.INFO, "public fault table reloaded", path=self.path, codes=len(table.levels))
+        return True
+
+    async def relevel(self) -> int:
+        """Re-level the active public faults to the current table (issue 20): each fault whose code
+        now has another level is updated (one ``update`` change, logged "fault level updated"); a
+        code the table no longer lists keeps its level (logged once per code). Returns the count."""
+        ups, unlisted = [], set()
+        for f in self.ctx.center.faults_of_origin("public"):
+            level = self.table.levels.get(f.code)
+            if level is None:
+                unlisted.add(f.code)
+            elif level != f.level:
+                event(
+                    log,
+                    logging.INFO,
+                    "fault level updated",
+                    node=f.node,
+                    code=f.code,
+                    faultId=f.attributes.get("faultId", ""),
+                    old_level=f.level,
+                    new_level=level,
+                )
+                ups.append(replace(f, level=level))
+        for code in sorted(unlisted):
+            event(log, logging.WARNING, "public fault code not in the new table, level kept", code=code)
+        if ups:
+            await self.ctx.center.apply(ups, [], "public")
+        return len(ups)
 
     def _reject(self, reason: str, code: int, info: str) -> pubfault_pb2.RespStatus:
         self.ctx.metrics.reject("pubfault", reason)
@@ -300,7 +345,7 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
         adds = [(f, t) for f, t in accepted if f.assertion != RECOVER]
         most_items = sum(len(t) for _, t in adds)
         most_records = sum(len(ids) for _, t in adds for _, ids in t)
-        if items_now + most_items <= MAX_ITEMS and records_now + most_records <= MAX_RECORDS:
+        if items_now + most_items <= self.max_items and records_now + most_records <= MAX_RECORDS:
             return "", (most_items, most_records)  # cannot exceed: no need to count exactly
         groups: set[tuple[str, str]] = set()
         records: set[FaultKey] = set()
@@ -314,10 +359,10 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                     for k in (FaultKey(node, f.faultType, d, f.faultCode, source) for d in ids)
                     if center.get(k) is None
                 )
-        if items_now + len(groups) > MAX_ITEMS:
+        if items_now + len(groups) > self.max_items:
             why = (
                 f"public fault cache full: the request adds {len(groups)} items to {items_now}, "
-                f"limit {MAX_ITEMS} (one item per influence entry); nothing was applied"
+                f"limit {self.max_items} (one item per influence entry); nothing was applied"
             )
             return why, (0, 0)
         if records_now + len(records) > MAX_RECORDS:
@@ -342,14 +387,14 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                 if f.assertion == RECOVER:
                     if not any(present):
                         self._pending_recover[(node, resource, f.faultId)] = (
-                            time.monotonic() + DELETE_DELAY_MS / 1000
+                            time.monotonic() + self.delete_delay_ms / 1000
                         )
                         continue
                     ups = []
                     for p in present:
                         if p is None:
                             continue
-                        due = max(now, int(p.attributes.get("added_ms", "0")) + DELETE_DELAY_MS)
+                        due = max(now, int(p.attributes.get("added_ms", "0")) + self.delete_delay_ms)
                         ups.append(replace(p, attributes={**p.attributes, "expires_ms": str(due)}))
                     upserts.extend(ups)
                     continue
@@ -367,7 +412,7 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                         dict(f.faultLocation), option=orjson.OPT_SORT_KEYS
                     ).decode()
                 if f.assertion == ONCE:
-                    attrs["expires_ms"] = str(now + DELETE_DELAY_MS)
+                    attrs["expires_ms"] = str(now + self.delete_delay_ms)
                 deadline = self._pending_recover.pop((node, resource, f.faultId), None)
                 if deadline is not None:
                     attrs["expires_ms"] = str(now + max(0, int((deadline - time.monotonic()) * 1000)))
@@ -395,7 +440,8 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
         while True:
             await asyncio.sleep(1.0)
             try:
-                self._reload_if_changed()
+                if self._reload_if_changed():
+                    await self.relevel()
                 now = now_ms()
                 due = [
                     f.key

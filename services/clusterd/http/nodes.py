@@ -3,8 +3,10 @@
 ``/v1/faults`` takes optional ``node``, ``level`` and ``source`` query filters and returns a JSON list of
 fault objects (see :func:`clusterd.center.fault_dict`). ``/v1/nodes`` lists every node known from
 faults or agents with its health (Healthy / SubHealthy / UnHealthy, clusterd.md §2.4, from
-:meth:`clusterd.nodes.NodeRegistry.health`), worst level, fault count, connected agents and
-conditions; ``/v1/nodes/<name>`` adds the node's faults and devices, or 404.
+:meth:`clusterd.nodes.NodeRegistry.health`), worst level, fault count, connected agents,
+conditions and ``pending_sources`` (``agent/source`` not polled yet since that agent started: its
+faults are the last known, issue 20) and ``stale_agents`` (agents silent past
+``--agent-stale-after-s`` or disconnected; each also an active ``AgentStale`` condition); ``/v1/nodes/<name>`` adds the node's faults and devices, or 404.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class NodeApi:
         health, worst = self.nodes.health(name)
         st = self.nodes.get(name)
         conditions = [c for c in st.conditions.values() if c.get("active")] if st else []
+        stale = self.nodes.stale_conditions(name)
         return {
             "name": name,
             "health": health,
@@ -46,7 +49,9 @@ class NodeApi:
             "agents": sorted(a for n, a in self.agents.connected() if n == name),
             "node_ip": st.node_ip if st else "",
             "node_status": st.node_status if st else "",
-            "conditions": conditions,
+            "conditions": conditions + stale,
+            "pending_sources": self.nodes.pending_sources(name),
+            "stale_agents": [c["agent"] for c in stale],
         }
 
     async def faults(self, request: web.Request) -> web.Response:

@@ -2,7 +2,8 @@
 
 :class:`AgentHub` serves ``faultmesh.v1.AgentStream/Connect``. Per stream: the first message must be
 ``Hello``; a ``Snapshot`` replaces everything that agent said about its node
-(:meth:`FaultCenter.replace_origin`); a ``Delta`` applies upserts/removals; each is acked with its seq
+(:meth:`FaultCenter.replace_origin`) except the faults of its ``pending_sources`` (not polled yet
+since the agent started: kept, and shown pending in the node view, issue 20); a ``Delta`` applies upserts/removals; each is acked with its seq
 after it is durable. Down the same stream go control messages (``send``), numbered, and acked by the
 agent. A new stream from the same (node, agent) takes over: the old one is closed and applies
 nothing more, its faults stay until the new snapshot replaces them ("agent stream taken over",
@@ -11,7 +12,8 @@ A stream changes only faults its agent owns: an upsert or removal of a key owned
 (another agent, ``public:*``, a component) is skipped, counted as ``foreign_origin`` and named in
 the ack's error; the rest of the message is applied. A stream that breaks costs
 nothing: the agent's faults stay (the agent is the truth and resyncs on reconnect) and the node is
-marked disconnected.
+marked disconnected. Liveness (issue 20): a stream silent for ``stale_after_s`` (agents send a
+heartbeat, an empty Delta, every 10 s) or ended is marked stale in the node registry (faults kept).
 
 Non-fault state (Hello identity, node status, conditions, device states) goes to the
 :class:`~clusterd.nodes.NodeRegistry`. The bearer token is checked before this servicer runs
@@ -80,6 +82,7 @@ class AgentSession:
     control_seq: int = 0
     acked_control: int = 0
     closed: bool = False
+    stale: bool = False  # nothing arrived for the hub's stale_after_s (a hung agent)
 
 
 Callback = Callable[..., Awaitable[Any] | Any]
@@ -89,10 +92,16 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
     """The agent-stream endpoint and the registry of connected agents."""
 
     def __init__(
-        self, center: FaultCenter, nodes: NodeRegistry, registry: CollectorRegistry, rejected: Counter
+        self,
+        center: FaultCenter,
+        nodes: NodeRegistry,
+        registry: CollectorRegistry,
+        rejected: Counter,
+        stale_after_s: float = 30.0,
     ) -> None:
         self.center = center
         self.nodes = nodes
+        self.stale_after_s = stale_after_s
         self.sessions: dict[tuple[str, str], AgentSession] = {}
         self._on_connect: list[Callback] = []
         self._on_ping: list[Callback] = []
@@ -200,6 +209,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             self._per_agent[agent] = self._per_agent.get(agent, 0) + 1
         self.sessions[(h.node, agent)] = session
         self.nodes.hello(h.node, h.node_ip, h.node_sn, h.boot_id)
+        self.nodes.set_stale(h.node, agent, None)
         self._count(agent)
         event(log, logging.INFO, "agent connected", node=h.node, agent=agent, peer=context.peer())
         reader = asyncio.create_task(self._read_loop(session, request_iterator), name=f"agent-read-{h.node}")
@@ -230,6 +240,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             if self.sessions.get((session.node, session.agent)) is session:
                 del self.sessions[(session.node, session.agent)]
                 self._per_agent[session.agent] -= 1
+                self.nodes.set_stale(session.node, session.agent, "Disconnected")  # its faults stay
                 event(log, logging.INFO, "agent disconnected", node=session.node, agent=session.agent)
             self._count(session.agent)
 
@@ -275,6 +286,27 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             self._reject("foreign_origin", node=s.node, agent=s.agent, refused=refused)
         return keep_ups, keep_rms, refused
 
+    async def watch_liveness(self) -> None:
+        """Mark a connected agent stale when nothing (not even its heartbeat) arrived for
+        ``stale_after_s``; its faults stay, the node view and ``faultmesh_agent_stale`` say so.
+        Checks 10 times per deadline (at most once per second). Runs until cancelled."""
+        period = max(0.05, min(1.0, self.stale_after_s / 10))
+        while True:
+            await asyncio.sleep(period)
+            now = time.time()
+            for s in list(self.sessions.values()):
+                if not s.stale and not s.closed and now - s.last_seen > self.stale_after_s:
+                    s.stale = True
+                    self.nodes.set_stale(s.node, s.agent, "NoHeartbeat", int(s.last_seen * 1000))
+                    event(
+                        log,
+                        logging.WARNING,
+                        "agent stale",
+                        node=s.node,
+                        agent=s.agent,
+                        silent_s=round(now - s.last_seen, 1),
+                    )
+
     def _count(self, agent: str) -> None:
         self.connected_gauge.labels(agent).set(self._per_agent.get(agent, 0))
 
@@ -284,6 +316,10 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 if session.closed:
                     return
                 session.last_seen = time.time()
+                if session.stale:
+                    session.stale = False
+                    self.nodes.set_stale(session.node, session.agent, None)
+                    event(log, logging.INFO, "agent live again", node=session.node, agent=session.agent)
                 await self._handle(session, msg)
                 if session.closed:
                     return
@@ -329,17 +365,21 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 )
             if kind == "snapshot":
                 self._check_state(s, body.conditions, body.devices, body.node_status, replace=True)
+                pending = _pending(body.pending_sources)
                 faults, _, refused = self._owned(s, [self._fault(s, m) for m in body.faults], [])
                 if s.closed:  # taken over meanwhile: the newer stream owns this (node, agent)
                     return
-                await self.center.replace_origin(s.node, s.agent, faults)
+                # sources pending their first poll keep their faults; only a complete poll clears
+                await self.center.replace_origin(s.node, s.agent, faults, keep_sources=pending)
                 self.nodes.update(
                     s.node,
                     conditions=[_condition(c) for c in body.conditions],
                     devices=[_device(d) for d in body.devices],
-                    status=body.node_status,
-                    replace=True,
+                    # while sources are pending the last known status stays (none known: take it)
+                    status=body.node_status if not pending or not self.nodes.status(s.node) else "",
+                    replace=not pending,  # pending: merged, the complete snapshot replaces
                 )
+                self.nodes.set_pending(s.node, s.agent, pending)
             else:
                 self._check_state(s, body.conditions, body.devices, body.node_status)
                 ups = [self._fault(s, m) for m in body.upserts]
@@ -419,6 +459,13 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         ):
             raise AgentInputError("bad_fault: too many or too long attributes")
         return fault_from_pb(m, node=s.node)
+
+
+def _pending(sources) -> frozenset[str]:
+    """A snapshot's ``pending_sources`` (at most 64 names of ≤64 chars). Raises AgentInputError."""
+    if len(sources) > 64 or any(not x or len(x) > 64 for x in sources):
+        raise AgentInputError("bad_state: more than 64 pending sources or a bad source name")
+    return frozenset(sources)
 
 
 def _valid_name(name: str) -> bool:

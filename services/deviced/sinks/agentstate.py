@@ -34,12 +34,29 @@ class AgentStateSink:
             registry=registry,
         )
 
-    def publish(self, engine: FaultEngine, switch: SwitchState, spod: dict[int, tuple[int, int]]) -> None:
-        """Push the current view into the agent state (deltas go out on their own)."""
+    def expect(self) -> None:
+        """Mark ``dcmi`` and ``lingqu`` pending in the agent state (call before the stream starts):
+        ClusterD keeps what it had for them until the first complete report (issue 20)."""
+        self.state.expect_sources((faults.SOURCE, faults.SWITCH_SOURCE))
+
+    def publish(
+        self,
+        engine: FaultEngine,
+        switch: SwitchState,
+        spod: dict[int, tuple[int, int]],
+        chips_complete: bool = True,
+        switch_complete: bool = True,
+    ) -> None:
+        """Push the current view into the agent state (deltas go out on their own). ``chips_complete``
+        / ``switch_complete``: the view of that source is complete (every chip polled once since the
+        start / the switch's first full query done), which readies it (see :meth:`expect`)."""
         self.state.replace_source(faults.SOURCE, faults.chip_faults(engine, self.node))
         self.state.replace_source(
             faults.SWITCH_SOURCE, faults.switch_faults(switch, self.node, bool(engine.resetting()))
         )
+        ready = [faults.SOURCE] if chips_complete else []
+        ready += [faults.SWITCH_SOURCE] if switch_complete else []
+        self.state.source_ready(ready)
         for dev in faults.device_states(engine, spod):
             self.state.set_device(dev)
         for d in engine.devices.values():

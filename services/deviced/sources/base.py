@@ -35,6 +35,7 @@ class DeviceSource:
     """Mixin of deviced's sources: keeps :class:`Deps` and adds the per-cycle hook."""
 
     name = "device"
+    fault_sources: tuple[str, ...] = ()  # the engine's sink reports (and readies) dcmi / lingqu
 
     def __init__(self, deps: Deps) -> None:
         self.deps = deps

@@ -153,18 +153,20 @@ class Hello(_message.Message):
     def __init__(self, node: _Optional[str] = ..., agent: _Optional[str] = ..., boot_id: _Optional[str] = ..., version: _Optional[str] = ..., node_ip: _Optional[str] = ..., node_sn: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("seq", "faults", "conditions", "devices", "node_status")
+    __slots__ = ("seq", "faults", "conditions", "devices", "node_status", "pending_sources")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     FAULTS_FIELD_NUMBER: _ClassVar[int]
     CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     NODE_STATUS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_SOURCES_FIELD_NUMBER: _ClassVar[int]
     seq: int
     faults: _containers.RepeatedCompositeFieldContainer[Fault]
     conditions: _containers.RepeatedCompositeFieldContainer[Condition]
     devices: _containers.RepeatedCompositeFieldContainer[DeviceState]
     node_status: str
-    def __init__(self, seq: _Optional[int] = ..., faults: _Optional[_Iterable[_Union[Fault, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceState, _Mapping]]] = ..., node_status: _Optional[str] = ...) -> None: ...
+    pending_sources: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, seq: _Optional[int] = ..., faults: _Optional[_Iterable[_Union[Fault, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceState, _Mapping]]] = ..., node_status: _Optional[str] = ..., pending_sources: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Delta(_message.Message):
     __slots__ = ("seq", "upserts", "removals", "conditions", "devices", "ping_results", "slownode_reports", "node_status")

@@ -61,11 +61,22 @@ def cmd_nodes(args: argparse.Namespace) -> int:
             n["faults"],
             ",".join(n["agents"]),
             ",".join(c["type"] for c in n["conditions"]),
+            _data_state(n),
         )
         for n in data
     ]
-    emit(args, data, rows, ("NODE", "HEALTH", "WORST LEVEL", "FAULTS", "AGENTS", "CONDITIONS"))
+    emit(args, data, rows, ("NODE", "HEALTH", "WORST LEVEL", "FAULTS", "AGENTS", "CONDITIONS", "DATA"))
     return 0
+
+
+def _data_state(n: dict) -> str:
+    """``current``, or ``stale:<agents>`` / ``pending:<agent/source>`` (issue 20)."""
+    parts = []
+    if n.get("stale_agents"):
+        parts.append("stale:" + ",".join(n["stale_agents"]))
+    if n.get("pending_sources"):
+        parts.append("pending:" + ",".join(n["pending_sources"]))
+    return " ".join(parts) or "current"
 
 
 def register(sub: argparse._SubParsersAction) -> None:

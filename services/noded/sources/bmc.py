@@ -110,6 +110,7 @@ class Bmc(PolledSource):
     """
 
     name = "bmc"
+    fault_sources = (SOURCE_OEM, SOURCE_SEL)
 
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -131,6 +132,12 @@ class Bmc(PolledSource):
         )
         p.add_argument(
             "--poll-interval", type=_interval(1, 600), default=60.0, help="BMC poll period (s), 1..600"
+        )
+        p.add_argument(
+            "--bmc-call-timeout-max",
+            type=_interval(0.5, 600),
+            default=5.0,
+            help="timeout of one IPMI call, at most (s; the call timeout is min(this, --bmc-timeout))",
         )
         p.add_argument(
             "--backoff-base", type=float, default=1.0, help="first retry delay after a BMC failure (s)"
@@ -158,7 +165,7 @@ class Bmc(PolledSource):
                 cfg.bmc_port,
                 cfg.bmc_user,
                 read_password(cfg),
-                timeout_s=min(5.0, cfg.bmc_timeout),
+                timeout_s=min(getattr(cfg, "bmc_call_timeout_max", 5.0), cfg.bmc_timeout),
             )
         src = cls(
             client=client,
@@ -239,6 +246,7 @@ class Bmc(PolledSource):
             ctx.set_condition(COND_UNREACHABLE, True, "NotConfigured", "noded runs without --bmc-host")
             self.polled.set()
             return
+        ctx.mark_pending(*self.fault_sources)  # ClusterD keeps its BMC faults until the first poll
         self.publish()  # the node status is reported even before the first poll
         ctx.spawn(self.run(), name="bmc-poll")
         if self.watcher is not None and self.watcher.path:
@@ -457,6 +465,8 @@ class Bmc(PolledSource):
             if res.cursor is not None:
                 self.cursor = res.cursor
         self.publish()
+        if self.ctx is not None:
+            self.ctx.mark_ready(*self.fault_sources)
         self.polled.set()
 
     # -- faults --------------------------------------------------------------------------------------

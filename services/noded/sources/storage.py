@@ -203,7 +203,8 @@ class StorageSource(PolledSource):
 
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
-        """``--dpc-status-file``, ``--dtfs-status-file``, ``--storage-interval`` (one set for both)."""
+        """``--dpc-status-file``, ``--dtfs-status-file``, ``--storage-interval``,
+        ``--storage-memory-hold-s`` (one set for both)."""
         p.add_argument(
             "--dpc-status-file", help="DPC status file, e.g. /user/mind-cluster/dpcstatus/dpc_status_check"
         )
@@ -212,11 +213,22 @@ class StorageSource(PolledSource):
             help="DTFS status file, e.g. /user/mind-cluster/dtfsstatus/dtfs_status_check",
         )
         p.add_argument("--storage-interval", type=float, default=5.0, help="DPC/DTFS poll period (s)")
+        p.add_argument(
+            "--storage-memory-hold-s",
+            type=float,
+            default=MEMORY_HOLD_S,
+            help="a DPC memory error must last (and clear) this long before it is raised (cleared) (s)",
+        )
 
     @classmethod
     def from_config(cls, cfg: Any, metrics: NodedMetrics) -> StorageSource:
         """The source for the storage section ``cfg`` (path ``<kind>_status_file``, may be empty)."""
-        return cls(getattr(cfg, f"{cls.kind}_status_file") or "", metrics, interval_s=cfg.storage_interval)
+        return cls(
+            getattr(cfg, f"{cls.kind}_status_file") or "",
+            metrics,
+            interval_s=cfg.storage_interval,
+            memory_hold_s=getattr(cfg, "storage_memory_hold_s", MEMORY_HOLD_S),
+        )
 
     def __init__(
         self,
@@ -225,6 +237,7 @@ class StorageSource(PolledSource):
         interval_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = now_ms,
+        memory_hold_s: float = MEMORY_HOLD_S,
     ) -> None:
         if self.kind not in ("dpc", "dtfs"):
             raise ValueError(f"storage source kind must be dpc or dtfs, got {self.kind!r}")
@@ -234,7 +247,7 @@ class StorageSource(PolledSource):
         self.interval_s = interval_s
         self.timeout_s = max(1.0, min(interval_s, 5.0))
         self.wall_ms = wall_ms
-        self.dpc = DpcEvaluator(clock)
+        self.dpc = DpcEvaluator(clock, memory_hold_s)
         self.codes: set[str] = set()
         self.reads_ok = 0
         self._faults: list[Fault] = []
