@@ -233,16 +233,18 @@ async def test_node_health_gauges_follow_the_fault_center(cd, stub):
 async def test_delete_delay_and_cap_are_flags(tmp_path):
     """--public-fault-delete-delay-s (default 5) and --public-fault-max-items (default 50000), issue 20."""
     cd = await make_clusterd(
-        tmp_path, "--public-fault-delete-delay-s", "0.5", "--public-fault-max-items", "2"
+        tmp_path, "--public-fault-delete-delay-s", "0.5", "--public-fault-max-items", "1"
     )
     try:
-        assert (cd.pubfault.delete_delay_ms, cd.pubfault.max_items) == (500, 2)
+        assert (cd.pubfault.delete_delay_ms, cd.pubfault.max_items) == (500, 1)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{cd.grpc_port}") as ch:
             stub = pubfault_pb2_grpc.PubFaultStub(ch)
             assert await send(stub, request([fault(faultId="once-0001", assertion="once")])) == OK
             assert len(cd.center.faults()) == 2
-            assert await send(stub, request([fault(faultId="occ-00001")])) == OK
-            assert len(cd.center.faults()) == 2  # the cap: dropped
+            # the cap (one item per influence entry, issue 19): refused whole, nothing stored
+            code, info = await send(stub, request([fault(faultId="occ-00001")]))
+            assert code == 409 and "public fault cache full" in info
+            assert len(cd.center.faults()) == 2
             deadline = time.monotonic() + 5
             while cd.center.faults() and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)

@@ -8,7 +8,6 @@ import time
 
 from support import public_request
 
-from clusterd.api import pubfault as pubfault_mod
 from faultmesh._pb import pubfault_pb2
 from faultmesh.model import Fault
 
@@ -51,7 +50,7 @@ async def test_a_172_kib_request_of_128000_device_faults_is_refused_whole(cd):
 
 
 async def test_items_are_counted_per_influence_entry_and_checked_before_applying(cd, monkeypatch):
-    monkeypatch.setattr(pubfault_mod, "MAX_ITEMS", 3)
+    cd.pubfault.max_items = 3  # --public-fault-max-items
     ok = _request(["fault-cap-a"], ["node-a", "node-b", "node-c"], [0, 1], rid="req-cap-0002")
     assert (await cd.pubfault.intake(ok)).code == 0  # 3 items (6 device faults)
     assert len(cd.center) == 6
