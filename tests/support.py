@@ -154,13 +154,8 @@ def public_request(fault_id: str, node: str = "node-1", code: str = "010001001")
 
 async def until(pred, timeout_s: float = 8.0) -> bool:
     """Await until ``pred()`` is true, polling every 50 ms (raises ``AssertionError`` on timeout)."""
-    import asyncio
-
-    for _ in range(int(timeout_s / 0.05)):
-        if pred():
-            return True
-        await asyncio.sleep(0.05)
-    raise AssertionError("timed out")
+    await eventually(pred, timeout_s)
+    return True
 
 
 def http_call(method: str, url: str, body=None) -> tuple[int, object]:

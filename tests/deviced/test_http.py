@@ -7,19 +7,11 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-from support import free_port
+from support import free_port, until
 
 from deviced.app import DeviceD, build_parser
 from deviced.backends import SimBackend
 from faultmesh._pb import agent_pb2
-
-
-async def until(pred, timeout_s=8.0):
-    for _ in range(int(timeout_s / 0.05)):
-        if pred():
-            return True
-        await asyncio.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 async def test_devices_endpoint_and_operator_release():

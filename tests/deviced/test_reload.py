@@ -5,18 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-from support import free_port
+from support import free_port, until
 
 from deviced.app import DeviceD, build_parser
 from deviced.backends import SimBackend
-
-
-async def until(pred, timeout_s=8.0):
-    for _ in range(int(timeout_s / 0.05)):
-        if pred():
-            return True
-        await asyncio.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 async def test_changed_table_files_are_reloaded_and_escalations_relevelled(tmp_path):
