@@ -42,6 +42,7 @@ from clusterd.auth import TokenAuth
 from clusterd.brain.component import BrainComponent
 from clusterd.center import FaultCenter
 from clusterd.context import ClusterContext, Metrics
+from clusterd.history import HistoryComponent
 from clusterd.http.nodes import NodeApi
 from clusterd.ingest.agents import AgentHub
 from clusterd.kube import KubeComponent
@@ -63,6 +64,7 @@ COMPONENT_CLASSES: tuple[type, ...] = (
     BrainComponent,
     SlowNodeComponent,
     SlowNetComponent,
+    HistoryComponent,
 )
 """Every component class, in start order (their flags join the command line)."""
 
@@ -178,6 +180,7 @@ class ClusterD:
             data_trace_root=self.brain.datatrace.root,
         )
         self.components = [self.pubfault, kube, self.brain, slownode, SlowNetComponent(ctx)]
+        self.components.append(HistoryComponent(ctx))
         self.grpc_port = 0
         self._server: grpc.aio.Server | None = None
 

@@ -25,7 +25,7 @@ def kv(**fields: Any) -> str:
     return " ".join(f"{k}={_fmt_value(v)}" for k, v in fields.items())
 
 
-def event(logger: logging.Logger, level: int, msg: str, **fields: Any) -> None:
+def event(logger: logging.Logger, level: int, msg: str, /, **fields: Any) -> None:
     """Log one event line: ``msg key=value ...`` (msg first, so stable phrases stay greppable)."""
     if logger.isEnabledFor(level):
         logger.log(level, f"{msg} {kv(**fields)}" if fields else msg)

@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "up",
     "device_sim",
     "explain",
+    "history",
 )
 
 
