@@ -44,6 +44,7 @@ from clusterd.center import FaultCenter
 from clusterd.context import ClusterContext, Metrics
 from clusterd.history import HistoryComponent
 from clusterd.http.nodes import NodeApi
+from clusterd.http.web import WebUi
 from clusterd.ingest.agents import AgentHub
 from clusterd.kube import KubeComponent
 from clusterd.nodes import NodeHealthCollector, NodeRegistry
@@ -168,6 +169,7 @@ class ClusterD:
             auth=auth,
         )
         NodeApi(center, nodes, self.ctx.agents).add_routes(http.app.router)
+        WebUi(center, nodes, self.ctx.agents).add_routes(http.app)
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         ctx = self.ctx
         self.pubfault = PubFaultComponent(ctx)
