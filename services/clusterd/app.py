@@ -34,7 +34,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
+from prometheus_client import Counter, Gauge
 
 from clusterd.api.grpcserver import RateLimitInterceptor, server_credentials, server_options
 from clusterd.api.pubfault import PubFaultComponent
@@ -56,6 +56,7 @@ from faultmesh import log as fmlog
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
 from faultmesh.httpd import HttpServer
 from faultmesh.log import event
+from faultmesh.metrics import daemon_registry
 
 log = logging.getLogger("clusterd")
 
@@ -138,8 +139,7 @@ class ClusterD:
     """
 
     def __init__(self, args: argparse.Namespace, classes: list[type] | None = None) -> None:
-        registry = CollectorRegistry()
-        ProcessCollector(registry=registry)
+        registry = daemon_registry("clusterd")
         rejected = Counter(
             "faultmesh_rejected_requests_total",
             "Rejected requests by service and reason",
