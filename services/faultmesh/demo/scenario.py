@@ -171,11 +171,9 @@ class Scenario:
                 self.job_error = f"faultmesh job apply failed ({rc}): {out[-200:]}"
         if not self.job_error:
             self.trainsim = await st.procs.start(
-                "trainsim", python_argv("faultmesh", "trainsim", "--grpc", st.grpc, "--job-id", JOB)
+                "trainsim", python_argv("faultmesh", "trainsim", "--grpc", st.grpc, "--job", JOB)
             )
-            self.say(
-                f"JOB training-side stand-in: faultmesh trainsim --job-id {JOB} (pid {self.trainsim.pid})"
-            )
+            self.say(f"JOB training-side stand-in: faultmesh trainsim --job {JOB} (pid {self.trainsim.pid})")
         switch = ""
         if st.features.get("slownode") and st.features.get("brain"):
             conf = run / "featconf.json"
@@ -529,7 +527,7 @@ class Scenario:
             return
         self.say(f"STEP stress test on {s.name} (ops AIC, P2P) with the operator CLI")
         r_st.injected = time.time()
-        ok, msg = await self._om_cli("stress-test", "--job-id", JOB, "--ops", "aic,p2p", "--node", s.name)
+        ok, msg = await self._om_cli("stress-test", "--job", JOB, "--ops", "aic,p2p", "--node", s.name)
         r_st.detected = time.time()
         got = await self.wait_decision(
             r_st.injected, ("stress-test-success", "isolate-node", "stop-train"), 30
@@ -544,7 +542,7 @@ class Scenario:
         self.say(f"STEP NIC switch on {s.name} NPU 0,1 with the operator CLI")
         r_nic.injected = time.time()
         ok, msg = await self._om_cli(
-            "switch-nic", "--job-id", JOB, "--nic", f"{s.name}:0=on", "--nic", f"{s.name}:1=on"
+            "switch-nic", "--job", JOB, "--nic", f"{s.name}:0=on", "--nic", f"{s.name}:1=on"
         )
         r_nic.detected = time.time()
         got = await self.wait_decision(r_nic.injected, ("switch-nic-success", "stop-train", "kill-job"), 30)
