@@ -35,7 +35,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
+from prometheus_client import Counter, Gauge
 
 from clusterd.api.grpcserver import RateLimitInterceptor, server_credentials, server_options
 from clusterd.api.pubfault import PubFaultComponent
@@ -43,7 +43,9 @@ from clusterd.auth import TokenAuth
 from clusterd.brain.component import BrainComponent
 from clusterd.center import FaultCenter
 from clusterd.context import ClusterContext, Metrics
+from clusterd.history import HistoryComponent
 from clusterd.http.nodes import NodeApi
+from clusterd.http.web import WebUi
 from clusterd.ingest.agents import AgentHub
 from clusterd.kube import KubeComponent
 from clusterd.nodes import NodeHealthCollector, NodeRegistry
@@ -56,6 +58,7 @@ from faultmesh import log as fmlog
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
 from faultmesh.httpd import HttpServer
 from faultmesh.log import event
+from faultmesh.metrics import daemon_registry
 
 log = logging.getLogger("clusterd")
 
@@ -66,6 +69,7 @@ COMPONENT_CLASSES: tuple[type, ...] = (
     ManualSeparation,
     SlowNodeComponent,
     SlowNetComponent,
+    HistoryComponent,
 )
 """Every component class, in start order (their flags join the command line)."""
 
@@ -129,6 +133,7 @@ def build_parser(classes: list[type] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-file", help="also log to this file (rotated at 20 MiB, 5 kept)")
+    p.add_argument("--log-format", choices=fmlog.FORMATS, default="text", help="log lines: text or json")
     for cls in COMPONENT_CLASSES if classes is None else classes:
         cls.add_arguments(p)
     return p
@@ -154,8 +159,7 @@ class ClusterD:
     """
 
     def __init__(self, args: argparse.Namespace, classes: list[type] | None = None) -> None:
-        registry = CollectorRegistry()
-        ProcessCollector(registry=registry)
+        registry = daemon_registry("clusterd")
         rejected = Counter(
             "faultmesh_rejected_requests_total",
             "Rejected requests by service and reason",
@@ -185,6 +189,7 @@ class ClusterD:
             auth=auth,
         )
         NodeApi(center, nodes, self.ctx.agents).add_routes(http.app.router)
+        WebUi(center, nodes, self.ctx.agents).add_routes(http.app)
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         ctx = self.ctx
         self.pubfault = PubFaultComponent(ctx)
@@ -204,6 +209,7 @@ class ClusterD:
             data_trace_root=self.brain.datatrace.root,
         )
         self.components = [self.pubfault, kube, self.brain, self.separation, slownode, SlowNetComponent(ctx)]
+        self.components.append(HistoryComponent(ctx))
         self.grpc_port = 0
         self._server: grpc.aio.Server | None = None
 
@@ -331,7 +337,7 @@ class ClusterD:
 def main(argv: list[str] | None = None) -> int:
     """Console script ``clusterd``."""
     args = config.parse(build_parser(), argv)
-    fmlog.setup(args.log_level, args.log_file)
+    fmlog.setup(args.log_level, args.log_file, fmt=args.log_format)
     Path(args.state_dir).mkdir(parents=True, exist_ok=True)
 
     async def _main(stop: asyncio.Event) -> int:

@@ -23,10 +23,12 @@ from typing import Any, NamedTuple
 
 from clusterd.center import FaultCenter
 from clusterd.store import Store
-from faultmesh.levels import UNHEALTHY
+from faultmesh.levels import HEALTHY, SUB_HEALTHY, UNHEALTHY
 from faultmesh.log import event
 
 log = logging.getLogger("clusterd.nodes")
+
+HEALTH_STATES = (HEALTHY, SUB_HEALTHY, UNHEALTHY)
 
 AGENT = "agent"  # the node status reporter of the agent stream
 SLOW_NODE_CODE = "110001010"
@@ -306,7 +308,8 @@ class NodeHealthCollector:
     ``faultmesh_node_unhealthy{node}`` = 1 for every UnHealthy node; ``faultmesh_slow_node{node}`` =
     1 while a slow-node fault (110001010) is active; ``faultmesh_agent_stale{node,agent}`` = 1 while
     that agent's data is stale. Series of healthy nodes are absent, so the cardinality follows the
-    broken nodes only.
+    broken nodes only. ``faultmesh_node_health{node,health}`` is a state set over every known node:
+    1 for its health (Healthy / SubHealthy / UnHealthy), 0 for the other two.
     """
 
     SLOW_NODE_CODE = SLOW_NODE_CODE
@@ -341,6 +344,14 @@ class NodeHealthCollector:
         )
         for node, agent in self._nodes.stale_agents():
             stale.add_metric([node, agent], 1)
+        state = GaugeMetricFamily(
+            "faultmesh_node_health", "1 for the node's health, 0 for the others", labels=["node", "health"]
+        )
+        for node in sorted(self._nodes.all_names()):
+            now = self._nodes.health(node).health
+            for h in HEALTH_STATES:
+                state.add_metric([node, h], 1 if h == now else 0)
         yield unhealthy
         yield slow
         yield stale
+        yield state

@@ -50,6 +50,18 @@ CREATE TABLE IF NOT EXISTS separations (
 );
 """
 
+EVENTS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS fault_events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, ts_ms INTEGER NOT NULL, kind TEXT NOT NULL,
+  node TEXT NOT NULL, device_type TEXT NOT NULL, device_id INTEGER NOT NULL,
+  code TEXT NOT NULL, source TEXT NOT NULL, level TEXT NOT NULL, assertion TEXT NOT NULL,
+  attributes TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS fault_events_node_ts ON fault_events (node, ts_ms);
+CREATE INDEX IF NOT EXISTS fault_events_ts ON fault_events (ts_ms);
+"""
+"""Fault history (:mod:`clusterd.history`): one row per occur / update / recover, oldest pruned."""
+
 
 def _rollback(db: sqlite3.Connection) -> None:
     """Roll back the open transaction, if SQLite did not already (on SQLITE_FULL / SQLITE_IOERR it may
@@ -84,6 +96,7 @@ class Store:
         db.execute(f"PRAGMA synchronous={'FULL' if self._fsync_full else 'NORMAL'}")
         db.execute(f"PRAGMA busy_timeout={self._busy_timeout_ms}")
         db.executescript(SCHEMA)
+        db.executescript(EVENTS_SCHEMA)
         self._db = db
 
     @property
@@ -176,6 +189,83 @@ class Store:
     async def load_faults(self) -> list[tuple[Fault, str]]:
         """Every stored fault with its origin (the agent or component that owns it)."""
         return await self._run(self._load_faults)
+
+    # -- fault history ------------------------------------------------------------------------------
+    async def append_events(self, events: Iterable[tuple[int, str, Fault]]) -> None:
+        """Append (ts_ms, kind, fault) rows to the fault history in one transaction."""
+        rows = [
+            (ts, kind, f.node, f.device_type, f.device_id, f.code, f.source, f.level, f.assertion,
+             orjson.dumps(f.attributes).decode())
+            for ts, kind, f in events
+        ]  # fmt: skip
+        if not rows:
+            return
+
+        def _write(db: sqlite3.Connection) -> None:
+            db.executemany(
+                "INSERT INTO fault_events (ts_ms, kind, node, device_type, device_id, code, source,"
+                " level, assertion, attributes) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                rows,
+            )
+
+        await self._run(self._in_tx, _write)
+
+    async def query_events(
+        self, node: str | None = None, code: str | None = None, since_ms: int = 0, limit: int = 1000
+    ) -> list[dict[str, Any]]:
+        """History rows (oldest first) of ``node`` / ``code`` at or after ``since_ms``: the newest
+        ``limit`` of them, each a dict (ts_ms, kind, node, device_type, device_id, code, source,
+        level, assertion, attributes)."""
+        where, params = ["ts_ms >= ?"], [since_ms]
+        if node:
+            where.append("node = ?")
+            params.append(node)
+        if code:
+            where.append("code = ?")
+            params.append(code)
+        sql = (
+            "SELECT ts_ms, kind, node, device_type, device_id, code, source, level, assertion, attributes"
+            f" FROM fault_events WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?"
+        )
+
+        def _query():
+            assert self._db is not None
+            return self._db.execute(sql, (*params, max(0, int(limit)))).fetchall()
+
+        cols = ("ts_ms", "kind", "node", "device_type", "device_id", "code", "source", "level", "assertion")
+        out = []
+        for r in reversed(await self._run(_query)):
+            row = dict(zip(cols, r[:9], strict=True))
+            row["attributes"] = orjson.loads(r[9])
+            out.append(row)
+        return out
+
+    async def prune_events(self, before_ms: int, max_rows: int) -> int:
+        """Delete history rows older than ``before_ms`` and all but the newest ``max_rows``.
+        Returns how many rows went."""
+
+        def _prune(db: sqlite3.Connection) -> int:
+            n = db.execute("DELETE FROM fault_events WHERE ts_ms < ?", (before_ms,)).rowcount
+            top = db.execute(
+                "SELECT id FROM fault_events ORDER BY id DESC LIMIT 1 OFFSET ?", (max(0, max_rows),)
+            ).fetchone()
+            if top is not None:
+                n += db.execute("DELETE FROM fault_events WHERE id <= ?", (top[0],)).rowcount
+            return n
+
+        return await self._run(self._in_tx, _prune)
+
+    def _in_tx(self, fn):
+        db = self._db
+        assert db is not None
+        db.execute("BEGIN")
+        try:
+            out = fn(db)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return out
 
     # -- nodes -----------------------------------------------------------------------------------
     async def write_nodes(self, states: dict[str, dict[str, Any]]) -> None:

@@ -61,6 +61,7 @@ from faultmesh.agent import AgentClient, AgentState, agent_options, channel_cred
 from faultmesh.dcmi.loader import DcmiError
 from faultmesh.httpd import HttpServer
 from faultmesh.log import event
+from faultmesh.metrics import daemon_registry
 from faultmesh.model import now_ms
 from faultmesh.runtime import TaskOwner
 from faultmesh.source import SourceContext, SourceMetrics, start_sources, stop_sources
@@ -81,7 +82,7 @@ class DeviceD:
     def __init__(self, args: argparse.Namespace, backend: NpuBackend | None, clock=now_ms) -> None:
         self.args = args
         self.node_name = args.node_name
-        self.registry = CollectorRegistry()
+        self.registry = daemon_registry("deviced")
         self.engine = FaultEngine(
             FaultCodeTable.load(args.fault_code_file),
             Customization.load(args.fault_customization_file),

@@ -2,15 +2,26 @@
 
 Every faultmesh service logs through :func:`setup`; events are short stable phrases so operators can
 grep (design.md "Stable log phrases"). :class:`RateLimitedLog` logs a repeated reason once per period.
+
+Two formats (``setup(fmt=...)``, ``--log-format``, env ``FAULTMESH_LOG_FORMAT``): ``text`` (the
+default: ``2026-12-01T09:53:26.566+00:00 INFO clusterd.history fault changed kind=occur ...``) and
+``json`` (one object a line: ``{"time": ..., "severity": "INFO", "logger": ..., "event": "fault
+changed", "kind": "occur", ...}``; a field named like one of those four is written ``field_<name>``).
+Timestamps are RFC 3339 with the local zone's offset, in milliseconds.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import logging.handlers
+import os
 import sys
 import time
+from datetime import datetime
 from typing import Any
+
+FORMATS = ("text", "json")
 
 
 def _fmt_value(v: Any) -> str:
@@ -25,35 +36,69 @@ def kv(**fields: Any) -> str:
     return " ".join(f"{k}={_fmt_value(v)}" for k, v in fields.items())
 
 
-def event(logger: logging.Logger, level: int, msg: str, **fields: Any) -> None:
+def event(logger: logging.Logger, level: int, msg: str, /, **fields: Any) -> None:
     """Log one event line: ``msg key=value ...`` (msg first, so stable phrases stay greppable)."""
     if logger.isEnabledFor(level):
-        logger.log(level, f"{msg} {kv(**fields)}" if fields else msg)
+        logger.log(
+            level, f"{msg} {kv(**fields)}" if fields else msg, extra={"fm_event": msg, "fm_fields": fields}
+        )
+
+
+def rfc3339(created: float) -> str:
+    """``created`` (epoch s) as RFC 3339 in local time with its offset, ms: ``...T09:53:26.566+00:00``."""
+    return datetime.fromtimestamp(created).astimezone().isoformat(timespec="milliseconds")
 
 
 class _Formatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        t = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(record.created))
-        line = f"{t}.{int(record.msecs):03d} {record.levelname} {record.name} {record.getMessage()}"
+        line = f"{rfc3339(record.created)} {record.levelname} {record.name} {record.getMessage()}"
         if record.exc_info:
             line += " exc=" + _fmt_value(self.formatException(record.exc_info).replace("\n", " | "))
         return line
 
 
+_CORE = ("time", "severity", "logger", "event")
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        ev = getattr(record, "fm_event", None)
+        d: dict[str, Any] = {
+            "time": rfc3339(record.created),
+            "severity": record.levelname,
+            "logger": record.name,
+            "event": record.getMessage() if ev is None else ev,
+        }
+        for k, v in (getattr(record, "fm_fields", None) or {}).items():
+            d[f"field_{k}" if k in _CORE else k] = v if isinstance(v, int | float | bool | None) else str(v)
+        if record.exc_info:
+            d["exc"] = self.formatException(record.exc_info)
+        return json.dumps(d, ensure_ascii=False)
+
+
 def setup(
-    level: str = "INFO", log_file: str | None = None, max_bytes: int = 20 << 20, backups: int = 5
+    level: str = "INFO",
+    log_file: str | None = None,
+    max_bytes: int = 20 << 20,
+    backups: int = 5,
+    fmt: str | None = None,
 ) -> None:
-    """Configure the root logger: stderr, plus a rotating ``log_file`` (max_bytes, backups) when given."""
+    """Configure the root logger: stderr, plus a rotating ``log_file`` (max_bytes, backups) when given.
+    ``fmt``: ``text`` or ``json`` (None: env ``FAULTMESH_LOG_FORMAT``, else text). Raises ``ValueError``
+    for another format."""
+    fmt_name = fmt or os.environ.get("FAULTMESH_LOG_FORMAT") or "text"
+    if fmt_name not in FORMATS:
+        raise ValueError(f"log format {fmt_name!r}: use one of {', '.join(FORMATS)}")
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(level.upper())
-    fmt = _Formatter()
+    fmt_obj = _JsonFormatter() if fmt_name == "json" else _Formatter()
     h: logging.Handler = logging.StreamHandler(sys.stderr)
-    h.setFormatter(fmt)
+    h.setFormatter(fmt_obj)
     root.addHandler(h)
     if log_file:
         fh = logging.handlers.RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backups)
-        fh.setFormatter(fmt)
+        fh.setFormatter(fmt_obj)
         root.addHandler(fh)
     logging.getLogger("grpc").setLevel(logging.WARNING)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

@@ -31,7 +31,6 @@ import os
 import time
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry
 
 from faultmesh import config
 from faultmesh.agent import (
@@ -43,6 +42,7 @@ from faultmesh.agent import (
 )
 from faultmesh.httpd import HttpServer, json_response
 from faultmesh.log import event
+from faultmesh.metrics import daemon_registry
 from faultmesh.runtime import BlockingPool
 from faultmesh.source import SourceContext, SourceMetrics, start_sources, stop_sources
 from noded import nodeinfo, sources
@@ -106,7 +106,7 @@ class NodeD:
             raise ValueError("noded needs --node-name (or env NODE_NAME)")
         self.args = args
         self.node_name: str = args.node_name
-        self.registry = CollectorRegistry()
+        self.registry = daemon_registry("noded")
         self.metrics = NodedMetrics(self.registry)
         self.source_metrics = SourceMetrics(self.registry)
         self.state = AgentState(self.node_name)

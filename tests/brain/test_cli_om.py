@@ -88,9 +88,9 @@ async def test_cli_switch_nic_happy_and_failed(cd, tmp_path):
 async def test_cli_switch_nic_bad_arguments(cd):
     await apply(cd)
     rc, out, err = await run_cli(cd, "switch-nic", "--job-id", JOB, "--nic", "node-b-0-on")
-    assert rc == 1 and "expected NODE:DEVICE=on|off" in err
+    assert rc == 2 and "expected NODE:DEVICE=on|off" in err
     rc, out, err = await run_cli(cd, "switch-nic", "--job-id", JOB, "--nic", "node-b:0=on")
-    assert rc == 1 and "code 413" in err and "not registered" in err
+    assert rc == 5 and "code 413" in err and "not registered" in err
 
 
 async def test_cli_stress_test_happy_isolate_and_bad_ops(cd, tmp_path):
@@ -107,9 +107,9 @@ async def test_cli_stress_test_happy_isolate_and_bad_ops(cd, tmp_path):
             "stress test find fault, isolate node:['node-b'],result:{"
         )
     rc, out, err = await run_cli(cd, "stress-test", "--job-id", JOB, "--ops", "aic,aic")
-    assert rc == 1 and "repeats an op" in err
+    assert rc == 2 and "repeats an op" in err
     rc, out, err = await run_cli(cd, "stress-test", "--job-id", JOB, "--ops", "hbm")
-    assert rc == 1 and "unknown op" in err
+    assert rc == 2 and "unknown op" in err
 
 
 async def test_cli_trace_on_off_get(cd, tmp_path):
@@ -122,13 +122,13 @@ async def test_cli_trace_on_off_get(cd, tmp_path):
     rc, out, err = await run_cli(cd, "trace", "off", "default/llama")
     assert rc == 0 and out.split("\n")[1].split()[1:] == ["off"] * 5
     rc, out, err = await run_cli(cd, "trace", "on", "llama")
-    assert rc == 1 and "is not NAMESPACE/JOB" in err
+    assert rc == 2 and "is not NAMESPACE/JOB" in err
     rc, out, err = await run_cli(cd, "trace", "on", "default/nope")
     assert rc == 1 and "notify subscribe failed" in err
     rc, out, err = await run_cli(cd, "trace", "get", "default/never-set")
     assert rc == 1 and "failed to found configmap" in err
     rc, out, err = await run_cli(cd, "trace", "on", "default/llama", "--set", "FP=maybe")
-    assert rc == 1 and "--set 'FP=maybe'" in err
+    assert rc == 2 and "--set 'FP=maybe'" in err
 
 
 async def test_cli_bad_flags_and_unreachable(cd):
@@ -137,6 +137,6 @@ async def test_cli_bad_flags_and_unreachable(cd):
     rc, out, err = await run_cli(cd, "trainsim", "--job-id", JOB, "--stress-rank-code", "x=9")
     assert rc == 1 and "is not rank=code" in err
     rc, out, err = await run([*CLI, "jobs", "--http", "127.0.0.1:1"], 30)
-    assert rc == 1 and "cannot reach clusterd" in err
+    assert rc == 3 and "cannot reach clusterd" in err
     rc, out, err = await run([*CLI, "stress-test", "--job-id", JOB, "--grpc", "127.0.0.1:1"], 30)
-    assert rc == 1 and "StressTest: clusterd unreachable" in err
+    assert rc == 3 and "StressTest: clusterd unreachable" in err

@@ -215,6 +215,6 @@ async def test_cli_job_apply_jobs_and_errors(cd, tmp_path):
     r = await asyncio.to_thread(_cli, cd, "job", "get", "job-cli-0001")
     assert r.returncode == 0 and "RANK" in r.stdout
     r = await asyncio.to_thread(_cli, cd, "job", "get", "nope")
-    assert r.returncode == 1 and "HTTP 404" in r.stderr
+    assert r.returncode == 4 and "HTTP 404" in r.stderr
     r = await asyncio.to_thread(_cli, cd, "job", "delete", "job-cli-0001")
     assert r.returncode == 0

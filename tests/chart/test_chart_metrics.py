@@ -173,6 +173,10 @@ async def test_daemon_metrics_pass_promtool_and_feed_the_alert_rules(tmp_path):
             for name, text in scrapes.items():
                 rc, out = await _promtool_check(promtool, text)
                 assert rc == 0, f"{name}: promtool check metrics:\n{out}"
+                # issue 17: process_* and build_info on every daemon, no *_created series
+                assert "\nprocess_cpu_seconds_total " in text, name
+                assert re.search(rf'^faultmesh_build_info{{.*service="{name}".*}} 1.0$', text, re.M), name
+                assert "_created" not in text, name
         finally:
             for p in procs:
                 await _stop(p)
@@ -181,7 +185,7 @@ async def test_daemon_metrics_pass_promtool_and_feed_the_alert_rules(tmp_path):
     for group in rules["groups"]:
         for rule in group["rules"]:
             used = set(re.findall(r"\b(faultmesh_[a-z_]+)", rule["expr"]))
-            assert used, rule["alert"]
+            assert used or re.match(r"max by \(job, instance\) \(up\{", rule["expr"]), rule["alert"]
             # Counters are declared as "<name>" in TYPE and exported as "<name>_total".
             missing = {m for m in used if m not in exported and m.removesuffix("_total") not in exported}
             assert not missing, f"{rule['alert']} uses metrics no daemon exports: {missing}"

@@ -3,6 +3,9 @@
 Each subcommand group lives in its own module under ``faultmesh.cli`` and exposes
 ``register(subparsers)``, which adds its parsers and sets ``func`` (a callable taking the parsed
 args and returning an exit status). The explicit tuple below is the registry (no import side effects).
+
+``--version`` works on ``faultmesh`` and on every command; shell completion comes from argcomplete
+(``eval "$(faultmesh completion bash)"``); exit codes are in :data:`faultmesh.cli.common.EXIT_CODES`.
 """
 
 from __future__ import annotations
@@ -28,22 +31,48 @@ COMMAND_MODULES: tuple[str, ...] = (
     "device_sim",
     "explain",
     "release",
+    "history",
+    "completion",
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The full ``faultmesh`` parser with every registered command group."""
-    parser = argparse.ArgumentParser(prog="faultmesh", description="faultmesh operator CLI")
+    """The full ``faultmesh`` parser with every registered command group (``--version`` on each)."""
+    from faultmesh.cli.common import EXIT_CODES
+    from faultmesh.metrics import version
+
+    parser = argparse.ArgumentParser(
+        prog="faultmesh",
+        description="faultmesh operator CLI",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    text = f"faultmesh {version()}"
+    parser.add_argument("--version", action="version", version=text)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(f"faultmesh.cli.{name}").register(sub)
+    todo = list(sub.choices.values())
+    while todo:  # every command and sub-command answers --version too
+        p = todo.pop()
+        if "--version" not in p._option_string_actions:
+            p.add_argument("--version", action="version", version=text, help=argparse.SUPPRESS)
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                todo.extend(a.choices.values())
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``faultmesh`` console script. Returns the exit status."""
     parser = build_parser()
+    try:
+        import argcomplete  # completion: a no-op unless the shell asks (_ARGCOMPLETE set)
+
+        argcomplete.autocomplete(parser)
+    except ImportError:
+        pass
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

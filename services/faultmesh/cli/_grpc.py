@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from faultmesh.cli.common import CliError, token
+from faultmesh.cli.common import CliError, NotFound, Rejected, Unreachable, token
 
 
 def call(args: argparse.Namespace, stub_cls, method: str, request: Any, timeout_s: float = 10.0) -> Any:
@@ -19,7 +19,7 @@ def call(args: argparse.Namespace, stub_cls, method: str, request: Any, timeout_
         try:
             return getattr(stub_cls(ch), method)(request, timeout=timeout_s, metadata=md)
         except grpc.RpcError as e:
-            raise CliError(f"{method}: {_why(e)}") from None
+            raise _error(method, e) from None
 
 
 def first_of_stream(args: argparse.Namespace, stub_cls, method: str, request: Any, timeout_s: float) -> Any:
@@ -32,19 +32,38 @@ def first_of_stream(args: argparse.Namespace, stub_cls, method: str, request: An
             for msg in call:
                 return msg
         except grpc.RpcError as e:
-            raise CliError(f"{method}: {_why(e)}") from None
+            raise _error(method, e) from None
         finally:
             call.cancel()  # never leave a live stream behind when the channel closes
     raise CliError(f"{method}: the stream ended without a message")
 
 
-def _why(e: grpc.RpcError) -> str:
+_REJECTED = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.OUT_OF_RANGE,
+    }
+)
+
+
+def _error(method: str, e: grpc.RpcError) -> CliError:
+    """The :class:`CliError` of a failed call: UNAVAILABLE -> Unreachable, NOT_FOUND -> NotFound,
+    a refusal (invalid argument, auth, rate limit, ...) -> Rejected, anything else -> CliError."""
     code: Callable[[], grpc.StatusCode] = getattr(e, "code", lambda: grpc.StatusCode.UNKNOWN)
-    if code() == grpc.StatusCode.UNAVAILABLE:
-        return f"clusterd unreachable ({e.details()})"
-    if code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return "no answer in time"
-    return f"{code().name}: {e.details()}"
+    details: Callable[[], str] = getattr(e, "details", lambda: "")
+    c = code()
+    if c == grpc.StatusCode.UNAVAILABLE:
+        return Unreachable(f"{method}: clusterd unreachable ({details()})")
+    if c == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return CliError(f"{method}: no answer in time")
+    if c == grpc.StatusCode.NOT_FOUND:
+        return NotFound(f"{method}: {details()}")
+    return (Rejected if c in _REJECTED else CliError)(f"{method}: {c.name}: {details()}")
 
 
 def om_operation(
@@ -64,7 +83,7 @@ def om_operation(
 
     st = call(args, recover_pb2_grpc.RecoverStub, start[0], start[1])
     if st.code != 0:
-        raise CliError(f"{start[0]} refused: code {st.code}: {st.info}")
+        raise Rejected(f"{start[0]} refused: code {st.code}: {st.info}")
     msg = st.info
     if not args.no_wait:
         msg = first_of_stream(args, recover_pb2_grpc.RecoverStub, reply[0], reply[1], args.timeout_s).msg

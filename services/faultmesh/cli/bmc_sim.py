@@ -20,7 +20,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from faultmesh.cli.common import CliError, run
+from faultmesh.cli.common import CliError, Unreachable, http_error, reason, run
 
 # Named SEL events for ``inject --sel NAME``: (sensor type, event type, offset), IPMI 2.0 table 42-3.
 SEL_EVENTS = {
@@ -54,9 +54,9 @@ def _open(control: str, req: urllib.request.Request, timeout_s: float) -> dict:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as e:
-        raise CliError(f"bmc-sim: HTTP {e.code}: {e.read().decode(errors='replace').strip()}") from None
+        raise http_error("bmc-sim", e.code, e.read().decode(errors="replace")) from None
     except (urllib.error.URLError, OSError) as e:
-        raise CliError(f"cannot reach bmc-sim control API at {control}: {e}") from None
+        raise Unreachable(f"cannot reach bmc-sim control API at {control}: {reason(e)}") from None
 
 
 @run

@@ -1,9 +1,18 @@
-"""Helpers shared by CLI commands: the ClusterD address flags, HTTP GET/POST, tables and JSON output."""
+"""Helpers shared by CLI commands: the ClusterD address flags, HTTP calls, output and exit codes.
+
+Output (``-o``): ``table`` (default; aligned columns through rich, no borders, so scripts can still
+split rows on whitespace), ``wide`` (the table plus the extra columns a command marks wide),
+``json`` and ``yaml`` (the API's data, unchanged).
+
+Exit codes (:data:`EXIT_CODES`, shown in ``faultmesh --help``): 0 ok, 1 the operation failed,
+2 bad usage, 3 clusterd (or a simulator) unreachable, 4 not found, 5 rejected by the server.
+"""
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import io
 import json
 import os
 import sys
@@ -12,13 +21,49 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_REJECTED = range(6)
+EXIT_CODES = """exit codes:
+  0  success
+  1  the operation ran and failed (e.g. a stress test found a fault)
+  2  bad usage (unknown flag, bad value: the allowed values are named)
+  3  unreachable (clusterd or a simulator does not answer at the given address)
+  4  not found (no such job, node, super pod)
+  5  rejected by the server (invalid request, missing token, rate limited)"""
+OUTPUTS = ("table", "wide", "json", "yaml")
+
 
 class CliError(Exception):
-    """A user-facing CLI error; printed as ``error: <message>`` with exit status 1."""
+    """A user-facing CLI error; printed as ``error: <message>``, exit status :attr:`exit_code`."""
+
+    exit_code = EXIT_FAILED
+
+
+class UsageError(CliError):
+    """Bad input from the command line (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+class Unreachable(CliError):
+    """The server did not answer (exit 3)."""
+
+    exit_code = EXIT_UNREACHABLE
+
+
+class NotFound(CliError):
+    """The server has no such object (exit 4)."""
+
+    exit_code = EXIT_NOT_FOUND
+
+
+class Rejected(CliError):
+    """The server refused the request (exit 5)."""
+
+    exit_code = EXIT_REJECTED
 
 
 def add_server_flags(p: argparse.ArgumentParser) -> None:
-    """``--http`` (ClusterD HTTP address), ``--grpc`` (gRPC address), ``--token``, ``-o table|json``."""
+    """``--http`` (ClusterD HTTP address), ``--grpc`` (gRPC address), ``--token-file``, ``-o``."""
     p.add_argument(
         "--http",
         default=os.environ.get("FAULTMESH_HTTP_ADDR", "127.0.0.1:8080"),
@@ -34,17 +79,38 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("FAULTMESH_TOKEN_FILE"),
         help="bearer token file for mutating calls (env FAULTMESH_TOKEN_FILE)",
     )
-    p.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    add_output_flag(p)
+
+
+def add_output_flag(p: argparse.ArgumentParser) -> None:
+    """``-o/--output table|wide|json|yaml``."""
+    p.add_argument("-o", "--output", choices=OUTPUTS, default="table", help="output format (default table)")
+
+
+def add_job_flag(p: argparse.ArgumentParser, required: bool = True, help: str = "the job's id") -> None:
+    """``--job JOB`` (dest ``job_id``), the one spelling of a job; ``--job-id`` stays a hidden alias.
+    ``required`` is checked after parsing (so either spelling satisfies it)."""
+    p.add_argument("--job", dest="job_id", metavar="JOB", help=help + (" (required)" if required else ""))
+    p.add_argument("--job-id", dest="job_id", help=argparse.SUPPRESS)
+    if required:
+        p.set_defaults(_require_job=p)
+
+
+def check_job(args: argparse.Namespace) -> None:
+    """Exit 2 (argparse's usage error) when a command needs ``--job`` and got none."""
+    p = getattr(args, "_require_job", None)
+    if p is not None and not getattr(args, "job_id", None):
+        p.error("the following arguments are required: --job")
 
 
 def token(args: argparse.Namespace) -> str | None:
-    """The bearer token from ``--token-file`` or env ``FAULTMESH_TOKEN``. Raises :class:`CliError`."""
+    """The bearer token from ``--token-file`` or env ``FAULTMESH_TOKEN``. Raises :class:`UsageError`."""
     if getattr(args, "token_file", None):
         try:
             with open(args.token_file, encoding="utf-8") as f:
                 return f.read().strip()
         except OSError as e:
-            raise CliError(f"cannot read token file {args.token_file}: {e.strerror or e}") from None
+            raise UsageError(f"cannot read token file {args.token_file}: {e.strerror or e}") from None
     return os.environ.get("FAULTMESH_TOKEN")
 
 
@@ -54,10 +120,34 @@ def base_url(addr: str) -> str:
     return addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
 
 
+def reason(e: BaseException) -> str:
+    """A plain reason for a connection failure: ``Connection refused``, ``timed out``, never a repr."""
+    r = getattr(e, "reason", e)
+    if isinstance(r, OSError) and r.strerror:
+        return r.strerror
+    return str(r) or type(r).__name__
+
+
+def http_error(what: str, status: int, body: str) -> CliError:
+    """The :class:`CliError` for an HTTP error answer: 404 -> :class:`NotFound`, other 4xx ->
+    :class:`Rejected`, 5xx -> :class:`CliError`; the server's ``{"error": ...}`` text is the message."""
+    try:
+        detail = json.loads(body).get("error") or body
+    except (ValueError, AttributeError):
+        detail = body
+    msg = f"{what}: HTTP {status}: {str(detail).strip()}"
+    if status == 404:
+        return NotFound(msg)
+    if 400 <= status < 500:
+        return Rejected(msg)
+    return CliError(msg)
+
+
 def http_json(
     args: argparse.Namespace, method: str, path: str, body: Any = None, timeout_s: float = 10.0
 ) -> Any:
-    """Call ClusterD's HTTP API and return the decoded JSON. Raises :class:`CliError` with the reason."""
+    """Call ClusterD's HTTP API and return the decoded JSON. Raises :class:`Unreachable`,
+    :class:`NotFound`, :class:`Rejected` or :class:`CliError` with the reason."""
     url = base_url(args.http) + path
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
@@ -69,10 +159,9 @@ def http_json(
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             return json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as e:
-        detail = e.read().decode(errors="replace").strip()
-        raise CliError(f"{method} {path}: HTTP {e.code}: {detail}") from None
+        raise http_error(f"{method} {path}", e.code, e.read().decode(errors="replace")) from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-        raise CliError(f"cannot reach clusterd's HTTP API at {args.http}: {e!r}") from None
+        raise Unreachable(f"cannot reach clusterd's HTTP API at {args.http}: {reason(e)}") from None
     except ValueError:
         raise CliError(
             f"{args.http} answered {path} with something that is not JSON: is it clusterd's HTTP port?"
@@ -80,31 +169,67 @@ def http_json(
 
 
 def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out=None) -> None:
-    """Print rows as an aligned text table to ``out`` (default: the current ``sys.stdout``)."""
+    """Print rows as an aligned table (rich, no borders, two spaces between columns) to ``out``
+    (default: the current ``sys.stdout``). Off a terminal nothing wraps or is cut."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
     out = out if out is not None else sys.stdout
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    for r in cells:
-        out.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
+    tty = hasattr(out, "isatty") and out.isatty()
+    t = Table(
+        box=None, show_edge=False, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold" if tty else ""
+    )
+    for h in headers:
+        t.add_column(str(h), no_wrap=not tty, overflow="fold")
+    for r in rows:
+        t.add_row(*(Text("" if c is None else str(c)) for c in r))
+    buf = io.StringIO()
+    Console(
+        file=buf, width=None if tty else 100_000, force_terminal=tty, color_system="auto" if tty else None
+    ).print(t)
+    for line in buf.getvalue().splitlines():
+        out.write(line.rstrip() + "\n")
 
 
-def emit(args: argparse.Namespace, data: Any, rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> None:
-    """Print ``data`` as JSON with ``-o json``, else ``rows`` as a table."""
-    if args.output == "json":
+def emit(
+    args: argparse.Namespace,
+    data: Any,
+    rows: Sequence[Sequence[Any]],
+    headers: Sequence[str],
+    wide: int = 0,
+) -> None:
+    """Print ``data`` as JSON / YAML with ``-o json|yaml``, else ``rows`` as a table; the last
+    ``wide`` columns only with ``-o wide``."""
+    fmt = getattr(args, "output", "table")
+    if fmt == "json":
         sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    else:
+    elif fmt == "yaml":
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(data, sort_keys=True, allow_unicode=True))
+    elif fmt == "wide" or not wide:
         print_table(rows, headers)
+    else:
+        print_table([r[:-wide] for r in rows], headers[:-wide])
+
+
+def structured(args: argparse.Namespace) -> bool:
+    """True for ``-o json`` / ``-o yaml`` (commands with their own table layout use it)."""
+    return getattr(args, "output", "table") in ("json", "yaml")
 
 
 def run(fn):
-    """Decorator for command functions: a :class:`CliError` prints ``error: ...`` and returns 1."""
+    """Decorator for command functions: a :class:`CliError` prints ``error: ...`` and returns its
+    exit code; a missing ``--job`` is a usage error."""
 
     def wrapper(args: argparse.Namespace) -> int:
+        check_job(args)
         try:
             return int(fn(args) or 0)
         except CliError as e:
             sys.stderr.write(f"error: {e}\n")
-            return 1
+            return e.exit_code
 
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__

@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from faultmesh.cli.common import CliError, emit, run
+from faultmesh.cli.common import Unreachable, emit, http_error, reason, run
 
 
 def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
@@ -31,9 +31,9 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
         with urllib.request.urlopen(req, timeout=10) as r:
             return json.loads(r.read() or b"null")
     except urllib.error.HTTPError as e:
-        raise CliError(f"{path}: HTTP {e.code}: {e.read().decode(errors='replace').strip()}") from None
+        raise http_error(path, e.code, e.read().decode(errors="replace")) from None
     except (urllib.error.URLError, OSError) as e:
-        raise CliError(f"cannot reach the deviced sim control API at {args.sim}: {e}") from None
+        raise Unreachable(f"cannot reach the deviced sim control API at {args.sim}: {reason(e)}") from None
 
 
 @run

@@ -7,6 +7,7 @@ import time
 import urllib.parse
 
 from faultmesh.cli.common import add_server_flags, emit, http_json, run
+from faultmesh.levels import KNOWN_LEVELS
 
 
 def _ts(ms: int) -> str:
@@ -37,15 +38,25 @@ def cmd_faults(args: argparse.Namespace) -> int:
             f["source"],
             _ts(f["first_seen_ms"]),
             _ts(f["last_seen_ms"]),
+            f["assertion"],
+            ",".join(f"{k}={v}" for k, v in sorted(f["attributes"].items())),
         )
         for f in data
     ]
-    emit(
-        args,
-        data,
-        rows,
-        ("NODE", "DEVICE", "ID", "CODE", "NAME", "LEVEL", "SOURCE", "FIRST SEEN", "LAST SEEN"),
+    headers = (
+        "NODE",
+        "DEVICE",
+        "ID",
+        "CODE",
+        "NAME",
+        "LEVEL",
+        "SOURCE",
+        "FIRST SEEN",
+        "LAST SEEN",
+        "ASSERTION",
+        "ATTRIBUTES",
     )
+    emit(args, data, rows, headers, wide=2)
     return 0
 
 
@@ -62,10 +73,23 @@ def cmd_nodes(args: argparse.Namespace) -> int:
             ",".join(n["agents"]),
             ",".join(c["type"] for c in n["conditions"]),
             _data_state(n),
+            n["node_ip"],
+            n["node_status"],
         )
         for n in data
     ]
-    emit(args, data, rows, ("NODE", "HEALTH", "WORST LEVEL", "FAULTS", "AGENTS", "CONDITIONS", "DATA"))
+    headers = (
+        "NODE",
+        "HEALTH",
+        "WORST LEVEL",
+        "FAULTS",
+        "AGENTS",
+        "CONDITIONS",
+        "DATA",
+        "NODE IP",
+        "REPORTED STATUS",
+    )
+    emit(args, data, rows, headers, wide=2)
     return 0
 
 
@@ -82,9 +106,11 @@ def _data_state(n: dict) -> str:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("faults", help="list the active faults of the cluster")
     add_server_flags(p)
-    p.add_argument("--node")
-    p.add_argument("--level")
-    p.add_argument("--source")
+    p.add_argument("--node", help="only this node")
+    p.add_argument(
+        "--level", choices=sorted(KNOWN_LEVELS), metavar="LEVEL", help="only this level: %(choices)s"
+    )
+    p.add_argument("--source", help="only this source (deviced, noded, public, fd-online, ...)")
     p.set_defaults(func=cmd_faults)
     p = sub.add_parser("nodes", help="list nodes and their health")
     add_server_flags(p)

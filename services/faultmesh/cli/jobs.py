@@ -11,7 +11,16 @@ import argparse
 import sys
 import time
 
-from faultmesh.cli.common import CliError, add_server_flags, emit, http_json, print_table, run
+from faultmesh.cli.common import (
+    CliError,
+    UsageError,
+    add_server_flags,
+    emit,
+    http_json,
+    print_table,
+    run,
+    structured,
+)
 
 
 def _ts(ms: int) -> str:
@@ -90,11 +99,18 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return 0
 
 
+def _job(args: argparse.Namespace) -> str:
+    job = args.job_flag or args.id
+    if not job:
+        raise UsageError("name the job: faultmesh job ACTION JOB (or --job JOB)")
+    return job
+
+
 @run
 def cmd_get(args: argparse.Namespace) -> int:
     """Print one job: ranks with their faults (GET /v1/jobs/<id>)."""
-    j = http_json(args, "GET", f"/v1/jobs/{args.id}")
-    if args.output == "json":
+    j = http_json(args, "GET", f"/v1/jobs/{_job(args)}")
+    if structured(args):
         emit(args, j, [], ())
         return 0
     print_table(
@@ -125,7 +141,7 @@ def cmd_get(args: argparse.Namespace) -> int:
 @run
 def cmd_delete(args: argparse.Namespace) -> int:
     """Delete a job (DELETE /v1/jobs/<id>)."""
-    data = http_json(args, "DELETE", f"/v1/jobs/{args.id}")
+    data = http_json(args, "DELETE", f"/v1/jobs/{_job(args)}")
     emit(args, data, [(data["id"], data["result"])], ("ID", "RESULT"))
     return 0
 
@@ -144,7 +160,7 @@ def cmd_recovery(args: argparse.Namespace) -> int:
         )
         for d in data["decisions"]
     ]
-    if args.output == "table":
+    if not structured(args):
         sys.stdout.write(
             f"job {data['job_id']}  state {data['state'] or '-'}  registered {data['registered']}  "
             f"subscribed {data['subscribed']}\n"
@@ -171,5 +187,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     ):
         p = jsub.add_parser(name, help=text)
         add_server_flags(p)
-        p.add_argument("id", help="job id (UID)")
+        p.add_argument("id", nargs="?", help="job id (UID); or --job")
+        p.add_argument("--job", dest="job_flag", metavar="JOB", help="job id (UID)")
         p.set_defaults(func=fn)

@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 
-from faultmesh.cli.common import add_server_flags, emit, http_json, print_table, run
+from faultmesh.cli.common import EXIT_FAILED, add_server_flags, emit, http_json, print_table, run, structured
 
 
 def _ts(ms: int | None) -> str:
@@ -51,7 +51,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     alarms = [(p["superPodId"], a) for p in pods for a in p["alarms"]]
     cards = [(p["superPodId"], c) for p in pods for c in p["unreachableCards"]]
-    if args.output == "json":
+    if structured(args):
         emit(args, data, [], ())
     else:
         print_table(
@@ -77,7 +77,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             arows += [(sp, "220001001", "card", f"{c['node']}/npu{c['phyId']}", "unreachable", 100.0, -1, _ts(c["firstSeenMs"]))
                       for sp, c in cards]  # fmt: skip
             print_table(arows, ("SUPER POD", "CODE", "KIND", "WHERE", "TYPE", "LOSS %", "DELAY", "SINCE"))
-    return 3 if alarms or cards else 0
+    return EXIT_FAILED if alarms or cards else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -8,7 +8,7 @@ import uuid
 
 from faultmesh._pb import pubfault_pb2, pubfault_pb2_grpc
 from faultmesh.cli._grpc import call
-from faultmesh.cli.common import CliError, add_server_flags, emit, run
+from faultmesh.cli.common import Rejected, UsageError, add_server_flags, emit, run
 
 
 def build_request(args: argparse.Namespace) -> pubfault_pb2.PublicFaultRequest:
@@ -17,7 +17,7 @@ def build_request(args: argparse.Namespace) -> pubfault_pb2.PublicFaultRequest:
     try:
         devices = [int(d) for d in args.devices.split(",") if d.strip()]
     except ValueError:
-        raise CliError(f"--devices must be a comma list of integers, got {args.devices!r}") from None
+        raise UsageError(f"--devices must be a comma list of integers, got {args.devices!r}") from None
     fault = pubfault_pb2.Fault(
         faultId=args.fault_id or uuid.uuid4().hex,
         faultType=args.type,
@@ -41,7 +41,7 @@ def cmd_send(args: argparse.Namespace) -> int:
         hint = (
             " (clusterd's log line 'public fault dropped' names the failed rule)" if resp.code == 409 else ""
         )
-        raise CliError(f"clusterd answered {resp.code}: {resp.info}{hint}")
+        raise Rejected(f"clusterd answered {resp.code}: {resp.info}{hint}")
     emit(
         args,
         {"code": resp.code, "info": resp.info, "faultId": req.faults[0].faultId},

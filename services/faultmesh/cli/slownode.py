@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from faultmesh.cli.common import CliError, add_server_flags, emit, http_json, print_table, run
+from faultmesh.cli.common import CliError, add_server_flags, emit, http_json, print_table, run, structured
 
 
 def _load_json(path: str, what: str):
@@ -78,7 +78,8 @@ def _ranks(xs) -> str:
 @run
 def cmd_status(args: argparse.Namespace) -> int:
     """Show slow-node detection state of every job or of one job."""
-    if not args.job:
+    job = args.job or args.job_pos
+    if not job:
         data = http_json(args, "GET", "/v1/slownode")
         rows = [
             (
@@ -94,8 +95,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         ]
         emit(args, data, rows, ("JOB", "NAMESPACE", "NODES", "ROUNDS", "HEAVY", "DEGRADED", "SLOW RANKS"))
         return 0
-    d = http_json(args, "GET", f"/v1/slownode/{args.job}")
-    if args.output == "json":
+    d = http_json(args, "GET", f"/v1/slownode/{job}")
+    if structured(args):
         emit(args, d, [], ())
         return 0
     c = d.get("cluster") or {}
@@ -136,6 +137,7 @@ def register(sub) -> None:
     s.required = True
     e = s.add_parser("enable", help="enable or update detection of a job with its FeatConf")
     e.add_argument("--job", required=True, help="job name")
+    e.add_argument("--job-id", dest="job", help=argparse.SUPPRESS)
     e.add_argument("--conf", help="FeatConf JSON file (or the ConfigMap payload)")
     e.add_argument("--namespace", help="job namespace (default: the FeatConf's, else default)")
     e.add_argument("--ranks", help='rank placement JSON, e.g. \'{"0": "node-a", "1": "node-b"}\'')
@@ -143,10 +145,13 @@ def register(sub) -> None:
     add_server_flags(e)
     e.set_defaults(func=cmd_enable)
     d = s.add_parser("disable", help="stop detection of a job")
-    d.add_argument("--job", required=True)
+    d.add_argument("--job", required=True, help="job name or id")
     add_server_flags(d)
     d.set_defaults(func=cmd_disable)
     st = s.add_parser("status", help="detection state and latest results")
-    st.add_argument("job", nargs="?", help="job name or id (all jobs when omitted)")
+    st.add_argument(
+        "job_pos", nargs="?", metavar="JOB", help="job name or id (all jobs when omitted); or --job"
+    )
+    st.add_argument("--job", help="job name or id")
     add_server_flags(st)
     st.set_defaults(func=cmd_status)

@@ -1,4 +1,4 @@
-"""``faultmesh stress-test --job-id J --ops aic,p2p [--node N ...]``: online stress test (clusterd.md §4.2).
+"""``faultmesh stress-test --job J --ops aic,p2p [--node N ...]``: online stress test (clusterd.md §4.2).
 
 Without ``--node`` the ops run on every node of the job (``allNodesOps``). The command calls
 ``StressTest`` and then (unless ``--no-wait``) waits on ``SubscribeStressTestResponse`` for the
@@ -11,7 +11,7 @@ import argparse
 
 from faultmesh._pb import recover_pb2
 from faultmesh.cli._grpc import om_operation
-from faultmesh.cli.common import CliError, add_server_flags, run
+from faultmesh.cli.common import UsageError, add_job_flag, add_server_flags, run
 
 OPS = {"aic": 0, "p2p": 1, "0": 0, "1": 1}
 
@@ -21,12 +21,12 @@ def parse_ops(text: str) -> list[int]:
     ops = []
     for item in filter(None, (s.strip().lower() for s in text.split(","))):
         if item not in OPS:
-            raise CliError(f"--ops: unknown op {item!r} (aic/0, p2p/1)")
+            raise UsageError(f"--ops: unknown op {item!r} (aic/0, p2p/1)")
         ops.append(OPS[item])
     if not ops:
-        raise CliError("--ops is empty")
+        raise UsageError("--ops is empty")
     if len(set(ops)) != len(ops):
-        raise CliError(f"--ops: {text!r} repeats an op")
+        raise UsageError(f"--ops: {text!r} repeats an op")
     return ops
 
 
@@ -51,7 +51,7 @@ def cmd_stress_test(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("stress-test", help="run an online AIC/P2P stress test on a running job's NPUs")
     add_server_flags(p)
-    p.add_argument("--job-id", required=True)
+    add_job_flag(p, help="the running job's id")
     p.add_argument("--ops", default="aic", help="comma list of aic (0) and p2p (1)")
     p.add_argument("--node", action="append", help="test only these nodes (repeatable); default all")
     p.add_argument("--no-wait", action="store_true", help="do not wait for the outcome")

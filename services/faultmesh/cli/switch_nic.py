@@ -1,4 +1,4 @@
-"""``faultmesh switch-nic --job-id J --nic NODE:DEV=on|off ...``: NIC fail-over / switch-back (clusterd.md §4.1).
+"""``faultmesh switch-nic --job J --nic NODE:DEV=on|off ...``: NIC fail-over / switch-back (clusterd.md §4.1).
 
 ``on`` switches the device's traffic to the backup NIC, ``off`` switches it back. The command calls
 ``SwitchNicTrack`` and then (unless ``--no-wait``) waits on ``SubscribeSwitchNicSignal`` for the
@@ -11,17 +11,17 @@ import argparse
 
 from faultmesh._pb import recover_pb2
 from faultmesh.cli._grpc import om_operation
-from faultmesh.cli.common import CliError, add_server_flags, run
+from faultmesh.cli.common import UsageError, add_job_flag, add_server_flags, run
 
 
 def parse_nics(items: list[str]) -> dict[str, tuple[list[str], list[bool]]]:
-    """``["node-b:0=on", "node-b:1=off"]`` -> {node: ([dev], [op])}. Raises :class:`CliError`."""
+    """``["node-b:0=on", "node-b:1=off"]`` -> {node: ([dev], [op])}. Raises :class:`UsageError`."""
     out: dict[str, tuple[list[str], list[bool]]] = {}
     for item in items:
         node, sep, rest = item.partition(":")
         dev, sep2, op = rest.partition("=")
         if not sep or not sep2 or not node or not dev.isdigit() or op not in ("on", "off"):
-            raise CliError(f"--nic {item!r}: expected NODE:DEVICE=on|off (e.g. node-b:0=on)")
+            raise UsageError(f"--nic {item!r}: expected NODE:DEVICE=on|off (e.g. node-b:0=on)")
         devs, ops = out.setdefault(node, ([], []))
         devs.append(dev)
         ops.append(op == "on")
@@ -46,7 +46,7 @@ def cmd_switch_nic(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("switch-nic", help="switch NPU NICs of a running job to/from their backup")
     add_server_flags(p)
-    p.add_argument("--job-id", required=True)
+    add_job_flag(p, help="the running job's id")
     p.add_argument("--nic", action="append", required=True, metavar="NODE:DEV=on|off", help="repeatable")
     p.add_argument("--no-wait", action="store_true", help="do not wait for the outcome")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="wait at most this long for the outcome")

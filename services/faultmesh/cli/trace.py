@@ -11,7 +11,7 @@ import argparse
 
 from faultmesh._pb import profiling_pb2, profiling_pb2_grpc
 from faultmesh.cli._grpc import call
-from faultmesh.cli.common import CliError, add_server_flags, emit, run
+from faultmesh.cli.common import CliError, UsageError, add_server_flags, emit, run
 
 FIELDS = ("CommunicationOperator", "Step", "SaveCheckpoint", "FP", "DataLoader")
 
@@ -19,7 +19,7 @@ FIELDS = ("CommunicationOperator", "Step", "SaveCheckpoint", "FP", "DataLoader")
 def _ns_name(value: str) -> str:
     parts = value.split("/")
     if len(parts) != 2 or not all(parts):
-        raise CliError(f"{value!r} is not NAMESPACE/JOB")
+        raise UsageError(f"job {value or '(none)'} is not NAMESPACE/JOB")
     return value
 
 
@@ -32,7 +32,7 @@ def switch_for(args: argparse.Namespace) -> dict[str, str]:
     for item in args.set or []:
         key, sep, val = item.partition("=")
         if not sep or key not in FIELDS or val not in ("on", "off"):
-            raise CliError(f"--set {item!r}: expected one of {', '.join(FIELDS)}=on|off")
+            raise UsageError(f"--set {item!r}: expected one of {', '.join(FIELDS)}=on|off")
         sw[key] = val
     return sw
 
@@ -40,7 +40,7 @@ def switch_for(args: argparse.Namespace) -> dict[str, str]:
 @run
 def cmd_trace(args: argparse.Namespace) -> int:
     """Set or show a job's data-trace switch."""
-    name = _ns_name(args.job)
+    name = _ns_name(args.job or args.job_pos or "")
     stub = profiling_pb2_grpc.TrainingDataTraceStub
     if args.action == "get":
         r = call(args, stub, "GetTrainingDataTraceSwitch", profiling_pb2.DataStatusReq(jobNsName=name))
@@ -61,7 +61,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("trace", help="switch a job's data trace (lightweight profiling) on/off, or show it")
     add_server_flags(p)
     p.add_argument("action", choices=("on", "off", "get"))
-    p.add_argument("job", help="NAMESPACE/JOB")
+    p.add_argument("job_pos", nargs="?", metavar="NAMESPACE/JOB", help="the job; or --job")
+    p.add_argument("--job", metavar="NAMESPACE/JOB", help="the job")
     p.add_argument("--light", action="store_true", help="with on: keep CommunicationOperator off")
     p.add_argument("--set", action="append", metavar="FIELD=on|off", help="set one field (repeatable)")
     p.set_defaults(func=cmd_trace)

@@ -3,12 +3,12 @@
 Prints one JSON line per event (init, register, signal, reply, switch, stress, stream-ended, and
 client-error where the real TaskD / MindIO would break on what clusterd sent) on stdout. Examples::
 
-    faultmesh trainsim --job-id JOB                       # answers everything with success
-    faultmesh trainsim --job-id JOB --strategies recover,dump --status recover=406
-    faultmesh trainsim --job-id JOB --switch fail         # NIC switch fails -> normal recovery
-    faultmesh trainsim --job-id JOB --stress-code 2       # stress test finds a fault: node isolated
-    faultmesh trainsim --job-id JOB --stop silent         # never confirms a pause (timeout path)
-    faultmesh trainsim --job-id JOB --ranks-per-pod 8     # also check globalFault names whole pods
+    faultmesh trainsim --job JOB                       # answers everything with success
+    faultmesh trainsim --job JOB --strategies recover,dump --status recover=406
+    faultmesh trainsim --job JOB --switch fail         # NIC switch fails -> normal recovery
+    faultmesh trainsim --job JOB --stress-code 2       # stress test finds a fault: node isolated
+    faultmesh trainsim --job JOB --stop silent         # never confirms a pause (timeout path)
+    faultmesh trainsim --job JOB --ranks-per-pod 8     # also check globalFault names whole pods
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 
 import grpc
 
-from faultmesh.cli.common import CliError, add_server_flags, run, token
+from faultmesh.cli.common import CliError, Unreachable, add_job_flag, add_server_flags, run, token
 from faultmesh.trainsim import SILENT, Outcomes, TrainSim, TrainSimError
 
 
@@ -105,7 +105,9 @@ def cmd_trainsim(args: argparse.Namespace) -> int:
         except TrainSimError as e:
             raise CliError(str(e)) from None
         except grpc.aio.AioRpcError as e:
-            raise CliError(f"cannot reach clusterd at {args.grpc}: {e.code().name}: {e.details()}") from None
+            raise Unreachable(
+                f"cannot reach clusterd at {args.grpc}: {e.code().name}: {e.details()}"
+            ) from None
         await sim.run()
         return 0
 
@@ -117,7 +119,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "trainsim", help="simulate TaskD/MindIO of one job (answers recovery, NIC switch, stress test)"
     )
     add_server_flags(p)
-    p.add_argument("--job-id", required=True, help="the job's id (UID)")
+    add_job_flag(p, help="the job's id (UID)")
     p.add_argument("--role", default="taskd")
     p.add_argument(
         "--stop", choices=("ok", "fail", "notready", SILENT), default="ok", help="answer to stopTrain/pause"

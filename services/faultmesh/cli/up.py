@@ -3,6 +3,7 @@
 Starts clusterd and, per simulated server, a BMC simulator, noded and deviced (sim backend) on
 127.0.0.1 (plus pingmesh on the fabric simulator when installed), prints every address and the
 commands to inject faults, and runs until Ctrl-C (or SIGTERM), which stops every process by PID.
+A process that crashes is reported and restarted with backoff (the rest of the stack keeps running).
 """
 
 from __future__ import annotations
@@ -47,16 +48,7 @@ async def _up(args: argparse.Namespace) -> int:
             print(where_text(stack, demo=False))
             print(_howto(stack))
             clock.say("stack running; Ctrl-C stops every process")
-            while not stop.is_set():
-                try:
-                    await asyncio.wait_for(stop.wait(), 2.0)
-                except TimeoutError:
-                    dead = stack.procs.dead()
-                    if dead:
-                        names = ", ".join(f"{c.name} (exit {c.proc.returncode}, {c.log_path})" for c in dead)
-                        clock.say(f"process exited: {names}; stopping")
-                        status = 1
-                        break
+            await _supervise(stack, stop, clock.say, args)
         else:
             start.cancel()
             status = 130
@@ -70,6 +62,50 @@ async def _up(args: argparse.Namespace) -> int:
         stack.procs.stop_all_now()
         clock.say(f"stopped {len(stack.procs.children)} processes; logs in {stack.log_dir}")
     return status
+
+
+async def _supervise(stack, stop: asyncio.Event, say, args: argparse.Namespace) -> None:
+    """Until ``stop``: a process that exited unasked is reported and started again with the same
+    command line after a backoff (``--restart-initial-s`` doubling to ``--restart-max-s``; reset
+    once a run lasted ``--restart-healthy-s``), so an agent crash can be rehearsed."""
+    from faultmesh.retry import Backoff
+
+    backoffs: dict[str, Backoff] = {}
+    due: dict[str, float] = {}  # name -> monotonic time of its restart
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), args.supervise_s)
+            return
+        except TimeoutError:
+            pass
+        for c in stack.procs.dead():
+            if c.name in due:
+                continue
+            b = backoffs.setdefault(
+                c.name, Backoff(args.restart_initial_s, args.restart_max_s, 0.0, args.restart_healthy_s)
+            )
+            b.success_after(time.monotonic() - c.started_s)
+            delay = b.next_delay()
+            due[c.name] = loop.time() + delay
+            say(
+                f"process exited: {c.name} (exit {c.proc.returncode}, {c.log_path}); restarting in {delay:.1f} s"
+            )
+        for name, t in list(due.items()):
+            if loop.time() < t:
+                continue
+            old = stack.procs.get(name)
+            del due[name]
+            if old is None or old.alive:
+                continue
+            stack.procs.children.remove(old)  # the restarted one takes its place
+            try:
+                new = await stack.procs.start(name, old.argv)
+            except OSError as e:
+                say(f"process restart failed: {name}: {e.strerror or e}")
+                stack.procs.children.append(old)
+                continue
+            say(f"process restarted: {name} (pid {new.pid})")
 
 
 def _howto(stack) -> str:
@@ -117,4 +153,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="pingmesh/slow-network period (s); 0 = 10 x task_interval",
     )
     p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--restart-initial-s", type=float, default=1.0, help="first restart delay of a crashed process (s)"
+    )
+    p.add_argument("--restart-max-s", type=float, default=30.0, help="longest restart delay (s)")
+    p.add_argument(
+        "--restart-healthy-s", type=float, default=60.0, help="a run this long resets the restart delay (s)"
+    )
+    p.add_argument("--supervise-s", type=float, default=1.0, help=argparse.SUPPRESS)  # check period
     p.set_defaults(func=cmd_up)

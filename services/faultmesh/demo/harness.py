@@ -162,11 +162,9 @@ class Harness:
                 self.job_error = f"faultmesh job apply failed ({rc}): {out[-200:]}"
         if not self.job_error:
             self.trainsim = await st.procs.start(
-                "trainsim", python_argv("faultmesh", "trainsim", "--grpc", st.grpc, "--job-id", JOB)
+                "trainsim", python_argv("faultmesh", "trainsim", "--grpc", st.grpc, "--job", JOB)
             )
-            self.say(
-                f"JOB training-side stand-in: faultmesh trainsim --job-id {JOB} (pid {self.trainsim.pid})"
-            )
+            self.say(f"JOB training-side stand-in: faultmesh trainsim --job {JOB} (pid {self.trainsim.pid})")
         switch = ""
         if st.features.get("slownode") and st.features.get("brain"):
             conf = run / "featconf.json"

@@ -279,7 +279,7 @@ class Scenario(Harness):
             return
         self.say(f"STEP stress test on {s.name} (ops AIC, P2P) with the operator CLI")
         r_st.injected = time.time()
-        ok, msg = await self._om_cli("stress-test", "--job-id", JOB, "--ops", "aic,p2p", "--node", s.name)
+        ok, msg = await self._om_cli("stress-test", "--job", JOB, "--ops", "aic,p2p", "--node", s.name)
         r_st.detected = time.time()
         got = await self.wait_decision(
             r_st.injected, ("stress-test-success", "isolate-node", "stop-train"), 30
@@ -294,7 +294,7 @@ class Scenario(Harness):
         self.say(f"STEP NIC switch on {s.name} NPU 0,1 with the operator CLI")
         r_nic.injected = time.time()
         ok, msg = await self._om_cli(
-            "switch-nic", "--job-id", JOB, "--nic", f"{s.name}:0=on", "--nic", f"{s.name}:1=on"
+            "switch-nic", "--job", JOB, "--nic", f"{s.name}:0=on", "--nic", f"{s.name}:1=on"
         )
         r_nic.detected = time.time()
         got = await self.wait_decision(r_nic.injected, ("switch-nic-success", "stop-train", "kill-job"), 30)

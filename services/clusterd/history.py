@@ -1,0 +1,144 @@
+"""Fault history: every occur / update / recover of the fault center, kept in the store (issue 17).
+
+:class:`HistoryComponent` subscribes to the fault center (its own
+:class:`~faultmesh.sink.SinkWorker`, named ``history``) and for each committed change
+
+- logs one line ``fault changed kind=<occur|update|recover> node=... device=NPU-3 code=... level=...
+  source=...`` on ``clusterd.history`` (so ``grep CODE clusterd.log`` answers when it came and went);
+- appends one row to the store's ``fault_events`` table (:meth:`clusterd.store.Store.append_events`).
+
+Retention is bounded in time and rows: every ``--history-prune-s`` the rows older than
+``--history-retention-s`` and all but the newest ``--history-max-rows`` are deleted. When the
+subscriber falls behind and is resynced, the changes it lost are rebuilt by comparing the snapshot
+with what it last knew (occur for new keys, update for changed ones, recover for gone ones), so the
+history has no silent gap; their timestamps are the resync time.
+
+``GET /v1/events?node=&code=&since=&limit=`` (:mod:`clusterd.http.events`) reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from clusterd.center import OCCUR, RECOVER, UPDATE, Change
+from clusterd.context import ClusterContext
+from clusterd.http.events import EventsApi
+from faultmesh.log import event
+from faultmesh.model import Fault, FaultKey, now_ms
+
+log = logging.getLogger("clusterd.history")
+
+CHANGED = "fault changed"
+"""The stable log phrase of one fault change."""
+
+
+def device_name(f: Fault) -> str:
+    """``NPU-3`` for a device, ``Node`` for the node itself (device_id -1)."""
+    return f.device_type if f.device_id < 0 else f"{f.device_type}-{f.device_id}"
+
+
+class HistoryComponent:
+    """The fault history (see the module docstring). Built with the cluster context."""
+
+    name = "history"
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--history-retention-s",
+            type=float,
+            default=7 * 86400.0,
+            help="fault history: keep changes this long (s; default 7 days)",
+        )
+        parser.add_argument(
+            "--history-max-rows",
+            type=int,
+            default=1_000_000,
+            help="fault history: keep at most this many changes (the newest)",
+        )
+        parser.add_argument(
+            "--history-prune-s", type=float, default=60.0, help="fault history: prune every (s)"
+        )
+
+    def __init__(self, ctx: ClusterContext) -> None:
+        self.ctx = ctx
+        a = ctx.config
+        self.retention_ms = int(a.history_retention_s * 1000)
+        self.max_rows = a.history_max_rows
+        self.prune_s = a.history_prune_s
+        self._known: dict[FaultKey, Fault] = {}
+        self._task: asyncio.Task | None = None
+        ctx.center.subscribe(self.name, self.publish, resync=self.resync)
+        EventsApi(ctx.store).add_routes(ctx.http.app.router)
+
+    async def start(self) -> None:
+        """Remember the restored faults (a resync baseline) and start the prune loop."""
+        self._known = {f.key: f for f in self.ctx.center.faults()}
+        self._task = self.ctx.tasks.spawn(self._prune_loop(), name="history-prune")
+
+    async def stop(self) -> None:
+        """Stop pruning; the subscriber is drained and stopped by the fault center."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task], timeout=1.0)
+            self._task = None
+
+    async def publish(self, changes: Sequence[Change]) -> None:
+        """Log and store one committed batch of changes."""
+        ts = now_ms()
+        for c in changes:
+            if c.kind == RECOVER:
+                self._known.pop(c.fault.key, None)
+            else:
+                self._known[c.fault.key] = c.fault
+        await self._record([(ts, c.kind, c.fault) for c in changes])
+
+    async def resync(self, faults: list[Fault]) -> None:
+        """Rebuild the changes lost in an overflow from the snapshot ``faults``."""
+        ts = now_ms()
+        now = {f.key: f for f in faults}
+        rows: list[tuple[int, str, Fault]] = []
+        for k, f in now.items():
+            old = self._known.get(k)
+            if old is None:
+                rows.append((ts, OCCUR, f))
+            elif not old.same_content(f):
+                rows.append((ts, UPDATE, f))
+        rows.extend((ts, RECOVER, f) for k, f in self._known.items() if k not in now)
+        self._known = now
+        event(log, logging.WARNING, "history resynced", changes=len(rows))
+        await self._record(rows)
+
+    async def _record(self, rows: list[tuple[int, str, Fault]]) -> None:
+        for _, kind, f in rows:
+            event(
+                log,
+                logging.INFO,
+                CHANGED,
+                kind=kind,
+                node=f.node,
+                device=device_name(f),
+                code=f.code,
+                level=f.level,
+                source=f.source,
+            )
+        if self.ctx.store.is_open:
+            await self.ctx.store.append_events(rows)
+
+    async def prune(self) -> int:
+        """Apply the retention once. Returns how many rows were deleted."""
+        n = await self.ctx.store.prune_events(now_ms() - self.retention_ms, self.max_rows)
+        if n:
+            event(log, logging.INFO, "history pruned", rows=n)
+        return n
+
+    async def _prune_loop(self) -> None:
+        while True:
+            try:
+                await self.prune()
+            except Exception as e:  # a full disk must not end the loop
+                event(log, logging.ERROR, "history prune failed", error=str(e))
+            await asyncio.sleep(self.prune_s)

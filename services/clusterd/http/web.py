@@ -1,0 +1,210 @@
+"""The web view served by ClusterD on its HTTP port (issue 17), read-only (GET only: no token needed).
+
+Pages (one HTML shell, ``web/page.html``, with ``web/app.js`` and ``web/style.css``; the script picks
+the view from the path; no build step, charts are small hand-written SVG):
+
+- ``GET /``: the cluster as a grid of nodes x NPUs coloured by health / worst level, live;
+- ``GET /ui/node/<name>``: the node's faults with their meaning, agents, conditions, history;
+- ``GET /ui/job/<id>``: ranks on nodes, recovery decisions as a timeline, slow-node rounds and the
+  per-rank compute / wait ratio plot (from the node results' ``pattern``) when the job has them;
+- ``GET /ui/pingmesh``: each super pod's node-to-node link matrix as a heat map (loss rate).
+- ``GET /ui/static/<file>``: the shipped files (package data ``clusterd/web``).
+
+JSON used only by the pages: ``GET /v1/grid`` (see :meth:`WebUi.grid`), ``GET /v1/faultinfo/<code>``
+(:func:`faultmesh.faultinfo.explain` as JSON, 400 for a malformed code) and ``GET /v1/stream``, a
+server-sent-events stream of the fault center: one ``change`` event per committed batch (data: a
+JSON list of ``{kind, node, device_type, device_id, code, level}``), a ``: keepalive`` comment every
+15 s. Each browser has a bounded queue (64 batches); a browser that falls behind misses batches and
+gets a ``resync`` event instead (the page refetches the grid on any event, so it converges).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from clusterd.center import Change, FaultCenter
+from clusterd.ingest.agents import AgentHub
+from clusterd.nodes import NodeRegistry
+from faultmesh import faultinfo
+from faultmesh.httpd import json_response
+from faultmesh.levels import level_health, level_severity, worst_health
+
+STATIC = resources.files("clusterd").joinpath("web")
+_TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+KEEPALIVE_S = 15.0
+CLIENT_QUEUE = 64
+_CLOSE: Any = object()
+_RESYNC: Any = object()
+
+
+def _static(name: str) -> web.Response:
+    ext = name[name.rfind(".") :] if "." in name else ""
+    if "/" in name or name.startswith(".") or ext not in _TYPES:
+        raise web.HTTPNotFound()
+    f = STATIC.joinpath(name)
+    if not f.is_file():
+        raise web.HTTPNotFound()
+    return web.Response(body=f.read_bytes(), content_type=_TYPES[ext], headers={"Cache-Control": "no-cache"})
+
+
+class WebUi:
+    """The pages, ``/v1/grid``, ``/v1/faultinfo/<code>`` and the live ``/v1/stream``."""
+
+    def __init__(self, center: FaultCenter, nodes: NodeRegistry, agents: AgentHub) -> None:
+        self.center = center
+        self.nodes = nodes
+        self.agents = agents
+        self._clients: set[asyncio.Queue] = set()
+        center.subscribe("web", self._publish, resync=self._resync)
+
+    def add_routes(self, app: web.Application) -> None:
+        """Register the routes of the module docstring and close open streams on shutdown."""
+        r = app.router
+        for path in ("/", "/ui/node/{name}", "/ui/job/{id}", "/ui/pingmesh"):
+            r.add_get(path, self._page)
+        r.add_get("/ui/static/{file}", self._file)
+        r.add_get("/v1/grid", self._grid)
+        r.add_get("/v1/faultinfo/{code}", self._faultinfo)
+        r.add_get("/v1/stream", self._stream)
+        app.on_shutdown.append(self._close_streams)
+
+    # -- pages ------------------------------------------------------------------------------------
+    async def _page(self, request: web.Request) -> web.Response:
+        return _static("page.html")
+
+    async def _file(self, request: web.Request) -> web.Response:
+        return _static(request.match_info["file"])
+
+    # -- JSON ---------------------------------------------------------------------------------------
+    def grid(self) -> dict[str, Any]:
+        """``{"npus": [ids], "nodes": [{name, health, worst_level, faults, agents, node_faults,
+        npus: {id: {level, health, faults}}}]}``: every node known from faults, agents or the
+        registry, each NPU with its worst active fault (level "" and health Healthy when none; a
+        device the agent reported unhealthy keeps that health)."""
+        connected: dict[str, list[str]] = {}
+        for n, a in self.agents.connected():
+            connected.setdefault(n, []).append(a)
+        names = self.nodes.all_names() | self.center.node_names() | set(connected)
+        ids: set[int] = set()
+        out = []
+        for name in sorted(names):
+            npus: dict[int, dict[str, Any]] = {}
+            st = self.nodes.get(name)
+            for d in st.devices.values() if st else ():
+                if d.get("device_type") == "NPU" and isinstance(d.get("device_id"), int):
+                    npus[d["device_id"]] = {"level": "", "health": d.get("health") or "Healthy", "faults": 0}
+            node_faults = 0
+            for f in self.center.faults_of_node(name):
+                if f.device_type != "NPU" or f.device_id < 0:
+                    node_faults += 1
+                    continue
+                cell = npus.setdefault(f.device_id, {"level": "", "health": "Healthy", "faults": 0})
+                cell["faults"] += 1
+                if not cell["level"] or level_severity(f.level) > level_severity(cell["level"]):
+                    cell["level"] = f.level
+                cell["health"] = worst_health([cell["health"], level_health(f.level)])
+            ids.update(npus)
+            health, worst = self.nodes.health(name)
+            out.append(
+                {
+                    "name": name,
+                    "health": health,
+                    "worst_level": worst,
+                    "faults": len(self.center.faults_of_node(name)),
+                    "node_faults": node_faults,
+                    "agents": sorted(connected.get(name, [])),
+                    "npus": {str(k): v for k, v in sorted(npus.items())},
+                }
+            )
+        return {"npus": sorted(ids) or list(range(8)), "nodes": out}
+
+    async def _grid(self, request: web.Request) -> web.Response:
+        return json_response(self.grid())
+
+    async def _faultinfo(self, request: web.Request) -> web.Response:
+        try:
+            ex = faultinfo.explain(request.match_info["code"])
+        except ValueError as e:
+            return json_response({"error": str(e)}, status=400)
+        m = ex.meaning
+        return json_response(
+            {
+                "code": ex.code,
+                "known": ex.known,
+                "meaning": dataclasses.asdict(m) if m else None,
+                "levels": [dataclasses.asdict(lv) for lv in ex.levels],
+            }
+        )
+
+    # -- live stream --------------------------------------------------------------------------------
+    def _offer(self, item: Any) -> None:
+        for q in list(self._clients):
+            try:
+                q.put_nowait(item)
+            except asyncio.QueueFull:  # this browser is behind: drop its backlog, tell it to refetch
+                while not q.empty():
+                    q.get_nowait()
+                q.put_nowait(_RESYNC)
+
+    def _publish(self, changes: Sequence[Change]) -> None:
+        if self._clients:
+            self._offer(
+                [
+                    {
+                        "kind": c.kind,
+                        "node": c.fault.node,
+                        "device_type": c.fault.device_type,
+                        "device_id": c.fault.device_id,
+                        "code": c.fault.code,
+                        "level": c.fault.level,
+                    }
+                    for c in changes
+                ]
+            )
+
+    def _resync(self, faults) -> None:
+        self._offer(_RESYNC)
+
+    async def _close_streams(self, app: web.Application) -> None:
+        for q in list(self._clients):
+            with contextlib.suppress(asyncio.QueueFull):
+                q.put_nowait(_CLOSE)
+
+    async def _stream(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        await resp.prepare(request)
+        q: asyncio.Queue = asyncio.Queue(maxsize=CLIENT_QUEUE)
+        self._clients.add(q)
+        try:
+            await resp.write(b"retry: 2000\nevent: hello\ndata: {}\n\n")
+            while True:
+                try:
+                    item = await asyncio.wait_for(q.get(), KEEPALIVE_S)
+                except TimeoutError:
+                    await resp.write(b": keepalive\n\n")
+                    continue
+                if item is _CLOSE:
+                    break
+                if item is _RESYNC:
+                    await resp.write(b"event: resync\ndata: {}\n\n")
+                else:
+                    await resp.write(b"event: change\ndata: " + orjson.dumps(item) + b"\n\n")
+        except ConnectionResetError:  # the browser went away
+            pass
+        finally:
+            self._clients.discard(q)
+        return resp

@@ -1,0 +1,191 @@
+// faultmesh web view: reads clusterd's JSON API (GET only) and its server-sent events.
+"use strict";
+
+const HEALTH_COLOR = { Healthy: "var(--healthy)", SubHealthy: "var(--sub)", UnHealthy: "var(--unhealthy)" };
+
+function h(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v;
+    else if (k === "html") e.innerHTML = v;
+    else e.setAttribute(k, v);
+  }
+  for (const c of children.flat()) if (c !== null && c !== undefined) e.append(c instanceof Node ? c : String(c));
+  return e;
+}
+
+async function getJSON(path) {
+  const r = await fetch(path, { headers: { Accept: "application/json" } });
+  if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
+  return r.json();
+}
+
+function pill(health) { return h("span", { class: `pill h-${health}` }, health); }
+function ts(ms) { return ms ? new Date(ms).toLocaleString() : ""; }
+function table(headers, rows, attrs) {
+  return h("table", attrs || {}, h("tr", {}, headers.map(x => h("th", {}, x))),
+    rows.map(r => h("tr", {}, r.map(c => h("td", {}, c)))));
+}
+function device(f) { return f.device_id < 0 ? f.device_type : `${f.device_type}-${f.device_id}`; }
+function show(...nodes) { const m = document.getElementById("main"); m.replaceChildren(...nodes); }
+
+// -- live updates -------------------------------------------------------------------------------
+let refresh = async () => {};
+let pending = null;
+function live() {
+  const badge = document.getElementById("live");
+  const es = new EventSource("/v1/stream");
+  const kick = () => { if (!pending) pending = setTimeout(() => { pending = null; refresh().catch(fail); }, 150); };
+  es.addEventListener("hello", () => { badge.className = "live on"; });
+  es.addEventListener("change", kick);
+  es.addEventListener("resync", kick);
+  es.onerror = () => { badge.className = "live off"; };
+}
+function fail(e) { show(h("p", { class: "error" }, String(e.message || e))); }
+
+// -- the cluster grid -----------------------------------------------------------------------------
+async function gridPage() {
+  document.title = "faultmesh: cluster";
+  const g = await getJSON("/v1/grid");
+  const count = k => g.nodes.filter(n => n.health === k).length;
+  const cards = h("div", { class: "cards" },
+    h("div", { class: "card" }, h("b", {}, g.nodes.length), "nodes"),
+    ["Healthy", "SubHealthy", "UnHealthy"].map(k => h("div", { class: "card" }, h("b", { style: `color:${HEALTH_COLOR[k]}` }, count(k)), k)),
+    h("div", { class: "card" }, h("b", {}, g.nodes.reduce((a, n) => a + n.faults, 0)), "active faults"));
+  const head = h("tr", {}, h("th", {}, "node"), h("th", {}, "health"), h("th", {}, "node-level"),
+    g.npus.map(i => h("th", {}, `NPU ${i}`)), h("th", {}, "agents"));
+  const rows = g.nodes.map(n => h("tr", { "data-node": n.name, "data-health": n.health },
+    h("td", { class: "name" }, h("a", { href: `/ui/node/${encodeURIComponent(n.name)}` }, n.name)),
+    h("td", {}, pill(n.health)),
+    h("td", { class: `cell ${n.node_faults ? "h-" + n.health : "lv-none"}`, title: n.worst_level || "no node fault" }, n.node_faults || ""),
+    g.npus.map(i => {
+      const c = n.npus[String(i)];
+      if (!c) return h("td", { class: "cell lv-none", title: "not reported" }, "");
+      const cls = c.faults || c.health !== "Healthy" ? `h-${c.health}` : "h-Healthy";
+      return h("td", { class: `cell ${cls}`, "data-npu": i, "data-level": c.level, title: c.level || c.health }, c.faults || "");
+    }),
+    h("td", {}, n.agents.join(", "))));
+  const legend = h("p", { class: "legend muted" },
+    Object.entries(HEALTH_COLOR).map(([k, c]) => h("span", {}, h("i", { style: `background:${c}` }), k)),
+    h("span", {}, h("i", { style: "background:var(--none)" }), "not reported"), " cell number: active faults");
+  show(h("h1", {}, "Cluster"), cards,
+    g.nodes.length ? h("table", { class: "grid", id: "grid" }, head, rows) : h("p", { class: "muted" }, "no node known yet"), legend);
+}
+
+// -- one node ----------------------------------------------------------------------------------------
+async function nodePage(name) {
+  document.title = `faultmesh: ${name}`;
+  const n = await getJSON(`/v1/nodes/${encodeURIComponent(name)}`);
+  const codes = [...new Set(n.fault_list.map(f => f.code))];
+  const info = {};
+  await Promise.all(codes.map(async c => { try { info[c] = await getJSON(`/v1/faultinfo/${encodeURIComponent(c)}`); } catch (e) { info[c] = null; } }));
+  const meaning = c => (info[c] && info[c].meaning) ? `${info[c].meaning.name}: ${info[c].meaning.impact}` : "no description shipped";
+  const events = await getJSON(`/v1/events?node=${encodeURIComponent(name)}&limit=200`);
+  const kindColor = { occur: "var(--unhealthy)", update: "var(--sub)", recover: "var(--healthy)" };
+  show(
+    h("h1", {}, `Node ${name} `, pill(n.health)),
+    h("div", { class: "cards" },
+      h("div", { class: "card" }, h("b", {}, n.faults), "active faults"),
+      h("div", { class: "card" }, h("b", {}, n.worst_level || "-"), "worst level"),
+      h("div", { class: "card" }, h("b", {}, n.agents.length), `agents: ${n.agents.join(", ") || "none connected"}`),
+      h("div", { class: "card" }, h("b", {}, n.node_ip || "-"), "node IP")),
+    h("h2", {}, "Active faults"),
+    n.fault_list.length ? table(["device", "code", "level", "source", "meaning", "since"],
+      n.fault_list.map(f => [device(f), f.code, f.level, f.source, meaning(f.code), ts(f.first_seen_ms)]), { id: "faults" })
+      : h("p", { class: "muted" }, "no active fault"),
+    h("h2", {}, "Conditions"),
+    n.conditions.length ? table(["type", "reason", "message"], n.conditions.map(c => [c.type, c.reason || "", c.message || ""]))
+      : h("p", { class: "muted" }, "none (BMC and other sources report here when they fail)"),
+    h("h2", {}, "Devices"),
+    n.devices.length ? table(["device", "health"], n.devices.map(d => [device(d), d.health || ""])) : h("p", { class: "muted" }, "no device reported"),
+    h("h2", {}, "History"),
+    events.length ? h("div", {}, timeline(events.slice(-30).map(e => ({ t: e.ts_ms, color: kindColor[e.kind],
+      label: `${e.kind} ${device(e)} ${e.code} ${e.level}` }))),
+      table(["time", "change", "device", "code", "level", "source"],
+        events.slice().reverse().map(e => [ts(e.ts_ms), e.kind, device(e), e.code, e.level, e.source]), { id: "history" }))
+      : h("p", { class: "muted" }, "nothing happened on this node (within the kept history)"));
+}
+
+// -- one job -----------------------------------------------------------------------------------------
+async function jobPage(id) {
+  document.title = `faultmesh: job ${id}`;
+  const [job, rec, grid, sn] = await Promise.all([getJSON(`/v1/jobs/${encodeURIComponent(id)}`),
+    getJSON(`/v1/jobs/${encodeURIComponent(id)}/recovery`), getJSON("/v1/grid"), getJSON("/v1/slownode")]);
+  const cells = {};
+  for (const n of grid.nodes) cells[n.name] = n;
+  const byNode = {};
+  for (const r of job.ranks) (byNode[r.node] = byNode[r.node] || []).push(r);
+  const devs = [...new Set(job.ranks.map(r => r.device))].sort((a, b) => a - b);
+  const rankRows = Object.keys(byNode).sort().map(node => h("tr", {},
+    h("td", { class: "name" }, h("a", { href: `/ui/node/${encodeURIComponent(node)}` }, node)),
+    devs.map(d => {
+      const r = byNode[node].find(x => x.device === d);
+      const c = cells[node] && cells[node].npus[String(d)];
+      return h("td", { class: `cell ${r ? "h-" + (c ? c.health : "Healthy") : "lv-none"}`, title: c ? c.level : "" }, r ? r.rank : "");
+    })));
+  const parts = [h("h1", {}, `Job ${job.name} `, pill(job.health)),
+    h("p", { class: "muted" }, `${job.namespace}/${job.name} id ${job.id}, ${job.ranks.length} ranks, recovery state ${rec.state || "-"}, strategies ${(job.strategies || []).join(", ")}`),
+    h("h2", {}, "Ranks on nodes (cell: rank, colour: NPU health)"),
+    h("table", { class: "grid", id: "ranks" }, h("tr", {}, h("th", {}, "node"), devs.map(d => h("th", {}, `NPU ${d}`))), rankRows),
+    h("h2", {}, "Recovery decisions")];
+  const dec = rec.decisions || [];
+  parts.push(dec.length ? h("div", { id: "decisions" }, timeline(dec.map(d => ({ t: d.time_ms, label: `${d.flow}: ${d.decision}`,
+    color: d.decision.includes("fail") ? "var(--unhealthy)" : "var(--info)" }))),
+    table(["time", "flow", "decision", "reason", "state"], dec.map(d => [ts(d.time_ms), d.flow, d.decision, d.reason, d.state])))
+    : h("p", { class: "muted" }, "no recovery decision yet"));
+  parts.push(h("h2", {}, "Slow node"));
+  const brief = sn.find(s => s.jobId === job.id || s.jobName === job.name);
+  if (!brief) parts.push(h("p", { class: "muted" }, "slow-node detection is not enabled for this job"));
+  else {
+    const st = await getJSON(`/v1/slownode/${encodeURIComponent(brief.jobId)}`);
+    const pattern = {};
+    for (const res of Object.values(st.nodeResults || {})) Object.assign(pattern, res.pattern || {});
+    const ranks = Object.keys(pattern).sort((a, b) => a - b);
+    const slow = new Set([...(st.slowRanks || []), ...((st.cluster || {}).slowCalculateRanks || [])].map(String));
+    parts.push(h("p", {}, `rounds ${st.rounds}, confirmed slow ranks [${(st.slowRanks || []).join(", ")}], ` +
+      `latest round slow ranks [${((st.cluster || {}).slowCalculateRanks || []).join(", ")}], ${st.degraded ? "degraded" : "not degraded"}`));
+    if (ranks.length) {
+      parts.push(h("div", { id: "slowplot" }, barChart(ranks, [
+        { name: "compute / median", color: "#5b8def", values: ranks.map(r => pattern[r][0]) },
+        { name: "wait / median", color: "#e8b023", values: ranks.map(r => pattern[r][1]) }],
+        { title: "per-rank step time: compute and wait against the job's median (1.0 = median)", ref: 1, mark: slow, min_max: 1.2 })));
+    } else parts.push(h("p", { class: "muted" }, "no per-rank step data reported yet"));
+    const rounds = (st.history || []).slice(-40);
+    if (rounds.length) parts.push(table(["round", "time", "slow", "slow ranks", "actions"],
+      rounds.slice().reverse().map(r => [r.round, ts(r.ms), r.isSlow ? "yes" : "no", (r.slowCalculateRanks || []).join(","), (r.actions || []).join(",")])));
+  }
+  show(...parts);
+}
+
+// -- pingmesh ------------------------------------------------------------------------------------------
+async function pingmeshPage() {
+  document.title = "faultmesh: pingmesh";
+  const pm = await getJSON("/v1/pingmesh");
+  const parts = [h("h1", {}, "Pingmesh")];
+  if (!pm.superPods.length) parts.push(h("p", { class: "muted" }, "no super pod topology loaded"));
+  for (const sp of pm.superPods) {
+    const m = (sp.latest && sp.latest.matrix) || [];
+    const names = [...new Set(m.flatMap(x => [x.srcNode, x.dstNode]))].sort();
+    const val = {};
+    for (const x of m) val[`${x.srcNode}|${x.dstNode}`] = x.avgLossRate;
+    parts.push(h("h2", {}, `Super pod ${sp.superPodId}: ${sp.nodes} nodes, ${sp.paths} paths`));
+    parts.push(m.length ? h("div", { class: "heat", "data-superpod": sp.superPodId }, heatMap(names, names, (r, c) => {
+      const v = val[`${r}|${c}`]; return v === undefined ? null : v; }))
+      : h("p", { class: "muted" }, "no period analysed yet"));
+    if ((sp.alarms || []).length) parts.push(table(["kind", "where", "scope", "since"],
+      sp.alarms.map(a => [a.kind, `${a.node || ""}/${a.phy ?? ""}`, a.scope || a.code || "", ts(a.firstSeenMs)])));
+  }
+  show(...parts);
+}
+
+// -- router ----------------------------------------------------------------------------------------------
+(function main() {
+  const p = location.pathname;
+  let m;
+  if ((m = p.match(/^\/ui\/node\/(.+)$/))) refresh = () => nodePage(decodeURIComponent(m[1]));
+  else if ((m = p.match(/^\/ui\/job\/(.+)$/))) refresh = () => jobPage(decodeURIComponent(m[1]));
+  else if (p === "/ui/pingmesh") refresh = pingmeshPage;
+  else refresh = gridPage;
+  refresh().then(() => { document.body.dataset.ready = "1"; }).catch(e => { fail(e); document.body.dataset.ready = "1"; });
+  live();
+})();

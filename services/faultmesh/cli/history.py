@@ -1,0 +1,44 @@
+"""``faultmesh history``: what happened, from ClusterD's fault history (GET /v1/events)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+import urllib.parse
+
+from faultmesh.cli.common import add_server_flags, emit, http_json, run
+
+
+def _ts(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) if ms else ""
+
+
+def _device(e: dict) -> str:
+    return e["device_type"] if e["device_id"] < 0 else f"{e['device_type']}-{e['device_id']}"
+
+
+@run
+def cmd_history(args: argparse.Namespace) -> int:
+    """Print fault changes (occur / update / recover), oldest first."""
+    q = {k: v for k, v in (("node", args.node), ("code", args.code), ("since", args.since)) if v}
+    q["limit"] = str(args.limit)
+    data = http_json(args, "GET", "/v1/events?" + urllib.parse.urlencode(q))
+    rows = [
+        (_ts(e["ts_ms"]), e["kind"], e["node"], _device(e), e["code"], e["level"], e["source"]) for e in data
+    ]
+    emit(args, data, rows, ("TIME", "CHANGE", "NODE", "DEVICE", "CODE", "LEVEL", "SOURCE"))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "history",
+        help="what happened: every fault occur / update / recover kept by clusterd",
+        description="Fault changes kept by clusterd (--history-retention-s, --history-max-rows), oldest first.",
+    )
+    add_server_flags(p)
+    p.add_argument("--node", help="only this node")
+    p.add_argument("--code", help="only this fault code")
+    p.add_argument("--since", help="a duration back from now (30m, 12h, 2d), an RFC 3339 time or epoch ms")
+    p.add_argument("--limit", type=int, default=1000, help="the newest N changes (default 1000)")
+    p.set_defaults(func=cmd_history)

@@ -1,0 +1,128 @@
+"""Fault history (issue 17): every occur / update / recover kept with bounded retention, read over
+``GET /v1/events`` and ``faultmesh history``, one clusterd log line per change."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import subprocess
+import sys
+
+import aiohttp
+from support import make_clusterd
+
+from faultmesh.model import Fault, now_ms
+
+
+async def _until(pred, timeout_s: float = 5.0):
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await pred():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+async def _events(cd, **q):
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"http://127.0.0.1:{cd.http.port}/v1/events", params=q) as r:
+            return r.status, await r.json()
+
+
+def _cli(cd, *argv):
+    return subprocess.run(
+        [sys.executable, "-m", "faultmesh", *argv, "--http", f"127.0.0.1:{cd.http.port}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+async def test_history_answers_what_happened_on_a_node_and_survives_restart(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="clusterd.history")
+    cd = await make_clusterd(tmp_path)
+    try:
+        f = Fault("deviced", "node-7", "NPU", 3, "80E18402", "SubHealthFault")
+        await cd.center.upsert(f)
+        await cd.center.upsert(Fault("deviced", "node-7", "NPU", 3, "80E18402", "RestartNPU"))
+        await cd.center.remove(f.key)
+        await cd.center.upsert(Fault("noded", "node-8", "Node", -1, "00000001", "NotHandleFault"))
+
+        async def three():
+            return len((await _events(cd, node="node-7"))[1]) == 3
+
+        await _until(three)
+        st, rows = await _events(cd, node="node-7")
+        assert st == 200
+        assert [(r["kind"], r["level"]) for r in rows] == [
+            ("occur", "SubHealthFault"),
+            ("update", "RestartNPU"),
+            ("recover", "RestartNPU"),
+        ]
+        assert all(r["code"] == "80E18402" and r["device_id"] == 3 for r in rows)
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fault changed")]
+        assert (
+            "fault changed kind=occur node=node-7 device=NPU-3 code=80E18402 level=SubHealthFault source=deviced"
+            in lines
+        )
+        assert any("kind=recover node=node-7" in x for x in lines)
+        # filters
+        assert len((await _events(cd, code="00000001"))[1]) == 1
+        assert (await _events(cd, since="1h"))[1][-1]["node"] == "node-8"
+        assert (await _events(cd, since=str(now_ms() + 60_000)))[1] == []
+        st, body = await _events(cd, since="yesterday-ish")
+        assert st == 400 and "duration" in body["error"]
+        # the CLI, as a user runs it
+        r = await asyncio.to_thread(_cli, cd, "history", "--node", "node-7")
+        assert r.returncode == 0, r.stderr
+        out = r.stdout.splitlines()
+        assert out[0].split()[:4] == ["TIME", "CHANGE", "NODE", "DEVICE"]
+        assert [ln.split()[2] for ln in out[1:]] == ["occur", "update", "recover"]
+        assert "NPU-3" in out[1] and "80E18402" in out[1]
+        r = await asyncio.to_thread(_cli, cd, "history", "--code", "00000001", "-o", "json")
+        assert r.returncode == 0 and json.loads(r.stdout)[0]["node"] == "node-8"
+    finally:
+        await cd.stop()
+    cd = await make_clusterd(tmp_path)
+    try:
+        assert len((await _events(cd, node="node-7"))[1]) == 3  # kept in the state file
+    finally:
+        await cd.stop()
+
+
+async def test_history_retention_bounds_rows_and_age(tmp_path):
+    cd = await make_clusterd(tmp_path, "--history-max-rows", "5", "--history-prune-s", "3600")
+    try:
+        hist = next(c for c in cd.components if c.name == "history")
+        for i in range(8):
+            await cd.center.upsert(Fault("deviced", "node-1", "NPU", i, "80E18402", "SubHealthFault"))
+
+        async def eight():
+            return len((await _events(cd))[1]) == 8
+
+        await _until(eight)
+        assert await hist.prune() == 3
+        rows = (await _events(cd))[1]
+        assert [r["device_id"] for r in rows] == [3, 4, 5, 6, 7]  # the newest kept
+        hist.retention_ms = -60_000  # everything is now older than the retention
+        assert await hist.prune() == 5 and (await _events(cd))[1] == []
+    finally:
+        await cd.stop()
+
+
+async def test_history_rebuilds_lost_changes_on_resync(tmp_path):
+    cd = await make_clusterd(tmp_path)
+    try:
+        hist = next(c for c in cd.components if c.name == "history")
+        a = Fault("deviced", "node-1", "NPU", 0, "80E18402", "SubHealthFault")
+        await cd.center.upsert(a)
+        await _until(lambda: _has(cd, 1))
+        b = Fault("deviced", "node-1", "NPU", 1, "80E18402", "SubHealthFault")
+        await hist.resync([b])  # as if a's recover and b's occur were lost in an overflow
+        rows = (await _events(cd))[1]
+        assert [(r["kind"], r["device_id"]) for r in rows[1:]] == [("occur", 1), ("recover", 0)]
+    finally:
+        await cd.stop()
+
+
+async def _has(cd, n):
+    return len((await _events(cd))[1]) == n

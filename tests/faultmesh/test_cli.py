@@ -1,0 +1,121 @@
+"""The operator CLI as a user meets it (issue 17): --version everywhere, shell completion, one job
+spelling, -o table|wide|json|yaml through rich tables, exit codes that tell unreachable / rejected /
+not found / bad usage apart, allowed values in errors, no Python reprs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from support import make_clusterd
+
+from faultmesh.cli import build_parser
+from faultmesh.cli.common import EXIT_NOT_FOUND, EXIT_REJECTED, EXIT_UNREACHABLE, EXIT_USAGE, print_table
+from faultmesh.model import Fault
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fm(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "services")}
+    return subprocess.run(
+        [sys.executable, "-m", "faultmesh", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        input=stdin,
+    )
+
+
+def test_version_on_the_cli_and_every_command():
+    top = fm("--version")
+    assert top.returncode == 0 and top.stdout.startswith("faultmesh ")
+    for argv in (["faults"], ["history"], ["job", "get"], ["slownode", "status"], ["stress-test"]):
+        r = fm(*argv, "--version")
+        assert r.returncode == 0 and r.stdout == top.stdout, argv
+
+
+def test_help_documents_exit_codes_and_completion_prints_shell_code():
+    r = fm("--help")
+    assert r.returncode == 0
+    for line in ("3  unreachable", "4  not found", "5  rejected", "2  bad usage"):
+        assert line in r.stdout
+    r = fm("completion", "bash")
+    assert r.returncode == 0 and "complete" in r.stdout and "faultmesh" in r.stdout
+    assert fm("completion", "tcsh").returncode == EXIT_USAGE
+
+
+def test_one_job_spelling_with_hidden_aliases():
+    p = build_parser()
+    for cmd in ("stress-test", "switch-nic", "trainsim"):
+        extra = ["--nic", "n:0=on"] if cmd == "switch-nic" else []
+        assert p.parse_args([cmd, "--job", "j1", *extra]).job_id == "j1"
+        assert p.parse_args([cmd, "--job-id", "j1", *extra]).job_id == "j1"  # the old spelling still works
+        h = fm(cmd, "--help").stdout
+        assert "--job JOB" in h and "--job-id" not in h
+    r = fm("stress-test", "--ops", "aic")
+    assert r.returncode == EXIT_USAGE and "required: --job" in r.stderr
+
+
+def test_bad_level_is_rejected_with_the_allowed_values():
+    r = fm("faults", "--level", "Bogus")
+    assert r.returncode == EXIT_USAGE
+    assert "invalid choice: 'Bogus'" in r.stderr and "RestartNPU" in r.stderr and "SubHealthFault" in r.stderr
+
+
+def test_unreachable_is_exit_3_without_python_reprs():
+    for argv in (
+        ["faults", "--http", "127.0.0.1:1"],
+        ["pubfault", "send", "--grpc", "127.0.0.1:1", "--code", "010001001", "--node", "n"],
+    ):
+        r = fm(*argv)
+        assert r.returncode == EXIT_UNREACHABLE, (argv, r.stderr)
+        assert "Error(" not in r.stderr and "URLError" not in r.stderr, r.stderr
+    assert "Connection refused" in fm("faults", "--http", "127.0.0.1:1").stderr
+
+
+def test_table_is_aligned_without_borders(capsys):
+    print_table([("node-1", 3, None), ("n2", 12, "x [2]")], ("NODE", "FAULTS", "NOTE"))
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["NODE    FAULTS  NOTE", "node-1  3", "n2      12      x [2]"]
+
+
+async def test_outputs_not_found_and_rejected_against_clusterd(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    cd = await make_clusterd(tmp_path, "--token-file", str(token))
+    http = ["--http", f"127.0.0.1:{cd.http.port}"]
+    try:
+        await cd.center.upsert(
+            Fault("deviced", "node-1", "NPU", 2, "80E18402", "SubHealthFault", attributes={"k": "v"})
+        )
+        r = await asyncio.to_thread(fm, "faults", *http)
+        assert r.returncode == 0 and r.stdout.split("\n")[0].split()[:3] == ["NODE", "DEVICE", "ID"]
+        assert "ATTRIBUTES" not in r.stdout
+        wide = await asyncio.to_thread(fm, "faults", *http, "-o", "wide")
+        assert "ATTRIBUTES" in wide.stdout and "k=v" in wide.stdout
+        y = await asyncio.to_thread(fm, "faults", *http, "-o", "yaml")
+        j = await asyncio.to_thread(fm, "faults", *http, "-o", "json")
+        assert (
+            yaml.safe_load(y.stdout) == json.loads(j.stdout) and json.loads(j.stdout)[0]["code"] == "80E18402"
+        )
+        r = await asyncio.to_thread(fm, "job", "get", "nope", *http)
+        assert r.returncode == EXIT_NOT_FOUND and "job nope not found" in r.stderr
+        assert (
+            await asyncio.to_thread(fm, "job", "get", "--job", "nope", *http)
+        ).returncode == EXIT_NOT_FOUND
+        job = "id: j1\nname: bert\nranks:\n  - {rank: 0, node: node-1, device: 0}\n"
+        r = await asyncio.to_thread(fm, "job", "apply", "-f", "-", *http, stdin=job)
+        assert r.returncode == EXIT_REJECTED and "bearer token required" in r.stderr  # no token given
+        r = await asyncio.to_thread(
+            fm, "job", "apply", "-f", "-", *http, "--token-file", str(token), stdin=job
+        )
+        assert r.returncode == 0, r.stderr
+    finally:
+        await cd.stop()
