@@ -36,7 +36,6 @@ def _request(fault_ids, nodes, devices, rid="req-cap-0001"):
 async def test_a_172_kib_request_of_128000_device_faults_is_refused_whole(cd):
     req = _request([f"fault-big-{i}" for i in range(4)], [f"node-{n:04d}" for n in range(1000)], range(32))
     assert 160_000 < req.ByteSize() < 200_000
-    t0 = time.monotonic()
     resp = await cd.pubfault.intake(req)
     assert resp.code == 409
     assert (
@@ -45,7 +44,6 @@ async def test_a_172_kib_request_of_128000_device_faults_is_refused_whole(cd):
         and "nothing was applied" in resp.info
     )
     assert len(cd.center) == 0
-    assert time.monotonic() - t0 < 2.0
     assert (await cd.pubfault.intake(public_request("fault-small-1"))).code == 0
 
 
