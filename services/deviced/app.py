@@ -42,6 +42,7 @@ from deviced.metrics import CycleMetrics, DevicedCollector
 from deviced.reload import TableReloader
 from deviced.sinks import deviceinfo
 from deviced.sinks.agentstate import AgentStateSink
+from deviced.sinks.kube_deviceinfo import KubeDeviceInfo
 from deviced.sinks.resetcfg import ResetConfigWriter, chips_of
 from deviced.sinks.statefile import StateFile
 from deviced.sources.lingqu import SWITCH_QUEUE_MAX
@@ -95,6 +96,9 @@ class DeviceD:
             else None
         )
         self.state_file = StateFile(args.state_file, self.engine, self.io.call_errors)
+        self.kube_sink = (
+            KubeDeviceInfo(args, self.node_name, self.registry) if getattr(args, "kube", False) else None
+        )
         # sources, the action, the cycle
         self.metrics = CycleMetrics(self.registry)
         self.metrics.subscribed.set_function(lambda: 1.0 if self.engine.subscribed else 0.0)
@@ -191,6 +195,8 @@ class DeviceD:
         self.agent_sink.publish(self.engine, self.switch_state, self.io.spod)
         if self.reset_writer is not None:
             self.reset_writer.update(chips_of(self.engine))
+        if self.kube_sink is not None and self.started:
+            self.kube_sink.update(self)
         self.last_report_ms = now_ms()
         hook = self._latency_hook
         if hook is not None:
@@ -257,6 +263,8 @@ class DeviceD:
         """Start HTTP, the agent stream and (in the background) the rest. Raises ``OSError`` when
         HTTP cannot bind."""
         await self.http.start()
+        if self.kube_sink is not None:
+            await self.kube_sink.start()
         await self.agent.start()
         self.tasks.spawn(self._startup(), name="deviced-startup")
 
@@ -278,6 +286,8 @@ class DeviceD:
         if self.started:
             self.report()
         await self.agent.stop(drain_s=DRAIN_S)
+        if self.kube_sink is not None:
+            await self.kube_sink.stop(DRAIN_S)
         self.state_file.save()
         await self.http.stop()
         self.io.shutdown()

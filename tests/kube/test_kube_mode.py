@@ -12,10 +12,10 @@ import json
 import time
 
 import pytest
-from kube.kubekit import device_info_cm, node_info_cm
+from kube.kubekit import device_info_cm, node_info_cm, until
 from support import make_clusterd
 
-from clusterd.kube.api import KubeApi, KubeError
+from faultmesh.kube import KubeError
 from faultmesh.model import Fault
 
 kmock = pytest.importorskip("kmock", reason="kmock not installed (pip install '.[dev]')")
@@ -23,58 +23,6 @@ pytest.importorskip("kubernetes_asyncio", reason="kubernetes_asyncio not install
 
 PUB = "mindx-dl"
 CIM = {"mx-consumer-cim": "true"}
-
-
-async def until(pred, timeout_s: float = 10.0, what: str = "condition"):
-    """Await ``pred()`` (sync or async) to return a truthy value; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        res = pred()
-        if asyncio.iscoroutine(res):
-            res = await res
-        if res:
-            return res
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-async def k8s():
-    """(emulator, api) — kmock's emulator on loopback and a KubeApi client for the test's own calls."""
-    from kubernetes_asyncio import client
-
-    async with kmock.KubernetesEmulator() as emu, kmock.Server(emu) as srv:
-        emu.resources["v1/configmaps"] = {}
-        emu.resources["v1/nodes"] = {}
-        emu.resources["v1/pods"] = {}
-        url = str(srv.url).rstrip("/")
-        async with client.ApiClient(client.Configuration(host=url)) as apic:
-            api = KubeApi(apic, timeout_s=5)
-            api.url = url
-            yield emu, api
-
-
-@pytest.fixture
-async def kcd(k8s, tmp_path):
-    """clusterd in Kubernetes mode against the emulator, with nodes node-1 and node-2."""
-    emu, api = k8s
-    for n in ("node-1", "node-2"):
-        await api.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}})
-    cd = await make_clusterd(
-        tmp_path,
-        "--kube",
-        "--kube-api",
-        api.url,
-        "--kube-min-write-s",
-        "0.02",
-        "--kube-resync-s",
-        "0.5",
-        "--kube-timeout-s",
-        "2",
-    )
-    yield cd
-    await cd.stop()
 
 
 def kube(cd):

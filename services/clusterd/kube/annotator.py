@@ -10,9 +10,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from clusterd.kube.api import KubeApi, KubeError
 from clusterd.kube.metrics import KubeMetrics
 from clusterd.nodes import NodeRegistry
+from faultmesh.kube import KubeApi, KubeError
 from faultmesh.levels import UNHEALTHY
 from faultmesh.log import event
 from faultmesh.retry import Backoff

@@ -15,7 +15,7 @@ One part per concern, wired here:
   :class:`clusterd.nodes.NodeHealthCollector`);
 - **jobs from pods** (``--kube-jobs on``) into the brain's job registry: :mod:`.podjobs`.
 
-Watches re-list on 410 Gone and after errors, so no change is lost (:class:`.api.ListWatcher`).
+Watches re-list on 410 Gone and after errors, so no change is lost (:class:`faultmesh.kube.ListWatcher`).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from clusterd.brain.jobs import JobRegistry
 from clusterd.kube import formats
 from clusterd.kube import jobs as kjobs
 from clusterd.kube.annotator import NodeAnnotator
-from clusterd.kube.api import KubeApi, ListWatcher
 from clusterd.kube.consumer import CIM_LABEL, PUBLIC_FAULT_LABEL, KubeConsumer, PublicFaultIntake, has_label
 from clusterd.kube.metrics import KubeMetrics
 from clusterd.kube.podjobs import PodJobs
 from clusterd.kube.publisher import ClusterInfoPublisher
+from faultmesh.kube import KubeApi, ListWatcher, make_api_client
 from faultmesh.log import event
 
 if TYPE_CHECKING:
@@ -126,33 +126,12 @@ class KubeComponent:
             ctx.agents.on_connect(lambda node, agent: self._mark(node))
 
     # -- lifecycle -------------------------------------------------------------------------------
-    async def _make_client(self):
-        from kubernetes_asyncio import client, config
-
-        if self.args.kube_api:
-            cfg = client.Configuration(host=self.args.kube_api.rstrip("/"))
-        else:
-            cfg = client.Configuration()
-            if self.args.kubeconfig:
-                await config.load_kube_config(config_file=self.args.kubeconfig, client_configuration=cfg)
-            else:
-                try:
-                    config.load_incluster_config(client_configuration=cfg)
-                except config.ConfigException:
-                    await config.load_kube_config(client_configuration=cfg)
-        return client.ApiClient(cfg)
-
     async def start(self) -> None:
         """Connect and start the watchers, the publisher and the annotator (owned by ``ctx.tasks``)."""
         if not self.enabled:
             return
-        from kubernetes_asyncio.config import ConfigException
-
-        try:
-            self._api_client = await self._make_client()
-        except (ConfigException, OSError, ValueError) as e:
-            # OSError: clusterd's start path reports it as "clusterd failed to start" and exits 1.
-            raise OSError(f"--kube: cannot load the Kubernetes client configuration: {e}") from None
+        # OSError: clusterd's start path reports it as "clusterd failed to start" and exits 1.
+        self._api_client = await make_api_client(self.args.kube_api, self.args.kubeconfig)
         self.api = self.publisher.api = self.annotator.api = KubeApi(
             self._api_client, timeout_s=self.args.kube_timeout_s
         )

@@ -11,10 +11,10 @@ import logging
 
 from clusterd.brain.jobs import JobRegistry
 from clusterd.kube import jobs as kjobs
-from clusterd.kube.api import ListWatcher
 from clusterd.kube.metrics import KubeMetrics
 from clusterd.store import Store
 from faultmesh.jobspec import JobSpecError, parse_job
+from faultmesh.kube import ListWatcher
 from faultmesh.log import event
 
 log = logging.getLogger("clusterd.kube")
