@@ -28,11 +28,13 @@ from typing import TYPE_CHECKING
 from clusterd.brain.jobs import JobRegistry
 from clusterd.kube import formats
 from clusterd.kube import jobs as kjobs
+from clusterd.kube import signals as ksignals
 from clusterd.kube.annotator import NodeAnnotator
 from clusterd.kube.consumer import CIM_LABEL, PUBLIC_FAULT_LABEL, KubeConsumer, PublicFaultIntake, has_label
 from clusterd.kube.metrics import KubeMetrics
 from clusterd.kube.podjobs import PodJobs
 from clusterd.kube.publisher import ClusterInfoPublisher
+from clusterd.kube.signals import NodeSignals
 from faultmesh.kube import KubeApi, ListWatcher, make_api_client
 from faultmesh.log import event
 
@@ -98,6 +100,7 @@ class KubeComponent:
             default="on",
             help="discover training jobs from pods into the job registry",
         )
+        ksignals.add_arguments(g)
 
     def __init__(
         self,
@@ -114,6 +117,10 @@ class KubeComponent:
         self.publisher = ClusterInfoPublisher(
             a, ctx.center, ctx.nodes, self.consumer.device_docs, self.metrics, self.annotator.due.set
         )
+        self.signals = NodeSignals(
+            a, ctx.center, ctx.nodes, self.metrics, self._known_node, self._node_count, self._node_taints,
+            ctx.metrics.registry,
+        )  # fmt: skip
         self.pod_jobs = PodJobs(jobs, ctx.store, self.metrics) if jobs is not None else None
         self._api_client = None
         self._tasks: list[asyncio.Task] = []
@@ -123,6 +130,7 @@ class KubeComponent:
         self.watchers: list[ListWatcher] = []
         if self.enabled:
             ctx.center.subscribe("kube", self.publisher.on_changes, resync=self.publisher.on_resync)
+            ctx.center.subscribe("kube-signals", self.signals.on_changes, resync=self.signals.on_resync)
             ctx.agents.on_connect(lambda node, agent: self._mark(node))
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -132,7 +140,7 @@ class KubeComponent:
             return
         # OSError: clusterd's start path reports it as "clusterd failed to start" and exits 1.
         self._api_client = await make_api_client(self.args.kube_api, self.args.kubeconfig)
-        self.api = self.publisher.api = self.annotator.api = KubeApi(
+        self.api = self.publisher.api = self.annotator.api = self.signals.api = KubeApi(
             self._api_client, timeout_s=self.args.kube_timeout_s
         )
         a = self.args
@@ -185,6 +193,7 @@ class KubeComponent:
             self._tasks.append(spawn(w.run(), name=f"kube-watch-{w.kind}-{w.namespace or 'all'}"))
         self._tasks.append(spawn(self.publisher.run(), name="kube-publisher"))
         self._tasks.append(spawn(self.annotator.run(), name="kube-annotator"))
+        self._tasks.append(spawn(self.signals.run(), name="kube-signals"))
         event(
             log,
             logging.INFO,
@@ -210,6 +219,14 @@ class KubeComponent:
 
     def _mark(self, node: str) -> None:
         self.publisher.mark(node)
+        self.signals.mark(node)
+
+    def _node_count(self) -> int:
+        return len(self.nodes.objects) if self.nodes is not None else 0
+
+    def _node_taints(self, node: str) -> list:
+        obj = self.nodes.objects.get(("", node)) if self.nodes is not None else None
+        return list(((obj or {}).get("spec") or {}).get("taints") or [])
 
     async def _on_node(self, op: str, obj: dict) -> None:
         node = obj["metadata"]["name"]
@@ -217,6 +234,7 @@ class KubeComponent:
             await self.consumer.node_added(node)
         else:
             self.annotator.forget(node)
+            self.signals.forget(node)
         self._mark(node)
 
     async def publish_once(self) -> int:
