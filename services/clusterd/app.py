@@ -170,7 +170,12 @@ class ClusterD:
         ctx = self.ctx
         self.pubfault = PubFaultComponent(ctx)
         self.brain = BrainComponent(ctx)
-        kube = KubeComponent(ctx, public_faults=self.pubfault.intake, jobs=self.brain.jobs)
+        kube = KubeComponent(
+            ctx,
+            public_faults=self.pubfault.intake,
+            jobs=self.brain.jobs,
+            decisions=self.brain.decision_log.listeners.append,
+        )
         slownode = SlowNodeComponent(
             ctx,
             jobs=self.brain.jobs,

@@ -259,6 +259,8 @@ class KubeApi:
         """
         if kind == "nodes":
             fn, args = self.core.list_node, ()
+        elif kind.startswith(CUSTOM):
+            fn, args = self.custom.list_cluster_custom_object, tuple(custom_kind(kind))
         elif kind == "pods":
             fn, args = (
                 (self.core.list_namespaced_pod, (namespace,))
@@ -312,6 +314,18 @@ class KubeApi:
             resp.release()
 
 
+CUSTOM = "custom:"
+
+
+def custom_kind(kind: str) -> list[str]:
+    """``custom:<group>/<version>/<plural>`` (a :class:`ListWatcher` kind) -> [group, version, plural].
+    Raises ``ValueError`` for another shape."""
+    parts = kind[len(CUSTOM) :].split("/")
+    if not kind.startswith(CUSTOM) or len(parts) != 3 or not all(parts):
+        raise ValueError(f"not a custom kind: {kind!r}")
+    return parts
+
+
 def obj_key(obj: dict) -> tuple[str, str]:
     """(namespace, name) of a raw object."""
     meta = obj.get("metadata") or {}
@@ -360,6 +374,8 @@ class ListWatcher:
     async def _list(self) -> str:
         if self.kind == "nodes":
             items, rv = await self.api.list_nodes()
+        elif self.kind.startswith(CUSTOM):
+            items, rv = await self.api.list_custom(*custom_kind(self.kind))
         elif self.kind == "pods":
             items, rv = await self.api.list_pods(self.namespace, self.label_selector)
         else:

@@ -21,6 +21,7 @@ async def k8s():
         emu.resources["v1/nodes"] = {}
         emu.resources["v1/pods"] = {}
         emu.resources["v1/events"] = {}
+        emu.resources["scheduling.volcano.sh/v1beta1/podgroups"] = {}
         url = str(srv.url).rstrip("/")
         async with client.ApiClient(client.Configuration(host=url)) as apic:
             api = KubeApi(apic, timeout_s=5)

@@ -37,3 +37,44 @@ async def until(pred, timeout_s: float = 10.0, what: str = "condition"):
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+def job_pod(
+    name: str,
+    node: str,
+    rank_index: int,
+    devices: list[int],
+    uid: str = "uid-job-1",
+    job: str = "llama",
+    phase: str = "Running",
+    **annotations: str,
+) -> dict:
+    conf = {
+        "pod_name": name,
+        "server_id": "10.0.0.1",
+        "devices": [{"device_id": str(d), "device_ip": "1.1.1.1"} for d in devices],
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "train",
+            "annotations": {
+                "ascend.kubectl.kubernetes.io/ascend-910-configuration": json.dumps(conf),
+                "hccl/rankIndex": str(rank_index),
+                **annotations,
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch.volcano.sh/v1alpha1",
+                    "kind": "Job",
+                    "name": job,
+                    "uid": uid,
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]},
+        "status": {"phase": phase},
+    }

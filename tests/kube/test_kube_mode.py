@@ -12,7 +12,7 @@ import json
 import time
 
 import pytest
-from kube.kubekit import device_info_cm, node_info_cm, until
+from kube.kubekit import device_info_cm, job_pod, node_info_cm, until
 from support import make_clusterd
 
 from faultmesh.kube import KubeError
@@ -413,47 +413,6 @@ async def test_dropped_watches_and_failing_lists_recover(k8s, tmp_path):
         )
     finally:
         await cd.stop()
-
-
-def job_pod(
-    name: str,
-    node: str,
-    rank_index: int,
-    devices: list[int],
-    uid: str = "uid-job-1",
-    job: str = "llama",
-    phase: str = "Running",
-    **annotations: str,
-) -> dict:
-    conf = {
-        "pod_name": name,
-        "server_id": "10.0.0.1",
-        "devices": [{"device_id": str(d), "device_ip": "1.1.1.1"} for d in devices],
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": "train",
-            "annotations": {
-                "ascend.kubectl.kubernetes.io/ascend-910-configuration": json.dumps(conf),
-                "hccl/rankIndex": str(rank_index),
-                **annotations,
-            },
-            "ownerReferences": [
-                {
-                    "apiVersion": "batch.volcano.sh/v1alpha1",
-                    "kind": "Job",
-                    "name": job,
-                    "uid": uid,
-                    "controller": True,
-                }
-            ],
-        },
-        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]},
-        "status": {"phase": phase},
-    }
 
 
 async def test_jobs_are_discovered_from_pods(k8s, kcd):

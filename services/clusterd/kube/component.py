@@ -13,7 +13,11 @@ One part per concern, wired here:
   (the per-node gauges the chart's alerts use, ``faultmesh_node_unhealthy`` and
   ``faultmesh_slow_node``, are exported by ClusterD's core in every mode:
   :class:`clusterd.nodes.NodeHealthCollector`);
-- **jobs from pods** (``--kube-jobs on``) into the brain's job registry: :mod:`.podjobs`.
+- **jobs from pods** (``--kube-jobs on``) into the brain's job registry: :mod:`.podjobs`, with the
+  recovery settings of their Volcano PodGroups (``--kube-podgroups on``): :mod:`.podgroups`;
+- **node signals** (conditions, events, optional taint): :mod:`.signals`;
+- **the rescheduling hand-off** (reset-config, PodGroup and pod labels) from the brain's decisions:
+  :mod:`.handoff`.
 
 Watches re-list on 410 Gone and after errors, so no change is lost (:class:`faultmesh.kube.ListWatcher`).
 """
@@ -23,15 +27,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from clusterd.brain.jobs import JobRegistry
-from clusterd.kube import formats
+from clusterd.kube import formats, podgroups
 from clusterd.kube import jobs as kjobs
 from clusterd.kube import signals as ksignals
 from clusterd.kube.annotator import NodeAnnotator
 from clusterd.kube.consumer import CIM_LABEL, PUBLIC_FAULT_LABEL, KubeConsumer, PublicFaultIntake, has_label
+from clusterd.kube.handoff import HandOff
 from clusterd.kube.metrics import KubeMetrics
+from clusterd.kube.podgroups import PodGroups
 from clusterd.kube.podjobs import PodJobs
 from clusterd.kube.publisher import ClusterInfoPublisher
 from clusterd.kube.signals import NodeSignals
@@ -101,12 +108,19 @@ class KubeComponent:
             help="discover training jobs from pods into the job registry",
         )
         ksignals.add_arguments(g)
+        g.add_argument(
+            "--kube-podgroups",
+            choices=("on", "off"),
+            default="on",
+            help="watch Volcano PodGroups for job settings; hand off recovery decisions",
+        )
 
     def __init__(
         self,
         ctx: ClusterContext,
         public_faults: PublicFaultIntake | None = None,
         jobs: JobRegistry | None = None,
+        decisions: Callable[[Callable[[str, dict], None]], None] | None = None,
     ) -> None:
         self.ctx = ctx
         self.args = a = ctx.config
@@ -121,7 +135,13 @@ class KubeComponent:
             a, ctx.center, ctx.nodes, self.metrics, self._known_node, self._node_count, self._node_taints,
             ctx.metrics.registry,
         )  # fmt: skip
-        self.pod_jobs = PodJobs(jobs, ctx.store, self.metrics) if jobs is not None else None
+        self.podgroups = PodGroups(self.metrics, self._podgroup_changed)
+        self.pod_jobs = PodJobs(jobs, ctx.store, self.metrics, self.podgroups) if jobs is not None else None
+        self.handoff = (
+            HandOff(jobs, self.podgroups, self.pod_jobs.pods_of, self.metrics, ctx.tasks.spawn)
+            if jobs is not None and self.pod_jobs is not None
+            else None
+        )
         self._api_client = None
         self._tasks: list[asyncio.Task] = []
         self.api: KubeApi | None = None
@@ -132,6 +152,8 @@ class KubeComponent:
             ctx.center.subscribe("kube", self.publisher.on_changes, resync=self.publisher.on_resync)
             ctx.center.subscribe("kube-signals", self.signals.on_changes, resync=self.signals.on_resync)
             ctx.agents.on_connect(lambda node, agent: self._mark(node))
+            if decisions is not None and self.handoff is not None and a.kube_podgroups == "on":
+                decisions(self.handoff.on_decision)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -187,6 +209,13 @@ class KubeComponent:
             )
             self.watchers.append(self.pods)
             self._tasks.append(spawn(self.pod_jobs.run(), name="kube-job-sync"))
+            if a.kube_podgroups == "on":
+                self.watchers.append(
+                    watcher("podgroups", podgroups.KIND, None, "", self.podgroups.on_podgroup, lambda o: True)
+                )
+                assert self.handoff is not None
+                self.handoff.api = self.api
+                self._tasks.append(spawn(self.handoff.run(), name="kube-handoff"))
         elif a.kube_jobs == "on":
             event(log, logging.WARNING, "kube job discovery off: no job registry in this clusterd")
         for w in self.watchers:
@@ -220,6 +249,10 @@ class KubeComponent:
     def _mark(self, node: str) -> None:
         self.publisher.mark(node)
         self.signals.mark(node)
+
+    def _podgroup_changed(self, job_id: str) -> None:
+        if self.pod_jobs is not None:
+            self.pod_jobs.touch(job_id)
 
     def _node_count(self) -> int:
         return len(self.nodes.objects) if self.nodes is not None else 0
