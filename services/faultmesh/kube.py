@@ -314,6 +314,31 @@ class KubeApi:
             resp.release()
 
 
+async def run_when_due(
+    due: asyncio.Event,
+    work: Callable[[], Awaitable[None]],
+    phrase: str,
+    on_error: Callable[[KubeError], None] | None = None,
+) -> None:
+    """Await ``work()`` each time ``due`` is set, until cancelled. A :class:`KubeError` sets ``due``
+    again, calls ``on_error(e)``, is logged as ``phrase`` (WARNING, with ``error`` and ``retry_s``)
+    and waited out with a capped :class:`faultmesh.retry.Backoff` (0.2 .. 30 s)."""
+    backoff = Backoff(0.2, 30.0)
+    while True:
+        await due.wait()
+        due.clear()
+        try:
+            await work()
+            backoff.reset()
+        except KubeError as e:
+            if on_error is not None:
+                on_error(e)
+            due.set()
+            delay = backoff.next_delay()
+            event(log, logging.WARNING, phrase, error=str(e), retry_s=round(delay, 2))
+            await asyncio.sleep(delay)
+
+
 CUSTOM = "custom:"
 
 

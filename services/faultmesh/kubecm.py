@@ -163,30 +163,33 @@ class AgentConfigMapSink:
     """An agent's one ConfigMap in Kubernetes mode: the API client (from ``--kube-api`` /
     ``--kubeconfig`` / in-cluster, :func:`faultmesh.kube.make_api_client`), a
     :class:`ConfigMapPublisher` and its task. ``offer()`` works before :meth:`start` (the last
-    document is written once started). Subclasses set the name, labels and write policy.
+    document is written once started).
 
-    ``args``: the parsed flags of :func:`faultmesh.kube.add_kube_arguments`.
+    Subclasses set the ConfigMap and its write policy as class attributes: ``name_prefix`` (the
+    name is ``name_prefix + node``), ``labels``, ``min_interval_s``, ``refresh_s``, and override
+    :meth:`same`. ``args``: the parsed flags of :func:`faultmesh.kube.add_kube_arguments` plus
+    ``--kube-namespace``.
     """
 
-    def __init__(
-        self,
-        args,
-        namespace: str,
-        name: str,
-        labels: dict[str, str],
-        registry: CollectorRegistry | None,
-        **policy,
-    ) -> None:
+    name_prefix = ""
+    labels: dict[str, str] = {}
+    min_interval_s = 1.0
+    refresh_s = 1800.0
+
+    def __init__(self, args, node: str, registry: CollectorRegistry | None = None) -> None:
         self.args = args
-        self.namespace = namespace
-        self.name = name
-        self.labels = labels
+        self.namespace = args.kube_namespace
+        self.name = self.name_prefix + node
         self.registry = registry
-        self.policy = policy
         self.publisher: ConfigMapPublisher | None = None
         self._client = None
         self._task: asyncio.Task | None = None
         self._pending: tuple[Data | None] | None = None
+
+    @staticmethod
+    def same(old: Data, new: Data) -> bool:
+        """True when ``new`` needs no write after ``old`` (before the refresh is due)."""
+        return old == new
 
     def offer(self, data: Data | None) -> None:
         """The desired ConfigMap data (None: delete the ConfigMap). Never waits."""
@@ -200,8 +203,9 @@ class AgentConfigMapSink:
         self._client = await make_api_client(self.args.kube_api, self.args.kubeconfig)
         api = KubeApi(self._client, timeout_s=self.args.kube_timeout_s)
         self.publisher = ConfigMapPublisher(
-            api, self.namespace, self.name, self.labels, self.registry, **self.policy
-        )
+            api, self.namespace, self.name, self.labels, self.registry,
+            min_interval_s=self.min_interval_s, refresh_s=self.refresh_s, same=self.same,
+        )  # fmt: skip
         if self._pending is not None:
             self.publisher.offer(self._pending[0])
             self._pending = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from support import make_clusterd
+from kube.kubekit import kube_clusterd
 
 from faultmesh.kube import KubeApi
 
@@ -35,17 +35,6 @@ async def kcd(k8s, tmp_path):
     emu, api = k8s
     for n in ("node-1", "node-2"):
         await api.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}})
-    cd = await make_clusterd(
-        tmp_path,
-        "--kube",
-        "--kube-api",
-        api.url,
-        "--kube-min-write-s",
-        "0.02",
-        "--kube-resync-s",
-        "0.5",
-        "--kube-timeout-s",
-        "2",
-    )
+    cd = await kube_clusterd(tmp_path, api.url, "--kube-resync-s", "0.5")
     yield cd
     await cd.stop()

@@ -7,6 +7,7 @@ import json
 import time
 
 import pytest
+from support import make_clusterd
 
 from faultmesh import gojson
 
@@ -78,3 +79,11 @@ def job_pod(
         "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]},
         "status": {"phase": phase},
     }
+
+
+async def kube_clusterd(tmp_path, url: str, *extra: str):
+    """An in-process clusterd in Kubernetes mode against the API at ``url`` (fast write and timeout
+    settings for tests; ``extra`` flags come last and win). The caller stops it."""
+    return await make_clusterd(
+        tmp_path, "--kube", "--kube-api", url, "--kube-min-write-s", "0.02", "--kube-timeout-s", "2", *extra
+    )

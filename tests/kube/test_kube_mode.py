@@ -12,7 +12,7 @@ import json
 import time
 
 import pytest
-from kube.kubekit import device_info_cm, job_pod, node_info_cm, until
+from kube.kubekit import device_info_cm, job_pod, kube_clusterd, node_info_cm, until
 from support import make_clusterd
 
 from faultmesh.kube import KubeError
@@ -119,18 +119,7 @@ async def test_publishes_cluster_info_and_writes_only_on_change(k8s, kcd):
 
 async def test_sharding_grows_and_surplus_shards_are_emptied(k8s, tmp_path):
     emu, api = k8s
-    cd = await make_clusterd(
-        tmp_path,
-        "--kube",
-        "--kube-api",
-        api.url,
-        "--kube-min-write-s",
-        "0.02",
-        "--kube-shard-bytes",
-        "2048",
-        "--kube-timeout-s",
-        "2",
-    )
+    cd = await kube_clusterd(tmp_path, api.url, "--kube-shard-bytes", "2048")
     try:
         faults = [
             Fault("deviced", f"node-{i:03d}", "NPU", d, "80E18008", "RestartNPU")
@@ -345,9 +334,7 @@ async def test_api_errors_500_and_409_are_retried_with_backoff(k8s, kcd):
 async def start_kcd(api, tmp_path):
     for n in ("node-1", "node-2"):
         await api.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}})
-    return await make_clusterd(
-        tmp_path, "--kube", "--kube-api", api.url, "--kube-min-write-s", "0.02", "--kube-timeout-s", "2"
-    )
+    return await kube_clusterd(tmp_path, api.url)
 
 
 def restarts(cd, watch: str, why: str) -> float:

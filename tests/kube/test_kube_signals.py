@@ -3,8 +3,7 @@ occur/recover, the optional NoSchedule taint and its circuit breaker -- on kmock
 
 from __future__ import annotations
 
-from kube.kubekit import until
-from support import make_clusterd
+from kube.kubekit import kube_clusterd, until
 
 from clusterd.kube.signals import conditions_of
 from faultmesh.model import Fault
@@ -82,9 +81,8 @@ async def test_taint_is_off_by_default_and_the_breaker_limits_it(k8s, tmp_path):
     nodes = [f"n-{i}" for i in range(10)]
     for n in nodes:
         await api.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}})
-    common = ["--kube", "--kube-api", api.url, "--kube-min-write-s", "0.02", "--kube-timeout-s", "2"]
     # default: no taint, even on an UnHealthy node
-    cd = await make_clusterd(tmp_path / "a", *common)
+    cd = await kube_clusterd(tmp_path / "a", api.url)
     try:
         await cd.center.upsert(Fault("deviced", "n-0", "NPU", 0, "80E18008", "SeparateNPU"), origin="deviced")
         await until(lambda: _cond_status(api, "n-0", "NPUHealthy", "False"), what="condition")
@@ -92,7 +90,7 @@ async def test_taint_is_off_by_default_and_the_breaker_limits_it(k8s, tmp_path):
     finally:
         await cd.stop()
     # on, with a breaker at 20 % of 10 nodes: two nodes tainted, the third held back
-    cd = await make_clusterd(tmp_path / "b", *common, "--kube-taint", "on", "--kube-taint-max-share", "0.2")
+    cd = await kube_clusterd(tmp_path / "b", api.url, "--kube-taint", "on", "--kube-taint-max-share", "0.2")
     try:
         for n in nodes[:3]:
             await cd.center.upsert(Fault("deviced", n, "NPU", 0, "80E18008", "SeparateNPU"), origin="deviced")

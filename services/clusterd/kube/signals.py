@@ -36,12 +36,11 @@ from prometheus_client import Counter, Gauge
 from clusterd.center import FaultCenter
 from clusterd.kube.metrics import KubeMetrics
 from clusterd.nodes import SLOW_NODE_CODE, NodeRegistry
-from faultmesh.kube import KubeApi, KubeError
+from faultmesh.kube import KubeApi, KubeError, run_when_due
 from faultmesh.levels import UNHEALTHY, level_severity
 from faultmesh.log import event
 from faultmesh.model import ChangeKind, Fault
 from faultmesh.ratelimit import TokenBucket
-from faultmesh.retry import Backoff
 
 log = logging.getLogger("clusterd.kube")
 
@@ -309,23 +308,9 @@ class NodeSignals:
 
     async def run(self) -> None:
         """Write whenever :attr:`due` is set, until cancelled; errors back off and retry."""
-        backoff = Backoff(0.2, 30.0)
-        while True:
-            await self.due.wait()
-            self.due.clear()
-            try:
-                await self.write_once()
-                backoff.reset()
-            except KubeError as e:
-                self.metrics.writes.labels("node_signal", "error").inc()
-                self.metrics.api_errors.labels(e.op, str(e.status)).inc()
-                self.due.set()
-                delay = backoff.next_delay()
-                event(
-                    log,
-                    logging.WARNING,
-                    "node signal write failed, retrying",
-                    error=str(e),
-                    retry_s=round(delay, 2),
-                )
-                await asyncio.sleep(delay)
+
+        def failed(e: KubeError) -> None:
+            self.metrics.writes.labels("node_signal", "error").inc()
+            self.metrics.api_errors.labels(e.op, str(e.status)).inc()
+
+        await run_when_due(self.due, self.write_once, "node signal write failed, retrying", failed)

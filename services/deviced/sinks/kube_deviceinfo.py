@@ -71,17 +71,11 @@ def same(old: dict[str, str], new: dict[str, str]) -> bool:
 class KubeDeviceInfo(AgentConfigMapSink):
     """The device-info ConfigMap of ``node``; ``update(app)`` after every report."""
 
-    def __init__(self, args: argparse.Namespace, node: str, registry=None) -> None:
-        super().__init__(
-            args,
-            args.kube_namespace,
-            NAME_PREFIX + node,
-            LABELS,
-            registry,
-            min_interval_s=1.0,
-            refresh_s=REFRESH_S,
-            same=same,
-        )
+    name_prefix = NAME_PREFIX
+    labels = LABELS
+    min_interval_s = 1.0
+    refresh_s = REFRESH_S
+    same = staticmethod(same)
 
     def update(self, app) -> None:
         """Offer the document of ``app`` (a :class:`deviced.app.DeviceD`)."""

@@ -56,17 +56,11 @@ class KubeNodeInfo(AgentConfigMapSink):
     """The node-info ConfigMap of ``node``. ``update(info)`` with a ``FaultDevInfo`` object
     (:func:`noded.nodeinfo.fault_dev_info`) after every state change."""
 
-    def __init__(self, args: argparse.Namespace, node: str, registry=None) -> None:
-        super().__init__(
-            args,
-            args.kube_namespace,
-            NAME_PREFIX + node,
-            LABELS,
-            registry,
-            min_interval_s=1.0,
-            refresh_s=REFRESH_S,
-            same=same,
-        )
+    name_prefix = NAME_PREFIX
+    labels = LABELS
+    min_interval_s = 1.0
+    refresh_s = REFRESH_S
+    same = staticmethod(same)
 
     def update(self, info: dict) -> None:
         """Offer the document of ``info`` (or a delete when the node is healthy with no fault)."""
