@@ -22,6 +22,7 @@ async def k8s():
         emu.resources["v1/pods"] = {}
         emu.resources["v1/events"] = {}
         emu.resources["scheduling.volcano.sh/v1beta1/podgroups"] = {}
+        emu.resources["coordination.k8s.io/v1/leases"] = {}
         url = str(srv.url).rstrip("/")
         async with client.ApiClient(client.Configuration(host=url)) as apic:
             api = KubeApi(apic, timeout_s=5)

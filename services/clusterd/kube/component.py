@@ -17,7 +17,9 @@ One part per concern, wired here:
   recovery settings of their Volcano PodGroups (``--kube-podgroups on``): :mod:`.podgroups`;
 - **node signals** (conditions, events, optional taint): :mod:`.signals`;
 - **the rescheduling hand-off** (reset-config, PodGroup and pod labels) from the brain's decisions:
-  :mod:`.handoff`.
+  :mod:`.handoff`;
+- **leader election** (``--kube-leader-elect on``): only the Lease holder runs the writers above:
+  :mod:`.leader`.
 
 Watches re-list on 410 Gone and after errors, so no change is lost (:class:`faultmesh.kube.ListWatcher`).
 """
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING
 from clusterd.brain.jobs import JobRegistry
 from clusterd.kube import formats, podgroups
 from clusterd.kube import jobs as kjobs
+from clusterd.kube import leader as kleader
 from clusterd.kube import signals as ksignals
 from clusterd.kube.annotator import NodeAnnotator
 from clusterd.kube.consumer import CIM_LABEL, PUBLIC_FAULT_LABEL, KubeConsumer, PublicFaultIntake, has_label
@@ -43,6 +46,7 @@ from clusterd.kube.podjobs import PodJobs
 from clusterd.kube.publisher import ClusterInfoPublisher
 from clusterd.kube.signals import NodeSignals
 from faultmesh.kube import KubeApi, ListWatcher, make_api_client
+from faultmesh.lease import LeaseElector
 from faultmesh.log import event
 
 if TYPE_CHECKING:
@@ -108,6 +112,7 @@ class KubeComponent:
             help="discover training jobs from pods into the job registry",
         )
         ksignals.add_arguments(g)
+        kleader.add_arguments(g)
         g.add_argument(
             "--kube-podgroups",
             choices=("on", "off"),
@@ -148,6 +153,7 @@ class KubeComponent:
         self.nodes: ListWatcher | None = None
         self.pods: ListWatcher | None = None
         self.watchers: list[ListWatcher] = []
+        self.elector: LeaseElector | None = None
         if self.enabled:
             ctx.center.subscribe("kube", self.publisher.on_changes, resync=self.publisher.on_resync)
             ctx.center.subscribe("kube-signals", self.signals.on_changes, resync=self.signals.on_resync)
@@ -215,14 +221,28 @@ class KubeComponent:
                 )
                 assert self.handoff is not None
                 self.handoff.api = self.api
-                self._tasks.append(spawn(self.handoff.run(), name="kube-handoff"))
         elif a.kube_jobs == "on":
             event(log, logging.WARNING, "kube job discovery off: no job registry in this clusterd")
         for w in self.watchers:
             self._tasks.append(spawn(w.run(), name=f"kube-watch-{w.kind}-{w.namespace or 'all'}"))
-        self._tasks.append(spawn(self.publisher.run(), name="kube-publisher"))
-        self._tasks.append(spawn(self.annotator.run(), name="kube-annotator"))
-        self._tasks.append(spawn(self.signals.run(), name="kube-signals"))
+        writers: list = [
+            ("publisher", self.publisher.run), ("annotator", self.annotator.run), ("signals", self.signals.run)
+        ]  # fmt: skip
+        if self.handoff is not None and self.handoff.api is not None:
+            writers.append(("handoff", self.handoff.run))
+        if a.kube_leader_elect == "on":
+            self.elector = LeaseElector(
+                self.api,
+                a.kube_lease_namespace,
+                a.kube_lease_name,
+                kleader.identity(),
+                lease_s=a.kube_lease_s,
+            )
+            lead = kleader.Leadership(self.elector, writers, spawn, self._elected)
+            self._tasks.append(spawn(self.elector.run(), name="kube-lease"))
+            self._tasks.append(spawn(lead.run(), name="kube-leadership"))
+        else:
+            self._tasks += [spawn(w(), name=f"kube-{name}") for name, w in writers]
         event(
             log,
             logging.INFO,
@@ -232,7 +252,10 @@ class KubeComponent:
         )
 
     async def stop(self) -> None:
-        """Cancel the watchers and the publisher (before the API client closes under them)."""
+        """Cancel the watchers and the publisher (before the API client closes under them); a
+        leader releases its Lease."""
+        if self.elector is not None:
+            await asyncio.wait_for(self.elector.release(), self.args.kube_timeout_s + 1)
         for t in self._tasks:
             t.cancel()
         if self._tasks:
@@ -249,6 +272,11 @@ class KubeComponent:
     def _mark(self, node: str) -> None:
         self.publisher.mark(node)
         self.signals.mark(node)
+
+    def _elected(self) -> None:
+        """This replica now leads: re-check every node's annotation and signals."""
+        self.annotator.due.set()
+        self.signals.mark_all()
 
     def _podgroup_changed(self, job_id: str) -> None:
         if self.pod_jobs is not None:
