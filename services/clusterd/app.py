@@ -201,6 +201,7 @@ class ClusterD:
             public_faults=self.pubfault.intake,
             jobs=self.brain.jobs,
             policy=self.separation.set_policy_text,
+            decisions=self.brain.decision_log.listeners.append,
         )
         slownode = SlowNodeComponent(
             ctx,

@@ -43,6 +43,7 @@ from deviced.relations import RelationRules
 from deviced.reload import TableReloader
 from deviced.sinks import deviceinfo
 from deviced.sinks.agentstate import AgentStateSink
+from deviced.sinks.kube_deviceinfo import KubeDeviceInfo
 from deviced.sinks.resetcfg import ResetConfigWriter, chips_of
 from deviced.sinks.statefile import StateFile
 from deviced.sources.lingqu import SWITCH_QUEUE_MAX
@@ -116,6 +117,9 @@ class DeviceD:
             else None
         )
         self.state_file = StateFile(args.state_file, self.engine, self.io.call_errors)
+        self.kube_sink = (
+            KubeDeviceInfo(args, self.node_name, self.registry) if getattr(args, "kube", False) else None
+        )
         # sources, the action, the cycle
         self.metrics = CycleMetrics(self.registry)
         self.metrics.subscribed.set_function(lambda: 1.0 if self.engine.subscribed else 0.0)
@@ -219,6 +223,8 @@ class DeviceD:
         )
         if self.reset_writer is not None:
             self.reset_writer.update(chips_of(self.engine))
+        if self.kube_sink is not None and self.started:
+            self.kube_sink.update(self)
         self.last_report_ms = now_ms()
         hook = self._latency_hook
         if hook is not None:
@@ -293,6 +299,8 @@ class DeviceD:
         """Start HTTP, the agent stream and (in the background) the rest. Raises ``OSError`` when
         HTTP cannot bind."""
         await self.http.start()
+        if self.kube_sink is not None:
+            await self.kube_sink.start()
         await self.agent.start()
         self.tasks.spawn(self._startup(), name="deviced-startup")
 
@@ -314,6 +322,8 @@ class DeviceD:
         if self.started:
             self.report()
         await self.agent.stop(drain_s=DRAIN_S)
+        if self.kube_sink is not None:
+            await self.kube_sink.stop(DRAIN_S)
         self.state_file.save()
         await self.http.stop()
         self.io.shutdown()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from deviced.sinks import kube_deviceinfo
 from faultmesh.agent import add_clusterd_arguments
 
 
@@ -108,4 +109,5 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-device-info", action="store_true", help="print the device-info document and exit")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-file")
+    kube_deviceinfo.add_arguments(p)
     return p

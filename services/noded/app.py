@@ -47,6 +47,7 @@ from faultmesh.runtime import BlockingPool
 from faultmesh.source import SourceContext, SourceMetrics, start_sources, stop_sources
 from noded import nodeinfo, sources
 from noded.metrics import NodedMetrics
+from noded.sinks import kube_nodeinfo
 from noded.sources.bmc import SOURCE_OEM, SOURCE_SEL, Bmc
 
 log = logging.getLogger("noded")
@@ -89,6 +90,7 @@ def build_parser(source_classes: tuple[type, ...] = sources.SOURCES) -> argparse
     )
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-file", help="also log to this file (rotated at 20 MiB)")
+    kube_nodeinfo.add_arguments(p)
     sources.add_arguments(p, source_classes)
     return p
 
@@ -150,6 +152,11 @@ class NodeD:
         self.started: list[tuple[object, SourceContext]] = []
         self._controls: dict = {}
         self._last_doc_digest = ""
+        self.kube_sink = (
+            kube_nodeinfo.KubeNodeInfo(args, self.node_name, self.registry)
+            if getattr(args, "kube", False)
+            else None
+        )
 
     def make_ctx(self, src) -> SourceContext:
         """The context of one source: its section, this node's state, the pool, the registry."""
@@ -172,7 +179,9 @@ class NodeD:
     async def start(self) -> None:
         """Start the sources, serve HTTP, wait (bounded) for the node SN, connect to ClusterD.
         Raises ``OSError`` when the HTTP address is taken."""
-        if self.args.node_info_file:
+        if self.kube_sink is not None:
+            await self.kube_sink.start()
+        if self.args.node_info_file or self.kube_sink is not None:
             self.state_hook()
         self.started = await start_sources(self.sources, self.make_ctx)
         for _src, ctx in self.started:
@@ -210,6 +219,7 @@ class NodeD:
         for stage, coro, cap in (
             ("agent", self.agent.stop(drain_s=left(a.stop_drain_budget)), a.stop_drain_budget + 1.0),
             ("http", self.http.stop(), a.stop_budget),
+            *((("kube", self.kube_sink.stop(left(2.0)), 3.0),) if self.kube_sink is not None else ()),
         ):
             try:
                 async with asyncio.timeout(left(cap)):
@@ -240,9 +250,9 @@ class NodeD:
         return nodeinfo.fault_dev_info(self.bmc_faults())
 
     def state_hook(self) -> None:
-        """Write ``--node-info-file`` when the node-info content changed (hooked to state changes)."""
-        path = self.args.node_info_file
-        if not path:
+        """Write ``--node-info-file`` and offer the ``--kube`` ConfigMap when the node-info content
+        changed (hooked to state changes)."""
+        if not self.args.node_info_file and self.kube_sink is None:
             return
         orig = self.state.on_change
 
@@ -259,6 +269,11 @@ class NodeD:
         info = self.node_info()
         digest = nodeinfo.go_json(info)
         if digest == self._last_doc_digest:
+            return
+        if self.kube_sink is not None:
+            self.kube_sink.update(info)
+        if not self.args.node_info_file:
+            self._last_doc_digest = digest
             return
         try:
             nodeinfo.write_document(self.args.node_info_file, info)

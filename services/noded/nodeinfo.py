@@ -13,11 +13,11 @@ NotHandleFault (the reference drops them).
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import os
 from collections.abc import Iterable
 
+from faultmesh import gojson
 from faultmesh.files import atomic_write
 from faultmesh.levels import NodeLevel
 from faultmesh.model import Fault
@@ -25,16 +25,9 @@ from noded.levels import node_status
 
 
 def go_json(obj) -> str:
-    """Compact JSON as Go's ``json.Marshal`` writes it for these documents: no spaces, key order as
-    given, non-ASCII kept, and ``<``, ``>``, ``&`` (plus U+2028/U+2029) escaped as Go does."""
-    s = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-    return (
-        s.replace("<", "\\u003c")
-        .replace(">", "\\u003e")
-        .replace("&", "\\u0026")
-        .replace("\u2028", "\\u2028")
-        .replace("\u2029", "\\u2029")
-    )
+    """Compact JSON as Go's ``json.Marshal`` writes it for these documents (:func:`faultmesh.gojson.marshal`):
+    no spaces, key order as given, non-ASCII kept, ``<``, ``>``, ``&``, U+2028/U+2029 escaped."""
+    return gojson.marshal(obj).decode()
 
 
 def fault_dev_info(faults: Iterable[Fault]) -> dict:
@@ -70,7 +63,7 @@ def fault_dev_info(faults: Iterable[Fault]) -> dict:
 
 def check_code(info: dict) -> str:
     """Lowercase hex SHA-256 of the compact Go JSON of a ``FaultDevInfo`` object."""
-    return hashlib.sha256(go_json(info).encode()).hexdigest()
+    return gojson.check_code(info)
 
 
 def node_info_document(info: dict, now: dt.datetime | None = None) -> dict:

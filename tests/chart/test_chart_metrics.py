@@ -21,7 +21,7 @@ import pytest
 import yaml
 from support import free_port
 
-from clusterd.kube import gojson
+from faultmesh import gojson
 
 kmock = pytest.importorskip("kmock", reason="kmock not installed (pip install '.[dev]')")
 RULES = Path(__file__).resolve().parents[2] / "charts" / "faultmesh" / "files" / "prometheus-rules.yaml"

@@ -146,28 +146,95 @@ def test_clusterd_deployment_service_and_state(chart):
     assert not [o for o in objs if o["kind"] == "PersistentVolumeClaim"]
 
 
-def test_rbac_is_limited_to_kubernetes_mode(chart):
-    objs = render_objects(chart, {})
-    role = find(objs, "ClusterRole", "-clusterd")
-    granted = {
-        (r["apiGroups"][0], res, v) for r in role["rules"] for res in r["resources"] for v in r["verbs"]
+def _grants(role: dict) -> set[tuple[str, str, str]]:
+    return {
+        (g, res, v)
+        for r in role["rules"]
+        for g in r["apiGroups"]
+        for res in r["resources"]
+        for v in r["verbs"]
     }
+
+
+def _roles(objs: list[dict], suffix: str) -> dict[str, set]:
+    """namespace -> grants of the chart's Roles named ``*<suffix>`` (each bound to its SA)."""
+    out = {}
+    for role in (o for o in objs if o["kind"] == "Role" and o["metadata"]["name"].endswith(suffix)):
+        ns = role["metadata"]["namespace"]
+        binding = next(
+            o for o in objs if o["kind"] == "RoleBinding" and o["metadata"]["namespace"] == ns
+            and o["metadata"]["name"] == role["metadata"]["name"]
+        )  # fmt: skip
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        out[ns] = _grants(role)
+    return out
+
+
+def test_rbac_is_least_privilege(chart):
+    objs = render_objects(chart, {})
+    granted = _grants(find(objs, "ClusterRole", "-clusterd"))
     resources = {res for _, res, _ in granted}
-    assert resources == {"configmaps", "nodes", "pods"}
-    assert {v for _, res, v in granted if res == "pods"} == {"get", "list", "watch"}  # read only
-    assert ("", "nodes", "delete") not in granted and ("", "nodes", "update") not in granted
-    assert not any(v == "*" or res == "*" for _, res, v in granted)
+    assert resources == {"configmaps", "nodes", "nodes/status", "pods", "podgroups"}
+    # cluster-wide: read, node patch, pod / podgroup patch (labels), ConfigMap patch only (reset-config
+    # in any job namespace: jobNamespaces is empty by default) -- never create/update/delete anywhere
+    assert {v for _, res, v in granted if res == "configmaps"} == {"get", "list", "watch", "patch"}
+    assert {v for _, res, v in granted if res == "pods"} == {"get", "list", "watch", "patch"}
+    assert {v for _, res, v in granted if res == "nodes/status"} == {"patch"}
+    assert ("scheduling.volcano.sh", "podgroups", "patch") in granted
+    assert not {v for _, _, v in granted} & {"create", "update", "delete", "deletecollection", "*"}
+    assert not any(res == "*" for _, res, _ in granted)
     binding = find(objs, "ClusterRoleBinding", "-clusterd")
     sa = find(objs, "ServiceAccount", "-clusterd")
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
     ]
+    # writes only where the reference writes: cluster-info-* in mindx-dl, events, the HA Lease
+    roles = _roles(objs, "-clusterd")
+    assert roles == {
+        "mindx-dl": {("", "configmaps", v) for v in ("create", "update", "patch")},
+        "default": {("", "events", "create"), ("", "events", "patch")},
+        NAMESPACE: {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")},
+    }
+    # the agents have no API access by default
+    assert not [
+        o
+        for o in objs
+        if o["metadata"]["name"].endswith("-agents") and o["kind"] in ("Role", "ServiceAccount")
+    ]
+    pod = find(objs, "DaemonSet", "-agents")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
     # Without Kubernetes mode: no RBAC and no API token in the clusterd pod.
     objs = render_objects(chart, load_values("minimal.yaml"))
     assert not [o for o in objs if o["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
     pod = find(objs, "Deployment", "-clusterd")["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
     assert "--kube" not in pod["containers"][0]["args"]
+
+
+def test_rbac_with_job_namespaces_and_agent_kube_mode(chart):
+    objs = render_objects(chart, load_values("full.yaml"))
+    granted = _grants(find(objs, "ClusterRole", "-clusterd"))
+    assert {v for _, res, v in granted if res == "configmaps"} == {
+        "get",
+        "list",
+        "watch",
+    }  # no cluster-wide write
+    roles = _roles(objs, "-clusterd")
+    assert roles["train"] == roles["research"] == {("", "configmaps", "patch")}
+    c = _container(objs, "Deployment", "-clusterd", "clusterd")
+    assert {"--kube-taint=on", "--kube-taint-max-share=0.05", "--kube-podgroups=on"} <= set(c["args"])
+    # agents: their own ServiceAccount, ConfigMap rights in mindx-dl (noded) and kube-system (deviced) only
+    agent_roles = _roles(objs, "-agents")
+    assert set(agent_roles) == {"mindx-dl", "kube-system"}
+    assert all({res for _, res, _ in g} == {"configmaps"} for g in agent_roles.values())
+    assert not [o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-agents")]
+    pod = find(objs, "DaemonSet", "-agents")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True
+    assert pod["serviceAccountName"] == find(objs, "ServiceAccount", "-agents")["metadata"]["name"]
+    noded = _container(objs, "DaemonSet", "-agents", "noded")
+    deviced = _container(objs, "DaemonSet", "-agents", "deviced")
+    assert {"--kube", "--kube-namespace=mindx-dl"} <= set(noded["args"])
+    assert {"--kube", "--kube-namespace=kube-system"} <= set(deviced["args"])
 
 
 @pytest.mark.parametrize(

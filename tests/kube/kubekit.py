@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 
-from clusterd.kube import gojson
+import pytest
+from support import make_clusterd
+
+from faultmesh import gojson
 
 
 def node_info_cm(info: dict, check: str | None = None, update: str = "2026-01-02T03:04:05+08:00") -> dict:
@@ -19,3 +24,66 @@ def device_info_cm(
     code = check if check is not None else gojson.check_code(gojson.canon_device_info(inner))
     doc = {"DeviceInfo": inner, "SuperPodID": -2, "ServerIndex": -2, "CheckCode": code, **extra}
     return {"DeviceInfoCfg": json.dumps(doc)}
+
+
+async def until(pred, timeout_s: float = 10.0, what: str = "condition"):
+    """Await ``pred()`` (sync or async) to return a truthy value; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        res = pred()
+        if asyncio.iscoroutine(res):
+            res = await res
+        if res:
+            return res
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def job_pod(
+    name: str,
+    node: str,
+    rank_index: int,
+    devices: list[int],
+    uid: str = "uid-job-1",
+    job: str = "llama",
+    phase: str = "Running",
+    **annotations: str,
+) -> dict:
+    conf = {
+        "pod_name": name,
+        "server_id": "10.0.0.1",
+        "devices": [{"device_id": str(d), "device_ip": "1.1.1.1"} for d in devices],
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "train",
+            "annotations": {
+                "ascend.kubectl.kubernetes.io/ascend-910-configuration": json.dumps(conf),
+                "hccl/rankIndex": str(rank_index),
+                **annotations,
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch.volcano.sh/v1alpha1",
+                    "kind": "Job",
+                    "name": job,
+                    "uid": uid,
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]},
+        "status": {"phase": phase},
+    }
+
+
+async def kube_clusterd(tmp_path, url: str, *extra: str):
+    """An in-process clusterd in Kubernetes mode against the API at ``url`` (fast write and timeout
+    settings for tests; ``extra`` flags come last and win). The caller stops it."""
+    return await make_clusterd(
+        tmp_path, "--kube", "--kube-api", url, "--kube-min-write-s", "0.02", "--kube-timeout-s", "2", *extra
+    )

@@ -9,7 +9,8 @@ import random
 import pytest
 from kube.kubekit import device_info_cm, node_info_cm
 
-from clusterd.kube import formats, gojson
+from clusterd.kube import formats
+from faultmesh import gojson
 from faultmesh.model import Fault
 
 # reference noded.md §4: the worked example and its CheckCode.

@@ -12,10 +12,10 @@ import json
 import time
 
 import pytest
-from kube.kubekit import device_info_cm, node_info_cm
+from kube.kubekit import device_info_cm, job_pod, kube_clusterd, node_info_cm, until
 from support import make_clusterd
 
-from clusterd.kube.api import KubeApi, KubeError
+from faultmesh.kube import KubeError
 from faultmesh.model import Fault
 
 kmock = pytest.importorskip("kmock", reason="kmock not installed (pip install '.[dev]')")
@@ -23,58 +23,6 @@ pytest.importorskip("kubernetes_asyncio", reason="kubernetes_asyncio not install
 
 PUB = "mindx-dl"
 CIM = {"mx-consumer-cim": "true"}
-
-
-async def until(pred, timeout_s: float = 10.0, what: str = "condition"):
-    """Await ``pred()`` (sync or async) to return a truthy value; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        res = pred()
-        if asyncio.iscoroutine(res):
-            res = await res
-        if res:
-            return res
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-async def k8s():
-    """(emulator, api) — kmock's emulator on loopback and a KubeApi client for the test's own calls."""
-    from kubernetes_asyncio import client
-
-    async with kmock.KubernetesEmulator() as emu, kmock.Server(emu) as srv:
-        emu.resources["v1/configmaps"] = {}
-        emu.resources["v1/nodes"] = {}
-        emu.resources["v1/pods"] = {}
-        url = str(srv.url).rstrip("/")
-        async with client.ApiClient(client.Configuration(host=url)) as apic:
-            api = KubeApi(apic, timeout_s=5)
-            api.url = url
-            yield emu, api
-
-
-@pytest.fixture
-async def kcd(k8s, tmp_path):
-    """clusterd in Kubernetes mode against the emulator, with nodes node-1 and node-2."""
-    emu, api = k8s
-    for n in ("node-1", "node-2"):
-        await api.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}})
-    cd = await make_clusterd(
-        tmp_path,
-        "--kube",
-        "--kube-api",
-        api.url,
-        "--kube-min-write-s",
-        "0.02",
-        "--kube-resync-s",
-        "0.5",
-        "--kube-timeout-s",
-        "2",
-    )
-    yield cd
-    await cd.stop()
 
 
 def kube(cd):
@@ -171,18 +119,7 @@ async def test_publishes_cluster_info_and_writes_only_on_change(k8s, kcd):
 
 async def test_sharding_grows_and_surplus_shards_are_emptied(k8s, tmp_path):
     emu, api = k8s
-    cd = await make_clusterd(
-        tmp_path,
-        "--kube",
-        "--kube-api",
-        api.url,
-        "--kube-min-write-s",
-        "0.02",
-        "--kube-shard-bytes",
-        "2048",
-        "--kube-timeout-s",
-        "2",
-    )
+    cd = await kube_clusterd(tmp_path, api.url, "--kube-shard-bytes", "2048")
     try:
         faults = [
             Fault("deviced", f"node-{i:03d}", "NPU", d, "80E18008", "RestartNPU")
@@ -397,9 +334,7 @@ async def test_api_errors_500_and_409_are_retried_with_backoff(k8s, kcd):
 async def start_kcd(api, tmp_path):
     for n in ("node-1", "node-2"):
         await api.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n}})
-    return await make_clusterd(
-        tmp_path, "--kube", "--kube-api", api.url, "--kube-min-write-s", "0.02", "--kube-timeout-s", "2"
-    )
+    return await kube_clusterd(tmp_path, api.url)
 
 
 def restarts(cd, watch: str, why: str) -> float:
@@ -467,47 +402,6 @@ async def test_dropped_watches_and_failing_lists_recover(k8s, tmp_path):
         )
     finally:
         await cd.stop()
-
-
-def job_pod(
-    name: str,
-    node: str,
-    rank_index: int,
-    devices: list[int],
-    uid: str = "uid-job-1",
-    job: str = "llama",
-    phase: str = "Running",
-    **annotations: str,
-) -> dict:
-    conf = {
-        "pod_name": name,
-        "server_id": "10.0.0.1",
-        "devices": [{"device_id": str(d), "device_ip": "1.1.1.1"} for d in devices],
-    }
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": "train",
-            "annotations": {
-                "ascend.kubectl.kubernetes.io/ascend-910-configuration": json.dumps(conf),
-                "hccl/rankIndex": str(rank_index),
-                **annotations,
-            },
-            "ownerReferences": [
-                {
-                    "apiVersion": "batch.volcano.sh/v1alpha1",
-                    "kind": "Job",
-                    "name": job,
-                    "uid": uid,
-                    "controller": True,
-                }
-            ],
-        },
-        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "x"}]},
-        "status": {"phase": phase},
-    }
 
 
 async def test_jobs_are_discovered_from_pods(k8s, kcd):

@@ -30,6 +30,8 @@ class DecisionLog:
         self._store = store
         self._spawn = spawn
         self.decisions: dict[str, deque] = {}
+        # called with (job id, record) after each decision (the Kubernetes hand-off); must not wait
+        self.listeners: list[Callable[[str, dict], None]] = []
         self._dirty: set[str] = set()  # jobs whose decisions are not written yet
         self._flusher: asyncio.Task | None = None
         self.m_decisions = Counter(
@@ -69,6 +71,8 @@ class DecisionLog:
             reason=reason,
             ranks=",".join(sorted({str(f.rank) for f in faults or ()}, key=int)),
         )
+        for fn in self.listeners:
+            fn(job_id, rec)
         self._dirty.add(job_id)
         if self._flusher is None or self._flusher.done():
             self._flusher = self._spawn(self._persist(), name="decisions-writer")

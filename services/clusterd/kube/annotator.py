@@ -10,12 +10,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from clusterd.kube.api import KubeApi, KubeError
 from clusterd.kube.metrics import KubeMetrics
 from clusterd.nodes import NodeRegistry
+from faultmesh.kube import KubeApi, KubeError, run_when_due
 from faultmesh.levels import UNHEALTHY
 from faultmesh.log import event
-from faultmesh.retry import Backoff
 
 log = logging.getLogger("clusterd.kube")
 
@@ -80,21 +79,4 @@ class NodeAnnotator:
 
     async def run(self) -> None:
         """Annotate whenever :attr:`due` is set, until cancelled."""
-        backoff = Backoff(0.2, 30.0)
-        while True:
-            await self.due.wait()
-            self.due.clear()
-            try:
-                await self.annotate()
-                backoff.reset()
-            except KubeError as e:
-                self.due.set()
-                delay = backoff.next_delay()
-                event(
-                    log,
-                    logging.WARNING,
-                    "node annotation failed, retrying",
-                    error=str(e),
-                    retry_s=round(delay, 2),
-                )
-                await asyncio.sleep(delay)
+        await run_when_due(self.due, self.annotate, "node annotation failed, retrying")

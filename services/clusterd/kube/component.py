@@ -13,9 +13,15 @@ One part per concern, wired here:
   (the per-node gauges the chart's alerts use, ``faultmesh_node_unhealthy`` and
   ``faultmesh_slow_node``, are exported by ClusterD's core in every mode:
   :class:`clusterd.nodes.NodeHealthCollector`);
-- **jobs from pods** (``--kube-jobs on``) into the brain's job registry: :mod:`.podjobs`.
+- **jobs from pods** (``--kube-jobs on``) into the brain's job registry: :mod:`.podjobs`, with the
+  recovery settings of their Volcano PodGroups (``--kube-podgroups on``): :mod:`.podgroups`;
+- **node signals** (conditions, events, optional taint): :mod:`.signals`;
+- **the rescheduling hand-off** (reset-config, PodGroup and pod labels) from the brain's decisions:
+  :mod:`.handoff`;
+- **leader election** (``--kube-leader-elect on``): only the Lease holder runs the writers above:
+  :mod:`.leader`.
 
-Watches re-list on 410 Gone and after errors, so no change is lost (:class:`.api.ListWatcher`).
+Watches re-list on 410 Gone and after errors, so no change is lost (:class:`faultmesh.kube.ListWatcher`).
 """
 
 from __future__ import annotations
@@ -27,14 +33,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from clusterd.brain.jobs import JobRegistry
-from clusterd.kube import formats
+from clusterd.kube import formats, podgroups
 from clusterd.kube import jobs as kjobs
+from clusterd.kube import leader as kleader
+from clusterd.kube import signals as ksignals
 from clusterd.kube.annotator import NodeAnnotator
-from clusterd.kube.api import KubeApi, ListWatcher
 from clusterd.kube.consumer import CIM_LABEL, PUBLIC_FAULT_LABEL, KubeConsumer, PublicFaultIntake, has_label
+from clusterd.kube.handoff import HandOff
 from clusterd.kube.metrics import KubeMetrics
+from clusterd.kube.podgroups import PodGroups
 from clusterd.kube.podjobs import PodJobs
 from clusterd.kube.publisher import ClusterInfoPublisher
+from clusterd.kube.signals import NodeSignals
+from faultmesh.kube import KubeApi, ListWatcher, make_api_client
+from faultmesh.lease import LeaseElector
 from faultmesh.log import event
 
 CLUSTERD_CONFIG_CM = "clusterd-config-cm"  # reference clusterd.md §8: the manual-separation policy
@@ -107,6 +119,14 @@ class KubeComponent:
             default="on",
             help="discover training jobs from pods into the job registry",
         )
+        ksignals.add_arguments(g)
+        kleader.add_arguments(g)
+        g.add_argument(
+            "--kube-podgroups",
+            choices=("on", "off"),
+            default="on",
+            help="watch Volcano PodGroups for job settings; hand off recovery decisions",
+        )
 
     def __init__(
         self,
@@ -114,6 +134,7 @@ class KubeComponent:
         public_faults: PublicFaultIntake | None = None,
         jobs: JobRegistry | None = None,
         policy: Callable[[str | None, str], bool] | None = None,
+        decisions: Callable[[Callable[[str, dict], None]], None] | None = None,
     ) -> None:
         self.ctx = ctx
         self.policy = policy
@@ -125,46 +146,39 @@ class KubeComponent:
         self.publisher = ClusterInfoPublisher(
             a, ctx.center, ctx.nodes, self.consumer.device_docs, self.metrics, self.annotator.due.set
         )
-        self.pod_jobs = PodJobs(jobs, ctx.store, self.metrics) if jobs is not None else None
+        self.signals = NodeSignals(
+            a, ctx.center, ctx.nodes, self.metrics, self._known_node, self._node_count, self._node_taints,
+            ctx.metrics.registry,
+        )  # fmt: skip
+        self.podgroups = PodGroups(self.metrics, self._podgroup_changed)
+        self.pod_jobs = PodJobs(jobs, ctx.store, self.metrics, self.podgroups) if jobs is not None else None
+        self.handoff = (
+            HandOff(jobs, self.podgroups, self.pod_jobs.pods_of, self.metrics, ctx.tasks.spawn)
+            if jobs is not None and self.pod_jobs is not None
+            else None
+        )
         self._api_client = None
         self._tasks: list[asyncio.Task] = []
         self.api: KubeApi | None = None
         self.nodes: ListWatcher | None = None
         self.pods: ListWatcher | None = None
         self.watchers: list[ListWatcher] = []
+        self.elector: LeaseElector | None = None
         if self.enabled:
             ctx.center.subscribe("kube", self.publisher.on_changes, resync=self.publisher.on_resync)
+            ctx.center.subscribe("kube-signals", self.signals.on_changes, resync=self.signals.on_resync)
             ctx.agents.on_connect(lambda node, agent: self._mark(node))
+            if decisions is not None and self.handoff is not None and a.kube_podgroups == "on":
+                decisions(self.handoff.on_decision)
 
     # -- lifecycle -------------------------------------------------------------------------------
-    async def _make_client(self):
-        from kubernetes_asyncio import client, config
-
-        if self.args.kube_api:
-            cfg = client.Configuration(host=self.args.kube_api.rstrip("/"))
-        else:
-            cfg = client.Configuration()
-            if self.args.kubeconfig:
-                await config.load_kube_config(config_file=self.args.kubeconfig, client_configuration=cfg)
-            else:
-                try:
-                    config.load_incluster_config(client_configuration=cfg)
-                except config.ConfigException:
-                    await config.load_kube_config(client_configuration=cfg)
-        return client.ApiClient(cfg)
-
     async def start(self) -> None:
         """Connect and start the watchers, the publisher and the annotator (owned by ``ctx.tasks``)."""
         if not self.enabled:
             return
-        from kubernetes_asyncio.config import ConfigException
-
-        try:
-            self._api_client = await self._make_client()
-        except (ConfigException, OSError, ValueError) as e:
-            # OSError: clusterd's start path reports it as "clusterd failed to start" and exits 1.
-            raise OSError(f"--kube: cannot load the Kubernetes client configuration: {e}") from None
-        self.api = self.publisher.api = self.annotator.api = KubeApi(
+        # OSError: clusterd's start path reports it as "clusterd failed to start" and exits 1.
+        self._api_client = await make_api_client(self.args.kube_api, self.args.kubeconfig)
+        self.api = self.publisher.api = self.annotator.api = self.signals.api = KubeApi(
             self._api_client, timeout_s=self.args.kube_timeout_s
         )
         a = self.args
@@ -218,12 +232,34 @@ class KubeComponent:
             )
             self.watchers.append(self.pods)
             self._tasks.append(spawn(self.pod_jobs.run(), name="kube-job-sync"))
+            if a.kube_podgroups == "on":
+                self.watchers.append(
+                    watcher("podgroups", podgroups.KIND, None, "", self.podgroups.on_podgroup, lambda o: True)
+                )
+                assert self.handoff is not None
+                self.handoff.api = self.api
         elif a.kube_jobs == "on":
             event(log, logging.WARNING, "kube job discovery off: no job registry in this clusterd")
         for w in self.watchers:
             self._tasks.append(spawn(w.run(), name=f"kube-watch-{w.kind}-{w.namespace or 'all'}"))
-        self._tasks.append(spawn(self.publisher.run(), name="kube-publisher"))
-        self._tasks.append(spawn(self.annotator.run(), name="kube-annotator"))
+        writers: list = [
+            ("publisher", self.publisher.run), ("annotator", self.annotator.run), ("signals", self.signals.run)
+        ]  # fmt: skip
+        if self.handoff is not None and self.handoff.api is not None:
+            writers.append(("handoff", self.handoff.run))
+        if a.kube_leader_elect == "on":
+            self.elector = LeaseElector(
+                self.api,
+                a.kube_lease_namespace,
+                a.kube_lease_name,
+                kleader.identity(),
+                lease_s=a.kube_lease_s,
+            )
+            lead = kleader.Leadership(self.elector, writers, spawn, self._elected)
+            self._tasks.append(spawn(self.elector.run(), name="kube-lease"))
+            self._tasks.append(spawn(lead.run(), name="kube-leadership"))
+        else:
+            self._tasks += [spawn(w(), name=f"kube-{name}") for name, w in writers]
         event(
             log,
             logging.INFO,
@@ -233,7 +269,10 @@ class KubeComponent:
         )
 
     async def stop(self) -> None:
-        """Cancel the watchers and the publisher (before the API client closes under them)."""
+        """Cancel the watchers and the publisher (before the API client closes under them); a
+        leader releases its Lease."""
+        if self.elector is not None:
+            await asyncio.wait_for(self.elector.release(), self.args.kube_timeout_s + 1)
         for t in self._tasks:
             t.cancel()
         if self._tasks:
@@ -255,6 +294,23 @@ class KubeComponent:
 
     def _mark(self, node: str) -> None:
         self.publisher.mark(node)
+        self.signals.mark(node)
+
+    def _elected(self) -> None:
+        """This replica now leads: re-check every node's annotation and signals."""
+        self.annotator.due.set()
+        self.signals.mark_all()
+
+    def _podgroup_changed(self, job_id: str) -> None:
+        if self.pod_jobs is not None:
+            self.pod_jobs.touch(job_id)
+
+    def _node_count(self) -> int:
+        return len(self.nodes.objects) if self.nodes is not None else 0
+
+    def _node_taints(self, node: str) -> list:
+        obj = self.nodes.objects.get(("", node)) if self.nodes is not None else None
+        return list(((obj or {}).get("spec") or {}).get("taints") or [])
 
     async def _on_node(self, op: str, obj: dict) -> None:
         node = obj["metadata"]["name"]
@@ -262,6 +318,7 @@ class KubeComponent:
             await self.consumer.node_added(node)
         else:
             self.annotator.forget(node)
+            self.signals.forget(node)
         self._mark(node)
 
     async def publish_once(self) -> int:

@@ -1,7 +1,7 @@
 """Kubernetes mode, consume: the reference agents' ConfigMaps and public-fault ConfigMaps.
 
 - ``mindx-dl-nodeinfo-<node>`` and ``mindx-dl-deviceinfo-<node>`` (label ``mx-consumer-cim=true``)
-  with the CheckCode verified (Go-compatible JSON, :mod:`.gojson`); their faults enter the fault
+  with the CheckCode verified (Go-compatible JSON, :mod:`faultmesh.gojson`); their faults enter the fault
   center as sources ``kube:nodeinfo`` / ``kube:deviceinfo`` (a deleted ConfigMap clears them); a
   node info's ``NodeStatus`` goes to the node registry as reporter ``kube:nodeinfo``. A bad
   CheckCode, bad JSON or a node that is not a Kubernetes Node is rejected with a log line and
@@ -21,10 +21,10 @@ from collections.abc import Awaitable, Callable
 
 from clusterd.center import FaultCenter
 from clusterd.kube import formats
-from clusterd.kube.api import ListWatcher
 from clusterd.kube.metrics import KubeMetrics
 from clusterd.nodes import NodeRegistry
 from faultmesh._pb import pubfault_pb2
+from faultmesh.kube import ListWatcher
 from faultmesh.log import event
 from faultmesh.model import now_ms
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from clusterd.kube import gojson
+from faultmesh import gojson
 from faultmesh.levels import NODE_STATUS_BY_LEVEL, NodeLevel, level_severity
 from faultmesh.model import Fault
 

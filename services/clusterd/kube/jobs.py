@@ -14,8 +14,8 @@ AscendJob), so its id is that owner's UID, as the reference's jobId. Global rank
 reference: ``rank = rankIndex x NPUs-per-pod + position`` of the device in the pod's sorted list.
 The recovery settings the reference reads from the PodGroup (annotation ``recover-strategy``,
 labels ``process-recover-enable``, ``fault-scheduling``, ``pod-rescheduling``,
-``subHealthyStrategy``) are read from the pods' own labels and annotations (the first pod by rank
-index that has them); PodGroups themselves are not watched.
+``subHealthyStrategy``) are read from the job's Volcano PodGroup (:mod:`.podgroups`), else from the
+pods' own labels and annotations (the first pod by rank index that has them).
 """
 
 from __future__ import annotations
@@ -97,8 +97,11 @@ def job_status(pods: list[dict]) -> str:
     return "pending"
 
 
-def job_spec(job_id: str, name: str, namespace: str, pods: list[dict]) -> dict[str, Any]:
-    """The job spec (:func:`clusterd.brain.jobs.parse_job` input) of one job's pods.
+def job_spec(
+    job_id: str, name: str, namespace: str, pods: list[dict], settings: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The job spec (:func:`clusterd.brain.jobs.parse_job` input) of one job's pods; ``settings``
+    (from the PodGroup) override the pods' recovery settings.
 
     Raises :class:`BadPod` for a pod with unreadable annotations or two pods with one rank index.
     """
@@ -132,4 +135,5 @@ def job_spec(job_id: str, name: str, namespace: str, pods: list[dict]) -> dict[s
             if value not in (None, ""):
                 spec[key] = value
                 break
+    spec.update(settings or {})
     return spec

@@ -1,20 +1,22 @@
 """Kubernetes mode, jobs from pods (``--kube-jobs on``): NPU pods (device and ``hccl/rankIndex``
 annotations) grouped by their controlling owner become jobs in the brain's job registry
-(:mod:`.jobs`); a job whose pods are all gone is removed (only jobs this component created,
-remembered in the store namespace ``kube-jobs``).
+(:mod:`.jobs`), with the recovery settings of their PodGroup (:mod:`.podgroups`, when watched); a
+job whose pods are all gone is removed (only jobs this component created, remembered in the store
+namespace ``kube-jobs``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 from clusterd.brain.jobs import JobRegistry
 from clusterd.kube import jobs as kjobs
-from clusterd.kube.api import ListWatcher
 from clusterd.kube.metrics import KubeMetrics
 from clusterd.store import Store
 from faultmesh.jobspec import JobSpecError, parse_job
+from faultmesh.kube import ListWatcher
 from faultmesh.log import event
 
 log = logging.getLogger("clusterd.kube")
@@ -25,8 +27,9 @@ STORE_NS = "kube-jobs"
 class PodJobs:
     """Pod events -> job registry (see the module docstring). ``pod_watch`` is set at start."""
 
-    def __init__(self, registry: JobRegistry, store: Store, metrics: KubeMetrics) -> None:
+    def __init__(self, registry: JobRegistry, store: Store, metrics: KubeMetrics, podgroups=None) -> None:
         self.registry = registry
+        self.podgroups = podgroups
         self.store = store
         self.metrics = metrics
         self.pod_watch: ListWatcher | None = None
@@ -51,6 +54,17 @@ class PodJobs:
             self._jobs_dirty.add(job)
         self._jobs_event.set()
 
+    def touch(self, job_id: str) -> None:
+        """Re-apply ``job_id`` (its PodGroup changed)."""
+        job = next((j for j in self._pod_job.values() if j[0] == job_id), None)
+        if job is not None:
+            self._jobs_dirty.add(job)
+            self._jobs_event.set()
+
+    def pods_of(self, job_id: str) -> list[dict]:
+        """The job's pods (watch objects)."""
+        return list(self._job_pods.get(job_id, {}).values())
+
     async def _sync_job(self, job_id: str, name: str, namespace: str) -> None:
         registry = self.registry
         pods = list(self._job_pods.get(job_id, {}).values())
@@ -62,11 +76,14 @@ class PodJobs:
                 await self.store.kv_delete(STORE_NS, job_id)
                 event(log, logging.INFO, "kube job removed", job=f"{namespace}/{name}", jobId=job_id)
             return
+        settings, extra = self.podgroups.settings(job_id) if self.podgroups is not None else ({}, {})
         try:
-            job = parse_job(kjobs.job_spec(job_id, name, namespace, pods))
+            job = parse_job(kjobs.job_spec(job_id, name, namespace, pods, settings))
         except (kjobs.BadPod, JobSpecError) as e:
             self.metrics.reject("bad_job_pods", job=f"{namespace}/{name}", error=str(e))
             return
+        if extra:
+            job = dataclasses.replace(job, extra={**job.extra, **extra})
         other = registry.by_ns_name(namespace, name)
         if other is not None and other.id != job_id:
             if await self.store.kv_get(STORE_NS, other.id) is None:

@@ -23,10 +23,10 @@ import orjson
 
 from clusterd.center import FaultCenter
 from clusterd.kube import formats
-from clusterd.kube.api import KubeApi, KubeError
 from clusterd.kube.consumer import NODEINFO_REPORTER
 from clusterd.kube.metrics import KubeMetrics
 from clusterd.nodes import NodeRegistry
+from faultmesh.kube import KubeApi, KubeError
 from faultmesh.log import event
 from faultmesh.retry import Backoff
 
@@ -199,25 +199,7 @@ class ClusterInfoPublisher:
     async def _write(self, name: str, value: str) -> None:
         assert self.api is not None
         ns = self.args.kube_publish_namespace
-        labels = dict([VOLCANO_LABEL, MANAGED_BY])
-        patch = {"metadata": {"labels": labels}, "data": {name: value}}
-        try:
-            await self.api.patch_config_map(ns, name, patch)
-        except KubeError as e:
-            if e.status != 404:
-                raise
-            body = {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {"name": name, "namespace": ns, "labels": labels},
-                "data": {name: value},
-            }
-            try:
-                await self.api.create_config_map(ns, body)
-            except KubeError as e2:
-                if e2.status != 409:
-                    raise
-                await self.api.patch_config_map(ns, name, patch)  # created meanwhile: update it
+        await self.api.upsert_config_map(ns, name, {name: value}, dict([VOLCANO_LABEL, MANAGED_BY]))
         self._written[name] = value
 
     async def _resync(self) -> None:

@@ -6,17 +6,23 @@ Shape: ``{"metadata": {"name", "namespace": "kube-system"}, "data": {"DeviceInfo
 <json string>, "Description": ...}}`` -- the ConfigMap data map, every value a string as in the
 reference. Names use physical ids (``Ascend910-<phy>``); fault times are ms, UpdateTime is s;
 CheckCode is the sha256 of the compact JSON of ``DeviceInfo``.
+
+Every JSON value is the bytes Go's ``json.Marshal`` writes for the reference's structs
+(:mod:`faultmesh.gojson`): struct fields in declaration order (``DeviceInfo, SuperPodID,
+ServerIndex, CheckCode``; ``fault_type, npu_name, large_model_fault_level, fault_level,
+fault_handling, fault_code, fault_time_and_level_map``), map keys sorted as strings, so a
+reference ClusterD and the reference document of the same state compare byte for byte.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from typing import Any
 
 from deviced.faults import code_name
 from deviced.tables import NETWORK_CODES_ALL, switch_code
+from faultmesh import gojson
 from faultmesh.levels import NpuLevel
 
 PREFIX = "huawei.com/Ascend910"
@@ -27,7 +33,13 @@ DESCRIPTION = (
 
 
 def _compact(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """Go's compact JSON of ``obj`` (dicts already in Go order: structs as declared, maps sorted)."""
+    return gojson.marshal(obj).decode()
+
+
+def _map(d: dict) -> dict:
+    """A Go map: keys sorted as strings."""
+    return dict(sorted(d.items()))
 
 
 def npu_name(phy: int) -> str:
@@ -93,16 +105,18 @@ def build(app) -> dict[str, Any]:
                     "fault_level": lvl_name,
                     "fault_handling": lvl_name,
                     "fault_code": ",".join(tmap),
-                    "fault_time_and_level_map": tmap,
+                    "fault_time_and_level_map": _map(tmap),
                 }
             )
-    device_list = {
-        PREFIX: ",".join(free),
-        f"{PREFIX}-Unhealthy": ",".join(unhealthy),
-        f"{PREFIX}-NetworkUnhealthy": ",".join(net_unhealthy),
-        f"{PREFIX}-Recovering": ",".join(recovering),
-        f"{PREFIX}-Fault": _compact(faults),
-    }
+    device_list = _map(
+        {
+            PREFIX: ",".join(free),
+            f"{PREFIX}-Unhealthy": ",".join(unhealthy),
+            f"{PREFIX}-NetworkUnhealthy": ",".join(net_unhealthy),
+            f"{PREFIX}-Recovering": ",".join(recovering),
+            f"{PREFIX}-Fault": _compact(faults),
+        }
+    )
     device_info = {"DeviceList": device_list, "UpdateTime": now_s}
     spods = {v for v in app.spod.values()}
     super_pod, server = spods.pop() if len(spods) == 1 else (-2, -2)
@@ -110,7 +124,7 @@ def build(app) -> dict[str, Any]:
         "DeviceInfo": device_info,
         "SuperPodID": super_pod,
         "ServerIndex": server,
-        "CheckCode": hashlib.sha256(_compact(device_info).encode()).hexdigest(),
+        "CheckCode": gojson.check_code(device_info),
     }
     return {
         "metadata": {"name": f"mindx-dl-deviceinfo-{app.node_name}", "namespace": "kube-system"},
@@ -118,7 +132,7 @@ def build(app) -> dict[str, Any]:
             "DeviceInfoCfg": _compact(cfg),
             "SwitchInfoCfg": _compact(switch_info(app, now_s)),
             "ManuallySeparateNPU": ",".join(manual),
-            "UpgradeFaultReason": _compact(upgrade),
+            "UpgradeFaultReason": _compact(_map(upgrade)),
             "Description": DESCRIPTION,
         },
     }
@@ -158,7 +172,7 @@ def switch_info(app, now_s: int) -> dict[str, Any]:
         "FaultLevel": level,
         "UpdateTime": now_s,
         "NodeStatus": status,
-        "FaultTimeAndLevelMap": tmap,
+        "FaultTimeAndLevelMap": _map(tmap),
     }
 
 

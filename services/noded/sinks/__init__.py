@@ -1,0 +1,1 @@
+"""noded's sinks: where its state goes besides the agent stream (the node-info ConfigMap)."""

@@ -1,0 +1,204 @@
+"""Volcano PodGroups and the rescheduling hand-off in Kubernetes mode (issue 15; clusterd.md §7.1,
+§7.3, §6.5): a PodGroup with the reference's labels becomes a job with those settings; the brain's
+decisions on its ranks produce the reference's reset-config, PodGroup-label and pod-label writes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+
+from kube.kubekit import job_pod, until
+
+from clusterd.brain.faultview import RankFault
+from clusterd.kube import podgroups as pgs
+from clusterd.kube.podgroups import read_settings
+from faultmesh.kube import KubeError
+
+NS = "train"
+UID = "uid-job-1"
+INITIAL = json.dumps({"RankList": [], "RetryTime": 0})
+
+
+def podgroup(labels: dict, annotations: dict) -> dict:
+    return {
+        "apiVersion": f"{pgs.GROUP}/{pgs.VERSION}",
+        "kind": "PodGroup",
+        "metadata": {
+            "name": "llama-pg",
+            "namespace": NS,
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch.volcano.sh/v1alpha1",
+                    "kind": "Job",
+                    "name": "llama",
+                    "uid": UID,
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {"minMember": 2},
+    }
+
+
+async def reset_json(api) -> dict:
+    cm = await api.get_config_map(NS, "reset-config-llama")
+    text = cm["data"]["reset.json"]
+    assert cm["data"]["checkCode"] == hashlib.sha256(text.encode()).hexdigest()
+    return json.loads(text)
+
+
+async def pg_label(api) -> str | None:
+    doc = await api._call(
+        "get pg", api.custom.get_namespaced_custom_object, pgs.GROUP, pgs.VERSION, NS, pgs.PLURAL, "llama-pg"
+    )
+    return (doc["metadata"].get("labels") or {}).get("process-recover-enable")
+
+
+async def pod_labels(api, name) -> dict:
+    doc = await api._call("get pod", api.core.read_namespaced_pod, name, NS)
+    return doc["metadata"].get("labels") or {}
+
+
+def rejected(cd, reason):
+    return (
+        cd.registry.get_sample_value(
+            "faultmesh_rejected_requests_total", {"service": "kube", "reason": reason}
+        )
+        or 0
+    )
+
+
+async def test_podgroup_settings_and_the_handoff_writes(k8s, kcd):
+    emu, api = k8s
+    await api._call(
+        "create pg", api.custom.create_namespaced_custom_object, pgs.GROUP, pgs.VERSION, NS, pgs.PLURAL,
+        podgroup(
+            {"process-recover-enable": "on", "fault-scheduling": "grace", "subHealthyStrategy": "graceExit"},
+            {"recover-strategy": "retry,recover,bogus", "wait-reschedule-timeout": "60", "fault-retry-times": "3"},
+        ),
+    )  # fmt: skip
+    # the pods say otherwise: the PodGroup wins
+    pods = [
+        job_pod("llama-worker-0", "node-1", 0, [0, 1], **{"recover-strategy": "dump"}),
+        job_pod("llama-worker-1", "node-2", 1, [0, 1]),
+    ]
+    for p in pods:
+        await api._call("create pod", api.core.create_namespaced_pod, NS, p)
+
+    def configured():
+        job = kcd.jobs.get(UID)
+        return job if job is not None and len(job.ranks) == 4 and job.process_recover_enable == "on" else None
+
+    job = await until(configured, what="job with the PodGroup's settings")
+    assert job.recover_strategy == ("retry", "recover")
+    assert (job.fault_scheduling, job.sub_healthy_strategy) == ("grace", "graceExit")
+    assert "job-rescheduling" in job.rescheduling()
+    assert job.extra.get("wait-reschedule-timeout") == "60" and job.extra.get("fault-retry-times") == "3"
+    assert rejected(kcd, "bad_podgroup") >= 1  # "bogus" dropped, counted
+    # the user's reset-config (ClusterD updates it, never creates it)
+    await api.create_config_map(
+        NS,
+        {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "reset-config-llama", "namespace": NS, "labels": {"reset": "true"}},
+            "data": {"reset.json": INITIAL, "checkCode": hashlib.sha256(INITIAL.encode()).hexdigest()},
+        },
+    )  # fmt: skip
+    now = int(time.time() * 1000)
+    hw = RankFault(1, "node-1", 1, 0, "80E18008", "RestartNPU", "1", now)
+    sw = RankFault(2, "node-2", 0, 1, "", "RestartBusiness", "1", now)
+    kcd.brain.decide(UID, "recovery", "stop-train", "hardware fault on the job's ranks", faults=[hw, sw])
+
+    async def flushing():
+        doc = await reset_json(api)
+        return doc if doc.get("FaultFlushing") else None
+
+    doc = await until(flushing, what="FaultFlushing=true")
+    assert [r["RankId"] for r in doc["RankList"]] == [0, 1, 2, 3]  # every rank of each fault pod
+    assert {r["Status"] for r in doc["RankList"]} == {"fault"}
+    r1 = next(r for r in doc["RankList"] if r["RankId"] == 1)
+    assert (r1["ErrorCodeHex"], r1["FaultLevel"], r1["Policy"]) == ("80E18008", "RestartNPU", "reset")
+    assert doc["RetryTime"] == 0 and doc["RestartFaultProcess"] is False
+    # the pod of the rank the training side reported: fault-type=software
+    await until(
+        lambda: _eq(pod_labels(api, "llama-worker-1"), "fault-type", "software"), what="fault pod labelled"
+    )
+    assert "fault-type" not in await pod_labels(api, "llama-worker-0")
+    # exit-completed: RetryTime+1, RestartFaultProcess; PodGroup paused until it runs again
+    kcd.brain.decide(UID, "recovery", "exit-completed", "rescheduled")
+
+    async def restarted():
+        doc = await reset_json(api)
+        return doc if doc.get("RetryTime") == 1 else None
+
+    doc = await until(restarted, what="RetryTime+1")
+    assert doc["RestartFaultProcess"] is True
+    await until(lambda: _is(pg_label(api), "pause"), what="process-recover-enable=pause")
+    await api.patch_custom(
+        pgs.GROUP, pgs.VERSION, NS, pgs.PLURAL, "llama-pg", {"status": {"phase": "Running"}}
+    )
+    await until(lambda: _is(pg_label(api), "on"), what="process-recover-enable=on again")
+
+    async def cleared():
+        doc = await reset_json(api)
+        return doc if not doc["RankList"] and not doc["RestartFaultProcess"] else None
+
+    doc = await until(cleared, what="reset config cleared")
+    assert doc["RetryTime"] == 1 and doc["FaultFlushing"] is False
+    # a success removes the fault-pod labels
+    kcd.brain.decide(UID, "recovery", "recover-success", "training side reported status 0")
+    await until(lambda: _absent(pod_labels(api, "llama-worker-1"), "fault-type"), what="label removed")
+
+
+async def test_absent_reset_config_is_counted_not_created(k8s, kcd):
+    emu, api = k8s
+    await api._call(
+        "create pod", api.core.create_namespaced_pod, NS, job_pod("llama-worker-0", "node-1", 0, [0])
+    )
+    await until(lambda: kcd.jobs.get(UID), what="job")
+    now = int(time.time() * 1000)
+    kcd.brain.decide(
+        UID,
+        "recovery",
+        "stop-train",
+        "hw",
+        faults=[RankFault(0, "node-1", 0, 0, "80E18008", "RestartNPU", "1", now)],
+    )
+    await until(
+        lambda: kcd.registry.get_sample_value(
+            "faultmesh_kube_writes_total", {"kind": "reset_config", "result": "absent"}
+        ),
+        what="absent counted",
+    )
+    try:
+        await api.get_config_map(NS, "reset-config-llama")
+        raise AssertionError("reset-config must not be created")
+    except KubeError as e:
+        assert e.status == 404
+
+
+def test_bad_podgroup_values_are_dropped_with_reasons():
+    settings, extra, problems = read_settings(
+        podgroup(
+            {"process-recover-enable": "maybe", "pod-rescheduling": "on"},
+            {"wait-reschedule-timeout": "9999", "fault-retry-times": "-1", "recover-strategy": "recover"},
+        )
+    )
+    assert settings == {"pod-rescheduling": "on", "recover-strategy": "recover"}
+    assert extra == {"wait-reschedule-timeout": "270"}
+    assert len(problems) == 3
+
+
+async def _is(coro, value):
+    return (await coro) == value
+
+
+async def _eq(coro, key, value):
+    return (await coro).get(key) == value
+
+
+async def _absent(coro, key):
+    return key not in await coro
