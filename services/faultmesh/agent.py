@@ -46,6 +46,7 @@ from faultmesh.agentconf import (  # noqa: F401 - re-exported: the agents import
 )
 from faultmesh.log import event
 from faultmesh.model import Fault, FaultKey
+from faultmesh.retry import Backoff
 from faultmesh.runtime import TaskOwner
 from faultmesh.wire import fault_to_pb, key_to_pb
 
@@ -354,7 +355,7 @@ class AgentClient:
         return grpc.aio.insecure_channel(self.target, options=self.channel_options)
 
     async def _run(self) -> None:
-        backoff = 0.5
+        backoff = Backoff(0.5, max(0.5, self.backoff_max_s))
         while not self._stopping:
             self.metrics.reconnects.inc()
             started = time.monotonic()
@@ -376,10 +377,8 @@ class AgentClient:
             finally:
                 self.connected.clear()
                 self.metrics.connected.set(0)
-            if time.monotonic() - started > 30:
-                backoff = 0.5
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self.backoff_max_s)
+            backoff.success_after(time.monotonic() - started)  # a session that stayed up 30 s
+            await asyncio.sleep(backoff.next_delay())
 
     async def _session(self) -> None:
         metadata = (("authorization", f"Bearer {self.token}"),) if self.token else None

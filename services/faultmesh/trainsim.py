@@ -50,6 +50,7 @@ from typing import Any
 import grpc
 
 from faultmesh._pb import recover_pb2, recover_pb2_grpc
+from faultmesh.retry import Backoff
 
 SILENT = "silent"
 STOP_CODES = {"ok": 0, "fail": 499, "notready": 404}
@@ -149,7 +150,7 @@ class TrainSim:
 
         With ``reconnect`` (TaskD's behaviour) a lost stream (ClusterD restarted or unreachable)
         is followed by Init, Register and new subscriptions, with back-off up to 5 s."""
-        backoff = 0.5
+        backoff = Backoff(0.5, 5.0)
         try:
             while not self._stop.is_set():
                 if self.stub is None:
@@ -159,16 +160,15 @@ class TrainSim:
                         if not self.reconnect:
                             raise
                         self._record("reconnect-failed", error=str(e)[:200])
-                        await self._sleep(backoff)
-                        backoff = min(5.0, backoff * 2)
+                        await self._sleep(backoff.next_delay())
                         continue
+                backoff.reset()
                 await self._serve(ready)
                 if self._stop.is_set() or not self.reconnect:
                     return
                 self._record("reconnecting")
                 await self.close()
-                await self._sleep(backoff)
-                backoff = min(5.0, backoff * 2)
+                await self._sleep(backoff.next_delay())
         finally:
             await self.close()
 
