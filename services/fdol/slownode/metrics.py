@@ -11,6 +11,8 @@ whose Name is a JSON object) and, when a step is complete, emits one :class:`Ste
 - ``pp_device`` / ``pp_host``: device duration of the first send on the ``pp`` group; average host
   duration of all those sends;
 - ``dataloader_host``: average host duration of ``dataloader`` ranges starting inside the step;
+- ``zp_med`` (faultmesh): median device duration of *all* the step's TP collectives of that op type
+  (robust to the first collective after a late PP receive or data load), ns;
 - ``compute`` (faultmesh): sum of host ``forward`` durations starting inside the step, ns;
 - ``comm_wait`` (faultmesh): sum of host durations of all communication ops inside the step, ns.
 
@@ -53,6 +55,7 @@ COLUMNS = (
     "pp_device",
     "pp_host",
     "dataloader_host",
+    "zp_med",
     "compute",
     "comm_wait",
 )
@@ -72,6 +75,7 @@ class StepMetrics:
     pp_device: int = 0
     pp_host: int = 0
     dataloader_host: int = 0
+    zp_med: int = 0
     compute: int = 0
     comm_wait: int = 0
 
@@ -340,6 +344,10 @@ class StepAssembler:
             rs = [c for c in ops if "reducescatter" in c.op]
             chosen = ar if len(ar) >= len(rs) else rs
             chosen.sort(key=lambda c: (c.device or c.host)[0])  # type: ignore[index]
+            durs = sorted((c.device or c.host)[1] - (c.device or c.host)[0] for c in chosen)  # type: ignore[index]
+            if durs:
+                h = len(durs) // 2
+                m.zp_med = durs[h] if len(durs) % 2 else (durs[h - 1] + durs[h]) // 2
             if len(chosen) > 1:
                 chosen = chosen[1:]
             chosen = chosen[:3]
