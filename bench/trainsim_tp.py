@@ -328,7 +328,7 @@ class Sim:
             dev = int(r % 8)
             sid = self._rng4(o, r, dev, f'"step {step}"', "default", t0, step_end, open_only=True)
             self._rng2(o, r, dev, '"dataloader"', t0 + int(0.1 * MS), int(ready[p, d, t]))
-            for s, m, start, end, arrive, complete in fwd_rec:
+            for s, _m, start, end, arrive, complete in fwd_rec:
                 if s != p:
                     continue
                 self._rng4(o, r, dev, '"forward"', "default", int(start[d, t]), int(end[d, t]))

@@ -169,7 +169,7 @@ def merge_cluster(
         calc = [] if "slowCalculateRanks" in suppressed else calc
         node_ranks = _slow_node_ranks(changed, all_reports, node_rise)
         calc = calc + node_ranks
-        slow = bool(calc or domains or sends or hosts or io) or (slow and level > 0)
+        slow = bool(calc or domains or sends or hosts or io)
     in_domains = {r for d in domains for r in d}
     tp_slow = [g for g in tp_groups if g and all(r in in_domains for r in g)]
     pp_slow: list[list[int]] = []
@@ -266,9 +266,9 @@ class DegradationTracker:
       profiling kept on) until the rounds agree. The confirm action's ``detail`` names the other
       entities the same way (``slowCommunicationDomains``, ``slowHostNodes``, ``slowIORanks``,
       ``slowSendRanks`` via the domains);
-    - *gap tolerance* (``confirmGapRounds``, rules ``faultmesh``): a confirmation needs
-      ``nConsecSlowRoundsToConfirm`` slow rounds among the last ``n + gap`` rounds, so one clean
-      round inside intermittent slowness does not restart the count;
+    - *gap tolerance* (``confirmGapRounds``, rules ``faultmesh``): up to ``gap`` clean rounds
+      inside a run of slow rounds do not restart the count (intermittent slowness, a round that
+      happened to be clean still leads to the confirmation and its report);
     - *recovery hysteresis*: a confirmed degradation recovers only after as many consecutive clean
       rounds (neither slow nor suspect) as it took to confirm (the reference recovered on the first
       clean round, so a straggler flapped between fault and recovery);
@@ -298,7 +298,7 @@ class DegradationTracker:
         self.gap = conf.confirm_gap if conf.rules == "faultmesh" else 0
         self.history: deque[list[int]] = deque(maxlen=conf.n_confirm_rounds)
         self.results: deque[dict] = deque(maxlen=conf.n_confirm_rounds)
-        self._recent: deque[bool] = deque(maxlen=conf.n_confirm_rounds + self.gap)
+        self._gaps = 0  # clean rounds tolerated in the current run of slow rounds
         self.reported_ranks: list[int] = []
         self.deferred = False
         self.suspect_max_rounds = suspect_max_rounds
@@ -373,10 +373,11 @@ class DegradationTracker:
                 self.reported_ranks = []
                 self._heavy(False, "", out)
             return out
-        self._recent.append(slow)
-        if not slow and self.gap and sum(self._recent) + self.gap >= len(self._recent) and self.slow_rounds:
-            return out  # a clean round inside a confirmation window (gap tolerance)
+        if not slow and self.slow_rounds and self._gaps < self.gap:
+            self._gaps += 1  # a clean round inside a run of slow rounds (gap tolerance)
+            return out
         if not slow:
+            self._gaps = 0
             self.slow_rounds = 0
             self.history.clear()
             self.results.clear()
@@ -409,6 +410,7 @@ class DegradationTracker:
         self.heavy_reason = "slow"
         if self.slow_rounds >= self.conf.n_confirm_rounds:
             self.degraded = True
+            self._gaps = 0
             self.clean_rounds = 0
             maj = self.majority_ranks()
             out.append(Action("confirm", maj, self.detail()))

@@ -22,7 +22,7 @@ with these deliberate differences, each a gap of the reference:
   step-time gate, cluster-wide slowdowns name nobody), ``reference`` (the reference's rules, its
   quirks fixed: step-time gate, homogenization, no pattern detector) or ``pattern`` (faultmesh's
   earlier rules: reference + :mod:`fdol.slownode.pattern`); with ``faultmesh``: ``peerWindowSteps``
-  (5), ``waitAsymmetry`` (0.12), ``lateShare`` (0.4), ``nodeRise`` (0.08, a whole node's forward
+  (5), ``waitAsymmetry`` (0.2), ``lateShare`` (0.4), ``nodeRise`` (0.08, a whole node's forward
   rise over its peers), ``confirmGapRounds`` (1, clean rounds tolerated inside a confirmation).
 """
 
@@ -62,7 +62,7 @@ class FeatConf:
     wait_ratio: float = 3.0
     rules: str = "faultmesh"
     peer_window: int = 5
-    wait_asymmetry: float = 0.12
+    wait_asymmetry: float = 0.2
     late_share: float = 0.4
     node_rise: float = 0.08
     confirm_gap: int = 1
@@ -108,7 +108,7 @@ _KEYS: dict[str, tuple[str, str, Any]] = {
     "waitRatio": ("wait_ratio", "float", 3.0),
     "rules": ("rules", "str", "faultmesh"),
     "peerWindowSteps": ("peer_window", "int", 5),
-    "waitAsymmetry": ("wait_asymmetry", "float", 0.12),
+    "waitAsymmetry": ("wait_asymmetry", "float", 0.2),
     "lateShare": ("late_share", "float", 0.4),
     "nodeRise": ("node_rise", "float", 0.08),
     "confirmGapRounds": ("confirm_gap", "int", 1),

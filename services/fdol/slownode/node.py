@@ -99,6 +99,7 @@ class NodeDetector:
         self._base_buf: dict[int, list[float]] = {r: [] for r in self.ranks}
         self.compute_baseline: dict[int, float] = {}
         self.last_detected_step = -1
+        self._prev_step = -1
         self.not_updated = 0
         self.rounds = 0
 
@@ -164,6 +165,7 @@ class NodeDetector:
             self.not_updated += 1
             return None
         self.not_updated = 0
+        self._prev_step = self.last_detected_step
         self.last_detected_step = low
         self.rounds += 1
         c = self.conf
@@ -241,10 +243,12 @@ class NodeDetector:
         self, res: dict, with_data: list[int], groups: list[list[int]], level: float, low: int
     ) -> dict:
         """faultmesh rules: every boundary judged on its own (no step-time gate), slow cards from
-        wait asymmetry (:mod:`.peers`); cluster-wide suppression happens at cluster level."""
+        wait asymmetry (:mod:`.peers`); the result is slow only when it names something (a step-time
+        degradation alone makes its ranks suspects: communication profiling on, no naming);
+        cluster-wide suppression happens at cluster level."""
         fired = ["stepTime"] if level > 0 else []
         multi = [g for g in groups if len(g) > 1]
-        cards, shares = self.peers.evaluate(multi, self.history)
+        cards, shares = self.peers.evaluate(multi, self.history, self._prev_step)
         domains = [
             g
             for g in multi
@@ -268,17 +272,34 @@ class NodeDetector:
         res["slowSendRanks"] = sends
         res["slowHostNodes"] = [self.node_ip] if host else []
         res["slowIORanks"] = io
-        if fired:
+        named = bool(cards or domains or sends or host or io)
+        res["degradationLevel"] = fmt_level(level)
+        if named:  # step-time degradation alone names nobody: it only makes suspects
             res["isSlow"] = 1
-            res["degradationLevel"] = fmt_level(level)
-        res["suspectRanks"] = []
+        suspects = self._forward_suspects(with_data, set(cards))
+        if level > 0 and not named:
+            suspects = sorted(set(suspects) | {r for r in with_data if self._slow(r, "step_time")})
+        res["suspectRanks"] = suspects
         res["lateShare"] = {str(r): v for r, v in shares.items()}
         res["forwardRise"] = forward_rise(
             with_data, self.history, self.compute_baseline, self.conf.peer_window
         )
-        res["explained"] = bool(cards or domains or host)
+        res["explained"] = bool(cards or domains or host or sends)
         res["detectedBy"] = fired
         return self._finish(res, low)
+
+    def _forward_suspects(self, ranks: list[int], skip: set[int]) -> list[int]:
+        """Ranks whose forward time (median of the last ``peerWindowSteps`` steps) rose ``nodeRise``
+        over their baseline: with communication profiling off they keep it (or switch it) on and keep
+        a confirmed degradation from recovering unseen (wait asymmetry needs TP collectives)."""
+        out = []
+        for r in ranks:
+            b = self.compute_baseline.get(r)
+            vals = [compute_value(m) for m in list(self.history[r])[-self.conf.peer_window :]]
+            vals = [v for v in vals if v > 0]
+            if r not in skip and b and vals and statistics.median(vals) / b >= 1 + self.conf.node_rise:
+                out.append(r)
+        return out
 
     def _aligned_zp(self, group: list[int], after_step: int) -> list[dict[int, float]]:
         """Per step (> ``after_step``, chronological) {rank: ZP_device} where every member has a value."""
