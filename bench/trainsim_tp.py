@@ -388,7 +388,9 @@ class Sim:
         out: dict[int, StepMetrics] = {}
         for p in range(P):
             recs = [x for x in fwd_rec if x[0] == p]
-            comp = sum(x[3].astype(np.int64) - x[2].astype(np.int64) for x in recs)
+            durs = [x[3].astype(np.int64) - x[2].astype(np.int64) for x in recs]
+            comp = sum(durs)
+            fmin = np.min(np.stack(durs), axis=0)
             ops = np.stack(
                 [x[5][k].astype(np.int64)[:, None] - x[4][k].astype(np.int64) for x in recs for k in range(K)]
             )  # [ops, D, T] chronological
@@ -405,6 +407,7 @@ class Sim:
                     m = StepMetrics(r, step, t0, step_end, step_time=step_end - t0)
                     m.dataloader_host = int(ready[p, d, t]) - dl0
                     m.compute = int(comp[d, t])
+                    m.fwd_min = int(fmin[d, t])
                     if comm:
                         m.zp_device = int(zp[d, t])
                         m.zp_med = int(med[d, t])

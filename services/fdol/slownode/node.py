@@ -117,7 +117,7 @@ class NodeDetector:
             return
         h.append(m)
         if m.rank not in self.compute_baseline:
-            cv = compute_value(m)
+            cv = (m.fwd_min or compute_value(m)) if self.faultmesh else compute_value(m)
             if cv > 0:
                 buf = self._base_buf[m.rank]
                 buf.append(cv)
@@ -295,7 +295,7 @@ class NodeDetector:
         out = []
         for r in ranks:
             b = self.compute_baseline.get(r)
-            vals = [compute_value(m) for m in list(self.history[r])[-self.conf.peer_window :]]
+            vals = [m.fwd_min or compute_value(m) for m in list(self.history[r])[-self.conf.peer_window :]]
             vals = [v for v in vals if v > 0]
             if r not in skip and b and vals and statistics.median(vals) / b >= 1 + self.conf.node_rise:
                 out.append(r)

@@ -141,8 +141,9 @@ class PeerDetector:
 def forward_rise(
     ranks: Sequence[int], history: dict[int, Sequence[StepMetrics]], baseline: dict[int, float], window: int
 ) -> float | None:
-    """The local ranks' forward time over the last ``2 * window`` steps relative to each rank's
-    baseline (``baseline[r]``: median forward of its first steps, ns), the *smallest* over the
+    """The local ranks' forward time (``fwd_min``, the step's shortest micro-batch forward, else the
+    step's forward sum) over the last ``window`` steps relative to each rank's baseline
+    (``baseline[r]``: median of the same over its first steps, ns), the *smallest* over the
     ranks (a node computing uniformly slower raises every member's forward; a member that starts
     late — after a slow PP receive or send — shows a shorter forward than its peers); per rank the
     window's lower quartile is used (OS hiccups and checkpoints only ever add time). None without
@@ -153,7 +154,7 @@ def forward_rise(
         h = history.get(r)
         if not b or not h:
             continue
-        vals = sorted(m.compute for m in list(h)[-2 * window :] if m.compute > 0)
+        vals = sorted(m.fwd_min or m.compute for m in list(h)[-window:] if m.compute > 0)
         if len(vals) >= window:
             ratios.append(vals[len(vals) // 4] / b)
     return round(min(ratios), 4) if ratios else None

@@ -14,7 +14,17 @@ from fdol.slownode.replay import load_steps
 
 FM = parse_featconf({"jobName": "t", "nConsecSlowRoundsToConfirm": 3})
 REF = parse_featconf({"jobName": "t", "rules": "reference"})
-COLS = ("step_time", "zp_device", "zp_host", "pp_device", "pp_host", "dataloader_host", "zp_med", "compute")
+COLS = (
+    "step_time",
+    "zp_device",
+    "zp_host",
+    "pp_device",
+    "pp_host",
+    "dataloader_host",
+    "zp_med",
+    "fwd_min",
+    "compute",
+)
 
 
 @pytest.mark.parametrize("n", [8, 16])
