@@ -20,7 +20,8 @@ collective after a late PP receive or data load; ``zp_device`` when absent):
   ``normalNumber`` aligned steps in which it was late (a card that was often last from the start —
   a placement asymmetry, or a job whose per-step noise dwarfs its TP collective — must be late
   three standard deviations more often than it used to be). The window is the steps since the
-  last round, at least ``window`` steps.
+  last round, at least ``window`` steps. When more than half of a group's members pass (both of
+  a 2-member group, late in turn), the asymmetry is noise and nobody in the group is flagged.
 
 Step time is never consulted, so stragglers far below the 30 % step-time gate are found; a
 cluster-wide slowdown leaves no asymmetry and names nobody.
@@ -128,13 +129,16 @@ class PeerDetector:
             for vec in win:
                 for r in late_ranks(vec, self.asym):
                     counts[r] += 1
+            hits = []
             for r, c in counts.items():
                 shares[r] = round(c / len(win), 3)
                 base = self.baseline[key].get(r, 0.0)
                 n = len(win)
                 need = max(2, n * self.share, n * base + 3 * math.sqrt(n * base * (1 - base)))
                 if c >= need:
-                    flagged.append(r)
+                    hits.append(r)
+            if len(hits) <= max(1, len(key) // 2):
+                flagged.extend(hits)  # more than half of a group "late" in turn is noise
         return sorted(flagged), shares
 
 
