@@ -15,7 +15,6 @@ CONF = parse_featconf(
         "nConsecAnomaliesSignifySlow": 2,
         "degradationPercentage": 0.3,
         "patternDetector": False,
-        "rules": "reference",
     }
 )
 GROUPS = {
@@ -105,13 +104,7 @@ def test_not_slow_without_step_time_degradation():
 
 def test_pattern_detector_catches_compute_straggler_under_step_gate():
     conf = parse_featconf(
-        {
-            "jobName": "j",
-            "normalNumber": 8,
-            "nConsecAnomaliesSignifySlow": 2,
-            "patternWindowSteps": 6,
-            "rules": "pattern",
-        }
+        {"jobName": "j", "normalNumber": 8, "nConsecAnomaliesSignifySlow": 2, "patternWindowSteps": 6}
     )
     n = node(conf)
     for s in range(8, 14):
@@ -348,13 +341,7 @@ def test_bad_input_never_makes_a_false_detection(tmp_path):
 
 def test_homogenized_card_needs_compute_corroboration_with_pattern_on():
     conf = parse_featconf(
-        {
-            "jobName": "j",
-            "normalNumber": 8,
-            "nConsecAnomaliesSignifySlow": 2,
-            "patternWindowSteps": 4,
-            "rules": "pattern",
-        }
+        {"jobName": "j", "normalNumber": 8, "nConsecAnomaliesSignifySlow": 2, "patternWindowSteps": 4}
     )
     for c0, expected in ((60, []), (75, [0])):
         n = node(conf)
