@@ -144,4 +144,5 @@ async def test_noded_pingmesh_source_on_the_c_library(hcc, libdcmi, tmp_path):
     finally:
         await comp.stop()
         await app.tasks.close()
+        ctx.pool.shutdown()
     assert hcc.state(1, 0) == 0  # stop() stopped the tasks

@@ -127,6 +127,7 @@ class Pingmesh(PushSource):
         self.activation: pmconfig.Activation | None = None
         self._first_stop = True
         self._changed = asyncio.Event()
+        self._hccs = asyncio.Lock()  # one plan change or collection at a time on the hccsping tasks
         self._watches: dict[str, FileWatch] = {}
         self.last_collect_ms = 0
         self.rows_sent = 0
@@ -384,11 +385,12 @@ class Pingmesh(PushSource):
         return started
 
     async def _reconcile(self) -> None:
-        plan, uid, act = self.compute_plan()
-        if uid == self.plan_uid and act == self.activation:
-            return
-        started = await self.ctx.run_blocking(CALL_TIMEOUT_S * 2, self._apply_plan, plan, act)
-        self.plan, self.plan_uid, self.activation = plan, uid, act
+        async with self._hccs:  # two concurrent applies would start every task twice
+            plan, uid, act = self.compute_plan()
+            if uid == self.plan_uid and act == self.activation:
+                return
+            started = await self.ctx.run_blocking(CALL_TIMEOUT_S * 2, self._apply_plan, plan, act)
+            self.plan, self.plan_uid, self.activation = plan, uid, act
         self.m_tasks.set(started)
         event(log, logging.INFO, "pingmesh plan applied", uid=uid[:16], tasks=started,
               activate=bool(act and act.activate), task_interval=act.task_interval if act else 0)  # fmt: skip
@@ -434,7 +436,8 @@ class Pingmesh(PushSource):
         """One collection round (tests call it directly). Returns rows produced."""
         if self.backend is None or not self.plan or not (self.activation and self.activation.activate):
             return 0
-        rows = await self.ctx.run_blocking(CALL_TIMEOUT_S * 2, self._collect_blocking)
+        async with self._hccs:
+            rows = await self.ctx.run_blocking(CALL_TIMEOUT_S * 2, self._collect_blocking)
         self.last_collect_ms = time.time_ns() // 1_000_000
         if rows:
             self.ctx.state.add_ping_results(rows)
