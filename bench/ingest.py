@@ -9,26 +9,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
-import socket
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.request
 import uuid
 
 import grpc
 import uvloop
+from benchkit import Clusterd
 
 from faultmesh._pb import agent_pb2, agent_pb2_grpc, pubfault_pb2, pubfault_pb2_grpc
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def request(i: int) -> pubfault_pb2.PublicFaultRequest:
@@ -126,36 +115,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--agents", type=int, default=1000)
     a = ap.parse_args()
-    state = tempfile.mkdtemp(prefix="fm-bench-")
-    grpc_addr, http_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "clusterd",
-            "--grpc-addr",
-            grpc_addr,
-            "--http-addr",
-            http_addr,
-            "--state-dir",
-            state,
-            "--unary-qps",
-            "1000000",
-            "--public-fault-qps",
-            "1000000",
-            "--public-fault-burst",
-            "1000000",
-            "--log-level",
-            "WARNING",
-        ],
-    )
-    try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(f"http://{http_addr}/readyz", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
+    with Clusterd(
+        "--unary-qps", "1000000", "--public-fault-qps", "1000000", "--public-fault-burst", "1000000"
+    ) as cd:  # fmt: skip
+        grpc_addr = cd.grpc
         r1 = uvloop.run(pubfault_load(grpc_addr, 1, a.seconds))
         print(f"SendPublicFault c=1:  {r1[0]:8.0f} req/s  p50 {r1[1]:.2f} ms  p99 {r1[2]:.2f} ms", flush=True)
         r64 = uvloop.run(pubfault_load(grpc_addr, 64, a.seconds))
@@ -171,10 +134,6 @@ def main() -> None:
             f"pubfault_c64_rps={r64[0]:.0f} p50_ms={r64[1]:.2f} p99_ms={r64[2]:.2f} "
             f"agents={a.agents} deltas_per_s={ag[0]:.0f} ack_p99_ms={ag[1]:.1f}"
         )
-    finally:
-        proc.terminate()
-        proc.wait(20)
-        shutil.rmtree(state, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -124,7 +124,7 @@ class DeviceD:
         self.metrics = CycleMetrics(self.registry)
         self.metrics.subscribed.set_function(lambda: 1.0 if self.engine.subscribed else 0.0)
         self.source_metrics = SourceMetrics(self.registry)
-        deps = srcmod.Deps(self.engine, self.io, self.switch_state, args, self._wake)
+        deps = srcmod.Deps(self.engine, self.io, self.switch_state, args, self._wake, self._wake_urgent)
         self.sources = [cls(deps) for cls in srcmod.SOURCES]
         self.chip = self._source(srcmod.ChipEvents)
         self._latency_hook = None
@@ -138,6 +138,7 @@ class DeviceD:
             self.report_and_save,
             self.metrics.poll_seconds,
             float(args.list_watch_period),
+            fast_path=args.fast_fault_path,
         )
         self.reloader = TableReloader(args, self.engine, self.switch_state, self._wake, self.relations)
         self.jobs = JobControl(self.node_name, self.engine, self.reset_writer, self._wake)
@@ -211,6 +212,9 @@ class DeviceD:
     # ---------------------------------------------------------------- reporting
     def _wake(self) -> None:
         self.cycle.wake()
+
+    def _wake_urgent(self) -> None:
+        self.cycle.wake_urgent()
 
     def report(self) -> None:
         """Push the current view into the sinks: agent state, reset-config files, the latency hook."""

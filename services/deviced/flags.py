@@ -74,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-interval", type=float, default=2.5, help="gateway probe period (s); 0 = off")
     p.add_argument("--switch-query-interval", type=float, default=300.0, help="s between full switch queries")
     p.add_argument("--callback-rate-limit", type=int, default=1000, help="accepted callbacks per minute")
+    p.add_argument(
+        "--fast-fault-path",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="report a DCMI callback's fault at once (a fast cycle), not at the next 1 s cycle; "
+        "--no-fast-fault-path keeps the reference's cadence",
+    )
     p.add_argument("--dcmi-timeout", type=float, default=5.0, help="s per DCMI call")
     p.add_argument("--no-subscribe", action="store_true", help="poll only (no fault subscription)")
     p.add_argument("--reset-config-dir", help="directory of per-job reset-config files (off when unset)")

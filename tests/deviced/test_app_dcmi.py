@@ -303,3 +303,48 @@ async def test_v2_backend_cycle(native_libs, tmp_path, ctl):
     finally:
         app.blocking.shutdown()
         app.probe_pool.shutdown()
+
+
+# -- the fast fault path (issue 18): a callback's fault is reported by a fast cycle at once, not at the
+# next one-per-second full cycle; --no-fast-fault-path keeps the reference's cadence.
+async def first_report_of(app, ctl, key) -> tuple[int, int]:
+    """Fire an occurrence of ``key`` right after a full cycle; return (full cycles, fast cycles) at the
+    report that first carried it (counted from that full cycle)."""
+    seen: list[tuple[int, int]] = []
+    publish = app.cycle.publish
+
+    def spy() -> None:
+        publish()
+        if key in fault_codes(app) and not seen:
+            seen.append((app.cycle.cycles, app.cycle.fast_cycles))
+
+    app.cycle.publish = spy
+    c0 = app.cycle.cycles
+    app.cycle.wake()
+    await until(lambda: app.cycle.cycles > c0, what="a full cycle")
+    c1, f1 = app.cycle.cycles, app.cycle.fast_cycles
+    assert ctl.fire(5, 0x80E18008, 1, 2, 1, 0) == 0
+    await until(lambda: bool(seen), what="the fault reported")
+    return seen[0][0] - c1, seen[0][1] - f1
+
+
+@pytest.mark.parametrize("fast", [True, False])
+async def test_callback_fault_reported_by_fast_cycle(native_libs, tmp_path, ctl, fast):
+    ctl.set_phy(5, 13)
+    app = make_app(native_libs, tmp_path, *(() if fast else ("--no-fast-fault-path",)))
+    await app.start()
+    try:
+        await until(lambda: app.cycles >= 1, what="first cycle")
+        full, quick = await first_report_of(app, ctl, (13, "80E18008"))
+        if fast:
+            assert (full, quick) == (0, 1), "reported before the next full cycle, by one fast cycle"
+        else:
+            assert (full, quick) == (1, 0), "reported by the next full cycle (reference cadence)"
+        assert fault_codes(app)[(13, "80E18008")] == "RestartNPU"
+        # the recover stays delayed 1 s (the driver's list lags): a fast cycle does not apply it early
+        assert ctl.fire(5, 0x80E18008, 0, 2, 1, 0) == 0
+        await asyncio.sleep(0.3)
+        assert (13, "80E18008") in fault_codes(app)
+        await until(lambda: (13, "80E18008") not in fault_codes(app), what="recover")
+    finally:
+        await app.stop()

@@ -22,13 +22,15 @@ from deviced.switch import SwitchState
 class Deps:
     """The shared parts a deviced source is built with: ``engine`` (the device state), ``io`` (the
     backend calls and chip ids), ``switch`` (the switch state), ``args`` (the flags: each source reads
-    its own), ``wake()`` (ask for a cycle soon; loop thread only)."""
+    its own), ``wake()`` (ask for a cycle soon; loop thread only), ``wake_urgent()`` (the same, and
+    report a new fault at once: :meth:`deviced.cycle.Cycle.wake_urgent`)."""
 
     engine: FaultEngine
     io: ChipIO
     switch: SwitchState
     args: argparse.Namespace
     wake: Callable[[], None]
+    wake_urgent: Callable[[], None]
 
 
 class DeviceSource:

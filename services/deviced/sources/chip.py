@@ -163,7 +163,7 @@ class ChipEvents(DeviceSource, PushSource):
             )
         if self.track_latency:
             self.latency.extend(batch)
-        self.deps.wake()
+        self.deps.wake_urgent()
 
     def take_latency(self) -> list[tuple[DevFaultEvent, int]]:
         """The (event, callback monotonic ns) accepted since the last call."""

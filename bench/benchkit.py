@@ -1,0 +1,60 @@
+"""What the benches share: a free loopback port and a real clusterd process (issue 18)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (bound and released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Clusterd:
+    """A clusterd process on free loopback ports with its own state dir: ``with Clusterd(*flags) as c:``
+    gives ``c.grpc`` / ``c.http`` (host:port) once ``/readyz`` answers (up to ``ready_s`` s; raises
+    ``TimeoutError``); on exit it is terminated (SIGTERM, 20 s) and the state dir removed."""
+
+    def __init__(self, *flags: str, log_level: str = "WARNING", ready_s: float = 20.0) -> None:
+        self.flags = flags
+        self.log_level = log_level
+        self.ready_s = ready_s
+        self.grpc = f"127.0.0.1:{free_port()}"
+        self.http = f"127.0.0.1:{free_port()}"
+        self.state = ""
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> Clusterd:
+        self.state = tempfile.mkdtemp(prefix="fm-bench-")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "clusterd", "--grpc-addr", self.grpc, "--http-addr", self.http,
+             "--state-dir", self.state, "--log-level", self.log_level, *self.flags],
+        )  # fmt: skip
+        deadline = time.monotonic() + self.ready_s
+        while True:
+            try:
+                urllib.request.urlopen(f"http://{self.http}/readyz", timeout=1)
+                return self
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.__exit__()
+                    raise TimeoutError(f"clusterd not ready on {self.http}") from None
+                time.sleep(0.1)
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.state, ignore_errors=True)
