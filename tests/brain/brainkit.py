@@ -68,8 +68,9 @@ def npu_fault(node="node-b", dev=0, code="80E18402", level="RestartNPU", source=
 class Sims:
     """Start trainsims in the test's loop; all are stopped at teardown."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, token: str | None = None) -> None:
         self.target = target
+        self.token = token  # ClusterD's bearer token, when it runs with --token-file
         self.running: list[tuple[TrainSim, asyncio.Task]] = []
 
     async def start(
@@ -78,7 +79,9 @@ class Sims:
         """A running trainsim for ``job_id`` (2 NPUs per pod as :func:`job_spec`). At teardown a
         sim that saw a signal the real TaskD / MindIO would reject fails the test, unless
         ``allow_errors``."""
-        sim = TrainSim(self.target, job_id, Outcomes(**outcomes), ranks_per_pod=ranks_per_pod)
+        sim = TrainSim(
+            self.target, job_id, Outcomes(**outcomes), token=self.token, ranks_per_pod=ranks_per_pod
+        )
         sim.allow_errors = allow_errors
         ready = asyncio.Event()
         task = asyncio.create_task(sim.run(ready))
