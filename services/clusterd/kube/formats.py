@@ -376,10 +376,8 @@ def build_device_entry(
 
 
 def agent_super_pod(devices: list[dict] | None) -> tuple[int, int]:
-    """(SuperPodID, ServerIndex) of a node from its faultmesh deviced's device states
-    (``super_pod_id``, ``server_index`` of each NPU): the one pair all NPUs report, as the reference
-    device plugin writes it into its device-info ConfigMap (deviced.md §5.1: -1 when the driver says
-    unset, -2 when unsupported or failed); -2, -2 when there are no devices or they disagree."""
+    """(SuperPodID, ServerIndex) from deviced's device states: the pair all NPUs report (deviced.md
+    §5.1: -1 unset, -2 unsupported or failed); -2, -2 without devices or when they disagree."""
     pairs = {
         (int(d.get("super_pod_id", -2)), int(d.get("server_index", -2)))
         for d in devices or ()
@@ -419,13 +417,13 @@ def switch_records(f: Fault) -> list[dict]:
     ``events`` attribute faultmesh's deviced sends (one record per switch port), else one record made
     from the fault itself (chip = ``device_id``, the first of ``switch_ports``, Assertion 1)."""
     try:
-        records = json.loads(f.attributes.get("events") or "[]")
-    except ValueError:
+        records = [r for r in json.loads(f.attributes.get("events") or "[]") if isinstance(r, dict)]
+    except (TypeError, ValueError):  # not JSON, or not a list
         records = []
-    records = [r for r in records if isinstance(r, dict)] if isinstance(records, list) else []
     if records:
         return records
     port = (f.attributes.get("switch_ports") or "0").split(",")[0]
+    sev = f.attributes.get("severity") or ""
     return [
         {
             "EventType": 0,
@@ -434,7 +432,7 @@ def switch_records(f: Fault) -> list[dict]:
             "PeerPortId": 0,
             "SwitchChipId": f.device_id,
             "SwitchPortId": int(port) if port.isdigit() else 0,
-            "Severity": int(f.attributes.get("severity") or 0),
+            "Severity": int(sev) if sev.isdigit() else 0,
             "Assertion": 1,
             "AlarmRaisedTime": f.first_seen_ms,
         }
