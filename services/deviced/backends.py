@@ -326,6 +326,7 @@ class SimBackend:
         self._cb: Callable[[DevFaultEvent], None] | None = None
         self._serial = 0
         self.switch = SimSwitch()
+        self.super_pod = (-1, -1)  # (super_pod_id, server_index): set e.g. (0, 3) for an A3 super pod
 
     # ---- backend calls
     def init(self) -> None:
@@ -373,7 +374,7 @@ class SimBackend:
         threading.Thread(target=boot, daemon=True).start()
 
     def spod(self, ids: DeviceIds) -> tuple[int, int]:
-        return -1, -1
+        return self.super_pod
 
     def link_up(self, ids: DeviceIds) -> bool | None:
         return self._dev(ids).link_up

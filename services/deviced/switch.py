@@ -2,6 +2,8 @@
 
 Key of one switch fault: (alarm id, fault id, peer device type, peer port, switch chip, switch port).
 A Recover removes the matching fault; a full query replaces the list (Recover entries dropped).
+Each fault's ``events`` attribute is the JSON list of its per-port records (:func:`switch_record`,
+the reference's SimpleSwitchFaultInfo), so ClusterD publishes them as the reference's cluster-info.
 Codes not in the SwitchFaultCode table are reported as NotHandle with ``unknown=true`` and counted in
 ``unlisted`` (design.md: unknown codes are never dropped; the reference drops them). If all 16 L1->L2
 ports of one chip are down (peer type L2, Occur), that chip's faults are Separate.
@@ -12,12 +14,43 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable
 
+import orjson
+
 from deviced.tables import SWITCH_LEVEL_RANK, SWITCH_NODE_STATUS, SwitchFaultTable, switch_code
 from faultmesh.dcmi.lingqu import SwitchEvent
 from faultmesh.model import Fault, now_ms
 
 PEER_L2 = 2
 L2_PORTS_PER_CHIP = 16
+
+
+def switch_record(ev: SwitchEvent, t: int) -> dict:
+    """One switch fault as the reference's SimpleSwitchFaultInfo (deviced.md §7, the items of
+    ``SwitchInfoCfg.FaultCode``), fields in the Go struct's order; ``t`` = AlarmRaisedTime (ms)."""
+    return {
+        "EventType": ev.event_type,
+        "AssembledFaultCode": switch_code(ev.event_type, ev.fault_id, ev.peer_device),
+        "PeerPortDevice": ev.peer_device,
+        "PeerPortId": ev.peer_port,
+        "SwitchChipId": ev.switch_chip,
+        "SwitchPortId": ev.switch_port,
+        "Severity": ev.severity,
+        "Assertion": ev.assertion,
+        "AlarmRaisedTime": t,
+    }
+
+
+EVENTS_ATTR_MAX = 4000  # ClusterD takes attribute values of up to 4096 bytes
+
+
+def _events_attr(records: list[dict]) -> str:
+    """The ``events`` attribute: the records as JSON, the last ones left out past 4000 bytes (a chip
+    with more than ~20 ports down on one code; the fault's ``switch_ports`` still lists them all)."""
+    text = orjson.dumps(records).decode()
+    while len(text) > EVENTS_ATTR_MAX and len(records) > 1:
+        records = records[: len(records) * EVENTS_ATTR_MAX // len(text)] or records[:1]
+        text = orjson.dumps(records).decode()
+    return text
 
 
 class SwitchState:
@@ -82,6 +115,7 @@ class SwitchState:
                 level = raised
             first = min(t for _, t in evs)
             ports = sorted({ev.switch_port for ev, _ in evs})
+            records = [switch_record(ev, t) for ev, t in sorted(evs, key=lambda x: (x[0].switch_port, x[1]))]
             out.append(
                 Fault(
                     source="lingqu",
@@ -96,6 +130,8 @@ class SwitchState:
                         "switch_ports": ",".join(map(str, ports)),
                         "peer_ports": ",".join(sorted({str(ev.peer_port) for ev, _ in evs})),
                         "severity": str(max(ev.severity for ev, _ in evs)),
+                        # the reference's per-port records, for ClusterD's cluster-info-switch FaultCode
+                        "events": _events_attr(records),
                         **({"unknown": "true"} if unknown else {}),
                         **({"upgrade": "RelationFault"} if raised is not None and raised == level else {}),
                     },

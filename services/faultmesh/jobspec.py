@@ -19,7 +19,13 @@ A job spec (JSON or YAML; one object, a list, or ``{"jobs": [...]}``)::
     subHealthyStrategy: hotSwitch # label: ignore | graceExit | hotSwitch
     backupNodes: [node-c]         # spare nodes a hot switch may move a pod to
     ranks:                        # global rank -> (node, device id); one pod per node
-      - {rank: 0, node: node-a, device: 0, superPodId: 0}
+      - {rank: 0, node: node-a, device: 0, superPodId: 0, deviceIp: 10.20.0.1}
+    # MindIE multi-instance services (clusterd.md §2.6; the reference's pod labels jobID / app):
+    jobID: mindie-svc-1           # the MindIE job id a config.Config client subscribes with
+    app: mindie-ms-server         # mindie-ms-server | mindie-ms-coordinator | mindie-ms-controller
+    deployServer: "2"             # the rank table's grt-server/deploy-server (or grt-group/...) label
+    pods:                         # the job's pods with their IPs (coordinator / controller have no ranks)
+      - {node: node-a, podIp: 172.16.0.5, hostIp: 10.0.0.1}
 
 Ranks are grouped into pods by node (pod rank = order of the node's lowest rank), as the
 reference groups them by ``rank / NPUs-per-pod``.
@@ -27,6 +33,7 @@ reference groups them by ``rank / NPUs-per-pod``.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
@@ -57,12 +64,23 @@ class JobSpecError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Rank:
-    """One global rank placed on ``node``'s NPU ``device_id`` (``super_pod_id`` -1 = none known)."""
+    """One global rank placed on ``node``'s NPU ``device_id`` (``super_pod_id`` -1 = none known;
+    ``device_ip`` the NPU's RoCE IP, "" unknown)."""
 
     rank: int
     node: str
     device_id: int
     super_pod_id: int = -1
+    device_ip: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """One pod of a job on ``node`` with its pod IP and (when known) its host IP."""
+
+    node: str
+    pod_ip: str
+    host_ip: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +99,10 @@ class Job:
     sub_healthy_strategy: str = ""
     backup_nodes: tuple[str, ...] = ()
     ranks: tuple[Rank, ...] = ()
+    mindie_job_id: str = ""
+    app: str = ""
+    deploy_server: str = ""
+    pods: tuple[Pod, ...] = ()
     created_ms: int = 0
     updated_ms: int = 0
     extra: dict[str, str] = field(default_factory=dict, compare=False)
@@ -171,9 +193,28 @@ class Job:
             "subHealthyStrategy": self.sub_healthy_strategy,
             "backupNodes": list(self.backup_nodes),
             "ranks": [
-                {"rank": r.rank, "node": r.node, "device": r.device_id, "superPodId": r.super_pod_id}
+                {
+                    "rank": r.rank,
+                    "node": r.node,
+                    "device": r.device_id,
+                    "superPodId": r.super_pod_id,
+                    **({"deviceIp": r.device_ip} if r.device_ip else {}),
+                }
                 for r in self.ranks
             ],
+            **({"jobID": self.mindie_job_id} if self.mindie_job_id else {}),
+            **({"app": self.app} if self.app else {}),
+            **({"deployServer": self.deploy_server} if self.deploy_server else {}),
+            **(
+                {
+                    "pods": [
+                        {"node": p.node, "podIp": p.pod_ip, **({"hostIp": p.host_ip} if p.host_ip else {})}
+                        for p in self.pods
+                    ]
+                }
+                if self.pods
+                else {}
+            ),
             "created_ms": self.created_ms,
             "updated_ms": self.updated_ms,
         }
@@ -267,8 +308,24 @@ def parse_job(d: Any) -> Job:
             raise JobSpecError(f"ranks[{i}]: device {node}/{dev} holds two ranks")
         seen_rank.add(rank)
         seen_dev.add((node, dev))
-        ranks.append(Rank(rank, node, dev, spid))
+        ranks.append(Rank(rank, node, dev, spid, _ip(r, ("deviceIp", "device_ip"), f"ranks[{i}]")))
     ranks.sort(key=lambda r: r.rank)
+    mindie_id = _str(d, ("jobID", "mindieJobId", "mindie-job-id"), "")
+    app = _str(d, ("app",), "")
+    deploy = _str(d, ("deployServer", "deploy-server"), "")
+    if len(mindie_id) > 128 or len(app) > 63 or len(deploy) > 63:
+        raise JobSpecError("jobID (at most 128), app and deployServer (at most 63) are too long")
+    raw_pods = _pick(d, "pods", default=[])
+    if not isinstance(raw_pods, list) or len(raw_pods) > MAX_RANKS:
+        raise JobSpecError(f"pods must be a list of at most {MAX_RANKS}")
+    pods = []
+    for i, p in enumerate(raw_pods):
+        node = p.get("node", p.get("nodeName")) if isinstance(p, dict) else None
+        if not isinstance(node, str) or not NAME_RE.match(node):
+            raise JobSpecError(f"pods[{i}] must be an object with node and podIp")
+        pods.append(
+            Pod(node, _ip(p, ("podIp", "pod_ip"), f"pods[{i}]"), _ip(p, ("hostIp", "host_ip"), f"pods[{i}]"))
+        )
     return Job(
         id=job_id,
         name=name,
@@ -282,7 +339,22 @@ def parse_job(d: Any) -> Job:
         sub_healthy_strategy=shs,
         backup_nodes=tuple(backups),
         ranks=tuple(ranks),
+        mindie_job_id=mindie_id,
+        app=app,
+        deploy_server=deploy,
+        pods=tuple(pods),
     )
+
+
+def _ip(d: dict[str, Any], names: tuple[str, ...], where: str) -> str:
+    """An optional IP address field ("" when absent). Raises :class:`JobSpecError`."""
+    v = _pick(d, *names, default="")
+    if v == "":
+        return ""
+    try:
+        return str(ipaddress.ip_address(v))
+    except ValueError:
+        raise JobSpecError(f"{where}: {names[0]} {str(v)[:64]!r} is not an IP address") from None
 
 
 def parse_jobs_text(text: str) -> list[Job]:

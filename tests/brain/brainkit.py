@@ -52,6 +52,53 @@ def job_spec(job_id: str = JOB, name: str = "llama", **over) -> dict:
     return spec
 
 
+MINDIE = "mindie-svc-0001"  # a MindIE service's job id (the jobID label of its jobs)
+
+
+def mindie_specs(mindie_id: str = MINDIE, pods_per_server: int = 1, servers: int = 2) -> list[dict]:
+    """A MindIE service: a coordinator (node-c), a controller (node-d) and ``servers`` server
+    instances of ``pods_per_server`` pods x 2 NPUs (nodes node-s<i>-<p>), every pod with its IPs."""
+    specs = []
+    for app, node, ip in (("coordinator", "node-c", 3), ("controller", "node-d", 4)):
+        specs.append(
+            {
+                "id": f"{mindie_id}-{app}",
+                "name": f"{mindie_id}-{app}",
+                "jobID": mindie_id,
+                "app": f"mindie-ms-{app}",
+                "pods": [{"node": node, "podIp": f"172.16.0.{ip}", "hostIp": f"10.0.0.{ip}"}],
+            }
+        )
+    for i in range(servers):
+        nodes = [f"node-s{i}-{p}" for p in range(pods_per_server)]
+        specs.append(
+            {
+                "id": f"{mindie_id}-server-{i}",
+                "name": f"{mindie_id}-server-{i}",
+                "jobID": mindie_id,
+                "app": "mindie-ms-server",
+                "deployServer": str(pods_per_server),
+                "ranks": [
+                    {"rank": p * 2 + d, "node": n, "device": d, "deviceIp": f"192.168.{i}.{p * 2 + d}"}
+                    for p, n in enumerate(nodes)
+                    for d in range(2)
+                ],
+                "pods": [
+                    {"node": n, "podIp": f"172.16.{i + 1}.{p}", "hostIp": f"10.0.{i + 1}.{p}"}
+                    for p, n in enumerate(nodes)
+                ],
+            }
+        )
+    return specs
+
+
+async def apply_specs(cd, specs: list[dict]) -> list:
+    """Apply raw job specs to ``cd``; returns the Jobs."""
+    from clusterd.brain.jobs import parse_jobs
+
+    return [job for job, _ in await cd.jobs.apply(parse_jobs(specs))]
+
+
 async def apply(cd, **over):
     """Apply :func:`job_spec` (with overrides) to ``cd``; returns the Job."""
     from clusterd.brain.jobs import parse_job
@@ -68,8 +115,9 @@ def npu_fault(node="node-b", dev=0, code="80E18402", level="RestartNPU", source=
 class Sims:
     """Start trainsims in the test's loop; all are stopped at teardown."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, token: str | None = None) -> None:
         self.target = target
+        self.token = token  # ClusterD's bearer token, when it runs with --token-file
         self.running: list[tuple[TrainSim, asyncio.Task]] = []
 
     async def start(
@@ -78,7 +126,9 @@ class Sims:
         """A running trainsim for ``job_id`` (2 NPUs per pod as :func:`job_spec`). At teardown a
         sim that saw a signal the real TaskD / MindIO would reject fails the test, unless
         ``allow_errors``."""
-        sim = TrainSim(self.target, job_id, Outcomes(**outcomes), ranks_per_pod=ranks_per_pod)
+        sim = TrainSim(
+            self.target, job_id, Outcomes(**outcomes), token=self.token, ranks_per_pod=ranks_per_pod
+        )
         sim.allow_errors = allow_errors
         ready = asyncio.Event()
         task = asyncio.create_task(sim.run(ready))

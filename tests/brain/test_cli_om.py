@@ -140,3 +140,48 @@ async def test_cli_bad_flags_and_unreachable(cd):
     assert rc == 3 and "cannot reach clusterd" in err
     rc, out, err = await run([*CLI, "stress-test", "--job-id", JOB, "--grpc", "127.0.0.1:1"], 30)
     assert rc == 3 and "StressTest: clusterd unreachable" in err
+
+
+async def test_cli_jobs_reset_needs_the_token_and_clears_a_stuck_flow(tmp_path):
+    """``faultmesh jobs reset JOB [--reevaluate]``: the operator undo through the authenticated API."""
+    from brain.brainkit import FAST, Sims, decisions
+    from support import make_clusterd
+
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    # a report timeout longer than the CLI runs take: the flow stays stuck until the reset
+    cd = await make_clusterd(tmp_path, *FAST, "--report-timeout-s", "120", "--token-file", str(token))
+    sims = Sims(f"127.0.0.1:{cd.grpc_port}", token="s3cret")
+    try:
+        await apply(cd)
+        await sims.start(stop="silent")  # the flow waits for ReportStopComplete
+        await cd.center.upsert(npu_fault())
+        ctl = cd.brain.controllers[JOB]
+        async with asyncio.timeout(5):
+            while ctl.state != "WaitReportStopComplete":
+                await asyncio.sleep(0.02)
+        rc, out, err = await run_cli(cd, "jobs", "reset", JOB)
+        assert rc == 5 and "bearer token required" in err  # mutating: refused without the token
+        assert ctl.state == "WaitReportStopComplete"
+        rc, out, err = await run_cli(cd, "jobs", "reset", JOB, "--token-file", str(token), "-o", "json")
+        assert rc == 0, err
+        assert json.loads(out) == {
+            "job_id": JOB,
+            "result": "reset",
+            "was": "WaitReportStopComplete",
+            "state": "INIT",
+        }
+        assert not ctl.busy() and decisions(cd)[-1] == "operator-reset"
+        pre_exits = decisions(cd).count("pre-exit")
+        rc, out, err = await run_cli(
+            cd, "job", "reset", "--job", JOB, "--reevaluate", "--token-file", str(token)
+        )
+        assert rc == 0 and out.split("\n")[1].split()[:2] == [JOB, "reset"], err
+        async with asyncio.timeout(5):  # the still-active fault acts again as new
+            while decisions(cd).count("pre-exit") <= pre_exits:
+                await asyncio.sleep(0.02)
+        rc, out, err = await run_cli(cd, "jobs", "reset", "no-such-job", "--token-file", str(token))
+        assert rc == 4 and "not found or not registered" in err
+    finally:
+        await sims.close()
+        await cd.stop()

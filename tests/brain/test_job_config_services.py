@@ -1,4 +1,4 @@
-"""job.Job and config.Config (clusterd.md §2.5, §2.6): codes, limits, first batch and updates."""
+"""job.Job (clusterd.md §2.5): codes, limits, first batch and updates."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from brain.brainkit import JOB, apply
 
 from clusterd.brain import jobsvc
-from faultmesh._pb import config_pb2, config_pb2_grpc, job_pb2, job_pb2_grpc
+from faultmesh._pb import config_pb2_grpc, job_pb2, job_pb2_grpc
 
 
 @pytest.fixture
@@ -122,25 +122,7 @@ async def test_large_job_has_empty_hccl_json(cd, jstub, monkeypatch):
     call.cancel()
 
 
-async def test_config_register_and_rank_table_stream(cd, cstub):
-    ci = config_pb2.ClientInfo(jobId=JOB, role="mindie")
-    with pytest.raises(grpc.aio.AioRpcError) as e:
-        await cstub.SubscribeRankTable(ci).read()
-    assert "not registered" in e.value.details()
-    r = await cstub.Register(ci)
-    assert (r.code, r.info) == (0, "register success")
-    await apply(cd)
-    call = cstub.SubscribeRankTable(ci)
-    m = await asyncio.wait_for(call.read(), 5)
-    assert m.jobId == JOB and json.loads(m.rankTable)["server_count"] == "2"
-    spec_ranks = [{"rank": 0, "node": "node-c", "device": 3}]
-    await apply(cd, ranks=spec_ranks)
-    m = await asyncio.wait_for(call.read(), 5)
-    assert json.loads(m.rankTable)["server_list"] == [
-        {"server_id": "node-c", "device": [{"device_id": "3", "rank_id": "0"}]}
-    ]
-    assert (await cstub.Register(ci)).code == 0  # replaces: the old stream ends
-    assert await asyncio.wait_for(call.read(), 5) is grpc.aio.EOF
+# config.Config (MindIE's global rank table): tests/conformance/test_config_service.py
 
 
 async def test_subscribe_rate_limit(cd, jstub):

@@ -45,11 +45,31 @@ def test_spec_defaults_and_strategy_order():
         ),
         ({"ranks": [{"rank": "x", "node": "a", "device": 0}]}, "integers"),
         ({"ranks": "all"}, "list"),
+        ({"ranks": [{"rank": 0, "node": "a", "device": 0, "deviceIp": "300.1.1.1"}]}, "deviceIp"),
+        ({"pods": [{"node": "a", "podIp": "not-an-ip"}]}, r"pods\[0\]: podIp"),
+        ({"pods": [{"podIp": "10.0.0.1"}]}, "node and podIp"),
+        ({"pods": "a"}, "pods must be a list"),
+        ({"jobID": "x" * 129}, "jobID"),
     ],
 )
 def test_bad_specs_name_the_field(over, needle):
     with pytest.raises(JobSpecError, match=needle):
         parse_job(job_spec(**over))
+
+
+def test_mindie_fields_round_trip():
+    spec = job_spec(jobID="svc-1", app="mindie-ms-server", deployServer="2")
+    spec["pods"] = [{"node": "node-a", "podIp": "172.16.0.1", "hostIp": "10.0.0.1"}]
+    spec["ranks"][0]["deviceIp"] = "192.168.0.1"
+    job = parse_job(spec)
+    assert (job.mindie_job_id, job.app, job.deploy_server) == ("svc-1", "mindie-ms-server", "2")
+    assert (job.pods[0].pod_ip, job.pods[0].host_ip, job.ranks[0].device_ip) == (
+        "172.16.0.1",
+        "10.0.0.1",
+        "192.168.0.1",
+    )
+    assert parse_job(job.to_dict()) == job
+    assert "jobID" not in parse_job(job_spec()).to_dict()  # a training job's JSON is unchanged
 
 
 def test_yaml_documents_and_lists():

@@ -1,4 +1,5 @@
-"""Every Recover RPC: its success code and each error code (clusterd.md §2.1, §4)."""
+"""Recover RPCs: ReportProcessFault, the NIC-switch and stress-test RPCs' codes (clusterd.md §2.1,
+§4); the control RPCs' codes are in tests/conformance/test_recover_service.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import grpc
 import pytest
 from brain.brainkit import JOB, apply, npu_fault, wait_decision
 
-from clusterd.brain import recover as recover_mod
 from faultmesh._pb import recover_pb2 as pb
 from faultmesh._pb import recover_pb2_grpc
 
@@ -28,76 +28,8 @@ async def registered(cd, stub, **over):
     assert (await stub.Register(ci())).code == 0
 
 
-async def test_init_codes(cd, stub):
-    r = await stub.Init(ci())
-    assert (r.code, "not found" in r.info) == (502, True)
-    await apply(cd, **{"process-recover-enable": "", "subHealthyStrategy": "ignore"})
-    assert (await stub.Init(ci())).code == 403
-    await apply(cd, **{"process-recover-enable": "", "subHealthyStrategy": "hotSwitch"})
-    assert (await stub.Init(ci())).code == 0  # hotSwitch alone is enough
-    r = await stub.Init(ci())
-    assert (r.code, "already" in r.info) == (0, True)
-
-
-async def test_register_codes(cd, stub, monkeypatch):
-    await apply(cd, **{"process-recover-enable": "", "subHealthyStrategy": "hotSwitch"})
-    assert (await stub.Register(ci())).code == 408
-    await stub.Init(ci())
-    assert (await stub.Register(ci())).code == 0
-    assert cd.jobs.get(JOB).process_recover_enable == "on"  # the label is set on Register
-    assert (await stub.Register(ci())).code == 0  # idempotent
-    await apply(cd, id="job-0002-uid", name="other")
-    await stub.Init(ci("job-0002-uid"))
-    await cd.jobs.delete("job-0002-uid")  # gone between Init and Register
-    assert (await stub.Register(ci("job-0002-uid"))).code == 402
-    monkeypatch.setattr(recover_mod, "MAX_SERVED_JOBS", 1)
-    await apply(cd, id="job-0003-uid", name="third")
-    await stub.Init(ci("job-0003-uid"))
-    assert (await stub.Register(ci("job-0003-uid"))).code == 500
-
-
-async def test_subscribe_unregistered_is_a_grpc_error(cd, stub):
-    call = stub.SubscribeProcessManageSignal(ci())
-    with pytest.raises(grpc.aio.AioRpcError) as e:
-        await call.read()
-    assert e.value.code() == grpc.StatusCode.UNKNOWN and "not registered" in e.value.details()
-    for sub in (stub.SubscribeNotifySwitch, stub.SubscribeNotifyExecStressTest):
-        with pytest.raises(grpc.aio.AioRpcError):
-            await sub(ci()).read()
-
-
-async def test_reports_400_unregistered_0_registered(cd, stub):
-    reqs = [
-        (stub.ReportStopComplete, pb.StopCompleteRequest(jobId=JOB)),
-        (stub.ReportRecoverStrategy, pb.RecoverStrategyRequest(jobId=JOB, strategies=["recover"])),
-        (stub.ReportRecoverStatus, pb.RecoverStatusRequest(jobId=JOB)),
-        (stub.ReportProcessFault, pb.ProcessFaultRequest(jobId=JOB)),
-        (stub.ReplySwitchNicResult, pb.SwitchResult(jobId=JOB, result=True)),
-        (
-            stub.ReplyStressTestResult,
-            pb.StressTestResult(
-                jobId=JOB,
-                stressResult={
-                    "0": pb.StressTestRankResult(rankResult={"0": pb.StressTestOpResult(code="0")})
-                },
-            ),
-        ),
-    ]
-    for rpc, req in reqs:
-        assert (await rpc(req)).code == 400
-    await registered(cd, stub)
-    for rpc, req in reqs:  # not awaited by any flow: dropped as "order mix", still 0
-        assert (await rpc(req)).code == 0
-    assert cd.brain.controllers[JOB].state == "INIT"
-    assert (await stub.ReplySwitchNicResult(pb.SwitchResult(jobId="", result=True))).code == 413
-    # reference: an empty stress result from a registered job is answered 0 (not 413); no job id -> 400
-    assert (await stub.ReplyStressTestResult(pb.StressTestResult(jobId=JOB))).code == 0
-    assert (await stub.ReplyStressTestResult(pb.StressTestResult(jobId=""))).code == 400
-
-
-async def test_health_check(stub):
-    r = await stub.HealthCheck(ci())
-    assert (r.code, r.info) == (0, f"jobId={JOB}, receive HeathCheck")
+# Init / Register / SubscribeProcessManageSignal / Report* / HealthCheck codes and info strings:
+# tests/conformance/test_recover_service.py
 
 
 async def test_report_process_fault_starts_recovery(cd, stub, sims):

@@ -513,9 +513,17 @@ def test_switch_entry_keeps_reference_switch_info_and_adds_own_faults():
     own = Fault("deviced", "n", "Switch", 3, "[0x08520003,na,L2,na]", "SeparateNPU", first_seen_ms=7)
     e = formats.build_switch_entry("n", [own], base)
     assert e["CmName"] == "mindx-dl-switchinfo-n"
-    assert e["FaultCode"] == ['{"EventType":1}', "[0x08520003,na,L2,na]"]
+    # a fault without deviced's per-port records: one record made from the fault (chip 3, port 0)
+    assert e["FaultCode"][0] == '{"EventType":1}' and len(e["FaultCode"]) == 2
+    rec = json.loads(e["FaultCode"][1])
+    assert (rec["AssembledFaultCode"], rec["SwitchChipId"], rec["Assertion"], rec["AlarmRaisedTime"]) == (
+        "[0x08520003,na,L2,na]",
+        3,
+        1,
+        7,
+    )
     assert e["FaultLevel"] == "SeparateNPU" and e["NodeStatus"] == "UnHealthy"
-    assert set(e["FaultTimeAndLevelMap"]) == {"x_1_2", "[0x08520003,na,L2,na]_3"}
+    assert set(e["FaultTimeAndLevelMap"]) == {"x_1_2", "[0x08520003,na,L2,na]_3_0"}
     assert formats.build_switch_entry("n", [], base)["NodeStatus"] == "SubHealthy"
 
 

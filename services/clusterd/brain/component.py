@@ -331,12 +331,12 @@ class BrainComponent(FaultIntake):
             await self.ctx.agents.send(node, "deviced", job=self._job_info(job))
         self._sent_nodes[job.id] = nodes
         self.job_svc.broadcast(job, "delete" if deleted else "add")  # the reference: add / delete only
+        self.config_svc.publish(job)  # a MindIE member changed or left: its global rank table
         if deleted:
             ctl = self.controllers.pop(job.id, None)
             if ctl is not None:
                 await ctl.close()
         else:
-            self.config_svc.publish(job)
             self.evaluate(job)
             self.fault.publish([job])
 

@@ -10,10 +10,16 @@ job.Job:
   batches of <= 40000 NPUs, then each update as a one-element list (JobTotalNum=1);
   SubscribeJobSummarySignal only streams updates.
 
-config.Config:
-- Register always 0 ``register success`` and replaces the (jobId, role) publisher.
-- SubscribeRankTable needs that publisher (gRPC error otherwise); it sends the job's rank table at
-  once (the reference's regeneration) and then each new one.
+config.Config (MindIE's global rank table, :mod:`clusterd.brain.mindie`; the reference's
+application/config/grpc_service.go and domain/epranktable/ranktable_manager.go):
+- Register always 0 ``register success``; the publisher is keyed by jobId (the MindIE job id; the
+  role is not part of the key) and replaces an older one, whose stream ends.
+- SubscribeRankTable needs that publisher (else gRPC UNKNOWN ``jobId=<id> not registered,
+  role=<role>``); it asks for a regeneration the way the reference's rate-limited queue runs it:
+  first after 2 s, a failed one (not ready, not registered) again 4 s later, then given up. A change
+  of a member job (label jobID) regenerates at once, retried after 2 s and 4 s. Every table built is
+  sent (queued up to 1000 while no stream is open); a job that is no MindIE service gets none. The
+  stream ends with the publisher, which is then removed (subscribe again after a new Register).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from collections.abc import Callable
 import grpc
 import orjson
 
+from clusterd.brain import mindie
 from faultmesh._pb import config_pb2, config_pb2_grpc, job_pb2, job_pb2_grpc
 from faultmesh.log import event
 from faultmesh.ratelimit import TokenBucket
@@ -203,52 +210,91 @@ class JobServicer(job_pb2_grpc.JobServicer):
                 del self.subs[cid]
 
 
+# config.Config: the reference's rank-table queue (constant.QueueInitDelay, MaxRetryTime) and
+# publisher buffer (application/config/publisher.go chanBufferSize).
+RANKTABLE_INIT_DELAY_S = 2.0
+RANKTABLE_MAX_RETRY = 3
+RANKTABLE_BUFFER = 1000
+
+
 class ConfigServicer(config_pb2_grpc.ConfigServicer):
     """config.Config (module docstring)."""
 
     def __init__(self, brain) -> None:
         self.b = brain
-        self.pubs: dict[tuple[str, str], asyncio.Queue] = {}
+        self.pubs: dict[str, asyncio.Queue] = {}  # MindIE job id -> its publisher's queue
+        self._now: set[str] = set()  # job ids with an immediate regeneration pending (a burst is one)
 
     async def Register(self, request, context):  # noqa: N802
-        """Always 0; replaces the (jobId, role) publisher."""
-        old = self.pubs.get((request.jobId, request.role))
+        """Always 0; replaces the jobId's publisher (its stream ends)."""
+        event(log, logging.INFO, "business config service receive Register request",
+              jobId=request.jobId, role=request.role)  # fmt: skip
+        old = self.pubs.get(request.jobId)
         if old is not None:
             _end(old)
-        self.pubs[(request.jobId, request.role)] = asyncio.Queue(maxsize=100)
+        self.pubs[request.jobId] = asyncio.Queue(maxsize=RANKTABLE_BUFFER)
         return config_pb2.Status(code=0, info="register success")
 
     def publish(self, job) -> None:
-        """Queue the job's new rank table to its subscribers."""
-        table = orjson.dumps(job.rank_table()).decode()
-        for (jid, _), q in self.pubs.items():
-            if jid == job.id:
-                try:
-                    q.put_nowait(config_pb2.RankTableStream(jobId=jid, rankTable=table))
-                except asyncio.QueueFull:
-                    self.b.count_rejected("config_subscriber_full")
+        """A member job of a MindIE service changed (or was deleted): regenerate its table now."""
+        mid = job.mindie_job_id
+        if mid and mid not in self._now:
+            self._now.add(mid)
+            self.b.spawn(self._generate(mid, 0), name=f"ranktable-{mid}")
+
+    async def _generate(self, mid: str, failures: int) -> None:
+        """The reference's queue item: ``failures`` = its NumRequeues; delays 2 s x 2^(n-1)."""
+        delay = 0.0 if failures == 0 else RANKTABLE_INIT_DELAY_S * 2 ** (failures - 1)
+        while True:
+            await asyncio.sleep(delay)
+            if failures == 0:
+                self._now.discard(mid)  # a change from now on needs a new table
+            if self._push(mid):
+                return
+            delay = RANKTABLE_INIT_DELAY_S * 2**failures
+            failures += 1
+            if failures >= RANKTABLE_MAX_RETRY:
+                event(log, logging.WARNING, "global rank table given up", jobId=mid, tries=failures)
+                return
+
+    def _push(self, mid: str) -> bool:
+        try:
+            table = mindie.global_rank_table(self.b.jobs.all(), mid, self._node_ip)
+        except mindie.NotReady as e:
+            self.b.count_rejected("ranktable_not_ready")
+            event(log, logging.INFO, "global rank table not ready", jobId=mid, reason=str(e))
+            return False
+        q = self.pubs.get(mid)
+        if q is None:
+            self.b.count_rejected("config_unregistered")
+            event(log, logging.WARNING, "push global rank table failed: job not registered", jobId=mid)
+            return False
+        try:
+            q.put_nowait(config_pb2.RankTableStream(jobId=mid, rankTable=orjson.dumps(table).decode()))
+        except asyncio.QueueFull:
+            self.b.count_rejected("config_subscriber_full")
+            return False
+        event(log, logging.INFO, "ranktable changed", jobId=mid)
+        return True
+
+    def _node_ip(self, node: str) -> str:
+        return self.b.ctx.nodes.info(node).get("node_ip", "")
 
     async def SubscribeRankTable(self, request, context):  # noqa: N802
-        """The job's rank table now, then each change; gRPC error without Register."""
-        key = (request.jobId, request.role)
-        q = self.pubs.get(key)
+        """Queued and new global rank tables of the jobId; gRPC error without Register."""
+        q = self.pubs.get(request.jobId)
         if q is None:
             self.b.count_rejected("config_unregistered")
             await context.abort(
-                grpc.StatusCode.UNKNOWN, f"jobId={request.jobId} role={request.role} not registered"
+                grpc.StatusCode.UNKNOWN, f"jobId={request.jobId} not registered, role={request.role}"
             )
-        while not q.empty():  # tables queued before the stream opened are superseded by the current one
-            if q.get_nowait() is None:
-                return
-        job = self.b.jobs.get(request.jobId)
-        if job is not None:
-            yield config_pb2.RankTableStream(jobId=job.id, rankTable=orjson.dumps(job.rank_table()).decode())
+        self.b.spawn(self._generate(request.jobId, 1), name=f"ranktable-{request.jobId}")
         try:
             while (item := await q.get()) is not None:
                 yield item
         finally:
-            if self.pubs.get(key) is q:
-                del self.pubs[key]
+            if self.pubs.get(request.jobId) is q:
+                del self.pubs[request.jobId]
 
 
 def _end(q: asyncio.Queue) -> None:

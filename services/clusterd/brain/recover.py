@@ -3,7 +3,8 @@
 Codes: 0 OK · 400 UnRegistry · 402 JobNotExist · 403 ProcessRecoverEnableOff · 408 UnInit · 411
 OMIsRunning · 413 OMParamInvalid · 500 OutOfMaxServeJobs · 502 OperatePodGroupError (the job
 cannot be resolved) · 504 SignalQueueBusy. Streams of an unknown/unregistered job end with a gRPC
-error (status UNKNOWN, as a Go handler's error shows).
+error (status UNKNOWN, as a Go handler's error shows). Info strings are the reference's
+(component/clusterd/pkg/application/recover/fault_recover_service.go), its "registed" spelling too.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ log = logging.getLogger("clusterd.brain.recover")
 
 MAX_SERVED_JOBS = 10_000
 STRESS_OPS = (0, 1)  # 0 AIC, 1 P2P
+REPORT_RPCS = {
+    "stop": "ReportStopComplete",
+    "strategy": "ReportRecoverStrategy",
+    "status": "ReportRecoverStatus",
+}
 
 
 def _st(code: int, info: str) -> recover_pb2.Status:
@@ -42,33 +48,33 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         """0 (also when already initialised) · 502 unknown job · 403 process recovery off."""
         jid = request.jobId
         if jid in self.b.initialised:
-            return _st(0, f"jobId={jid} already initialised")
+            return _st(0, f"job(uid={jid}) init success")  # fault_recover_service.go Init
         job = self.b.jobs.get(jid)
         if job is None:
-            return self._reject("unknown_job", 502, f"jobId={jid} not found: cannot resolve the job")
+            return self._reject("unknown_job", 502, f"job(uid={jid}) one of jobName, pgName, ns is empty")
         if job.process_recover_enable != "on" and job.sub_healthy_strategy != "hotSwitch":
             return self._reject(
                 "recover_off",
                 403,
-                f"jobId={jid} has neither process-recover-enable=on nor subHealthyStrategy=hotSwitch",
+                f"job(uid={jid}) process-recover-enable and subhealthy hotswtich not open:<nil>",
             )
         self.b.initialised.add(jid)
         event(log, logging.INFO, "role[%s] init success" % (request.role or "-"), job=jid)
-        return _st(0, f"jobId={jid} init success")
+        return _st(0, f"job(uid={jid}) init success")
 
     async def Register(self, request, context):  # noqa: N802
         """0 (also when already registered) · 408 not initialised · 402 unknown job · 500 too many jobs."""
         jid = request.jobId
         if jid in self.b.controllers:
-            return _st(0, f"jobId={jid} already registered")
+            return _st(0, "register success")
         if jid not in self.b.initialised:
-            return self._reject("uninit", 408, f"jobId={jid} not initialised: call Init first")
+            return self._reject("uninit", 408, f"jobId={jid} not inited")
         if self.b.jobs.get(jid) is None:
-            return self._reject("unknown_job", 402, f"jobId={jid} does not exist")
+            return self._reject("unknown_job", 402, f"jobId={jid} not exist, reuse registry")
         if len(self.b.controllers) >= MAX_SERVED_JOBS:
-            return self._reject("max_jobs", 500, f"already serving {MAX_SERVED_JOBS} jobs")
+            return self._reject("max_jobs", 500, f"out of max serve jobs, reuse registry for jobId={jid}")
         await self.b.register_job(jid)
-        return _st(0, f"jobId={jid} register success")
+        return _st(0, "register success")
 
     def _ctl(self, jid: str):
         return self.b.controllers.get(jid)
@@ -78,7 +84,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         ctl = self._ctl(request.jobId)
         if ctl is None:
             self.b.count_rejected("unregistered")
-            await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={request.jobId} not registered")
+            await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={request.jobId} not registed")
         event(log, logging.INFO, "signal subscription", job=request.jobId, role=request.role)
         async for sig in ctl.stream(request.jobId):
             yield sig
@@ -87,9 +93,12 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
     async def _report(self, kind: str, jid: str, request, context):
         ctl = self._ctl(jid)
         if ctl is None:
-            return self._reject("unregistered", 400, f"jobId={jid} not registered")
+            return self._reject("unregistered", 400, f"jobId={jid} not registed")
         code = await ctl.report(kind, request)
-        return _st(code, "ok" if code == 0 else "report queue busy")
+        if code != 0:
+            return _st(code, "report queue busy")
+        rpc = REPORT_RPCS.get(kind)  # om_service.go's replies answer "reply success"
+        return _st(0, f"jobId={jid}, uuid={ctl.uuid}, receive {rpc}" if rpc else "reply success")
 
     async def ReportStopComplete(self, request, context):  # noqa: N802
         """400 not registered · 0 (504 when the report slot stays busy)."""
@@ -107,9 +116,9 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         """400 not registered · else 0; ranks with type "1" (or retry ranks) start the recovery."""
         ctl = self._ctl(request.jobId)
         if ctl is None:
-            return self._reject("unregistered", 400, f"jobId={request.jobId} not registered")
+            return self._reject("unregistered", 400, f"jobId={request.jobId} not registed")
         await self.b.process_fault(request.jobId, list(request.faultRanks))
-        return _st(0, "ok")
+        return _st(0, "receive ReportProcessFault")
 
     async def HealthCheck(self, request, context):  # noqa: N802
         """Always 0 ``jobId=<id>, receive HeathCheck`` (the reference's spelling)."""

@@ -317,8 +317,11 @@ def build_device_entry(
 
     ``faults``: the node's NPU faults from every source, ``device_id`` = the chip's physical id;
     ``devices``: the faultmesh agent's device states (``device_id`` logic id, ``phy_id``, ``health``,
-    ``network_health``); names use the physical id (``Ascend910-<phy>``); ``base``: a reference
-    device-info ConfigMap read for the node (its lists are kept and the Fault array rebuilt).
+    ``network_health``, ``super_pod_id``, ``server_index``); names use the physical id
+    (``Ascend910-<phy>``); ``base``: a reference device-info ConfigMap read for the node (its lists,
+    SuperPodID and ServerIndex are kept and the Fault array rebuilt). Without ``base`` SuperPodID /
+    ServerIndex are the agent's (:func:`agent_super_pod`; Volcano skips a node whose SuperPodID < 0
+    on A3 super pods); RackID is -2 (faultmesh's agents report none).
     """
     prefix = RESOURCE_PREFIX + type_name
     by_dev: dict[int, list[Fault]] = {}
@@ -362,13 +365,25 @@ def build_device_entry(
         prefix + "-Unhealthy": _names(name(i) for i in sorted(unhealthy)),
     }
     cm_name = DEVICEINFO_PREFIX + node
+    spid, sidx = (base.super_pod_id, base.server_index) if base else agent_super_pod(devices)
     return {
         "DeviceList": {k: dl[k] for k in sorted(dl)},
         "CmName": cm_name,
-        "SuperPodID": base.super_pod_id if base else -2,
+        "SuperPodID": spid,
         "RackID": base.rack_id if base and base.rack_id is not None else -2,
-        "ServerIndex": base.server_index if base else -2,
+        "ServerIndex": sidx,
     }
+
+
+def agent_super_pod(devices: list[dict] | None) -> tuple[int, int]:
+    """(SuperPodID, ServerIndex) from deviced's device states: the pair all NPUs report (deviced.md
+    §5.1: -1 unset, -2 unsupported or failed); -2, -2 without devices or when they disagree."""
+    pairs = {
+        (int(d.get("super_pod_id", -2)), int(d.get("server_index", -2)))
+        for d in devices or ()
+        if d.get("super_pod_id") is not None
+    }
+    return pairs.pop() if len(pairs) == 1 else (-2, -2)
 
 
 def build_node_entry(node: str, faults: list[Fault], agent_status: str = "") -> dict:
@@ -397,19 +412,50 @@ def build_node_entry(node: str, faults: list[Fault], agent_status: str = "") -> 
     return {"FaultDevList": devs, "NodeStatus": status, "CmName": NODEINFO_PREFIX + node}
 
 
+def switch_records(f: Fault) -> list[dict]:
+    """The reference's SimpleSwitchFaultInfo records of one switch fault (deviced.md §7): the
+    ``events`` attribute faultmesh's deviced sends (one record per switch port), else one record made
+    from the fault itself (chip = ``device_id``, the first of ``switch_ports``, Assertion 1)."""
+    try:
+        records = [r for r in json.loads(f.attributes.get("events") or "[]") if isinstance(r, dict)]
+    except (TypeError, ValueError):  # not JSON, or not a list
+        records = []
+    if records:
+        return records
+    port = (f.attributes.get("switch_ports") or "0").split(",")[0]
+    sev = f.attributes.get("severity") or ""
+    return [
+        {
+            "EventType": 0,
+            "AssembledFaultCode": f.code,
+            "PeerPortDevice": 0,
+            "PeerPortId": 0,
+            "SwitchChipId": f.device_id,
+            "SwitchPortId": int(port) if port.isdigit() else 0,
+            "Severity": int(sev) if sev.isdigit() else 0,
+            "Assertion": 1,
+            "AlarmRaisedTime": f.first_seen_ms,
+        }
+    ]
+
+
 def build_switch_entry(node: str, faults: list[Fault], base: dict | None = None) -> dict:
     """One ``mindx-dl-switchinfo-<node>`` entry (UpdateTime left out).
 
     With a reference ``SwitchInfoCfg`` (``base``) its fields are kept; faultmesh's own switch faults
-    are added with their code as given (e.g. ``[0x08520003,na,L2,na]``).
+    are added as the reference's device plugin writes them: each ``FaultCode`` item a JSON record
+    (:func:`switch_records`), ``FaultTimeAndLevelMap`` keyed ``<code>_<chip>_<port>``.
     """
     codes = list(base.get("FaultCode") or []) if base else []
     tl = dict(base.get("FaultTimeAndLevelMap") or {}) if base else {}
     levels = [str(base.get("FaultLevel"))] if base and base.get("FaultLevel") else []
-    for f in sorted(faults, key=lambda f: (f.code, f.device_id)):
-        if f.code not in codes:
-            codes.append(f.code)
-        tl[f"{f.code}_{f.device_id}"] = {"fault_time": f.first_seen_ms, "fault_level": f.level}
+    for f in sorted(faults, key=lambda f: (f.device_id, f.code)):
+        for r in switch_records(f):
+            item = gojson.marshal(r).decode()
+            if item not in codes:
+                codes.append(item)
+            key = f"{r.get('AssembledFaultCode', f.code)}_{r.get('SwitchChipId', f.device_id)}_{r.get('SwitchPortId', 0)}"
+            tl[key] = {"fault_time": r.get("AlarmRaisedTime", f.first_seen_ms), "fault_level": f.level}
         levels.append(f.level)
     level = _worst(levels) if levels else "NotHandleFault"
     status = SWITCH_STATUS.get(level) or (

@@ -41,10 +41,33 @@ class BadPod(ValueError):
     """A job pod whose annotations cannot be read (the message says which)."""
 
 
+MINDIE_LABELS = ("jobID", "app")  # the reference's MindIeJobIdLabelKey / MindIeAppTypeLabelKey
+MINDIE_NPU_LESS = ("mindie-ms-coordinator", "mindie-ms-controller")
+
+
 def is_job_pod(pod: dict) -> bool:
-    """True for a pod that carries an NPU allocation annotation."""
+    """True for a pod that carries an NPU allocation annotation, or a MindIE coordinator /
+    controller pod (labels ``jobID`` and ``app``; it has no NPUs, its IPs go into the global rank
+    table, :mod:`clusterd.brain.mindie`)."""
+    meta = pod.get("metadata") or {}
+    ann = meta.get("annotations") or {}
+    labels = meta.get("labels") or {}
+    return any(k in ann for k in DEVICE_ANNOTATIONS) or (
+        bool(labels.get("jobID")) and labels.get("app") in MINDIE_NPU_LESS
+    )
+
+
+def pod_device_ips(pod: dict) -> dict[int, str]:
+    """device id -> ``device_ip`` of the pod's NPU annotation (entries without one left out)."""
     ann = (pod.get("metadata") or {}).get("annotations") or {}
-    return any(k in ann for k in DEVICE_ANNOTATIONS)
+    raw = next((ann[k] for k in DEVICE_ANNOTATIONS if k in ann), None)
+    try:
+        conf = json.loads(raw) if raw else {}
+        return {
+            int(d["device_id"]): str(d["device_ip"]) for d in conf.get("devices", []) if d.get("device_ip")
+        }
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return {}
 
 
 def job_owner(pod: dict) -> tuple[str, str] | None:
@@ -106,20 +129,28 @@ def job_spec(
     Raises :class:`BadPod` for a pod with unreadable annotations or two pods with one rank index.
     """
     rows = []
+    placed = []  # (node, pod IP, host IP) of every scheduled pod
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
         if not node:
             continue  # not scheduled yet
+        st = pod.get("status") or {}
+        placed.append({"node": node, "podIp": st.get("podIP") or "", "hostIp": st.get("hostIP") or ""})
+        ann = (pod.get("metadata") or {}).get("annotations") or {}
+        if not any(k in ann for k in DEVICE_ANNOTATIONS):
+            continue  # a MindIE coordinator / controller pod: no NPUs
         rank_index, devs, spid = pod_devices(pod)
         rows.append((rank_index, node, devs, spid, pod))
     rows.sort(key=lambda r: r[0])
     if len({r[0] for r in rows}) != len(rows):
         raise BadPod(f"two pods of job {namespace}/{name} have the same {RANK_ANNOTATION}")
     ranks = []
-    for rank_index, node, devs, spid, _ in rows:
+    for rank_index, node, devs, spid, pod in rows:
+        ips = pod_device_ips(pod)
         for pos, dev in enumerate(devs):
             ranks.append(
                 {"rank": rank_index * len(devs) + pos, "node": node, "device": dev, "superPodId": spid}
+                | ({"deviceIp": ips[dev]} if dev in ips else {})
             )
     spec: dict[str, Any] = {
         "id": job_id,
@@ -135,5 +166,19 @@ def job_spec(
             if value not in (None, ""):
                 spec[key] = value
                 break
+    labels = next(
+        (
+            (p.get("metadata") or {}).get("labels") or {}
+            for p in pods
+            if ((p.get("metadata") or {}).get("labels") or {}).get("jobID")
+        ),
+        {},
+    )
+    if labels.get("jobID"):  # a MindIE service member: its rank-table data (clusterd.brain.mindie)
+        spec["jobID"], spec["app"] = labels["jobID"], labels.get("app", "")
+        deploy = labels.get("grt-server/deploy-server") or labels.get("grt-group/deploy-server")
+        if deploy:
+            spec["deployServer"] = deploy
+        spec["pods"] = [p for p in placed if p["podIp"]]
     spec.update(settings or {})
     return spec

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from deviced.faults import code_name
+from deviced.switch import switch_record
 from deviced.tables import NETWORK_CODES_ALL, switch_code
 from faultmesh import gojson
 from faultmesh.levels import NpuLevel
@@ -150,21 +151,7 @@ def switch_info(app, now_s: int) -> dict[str, Any]:
         level = graded.get((ev.switch_chip, code))
         if level is None:
             continue
-        codes.append(
-            _compact(
-                {
-                    "EventType": ev.event_type,
-                    "AssembledFaultCode": code,
-                    "PeerPortDevice": ev.peer_device,
-                    "PeerPortId": ev.peer_port,
-                    "SwitchChipId": ev.switch_chip,
-                    "SwitchPortId": ev.switch_port,
-                    "Severity": ev.severity,
-                    "Assertion": ev.assertion,
-                    "AlarmRaisedTime": t,
-                }
-            )
-        )
+        codes.append(_compact(switch_record(ev, t)))
         tmap[f"{code}_{ev.switch_chip}_{ev.switch_port}"] = {"fault_time": t, "fault_level": level}
     level, status = st.node_status([f for f in st.faults(app.node_name) if "unknown" not in f.attributes])
     return {

@@ -1,4 +1,9 @@
-"""``faultmesh jobs`` and ``faultmesh job apply|get|delete|recovery``: ClusterD's job registry.
+"""``faultmesh jobs`` and ``faultmesh job apply|get|delete|recovery|reset``: ClusterD's job registry.
+
+``faultmesh jobs reset JOB [--reevaluate]`` (also ``faultmesh job reset``) is the operator undo of
+the recovery brain: ``POST /v1/jobs/<id>/recovery/reset`` with the bearer token (``--token-file`` or
+``FAULTMESH_TOKEN``) as every mutating command; exit 4 for a job that is unknown or has no Recover
+client, 5 when the token is missing or wrong.
 
 ``faultmesh job apply -f job.yaml`` (or ``-f -`` for stdin; JSON or YAML, one job, a list or
 several YAML documents; the format is in :mod:`clusterd.brain.jobs`) validates the file locally,
@@ -169,10 +174,38 @@ def cmd_recovery(args: argparse.Namespace) -> int:
     return 0
 
 
+@run
+def cmd_reset(args: argparse.Namespace) -> int:
+    """Clear a job's recovery state (POST /v1/jobs/<id>/recovery/reset): the running flow is
+    cancelled, the cached faults dropped, a paused process-recover-enable set back to ``on``; with
+    ``--reevaluate`` the job's current faults act again as new."""
+    body = {"reevaluate": True} if args.reevaluate else {}
+    data = http_json(args, "POST", f"/v1/jobs/{_job(args)}/recovery/reset", body)
+    emit(
+        args,
+        data,
+        [(data["job_id"], data["result"], data["was"] or "-", data["state"] or "-")],
+        ("ID", "RESULT", "WAS", "STATE"),
+    )
+    return 0
+
+
+def _add_reset(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("reset", help="operator undo: clear a job's recovery state (needs the token)")
+    add_server_flags(p)
+    p.add_argument("id", nargs="?", help="job id (UID); or --job")
+    p.add_argument("--job", dest="job_flag", metavar="JOB", help="job id (UID)")
+    p.add_argument(
+        "--reevaluate", action="store_true", help="let the job's current faults act again as new ones"
+    )
+    p.set_defaults(func=cmd_reset)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("jobs", help="list training jobs with health and recovery state")
+    p = sub.add_parser("jobs", help="list training jobs with health and recovery state; jobs reset JOB")
     add_server_flags(p)
     p.set_defaults(func=cmd_jobs)
+    _add_reset(p.add_subparsers(dest="jobs_command", metavar="ACTION"))
     job = sub.add_parser("job", help="apply, show or delete training jobs")
     jsub = job.add_subparsers(dest="job_command", metavar="ACTION")
     jsub.required = True
@@ -190,3 +223,4 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("id", nargs="?", help="job id (UID); or --job")
         p.add_argument("--job", dest="job_flag", metavar="JOB", help="job id (UID)")
         p.set_defaults(func=fn)
+    _add_reset(jsub)

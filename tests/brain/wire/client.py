@@ -204,7 +204,7 @@ def main() -> None:
             j.SubscribeJobSummarySignalList(jb.ClientInfo(role="FdAgent", clientId=reg.clientId), timeout=10)
         )
     )
-    s = lst.jobSummarySignals[0]
+    s = next(x for x in lst.jobSummarySignals if x.jobId == job)
     out["job_list"] = [
         lst.JobTotalNum,
         s.jobId,
@@ -222,9 +222,10 @@ def main() -> None:
 
     # config.Config
     c = cfg_grpc.ConfigStub(ch)
-    out["config_register"] = c.Register(cfg.ClientInfo(jobId=job, role="mindie")).code
-    rt = next(iter(c.SubscribeRankTable(cfg.ClientInfo(jobId=job, role="mindie"), timeout=10)))
-    out["config_table"] = [rt.jobId, json.loads(rt.rankTable)["server_list"][0]["server_id"]]
+    mindie = sys.argv[3]  # a MindIE service's job id
+    out["config_register"] = c.Register(cfg.ClientInfo(jobId=mindie, role="mindie")).code
+    rt = next(iter(c.SubscribeRankTable(cfg.ClientInfo(jobId=mindie, role="mindie"), timeout=10)))
+    out["config_table"] = [rt.jobId, [g["group_id"] for g in json.loads(rt.rankTable)["server_group_list"]]]
     print(json.dumps(out), flush=True)
     ch.close()
 

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from brain.brainkit import apply
+from brain.brainkit import MINDIE, apply, apply_specs, mindie_specs
 from brain.procs import run
 
 HERE = Path(__file__).resolve().parent
@@ -51,8 +51,9 @@ def gen(tmp_path) -> Path:
 
 async def test_every_service_with_independent_stubs(cd, gen):
     await apply(cd, id="wire-job-0001", name="wirejob")
+    await apply_specs(cd, mindie_specs())
     rc, out, err = await run(
-        [sys.executable, str(HERE / "client.py"), f"127.0.0.1:{cd.grpc_port}", "wire-job-0001"],
+        [sys.executable, str(HERE / "client.py"), f"127.0.0.1:{cd.grpc_port}", "wire-job-0001", MINDIE],
         60,
         env={**os.environ, "PYTHONPATH": str(gen)},
         cwd=str(gen),
@@ -95,6 +96,6 @@ async def test_every_service_with_independent_stubs(cd, gen):
     ]
     assert o["fault_get"] == [200, "all info returned", "wire-job-0001", 1]
     assert o["job_register"] == [200, 36]
-    assert o["job_list"] == [1, "wire-job-0001", "wirejob", "default", "running", "2"]
+    assert o["job_list"] == [5, "wire-job-0001", "wirejob", "default", "running", "2"]  # + 4 MindIE jobs
     assert o["config_register"] == 0
-    assert o["config_table"] == ["wire-job-0001", "node-a"]
+    assert o["config_table"] == [MINDIE, ["0", "1", "2"]]  # MindIE's global rank table
