@@ -33,11 +33,16 @@ import time
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health
 from prometheus_client import Counter, Gauge
 
-from clusterd.api.grpcserver import RateLimitInterceptor, server_credentials, server_options
+from clusterd.api.grpcserver import (
+    RateLimitInterceptor,
+    add_health_and_reflection,
+    mark_serving,
+    server_credentials,
+    server_options,
+)
 from clusterd.api.pubfault import PubFaultComponent
 from clusterd.auth import TokenAuth
 from clusterd.brain.component import BrainComponent
@@ -258,18 +263,13 @@ class ClusterD:
         servicers = self._servicers()
         for add_fn, servicer in servicers:
             add_fn(servicer, server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        names = [
-            health.SERVICE_NAME,
-            reflection.SERVICE_NAME,
-            agent_pb2.DESCRIPTOR.services_by_name["AgentStream"].full_name,
-        ]
+        names = [agent_pb2.DESCRIPTOR.services_by_name["AgentStream"].full_name]
         for _, servicer in servicers:
             for base in type(servicer).__mro__:
                 if base.__name__.endswith("Servicer") and base.__module__.startswith("faultmesh._pb"):
                     mod = importlib.import_module(base.__module__.replace("_grpc", ""))
                     names.extend(s.full_name for s in mod.DESCRIPTOR.services_by_name.values())
-        reflection.enable_server_reflection(sorted(set(names)), server)
+        self._served = add_health_and_reflection(server, self.health, names)
         try:
             if args.tls_cert:
                 creds = server_credentials(args.tls_cert, args.tls_key, args.tls_ca)
@@ -282,7 +282,7 @@ class ClusterD:
             raise OSError(f"cannot bind gRPC address {args.grpc_addr}")
         await server.start()
         self._server = server
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await mark_serving(self.health, self._served)
         self._ready = True
         self.up.set(1)
         event(
