@@ -136,9 +136,7 @@ def build_parser(classes: list[type] | None = None) -> argparse.ArgumentParser:
         default=30.0,
         help="an agent stream silent this long (no message, not even its heartbeat) is marked stale (s)",
     )
-    p.add_argument("--log-level", default="INFO")
-    p.add_argument("--log-file", help="also log to this file (rotated at 20 MiB, 5 kept)")
-    p.add_argument("--log-format", choices=fmlog.FORMATS, default="text", help="log lines: text or json")
+    fmlog.add_log_arguments(p)
     for cls in COMPONENT_CLASSES if classes is None else classes:
         cls.add_arguments(p)
     return p
@@ -338,7 +336,7 @@ class ClusterD:
 def main(argv: list[str] | None = None) -> int:
     """Console script ``clusterd``."""
     args = config.parse(build_parser(), argv)
-    fmlog.setup(args.log_level, args.log_file, fmt=args.log_format)
+    fmlog.setup_from_args(args)
     Path(args.state_dir).mkdir(parents=True, exist_ok=True)
 
     async def _main(stop: asyncio.Event) -> int:

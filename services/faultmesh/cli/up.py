@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from faultmesh.cli.common import CliError, run
+from faultmesh.log import FORMATS
 
 
 async def _up(args: argparse.Namespace) -> int:
@@ -31,6 +32,7 @@ async def _up(args: argparse.Namespace) -> int:
         list_watch_s=args.list_watch,
         pingmesh_period_s=args.pingmesh_period,
         log_level=args.log_level,
+        log_format=args.log_format,
     )
     stack = Stack(cfg, run_dir, say=clock.say)
     stop = asyncio.Event()
@@ -152,7 +154,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0.0,
         help="pingmesh/slow-network period (s); 0 = 10 x task_interval",
     )
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="log level of the started processes")
+    p.add_argument(
+        "--log-format", choices=FORMATS, default="text", help="log format of the started processes"
+    )
     p.add_argument(
         "--restart-initial-s", type=float, default=1.0, help="first restart delay of a crashed process (s)"
     )
