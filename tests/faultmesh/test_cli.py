@@ -117,5 +117,10 @@ async def test_outputs_not_found_and_rejected_against_clusterd(tmp_path):
             fm, "job", "apply", "-f", "-", *http, "--token-file", str(token), stdin=job
         )
         assert r.returncode == 0, r.stderr
+        for action in ("get", "recovery"):  # the positional id and --job name the same job
+            pos = await asyncio.to_thread(fm, "job", action, "j1", *http, "-o", "json")
+            flag = await asyncio.to_thread(fm, "job", action, "--job", "j1", *http, "-o", "json")
+            assert pos.returncode == flag.returncode == 0, (action, pos.stderr, flag.stderr)
+            assert json.loads(pos.stdout) == json.loads(flag.stdout), action
     finally:
         await cd.stop()
