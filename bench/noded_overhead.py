@@ -161,15 +161,17 @@ def main() -> int:
         c1, t1 = cpu_seconds(noded.pid), time.monotonic()
         m1 = read_metrics()
         faults_in_clusterd = len(cd.get_json("/v1/faults"))
-        polls = metric(m1, 'noded_bmc_polls_total{result="ok"}') - metric(
-            m0, 'noded_bmc_polls_total{result="ok"}'
+        polls = metric(m1, 'faultmesh_noded_bmc_polls_total{result="ok"}') - metric(
+            m0, 'faultmesh_noded_bmc_polls_total{result="ok"}'
         )
-        failed = (metric(m1, "noded_bmc_polls_total") - metric(m0, "noded_bmc_polls_total")) - polls
-        dur = metric(m1, "noded_bmc_poll_duration_seconds_sum") - metric(
-            m0, "noded_bmc_poll_duration_seconds_sum"
+        failed = (
+            metric(m1, "faultmesh_noded_bmc_polls_total") - metric(m0, "faultmesh_noded_bmc_polls_total")
+        ) - polls
+        dur = metric(m1, "faultmesh_noded_bmc_poll_duration_seconds_sum") - metric(
+            m0, "faultmesh_noded_bmc_poll_duration_seconds_sum"
         )
-        n = metric(m1, "noded_bmc_poll_duration_seconds_count") - metric(
-            m0, "noded_bmc_poll_duration_seconds_count"
+        n = metric(m1, "faultmesh_noded_bmc_poll_duration_seconds_count") - metric(
+            m0, "faultmesh_noded_bmc_poll_duration_seconds_count"
         )
         cpu_pct = 100.0 * (c1 - c0) / (t1 - t0)
         print(

@@ -33,11 +33,16 @@ import time
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health
 from prometheus_client import Counter, Gauge
 
-from clusterd.api.grpcserver import RateLimitInterceptor, server_credentials, server_options
+from clusterd.api.grpcserver import (
+    RateLimitInterceptor,
+    add_health_and_reflection,
+    mark_serving,
+    server_credentials,
+    server_options,
+)
 from clusterd.api.pubfault import PubFaultComponent
 from clusterd.auth import TokenAuth
 from clusterd.brain.component import BrainComponent
@@ -131,9 +136,7 @@ def build_parser(classes: list[type] | None = None) -> argparse.ArgumentParser:
         default=30.0,
         help="an agent stream silent this long (no message, not even its heartbeat) is marked stale (s)",
     )
-    p.add_argument("--log-level", default="INFO")
-    p.add_argument("--log-file", help="also log to this file (rotated at 20 MiB, 5 kept)")
-    p.add_argument("--log-format", choices=fmlog.FORMATS, default="text", help="log lines: text or json")
+    fmlog.add_log_arguments(p)
     for cls in COMPONENT_CLASSES if classes is None else classes:
         cls.add_arguments(p)
     return p
@@ -258,18 +261,13 @@ class ClusterD:
         servicers = self._servicers()
         for add_fn, servicer in servicers:
             add_fn(servicer, server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        names = [
-            health.SERVICE_NAME,
-            reflection.SERVICE_NAME,
-            agent_pb2.DESCRIPTOR.services_by_name["AgentStream"].full_name,
-        ]
+        names = [agent_pb2.DESCRIPTOR.services_by_name["AgentStream"].full_name]
         for _, servicer in servicers:
             for base in type(servicer).__mro__:
                 if base.__name__.endswith("Servicer") and base.__module__.startswith("faultmesh._pb"):
                     mod = importlib.import_module(base.__module__.replace("_grpc", ""))
                     names.extend(s.full_name for s in mod.DESCRIPTOR.services_by_name.values())
-        reflection.enable_server_reflection(sorted(set(names)), server)
+        self._served = add_health_and_reflection(server, self.health, names)
         try:
             if args.tls_cert:
                 creds = server_credentials(args.tls_cert, args.tls_key, args.tls_ca)
@@ -282,7 +280,7 @@ class ClusterD:
             raise OSError(f"cannot bind gRPC address {args.grpc_addr}")
         await server.start()
         self._server = server
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await mark_serving(self.health, self._served)
         self._ready = True
         self.up.set(1)
         event(
@@ -338,7 +336,7 @@ class ClusterD:
 def main(argv: list[str] | None = None) -> int:
     """Console script ``clusterd``."""
     args = config.parse(build_parser(), argv)
-    fmlog.setup(args.log_level, args.log_file, fmt=args.log_format)
+    fmlog.setup_from_args(args)
     Path(args.state_dir).mkdir(parents=True, exist_ok=True)
 
     async def _main(stop: asyncio.Event) -> int:

@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     import socket
 
     args = config.parse(build_parser(), argv)
-    fmlog.setup(args.log_level, args.log_file)
+    fmlog.setup_from_args(args)
     if not args.node_name:
         args.node_name = socket.gethostname()
     try:

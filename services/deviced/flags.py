@@ -10,6 +10,7 @@ import os
 
 from deviced.sinks import kube_deviceinfo
 from faultmesh.agent import add_clusterd_arguments
+from faultmesh.log import add_log_arguments
 
 
 def _range(lo: float, hi: float, typ=int):
@@ -114,7 +115,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-codes-per-chip", type=int, default=512, help="active codes kept per chip")
     p.add_argument("--print-device-info", action="store_true", help="print the device-info document and exit")
-    p.add_argument("--log-level", default="INFO")
-    p.add_argument("--log-file")
+    add_log_arguments(p)
     kube_deviceinfo.add_arguments(p)
     return p

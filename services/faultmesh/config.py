@@ -48,7 +48,8 @@ def _load_yaml(path: str) -> dict[str, Any]:
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse ``argv`` with env and YAML fallbacks. Exits with status 2 on a bad value (argparse style)."""
+    """Parse ``argv`` with env and YAML fallbacks. Exits with status 2 on a bad value (argparse style;
+    an env / YAML value of a flag with ``choices`` must be one of them, as on the command line)."""
     if not any(a.dest == "config" for a in parser._actions):
         parser.add_argument("--config", help="YAML file whose keys are flag names (env FAULTMESH_CONFIG)")
     pre, _ = parser.parse_known_args(argv)
@@ -82,6 +83,9 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) ->
                     val = action.type(raw)
                 except (TypeError, ValueError) as e:
                     parser.error(f"bad value for {dest} from env/config: {raw!r} ({e})")
+            if action.choices is not None and val not in action.choices:
+                allowed = ", ".join(map(str, action.choices))
+                parser.error(f"bad value for {dest} from env/config: {raw!r} (use one of {allowed})")
         defaults[dest] = val
     parser.set_defaults(**defaults)
     return parser.parse_args(argv)

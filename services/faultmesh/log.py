@@ -3,6 +3,11 @@
 Every faultmesh service logs through :func:`setup`; events are short stable phrases so operators can
 grep (design.md "Stable log phrases"). :class:`RateLimitedLog` logs a repeated reason once per period.
 
+Every daemon (clusterd, noded, deviced, bmc-sim) takes the same three flags from
+:func:`add_log_arguments` (``--log-level``, ``--log-file``, ``--log-format``; through
+:func:`faultmesh.config.parse` each also reads ``FAULTMESH_LOG_LEVEL`` / ``_FILE`` / ``_FORMAT`` or
+the YAML config) and applies them with :func:`setup_from_args`.
+
 Two formats (``setup(fmt=...)``, ``--log-format``, env ``FAULTMESH_LOG_FORMAT``): ``text`` (the
 default: ``2026-12-01T09:53:26.566+00:00 INFO clusterd.history fault changed kind=occur ...``) and
 ``json`` (one object a line: ``{"time": ..., "severity": "INFO", "logger": ..., "event": "fault
@@ -102,6 +107,26 @@ def setup(
         root.addHandler(fh)
     logging.getLogger("grpc").setLevel(logging.WARNING)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def add_log_arguments(parser, file_help: str = "also log to this file (rotated at 20 MiB, 5 kept)") -> None:
+    """Add ``--log-level`` (default INFO), ``--log-file`` and ``--log-format text|json`` (default
+    None: env ``FAULTMESH_LOG_FORMAT``, else text) to ``parser``: the one spelling of the log flags
+    on every daemon."""
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR (default INFO)")
+    parser.add_argument("--log-file", help=file_help)
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default=None,
+        help="log lines: text (ts level logger event key=value) or json (one object a line); "
+        "default: env FAULTMESH_LOG_FORMAT, else text",
+    )
+
+
+def setup_from_args(args) -> None:
+    """:func:`setup` from the flags of :func:`add_log_arguments` (``args.log_file`` optional)."""
+    setup(args.log_level, getattr(args, "log_file", None), fmt=args.log_format)
 
 
 class RateLimitedLog:

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``noded``. Returns the exit status (2 on bad flags or configuration)."""
     parser = build_parser()
     args = config.parse(parser, argv)
-    fmlog.setup(args.log_level, args.log_file)
+    fmlog.setup_from_args(args)
     if not args.node_name:
         parser.error("--node-name (or env NODE_NAME) is required")
 

@@ -41,7 +41,7 @@ from faultmesh.agent import (
     channel_credentials,
 )
 from faultmesh.httpd import HttpServer, json_response
-from faultmesh.log import event
+from faultmesh.log import add_log_arguments, event
 from faultmesh.metrics import daemon_registry
 from faultmesh.runtime import BlockingPool
 from faultmesh.source import SourceContext, SourceMetrics, start_sources, stop_sources
@@ -88,8 +88,7 @@ def build_parser(source_classes: tuple[type, ...] = sources.SOURCES) -> argparse
     p.add_argument(
         "--stop-drain-budget", type=float, default=2.0, help="sending pending changes at stop, at most (s)"
     )
-    p.add_argument("--log-level", default="INFO")
-    p.add_argument("--log-file", help="also log to this file (rotated at 20 MiB)")
+    add_log_arguments(p)
     kube_nodeinfo.add_arguments(p)
     sources.add_arguments(p, source_classes)
     return p

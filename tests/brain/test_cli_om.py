@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import time
 
 from brain.brainkit import JOB, apply, npu_fault, wait_decision
 from brain.procs import CLI, Background, run
@@ -185,3 +187,84 @@ async def test_cli_jobs_reset_needs_the_token_and_clears_a_stuck_flow(tmp_path):
     finally:
         await sims.close()
         await cd.stop()
+
+
+async def test_cli_stress_test_shows_progress_and_a_result_table(cd, tmp_path):
+    """Off a terminal: plain progress lines on stderr; stdout: the outcome and one row per op."""
+    await apply(cd)
+    async with TrainsimProcess(cd, tmp_path, "--stress-rank-code", "1=1"):
+        rc, out, err = await run_cli(cd, "stress-test", "--job", JOB, "--ops", "aic,p2p", "--timeout-s", "60")
+    assert rc == 0, err
+    assert f"stress-test {JOB}: waiting for the outcome (at most 60 s)" in err
+    lines = out.splitlines()
+    assert lines[0] == f"job {JOB}: stress test finish" and lines[1] == ""
+    assert lines[2].split() == ["NODE", "DEVICE", "OP", "CODE", "MEANING", "DETAIL"]
+    rows = [re.split(r"\s{2,}", line.strip()) for line in lines[3:]]
+    assert [r[:4] for r in rows] == [
+        [node, dev, op, "1" if (node, dev) == ("node-a", "1") else "0"]
+        for node in ("node-a", "node-b")
+        for dev in ("0", "1")
+        for op in ("aic", "p2p")
+    ]
+    assert {r[4] for r in rows} == {"ok, no fault", "test failed; training can go on"}
+    assert "{" not in out  # no raw JSON string in a cell
+
+
+async def test_cli_switch_nic_result_table(cd, tmp_path):
+    await apply(cd)
+    async with TrainsimProcess(cd, tmp_path):
+        rc, out, err = await run_cli(
+            cd, "switch-nic", "--job", JOB, "--nic", "node-b:0=on", "--nic", "node-b:1=off"
+        )
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"job {JOB}: switch nic finish"
+    assert [re.split(r"\s{2,}", line.strip()) for line in lines[2:]] == [
+        ["NODE", "DEVICE", "SWITCH", "RESULT"],
+        ["node-b", "0", "to the backup NIC", "done"],
+        ["node-b", "1", "back to the primary NIC", "done"],
+    ]
+    assert f"switch-nic {JOB}: waiting for the outcome" in err
+
+
+def _run_with_tty_stderr(argv: list[str], timeout_s: float = 60.0) -> tuple[int, str, str]:
+    """Run ``argv`` with stderr on a pseudo-terminal (as in an operator's shell); stdout is a pipe."""
+    import os
+    import pty
+    import select
+    import subprocess
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=slave, env={**os.environ, "TERM": "xterm"})
+    os.close(slave)
+    tty = b""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the child closed its side
+                break
+            if not chunk:
+                break
+            tty += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    out = proc.stdout.read().decode()
+    proc.stdout.close()
+    return proc.wait(10), out, tty.decode(errors="replace")
+
+
+async def test_cli_stress_test_spinner_on_a_terminal(cd, tmp_path):
+    """On a terminal the wait is a live spinner with the elapsed time, gone once the outcome is in."""
+    await apply(cd)
+    async with TrainsimProcess(cd, tmp_path, "--delay-s", "1"):
+        argv = [*CLI, "stress-test", "--job", JOB, "--grpc", f"127.0.0.1:{cd.grpc_port}", "--timeout-s", "60"]
+        rc, out, tty = await asyncio.to_thread(_run_with_tty_stderr, argv)
+    assert rc == 0, tty
+    assert f"stress-test {JOB}: waiting for the outcome (at most 60 s)" in tty
+    assert re.search(r"[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏]", tty) and re.search(r"0:00:0\d", tty), tty  # spinner + elapsed
+    assert "\x1b[" in tty and "still waiting" not in tty  # redrawn in place, not plain lines
+    assert out.startswith(f"job {JOB}: stress test finish")

@@ -15,3 +15,14 @@ def helm():
 @pytest.fixture(scope="session")
 def chart(helm):
     return helm.Chart.load(str(CHART))
+
+
+@pytest.fixture(scope="session")
+def scrapes(tmp_path_factory) -> dict[str, str]:
+    """One live scrape of clusterd, noded and deviced (real processes; chart/livescrape.py)."""
+    import asyncio
+
+    from chart.livescrape import scrape_all
+
+    kmock = pytest.importorskip("kmock", reason="kmock not installed (pip install '.[dev]')")
+    return asyncio.run(scrape_all(tmp_path_factory.mktemp("scrape"), kmock))

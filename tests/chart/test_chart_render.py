@@ -329,6 +329,7 @@ def test_service_monitor_targets_named_ports(chart):
     [
         ({"noded": {"pollInterval": "fast"}}, "/noded/pollInterval", "want integer"),
         ({"clusterd": {"replicas": "1"}}, "/clusterd/replicas", "want integer"),
+        ({"logFormat": "xml"}, "/logFormat", "value must be one of"),
         ({"agents": {"hostNetwork": "yes"}}, "/agents/hostNetwork", "want boolean"),
         ({"clusterd": {"scale": "huge"}}, "/clusterd/scale", "value must be one of"),
         (
@@ -447,3 +448,16 @@ def test_pingmesh_config_file_parses_as_the_reference_format(chart):
     cfg = parse_config(load_document(ping["data"]["pingmesh-config.yaml"]))
     assert cfg["global"].activate is True and cfg["global"].task_interval == 5
     assert cfg["1"].activate is False and cfg["1"].task_interval == 60
+
+
+def test_log_format_reaches_every_daemon(chart):
+    """``logFormat: json`` sets FAULTMESH_LOG_FORMAT (the daemons' --log-format) on all three."""
+    for fmt in ("text", "json"):
+        objs = render_objects(chart, {} if fmt == "text" else {"logFormat": fmt})
+        for kind, suffix, name in (
+            ("Deployment", "-clusterd", "clusterd"),
+            ("DaemonSet", "-agents", "noded"),
+            ("DaemonSet", "-agents", "deviced"),
+        ):
+            env = {e["name"]: e.get("value") for e in _container(objs, kind, suffix, name)["env"]}
+            assert env["FAULTMESH_LOG_FORMAT"] == fmt, (name, fmt)

@@ -117,5 +117,27 @@ async def test_outputs_not_found_and_rejected_against_clusterd(tmp_path):
             fm, "job", "apply", "-f", "-", *http, "--token-file", str(token), stdin=job
         )
         assert r.returncode == 0, r.stderr
+        for action in ("get", "recovery"):  # the positional id and --job name the same job
+            pos = await asyncio.to_thread(fm, "job", action, "j1", *http, "-o", "json")
+            flag = await asyncio.to_thread(fm, "job", action, "--job", "j1", *http, "-o", "json")
+            assert pos.returncode == flag.returncode == 0, (action, pos.stderr, flag.stderr)
+            assert json.loads(pos.stdout) == json.loads(flag.stdout), action
     finally:
         await cd.stop()
+
+
+def test_stress_test_outcome_reads_as_rows():
+    from faultmesh.cli.stress_test import result_rows
+
+    msg = (
+        "stress test find fault, isolate node:['node-b'],result:"
+        '{"node-b":{"10":{"rankResult":{"1":{"code":"2","result":"hbm ecc"}}},"2":{"0":{"code":"7"}}}}'
+    )
+    head, rows = result_rows(msg)
+    assert head == "stress test find fault, isolate node:['node-b']"
+    assert rows == [
+        ("node-b", "2", "aic", "7", "code '7' (not in the reference's table)", ""),
+        ("node-b", "10", "p2p", "2", "fault found: the node is isolated", "hbm ecc"),
+    ]
+    for bad in ("stress test finish", "stress test finish, result:{not json", "x, result:[1]"):
+        assert result_rows(bad) == (bad, [])

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import subprocess
+import sys
+import threading
 
 import pytest
 
@@ -61,9 +65,74 @@ def test_unknown_format_is_refused(root):
         fmlog.setup("INFO", fmt="xml")
 
 
-def test_clusterd_takes_log_format():
-    from clusterd.app import build_parser
+DAEMONS = {
+    "clusterd": ["-m", "clusterd", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--state-dir", "{tmp}"],
+    "noded": ["-m", "noded", "--node-name", "n1", "--clusterd", "127.0.0.1:9", "--http-addr", "127.0.0.1:0",
+              "--pingmesh-backend", "off"],
+    "deviced": ["-m", "deviced", "--node-name", "n1", "--clusterd", "127.0.0.1:9", "--backend", "sim",
+                "--http-addr", "127.0.0.1:0"],
+    "bmc-sim": ["-m", "faultmesh", "bmc-sim", "--port", "0", "--address", "127.0.0.1"],
+}  # fmt: skip
 
-    assert build_parser().parse_args(["--log-format", "json"]).log_format == "json"
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["--log-format", "xml"])
+
+def _daemon(name: str, tmp_path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+    """Start daemon ``name``; its log lines (stderr) are read from ``proc.stderr``."""
+    argv = [a.replace("{tmp}", str(tmp_path / name)) for a in DAEMONS[name]]
+    full_env = {k: v for k, v in os.environ.items() if k != "FAULTMESH_LOG_FORMAT"}
+    full_env.update({"FAULTMESH_BMC_PASSWORD": "pw", **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, *argv, *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+    )
+
+
+def _first_lines(proc: subprocess.Popen, n: int, timeout_s: float = 30.0) -> list[str]:
+    """The first ``n`` log lines (stderr) (or fewer when the process ends), then the process is stopped."""
+    lines: list[str] = []
+    done = threading.Event()
+
+    def read():
+        for line in proc.stderr:
+            lines.append(line.rstrip("\n"))
+            if len(lines) >= n:
+                break
+        done.set()
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    done.wait(timeout_s)
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    t.join(5)
+    proc.stderr.close()
+    return lines
+
+
+@pytest.mark.parametrize("name", sorted(DAEMONS))
+def test_every_daemon_takes_log_format_json(name, tmp_path):
+    """``<daemon> --log-format json``: every line it writes is one JSON object with an RFC 3339 time."""
+    lines = _first_lines(_daemon(name, tmp_path, "--log-format", "json"), 3)
+    assert lines, f"{name} wrote nothing"
+    for line in lines:
+        d = json.loads(line)
+        assert re.fullmatch(RFC3339, d["time"]) and d["severity"] and d["event"], line
+
+
+@pytest.mark.parametrize("name", ["clusterd", "noded", "deviced"])
+def test_every_daemon_reads_the_format_from_env_and_names_the_allowed_values(name, tmp_path):
+    lines = _first_lines(_daemon(name, tmp_path, env={"FAULTMESH_LOG_FORMAT": "json"}), 2)
+    assert lines and all(json.loads(line)["event"] for line in lines), lines
+    proc = _daemon(name, tmp_path, env={"FAULTMESH_LOG_FORMAT": "xml"})
+    _, out = proc.communicate(timeout=60)
+    assert proc.returncode == 2, out
+    assert "'xml'" in out and "text, json" in out and "Traceback" not in out
+    proc = _daemon(name, tmp_path, "--log-format", "xml")
+    _, out = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and "invalid choice: 'xml'" in out and "'text', 'json'" in out, out

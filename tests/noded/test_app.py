@@ -206,13 +206,13 @@ async def test_node_info_file_level_reload_storage_and_http(tmp_path, bmc_sim):
         assert status == 200
         status, body = await asyncio.to_thread(_get, port, "/metrics")
         for name in (
-            "noded_bmc_poll_duration_seconds_bucket",
-            "noded_bmc_polls_total",
-            "noded_bmc_last_success_timestamp_seconds",
-            "noded_faults{",
-            "noded_level_table_reloads_total",
-            "noded_storage_reads_total",
-            'noded_node_status{status="UnHealthy"} 1.0',
+            "faultmesh_noded_bmc_poll_duration_seconds_bucket",
+            "faultmesh_noded_bmc_polls_total",
+            "faultmesh_noded_bmc_last_success_timestamp_seconds",
+            "faultmesh_noded_faults{",
+            "faultmesh_noded_level_table_reloads_total",
+            "faultmesh_noded_storage_reads_total",
+            'faultmesh_noded_node_status{status="UnHealthy"} 1.0',
         ):
             assert name in body, name
 

@@ -72,9 +72,9 @@ def test_alarm_reaches_clusterd_and_clears(tmp_path, clusterd, bmc_sim):
 
         metrics = nd.metrics()
         for name in (
-            "noded_bmc_poll_duration_seconds_bucket",
-            "noded_bmc_last_success_timestamp_seconds",
-            'noded_faults{level="PreSeparateFault",source="bmc-oem"} 1.0',
+            "faultmesh_noded_bmc_poll_duration_seconds_bucket",
+            "faultmesh_noded_bmc_last_success_timestamp_seconds",
+            'faultmesh_noded_faults{level="PreSeparateFault",source="bmc-oem"} 1.0',
             "faultmesh_agent_connected 1.0",
         ):
             assert name in metrics

@@ -15,6 +15,8 @@ reference's 512-per-source-IP cap (grpcio exposes no per-peer accept hook).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import grpc
 from prometheus_client import Counter
 
@@ -89,3 +91,79 @@ def server_credentials(cert: str, key: str, ca: str | None) -> grpc.ServerCreden
     return grpc.ssl_server_credentials(
         [(key_pem, cert_pem)], root_certificates=ca_pem, require_client_auth=ca_pem is not None
     )
+
+
+# -- health and reflection (issue 17 "gRPC") ---------------------------------------------------------
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+_V1_FILE = "grpc/reflection/v1/reflection.proto"
+
+
+def _register_reflection_v1_descriptor() -> None:
+    """Put ``grpc.reflection.v1`` into the default descriptor pool, so that reflection can describe
+    its own v1 service. grpcio-reflection (<= 1.85) ships only v1alpha (grpc/grpc#38576); v1 is the
+    same schema under another package (grpc-proto reflection/v1/reflection.proto: same messages,
+    same field numbers), so it is derived from v1alpha's descriptor rather than compiled."""
+    from google.protobuf import descriptor_pb2, descriptor_pool
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    pool = descriptor_pool.Default()
+    try:
+        pool.FindFileByName(_V1_FILE)
+        return
+    except KeyError:
+        pass
+    fdp = descriptor_pb2.FileDescriptorProto()
+    reflection_pb2.DESCRIPTOR.CopyToProto(fdp)
+    old, new = f".{fdp.package}.", ".grpc.reflection.v1."
+    fdp.name, fdp.package = _V1_FILE, "grpc.reflection.v1"
+    messages = list(fdp.message_type)
+    while messages:
+        m = messages.pop()
+        messages.extend(m.nested_type)
+        for f in m.field:
+            if f.type_name:
+                f.type_name = f.type_name.replace(old, new, 1)
+    for svc in fdp.service:
+        for meth in svc.method:
+            meth.input_type = meth.input_type.replace(old, new, 1)
+            meth.output_type = meth.output_type.replace(old, new, 1)
+    pool.AddSerializedFile(fdp.SerializeToString())
+
+
+def add_health_and_reflection(server: grpc.aio.Server, health_servicer, services: Iterable[str]) -> list[str]:
+    """Register the gRPC health service and server reflection (v1alpha and v1) on ``server``.
+
+    ``services``: the full names of the application services served (``Recover``,
+    ``faultmesh.v1.AgentStream``, ...). Returns every served name, sorted (the application's plus
+    ``grpc.health.v1.Health`` and both reflection services): reflection's ``ListServices`` answers
+    them and :func:`mark_serving` sets each one's health. Reflection v1 is answered by the v1alpha
+    servicer: the two protocols are byte-identical on the wire (see
+    :func:`_register_reflection_v1_descriptor`).
+    """
+    from grpc_health.v1 import health, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
+
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = sorted({*services, health.SERVICE_NAME, reflection.SERVICE_NAME, REFLECTION_V1})
+    _register_reflection_v1_descriptor()
+    servicer = reflection.aio.ReflectionServicer(names)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(servicer, server)
+    v1 = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": v1}),)
+    )
+    return names
+
+
+async def mark_serving(health_servicer, names: Iterable[str]) -> None:
+    """Health ``SERVING`` for the server as a whole (``""``) and for each name in ``names``
+    (``grpc.health.v1.Health/Check`` with ``service=<name>``; an unknown name is ``NOT_FOUND``).
+    ``enter_graceful_shutdown`` later turns every one of them ``NOT_SERVING``."""
+    from grpc_health.v1 import health_pb2
+
+    for name in ("", *names):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -68,30 +69,53 @@ def _error(method: str, e: grpc.RpcError) -> CliError:
 
 def om_operation(
     args: argparse.Namespace,
+    what: str,
     start: tuple[str, Any],
     reply: tuple[str, Any],
     ok: Callable[[str], bool],
+    details: Callable[[str, bool], tuple[str, list[tuple], tuple[str, ...]]],
 ) -> int:
     """Run one Recover O&M operation (SwitchNicTrack, StressTest) as the operator CLI does.
 
-    ``start`` = (unary method, request); ``reply`` = (O&M reply stream method, request); ``ok(msg)``
-    judges the reply text. Prints JOB / RESULT (or JSON); returns 0 when ``ok`` (or ``--no-wait``),
-    else 1. A refused start (code != 0) raises :class:`CliError` with the code and reason.
+    ``what``: the command (``stress-test``), shown in the progress line while the command waits
+    (:func:`faultmesh.cli.progress.wait_with_progress`: a spinner on a terminal, plain lines on
+    stderr otherwise); ``start`` = (unary method, request); ``reply`` = (O&M reply stream method,
+    request); ``ok(msg)`` judges the reply text; ``details(msg, ok)`` -> (summary, rows, headers)
+    reads it for people: the summary line, then the rows as a table (``-o json|yaml``: the raw
+    ``result`` plus ``details``, one object per row). Returns 0 when ``ok`` (or ``--no-wait``),
+    else 1. A refused start (code != 0) raises :class:`Rejected` with the code and reason.
     """
     from faultmesh._pb import recover_pb2_grpc
-    from faultmesh.cli.common import emit
+    from faultmesh.cli.common import emit, print_table, structured
+    from faultmesh.cli.progress import wait_with_progress
 
     st = call(args, recover_pb2_grpc.RecoverStub, start[0], start[1])
     if st.code != 0:
         raise Rejected(f"{start[0]} refused: code {st.code}: {st.info}")
     msg = st.info
     if not args.no_wait:
-        msg = first_of_stream(args, recover_pb2_grpc.RecoverStub, reply[0], reply[1], args.timeout_s).msg
+        msg = wait_with_progress(
+            f"{what} {args.job_id}",
+            lambda: (
+                first_of_stream(args, recover_pb2_grpc.RecoverStub, reply[0], reply[1], args.timeout_s).msg
+            ),
+            args.timeout_s,
+        )
     good = args.no_wait or ok(msg)
-    emit(
-        args,
-        {"job_id": args.job_id, "code": st.code, "result": msg, "ok": good},
-        [(args.job_id, msg)],
-        ("JOB", "RESULT"),
-    )
+    summary, rows, headers = details(msg, good)
+    if structured(args):
+        keys = [h.lower() for h in headers]
+        data = {
+            "job_id": args.job_id,
+            "code": st.code,
+            "result": msg,
+            "ok": good,
+            "details": [dict(zip(keys, r, strict=True)) for r in rows],
+        }
+        emit(args, data, [], ())
+    else:
+        sys.stdout.write(f"job {args.job_id}: {summary}\n")
+        if rows:
+            sys.stdout.write("\n")
+            print_table(rows, headers)
     return 0 if good else 1

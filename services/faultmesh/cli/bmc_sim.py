@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 
 from faultmesh.cli.common import CliError, Unreachable, http_error, reason, run
+from faultmesh.log import add_log_arguments
 
 # Named SEL events for ``inject --sel NAME``: (sensor type, event type, offset), IPMI 2.0 table 42-3.
 SEL_EVENTS = {
@@ -63,7 +64,7 @@ def _open(control: str, req: urllib.request.Request, timeout_s: float) -> dict:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the simulator in the foreground until killed."""
     from faultmesh.config import read_secret
-    from faultmesh.log import setup
+    from faultmesh.log import setup_from_args
     from faultmesh.sims.bmc import serve
 
     if args.port is None:
@@ -74,7 +75,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise CliError(f"cannot read --password-file: {e}") from None
     if not password:
         raise CliError("bmc-sim needs --password-file or env FAULTMESH_BMC_PASSWORD")
-    setup(args.log_level)
+    setup_from_args(args)
     try:
         serve(
             args.port, args.user, password, args.control_port, args.address, args.alarms, serial=args.serial
@@ -172,7 +173,7 @@ def register(subparsers) -> None:
     p.add_argument("--control-port", type=int, default=0, help="TCP port of the control API on 127.0.0.1")
     p.add_argument("--alarms", type=int, default=0, help="start with this many alarms (bench)")
     p.add_argument("--serial", default="", help="serial number answered to OEM 0x30 0x90")
-    p.add_argument("--log-level", default="INFO")
+    add_log_arguments(p, file_help="also log to this file")
     p.set_defaults(func=cmd_serve)
     verbs = p.add_subparsers(dest="verb", metavar="VERB")
 

@@ -154,7 +154,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
 @run
 def cmd_recovery(args: argparse.Namespace) -> int:
     """Print the recovery state and decisions of a job (GET /v1/jobs/<id>/recovery)."""
-    data = http_json(args, "GET", f"/v1/jobs/{args.id}/recovery")
+    data = http_json(args, "GET", f"/v1/jobs/{_job(args)}/recovery")
     rows = [
         (
             _ts(d["time_ms"]),

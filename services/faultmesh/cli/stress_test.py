@@ -2,18 +2,56 @@
 
 Without ``--node`` the ops run on every node of the job (``allNodesOps``). The command calls
 ``StressTest`` and then (unless ``--no-wait``) waits on ``SubscribeStressTestResponse`` for the
-outcome. Exit status 1 unless the test finished clean.
+outcome, with a live progress line on stderr. The outcome is printed as its summary and a table of
+every op on every NPU: node, device, op, code and what the code means (the reference's
+StressTestOpResult codes, taskd API doc "ReplyStressTestResult"). Exit status 1 unless the test
+finished clean.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 
 from faultmesh._pb import recover_pb2
 from faultmesh.cli._grpc import om_operation
 from faultmesh.cli.common import UsageError, add_job_flag, add_server_flags, run
 
 OPS = {"aic": 0, "p2p": 1, "0": 0, "1": 1}
+OP_NAMES = {"0": "aic", "1": "p2p"}
+CODE_MEANINGS = {
+    "0": "ok, no fault",
+    "1": "test failed; training can go on",
+    "2": "fault found: the node is isolated",
+    "3": "timed out: the node's ranks restart",
+    "4": "voltage not recovered: the node's ranks restart",
+}
+RESULT_HEADERS = ("NODE", "DEVICE", "OP", "CODE", "MEANING", "DETAIL")
+
+
+def result_rows(msg: str) -> tuple[str, list[tuple[str, str, str, str, str, str]]]:
+    """clusterd's outcome text -> (summary, rows).
+
+    ``msg``: ``<summary>,result:{node: {device: {"rankResult": {op: {"code", "result"}}}}}`` (the
+    O&M reply of clusterd.md §4.2; a result without the ``rankResult`` level is read too). Rows are
+    (node, device, op name, code, meaning, detail), sorted; a message without a readable result
+    gives ``(msg, [])``.
+    """
+    head, sep, body = msg.partition("result:")
+    if not sep:
+        return msg, []
+    try:
+        res = json.loads(body)
+        rows = []
+        for node, devs in sorted(res.items()):
+            for dev, r in sorted(devs.items(), key=lambda kv: (len(kv[0]), kv[0])):
+                for op, out in sorted(r.get("rankResult", r).items()):
+                    code = str(out.get("code", ""))
+                    meaning = CODE_MEANINGS.get(code, f"code {code!r} (not in the reference's table)")
+                    rows.append((node, dev, OP_NAMES.get(op, op), code, meaning, str(out.get("result", ""))))
+    except (ValueError, AttributeError, TypeError):
+        return msg, []
+    return head.strip().rstrip(","), rows
 
 
 def parse_ops(text: str) -> list[int]:
@@ -40,11 +78,18 @@ def cmd_stress_test(args: argparse.Namespace) -> int:
         )
     else:
         req = recover_pb2.StressTestParam(jobID=args.job_id, allNodesOps=ops)
+
+    def details(msg: str, ok: bool):
+        summary, rows = result_rows(msg)
+        return summary, rows, RESULT_HEADERS
+
     return om_operation(
         args,
+        "stress-test",
         ("StressTest", req),
         ("SubscribeStressTestResponse", recover_pb2.StressTestRequest(jobID=args.job_id)),
         lambda msg: msg.startswith("stress test finish"),
+        details,
     )
 
 

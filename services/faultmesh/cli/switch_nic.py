@@ -2,7 +2,8 @@
 
 ``on`` switches the device's traffic to the backup NIC, ``off`` switches it back. The command calls
 ``SwitchNicTrack`` and then (unless ``--no-wait``) waits on ``SubscribeSwitchNicSignal`` for the
-one outcome message (e.g. ``switch nic finish``). Exit status 1 unless the switch finished.
+one outcome message (e.g. ``switch nic finish``), with a live progress line on stderr, and prints
+the outcome and a table of the switched NICs. Exit status 1 unless the switch finished.
 """
 
 from __future__ import annotations
@@ -35,11 +36,23 @@ def cmd_switch_nic(args: argparse.Namespace) -> int:
     req = recover_pb2.SwitchNics(
         jobID=args.job_id, nicOps={n: recover_pb2.DeviceList(dev=d, op=o) for n, (d, o) in nics.items()}
     )
+
+    def details(msg: str, ok: bool):
+        done = "requested" if args.no_wait else ("done" if ok else "failed")
+        rows = [
+            (node, dev, "to the backup NIC" if on else "back to the primary NIC", done)
+            for node, (devs, ops) in sorted(nics.items())
+            for dev, on in zip(devs, ops, strict=True)
+        ]
+        return msg, rows, ("NODE", "DEVICE", "SWITCH", "RESULT")
+
     return om_operation(
         args,
+        "switch-nic",
         ("SwitchNicTrack", req),
         ("SubscribeSwitchNicSignal", recover_pb2.SwitchNicRequest(jobID=args.job_id)),
         lambda msg: msg == "switch nic finish",
+        details,
     )
 
 

@@ -4,6 +4,13 @@ Starts clusterd and, per simulated server, a BMC simulator, noded and deviced (s
 127.0.0.1 (plus pingmesh on the fabric simulator when installed), prints every address and the
 commands to inject faults, and runs until Ctrl-C (or SIGTERM), which stops every process by PID.
 A process that crashes is reported and restarted with backoff (the rest of the stack keeps running).
+
+``--with-job`` also starts the demo's example training job: the real 4-rank PyTorch CPU job
+(``faultmesh.profiler.example_job``, ranks 0,1 on server-1 and 2,3 on the fourth or last server),
+registered with ``faultmesh job apply``, its TaskD stand-in ``faultmesh trainsim``, and FD-OL
+slow-node detection enabled for it (``faultmesh slownode enable``); the TRY list then names the
+file that slows rank 2 and the commands that show what clusterd concludes. The job is not
+restarted when it ends.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import time
 from pathlib import Path
 
 from faultmesh.cli.common import CliError, run
+from faultmesh.log import FORMATS
 
 
 async def _up(args: argparse.Namespace) -> int:
@@ -31,6 +39,7 @@ async def _up(args: argparse.Namespace) -> int:
         list_watch_s=args.list_watch,
         pingmesh_period_s=args.pingmesh_period,
         log_level=args.log_level,
+        log_format=args.log_format,
     )
     stack = Stack(cfg, run_dir, say=clock.say)
     stop = asyncio.Event()
@@ -44,9 +53,11 @@ async def _up(args: argparse.Namespace) -> int:
         done, _ = await asyncio.wait({start, waiter}, return_when=asyncio.FIRST_COMPLETED)
         if start in done:
             start.result()  # raises StackError
+            if args.with_job:
+                await _start_job(stack, clock)
             print()
             print(where_text(stack, demo=False))
-            print(_howto(stack))
+            print(_howto(stack, job=args.with_job))
             clock.say("stack running; Ctrl-C stops every process")
             await _supervise(stack, stop, clock.say, args)
         else:
@@ -62,6 +73,18 @@ async def _up(args: argparse.Namespace) -> int:
         stack.procs.stop_all_now()
         clock.say(f"stopped {len(stack.procs.children)} processes; logs in {stack.log_dir}")
     return status
+
+
+async def _start_job(stack, clock) -> None:
+    """The demo's job set-up (job apply, trainsim, slownode enable, the PyTorch job); a part that
+    fails is reported and the stack keeps running."""
+    from faultmesh.demo.harness import Harness, Timing
+
+    h = Harness(stack, clock, Timing())
+    h.job_steps = 1_000_000
+    await h.setup_job()
+    if h.job_error:
+        clock.say(f"the example job is not complete: {h.job_error}")
 
 
 async def _supervise(stack, stop: asyncio.Event, say, args: argparse.Namespace) -> None:
@@ -81,6 +104,10 @@ async def _supervise(stack, stop: asyncio.Event, say, args: argparse.Namespace) 
             pass
         for c in stack.procs.dead():
             if c.name in due:
+                continue
+            if c.name == "train":  # the example job ran to its end (or failed): not a daemon
+                c.stopping = True
+                say(f"the example job ended (exit {c.proc.returncode}, {c.log_path}); not restarted")
                 continue
             b = backoffs.setdefault(
                 c.name, Backoff(args.restart_initial_s, args.restart_max_s, 0.0, args.restart_healthy_s)
@@ -108,23 +135,36 @@ async def _supervise(stack, stop: asyncio.Event, say, args: argparse.Namespace) 
             say(f"process restarted: {name} (pid {new.pid})")
 
 
-def _howto(stack) -> str:
+def _howto(stack, job: bool = False) -> str:
+    """The TRY list: every action through the faultmesh CLI (the fabric simulator has its own)."""
+    from faultmesh.demo.harness import JOB, SLOW_RANK
+
     s1, s2 = stack.servers[0], stack.servers[min(1, len(stack.servers) - 1)]
+    at = f"--http {stack.http}"
     lines = [
         "",
         "TRY (with .venv/bin on PATH, or prefix the commands with .venv/bin/)",
-        f"  faultmesh faults --http {stack.http}",
-        f"  faultmesh nodes --http {stack.http}",
+        f"  faultmesh faults {at}",
+        f"  faultmesh nodes {at}",
         f"  faultmesh bmc-sim inject --control {s2.bmc_control} --code 0800004B --device-type Memory --device-id 3",
-        f'  curl -s -XPOST http://{s1.deviced_http}/sim/fault -d \'{{"device":0,"code":"80E18008"}}\'',
-        f'  curl -s -XPOST http://{s1.deviced_http}/sim/link -d \'{{"device":4,"state":"down"}}\'',
-        f"  faultmesh pubfault send --grpc {stack.grpc} --code 020001001 --node {s1.name} --devices 5",
+        f"  faultmesh device-sim --sim {s1.deviced_http} fault 0 80E18008",
+        f"  faultmesh device-sim --sim {s1.deviced_http} link 4 down",
+        f"  faultmesh pubfault send {at} --grpc {stack.grpc} --code 020001001 --node {s1.name} --devices 5",
+        f"  faultmesh history --node {s1.name} {at}",
     ]
     if stack.fabric_file is not None:
         lines.append(
             f"  python -m faultmesh.sims.fabric inject {stack.fabric_file} lossy_link "
             f"--a {s2.name}/1 --b {s2.name}/6 --loss 0.3"
         )
+    if job:
+        lines += [
+            f"  faultmesh jobs {at}",
+            f"  faultmesh job recovery --job {JOB} {at}",
+            f"  faultmesh stress-test --job {JOB} --ops aic,p2p --grpc {stack.grpc} {at}",
+            f"  touch {stack.run_dir / 'slow-rank'}   # slows rank {SLOW_RANK} of the job by 40 % (a stall)",
+            f"  faultmesh slownode status --job {JOB} {at}",
+        ]
     return "\n".join(lines)
 
 
@@ -133,6 +173,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     """Run the local stack until Ctrl-C."""
     if args.servers < 1 or args.npus < 8 or args.npus % 8:
         raise CliError("--servers must be >= 1 and --npus a multiple of 8")
+    if args.with_job and args.servers < 2:
+        raise CliError("--with-job places ranks on two servers: use --servers 2 or more")
     args.run_dir = args.run_dir or f"/tmp/faultmesh-up-{time.strftime('%Y%m%d-%H%M%S')}"
     Path(args.run_dir).mkdir(parents=True, exist_ok=True)
     return asyncio.run(_up(args))
@@ -152,7 +194,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0.0,
         help="pingmesh/slow-network period (s); 0 = 10 x task_interval",
     )
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--with-job",
+        action="store_true",
+        help="also start the example PyTorch job (4 CPU ranks, needs faultmesh[torch]) with slow-node detection",
+    )
+    p.add_argument("--log-level", default="INFO", help="log level of the started processes")
+    p.add_argument(
+        "--log-format", choices=FORMATS, default="text", help="log format of the started processes"
+    )
     p.add_argument(
         "--restart-initial-s", type=float, default=1.0, help="first restart delay of a crashed process (s)"
     )

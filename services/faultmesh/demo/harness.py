@@ -111,9 +111,16 @@ class Harness:
         return fault
 
     # -- the training job ----------------------------------------------------------------------
+    job_steps = 5000  # the example job's --steps (``faultmesh up --with-job`` runs it far longer)
+
+    def rank_server(self, rank: int):
+        """The server of ``rank`` (:data:`PLACEMENT`; on a stack of fewer than 4 servers, ranks 2,3
+        go to the last one)."""
+        srv = PLACEMENT[rank][0]
+        return self.stack.server(min(srv, len(self.stack.servers)))
+
     def job_spec(self) -> dict:
         """The job as ``faultmesh job apply`` takes it (clusterd.brain.jobs format)."""
-        st = self.stack
         return {
             "id": JOB,
             "name": JOB,
@@ -124,8 +131,8 @@ class Harness:
             "process-recover-enable": "on",
             "subHealthyStrategy": "ignore",
             "ranks": [
-                {"rank": r, "node": st.server(srv).name, "device": dev, "superPodId": 0}
-                for r, (srv, dev) in PLACEMENT.items()
+                {"rank": r, "node": self.rank_server(r).name, "device": dev, "superPodId": 0}
+                for r, (_, dev) in PLACEMENT.items()
             ],
         }
 
@@ -155,7 +162,8 @@ class Harness:
         job_file.write_text(json.dumps(self.job_spec(), indent=1) + "\n")
         if not self.job_error:
             self.say(
-                f"JOB register {JOB}: ranks 0,1 on {st.server(1).name} NPU 0,1; ranks 2,3 on {st.server(4).name} NPU 0,1"
+                f"JOB register {JOB}: ranks 0,1 on {self.rank_server(0).name} NPU 0,1; "
+                f"ranks 2,3 on {self.rank_server(2).name} NPU 0,1"
             )
             rc, out = await self.cli("job", "apply", "-f", str(job_file), "--http", st.http)
             if rc != 0:
@@ -177,7 +185,7 @@ class Harness:
             switch = str(st.datatrace_dir / f"default.data-trace-{JOB}" / "profilingSwitch")
         argv = python_argv(
             "faultmesh.profiler.example_job", "--base-dir", str(st.profiling_dir), "--task-id", JOB,
-            "--switch", switch, "--steps", "5000", "--slow-from", "-1", "--slow-file", str(run / "slow-rank"), "--slow-rank", str(SLOW_RANK), "--slow-mode", self.t.slow_mode,
+            "--switch", switch, "--steps", str(self.job_steps), "--slow-from", "-1", "--slow-file", str(run / "slow-rank"), "--slow-rank", str(SLOW_RANK), "--slow-mode", self.t.slow_mode,
             "--factor", "0.4", "--progress-every", "10", "--stop-file", str(run / "stop-training"), "--summary", str(run / "train-summary"),
         )  # fmt: skip
         self.train = await st.procs.start("train", argv)

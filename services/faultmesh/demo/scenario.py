@@ -424,20 +424,13 @@ def _link_ends(f: dict) -> set[tuple[str, int]]:
 
 
 def _stress_brief(msg: str) -> str:
-    """``stress test finish, result:{node: {dev: {"rankResult": {op: {code, result}}}}}`` -> ``N op
-    results, codes {...}`` (a result without the ``rankResult`` level is read too)."""
-    head, sep, body = msg.partition("result:")
-    try:
-        res = json.loads(body) if sep else None
-        codes = [
-            op.get("code", "")
-            for node in res.values()
-            for dev in node.values()
-            for op in dev.get("rankResult", dev).values()
-        ]
-    except (ValueError, AttributeError, KeyError, TypeError):
+    """``stress test finish, result:{...}`` -> ``stress test finish: N op results, codes [...]``."""
+    from faultmesh.cli.stress_test import result_rows
+
+    head, rows = result_rows(msg)
+    if not rows:
         return msg[:60]
-    return f"{head.strip().rstrip(',')}: {len(codes)} op results, codes {sorted(set(codes))}"
+    return f"{head}: {len(rows)} op results, codes {sorted({r[3] for r in rows})}"
 
 
 def _brief(f: dict) -> str:

@@ -45,6 +45,7 @@ class StackConfig:
     pingmesh_period_s: float = 0.0
     report_timeout_s: float = 60.0
     log_level: str = "INFO"
+    log_format: str = "text"
     extra: dict[str, list[str]] = field(default_factory=dict)
 
 
@@ -188,6 +189,8 @@ class Stack:
             str(self.run_dir / "state"),
             "--log-level",
             cfg.log_level,
+            "--log-format",
+            cfg.log_format,
             *cd_extra,
             *cfg.extra.get("clusterd", []),
         ]
@@ -249,6 +252,8 @@ class Stack:
                 s.noded_http,
                 "--log-level",
                 cfg.log_level,
+                "--log-format",
+                cfg.log_format,
                 *[a.replace("{node}", s.name) for a in noded_extra],
                 *cfg.extra.get("noded", []),
             )
@@ -273,6 +278,8 @@ class Stack:
                 s.deviced_http,
                 "--log-level",
                 cfg.log_level,
+                "--log-format",
+                cfg.log_format,
                 *cfg.extra.get("deviced", []),
             )
             agents.append(

@@ -193,7 +193,7 @@ class DpcEvaluator:
 class StorageSource(PolledSource):
     """Polls one status file (``kind`` ``dpc`` or ``dtfs``, also the source name and the faults'
     source) every ``interval_s`` and keeps that source's node faults current. A file that cannot be
-    used is a failed poll: counted in ``noded_storage_reads_total{monitor,result}``, logged
+    used is a failed poll: counted in ``faultmesh_noded_storage_reads_total{monitor,result}``, logged
     (rate-limited), the previous faults kept. Subclasses :class:`Dpc` / :class:`Dtfs` set ``kind``.
     """
 

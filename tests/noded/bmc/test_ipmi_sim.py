@@ -200,7 +200,7 @@ def test_noded_against_ipmi_sim(tmp_path):
         wait_for(lambda: sel_faults(cd) == [], timeout_s=20, what="fault cleared with the SEL")
         assert cd.get_json("/v1/nodes/node-ipmisim")["node_status"] == "Healthy"
         m = nd.metrics()
-        assert 'noded_sel_records_total{result="unmapped"} 1.0' in m
+        assert 'faultmesh_noded_sel_records_total{result="unmapped"} 1.0' in m
     finally:
         nd.stop()
         cd.stop()

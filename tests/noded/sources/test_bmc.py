@@ -71,20 +71,20 @@ async def test_oem_poll_replaces_fault_set_and_sets_status(bmc_sim):
             ("Memory", 3, "0800004B", "PreSeparateFault", ""),
         ]
         assert mon.state.node_status == "UnHealthy"
-        assert metric(mon, "noded_unknown_fault_codes_total") == 1
+        assert metric(mon, "faultmesh_noded_unknown_fault_codes_total") == 1
         assert mon.state.conditions[COND_UNREACHABLE].active is False
 
         bmc_sim.clear_alarms(code="2C000031")
         assert await mon.poll_once()
         assert ("Disk", 1, "2C000031", "SeparateFault", "") not in faults(mon)
         assert mon.state.node_status == "PreSeparate"
-        assert metric(mon, "noded_unknown_fault_codes_total") == 1  # still the same unknown alarm
+        assert metric(mon, "faultmesh_noded_unknown_fault_codes_total") == 1  # still the same unknown alarm
 
         bmc_sim.clear_alarms()
         assert await mon.poll_once()
         assert faults(mon) == [] and mon.state.node_status == "Healthy"
-        assert metric(mon, "noded_bmc_polls_total", result="ok") == 3
-        assert metric(mon, "noded_bmc_last_success_timestamp_seconds") > 0
+        assert metric(mon, "faultmesh_noded_bmc_polls_total", result="ok") == 3
+        assert metric(mon, "faultmesh_noded_bmc_last_success_timestamp_seconds") > 0
     finally:
         mon.client.close()
         mon.ctx.pool.shutdown()
@@ -118,9 +118,9 @@ async def test_bad_oem_reply_is_counted_rejection_and_keeps_state(bmc_sim, mode)
         assert await mon.poll_once() is False
         assert faults(mon) == before
         assert mon.state.node_status == "PreSeparate"
-        assert metric(mon, "noded_bmc_polls_total", result="rejected") == 1
+        assert metric(mon, "faultmesh_noded_bmc_polls_total", result="rejected") == 1
         reason = {"short": "short", "ragged": "ragged", "absurd": "total", "count": "count"}[mode]
-        assert metric(mon, "noded_bmc_errors_total", kind=f"oem-{reason}") == 1
+        assert metric(mon, "faultmesh_noded_bmc_errors_total", kind=f"oem-{reason}") == 1
         assert mon.state.conditions[COND_UNREACHABLE].active is False
         bmc_sim.behave(oem="ok")
         assert await mon.poll_once()
@@ -197,7 +197,7 @@ async def test_nothing_listening_is_unreachable(bmc_sim):
         assert await mon.poll_once() is False
         assert mon.state.conditions[COND_UNREACHABLE].active
         assert mon.state.node_status == "Healthy"
-        assert metric(mon, "noded_bmc_polls_total", result="failed") == 1
+        assert metric(mon, "faultmesh_noded_bmc_polls_total", result="failed") == 1
     finally:
         mon.client.close()
         mon.ctx.pool.shutdown()
@@ -210,7 +210,7 @@ async def test_wrong_password_is_unreachable_with_reason(bmc_sim):
         cond = mon.state.conditions[COND_UNREACHABLE]
         assert cond.active and cond.reason == "AuthFailed", mon.last_error
         assert "wrong" not in cond.message
-        assert metric(mon, "noded_bmc_errors_total", kind="auth") == 1
+        assert metric(mon, "faultmesh_noded_bmc_errors_total", kind="auth") == 1
     finally:
         mon.client.close()
         mon.ctx.pool.shutdown()
@@ -231,7 +231,7 @@ async def test_slow_bmc_within_and_beyond_the_poll_timeout(bmc_sim):
         assert await mon.poll_once() is False
         assert mon.state.conditions[COND_UNREACHABLE].reason == "Timeout"
         assert faults(mon) == [("Memory", 3, "0800004B", "PreSeparateFault", "")]
-        assert metric(mon, "noded_bmc_errors_total", kind="timeout") == 1
+        assert metric(mon, "faultmesh_noded_bmc_errors_total", kind="timeout") == 1
     finally:
         bmc_sim.behave(delay_s=0)
         mon.client.close()

@@ -147,13 +147,28 @@ def test_bad_file_keeps_state_and_counts(tmp_path):
     write(f, "garbage\n")
     assert mon.check() is False
     assert node_faults(mon) == [("dpc", "110001020", "SubHealthFault")]
-    assert mon.reg.get_sample_value("noded_storage_reads_total", {"monitor": "dpc", "result": "format"}) == 1
+    assert (
+        mon.reg.get_sample_value(
+            "faultmesh_noded_storage_reads_total", {"monitor": "dpc", "result": "format"}
+        )
+        == 1
+    )
     f.unlink()
     assert mon.check() is False
-    assert mon.reg.get_sample_value("noded_storage_reads_total", {"monitor": "dpc", "result": "missing"}) == 1
+    assert (
+        mon.reg.get_sample_value(
+            "faultmesh_noded_storage_reads_total", {"monitor": "dpc", "result": "missing"}
+        )
+        == 1
+    )
     write(f, dpc_text((0, 0, 0)), mode=0o666)  # group/other writable: unsafe, like the reference
     assert mon.check() is False
-    assert mon.reg.get_sample_value("noded_storage_reads_total", {"monitor": "dpc", "result": "unsafe"}) == 1
+    assert (
+        mon.reg.get_sample_value(
+            "faultmesh_noded_storage_reads_total", {"monitor": "dpc", "result": "unsafe"}
+        )
+        == 1
+    )
     assert node_faults(mon) == [("dpc", "110001020", "SubHealthFault")]
 
 
