@@ -43,6 +43,7 @@ from clusterd.brain.intake import FaultIntake
 from clusterd.brain.jobs import JobRegistry
 from clusterd.brain.jobsvc import ConfigServicer, JobServicer
 from clusterd.brain.recover import RecoverServicer
+from clusterd.brain.retryproc import RetryReports
 from faultmesh._pb import (
     agent_pb2,
     config_pb2_grpc,
@@ -123,6 +124,7 @@ class BrainComponent(FaultIntake):
         self._sent_nodes: dict[str, set[str]] = {}  # job -> nodes that got its JobInfo
         self._subhealth_seen: dict[str, set[tuple[int, str]]] = {}
         self._unregistered_seen: dict[str, set[tuple[int, str]]] = {}
+        self.retry_reports = RetryReports()  # business-plane retry reports (the retry processor)
         self.m_signals = Counter(
             "faultmesh_brain_signals_total",
             "ProcessManageSignals delivered by type",
@@ -187,12 +189,15 @@ class BrainComponent(FaultIntake):
         )
 
     def rank_faults(self, job) -> list[RankFault]:
-        """The job's rank faults now (stress-test hidden codes removed)."""
+        """The job's rank faults now (stress-test hidden codes removed), plus the synthetic ranks of
+        business-plane retry reports (:mod:`clusterd.brain.retryproc`)."""
         ctl = self.controllers.get(job.id)
         hidden = ctl.hidden_nodes if ctl else set()
-        return job_rank_faults(
+        out = job_rank_faults(
             job, self.faults_of_node, lambda node, code: node in hidden and code in STRESS_HIDDEN_CODES
         )
+        extra = self.retry_reports.synthetic(job, out, now_ms())
+        return sorted(out + extra, key=lambda f: (f.rank, f.code)) if extra else out
 
     def faults_of_node(self, node: str) -> list[Fault]:
         """Active faults of ``node`` from the brain's node index of the fault center (O(faults on node))."""
@@ -332,6 +337,7 @@ class BrainComponent(FaultIntake):
         self._sent_nodes[job.id] = nodes
         self.job_svc.broadcast(job, "delete" if deleted else "add")  # the reference: add / delete only
         if deleted:
+            self.retry_reports.drop(job.id)
             ctl = self.controllers.pop(job.id, None)
             if ctl is not None:
                 await ctl.close()
