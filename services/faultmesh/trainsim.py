@@ -26,9 +26,12 @@ misbehave) where ClusterD sends what they would reject or misread:
 
 - ``preExitProcess`` without faultRanks or nodeRankIds: TaskD stops no worker (its StopWorkers
   messages go to the agents of nodeRankIds); a fault rank on a pod not named is never stopped;
-- ``globalFault`` with ``fault_nodes_exit`` / ``fault_nodes_restart``: nodeRankIds must name the
-  pods and faultRanks every rank of those pods (MindIO's on_global_rank would treat a rank killed
-  with its pod as healthy) — checked when ``ranks_per_pod`` is known;
+- ``globalFault`` with ``fault_nodes_exit`` / ``fault_nodes_restart``: faultRanks must be set and
+  name every rank of the pods in nodeRankIds (MindIO's on_global_rank would treat a rank killed
+  with its pod as healthy) — checked when ``ranks_per_pod`` is known; ``fault_nodes_exit`` with no
+  nodeRankIds is valid (recover-in-place: every fault pod restarts its processes, no agent exits);
+- ``changeStrategy`` with ``fault_nodes_restart``: every pod in nodeRankIds has a fault rank
+  (TaskD restarts the workers of those ranks);
 - ``changeStrategy``: retry / recover / dump / downgrade / upgrade need faultRanks; recover,
   recover-in-place (restart workers), dump, downgrade and exit need nodeRankIds (TaskD restarts,
   exits or sends ExitAgent only to those pods);
@@ -268,7 +271,9 @@ class TrainSim:
                 return self._fail(sig, f"fault ranks on pods {sorted(self._pods_of(ranks) - pods)} not named")
         exiting = actions & {"fault_nodes_exit", "fault_nodes_restart"}
         if st == "globalFault" and exiting:
-            if not pods or not ranks:
+            # fault_nodes_exit with no nodeRankIds is right when every fault pod restarts its
+            # processes in place (TaskD exits no agent); MindIO still needs the fault ranks
+            if not ranks or ("fault_nodes_restart" in exiting and not pods):
                 return self._fail(sig, f"{sorted(exiting)} without nodeRankIds / faultRanks")
             if self.ranks_per_pod:
                 named = {f.rankId for f in ranks}
@@ -285,6 +290,10 @@ class TrainSim:
             if cs in ("recover", "dump", "downgrade", "exit") and not pods:
                 what = "restarts no worker" if "fault_nodes_restart" in actions else "exits no agent"
                 return self._fail(sig, f"empty nodeRankIds: TaskD {what}")
+            if "fault_nodes_restart" in actions and self.ranks_per_pod:
+                idle = sorted(pods - self._pods_of(ranks), key=lambda p: (len(p), p))
+                if idle:
+                    return self._fail(sig, f"pods {idle} restart workers but have no fault rank")
         return False
 
     async def _answer(self, sig) -> None:

@@ -18,6 +18,9 @@ FAST = (
     "--signal-send-s", "1.0",
     "--fault-retry-s", "1.0",
     "--hccl-route-s", "0.01",
+    "--in-place-wait-s", "0.6",
+    "--platform-wait-s", "1.5",
+    "--job-wait-scale", "0.01",
 )  # fmt: skip
 
 

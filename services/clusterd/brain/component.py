@@ -93,6 +93,24 @@ class BrainComponent(FaultIntake):
             help="a retry with HCCL ranks: route convergence wait (s)",
         )
         g.add_argument(
+            "--in-place-wait-s",
+            type=float,
+            default=15.0,
+            help="recover-in-place: wait for the fault pods' faults to vanish (s)",
+        )
+        g.add_argument(
+            "--platform-wait-s",
+            type=float,
+            default=300.0,
+            help="platform mode: each wait for the AI platform (s)",
+        )
+        g.add_argument(
+            "--job-wait-scale",
+            type=float,
+            default=1.0,
+            help="multiplies the job's own waits (wait-reschedule-timeout, MINDIO_WAIT_MINDX_TIME; tests only)",
+        )
+        g.add_argument(
             "--data-trace-dir",
             default=None,
             help="host folder of <ns>.data-trace-<job>/profilingSwitch files "
@@ -114,6 +132,9 @@ class BrainComponent(FaultIntake):
             hccl_route_s=a.hccl_route_s,
             poll_s=min(1.0, max(0.01, a.report_timeout_s / 10)),
             subscriber_wait_s=min(10.0, a.report_timeout_s),
+            in_place_wait_s=a.in_place_wait_s,
+            platform_s=a.platform_wait_s,
+            job_wait_scale=a.job_wait_scale,
         )
         self.jobs = JobRegistry(ctx.store)
         self.controllers: dict[str, Controller] = {}

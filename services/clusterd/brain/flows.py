@@ -9,17 +9,14 @@ import logging
 import time
 
 from clusterd.brain import strategy as strat
-from clusterd.brain.ctlbase import (
-    ControllerBase,
-    FlowEnd,
-    _normal,
-)
+from clusterd.brain.ctlbase import FlowEnd, _normal
 from clusterd.brain.faultview import RankFault
+from clusterd.brain.inplace import InPlaceSteps
 
 log = logging.getLogger("clusterd.brain")
 
 
-class RecoveryFlows(ControllerBase):
+class RecoveryFlows(InPlaceSteps):
     """The fault recovery flow of :class:`clusterd.brain.controller.Controller`."""
 
     async def recovery(self, trigger: str) -> None:
@@ -64,18 +61,21 @@ class RecoveryFlows(ControllerBase):
             if not (retry_only and all(f.fault_type == "0" for f in faults)):
                 await asyncio.sleep(self.t.flush_s)
             self.set_state("NotifyGlobalFault")
-            self.expect("strategy")
             if retry_only:
+                self.expect("strategy")
                 faults = self.faults()
                 timeout = 33 if any(f.fault_type == "2" for f in faults) else 0
                 ok = await self.signal("globalFault", ["on_global_rank"], faults, sig_timeout=timeout)
             else:
-                faults = self.expand_to_pods()
-                levels = {f.level for f in faults}
-                in_place = "recover-in-place" in configured and levels <= set(strat.IN_PLACE_LEVELS)
-                action = "fault_nodes_restart" if in_place else "fault_nodes_exit"
+                await self.split_in_place(flow, configured)
+                self.set_state("NotifyGlobalFault")
+                self.expect("strategy")
+                faults = self.expand_to_pods(keep=self.restart_proc_pods)
+                exit_pods = [p for p in self._pod_ranks(faults) if int(p) not in self.restart_proc_pods]
+                # the reference: fault_nodes_exit, nodeRankIds = the pods that restart as pods (none
+                # when every fault pod restarts its processes in place)
                 ok = await self.signal(
-                    "globalFault", ["on_global_rank", action], faults, node_rank_ids=self._pod_ranks(faults)
+                    "globalFault", ["on_global_rank", "fault_nodes_exit"], faults, node_rank_ids=exit_pods
                 )
             if not ok:
                 await self.kill_job(flow, "globalFault not delivered")
@@ -140,9 +140,12 @@ class RecoveryFlows(ControllerBase):
                 [f.level for f in faults],
                 pod0,
                 allowed,
+                in_place=bool(self.restart_proc_pods),
             )
+            if choice.strategy not in ("retry", "recover-in-place"):
+                self.drop_in_place()  # every fault pod restarts as a pod
             if choice.strategy != "retry":  # retry not chosen: retry faults become normal faults
-                faults = self.expand_to_pods()
+                faults = self.expand_to_pods(keep=self.restart_proc_pods)
             self.brain.decide(
                 self.job_id, flow, choice.strategy, choice.reason, faults=faults, trigger=trigger,
                 reported=sorted(reported),
@@ -171,6 +174,8 @@ class RecoveryFlows(ControllerBase):
         faults = self.faults()
         if s == "retry":
             faults = [f for f in faults if f.fault_type in ("0", "2")] or faults
+        if s == "recover-in-place":  # TaskD restarts the workers of these pods only
+            return faults, [str(p) for p in sorted(self.restart_proc_pods)]
         return faults, self._pod_ranks(faults)
 
     async def run_strategy(self, flow: str, choice: strat.Choice) -> tuple[bool, int | None]:
@@ -181,7 +186,7 @@ class RecoveryFlows(ControllerBase):
             self.set_state("NotifyDecidedStrategy")
             faults, pods = self._strategy_signal(s)
             if not await self.signal(
-                "changeStrategy", ["change_strategy"], faults, change_strategy="exit", node_rank_ids=pods
+                "changeStrategy", self.in_place_actions(s), faults, change_strategy="exit", node_rank_ids=pods
             ):
                 self._no_status = "changeStrategy exit not delivered"
                 return False, None
@@ -201,7 +206,7 @@ class RecoveryFlows(ControllerBase):
             await asyncio.sleep(self.t.hccl_route_s)  # HCCL route convergence
         self.set_state("NotifyDecidedStrategy")
         self.expect("status")
-        actions = ["change_strategy"] + (["fault_nodes_restart"] if s == "recover-in-place" else [])
+        actions = self.in_place_actions(s)
         faults, pods = self._strategy_signal(s)
         if not await self.signal(
             "changeStrategy", actions, faults, change_strategy=choice.signal, extra=choice.extra,
@@ -327,8 +332,9 @@ class RecoveryFlows(ControllerBase):
             ok = await self.signal("saveAndExit", ["save_and_exit"], faults, node_rank_ids=pods)
         else:
             ok = await self.signal(
-                "changeStrategy", ["change_strategy"], faults, change_strategy="dump", node_rank_ids=pods
-            )
+                "changeStrategy", self.in_place_actions("dump"), faults, change_strategy="dump",
+                node_rank_ids=pods,
+            )  # fmt: skip
         if not ok:
             await self.fault_retry(flow, "dump signal not delivered")
         self.set_state("WaitReportDumpStatus")
