@@ -361,7 +361,8 @@ async def test_elastic_training_failure_and_timeout_fall_back_to_dump(cd, sims):
     await sims.start(strategies=["downgrade", "dump", "exit"], status={"downgrade": 406})
     await cd.center.upsert(npu_fault())
     await wait_decision(cd, "exit-completed")
-    assert decisions(cd)[2:5] == ["elastic-training", "elastic-training-failed", "dump"]
+    # fault-scheduling=grace: the resource wait (MINDIO_WAIT_MINDX_TIME - 10 s) comes first
+    assert decisions(cd)[2:6] == ["elastic-wait", "elastic-training", "elastic-training-failed", "dump"]
 
 
 async def test_elastic_training_status_timeout_goes_to_fault_retry(cd, sims):

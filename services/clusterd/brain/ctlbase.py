@@ -213,8 +213,11 @@ class ControllerBase:
             return 504
         return 0
 
-    async def wait(self, *kinds: str, timeout_s: float | None = None) -> tuple[str, Any] | None:
-        """Wait for the first report of ``kinds`` (already expected). None on timeout."""
+    async def wait(
+        self, *kinds: str, timeout_s: float | None = None, keep: bool = False
+    ) -> tuple[str, Any] | None:
+        """Wait for the first report of ``kinds`` (already expected). None on timeout. ``keep``:
+        still expect ``kinds`` afterwards (a wait polled in steps)."""
         timeout_s = self.t.report_s if timeout_s is None else timeout_s
         getters = {asyncio.ensure_future(self._slot(k).get()): k for k in kinds}
         try:
@@ -223,8 +226,9 @@ class ControllerBase:
             for g in getters:
                 if not g.done():
                     g.cancel()
-        for k in kinds:
-            self._expect.discard(k)
+        if not keep:
+            for k in kinds:
+                self._expect.discard(k)
         if not done:
             return None
         g = next(iter(done))

@@ -12,11 +12,15 @@ from clusterd.brain import strategy as strat
 from clusterd.brain.ctlbase import FlowEnd, _normal
 from clusterd.brain.faultview import RankFault
 from clusterd.brain.inplace import InPlaceSteps
+from clusterd.brain.reschedule import RescheduleSteps
 
 log = logging.getLogger("clusterd.brain")
 
 
-class RecoveryFlows(InPlaceSteps):
+RESCHEDULE_TIMEOUT = -1  # run_strategy's code: the fault pods were not rescheduled in time
+
+
+class RecoveryFlows(InPlaceSteps, RescheduleSteps):
     """The fault recovery flow of :class:`clusterd.brain.controller.Controller`."""
 
     async def recovery(self, trigger: str) -> None:
@@ -80,6 +84,7 @@ class RecoveryFlows(InPlaceSteps):
             if not ok:
                 await self.kill_job(flow, "globalFault not delivered")
             self.set_state("WaitReportRecoverStrategy")
+            self.resched_started = time.monotonic()  # the reference starts listenScheduleResult here
             r = await self.wait("strategy")
             if r is None:
                 await self.fault_retry(flow, f"recover strategy not reported in {self.t.report_s}s")
@@ -130,18 +135,26 @@ class RecoveryFlows(InPlaceSteps):
             raise FlowEnd
         allowed: tuple[str, ...] = strat.AFTER_FAILURE["retry"] if after_retry else strat.ORDER
         reported = set(self.agent_strategies)
+        forced: strat.Choice | None = None
         while True:
             faults = self.faults()
             pod0 = any(f.pod_rank == 0 for f in faults)
-            choice = strat.choose(
+            args = (
                 job.strategies(),
                 reported,
                 [f.fault_type for f in faults],
                 [f.level for f in faults],
                 pod0,
-                allowed,
-                in_place=bool(self.restart_proc_pods),
             )
+            choice = forced or strat.choose(*args, allowed, in_place=bool(self.restart_proc_pods))
+            if forced is None and choice.strategy == "elastic-training" and job.rescheduling():
+                # canChooseScaleInStrategy: with rescheduling configured, scale in only when the
+                # resources do not come back within MINDIO_WAIT_MINDX_TIME - 10 s
+                if await self.wait_resources(flow, job):
+                    choice = strat.choose(
+                        *args, allowed, in_place=bool(self.restart_proc_pods), elastic_ok=False
+                    )
+            forced = None
             if choice.strategy not in ("retry", "recover-in-place"):
                 self.drop_in_place()  # every fault pod restarts as a pod
             if choice.strategy != "retry":  # retry not chosen: retry faults become normal faults
@@ -153,6 +166,17 @@ class RecoveryFlows(InPlaceSteps):
             ok, code = await self.run_strategy(flow, choice)
             if ok:
                 return "done"
+            if code == RESCHEDULE_TIMEOUT:
+                if self.elastic_supported(job, reported):  # NeedTryScaleInStrategy -> NotifyScaleInStrategy
+                    forced = strat.Choice(
+                        "elastic-training",
+                        "downgrade",
+                        '{"scale-in-strategy": "DP"}',
+                        f"{self._no_status}: scale-in",
+                    )
+                    allowed = strat.AFTER_FAILURE[choice.strategy]
+                    continue
+                await self.fault_retry(flow, self._no_status)
             if code is None:
                 await self.fault_retry(flow, self._no_status)
             self.brain.decide(self.job_id, flow, f"{choice.strategy}-failed", f"status code {code}")
@@ -215,13 +239,16 @@ class RecoveryFlows(InPlaceSteps):
             self._no_status = f"changeStrategy {choice.signal} not delivered"
             return False, None
         self.set_state(state)
-        r = await self.wait("status")
-        if r is None:
+        what, rep = await self.wait_status_rescheduled(s)
+        if what == "reschedule-timeout":
+            self._no_status = f"fault pods not rescheduled in {rep}s (wait-reschedule-timeout)"
+            return False, RESCHEDULE_TIMEOUT
+        if what == "timeout":
             self._no_status = f"no {s} status reported in {self.t.report_s}s"
             return False, None
-        code = r[1].status.code
+        code = rep.status.code
         if s == "elastic-training":
-            return await self._elastic(flow, r[1])
+            return await self._elastic(flow, rep)
         if code == 0:
             self.brain.decide(self.job_id, flow, f"{s}-success", "training side reported status 0")
             self.cached_faults.clear()

@@ -53,6 +53,7 @@ def choose(
     pod0_faulty: bool,
     allowed: Iterable[str] = ORDER,
     in_place: bool | None = None,
+    elastic_ok: bool = True,
 ) -> Choice:
     """Pick the strategy (see module docstring).
 
@@ -60,7 +61,8 @@ def choose(
     retry, recover, downgrade, dump, exit); ``fault_types``: FaultRank types ("0"/"2" retry, "1"
     normal); ``fault_levels``: the faults' levels; ``allowed``: what the fallback still permits;
     ``in_place``: whether some fault pod can restart its processes in place (the controller's
-    15 s split, :mod:`clusterd.brain.inplace`); None: decided by the levels alone.
+    15 s split, :mod:`clusterd.brain.inplace`); None: decided by the levels alone; ``elastic_ok``:
+    False when the resources came back within the elastic resource wait (no scale-in).
     """
     conf = set(configured)
     rep = set(reported)
@@ -87,7 +89,7 @@ def choose(
         )
     if ok("recover") and "recover" in rep:
         return Choice("recover", "recover", "", "recover is configured and reported")
-    if ok("elastic-training") and "downgrade" in rep:
+    if ok("elastic-training") and "downgrade" in rep and elastic_ok:
         if pod0_faulty:
             pass
         else:
