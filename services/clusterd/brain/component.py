@@ -42,6 +42,7 @@ from clusterd.brain.http import JobsHttp
 from clusterd.brain.intake import FaultIntake
 from clusterd.brain.jobs import JobRegistry
 from clusterd.brain.jobsvc import ConfigServicer, JobServicer
+from clusterd.brain.platform import PlatformAnnotations
 from clusterd.brain.recover import RecoverServicer
 from clusterd.brain.retryproc import RetryReports
 from faultmesh._pb import (
@@ -146,6 +147,8 @@ class BrainComponent(FaultIntake):
         self._subhealth_seen: dict[str, set[tuple[int, str]]] = {}
         self._unregistered_seen: dict[str, set[tuple[int, str]]] = {}
         self.retry_reports = RetryReports()  # business-plane retry reports (the retry processor)
+        self.platform = PlatformAnnotations(ctx.store, ctx.tasks.spawn)  # platform mode's annotations
+        self.decision_log.listeners.append(self.platform.on_decision)
         self.m_signals = Counter(
             "faultmesh_brain_signals_total",
             "ProcessManageSignals delivered by type",
@@ -186,6 +189,7 @@ class BrainComponent(FaultIntake):
             self._node_faults.setdefault(f.node, {})[f.key] = f
         n = await self.jobs.load()
         await self.decision_log.load()
+        await self.platform.load()
         event(log, logging.INFO, "brain started", jobs=n)
 
     async def stop(self) -> None:
@@ -359,6 +363,7 @@ class BrainComponent(FaultIntake):
         self.job_svc.broadcast(job, "delete" if deleted else "add")  # the reference: add / delete only
         if deleted:
             self.retry_reports.drop(job.id)
+            self.platform.drop(job.id)
             ctl = self.controllers.pop(job.id, None)
             if ctl is not None:
                 await ctl.close()

@@ -85,6 +85,7 @@ class ControllerBase:
         self._no_status = ""  # why the last strategy got no status (not sent / timed out)
         self.restart_proc_pods: set[int] = set()  # recover-in-place: pods that restart processes only
         self.in_place_dropped = False  # in-place was possible, another strategy restarts every pod
+        self.plat_strategy = ""  # platform mode: the AI platform's ProcessRecoverStrategy
 
     # -- subscription and signals ------------------------------------------------------------------
     @property
@@ -269,6 +270,7 @@ class ControllerBase:
             self.cached_faults.clear()  # the reference's reset after every flow
             self.restart_proc_pods = set()
             self.in_place_dropped = False
+            self.plat_strategy = ""
             self.uuid = ""
             self.om_kind = ""
             self.set_state(INIT)
@@ -288,6 +290,7 @@ class ControllerBase:
         self.cached_faults.clear()
         self.restart_proc_pods = set()
         self.in_place_dropped = False
+        self.plat_strategy = ""
         self._finish_om(f"om failed, {reason}")
         self.om_kind = ""
         self.set_state(INIT)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from types import SimpleNamespace
 
 from clusterd.brain import strategy as strat
 from clusterd.brain.ctlbase import FlowEnd, _normal
 from clusterd.brain.faultview import RankFault
 from clusterd.brain.inplace import InPlaceSteps
+from clusterd.brain.platform import PlatformSteps
 from clusterd.brain.reschedule import RescheduleSteps
 
 log = logging.getLogger("clusterd.brain")
@@ -20,7 +22,7 @@ log = logging.getLogger("clusterd.brain")
 RESCHEDULE_TIMEOUT = -1  # run_strategy's code: the fault pods were not rescheduled in time
 
 
-class RecoveryFlows(InPlaceSteps, RescheduleSteps):
+class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
     """The fault recovery flow of :class:`clusterd.brain.controller.Controller`."""
 
     async def recovery(self, trigger: str) -> None:
@@ -32,7 +34,12 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps):
         configured = job.strategies()
         faults = self.faults()
         self.set_state("NotifyWaitFaultFlushing")
-        if [s for s in configured if s != "exit"] == ["dump"]:
+        if self.platform_mode():  # the AI platform decides (platform mode)
+            await self.wait_platform_strategy(flow)
+            dump_only = self.plat_strategy == "dump" and "dump" in configured
+        else:
+            dump_only = [s for s in configured if s != "exit"] == ["dump"]
+        if dump_only:
             self.brain.decide(self.job_id, flow, "dump", "dump is the only strategy", faults=faults)
             await self.dump_and_exit(flow, "saveAndExit")
             return
@@ -55,9 +62,8 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps):
         (§7.3 steps 3-6). A retry answered 405 comes back here with its faults made normal."""
         retried = False
         while True:
-            configured = (
-                self.brain.jobs.get(self.job_id).strategies() if self.brain.jobs.get(self.job_id) else []
-            )
+            job = self.brain.jobs.get(self.job_id)
+            configured = self.platform_configured(job.strategies() if job else [])
             faults = self.faults()
             self.set_state("WaitFaultFlushFinished")
             retry_types = bool(faults) and all(f.fault_type in ("0", "2") for f in faults)
@@ -65,6 +71,10 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps):
             if not (retry_only and all(f.fault_type == "0" for f in faults)):
                 await asyncio.sleep(self.t.flush_s)
             self.set_state("NotifyGlobalFault")
+            if retry_only and self.platform_mode():
+                merged = await self.confirm_faults(flow, [(str(f.rank), f.fault_type) for f in faults])
+                self._merge_reported([SimpleNamespace(rankId=r, faultType=t) for r, t in merged])
+                retry_only = all(t in ("0", "2") for _, t in merged)  # else the normal-fault case
             if retry_only:
                 self.expect("strategy")
                 faults = self.faults()
@@ -72,6 +82,10 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps):
                 ok = await self.signal("globalFault", ["on_global_rank"], faults, sig_timeout=timeout)
             else:
                 await self.split_in_place(flow, configured)
+                if self.platform_mode() and not retry_types:
+                    pairs = [(str(f.rank), "1") for f in self.faults()]
+                    merged = await self.confirm_faults(flow, pairs)
+                    self._merge_reported([SimpleNamespace(rankId=r, faultType="1") for r, _ in merged])
                 self.set_state("NotifyGlobalFault")
                 self.expect("strategy")
                 faults = self.expand_to_pods(keep=self.restart_proc_pods)
@@ -139,8 +153,9 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps):
         while True:
             faults = self.faults()
             pod0 = any(f.pod_rank == 0 for f in faults)
+            configured = self.platform_configured(job.strategies())
             args = (
-                job.strategies(),
+                configured,
                 reported,
                 [f.fault_type for f in faults],
                 [f.level for f in faults],
@@ -155,6 +170,18 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps):
                         *args, allowed, in_place=bool(self.restart_proc_pods), elastic_ok=False
                     )
             forced = None
+            if choice.strategy == "recover" and self.platform_mode() and not await self.wait_rank_table(flow):
+                # the reference re-reads the platform's strategy and chooses dump or exit
+                s = self.read_strategy(True)
+                if s is None:
+                    await self.fault_retry(flow, "platform strategy unreadable after RankTableReady failed")
+                self.plat_strategy = s
+                choice = strat.choose(
+                    self.platform_configured(job.strategies()),
+                    reported,
+                    *args[2:],
+                    strat.AFTER_FAILURE["recover"],
+                )
             if choice.strategy not in ("retry", "recover-in-place"):
                 self.drop_in_place()  # every fault pod restarts as a pod
             if choice.strategy != "retry":  # retry not chosen: retry faults become normal faults
@@ -377,7 +404,8 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps):
         )
         await self._dump_exit()
         self.set_state("CheckRecoverResult")
-        self.brain.decide(self.job_id, flow, "exit-completed", self._after_exit())
+        # after_dump: ProcessRecoverStatus stays dump-success / dump-failed (the reference)
+        self.brain.decide(self.job_id, flow, "exit-completed", self._after_exit(), after_dump=True)
         self.cached_faults.clear()
         return success
 

@@ -19,6 +19,7 @@ import logging
 from clusterd.brain import controller as ctlmod
 from clusterd.brain.controller import Controller
 from clusterd.brain.faultview import RECOVER_IGNORED_LEVELS, RankFault, job_health
+from clusterd.brain.platform import STRATEGY_KEY
 from clusterd.brain.retryproc import CODE_OF_TYPE, RETRY_TYPES
 from faultmesh.levels import SUB_HEALTHY, UNHEALTHY, level_health
 from faultmesh.log import event
@@ -68,7 +69,10 @@ class FaultIntake:
             if not joined:
                 return
             only_retry = all(f.fault_type in ("0", "2") for f in joined)
-            pre_exit = "retry" not in job.strategies() or not only_retry
+            # supportRetryStrategy: in platform mode only while the platform said retry, which an
+            # idle controller has not heard yet -> preExitProcess
+            platform = STRATEGY_KEY in self.platform.get(job.id)
+            pre_exit = "retry" not in job.strategies() or not only_retry or platform
             ctl.add_faults(joined)  # the reference's saveCacheFault: every new fault is cached
             if ctl.busy():
                 event(log, logging.INFO, "fault joins the running flow", job=job.id, flow=ctl.flow_name)
