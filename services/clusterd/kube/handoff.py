@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 
 from clusterd.brain.jobs import JobRegistry
+from clusterd.brain.platform import KEYS as PLATFORM_KEYS
 from clusterd.kube import podgroups as pgs
 from clusterd.kube.metrics import KubeMetrics
 from faultmesh.kube import KubeApi, KubeError
@@ -281,3 +282,38 @@ class HandOff:
                     await self.handle(job_id, rec)
                 except Exception as e:  # one bad decision must not stop the hand-off
                     event(log, logging.ERROR, "kube hand-off failed", job=job_id, error=repr(e))
+
+
+class PodGroupPlatform:
+    """Platform mode's annotations (:mod:`clusterd.brain.platform`) on the job's PodGroup, as the
+    reference keeps them: read from the PodGroups watch, written with a merge patch of
+    ``metadata.annotations`` (retried, then counted as ``podgroup_annotation`` errors)."""
+
+    def __init__(self, handoff: HandOff) -> None:
+        self.h = handoff
+
+    def get(self, job_id: str) -> dict[str, str]:
+        """The platform keys among the PodGroup's annotations ({} without a PodGroup)."""
+        pg = self.h.podgroups.get(job_id) or {}
+        ann = (pg.get("metadata") or {}).get("annotations") or {}
+        return {k: str(ann[k]) for k in PLATFORM_KEYS if k in ann}
+
+    async def patch(self, job_id: str, changes: dict[str, str | None]) -> bool:
+        """Set (None: remove) annotations on the PodGroup. False without PodGroup, API or on error."""
+        pg = self.h.podgroups.get(job_id)
+        api = self.h.api
+        if pg is None or api is None:
+            return False
+        meta = pg["metadata"]
+        body = {"metadata": {"annotations": changes}}
+        ok = await self.h._call(
+            "podgroup_annotation",
+            lambda: api.patch_custom(
+                pgs.GROUP, pgs.VERSION, meta["namespace"], pgs.PLURAL, meta["name"], body
+            ),
+        )
+        if ok:  # the watch brings the change back later; the flow's next poll must see it now
+            meta.setdefault("annotations", {}).update({k: v for k, v in changes.items() if v is not None})
+            for k in [k for k, v in changes.items() if v is None]:
+                meta["annotations"].pop(k, None)
+        return ok
