@@ -3,9 +3,7 @@ per-pod split into pods that restart their processes and pods that restart as po
 
 from __future__ import annotations
 
-import asyncio
-
-from brain.brainkit import JOB, apply, decisions, npu_fault, wait_decision, wait_idle
+from brain.brainkit import JOB, apply, decisions, npu_fault, vanish_in, wait_decision, wait_idle, wait_state
 
 IN_PLACE = {"recover-strategy": "recover-in-place,recover,dump"}
 
@@ -15,10 +13,7 @@ def rb(node="node-b", dev=0):
 
 
 async def _vanish_during_the_wait(cd, fault) -> None:
-    ctl = cd.brain.controllers[JOB]
-    async with asyncio.timeout(5):
-        while ctl.state != "WaitFaultDisappear":
-            await asyncio.sleep(0.01)
+    await wait_state(cd, "WaitFaultDisappear")
     await cd.center.remove(fault.key)
 
 
@@ -111,12 +106,21 @@ async def test_client_vanishing_during_the_in_place_wait_resets(cd, sims):
     await apply(cd, **IN_PLACE)
     sim = await sims.start(strategies=["recover", "exit"])
     await cd.center.upsert(rb())
-    ctl = cd.brain.controllers[JOB]
-    async with asyncio.timeout(5):
-        while ctl.state != "WaitFaultDisappear":
-            await asyncio.sleep(0.01)
-    await sim.close()
-    d = await wait_decision(cd, "reset")
-    assert d["reason"] == "signal stream ended"
+    ctl = await vanish_in(cd, sim, "WaitFaultDisappear")
+    assert not ctl.restart_proc_pods
+
+
+async def test_new_fault_during_the_in_place_wait_joins_as_a_pod_restart(cd, sims):
+    await apply(cd, **IN_PLACE)
+    sim = await sims.start(strategies=["recover", "dump", "exit"])
+    await cd.center.upsert(rb())
+    await wait_state(cd, "WaitFaultDisappear")
+    await cd.center.upsert(npu_fault(node="node-a", dev=1))  # a RestartNPU fault races the wait
+    await cd.center.remove(rb().key)
+    await wait_decision(cd, "recover-in-place-success")
     await wait_idle(cd)
-    assert ctl.state == "INIT" and not ctl.restart_proc_pods
+    gf = sim.signals("globalFault")[0]
+    # pod 1 (its fault vanished) restarts processes; pod 0, faulty since the wait began, restarts as a pod
+    assert (gf["nodeRankIds"], gf["faultRanks"]) == (["0"], [("0", "1"), ("1", "1"), ("2", "1")])
+    assert sim.signals("changeStrategy")[0]["nodeRankIds"] == ["1"]
+    assert decisions(cd).count("stop-train") == 1

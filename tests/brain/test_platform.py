@@ -9,7 +9,7 @@ import json
 import urllib.error
 import urllib.request
 
-from brain.brainkit import JOB, apply, decisions, npu_fault, wait_decision, wait_idle
+from brain.brainkit import JOB, apply, decisions, npu_fault, vanish_in, wait_decision, wait_idle
 
 
 def _call(cd, body=None, job=JOB) -> tuple[int, dict]:
@@ -164,15 +164,8 @@ async def test_client_vanishing_while_waiting_for_the_platform_resets(cd, sims):
     await annotations(cd, {"ProcessRecoverStrategy": ""})
     sim = await sims.start()
     await cd.center.upsert(npu_fault())
-    ctl = cd.brain.controllers[JOB]
-    async with asyncio.timeout(5):
-        while ctl.state != "WaitPlatformStrategy":
-            await asyncio.sleep(0.01)
-    await sim.close()
-    d = await wait_decision(cd, "reset")
-    assert d["reason"] == "signal stream ended"
-    await wait_idle(cd)
-    assert ctl.state == "INIT" and ctl.plat_strategy == ""
+    ctl = await vanish_in(cd, sim, "WaitPlatformStrategy")
+    assert ctl.plat_strategy == ""
 
 
 async def test_platform_api_bad_input(cd):

@@ -3,27 +3,18 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
-from brain.brainkit import JOB, apply, decisions, npu_fault, wait_decision, wait_idle
+from brain.brainkit import apply, decisions, npu_fault, vanish_in, wait_decision, wait_idle, wait_state
 
 from clusterd.brain.jobs import JobSpecError, parse_job
 from clusterd.brain.reschedule import resource_wait_s, wait_reschedule_s
-
-
-async def _state(cd, state: str) -> None:
-    ctl = cd.brain.controllers[JOB]
-    async with asyncio.timeout(5):
-        while ctl.state != state:
-            await asyncio.sleep(0.01)
 
 
 async def test_recover_waits_for_the_fault_pods_then_for_the_status(cd, sims):
     await apply(cd)
     sim = await sims.start(status={"recover": "silent"})
     await cd.center.upsert(npu_fault())
-    await _state(cd, "WaitReportProcessRecoverStatus")
+    await wait_state(cd, "WaitReportProcessRecoverStatus")
     await cd.center.remove(npu_fault().key)  # the fault pod was replaced
     await wait_decision(cd, "reschedule-success")
     assert await sim.report_status(0, "recover") == 0
@@ -64,7 +55,7 @@ async def test_elastic_resource_wait_resources_back_means_no_scale_in(cd, sims):
     await apply(cd, **{"recover-strategy": "elastic-training", "mindioWaitMindxTime": 60})
     sim = await sims.start(strategies=["downgrade", "exit"], mindio_wait_s=5.0)
     await cd.center.upsert(npu_fault())
-    await _state(cd, "WaitResources")
+    await wait_state(cd, "WaitResources")
     await cd.center.remove(npu_fault().key)
     d = await wait_decision(cd, "elastic-wait")
     assert d["reason"] == "fault pods rescheduled within 50s: no scale-in"
@@ -96,12 +87,7 @@ async def test_client_vanishing_during_the_resource_wait_resets(cd, sims):
     await apply(cd, **{"recover-strategy": "elastic-training", "mindioWaitMindxTime": 3600})
     sim = await sims.start(strategies=["downgrade", "exit"])
     await cd.center.upsert(npu_fault())
-    await _state(cd, "WaitResources")
-    await sim.close()
-    d = await wait_decision(cd, "reset")
-    assert d["reason"] == "signal stream ended"
-    await wait_idle(cd)
-    assert cd.brain.controllers[JOB].state == "INIT"
+    await vanish_in(cd, sim, "WaitResources")
 
 
 def test_wait_settings_ranges():
