@@ -9,6 +9,7 @@ import json
 import urllib.error
 import urllib.request
 
+import pytest
 from brain.brainkit import JOB, apply, decisions, npu_fault, vanish_in, wait_decision, wait_idle
 
 
@@ -159,12 +160,21 @@ async def test_platform_dump_dumps_at_once_and_keeps_dump_success(cd, sims):
     assert (await annotations(cd))[1]["ProcessRecoverStatus"] == "dump-success"
 
 
-async def test_client_vanishing_while_waiting_for_the_platform_resets(cd, sims):
+@pytest.mark.parametrize(
+    ("strategy", "state", "result"),
+    [
+        ("", "WaitPlatformStrategy", ""),
+        ("recover", "WaitPlatformResultFault", None),
+        ("recover", "WaitRankTableReady", ""),
+    ],
+)
+async def test_client_vanishing_while_waiting_for_the_platform_resets(cd, sims, strategy, state, result):
     await apply(cd)
-    await annotations(cd, {"ProcessRecoverStrategy": ""})
+    await annotations(cd, {"ProcessRecoverStrategy": strategy})
     sim = await sims.start()
-    await cd.center.upsert(npu_fault())
-    ctl = await vanish_in(cd, sim, "WaitPlatformStrategy")
+    async with PlatformSim(cd, result=result, rank_table=None):  # the platform never finishes
+        await cd.center.upsert(npu_fault())
+        ctl = await vanish_in(cd, sim, state)
     assert ctl.plat_strategy == ""
 
 
