@@ -234,3 +234,26 @@ async def test_platform_mode_annotations_live_on_the_podgroup(k8s, kcd):
         what="ProcessRecoverStatus",
     )
     assert (await pg_annotations(api))["recover-strategy"] == "recover"  # a merge patch: the rest stays
+
+
+async def test_in_place_split_sets_restart_fault_process(k8s, kcd):
+    emu, api = k8s
+    await api._call(
+        "create pod", api.core.create_namespaced_pod, NS, job_pod("llama-worker-0", "node-1", 0, [0])
+    )
+    await until(lambda: kcd.jobs.get(UID), what="job")
+    await api.create_config_map(
+        NS,
+        {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "reset-config-llama", "namespace": NS},
+            "data": {"reset.json": INITIAL, "checkCode": hashlib.sha256(INITIAL.encode()).hexdigest()},
+        },
+    )  # fmt: skip
+    kcd.brain.decide(UID, "recovery", "in-place-split", "split", restart_process_pods=[0], restart_pods=[])
+
+    async def flagged():
+        doc = await reset_json(api)
+        return doc if doc.get("RestartFaultProcess") else None
+
+    await until(flagged, what="RestartFaultProcess=true")

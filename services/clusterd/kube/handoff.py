@@ -16,6 +16,8 @@ Operator:
     then FaultRetry: PodGroup label ``process-recover-enable=pause`` until the PodGroup is
     ``Running`` again (at most ``wait-reschedule-timeout`` s), then ``on``, and the reset CM is
     cleared;
+  * ``in-place-split`` (recover-in-place) sets ``RestartFaultProcess`` when some fault pod restarts
+    its processes in place;
   * a success (``*-success``), ``fault-clear``, ``kill-job`` or ``reset`` clears it (RankList
     empty, flags false, RetryTime kept) and removes the fault pods' labels.
 - fault-pod labels: ``fault-type=software`` on the pods of ranks the training side reported, or
@@ -49,6 +51,7 @@ log = logging.getLogger("clusterd.kube")
 FAULT_DECISIONS = frozenset({"stop-train", "dump", "pre-exit"})
 CLEAR_DECISIONS = frozenset({"fault-clear", "kill-job", "reset"})
 RESTART_DECISIONS = frozenset({"exit-completed"})
+IN_PLACE_DECISION = "in-place-split"
 FAULT_TYPE_LABEL = "fault-type"
 PROCESS_RECOVER_LABEL = "process-recover-enable"
 QUEUE_MAX = 10_000
@@ -133,7 +136,10 @@ class HandOff:
     def on_decision(self, job_id: str, rec: dict) -> None:
         """The decision-log listener: queue the decision (never waits)."""
         d = rec.get("decision", "")
-        if d in FAULT_DECISIONS or d in CLEAR_DECISIONS or d in RESTART_DECISIONS or d.endswith("-success"):
+        if (
+            d in FAULT_DECISIONS or d in CLEAR_DECISIONS or d in RESTART_DECISIONS or d == IN_PLACE_DECISION
+            or d.endswith("-success")
+        ):  # fmt: skip
             if len(self._queue) == self._queue.maxlen:
                 self.metrics.writes.labels("handoff", "dropped").inc()
             self._queue.append((job_id, rec))
@@ -255,6 +261,8 @@ class HandOff:
         if d in FAULT_DECISIONS and faults:
             await self.write_reset(job, RankList=rank_list(job, faults), FaultFlushing=True)
             await self.label_pods(job, faults)
+        elif d == IN_PLACE_DECISION:  # WriteResetInfoToCM(..., restartFaultProcess, ...)
+            await self.write_reset(job, RestartFaultProcess=bool(rec.get("restart_process_pods")))
         elif d in RESTART_DECISIONS:
             api = self.api
             assert api is not None
