@@ -79,7 +79,7 @@ async def test_mindio_gives_up_when_no_strategy_comes_in_time(cd, sims):
     await apply(cd, **{"recover-strategy": "elastic-training", "mindioWaitMindxTime": 3600})
     sim = await sims.start(strategies=["downgrade", "exit"], mindio_wait_s=0.3, allow_errors=True)
     await cd.center.upsert(npu_fault())
-    await sim.wait_for(lambda ev: sim.errors, timeout_s=5)
+    await sim.wait_for(lambda ev: sim.errors, timeout_s=15)  # a loaded box may be slow to get there
     assert sim.errors == ["no changeStrategy within MINDIO_WAIT_MINDX_TIME (0.3s): MindIO gives up"]
 
 
@@ -108,3 +108,11 @@ def test_wait_settings_ranges():
     ):
         with pytest.raises(JobSpecError):
             parse_job(dict(base, **bad))
+
+
+async def test_client_vanishing_while_the_reschedule_watcher_runs_resets(cd, sims):
+    await apply(cd)
+    sim = await sims.start(status={"recover": "silent"})
+    await cd.center.upsert(npu_fault())
+    await vanish_in(cd, sim, "WaitReportProcessRecoverStatus")
+    assert "reschedule-success" not in decisions(cd) and "fault-clear" not in decisions(cd)
