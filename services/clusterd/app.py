@@ -53,6 +53,7 @@ from clusterd.http.nodes import NodeApi
 from clusterd.http.web import WebUi
 from clusterd.ingest.agents import AgentHub
 from clusterd.kube import KubeComponent
+from clusterd.kube.handoff import PodGroupPlatform
 from clusterd.nodes import NodeHealthCollector, NodeRegistry
 from clusterd.separation import ManualSeparation
 from clusterd.slownet import SlowNetComponent
@@ -206,6 +207,8 @@ class ClusterD:
             policy=self.separation.set_policy_text,
             decisions=self.brain.decision_log.listeners.append,
         )
+        if kube.enabled and kube.handoff is not None and ctx.config.kube_podgroups == "on":
+            self.brain.platform.backend = PodGroupPlatform(kube.handoff)  # platform mode on PodGroups
         slownode = SlowNodeComponent(
             ctx,
             jobs=self.brain.jobs,

@@ -18,6 +18,8 @@ A job spec (JSON or YAML; one object, a list, or ``{"jobs": [...]}``)::
     pod-rescheduling: "on"        # label
     subHealthyStrategy: hotSwitch # label: ignore | graceExit | hotSwitch
     backupNodes: [node-c]         # spare nodes a hot switch may move a pod to
+    wait-reschedule-timeout: 270  # annotation: wait for the fault pods to be rescheduled (30..270 s)
+    mindioWaitMindxTime: 60       # the rank-0 pod's MINDIO_WAIT_MINDX_TIME (1..3600 s; 0 = unset)
     ranks:                        # global rank -> (node, device id); one pod per node
       - {rank: 0, node: node-a, device: 0, superPodId: 0, deviceIp: 10.20.0.1}
     # MindIE multi-instance services (clusterd.md §2.6; the reference's pod labels jobID / app):
@@ -103,6 +105,8 @@ class Job:
     app: str = ""
     deploy_server: str = ""
     pods: tuple[Pod, ...] = ()
+    wait_reschedule_s: int = 270
+    mindio_wait_s: int = 0
     created_ms: int = 0
     updated_ms: int = 0
     extra: dict[str, str] = field(default_factory=dict, compare=False)
@@ -192,6 +196,8 @@ class Job:
             "pod-rescheduling": self.pod_rescheduling,
             "subHealthyStrategy": self.sub_healthy_strategy,
             "backupNodes": list(self.backup_nodes),
+            "wait-reschedule-timeout": self.wait_reschedule_s,
+            "mindioWaitMindxTime": self.mindio_wait_s,
             "ranks": [
                 {
                     "rank": r.rank,
@@ -234,6 +240,19 @@ def _str(d: dict[str, Any], names: tuple[str, ...], default: str = "") -> str:
     if not isinstance(v, (str, int)):
         raise JobSpecError(f"{names[0]} must be a string")
     return str(v)
+
+
+def _int(d: dict[str, Any], names: tuple[str, ...], default: int, lo: int, hi: int) -> int:
+    v = _pick(d, *names, default=default)
+    try:
+        if isinstance(v, bool):
+            raise ValueError
+        n = int(v)
+    except (TypeError, ValueError):
+        raise JobSpecError(f"{names[0]} must be an integer ({lo}..{hi})") from None
+    if not lo <= n <= hi:
+        raise JobSpecError(f"{names[0]} must be in {lo}..{hi}, got {n}")
+    return n
 
 
 def parse_job(d: Any) -> Job:
@@ -280,6 +299,8 @@ def parse_job(d: Any) -> Job:
     backups = _pick(d, "backupNodes", "backup-nodes", default=[])
     if not isinstance(backups, list) or not all(isinstance(n, str) and NAME_RE.match(n) for n in backups):
         raise JobSpecError("backupNodes must be a list of node names")
+    wait_resched = _int(d, ("wait-reschedule-timeout", "waitRescheduleTimeout"), 270, 30, 270)
+    mindio_wait = _int(d, ("mindioWaitMindxTime", "MINDIO_WAIT_MINDX_TIME"), 0, 0, 3600)
     raw = _pick(d, "ranks", default=[])
     if not isinstance(raw, list):
         raise JobSpecError("ranks must be a list")
@@ -343,6 +364,8 @@ def parse_job(d: Any) -> Job:
         app=app,
         deploy_server=deploy,
         pods=tuple(pods),
+        wait_reschedule_s=wait_resched,
+        mindio_wait_s=mindio_wait,
     )
 
 

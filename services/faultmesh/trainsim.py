@@ -26,13 +26,19 @@ misbehave) where ClusterD sends what they would reject or misread:
 
 - ``preExitProcess`` without faultRanks or nodeRankIds: TaskD stops no worker (its StopWorkers
   messages go to the agents of nodeRankIds); a fault rank on a pod not named is never stopped;
-- ``globalFault`` with ``fault_nodes_exit`` / ``fault_nodes_restart``: nodeRankIds must name the
-  pods and faultRanks every rank of those pods (MindIO's on_global_rank would treat a rank killed
-  with its pod as healthy) — checked when ``ranks_per_pod`` is known;
+- ``globalFault`` with ``fault_nodes_exit`` / ``fault_nodes_restart``: faultRanks must be set and
+  name every rank of the pods in nodeRankIds (MindIO's on_global_rank would treat a rank killed
+  with its pod as healthy) — checked when ``ranks_per_pod`` is known; ``fault_nodes_exit`` with no
+  nodeRankIds is valid (recover-in-place: every fault pod restarts its processes, no agent exits);
+- ``changeStrategy`` with ``fault_nodes_restart``: every pod in nodeRankIds has a fault rank
+  (TaskD restarts the workers of those ranks);
 - ``changeStrategy``: retry / recover / dump / downgrade / upgrade need faultRanks; recover,
   recover-in-place (restart workers), dump, downgrade and exit need nodeRankIds (TaskD restarts,
   exits or sends ExitAgent only to those pods);
 - ``globalFault`` / ``changeStrategy`` must carry the uuid of the flow's stopTrain / saveAndExit.
+
+With ``mindio_wait_s`` (MINDIO_WAIT_MINDX_TIME), a flow that sends no ``changeStrategy`` within
+that time after the stop is an error too (MindIO's controller gives up and the job fails).
 
 Any answer set to ``silent`` is never sent (a client that vanishes mid-flow). Every event is kept
 in :attr:`TrainSim.events` (and printed as a JSON line by the CLI).
@@ -70,6 +76,7 @@ class Outcomes:
     delay_s: float = 0.0
     exit_on_kill: bool = False
     process_fault: str = "ok"  # ok | silent: the ReportProcessFault after preExitProcess
+    mindio_wait_s: float = 0.0  # MINDIO_WAIT_MINDX_TIME: MindIO gives up without a strategy (0: never)
 
 
 class TrainSimError(RuntimeError):
@@ -106,6 +113,7 @@ class TrainSim:
         self.ranks_per_pod = ranks_per_pod  # NPUs per pod (0: unknown, the pod checks are skipped)
         self.errors: list[str] = []  # what the real TaskD / MindIO would reject or misread
         self._flow_uuid = ""  # the uuid of the flow's stopTrain / saveAndExit / hot-switch
+        self._mindio_watch: asyncio.Task | None = None  # MINDIO_WAIT_MINDX_TIME after the stop
 
     # -- events ------------------------------------------------------------------------------------
     def _record(self, kind: str, **data: Any) -> None:
@@ -187,6 +195,7 @@ class TrainSim:
             await asyncio.wait([stop, tasks[0]], return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop.cancel()
+            self._disarm_mindio()
             for t in tasks:
                 t.cancel()
             for t in tasks:
@@ -268,7 +277,9 @@ class TrainSim:
                 return self._fail(sig, f"fault ranks on pods {sorted(self._pods_of(ranks) - pods)} not named")
         exiting = actions & {"fault_nodes_exit", "fault_nodes_restart"}
         if st == "globalFault" and exiting:
-            if not pods or not ranks:
+            # fault_nodes_exit with no nodeRankIds is right when every fault pod restarts its
+            # processes in place (TaskD exits no agent); MindIO still needs the fault ranks
+            if not ranks or ("fault_nodes_restart" in exiting and not pods):
                 return self._fail(sig, f"{sorted(exiting)} without nodeRankIds / faultRanks")
             if self.ranks_per_pod:
                 named = {f.rankId for f in ranks}
@@ -285,10 +296,33 @@ class TrainSim:
             if cs in ("recover", "dump", "downgrade", "exit") and not pods:
                 what = "restarts no worker" if "fault_nodes_restart" in actions else "exits no agent"
                 return self._fail(sig, f"empty nodeRankIds: TaskD {what}")
+            if "fault_nodes_restart" in actions and self.ranks_per_pod:
+                idle = sorted(pods - self._pods_of(ranks), key=lambda p: (len(p), p))
+                if idle:
+                    return self._fail(sig, f"pods {idle} restart workers but have no fault rank")
         return False
+
+    def _arm_mindio(self) -> None:
+        """MindIO's controller waits MINDIO_WAIT_MINDX_TIME after pausing for a strategy."""
+        self._disarm_mindio()
+        if self.o.mindio_wait_s > 0:
+            self._mindio_watch = asyncio.create_task(self._mindio_gives_up())
+
+    def _disarm_mindio(self) -> None:
+        if self._mindio_watch is not None:
+            self._mindio_watch.cancel()
+            self._mindio_watch = None
+
+    async def _mindio_gives_up(self) -> None:
+        await asyncio.sleep(self.o.mindio_wait_s)
+        msg = f"no changeStrategy within MINDIO_WAIT_MINDX_TIME ({self.o.mindio_wait_s}s): MindIO gives up"
+        self.errors.append(msg)
+        self._record("client-error", error=msg)
 
     async def _answer(self, sig) -> None:
         st = sig.signalType
+        if st == "changeStrategy":
+            self._disarm_mindio()
         ranks = list(sig.faultRanks)
         if ranks:
             self._fault_ranks = ranks
@@ -312,6 +346,8 @@ class TrainSim:
                 metadata=self.metadata,
             )
             self._record("reply", rpc="ReportStopComplete", sent=code, code=r.code)
+            if code == 0:
+                self._arm_mindio()
         elif st == "globalFault" or (st == "hot-switch" and "new pod running" in sig.actions):
             await self._report_strategy(ranks)
         elif st in ("changeStrategy", "saveAndExit", "faultNodesExit"):

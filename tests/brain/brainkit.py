@@ -18,6 +18,9 @@ FAST = (
     "--signal-send-s", "1.0",
     "--fault-retry-s", "1.0",
     "--hccl-route-s", "0.01",
+    "--in-place-wait-s", "0.6",
+    "--platform-wait-s", "1.5",
+    "--job-wait-scale", "0.01",
 )  # fmt: skip
 
 
@@ -176,3 +179,24 @@ async def wait_idle(cd, job_id: str = JOB, timeout_s: float = 10.0) -> None:
 def signals(sim) -> list[tuple[str, tuple[str, ...], str]]:
     """(signalType, actions, changeStrategy) of every signal the sim got."""
     return [(e["signalType"], tuple(e["actions"]), e["changeStrategy"]) for e in sim.signals()]
+
+
+async def wait_state(cd, state: str, job_id: str = JOB, timeout_s: float = 5.0) -> None:
+    """Wait until the job's controller is in ``state``."""
+    ctl = cd.brain.controllers[job_id]
+    async with asyncio.timeout(timeout_s):
+        while ctl.state != state:
+            await asyncio.sleep(0.01)
+
+
+async def vanish_in(cd, sim, state: str, job_id: str = JOB):
+    """The training side disappears while the controller is in ``state``: the controller must reset
+    to INIT with no flow left. Returns the controller."""
+    await wait_state(cd, state, job_id)
+    await sim.close()
+    d = await wait_decision(cd, "reset", job_id)
+    assert d["reason"] == "signal stream ended"
+    await wait_idle(cd, job_id)
+    ctl = cd.brain.controllers[job_id]
+    assert ctl.state == "INIT" and not ctl.busy()
+    return ctl

@@ -78,3 +78,18 @@ def test_retry_and_a_good_recover_pass(sim):
         sig("changeStrategy", ["change_strategy"], [("2", "1"), ("3", "1")], ["1"], strategy="recover")
     )
     assert sim.errors == []
+
+
+def test_in_place_global_fault_may_exit_no_pod_but_needs_the_ranks(sim):
+    # recover-in-place, every fault pod restarts its processes: fault_nodes_exit names no pod
+    assert not sim._rejected(sig("globalFault", ["on_global_rank", "fault_nodes_exit"], [("2", "1")]))
+    assert sim._rejected(sig("globalFault", ["on_global_rank", "fault_nodes_exit"]))
+    assert sim._rejected(sig("globalFault", ["on_global_rank", "fault_nodes_restart"], [("2", "1")]))
+
+
+def test_in_place_restart_of_a_pod_without_a_fault_rank_is_an_error(sim):
+    s = sig(
+        "changeStrategy", ["change_strategy", "fault_nodes_restart"], [("2", "1")], ["0", "1"],
+        strategy="recover", extra="recover-in-place",
+    )  # fmt: skip
+    assert sim._rejected(s) and "pods ['0'] restart workers but have no fault rank" in sim.errors[0]

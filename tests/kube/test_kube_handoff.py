@@ -202,3 +202,58 @@ async def _eq(coro, key, value):
 
 async def _absent(coro, key):
     return key not in await coro
+
+
+async def pg_annotations(api) -> dict:
+    doc = await api._call(
+        "get pg", api.custom.get_namespaced_custom_object, pgs.GROUP, pgs.VERSION, NS, pgs.PLURAL, "llama-pg"
+    )
+    return doc["metadata"].get("annotations") or {}
+
+
+async def test_platform_mode_annotations_live_on_the_podgroup(k8s, kcd):
+    emu, api = k8s
+    await api._call(
+        "create pg", api.custom.create_namespaced_custom_object, pgs.GROUP, pgs.VERSION, NS, pgs.PLURAL,
+        podgroup({"process-recover-enable": "on"}, {"recover-strategy": "recover", "ProcessRecoverStrategy": "recover"}),
+    )  # fmt: skip
+    await api._call(
+        "create pod", api.core.create_namespaced_pod, NS, job_pod("llama-worker-0", "node-1", 0, [0])
+    )
+    await until(lambda: kcd.jobs.get(UID), what="job")
+    plat = kcd.brain.platform
+    await until(lambda: plat.get(UID).get("ProcessRecoverStrategy") == "recover", what="platform mode seen")
+    assert await plat.patch(UID, {"ProcessConfirmFault": "0:1"})
+    assert plat.get(UID)["ProcessConfirmFault"] == "0:1"  # seen at once by the flow's next poll
+    await until(
+        lambda: _eq(pg_annotations(api), "ProcessConfirmFault", "0:1"), what="confirm on the PodGroup"
+    )
+    kcd.brain.decide(UID, "recovery", "recover-success", "status 0")  # CheckRecoverResult -> the annotation
+    await until(
+        lambda: _eq(pg_annotations(api), "ProcessRecoverStatus", "recover-success"),
+        what="ProcessRecoverStatus",
+    )
+    assert (await pg_annotations(api))["recover-strategy"] == "recover"  # a merge patch: the rest stays
+
+
+async def test_in_place_split_sets_restart_fault_process(k8s, kcd):
+    emu, api = k8s
+    await api._call(
+        "create pod", api.core.create_namespaced_pod, NS, job_pod("llama-worker-0", "node-1", 0, [0])
+    )
+    await until(lambda: kcd.jobs.get(UID), what="job")
+    await api.create_config_map(
+        NS,
+        {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "reset-config-llama", "namespace": NS},
+            "data": {"reset.json": INITIAL, "checkCode": hashlib.sha256(INITIAL.encode()).hexdigest()},
+        },
+    )  # fmt: skip
+    kcd.brain.decide(UID, "recovery", "in-place-split", "split", restart_process_pods=[0], restart_pods=[])
+
+    async def flagged():
+        doc = await reset_json(api)
+        return doc if doc.get("RestartFaultProcess") else None
+
+    await until(flagged, what="RestartFaultProcess=true")

@@ -42,7 +42,9 @@ from clusterd.brain.http import JobsHttp
 from clusterd.brain.intake import FaultIntake
 from clusterd.brain.jobs import JobRegistry
 from clusterd.brain.jobsvc import ConfigServicer, JobServicer
+from clusterd.brain.platform import PlatformAnnotations
 from clusterd.brain.recover import RecoverServicer
+from clusterd.brain.retryproc import RetryReports
 from faultmesh._pb import (
     agent_pb2,
     config_pb2_grpc,
@@ -92,6 +94,24 @@ class BrainComponent(FaultIntake):
             help="a retry with HCCL ranks: route convergence wait (s)",
         )
         g.add_argument(
+            "--in-place-wait-s",
+            type=float,
+            default=15.0,
+            help="recover-in-place: wait for the fault pods' faults to vanish (s)",
+        )
+        g.add_argument(
+            "--platform-wait-s",
+            type=float,
+            default=300.0,
+            help="platform mode: each wait for the AI platform (s)",
+        )
+        g.add_argument(
+            "--job-wait-scale",
+            type=float,
+            default=1.0,
+            help="multiplies the job's own waits (wait-reschedule-timeout, MINDIO_WAIT_MINDX_TIME; tests only)",
+        )
+        g.add_argument(
             "--data-trace-dir",
             default=None,
             help="host folder of <ns>.data-trace-<job>/profilingSwitch files "
@@ -113,6 +133,9 @@ class BrainComponent(FaultIntake):
             hccl_route_s=a.hccl_route_s,
             poll_s=min(1.0, max(0.01, a.report_timeout_s / 10)),
             subscriber_wait_s=min(10.0, a.report_timeout_s),
+            in_place_wait_s=a.in_place_wait_s,
+            platform_s=a.platform_wait_s,
+            job_wait_scale=a.job_wait_scale,
         )
         self.jobs = JobRegistry(ctx.store)
         self.controllers: dict[str, Controller] = {}
@@ -123,6 +146,9 @@ class BrainComponent(FaultIntake):
         self._sent_nodes: dict[str, set[str]] = {}  # job -> nodes that got its JobInfo
         self._subhealth_seen: dict[str, set[tuple[int, str]]] = {}
         self._unregistered_seen: dict[str, set[tuple[int, str]]] = {}
+        self.retry_reports = RetryReports()  # business-plane retry reports (the retry processor)
+        self.platform = PlatformAnnotations(ctx.store, ctx.tasks.spawn)  # platform mode's annotations
+        self.decision_log.listeners.append(self.platform.on_decision)
         self.m_signals = Counter(
             "faultmesh_brain_signals_total",
             "ProcessManageSignals delivered by type",
@@ -163,6 +189,7 @@ class BrainComponent(FaultIntake):
             self._node_faults.setdefault(f.node, {})[f.key] = f
         n = await self.jobs.load()
         await self.decision_log.load()
+        await self.platform.load()
         event(log, logging.INFO, "brain started", jobs=n)
 
     async def stop(self) -> None:
@@ -187,12 +214,15 @@ class BrainComponent(FaultIntake):
         )
 
     def rank_faults(self, job) -> list[RankFault]:
-        """The job's rank faults now (stress-test hidden codes removed)."""
+        """The job's rank faults now (stress-test hidden codes removed), plus the synthetic ranks of
+        business-plane retry reports (:mod:`clusterd.brain.retryproc`)."""
         ctl = self.controllers.get(job.id)
         hidden = ctl.hidden_nodes if ctl else set()
-        return job_rank_faults(
+        out = job_rank_faults(
             job, self.faults_of_node, lambda node, code: node in hidden and code in STRESS_HIDDEN_CODES
         )
+        extra = self.retry_reports.synthetic(job, out, now_ms())
+        return sorted(out + extra, key=lambda f: (f.rank, f.code)) if extra else out
 
     def faults_of_node(self, node: str) -> list[Fault]:
         """Active faults of ``node`` from the brain's node index of the fault center (O(faults on node))."""
@@ -333,6 +363,8 @@ class BrainComponent(FaultIntake):
         self.job_svc.broadcast(job, "delete" if deleted else "add")  # the reference: add / delete only
         self.config_svc.publish(job)  # a MindIE member changed or left: its global rank table
         if deleted:
+            self.retry_reports.drop(job.id)
+            self.platform.drop(job.id)
             ctl = self.controllers.pop(job.id, None)
             if ctl is not None:
                 await ctl.close()

@@ -46,6 +46,11 @@ class Timeouts:
     hccl_route_s: float = 3.0  # a retry with HCCL ranks waits for route convergence
     poll_s: float = 1.0
     subscriber_wait_s: float = 10.0  # an O&M notify stream (SubscribeNotifySwitch / ExecStressTest)
+    in_place_wait_s: float = 15.0  # recover-in-place: the pods' faults must vanish (5 x 3 s)
+    platform_s: float = 300.0  # platform mode: each wait for the AI platform (ProcessControlTimeout)
+    job_wait_scale: float = (
+        1.0  # multiplies the job's own waits (wait-reschedule-timeout, MINDIO_WAIT_MINDX_TIME)
+    )
 
 
 class FlowEnd(Exception):
@@ -78,6 +83,9 @@ class ControllerBase:
         self.uuid = ""
         self.sent: list[tuple[str, list[str]]] = []  # last signals (type, actions), for views/tests
         self._no_status = ""  # why the last strategy got no status (not sent / timed out)
+        self.restart_proc_pods: set[int] = set()  # recover-in-place: pods that restart processes only
+        self.in_place_dropped = False  # in-place was possible, another strategy restarts every pod
+        self.plat_strategy = ""  # platform mode: the AI platform's ProcessRecoverStrategy
 
     # -- subscription and signals ------------------------------------------------------------------
     @property
@@ -206,8 +214,11 @@ class ControllerBase:
             return 504
         return 0
 
-    async def wait(self, *kinds: str, timeout_s: float | None = None) -> tuple[str, Any] | None:
-        """Wait for the first report of ``kinds`` (already expected). None on timeout."""
+    async def wait(
+        self, *kinds: str, timeout_s: float | None = None, keep: bool = False
+    ) -> tuple[str, Any] | None:
+        """Wait for the first report of ``kinds`` (already expected). None on timeout. ``keep``:
+        still expect ``kinds`` afterwards (a wait polled in steps)."""
         timeout_s = self.t.report_s if timeout_s is None else timeout_s
         getters = {asyncio.ensure_future(self._slot(k).get()): k for k in kinds}
         try:
@@ -216,8 +227,9 @@ class ControllerBase:
             for g in getters:
                 if not g.done():
                     g.cancel()
-        for k in kinds:
-            self._expect.discard(k)
+        if not keep:
+            for k in kinds:
+                self._expect.discard(k)
         if not done:
             return None
         g = next(iter(done))
@@ -256,6 +268,9 @@ class ControllerBase:
             self._expect.clear()
             self.hidden_nodes.clear()
             self.cached_faults.clear()  # the reference's reset after every flow
+            self.restart_proc_pods = set()
+            self.in_place_dropped = False
+            self.plat_strategy = ""
             self.uuid = ""
             self.om_kind = ""
             self.set_state(INIT)
@@ -273,6 +288,9 @@ class ControllerBase:
         self._expect.clear()
         self.hidden_nodes.clear()
         self.cached_faults.clear()
+        self.restart_proc_pods = set()
+        self.in_place_dropped = False
+        self.plat_strategy = ""
         self._finish_om(f"om failed, {reason}")
         self.om_kind = ""
         self.set_state(INIT)
@@ -365,16 +383,17 @@ class ControllerBase:
         """The cached faults, by rank then code."""
         return [self.cached_faults[k] for k in sorted(self.cached_faults)]
 
-    def expand_to_pods(self) -> list[RankFault]:
+    def expand_to_pods(self, keep: set[int] | frozenset[int] = frozenset()) -> list[RankFault]:
         """Make every cached fault normal ("1") and add every other rank of each fault pod (the
         reference's GetFaultRankIdsInSameNode, §7.3 step 3): the pods told to exit lose all their
-        ranks, so MindIO must hear of all of them. Returns the cached faults."""
+        ranks, so MindIO must hear of all of them. Pods in ``keep`` (pod ranks restarting their
+        processes in place) keep only their own fault ranks. Returns the cached faults."""
         job = self.brain.jobs.get(self.job_id)
         for k, f in list(self.cached_faults.items()):
             self.cached_faults[k] = _normal(f)
         if job is not None:
             have = {k[0] for k in self.cached_faults}
-            by_node = {f.node: f for f in self.cached_faults.values()}
+            by_node = {f.node: f for f in self.cached_faults.values() if f.pod_rank not in keep}
             for node, f in by_node.items():
                 for r in job.ranks_on(node):
                     if r.rank not in have:

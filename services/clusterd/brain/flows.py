@@ -7,19 +7,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from types import SimpleNamespace
 
 from clusterd.brain import strategy as strat
-from clusterd.brain.ctlbase import (
-    ControllerBase,
-    FlowEnd,
-    _normal,
-)
+from clusterd.brain.ctlbase import FlowEnd, _normal
 from clusterd.brain.faultview import RankFault
+from clusterd.brain.inplace import InPlaceSteps
+from clusterd.brain.platform import PlatformSteps
+from clusterd.brain.reschedule import RescheduleSteps
 
 log = logging.getLogger("clusterd.brain")
 
 
-class RecoveryFlows(ControllerBase):
+RESCHEDULE_TIMEOUT = -1  # run_strategy's code: the fault pods were not rescheduled in time
+
+
+class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
     """The fault recovery flow of :class:`clusterd.brain.controller.Controller`."""
 
     async def recovery(self, trigger: str) -> None:
@@ -31,7 +34,12 @@ class RecoveryFlows(ControllerBase):
         configured = job.strategies()
         faults = self.faults()
         self.set_state("NotifyWaitFaultFlushing")
-        if [s for s in configured if s != "exit"] == ["dump"]:
+        if self.platform_mode():  # the AI platform decides (platform mode)
+            await self.wait_platform_strategy(flow)
+            dump_only = self.plat_strategy == "dump" and "dump" in configured
+        else:
+            dump_only = [s for s in configured if s != "exit"] == ["dump"]
+        if dump_only:
             self.brain.decide(self.job_id, flow, "dump", "dump is the only strategy", faults=faults)
             await self.dump_and_exit(flow, "saveAndExit")
             return
@@ -54,9 +62,8 @@ class RecoveryFlows(ControllerBase):
         (§7.3 steps 3-6). A retry answered 405 comes back here with its faults made normal."""
         retried = False
         while True:
-            configured = (
-                self.brain.jobs.get(self.job_id).strategies() if self.brain.jobs.get(self.job_id) else []
-            )
+            job = self.brain.jobs.get(self.job_id)
+            configured = self.platform_configured(job.strategies() if job else [])
             faults = self.faults()
             self.set_state("WaitFaultFlushFinished")
             retry_types = bool(faults) and all(f.fault_type in ("0", "2") for f in faults)
@@ -64,22 +71,34 @@ class RecoveryFlows(ControllerBase):
             if not (retry_only and all(f.fault_type == "0" for f in faults)):
                 await asyncio.sleep(self.t.flush_s)
             self.set_state("NotifyGlobalFault")
-            self.expect("strategy")
+            if retry_only and self.platform_mode():
+                merged = await self.confirm_faults(flow, [(str(f.rank), f.fault_type) for f in faults])
+                self._merge_reported([SimpleNamespace(rankId=r, faultType=t) for r, t in merged])
+                retry_only = all(t in ("0", "2") for _, t in merged)  # else the normal-fault case
             if retry_only:
+                self.expect("strategy")
                 faults = self.faults()
                 timeout = 33 if any(f.fault_type == "2" for f in faults) else 0
                 ok = await self.signal("globalFault", ["on_global_rank"], faults, sig_timeout=timeout)
             else:
-                faults = self.expand_to_pods()
-                levels = {f.level for f in faults}
-                in_place = "recover-in-place" in configured and levels <= set(strat.IN_PLACE_LEVELS)
-                action = "fault_nodes_restart" if in_place else "fault_nodes_exit"
+                await self.split_in_place(flow, configured)
+                if self.platform_mode() and not retry_types:
+                    pairs = [(str(f.rank), "1") for f in self.faults()]
+                    merged = await self.confirm_faults(flow, pairs)
+                    self._merge_reported([SimpleNamespace(rankId=r, faultType="1") for r, _ in merged])
+                self.set_state("NotifyGlobalFault")
+                self.expect("strategy")
+                faults = self.expand_to_pods(keep=self.restart_proc_pods)
+                exit_pods = [p for p in self._pod_ranks(faults) if int(p) not in self.restart_proc_pods]
+                # the reference: fault_nodes_exit, nodeRankIds = the pods that restart as pods (none
+                # when every fault pod restarts its processes in place)
                 ok = await self.signal(
-                    "globalFault", ["on_global_rank", action], faults, node_rank_ids=self._pod_ranks(faults)
+                    "globalFault", ["on_global_rank", "fault_nodes_exit"], faults, node_rank_ids=exit_pods
                 )
             if not ok:
                 await self.kill_job(flow, "globalFault not delivered")
             self.set_state("WaitReportRecoverStrategy")
+            self.resched_started = time.monotonic()  # the reference starts listenScheduleResult here
             r = await self.wait("strategy")
             if r is None:
                 await self.fault_retry(flow, f"recover strategy not reported in {self.t.report_s}s")
@@ -130,19 +149,43 @@ class RecoveryFlows(ControllerBase):
             raise FlowEnd
         allowed: tuple[str, ...] = strat.AFTER_FAILURE["retry"] if after_retry else strat.ORDER
         reported = set(self.agent_strategies)
+        forced: strat.Choice | None = None
         while True:
             faults = self.faults()
             pod0 = any(f.pod_rank == 0 for f in faults)
-            choice = strat.choose(
-                job.strategies(),
+            configured = self.platform_configured(job.strategies())
+            args = (
+                configured,
                 reported,
                 [f.fault_type for f in faults],
                 [f.level for f in faults],
                 pod0,
-                allowed,
             )
+            choice = forced or strat.choose(*args, allowed, in_place=bool(self.restart_proc_pods))
+            if forced is None and choice.strategy == "elastic-training" and job.rescheduling():
+                # canChooseScaleInStrategy: with rescheduling configured, scale in only when the
+                # resources do not come back within MINDIO_WAIT_MINDX_TIME - 10 s
+                if await self.wait_resources(flow, job):
+                    choice = strat.choose(
+                        *args, allowed, in_place=bool(self.restart_proc_pods), elastic_ok=False
+                    )
+            forced = None
+            if choice.strategy == "recover" and self.platform_mode() and not await self.wait_rank_table(flow):
+                # the reference re-reads the platform's strategy and chooses dump or exit
+                s = self.read_strategy(True)
+                if s is None:
+                    await self.fault_retry(flow, "platform strategy unreadable after RankTableReady failed")
+                self.plat_strategy = s
+                choice = strat.choose(
+                    self.platform_configured(job.strategies()),
+                    reported,
+                    *args[2:],
+                    strat.AFTER_FAILURE["recover"],
+                )
+            if choice.strategy not in ("retry", "recover-in-place"):
+                self.drop_in_place()  # every fault pod restarts as a pod
             if choice.strategy != "retry":  # retry not chosen: retry faults become normal faults
-                faults = self.expand_to_pods()
+                faults = self.expand_to_pods(keep=self.restart_proc_pods)
             self.brain.decide(
                 self.job_id, flow, choice.strategy, choice.reason, faults=faults, trigger=trigger,
                 reported=sorted(reported),
@@ -150,6 +193,17 @@ class RecoveryFlows(ControllerBase):
             ok, code = await self.run_strategy(flow, choice)
             if ok:
                 return "done"
+            if code == RESCHEDULE_TIMEOUT:
+                if self.elastic_supported(job, reported):  # NeedTryScaleInStrategy -> NotifyScaleInStrategy
+                    forced = strat.Choice(
+                        "elastic-training",
+                        "downgrade",
+                        '{"scale-in-strategy": "DP"}',
+                        f"{self._no_status}: scale-in",
+                    )
+                    allowed = strat.AFTER_FAILURE[choice.strategy]
+                    continue
+                await self.fault_retry(flow, self._no_status)
             if code is None:
                 await self.fault_retry(flow, self._no_status)
             self.brain.decide(self.job_id, flow, f"{choice.strategy}-failed", f"status code {code}")
@@ -171,6 +225,8 @@ class RecoveryFlows(ControllerBase):
         faults = self.faults()
         if s == "retry":
             faults = [f for f in faults if f.fault_type in ("0", "2")] or faults
+        if s == "recover-in-place":  # TaskD restarts the workers of these pods only
+            return faults, [str(p) for p in sorted(self.restart_proc_pods)]
         return faults, self._pod_ranks(faults)
 
     async def run_strategy(self, flow: str, choice: strat.Choice) -> tuple[bool, int | None]:
@@ -181,7 +237,7 @@ class RecoveryFlows(ControllerBase):
             self.set_state("NotifyDecidedStrategy")
             faults, pods = self._strategy_signal(s)
             if not await self.signal(
-                "changeStrategy", ["change_strategy"], faults, change_strategy="exit", node_rank_ids=pods
+                "changeStrategy", self.in_place_actions(s), faults, change_strategy="exit", node_rank_ids=pods
             ):
                 self._no_status = "changeStrategy exit not delivered"
                 return False, None
@@ -201,7 +257,7 @@ class RecoveryFlows(ControllerBase):
             await asyncio.sleep(self.t.hccl_route_s)  # HCCL route convergence
         self.set_state("NotifyDecidedStrategy")
         self.expect("status")
-        actions = ["change_strategy"] + (["fault_nodes_restart"] if s == "recover-in-place" else [])
+        actions = self.in_place_actions(s)
         faults, pods = self._strategy_signal(s)
         if not await self.signal(
             "changeStrategy", actions, faults, change_strategy=choice.signal, extra=choice.extra,
@@ -210,13 +266,16 @@ class RecoveryFlows(ControllerBase):
             self._no_status = f"changeStrategy {choice.signal} not delivered"
             return False, None
         self.set_state(state)
-        r = await self.wait("status")
-        if r is None:
+        what, rep = await self.wait_status_rescheduled(s)
+        if what == "reschedule-timeout":
+            self._no_status = f"fault pods not rescheduled in {rep}s (wait-reschedule-timeout)"
+            return False, RESCHEDULE_TIMEOUT
+        if what == "timeout":
             self._no_status = f"no {s} status reported in {self.t.report_s}s"
             return False, None
-        code = r[1].status.code
+        code = rep.status.code
         if s == "elastic-training":
-            return await self._elastic(flow, r[1])
+            return await self._elastic(flow, rep)
         if code == 0:
             self.brain.decide(self.job_id, flow, f"{s}-success", "training side reported status 0")
             self.cached_faults.clear()
@@ -327,8 +386,9 @@ class RecoveryFlows(ControllerBase):
             ok = await self.signal("saveAndExit", ["save_and_exit"], faults, node_rank_ids=pods)
         else:
             ok = await self.signal(
-                "changeStrategy", ["change_strategy"], faults, change_strategy="dump", node_rank_ids=pods
-            )
+                "changeStrategy", self.in_place_actions("dump"), faults, change_strategy="dump",
+                node_rank_ids=pods,
+            )  # fmt: skip
         if not ok:
             await self.fault_retry(flow, "dump signal not delivered")
         self.set_state("WaitReportDumpStatus")
@@ -344,7 +404,8 @@ class RecoveryFlows(ControllerBase):
         )
         await self._dump_exit()
         self.set_state("CheckRecoverResult")
-        self.brain.decide(self.job_id, flow, "exit-completed", self._after_exit())
+        # after_dump: ProcessRecoverStatus stays dump-success / dump-failed (the reference)
+        self.brain.decide(self.job_id, flow, "exit-completed", self._after_exit(), after_dump=True)
         self.cached_faults.clear()
         return success
 

@@ -1,6 +1,7 @@
 """The brain's HTTP routes (issue 7): ``GET/POST /v1/jobs``, ``GET/DELETE /v1/jobs/<id>``,
 ``GET /v1/jobs/<id>/recovery`` (see :mod:`clusterd.brain.component`) and the operator undo
-``POST /v1/jobs/<id>/recovery/reset`` (``{"reevaluate": true}`` optional). The bearer token of the
+``POST /v1/jobs/<id>/recovery/reset`` (``{"reevaluate": true}`` optional), platform mode's
+``GET`` / ``POST /v1/jobs/<id>/platform`` (:mod:`clusterd.brain.platform`). The bearer token of the
 mutating ones is checked by :mod:`clusterd.auth`'s middleware.
 """
 
@@ -33,6 +34,8 @@ class JobsHttp:
         r.add_delete("/v1/jobs/{id}", self._http_delete)
         r.add_get("/v1/jobs/{id}/recovery", self._http_recovery)
         r.add_post("/v1/jobs/{id}/recovery/reset", self._http_reset)
+        r.add_get("/v1/jobs/{id}/platform", self._http_platform)
+        r.add_post("/v1/jobs/{id}/platform", self._http_platform_set)
 
     async def _http_list(self, request: web.Request) -> web.Response:
         return json_response([self.b.job_view(j) for j in self.b.jobs.all()])
@@ -114,6 +117,30 @@ class JobsHttp:
             self.b.evaluate(self.b.jobs.get(jid))
         event(log, logging.INFO, "recovery reset by operator", job=jid, state=was)
         return json_response({"job_id": jid, "result": "reset", "was": was, "state": ctl.state})
+
+    async def _http_platform(self, request: web.Request) -> web.Response:
+        """Platform mode's annotations of a job (:mod:`clusterd.brain.platform`). 404 unknown job."""
+        jid = request.match_info["id"]
+        if self.b.jobs.get(jid) is None:
+            return json_response({"error": f"job {jid} not found"}, status=404)
+        return json_response(self.b.platform.get(jid))
+
+    async def _http_platform_set(self, request: web.Request) -> web.Response:
+        """The AI platform sets annotations: body ``{key: value | null}``. 400 bad body or key,
+        404 unknown job; answers the annotations after the change."""
+        jid = request.match_info["id"]
+        if self.b.jobs.get(jid) is None:
+            return json_response({"error": f"job {jid} not found"}, status=404)
+        try:
+            body = orjson.loads(await request.read() or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("body must be a JSON object {key: value | null}")
+            await self.b.platform.patch(jid, body)
+        except ValueError as e:  # orjson.JSONDecodeError is a ValueError
+            self.b.count_rejected("bad_platform_annotation")
+            return json_response({"error": str(e)}, status=400)
+        event(log, logging.INFO, "platform annotations set", job=jid, keys=",".join(sorted(body)))
+        return json_response(self.b.platform.get(jid))
 
 
 def _parse_body(raw: str):

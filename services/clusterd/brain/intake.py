@@ -19,6 +19,8 @@ import logging
 from clusterd.brain import controller as ctlmod
 from clusterd.brain.controller import Controller
 from clusterd.brain.faultview import RECOVER_IGNORED_LEVELS, RankFault, job_health
+from clusterd.brain.platform import STRATEGY_KEY
+from clusterd.brain.retryproc import CODE_OF_TYPE, RETRY_TYPES
 from faultmesh.levels import SUB_HEALTHY, UNHEALTHY, level_health
 from faultmesh.log import event
 from faultmesh.model import now_ms
@@ -42,8 +44,8 @@ class FaultIntake:
         if ctl is None:
             seen = self._unregistered_seen.get(job.id, set())
             self._unregistered_seen[job.id] = keys
-            new = [f for f in faults if (f.rank, f.code) not in seen]
-            if new and health == UNHEALTHY:
+            new = [f for f in faults if (f.rank, f.code) not in seen and level_health(f.level) == UNHEALTHY]
+            if new:  # a sub-health fault (a slow-node confirmation) on an UnHealthy job decides nothing
                 resched = job.rescheduling()
                 self.decide(
                     job.id,
@@ -55,7 +57,7 @@ class FaultIntake:
                         if resched
                         else "no rescheduling configured"
                     ),
-                    faults=[f for f in new if level_health(f.level) == UNHEALTHY],
+                    faults=new,
                 )
             return
         new = [f for f in faults if (f.rank, f.code) not in ctl.seen_fault_keys]
@@ -67,7 +69,10 @@ class FaultIntake:
             if not joined:
                 return
             only_retry = all(f.fault_type in ("0", "2") for f in joined)
-            pre_exit = "retry" not in job.strategies() or not only_retry
+            # supportRetryStrategy: in platform mode only while the platform said retry, which an
+            # idle controller has not heard yet -> preExitProcess
+            platform = STRATEGY_KEY in self.platform.get(job.id)
+            pre_exit = "retry" not in job.strategies() or not only_retry or platform
             ctl.add_faults(joined)  # the reference's saveCacheFault: every new fault is cached
             if ctl.busy():
                 event(log, logging.INFO, "fault joins the running flow", job=job.id, flow=ctl.flow_name)
@@ -86,7 +91,8 @@ class FaultIntake:
                     f"pre-exit-{job.id}",
                 )
                 return
-            self.decide(job.id, "recovery", "stop-train", "hardware fault on the job's ranks", faults=new)
+            # only the joined faults: a sub-health rank (a slow-node confirmation) is no stop-train rank
+            self.decide(job.id, "recovery", "stop-train", "hardware fault on the job's ranks", faults=joined)
             ctl.start_flow("recovery", lambda: ctl.recovery("fault"))
             return
         if health == SUB_HEALTHY:
@@ -140,7 +146,9 @@ class FaultIntake:
             )
 
     async def process_fault(self, job_id: str, ranks) -> None:
-        """ReportProcessFault: type-"1" ranks (or retry-only ranks) start a recovery flow."""
+        """ReportProcessFault: ranks with a type "1" start a recovery flow (``stopTrain``); when every
+        rank is a retry type ("0" / "2") they become business-plane retry reports instead
+        (:mod:`clusterd.brain.retryproc`). Unknown ranks are skipped."""
         ctl = self.controllers.get(job_id)
         job = self.jobs.get(job_id)
         if ctl is None or job is None:
@@ -160,6 +168,16 @@ class FaultIntake:
         if not faults:
             return
         ctl.add_faults(faults, new_ranks_only=True)  # ranks the hardware intake cached keep their fault
+        if all(f.fault_type in RETRY_TYPES for f in faults):
+            # the reference: retry-type ranks go to the fault centre's retry processor (business-plane
+            # retry reports), not to a new flow; their synthetic fault ranks come back through the
+            # hardware intake (retry configured -> stopTrain, else preExitProcess)
+            for f in faults:
+                self.retry_reports.report(job_id, f.rank, f.fault_type, now)
+                ctl.seen_fault_keys.discard((f.rank, CODE_OF_TYPE[f.fault_type]))
+            event(log, logging.INFO, "retry report", job=job_id, ranks=",".join(str(f.rank) for f in faults))
+            self.evaluate(job)
+            return
         if ctl.busy():
             return
         self.decide(

@@ -52,12 +52,17 @@ def choose(
     fault_levels: Iterable[str],
     pod0_faulty: bool,
     allowed: Iterable[str] = ORDER,
+    in_place: bool | None = None,
+    elastic_ok: bool = True,
 ) -> Choice:
     """Pick the strategy (see module docstring).
 
     ``configured``: the job's strategies; ``reported``: the training side's list (signal names:
     retry, recover, downgrade, dump, exit); ``fault_types``: FaultRank types ("0"/"2" retry, "1"
-    normal); ``fault_levels``: the faults' levels; ``allowed``: what the fallback still permits.
+    normal); ``fault_levels``: the faults' levels; ``allowed``: what the fallback still permits;
+    ``in_place``: whether some fault pod can restart its processes in place (the controller's
+    15 s split, :mod:`clusterd.brain.inplace`); None: decided by the levels alone; ``elastic_ok``:
+    False when the resources came back within the elastic resource wait (no scale-in).
     """
     conf = set(configured)
     rep = set(reported)
@@ -76,13 +81,15 @@ def choose(
         if ok("dump") and "dump" in rep:
             return Choice("dump", "dump", "", "retry not reported by the training side: faults become normal")
         return Choice("exit", "exit", "", "retry not reported by the training side and dump not possible")
-    if ok("recover-in-place") and "recover" in rep and levels and all(lv in IN_PLACE_LEVELS for lv in levels):
+    if in_place is None:
+        in_place = bool(levels) and all(lv in IN_PLACE_LEVELS for lv in levels)
+    if ok("recover-in-place") and "recover" in rep and in_place:
         return Choice(
             "recover-in-place", "recover", "recover-in-place", "only RestartRequest/RestartBusiness faults"
         )
     if ok("recover") and "recover" in rep:
         return Choice("recover", "recover", "", "recover is configured and reported")
-    if ok("elastic-training") and "downgrade" in rep:
+    if ok("elastic-training") and "downgrade" in rep and elastic_ok:
         if pod0_faulty:
             pass
         else:

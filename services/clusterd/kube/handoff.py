@@ -16,6 +16,8 @@ Operator:
     then FaultRetry: PodGroup label ``process-recover-enable=pause`` until the PodGroup is
     ``Running`` again (at most ``wait-reschedule-timeout`` s), then ``on``, and the reset CM is
     cleared;
+  * ``in-place-split`` (recover-in-place) sets ``RestartFaultProcess`` when some fault pod restarts
+    its processes in place;
   * a success (``*-success``), ``fault-clear``, ``kill-job`` or ``reset`` clears it (RankList
     empty, flags false, RetryTime kept) and removes the fault pods' labels.
 - fault-pod labels: ``fault-type=software`` on the pods of ranks the training side reported, or
@@ -37,6 +39,7 @@ import time
 from collections.abc import Callable
 
 from clusterd.brain.jobs import JobRegistry
+from clusterd.brain.platform import KEYS as PLATFORM_KEYS
 from clusterd.kube import podgroups as pgs
 from clusterd.kube.metrics import KubeMetrics
 from faultmesh.kube import KubeApi, KubeError
@@ -48,6 +51,7 @@ log = logging.getLogger("clusterd.kube")
 FAULT_DECISIONS = frozenset({"stop-train", "dump", "pre-exit"})
 CLEAR_DECISIONS = frozenset({"fault-clear", "kill-job", "reset"})
 RESTART_DECISIONS = frozenset({"exit-completed"})
+IN_PLACE_DECISION = "in-place-split"
 FAULT_TYPE_LABEL = "fault-type"
 PROCESS_RECOVER_LABEL = "process-recover-enable"
 QUEUE_MAX = 10_000
@@ -132,7 +136,10 @@ class HandOff:
     def on_decision(self, job_id: str, rec: dict) -> None:
         """The decision-log listener: queue the decision (never waits)."""
         d = rec.get("decision", "")
-        if d in FAULT_DECISIONS or d in CLEAR_DECISIONS or d in RESTART_DECISIONS or d.endswith("-success"):
+        if (
+            d in FAULT_DECISIONS or d in CLEAR_DECISIONS or d in RESTART_DECISIONS or d == IN_PLACE_DECISION
+            or d.endswith("-success")
+        ):  # fmt: skip
             if len(self._queue) == self._queue.maxlen:
                 self.metrics.writes.labels("handoff", "dropped").inc()
             self._queue.append((job_id, rec))
@@ -254,6 +261,8 @@ class HandOff:
         if d in FAULT_DECISIONS and faults:
             await self.write_reset(job, RankList=rank_list(job, faults), FaultFlushing=True)
             await self.label_pods(job, faults)
+        elif d == IN_PLACE_DECISION:  # WriteResetInfoToCM(..., restartFaultProcess, ...)
+            await self.write_reset(job, RestartFaultProcess=bool(rec.get("restart_process_pods")))
         elif d in RESTART_DECISIONS:
             api = self.api
             assert api is not None
@@ -281,3 +290,38 @@ class HandOff:
                     await self.handle(job_id, rec)
                 except Exception as e:  # one bad decision must not stop the hand-off
                     event(log, logging.ERROR, "kube hand-off failed", job=job_id, error=repr(e))
+
+
+class PodGroupPlatform:
+    """Platform mode's annotations (:mod:`clusterd.brain.platform`) on the job's PodGroup, as the
+    reference keeps them: read from the PodGroups watch, written with a merge patch of
+    ``metadata.annotations`` (retried, then counted as ``podgroup_annotation`` errors)."""
+
+    def __init__(self, handoff: HandOff) -> None:
+        self.h = handoff
+
+    def get(self, job_id: str) -> dict[str, str]:
+        """The platform keys among the PodGroup's annotations ({} without a PodGroup)."""
+        pg = self.h.podgroups.get(job_id) or {}
+        ann = (pg.get("metadata") or {}).get("annotations") or {}
+        return {k: str(ann[k]) for k in PLATFORM_KEYS if k in ann}
+
+    async def patch(self, job_id: str, changes: dict[str, str | None]) -> bool:
+        """Set (None: remove) annotations on the PodGroup. False without PodGroup, API or on error."""
+        pg = self.h.podgroups.get(job_id)
+        api = self.h.api
+        if pg is None or api is None:
+            return False
+        meta = pg["metadata"]
+        body = {"metadata": {"annotations": changes}}
+        ok = await self.h._call(
+            "podgroup_annotation",
+            lambda: api.patch_custom(
+                pgs.GROUP, pgs.VERSION, meta["namespace"], pgs.PLURAL, meta["name"], body
+            ),
+        )
+        if ok:  # the watch brings the change back later; the flow's next poll must see it now
+            meta.setdefault("annotations", {}).update({k: v for k, v in changes.items() if v is not None})
+            for k in [k for k, v in changes.items() if v is None]:
+                meta["annotations"].pop(k, None)
+        return ok

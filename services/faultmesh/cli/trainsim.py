@@ -70,6 +70,7 @@ def outcomes_from_args(args: argparse.Namespace) -> Outcomes:
         delay_s=args.delay_s,
         exit_on_kill=args.exit_on_kill,
         process_fault=args.process_fault,
+        mindio_wait_s=args.mindio_wait_s,
     )
 
 
@@ -152,6 +153,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="NPUs per pod: check that globalFault names every rank of an exiting pod (0: skip)",
     )
     p.add_argument("--delay-s", type=float, default=0.0, help="wait before every answer (s)")
+    p.add_argument(
+        "--mindio-wait-s",
+        type=float,
+        default=0.0,
+        help="MINDIO_WAIT_MINDX_TIME: an error when no changeStrategy follows the stop in time (0: off)",
+    )
     p.add_argument("--exit-on-kill", action="store_true", help="stop when killMaster arrives")
     p.add_argument(
         "--duration-s", type=float, default=0.0, help="stop after this many seconds (0 = run until signal)"
