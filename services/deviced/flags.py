@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from deviced import faultconfig
 from deviced.sinks import kube_deviceinfo
 from faultmesh.agent import add_clusterd_arguments
 
@@ -110,4 +111,5 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-file")
     kube_deviceinfo.add_arguments(p)
+    faultconfig.add_arguments(p)
     return p
