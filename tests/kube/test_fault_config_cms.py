@@ -5,7 +5,10 @@ level reaches clusterd); a bad ConfigMap keeps the last good table and is counte
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
+from pathlib import Path
 
 from kube.kubekit import until
 from support import free_port
@@ -14,6 +17,7 @@ from deviced.app import DeviceD
 from deviced.app import build_parser as deviced_parser
 from deviced.backends import SimBackend
 from deviced.tables import Customization
+from faultmesh import config
 from faultmesh.kube import KubeError
 
 FAULT_CM = "mindx-dl-fault-config"
@@ -148,3 +152,68 @@ async def test_fault_config_override_of_the_customization_and_switch_tables(k8s,
         assert app.switch_state.table.level("[0x00f1ff09,155914,cpu,na]") == "SubHealthFault"
     finally:
         await app.stop()
+
+
+NODE_CM = "mindx-dl-node-fault-config"
+NODED_TESTS = str(Path(__file__).resolve().parents[1] / "noded")  # noded_support: the BMC simulator
+
+
+def noded_level_at_clusterd(cd, node: str, code: str) -> str | None:
+    return next((f.level for f in cd.center.faults(node) if f.code == code and f.source == "bmc-oem"), None)
+
+
+def level_reloads(nd, result: str) -> float:
+    return nd.registry.get_sample_value("noded_level_table_reloads_total", {"result": result}) or 0.0
+
+
+async def test_node_fault_config_configmap_changes_a_level_live(k8s, kcd, tmp_path):
+    """noded: the override is in force live (the BMC fault's level changes at clusterd); a code in
+    two levels, bad JSON, an unknown key, a wrong type are refused and counted; a deleted ConfigMap
+    keeps the last table (as the reference NodeD)."""
+    sys.path.insert(0, NODED_TESTS)
+    from noded_support import BmcSim
+
+    from noded.app import NodeD
+    from noded.app import build_parser as noded_parser
+
+    emu, api = k8s
+    sim = await asyncio.to_thread(BmcSim(tmp_path).start)
+    args = config.parse(
+        noded_parser(),
+        ["--node-name", "node-1", "--clusterd", f"127.0.0.1:{kcd.grpc_port}", "--http-addr", "127.0.0.1:0"]
+        + ["--bmc-host", "127.0.0.1", "--bmc-port", str(sim.port), "--bmc-password-file", str(sim.password_file)]
+        + ["--bmc-user", sim.user, "--poll-interval", "1", "--bmc-timeout", "2", "--min-report-interval", "0"]
+        + ["--kube", "--kube-api", api.url],
+    )  # fmt: skip
+    nd = NodeD(args)
+    await nd.start()
+    try:
+        await until(lambda: nd.fault_cm.synced.is_set(), what="noded following its ConfigMap")
+        await asyncio.to_thread(sim.add_alarm, "0800004B", "Memory", 3)
+        await until(
+            lambda: noded_level_at_clusterd(kcd, "node-1", "0800004B") == "PreSeparateFault", what="default"
+        )
+        table = {"FaultTypeCode": {"SeparateFaultCodes": ["0800004B"], "NotHandleFaultCodes": ["0100000D"]}}
+        await put_cm(api, "mindx-dl", NODE_CM, {"NodeDConfiguration.json": json.dumps(table)})
+        await until(
+            lambda: noded_level_at_clusterd(kcd, "node-1", "0800004B") == "SeparateFault", what="override"
+        )
+        assert level_reloads(nd, "ok") == 1
+        # refused, counted, the override stays
+        twice = {"FaultTypeCode": {"SeparateFaultCodes": ["0800004B"], "NotHandleFaultCodes": ["0800004b"]}}
+        await put_cm(api, "mindx-dl", NODE_CM, {"NodeDConfiguration.json": json.dumps(twice)})
+        await until(lambda: level_reloads(nd, "invalid") == 1, what="code in two levels refused")
+        await put_cm(api, "mindx-dl", NODE_CM, {"NodeDConfiguration.json": json.dumps(table)[:30], "x": "1"})
+        await until(lambda: level_reloads(nd, "invalid") == 2, what="truncated JSON refused")
+        assert level_reloads(nd, "unknown-key") == 1
+        await put_cm(api, "mindx-dl", NODE_CM, {"NodeDConfiguration.json": ["0800004B"]})
+        await until(lambda: level_reloads(nd, "invalid") == 3, what="wrong type refused")
+        assert nd.bmc.watcher.table.classify("0800004B")[0].name == "SeparateFault"
+        # deleted: the last table stays
+        await api.delete_config_map("mindx-dl", NODE_CM)
+        await until(lambda: nd.fault_cm.watcher.objects == {}, what="delete seen")
+        assert nd.bmc.watcher.table.classify("0800004B")[0].name == "SeparateFault"
+        assert noded_level_at_clusterd(kcd, "node-1", "0800004B") == "SeparateFault"
+    finally:
+        await nd.stop()
+        await asyncio.to_thread(sim.stop)
