@@ -194,7 +194,16 @@ def test_rbac_is_least_privilege(chart):
         "mindx-dl": {("", "configmaps", v) for v in ("create", "update", "patch")},
         "default": {("", "events", "create"), ("", "events", "patch")},
         NAMESPACE: {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")},
+        "cluster-system": {("", "configmaps", "create"), ("", "configmaps", "patch")},  # fault-job-info
     }
+    fji = next(
+        o for o in objs
+        if o["kind"] == "Role" and o["metadata"]["name"].endswith("-clusterd")
+        and o["metadata"]["namespace"] == "cluster-system"
+    )  # fmt: skip
+    assert [r.get("resourceNames") for r in fji["rules"] if "patch" in r["verbs"]] == [["fault-job-info"]]
+    c = _container(objs, "Deployment", "-clusterd", "clusterd")
+    assert "--kube-fault-job-info-namespace=cluster-system" in c["args"]
     # the agents have no API access by default
     assert not [
         o
