@@ -25,7 +25,12 @@ from __future__ import annotations
 import logging
 
 from deviced.reload import TableReloader
-from faultmesh.kubecm import ConfigMapFollower, config_map_values
+from faultmesh.kubecm import (
+    ConfigMapFollower,
+    add_fault_config_arguments,
+    config_map_values,
+    fault_config_follower,
+)
 from faultmesh.log import event
 
 log = logging.getLogger("deviced")
@@ -84,23 +89,14 @@ class FaultConfigMap:
 
 
 def add_arguments(parser) -> None:
-    """``--kube-fault-config`` and ``--kube-fault-config-namespace`` (with ``--kube``)."""
-    g = parser.add_argument_group("Kubernetes (fault tables, as the reference device plugin)")
-    g.add_argument(
-        "--kube-fault-config",
-        choices=("on", "off"),
-        default="on",
-        help=f"with --kube: follow the {NAME} ConfigMap (table overrides, applied live)",
+    """``--kube-fault-config`` and ``--kube-fault-config-namespace`` (``kube-system``)."""
+    add_fault_config_arguments(
+        parser, "Kubernetes (fault tables, as the reference device plugin)", NAME, "kube-system"
     )
-    g.add_argument("--kube-fault-config-namespace", default="kube-system", help=f"namespace of {NAME}")
 
 
 def follower(args, reloader: TableReloader) -> tuple[ConfigMapFollower | None, FaultConfigMap | None]:
     """(follower, consumer) for ``args``: a :class:`faultmesh.kubecm.ConfigMapFollower` (start and
     stop it) feeding a :class:`FaultConfigMap`; (None, None) without ``--kube`` or with
     ``--kube-fault-config off``."""
-    if not getattr(args, "kube", False) or getattr(args, "kube_fault_config", "off") != "on":
-        return None, None
-    ns = args.kube_fault_config_namespace
-    cm = FaultConfigMap(reloader, f"configmap {ns}/{NAME}")
-    return ConfigMapFollower(args, ns, NAME, cm.on_configmap), cm
+    return fault_config_follower(args, NAME, lambda where: FaultConfigMap(reloader, where))

@@ -29,6 +29,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -327,3 +328,30 @@ class ConfigMapFollower:
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+def add_fault_config_arguments(parser, title: str, name: str, namespace: str) -> None:
+    """``--kube-fault-config on|off`` (default on) and ``--kube-fault-config-namespace``
+    (default ``namespace``) on ``parser``: an agent following the reference's fault-table
+    ConfigMap ``name`` with ``--kube``."""
+    g = parser.add_argument_group(title)
+    g.add_argument(
+        "--kube-fault-config",
+        choices=("on", "off"),
+        default="on",
+        help=f"with --kube: follow the {name} ConfigMap (table overrides, applied live)",
+    )
+    g.add_argument("--kube-fault-config-namespace", default=namespace, help=f"namespace of {name}")
+
+
+def fault_config_follower(
+    args, name: str, make_consumer: Callable[[str], Any]
+) -> tuple[ConfigMapFollower | None, Any]:
+    """(follower, consumer) of the flags of :func:`add_fault_config_arguments`: ``make_consumer(where)``
+    (``where`` = ``"configmap <ns>/<name>"``) gives an object whose ``on_configmap(obj)`` the
+    follower feeds; (None, None) without ``--kube`` or with ``--kube-fault-config off``."""
+    if not getattr(args, "kube", False) or getattr(args, "kube_fault_config", "off") != "on":
+        return None, None
+    ns = args.kube_fault_config_namespace
+    consumer = make_consumer(f"configmap {ns}/{name}")
+    return ConfigMapFollower(args, ns, name, consumer.on_configmap), consumer

@@ -22,7 +22,12 @@ from __future__ import annotations
 
 import logging
 
-from faultmesh.kubecm import ConfigMapFollower, config_map_values
+from faultmesh.kubecm import (
+    ConfigMapFollower,
+    add_fault_config_arguments,
+    config_map_values,
+    fault_config_follower,
+)
 from faultmesh.log import event
 from noded.levels import LevelTableWatcher
 
@@ -65,15 +70,8 @@ class NodeFaultConfigMap:
 
 
 def add_arguments(parser) -> None:
-    """``--kube-fault-config`` and ``--kube-fault-config-namespace`` (with ``--kube``)."""
-    g = parser.add_argument_group("Kubernetes (fault levels, as the reference NodeD)")
-    g.add_argument(
-        "--kube-fault-config",
-        choices=("on", "off"),
-        default="on",
-        help=f"with --kube: follow the {NAME} ConfigMap (level table override, applied live)",
-    )
-    g.add_argument("--kube-fault-config-namespace", default="mindx-dl", help=f"namespace of {NAME}")
+    """``--kube-fault-config`` and ``--kube-fault-config-namespace`` (``mindx-dl``)."""
+    add_fault_config_arguments(parser, "Kubernetes (fault levels, as the reference NodeD)", NAME, "mindx-dl")
 
 
 def follower(
@@ -81,12 +79,6 @@ def follower(
 ) -> tuple[ConfigMapFollower | None, NodeFaultConfigMap | None]:
     """(follower, consumer) for ``args``; (None, None) without ``--kube``, with
     ``--kube-fault-config off`` or without a level table (no BMC source)."""
-    if (
-        watcher is None
-        or not getattr(args, "kube", False)
-        or getattr(args, "kube_fault_config", "off") != "on"
-    ):
+    if watcher is None:
         return None, None
-    ns = args.kube_fault_config_namespace
-    cm = NodeFaultConfigMap(watcher, f"configmap {ns}/{NAME}")
-    return ConfigMapFollower(args, ns, NAME, cm.on_configmap), cm
+    return fault_config_follower(args, NAME, lambda where: NodeFaultConfigMap(watcher, where))

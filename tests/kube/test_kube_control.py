@@ -183,7 +183,10 @@ async def test_fault_job_info_written_for_an_a3_job_and_cleared(k8s, kcd):
     await until(lambda: fault_job_info_has(api, UID, False), what="cleared after recover")
     # a job outside any super pod (not A3): nothing written
     control.topology = lambda node: None
+    done = control.processed
     control.on_decision(UID, {"decision": "stop-train", "faults": [fault]})
+    await until(lambda: control.processed > done, what="decision handled")
+    assert await fault_job_info_has(api, UID, False)
     control.topology = lambda node: (7, sdids[node])
     control.on_decision(
         UID, {"decision": "pre-exit", "faults": [fault, {**fault, "node": "node-2", "rank": 2}]}

@@ -181,6 +181,8 @@ class ControlMaps:
         self._applied_slownode: dict[str, str] = {}  # ns/name of a ConfigMap -> the job it enabled
         self.slownode_synced = asyncio.Event()
         self.handled: collections.Counter[str] = collections.Counter()  # versions handled, by kind
+        self._retrying = False
+        self.processed = 0  # fault-job-info decisions handled (tests)
         if jobs is not None:
             jobs.listen(self._on_job)
 
@@ -211,39 +213,49 @@ class ControlMaps:
         ]  # fmt: skip
 
     def _reject(self, reason: str, obj: dict, why: str) -> None:
+        if self._retrying:
+            return  # counted when this version came
         ns, name = _name(obj)
         self.metrics.reject(reason, configmap=f"{ns}/{name}", error=why[:300])
+
+    async def _handle(self, kind: str, fn, op: str, obj: dict) -> None:
+        ns, name = _name(obj)
+        self.pending.pop((kind, f"{ns}/{name}"), None)
+        try:
+            await fn(op, obj, f"{ns}/{name}")
+        finally:
+            self.handled[kind] += 1
+
+    def _value(self, kind: str, obj: dict, key: str, missing: str) -> str | None:
+        """The ConfigMap's ``key`` value; every other key, a bad value and a missing key are
+        refused and counted (``<kind>_unknown_key``, ``<kind>_bad_value``, ``missing``)."""
+        values, bad = config_map_values(obj, MAX_VALUE_BYTES)
+        for k, why in bad:
+            self._reject(f"{kind}_bad_value", obj, f"{k}: {why}")
+        for k in sorted(set(values) - {key}):
+            self._reject(f"{kind}_unknown_key", obj, f"unknown key {k[:80]!r} (known: {key})")
+        if key not in values and not any(k == key for k, _ in bad):
+            self._reject(missing, obj, f"no key {key}")
+        return values.get(key)
 
     # -- ras-feature-slownode-<job> ----------------------------------------------------------------
     async def on_slownode(self, op: str, obj: dict) -> None:
         """A ras-feature-slownode ConfigMap changed (see the module docstring)."""
-        try:
-            await self._on_slownode(op, obj)
-        finally:
-            self.handled["slownode"] += 1
+        await self._handle("slownode", self._on_slownode, op, obj)
 
-    async def _on_slownode(self, op: str, obj: dict) -> None:
+    async def _on_slownode(self, op: str, obj: dict, where: str) -> None:
         from clusterd.slownode_jobs import EnableError, unwrap_configmap
         from fdol.slownode.featconf import FeatConfError, parse_featconf
 
-        ns, name = _name(obj)
-        key = ("slownode", f"{ns}/{name}")
-        self.pending.pop(key, None)
+        key = ("slownode", where)
         sn = self.slownode
         if op == "delete":
-            job_id = self._applied_slownode.pop(key[1], None)
+            job_id = self._applied_slownode.pop(where, None)
             if sn is not None and job_id is not None and getattr(sn.jobs.get(job_id), "source", "") == "kube":
                 await sn.disable(job_id)
             return
-        values, bad = config_map_values(obj, MAX_VALUE_BYTES)
-        for k, why in bad:
-            self._reject("slownode_bad_value", obj, f"{k}: {why}")
-        for k in sorted(set(values) - {FEATCONF_KEY}):
-            self._reject("slownode_unknown_key", obj, f"unknown key {k[:80]!r} (known: {FEATCONF_KEY})")
-        text = values.get(FEATCONF_KEY)
+        text = self._value("slownode", obj, FEATCONF_KEY, "slownode_no_featconf")
         if text is None:
-            if not any(k == FEATCONF_KEY for k, _ in bad):
-                self._reject("slownode_no_featconf", obj, f"no key {FEATCONF_KEY}")
             return
         try:
             fc, ranks = unwrap_configmap({"data": {FEATCONF_KEY: text}})
@@ -262,17 +274,14 @@ class ControlMaps:
             placement = {} if conf.slow_node == 0 else sn.resolve_placement(conf, ranks)
         except EnableError as e:
             self.pending[key] = ("slownode", obj)  # the job is not known yet: start when it is
-            event(
-                log,
-                logging.INFO,
-                "slow-node configmap waits for its job",
-                configmap=key[1],
-                job=conf.job_id,
-                why=str(e),
-            )
+            if not self._retrying:
+                event(
+                    log, logging.INFO, "slow-node configmap waits for its job",
+                    configmap=where, job=conf.job_id, why=str(e),
+                )  # fmt: skip
             return
         await sn.enable(conf, placement, "kube")
-        self._applied_slownode[key[1]] = conf.job_id
+        self._applied_slownode[where] = conf.job_id
 
     async def maintain(self, watcher, retry_s: float = PENDING_RETRY_S) -> None:
         """Until cancelled: once ``watcher`` (the slow-node ConfigMaps' ListWatcher) has listed, stop
@@ -297,29 +306,18 @@ class ControlMaps:
     # -- data-trace-<job> --------------------------------------------------------------------------
     async def on_datatrace(self, op: str, obj: dict) -> None:
         """A data-trace ConfigMap changed (see the module docstring)."""
-        try:
-            await self._on_datatrace(op, obj)
-        finally:
-            self.handled["datatrace"] += 1
+        await self._handle("datatrace", self._on_datatrace, op, obj)
 
-    async def _on_datatrace(self, op: str, obj: dict) -> None:
+    async def _on_datatrace(self, op: str, obj: dict, where: str) -> None:
         from clusterd.brain.datatrace import DataTraceError
 
         ns, name = _name(obj)
-        key = ("datatrace", f"{ns}/{name}")
-        self.pending.pop(key, None)
+        key = ("datatrace", where)
         if op == "delete":
-            event(log, logging.INFO, "data-trace configmap deleted, the switch stays", configmap=key[1])
+            event(log, logging.INFO, "data-trace configmap deleted, the switch stays", configmap=where)
             return
-        values, bad = config_map_values(obj, MAX_VALUE_BYTES)
-        for k, why in bad:
-            self._reject("datatrace_bad_value", obj, f"{k}: {why}")
-        for k in sorted(set(values) - {SWITCH_KEY}):
-            self._reject("datatrace_unknown_key", obj, f"unknown key {k[:80]!r} (known: {SWITCH_KEY})")
-        text = values.get(SWITCH_KEY)
+        text = self._value("datatrace", obj, SWITCH_KEY, "datatrace_no_switch")
         if text is None:
-            if not any(k == SWITCH_KEY for k, _ in bad):
-                self._reject("datatrace_no_switch", obj, f"no key {SWITCH_KEY}")
             return
         try:
             sw = orjson.loads(text)
@@ -334,7 +332,7 @@ class ControlMaps:
         unknown = sorted(set(sw) - set(SWITCH_FIELDS))
         if unknown:
             self._reject("datatrace_unknown_field", obj, "ignored: " + ",".join(map(str, unknown))[:200])
-        if await self.store.kv_get(STORE_NS, key[1]) == text:
+        if await self.store.kv_get(STORE_NS, where) == text:
             return  # this version was applied (before a restart): a later gRPC change stands
         job = name[len(DATATRACE_PREFIX) :]
         if self.data_trace is None or (self.jobs is not None and self.jobs.by_ns_name(ns, job) is None):
@@ -345,22 +343,26 @@ class ControlMaps:
         except DataTraceError as e:
             self._reject(f"datatrace_{e.code}", obj, str(e))
             return
-        await self.store.kv_put(STORE_NS, key[1], text)
+        await self.store.kv_put(STORE_NS, where, text)
 
     # -- pending ConfigMaps and job changes ----------------------------------------------------------
     async def _on_job(self, job, deleted: bool) -> None:
-        if deleted:
-            if job.id in self.written:
-                self._queue.append(("clear", job.id, None))
-                self._due.set()
-            return
-        for key, (kind, obj) in list(self.pending.items()):
-            if key in self.pending:
-                await (self.on_slownode if kind == "slownode" else self.on_datatrace)("upsert", obj)
+        if not deleted:
+            await self.retry_pending()
+        elif job.id in self.written:
+            self._queue.append(("clear", job.id, None))
+            self._due.set()
 
     async def retry_pending(self) -> None:
-        """Try every waiting ConfigMap again (after :meth:`attach`, and on each job change)."""
-        await self._on_job(None, False)
+        """Try every waiting ConfigMap again (on each job change and every few seconds; their
+        rejections were counted when they came)."""
+        self._retrying = True
+        try:
+            for key, (kind, obj) in list(self.pending.items()):
+                if key in self.pending:
+                    await (self.on_slownode if kind == "slownode" else self.on_datatrace)("upsert", obj)
+        finally:
+            self._retrying = False
 
     # -- fault-job-info ------------------------------------------------------------------------------
     def on_decision(self, job_id: str, rec: dict) -> None:
@@ -449,5 +451,6 @@ class ControlMaps:
                         await self._write(job_id, rec or {})
                     else:
                         await self._clear(job_id)
+                    self.processed += 1
             except Exception as e:  # one bad decision must not stop the writer
                 event(log, logging.ERROR, "fault-job-info writer failed", error=repr(e))
