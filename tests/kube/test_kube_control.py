@@ -266,3 +266,25 @@ async def test_an_applied_data_trace_configmap_does_not_undo_a_later_grpc_change
         assert await cd.brain.datatrace.get_switch(f"{NS}/llama") == edited
     finally:
         await cd.stop()
+
+
+async def test_fault_job_info_written_before_a_restart_is_cleared_on_recovery(k8s, tmp_path):
+    from kube.kubekit import kube_clusterd
+
+    emu, api = k8s
+    await _nodes(api)
+    before = '{"7":{"SdIds":["10"],"FaultNodes":{"node-1":{}},"NodeNames":null,"FaultTimes":1,"JobId":"uid-job-1"}}'
+    await put_cm(api, "cluster-system", "fault-job-info", {UID: before, "other-job": "{}"})
+    cd = await kube_clusterd(tmp_path, api.url)
+    try:
+        await start_job(api, cd)
+        control = component(cd, "kube").control
+        control.release_s = 0.05
+        await until(lambda: UID in control.written, what="read back at start")
+        control.on_decision(UID, {"decision": "recover-success"})
+        data = await until(lambda: fault_job_info_has(api, UID, False), what="cleared after recover")
+        assert (await fault_job_info(api)) == {"other-job": "{}"} and data
+        await control.refresh()  # the hourly refresh: entries of jobs clusterd does not know go
+        assert await fault_job_info(api) == {}
+    finally:
+        await cd.stop()

@@ -159,8 +159,8 @@ def _name(obj: dict) -> tuple[str, str]:
 
 
 class ControlMaps:
-    """See the module docstring. ``jobs``: the job registry; ``store``: the clusterd store (applied
-    resourceVersions). :meth:`attach` gives the slow-node component, the brain's data trace and the
+    """See the module docstring. ``jobs``: the job registry; ``store``: the clusterd store (the
+    data-trace versions applied). :meth:`attach` gives the slow-node component, the brain's data trace and the
     topology; until then those ConfigMaps wait in ``pending``."""
 
     def __init__(self, args, jobs, store, metrics: KubeMetrics) -> None:
@@ -422,14 +422,33 @@ class ControlMaps:
             del self.written[job_id]
             event(log, logging.INFO, "fault-job-info cleared", job=job_id)
 
+    async def read_back(self) -> None:
+        """Learn the entries the ConfigMap holds (written before a restart, or by another leader),
+        so that they are cleared as this replica's own. Raises :class:`KubeError` (not 404)."""
+        assert self.api is not None
+        try:
+            cm = await self.api.get_config_map(self.args.kube_fault_job_info_namespace, FAULT_JOB_INFO)
+        except KubeError as e:
+            if e.status != 404:
+                raise
+            return
+        data = cm.get("data") or {}
+        for job_id, value in data.items() if isinstance(data, dict) else ():
+            self.written.setdefault(str(job_id), str(value))
+
     async def refresh(self) -> None:
         """Remove the entries of jobs no longer known (the reference's hourly refresh)."""
+        await self.read_back()
         for job_id in [j for j in self.written if self.jobs is None or self.jobs.get(j) is None]:
             await self._clear(job_id)
 
     async def run(self) -> None:
         """The fault-job-info writer (a leader's writer), until cancelled; nothing raises out."""
         next_refresh = time.monotonic() + REFRESH_S
+        try:
+            await self.read_back()
+        except KubeError as e:
+            event(log, logging.WARNING, "fault-job-info read failed", error=str(e))
         while True:
             wake = min([next_refresh] + [t for t, _ in self._later])
             try:
