@@ -53,6 +53,7 @@ from clusterd.http.nodes import NodeApi
 from clusterd.http.web import WebUi
 from clusterd.ingest.agents import AgentHub
 from clusterd.kube import KubeComponent
+from clusterd.kube.control import slownet_topology
 from clusterd.kube.handoff import PodGroupPlatform
 from clusterd.nodes import NodeHealthCollector, NodeRegistry
 from clusterd.separation import ManualSeparation
@@ -215,7 +216,9 @@ class ClusterD:
             set_data_trace=self.brain.set_data_trace,
             data_trace_root=self.brain.datatrace.root,
         )
-        self.components = [self.pubfault, kube, self.brain, self.separation, slownode, SlowNetComponent(ctx)]
+        slownet = SlowNetComponent(ctx)
+        kube.control.attach(slownode, self.brain.datatrace, slownet_topology(slownet))  # control ConfigMaps
+        self.components = [self.pubfault, kube, self.brain, self.separation, slownode, slownet]
         self.components.append(HistoryComponent(ctx))
         self.grpc_port = 0
         self._server: grpc.aio.Server | None = None

@@ -29,6 +29,7 @@ import time
 
 from prometheus_client import CollectorRegistry
 
+from deviced import faultconfig
 from deviced import sources as srcmod
 from deviced.backends import NpuBackend, make_backend
 from deviced.chipio import CALL_ERRORS, ChipIO
@@ -141,6 +142,7 @@ class DeviceD:
             fast_path=args.fast_fault_path,
         )
         self.reloader = TableReloader(args, self.engine, self.switch_state, self._wake, self.relations)
+        self.fault_cm, self.fault_config = faultconfig.follower(args, self.reloader)  # --kube
         self.jobs = JobControl(self.node_name, self.engine, self.reset_writer, self._wake)
         self._started_sources: list = []
         # the outside: agent stream, HTTP, metrics
@@ -305,6 +307,8 @@ class DeviceD:
         await self.http.start()
         if self.kube_sink is not None:
             await self.kube_sink.start()
+        if self.fault_cm is not None:
+            await self.fault_cm.start()
         await self.agent.start()
         self.tasks.spawn(self._startup(), name="deviced-startup")
 
@@ -328,6 +332,8 @@ class DeviceD:
         await self.agent.stop(drain_s=DRAIN_S)
         if self.kube_sink is not None:
             await self.kube_sink.stop(DRAIN_S)
+        if self.fault_cm is not None:
+            await self.fault_cm.stop()
         self.state_file.save()
         await self.http.stop()
         self.io.shutdown()

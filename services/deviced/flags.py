@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from deviced import faultconfig
 from deviced.sinks import kube_deviceinfo
 from faultmesh.agent import add_clusterd_arguments
 from faultmesh.log import add_log_arguments
@@ -117,4 +118,5 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-device-info", action="store_true", help="print the device-info document and exit")
     add_log_arguments(p)
     kube_deviceinfo.add_arguments(p)
+    faultconfig.add_arguments(p)
     return p

@@ -123,10 +123,13 @@ class KubeApi:
 
     # -- ConfigMaps ------------------------------------------------------------------------------
     async def list_config_maps(
-        self, namespace: str | None, label_selector: str = ""
+        self, namespace: str | None, label_selector: str = "", field_selector: str = ""
     ) -> tuple[list[dict], str]:
-        """(items, resourceVersion) of the ConfigMaps in ``namespace`` (None = all namespaces)."""
+        """(items, resourceVersion) of the ConfigMaps in ``namespace`` (None = all namespaces);
+        ``field_selector`` e.g. ``metadata.name=x`` (a server may ignore it: filter again)."""
         kw = {"label_selector": label_selector} if label_selector else {}
+        if field_selector:
+            kw["field_selector"] = field_selector
         if namespace:
             doc = await self._call("list configmaps", self.core.list_namespaced_config_map, namespace, **kw)
         else:
@@ -250,7 +253,13 @@ class KubeApi:
 
     # -- watch -----------------------------------------------------------------------------------
     async def watch(
-        self, kind: str, namespace: str | None, label_selector: str, resource_version: str, timeout_s: int
+        self,
+        kind: str,
+        namespace: str | None,
+        label_selector: str,
+        resource_version: str,
+        timeout_s: int,
+        field_selector: str = "",
     ):
         """Yield raw watch events ``{"type", "object"}`` until the server ends the stream.
 
@@ -274,6 +283,8 @@ class KubeApi:
         kw: dict[str, Any] = {"watch": "true", "timeout_seconds": timeout_s, "allow_watch_bookmarks": True}
         if label_selector:
             kw["label_selector"] = label_selector
+        if field_selector:
+            kw["field_selector"] = field_selector
         if resource_version:
             kw["resource_version"] = resource_version
         op = f"watch {kind}"
@@ -367,7 +378,8 @@ class ListWatcher:
     ``accept(obj)`` filters client-side too (name prefix, labels), so a server that ignores the label
     selector still gives the right view. ``on_restart(why)`` is called each time the watch is
     restarted: ``expired`` (410, re-listed), ``error`` (re-listed after a backoff) or ``ended`` (the
-    stream closed or timed out: resumed from the last resourceVersion).
+    stream closed or timed out: resumed from the last resourceVersion). ``field_selector``
+    (ConfigMaps only, e.g. ``metadata.name=x``) narrows the list and the watch on the server.
     """
 
     def __init__(
@@ -382,8 +394,10 @@ class ListWatcher:
         backoff: Backoff | None = None,
         on_error: Callable[[KubeError], None] | None = None,
         on_restart: Callable[[str], None] | None = None,
+        field_selector: str = "",
     ) -> None:
         self.api = api
+        self.field_selector = field_selector
         self.kind = kind
         self.namespace = namespace
         self.label_selector = label_selector
@@ -404,7 +418,9 @@ class ListWatcher:
         elif self.kind == "pods":
             items, rv = await self.api.list_pods(self.namespace, self.label_selector)
         else:
-            items, rv = await self.api.list_config_maps(self.namespace, self.label_selector)
+            items, rv = await self.api.list_config_maps(
+                self.namespace, self.label_selector, self.field_selector
+            )
         fresh = {obj_key(o): o for o in items if self.accept(o)}
         for key in [k for k in self.objects if k not in fresh]:
             old = self.objects.pop(key)
@@ -442,8 +458,9 @@ class ListWatcher:
                     need_list = False
                 started = time.monotonic()
                 async for ev in self.api.watch(
-                    self.kind, self.namespace, self.label_selector, rv, self.watch_timeout_s
-                ):
+                    self.kind, self.namespace, self.label_selector, rv, self.watch_timeout_s,
+                    self.field_selector,
+                ):  # fmt: skip
                     new_rv = await self._apply(ev)
                     if new_rv:
                         rv = new_rv

@@ -15,6 +15,12 @@ writes:
   counted in ``faultmesh_kube_writes_total{configmap,result}``.
 
 Used by noded's node-info sink and deviced's device-info sink; nothing here knows the documents.
+
+:class:`ConfigMapFollower` is the reading side: it follows one named ConfigMap (list + watch with
+``metadata.name=<name>``, re-listed after 410 / errors) and hands each new ``data`` -- or None when
+the ConfigMap is gone -- to its owner on the loop: deviced's and noded's fault-table overrides
+(``mindx-dl-fault-config``, ``mindx-dl-node-fault-config``). :func:`config_map_values` splits a
+ConfigMap's ``data`` into usable string values and rejected keys (wrong type, too large).
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from faultmesh.kube import KubeApi, KubeError, make_api_client
+from faultmesh.kube import KubeApi, KubeError, ListWatcher, make_api_client
 from faultmesh.log import event
 from faultmesh.retry import Backoff
 
@@ -229,3 +236,122 @@ class AgentConfigMapSink:
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+MAX_VALUE_BYTES = 1024 * 1024  # the API server's limit for a whole ConfigMap
+
+
+def config_map_values(
+    obj: dict | None, max_bytes: int = MAX_VALUE_BYTES
+) -> tuple[Data, list[tuple[str, str]]]:
+    """(values, rejected) of a raw ConfigMap: ``values`` the ``data`` entries that are strings of at
+    most ``max_bytes`` UTF-8 bytes, ``rejected`` ``(key, why)`` for every other entry (and for a
+    ``data`` that is not an object: ``("data", why)``). Never raises."""
+    data = (obj or {}).get("data")
+    if data is None:
+        return {}, []
+    if not isinstance(data, dict):
+        return {}, [("data", f"data is {type(data).__name__}, not an object")]
+    ok: Data = {}
+    bad: list[tuple[str, str]] = []
+    for k, v in data.items():
+        if not isinstance(v, str):
+            bad.append((str(k)[:80], f"value is {type(v).__name__}, not a string"))
+        elif len(v.encode("utf-8", "replace")) > max_bytes:
+            bad.append((str(k)[:80], f"value of {len(v)} characters, larger than {max_bytes} bytes"))
+        else:
+            ok[str(k)] = v
+    return ok, bad
+
+
+class ConfigMapFollower:
+    """Follows ConfigMap ``namespace/name`` and calls ``on_data(obj)`` on the loop with the raw
+    object after each change (None: deleted; nothing is called while it stays absent). ``on_data`` must not
+    raise (an exception is logged and the watch goes on). ``args``: the flags of
+    :func:`faultmesh.kube.add_kube_arguments` (the client comes from ``--kube-api`` /
+    ``--kubeconfig`` / in-cluster). ``synced`` is set after the first list (:meth:`start` first).
+
+    The reference device plugin polls its fault-config ConfigMap every ``PollInterval`` s and NodeD
+    uses an informer; both are a watch here (a change applies at once)."""
+
+    def __init__(
+        self,
+        args,
+        namespace: str,
+        name: str,
+        on_data: Callable[[dict | None], None],
+        watch_timeout_s: int = 300,
+    ) -> None:
+        self.args = args
+        self.namespace = namespace
+        self.name = name
+        self.on_data = on_data
+        self.watch_timeout_s = watch_timeout_s
+        self.watcher: ListWatcher | None = None
+        self._client = None
+        self._task: asyncio.Task | None = None
+
+    @property
+    def synced(self) -> asyncio.Event:
+        assert self.watcher is not None, "start() first"
+        return self.watcher.synced
+
+    async def _handle(self, op: str, obj: dict) -> None:
+        try:
+            self.on_data(obj if op == "upsert" else None)
+        except Exception as e:  # a consumer bug must not end the watch
+            event(log, logging.ERROR, "configmap consumer failed", configmap=self._where(), error=repr(e))
+
+    def _where(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    async def start(self) -> None:
+        """Connect and start following. Raises ``OSError`` when no Kubernetes configuration loads."""
+        self._client = await make_api_client(self.args.kube_api, self.args.kubeconfig)
+        api = KubeApi(self._client, timeout_s=self.args.kube_timeout_s)
+        self.watcher = ListWatcher(
+            api, "configmaps", self.namespace, "", self._handle,
+            accept=lambda o: (o.get("metadata") or {}).get("name") == self.name,
+            watch_timeout_s=self.watch_timeout_s, field_selector=f"metadata.name={self.name}",
+        )  # fmt: skip
+        self._task = asyncio.get_running_loop().create_task(
+            self.watcher.run(), name=f"kube-follow-{self.name}"
+        )
+        event(log, logging.INFO, "kube configmap watch started", configmap=self._where())
+
+    async def stop(self, timeout_s: float = 2.0) -> None:
+        """Stop following and close the client."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait([self._task], timeout=timeout_s)
+            self._task = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+def add_fault_config_arguments(parser, title: str, name: str, namespace: str) -> None:
+    """``--kube-fault-config on|off`` (default on) and ``--kube-fault-config-namespace``
+    (default ``namespace``) on ``parser``: an agent following the reference's fault-table
+    ConfigMap ``name`` with ``--kube``."""
+    g = parser.add_argument_group(title)
+    g.add_argument(
+        "--kube-fault-config",
+        choices=("on", "off"),
+        default="on",
+        help=f"with --kube: follow the {name} ConfigMap (table overrides, applied live)",
+    )
+    g.add_argument("--kube-fault-config-namespace", default=namespace, help=f"namespace of {name}")
+
+
+def fault_config_follower(
+    args, name: str, make_consumer: Callable[[str], Any]
+) -> tuple[ConfigMapFollower | None, Any]:
+    """(follower, consumer) of the flags of :func:`add_fault_config_arguments`: ``make_consumer(where)``
+    (``where`` = ``"configmap <ns>/<name>"``) gives an object whose ``on_configmap(obj)`` the
+    follower feeds; (None, None) without ``--kube`` or with ``--kube-fault-config off``."""
+    if not getattr(args, "kube", False) or getattr(args, "kube_fault_config", "off") != "on":
+        return None, None
+    ns = args.kube_fault_config_namespace
+    consumer = make_consumer(f"configmap {ns}/{name}")
+    return ConfigMapFollower(args, ns, name, consumer.on_configmap), consumer

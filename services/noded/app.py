@@ -45,7 +45,7 @@ from faultmesh.log import add_log_arguments, event
 from faultmesh.metrics import daemon_registry
 from faultmesh.runtime import BlockingPool
 from faultmesh.source import SourceContext, SourceMetrics, start_sources, stop_sources
-from noded import nodeinfo, sources
+from noded import faultconfig, nodeinfo, sources
 from noded.metrics import NodedMetrics
 from noded.sinks import kube_nodeinfo
 from noded.sources.bmc import SOURCE_OEM, SOURCE_SEL, Bmc
@@ -90,6 +90,7 @@ def build_parser(source_classes: tuple[type, ...] = sources.SOURCES) -> argparse
     )
     add_log_arguments(p)
     kube_nodeinfo.add_arguments(p)
+    faultconfig.add_arguments(p)
     sources.add_arguments(p, source_classes)
     return p
 
@@ -156,6 +157,7 @@ class NodeD:
             if getattr(args, "kube", False)
             else None
         )
+        self.fault_cm, self.fault_config = faultconfig.follower(args, getattr(self.bmc, "watcher", None))
 
     def make_ctx(self, src) -> SourceContext:
         """The context of one source: its section, this node's state, the pool, the registry."""
@@ -180,6 +182,8 @@ class NodeD:
         Raises ``OSError`` when the HTTP address is taken."""
         if self.kube_sink is not None:
             await self.kube_sink.start()
+        if self.fault_cm is not None:
+            await self.fault_cm.start()
         if self.args.node_info_file or self.kube_sink is not None:
             self.state_hook()
         self.started = await start_sources(self.sources, self.make_ctx)
@@ -219,6 +223,7 @@ class NodeD:
             ("agent", self.agent.stop(drain_s=left(a.stop_drain_budget)), a.stop_drain_budget + 1.0),
             ("http", self.http.stop(), a.stop_budget),
             *((("kube", self.kube_sink.stop(left(2.0)), 3.0),) if self.kube_sink is not None else ()),
+            *((("kube-fault-config", self.fault_cm.stop(), 3.0),) if self.fault_cm is not None else ()),
         ):
             try:
                 async with asyncio.timeout(left(cap)):

@@ -143,6 +143,11 @@ class LevelTableWatcher:
     current one and calls ``on_change(table)``; an invalid one is logged ("fault config rejected"),
     counted in ``rejected`` and the old table stays. ``path=None`` keeps the default table; a
     missing or invalid file at startup also starts with the default table (logged and counted).
+
+    :meth:`apply_text` puts a table from elsewhere in force (``noded --kube``: the
+    ``mindx-dl-node-fault-config`` ConfigMap, :mod:`noded.faultconfig`); from then on the file is no
+    longer looked at (the reference's ConfigMap wins over its file and a deleted ConfigMap leaves
+    the last table in force).
     """
 
     def __init__(
@@ -155,6 +160,7 @@ class LevelTableWatcher:
         self.on_change = on_change or (lambda t: None)
         self.on_reject = on_reject or (lambda reason: None)
         self.rejected = 0
+        self.overridden_by = ""  # where the table in force came from when not the file
         self._watch = FileWatch(path) if path else None
         self.table = LevelTable.default()
         if path:
@@ -178,7 +184,7 @@ class LevelTableWatcher:
 
     def check(self) -> bool:
         """Re-read the file when it changed. Returns True when a new table took effect."""
-        if not self.path or self._watch is None or not self._watch.changed():
+        if self.overridden_by or not self.path or self._watch is None or not self._watch.changed():
             return False
         if stamp(self.path) is None:
             self.rejected += 1
@@ -217,6 +223,30 @@ class LevelTableWatcher:
             codes=len(table),
             digest=table.digest[:12],
         )
+        self.on_change(table)
+        return True
+
+    def apply_text(self, text: str, where: str, max_bytes: int = MAX_TABLE_BYTES) -> bool:
+        """Validate ``text`` (a ``NodeDConfiguration.json`` document) and put it in force over the
+        file. A bad one is logged ("fault config rejected"), counted (``on_reject("invalid")``) and
+        the table in force stays. Returns True when a new table took effect."""
+        raw = text.encode("utf-8", "replace")
+        try:
+            if len(raw) > max_bytes:
+                raise LevelTableError(f"{where}: {len(raw)} bytes, larger than {max_bytes}")
+            table = LevelTable.from_json(raw, where)
+        except LevelTableError as e:
+            self.rejected += 1
+            self.on_reject("invalid")
+            event(log, logging.WARNING, "fault config rejected", path=where, error=str(e),
+                  kept=self.table.digest[:12])  # fmt: skip
+            return False
+        self.overridden_by = where
+        if table.digest == self.table.digest:
+            return False
+        self.table = table
+        event(log, logging.INFO, "update fault config success", path=where, codes=len(table),
+              digest=table.digest[:12])  # fmt: skip
         self.on_change(table)
         return True
 

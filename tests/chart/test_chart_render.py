@@ -194,7 +194,16 @@ def test_rbac_is_least_privilege(chart):
         "mindx-dl": {("", "configmaps", v) for v in ("create", "update", "patch")},
         "default": {("", "events", "create"), ("", "events", "patch")},
         NAMESPACE: {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")},
+        "cluster-system": {("", "configmaps", "create"), ("", "configmaps", "patch")},  # fault-job-info
     }
+    fji = next(
+        o for o in objs
+        if o["kind"] == "Role" and o["metadata"]["name"].endswith("-clusterd")
+        and o["metadata"]["namespace"] == "cluster-system"
+    )  # fmt: skip
+    assert [r.get("resourceNames") for r in fji["rules"] if "patch" in r["verbs"]] == [["fault-job-info"]]
+    c = _container(objs, "Deployment", "-clusterd", "clusterd")
+    assert "--kube-fault-job-info-namespace=cluster-system" in c["args"]
     # the agents have no API access by default
     assert not [
         o
@@ -233,8 +242,21 @@ def test_rbac_with_job_namespaces_and_agent_kube_mode(chart):
     assert pod["serviceAccountName"] == find(objs, "ServiceAccount", "-agents")["metadata"]["name"]
     noded = _container(objs, "DaemonSet", "-agents", "noded")
     deviced = _container(objs, "DaemonSet", "-agents", "deviced")
-    assert {"--kube", "--kube-namespace=mindx-dl"} <= set(noded["args"])
-    assert {"--kube", "--kube-namespace=kube-system"} <= set(deviced["args"])
+    assert {"--kube", "--kube-namespace=mindx-dl", "--kube-fault-config=on"} <= set(noded["args"])
+    assert "--kube-fault-config-namespace=mindx-dl" in noded["args"]
+    assert {"--kube", "--kube-namespace=kube-system", "--kube-fault-config=on"} <= set(deviced["args"])
+    assert "--kube-fault-config-namespace=kube-system" in deviced["args"]
+    # the fault-table ConfigMaps: list/watch by name only, never every ConfigMap of the namespace
+    for ns in ("mindx-dl", "kube-system"):
+        role = next(
+            o for o in objs
+            if o["kind"] == "Role" and o["metadata"]["name"].endswith("-agents") and o["metadata"]["namespace"] == ns
+        )  # fmt: skip
+        watch = [r for r in role["rules"] if "watch" in r["verbs"]]
+        assert watch == [
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"],
+             "resourceNames": ["mindx-dl-fault-config", "mindx-dl-node-fault-config"]}
+        ]  # fmt: skip
 
 
 @pytest.mark.parametrize(

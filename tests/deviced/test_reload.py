@@ -50,3 +50,32 @@ async def test_changed_table_files_are_reloaded_and_escalations_relevelled(tmp_p
         await until(lambda: app.state.devices[("NPU", 1)].level == "RestartNPU")
     finally:
         await app.stop()
+
+
+async def test_fault_config_configmap_overrides_without_an_api_server(tmp_path):
+    """The mindx-dl-fault-config consumer alone (deviced.faultconfig; the emulator test is in
+    tests/kube): a key overrides its file, bad keys are counted, a deleted map gives the file back."""
+    from deviced.faultconfig import FaultConfigMap
+
+    codes = tmp_path / "faultCode.json"
+    codes.write_text(json.dumps({"RestartBusinessCodes": ["80E18005"]}))
+    args = build_parser().parse_args(
+        ["--node-name", "n", "--backend", "sim", "--clusterd", f"127.0.0.1:{free_port()}", "--probe-interval", "0",
+         "--fault-code-file", str(codes)]
+    )  # fmt: skip
+    app = DeviceD(args, SimBackend(1, 1))
+    cm = FaultConfigMap(app.reloader, "configmap kube-system/mindx-dl-fault-config")
+    table = json.dumps({"SeparateNPUCodes": ["80E18005"]})
+    assert cm.on_configmap({"data": {"faultCode.json": table}}) == ["faultCode.json"]
+    assert app.engine.table.listed_level(0x80E18005).name == "SeparateNPU"
+    assert cm.on_configmap({"data": {"faultCode.json": table}}) == []  # unchanged: nothing re-applied
+    assert (
+        cm.on_configmap({"data": {"faultCode.json": table[:-2], "x.json": "{}", "PollInterval": "x"}}) == []
+    )
+    assert cm.on_configmap({"data": ["not", "an", "object"]}) == ["faultCode.json"]  # no usable key: the file
+    assert dict(app.reloader.failures) == {"faultCode.json": 1, "unknown-key": 2, "PollInterval": 1}
+    assert app.engine.table.listed_level(0x80E18005).name == "RestartBusiness"
+    assert cm.on_configmap({"data": {"faultCode.json": table}}) == ["faultCode.json"]
+    assert cm.on_configmap(None) == ["faultCode.json"] and app.reloader.overrides == {}
+    assert app.engine.table.listed_level(0x80E18005).name == "RestartBusiness"
+    app.io.shutdown()

@@ -364,13 +364,14 @@ async def test_expired_watch_is_relisted_without_losing_events(k8s, tmp_path):
         "type": "ERROR",
         "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"},
     }
-    # Every configmap watch (4: nodeinfo, deviceinfo, publicfault, clusterd-config-cm) first gets
-    # "410 Gone" (its resourceVersion expired).
-    emu[kmock.action.WATCH, kmock.resource("v1/configmaps")][:4] << (gone,)
+    # Every configmap watch (6: nodeinfo, deviceinfo, publicfault, clusterd-config-cm, and the
+    # control ConfigMaps slownode, datatrace) first gets "410 Gone" (its resourceVersion expired).
+    emu[kmock.action.WATCH, kmock.resource("v1/configmaps")][:6] << (gone,)
     cd = await start_kcd(api, tmp_path)
     try:
         await until(lambda: restarts(cd, "nodeinfo", "expired") >= 1, what="relist after 410")
         assert restarts(cd, "deviceinfo", "expired") >= 1 and restarts(cd, "publicfault", "expired") >= 1
+        await until(lambda: restarts(cd, "slownode", "expired") + restarts(cd, "datatrace", "expired") >= 2)
         # Present before the expiry and created after it: both consumed.
         await until(
             lambda: [f for f in cd.center.faults("node-2") if f.source == "kube:nodeinfo"], what="listed"
@@ -384,15 +385,16 @@ async def test_expired_watch_is_relisted_without_losing_events(k8s, tmp_path):
 async def test_dropped_watches_and_failing_lists_recover(k8s, tmp_path):
     emu, api = k8s
     # The API server fails the first lists with 500 and then drops the first watches at once (one
-    # of each per configmap watcher: nodeinfo, deviceinfo, publicfault, clusterd-config-cm).
-    emu[kmock.action.LIST, kmock.resource("v1/configmaps")][:4] << 500
-    emu[kmock.action.WATCH, kmock.resource("v1/configmaps")][:4] << b""
+    # of each per configmap watcher: nodeinfo, deviceinfo, publicfault, clusterd-config-cm,
+    # slownode, datatrace).
+    emu[kmock.action.LIST, kmock.resource("v1/configmaps")][:6] << 500
+    emu[kmock.action.WATCH, kmock.resource("v1/configmaps")][:6] << b""
     emu[kmock.action.LIST, kmock.resource("v1/nodes")][:1] << 503
     cd = await start_kcd(api, tmp_path)
     try:
-        watches = ("nodeinfo", "deviceinfo", "publicfault", "clusterdconfig")
+        watches = ("nodeinfo", "deviceinfo", "publicfault", "clusterdconfig", "slownode", "datatrace")
         await until(
-            lambda: sum(restarts(cd, w, "ended") for w in watches) >= 4, what="dropped watches resumed"
+            lambda: sum(restarts(cd, w, "ended") for w in watches) >= 6, what="dropped watches resumed"
         )
         await until(lambda: sum(restarts(cd, w, "error") for w in watches) >= 2, what="failed lists retried")
         assert restarts(cd, "nodes", "error") >= 1

@@ -148,3 +148,22 @@ async def test_watcher_run_picks_up_change(tmp_path):
         assert w.table.classify("0800004B")[0] == NodeLevel.SeparateFault
     finally:
         task.cancel()
+
+
+def test_a_configmap_table_wins_over_the_file(tmp_path):
+    """``apply_text`` (noded --kube: mindx-dl-node-fault-config) is in force over the file; the
+    file is no longer applied; a bad text is refused and counted (reference noded.md §2)."""
+    f = tmp_path / "levels.json"
+    _write(f, _table(pre=["0800004B"]))
+    seen, rejects = [], []
+    w = LevelTableWatcher(str(f), on_change=seen.append, on_reject=rejects.append)
+    assert w.apply_text(_table(sep=["0800004B"]), "cm") is True
+    assert w.table.classify("0800004B") == (NodeLevel.SeparateFault, True) and len(seen) == 1
+    _write(f, _table(nh=["0800004B"]))
+    assert w.check() is False  # the ConfigMap's table stays
+    assert w.table.classify("0800004B") == (NodeLevel.SeparateFault, True)
+    assert w.apply_text(_table(sep=["0800004B"])[:-3], "cm") is False
+    assert w.apply_text(_table(sep=["0800004B"]) + " " * 300, "cm", max_bytes=64) is False
+    assert w.rejected == 2 and rejects == ["invalid", "invalid"]
+    assert w.apply_text(_table(sep=["0800004B"]), "cm") is False  # the same table: no change
+    assert len(seen) == 1

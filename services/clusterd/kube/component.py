@@ -19,7 +19,9 @@ One part per concern, wired here:
 - **the rescheduling hand-off** (reset-config, PodGroup and pod labels) from the brain's decisions:
   :mod:`.handoff`;
 - **leader election** (``--kube-leader-elect on``): only the Lease holder runs the writers above:
-  :mod:`.leader`.
+  :mod:`.leader`;
+- **control ConfigMaps** (``ras-feature-slownode-*``, ``data-trace-<job>``) and ``fault-job-info``:
+  :mod:`.control`.
 
 Watches re-list on 410 Gone and after errors, so no change is lost (:class:`faultmesh.kube.ListWatcher`).
 """
@@ -33,6 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from clusterd.brain.jobs import JobRegistry
+from clusterd.kube import control as kcontrol
 from clusterd.kube import formats, podgroups
 from clusterd.kube import jobs as kjobs
 from clusterd.kube import leader as kleader
@@ -121,6 +124,7 @@ class KubeComponent:
         )
         ksignals.add_arguments(g)
         kleader.add_arguments(g)
+        kcontrol.add_arguments(g)
         g.add_argument(
             "--kube-podgroups",
             choices=("on", "off"),
@@ -157,6 +161,9 @@ class KubeComponent:
             if jobs is not None and self.pod_jobs is not None
             else None
         )
+        self.control = kcontrol.ControlMaps(a, jobs, ctx.store, self.metrics)  # attach() in the app
+        if self.enabled and decisions is not None:
+            decisions(self.control.on_decision)
         self._api_client = None
         self._tasks: list[asyncio.Task] = []
         self.api: KubeApi | None = None
@@ -226,6 +233,10 @@ class KubeComponent:
                 )
             )  # fmt: skip
         spawn = self.ctx.tasks.spawn
+        self.control.api = self.api
+        control = [watcher(n, "configmaps", ns, sel, h, acc) for n, ns, sel, h, acc in self.control.watches()]
+        self.watchers += control
+        self._tasks.append(spawn(self.control.maintain(control[0]), name="kube-control"))
         if a.kube_jobs == "on" and self.pod_jobs is not None:
             self.pods = self.pod_jobs.pod_watch = watcher(
                 "pods", "pods", None, "", self.pod_jobs.on_pod, kjobs.is_job_pod
@@ -243,7 +254,8 @@ class KubeComponent:
         for w in self.watchers:
             self._tasks.append(spawn(w.run(), name=f"kube-watch-{w.kind}-{w.namespace or 'all'}"))
         writers: list = [
-            ("publisher", self.publisher.run), ("annotator", self.annotator.run), ("signals", self.signals.run)
+            ("publisher", self.publisher.run), ("annotator", self.annotator.run), ("signals", self.signals.run),
+            ("fault-job-info", self.control.run),
         ]  # fmt: skip
         if self.handoff is not None and self.handoff.api is not None:
             writers.append(("handoff", self.handoff.run))
