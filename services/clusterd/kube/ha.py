@@ -95,7 +95,7 @@ class Standby:
             "faultmesh_rejected_requests_total", "Rejected requests by service and reason",
             ["service", "reason"], registry=self.registry,
         )  # fmt: skip
-        self.gate = FollowerGate(lambda: elector, lambda s, r: rejected.labels(s, r).inc())
+        self.gate = FollowerGate(lambda: elector, lambda s, r: rejected.labels(s, r).inc(), always=True)
         self.http = HttpServer(
             args.http_addr, self.registry, ready=lambda: self.gate.ready(False, "starting")
         )
