@@ -54,18 +54,24 @@ def _refusing(handler, code: grpc.StatusCode, message: str):
 
 class FollowerGate:
     """Refuses clients while ``elector()`` (the replica's :class:`LeaseElector`, or None when
-    leader election is off: never refuses) does not lead. ``reject(service, reason)`` counts."""
+    leader election is off: never refuses) does not lead, or always with ``always`` (the standby
+    server, which has nothing to serve even in the moment it is elected). ``reject(service,
+    reason)`` counts."""
 
     def __init__(
-        self, elector: Callable[[], LeaseElector | None], reject: Callable[[str, str], None]
+        self,
+        elector: Callable[[], LeaseElector | None],
+        reject: Callable[[str, str], None],
+        always: bool = False,
     ) -> None:
         self._elector = elector
         self._reject = reject
+        self._always = always
 
     def following(self) -> bool:
-        """True while this replica must refuse (leader election on, Lease not held)."""
+        """True while this replica must refuse (leader election on and Lease not held, or always)."""
         e = self._elector()
-        return e is not None and not e.leading.is_set()
+        return self._always or (e is not None and not e.leading.is_set())
 
     def leader(self) -> str:
         """The Lease holder's identity as last read ("" when unknown or none)."""
