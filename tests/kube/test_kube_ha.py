@@ -20,15 +20,16 @@ import urllib.request
 import grpc
 import kmock
 import pytest
-from kube.kubekit import until
+from kube.kubekit import kube_clusterd, until
 from prometheus_client import CollectorRegistry
 from support import ClusterdProcess, public_request
 
 from clusterd.kube.hastate import KubeState, MirroredStore, StateMetrics, StateWriteError, encode
 from faultmesh._pb import profiling_pb2, profiling_pb2_grpc, pubfault_pb2_grpc
-from faultmesh.agent import AgentClient, AgentState
+from faultmesh.agent import AgentClient, AgentState, split_targets
 from faultmesh.kube import KubeApi
 from faultmesh.model import Fault
+from faultmesh.trainsim import TrainSim
 
 NS = "faultmesh"
 STATE_CM = "faultmesh-clusterd-state"
@@ -354,3 +355,64 @@ async def test_a_bad_record_is_skipped_and_the_rest_restored(k8s, tmp_path):
         assert await store.load_separations() == [("node-1", 1, "c", 1, 2)]
     finally:
         await store.close()
+
+
+# -- in process: the gate inside ClusterD, trainsim and agents retrying until the leader answers ----
+
+
+def test_agent_targets_split_on_commas_but_not_a_grpc_scheme():
+    assert split_targets("a:1,b:2") == ["a:1", "b:2"]
+    assert split_targets("a:1") == ["a:1"]
+    assert split_targets("ipv4:127.0.0.1:1,127.0.0.1:2") == ["ipv4:127.0.0.1:1,127.0.0.1:2"]
+    assert split_targets("dns:///clusterd-grpc-svc:8899") == ["dns:///clusterd-grpc-svc:8899"]
+
+
+async def test_a_follower_clusterd_refuses_and_trainsim_reaches_it_once_it_leads(k8s, tmp_path):
+    emu, api = k8s
+    elect = ("--kube-leader-elect", "on", "--kube-lease-namespace", NS)
+    cd1 = await kube_clusterd(tmp_path / "a", api.url, *elect)
+    cd2 = sim = task = None
+    try:
+        await until(lambda: cd1.gate.following() is False, what="first replica leads")
+        cd2 = await kube_clusterd(tmp_path / "b", api.url, *elect)
+        assert cd2.gate.following()
+        target = f"127.0.0.1:{cd2.grpc_port}"
+        async with grpc.aio.insecure_channel(target) as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await pubfault_pb2_grpc.PubFaultStub(ch).SendPublicFault(public_request("f-1"))
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "not the leader" in e.value.details()
+        base = f"http://127.0.0.1:{cd2.http.port}"
+        status, out = await http("POST", f"{base}/v1/jobs", [JOB])
+        assert status == 503 and out["error"] == "follower"
+        assert (await http("GET", f"{base}/v1/jobs"))[0] == 200  # reads answer
+        status, why = await http("GET", f"{base}/readyz")
+        assert status == 503 and "follower" in why
+        rejected = cd2.registry.get_sample_value(
+            "faultmesh_rejected_requests_total", {"service": "PubFault", "reason": "follower"}
+        )
+        assert rejected == 1
+        # TaskD's client (trainsim, reconnecting) is refused by the follower and retries ...
+        sim = TrainSim(target, "job-ha", reconnect=True)
+        task = asyncio.create_task(sim.run())
+        await until(lambda: any(ev["event"] == "reconnect-failed" for ev in sim.events), what="refused")
+        assert not any(ev["event"] == "register" for ev in sim.events)
+        # ... and registers once that replica leads (the leader stopped: the Lease is released).
+        await cd1.stop()
+        cd1 = None
+        await until(lambda: not cd2.gate.following(), timeout_s=15, what="second replica leads")
+        assert (await http("POST", f"{base}/v1/jobs", [JOB]))[0] == 200
+        await until(
+            lambda: any(ev["event"] == "register" and ev.get("code") == 0 for ev in sim.events),
+            timeout_s=15,
+            what="trainsim registered at the new leader",
+        )
+        # never a subscription without Init and Register first (a refused Init closes the channel)
+        ok = next(i for i, ev in enumerate(sim.events) if ev["event"] == "register" and ev.get("code") == 0)
+        assert "subscribed" not in [ev["event"] for ev in sim.events[:ok]]
+    finally:
+        if sim is not None:
+            sim.stop()
+            await asyncio.wait_for(task, 10)
+        for cd in (cd1, cd2):
+            if cd is not None:
+                await cd.stop()
