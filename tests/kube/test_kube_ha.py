@@ -22,6 +22,7 @@ import kmock
 import pytest
 from kube.kubekit import kube_clusterd, until
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 from support import ClusterdProcess, public_request
 
 from clusterd.kube.hastate import KubeState, MirroredStore, StateMetrics, StateWriteError, encode
@@ -130,6 +131,18 @@ async def public_ids(p: ClusterdProcess) -> set[str]:
     return {f["attributes"].get("faultId", "") for f in faults} - {""}
 
 
+async def metric(p: ClusterdProcess, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples with ``labels`` on ``p``'s /metrics (0 when none)."""
+    status, text = await http("GET", p.url("/metrics"))
+    assert status == 200
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == name and labels.items() <= s.labels.items()
+    )
+
+
 async def _ready(p: ClusterdProcess) -> bool:
     return (await readyz(p))[0] == 200
 
@@ -188,9 +201,22 @@ async def test_leader_killed_follower_leads_with_acked_state(k8s, tmp_path):
         await agent.start()
         await agent.wait_synced(20)  # refused by the follower first, then the leader acked
 
+        # API errors meanwhile: the leader's next Lease renewal gets 429 (retried, counted; it
+        # keeps the Lease) and the new leader's first ConfigMap watches get 410 Gone (re-listed).
+        renewals = emu[kmock.action.UPDATE, kmock.resource("coordination.k8s.io/v1/leases")]
+        n = len(renewals)
+        renewals[n : n + 1] << 429
+        watches = emu[kmock.action.WATCH, kmock.resource("v1/configmaps")]
+        n = len(watches)
+        watches[n : n + 2] << (
+            {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}},
+        )
+        await until(lambda: metric(a, "faultmesh_kube_lease_errors_total", status="429"), what="429 counted")
+
         with Senders([b.grpc, a.grpc]) as senders:
             await until(lambda: len(senders.acked) >= 20, timeout_s=30, what="public faults acked")
             assert senders.refusals  # the follower turned senders away
+            assert await metric(a, "faultmesh_clusterd_leader") == 1
             a.kill9()
             t_kill = time.monotonic()
             await until(lambda: _ready(b), timeout_s=30, what="follower leads")
@@ -209,6 +235,8 @@ async def test_leader_killed_follower_leads_with_acked_state(k8s, tmp_path):
                 profiling_pb2.DataStatusReq(jobNsName="default/llama")
             )
         assert r.profilingSwitch.Step == "on"
+        assert await metric(b, "faultmesh_clusterd_leader") == 1
+        assert await metric(b, "faultmesh_kube_watch_restarts_total", why="expired") >= 1
         # The agent reconnected to the new leader and its snapshot is back.
         await until(
             lambda: _has_code(b, "node-1", "00000001"),
