@@ -11,7 +11,9 @@ Then the state ConfigMap's bad input: API errors retried and counted, corrupt do
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
 import threading
 import time
 import urllib.error
@@ -25,7 +27,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from support import ClusterdProcess, public_request
 
-from clusterd.kube.hastate import KubeState, MirroredStore, StateMetrics, StateWriteError, encode
+from clusterd.kube import hastate
+from clusterd.kube.hastate import KubeState, MirroredStore, StateMetrics, StateWriteError, encode, pack
 from faultmesh._pb import profiling_pb2, profiling_pb2_grpc, pubfault_pb2_grpc
 from faultmesh.agent import AgentClient, AgentState, split_targets
 from faultmesh.kube import KubeApi
@@ -300,7 +303,7 @@ async def test_a_change_that_cannot_be_written_is_refused_and_not_kept(k8s, tmp_
     try:
         await store.kv_put("datatrace", "default/llama", {"Step": "on"})
         with pytest.raises(StateWriteError, match="full"):
-            await store.kv_put("jobs", "big", {"blob": "x" * 5000})
+            await store.kv_put("jobs", "big", {"blob": os.urandom(4000).hex()})
         assert count(m.rejected, reason="too large") == 1
         assert await store.kv_get("jobs", "big") is None and "jobs" not in st.kv
         emu[kmock.action.UPDATE, kmock.resource("v1/configmaps"), kmock.name(STATE_CM)] << 500
@@ -317,23 +320,33 @@ async def test_a_change_that_cannot_be_written_is_refused_and_not_kept(k8s, tmp_
         await store.close()
 
 
+EMPTY = {"version": 1, "faults": [], "kv": {}, "separations": []}
+GOOD = encode(EMPTY)
+BLOB = GOOD["binaryData"]["state.json.gz"]
+
+
 @pytest.mark.parametrize(
-    ("data", "reason"),
+    ("fields", "reason"),
     [
-        ({"state.json": "{}"}, "missing key"),
-        ({**encode({"version": 1, "faults": [], "kv": {}, "separations": []}), "state.json": '{"vers'}, "checksum mismatch"),
-        (encode("not json") | {"state.json": "{bad", "sha256": __import__("hashlib").sha256(b"{bad").hexdigest()}, "bad JSON"),
+        ({"data": {"sha256": "0" * 64}}, "missing key"),
+        ({"data": GOOD["data"], "binaryData": {"state.json.gz": "%%not base64%%"}}, "bad encoding"),
+        ({"data": GOOD["data"], "binaryData": {"state.json.gz": base64.b64encode(base64.b64decode(BLOB)[:-9]).decode()}}, "bad encoding"),
+        ({"data": {"sha256": "0" * 64}, "binaryData": GOOD["binaryData"]}, "checksum mismatch"),
+        (pack(b'{"version": 1, "faults": [tru'), "bad JSON"),
         (encode({"version": 7}), "unknown version"),
         (encode({"version": 1, "faults": {}, "kv": {}, "separations": []}), "bad shape"),
+        (pack(b" " * 100_000), "too large"),  # inflates past the limit (set to 64 KiB here)
     ],
+    ids=["missing-key", "not-base64", "truncated", "checksum", "bad-json", "version", "shape", "huge"],
 )  # fmt: skip
-async def test_a_corrupt_state_configmap_is_rejected_not_a_crash(k8s, tmp_path, data, reason):
+async def test_a_corrupt_state_configmap_is_rejected_not_a_crash(k8s, tmp_path, monkeypatch, fields, reason):
+    monkeypatch.setattr(hastate, "MAX_RAW_BYTES", 64 << 10)
     emu, api = k8s
     body = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": STATE_CM, "namespace": NS},
-        "data": data,
+        **fields,
     }
     await api.create_config_map(NS, body)
     st, m = state_of(api)
@@ -344,6 +357,7 @@ async def test_a_corrupt_state_configmap_is_rejected_not_a_crash(k8s, tmp_path, 
         assert await store.load_faults() == [] and not st.kv
         kept = await api.get_config_map(NS, f"{STATE_CM}-rejected")
         assert reason in kept["data"]["rejected-reason"]
+        assert kept.get("binaryData", {}) == fields.get("binaryData", {})  # kept for the operator
         await store.kv_put("jobs", "j", {"id": "j"})  # the leader goes on and writes a good one
         again, _ = state_of(api)
         assert await again.load() == 1
@@ -370,7 +384,7 @@ async def test_a_bad_record_is_skipped_and_the_rest_restored(k8s, tmp_path):
            "separations": [["node-1", 1, "c", 1, 2], [None, 1, "c", 1, 2]]}  # fmt: skip
     meta = {"name": STATE_CM, "namespace": NS}
     await api.create_config_map(
-        NS, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": encode(doc)}
+        NS, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, **encode(doc)}
     )
     st, m = state_of(api)
     store = MirroredStore(st, tmp_path / "s")

@@ -15,10 +15,13 @@ Not kept across a failover either: the fault history (``/v1/events``) and the br
 (per-replica history).
 
 **Document.** ConfigMap ``--kube-state-name`` (``faultmesh-clusterd-state``) in the Lease's namespace,
-label ``app.kubernetes.io/managed-by=faultmesh``; key ``state.json`` holds ``{"version": 1,
-"faults": [[node, device_type, device_id, code, source, level, assertion, first_seen_ms,
-last_seen_ms, attributes, origin], ...], "kv": {ns: {key: value}}, "separations": [[node,
-device_id, codes, separated_ms, last_fault_ms], ...]}`` and key ``sha256`` its hex digest.
+label ``app.kubernetes.io/managed-by=faultmesh``. ``binaryData["state.json.gz"]`` is the gzip of
+the JSON ``{"version": 1, "faults": [[node, device_type, device_id, code, source, level,
+assertion, first_seen_ms, last_seen_ms, attributes, origin], ...], "kv": {ns: {key: value}},
+"separations": [[node, device_id, codes, separated_ms, last_fault_ms], ...]}`` (compressed: public
+fault rows repeat themselves, about 10x smaller), ``data["sha256"]`` the hex digest of that JSON.
+Read it with ``kubectl get cm faultmesh-clusterd-state -o jsonpath='{.binaryData.state\\.json\\.gz}'
+| base64 -d | gunzip``.
 
 **Durability.** Every mirrored change is written to the ConfigMap *before* the SQLite commit and so
 before the caller acknowledges its sender (a PubFault answer 0, an HTTP 200). A write that fails
@@ -28,11 +31,11 @@ answers an error (the fault center undoes the batch, never acks). A write whose 
 (timeout after the server applied it) may leave an unacknowledged change in the ConfigMap until the
 next write: a new leader may then hold a change nobody was told succeeded, never lose an acked one.
 
-**Bound.** ``state.json`` may hold at most ``--kube-state-max-bytes`` (900 000; the API server refuses a
-ConfigMap over 1 MiB). A change that would grow it past the bound is refused with
-``StateWriteError("state ConfigMap full")``, counted as ``faultmesh_kube_state_rejected_total{reason=
-"too large"}``; the state already stored stays as it was (PubFault's own limits keep public faults
-well below it).
+**Bound.** The encoded ``state.json.gz`` may hold at most ``--kube-state-max-bytes`` (900 000; the
+API server refuses a ConfigMap over 1 MiB), which is roughly 30 000 public fault records. A change
+that would grow it past the bound is refused with ``StateWriteError("state ConfigMap full")``,
+counted as ``faultmesh_kube_state_rejected_total{reason="too large"}``; the state already stored
+stays as it was. Encoding (JSON + gzip) runs in the store's worker thread, not on the event loop.
 
 **API errors** are retried with :class:`faultmesh.retry.Backoff` until ``--kube-state-write-s`` and
 counted by reason in ``faultmesh_kube_state_retries_total{reason}``: ``conflict`` (409: the
@@ -40,8 +43,8 @@ resourceVersion moved; re-read and write again), ``missing`` (404: re-created), 
 ``timeout`` (no answer), ``server`` (5xx). Other 4xx answers fail at once.
 
 **Bad documents.** On election the new leader reads the ConfigMap (:meth:`KubeState.load`). A
-document with a missing key, a wrong checksum (truncated), bad JSON, an unknown version or a wrong
-shape is rejected — logged with its reason, counted in ``faultmesh_kube_state_rejected_total{reason}``,
+document with a missing key, a bad encoding (not base64 / gzip, or cut short), more than 64 MiB
+inflated, a wrong checksum, bad JSON, an unknown version or a wrong shape is rejected — logged with its reason, counted in ``faultmesh_kube_state_rejected_total{reason}``,
 copied to ``<name>-rejected`` for the operator — and the leader starts from an empty state plus the
 agents' snapshots. A single malformed record inside a valid document is skipped and counted
 (``bad record``).
@@ -50,10 +53,14 @@ agents' snapshots. A single malformed record inside a valid document is skipped 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
+import gzip
 import hashlib
 import logging
 import time
+import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -70,8 +77,9 @@ from faultmesh.retry import Backoff
 log = logging.getLogger("clusterd.kube.ha")
 
 VERSION = 1
-STATE_KEY = "state.json"
+BLOB_KEY = "state.json.gz"
 SUM_KEY = "sha256"
+MAX_RAW_BYTES = 64 << 20  # a document that inflates beyond this is rejected (not a gzip bomb)
 LABELS = {"app.kubernetes.io/managed-by": "faultmesh", "app.kubernetes.io/component": "clusterd-state"}
 MIRRORED_ORIGINS = frozenset({"public"})
 MIRRORED_NS = frozenset({"jobs", "kube-jobs", "datatrace", "slownode.jobs", "slownet"})
@@ -135,20 +143,35 @@ def row_fault(row: list) -> tuple[Fault, str]:
     return fault, origin
 
 
-def encode(doc: dict) -> dict[str, str]:
-    """The ConfigMap ``data`` of ``doc``: ``state.json`` and its ``sha256``."""
-    body = orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS).decode()
-    return {STATE_KEY: body, SUM_KEY: hashlib.sha256(body.encode()).hexdigest()}
+def pack(body: bytes) -> dict[str, dict[str, str]]:
+    """The ConfigMap fields (``data``, ``binaryData``) holding the JSON ``body``."""
+    blob = base64.b64encode(gzip.compress(body, compresslevel=1, mtime=0)).decode()
+    return {"data": {SUM_KEY: hashlib.sha256(body).hexdigest()}, "binaryData": {BLOB_KEY: blob}}
 
 
-def decode(data: dict | None) -> dict:
-    """The document in a ConfigMap's ``data``. Raises :class:`StateRejected` (reasons ``missing key``,
-    ``checksum mismatch``, ``bad JSON``, ``unknown version``, ``bad shape``)."""
-    data = data or {}
-    body, digest = data.get(STATE_KEY), data.get(SUM_KEY)
-    if not isinstance(body, str) or not isinstance(digest, str):
-        raise StateRejected("missing key", f"{STATE_KEY} and {SUM_KEY} are required")
-    if hashlib.sha256(body.encode()).hexdigest() != digest.strip():
+def encode(doc: Any) -> dict[str, dict[str, str]]:
+    """The ConfigMap fields (``data``, ``binaryData``) of the document ``doc``."""
+    return pack(orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS))
+
+
+def decode(cm: dict) -> dict:
+    """The document in the ConfigMap ``cm``. Raises :class:`StateRejected` (reasons ``missing key``,
+    ``bad encoding`` (not base64 / gzip, or cut short), ``too large``, ``checksum mismatch``,
+    ``bad JSON``, ``unknown version``, ``bad shape``)."""
+    blob = (cm.get("binaryData") or {}).get(BLOB_KEY)
+    digest = (cm.get("data") or {}).get(SUM_KEY)
+    if not isinstance(blob, str) or not isinstance(digest, str):
+        raise StateRejected("missing key", f"binaryData.{BLOB_KEY} and data.{SUM_KEY} are required")
+    try:
+        z = zlib.decompressobj(wbits=31)  # gzip
+        body = z.decompress(base64.b64decode(blob, validate=True), MAX_RAW_BYTES + 1)
+    except (binascii.Error, zlib.error, ValueError) as e:
+        raise StateRejected("bad encoding", str(e)) from None
+    if len(body) > MAX_RAW_BYTES:
+        raise StateRejected("too large", f"more than {MAX_RAW_BYTES} bytes uncompressed")
+    if not z.eof:
+        raise StateRejected("bad encoding", "the gzip stream is cut short (truncated)")
+    if hashlib.sha256(body).hexdigest() != digest.strip():
         raise StateRejected("checksum mismatch", f"{len(body)} bytes (truncated or edited?)")
     try:
         doc = orjson.loads(body)
@@ -208,6 +231,7 @@ class KubeState:
         self._rv: str | None = None
         self._exists = False
         self.lock = asyncio.Lock()
+        self.offload: Callable[..., Any] = asyncio.to_thread  # encode (JSON + gzip) off the loop
 
     # -- reading ---------------------------------------------------------------------------------
     async def load(self) -> int:
@@ -219,7 +243,7 @@ class KubeState:
         if cm is None:
             return 0
         try:
-            doc = decode(cm.get("data"))
+            doc = decode(cm)
         except StateRejected as e:
             self.metrics.rejected.labels(e.reason).inc()
             event(
@@ -236,7 +260,7 @@ class KubeState:
                 n += 1
         for row in doc["separations"]:
             n += self._restore(lambda r=row: self._put_sep(*r))
-        self.metrics.bytes.set(len(cm["data"][STATE_KEY]))
+        self.metrics.bytes.set(len(cm["binaryData"][BLOB_KEY]))
         return n
 
     def _restore(self, put: Callable[[], None]) -> int:
@@ -270,10 +294,19 @@ class KubeState:
 
     async def _keep_rejected(self, cm: dict, why: StateRejected) -> None:
         """Best effort: copy a rejected document to ``<name>-rejected`` for the operator."""
+        name = f"{self.name}-rejected"
         data = {k: str(v) for k, v in (cm.get("data") or {}).items()}
         data["rejected-reason"] = str(why)
-        with contextlib.suppress(KubeError):
-            await self.api.upsert_config_map(self.namespace, f"{self.name}-rejected", data, LABELS)
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "data": data, "binaryData": cm.get("binaryData") or {},
+                "metadata": {"name": name, "namespace": self.namespace, "labels": LABELS}}  # fmt: skip
+        try:
+            await self.api.patch_config_map(
+                self.namespace, name, {k: body[k] for k in ("data", "binaryData")}
+            )
+        except KubeError as e:
+            if e.status == 404:
+                with contextlib.suppress(KubeError):
+                    await self.api.create_config_map(self.namespace, body)
 
     # -- writing ---------------------------------------------------------------------------------
     def doc(self) -> dict:
@@ -290,12 +323,12 @@ class KubeState:
         ((dict, key, old value or missing) triples); on failure put them back and raise
         :class:`StateWriteError`. The caller holds :attr:`lock`."""
         try:
-            data = encode(self.doc())
-            size = len(data[STATE_KEY])
+            fields = await self.offload(encode, self.doc())
+            size = len(fields["binaryData"][BLOB_KEY])
             if size > self.max_bytes:
                 self.metrics.rejected.labels("too large").inc()
                 raise StateWriteError(f"state ConfigMap full: {size} > {self.max_bytes} bytes")
-            await self._retry("write", lambda: self._write(data))
+            await self._retry("write", lambda: self._write(fields))
             self.metrics.writes.labels("ok").inc()
             self.metrics.bytes.set(size)
         except BaseException as e:
@@ -309,10 +342,10 @@ class KubeState:
                 event(log, logging.ERROR, "state write failed", name=self.name, error=str(e))
             raise
 
-    async def _write(self, data: dict[str, str]) -> None:
+    async def _write(self, fields: dict[str, dict[str, str]]) -> None:
         meta: dict[str, Any] = {"labels": LABELS, "annotations": {"faultmesh.io/writer": self.identity}}
         if not self._exists:
-            body = {"apiVersion": "v1", "kind": "ConfigMap", "data": data,
+            body = {"apiVersion": "v1", "kind": "ConfigMap", **fields,
                     "metadata": {"name": self.name, "namespace": self.namespace, **meta}}  # fmt: skip
             try:
                 out = await self.api.create_config_map(self.namespace, body)
@@ -323,7 +356,7 @@ class KubeState:
         else:
             if self._rv:
                 meta["resourceVersion"] = self._rv  # optimistic lock: 409 when it moved
-            out = await self.api.patch_config_map(self.namespace, self.name, {"metadata": meta, "data": data})
+            out = await self.api.patch_config_map(self.namespace, self.name, {"metadata": meta, **fields})
         self._exists = True
         self._rv = (out.get("metadata") or {}).get("resourceVersion") or None
 
@@ -398,6 +431,7 @@ class MirroredStore(Store):
     def __init__(self, state: KubeState, state_dir: str | Path, **kw: Any) -> None:
         super().__init__(state_dir, **kw)
         self.state = state
+        state.offload = self._run  # the store's own worker thread
         self.restored = 0
 
     def _wipe(self) -> None:
