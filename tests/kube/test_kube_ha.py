@@ -112,7 +112,7 @@ class Senders:
                     turn = (turn + 1) % len(stubs)
                     time.sleep(0.05)
                 i += 1
-                time.sleep(0.02)
+                time.sleep(0.1)  # each ack is a state ConfigMap write: the emulator shares our loop
         finally:
             for c in chans:
                 c.close()
@@ -157,7 +157,7 @@ async def _has_code(p: ClusterdProcess, node: str, code: str) -> bool:
 
 def replica(tmp_path, name: str, url: str) -> ClusterdProcess:
     flags = ["--kube", "--kube-api", url, "--kube-leader-elect", "on", "--kube-lease-namespace", NS,
-             "--kube-lease-s", str(LEASE_S), "--kube-timeout-s", "2", "--kube-min-write-s", "0.05",
+             "--kube-lease-s", str(LEASE_S), "--kube-timeout-s", "4", "--kube-min-write-s", "0.05",
              "--public-fault-qps", "100000", "--public-fault-burst", "100000"]  # fmt: skip
     return ClusterdProcess(tmp_path / name / "state", flags, log_path=tmp_path / f"{name}.log")
 
@@ -187,6 +187,7 @@ async def test_leader_killed_follower_leads_with_acked_state(k8s, tmp_path):
         assert status == 503 and out["error"] == "follower"
         assert (await http("GET", b.url("/healthz")))[0] == 200
         assert (await http("GET", b.url("/metrics")))[0] == 200
+        assert (await http("GET", b.url("/v1/faults")))[0] == 503  # a standby holds no state
 
         # State on the leader: a job with its recovery settings, a data-trace switch, an agent.
         status, out = await http("POST", a.url("/v1/jobs"), [JOB])

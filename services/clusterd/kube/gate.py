@@ -24,6 +24,7 @@ from faultmesh.lease import LeaseElector
 
 EXEMPT = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 READ_ONLY = frozenset({"GET", "HEAD", "OPTIONS"})
+ALWAYS_ANSWER = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 def _refusing(handler, code: grpc.StatusCode, message: str):
@@ -88,11 +89,14 @@ class FollowerGate:
         return _Interceptor(self)
 
     def http_middleware(self):
-        """The aiohttp middleware: 503 for mutating requests while following."""
+        """The aiohttp middleware: 503 for mutating requests while following (for every request but
+        ``/healthz``, ``/readyz``, ``/metrics`` with ``always``)."""
 
         @web.middleware
         async def follower_gate(request: web.Request, handler):
-            if request.method in READ_ONLY or not self.following():
+            if request.path in ALWAYS_ANSWER or not self.following():
+                return await handler(request)
+            if request.method in READ_ONLY and not self._always:  # a standby holds nothing to read
                 return await handler(request)
             self._reject("http", "follower")
             resp = json_response(

@@ -34,7 +34,6 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -42,7 +41,7 @@ from clusterd.api.grpcserver import server_credentials, server_options
 from clusterd.kube import leader as kleader
 from clusterd.kube.gate import FollowerGate
 from clusterd.kube.hastate import KubeState, MirroredStore, StateMetrics, StateWriteError
-from faultmesh.httpd import HttpServer, json_response
+from faultmesh.httpd import HttpServer
 from faultmesh.kube import KubeApi, make_api_client
 from faultmesh.lease import LeaseElector
 from faultmesh.log import event
@@ -71,14 +70,16 @@ class HaMetrics:
             "faultmesh_kube_lease_errors_total", "Failed Lease calls (retried)", ["status"], registry=reg
         )
 
+    def _collectors(self) -> tuple:
+        st = self.state
+        return st.writes, st.retries, st.rejected, st.bytes, self.leader, self.lease_errors
+
     def register(self, registry: CollectorRegistry) -> None:
-        for c in (self.state.writes, self.state.retries, self.state.rejected, self.state.bytes,
-                  self.leader, self.lease_errors):  # fmt: skip
+        for c in self._collectors():
             registry.register(c)
 
     def unregister(self, registry: CollectorRegistry) -> None:
-        for c in (self.state.writes, self.state.retries, self.state.rejected, self.state.bytes,
-                  self.leader, self.lease_errors):  # fmt: skip
+        for c in self._collectors():
             with contextlib.suppress(KeyError):
                 registry.unregister(c)
 
@@ -99,19 +100,9 @@ class Standby:
         self.http = HttpServer(
             args.http_addr, self.registry, ready=lambda: self.gate.ready(False, "starting")
         )
-        self.http.app.middlewares.append(self._refuse_all)
+        self.http.app.middlewares.append(self.gate.http_middleware())
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
-
-    @web.middleware
-    async def _refuse_all(self, request: web.Request, handler):
-        if request.path in ("/healthz", "/readyz", "/metrics"):
-            return await handler(request)
-        gate = self.gate
-        gate._reject("http", "follower")
-        resp = json_response({"error": "follower", "leader": gate.leader(), "message": gate.message()}, 503)
-        resp.headers["Retry-After"] = "2"
-        return resp
 
     async def start(self) -> None:
         """Bind both addresses. Raises ``OSError``."""
