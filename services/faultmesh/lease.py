@@ -15,9 +15,10 @@ retry, the renew deadline) steps down. :meth:`release` (on a graceful stop) empt
 a follower takes over at its next retry instead of after the lease time.
 
 ``on_error(KubeError)`` is called for every failed attempt (retried at the next period; the
-caller counts them). ``leading`` is set while we lead; ``on_change(leading: bool)`` and every callable in ``listeners``
-are called on every transition. ``holder`` is the identity that held the Lease at the last read
-("" when none or unknown): what a follower names as the leader when it refuses a client.
+caller counts them). ``leading`` is set while we lead; ``on_change(leading: bool)`` and every
+callable in ``listeners`` are called on every transition. ``holder`` is the identity that held the
+Lease at the last read ("" when none or unknown): what a follower names as the leader when it
+refuses a client.
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@ the Lease: they start when it is elected (the publisher re-reads what is publish
 re-check every node) and are cancelled when it loses the Lease. A graceful stop releases the
 Lease so a follower takes over at its next retry (2 s); a crashed leader's Lease expires after
 ``--kube-lease-s`` (15 s by default, 8 s in the chart).
+
+A ClusterD built in process with ``--kube-leader-elect on`` and no elector of its own (tests)
+elects with its own :class:`LeaseElector`; its :class:`clusterd.kube.gate.FollowerGate` refuses
+clients while it follows, but it keeps its own SQLite state (no state ConfigMap): the process
+entry point (:func:`clusterd.app.main`) always runs :mod:`clusterd.kube.ha` instead.
 """
 
 from __future__ import annotations
