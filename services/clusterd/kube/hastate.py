@@ -32,10 +32,12 @@ answers an error (the fault center undoes the batch, never acks). A write whose 
 next write: a new leader may then hold a change nobody was told succeeded, never lose an acked one.
 
 **Bound.** The encoded ``state.json.gz`` may hold at most ``--kube-state-max-bytes`` (900 000; the
-API server refuses a ConfigMap over 1 MiB), which is roughly 30 000 public fault records. A change
-that would grow it past the bound is refused with ``StateWriteError("state ConfigMap full")``,
-counted as ``faultmesh_kube_state_rejected_total{reason="too large"}``; the state already stored
-stays as it was. Encoding (JSON + gzip) runs in the store's worker thread, not on the event loop.
+API server refuses a ConfigMap over 1 MiB), which is about 29 000 public fault records
+(``bench/ha_state.py``). A change that would grow it past the bound is refused with
+``StateWriteError("state ConfigMap full")``, counted as
+``faultmesh_kube_state_rejected_total{reason="too large"}``; the state already stored stays as it
+was. Encoding (JSON + gzip, about 0.25 s at that size) and decoding run in the store's worker
+thread, not on the event loop.
 
 **API errors** are retried with :class:`faultmesh.retry.Backoff` until ``--kube-state-write-s`` and
 counted by reason in ``faultmesh_kube_state_retries_total{reason}``: ``conflict`` (409: the
@@ -243,7 +245,7 @@ class KubeState:
         if cm is None:
             return 0
         try:
-            doc = decode(cm)
+            doc = await self.offload(decode, cm)
         except StateRejected as e:
             self.metrics.rejected.labels(e.reason).inc()
             event(
