@@ -53,7 +53,8 @@ class ClusterdProcess:
         self._python = sys.executable
         self.proc = None
 
-    def start(self) -> ClusterdProcess:
+    def start(self, ready_path: str = "/readyz") -> ClusterdProcess:
+        """Start and wait until ``ready_path`` answers 200 (``/healthz`` for a follower replica)."""
         cmd = [
             self._python,
             "-m",
@@ -68,7 +69,7 @@ class ClusterdProcess:
         ]
         self._log = open(self.log_path, "ab")
         self.proc = self._subprocess.Popen(cmd, stdout=self._log, stderr=self._subprocess.STDOUT)
-        wait_http(f"http://{self.http}/readyz")
+        wait_http(f"http://{self.http}{ready_path}")
         return self
 
     def url(self, path: str) -> str:

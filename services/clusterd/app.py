@@ -53,7 +53,9 @@ from clusterd.http.nodes import NodeApi
 from clusterd.http.web import WebUi
 from clusterd.ingest.agents import AgentHub
 from clusterd.kube import KubeComponent
+from clusterd.kube import ha as kha
 from clusterd.kube.control import slownet_topology
+from clusterd.kube.gate import FollowerGate
 from clusterd.kube.handoff import PodGroupPlatform
 from clusterd.nodes import NodeHealthCollector, NodeRegistry
 from clusterd.separation import ManualSeparation
@@ -64,6 +66,7 @@ from faultmesh import config, runtime
 from faultmesh import log as fmlog
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
 from faultmesh.httpd import HttpServer
+from faultmesh.lease import LeaseElector
 from faultmesh.log import event
 from faultmesh.metrics import daemon_registry
 
@@ -163,7 +166,14 @@ class ClusterD:
     ``classes`` is accepted for the command-line's sake and must be :data:`COMPONENT_CLASSES`.
     """
 
-    def __init__(self, args: argparse.Namespace, classes: list[type] | None = None) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        classes: list[type] | None = None,
+        *,
+        store: Store | None = None,
+        elector: LeaseElector | None = None,
+    ) -> None:
         registry = daemon_registry("clusterd")
         rejected = Counter(
             "faultmesh_rejected_requests_total",
@@ -172,15 +182,21 @@ class ClusterD:
             registry=registry,
         )
         self.up = Gauge("faultmesh_clusterd_ready", "1 when ClusterD serves", registry=registry)
-        store = Store(args.state_dir, fsync_full=args.fsync_full, busy_timeout_ms=args.state_busy_timeout_ms)
+        store = store or Store(
+            args.state_dir, fsync_full=args.fsync_full, busy_timeout_ms=args.state_busy_timeout_ms
+        )  # HA (clusterd.kube.ha): a MirroredStore, and the replica's Lease elector
         center = FaultCenter(store, registry)
         nodes = NodeRegistry(store, center)
         registry.register(NodeHealthCollector(nodes, center))
         self._ready = False
+        self.gate = FollowerGate(lambda: kube.elector, lambda s, r: rejected.labels(s, r).inc())
         http = HttpServer(
-            args.http_addr, registry, ready=lambda: (self._ready, "ready" if self._ready else "starting")
+            args.http_addr,
+            registry,
+            ready=lambda: self.gate.ready(self._ready, "ready" if self._ready else "starting"),
         )
         auth = TokenAuth.from_file(args.token_file, rejected)
+        http.app.middlewares.append(self.gate.http_middleware())  # followers refuse (issue 15 HA)
         http.app.middlewares.append(auth.http_middleware())
         self.ctx = ClusterContext(
             config=args,
@@ -207,6 +223,7 @@ class ClusterD:
             jobs=self.brain.jobs,
             policy=self.separation.set_policy_text,
             decisions=self.brain.decision_log.listeners.append,
+            elector=elector,
         )
         if kube.enabled and kube.handoff is not None and ctx.config.kube_podgroups == "on":
             self.brain.platform.backend = PodGroupPlatform(kube.handoff)  # platform mode on PodGroups
@@ -260,6 +277,7 @@ class ClusterD:
                 args.max_connections, args.grpc_keepalive_s, args.grpc_keepalive_timeout_s
             ),
             interceptors=[
+                self.gate.interceptor(),
                 RateLimitInterceptor(ctx.metrics.rejected, unary_rate=args.unary_qps),
                 ctx.auth.interceptor(),
             ],
@@ -344,6 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     args = config.parse(build_parser(), argv)
     fmlog.setup_from_args(args)
     Path(args.state_dir).mkdir(parents=True, exist_ok=True)
+
+    if kha.enabled(args):  # one of several replicas: follower until it holds the Lease
+        return runtime.run(
+            lambda stop: kha.run_replica(args, lambda st, el: ClusterD(args, store=st, elector=el), stop)
+        )
 
     async def _main(stop: asyncio.Event) -> int:
         cd = ClusterD(args)

@@ -269,8 +269,20 @@ class AgentMetrics:
         )
 
 
+def split_targets(target: str) -> list[str]:
+    """``"a:1,b:2"`` -> ``["a:1", "b:2"]``; a target with a gRPC scheme (``ipv4:a,b``, ``dns:...``)
+    stays one target (the channel resolves it)."""
+    if target.split(":", 1)[0] in ("dns", "ipv4", "ipv6", "unix", "unix-abstract", "xds"):
+        return [target]
+    return [t.strip() for t in target.split(",") if t.strip()] or [target]
+
+
 class AgentClient:
     """Keeps the agent stream to ClusterD at ``target`` (host:port) up, forever, until :meth:`stop`.
+
+    ``target`` may list several addresses (``host1:port,host2:port``, clusterd replicas without a
+    Service in front): after a failed or refused session (a follower answers UNAVAILABLE) the next
+    one is tried. A gRPC scheme target (``dns:``, ``ipv4:``, ...) is used as it is.
 
     ``state`` is the agent's :class:`AgentState`; mutate it and the client sends deltas.
     ``credentials`` (grpc.ChannelCredentials) enables TLS; ``token`` is sent as a bearer token.
@@ -297,7 +309,8 @@ class AgentClient:
         keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
         heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
-        self.target = target
+        self.targets = split_targets(target)
+        self.target = self.targets[0]
         self.state = state or AgentState(node)
         self.state.on_change = self._wake
         self.hello = agent_pb2.Hello(
@@ -378,6 +391,7 @@ class AgentClient:
                 self.connected.clear()
                 self.metrics.connected.set(0)
             backoff.success_after(time.monotonic() - started)  # a session that stayed up 30 s
+            self.target = self.targets[(self.targets.index(self.target) + 1) % len(self.targets)]
             await asyncio.sleep(backoff.next_delay())
 
     async def _session(self) -> None:

@@ -14,7 +14,11 @@ write that raced with another candidate's. A leader that cannot renew for ``leas
 retry, the renew deadline) steps down. :meth:`release` (on a graceful stop) empties the holder so
 a follower takes over at its next retry instead of after the lease time.
 
-``leading`` is set while we lead; ``on_change(leading: bool)`` is called on every transition.
+``on_error(KubeError)`` is called for every failed attempt (retried at the next period; the
+caller counts them). ``leading`` is set while we lead; ``on_change(leading: bool)`` and every
+callable in ``listeners`` are called on every transition. ``holder`` is the identity that held the
+Lease at the last read ("" when none or unknown): what a follower names as the leader when it
+refuses a client.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class LeaseElector:
         retry_s: float = 2.0,
         on_change: Callable[[bool], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_error: Callable[[KubeError], None] | None = None,
     ) -> None:
         self.api = api
         self.namespace = namespace
@@ -57,10 +62,13 @@ class LeaseElector:
         self.retry_s = retry_s
         self.on_change = on_change or (lambda leading: None)
         self.clock = clock
+        self.on_error = on_error or (lambda e: None)
         self.leading = asyncio.Event()
         self._observed: tuple[str, str] | None = None  # (holder, renewTime) last seen
         self._observed_at = 0.0
         self._renewed_at = 0.0
+        self.listeners: list[Callable[[bool], None]] = []
+        self.holder = ""
 
     # -- API ---------------------------------------------------------------------------------------
     async def _get(self) -> dict | None:
@@ -104,9 +112,10 @@ class LeaseElector:
                 if e.status == 409:
                     return False
                 raise
+            self.holder = self.identity
             return True
         spec = lease.get("spec") or {}
-        holder = str(spec.get("holderIdentity") or "")
+        holder = self.holder = str(spec.get("holderIdentity") or "")
         record = (holder, str(spec.get("renewTime") or ""))
         if record != self._observed:
             self._observed, self._observed_at = record, now
@@ -131,6 +140,7 @@ class LeaseElector:
             if e.status == 409:
                 return False  # someone else wrote first
             raise
+        self.holder = self.identity
         return True
 
     def _set(self, leading: bool) -> None:
@@ -148,6 +158,8 @@ class LeaseElector:
             identity=self.identity,
         )
         self.on_change(leading)
+        for fn in list(self.listeners):
+            fn(leading)
 
     async def run(self) -> None:
         """Acquire, renew and watch the Lease until cancelled."""
@@ -161,6 +173,7 @@ class LeaseElector:
                 deadline = self.lease_s - self.retry_s
                 if self.leading.is_set() and self.clock() - self._renewed_at >= deadline:
                     self._set(False)  # could not renew within the renew deadline: step down
+                self.on_error(e)
                 event(log, logging.WARNING, "lease renewal failed", lease=self.name, error=str(e))
             await asyncio.sleep(self.retry_s)
 

@@ -143,15 +143,21 @@ class TrainSim:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def connect(self) -> None:
-        """Open the channel, Init and Register. Raises :class:`TrainSimError` on a non-zero code."""
+        """Open the channel, Init and Register. Raises :class:`TrainSimError` on a non-zero code
+        (and ``grpc.aio.AioRpcError``, e.g. UNAVAILABLE from a clusterd follower); after a failure
+        the channel is closed, so the next attempt starts with Init again."""
         self._channel = grpc.aio.insecure_channel(self.target)
         self.stub = recover_pb2_grpc.RecoverStub(self._channel)
         info = recover_pb2.ClientInfo(jobId=self.job_id, role=self.role)
-        for name in ("Init", "Register"):
-            st = await getattr(self.stub, name)(info, metadata=self.metadata, timeout=10)
-            self._record(name.lower(), code=st.code, info=st.info)
-            if st.code != 0:
-                raise TrainSimError(f"{name}: code {st.code}: {st.info}")
+        try:
+            for name in ("Init", "Register"):
+                st = await getattr(self.stub, name)(info, metadata=self.metadata, timeout=10)
+                self._record(name.lower(), code=st.code, info=st.info)
+                if st.code != 0:
+                    raise TrainSimError(f"{name}: code {st.code}: {st.info}")
+        except BaseException:
+            await self.close()
+            raise
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         """Connect (if needed), subscribe to the three streams and answer until stopped.

@@ -188,12 +188,12 @@ def test_rbac_is_least_privilege(chart):
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
     ]
-    # writes only where the reference writes: cluster-info-* in mindx-dl, events, the HA Lease
+    # writes only where the reference writes: cluster-info-* in mindx-dl, events (one replica: no
+    # Lease, no state ConfigMap; see test_clusterd_replicas_elect_a_leader)
     roles = _roles(objs, "-clusterd")
     assert roles == {
         "mindx-dl": {("", "configmaps", v) for v in ("create", "update", "patch")},
         "default": {("", "events", "create"), ("", "events", "patch")},
-        NAMESPACE: {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")},
         "cluster-system": {("", "configmaps", "create"), ("", "configmaps", "patch")},  # fault-job-info
     }
     fji = next(
@@ -483,3 +483,45 @@ def test_log_format_reaches_every_daemon(chart):
         ):
             env = {e["name"]: e.get("value") for e in _container(objs, kind, suffix, name)["env"]}
             assert env["FAULTMESH_LOG_FORMAT"] == fmt, (name, fmt)
+
+
+def test_clusterd_replicas_elect_a_leader(chart):
+    """replicas > 1 (issue 15 HA): leader election on, state in a ConfigMap (no PVC), Lease and
+    state-ConfigMap rights by name in the release namespace only, replicas spread over nodes."""
+    objs = render_objects(chart, {"clusterd": {"replicas": 2}})
+    dep = find(objs, "Deployment", "-clusterd")
+    assert dep["spec"]["replicas"] == 2 and dep["spec"]["strategy"]["type"] == "RollingUpdate"
+    c = _container(objs, "Deployment", "-clusterd", "clusterd")
+    assert {
+        "--kube-leader-elect=on",
+        f"--kube-lease-namespace={NAMESPACE}",
+        "--kube-lease-s=8",
+        "--kube-state-name=faultmesh-clusterd-state",
+    } <= set(c["args"])
+    assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"  # a follower is not ready
+    pod = dep["spec"]["template"]["spec"]
+    assert next(v for v in pod["volumes"] if v["name"] == "state") == {"name": "state", "emptyDir": {}}
+    assert not [o for o in objs if o["kind"] == "PersistentVolumeClaim"]
+    assert pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    role = next(
+        o for o in objs
+        if o["kind"] == "Role" and o["metadata"]["namespace"] == NAMESPACE and o["metadata"]["name"].endswith("-clusterd")
+    )  # fmt: skip
+    named = {
+        (r["resources"][0], v, tuple(r.get("resourceNames", ()))) for r in role["rules"] for v in r["verbs"]
+    }
+    assert named == {
+        ("leases", "create", ()),
+        ("leases", "get", ("faultmesh-clusterd",)),
+        ("leases", "patch", ("faultmesh-clusterd",)),
+        ("configmaps", "create", ()),
+        ("configmaps", "get", ("faultmesh-clusterd-state", "faultmesh-clusterd-state-rejected")),
+        ("configmaps", "patch", ("faultmesh-clusterd-state", "faultmesh-clusterd-state-rejected")),
+    }
+    assert not [
+        o
+        for o in render_objects(chart, {})
+        if o["kind"] == "Role" and o["metadata"]["namespace"] == NAMESPACE
+    ]
+    with pytest.raises(Exception, match="kube.enabled"):
+        render_objects(chart, {"clusterd": {"replicas": 2, "kube": {"enabled": False}}})

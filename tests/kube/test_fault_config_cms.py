@@ -163,7 +163,9 @@ def noded_level_at_clusterd(cd, node: str, code: str) -> str | None:
 
 
 def level_reloads(nd, result: str) -> float:
-    return nd.registry.get_sample_value("faultmesh_noded_level_table_reloads_total", {"result": result}) or 0.0
+    return (
+        nd.registry.get_sample_value("faultmesh_noded_level_table_reloads_total", {"result": result}) or 0.0
+    )
 
 
 async def test_node_fault_config_configmap_changes_a_level_live(k8s, kcd, tmp_path):

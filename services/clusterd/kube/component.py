@@ -139,6 +139,7 @@ class KubeComponent:
         jobs: JobRegistry | None = None,
         policy: Callable[[str | None, str], bool] | None = None,
         decisions: Callable[[Callable[[str, dict], None]], None] | None = None,
+        elector: LeaseElector | None = None,
     ) -> None:
         self.ctx = ctx
         self.policy = policy
@@ -170,7 +171,8 @@ class KubeComponent:
         self.nodes: ListWatcher | None = None
         self.pods: ListWatcher | None = None
         self.watchers: list[ListWatcher] = []
-        self.elector: LeaseElector | None = None
+        self.elector: LeaseElector | None = elector  # given: owned (run, released) by clusterd.kube.ha
+        self._own_elector = elector is None
         if self.enabled:
             ctx.center.subscribe("kube", self.publisher.on_changes, resync=self.publisher.on_resync)
             ctx.center.subscribe("kube-signals", self.signals.on_changes, resync=self.signals.on_resync)
@@ -260,15 +262,16 @@ class KubeComponent:
         if self.handoff is not None and self.handoff.api is not None:
             writers.append(("handoff", self.handoff.run))
         if a.kube_leader_elect == "on":
-            self.elector = LeaseElector(
-                self.api,
-                a.kube_lease_namespace,
-                a.kube_lease_name,
-                kleader.identity(),
-                lease_s=a.kube_lease_s,
-            )
+            if self.elector is None:
+                self.elector = LeaseElector(
+                    self.api,
+                    a.kube_lease_namespace,
+                    a.kube_lease_name,
+                    kleader.identity(),
+                    lease_s=a.kube_lease_s,
+                )
+                self._tasks.append(spawn(self.elector.run(), name="kube-lease"))
             lead = kleader.Leadership(self.elector, writers, spawn, self._elected)
-            self._tasks.append(spawn(self.elector.run(), name="kube-lease"))
             self._tasks.append(spawn(lead.run(), name="kube-leadership"))
         else:
             self._tasks += [spawn(w(), name=f"kube-{name}") for name, w in writers]
@@ -283,7 +286,7 @@ class KubeComponent:
     async def stop(self) -> None:
         """Cancel the watchers and the publisher (before the API client closes under them); a
         leader releases its Lease."""
-        if self.elector is not None:
+        if self.elector is not None and self._own_elector:
             await asyncio.wait_for(self.elector.release(), self.args.kube_timeout_s + 1)
         for t in self._tasks:
             t.cancel()

@@ -1,16 +1,21 @@
-"""Kubernetes mode, only the leader writes (issue 15 HA, first part; ``--kube-leader-elect on``).
+"""Kubernetes mode, only the leader writes (issue 15 HA; ``--kube-leader-elect on``).
 
-With leader election on, several clusterd replicas watch the same objects, but only the holder of
-the Lease ``--kube-lease-namespace``/``--kube-lease-name`` (:class:`faultmesh.lease.LeaseElector`)
-runs the Kubernetes writers: the cluster-info publisher, the node annotator, the node signals and
-the rescheduling hand-off. They start when this replica is elected (the publisher re-reads what is
-published, the signals re-check every node) and are cancelled when it loses the Lease; a graceful
-stop releases the Lease so a follower takes over at its next retry (2 s), a crashed leader's Lease
-expires after ``--kube-lease-s`` (15 s).
+With leader election on, several clusterd replicas share the Lease ``--kube-lease-namespace``/
+``--kube-lease-name`` (:class:`faultmesh.lease.LeaseElector`). The process runs as a follower
+(standby, refusing clients) or as the leader (the full ClusterD on the state kept in the Kubernetes
+API): :mod:`clusterd.kube.ha`, :mod:`clusterd.kube.hastate`, :mod:`clusterd.kube.gate`.
 
-Not yet (issue 15): followers still serve the agent stream and the gRPC services (route clients
-to the leader with a readiness gate), and the state that must survive a leader loss stays in each
-replica's SQLite file.
+Inside a ClusterD, :class:`Leadership` runs the Kubernetes writers — the cluster-info publisher,
+the node annotator, the node signals and the rescheduling hand-off — only while the replica holds
+the Lease: they start when it is elected (the publisher re-reads what is published, the signals
+re-check every node) and are cancelled when it loses the Lease. A graceful stop releases the
+Lease so a follower takes over at its next retry (2 s); a crashed leader's Lease expires after
+``--kube-lease-s`` (15 s by default, 8 s in the chart).
+
+A ClusterD built in process with ``--kube-leader-elect on`` and no elector of its own (tests)
+elects with its own :class:`LeaseElector`; its :class:`clusterd.kube.gate.FollowerGate` refuses
+clients while it follows, but it keeps its own SQLite state (no state ConfigMap): the process
+entry point (:func:`clusterd.app.main`) always runs :mod:`clusterd.kube.ha` instead.
 """
 
 from __future__ import annotations
@@ -39,6 +44,23 @@ def add_arguments(g) -> None:
     )
     g.add_argument("--kube-lease-name", default="faultmesh-clusterd", help="name of the leader Lease")
     g.add_argument("--kube-lease-s", type=float, default=15.0, help="Lease duration (s)")
+    g.add_argument(
+        "--kube-state-name",
+        default="faultmesh-clusterd-state",
+        help="ConfigMap (in the Lease's namespace) holding the state that survives a leader loss",
+    )
+    g.add_argument(
+        "--kube-state-max-bytes",
+        type=int,
+        default=900_000,
+        help="bound of the state document (bytes; a change past it is refused)",
+    )
+    g.add_argument(
+        "--kube-state-write-s",
+        type=float,
+        default=10.0,
+        help="how long a state ConfigMap write is retried before the change is refused (s)",
+    )
 
 
 def identity() -> str:
@@ -61,7 +83,7 @@ class Leadership:
         self.spawn = spawn
         self.on_elected = on_elected
         self._lost = asyncio.Event()
-        elector.on_change = self._changed
+        elector.listeners.append(self._changed)
 
     def _changed(self, leading: bool) -> None:
         if not leading:
@@ -69,14 +91,17 @@ class Leadership:
 
     async def run(self) -> None:
         """Start the writers on election, cancel them on loss, until cancelled."""
-        while True:
-            await self.elector.leading.wait()
-            self._lost.clear()
-            self.on_elected()
-            tasks = [self.spawn(w(), name=f"kube-leader-{name}") for name, w in self.writers]
-            try:
-                await self._lost.wait()
-            finally:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.wait(tasks, timeout=5)
+        try:
+            while True:
+                await self.elector.leading.wait()
+                self._lost.clear()
+                self.on_elected()
+                tasks = [self.spawn(w(), name=f"kube-leader-{name}") for name, w in self.writers]
+                try:
+                    await self._lost.wait()
+                finally:
+                    for t in tasks:
+                        t.cancel()
+                    await asyncio.wait(tasks, timeout=5)
+        finally:
+            self.elector.listeners.remove(self._changed)
