@@ -131,6 +131,12 @@ def build_parser(classes: list[type] | None = None) -> argparse.ArgumentParser:
         default=30.0,
         help="an agent stream silent this long (no message, not even its heartbeat) is marked stale (s)",
     )
+    p.add_argument(
+        "--agent-expire-after-s",
+        type=float,
+        default=86400.0,
+        help="an agent without a stream this long is dropped from the node views with its faults (s)",
+    )
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-file", help="also log to this file (rotated at 20 MiB, 5 kept)")
     p.add_argument("--log-format", choices=fmlog.FORMATS, default="text", help="log lines: text or json")
@@ -182,7 +188,14 @@ class ClusterD:
             store=store,
             center=center,
             nodes=nodes,
-            agents=AgentHub(center, nodes, registry, rejected, stale_after_s=args.agent_stale_after_s),
+            agents=AgentHub(
+                center,
+                nodes,
+                registry,
+                rejected,
+                stale_after_s=args.agent_stale_after_s,
+                expire_after_s=args.agent_expire_after_s,
+            ),
             tasks=runtime.TaskOwner("clusterd"),
             http=http,
             metrics=Metrics(registry, rejected),
