@@ -37,7 +37,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Gauge
 
-from clusterd.api.grpcserver import RateLimitInterceptor, server_credentials, server_options
+from clusterd.api.grpcserver import (
+    DecodeGuardInterceptor,
+    RateLimitInterceptor,
+    server_credentials,
+    server_options,
+)
 from clusterd.api.pubfault import PubFaultComponent
 from clusterd.auth import TokenAuth
 from clusterd.brain.component import BrainComponent
@@ -179,7 +184,10 @@ class ClusterD:
         registry.register(NodeHealthCollector(nodes, center))
         self._ready = False
         http = HttpServer(
-            args.http_addr, registry, ready=lambda: (self._ready, "ready" if self._ready else "starting")
+            args.http_addr,
+            registry,
+            ready=lambda: (self._ready, "ready" if self._ready else "starting"),
+            rejected=rejected,
         )
         auth = TokenAuth.from_file(args.token_file, rejected)
         http.app.middlewares.append(auth.http_middleware())
@@ -264,6 +272,7 @@ class ClusterD:
                 args.max_connections, args.grpc_keepalive_s, args.grpc_keepalive_timeout_s
             ),
             interceptors=[
+                DecodeGuardInterceptor(ctx.metrics.rejected),
                 RateLimitInterceptor(ctx.metrics.rejected, unary_rate=args.unary_qps),
                 ctx.auth.interceptor(),
             ],
