@@ -10,8 +10,13 @@ job.Job:
   batches of <= 40000 NPUs, then each update as a one-element list (JobTotalNum=1);
   SubscribeJobSummarySignal only streams updates.
 
+Both: registrations are bounded per caller and expire without a stream
+(:mod:`clusterd.brain.registrations`; 429 beyond the per-caller cap).
+
 config.Config:
-- Register always 0 ``register success`` and replaces the (jobId, role) publisher.
+- Register 0 ``register success`` and replaces the (jobId, role) publisher; at most
+  :data:`MAX_UNKNOWN_JOB_REGS` registrations for jobs that do not exist (429 beyond: the reference
+  has no cap and always answers 0).
 - SubscribeRankTable needs that publisher (gRPC error otherwise); it sends the job's rank table at
   once (the reference's regeneration) and then each new one.
 """
@@ -27,6 +32,7 @@ from collections.abc import Callable
 import grpc
 import orjson
 
+from clusterd.brain.registrations import Registrations, caller_of
 from faultmesh._pb import config_pb2, config_pb2_grpc, job_pb2, job_pb2_grpc
 from faultmesh.log import event
 from faultmesh.ratelimit import TokenBucket
@@ -39,6 +45,7 @@ MAX_SUBS_PER_ROLE = 20
 CLIENT_BUFFER = 10
 MAX_RANKS_HCCL = 40_000
 BATCH_NPUS = 40_000
+MAX_UNKNOWN_JOB_REGS = 1024  # config.Config registrations for jobs that do not exist (yet)
 
 
 # job.Job statuses as the reference names them (StatusJobCompleted is "complete").
@@ -112,6 +119,7 @@ class JobServicer(job_pb2_grpc.JobServicer):
         self.clients: dict[str, str] = {}  # clientId -> role
         self.subs: dict[str, tuple[str, asyncio.Queue]] = {}  # clientId -> (role, queue)
         self._limiter = TokenBucket(20.0, 20.0)
+        self.regs = Registrations(lambda cid: self.clients.pop(cid, None))
 
     def _node_ip(self, node: str) -> str:
         return self.b.ctx.nodes.info(node).get("node_ip", "")
@@ -121,11 +129,17 @@ class JobServicer(job_pb2_grpc.JobServicer):
         if request.role not in ROLES:
             self.b.count_rejected("job_bad_role")
             await context.abort(grpc.StatusCode.UNKNOWN, f"code 400: role {request.role!r} not allowed")
+        self.regs.prune()
         if len(self.clients) >= MAX_CLIENTS:
             self.b.count_rejected("job_max_clients")
             return job_pb2.Status(code=429, info=f"more than {MAX_CLIENTS} clients")
+        caller = caller_of(context)
+        if self.regs.full(None, caller):
+            self.b.count_rejected("job_max_per_caller")
+            return job_pb2.Status(code=429, info=f"more than {self.regs.max_per_caller} clients of {caller}")
         cid = str(uuid.uuid4())
         self.clients[cid] = request.role
+        self.regs.add(cid, caller)
         event(log, logging.INFO, f"role[{request.role}] job register success", client=cid)
         return job_pb2.Status(code=200, info="register success", clientId=cid)
 
@@ -145,6 +159,7 @@ class JobServicer(job_pb2_grpc.JobServicer):
 
     async def _subscribe(self, request, context, kind: str):
         cid = request.clientId
+        self.regs.prune()
         role = self.clients.get(cid)
         if role is None or role != request.role:
             self.b.count_rejected("job_unregistered")
@@ -165,6 +180,7 @@ class JobServicer(job_pb2_grpc.JobServicer):
         if old is not None:
             _end(old[1])
         self.subs[cid] = (kind, q)
+        self.regs.opened(cid)  # a client with an open stream never expires
         return cid, q
 
     async def SubscribeJobSummarySignal(self, request, context):  # noqa: N802
@@ -174,6 +190,7 @@ class JobServicer(job_pb2_grpc.JobServicer):
             while (item := await q.get()) is not None:
                 yield item
         finally:
+            self.regs.closed(cid)
             if cid in self.subs and self.subs[cid][1] is q:
                 del self.subs[cid]
 
@@ -199,6 +216,7 @@ class JobServicer(job_pb2_grpc.JobServicer):
             while (item := await q.get()) is not None:
                 yield item
         finally:
+            self.regs.closed(cid)
             if cid in self.subs and self.subs[cid][1] is q:
                 del self.subs[cid]
 
@@ -209,13 +227,43 @@ class ConfigServicer(config_pb2_grpc.ConfigServicer):
     def __init__(self, brain) -> None:
         self.b = brain
         self.pubs: dict[tuple[str, str], asyncio.Queue] = {}
+        self.regs = Registrations(self._drop)
+        self._unknown: set[tuple[str, str]] = set()  # registered while their job did not exist
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        q = self.pubs.pop(key, None)
+        self._unknown.discard(key)
+        if q is not None:
+            _end(q)
+
+    def _unknown_full(self) -> bool:
+        if len(self._unknown) < MAX_UNKNOWN_JOB_REGS:
+            return False
+        self._unknown = {k for k in self._unknown if k in self.pubs and self.b.jobs.get(k[0]) is None}
+        return len(self._unknown) >= MAX_UNKNOWN_JOB_REGS
 
     async def Register(self, request, context):  # noqa: N802
-        """Always 0; replaces the (jobId, role) publisher."""
-        old = self.pubs.get((request.jobId, request.role))
-        if old is not None:
-            _end(old)
-        self.pubs[(request.jobId, request.role)] = asyncio.Queue(maxsize=100)
+        """0 and a new (jobId, role) publisher (the old one's stream ends); 429 over the per-caller
+        cap or the cap of registrations for jobs that do not exist (module docstring)."""
+        key = (request.jobId, request.role)
+        self.regs.prune()
+        caller = caller_of(context)
+        if self.regs.full(key, caller):
+            self.b.count_rejected("config_max_per_caller")
+            return config_pb2.Status(
+                code=429, info=f"more than {self.regs.max_per_caller} registrations of {caller}"
+            )
+        unknown = self.b.jobs.get(request.jobId) is None
+        if unknown and key not in self._unknown and self._unknown_full():
+            self.b.count_rejected("config_unknown_jobs")
+            return config_pb2.Status(
+                code=429, info=f"more than {MAX_UNKNOWN_JOB_REGS} registrations for jobs that do not exist"
+            )
+        self._drop(key)
+        self.pubs[key] = asyncio.Queue(maxsize=100)
+        self.regs.add(key, caller)
+        if unknown:
+            self._unknown.add(key)
         return config_pb2.Status(code=0, info="register success")
 
     def publish(self, job) -> None:
@@ -231,6 +279,7 @@ class ConfigServicer(config_pb2_grpc.ConfigServicer):
     async def SubscribeRankTable(self, request, context):  # noqa: N802
         """The job's rank table now, then each change; gRPC error without Register."""
         key = (request.jobId, request.role)
+        self.regs.prune()
         q = self.pubs.get(key)
         if q is None:
             self.b.count_rejected("config_unregistered")
@@ -243,12 +292,15 @@ class ConfigServicer(config_pb2_grpc.ConfigServicer):
         job = self.b.jobs.get(request.jobId)
         if job is not None:
             yield config_pb2.RankTableStream(jobId=job.id, rankTable=orjson.dumps(job.rank_table()).decode())
+        self.regs.opened(key)  # an open stream never expires (one that ended before: by its idle time)
         try:
             while (item := await q.get()) is not None:
                 yield item
         finally:
             if self.pubs.get(key) is q:
                 del self.pubs[key]
+                self.regs.remove(key)
+                self._unknown.discard(key)
 
 
 def _end(q: asyncio.Queue) -> None:
