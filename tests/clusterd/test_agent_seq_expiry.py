@@ -132,6 +132,11 @@ async def nodes_view(cd) -> dict[str, dict]:
         return {n["name"]: n for n in await r.json()}
 
 
+async def grid_names(cd) -> set[str]:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{cd.http.port}/v1/grid") as r:
+        return {n["name"] for n in (await r.json())["nodes"]}
+
+
 async def metrics_text(cd) -> str:
     async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{cd.http.port}/metrics") as r:
         return await r.text()
@@ -155,6 +160,7 @@ async def test_an_agent_gone_past_the_expiry_is_dropped_with_its_node_and_comes_
         assert await cd.agents.expire() == 2
         view = await nodes_view(cd)
         assert "node-1" not in view  # no agent, no faults of any other origin: gone
+        assert "node-1" not in await grid_names(cd)  # the web view agrees
         assert codes(cd, "node-1") == [] and codes(cd, "node-2") == ["X1"]  # the public fault stays
         assert cd.nodes.get("node-2") is None and cd.agents.node_info("node-1") == {}
         text = await metrics_text(cd)
