@@ -44,7 +44,7 @@ from clusterd.api.grpcserver import (
     server_options,
 )
 from clusterd.api.pubfault import PubFaultComponent
-from clusterd.auth import TokenAuth
+from clusterd.auth import PROTECTED, TokenAuth
 from clusterd.brain.component import BrainComponent
 from clusterd.center import FaultCenter
 from clusterd.context import ClusterContext, Metrics
@@ -272,7 +272,7 @@ class ClusterD:
                 args.max_connections, args.grpc_keepalive_s, args.grpc_keepalive_timeout_s
             ),
             interceptors=[
-                DecodeGuardInterceptor(ctx.metrics.rejected),
+                DecodeGuardInterceptor(ctx.metrics.rejected, PROTECTED),
                 RateLimitInterceptor(ctx.metrics.rejected, unary_rate=args.unary_qps),
                 ctx.auth.interceptor(),
             ],

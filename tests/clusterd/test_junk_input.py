@@ -17,11 +17,11 @@ import pytest
 JUNK = b"\xff\xff\xff\xff"  # a field number 0 / truncated varint: never a valid message
 
 METHODS = [
-    ("/PubFault/SendPublicFault", "unary_unary", "PubFault"),
-    ("/job.Job/Register", "unary_unary", "job.Job"),
-    ("/job.Job/SubscribeJobSummarySignal", "unary_stream", "job.Job"),
-    ("/fault.Fault/SubscribeFaultMsgSignal", "unary_stream", "fault.Fault"),
-    ("/faultmesh.v1.AgentStream/Connect", "stream_stream", "faultmesh.v1.AgentStream"),
+    ("/PubFault/SendPublicFault", "unary_unary", "pubfault"),  # labelled as the token check labels
+    ("/job.Job/Register", "unary_unary", "brain"),
+    ("/job.Job/SubscribeJobSummarySignal", "unary_stream", "brain"),
+    ("/fault.Fault/GetFaultMsgSignal", "unary_unary", "fault.Fault"),  # open: its service's name
+    ("/faultmesh.v1.AgentStream/Connect", "stream_stream", "agent"),
 ]
 
 

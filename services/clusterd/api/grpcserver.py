@@ -15,7 +15,8 @@ reference's 512-per-source-IP cap (grpcio exposes no per-peer accept hook).
 Undecodable protobuf (:class:`DecodeGuardInterceptor`, issue 19 #9): a request that does not parse is
 answered ``INVALID_ARGUMENT`` (grpcio's own answer is ``UNKNOWN "Unexpected DecodeError"`` plus an
 ERROR traceback per call), counted in ``faultmesh_rejected_requests_total{service,reason="undecodable"}``
-and logged once a minute per service with the count of the suppressed ones.
+(``service``: the label the token check uses for that method, :data:`clusterd.auth.PROTECTED`, else
+the gRPC service name) and logged once a minute per service with the count of the suppressed ones.
 """
 
 from __future__ import annotations
@@ -84,10 +85,12 @@ class _Undecodable:
 
 
 class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
-    """Answers undecodable requests ``INVALID_ARGUMENT`` (see the module docstring). Put it first."""
+    """Answers undecodable requests ``INVALID_ARGUMENT`` (see the module docstring). Put it first.
+    ``labels``: method path -> service label of the rejected-requests counter."""
 
-    def __init__(self, rejected: Counter) -> None:
+    def __init__(self, rejected: Counter, labels: dict[str, str] | None = None) -> None:
         self._rejected = rejected
+        self._labels = labels or {}
         self._ratelog = RateLimitedLog(log)
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -95,7 +98,7 @@ class DecodeGuardInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or handler.request_deserializer is None:
             return handler
         method = handler_call_details.method
-        service = method.strip("/").split("/")[0] or "grpc"
+        service = self._labels.get(method) or method.strip("/").split("/")[0] or "grpc"
         decode = handler.request_deserializer
 
         def safe(data: bytes):
