@@ -40,7 +40,9 @@ async def test_mutating_requests_need_the_token_when_one_is_configured(tmp_path)
             ) as r:
                 assert r.status == 200
             assert sim.devs[1].codes == [0x80E18008]
-            await until(lambda: app.state.devices[("NPU", 1)].health == "UnHealthy")  # settled
+            await until(  # settled before the stop
+                lambda: (d := app.state.devices.get(("NPU", 1))) is not None and d.health == "UnHealthy"
+            )
             for path in ("/v1/devices", "/metrics", "/healthz", "/sim/devices"):
                 async with s.get(base + path) as r:
                     assert r.status == 200, path
