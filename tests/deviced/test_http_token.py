@@ -5,12 +5,15 @@ is served; reads (``/v1/devices``, ``/metrics``) stay open for Prometheus and th
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 from support import free_port, until
 
 from deviced import simapi
 from deviced.app import DeviceD, build_parser
 from deviced.backends import SimBackend
+from faultmesh.cli import main
 
 
 async def test_mutating_requests_need_the_token_when_one_is_configured(tmp_path):
@@ -49,6 +52,14 @@ async def test_mutating_requests_need_the_token_when_one_is_configured(tmp_path)
             async with s.get(f"{base}/metrics") as r:
                 text = await r.text()
         assert 'faultmesh_rejected_requests_total{reason="unauthenticated",service="http"} 3.0' in text
+        cli = ["device-sim", "--sim", f"127.0.0.1:{app.http.port}", "fault", "0", "80E18008"]
+        assert await asyncio.to_thread(main, cli) != 0  # the CLI without the token is refused
+        assert sim.devs[0].codes == []
+        assert (
+            await asyncio.to_thread(main, [*cli[:3], "--token-file", str(tmp_path / "token"), *cli[3:]]) == 0
+        )
+        assert sim.devs[0].codes == [0x80E18008]
+        await until(lambda: (d := app.state.devices.get(("NPU", 0))) is not None and d.health == "UnHealthy")
     finally:
         await app.stop()
 
