@@ -303,11 +303,16 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         """Mark a connected agent stale when nothing (not even its heartbeat) arrived for
         ``stale_after_s``; its faults stay, the node view and ``faultmesh_agent_stale`` say so.
         Checks 10 times per deadline (at most once per second); also drops the agents gone for
-        ``expire_after_s`` (:meth:`expire`). Runs until cancelled."""
-        period = max(0.05, min(1.0, self.stale_after_s / 10, self.expire_after_s / 10))
+        ``expire_after_s`` (:meth:`expire`, 10 times per expiry time, at most once a minute).
+        Runs until cancelled."""
+        period = max(0.05, min(1.0, self.stale_after_s / 10))
+        expire_every = max(0.05, min(60.0, self.expire_after_s / 10))
+        next_expiry = time.monotonic() + expire_every
         while True:
-            await asyncio.sleep(period)
-            await self.expire()
+            await asyncio.sleep(min(period, expire_every))
+            if time.monotonic() >= next_expiry:
+                next_expiry = time.monotonic() + expire_every
+                await self.expire()
             now = time.time()
             for s in list(self.sessions.values()):
                 if not s.stale and not s.closed and now - s.last_seen > self.stale_after_s:
