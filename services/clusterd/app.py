@@ -37,6 +37,7 @@ from grpc_health.v1 import health
 from prometheus_client import Counter, Gauge
 
 from clusterd.api.grpcserver import (
+    DecodeGuardInterceptor,
     RateLimitInterceptor,
     add_health_and_reflection,
     mark_serving,
@@ -44,7 +45,7 @@ from clusterd.api.grpcserver import (
     server_options,
 )
 from clusterd.api.pubfault import PubFaultComponent
-from clusterd.auth import TokenAuth
+from clusterd.auth import PROTECTED, TokenAuth
 from clusterd.brain.component import BrainComponent
 from clusterd.center import FaultCenter
 from clusterd.context import ClusterContext, Metrics
@@ -141,6 +142,12 @@ def build_parser(classes: list[type] | None = None) -> argparse.ArgumentParser:
         default=30.0,
         help="an agent stream silent this long (no message, not even its heartbeat) is marked stale (s)",
     )
+    p.add_argument(
+        "--agent-expire-after-s",
+        type=float,
+        default=86400.0,
+        help="an agent without a stream this long is dropped from the node views with its faults (s)",
+    )
     fmlog.add_log_arguments(p)
     for cls in COMPONENT_CLASSES if classes is None else classes:
         cls.add_arguments(p)
@@ -194,6 +201,7 @@ class ClusterD:
             args.http_addr,
             registry,
             ready=lambda: self.gate.ready(self._ready, "ready" if self._ready else "starting"),
+            rejected=rejected,
         )
         auth = TokenAuth.from_file(args.token_file, rejected)
         http.app.middlewares.append(self.gate.http_middleware())  # followers refuse (issue 15 HA)
@@ -203,7 +211,14 @@ class ClusterD:
             store=store,
             center=center,
             nodes=nodes,
-            agents=AgentHub(center, nodes, registry, rejected, stale_after_s=args.agent_stale_after_s),
+            agents=AgentHub(
+                center,
+                nodes,
+                registry,
+                rejected,
+                stale_after_s=args.agent_stale_after_s,
+                expire_after_s=args.agent_expire_after_s,
+            ),
             tasks=runtime.TaskOwner("clusterd"),
             http=http,
             metrics=Metrics(registry, rejected),
@@ -278,6 +293,7 @@ class ClusterD:
             ),
             interceptors=[
                 self.gate.interceptor(),
+                DecodeGuardInterceptor(ctx.metrics.rejected, PROTECTED),
                 RateLimitInterceptor(ctx.metrics.rejected, unary_rate=args.unary_qps),
                 ctx.auth.interceptor(),
             ],

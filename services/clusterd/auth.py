@@ -3,13 +3,17 @@
 With ``--token-file`` every mutating call must carry ``authorization: Bearer <token>``; without it
 nothing is checked. Two enforcement points, both built from one :class:`TokenAuth`:
 
-- :meth:`TokenAuth.http_middleware`: an aiohttp middleware; every request whose method is not
-  GET/HEAD/OPTIONS under ``/v1/`` needs the header, else ``401 {"error": "bearer token required"}``,
-  counted in ``faultmesh_rejected_requests_total{service="http",reason="unauthenticated"}``.
+- :meth:`TokenAuth.http_middleware`: the core's :func:`faultmesh.httpd.bearer_middleware` (the one
+  HTTP token check of every daemon); every request whose method is not GET/HEAD/OPTIONS needs the
+  header, else ``401 {"error": "bearer token required"}``, counted in
+  ``faultmesh_rejected_requests_total{service="http",reason="unauthenticated"}``.
 - :class:`TokenInterceptor`: a gRPC server interceptor; the methods of :data:`PROTECTED` (agent
-  stream, PubFault, every Recover RPC but HealthCheck, ModifyTrainingDataTraceSwitch) need the
-  metadata, else status ``UNAUTHENTICATED`` ``bearer token required``, counted with the service
-  label of that table. Read-only RPCs are open, as in the reference.
+  stream, PubFault, every Recover RPC but HealthCheck, ModifyTrainingDataTraceSwitch, and the
+  Register and Subscribe RPCs of job.Job, fault.Fault and config.Config: a registration is server
+  state, and a token-less Register must not end an authenticated subscriber's stream, issue 19 #8)
+  need the metadata, else status ``UNAUTHENTICATED`` ``bearer token required``, counted with the
+  service label of that table. Read-only queries (GetFaultMsgSignal, HealthCheck, ...) are open, as
+  in the reference.
 """
 
 from __future__ import annotations
@@ -19,11 +23,10 @@ import logging
 from collections.abc import Iterable
 
 import grpc
-from aiohttp import web
 from prometheus_client import Counter
 
 from faultmesh.config import read_secret
-from faultmesh.httpd import json_response
+from faultmesh.httpd import DENIED, OPEN_HTTP_METHODS, bearer_middleware  # noqa: F401 - re-exported
 from faultmesh.log import RateLimitedLog
 
 log = logging.getLogger("clusterd.auth")
@@ -35,15 +38,19 @@ RECOVER_METHODS = (
     "SubscribeNotifySwitch", "ReplySwitchNicResult", "StressTest", "SubscribeStressTestResponse",
     "SubscribeNotifyExecStressTest", "ReplyStressTestResult",
 )  # fmt: skip
+SUBSCRIPTION_METHODS = (
+    "job.Job/Register", "job.Job/SubscribeJobSummarySignal", "job.Job/SubscribeJobSummarySignalList",
+    "fault.Fault/Register", "fault.Fault/SubscribeFaultMsgSignal",
+    "config.Config/Register", "config.Config/SubscribeRankTable",
+)  # fmt: skip
 PROTECTED: dict[str, str] = {
     "/faultmesh.v1.AgentStream/Connect": "agent",
     "/PubFault/SendPublicFault": "pubfault",
     "/TrainingDataTrace/ModifyTrainingDataTraceSwitch": "brain",
     **{f"/Recover/{m}": "brain" for m in RECOVER_METHODS},
+    **{f"/{m}": "brain" for m in SUBSCRIPTION_METHODS},
 }
 """gRPC method path -> service label of the rejected-requests counter."""
-OPEN_HTTP_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-DENIED = "bearer token required"
 
 
 class TokenAuth:
@@ -85,20 +92,7 @@ class TokenAuth:
 
     def http_middleware(self):
         """The aiohttp middleware (see the module docstring)."""
-
-        @web.middleware
-        async def bearer_auth(request: web.Request, handler):
-            if (
-                self._expect is not None
-                and request.method not in OPEN_HTTP_METHODS
-                and request.path.startswith("/v1/")
-                and not self.check(request.headers.get("Authorization"))
-            ):
-                self.deny("http", path=request.path)
-                return json_response({"error": DENIED}, status=401)
-            return await handler(request)
-
-        return bearer_auth
+        return bearer_middleware(self.check, lambda request: self.deny("http", path=request.path[:200]))
 
     def interceptor(self) -> TokenInterceptor:
         """The gRPC server interceptor of this token."""

@@ -44,7 +44,9 @@ class NodeState:
     super_pod_id, server_index); ``pending``: agent -> the fault sources that have not completed
     their first poll since that agent started (their faults are the last ones known, issue 20);
     ``stale``: agent -> ``{"reason": "NoHeartbeat" | "Disconnected", "since_ms"}`` for the agents
-    whose data is no longer current (hung or gone; their faults are kept). The views are the JSON objects of ``GET /v1/nodes/<name>``.
+    whose data is no longer current (hung or gone; their faults are kept); ``agent_seen_ms``: agent
+    -> when it last said Hello or its stream ended (epoch ms, persisted: the clock of
+    :meth:`NodeRegistry.expired_agents`). The views are the JSON objects of ``GET /v1/nodes/<name>``.
     """
 
     name: str
@@ -56,6 +58,7 @@ class NodeState:
     devices: dict[str, dict[str, Any]] = field(default_factory=dict)
     pending: dict[str, list[str]] = field(default_factory=dict)  # agent -> sources not polled yet
     stale: dict[str, dict[str, Any]] = field(default_factory=dict)  # agent -> {reason, since_ms}
+    agent_seen_ms: dict[str, int] = field(default_factory=dict)  # agent -> last hello / disconnect (ms)
 
     @property
     def node_status(self) -> str:
@@ -79,6 +82,7 @@ class NodeState:
             status={str(k): str(v) for k, v in (d.get("status") or {}).items()},
             conditions=dict(d.get("conditions") or {}),
             devices=dict(d.get("devices") or {}),
+            agent_seen_ms={str(k): int(v) for k, v in (d.get("agent_seen_ms") or {}).items()},
         )
 
 
@@ -97,8 +101,11 @@ class NodeRegistry:
         self._center = center
         self._nodes: dict[str, NodeState] = {}
         self._dirty: set[str] = set()
+        self._gone: set[str] = set()  # forgotten nodes whose stored row is still to delete
         self._wake = asyncio.Event()
         self.flush_s = flush_s
+        self.clock = time.time  # epoch seconds of the expiry clocks (tests move it)
+        self._started_ms = int(self.clock() * 1000)  # no expiry clock starts before this process
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def load(self) -> int:
@@ -108,14 +115,19 @@ class NodeRegistry:
         return len(self._nodes)
 
     async def flush(self) -> None:
-        """Write the nodes changed since the last flush (one transaction). Raises ``sqlite3.Error``."""
-        if not self._dirty:
+        """Write the nodes changed since the last flush and delete the rows of forgotten ones.
+        Raises ``sqlite3.Error`` (what was not written is retried by the next flush)."""
+        if not self._dirty and not self._gone:
             return
         names, self._dirty = self._dirty, set()
+        gone, self._gone = self._gone, set()
         try:
             await self._store.write_nodes({n: self._nodes[n].to_json() for n in names if n in self._nodes})
+            if gone:
+                await self._store.delete_nodes(sorted(gone - set(self._nodes)))
         except BaseException:
             self._dirty |= names
+            self._gone |= gone - set(self._nodes)
             raise
 
     async def run(self) -> None:
@@ -132,6 +144,7 @@ class NodeRegistry:
 
     def _touch(self, node: str) -> None:
         self._dirty.add(node)
+        self._gone.discard(node)
         self._wake.set()
 
     # -- writes ----------------------------------------------------------------------------------
@@ -143,6 +156,45 @@ class NodeRegistry:
         st.node_ip, st.node_sn, st.boot_id = node_ip, node_sn, boot_id
         self._touch(node)
         return st
+
+    def agent_seen(self, node: str, agent: str) -> None:
+        """``agent`` of ``node`` said Hello or its stream just ended: restart its expiry clock."""
+        st = self._nodes.get(node)
+        if st is None:
+            st = self._nodes[node] = NodeState(node)
+        st.agent_seen_ms[agent] = int(self.clock() * 1000)
+        self._touch(node)
+
+    def expired_agents(self, older_than_s: float, live: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+        """(node, agent) of every agent not in ``live`` (open streams) whose clock
+        (:meth:`agent_seen`, never before this process started) is more than ``older_than_s`` old."""
+        live = set(live)
+        cutoff = int((self.clock() - older_than_s) * 1000)
+        return sorted(
+            (n, a)
+            for n, st in self._nodes.items()
+            for a, ms in st.agent_seen_ms.items()
+            if (n, a) not in live and max(ms, self._started_ms) < cutoff
+        )
+
+    def forget_agent(self, node: str, agent: str) -> bool:
+        """Drop what ``agent`` said about ``node`` (its clock, stale and pending marks); the node's
+        whole entry (identity, conditions, devices, statuses) goes with its last agent, also from the
+        store at the next flush. Returns True when the node entry was dropped."""
+        st = self._nodes.get(node)
+        if st is None:
+            return False
+        st.agent_seen_ms.pop(agent, None)
+        st.stale.pop(agent, None)
+        st.pending.pop(agent, None)
+        if st.agent_seen_ms:
+            self._touch(node)
+            return False
+        del self._nodes[node]
+        self._dirty.discard(node)
+        self._gone.add(node)
+        self._wake.set()
+        return True
 
     def update(
         self,

@@ -287,6 +287,24 @@ class Store:
 
         await self._run(_write)
 
+    async def delete_nodes(self, names: list[str]) -> None:
+        """Delete the stored state of ``names`` (forgotten nodes) in one transaction."""
+        if not names:
+            return
+
+        def _delete() -> None:
+            db = self._db
+            assert db is not None
+            db.execute("BEGIN")
+            try:
+                db.executemany("DELETE FROM nodes WHERE node = ?", [(n,) for n in names])
+                db.execute("COMMIT")
+            except BaseException:
+                _rollback(db)
+                raise
+
+        await self._run(_delete)
+
     async def load_nodes(self) -> dict[str, dict[str, Any]]:
         """Every stored node state (node -> dict)."""
 

@@ -158,7 +158,7 @@ class DeviceD:
             credentials=channel_credentials(args),
             **agent_options(args),
         )
-        self.http = HttpServer(args.http_addr, self.registry, ready=self._ready)
+        self.http = HttpServer(args.http_addr, self.registry, ready=self._ready, token=token)
         add_routes(self.http.app, self.engine, self.node_name)
         self.registry.register(DevicedCollector(self))
 
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
                 from deviced import simapi
 
                 if args.sim_control_addr:
-                    sim_http = HttpServer(args.sim_control_addr, CollectorRegistry())
+                    sim_http = HttpServer(args.sim_control_addr, CollectorRegistry(), token=app.agent.token)
                     simapi.add_routes(sim_http.app, backend)
                     await sim_http.start()
                     event(log, logging.INFO, "sim control listening", addr=f"{sim_http.host}:{sim_http.port}")

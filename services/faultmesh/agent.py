@@ -8,7 +8,8 @@ snapshot is sent, so nothing is lost while ClusterD is down and nothing is dupli
 replaces all the agent said before, except the faults of its ``pending_sources``: sources that have
 not completed their first poll since the agent started keep what ClusterD had, and a new snapshot
 goes out when one completes — issue 20). An ack whose error starts with ``internal:`` (ClusterD could
-not store the message) is not an ack: the session ends and the next one resends all by snapshot.
+not store the message) is not an ack, nor is one starting with ``resync:`` (ClusterD refused its
+sequence number): the session ends and the next one resends all by snapshot.
 Control messages from ClusterD go to ``on_control`` and are
 acked after it returns.
 
@@ -55,6 +56,9 @@ log = logging.getLogger("faultmesh.agent")
 # Ack.error prefix ClusterD uses for a valid message it could not store (clusterd.ingest.agents
 # INTERNAL_ERROR): such a seq is not acked, the session ends and the next one sends a snapshot.
 NOT_STORED_PREFIX = "internal:"
+# Ack.error prefix of a message ClusterD refused for its seq (clusterd.ingest.agents RESYNC_ERROR: a
+# gap, a replay, out of order): not applied, so not acked; the next session resends all by snapshot.
+RESYNC_PREFIX = "resync:"
 
 ControlHandler = Callable[[agent_pb2.ControlMessage], Awaitable[None]]
 
@@ -470,10 +474,10 @@ class AgentClient:
                 raise ConnectionError("clusterd closed the stream")
             kind = msg.WhichOneof("body")
             if kind == "ack":
-                if msg.ack.error.startswith(NOT_STORED_PREFIX):
+                if msg.ack.error.startswith((NOT_STORED_PREFIX, RESYNC_PREFIX)):
                     # valid but not stored (ClusterD's state write failed): not acked; a new session
                     # resends everything by snapshot
-                    raise ConnectionError(f"clusterd did not store seq {msg.ack.seq}: {msg.ack.error}")
+                    raise ConnectionError(f"clusterd did not take seq {msg.ack.seq}: {msg.ack.error}")
                 if msg.ack.error:
                     event(
                         log,

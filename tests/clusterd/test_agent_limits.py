@@ -7,6 +7,7 @@ import asyncio
 import grpc
 import pytest
 
+from clusterd.ingest import agentinput
 from clusterd.ingest import agents as agents_mod
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
 
@@ -107,3 +108,26 @@ async def test_a_code_with_a_trailing_newline_is_refused(cd):
     )
     assert _errors(acks)[1].startswith("bad_fault")
     assert cd.center.faults() == []
+
+
+async def test_devices_per_node_count_what_the_node_would_hold(cd, monkeypatch):
+    monkeypatch.setattr(agentinput, "MAX_DEVICES", 3)
+
+    def dev(i: int) -> agent_pb2.DeviceState:
+        return agent_pb2.DeviceState(device_type="NPU", device_id=i, health="Healthy")
+
+    acks = await raw_stream(
+        cd.grpc_port,
+        [
+            _hello(),
+            agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=1, devices=[dev(0), dev(1)])),
+            agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=2, devices=[dev(2)])),  # the 3rd: at the limit
+            agent_pb2.AgentMessage(
+                delta=agent_pb2.Delta(seq=3, devices=[dev(0)])
+            ),  # an update of a known one
+            agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=4, devices=[dev(3)])),  # the 4th
+        ],
+    )
+    errs = _errors(acks)
+    assert errs[1] == errs[2] == errs[3] == "" and errs[4].startswith("bad_state")
+    assert len(cd.agents.node_info("node-1")["devices"]) == 3

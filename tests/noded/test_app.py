@@ -354,3 +354,29 @@ async def test_stop_fits_the_budget_with_a_hanging_source(caplog):
     assert took < 3.0, took
     assert "source stop overran" in caplog.text
     assert nd.started == []
+
+
+async def test_http_mutations_need_the_agent_token_when_one_is_configured(tmp_path):
+    """issue 19 #7: noded's HTTP port takes the agent's token; a token-less mutating request gets
+    401 (before routing: no route is revealed), with the token routing answers; reads stay open."""
+    import aiohttp
+
+    token = tmp_path / "token"
+    token.write_text("agent-token\n")
+    nd = NodeD(
+        parse("--node-name", "n1", "--clusterd", "127.0.0.1:1", "--http-addr", "127.0.0.1:0",
+              "--clusterd-token-file", str(token), classes=[FakeSource]),
+        (FakeSource,),
+    )  # fmt: skip
+    await nd.start()
+    base = f"http://127.0.0.1:{nd.http.port}"
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(f"{base}/v1/state") as r:
+                assert r.status == 401
+            async with s.post(f"{base}/v1/state", headers={"Authorization": "Bearer agent-token"}) as r:
+                assert r.status == 405  # authenticated: now the router answers
+            async with s.get(f"{base}/v1/state") as r:
+                assert r.status == 200
+    finally:
+        await nd.stop()

@@ -2,7 +2,9 @@
 
 - Register(ClientInfo{jobId, role}): empty role -> gRPC error; empty jobId = "-1" (whole cluster);
   500 once 10000 job ids have publishers; an unknown job -> 402 as a gRPC error; otherwise the
-  publisher for (jobId, role) is created or replaced (the old stream ends) -> 0.
+  publisher for (jobId, role) is created or replaced (the old stream ends) -> 0. Beyond the
+  reference: at most :data:`~clusterd.brain.registrations.MAX_PER_CALLER` publishers per caller (500
+  beyond), and a publisher without a stream expires (:mod:`clusterd.brain.registrations`).
 - SubscribeFaultMsgSignal: needs that publisher (gRPC error otherwise). Pushes a FaultMsgSignal
   only when it differs from the last one sent for that job; "normal" once after the faults clear.
   A cluster subscriber gets one message per job, each with that job's id. Buffer 1000 (overflow is
@@ -25,6 +27,7 @@ import grpc
 import orjson
 
 from clusterd.brain.faultview import node_fault_infos
+from clusterd.brain.registrations import Registrations, caller_of
 from faultmesh._pb import fault_pb2, fault_pb2_grpc
 from faultmesh.log import event
 from faultmesh.ratelimit import TokenBucket
@@ -75,9 +78,17 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
     def __init__(self, brain) -> None:
         self.b = brain
         self.pubs: dict[tuple[str, str], _Publisher] = {}
+        self.regs = Registrations(self._drop)
         self._bucket = TokenBucket(10.0, 10.0)
         self._waiting = 0
         self._cluster_cache: tuple[float, fault_pb2.FaultMsgSignal] | None = None
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        """End and forget the publisher of ``key`` (expired or replaced)."""
+        old = self.pubs.pop(key, None)
+        if old is not None:
+            old.closed = True
+            _end(old.queue)
 
     # -- views -------------------------------------------------------------------------------------
     def job_nodes(self, job) -> list[dict]:
@@ -129,6 +140,7 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
             self.b.count_rejected("fault_empty_role")
             await context.abort(grpc.StatusCode.UNKNOWN, "role is empty")
         jid = request.jobId or CLUSTER
+        self.regs.prune()
         ids = {k[0] for k in self.pubs}
         if jid not in ids and len(ids) >= MAX_JOB_IDS:
             self.b.count_rejected("fault_max_jobs")
@@ -136,23 +148,29 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
         if jid != CLUSTER and self.b.jobs.get(jid) is None:
             self.b.count_rejected("fault_unknown_job")
             await context.abort(grpc.StatusCode.UNKNOWN, f"code 402: jobId={jid} does not exist")
-        old = self.pubs.get((jid, request.role))
-        if old is not None:
-            old.closed = True
-            _end(old.queue)
-        self.pubs[(jid, request.role)] = _Publisher(jid, request.role)
+        key, caller = (jid, request.role), caller_of(context)
+        if self.regs.full(key, caller):
+            self.b.count_rejected("fault_max_per_caller")
+            return fault_pb2.Status(
+                code=500, info=f"more than {self.regs.max_per_caller} publishers of {caller}"
+            )
+        self._drop(key)
+        self.pubs[key] = _Publisher(jid, request.role)
+        self.regs.add(key, caller)
         event(log, logging.INFO, f"role[{request.role}] fault register success", job=jid)
         return fault_pb2.Status(code=0, info="register success")
 
     async def SubscribeFaultMsgSignal(self, request, context):  # noqa: N802
         """Stream of FaultMsgSignal for the registered (jobId, role)."""
         jid = request.jobId or CLUSTER
+        self.regs.prune()
         pub = self.pubs.get((jid, request.role))
         if pub is None or pub.closed:
             self.b.count_rejected("fault_unregistered")
             await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={jid} role={request.role} not registered")
         jobs = self.b.jobs.all() if jid == CLUSTER else [j for j in [self.b.jobs.get(jid)] if j]
         self._initial(pub, jobs)
+        self.regs.opened((jid, request.role))
         try:
             while True:
                 sig = await pub.queue.get()
@@ -162,6 +180,7 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
         finally:
             if self.pubs.get((jid, request.role)) is pub:
                 del self.pubs[(jid, request.role)]
+                self.regs.remove((jid, request.role))
 
     def _initial(self, pub: _Publisher, jobs) -> None:
         for job in jobs:

@@ -10,10 +10,15 @@ job.Job:
   batches of <= 40000 NPUs, then each update as a one-element list (JobTotalNum=1);
   SubscribeJobSummarySignal only streams updates.
 
+Both: registrations are bounded per caller and expire without a stream
+(:mod:`clusterd.brain.registrations`; 429 beyond the per-caller cap).
+
 config.Config (MindIE's global rank table, :mod:`clusterd.brain.mindie`; the reference's
 application/config/grpc_service.go and domain/epranktable/ranktable_manager.go):
-- Register always 0 ``register success``; the publisher is keyed by jobId (the MindIE job id; the
-  role is not part of the key) and replaces an older one, whose stream ends.
+- Register 0 ``register success``; the publisher is keyed by jobId (the MindIE job id; the
+  role is not part of the key) and replaces an older one, whose stream ends. At most
+  :data:`MAX_UNKNOWN_JOB_REGS` registrations for jobs that do not exist (429 beyond: the reference
+  has no cap and always answers 0).
 - SubscribeRankTable needs that publisher (else gRPC UNKNOWN ``jobId=<id> not registered,
   role=<role>``); it asks for a regeneration the way the reference's rate-limited queue runs it:
   first after 2 s, a failed one (not ready, not registered) again 4 s later, then given up. A change
@@ -34,6 +39,7 @@ import grpc
 import orjson
 
 from clusterd.brain import mindie
+from clusterd.brain.registrations import Registrations, caller_of
 from faultmesh._pb import config_pb2, config_pb2_grpc, job_pb2, job_pb2_grpc
 from faultmesh.log import event
 from faultmesh.ratelimit import TokenBucket
@@ -46,6 +52,7 @@ MAX_SUBS_PER_ROLE = 20
 CLIENT_BUFFER = 10
 MAX_RANKS_HCCL = 40_000
 BATCH_NPUS = 40_000
+MAX_UNKNOWN_JOB_REGS = 1024  # config.Config registrations for jobs that do not exist (yet)
 
 
 # job.Job statuses as the reference names them (StatusJobCompleted is "complete").
@@ -119,6 +126,7 @@ class JobServicer(job_pb2_grpc.JobServicer):
         self.clients: dict[str, str] = {}  # clientId -> role
         self.subs: dict[str, tuple[str, asyncio.Queue]] = {}  # clientId -> (role, queue)
         self._limiter = TokenBucket(20.0, 20.0)
+        self.regs = Registrations(lambda cid: self.clients.pop(cid, None))
 
     def _node_ip(self, node: str) -> str:
         return self.b.ctx.nodes.info(node).get("node_ip", "")
@@ -128,11 +136,17 @@ class JobServicer(job_pb2_grpc.JobServicer):
         if request.role not in ROLES:
             self.b.count_rejected("job_bad_role")
             await context.abort(grpc.StatusCode.UNKNOWN, f"code 400: role {request.role!r} not allowed")
+        self.regs.prune()
         if len(self.clients) >= MAX_CLIENTS:
             self.b.count_rejected("job_max_clients")
             return job_pb2.Status(code=429, info=f"more than {MAX_CLIENTS} clients")
+        caller = caller_of(context)
+        if self.regs.full(None, caller):
+            self.b.count_rejected("job_max_per_caller")
+            return job_pb2.Status(code=429, info=f"more than {self.regs.max_per_caller} clients of {caller}")
         cid = str(uuid.uuid4())
         self.clients[cid] = request.role
+        self.regs.add(cid, caller)
         event(log, logging.INFO, f"role[{request.role}] job register success", client=cid)
         return job_pb2.Status(code=200, info="register success", clientId=cid)
 
@@ -152,6 +166,7 @@ class JobServicer(job_pb2_grpc.JobServicer):
 
     async def _subscribe(self, request, context, kind: str):
         cid = request.clientId
+        self.regs.prune()
         role = self.clients.get(cid)
         if role is None or role != request.role:
             self.b.count_rejected("job_unregistered")
@@ -172,6 +187,7 @@ class JobServicer(job_pb2_grpc.JobServicer):
         if old is not None:
             _end(old[1])
         self.subs[cid] = (kind, q)
+        self.regs.opened(cid)  # a client with an open stream never expires
         return cid, q
 
     async def SubscribeJobSummarySignal(self, request, context):  # noqa: N802
@@ -181,6 +197,7 @@ class JobServicer(job_pb2_grpc.JobServicer):
             while (item := await q.get()) is not None:
                 yield item
         finally:
+            self.regs.closed(cid)
             if cid in self.subs and self.subs[cid][1] is q:
                 del self.subs[cid]
 
@@ -206,6 +223,7 @@ class JobServicer(job_pb2_grpc.JobServicer):
             while (item := await q.get()) is not None:
                 yield item
         finally:
+            self.regs.closed(cid)
             if cid in self.subs and self.subs[cid][1] is q:
                 del self.subs[cid]
 
@@ -224,15 +242,48 @@ class ConfigServicer(config_pb2_grpc.ConfigServicer):
         self.b = brain
         self.pubs: dict[str, asyncio.Queue] = {}  # MindIE job id -> its publisher's queue
         self._now: set[str] = set()  # job ids with an immediate regeneration pending (a burst is one)
+        self.regs = Registrations(self._drop)
+        self._unknown: set[str] = set()  # job ids registered while no member job existed
+
+    def _drop(self, mid: str) -> None:
+        q = self.pubs.pop(mid, None)
+        self._unknown.discard(mid)
+        if q is not None:
+            _end(q)
+
+    def _known(self, mid: str) -> bool:
+        return any(j.mindie_job_id == mid or j.id == mid for j in self.b.jobs.all())
+
+    def _unknown_full(self) -> bool:
+        if len(self._unknown) < MAX_UNKNOWN_JOB_REGS:
+            return False
+        self._unknown = {m for m in self._unknown if m in self.pubs and not self._known(m)}
+        return len(self._unknown) >= MAX_UNKNOWN_JOB_REGS
 
     async def Register(self, request, context):  # noqa: N802
-        """Always 0; replaces the jobId's publisher (its stream ends)."""
+        """0; replaces the jobId's publisher (its stream ends). 429 over the per-caller cap or the cap
+        of registrations for jobs that do not exist (module docstring)."""
         event(log, logging.INFO, "business config service receive Register request",
               jobId=request.jobId, role=request.role)  # fmt: skip
-        old = self.pubs.get(request.jobId)
-        if old is not None:
-            _end(old)
-        self.pubs[request.jobId] = asyncio.Queue(maxsize=RANKTABLE_BUFFER)
+        mid = request.jobId
+        self.regs.prune()
+        caller = caller_of(context)
+        if self.regs.full(mid, caller):
+            self.b.count_rejected("config_max_per_caller")
+            return config_pb2.Status(
+                code=429, info=f"more than {self.regs.max_per_caller} registrations of {caller}"
+            )
+        unknown = not self._known(mid)
+        if unknown and mid not in self._unknown and self._unknown_full():
+            self.b.count_rejected("config_unknown_jobs")
+            return config_pb2.Status(
+                code=429, info=f"more than {MAX_UNKNOWN_JOB_REGS} registrations for jobs that do not exist"
+            )
+        self._drop(mid)
+        self.pubs[mid] = asyncio.Queue(maxsize=RANKTABLE_BUFFER)
+        self.regs.add(mid, caller)
+        if unknown:
+            self._unknown.add(mid)
         return config_pb2.Status(code=0, info="register success")
 
     def publish(self, job) -> None:
@@ -282,6 +333,7 @@ class ConfigServicer(config_pb2_grpc.ConfigServicer):
 
     async def SubscribeRankTable(self, request, context):  # noqa: N802
         """Queued and new global rank tables of the jobId; gRPC error without Register."""
+        self.regs.prune()
         q = self.pubs.get(request.jobId)
         if q is None:
             self.b.count_rejected("config_unregistered")
@@ -289,12 +341,15 @@ class ConfigServicer(config_pb2_grpc.ConfigServicer):
                 grpc.StatusCode.UNKNOWN, f"jobId={request.jobId} not registered, role={request.role}"
             )
         self.b.spawn(self._generate(request.jobId, 1), name=f"ranktable-{request.jobId}")
+        self.regs.opened(request.jobId)  # an open stream never expires
         try:
             while (item := await q.get()) is not None:
                 yield item
         finally:
             if self.pubs.get(request.jobId) is q:
                 del self.pubs[request.jobId]
+                self.regs.remove(request.jobId)
+                self._unknown.discard(request.jobId)
 
 
 def _end(q: asyncio.Queue) -> None:

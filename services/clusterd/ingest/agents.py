@@ -13,14 +13,21 @@ A stream changes only faults its agent owns: an upsert or removal of a key owned
 the ack's error; the rest of the message is applied. A stream that breaks costs
 nothing: the agent's faults stay (the agent is the truth and resyncs on reconnect) and the node is
 marked disconnected. Liveness (issue 20): a stream silent for ``stale_after_s`` (agents send a
-heartbeat, an empty Delta, every 10 s) or ended is marked stale in the node registry (faults kept).
+heartbeat, an empty Delta, every 10 s) or ended is marked stale in the node registry (faults kept);
+an agent without a stream for ``expire_after_s`` (``--agent-expire-after-s``, a day) is dropped
+with its faults, and the node with its last agent (:meth:`AgentHub.expire`).
+
+Sequence numbers (:func:`clusterd.ingest.agentinput.seq_error`): a Delta must carry the previous
+seq + 1, a Snapshot any larger one. A gap, a replay or an out-of-order message is not applied,
+counted (``reason`` ``seq_gap`` / ``seq_replay``), logged, acked with ``resync: <reason>: ...``, and
+the stream is ended: the agent reconnects and resends its whole state as a snapshot.
 
 Non-fault state (Hello identity, node status, conditions, device states) goes to the
 :class:`~clusterd.nodes.NodeRegistry`. The bearer token is checked before this servicer runs
 (:class:`clusterd.auth.TokenInterceptor`).
 
-Bad input (no Hello, a message too large, faults of another node, absurd values) is rejected with an
-Ack carrying the error, counted in ``faultmesh_rejected_requests_total{service="agent",reason}``.
+Bad input (no Hello, a message too large, faults of another node, absurd values: the limits of
+:mod:`clusterd.ingest.agentinput`) is rejected with an Ack carrying the error, counted in ``faultmesh_rejected_requests_total{service="agent",reason}``.
 A valid message whose state write failed is acked with ``internal: state write failed: <error>``
 and the stream is ended, so the agent reconnects and resends its whole state as a snapshot.
 """
@@ -30,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -40,29 +46,30 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from clusterd.center import FaultCenter
+from clusterd.ingest.agentinput import (
+    AgentInputError,
+    check_fault,
+    check_state,
+    condition_view,
+    device_view,
+    pending_sources,
+    seq_error,
+    valid_hello,
+)
 from clusterd.nodes import NodeRegistry
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
-from faultmesh.levels import KNOWN_LEVELS
 from faultmesh.log import RateLimitedLog, event
-from faultmesh.model import ASSERTIONS
-from faultmesh.wire import fault_from_pb, key_from_pb
+from faultmesh.wire import key_from_pb
 
 log = logging.getLogger("clusterd.agents")
 
 MAX_FAULTS_PER_MESSAGE = 100_000
-MAX_FIELD_LEN = 256
-MAX_CONDITIONS = 64  # per node
-MAX_DEVICES = 4096  # per node
-MAX_TIME_MS = 4_102_444_800_000  # 2100-01-01
-CODE_RE = re.compile(r"^[\x21-\x7e]{1,64}\Z")  # printable, no spaces: hex, public and switch codes
-AGENT_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}\Z")  # \Z: "$" also matches before a final newline
 # Ack.error prefix of a message that was valid but not stored (state write failed): the agent must
 # not count it as acked; ClusterD then ends the stream and the agent resends all by snapshot.
 INTERNAL_ERROR = "internal"
-
-
-class AgentInputError(ValueError):
-    """An agent message that cannot be applied; the reason is the first word of the message."""
+# Ack.error prefix of a message refused for its sequence number (a gap, a replay, out of order): not
+# applied; ClusterD ends the stream, the agent reconnects and resends all by snapshot.
+RESYNC_ERROR = "resync"
 
 
 @dataclass
@@ -98,10 +105,12 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         registry: CollectorRegistry,
         rejected: Counter,
         stale_after_s: float = 30.0,
+        expire_after_s: float = 86400.0,
     ) -> None:
         self.center = center
         self.nodes = nodes
         self.stale_after_s = stale_after_s
+        self.expire_after_s = expire_after_s
         self.sessions: dict[tuple[str, str], AgentSession] = {}
         self._on_connect: list[Callback] = []
         self._on_ping: list[Callback] = []
@@ -119,6 +128,11 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             "faultmesh_agent_stream_takeovers_total",
             "A newer stream for the same (node, agent) replaced a live one",
             ["reason"],
+            registry=registry,
+        )
+        self.expired = Counter(
+            "faultmesh_agents_expired_total",
+            "Agents of a node dropped after --agent-expire-after-s without a stream (with their faults)",
             registry=registry,
         )
 
@@ -187,14 +201,11 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         except (StopAsyncIteration, TimeoutError):
             self._reject("no_hello")
             return
-        if first.WhichOneof("body") != "hello" or not _valid_name(first.hello.node):
+        bad = valid_hello(first.hello) if first.WhichOneof("body") == "hello" else "no_hello"
+        if bad == "no_hello":
             self._reject("no_hello")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be Hello with a node")
-        if (
-            not AGENT_RE.match(first.hello.agent or "agent")
-            or len(first.hello.node_ip) > 64
-            or len(first.hello.node_sn) > 128
-        ):
+        if bad:
             self._reject("bad_hello")
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "Hello: agent must match [a-z][a-z0-9_-]{0,31}"
@@ -209,6 +220,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             self._per_agent[agent] = self._per_agent.get(agent, 0) + 1
         self.sessions[(h.node, agent)] = session
         self.nodes.hello(h.node, h.node_ip, h.node_sn, h.boot_id)
+        self.nodes.agent_seen(h.node, agent)
         self.nodes.set_stale(h.node, agent, None)
         self._count(agent)
         event(log, logging.INFO, "agent connected", node=h.node, agent=agent, peer=context.peer())
@@ -241,6 +253,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 del self.sessions[(session.node, session.agent)]
                 self._per_agent[session.agent] -= 1
                 self.nodes.set_stale(session.node, session.agent, "Disconnected")  # its faults stay
+                self.nodes.agent_seen(session.node, session.agent)  # the expiry clock starts
                 event(log, logging.INFO, "agent disconnected", node=session.node, agent=session.agent)
             self._count(session.agent)
 
@@ -289,10 +302,17 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
     async def watch_liveness(self) -> None:
         """Mark a connected agent stale when nothing (not even its heartbeat) arrived for
         ``stale_after_s``; its faults stay, the node view and ``faultmesh_agent_stale`` say so.
-        Checks 10 times per deadline (at most once per second). Runs until cancelled."""
+        Checks 10 times per deadline (at most once per second); also drops the agents gone for
+        ``expire_after_s`` (:meth:`expire`, 10 times per expiry time, at most once a minute).
+        Runs until cancelled."""
         period = max(0.05, min(1.0, self.stale_after_s / 10))
+        expire_every = max(0.05, min(60.0, self.expire_after_s / 10))
+        next_expiry = time.monotonic() + expire_every
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(min(period, expire_every))
+            if time.monotonic() >= next_expiry:
+                next_expiry = time.monotonic() + expire_every
+                await self.expire()
             now = time.time()
             for s in list(self.sessions.values()):
                 if not s.stale and not s.closed and now - s.last_seen > self.stale_after_s:
@@ -306,6 +326,40 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                         agent=s.agent,
                         silent_s=round(now - s.last_seen, 1),
                     )
+
+    async def expire(self) -> int:
+        """Drop every agent with no stream for more than ``expire_after_s`` (clock: its last Hello or
+        stream end, never before this ClusterD started): its faults on that node
+        (:meth:`FaultCenter.replace_origin` with nothing), its stale and pending marks, and with the
+        node's last agent the node entry itself, so the node leaves ``/v1/nodes``, the web view and
+        the per-node metrics. As in the reference when a node's ConfigMap goes away, a vanished node
+        takes its faults with it; faults of other origins (public faults) stay. A reconnect is a
+        fresh start: Hello and snapshot rebuild the entry. A failed state write is retried on the
+        next round. Logged "agent expired", counted in ``faultmesh_agents_expired_total``.
+        Returns how many agents were dropped."""
+        n = 0
+        for node, agent in self.nodes.expired_agents(self.expire_after_s, self.sessions):
+            try:
+                changes = await self.center.replace_origin(node, agent, [])
+            except Exception as e:  # state write failed: keep everything, try again next round
+                event(log, logging.ERROR, "agent expiry failed", node=node, agent=agent, error=repr(e))
+                continue
+            if (node, agent) in self.sessions:  # it came back meanwhile: its snapshot rules
+                continue
+            dropped = self.nodes.forget_agent(node, agent)
+            self.expired.inc()
+            n += 1
+            event(
+                log,
+                logging.WARNING,
+                "agent expired",
+                node=node,
+                agent=agent,
+                faults_dropped=len(changes),
+                node_dropped=dropped,
+                after_s=self.expire_after_s,
+            )
+        return n
 
     def _count(self, agent: str) -> None:
         self.connected_gauge.labels(agent).set(self._per_agent.get(agent, 0))
@@ -357,6 +411,14 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             self._reject("unexpected_message", node=s.node, kind=kind)
             return
         body = getattr(msg, kind)
+        bad_seq = seq_error(s.last_seq, kind, body.seq)
+        if bad_seq:  # not applied; the agent resends all by snapshot on its next stream
+            detail = f"{RESYNC_ERROR}: {bad_seq}: {kind} seq {body.seq} after {s.last_seq}"
+            self._reject(bad_seq, node=s.node, agent=s.agent, detail=detail)
+            self._ack(s, body.seq, detail)
+            s.closed = True
+            return
+        s.last_seq = body.seq
         try:
             n = len(body.faults) if kind == "snapshot" else len(body.upserts) + len(body.removals)
             if n > MAX_FAULTS_PER_MESSAGE:
@@ -364,25 +426,25 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                     f"too_many_faults: {n} faults in one message, limit {MAX_FAULTS_PER_MESSAGE}"
                 )
             if kind == "snapshot":
-                self._check_state(s, body.conditions, body.devices, body.node_status, replace=True)
-                pending = _pending(body.pending_sources)
-                faults, _, refused = self._owned(s, [self._fault(s, m) for m in body.faults], [])
+                check_state(self.nodes, s.node, body.conditions, body.devices, body.node_status, replace=True)
+                pending = pending_sources(body.pending_sources)
+                faults, _, refused = self._owned(s, [check_fault(s.node, m) for m in body.faults], [])
                 if s.closed:  # taken over meanwhile: the newer stream owns this (node, agent)
                     return
                 # sources pending their first poll keep their faults; only a complete poll clears
                 await self.center.replace_origin(s.node, s.agent, faults, keep_sources=pending)
                 self.nodes.update(
                     s.node,
-                    conditions=[_condition(c) for c in body.conditions],
-                    devices=[_device(d) for d in body.devices],
+                    conditions=[condition_view(c) for c in body.conditions],
+                    devices=[device_view(d) for d in body.devices],
                     # while sources are pending the last known status stays (none known: take it)
                     status=body.node_status if not pending or not self.nodes.status(s.node) else "",
                     replace=not pending,  # pending: merged, the complete snapshot replaces
                 )
                 self.nodes.set_pending(s.node, s.agent, pending)
             else:
-                self._check_state(s, body.conditions, body.devices, body.node_status)
-                ups = [self._fault(s, m) for m in body.upserts]
+                check_state(self.nodes, s.node, body.conditions, body.devices, body.node_status)
+                ups = [check_fault(s.node, m) for m in body.upserts]
                 rms = [key_from_pb(k, s.node) for k in body.removals]
                 ups, rms, refused = self._owned(s, ups, rms)
                 if s.closed:
@@ -392,8 +454,8 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 if body.conditions or body.devices or body.node_status:
                     self.nodes.update(
                         s.node,
-                        conditions=[_condition(c) for c in body.conditions],
-                        devices=[_device(d) for d in body.devices],
+                        conditions=[condition_view(c) for c in body.conditions],
+                        devices=[device_view(d) for d in body.devices],
                         status=body.node_status,
                     )
         except AgentInputError as e:
@@ -406,7 +468,6 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             self._ack(s, body.seq, f"{INTERNAL_ERROR}: {e}")
             s.closed = True  # the reader stops; the agent reconnects and sends a full snapshot
             return
-        s.last_seq = body.seq
         self._ack(
             s, body.seq, f"foreign_origin: {refused} faults of another origin not changed" if refused else ""
         )
@@ -417,79 +478,3 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 await self._notify(self._on_ping, s.node, list(body.ping_results))
             for r in body.slownode_reports:
                 await self._notify(self._on_slownode, s.node, r)
-
-    def _check_state(self, s: AgentSession, conditions, devices, node_status: str, replace=False) -> None:
-        if len(node_status) > 32:
-            raise AgentInputError("bad_state: node_status longer than 32 chars")
-        st = self.nodes.get(s.node)
-        types = {c.type for c in conditions}
-        if not replace and st is not None:
-            types |= set(st.conditions)  # what the node would hold after this message
-        if len(conditions) > MAX_CONDITIONS or len(types) > MAX_CONDITIONS:
-            raise AgentInputError(f"bad_state: more than {MAX_CONDITIONS} conditions on one node")
-        if len(devices) > MAX_DEVICES or (st is not None and len(st.devices) > MAX_DEVICES):
-            raise AgentInputError(f"bad_state: more than {MAX_DEVICES} devices on one node")
-        for c in conditions:
-            if not c.type or len(c.type) > 64 or len(c.reason) > 256 or len(c.message) > 1024:
-                raise AgentInputError("bad_state: condition type/reason/message empty or too long")
-        for d in devices:
-            if (
-                len(d.device_type) > 64
-                or len(d.health) > 32
-                or len(d.network_health) > 32
-                or len(d.level) > 64
-            ):
-                raise AgentInputError("bad_state: device fields too long")
-
-    def _fault(self, s: AgentSession, m: agent_pb2.Fault):
-        if m.node and m.node != s.node:
-            raise AgentInputError(f"foreign_node: fault for node {m.node!r} on the stream of {s.node!r}")
-        if not CODE_RE.match(m.code) or not m.source or len(m.source) > 64:
-            raise AgentInputError("bad_fault: code (printable, ≤64 chars) and source (≤64) are required")
-        if len(m.device_type) > 64 or m.device_id < -1 or m.device_id > 1 << 20:
-            raise AgentInputError("bad_fault: device out of range")
-        if m.level not in KNOWN_LEVELS:
-            raise AgentInputError(f"bad_fault: unknown fault level {m.level[:64]!r}")
-        if not (0 <= m.first_seen_ms <= MAX_TIME_MS and 0 <= m.last_seen_ms <= MAX_TIME_MS):
-            raise AgentInputError("bad_fault: first/last seen time out of range")
-        if m.assertion and m.assertion not in ASSERTIONS:
-            raise AgentInputError(f"bad_fault: assertion {m.assertion!r}")
-        if len(m.attributes) > 64 or any(
-            len(k) > MAX_FIELD_LEN or len(v) > 4096 for k, v in m.attributes.items()
-        ):
-            raise AgentInputError("bad_fault: too many or too long attributes")
-        return fault_from_pb(m, node=s.node)
-
-
-def _pending(sources) -> frozenset[str]:
-    """A snapshot's ``pending_sources`` (at most 64 names of ≤64 chars). Raises AgentInputError."""
-    if len(sources) > 64 or any(not x or len(x) > 64 for x in sources):
-        raise AgentInputError("bad_state: more than 64 pending sources or a bad source name")
-    return frozenset(sources)
-
-
-def _valid_name(name: str) -> bool:
-    return 0 < len(name) <= 253 and all(c.isalnum() or c in "-._" for c in name)
-
-
-def _condition(c: agent_pb2.Condition) -> dict[str, Any]:
-    return {
-        "type": c.type,
-        "active": c.active,
-        "reason": c.reason,
-        "message": c.message,
-        "since_ms": c.since_ms,
-    }
-
-
-def _device(d: agent_pb2.DeviceState) -> dict[str, Any]:
-    return {
-        "device_type": d.device_type,
-        "device_id": d.device_id,
-        "phy_id": d.phy_id,
-        "health": d.health,
-        "network_health": d.network_health,
-        "level": d.level,
-        "super_pod_id": d.super_pod_id,
-        "server_index": d.server_index,
-    }

@@ -1,6 +1,7 @@
 """``faultmesh device-sim``: drive deviced's sim backend through its control API (deviced.simapi).
 
-Examples (``--sim`` is the deviced ``--sim-control-addr``, env FAULTMESH_SIM_ADDR)::
+Examples (``--sim`` is the deviced ``--sim-control-addr``, env FAULTMESH_SIM_ADDR; ``--token-file`` or
+env FAULTMESH_TOKEN: deviced's agent token, which its HTTP ports then require for every change)::
 
     faultmesh device-sim devices
     faultmesh device-sim fault 3 80E18008 [--recover|--once] [--severity 2]
@@ -20,13 +21,17 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from faultmesh.cli.common import Unreachable, emit, http_error, reason, run
+from faultmesh.cli.common import Unreachable, emit, http_error, reason, run, token
 
 
 def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
     url = f"http://{args.sim}{path}"
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    tok = token(args)
+    if tok:
+        headers["Authorization"] = f"Bearer {tok}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return json.loads(r.read() or b"null")
@@ -68,6 +73,7 @@ def register(subparsers) -> None:
         default=os.environ.get("FAULTMESH_SIM_ADDR", "127.0.0.1:8090"),
         help="deviced --sim-control-addr (env FAULTMESH_SIM_ADDR)",
     )
+    p.add_argument("--token-file", help="deviced's bearer token (env FAULTMESH_TOKEN)")
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
     sub = p.add_subparsers(dest="sim_command", metavar="ACTION")
     sub.required = True

@@ -1,0 +1,135 @@
+"""Checks of what an agent sends on its stream (design.md "Agent stream", issue 19 #6).
+
+Every limit here holds at the limit and is refused at limit + 1 (tests/clusterd/test_agent_limits.py):
+a Hello's node name (1..253 of ``[A-Za-z0-9._-]``), agent name (:data:`AGENT_RE`), ip (≤64), serial
+number (≤128); per node at most :data:`MAX_CONDITIONS` conditions and :data:`MAX_DEVICES` device
+states, counted as what the node would hold after the message; per fault a printable code of ≤64
+chars (:data:`CODE_RE`), a source of ≤64, a known level, times before 2100, ≤64 attributes; at most 64
+pending sources. A message that breaks one raises :class:`AgentInputError`; its reason (the first word)
+labels ``faultmesh_rejected_requests_total{service="agent"}``.
+
+Sequence numbers (:func:`seq_error`): after the stream's first message every Delta carries the
+previous seq + 1 and a Snapshot any larger seq (it replaces everything, so it heals a gap).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from clusterd.nodes import NodeRegistry
+from faultmesh._pb import agent_pb2
+from faultmesh.levels import KNOWN_LEVELS
+from faultmesh.model import ASSERTIONS, Fault
+from faultmesh.wire import fault_from_pb
+
+MAX_FIELD_LEN = 256
+MAX_CONDITIONS = 64  # per node
+MAX_DEVICES = 4096  # per node
+MAX_TIME_MS = 4_102_444_800_000  # 2100-01-01
+CODE_RE = re.compile(r"^[\x21-\x7e]{1,64}\Z")  # printable, no spaces: hex, public and switch codes
+AGENT_RE = re.compile(r"^[a-z][a-z0-9_-]{0,31}\Z")  # \Z: "$" also matches before a final newline
+
+
+class AgentInputError(ValueError):
+    """An agent message that cannot be applied; the reason is the first word of the message."""
+
+
+def seq_error(last_seq: int, kind: str, seq: int) -> str:
+    """Why ``seq`` of a ``kind`` ("snapshot" / "delta") message cannot follow ``last_seq`` (0: the
+    stream's first message, which sets the base), or "" when it can. Reasons: ``seq_replay`` (not
+    above the last: a duplicate or an old message), ``seq_gap`` (a Delta skipped a seq)."""
+    if last_seq == 0:
+        return ""
+    if seq <= last_seq:
+        return "seq_replay"
+    if kind == "delta" and seq != last_seq + 1:
+        return "seq_gap"
+    return ""
+
+
+def check_state(
+    nodes: NodeRegistry, node: str, conditions, devices, node_status: str, replace: bool = False
+) -> None:
+    """Node status, conditions and device states of one message to ``node``; ``replace``: a snapshot
+    (they become the whole set), else merged into what the node holds. Raises AgentInputError."""
+    if len(node_status) > 32:
+        raise AgentInputError("bad_state: node_status longer than 32 chars")
+    st = nodes.get(node)
+    types = {c.type for c in conditions}
+    devs = {(d.device_type, d.device_id) for d in devices}
+    if not replace and st is not None:  # what the node would hold after this message
+        types |= set(st.conditions)
+        devs |= {(d.get("device_type"), d.get("device_id")) for d in st.devices.values()}
+    if len(conditions) > MAX_CONDITIONS or len(types) > MAX_CONDITIONS:
+        raise AgentInputError(f"bad_state: more than {MAX_CONDITIONS} conditions on one node")
+    if len(devices) > MAX_DEVICES or len(devs) > MAX_DEVICES:
+        raise AgentInputError(f"bad_state: more than {MAX_DEVICES} devices on one node")
+    for c in conditions:
+        if not c.type or len(c.type) > 64 or len(c.reason) > 256 or len(c.message) > 1024:
+            raise AgentInputError("bad_state: condition type/reason/message empty or too long")
+    for d in devices:
+        if len(d.device_type) > 64 or len(d.health) > 32 or len(d.network_health) > 32 or len(d.level) > 64:
+            raise AgentInputError("bad_state: device fields too long")
+
+
+def check_fault(node: str, m: agent_pb2.Fault) -> Fault:
+    """One wire fault of the stream of ``node`` as a :class:`Fault`. Raises AgentInputError."""
+    if m.node and m.node != node:
+        raise AgentInputError(f"foreign_node: fault for node {m.node!r} on the stream of {node!r}")
+    if not CODE_RE.match(m.code) or not m.source or len(m.source) > 64:
+        raise AgentInputError("bad_fault: code (printable, ≤64 chars) and source (≤64) are required")
+    if len(m.device_type) > 64 or m.device_id < -1 or m.device_id > 1 << 20:
+        raise AgentInputError("bad_fault: device out of range")
+    if m.level not in KNOWN_LEVELS:
+        raise AgentInputError(f"bad_fault: unknown fault level {m.level[:64]!r}")
+    if not (0 <= m.first_seen_ms <= MAX_TIME_MS and 0 <= m.last_seen_ms <= MAX_TIME_MS):
+        raise AgentInputError("bad_fault: first/last seen time out of range")
+    if m.assertion and m.assertion not in ASSERTIONS:
+        raise AgentInputError(f"bad_fault: assertion {m.assertion!r}")
+    if len(m.attributes) > 64 or any(
+        len(k) > MAX_FIELD_LEN or len(v) > 4096 for k, v in m.attributes.items()
+    ):
+        raise AgentInputError("bad_fault: too many or too long attributes")
+    return fault_from_pb(m, node=node)
+
+
+def pending_sources(sources) -> frozenset[str]:
+    """A snapshot's ``pending_sources`` (at most 64 names of ≤64 chars). Raises AgentInputError."""
+    if len(sources) > 64 or any(not x or len(x) > 64 for x in sources):
+        raise AgentInputError("bad_state: more than 64 pending sources or a bad source name")
+    return frozenset(sources)
+
+
+def valid_hello(h: agent_pb2.Hello) -> str:
+    """The reason Hello ``h`` is refused (``no_hello``: bad node name, ``bad_hello``), "" if none."""
+    if not (0 < len(h.node) <= 253 and all(c.isalnum() or c in "-._" for c in h.node)):
+        return "no_hello"
+    if not AGENT_RE.match(h.agent or "agent") or len(h.node_ip) > 64 or len(h.node_sn) > 128:
+        return "bad_hello"
+    return ""
+
+
+def condition_view(c: agent_pb2.Condition) -> dict[str, Any]:
+    """The node-registry view of one condition."""
+    return {
+        "type": c.type,
+        "active": c.active,
+        "reason": c.reason,
+        "message": c.message,
+        "since_ms": c.since_ms,
+    }
+
+
+def device_view(d: agent_pb2.DeviceState) -> dict[str, Any]:
+    """The node-registry view of one device state."""
+    return {
+        "device_type": d.device_type,
+        "device_id": d.device_id,
+        "phy_id": d.phy_id,
+        "health": d.health,
+        "network_health": d.network_health,
+        "level": d.level,
+        "super_pod_id": d.super_pod_id,
+        "server_index": d.server_index,
+    }
