@@ -12,7 +12,7 @@ uuid=%s, receive <RPC>"), ReportProcessFault (0 "receive ReportProcessFault"), H
 "jobId=%s, receive HeathCheck"); om_service.go ReplySwitchNicResult / ReplyStressTestResult (0 "reply
 success", 400 "jobId=%s not registed"). Codes: pkg/domain/common/code.go (clusterd.md §1.1).
 
-The NIC-switch and stress-test RPCs' codes: tests/brain/test_recover_rpcs.py; their flows:
+The NIC-switch and stress-test RPCs' codes: test_om_service.py; their flows:
 tests/brain/test_om_flows.py.
 """
 

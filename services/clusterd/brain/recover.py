@@ -21,6 +21,8 @@ log = logging.getLogger("clusterd.brain.recover")
 
 MAX_SERVED_JOBS = 10_000
 STRESS_OPS = (0, 1)  # 0 AIC, 1 P2P
+# SubscribeNotifySwitch / SubscribeNotifyExecStressTest before the job registered (om_service.go)
+UNREGISTERED_NOTIFY = (grpc.StatusCode.UNKNOWN, "jobId={} not registed, please wait agent register")
 REPORT_RPCS = {
     "stop": "ReportStopComplete",
     "strategy": "ReportRecoverStrategy",
@@ -128,11 +130,11 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
     def _job_checks(self, jid: str) -> str | None:
         job = self.b.jobs.get(jid)
         if job is None:
-            return f"job {jid} not found"
+            return f"job:{jid} not exist"
         if jid not in self.b.controllers:
-            return f"job {jid} not registered"
+            return f"job:{jid} is not registered"
         if job.status != "running":
-            return f"job {jid} is not running (status {job.status})"
+            return f"job:{jid} is not running"
         return None
 
     async def SwitchNicTrack(self, request, context):  # noqa: N802
@@ -149,20 +151,23 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
                 dl = request.nicOps[node]
                 on_node = {r.device_id: r for r in job.ranks_on(node)}
                 if not on_node:
-                    why = f"node {node} is not in the job's server list"
+                    why = f"node:{node} not exist in job:{jid}"
                     break
-                if not dl.dev or len(dl.dev) != len(dl.op):
-                    why = f"node {node}: dev and op must be non-empty and of equal length"
+                if len(dl.dev) != len(dl.op):
+                    why = "dev and op length is not equal"
                     break
-                if len(set(dl.dev)) != len(dl.dev):
-                    why = f"node {node}: duplicate devices"
+                if not dl.dev:
+                    why = "dev or op is empty"
                     break
                 bad = [d for d in dl.dev if not d.isdigit() or int(d) not in on_node]
                 if bad:
-                    why = f"node {node}: devices {bad} are not the job's devices on that node"
+                    why = f"device:{bad[0]} not exist in node:{node}"
+                    break
+                if len(set(dl.dev)) != len(dl.dev):  # faultmesh's own check (the reference has none)
+                    why = f"node:{node} devices should not repeat"
                     break
                 if self.b.super_pod_id(job, node) < 0:
-                    why = f"node {node} is not in a SuperPoD (NIC switch needs A3 SuperPoD)"
+                    why = f"node:{node} should operate in superPodID"
                     break
                 for d, o in zip(dl.dev, dl.op, strict=True):
                     ranks.append(str(on_node[int(d)].rank))
@@ -171,7 +176,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
             return self._reject("om_param_invalid", 413, why)
         ctl = self._ctl(jid)
         if ctl.busy() or ctl.state != "INIT":
-            return self._reject("om_running", 411, "nic is swtiching, or job recovering")
+            return self._reject("om_running", 411, f"jobId={jid} nic is swtiching, or job recovering")
         ctl.start_om("nic")  # visible at once to SubscribeSwitchNicSignal
         ctl.start_flow("switch-nic", lambda: ctl.nic_switch(ranks, ops))
         self.b.decide(jid, "switch-nic", "start", f"ranks {','.join(ranks)} op {ops}")
@@ -179,9 +184,13 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
 
     async def _om_reply(self, jid: str, kind: str, context):
         ctl = self._ctl(jid)
-        if ctl is None or ctl.om_reply is None or (ctl.om_kind != kind and not ctl.om_reply.done()):
+        if ctl is None:
+            self.b.count_rejected("unregistered")
+            await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={jid} not registed")
+        if ctl.om_reply is None or (ctl.om_kind != kind and not ctl.om_reply.done()):
             self.b.count_rejected("no_om")
-            await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={jid} has no active {kind} operation")
+            what = "is not swtiching nic" if kind == "nic" else "is not stress test"
+            await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={jid} {what}")
         fut = ctl.om_reply
         try:
             msg = await asyncio.wait_for(asyncio.shield(fut), self.b.timeouts.report_s * 4 + 60)
@@ -200,7 +209,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         """The training side's stream of SwitchRankList; gRPC error when not registered."""
         ctl = self._ctl(request.jobId)
         if ctl is None:
-            await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={request.jobId} not registered")
+            await context.abort(UNREGISTERED_NOTIFY[0], UNREGISTERED_NOTIFY[1].format(request.jobId))
         async for m in ctl.notify_stream("nic"):
             yield m
 
@@ -217,25 +226,25 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         job = self.b.jobs.get(jid)
         why = None
         if job is None:
-            why = f"job {jid} not found"
+            why = f"job:{jid} not exist"
         elif jid not in self.b.controllers:
-            why = f"job {jid} not registered"
+            why = f"job:{jid} is not registered"
         params: dict[str, dict[str, list[int]]] = {}
         if why is None:
             if request.allNodesOps:
-                why = _ops_error(list(request.allNodesOps))
+                why = _ops_error(list(request.allNodesOps), "AllNodes")
                 node_ops = {n: list(request.allNodesOps) for n in job.nodes()}
             elif not request.stressParam:
-                why = "stressParam and allNodesOps are both empty"
+                why = "stress test node is nil"
             else:
                 node_ops = {}
                 for node in sorted(request.stressParam):
                     ops = list(request.stressParam[node].ops)
                     if not ops:
-                        why = f"node {node}: ops is empty"
+                        why = f"node:{node} stress test ops is 0"
                         break
                     if not job.ranks_on(node):
-                        why = f"node {node} is not in the job"
+                        why = f"node:{node} not exist in job:{jid}"
                         break
                     why = _ops_error(ops, node)
                     if why:
@@ -247,7 +256,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
             return self._reject("om_param_invalid", 413, why)
         ctl = self._ctl(jid)
         if ctl.busy() or ctl.state != "INIT":
-            return self._reject("om_running", 411, "nic is swtiching, or job recovering")
+            return self._reject("om_running", 411, f"jobId={jid} om is running, or job recovering")
         ctl.start_om("stress")
         ctl.start_flow("stress-test", lambda: ctl.stress_test(params))
         self.b.decide(jid, "stress-test", "start", f"nodes {sorted(params)}")
@@ -262,7 +271,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         """The training side's stream of StressTestRankParams; gRPC error when not registered."""
         ctl = self._ctl(request.jobId)
         if ctl is None:
-            await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={request.jobId} not registered")
+            await context.abort(UNREGISTERED_NOTIFY[0], UNREGISTERED_NOTIFY[1].format(request.jobId))
         async for m in ctl.notify_stream("stress"):
             yield m
 
@@ -272,10 +281,13 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         return await self._report("stress", request.jobId, request, context)
 
 
-def _ops_error(ops: list[int], node: str = "") -> str | None:
-    where = f"node {node}: " if node else "allNodesOps: "
-    if any(o not in STRESS_OPS for o in ops):
-        return f"{where}ops must be 0 (AIC) or 1 (P2P), got {ops}"
+def _ops_error(ops: list[int], node: str) -> str | None:
+    """The reference's validateStressTestOps texts (om_service.go); ``node`` is "AllNodes" for
+    allNodesOps."""
+    bad = next((o for o in ops if o not in STRESS_OPS), None)
+    if bad is not None:
+        supported = " ".join(str(o) for o in sorted(STRESS_OPS))
+        return f"op:{bad} not exist in support operation:[{supported}]"
     if len(set(ops)) != len(ops):
-        return f"{where}duplicate ops {ops}"
+        return f"node:{node} stress test ops should not repeat"
     return None
