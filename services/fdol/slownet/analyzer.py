@@ -19,8 +19,6 @@ counted and skipped, like the window's own checks (:func:`fdol.slownet.window.ro
 
 from __future__ import annotations
 
-import heapq
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +28,7 @@ import numpy as np
 from fdol.slownet.localize import (
     SCOPE_CARD_UNREACHABLE,
     Alarm,
+    EvidenceTable,
     LocalizeParams,
     PathEvidence,
     localize,
@@ -119,6 +118,26 @@ class PeriodReport:
     paths_with_data: int
 
 
+class _LazyPairs:
+    """The (src SDID, dst SDID) pairs with data in a period, built only when first asked."""
+
+    def __init__(self, ev: EvidenceTable) -> None:
+        self.ev = ev
+        self._set: set[tuple[int, int]] | None = None
+
+    def any_of(self, pairs: frozenset[tuple[int, int]]) -> bool:
+        """True when one of ``pairs`` had data."""
+        if self._set is None:
+            self._set = set(zip(self.ev.src_sdid.tolist(), self.ev.dst_sdid.tolist(), strict=True))
+        return not self._set.isdisjoint(pairs)
+
+
+def _src_cards(ev: EvidenceTable) -> set[tuple[str, int]]:
+    """(node, phy) of every source card with data."""
+    width = 64
+    return {(ev.nodes[j // width], j % width) for j in np.unique(ev.src_node * width + ev.src_phy).tolist()}
+
+
 class SuperPodAnalyzer:
     """Analysis state of one super pod. Not thread-safe (one owner).
 
@@ -151,34 +170,33 @@ class SuperPodAnalyzer:
         self.sp = sp
         self.pairs = pairs
         self.expected = {(p.src_sdid, p.dst_sdid) for p in pairs}
-        # caches (rebuilt on topology change): address pair -> verdict, window path index -> ends
+        # caches (rebuilt on topology change): address pair -> verdict, and per window path index
+        # its ends as columns (node index into _node_names, phy, SDID; src node -1 = not a path of
+        # this topology any more)
         self._pair_check: dict[tuple[str, str], str | None] = {}
-        self._meta: dict[int, tuple[str, int, int, str, int, int] | None] = {}
+        self.window.set_gate(lambda key: self._check_pair((key[2], key[4])))
+        self._node_names = sorted(sp.nodes)
+        self._node_at = {n: i for i, n in enumerate(self._node_names)}
+        self._meta = np.zeros((7, 0), dtype=np.int64)
 
     # -- input ---------------------------------------------------------------------------------
     def ingest(self, rows: Iterable[PingRow], now_ms: int | None = None) -> dict[str, int]:
-        """Check rows against topology and ping list, then add them to the window. Returns counts
-        (``accepted`` and skip reasons); skipped rows are also summed in ``rejected``."""
-        ok: list[PingRow] = []
-        counts: dict[str, int] = {}
-        check = self._pair_check
-        for r in rows:
-            key = (r.src_addr, r.dst_addr)
-            why = check.get(key, "")
-            if why == "":
-                why = check[key] = self._check_pair(key)
-            if why is None:
-                ok.append(r)
-            else:
-                counts[why] = counts.get(why, 0) + 1
-        for k, v in self.window.add(ok, now_ms).items():
-            counts[k] = counts.get(k, 0) + v
+        """Check rows against topology and ping list (``unknown_address``, ``not_in_ping_list``),
+        then add them to the window. Returns counts (``accepted`` and skip reasons); skipped rows
+        are also summed in ``rejected``."""
+        counts = self.window.add(rows, now_ms)
         for k, v in counts.items():
             if k != "accepted":
                 self.rejected[k] = self.rejected.get(k, 0) + v
         return counts
 
     def _check_pair(self, key: tuple[str, str]) -> str | None:
+        why = self._pair_check.get(key, "")
+        if why == "":
+            why = self._pair_check[key] = self._pair_verdict(key)
+        return why
+
+    def _pair_verdict(self, key: tuple[str, str]) -> str | None:
         try:
             pair = (int(key[0]), int(key[1]))
         except ValueError:
@@ -187,34 +205,41 @@ class SuperPodAnalyzer:
             return "unknown_address"
         return None if pair in self.expected else "not_in_ping_list"
 
-    def _ends(self, i: int) -> tuple[str, int, int, str, int, int] | None:
-        if i in self._meta:
-            return self._meta[i]
-        key = self.window.keys[i]
-        m = None
-        if self._check_pair((key[2], key[4])) is None:
-            s, d = int(key[2]), int(key[4])
-            a, b = self.sp.locate(s), self.sp.locate(d)
-            m = (a[0], a[1], s, b[0], b[1], d)
-        self._meta[i] = m
-        return m
+    def _path_meta(self) -> np.ndarray:
+        """Ends of every window path as a (7, paths) array: src node, src phy, src SDID, dst node,
+        dst phy, dst SDID, task id (src node -1: not a path of the current topology). Extended for
+        new paths."""
+        keys = self.window.keys
+        have = self._meta.shape[1]
+        if have < len(keys):
+            add = np.zeros((7, len(keys) - have), dtype=np.int64)
+            for j, key in enumerate(keys[have:]):
+                add[0, j] = -1
+                if self._check_pair((key[2], key[4])) is None:
+                    s, d = int(key[2]), int(key[4])
+                    (an, ap), (bn, bp) = self.sp.locate(s), self.sp.locate(d)
+                    add[:, j] = (self._node_at[an], ap, s, self._node_at[bn], bp, d, key[0])
+            self._meta = np.concatenate([self._meta, add], axis=1)
+        return self._meta
 
     # -- one period ------------------------------------------------------------------------------
+    def evidence_table(self, period: int) -> EvidenceTable:
+        """Verdicts of ``period`` as an :class:`EvidenceTable` (paths still in the topology only)."""
+        res = self.window.evaluate(period)
+        meta = self._path_meta()
+        idx = res.idx
+        m = meta[:, idx]
+        keep = m[0] >= 0
+        m = m[:, keep]
+        return EvidenceTable(
+            self._node_names, src_node=m[0], src_phy=m[1], src_sdid=m[2], dst_node=m[3], dst_phy=m[4],
+            dst_sdid=m[5], task=m[6], loss=res.loss[keep], delay=res.delay[keep],
+            loss_fault=res.loss_fault[keep], delay_fault=res.delay_fault[keep],
+        )  # fmt: skip
+
     def evidence(self, period: int) -> list[PathEvidence]:
         """Verdicts of ``period`` as :class:`PathEvidence` (paths still in the topology only)."""
-        res = self.window.evaluate(period)
-        out = []
-        keys = self.window.keys
-        loss, delay = res.loss.tolist(), res.delay.tolist()
-        lf, df = res.loss_fault.tolist(), res.delay_fault.tolist()
-        for j, i in enumerate(res.idx.tolist()):
-            m = self._ends(i)
-            if m is None:
-                continue
-            out.append(
-                PathEvidence(m[0], m[1], m[2], m[3], m[4], m[5], keys[i][0], loss[j], delay[j], lf[j], df[j])
-            )
-        return out
+        return self.evidence_table(period).rows()
 
     def analyze(self, period: int, now_s: float | None = None) -> PeriodReport:
         """Evaluate ``period`` (the newest complete one), localize, update alarm lifecycles.
@@ -224,9 +249,9 @@ class SuperPodAnalyzer:
         p = self.params
         end_ms = (period + 1) * p.period_ms
         now_s = end_ms / 1000 if now_s is None else now_s
-        ev = self.evidence(period)
+        ev = self.evidence_table(period)
         alarms = localize(ev, self.sp, p.localize, timestamp_ms=end_ms)
-        with_data = {(e.src_sdid, e.dst_sdid) for e in ev}
+        with_data = _LazyPairs(ev)
         occurred, recovered, emitted = [], [], []
         seen = set()
         for a in alarms:
@@ -246,7 +271,7 @@ class SuperPodAnalyzer:
                 del self.active[ident]
                 recovered.append(ident)
         dead = unreachable_cards(ev)
-        src_with_data = {(e.src_node, e.src_phy) for e in ev}
+        src_with_data = _src_cards(ev) if self.cards else set()
         for card in dead:
             cur = self.cards.get(card)
             if cur is None:
@@ -266,14 +291,14 @@ class SuperPodAnalyzer:
                 recovered.append(f"card:{card[0]}/{card[1]}")
         report = PeriodReport(
             period, alarms, occurred, recovered, emitted, len(alarms) - len(emitted), dead,
-            sum(e.faulty for e in ev), len(ev),
+            int(ev.faulty.sum()), len(ev),
         )  # fmt: skip
         self.last_report = report
         self.last_summary = self._summary(period, ev)
         return report
 
-    def _age(self, cur: Active, with_data: set[tuple[int, int]]) -> bool:
-        if cur.paths & with_data:
+    def _age(self, cur: Active, with_data: _LazyPairs) -> bool:
+        if with_data.any_of(cur.paths):
             cur.clean += 1
             cur.missing = 0
         else:
@@ -330,51 +355,56 @@ class SuperPodAnalyzer:
             if node_filter is None or node in node_filter
         ]
 
-    def _summary(self, period: int, ev: list[PathEvidence]) -> dict[str, Any]:
-        matrix: dict[tuple[str, str], list[float]] = {}
-        for e in ev:
-            m = matrix.setdefault((e.src_node, e.dst_node), [0, 0, 0.0, 0.0, 0])
-            m[0] += 1
-            m[1] += e.faulty
-            m[2] += e.loss
-            if not math.isnan(e.delay):
-                m[3] += e.delay
-                m[4] += 1
-        losses = np.array([e.loss for e in ev]) if ev else np.zeros(0)
-        delays = np.array([e.delay for e in ev if not math.isnan(e.delay)]) if ev else np.zeros(0)
-        worst = heapq.nsmallest(
-            10, ev, key=lambda e: (-e.faulty, -e.loss, -(0 if math.isnan(e.delay) else e.delay))
-        )
+    def _summary(self, period: int, ev: EvidenceTable) -> dict[str, Any]:
+        n = len(ev)
+        names = ev.nodes
+        nn = len(names)
+        has_d = ~np.isnan(ev.delay)
+        fault = ev.faulty
+        pair = ev.src_node * nn + ev.dst_node
+        size = nn * nn
+        paths = np.bincount(pair, minlength=size)
+        faulty = np.bincount(pair, fault, minlength=size)
+        loss_sum = np.bincount(pair, ev.loss, minlength=size)
+        d_sum = np.bincount(pair[has_d], ev.delay[has_d], minlength=size)
+        d_cnt = np.bincount(pair[has_d], minlength=size)
+        delay0 = np.where(has_d, ev.delay, 0.0)
+        worst = np.lexsort((-delay0, -ev.loss, -fault.astype(np.int8)))[:10].tolist()
+        nz = np.flatnonzero(paths)
+        m_paths, m_faulty = paths[nz].tolist(), faulty[nz].tolist()
+        m_loss = np.round(loss_sum[nz] / paths[nz], 3).tolist()
+        m_dcnt = d_cnt[nz].tolist()
+        m_delay = np.round(d_sum[nz] / np.maximum(d_cnt[nz], 1), 3).tolist()
         return {
             "period": period,
             "periodEndMs": (period + 1) * self.params.period_ms,
             "paths": len(self.expected),
-            "pathsWithData": len(ev),
-            "faultyPaths": int(sum(e.faulty for e in ev)),
-            "avgLossRate": round(float(losses.mean()), 3) if len(losses) else None,
-            "maxLossRate": round(float(losses.max()), 3) if len(losses) else None,
-            "avgDelay": round(float(delays.mean()), 3) if len(delays) else None,
-            "maxDelay": round(float(delays.max()), 3) if len(delays) else None,
+            "pathsWithData": n,
+            "faultyPaths": int(fault.sum()),
+            "avgLossRate": round(float(ev.loss.mean()), 3) if n else None,
+            "maxLossRate": round(float(ev.loss.max()), 3) if n else None,
+            "avgDelay": round(float(ev.delay[has_d].mean()), 3) if has_d.any() else None,
+            "maxDelay": round(float(ev.delay[has_d].max()), 3) if has_d.any() else None,
             "matrix": [
                 {
-                    "srcNode": s,
-                    "dstNode": d,
-                    "paths": int(m[0]),
-                    "faultyPaths": int(m[1]),
-                    "avgLossRate": round(m[2] / m[0], 3),
-                    "avgDelay": round(m[3] / m[4], 3) if m[4] else None,
+                    "srcNode": names[j // nn],
+                    "dstNode": names[j % nn],
+                    "paths": m_paths[x],
+                    "faultyPaths": int(m_faulty[x]),
+                    "avgLossRate": m_loss[x],
+                    "avgDelay": m_delay[x] if m_dcnt[x] else None,
                 }
-                for (s, d), m in sorted(matrix.items())
+                for x, j in enumerate(nz.tolist())
             ],
             "worstPaths": [
                 {
-                    "src": f"{e.src_node}/{e.src_phy}",
-                    "dst": f"{e.dst_node}/{e.dst_phy}",
-                    "lossRate": round(e.loss, 3),
-                    "delay": None if math.isnan(e.delay) else round(e.delay, 3),
-                    "faulty": e.faulty,
+                    "src": f"{names[ev.src_node[i]]}/{int(ev.src_phy[i])}",
+                    "dst": f"{names[ev.dst_node[i]]}/{int(ev.dst_phy[i])}",
+                    "lossRate": round(float(ev.loss[i]), 3),
+                    "delay": None if not has_d[i] else round(float(ev.delay[i]), 3),
+                    "faulty": bool(fault[i]),
                 }
-                for e in worst
+                for i in worst
             ],
         }
 

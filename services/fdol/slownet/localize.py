@@ -28,13 +28,12 @@ code or level: the service that raises faults maps scopes to codes (clusterd's F
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from fdol.slownet.topology import SuperPod, sdid_server_id
+from fdol.slownet.topology import MAX_PHY_ID, SuperPod, sdid_server_id
 
 # object types (fdol.md §8.7)
 OBJ_NPU = 0
@@ -180,17 +179,110 @@ def _fill_metrics(a: Alarm, paths: list[PathEvidence]) -> Alarm:
     return a
 
 
+class EvidenceTable:
+    """The paths with data in one period as columns (what :func:`localize` and
+    :func:`unreachable_cards` read): ``nodes`` (node names; the node columns index it), int arrays
+    ``src_node``, ``src_phy``, ``src_sdid``, ``dst_node``, ``dst_phy``, ``dst_sdid``, ``task``,
+    float arrays ``loss`` (%) and ``delay`` (raw, NaN = no sample), bool arrays ``loss_fault`` and
+    ``delay_fault``, all of one length. :meth:`row` gives one path as :class:`PathEvidence`."""
+
+    __slots__ = ("nodes", "src_node", "src_phy", "src_sdid", "dst_node", "dst_phy", "dst_sdid", "task",
+                 "loss", "delay", "loss_fault", "delay_fault")  # fmt: skip
+
+    def __init__(self, nodes: list[str], **cols: np.ndarray) -> None:
+        self.nodes = nodes
+        for name in self.__slots__[1:]:
+            setattr(self, name, cols[name])
+
+    @classmethod
+    def from_list(cls, evidence: list[PathEvidence]) -> EvidenceTable:
+        """The table of a list of :class:`PathEvidence`."""
+        nodes = sorted({p.src_node for p in evidence} | {p.dst_node for p in evidence})
+        at = {n: i for i, n in enumerate(nodes)}
+        cols = list(zip(*evidence, strict=True)) if evidence else [()] * 11
+        i64 = np.int64
+        return cls(
+            nodes,
+            src_node=np.array([at[n] for n in cols[0]], dtype=i64),
+            src_phy=np.array(cols[1], dtype=i64),
+            src_sdid=np.array(cols[2], dtype=i64),
+            dst_node=np.array([at[n] for n in cols[3]], dtype=i64),
+            dst_phy=np.array(cols[4], dtype=i64),
+            dst_sdid=np.array(cols[5], dtype=i64),
+            task=np.array(cols[6], dtype=i64),
+            loss=np.array(cols[7], dtype=float),
+            delay=np.array(cols[8], dtype=float),
+            loss_fault=np.array(cols[9], dtype=bool),
+            delay_fault=np.array(cols[10], dtype=bool),
+        )
+
+    def __len__(self) -> int:
+        return len(self.loss)
+
+    @property
+    def faulty(self) -> np.ndarray:
+        """Either metric faulty, per path."""
+        return self.loss_fault | self.delay_fault
+
+    def row(self, i: int) -> PathEvidence:
+        """Path ``i`` as :class:`PathEvidence`."""
+        n = self.nodes
+        return PathEvidence(
+            n[self.src_node[i]], int(self.src_phy[i]), int(self.src_sdid[i]), n[self.dst_node[i]],
+            int(self.dst_phy[i]), int(self.dst_sdid[i]), int(self.task[i]), float(self.loss[i]),
+            float(self.delay[i]), bool(self.loss_fault[i]), bool(self.delay_fault[i]),
+        )  # fmt: skip
+
+    def rows(self) -> list[PathEvidence]:
+        """Every path as :class:`PathEvidence`."""
+        return [self.row(i) for i in range(len(self))]
+
+
+def _probed(t: EvidenceTable, sp: SuperPod) -> dict[tuple, int]:
+    """Paths with data touching each object (module doc, step 1), counted with numpy."""
+    nn = len(t.nodes)
+    width = MAX_PHY_ID + 1
+    npu = np.bincount(t.src_node * width + t.src_phy, minlength=nn * width)
+    npu += np.bincount(t.dst_node * width + t.dst_phy, minlength=nn * width)
+    inter = t.src_node != t.dst_node
+    node = np.bincount(t.src_node, minlength=nn) + np.bincount(t.dst_node[inter], minlength=nn)
+    out: dict[tuple, int] = {}
+    for j in np.flatnonzero(npu).tolist():
+        out[("npu", t.nodes[j // width], j % width)] = int(npu[j])
+    for j in np.flatnonzero(node).tolist():
+        out[("node", t.nodes[j])] = int(node[j])
+    if sp.planes:
+        plane_at = np.full(width, -1, dtype=np.int64)
+        for phy in range(width):
+            pl = sp.plane_of(phy)
+            if pl is not None:
+                plane_at[phy] = pl
+        a, b = plane_at[t.src_phy[inter]], plane_at[t.dst_phy[inter]]
+        top = int(max(a.max(initial=-1), b.max(initial=-1))) + 1
+        cnt = np.bincount(a[a >= 0], minlength=top) + np.bincount(b[(b >= 0) & (b != a)], minlength=top)
+        for j in np.flatnonzero(cnt).tolist():
+            out[("plane", j)] = int(cnt[j])
+    return out
+
+
 def localize(
-    evidence: list[PathEvidence], sp: SuperPod, params: LocalizeParams | None = None, timestamp_ms: int = 0
+    evidence: list[PathEvidence] | EvidenceTable,
+    sp: SuperPod,
+    params: LocalizeParams | None = None,
+    timestamp_ms: int = 0,
 ) -> list[Alarm]:
-    """Alarms explaining the faulty paths of ``evidence`` (all paths with data in one period).
+    """Alarms explaining the faulty paths of ``evidence`` (all paths with data in one period, a list
+    or an :class:`EvidenceTable`).
 
     Returns alarms sorted by (level desc, node, phy); empty when no path is faulty.
     """
     params = params or LocalizeParams()
-    bad = [i for i, p in enumerate(evidence) if p.faulty]
-    if not bad:
+    table = evidence if isinstance(evidence, EvidenceTable) else EvidenceTable.from_list(evidence)
+    bad_idx = np.flatnonzero(table.faulty).tolist()
+    if not bad_idx:
         return []
+    evidence = [table.row(i) for i in bad_idx]  # only the faulty paths as objects
+    bad = list(range(len(evidence)))
     plane_of = sp.plane_of if sp.planes else None
 
     def objects(p: PathEvidence) -> set[tuple]:
@@ -203,20 +295,7 @@ def localize(
                     objs.add(("plane", pl))
         return objs
 
-    # probed paths per object (counts), faulty paths per object (indices)
-    probed: Counter = Counter()
-    for p in evidence:
-        probed[("npu", p.src_node, p.src_phy)] += 1
-        probed[("npu", p.dst_node, p.dst_phy)] += 1
-        probed[("node", p.src_node)] += 1
-        if p.src_node != p.dst_node:
-            probed[("node", p.dst_node)] += 1
-            if plane_of is not None:
-                a, b = plane_of(p.src_phy), plane_of(p.dst_phy)
-                if a is not None:
-                    probed[("plane", a)] += 1
-                if b is not None and b != a:
-                    probed[("plane", b)] += 1
+    probed = _probed(table, sp)
     bad_objs = {i: objects(evidence[i]) for i in bad}
     remaining = set(bad)
     alarms: list[Alarm] = []
@@ -286,14 +365,18 @@ def localize(
     return alarms
 
 
-def unreachable_cards(evidence: list[PathEvidence]) -> list[tuple[str, int]]:
+def unreachable_cards(evidence: list[PathEvidence] | EvidenceTable) -> list[tuple[str, int]]:
     """Source cards (node, phy) for which every probed destination lost every packet in the period
     (noded.md §6: a card is faulty when no destination answers). Sorted."""
-    worst: dict[tuple[str, int], bool] = {}
-    for p in evidence:
-        k = (p.src_node, p.src_phy)
-        worst[k] = worst.get(k, True) and p.loss >= 100.0 - 1e-6
-    return sorted(k for k, dead in worst.items() if dead)
+    t = evidence if isinstance(evidence, EvidenceTable) else EvidenceTable.from_list(evidence)
+    width = MAX_PHY_ID + 1
+    card = t.src_node * width + t.src_phy
+    size = len(t.nodes) * width
+    alive = np.bincount(card[t.loss < 100.0 - 1e-6], minlength=size)
+    seen = np.bincount(card, minlength=size)
+    return sorted(
+        (t.nodes[j // width], j % width) for j in np.flatnonzero((seen > 0) & (alive == 0)).tolist()
+    )
 
 
 def evidence_arrays(evidence: list[PathEvidence]) -> dict[str, np.ndarray]:
