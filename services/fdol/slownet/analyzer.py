@@ -5,8 +5,10 @@ Source: reference fdol.md §8.5–§8.8 (period loop, window, localization, supp
 where, since when — with no fault code or level: the service raising faults maps each detection's
 ``scope`` to its code and level (clusterd's FD-OL edge).
 
-Lifecycle of an alarm (faultmesh; the reference only emits one-shot alarms): an alarm is *active*
-from the first period it is localized; it *recovers* after ``recover_periods`` (2) consecutive
+Lifecycle of an alarm (faultmesh; the reference only emits one-shot alarms): an alarm is *pending*
+until it is *confirmed* — localized in ``confirm_periods`` (2) consecutive periods, or at once on
+strong evidence, or in one period more for a link faulty one way only
+(:meth:`SuperPodAnalyzer._periods_needed`); a confirmed alarm is *active* from that period; it *recovers* after ``recover_periods`` (2) consecutive
 periods in which it is not localized while at least one of its paths had data; it is dropped as
 *stale* after ``stale_periods`` (6) periods without any data on its paths (a node that stops
 reporting is neither a fault nor a proof of health for long). Suppression (fdol.md §8.7) applies to
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from fdol.slownet.localize import (
+    FT_DELAY,
     SCOPE_CARD_UNREACHABLE,
     Alarm,
     EvidenceTable,
@@ -87,6 +90,7 @@ class AnalyzerParams:
     delay_abs: float | None = None
     recover_periods: int = 2
     stale_periods: int = 6
+    confirm_periods: int = 2
     suppress_s: float = 0.0
     localize: LocalizeParams = field(default_factory=LocalizeParams)
 
@@ -105,7 +109,9 @@ class Active:
 
 @dataclass
 class PeriodReport:
-    """What one :meth:`SuperPodAnalyzer.analyze` call found."""
+    """What one :meth:`SuperPodAnalyzer.analyze` call found: ``alarms`` the confirmed alarms
+    localized in the period (active ones), ``pending`` those localized but not confirmed yet
+    (module doc)."""
 
     period: int
     alarms: list[Alarm]
@@ -116,6 +122,7 @@ class PeriodReport:
     unreachable: list[tuple[str, int]]
     faulty_paths: int
     paths_with_data: int
+    pending: list[Alarm] = field(default_factory=list)
 
 
 class _LazyPairs:
@@ -159,6 +166,7 @@ class SuperPodAnalyzer:
         )
         self.suppressor = Suppressor(p.suppress_s)
         self.active: dict[str, Active] = {}
+        self.pending: dict[str, int] = {}  # unconfirmed alarm -> consecutive periods localized
         self.cards: dict[tuple[str, int], Active] = {}
         self.rejected: dict[str, int] = {}
         self.last_report: PeriodReport | None = None
@@ -254,18 +262,27 @@ class SuperPodAnalyzer:
         with_data = _LazyPairs(ev)
         occurred, recovered, emitted = [], [], []
         seen = set()
+        confirmed, pending, still = [], [], {}
         for a in alarms:
             ident = f"{a.kind}:{a.src_id}-{a.dst_id}"
-            seen.add(ident)
             cur = self.active.get(ident)
             if cur is None:
+                n = self.pending.get(ident, 0) + 1
+                if n < self._periods_needed(a, with_data):
+                    still[ident] = n
+                    pending.append(a)
+                    continue
                 self.active[ident] = Active(a, end_ms, end_ms, frozenset(a.paths))
                 occurred.append(ident)
             else:
                 cur.alarm, cur.last_ms, cur.clean, cur.missing = a, end_ms, 0, 0
                 cur.paths = cur.paths | frozenset(a.paths)
+            seen.add(ident)
+            confirmed.append(a)
             if self.suppressor.admit(a.key, now_s):
                 emitted.append(a)
+        self.pending = still
+        alarms = confirmed
         for ident in [i for i in self.active if i not in seen]:
             if self._age(self.active[ident], with_data):
                 del self.active[ident]
@@ -291,11 +308,32 @@ class SuperPodAnalyzer:
                 recovered.append(f"card:{card[0]}/{card[1]}")
         report = PeriodReport(
             period, alarms, occurred, recovered, emitted, len(alarms) - len(emitted), dead,
-            int(ev.faulty.sum()), len(ev),
+            int(ev.faulty.sum()), len(ev), pending,
         )  # fmt: skip
         self.last_report = report
         self.last_summary = self._summary(period, ev)
         return report
+
+    def _periods_needed(self, a: Alarm, with_data: _LazyPairs) -> int:
+        """Consecutive periods an alarm must be localized in before it is confirmed: 1 on strong
+        evidence — loss on a group (NPU, node, plane: several lossy paths share the object), a link
+        lossy at the absolute bound, or a link lossy both ways (a ping is a round trip, so a real
+        link fault shows in both directions; one path's loss burst does not); one more than
+        ``confirm_periods`` for a link faulty one way while its reverse path is probed and clean;
+        ``confirm_periods`` otherwise (delay alarms: queueing under load moves delays for a
+        period)."""
+        need = self.params.confirm_periods
+        lossy = a.fault_type != FT_DELAY
+        if a.kind != "link":
+            return 1 if lossy else need
+        bound = self.params.loss_abs_pct
+        if lossy and bound is not None and a.avg_loss >= bound:
+            return 1
+        pairs = set(a.paths)
+        if any((d, s) in pairs for s, d in pairs):
+            return 1 if lossy else need
+        reverse = frozenset((d, s) for s, d in pairs)
+        return need + 1 if with_data.any_of(reverse) else need
 
     def _age(self, cur: Active, with_data: _LazyPairs) -> bool:
         if with_data.any_of(cur.paths):

@@ -5,7 +5,8 @@ shared object is the candidate, NPU alarms major, links minor, racks/planes crit
 0 NPU, 4 work node, 5 L1 plane) and §8.8 (the scopes its codes name). faultmesh's layering, in its
 own words:
 
-1. Every object — each NPU, each node, each plane (when the topology names planes) — gets
+1. Every object — each NPU, each node, each node's uplinks (its inter-node paths only: a node cut
+   off from the fabric while its own HCCS works), each plane (when the topology names planes) — gets
    ``ratio = faulty paths touching it / probed paths touching it`` (probed = paths with data in the
    period; a node that stops reporting contributes no paths, so it is never taken for a network
    fault). A path touches a plane when it is inter-node and one of its end phys is in the plane.
@@ -251,6 +252,9 @@ def _probed(t: EvidenceTable, sp: SuperPod) -> dict[tuple, int]:
         out[("npu", t.nodes[j // width], j % width)] = int(npu[j])
     for j in np.flatnonzero(node).tolist():
         out[("node", t.nodes[j])] = int(node[j])
+    uplink = np.bincount(t.src_node[inter], minlength=nn) + np.bincount(t.dst_node[inter], minlength=nn)
+    for j in np.flatnonzero(uplink).tolist():
+        out[("uplink", t.nodes[j])] = int(uplink[j])
     if sp.planes:
         plane_at = np.full(width, -1, dtype=np.int64)
         for phy in range(width):
@@ -288,6 +292,8 @@ def localize(
     def objects(p: PathEvidence) -> set[tuple]:
         objs = {("npu", p.src_node, p.src_phy), ("npu", p.dst_node, p.dst_phy), ("node", p.src_node)}
         objs.add(("node", p.dst_node))
+        if p.src_node != p.dst_node:
+            objs.update((("uplink", p.src_node), ("uplink", p.dst_node)))
         if plane_of is not None and p.src_node != p.dst_node:
             for phy in (p.src_phy, p.dst_phy):
                 pl = plane_of(phy)
@@ -311,7 +317,7 @@ def localize(
             kind = obj[0]
             if kind == "npu":
                 ok = ratio >= params.npu_ratio and len(hit) >= params.min_npu_paths
-            elif kind == "node":
+            elif kind in ("node", "uplink"):
                 npus = {
                     (evidence[i].src_node, evidence[i].src_phy) for i in hit if evidence[i].src_node == obj[1]
                 }
@@ -340,7 +346,7 @@ def localize(
             _, node, phy = obj
             sdid = sp.nodes[node].devices[phy]
             a = Alarm("npu", sp.super_pod_id, str(sdid), OBJ_NPU, str(sdid), OBJ_NPU, 0, LV_MAJOR, node, phy)
-        elif obj[0] == "node":
+        elif obj[0] in ("node", "uplink"):
             node = obj[1]
             a = Alarm("node", sp.super_pod_id, node, OBJ_NODE, node, OBJ_NODE, 0, LV_CRITICAL, node)
         else:
