@@ -8,7 +8,9 @@ card; ``pingmesh-config``). Pure analysis: :mod:`fdol.slownet`.
 Inputs:
 - super-pod topologies from ``--slownet-topology`` (a ``super-pod-<id>.json`` file or a folder of
   them; re-read when changed) or ``POST /v1/pingmesh/topology`` (body: the reference JSON);
-- pingmesh-config from ``--slownet-config`` (ConfigMap YAML or JSON) or ``POST /v1/pingmesh/config``.
+- pingmesh-config from ``--slownet-config`` (ConfigMap YAML or JSON) or ``POST /v1/pingmesh/config``;
+- with ``--kube``, the ``pingmesh-config`` and ``super-pod-<id>`` ConfigMaps, and clusterd writes
+  ``pingmesh-fault-<node>`` (:mod:`clusterd.slownet_kube`).
 Both are kept in the state store (namespace ``slownet``) and survive restarts. A bad input is
 rejected (HTTP 400 / logged and counted) and the previous one stays. POSTs need the bearer token
 when clusterd has ``--token-file``.
@@ -39,6 +41,7 @@ from clusterd.detectors import fdol_edge as edge
 from clusterd.detectors.fdol_edge import SOURCE
 from clusterd.slownet_http import AGENT, SlowNetHttp
 from clusterd.slownet_inputs import SlowNetInputs
+from clusterd.slownet_kube import PingmeshConfigMaps
 from faultmesh._pb import agent_pb2
 from faultmesh.files import FileWatch, Stamp
 from faultmesh.log import event
@@ -136,6 +139,7 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
         self._workers: dict[str, asyncio.Future] = {}
         self._csv_stamp: dict[str, Stamp] = {}  # CSV file -> (mtime_ns, size) last read
         self._csv_newest: dict[str, int] = {}  # ping_result_<idx> series -> newest row ts taken (ms)
+        self.kube: PingmeshConfigMaps | None = None
         reg = ctx.metrics.registry
         self.m_rows = Counter(
             "faultmesh_slownet_rows_total", "pingmesh rows received by result", ["result"], registry=reg
@@ -209,12 +213,18 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
         for spid in list(self.pods):
             await self._push_pod(spid)
         self.ctx.tasks.spawn(self._loop(), name="slownet")
+        if getattr(self.args, "kube", False):  # the pingmesh control ConfigMaps (issue 15)
+            self.kube = PingmeshConfigMaps(self)
+            await self.kube.start()
         event(
             log, logging.INFO, "slownet started", super_pods=len(self.pods), restored_faults=len(self.current)
         )
 
     async def stop(self) -> None:
-        """Nothing to flush: inputs are stored when they change, faults live in the fault center."""
+        """Close the Kubernetes client; nothing to flush: inputs are stored when they change, faults
+        live in the fault center."""
+        if self.kube is not None:
+            await self.kube.stop()
 
     # -- inputs -----------------------------------------------------------------------------------
     def _install(self, sp: topo.SuperPod) -> _Pod:
@@ -371,6 +381,8 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
             if out["reports"]:
                 self.m_faulty.labels(spid).set(out["reports"][-1].faulty_paths)
         await self._sync_faults()
+        if self.kube is not None:
+            await self.kube.sync_faults(self.current)
 
     async def _sync_faults(self) -> None:
         desired: dict[FaultKey, Fault] = {}

@@ -384,9 +384,10 @@ async def test_expired_watch_is_relisted_without_losing_events(k8s, tmp_path):
 async def test_dropped_watches_and_failing_lists_recover(k8s, tmp_path):
     emu, api = k8s
     # The API server fails the first lists with 500 and then drops the first watches at once (one
-    # of each per configmap watcher: nodeinfo, deviceinfo, publicfault, clusterd-config-cm).
-    emu[kmock.action.LIST, kmock.resource("v1/configmaps")][:4] << 500
-    emu[kmock.action.WATCH, kmock.resource("v1/configmaps")][:4] << b""
+    # of each per configmap watcher: nodeinfo, deviceinfo, publicfault, clusterd-config-cm, and
+    # slownet's pingmesh ConfigMaps).
+    emu[kmock.action.LIST, kmock.resource("v1/configmaps")][:5] << 500
+    emu[kmock.action.WATCH, kmock.resource("v1/configmaps")][:5] << b""
     emu[kmock.action.LIST, kmock.resource("v1/nodes")][:1] << 503
     cd = await start_kcd(api, tmp_path)
     try:
