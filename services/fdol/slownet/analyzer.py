@@ -49,7 +49,8 @@ class SlowNetDetection:
 
     ``node``/``device_type``/``device_id``: where it lies — ``"NPU"`` and the phy id (an NPU, one end
     of a link, an unreachable card), ``"Node"`` and -1 (a node), ``"Plane"`` and the plane id (one
-    detection per node of the plane). ``scope``: :data:`fdol.slownet.localize.SCOPES` (inside_node,
+    detection per node of the plane); on the RoCE plane also ``"SuperPod"`` and its id (one per
+    probing node of the super pod) and ``"Switch"`` and -1 (one per node of the alarm). ``scope``: :data:`fdol.slownet.localize.SCOPES` (inside_node,
     between_nodes, not_converged, card_unreachable). ``first_ms``/``last_ms``: first and last period
     end (ms since the epoch) it was localized in. ``alarms``: :meth:`Alarm.to_dict` of the merged
     alarms sorted by (srcId, dstId) — they name the NPUs and links (empty for an unreachable card).
@@ -287,7 +288,7 @@ class SuperPodAnalyzer:
             if self._age(self.active[ident], with_data):
                 del self.active[ident]
                 recovered.append(ident)
-        dead = unreachable_cards(ev)
+        dead = unreachable_cards(ev) if not self.sp.groups else []  # an HCCS card rule (noded.md §6)
         src_with_data = _src_cards(ev) if self.cards else set()
         for card in dead:
             cur = self.cards.get(card)
@@ -371,7 +372,16 @@ class SuperPodAnalyzer:
                 desc = f"link {a.node}/{a.phy} <-> {a.peer_node}/{a.peer_phy}"
                 put(a.node, "NPU", a.phy, a.scope, cur, d, desc)
             elif a.kind == "node":
-                put(a.node, "Node", -1, a.scope, cur, d, f"node {a.node} unreachable on HCCS")
+                net = "RoCE" if self.sp.groups else "HCCS"
+                put(a.node, "Node", -1, a.scope, cur, d, f"node {a.node} unreachable on {net}")
+            elif a.kind == "superpod":
+                spid = a.src_id.removeprefix("SuperPod-")
+                did = int(spid) if spid.isdigit() else -1
+                for n in a.nodes:
+                    put(n, "SuperPod", did, a.scope, cur, d, f"super pod {spid} RoCE uplink degraded")
+            elif a.kind == "switch":
+                for n in a.nodes:
+                    put(n, "Switch", -1, a.scope, cur, d, "RoCE switch degraded")
             else:
                 for n in a.nodes:
                     put(n, "Plane", a.plane, a.scope, cur, d, f"switch plane {a.plane} degraded")

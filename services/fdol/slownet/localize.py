@@ -16,6 +16,11 @@ own words:
    pod) becomes an alarm; its faulty paths are explained and removed; repeat.
    A dead node ties its NPUs at ratio 1 but explains more paths; a degraded plane beats the NPUs in
    it by ratio; a dead NPU beats its node by ratio.
+   On the RoCE plane between super pods (a topology with ``groups``: node -> super pod), the
+   paths between super pods also touch each end's super pod (its uplink to the RoCE switch) and
+   the RoCE switch; with 3 super pods or more, a super pod (object type 7) or the switch (8,
+   spanning 3 super pods) can be blamed. Ties go to the wider object (switch, super pod, plane),
+   then NPU, node, uplinks.
 3. Each remaining faulty path is an NPU-to-NPU link alarm (both directions of a pair merge).
 
 Fault type: loss -> 1, or 2 (disconnect) when the average loss of the alarm's lossy paths is >= 80 %;
@@ -40,6 +45,10 @@ from fdol.slownet.topology import MAX_PHY_ID, SuperPod, sdid_server_id
 OBJ_NPU = 0
 OBJ_NODE = 4
 OBJ_PLANE = 5
+OBJ_SUPER_POD = 7
+OBJ_ROCE_SWITCH = 8
+# which object wins a tie (same ratio step, same paths explained)
+_KIND_RANK = {"switch": 5, "group": 4, "plane": 3, "npu": 2, "node": 1, "uplink": 0}
 # fault types
 FT_DELAY = 0
 FT_LOSS = 1
@@ -82,8 +91,9 @@ class PathEvidence(NamedTuple):
 class Alarm:
     """One localized alarm (fields of fdol.md §8.7 plus where it is).
 
-    ``kind``: npu | link | node | plane. ``node``/``phy``: where it is reported (phy None for
-    node and plane alarms); ``peer_node``/``peer_phy``: the other end of a link. Loss in %, delay raw.
+    ``kind``: npu | link | node | plane | superpod | switch (the last two on the RoCE plane).
+    ``node``/``phy``: where it is reported (phy None for node, plane, super-pod and switch alarms;
+    ``nodes`` lists the nodes of a plane, super pod or switch alarm); ``peer_node``/``peer_phy``: the other end of a link. Loss in %, delay raw.
     """
 
     kind: str
@@ -255,6 +265,17 @@ def _probed(t: EvidenceTable, sp: SuperPod) -> dict[tuple, int]:
     uplink = np.bincount(t.src_node[inter], minlength=nn) + np.bincount(t.dst_node[inter], minlength=nn)
     for j in np.flatnonzero(uplink).tolist():
         out[("uplink", t.nodes[j])] = int(uplink[j])
+    if sp.groups:
+        gid = sorted(set(sp.groups.values()))
+        at = {g: i for i, g in enumerate(gid)}
+        g_of = np.array([at.get(sp.groups.get(n, ""), -1) for n in t.nodes], dtype=np.int64)
+        gs, gd = g_of[t.src_node], g_of[t.dst_node]
+        cross = (gs != gd) & (gs >= 0) & (gd >= 0)
+        cnt = np.bincount(gs[cross], minlength=len(gid)) + np.bincount(gd[cross], minlength=len(gid))
+        for j in np.flatnonzero(cnt).tolist():
+            out[("group", gid[j])] = int(cnt[j])
+        if cross.any():
+            out[("switch",)] = int(cross.sum())
     if sp.planes:
         plane_at = np.full(width, -1, dtype=np.int64)
         for phy in range(width):
@@ -288,12 +309,18 @@ def localize(
     evidence = [table.row(i) for i in bad_idx]  # only the faulty paths as objects
     bad = list(range(len(evidence)))
     plane_of = sp.plane_of if sp.planes else None
+    groups = sp.groups or None
+    n_groups = len(set(groups.values())) if groups else 0
 
     def objects(p: PathEvidence) -> set[tuple]:
         objs = {("npu", p.src_node, p.src_phy), ("npu", p.dst_node, p.dst_phy), ("node", p.src_node)}
         objs.add(("node", p.dst_node))
         if p.src_node != p.dst_node:
             objs.update((("uplink", p.src_node), ("uplink", p.dst_node)))
+        if groups is not None:
+            a, b = groups.get(p.src_node), groups.get(p.dst_node)
+            if a is not None and b is not None and a != b:
+                objs.update((("group", a), ("group", b), ("switch",)))
         if plane_of is not None and p.src_node != p.dst_node:
             for phy in (p.src_phy, p.dst_phy):
                 pl = plane_of(phy)
@@ -325,6 +352,16 @@ def localize(
                     (evidence[i].dst_node, evidence[i].dst_phy) for i in hit if evidence[i].dst_node == obj[1]
                 }
                 ok = ratio >= params.node_ratio and len(hit) >= params.min_group_paths and len(npus) >= 2
+            elif kind in ("group", "switch"):
+                spanned = {groups[evidence[i].src_node] for i in hit} | {
+                    groups[evidence[i].dst_node] for i in hit
+                }
+                ok = (
+                    n_groups >= 3  # with two super pods a dead one and a dead switch look the same
+                    and ratio >= params.plane_ratio
+                    and len(hit) >= params.min_group_paths
+                    and len(spanned) >= (3 if kind == "switch" else 2)
+                )
             else:
                 spanned = {evidence[i].src_node for i in hit} | {evidence[i].dst_node for i in hit}
                 ok = (
@@ -334,7 +371,7 @@ def localize(
                 )
             if not ok:
                 continue
-            score = (math.floor(ratio * 20 + 1e-9), len(hit), kind, obj)
+            score = (math.floor(ratio * 20 + 1e-9), len(hit), _KIND_RANK[kind], obj)
             if best is None or score > best[0]:
                 best = (score, obj, sorted(hit))
         if best is None:
@@ -349,6 +386,18 @@ def localize(
         elif obj[0] in ("node", "uplink"):
             node = obj[1]
             a = Alarm("node", sp.super_pod_id, node, OBJ_NODE, node, OBJ_NODE, 0, LV_CRITICAL, node)
+        elif obj[0] == "group":
+            gid = f"SuperPod-{obj[1]}"
+            nodes = sorted(n for n, g in groups.items() if g == obj[1])
+            a = Alarm(
+                "superpod", sp.super_pod_id, gid, OBJ_SUPER_POD, gid, OBJ_SUPER_POD, 0, LV_CRITICAL, nodes[0]
+            )
+            a.nodes = nodes
+        elif obj[0] == "switch":
+            nodes = sorted({p.src_node for p in ev} | {p.dst_node for p in ev})
+            a = Alarm("switch", sp.super_pod_id, "ROCESwitch", OBJ_ROCE_SWITCH, "ROCESwitch", OBJ_ROCE_SWITCH, 0,
+                      LV_CRITICAL, nodes[0])  # fmt: skip
+            a.nodes = nodes
         else:
             pid = f"plane-{obj[1]}"
             nodes = sorted({p.src_node for p in ev} | {p.dst_node for p in ev})
