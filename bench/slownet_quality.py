@@ -19,6 +19,11 @@ type:
   found within 2 periods;
 - false-alarm periods: healthy periods (the warm-ups) with a confirmed alarm.
 
+The same for the RoCE parameter plane between super pods (:mod:`fdol.slownet.roce`, the fabric
+of :mod:`noded.pingmesh.rocefabric`): 6 super pods x 20 nodes, 5 probing nodes per pod, real RoCE
+jitter; fault types dead NPU (RoCE port), lossy link, slow link (+20-100 µs), a super pod's uplink
+(10-30 % loss), the RoCE switch (10-30 % loss) and a slow uplink under load (+15-40 µs).
+
 Then the processing time of one period (ingest + window + localization + detections + status) for
 48 x 16 and 128 x 16 NPUs, beside a baseline measured in the same run on the same rows: one dict
 update per row keyed by its path (the least any per-path analysis in Python does), so the figure
@@ -36,10 +41,11 @@ import time
 import numpy as np
 
 from faultmesh.sims.fabric import Fabric, ground_truth
-from fdol.slownet import pinglist
+from fdol.slownet import pinglist, roce
 from fdol.slownet.analyzer import AnalyzerParams, SuperPodAnalyzer
 from fdol.slownet.topology import build_super_pod
 from fdol.slownet.window import PingRow
+from noded.pingmesh.rocefabric import RoceFabric
 
 P_MS = 10_000
 PACKETS = 100
@@ -159,6 +165,95 @@ def quality(trials: int, seed: int) -> tuple[dict, int, int]:
     return out, false_periods, total_warm
 
 
+ROCE_KINDS = ("dead_npu", "lossy_link", "slow_link", "pod_uplink", "switch", "slow_uplink_load")
+ROCE_PODS, ROCE_NODES = 6, 20
+
+
+def roce_fault(kind: str, rng: random.Random, plane: roce.RocePlane, pairs) -> tuple[dict, dict]:
+    """(fault for the RoCE fabric, truth {kind, node, phy, peer_node, peer_phy, super_pod})."""
+    if kind == "dead_npu":
+        e = rng.choice([e for v in plane.pods.values() for e in v])
+        return {"kind": kind, "node": e.node}, {"kind": "npu", "node": e.node, "phy": e.phy}
+    if kind in ("pod_uplink", "slow_uplink_load"):
+        spid = rng.choice(sorted(plane.pods))
+        f = {"kind": "pod_uplink", "super_pod": spid, "loss": round(rng.uniform(0.1, 0.3), 3)}
+        if kind == "slow_uplink_load":
+            f.update(loss=0, delay_us=rng.uniform(15, 40))
+        return f, {"kind": "superpod", "super_pod": spid}
+    if kind == "switch":
+        return {"kind": kind, "loss": round(rng.uniform(0.1, 0.3), 3)}, {"kind": "switch"}
+    p = rng.choice(pairs)
+    a, b = plane.by_sdid[p.src_sdid], plane.by_sdid[p.dst_sdid]
+    f = {"kind": kind, "a": a.node, "b": b.node}
+    f.update(
+        {"loss": round(rng.uniform(0.05, 0.3), 3)}
+        if kind == "lossy_link"
+        else {"delay_us": rng.uniform(20, 100)}
+    )
+    return f, {"kind": "link", "node": a.node, "phy": a.phy, "peer_node": b.node, "peer_phy": b.phy}
+
+
+def roce_matches(alarm, truth: dict) -> bool:
+    if truth["kind"] == "superpod":
+        return alarm.kind == "superpod" and alarm.src_id == f"SuperPod-{truth['super_pod']}"
+    if truth["kind"] == "switch":
+        return alarm.kind == "switch"
+    return matches(alarm, truth)
+
+
+def roce_quality(trials: int, seed: int) -> tuple[dict, int, int]:
+    """The same figures for the RoCE plane: 6 super pods x 20 nodes (5 probing nodes each), real
+    RoCE jitter (user-space ICMP: host hiccups, heavy tails; uplink queueing under load)."""
+    rng = random.Random(seed + 7)
+    out = {}
+    false_periods = total_warm = 0
+    pods = {str(s + 1): [f"sp{s + 1}-n{i}" for i in range(ROCE_NODES)] for s in range(ROCE_PODS)}
+    for kind in ROCE_KINDS:
+        hits, delays = 0, []
+        for t in range(trials):
+            spec = {"roce": True, "super_pods": pods, "seed": seed * 1000 + ROCE_KINDS.index(kind) * 100 + t,
+                    "jitter_model": "real", "base_loss": BASE_LOSS, "faults": []}  # fmt: skip
+            fabric = RoceFabric(spec)
+            plane = roce.build_plane(fabric.super_pods())
+            pairs = plane.pairs()
+            ip = {e.sdid: e.ip for v in plane.pods.values() for e in v}
+            probes = [(p.src_node, ip[p.dst_sdid]) for p in pairs]
+            an = SuperPodAnalyzer(plane.sp, pairs, AnalyzerParams(period_ms=P_MS))
+
+            def period(k, fabric=fabric, pairs=pairs, ip=ip, probes=probes, an=an, plane=plane):
+                suc, fail, avg = fabric.probe_many(probes, PACKETS)
+                loss = np.round(fail / PACKETS, 3).tolist()
+                d = np.where(avg >= 0, np.round(avg), -1.0).tolist()
+                rows = [
+                    plane.to_plane_row(
+                        PingRow(0, "0", ip[p.src_sdid], "0", ip[p.dst_sdid], x, x, x, lr, k * P_MS + 500)
+                    )
+                    for p, x, lr in zip(pairs, d, loss, strict=True)
+                ]
+                an.ingest(rows)
+                return an.analyze(k).alarms
+
+            k = 1000
+            for _ in range(WARMUP):
+                false_periods += bool(period(k))
+                total_warm += 1
+                k += 1
+            f, truth = roce_fault(kind, rng, plane, pairs)
+            spec["faults"] = [f]
+            fabric = RoceFabric(spec)
+            for h in range(1, HORIZON + 1):
+                alarms = period(k, fabric=fabric)
+                k += 1
+                if alarms:
+                    top = sorted(alarms, key=lambda a: (-len(a.paths), -a.level))
+                    hits += roce_matches(top[0], truth)
+                    delays.append(h)
+                    break
+        within2 = sum(d <= 2 for d in delays) / trials
+        out[kind] = (hits / trials, statistics.mean(delays) if delays else float("nan"), len(delays), within2)
+    return out, false_periods, total_warm
+
+
 def period_time(n_nodes: int) -> tuple[float, float, int]:
     """(seconds of one period, seconds of the baseline on the same rows, rows), best of 3."""
     sp = build_super_pod(0, [f"n{i}" for i in range(n_nodes)], planes=4)
@@ -213,19 +308,29 @@ def main() -> None:
         print(
             f"{kind:17s} top1={acc:.2f} detected={detected}/{a.trials} delay_periods={delay:.2f} within2={within2:.2f}"
         )
+    rq, rfp, rwarm = roce_quality(a.trials, a.seed)
+    for kind, (acc, delay, detected, within2) in rq.items():
+        print(
+            f"roce {kind:16s} top1={acc:.2f} detected={detected}/{a.trials} delay_periods={delay:.2f} within2={within2:.2f}"
+        )
     speed = {}
     for n in (48, 128):
         dt, base, rows = period_time(n)
         speed[n] = (dt, base)
         print(f"{n}x16 period: {rows} rows in {dt * 1000:.0f} ms (goal {100 if n == 48 else 400} ms); "
               f"baseline (one dict update per row) {base * 1000:.0f} ms; ratio {dt / base:.1f}")  # fmt: skip
-    print(f"false-alarm periods {fp}/{warm} (real jitter); bench {time.perf_counter() - t0:.0f} s")
+    print(
+        f"false-alarm periods {fp}/{warm} HCCS, {rfp}/{rwarm} RoCE (real jitter); bench {time.perf_counter() - t0:.0f} s"
+    )
     figures = " ".join(f"{k}:top1={v[0]:.2f},delay={v[1]:.2f}" for k, v in q.items())
     sp = " ".join(
         f"period_{n}x16_ms={dt * 1000:.0f} baseline_{n}x16_ms={b * 1000:.0f} ratio_{n}x16={dt / b:.1f}"
         for n, (dt, b) in speed.items()
     )
-    print(f"slownet_quality {figures} false_alarm_periods={fp}/{warm} {sp}")
+    rfig = " ".join(f"roce_{k}:top1={v[0]:.2f},delay={v[1]:.2f}" for k, v in rq.items())
+    print(
+        f"slownet_quality {figures} false_alarm_periods={fp}/{warm} {rfig} roce_false_alarm_periods={rfp}/{rwarm} {sp}"
+    )
 
 
 if __name__ == "__main__":

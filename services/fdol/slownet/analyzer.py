@@ -87,6 +87,7 @@ class AnalyzerParams:
     min_baseline: int = 3
     sigma: float = 3.0
     std_floor: float = 1.0
+    delay_rel_floor: float = 0.1
     loss_abs_pct: float | None = 20.0
     delay_abs: float | None = None
     recover_periods: int = 2
@@ -162,6 +163,7 @@ class SuperPodAnalyzer:
             min_baseline=p.min_baseline,
             sigma=p.sigma,
             std_floor=p.std_floor,
+            delay_rel_floor=p.delay_rel_floor,
             loss_abs_pct=p.loss_abs_pct,
             delay_abs=p.delay_abs,
         )

@@ -18,6 +18,10 @@ Deliberate differences from the reference (design.md; each named here):
 - a period in which a path was faulty is left out of that path's later baselines, and a path with
   fewer than ``min_baseline`` clean baseline periods keeps its last clean baseline — so a fault
   that persists is not absorbed into its own baseline and stays detected until it really recovers;
+- the delay's std floor can grow with the path's baseline delay (``delay_rel_floor`` x mean; the
+  analyzer sets 0.1): eight
+  periods underestimate the spread of a heavy-tailed RTT (user-space RoCE pings), and a path whose
+  jittery periods were flagged would otherwise tighten its own threshold;
 - an absolute bound: a loss of ``loss_abs_pct`` (20 %) or more (and a delay of ``delay_abs`` or
   more, when set) is faulty whatever the baseline, so a link that is lossy from the first period is
   still found (the reference never flags it).
@@ -122,7 +126,8 @@ class PathWindow:
 
     Parameters: ``period_ms`` (> 0), ``periods`` (window length, >= baseline_periods + 2),
     ``baseline_periods`` (8), ``min_baseline`` (clean baseline periods needed for a first threshold),
-    ``sigma`` (3), ``std_floor`` (1, in the metric's unit), ``loss_abs_pct`` (absolute loss bound,
+    ``sigma`` (3), ``std_floor`` (1, in the metric's unit), ``delay_rel_floor`` (0 = the reference's
+    rule; the analyzer uses 0.1: the delay's std floor is at least this share of its baseline mean), ``loss_abs_pct`` (absolute loss bound,
     None = off), ``delay_abs`` (absolute delay bound, None = off). Raises ``ValueError`` on bad values.
     """
 
@@ -135,6 +140,7 @@ class PathWindow:
         min_baseline: int = 3,
         sigma: float = 3.0,
         std_floor: float = 1.0,
+        delay_rel_floor: float = 0.0,
         loss_abs_pct: float | None = 20.0,
         delay_abs: float | None = None,
         max_delay: float = MAX_DELAY,
@@ -147,6 +153,7 @@ class PathWindow:
         self.min_baseline = min(min_baseline, baseline_periods)
         self.sigma = sigma
         self.std_floor = std_floor
+        self.delay_rel_floor = delay_rel_floor
         self.loss_abs_pct = loss_abs_pct
         self.delay_abs = delay_abs
         self.max_delay = max_delay
@@ -332,7 +339,10 @@ class PathWindow:
             ref[0, :n] = np.where(fresh, mean, ref[0, :n])
             ref[1, :n] = np.where(fresh, std, ref[1, :n])
         mean, std = ref[0, :n], ref[1, :n]
-        thr = np.where(np.isnan(mean), np.inf, mean + self.sigma * np.maximum(std, self.std_floor))
+        floor = self.std_floor
+        if which == "delay" and self.delay_rel_floor:
+            floor = np.maximum(floor, self.delay_rel_floor * np.nan_to_num(mean))
+        thr = np.where(np.isnan(mean), np.inf, mean + self.sigma * np.maximum(std, floor))
         if abs_bound is not None:
             thr = np.minimum(thr, abs_bound)
         return thr

@@ -383,15 +383,9 @@ class Fabric:
                 keep[i], base[i], queue[i] = self._path((node, phy), self.sp.locate(dst_sdid), rounds)
             sent = np.maximum(0, packets - self._lost_rounds(rounds, n) * ROUND_PACKETS)
             suc = self._rng.binomial(sent, keep)
-            m = np.maximum(suc, 1)
-            noise = self._rng.normal(0.0, self.jitter_us, n) / np.sqrt(m)
-            if queue.any():  # the mean of m exponentials: a gamma(m, queue / m)
-                noise += np.where(queue > 0, self._rng.gamma(m, np.maximum(queue, 1e-9) / m), 0.0)
-            tp = self.noise["tail_prob"]
-            if tp:
-                outliers = self._rng.binomial(suc, tp)
-                tail = self._rng.gamma(np.maximum(outliers, 1), self.noise["tail_us"])
-                noise += np.where(outliers > 0, tail / m, 0.0)
+            noise = mean_noise(
+                self._rng, suc, self.jitter_us, queue, self.noise["tail_prob"], self.noise["tail_us"]
+            )
         avg = np.where(suc > 0, np.maximum(0.5, base + noise), -1.0)
         return suc, packets - suc, avg
 
@@ -402,6 +396,27 @@ class Fabric:
             raise FabricError(f"node {node} is not in the fabric")
         spid = int(self.sp.super_pod_id)
         return [ChipInfo(p, p // 2, p % 2, s, spid, n.server_index) for p, s in sorted(n.devices.items())]
+
+
+def mean_noise(
+    rng: np.random.Generator,
+    suc: np.ndarray,
+    jitter_us: float,
+    queue: np.ndarray,
+    tail_prob: float,
+    tail_us: float,
+) -> np.ndarray:
+    """The noise of the mean delay of ``suc`` answered packets per path (µs): Gaussian jitter,
+    exponential queueing of mean ``queue`` per packet, ``tail_prob`` outliers of mean ``tail_us``."""
+    m = np.maximum(suc, 1)
+    noise = rng.normal(0.0, jitter_us, len(suc)) / np.sqrt(m)
+    if queue.any():  # the mean of m exponentials: a gamma(m, queue / m)
+        noise += np.where(queue > 0, rng.gamma(m, np.maximum(queue, 1e-9) / m), 0.0)
+    if tail_prob:
+        outliers = rng.binomial(suc, tail_prob)
+        tail = rng.gamma(np.maximum(outliers, 1), tail_us)
+        noise += np.where(outliers > 0, tail / m, 0.0)
+    return noise
 
 
 def read_spec(path: str | os.PathLike) -> dict[str, Any]:
