@@ -10,7 +10,9 @@ Inputs:
   them; re-read when changed) or ``POST /v1/pingmesh/topology`` (body: the reference JSON);
 - pingmesh-config from ``--slownet-config`` (ConfigMap YAML or JSON) or ``POST /v1/pingmesh/config``;
 - with ``--kube``, the ``pingmesh-config`` and ``super-pod-<id>`` ConfigMaps, and clusterd writes
-  ``pingmesh-fault-<node>`` (:mod:`clusterd.slownet_kube`).
+  ``pingmesh-fault-<node>`` (:mod:`clusterd.slownet_kube`);
+- the RoCE parameter plane between super pods, built from the topologies' ``RoceIP`` when the
+  config has a ``roce`` entry (:mod:`clusterd.slownet_roce`).
 Both are kept in the state store (namespace ``slownet``) and survive restarts. A bad input is
 rejected (HTTP 400 / logged and counted) and the previous one stays. POSTs need the bearer token
 when clusterd has ``--token-file``.
@@ -42,12 +44,14 @@ from clusterd.detectors.fdol_edge import SOURCE
 from clusterd.slownet_http import AGENT, SlowNetHttp
 from clusterd.slownet_inputs import SlowNetInputs
 from clusterd.slownet_kube import PingmeshConfigMaps
+from clusterd.slownet_roce import SlowNetRoce
 from faultmesh._pb import agent_pb2
 from faultmesh.files import FileWatch, Stamp
 from faultmesh.log import event
 from faultmesh.model import Fault, FaultKey
 from fdol.slownet import config as pmconfig
 from fdol.slownet import pinglist as pl
+from fdol.slownet import roce
 from fdol.slownet import topology as topo
 from fdol.slownet.analyzer import AnalyzerParams, SuperPodAnalyzer
 from fdol.slownet.window import PingRow
@@ -80,7 +84,7 @@ class _Pod:
         self.active = True
 
 
-class SlowNetComponent(SlowNetInputs, SlowNetHttp):
+class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
     """The clusterd slow-network component (module doc)."""
 
     name = "slownet"
@@ -207,6 +211,7 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
                     self._install(topo.parse_super_pod(value))
                 except ValueError as e:
                     event(log, logging.WARNING, "stored topology dropped", key=key, error=str(e))
+        self._rebuild_roce()
         self.current = {f.key: f for f in self.ctx.center.faults() if f.source == SOURCE}
         self._restored = set(self.current)
         await self._poll_files()
@@ -245,17 +250,24 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
 
     async def set_topology(self, sp: topo.SuperPod, origin: str) -> None:
         """Use a (validated) topology: store it, regenerate the ping lists, push them."""
+        if sp.super_pod_id == roce.PLANE_ID:
+            raise ValueError("super pod id 'roce' is the RoCE plane's")
         for other in self.pods.values():
+            if other.sp.super_pod_id == roce.PLANE_ID:
+                continue  # the RoCE plane's nodes are the super pods' own
             clash = set(other.sp.nodes) & set(sp.nodes)
             if other.sp.super_pod_id != sp.super_pod_id and clash:
                 raise ValueError(
                     f"nodes {sorted(clash)[:3]} already belong to super pod {other.sp.super_pod_id}"
                 )
         self._install(sp)
+        self._rebuild_roce()
         await self.ctx.store.kv_put(NS, f"topology:{sp.super_pod_id}", sp.to_json_obj())
         event(log, logging.INFO, "slownet topology applied", origin=origin, super_pod=sp.super_pod_id,
               nodes=len(sp.nodes), npus=sp.npu_count, paths=len(self.pods[sp.super_pod_id].pairs))  # fmt: skip
         await self._push_pod(sp.super_pod_id)
+        if roce.PLANE_ID in self.pods:
+            await self._push_pod(roce.PLANE_ID)
 
     async def set_config(self, cfg: dict[str, pmconfig.Activation], origin: str) -> None:
         """Use a (validated) pingmesh-config: store it, rebuild analyzers whose period changed, push."""
@@ -269,8 +281,9 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
                 self._restored |= {
                     k for k, f in self.current.items() if f.attributes.get("superPodId") == spid
                 }
+        self._rebuild_roce()
         event(log, logging.INFO, "slownet config applied", origin=origin, keys=",".join(sorted(cfg)))
-        for spid in self.pods:
+        for spid in list(self.pods):
             await self._push_pod(spid)
 
     async def _poll_csv(self) -> None:
@@ -282,10 +295,13 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
                 self.m_rows.labels("csv_bad_line").inc(bad)
             pod = self.pods.get(spid)
             if pod is not None and rows:
-                pod.pending.extend(r.row() for r in rows)
+                plane = self.roce_plane if spid == roce.PLANE_ID else None
+                pod.pending.extend(plane.to_plane_row(r.row()) if plane else r.row() for r in rows)
 
     # -- agents -----------------------------------------------------------------------------------
     async def _push_node(self, spid: str, node: str) -> bool:
+        if spid == roce.PLANE_ID:
+            return await self._push_roce(node)  # the config and topology go with the node's own pod
         pod = self.pods[spid]
         send = self.ctx.agents.send
         ok = True
@@ -308,6 +324,7 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
         spid = self.node_pod.get(node)
         if agent == AGENT and spid is not None:
             await self._push_node(spid, node)
+            await self._push_roce(node)
 
     def _on_rows(self, node: str, rows: list[agent_pb2.PingResult]) -> None:
         spid_default = self.node_pod.get(node)
@@ -317,7 +334,10 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
             if pod is None or node not in pod.sp.nodes:
                 self.m_rows.labels("unknown_super_pod").inc()
                 continue
-            pod.pending.append(edge.row_from_pb(r))
+            row = edge.row_from_pb(r)
+            if spid == roce.PLANE_ID and self.roce_plane is not None:
+                row = self.roce_plane.to_plane_row(row)  # IPs -> the plane's SDIDs
+            pod.pending.append(row)
 
     # -- analysis ---------------------------------------------------------------------------------
     def _analyze_blocking(self, pod: _Pod, rows: list[PingRow], periods: list[int], now_ms: int) -> dict:
