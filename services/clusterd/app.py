@@ -209,7 +209,8 @@ class ClusterD:
             set_data_trace=self.brain.set_data_trace,
             data_trace_root=self.brain.datatrace.root,
         )
-        self.components = [self.pubfault, kube, self.brain, self.separation, slownode, SlowNetComponent(ctx)]
+        slownet = SlowNetComponent(ctx, kube)  # kube: its leader election gates slownet's ConfigMap writes
+        self.components = [self.pubfault, kube, self.brain, self.separation, slownode, slownet]
         self.components.append(HistoryComponent(ctx))
         self.grpc_port = 0
         self._server: grpc.aio.Server | None = None

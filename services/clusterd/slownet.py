@@ -131,8 +131,10 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
             help="also read ping_result_*.csv[-bak] under <root>/cluster/super-pod-<id>/",
         )
 
-    def __init__(self, ctx: ClusterContext) -> None:
+    def __init__(self, ctx: ClusterContext, kube: Any = None) -> None:
+        """``kube``: clusterd's Kubernetes component (its leader election gates the ConfigMap writes)."""
         self.ctx = ctx
+        self.kube_component = kube
         self.args = ctx.config
         self.pods: dict[str, _Pod] = {}
         self.config: dict[str, pmconfig.Activation] = {}
@@ -219,7 +221,7 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
             await self._push_pod(spid)
         self.ctx.tasks.spawn(self._loop(), name="slownet")
         if getattr(self.args, "kube", False):  # the pingmesh control ConfigMaps (issue 15)
-            self.kube = PingmeshConfigMaps(self)
+            self.kube = PingmeshConfigMaps(self, self.kube_component)
             await self.kube.start()
         event(
             log, logging.INFO, "slownet started", super_pods=len(self.pods), restored_faults=len(self.current)

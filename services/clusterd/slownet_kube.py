@@ -21,7 +21,8 @@ faultType "NPU", faultCode "220001001", faultTime (ms), assertion "occur"|"recov
 {}, influence: [{nodeName, nodeSN "", deviceIds: [phy]}], description "hccsping-mesh fault"}]}`` for
 the cards no destination answers (fault code 220001001 of clusterd's slownet faults). A new card is
 written ``occur``; a card that answers again is written ``recover`` once and dropped on the next
-change; a node's ConfigMap is written only when its document changes.
+change; a node's ConfigMap is written only when its document changes, and only by the leader when
+leader election is on (``--kube-leader-elect on``).
 """
 
 from __future__ import annotations
@@ -84,8 +85,9 @@ class PingmeshConfigMaps:
     ``pingmesh-fault-<node>`` ConfigMaps; ``stop()`` closes the client (the watch task is owned by the
     component's task owner)."""
 
-    def __init__(self, comp: SlowNetComponent) -> None:
+    def __init__(self, comp: SlowNetComponent, kube: Any = None) -> None:
         self.comp = comp
+        self.kube = kube  # clusterd's Kubernetes component: with leader election, only the leader writes
         self.api: KubeApi | None = None
         self._client = None
         self.watch: ListWatcher | None = None
@@ -142,6 +144,10 @@ class PingmeshConfigMaps:
     async def sync_faults(self, current: dict[Any, Fault]) -> None:
         """Write ``pingmesh-fault-<node>`` for the nodes whose unreachable cards changed."""
         if self.api is None:
+            return
+        elector = getattr(self.kube, "elector", None)
+        if elector is not None and not elector.leading.is_set():
+            self.written.clear()  # a new leader rewrites what it holds
             return
         now_ms = time.time_ns() // 1_000_000
         live: dict[str, dict[int, int]] = {}

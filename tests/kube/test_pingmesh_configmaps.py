@@ -4,10 +4,14 @@ stays; clusterd writes pingmesh-fault-<node> for unreachable cards (occur, then 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import types
 
+import pytest
 from kube.kubekit import until
 
+from faultmesh.kube import KubeError
 from faultmesh.model import Fault
 from fdol.slownet import topology as topo
 
@@ -94,3 +98,14 @@ async def test_pingmesh_fault_configmap_occur_then_recover(k8s, kcd):
     assert f["assertion"] == "recover"
     await sn.kube.sync_faults({})
     assert (await doc())["faults"] == []
+    # with leader election on, a follower writes nothing; once it leads it writes what it holds
+    leading = asyncio.Event()
+    sn.kube.kube = types.SimpleNamespace(elector=types.SimpleNamespace(leading=leading))
+    other = Fault("slownet", "node-2", "NPU", 5, "220001001", "SeparateNPU", "occur", 3000, 3000)
+    await sn.kube.sync_faults({other.key: other})
+    with pytest.raises(KubeError):
+        await api.get_config_map(NS, "pingmesh-fault-node-2")
+    leading.set()
+    await sn.kube.sync_faults({other.key: other})
+    obj = await api.get_config_map(NS, "pingmesh-fault-node-2")
+    assert json.loads(obj["data"]["PublicFault"])["faults"][0]["influence"][0]["deviceIds"] == [5]
