@@ -1,7 +1,7 @@
 """The simulated RoCE parameter plane between super pods (issue 16): the plane's nodes, their RoCE
 IPs, ICMP probes through it, and faults — what noded's RoCE pings see (``--pingmesh-roce-fabric``).
 
-File (JSON object; written by :mod:`faultmesh.sims.fabric` ``roce-init`` / ``inject``)::
+File (JSON object, written by the bench, tests or by hand; every noded of the plane opens the same one)::
 
     {"roce": true, "super_pods": {"1": ["a-0", "a-1", ...], "2": [...]}, "npus_per_node": 8,
      "base_delay_us": 12, "hop_delay_us": 3, "jitter_us": 1.5, "base_loss": 0.0, "seed": 1,
