@@ -7,7 +7,8 @@ outlier packets, 10-packet loss bursts, plane queueing under training load that 
 period) and 0.02 % background packet loss; each period every probed path sends 100 packets (10
 rounds of 10, as hccsping does with task_interval 1 s and a 10 s period). Fault types: dead NPU,
 lossy link (5-30 %), slow link (+5-30 µs), dead node, degraded plane (10-30 % loss), flapping link
-(down/up per round), slow plane under load (+3-8 µs, no loss), partitioned node (inter-node paths
+(down/up per round), slow plane under load (+4-8 µs, no loss; below ~+3.3 µs a shift is under the
+3-sigma threshold floor of a ~7 µs path by construction), partitioned node (inter-node paths
 lost), and two simultaneous faults (two of dead NPU / lossy / slow / flapping link, apart). Per
 type:
 
@@ -85,7 +86,7 @@ def random_fault(kind: str, rng: random.Random, nodes: list[str], pairs) -> list
         return [{"kind": kind, "plane": rng.randrange(4), "loss": round(rng.uniform(0.1, 0.3), 3)}]
     if kind == "slow_plane_load":
         return [
-            {"kind": "degraded_plane", "plane": rng.randrange(4), "loss": 0, "delay_us": rng.uniform(3, 8)}
+            {"kind": "degraded_plane", "plane": rng.randrange(4), "loss": 0, "delay_us": rng.uniform(4, 8)}
         ]
     p = rng.choice(pairs)  # a probed link: intra-node or inter-node
     f = {

@@ -87,7 +87,7 @@ class AnalyzerParams:
     min_baseline: int = 3
     sigma: float = 3.0
     std_floor: float = 1.0
-    delay_rel_floor: float = 0.1
+    delay_rel_floor: float = 0.15
     loss_abs_pct: float | None = 20.0
     delay_abs: float | None = None
     recover_periods: int = 2

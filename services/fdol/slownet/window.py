@@ -19,7 +19,7 @@ Deliberate differences from the reference (design.md; each named here):
   fewer than ``min_baseline`` clean baseline periods keeps its last clean baseline — so a fault
   that persists is not absorbed into its own baseline and stays detected until it really recovers;
 - the delay's std floor can grow with the path's baseline delay (``delay_rel_floor`` x mean; the
-  analyzer sets 0.1): eight
+  analyzer sets 0.15): eight
   periods underestimate the spread of a heavy-tailed RTT (user-space RoCE pings), and a path whose
   jittery periods were flagged would otherwise tighten its own threshold;
 - an absolute bound: a loss of ``loss_abs_pct`` (20 %) or more (and a delay of ``delay_abs`` or
@@ -127,8 +127,9 @@ class PathWindow:
     Parameters: ``period_ms`` (> 0), ``periods`` (window length, >= baseline_periods + 2),
     ``baseline_periods`` (8), ``min_baseline`` (clean baseline periods needed for a first threshold),
     ``sigma`` (3), ``std_floor`` (1, in the metric's unit), ``delay_rel_floor`` (0 = the reference's
-    rule; the analyzer uses 0.1: the delay's std floor is at least this share of its baseline mean), ``loss_abs_pct`` (absolute loss bound,
-    None = off), ``delay_abs`` (absolute delay bound, None = off). Raises ``ValueError`` on bad values.
+    rule; the analyzer uses 0.15: the delay's std floor is at least this share of its baseline
+    mean), ``loss_abs_pct`` (absolute loss bound, None = off), ``delay_abs`` (absolute delay bound,
+    None = off). Raises ``ValueError`` on bad values.
     """
 
     def __init__(

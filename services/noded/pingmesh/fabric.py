@@ -47,9 +47,10 @@ Faults (``kind`` and fields):
 - ``dead_node`` {node}: every NPU of the node is dead;
 - ``degraded_plane`` {plane, loss (default 0.3), delay_us (default 0)}: inter-node paths whose
   source or destination phy is in the plane;
-- ``flapping_link`` {a, b, p_down (0.15), p_up (0.5)}: the link goes down and up again; per probe
+- ``flapping_link`` {a, b, p_down (0.3), p_up (0.5)}: the link goes down and up again; per probe
   round (one task_interval) an up link goes down with ``p_down`` and a down one comes back with
-  ``p_up`` (a down round loses every packet, both ways);
+  ``p_up`` (a down round loses every packet, both ways: one link state per round for both
+  directions);
 - ``partitioned_node`` {node}: the node's uplinks are gone: every inter-node packet from or to it
   is lost, its intra-node paths are fine;
 - ``chip_reset`` {node, phy, id}: once per distinct ``id``, the chip's hccsping tasks are wiped
@@ -189,6 +190,7 @@ class Fabric:
                 raise FabricError(f"{k} must be within 0..1")
         self._offsets: dict[frozenset, float] = {}
         self._flap_down: dict[frozenset, bool] = {}
+        self._flap_share: dict[frozenset, float] = {}
         self._load: dict[int, float] = {}
         self._hiccup: set[str] = set()
         self._load_period = -1
@@ -230,7 +232,7 @@ class Fabric:
             a, b = npu(fault_end(f.get("a"), kind + ".a")), npu(fault_end(f.get("b"), kind + ".b"))
             if a == b:
                 raise FabricError(f"{kind}: both ends are {a}")
-            st.flapping[frozenset((a, b))] = (frac(f.get("p_down"), 0.15), frac(f.get("p_up"), 0.5))
+            st.flapping[frozenset((a, b))] = (frac(f.get("p_down"), 0.3), frac(f.get("p_up"), 0.5))
         elif kind == "partitioned_node":
             node = str(f.get("node"))
             if node not in sp.nodes:
@@ -269,8 +271,12 @@ class Fabric:
         self.maybe_reload()
         return self._state.resets.get((node, phy))
 
-    def _new_period(self) -> None:
-        """Draw the per-period noise: plane (or node) load levels and busy hosts."""
+    def _new_period(self, rounds: int) -> None:
+        """Draw the per-period noise (plane or node load levels, busy hosts) and the down share of
+        each flapping link over ``rounds`` rounds."""
+        self._flap_share = {
+            key: self._flap_rounds(key, rounds) / max(rounds, 1) for key in self._state.flapping
+        }
         nz = self.noise
         groups = list(self.sp.planes) if self.sp.planes else list(range(len(self.sp.nodes)))
         self._load = {
@@ -305,7 +311,7 @@ class Fabric:
         keep = (1 - self.base_loss) * (1 - st.link_loss.get(key, 0.0))
         d = self.base_delay_us + st.link_delay.get(key, 0.0)
         if key in st.flapping:
-            keep *= 1 - self._flap_rounds(key, rounds) / max(rounds, 1)
+            keep *= 1 - self._flap_share.get(key, 0.0)
         spread = self.noise["path_spread_us"]
         if spread:
             off = self._offsets.get(key)
@@ -343,8 +349,8 @@ class Fabric:
         of the real-jitter model (levels drawn anew)."""
         self.maybe_reload()
         with self._lock:
-            self._new_period()
             rounds = max(1, packets // ROUND_PACKETS)
+            self._new_period(rounds)
             keep, delay, queue = self._path(src, self.sp.locate(dst_sdid), rounds)
             sent = max(0, packets - int(self._lost_rounds(rounds)) * ROUND_PACKETS)
             suc = int(self._rng.binomial(sent, keep)) if keep else 0
@@ -370,8 +376,8 @@ class Fabric:
         answered)."""
         self.maybe_reload()
         with self._lock:
-            self._new_period()
             rounds = max(1, packets // ROUND_PACKETS)
+            self._new_period(rounds)
             n = len(probes)
             keep, base, queue = np.empty(n), np.empty(n), np.empty(n)
             for i, (node, phy, dst_sdid) in enumerate(probes):
