@@ -320,23 +320,22 @@ class SuperPodAnalyzer:
     def _periods_needed(self, a: Alarm, with_data: _LazyPairs) -> int:
         """Consecutive periods an alarm must be localized in before it is confirmed: 1 on strong
         evidence — loss on a group (NPU, node, plane: several lossy paths share the object), a link
-        lossy at the absolute bound, or a link lossy both ways (a ping is a round trip, so a real
-        link fault shows in both directions; one path's loss burst does not); one more than
-        ``confirm_periods`` for a link faulty one way while its reverse path is probed and clean;
-        ``confirm_periods`` otherwise (delay alarms: queueing under load moves delays for a
-        period)."""
+        lossy both ways (a ping is a round trip, so a real link fault shows in both directions; one
+        path's loss burst does not), or a link lossy at the absolute bound whose way back is not
+        probed; one more than ``confirm_periods`` for a link faulty one way while its way back is
+        probed and clean; ``confirm_periods`` otherwise (delay alarms: queueing under load moves
+        delays for a period)."""
         need = self.params.confirm_periods
         lossy = a.fault_type != FT_DELAY
         if a.kind != "link":
             return 1 if lossy else need
-        bound = self.params.loss_abs_pct
-        if lossy and bound is not None and a.avg_loss >= bound:
-            return 1
         pairs = set(a.paths)
         if any((d, s) in pairs for s, d in pairs):
             return 1 if lossy else need
-        reverse = frozenset((d, s) for s, d in pairs)
-        return need + 1 if with_data.any_of(reverse) else need
+        if with_data.any_of(frozenset((d, s) for s, d in pairs)):
+            return need + 1  # one way only while the way back is probed and clean: a burst or an outlier
+        bound = self.params.loss_abs_pct
+        return 1 if lossy and bound is not None and a.avg_loss >= bound else need
 
     def _age(self, cur: Active, with_data: _LazyPairs) -> bool:
         if with_data.any_of(cur.paths):

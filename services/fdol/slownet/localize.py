@@ -20,7 +20,9 @@ own words:
    paths between super pods also touch each end's super pod (its uplink to the RoCE switch) and
    the RoCE switch; with 3 super pods or more, a super pod (object type 7) or the switch (8,
    spanning 3 super pods) can be blamed. Ties go to the wider object (switch, super pod, plane),
-   then NPU, node, uplinks.
+   then NPU, node, uplinks; and a wider object within 10 % of the best ratio that explains 3 times
+   its paths wins over it (a few of a group's paths under the threshold in one period must not
+   split the group into its members).
 3. Each remaining faulty path is an NPU-to-NPU link alarm (both directions of a pair merge).
 
 Fault type: loss -> 1, or 2 (disconnect) when the average loss of the alarm's lossy paths is >= 80 %;
@@ -339,6 +341,7 @@ def localize(
             for o in bad_objs[i]:
                 hits.setdefault(o, []).append(i)
         best = None
+        cands: list[tuple] = []
         for obj, hit in hits.items():
             ratio = len(hit) / probed[obj]
             kind = obj[0]
@@ -372,11 +375,23 @@ def localize(
             if not ok:
                 continue
             score = (math.floor(ratio * 20 + 1e-9), len(hit), _KIND_RANK[kind], obj)
+            cands.append((score, obj, hit, ratio))
             if best is None or score > best[0]:
-                best = (score, obj, sorted(hit))
+                best = (score, obj, sorted(hit), ratio)
         if best is None:
             break
-        _, obj, hit = best
+        # a wider object (a plane, super pod or the switch over an NPU or node) within 10 % of the best
+        # ratio that explains 3x its paths wins: a few of a group's paths under the threshold in
+        # one period must not split the group into its members
+        wider = [
+            c
+            for c in cands
+            if c[0][2] > best[0][2] and c[3] >= best[3] - 0.1 and len(c[2]) >= 3 * len(best[2])
+        ]
+        if wider:
+            w = max(wider, key=lambda c: (len(c[2]), c[0]))
+            best = (w[0], w[1], sorted(w[2]), w[3])
+        _, obj, hit, _ = best
         remaining.difference_update(hit)
         ev = [evidence[i] for i in hit]
         if obj[0] == "npu":
