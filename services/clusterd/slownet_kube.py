@@ -99,7 +99,12 @@ class PingmeshConfigMaps:
         a = self.comp.args
         self._client = await make_api_client(getattr(a, "kube_api", None), getattr(a, "kubeconfig", None))
         self.api = KubeApi(self._client, timeout_s=getattr(a, "kube_timeout_s", 10.0))
-        self.watch = ListWatcher(self.api, "configmaps", NAMESPACE, SELECTOR, self._on_cm, self._accept)
+        m = getattr(self.kube, "metrics", None)  # the Kubernetes component's watch metrics, when there
+        self.watch = ListWatcher(
+            self.api, "configmaps", NAMESPACE, SELECTOR, self._on_cm, self._accept,
+            on_error=(lambda e: m.api_errors.labels("watch pingmesh", str(e.status)).inc()) if m else None,
+            on_restart=(lambda why: m.restarts.labels("pingmesh", why).inc()) if m else None,
+        )  # fmt: skip
         self.comp.ctx.tasks.spawn(self.watch.run(), name="slownet-configmaps")
 
     async def stop(self) -> None:

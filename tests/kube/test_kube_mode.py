@@ -391,9 +391,9 @@ async def test_dropped_watches_and_failing_lists_recover(k8s, tmp_path):
     emu[kmock.action.LIST, kmock.resource("v1/nodes")][:1] << 503
     cd = await start_kcd(api, tmp_path)
     try:
-        watches = ("nodeinfo", "deviceinfo", "publicfault", "clusterdconfig")
+        watches = ("nodeinfo", "deviceinfo", "publicfault", "clusterdconfig", "pingmesh")
         await until(
-            lambda: sum(restarts(cd, w, "ended") for w in watches) >= 4, what="dropped watches resumed"
+            lambda: sum(restarts(cd, w, "ended") for w in watches) >= 5, what="dropped watches resumed"
         )
         await until(lambda: sum(restarts(cd, w, "error") for w in watches) >= 2, what="failed lists retried")
         assert restarts(cd, "nodes", "error") >= 1
