@@ -248,7 +248,7 @@ class ClusterD:
             set_data_trace=self.brain.set_data_trace,
             data_trace_root=self.brain.datatrace.root,
         )
-        slownet = SlowNetComponent(ctx)
+        slownet = SlowNetComponent(ctx, kube)  # kube: its leader election gates slownet's ConfigMap writes
         kube.control.attach(slownode, self.brain.datatrace, slownet_topology(slownet))  # control ConfigMaps
         self.components = [self.pubfault, kube, self.brain, self.separation, slownode, slownet]
         self.components.append(HistoryComponent(ctx))

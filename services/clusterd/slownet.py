@@ -8,7 +8,11 @@ card; ``pingmesh-config``). Pure analysis: :mod:`fdol.slownet`.
 Inputs:
 - super-pod topologies from ``--slownet-topology`` (a ``super-pod-<id>.json`` file or a folder of
   them; re-read when changed) or ``POST /v1/pingmesh/topology`` (body: the reference JSON);
-- pingmesh-config from ``--slownet-config`` (ConfigMap YAML or JSON) or ``POST /v1/pingmesh/config``.
+- pingmesh-config from ``--slownet-config`` (ConfigMap YAML or JSON) or ``POST /v1/pingmesh/config``;
+- with ``--kube``, the ``pingmesh-config`` and ``super-pod-<id>`` ConfigMaps, and clusterd writes
+  ``pingmesh-fault-<node>`` (:mod:`clusterd.slownet_kube`);
+- the RoCE parameter plane between super pods, built from the topologies' ``RoceIP`` when the
+  config has a ``roce`` entry (:mod:`clusterd.slownet_roce`).
 Both are kept in the state store (namespace ``slownet``) and survive restarts. A bad input is
 rejected (HTTP 400 / logged and counted) and the previous one stays. POSTs need the bearer token
 when clusterd has ``--token-file``.
@@ -39,12 +43,15 @@ from clusterd.detectors import fdol_edge as edge
 from clusterd.detectors.fdol_edge import SOURCE
 from clusterd.slownet_http import AGENT, SlowNetHttp
 from clusterd.slownet_inputs import SlowNetInputs
+from clusterd.slownet_kube import PingmeshConfigMaps
+from clusterd.slownet_roce import SlowNetRoce
 from faultmesh._pb import agent_pb2
 from faultmesh.files import FileWatch, Stamp
 from faultmesh.log import event
 from faultmesh.model import Fault, FaultKey
 from fdol.slownet import config as pmconfig
 from fdol.slownet import pinglist as pl
+from fdol.slownet import roce
 from fdol.slownet import topology as topo
 from fdol.slownet.analyzer import AnalyzerParams, SuperPodAnalyzer
 from fdol.slownet.window import PingRow
@@ -77,7 +84,7 @@ class _Pod:
         self.active = True
 
 
-class SlowNetComponent(SlowNetInputs, SlowNetHttp):
+class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
     """The clusterd slow-network component (module doc)."""
 
     name = "slownet"
@@ -124,8 +131,10 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
             help="also read ping_result_*.csv[-bak] under <root>/cluster/super-pod-<id>/",
         )
 
-    def __init__(self, ctx: ClusterContext) -> None:
+    def __init__(self, ctx: ClusterContext, kube: Any = None) -> None:
+        """``kube``: clusterd's Kubernetes component (its leader election gates the ConfigMap writes)."""
         self.ctx = ctx
+        self.kube_component = kube
         self.args = ctx.config
         self.pods: dict[str, _Pod] = {}
         self.config: dict[str, pmconfig.Activation] = {}
@@ -136,6 +145,7 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
         self._workers: dict[str, asyncio.Future] = {}
         self._csv_stamp: dict[str, Stamp] = {}  # CSV file -> (mtime_ns, size) last read
         self._csv_newest: dict[str, int] = {}  # ping_result_<idx> series -> newest row ts taken (ms)
+        self.kube: PingmeshConfigMaps | None = None
         reg = ctx.metrics.registry
         self.m_rows = Counter(
             "faultmesh_slownet_rows_total", "pingmesh rows received by result", ["result"], registry=reg
@@ -203,18 +213,25 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
                     self._install(topo.parse_super_pod(value))
                 except ValueError as e:
                     event(log, logging.WARNING, "stored topology dropped", key=key, error=str(e))
+        self._rebuild_roce()
         self.current = {f.key: f for f in self.ctx.center.faults() if f.source == SOURCE}
         self._restored = set(self.current)
         await self._poll_files()
         for spid in list(self.pods):
             await self._push_pod(spid)
         self.ctx.tasks.spawn(self._loop(), name="slownet")
+        if getattr(self.args, "kube", False):  # the pingmesh control ConfigMaps (issue 15)
+            self.kube = PingmeshConfigMaps(self, self.kube_component)
+            await self.kube.start()
         event(
             log, logging.INFO, "slownet started", super_pods=len(self.pods), restored_faults=len(self.current)
         )
 
     async def stop(self) -> None:
-        """Nothing to flush: inputs are stored when they change, faults live in the fault center."""
+        """Close the Kubernetes client; nothing to flush: inputs are stored when they change, faults
+        live in the fault center."""
+        if self.kube is not None:
+            await self.kube.stop()
 
     # -- inputs -----------------------------------------------------------------------------------
     def _install(self, sp: topo.SuperPod) -> _Pod:
@@ -235,17 +252,24 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
 
     async def set_topology(self, sp: topo.SuperPod, origin: str) -> None:
         """Use a (validated) topology: store it, regenerate the ping lists, push them."""
+        if sp.super_pod_id == roce.PLANE_ID:
+            raise ValueError("super pod id 'roce' is the RoCE plane's")
         for other in self.pods.values():
+            if other.sp.super_pod_id == roce.PLANE_ID:
+                continue  # the RoCE plane's nodes are the super pods' own
             clash = set(other.sp.nodes) & set(sp.nodes)
             if other.sp.super_pod_id != sp.super_pod_id and clash:
                 raise ValueError(
                     f"nodes {sorted(clash)[:3]} already belong to super pod {other.sp.super_pod_id}"
                 )
         self._install(sp)
+        self._rebuild_roce()
         await self.ctx.store.kv_put(NS, f"topology:{sp.super_pod_id}", sp.to_json_obj())
         event(log, logging.INFO, "slownet topology applied", origin=origin, super_pod=sp.super_pod_id,
               nodes=len(sp.nodes), npus=sp.npu_count, paths=len(self.pods[sp.super_pod_id].pairs))  # fmt: skip
         await self._push_pod(sp.super_pod_id)
+        if roce.PLANE_ID in self.pods:
+            await self._push_pod(roce.PLANE_ID)
 
     async def set_config(self, cfg: dict[str, pmconfig.Activation], origin: str) -> None:
         """Use a (validated) pingmesh-config: store it, rebuild analyzers whose period changed, push."""
@@ -259,8 +283,9 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
                 self._restored |= {
                     k for k, f in self.current.items() if f.attributes.get("superPodId") == spid
                 }
+        self._rebuild_roce()
         event(log, logging.INFO, "slownet config applied", origin=origin, keys=",".join(sorted(cfg)))
-        for spid in self.pods:
+        for spid in list(self.pods):
             await self._push_pod(spid)
 
     async def _poll_csv(self) -> None:
@@ -272,10 +297,13 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
                 self.m_rows.labels("csv_bad_line").inc(bad)
             pod = self.pods.get(spid)
             if pod is not None and rows:
-                pod.pending.extend(r.row() for r in rows)
+                plane = self.roce_plane if spid == roce.PLANE_ID else None
+                pod.pending.extend(plane.to_plane_row(r.row()) if plane else r.row() for r in rows)
 
     # -- agents -----------------------------------------------------------------------------------
     async def _push_node(self, spid: str, node: str) -> bool:
+        if spid == roce.PLANE_ID:
+            return await self._push_roce(node)  # the config and topology go with the node's own pod
         pod = self.pods[spid]
         send = self.ctx.agents.send
         ok = True
@@ -298,6 +326,7 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
         spid = self.node_pod.get(node)
         if agent == AGENT and spid is not None:
             await self._push_node(spid, node)
+            await self._push_roce(node)
 
     def _on_rows(self, node: str, rows: list[agent_pb2.PingResult]) -> None:
         spid_default = self.node_pod.get(node)
@@ -307,7 +336,10 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
             if pod is None or node not in pod.sp.nodes:
                 self.m_rows.labels("unknown_super_pod").inc()
                 continue
-            pod.pending.append(edge.row_from_pb(r))
+            row = edge.row_from_pb(r)
+            if spid == roce.PLANE_ID and self.roce_plane is not None:
+                row = self.roce_plane.to_plane_row(row)  # IPs -> the plane's SDIDs
+            pod.pending.append(row)
 
     # -- analysis ---------------------------------------------------------------------------------
     def _analyze_blocking(self, pod: _Pod, rows: list[PingRow], periods: list[int], now_ms: int) -> dict:
@@ -371,6 +403,8 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp):
             if out["reports"]:
                 self.m_faulty.labels(spid).set(out["reports"][-1].faulty_paths)
         await self._sync_faults()
+        if self.kube is not None:
+            await self.kube.sync_faults(self.current)
 
     async def _sync_faults(self) -> None:
         desired: dict[FaultKey, Fault] = {}

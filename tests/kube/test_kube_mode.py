@@ -386,15 +386,23 @@ async def test_dropped_watches_and_failing_lists_recover(k8s, tmp_path):
     emu, api = k8s
     # The API server fails the first lists with 500 and then drops the first watches at once (one
     # of each per configmap watcher: nodeinfo, deviceinfo, publicfault, clusterd-config-cm,
-    # slownode, datatrace).
-    emu[kmock.action.LIST, kmock.resource("v1/configmaps")][:6] << 500
-    emu[kmock.action.WATCH, kmock.resource("v1/configmaps")][:6] << b""
+    # slownode, datatrace, and slownet's pingmesh ConfigMaps).
+    emu[kmock.action.LIST, kmock.resource("v1/configmaps")][:7] << 500
+    emu[kmock.action.WATCH, kmock.resource("v1/configmaps")][:7] << b""
     emu[kmock.action.LIST, kmock.resource("v1/nodes")][:1] << 503
     cd = await start_kcd(api, tmp_path)
     try:
-        watches = ("nodeinfo", "deviceinfo", "publicfault", "clusterdconfig", "slownode", "datatrace")
+        watches = (
+            "nodeinfo",
+            "deviceinfo",
+            "publicfault",
+            "clusterdconfig",
+            "slownode",
+            "datatrace",
+            "pingmesh",
+        )
         await until(
-            lambda: sum(restarts(cd, w, "ended") for w in watches) >= 6, what="dropped watches resumed"
+            lambda: sum(restarts(cd, w, "ended") for w in watches) >= 7, what="dropped watches resumed"
         )
         await until(lambda: sum(restarts(cd, w, "error") for w in watches) >= 2, what="failed lists retried")
         assert restarts(cd, "nodes", "error") >= 1

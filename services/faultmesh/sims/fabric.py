@@ -60,13 +60,13 @@ def ground_truth(fabric: Fabric) -> list[dict[str, Any]]:
         if k == "dead_npu":
             n, p = fault_end(f, k)
             out.append({"kind": "npu", "node": n, "phy": p, "fault": k})
-        elif k in ("lossy_link", "slow_link"):
+        elif k in ("lossy_link", "slow_link", "flapping_link"):
             (n1, p1), (n2, p2) = sorted(
                 (fault_end(f["a"], k), fault_end(f["b"], k)),
                 key=lambda e: fabric.sp.nodes[e[0]].devices[e[1]],
             )
             out.append({"kind": "link", "node": n1, "phy": p1, "peer_node": n2, "peer_phy": p2, "fault": k})
-        elif k == "dead_node":
+        elif k in ("dead_node", "partitioned_node"):
             out.append({"kind": "node", "node": str(f["node"]), "fault": k})
         elif k == "degraded_plane":
             out.append({"kind": "plane", "plane": int(f["plane"]), "fault": k})

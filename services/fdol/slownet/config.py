@@ -6,7 +6,10 @@ and fdol.md §8.1 (detection period = 10 x task_interval). Accepted inputs: the 
 decoded (a mapping with ``data``; the services decode its YAML with
 :func:`faultmesh.config.load_document`), JSON text, or a plain mapping whose values are objects or
 JSON strings (the agent stream's ``PingmeshConfig`` message is converted by the services at their
-edge). Key ``roce`` (A5 inter-super-pod RoCE) is accepted and ignored.
+edge). Key ``roce`` is the RoCE parameter plane between super pods (reference noded.md §6 "Key
+``roce`` is the inter-super-pod RoCE switch", fdol.md §8.1 ``super-pod-roce``): its own entry,
+with no ``global`` fallback (the reference skips RoCE detection without it); see
+:mod:`fdol.slownet.roce`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 from fdol import strictjson
 
 TASK_INTERVAL_RANGE = (1, 60)
+ROCE_KEY = "roce"
 PERIOD_FACTOR = 10  # detection period = 10 x task_interval (s)
 
 
@@ -67,7 +71,7 @@ def _activation(key: str, v: Any) -> Activation:
 
 def parse_config(data: str | bytes | dict[str, Any]) -> dict[str, Activation]:
     """Parse a pingmesh-config (module doc: a decoded mapping or JSON text) into {key: Activation};
-    keys are ``global`` or decimal super-pod ids. Raises :class:`PingmeshConfigError` for text that is
+    keys are ``global``, ``roce`` or decimal super-pod ids. Raises :class:`PingmeshConfigError` for text that is
     not JSON, on any invalid entry or when no entry is left."""
     if isinstance(data, (str, bytes)):
         try:
@@ -81,18 +85,19 @@ def parse_config(data: str | bytes | dict[str, Any]) -> dict[str, Activation]:
     out: dict[str, Activation] = {}
     for key, v in data.items():
         key = str(key)
-        if key == "roce":
-            continue
-        if key != "global" and not key.isdigit():
+        if key not in ("global", ROCE_KEY) and not key.isdigit():
             raise PingmeshConfigError(f"key {key!r} is neither 'global' nor a super pod id")
         out[key] = _activation(key, v)
     if not out:
-        raise PingmeshConfigError("pingmesh-config has no 'global' or super pod entry")
+        raise PingmeshConfigError("pingmesh-config has no 'global', super pod or 'roce' entry")
     return out
 
 
 def for_super_pod(cfg: dict[str, Activation], super_pod_id: str | int) -> Activation | None:
-    """The entry for a super pod: its own id wins, else ``global``, else None."""
+    """The entry for a super pod: its own id wins, else ``global``, else None. For the RoCE plane
+    (``super_pod_id`` ``"roce"``) only the ``roce`` entry counts."""
+    if str(super_pod_id) == ROCE_KEY:
+        return cfg.get(ROCE_KEY)
     return cfg.get(str(super_pod_id)) or cfg.get("global")
 
 

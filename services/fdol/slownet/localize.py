@@ -5,7 +5,8 @@ shared object is the candidate, NPU alarms major, links minor, racks/planes crit
 0 NPU, 4 work node, 5 L1 plane) and §8.8 (the scopes its codes name). faultmesh's layering, in its
 own words:
 
-1. Every object — each NPU, each node, each plane (when the topology names planes) — gets
+1. Every object — each NPU, each node, each node's uplinks (its inter-node paths only: a node cut
+   off from the fabric while its own HCCS works), each plane (when the topology names planes) — gets
    ``ratio = faulty paths touching it / probed paths touching it`` (probed = paths with data in the
    period; a node that stops reporting contributes no paths, so it is never taken for a network
    fault). A path touches a plane when it is inter-node and one of its end phys is in the plane.
@@ -15,6 +16,13 @@ own words:
    pod) becomes an alarm; its faulty paths are explained and removed; repeat.
    A dead node ties its NPUs at ratio 1 but explains more paths; a degraded plane beats the NPUs in
    it by ratio; a dead NPU beats its node by ratio.
+   On the RoCE plane between super pods (a topology with ``groups``: node -> super pod), the
+   paths between super pods also touch each end's super pod (its uplink to the RoCE switch) and
+   the RoCE switch; with 3 super pods or more, a super pod (object type 7) or the switch (8,
+   spanning 3 super pods) can be blamed. Ties go to the wider object (switch, super pod, plane),
+   then NPU, node, uplinks; and a wider object within 10 % of the best ratio that explains 3 times
+   its paths wins over it (a few of a group's paths under the threshold in one period must not
+   split the group into its members).
 3. Each remaining faulty path is an NPU-to-NPU link alarm (both directions of a pair merge).
 
 Fault type: loss -> 1, or 2 (disconnect) when the average loss of the alarm's lossy paths is >= 80 %;
@@ -28,18 +36,21 @@ code or level: the service that raises faults maps scopes to codes (clusterd's F
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from fdol.slownet.topology import SuperPod, sdid_server_id
+from fdol.slownet.topology import MAX_PHY_ID, SuperPod, sdid_server_id
 
 # object types (fdol.md §8.7)
 OBJ_NPU = 0
 OBJ_NODE = 4
 OBJ_PLANE = 5
+OBJ_SUPER_POD = 7
+OBJ_ROCE_SWITCH = 8
+# which object wins a tie (same ratio step, same paths explained)
+_KIND_RANK = {"switch": 5, "group": 4, "plane": 3, "npu": 2, "node": 1, "uplink": 0}
 # fault types
 FT_DELAY = 0
 FT_LOSS = 1
@@ -82,8 +93,9 @@ class PathEvidence(NamedTuple):
 class Alarm:
     """One localized alarm (fields of fdol.md §8.7 plus where it is).
 
-    ``kind``: npu | link | node | plane. ``node``/``phy``: where it is reported (phy None for
-    node and plane alarms); ``peer_node``/``peer_phy``: the other end of a link. Loss in %, delay raw.
+    ``kind``: npu | link | node | plane | superpod | switch (the last two on the RoCE plane).
+    ``node``/``phy``: where it is reported (phy None for node, plane, super-pod and switch alarms;
+    ``nodes`` lists the nodes of a plane, super pod or switch alarm); ``peer_node``/``peer_phy``: the other end of a link. Loss in %, delay raw.
     """
 
     kind: str
@@ -180,22 +192,137 @@ def _fill_metrics(a: Alarm, paths: list[PathEvidence]) -> Alarm:
     return a
 
 
+class EvidenceTable:
+    """The paths with data in one period as columns (what :func:`localize` and
+    :func:`unreachable_cards` read): ``nodes`` (node names; the node columns index it), int arrays
+    ``src_node``, ``src_phy``, ``src_sdid``, ``dst_node``, ``dst_phy``, ``dst_sdid``, ``task``,
+    float arrays ``loss`` (%) and ``delay`` (raw, NaN = no sample), bool arrays ``loss_fault`` and
+    ``delay_fault``, all of one length. :meth:`row` gives one path as :class:`PathEvidence`."""
+
+    __slots__ = ("nodes", "src_node", "src_phy", "src_sdid", "dst_node", "dst_phy", "dst_sdid", "task",
+                 "loss", "delay", "loss_fault", "delay_fault")  # fmt: skip
+
+    def __init__(self, nodes: list[str], **cols: np.ndarray) -> None:
+        self.nodes = nodes
+        for name in self.__slots__[1:]:
+            setattr(self, name, cols[name])
+
+    @classmethod
+    def from_list(cls, evidence: list[PathEvidence]) -> EvidenceTable:
+        """The table of a list of :class:`PathEvidence`."""
+        nodes = sorted({p.src_node for p in evidence} | {p.dst_node for p in evidence})
+        at = {n: i for i, n in enumerate(nodes)}
+        cols = list(zip(*evidence, strict=True)) if evidence else [()] * 11
+        i64 = np.int64
+        return cls(
+            nodes,
+            src_node=np.array([at[n] for n in cols[0]], dtype=i64),
+            src_phy=np.array(cols[1], dtype=i64),
+            src_sdid=np.array(cols[2], dtype=i64),
+            dst_node=np.array([at[n] for n in cols[3]], dtype=i64),
+            dst_phy=np.array(cols[4], dtype=i64),
+            dst_sdid=np.array(cols[5], dtype=i64),
+            task=np.array(cols[6], dtype=i64),
+            loss=np.array(cols[7], dtype=float),
+            delay=np.array(cols[8], dtype=float),
+            loss_fault=np.array(cols[9], dtype=bool),
+            delay_fault=np.array(cols[10], dtype=bool),
+        )
+
+    def __len__(self) -> int:
+        return len(self.loss)
+
+    @property
+    def faulty(self) -> np.ndarray:
+        """Either metric faulty, per path."""
+        return self.loss_fault | self.delay_fault
+
+    def row(self, i: int) -> PathEvidence:
+        """Path ``i`` as :class:`PathEvidence`."""
+        n = self.nodes
+        return PathEvidence(
+            n[self.src_node[i]], int(self.src_phy[i]), int(self.src_sdid[i]), n[self.dst_node[i]],
+            int(self.dst_phy[i]), int(self.dst_sdid[i]), int(self.task[i]), float(self.loss[i]),
+            float(self.delay[i]), bool(self.loss_fault[i]), bool(self.delay_fault[i]),
+        )  # fmt: skip
+
+    def rows(self) -> list[PathEvidence]:
+        """Every path as :class:`PathEvidence`."""
+        return [self.row(i) for i in range(len(self))]
+
+
+def _probed(t: EvidenceTable, sp: SuperPod) -> dict[tuple, int]:
+    """Paths with data touching each object (module doc, step 1), counted with numpy."""
+    nn = len(t.nodes)
+    width = MAX_PHY_ID + 1
+    npu = np.bincount(t.src_node * width + t.src_phy, minlength=nn * width)
+    npu += np.bincount(t.dst_node * width + t.dst_phy, minlength=nn * width)
+    inter = t.src_node != t.dst_node
+    node = np.bincount(t.src_node, minlength=nn) + np.bincount(t.dst_node[inter], minlength=nn)
+    out: dict[tuple, int] = {}
+    for j in np.flatnonzero(npu).tolist():
+        out[("npu", t.nodes[j // width], j % width)] = int(npu[j])
+    for j in np.flatnonzero(node).tolist():
+        out[("node", t.nodes[j])] = int(node[j])
+    uplink = np.bincount(t.src_node[inter], minlength=nn) + np.bincount(t.dst_node[inter], minlength=nn)
+    for j in np.flatnonzero(uplink).tolist():
+        out[("uplink", t.nodes[j])] = int(uplink[j])
+    if sp.groups:
+        gid = sorted(set(sp.groups.values()))
+        at = {g: i for i, g in enumerate(gid)}
+        g_of = np.array([at.get(sp.groups.get(n, ""), -1) for n in t.nodes], dtype=np.int64)
+        gs, gd = g_of[t.src_node], g_of[t.dst_node]
+        cross = (gs != gd) & (gs >= 0) & (gd >= 0)
+        cnt = np.bincount(gs[cross], minlength=len(gid)) + np.bincount(gd[cross], minlength=len(gid))
+        for j in np.flatnonzero(cnt).tolist():
+            out[("group", gid[j])] = int(cnt[j])
+        if cross.any():
+            out[("switch",)] = int(cross.sum())
+    if sp.planes:
+        plane_at = np.full(width, -1, dtype=np.int64)
+        for phy in range(width):
+            pl = sp.plane_of(phy)
+            if pl is not None:
+                plane_at[phy] = pl
+        a, b = plane_at[t.src_phy[inter]], plane_at[t.dst_phy[inter]]
+        top = int(max(a.max(initial=-1), b.max(initial=-1))) + 1
+        cnt = np.bincount(a[a >= 0], minlength=top) + np.bincount(b[(b >= 0) & (b != a)], minlength=top)
+        for j in np.flatnonzero(cnt).tolist():
+            out[("plane", j)] = int(cnt[j])
+    return out
+
+
 def localize(
-    evidence: list[PathEvidence], sp: SuperPod, params: LocalizeParams | None = None, timestamp_ms: int = 0
+    evidence: list[PathEvidence] | EvidenceTable,
+    sp: SuperPod,
+    params: LocalizeParams | None = None,
+    timestamp_ms: int = 0,
 ) -> list[Alarm]:
-    """Alarms explaining the faulty paths of ``evidence`` (all paths with data in one period).
+    """Alarms explaining the faulty paths of ``evidence`` (all paths with data in one period, a list
+    or an :class:`EvidenceTable`).
 
     Returns alarms sorted by (level desc, node, phy); empty when no path is faulty.
     """
     params = params or LocalizeParams()
-    bad = [i for i, p in enumerate(evidence) if p.faulty]
-    if not bad:
+    table = evidence if isinstance(evidence, EvidenceTable) else EvidenceTable.from_list(evidence)
+    bad_idx = np.flatnonzero(table.faulty).tolist()
+    if not bad_idx:
         return []
+    evidence = [table.row(i) for i in bad_idx]  # only the faulty paths as objects
+    bad = list(range(len(evidence)))
     plane_of = sp.plane_of if sp.planes else None
+    groups = sp.groups or None
+    n_groups = len(set(groups.values())) if groups else 0
 
     def objects(p: PathEvidence) -> set[tuple]:
         objs = {("npu", p.src_node, p.src_phy), ("npu", p.dst_node, p.dst_phy), ("node", p.src_node)}
         objs.add(("node", p.dst_node))
+        if p.src_node != p.dst_node:
+            objs.update((("uplink", p.src_node), ("uplink", p.dst_node)))
+        if groups is not None:
+            a, b = groups.get(p.src_node), groups.get(p.dst_node)
+            if a is not None and b is not None and a != b:
+                objs.update((("group", a), ("group", b), ("switch",)))
         if plane_of is not None and p.src_node != p.dst_node:
             for phy in (p.src_phy, p.dst_phy):
                 pl = plane_of(phy)
@@ -203,20 +330,7 @@ def localize(
                     objs.add(("plane", pl))
         return objs
 
-    # probed paths per object (counts), faulty paths per object (indices)
-    probed: Counter = Counter()
-    for p in evidence:
-        probed[("npu", p.src_node, p.src_phy)] += 1
-        probed[("npu", p.dst_node, p.dst_phy)] += 1
-        probed[("node", p.src_node)] += 1
-        if p.src_node != p.dst_node:
-            probed[("node", p.dst_node)] += 1
-            if plane_of is not None:
-                a, b = plane_of(p.src_phy), plane_of(p.dst_phy)
-                if a is not None:
-                    probed[("plane", a)] += 1
-                if b is not None and b != a:
-                    probed[("plane", b)] += 1
+    probed = _probed(table, sp)
     bad_objs = {i: objects(evidence[i]) for i in bad}
     remaining = set(bad)
     alarms: list[Alarm] = []
@@ -227,12 +341,13 @@ def localize(
             for o in bad_objs[i]:
                 hits.setdefault(o, []).append(i)
         best = None
+        cands: list[tuple] = []
         for obj, hit in hits.items():
             ratio = len(hit) / probed[obj]
             kind = obj[0]
             if kind == "npu":
                 ok = ratio >= params.npu_ratio and len(hit) >= params.min_npu_paths
-            elif kind == "node":
+            elif kind in ("node", "uplink"):
                 npus = {
                     (evidence[i].src_node, evidence[i].src_phy) for i in hit if evidence[i].src_node == obj[1]
                 }
@@ -240,6 +355,16 @@ def localize(
                     (evidence[i].dst_node, evidence[i].dst_phy) for i in hit if evidence[i].dst_node == obj[1]
                 }
                 ok = ratio >= params.node_ratio and len(hit) >= params.min_group_paths and len(npus) >= 2
+            elif kind in ("group", "switch"):
+                spanned = {groups[evidence[i].src_node] for i in hit} | {
+                    groups[evidence[i].dst_node] for i in hit
+                }
+                ok = (
+                    n_groups >= 3  # with two super pods a dead one and a dead switch look the same
+                    and ratio >= params.plane_ratio
+                    and len(hit) >= params.min_group_paths
+                    and len(spanned) >= (3 if kind == "switch" else 2)
+                )
             else:
                 spanned = {evidence[i].src_node for i in hit} | {evidence[i].dst_node for i in hit}
                 ok = (
@@ -249,21 +374,45 @@ def localize(
                 )
             if not ok:
                 continue
-            score = (math.floor(ratio * 20 + 1e-9), len(hit), kind, obj)
+            score = (math.floor(ratio * 20 + 1e-9), len(hit), _KIND_RANK[kind], obj)
+            cands.append((score, obj, hit, ratio))
             if best is None or score > best[0]:
-                best = (score, obj, sorted(hit))
+                best = (score, obj, sorted(hit), ratio)
         if best is None:
             break
-        _, obj, hit = best
+        # a wider object (a plane, super pod or the switch over an NPU or node) within 10 % of the best
+        # ratio that explains 3x its paths wins: a few of a group's paths under the threshold in
+        # one period must not split the group into its members
+        wider = [
+            c
+            for c in cands
+            if c[0][2] > best[0][2] and c[3] >= best[3] - 0.1 and len(c[2]) >= 3 * len(best[2])
+        ]
+        if wider:
+            w = max(wider, key=lambda c: (len(c[2]), c[0]))
+            best = (w[0], w[1], sorted(w[2]), w[3])
+        _, obj, hit, _ = best
         remaining.difference_update(hit)
         ev = [evidence[i] for i in hit]
         if obj[0] == "npu":
             _, node, phy = obj
             sdid = sp.nodes[node].devices[phy]
             a = Alarm("npu", sp.super_pod_id, str(sdid), OBJ_NPU, str(sdid), OBJ_NPU, 0, LV_MAJOR, node, phy)
-        elif obj[0] == "node":
+        elif obj[0] in ("node", "uplink"):
             node = obj[1]
             a = Alarm("node", sp.super_pod_id, node, OBJ_NODE, node, OBJ_NODE, 0, LV_CRITICAL, node)
+        elif obj[0] == "group":
+            gid = f"SuperPod-{obj[1]}"
+            nodes = sorted(n for n, g in groups.items() if g == obj[1])
+            a = Alarm(
+                "superpod", sp.super_pod_id, gid, OBJ_SUPER_POD, gid, OBJ_SUPER_POD, 0, LV_CRITICAL, nodes[0]
+            )
+            a.nodes = nodes
+        elif obj[0] == "switch":
+            nodes = sorted({p.src_node for p in ev} | {p.dst_node for p in ev})
+            a = Alarm("switch", sp.super_pod_id, "ROCESwitch", OBJ_ROCE_SWITCH, "ROCESwitch", OBJ_ROCE_SWITCH, 0,
+                      LV_CRITICAL, nodes[0])  # fmt: skip
+            a.nodes = nodes
         else:
             pid = f"plane-{obj[1]}"
             nodes = sorted({p.src_node for p in ev} | {p.dst_node for p in ev})
@@ -286,14 +435,18 @@ def localize(
     return alarms
 
 
-def unreachable_cards(evidence: list[PathEvidence]) -> list[tuple[str, int]]:
+def unreachable_cards(evidence: list[PathEvidence] | EvidenceTable) -> list[tuple[str, int]]:
     """Source cards (node, phy) for which every probed destination lost every packet in the period
     (noded.md §6: a card is faulty when no destination answers). Sorted."""
-    worst: dict[tuple[str, int], bool] = {}
-    for p in evidence:
-        k = (p.src_node, p.src_phy)
-        worst[k] = worst.get(k, True) and p.loss >= 100.0 - 1e-6
-    return sorted(k for k, dead in worst.items() if dead)
+    t = evidence if isinstance(evidence, EvidenceTable) else EvidenceTable.from_list(evidence)
+    width = MAX_PHY_ID + 1
+    card = t.src_node * width + t.src_phy
+    size = len(t.nodes) * width
+    alive = np.bincount(card[t.loss < 100.0 - 1e-6], minlength=size)
+    seen = np.bincount(card, minlength=size)
+    return sorted(
+        (t.nodes[j // width], j % width) for j in np.flatnonzero((seen > 0) & (alive == 0)).tolist()
+    )
 
 
 def evidence_arrays(evidence: list[PathEvidence]) -> dict[str, np.ndarray]:

@@ -11,7 +11,8 @@ inter-node pair (empty address column), so only intra-node paths are ever probed
 
 - **task 0, intra-node**: ``intra="mesh"`` (default) every other NPU of the node (so a link between
   any two NPUs of a node is on a probed path), or ``intra="ring"`` the NPU ``ring_step`` positions
-  ahead in SDID order (the reference's rotate-by-2 ring; every NPU is still probed);
+  ahead in SDID order (the reference's rotate-by-2 ring; every NPU is still probed: on a node
+  whose NPU count divides ``ring_step`` the step is 1);
 - **task 1, inter-node**: the NPU with the same rank (same physical id on regular nodes) on every
   other node, when the super pod has at most ``max_dests + 1`` nodes; on bigger pods, the NPU of rank
   r probes the nodes at offsets ``d`` with ``(d - 1) % R == r`` (R = NPUs of the node), so every
@@ -71,7 +72,8 @@ def generate(
             if intra == "mesh":
                 dsts = [devs[j] for j in range(k) if j != i][:max_dests]
             else:
-                dsts = [devs[(i + ring_step) % k]] if k > 1 and (i + ring_step) % k != i else []
+                step = ring_step if ring_step % k else 1  # a step of k would ping itself
+                dsts = [devs[(i + step) % k]] if k > 1 else []
             pairs.extend(PingPair(TASK_INTRA, n.name, phy, sdid, n.name, dp, ds) for dp, ds in dsts)
     count = len(nodes)
     for i, n in enumerate(nodes):

@@ -8,8 +8,12 @@ SDID layout (reference noded.md §6, checked against the docs' 7-node example): 
 bits 16..17 = die, bits 0..15 = device; the documented super pods also put ``phy // 2`` in bits 18..21,
 which :func:`make_sdid` reproduces (e.g. server 1, phy 15 -> 6094863).
 
-faultmesh extension: an optional ``"Planes": {"<plane id>": [phy ids]}`` names the HCCS switch plane
-each physical id uses for inter-node traffic; with it localization can blame a plane (issue 6).
+faultmesh extensions: an optional ``"Planes": {"<plane id>": [phy ids]}`` names the HCCS switch plane
+each physical id uses for inter-node traffic; with it localization can blame a plane (issue 6). An
+optional per-node ``"RoceIP"`` (the node's RoCE parameter-plane address: every NPU of an OS leaves
+through the same egress IP, reference fdol.md §8.2) and ``"RocePhyId"`` (the NPU whose port carries
+it, default the lowest phy id) put the node on the RoCE plane between super pods
+(:mod:`fdol.slownet.roce`).
 """
 
 from __future__ import annotations
@@ -61,12 +65,15 @@ class NodeTopology:
     name: str
     server_index: int
     devices: dict[int, int] = field(default_factory=dict)
+    roce_ip: str = ""
+    roce_phy: int | None = None
 
 
 @dataclass
 class SuperPod:
-    """One super pod: ``super_pod_id`` (decimal string), ``nodes`` by name, optional ``planes``
-    (plane id -> set of phy ids), ``warnings`` found while parsing (non-fatal oddities).
+    """One super pod: ``super_pod_id`` (decimal string; ``"roce"`` for the RoCE plane), ``nodes`` by
+    name, optional ``planes`` (plane id -> set of phy ids), optional ``groups`` (node -> group id:
+    the super pod of each node of the RoCE plane), ``warnings`` found while parsing.
 
     Lookups: :meth:`locate` (SDID -> (node, phy)), :meth:`plane_of` (phy -> plane id or None).
     """
@@ -76,6 +83,7 @@ class SuperPod:
     planes: dict[int, frozenset[int]] | None = None
     warnings: list[str] = field(default_factory=list)
     version: str = "A3"
+    groups: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         self._by_sdid: dict[int, tuple[str, int]] = {}
@@ -118,6 +126,8 @@ class SuperPod:
                     "NodeName": n.name,
                     "ServerID": str(n.server_index),
                     "DeviceMap": {str(p): str(s) for p, s in sorted(n.devices.items())},
+                    **({"RoceIP": n.roce_ip} if n.roce_ip else {}),
+                    **({"RocePhyId": str(n.roce_phy)} if n.roce_ip and n.roce_phy is not None else {}),
                 }
                 for n in sorted(self.nodes.values(), key=lambda n: n.server_index)
             },
@@ -137,6 +147,11 @@ def _int(value: Any, what: str, lo: int, hi: int) -> int:
     if not lo <= v <= hi:
         raise TopologyError(f"{what} {v} outside {lo}..{hi}")
     return v
+
+
+def _is_ipv4(s: str) -> bool:
+    parts = s.split(".")
+    return len(parts) == 4 and all(p.isdigit() and len(p) <= 3 and int(p) <= 255 for p in parts)
 
 
 def _check(sp: SuperPod) -> SuperPod:
@@ -213,7 +228,16 @@ def parse_super_pod(data: str | bytes | dict[str, Any]) -> SuperPod:
             index = sdid_server_id(next(iter(devices.values())))
         else:
             index = _int(sid, f"node {name} ServerID", 0, 1 << 20)
-        nodes[name] = NodeTopology(name, index, devices)
+        roce_ip = str(nd.get("RoceIP") or "")
+        roce_phy = None
+        if roce_ip:
+            if not _is_ipv4(roce_ip):
+                raise TopologyError(f"node {name}: RoceIP {roce_ip!r} is not an IPv4 address")
+            if nd.get("RocePhyId") not in (None, ""):
+                roce_phy = _int(nd["RocePhyId"], f"node {name} RocePhyId", 0, MAX_PHY_ID)
+                if roce_phy not in devices:
+                    raise TopologyError(f"node {name}: RocePhyId {roce_phy} not in its DeviceMap")
+        nodes[name] = NodeTopology(name, index, devices, roce_ip, roce_phy)
     planes = None
     if data.get("Planes"):
         raw = data["Planes"]

@@ -18,6 +18,10 @@ Deliberate differences from the reference (design.md; each named here):
 - a period in which a path was faulty is left out of that path's later baselines, and a path with
   fewer than ``min_baseline`` clean baseline periods keeps its last clean baseline — so a fault
   that persists is not absorbed into its own baseline and stays detected until it really recovers;
+- the delay's std floor can grow with the path's baseline delay (``delay_rel_floor`` x mean; the
+  analyzer sets 0.15): eight
+  periods underestimate the spread of a heavy-tailed RTT (user-space RoCE pings), and a path whose
+  jittery periods were flagged would otherwise tighten its own threshold;
 - an absolute bound: a loss of ``loss_abs_pct`` (20 %) or more (and a delay of ``delay_abs`` or
   more, when set) is faulty whatever the baseline, so a link that is lossy from the first period is
   still found (the reference never flags it).
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -37,6 +41,7 @@ PathKey = tuple[int, str, str, str, str]
 
 MAX_DELAY = 10_000_000.0  # 10 s in µs: anything above is an absurd delay
 FUTURE_SLACK_MS = 60_000
+_REASONS = ("", "address", "loss_range", "delay_range", "timestamp", "future", "late")
 
 
 class PingRow(NamedTuple):
@@ -121,8 +126,10 @@ class PathWindow:
 
     Parameters: ``period_ms`` (> 0), ``periods`` (window length, >= baseline_periods + 2),
     ``baseline_periods`` (8), ``min_baseline`` (clean baseline periods needed for a first threshold),
-    ``sigma`` (3), ``std_floor`` (1, in the metric's unit), ``loss_abs_pct`` (absolute loss bound,
-    None = off), ``delay_abs`` (absolute delay bound, None = off). Raises ``ValueError`` on bad values.
+    ``sigma`` (3), ``std_floor`` (1, in the metric's unit), ``delay_rel_floor`` (0 = the reference's
+    rule; the analyzer uses 0.15: the delay's std floor is at least this share of its baseline
+    mean), ``loss_abs_pct`` (absolute loss bound, None = off), ``delay_abs`` (absolute delay bound,
+    None = off). Raises ``ValueError`` on bad values.
     """
 
     def __init__(
@@ -134,6 +141,7 @@ class PathWindow:
         min_baseline: int = 3,
         sigma: float = 3.0,
         std_floor: float = 1.0,
+        delay_rel_floor: float = 0.0,
         loss_abs_pct: float | None = 20.0,
         delay_abs: float | None = None,
         max_delay: float = MAX_DELAY,
@@ -146,6 +154,7 @@ class PathWindow:
         self.min_baseline = min(min_baseline, baseline_periods)
         self.sigma = sigma
         self.std_floor = std_floor
+        self.delay_rel_floor = delay_rel_floor
         self.loss_abs_pct = loss_abs_pct
         self.delay_abs = delay_abs
         self.max_delay = max_delay
@@ -153,7 +162,29 @@ class PathWindow:
         self.index: dict[PathKey, int] = {}
         self.newest = -1  # newest period seen
         self._slot_period = np.full(periods, -1, dtype=np.int64)
+        self._reasons = list(_REASONS)
+        self._gate: Callable[[PathKey], str | None] | None = None
+        self._gate_code = np.zeros(0, dtype=np.int8)  # per path: 0 = admitted, else a reason code
+        self._gate_new: dict[PathKey, int] = {}  # refused keys that have no path (bounded)
         self._alloc(256)
+
+    def set_gate(self, gate: Callable[[PathKey], str | None] | None) -> None:
+        """Admit rows by path: ``gate(key)`` returns None (admitted) or the reason counted for its
+        rows, checked before every other reason; asked once per path key until the next
+        ``set_gate`` (e.g. after a topology change). None admits every path."""
+        self._gate = gate
+        self._gate_new.clear()
+        codes = np.zeros(self._cap, dtype=np.int8)
+        if gate is not None:
+            codes[: len(self.keys)] = [self._code(gate(k)) for k in self.keys]
+        self._gate_code = codes
+
+    def _code(self, reason: str | None) -> int:
+        if reason is None:
+            return 0
+        if reason not in self._reasons:
+            self._reasons.append(reason)
+        return self._reasons.index(reason)
 
     def _alloc(self, cap: int) -> None:
         w = self.periods
@@ -174,6 +205,9 @@ class PathWindow:
             if old:
                 arr[:, :old] = getattr(self, name)
             setattr(self, name, arr)
+        gate = np.zeros(cap, dtype=np.int8)
+        gate[:old] = self._gate_code[:old]
+        self._gate_code = gate
         self._cap = cap
 
     def path(self, key: PathKey) -> int:
@@ -187,51 +221,99 @@ class PathWindow:
             self.keys.append(key)
         return i
 
-    def _slot(self, k: int) -> int:
-        s = k % self.periods
+    def _new_code(self, key: PathKey) -> int:
+        """Reason code of a key without a path yet: the gate's verdict, then an empty address."""
+        code = self._gate_new.get(key)
+        if code is not None:
+            return code
+        code = self._code(self._gate(key)) if self._gate is not None else 0
+        if code == 0 and not (key[2] and key[4]):
+            code = 1
+        if code:
+            if len(self._gate_new) >= 100_000:
+                self._gate_new.clear()  # a flood of distinct bad keys costs time, never memory
+            self._gate_new[key] = code
+        return code
+
+    def _slot_for(self, s: int, k: int) -> None:
+        """Give slot ``s`` to period ``k`` (cleared when it held another period)."""
         if self._slot_period[s] != k:
             for name in ("_loss_sum", "_loss_cnt", "_delay_sum", "_delay_cnt", "_loss_flag", "_delay_flag"):
                 getattr(self, name)[s, :] = 0
             self._slot_period[s] = k
-        return s
 
     def add(self, rows: Iterable[PingRow], now_ms: int | None = None) -> dict[str, int]:
         """Merge rows into their periods. Returns counts: ``accepted`` and one per skip reason
-        (:func:`row_problem` reasons, ``late`` = older than the window, ``future`` = more than 60 s
-        ahead of ``now_ms``)."""
+        (:func:`row_problem` reasons, checked in its order, then ``future`` = more than 60 s ahead
+        of ``now_ms``, ``late`` = older than the window, which ends ``periods`` periods before the
+        newest period seen so far, rows in the order given). A row of a period whose slot a newer
+        period of the same call takes is accepted and then dropped with the slot.
+
+        Columnar: one pass of numpy over the rows' fields; only paths seen for the first time
+        cost a Python step each."""
+        rows = rows if isinstance(rows, list) else list(rows)
         counts: dict[str, int] = {"accepted": 0}
-        idx: list[int] = []
-        slots: list[int] = []
-        loss: list[float] = []
-        delay: list[float] = []
-        for r in rows:
-            why = row_problem(r, self.max_delay)
-            if why is None and now_ms is not None and r.timestamp_ms > now_ms + FUTURE_SLACK_MS:
-                why = "future"
-            if why is None:
-                k = r.timestamp_ms // self.period_ms
-                if k <= self.newest - self.periods:
-                    why = "late"
-            if why is not None:
-                counts[why] = counts.get(why, 0) + 1
-                continue
-            if k > self.newest:
-                self.newest = k
-            idx.append(self.path(r.key))
-            slots.append(self._slot(k))
-            loss.append(r.loss_rate * 100.0)
-            delay.append(r.avg_delay)
-        if idx:
-            i = np.asarray(idx)
-            s = np.asarray(slots)
-            ls = np.asarray(loss)
-            dl = np.asarray(delay)
-            np.add.at(self._loss_sum, (s, i), ls)
-            np.add.at(self._loss_cnt, (s, i), 1.0)
-            has_d = dl >= 0
-            np.add.at(self._delay_sum, (s[has_d], i[has_d]), dl[has_d])
-            np.add.at(self._delay_cnt, (s[has_d], i[has_d]), 1.0)
-            counts["accepted"] = len(idx)
+        if not rows:
+            return counts
+        task, st, sa, dt, da, mn, mx, avg, loss, ts = zip(*rows, strict=True)
+        get = self.index.get
+        keys = list(zip(task, st, sa, dt, da, strict=True))
+        idx = np.fromiter((get(k, -1) for k in keys), dtype=np.int64, count=len(keys))
+        new = np.flatnonzero(idx < 0)
+        why = np.zeros(len(rows), dtype=np.int8)  # 0 = ok, else index into self._reasons
+        if self._gate is not None:
+            known = np.flatnonzero(idx >= 0)
+            why[known] = self._gate_code[idx[known]]
+        if len(new):
+            why[new] = [self._new_code(keys[j]) for j in new.tolist()]
+        loss_a = np.array(loss, dtype=float)
+        delays = np.array((mn, mx, avg), dtype=float)
+        ts_a = np.array(ts, dtype=float)
+        with np.errstate(invalid="ignore"):
+            bad_loss = ~((loss_a >= 0.0) & (loss_a <= 1.0))
+            bad_delay = (np.isnan(delays) | ((delays < 0) & (delays != -1)) | (delays > self.max_delay)).any(
+                axis=0
+            )
+            bad_ts = ~((ts_a > 0) & (ts_a < 2.0**62))
+        for code, mask in ((2, bad_loss), (3, bad_delay), (4, bad_ts)):
+            why[(why == 0) & mask] = code
+        if now_ms is not None:
+            why[(why == 0) & (ts_a > now_ms + FUTURE_SLACK_MS)] = 5
+        ok = why == 0
+        k = np.where(ok, ts_a, 0).astype(np.int64) // self.period_ms
+        if ok.any():
+            run_max = np.maximum.accumulate(np.where(ok, k, self.newest))
+            run_max = np.maximum(run_max, self.newest)
+            why[ok & (k <= run_max - self.periods)] = 6
+            ok = why == 0
+            self.newest = max(self.newest, int(run_max[-1]))
+        for code in np.unique(why[why > 0]).tolist():
+            counts[self._reasons[code]] = int((why == code).sum())
+        acc = np.flatnonzero(ok)
+        if not len(acc):
+            return counts
+        for j in acc[idx[acc] < 0].tolist():  # first sighting of a path (maybe twice in one call)
+            idx[j] = self.path(keys[j])
+        i = idx[acc]
+        kk = k[acc]
+        s = kk % self.periods
+        # per slot, the newest period of this call wins (an older one's rows go with the slot)
+        top = np.full(self.periods, -1, dtype=np.int64)
+        np.maximum.at(top, s, kk)
+        for slot in np.flatnonzero(top >= 0).tolist():
+            self._slot_for(slot, int(top[slot]))
+        keep = kk == top[s]
+        i, s = i[keep], s[keep]
+        flat = s * self._cap + i
+        size = self.periods * self._cap
+        ls = loss_a[acc][keep] * 100.0
+        dl = delays[2][acc][keep]
+        has_d = dl >= 0
+        self._loss_sum += np.bincount(flat, ls, size).reshape(self.periods, self._cap)
+        self._loss_cnt += np.bincount(flat, None, size).reshape(self.periods, self._cap)
+        self._delay_sum += np.bincount(flat[has_d], dl[has_d], size).reshape(self.periods, self._cap)
+        self._delay_cnt += np.bincount(flat[has_d], None, size).reshape(self.periods, self._cap)
+        counts["accepted"] = len(acc)
         return counts
 
     def _values(self, s: int, which: str) -> np.ndarray:
@@ -258,7 +340,10 @@ class PathWindow:
             ref[0, :n] = np.where(fresh, mean, ref[0, :n])
             ref[1, :n] = np.where(fresh, std, ref[1, :n])
         mean, std = ref[0, :n], ref[1, :n]
-        thr = np.where(np.isnan(mean), np.inf, mean + self.sigma * np.maximum(std, self.std_floor))
+        floor = self.std_floor
+        if which == "delay" and self.delay_rel_floor:
+            floor = np.maximum(floor, self.delay_rel_floor * np.nan_to_num(mean))
+        thr = np.where(np.isnan(mean), np.inf, mean + self.sigma * np.maximum(std, floor))
         if abs_bound is not None:
             thr = np.minimum(thr, abs_bound)
         return thr

@@ -56,6 +56,7 @@ from fdol.slownet import pinglist as pl
 from fdol.slownet import topology as topo
 from noded.pingmesh import wire
 from noded.pingmesh.results import ResultWriter, TaskSample, rows_from_samples
+from noded.pingmesh.roceping import ROCE, RocePinger, RoceRounds
 
 log = logging.getLogger("noded.pingmesh")
 
@@ -68,7 +69,7 @@ def _valid_addr(a: str) -> bool:
     return bool(a) and "," not in a and len(a) < 16
 
 
-class Pingmesh(PushSource):
+class Pingmesh(RoceRounds, PushSource):
     """The pingmesh source (module doc); fed by hccsping collections, file changes and control
     messages. Build with :meth:`from_config`, then ``await start(ctx)``."""
 
@@ -103,6 +104,7 @@ class Pingmesh(PushSource):
         g.add_argument(
             "--pingmesh-result-max-age-days", type=float, default=7.0, help="result file retention (days)"
         )
+        g.add_argument("--pingmesh-roce-fabric", help="simulated RoCE plane file (noded.pingmesh.rocefabric)")
 
     @classmethod
     def from_config(cls, cfg, metrics=None) -> Pingmesh:
@@ -132,6 +134,7 @@ class Pingmesh(PushSource):
         self.last_collect_ms = 0
         self.rows_sent = 0
         self._ratelog = RateLimitedLog(log)
+        self.roce: RocePinger | None = None  # the RoCE plane between super pods (noded.pingmesh.roceping)
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self, ctx: SourceContext) -> None:
@@ -152,6 +155,7 @@ class Pingmesh(PushSource):
         self.m_restarts = Counter(
             "faultmesh_pingmesh_task_restarts_total", "stopped tasks restarted (chip reset)", registry=reg
         )
+        self.roce = RocePinger(self.node, getattr(self.args, "pingmesh_roce_fabric", None))
         ctx.add_route("GET", "/v1/pingmesh", self._http_status)
         for kind in self.control_kinds:
             ctx.on_control(kind, self.on_control)
@@ -245,7 +249,13 @@ class Pingmesh(PushSource):
         self._changed.set()
 
     def set_ping_list_pb(self, m: agent_pb2.PingList) -> None:
-        """Use a pushed ping list. Raises ``ValueError`` for another super pod or a bad address."""
+        """Use a pushed ping list (``super_pod_id`` ``roce``: the RoCE plane's). Raises ``ValueError``
+        for another super pod or a bad address."""
+        if m.super_pod_id == ROCE:
+            self.roce.set_list(m)
+            if self.roce.dropped:
+                self.m_errors.labels("too_many_destinations").inc(self.roce.dropped)
+            return
         if self.super_pod_id is not None and m.super_pod_id and m.super_pod_id != self.super_pod_id:
             raise ValueError(f"ping list of super pod {m.super_pod_id}; this node is in {self.super_pod_id}")
         out: dict[int, set[str]] = {}
@@ -453,9 +463,17 @@ class Pingmesh(PushSource):
     async def _loop(self) -> None:
         next_poll = time.monotonic() + self.args.pingmesh_file_poll_s
         next_collect = time.monotonic() + self._interval()
+        next_roce = time.monotonic() + self._roce_interval()
         retry_at: float | None = None
         while True:
             now = time.monotonic()
+            if now >= next_roce:
+                next_roce = now + self._roce_interval()
+                try:
+                    await self.collect_roce()
+                except Exception as e:  # a failing RoCE round must not end pingmesh
+                    self.m_errors.labels("roce_round").inc()
+                    self._ratelog.warning("roce_round", "pingmesh roce round failed", error=repr(e))
             if now >= next_poll:
                 next_poll = now + self.args.pingmesh_file_poll_s
                 try:
@@ -479,7 +497,7 @@ class Pingmesh(PushSource):
                     self.m_errors.labels("round").inc()
                     event(log, logging.ERROR, "pingmesh round failed", error=repr(e))
                     next_collect = time.monotonic() + self._interval()
-            due = min(next_poll, next_collect, retry_at if retry_at is not None else next_poll)
+            due = min(next_poll, next_collect, next_roce, retry_at if retry_at is not None else next_poll)
             wait = max(0.05, due - time.monotonic())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), wait)
@@ -505,6 +523,7 @@ class Pingmesh(PushSource):
             "haveConfig": self.config is not None,
             "haveTopology": self.topology is not None,
             "havePingList": self.ping_list is not None,
+            "roce": self.roce.status() if self.roce else {},
         }
 
     async def _http_status(self, request: web.Request) -> web.Response:

@@ -185,11 +185,19 @@ class ResultWriter:
                 b.unlink(missing_ok=True)
 
     def write_csv(
-        self, super_pod_id: str, server_index: int, rows: list[agent_pb2.PingResult]
+        self, super_pod_id: str, server_index: int, rows: list[agent_pb2.PingResult], roce: bool = False
     ) -> Path | None:
         """Append rows to the CSV, rolling it over to ``.csv-bak`` after ``rollover_s`` (module doc).
-        Returns the CSV path (None without net_root)."""
+        ``roce``: the RoCE plane's file ``cluster/super-pod-roce/ping_result_<spid>_<idx>.csv`` (the
+        reference's roceping). Returns the CSV path (None without net_root)."""
         path = self.csv_path(super_pod_id, server_index)
+        if roce and path is not None:
+            path = (
+                self.net_root
+                / "cluster"
+                / "super-pod-roce"
+                / f"ping_result_{super_pod_id}_{server_index}.csv"
+            )
         if path is None:
             return None
         path.parent.mkdir(parents=True, exist_ok=True)

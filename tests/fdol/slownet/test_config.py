@@ -20,7 +20,9 @@ data:
 
 def test_configmap_form_and_super_pod_key_wins():
     cfg = c.parse_config(load_document(CM))  # the services decode the YAML
-    assert set(cfg) == {"global", "1"}
+    assert set(cfg) == {"global", "1", "roce"}  # roce: the RoCE plane's own entry (issue 16)
+    assert c.for_super_pod(cfg, "roce") == c.Activation(True, 1)
+    assert c.for_super_pod({"global": c.Activation(True, 5)}, "roce") is None  # no global fallback
     assert c.for_super_pod(cfg, 1) == c.Activation(False, 1)
     assert c.for_super_pod(cfg, "0") == c.Activation(True, 5)
     assert c.for_super_pod(cfg, 0).period_s == 50

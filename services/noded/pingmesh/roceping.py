@@ -1,0 +1,142 @@
+"""noded's RoCE pings: the parameter plane between super pods (issue 16; reference noded.md §6 "RoCE
+ICMP pings between super pods are done in user space", ``component/noded/pkg/pingmesh/roceping``).
+
+ClusterD pushes a ``PingList`` with ``super_pod_id`` ``roce`` to the nodes that probe the plane
+(:mod:`fdol.slownet.roce`): source phy -> destination IPs, at most ``MAX_ITEMS`` (16) items, the
+rest dropped and counted. When pingmesh-config's ``roce`` entry is on, every ``10 x task_interval``
+s (``--pingmesh-collect-interval-s`` overrides) each destination is pinged ``PACKETS_PER_ROUND``
+(10) times per task_interval and one row per destination (``super_pod_id`` ``roce``, IP addresses,
+task 0, delays in µs, -1 when nothing answered) goes to ClusterD and to
+``<net-root>/cluster/super-pod-roce/ping_result_<spid>_<serverIndex>.csv``.
+
+Backends: ``--pingmesh-roce-fabric FILE`` (the simulated plane, :mod:`noded.pingmesh.rocefabric`,
+re-read when the file changes). There is no ICMP backend yet: raw ICMP sockets need CAP_NET_RAW and
+the NPU's RoCE port (A2: ``hccn_tool -ping``), neither on this project's test machines; without a
+fabric the RoCE list is kept and nothing is probed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from faultmesh._pb import agent_pb2
+from faultmesh.files import FileWatch
+from faultmesh.log import event
+from fdol.slownet import config as pmconfig
+from noded.pingmesh.fabric import FabricError, read_spec
+from noded.pingmesh.rocefabric import RoceFabric
+
+log = logging.getLogger("noded.pingmesh")
+
+MAX_ITEMS = 16
+PACKETS_PER_ROUND = 10
+ROCE = "roce"  # the RoCE plane's super pod id and pingmesh-config key
+PERIOD_ROUNDS = 10  # probe rounds per collection (one per task_interval)
+ROCE_CALL_TIMEOUT_S = 30.0
+
+
+class RocePinger:
+    """The RoCE side of one noded (module doc). Blocking methods run in the bounded pool."""
+
+    def __init__(self, node: str, fabric_file: str | None) -> None:
+        self.node = node
+        self.fabric_file = fabric_file
+        self.fabric: RoceFabric | None = None
+        self._watch = FileWatch(fabric_file) if fabric_file else None
+        self.tasks: dict[int, list[str]] = {}
+        self.uid = ""
+        self.dropped = 0
+
+    def set_list(self, m: agent_pb2.PingList) -> None:
+        """Use a pushed RoCE ping list. Raises ``ValueError`` for a destination that is not an IPv4
+        address; more than ``MAX_ITEMS`` items are cut (``dropped`` counts them)."""
+        tasks: dict[int, list[str]] = {}
+        n = 0
+        for t in m.tasks:
+            for ip in t.dst_addrs:
+                parts = ip.split(".")
+                if len(parts) != 4 or not all(p.isdigit() and int(p) <= 255 for p in parts):
+                    raise ValueError(f"RoCE destination {ip!r} is not an IPv4 address")
+                if n < MAX_ITEMS:
+                    tasks.setdefault(t.src_phy_id, []).append(ip)
+                n += 1
+        self.dropped = max(0, n - MAX_ITEMS)
+        self.tasks, self.uid = tasks, m.uid
+        event(log, logging.INFO, "pingmesh roce list applied", paths=min(n, MAX_ITEMS), dropped=self.dropped)
+
+    def _load(self) -> RoceFabric | None:
+        if self._watch is not None and self._watch.changed() and Path(self.fabric_file).exists():
+            try:
+                self.fabric = RoceFabric(read_spec(self.fabric_file))
+            except FabricError as e:
+                event(log, logging.WARNING, "roce fabric file rejected", file=self.fabric_file, error=str(e))
+        return self.fabric
+
+    def status(self) -> dict:
+        """The RoCE part of noded's ``GET /v1/pingmesh``."""
+        return {"ip": self.own_ip(), "destinations": {str(p): d for p, d in sorted(self.tasks.items())},
+                "uid": self.uid}  # fmt: skip
+
+    def own_ip(self) -> str | None:
+        """This node's RoCE IP (from the backend), None when unknown."""
+        fab = self.fabric
+        return fab.nodes[self.node][2] if fab is not None and self.node in fab.nodes else None
+
+    def collect(self, rounds: int) -> list[agent_pb2.PingResult]:
+        """Blocking: one collection of ``rounds`` rounds over the list -> rows (module doc)."""
+        fab = self._load()
+        me = self.own_ip()
+        if fab is None or me is None or not self.tasks:
+            return []
+        items = [(phy, ip) for phy, ips in sorted(self.tasks.items()) for ip in ips]
+        packets = max(1, rounds) * PACKETS_PER_ROUND
+        suc, fail, avg = fab.probe_many([(self.node, ip) for _, ip in items], packets)
+        now_ms = time.time_ns() // 1_000_000
+        rows = []
+        for (phy, ip), s, f, a in zip(items, suc.tolist(), fail.tolist(), avg.tolist(), strict=True):
+            loss = round(f / (s + f), 3) if s + f else 1.0
+            d = float(round(a)) if s else -1.0
+            rows.append(agent_pb2.PingResult(
+                ping_task_id=0, src_type="0", src_addr=me, dst_type="0", dst_addr=ip, min_delay=d, max_delay=d,
+                avg_delay=d, min_loss_rate=loss, max_loss_rate=loss, avg_loss_rate=loss, timestamp_ms=now_ms,
+                super_pod_id="roce", src_phy_id=phy,
+            ))  # fmt: skip
+        return rows
+
+
+class RoceRounds:
+    """The RoCE collection rounds of :class:`noded.pingmesh.Pingmesh` (a mixin: ``roce``, ``config``,
+    ``ctx``, ``writer``, ``args``, metrics)."""
+
+    async def collect_roce(self) -> int:
+        """One RoCE collection (tests call it directly). Returns rows produced."""
+        act = pmconfig.for_super_pod(self.config or {}, ROCE)
+        if self.roce is None or not (act and act.activate):
+            return 0
+        rows = await self.ctx.run_blocking(ROCE_CALL_TIMEOUT_S, self.roce.collect, PERIOD_ROUNDS)
+        if rows and self.super_pod_id is not None and self.server_index is not None:
+            try:
+                await self.ctx.run_blocking(
+                    ROCE_CALL_TIMEOUT_S,
+                    self.writer.write_csv,
+                    self.super_pod_id,
+                    self.server_index,
+                    rows,
+                    True,
+                )
+            except OSError as e:
+                self.m_errors.labels("result_file").inc()
+                self._ratelog.warning("roce_file", "roce result file not written", error=str(e))
+        if rows:
+            self.ctx.state.add_ping_results(rows)
+            self.m_rows.inc(len(rows))
+            self.rows_sent += len(rows)
+        return len(rows)
+
+    def _roce_interval(self) -> float:
+        if self.args.pingmesh_collect_interval_s > 0:
+            return self.args.pingmesh_collect_interval_s
+        act = pmconfig.for_super_pod(self.config or {}, ROCE)
+        return float(act.period_s) if act else self.args.pingmesh_file_poll_s
