@@ -202,7 +202,10 @@ def test_rbac_is_least_privilege(chart):
         and o["metadata"]["namespace"] == "cluster-system"
     )  # fmt: skip
     # patch: fault-job-info by name, and (pingmesh on) the per-node pingmesh-fault-<node> ConfigMaps
-    assert [r.get("resourceNames") for r in fji["rules"] if "patch" in r["verbs"]] == [["fault-job-info"], None]
+    assert [r.get("resourceNames") for r in fji["rules"] if "patch" in r["verbs"]] == [
+        ["fault-job-info"],
+        None,
+    ]
     c = _container(objs, "Deployment", "-clusterd", "clusterd")
     assert "--kube-fault-job-info-namespace=cluster-system" in c["args"]
     # the agents have no API access by default

@@ -13,7 +13,8 @@ from faultmesh.kube import KubeError
 from faultmesh.lease import LeaseElector
 from faultmesh.model import Fault
 
-ELECT = ("--kube-leader-elect", "on", "--kube-lease-namespace", "faultmesh")
+# no publish hold-off here (it is 15 s by default with election on; tested in test_kube_mode.py)
+ELECT = ("--kube-leader-elect", "on", "--kube-lease-namespace", "faultmesh", "--kube-publish-holdoff-s", "0")
 
 
 def kube(cd):

@@ -7,6 +7,7 @@ serves the Kubernetes API on 127.0.0.1.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import time
@@ -558,3 +559,23 @@ async def test_clusterd_config_cm_sets_the_manual_separation_policy_live(k8s, kc
 
     await until(lambda: rejected_policies() == 1, what="bad policy rejected")
     assert kcd.separation.policy == Policy(True, 2, 5, -1)
+
+
+async def test_publish_holdoff_keeps_the_published_view_until_it_ends(k8s, tmp_path):
+    """A new leader (HA) starts without the agents' faults: during the hold-off the cluster-info
+    ConfigMaps on the server stay as the last leader wrote them (a new fault is not published yet)."""
+    from clusterd.kube.publisher import publish_holdoff_s
+
+    emu, api = k8s
+    cd = await kube_clusterd(tmp_path, api.url, "--kube-publish-holdoff-s", "3600")
+    try:
+        await cd.center.upsert(
+            Fault("deviced", "node-1", "NPU", 2, "80E18008", "RestartNPU"), origin="deviced"
+        )
+        await until(lambda: kube(cd).publisher.held, what="hold-off")
+        assert await published(api, "cluster-info-device-0") is None  # nothing written while held
+    finally:
+        await cd.stop()
+    auto = argparse.Namespace(kube_publish_holdoff_s=-1.0, kube_leader_elect="on")
+    assert publish_holdoff_s(auto) == 15.0
+    assert publish_holdoff_s(argparse.Namespace(kube_publish_holdoff_s=-1.0, kube_leader_elect="off")) == 0.0

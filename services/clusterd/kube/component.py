@@ -109,6 +109,14 @@ class KubeComponent:
         g.add_argument(
             "--kube-resync-s", type=float, default=60.0, help="read back published ConfigMaps every (s)"
         )
+        g.add_argument(
+            "--kube-publish-holdoff-s",
+            type=float,
+            default=-1.0,
+            help="after start, keep the cluster-info ConfigMaps as they are for this long (s), so the "
+            "agents' snapshots arrive first; -1 (default): 15 with --kube-leader-elect on (a new leader "
+            "starts without the agents' faults), else 0",
+        )
         g.add_argument("--kube-watch-timeout-s", type=int, default=300, help="server-side watch timeout (s)")
         g.add_argument("--kube-timeout-s", type=float, default=10.0, help="timeout of one API call (s)")
         g.add_argument(

@@ -41,7 +41,7 @@ from clusterd.api.grpcserver import server_credentials, server_options
 from clusterd.kube import leader as kleader
 from clusterd.kube.gate import FollowerGate
 from clusterd.kube.hastate import KubeState, MirroredStore, StateMetrics, StateWriteError
-from faultmesh.httpd import HttpServer
+from faultmesh.httpd import HttpServer, rejected_counter
 from faultmesh.kube import KubeApi, make_api_client
 from faultmesh.lease import LeaseElector
 from faultmesh.log import event
@@ -92,13 +92,10 @@ class Standby:
         self.registry = daemon_registry("clusterd")
         metrics.register(self.registry)
         self._metrics = metrics
-        rejected = Counter(
-            "faultmesh_rejected_requests_total", "Rejected requests by service and reason",
-            ["service", "reason"], registry=self.registry,
-        )  # fmt: skip
+        rejected = rejected_counter(self.registry)
         self.gate = FollowerGate(lambda: elector, lambda s, r: rejected.labels(s, r).inc(), always=True)
         self.http = HttpServer(
-            args.http_addr, self.registry, ready=lambda: self.gate.ready(False, "starting")
+            args.http_addr, self.registry, ready=lambda: self.gate.ready(False, "starting"), rejected=rejected
         )
         self.http.app.middlewares.append(self.gate.http_middleware())
         self.health = health.aio.HealthServicer()

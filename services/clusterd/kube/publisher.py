@@ -36,6 +36,20 @@ VOLCANO_LABEL = ("mx-consumer-volcano", "true")
 MANAGED_BY = ("app.kubernetes.io/managed-by", "faultmesh-clusterd")
 
 
+HA_HOLDOFF_S = 15.0  # a new leader: the agents reconnect within their 10 s backoff cap
+
+
+def publish_holdoff_s(args) -> float:
+    """``--kube-publish-holdoff-s`` resolved (s): -1 means 15 with leader election on, else 0.
+
+    A new leader (issue 15 HA) starts from the state ConfigMap without the agents' faults; publishing
+    at once would tell Volcano that every node is healthy until their snapshots arrive."""
+    v = float(getattr(args, "kube_publish_holdoff_s", 0.0))
+    if v >= 0:
+        return v
+    return HA_HOLDOFF_S if getattr(args, "kube_leader_elect", "off") == "on" else 0.0
+
+
 def _shard_order(name: str) -> tuple[str, int]:
     """``cluster-info-device-10`` after ``-9``: shards are written in numeric order, so a node moving
     to an earlier shard is never missing in between (it may briefly appear twice)."""
@@ -64,6 +78,7 @@ class ClusterInfoPublisher:
         self.after_publish = after_publish
         self.api: KubeApi | None = None
         self._dirty = asyncio.Event()
+        self.held = False  # True during the start-up hold-off (see :func:`publish_holdoff_s`)
         self._written: dict[str, str] = {}  # published ConfigMap name -> data value last written/read
         self._entries: dict[str, dict] = {}  # entry key (CmName) -> last published entry (with UpdateTime)
         # kind (device / switch / node) -> node -> (entry key, serialized entry): rebuilt per changed node
@@ -250,6 +265,14 @@ class ClusterInfoPublisher:
             except KubeError as e:
                 self.metrics.api_errors.labels(e.op, str(e.status)).inc()
                 await asyncio.sleep(self._failed(e, backoff))
+        holdoff = publish_holdoff_s(a)
+        if (
+            holdoff > 0
+        ):  # the ConfigMaps on the server stay (the last leader's view) until the agents are back
+            self.held = True
+            event(log, logging.INFO, "cluster info publish held off", seconds=holdoff)
+            await asyncio.sleep(holdoff)
+            self.held = False
         self._last_resync = time.monotonic()
         self._dirty.set()
         while True:
