@@ -19,6 +19,10 @@ with every active fault instead, so one slow consumer delays only itself, never 
 Each fault has an *origin*: the agent (``noded``/``deviced`` on that node) or the component
 (``public``, ``fd-online``, ...) that owns it. An agent snapshot replaces everything its origin said
 before on that node. A recover keeps nothing; ``once`` faults are removed by their owner.
+
+A snapshot is diffed against the held (= stored) state: a fault it restates with the same content
+and owner (and the same or no last-seen time) changes nothing and writes nothing, so the resync of
+every agent after a clusterd restart costs the store only what really changed (issue 18).
 """
 
 from __future__ import annotations
@@ -212,6 +216,13 @@ class FaultCenter:
                     f = replace(f, first_seen_ms=f.first_seen_ms or now, last_seen_ms=f.last_seen_ms or now)
                     changes.append(Change(OCCUR, f))
                 else:
+                    if (
+                        op.replace_scope is not None
+                        and not f.last_seen_ms
+                        and old.same_content(f)
+                        and self._origin.get(f.key) == op.origin
+                    ):
+                        continue  # a snapshot restating a fault it already holds (no time): unchanged
                     f = replace(
                         f,
                         first_seen_ms=min(old.first_seen_ms, f.first_seen_ms or old.first_seen_ms),
