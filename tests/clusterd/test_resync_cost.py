@@ -46,7 +46,9 @@ async def test_an_unchanged_snapshot_after_a_restart_writes_no_fault(tmp_path):
         cd = await make_clusterd(tmp_path, "--grpc-addr", f"127.0.0.1:{port}")
         writes = WriteCount(cd.store)
         snapshots = cd.agents.messages.labels("snapshot")
-        await eventually(lambda: snapshots._value.get() >= 1 and ("node-1", "deviced") in cd.agents.connected())
+        await eventually(
+            lambda: snapshots._value.get() >= 1 and ("node-1", "deviced") in cd.agents.connected()
+        )
         await client.wait_synced()
         assert len(cd.center.faults("node-1")) == 2
         assert writes.faults == 0  # the same two faults: nothing to store
