@@ -17,6 +17,10 @@ state, and the agents reconnect with the same snapshot (unchanged) and then with
 changed. Agents are played by :class:`loadgen.Fleet` worker processes; beside each figure it prints
 the clients' CPU, the same job against :class:`loadgen.EchoServer` (a server doing no work) and the
 per-agent time relative to the first size, so the figures read as ratios on a noisy box.
+
+``--scrape 16384`` fills clusterd with N nodes x 10 NPU faults (agents as above), then times
+``GET /metrics`` and ``GET /v1/nodes`` (median of 5; the same at 1/16 of the size is the baseline
+beside it) and the agent-stream delta rate with and without both scraped once per second.
 """
 
 from __future__ import annotations
@@ -244,8 +248,8 @@ def resync_size(fleet: Fleet, n: int, profile: str | None) -> dict:
     """One size of the resync bench (see the module docstring); figures in s, MiB and CPU s."""
     items = list(range(n))
     job = {"npus": 16, "faults": 10, "faulty_every": 10}
-    with EchoServer() as addr:
-        echo = fleet.run("resync", items, addr=addr, **job)
+    with EchoServer() as srv:
+        echo = fleet.run("resync", items, addr=srv.addr, **job)
         fleet.close_streams()
     state = tempfile.mkdtemp(prefix="fm-resync-")
     try:
@@ -308,6 +312,63 @@ def resync_main(sizes: list[int], procs: int | None, profile: str | None) -> Non
     )
 
 
+def _get_s(url: str) -> float:
+    t = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=60) as r:
+        r.read()
+    return time.perf_counter() - t
+
+
+def scrape_size(fleet: Fleet, n: int, seconds: float) -> dict:
+    """Scrape times (s) at ``n`` nodes x 10 faults and the delta rate with / without scraping."""
+    import statistics
+    import threading
+
+    with Clusterd() as cd:
+        fleet.run("resync", list(range(n)), addr=cd.grpc, npus=16, faults=10, faulty_every=1)
+        times = {}
+        for path in ("/metrics", "/v1/nodes"):
+            times[path] = statistics.median(_get_s(f"http://{cd.http}{path}") for _ in range(5))
+        agents = list(range(200))
+        quiet = fleet.run("deltas", agents, addr=cd.grpc, seconds=seconds, window=4)
+        stop = threading.Event()
+
+        def scraper() -> None:
+            while not stop.wait(1.0):
+                for path in ("/metrics", "/v1/nodes"):
+                    _get_s(f"http://{cd.http}{path}")
+
+        th = threading.Thread(target=scraper, daemon=True)
+        th.start()
+        try:
+            busy = fleet.run("deltas", agents, addr=cd.grpc, seconds=seconds, window=4)
+        finally:
+            stop.set()
+            th.join(60)
+        fleet.close_streams()
+    return {"nodes": n, "metrics_s": times["/metrics"], "nodes_s": times["/v1/nodes"],
+            "quiet_rate": quiet["n"] / quiet["wall_s"], "scraped_rate": busy["n"] / busy["wall_s"]}  # fmt: skip
+
+
+def scrape_main(n: int, procs: int | None, seconds: float) -> None:
+    """Print the scrape figures at n/16 (baseline) and n nodes, then the RESULT line."""
+    with Fleet(procs) as fleet:
+        rs = [scrape_size(fleet, max(1, n // 16), seconds), scrape_size(fleet, n, seconds)]
+    for r in rs:
+        print(
+            f"{r['nodes']:6d} nodes x 10 faults: /metrics {r['metrics_s'] * 1e3:7.1f} ms  /v1/nodes "
+            f"{r['nodes_s'] * 1e3:7.1f} ms | deltas/s {r['quiet_rate']:7.0f} quiet, {r['scraped_rate']:7.0f} "
+            f"scraped every 1 s (x{r['scraped_rate'] / r['quiet_rate']:.2f})",
+            flush=True,
+        )
+    b, r = rs
+    print(
+        f"RESULT nodes={n} metrics_ms={r['metrics_s'] * 1e3:.1f} v1_nodes_ms={r['nodes_s'] * 1e3:.1f} "
+        f"metrics_vs_1_16={r['metrics_s'] / b['metrics_s']:.1f} v1_nodes_vs_1_16={r['nodes_s'] / b['nodes_s']:.1f} "
+        f"ingest_kept={r['scraped_rate'] / r['quiet_rate']:.2f}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", default="1000,4000", help="comma-separated cluster sizes")
@@ -315,7 +376,12 @@ def main() -> None:
     ap.add_argument("--resync", default="", help="comma-separated sizes: the restart-resync bench instead")
     ap.add_argument("--procs", type=int, default=None, help="load worker processes (default cores - 1)")
     ap.add_argument("--profile", default=None, help="cProfile the restarted clusterd into PATH.<size>")
+    ap.add_argument("--scrape", type=int, default=0, help="nodes: the /metrics and /v1/nodes bench instead")
+    ap.add_argument("--seconds", type=float, default=8.0, help="--scrape: seconds of each delta run")
     a = ap.parse_args()
+    if a.scrape:
+        scrape_main(a.scrape, a.procs, a.seconds)
+        return
     if a.resync:
         resync_main([int(x) for x in a.resync.split(",")], a.procs, a.profile)
         return

@@ -48,7 +48,8 @@ from clusterd.http.nodes import NodeApi
 from clusterd.http.web import WebUi
 from clusterd.ingest.agents import AgentHub
 from clusterd.kube import KubeComponent
-from clusterd.nodes import NodeHealthCollector, NodeRegistry
+from clusterd.nodehealth import NodeHealthCollector
+from clusterd.nodes import NodeRegistry
 from clusterd.separation import ManualSeparation
 from clusterd.slownet import SlowNetComponent
 from clusterd.slownode import SlowNodeComponent
@@ -170,10 +171,14 @@ class ClusterD:
         store = Store(args.state_dir, fsync_full=args.fsync_full, busy_timeout_ms=args.state_busy_timeout_ms)
         center = FaultCenter(store, registry)
         nodes = NodeRegistry(store, center)
-        registry.register(NodeHealthCollector(nodes, center))
+        node_health = NodeHealthCollector(nodes, center)
+        registry.register(node_health)
         self._ready = False
         http = HttpServer(
-            args.http_addr, registry, ready=lambda: (self._ready, "ready" if self._ready else "starting")
+            args.http_addr,
+            registry,
+            ready=lambda: (self._ready, "ready" if self._ready else "starting"),
+            metrics=lambda: node_health.exposition(registry),
         )
         auth = TokenAuth.from_file(args.token_file, rejected)
         http.app.middlewares.append(auth.http_middleware())

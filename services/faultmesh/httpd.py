@@ -45,9 +45,11 @@ class HttpServer:
         registry: CollectorRegistry,
         ready: Callable[[], tuple[bool, str]] | None = None,
         client_max_size: int = 4 << 20,
+        metrics: Callable[[], bytes] | None = None,
     ) -> None:
         self.host, self.port = parse_addr(addr)
         self.registry = registry
+        self._metrics_body = metrics or (lambda: generate_latest(self.registry))  # a faster body
         self._ready = ready or (lambda: (True, "ok"))
         self.app = web.Application(client_max_size=client_max_size)
         self.app.router.add_get("/metrics", self._metrics)
@@ -56,7 +58,7 @@ class HttpServer:
         self._runner: web.AppRunner | None = None
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.registry)
+        body = self._metrics_body()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, request: web.Request) -> web.Response:
