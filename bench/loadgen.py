@@ -376,7 +376,8 @@ def quantile(xs: list[float], q: float) -> float:
 # -- the baseline peer ----------------------------------------------------------------------------
 class EchoServer:
     """A trivial grpc.aio server in its own process, answering AgentStream/Connect with an Ack per
-    Snapshot/Delta and SendPublicFault with code 0: ``with EchoServer() as addr:``."""
+    Snapshot/Delta and SendPublicFault with code 0: ``with EchoServer() as echo:`` (``echo.addr``,
+    ``echo.pid``)."""
 
     def __init__(self) -> None:
         from benchkit import free_port
@@ -384,7 +385,7 @@ class EchoServer:
         self.addr = f"127.0.0.1:{free_port()}"
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> str:
+    def __enter__(self) -> EchoServer:
         self.proc = subprocess.Popen([sys.executable, __file__, "--echo-server", self.addr])
         deadline = time.monotonic() + 20
         import socket
@@ -392,7 +393,7 @@ class EchoServer:
         while time.monotonic() < deadline:
             try:
                 socket.create_connection(tuple(self.addr.rsplit(":", 1)), timeout=1).close()  # type: ignore[arg-type]
-                return self.addr
+                return self
             except OSError:
                 time.sleep(0.1)
         self.__exit__()
