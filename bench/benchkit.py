@@ -21,21 +21,34 @@ def free_port() -> int:
 class Clusterd:
     """A clusterd process on free loopback ports with its own state dir: ``with Clusterd(*flags) as c:``
     gives ``c.grpc`` / ``c.http`` (host:port) once ``/readyz`` answers (up to ``ready_s`` s; raises
-    ``TimeoutError``); on exit it is terminated (SIGTERM, 20 s) and the state dir removed."""
+    ``TimeoutError``); on exit it is terminated (SIGTERM, 20 s) and the state dir removed. With
+    ``state_dir`` it uses (and keeps) that folder: a restart on the same state. With ``profile`` (a
+    path) it runs under cProfile, which writes that file when clusterd stops."""
 
-    def __init__(self, *flags: str, log_level: str = "WARNING", ready_s: float = 20.0) -> None:
+    def __init__(
+        self,
+        *flags: str,
+        log_level: str = "WARNING",
+        ready_s: float = 20.0,
+        state_dir: str | None = None,
+        profile: str | None = None,
+    ) -> None:
         self.flags = flags
         self.log_level = log_level
         self.ready_s = ready_s
         self.grpc = f"127.0.0.1:{free_port()}"
         self.http = f"127.0.0.1:{free_port()}"
-        self.state = ""
+        self.state = state_dir or ""
+        self._keep = state_dir is not None
+        self.profile = profile
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> Clusterd:
-        self.state = tempfile.mkdtemp(prefix="fm-bench-")
+        if not self._keep:
+            self.state = tempfile.mkdtemp(prefix="fm-bench-")
+        prof = ["-m", "cProfile", "-o", self.profile] if self.profile else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "clusterd", "--grpc-addr", self.grpc, "--http-addr", self.http,
+            [sys.executable, *prof, "-m", "clusterd", "--grpc-addr", self.grpc, "--http-addr", self.http,
              "--state-dir", self.state, "--log-level", self.log_level, *self.flags],
         )  # fmt: skip
         deadline = time.monotonic() + self.ready_s
@@ -57,4 +70,11 @@ class Clusterd:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        shutil.rmtree(self.state, ignore_errors=True)
+        if not self._keep:
+            shutil.rmtree(self.state, ignore_errors=True)
+
+    @property
+    def pid(self) -> int:
+        """The clusterd process id (for /proc figures)."""
+        assert self.proc is not None
+        return self.proc.pid

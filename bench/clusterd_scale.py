@@ -10,6 +10,17 @@ CPU time from /proc. The chart's ``clusterd.scale`` presets come from these figu
 Run: ``.venv/bin/python bench/clusterd_scale.py`` (1k and 4k nodes, under a minute). The 16k figure
 needs ``--nodes 16000`` and several minutes on 2 cores: connecting 16k agent streams dominates.
 The last line holds the figures.
+
+``--resync 1000,4000,16384`` measures the other scale figure of issue 18 instead: N deviced agents
+(16 NPUs each, 10 faults on every 10th node) snapshot into clusterd, clusterd restarts on the same
+state, and the agents reconnect with the same snapshot (unchanged) and then with every fault
+changed. Agents are played by :class:`loadgen.Fleet` worker processes; beside each figure it prints
+the clients' CPU, the same job against :class:`loadgen.EchoServer` (a server doing no work) and the
+per-agent time relative to the first size, so the figures read as ratios on a noisy box.
+
+``--scrape 16384`` fills clusterd with N nodes x 10 NPU faults (agents as above), then times
+``GET /metrics`` and ``GET /v1/nodes`` (median of 5; the same at 1/16 of the size is the baseline
+beside it) and the agent-stream delta rate with and without both scraped once per second.
 """
 
 from __future__ import annotations
@@ -27,6 +38,10 @@ import urllib.request
 import grpc
 import kmock
 import uvloop
+from benchkit import Clusterd
+from loadgen import EchoServer, Fleet, quantile
+from loadgen import cpu_s as proc_cpu_s
+from loadgen import rss_mib as proc_rss_mib
 
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
 
@@ -229,11 +244,147 @@ async def run_size(n: int, faulty_every: int) -> dict:
     }
 
 
+def resync_size(fleet: Fleet, n: int, profile: str | None) -> dict:
+    """One size of the resync bench (see the module docstring); figures in s, MiB and CPU s."""
+    items = list(range(n))
+    job = {"npus": 16, "faults": 10, "faulty_every": 10}
+    with EchoServer() as srv:
+        echo = fleet.run("resync", items, addr=srv.addr, **job)
+        fleet.close_streams()
+    state = tempfile.mkdtemp(prefix="fm-resync-")
+    try:
+        with Clusterd(state_dir=state) as cd:
+            first = fleet.run("resync", items, addr=cd.grpc, **job)
+            fleet.close_streams()
+        with Clusterd(state_dir=state, profile=profile) as cd:
+            c0 = proc_cpu_s(cd.pid)
+            same = fleet.run("resync", items, addr=cd.grpc, **job)
+            same_cpu = proc_cpu_s(cd.pid) - c0
+            fleet.close_streams()
+            c0 = proc_cpu_s(cd.pid)
+            changed = fleet.run("resync", items, addr=cd.grpc, changed=True, **job)
+            changed_cpu = proc_cpu_s(cd.pid) - c0
+            rss = proc_rss_mib(cd.pid)
+            fleet.close_streams()
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+    return {
+        "nodes": n,
+        "echo_s": echo["wall_s"],
+        "first_s": first["wall_s"],
+        "resync_s": same["wall_s"],
+        "resync_cpu_s": same_cpu,
+        "changed_s": changed["wall_s"],
+        "changed_cpu_s": changed_cpu,
+        "client_cpu_s": same["cpu_s"],
+        "p99_s": quantile(same["lat"], 0.99),
+        "rss_mib": rss,
+        "retries": same["retries"] + changed["retries"],
+    }
+
+
+def resync_main(sizes: list[int], procs: int | None, profile: str | None) -> None:
+    """Print one line per size and the RESULT line (ratios against the echo server and the first size)."""
+    results = []
+    with Fleet(procs) as fleet:
+        for n in sizes:
+            r = resync_size(fleet, n, f"{profile}.{n}" if profile else None)
+            results.append(r)
+            base = results[0]
+            per_agent = (r["resync_s"] / n) / (base["resync_s"] / base["nodes"])
+            print(
+                f"{n:6d} agents x 16 NPUs: restart resync {r['resync_s']:6.2f} s (clusterd CPU "
+                f"{r['resync_cpu_s']:5.2f} s, p99 {r['p99_s']:.2f} s) | changed {r['changed_s']:6.2f} s "
+                f"(CPU {r['changed_cpu_s']:5.2f} s) | first {r['first_s']:6.2f} s | echo server "
+                f"{r['echo_s']:5.2f} s | RSS {r['rss_mib']:6.1f} MiB | clients {fleet.procs} procs, "
+                f"CPU {r['client_cpu_s']:5.2f} s | per agent x{per_agent:.2f} of {base['nodes']} "
+                f"| retries {r['retries']}",
+                flush=True,
+            )
+    print(
+        "RESULT "
+        + " ".join(
+            f"n{r['nodes']}_resync_s={r['resync_s']:.2f} n{r['nodes']}_vs_echo={r['resync_s'] / r['echo_s']:.1f} "
+            f"n{r['nodes']}_unchanged_cpu_vs_changed={r['resync_cpu_s'] / max(r['changed_cpu_s'], 1e-9):.2f} "
+            f"n{r['nodes']}_rss_mib={r['rss_mib']:.0f}"
+            for r in results
+        )
+    )
+
+
+def _get_s(url: str) -> float:
+    t = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=60) as r:
+        r.read()
+    return time.perf_counter() - t
+
+
+def scrape_size(fleet: Fleet, n: int, seconds: float) -> dict:
+    """Scrape times (s) at ``n`` nodes x 10 faults and the delta rate with / without scraping."""
+    import statistics
+    import threading
+
+    with Clusterd() as cd:
+        fleet.run("resync", list(range(n)), addr=cd.grpc, npus=16, faults=10, faulty_every=1)
+        times = {}
+        for path in ("/metrics", "/v1/nodes"):
+            times[path] = statistics.median(_get_s(f"http://{cd.http}{path}") for _ in range(5))
+        agents = list(range(200))
+        quiet = fleet.run("deltas", agents, addr=cd.grpc, seconds=seconds, window=4)
+        stop = threading.Event()
+
+        def scraper() -> None:
+            while not stop.wait(1.0):
+                for path in ("/metrics", "/v1/nodes"):
+                    _get_s(f"http://{cd.http}{path}")
+
+        th = threading.Thread(target=scraper, daemon=True)
+        th.start()
+        try:
+            busy = fleet.run("deltas", agents, addr=cd.grpc, seconds=seconds, window=4)
+        finally:
+            stop.set()
+            th.join(60)
+        fleet.close_streams()
+    return {"nodes": n, "metrics_s": times["/metrics"], "nodes_s": times["/v1/nodes"],
+            "quiet_rate": quiet["n"] / quiet["wall_s"], "scraped_rate": busy["n"] / busy["wall_s"]}  # fmt: skip
+
+
+def scrape_main(n: int, procs: int | None, seconds: float) -> None:
+    """Print the scrape figures at n/16 (baseline) and n nodes, then the RESULT line."""
+    with Fleet(procs) as fleet:
+        rs = [scrape_size(fleet, max(1, n // 16), seconds), scrape_size(fleet, n, seconds)]
+    for r in rs:
+        print(
+            f"{r['nodes']:6d} nodes x 10 faults: /metrics {r['metrics_s'] * 1e3:7.1f} ms  /v1/nodes "
+            f"{r['nodes_s'] * 1e3:7.1f} ms | deltas/s {r['quiet_rate']:7.0f} quiet, {r['scraped_rate']:7.0f} "
+            f"scraped every 1 s (x{r['scraped_rate'] / r['quiet_rate']:.2f})",
+            flush=True,
+        )
+    b, r = rs
+    print(
+        f"RESULT nodes={n} metrics_ms={r['metrics_s'] * 1e3:.1f} v1_nodes_ms={r['nodes_s'] * 1e3:.1f} "
+        f"metrics_vs_1_16={r['metrics_s'] / b['metrics_s']:.1f} v1_nodes_vs_1_16={r['nodes_s'] / b['nodes_s']:.1f} "
+        f"ingest_kept={r['scraped_rate'] / r['quiet_rate']:.2f}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", default="1000,4000", help="comma-separated cluster sizes")
     ap.add_argument("--faulty-every", type=int, default=10, help="one node in this many has faults")
+    ap.add_argument("--resync", default="", help="comma-separated sizes: the restart-resync bench instead")
+    ap.add_argument("--procs", type=int, default=None, help="load worker processes (default cores - 1)")
+    ap.add_argument("--profile", default=None, help="cProfile the restarted clusterd into PATH.<size>")
+    ap.add_argument("--scrape", type=int, default=0, help="nodes: the /metrics and /v1/nodes bench instead")
+    ap.add_argument("--seconds", type=float, default=8.0, help="--scrape: seconds of each delta run")
     a = ap.parse_args()
+    if a.scrape:
+        scrape_main(a.scrape, a.procs, a.seconds)
+        return
+    if a.resync:
+        resync_main([int(x) for x in a.resync.split(",")], a.procs, a.profile)
+        return
     results = []
     for n in (int(x) for x in a.nodes.split(",")):
         r = uvloop.run(run_size(n, a.faulty_every))

@@ -1,139 +1,88 @@
-"""Ingest benchmark: SendPublicFault req/s and latency (1 and 64 concurrent clients), and agent-stream
-deltas/s with 1000 simulated agents, against a real clusterd process on loopback (issue 2).
+"""Ingest benchmark (issues 2, 18): SendPublicFault req/s and latency (1 and 64 concurrent clients)
+and durable agent-stream deltas/s (``--agents`` agents, ``--window`` deltas in flight each), then the
+ack latency at half that rate (open loop), against a real clusterd process on loopback.
+
+The clients are :class:`loadgen.Fleet` worker processes (``--procs``, default cores - 1); every
+figure is printed beside the same load against :class:`loadgen.EchoServer` (a grpc.aio server
+answering the same messages without any work) measured in the same run, and beside the clients'
+own CPU seconds: when the clients used about ``procs`` cores, the client was the limit.
 
 Run: ``.venv/bin/python bench/ingest.py [--seconds 8] [--agents 1000]``. The last line holds the figures.
 clusterd runs with its per-resource and unary limiters opened up, so the server's own cost is measured.
+``--profile PATH`` writes clusterd's cProfile there.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import statistics
-import time
-import uuid
 
-import grpc
-import uvloop
 from benchkit import Clusterd
+from loadgen import EchoServer, Fleet, cpu_s, quantile
 
-from faultmesh._pb import agent_pb2, agent_pb2_grpc, pubfault_pb2, pubfault_pb2_grpc
+OPEN = ("--unary-qps", "1000000", "--public-fault-qps", "1000000", "--public-fault-burst", "1000000")
 
 
-def request(i: int) -> pubfault_pb2.PublicFaultRequest:
-    now = int(time.time() * 1000)
-    return pubfault_pb2.PublicFaultRequest(
-        id=f"bench-{uuid.uuid4().hex[:12]}",
-        timestamp=now,
-        version="1.0",
-        resource="CCAE",
-        faults=[
-            pubfault_pb2.Fault(
-                faultId=f"f-{i:08d}",
-                faultType="NPU",
-                faultCode="010001001",
-                faultTime=now,
-                assertion="occur",
-                influence=[pubfault_pb2.PubFaultInfo(nodeName=f"node-{i % 512}", deviceIds=[i % 16])],
-            )
-        ],
+def measure(fleet: Fleet, addr: str, pid: int, a) -> dict[str, tuple]:
+    """Every load against one server: name -> (rate/s, p50 ms, p99 ms, client CPU s, server CPU s)."""
+    out: dict[str, tuple] = {}
+
+    def run(name: str, job: str, items: list[int], **kw) -> dict:
+        c0 = cpu_s(pid)
+        r = fleet.run(job, items, addr=addr, seconds=a.seconds, **kw)
+        assert not r["errors"], f"{name}: {r['errors']} errors"
+        rate = r["n"] / r["wall_s"]
+        out[name] = (
+            rate,
+            quantile(r["lat"], 0.5) * 1e3,
+            quantile(r["lat"], 0.99) * 1e3,
+            r["cpu_s"],
+            cpu_s(pid) - c0,
+        )
+        return out[name]
+
+    run("pubfault_c1", "pubfault", [0])
+    run("pubfault_c64", "pubfault", list(range(64)))
+    full = run("deltas", "deltas", list(range(a.agents)), window=a.window, per_msg=a.per_msg)
+    run(
+        "deltas_half",
+        "deltas",
+        list(range(a.agents)),
+        rate=full[0] / 2 / a.agents,
+        window=64,
+        per_msg=a.per_msg,
     )
-
-
-async def pubfault_load(addr: str, concurrency: int, seconds: float) -> tuple[float, float, float]:
-    lat: list[float] = []
-    counter = [0]
-    # one connection per 16 callers: the server allows 64 streams per connection, as the reference
-    channels = [
-        grpc.aio.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range((concurrency + 15) // 16)
-    ]
-    stubs = [pubfault_pb2_grpc.PubFaultStub(ch) for ch in channels]
-    end = time.perf_counter() + seconds
-
-    async def worker(stub) -> None:
-        while time.perf_counter() < end:
-            counter[0] += 1
-            t = time.perf_counter()
-            r = await stub.SendPublicFault(request(counter[0]), timeout=10)
-            lat.append(time.perf_counter() - t)
-            assert r.code == 0, r
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker(stubs[i // 16]) for i in range(concurrency)))
-    wall = time.perf_counter() - t0
-    for ch in channels:
-        await ch.close()
-    q = statistics.quantiles(lat, n=100)
-    return len(lat) / wall, q[49] * 1000, q[98] * 1000
-
-
-async def agents_load(addr: str, agents: int, seconds: float) -> tuple[float, float]:
-    channels = [
-        grpc.aio.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range((agents + 49) // 50)
-    ]
-    acked = [0]
-    lat: list[float] = []
-    end = time.perf_counter() + seconds
-
-    async def agent(i: int) -> None:
-        call = agent_pb2_grpc.AgentStreamStub(channels[i // 50]).Connect()
-        node = f"bench-node-{i:05d}"
-        await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=node, agent="noded")))
-        await call.write(agent_pb2.AgentMessage(snapshot=agent_pb2.Snapshot(seq=1)))
-        await call.read()
-        seq = 1
-        while time.perf_counter() < end:
-            seq += 1
-            f = agent_pb2.Fault(
-                source="bmc-oem",
-                device_type="Memory",
-                device_id=seq % 8,
-                code=f"{seq % 64:08X}",
-                level="SeparateFault",
-            )
-            t = time.perf_counter()
-            await call.write(agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=seq, upserts=[f])))
-            msg = await call.read()
-            lat.append(time.perf_counter() - t)
-            assert msg.ack.seq == seq and not msg.ack.error
-            acked[0] += 1
-        await call.done_writing()
-        call.cancel()
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(agent(i) for i in range(agents)))
-    wall = time.perf_counter() - t0
-    for ch in channels:
-        await ch.close()
-    return acked[0] / wall, statistics.quantiles(lat, n=100)[98] * 1000
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--agents", type=int, default=1000)
+    ap.add_argument("--window", type=int, default=4, help="deltas in flight per agent (full-rate run)")
+    ap.add_argument("--per-msg", type=int, default=1, help="upserts per Delta message")
+    ap.add_argument("--procs", type=int, default=None)
+    ap.add_argument("--profile", default=None)
     a = ap.parse_args()
-    with Clusterd(
-        "--unary-qps", "1000000", "--public-fault-qps", "1000000", "--public-fault-burst", "1000000"
-    ) as cd:  # fmt: skip
-        grpc_addr = cd.grpc
-        r1 = uvloop.run(pubfault_load(grpc_addr, 1, a.seconds))
-        print(f"SendPublicFault c=1:  {r1[0]:8.0f} req/s  p50 {r1[1]:.2f} ms  p99 {r1[2]:.2f} ms", flush=True)
-        r64 = uvloop.run(pubfault_load(grpc_addr, 64, a.seconds))
+    with Fleet(a.procs) as fleet:
+        with EchoServer() as echo:
+            base = measure(fleet, echo.addr, echo.pid, a)
+        with Clusterd(*OPEN, profile=a.profile) as cd:
+            got = measure(fleet, cd.grpc, cd.pid, a)
+    for name, (rate, p50, p99, ccpu, scpu) in got.items():
+        b = base[name]
         print(
-            f"SendPublicFault c=64: {r64[0]:8.0f} req/s  p50 {r64[1]:.2f} ms  p99 {r64[2]:.2f} ms", flush=True
+            f"{name:13s} clusterd {rate:8.0f}/s p50 {p50:7.2f} ms p99 {p99:7.2f} ms (server CPU {scpu:5.1f} s) | "
+            f"echo server {b[0]:8.0f}/s p99 {b[2]:7.2f} ms | ratio {rate / b[0]:.2f} | clients {fleet.procs} procs "
+            f"CPU {ccpu:5.1f} s of {a.seconds * fleet.procs:.0f}",
+            flush=True,
         )
-        ag = uvloop.run(agents_load(grpc_addr, a.agents, a.seconds))
-        print(
-            f"agent stream, {a.agents} agents: {ag[0]:8.0f} deltas/s acked (durable)  ack p99 {ag[1]:.1f} ms"
-        )
-        print(
-            f"RESULT pubfault_c1_rps={r1[0]:.0f} p50_ms={r1[1]:.2f} p99_ms={r1[2]:.2f} "
-            f"pubfault_c64_rps={r64[0]:.0f} p50_ms={r64[1]:.2f} p99_ms={r64[2]:.2f} "
-            f"agents={a.agents} deltas_per_s={ag[0]:.0f} ack_p99_ms={ag[1]:.1f}"
-        )
+    d, h = got["deltas"], got["deltas_half"]
+    print(
+        f"RESULT pubfault_c1_rps={got['pubfault_c1'][0]:.0f} pubfault_c64_rps={got['pubfault_c64'][0]:.0f} "
+        f"pubfault_c64_p99_ms={got['pubfault_c64'][2]:.1f} agents={a.agents} deltas_per_s={d[0]:.0f} "
+        f"deltas_vs_echo={d[0] / base['deltas'][0]:.2f} server_cores={d[4] / a.seconds:.2f} "
+        f"half_rate_ack_p99_ms={h[2]:.1f} client_cpu_s={d[3]:.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -58,7 +58,8 @@ from clusterd.kube import ha as kha
 from clusterd.kube.control import slownet_topology
 from clusterd.kube.gate import FollowerGate
 from clusterd.kube.handoff import PodGroupPlatform
-from clusterd.nodes import NodeHealthCollector, NodeRegistry
+from clusterd.nodehealth import NodeHealthCollector
+from clusterd.nodes import NodeRegistry
 from clusterd.separation import ManualSeparation
 from clusterd.slownet import SlowNetComponent
 from clusterd.slownode import SlowNodeComponent
@@ -194,7 +195,8 @@ class ClusterD:
         )  # HA (clusterd.kube.ha): a MirroredStore, and the replica's Lease elector
         center = FaultCenter(store, registry)
         nodes = NodeRegistry(store, center)
-        registry.register(NodeHealthCollector(nodes, center))
+        node_health = NodeHealthCollector(nodes, center)
+        registry.register(node_health)
         self._ready = False
         self.gate = FollowerGate(lambda: kube.elector, lambda s, r: rejected.labels(s, r).inc())
         http = HttpServer(
@@ -202,6 +204,7 @@ class ClusterD:
             registry,
             ready=lambda: self.gate.ready(self._ready, "ready" if self._ready else "starting"),
             rejected=rejected,
+            metrics=lambda: node_health.exposition(registry),
         )
         auth = TokenAuth.from_file(args.token_file, rejected)
         http.app.middlewares.append(self.gate.http_middleware())  # followers refuse (issue 15 HA)

@@ -19,6 +19,10 @@ with every active fault instead, so one slow consumer delays only itself, never 
 Each fault has an *origin*: the agent (``noded``/``deviced`` on that node) or the component
 (``public``, ``fd-online``, ...) that owns it. An agent snapshot replaces everything its origin said
 before on that node. A recover keeps nothing; ``once`` faults are removed by their owner.
+
+A snapshot is diffed against the held (= stored) state: a fault it restates with the same content
+and owner (and the same or no last-seen time) changes nothing and writes nothing, so the resync of
+every agent after a clusterd restart costs the store only what really changed (issue 18).
 """
 
 from __future__ import annotations
@@ -82,6 +86,8 @@ class FaultCenter:
         self._origin_n: dict[str, int] = {}  # origin -> its records
         self._groups: dict[str, dict[tuple[str, str], int]] = {}  # origin -> (node, source) -> records
         self._level_counts: dict[str, int] = {}
+        self._health: dict[str, tuple[str, str]] = {}  # node -> (health, worst level), while unchanged
+        self._code_nodes: dict[str, dict[str, int]] = {}  # code -> node -> its records of that code
         self._gauged_levels: set[str] = set()
         self._sinks: list[SinkWorker[Change]] = []
         self._sink_tasks: list[asyncio.Task] = []
@@ -212,6 +218,13 @@ class FaultCenter:
                     f = replace(f, first_seen_ms=f.first_seen_ms or now, last_seen_ms=f.last_seen_ms or now)
                     changes.append(Change(OCCUR, f))
                 else:
+                    if (
+                        op.replace_scope is not None
+                        and not f.last_seen_ms
+                        and old.same_content(f)
+                        and self._origin.get(f.key) == op.origin
+                    ):
+                        continue  # a snapshot restating a fault it already holds (no time): unchanged
                     f = replace(
                         f,
                         first_seen_ms=min(old.first_seen_ms, f.first_seen_ms or old.first_seen_ms),
@@ -322,6 +335,9 @@ class FaultCenter:
         self._level_counts[f.level] = self._level_counts.get(f.level, 0) + 1
         node = self._by_node.setdefault(f.node, {})
         node[f.key] = f
+        self._health.pop(f.node, None)
+        nodes = self._code_nodes.setdefault(f.code, {})
+        nodes[f.node] = nodes.get(f.node, 0) + 1
 
     def _index_drop(self, f: Fault) -> None:
         n = self._level_counts.get(f.level, 0) - 1
@@ -334,6 +350,16 @@ class FaultCenter:
             node.pop(f.key, None)
             if not node:
                 del self._by_node[f.node]
+        self._health.pop(f.node, None)
+        nodes = self._code_nodes.get(f.code)
+        if nodes is not None:
+            k = nodes.get(f.node, 0) - 1
+            if k > 0:
+                nodes[f.node] = k
+            else:
+                nodes.pop(f.node, None)
+                if not nodes:
+                    del self._code_nodes[f.code]
 
     def _update_gauges(self) -> None:
         for level in list(self._gauged_levels - self._level_counts.keys()):
@@ -384,13 +410,24 @@ class FaultCenter:
         """Every node that has at least one active fault."""
         return set(self._by_node)
 
+    def nodes_with_code(self, code: str) -> set[str]:
+        """Every node with at least one active fault of ``code`` (a maintained index: cost follows
+        those nodes, not all faults)."""
+        return set(self._code_nodes.get(code, ()))
+
     def node_health(self, node: str) -> tuple[str, str]:
-        """(health, worst level) of ``node`` from its faults: Healthy / SubHealthy / UnHealthy."""
-        faults = list(self._by_node.get(node, {}).values())
+        """(health, worst level) of ``node`` from its faults: Healthy / SubHealthy / UnHealthy.
+        Computed once per change of the node's faults (kept until the next), so a scrape of every
+        node costs a lookup per node (issue 18)."""
+        got = self._health.get(node)
+        if got is not None:
+            return got
+        faults = self._by_node.get(node)
         if not faults:
             return HEALTHY, ""
-        worst = max(faults, key=lambda f: level_severity(f.level)).level
-        return worst_health(level_health(f.level) for f in faults), worst
+        worst = max(faults.values(), key=lambda f: level_severity(f.level)).level
+        got = self._health[node] = (worst_health(level_health(f.level) for f in faults.values()), worst)
+        return got
 
 
 def fault_dict(f: Fault) -> dict[str, Any]:

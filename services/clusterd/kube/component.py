@@ -12,7 +12,7 @@ One part per concern, wired here:
 - **node annotation** ``NodeHealthyStatus=UnHealthy`` while a node is UnHealthy: :mod:`.annotator`
   (the per-node gauges the chart's alerts use, ``faultmesh_node_unhealthy`` and
   ``faultmesh_slow_node``, are exported by ClusterD's core in every mode:
-  :class:`clusterd.nodes.NodeHealthCollector`);
+  :class:`clusterd.nodehealth.NodeHealthCollector`);
 - **jobs from pods** (``--kube-jobs on``) into the brain's job registry: :mod:`.podjobs`, with the
   recovery settings of their Volcano PodGroups (``--kube-podgroups on``): :mod:`.podgroups`;
 - **node signals** (conditions, events, optional taint): :mod:`.signals`;

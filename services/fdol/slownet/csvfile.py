@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fdol.slownet.window import PingRow
+if TYPE_CHECKING:  # the window imports numpy: noded writes these files without FD-OL (issue 18)
+    from fdol.slownet.window import PingRow
 
 CSV_HEADER = "pingTaskId,srcType,srcAddr,dstType,dstAddr,minDelay,maxDelay,avgDelay,minLossRate,maxLossRate,avgLossRate,timestamp"
 
@@ -37,6 +39,8 @@ class PingRecord:
 
     def row(self) -> PingRow:
         """The analysis row (:class:`fdol.slownet.window.PingRow`; loss = ``avg_loss_rate``)."""
+        from fdol.slownet.window import PingRow
+
         return PingRow(
             self.ping_task_id, self.src_type, self.src_addr, self.dst_type, self.dst_addr,
             self.min_delay, self.max_delay, self.avg_delay, self.avg_loss_rate, self.timestamp_ms,

@@ -1,0 +1,103 @@
+"""The scrape and the node list read maintained indexes (issue 18); what they say must always equal
+the fault center, through every occur, upgrade, owner change and recover."""
+
+from __future__ import annotations
+
+import aiohttp
+from support import eventually
+
+from clusterd.nodes import SLOW_NODE_CODE
+from faultmesh.agent import AgentClient
+from faultmesh.levels import HEALTHY, SUB_HEALTHY, UNHEALTHY
+from faultmesh.model import Fault
+
+
+def fault(node: str, code: str, level: str, dev: int = 0, source: str = "deviced") -> Fault:
+    return Fault(source=source, node=node, device_type="NPU", device_id=dev, code=code, level=level)
+
+
+def scraped(cd) -> tuple[set[str], set[str], dict[str, str]]:
+    """(slow nodes, unhealthy nodes, node -> health) as the /metrics collector reports them."""
+    slow, bad, health = set(), set(), {}
+    for fam in cd.registry.collect():
+        for s in fam.samples:
+            if s.name == "faultmesh_slow_node" and s.value == 1:
+                slow.add(s.labels["node"])
+            elif s.name == "faultmesh_node_unhealthy" and s.value == 1:
+                bad.add(s.labels["node"])
+            elif s.name == "faultmesh_node_health" and s.value == 1:
+                health[s.labels["node"]] = s.labels["health"]
+    return slow, bad, health
+
+
+def truth(cd) -> tuple[set[str], set[str], dict[str, str]]:
+    """The same three answers computed from every fault of the center, the slow way."""
+    slow = {f.node for f in cd.center.faults() if f.code == SLOW_NODE_CODE}
+    health = {}
+    for n in cd.nodes.all_names():
+        fs = cd.center.faults(n)
+        health[n] = (
+            UNHEALTHY
+            if any(f.level in ("SeparateNPU", "SeparateFault") for f in fs)
+            else SUB_HEALTHY
+            if any(f.level == "SubHealthFault" for f in fs)
+            else HEALTHY
+        )
+    return slow, {n for n, h in health.items() if h == UNHEALTHY}, health
+
+
+async def test_the_scrape_follows_every_change_of_the_fault_center(cd):
+    await cd.center.upsert(fault("n1", SLOW_NODE_CODE, "SubHealthFault", -1, "fd-online"))
+    await cd.center.upsert(fault("n2", "80E18008", "SubHealthFault"))
+    await cd.center.upsert(fault("n2", "80E18009", "SeparateNPU", dev=1))
+    assert scraped(cd) == truth(cd)
+    assert scraped(cd)[0] == {"n1"} and scraped(cd)[2] == {"n1": SUB_HEALTHY, "n2": UNHEALTHY}
+    await cd.center.upsert(fault("n1", SLOW_NODE_CODE, "SeparateNPU", -1, "fd-online"))  # upgrade
+    await cd.center.remove(fault("n2", "80E18009", "SeparateNPU", dev=1).key)  # recover the worst
+    assert scraped(cd) == truth(cd)
+    assert scraped(cd)[2] == {"n1": UNHEALTHY, "n2": SUB_HEALTHY}
+    await cd.center.replace_source("n1", "fd-online", [])  # the slow-node fault recovers
+    await cd.center.upsert(fault("n3", SLOW_NODE_CODE, "SubHealthFault", -1, "fd-online"))
+    assert scraped(cd) == truth(cd)
+    assert scraped(cd)[0] == {"n3"} and cd.center.node_health("n1") == (HEALTHY, "")
+
+
+async def test_the_node_list_names_each_nodes_own_agents(cd):
+    await cd.center.upsert(fault("n1", "80E18008", "SubHealthFault"))
+    await cd.center.upsert(fault("n2", "80E18009", "SeparateNPU", source="fd-online"))  # not the agents'
+    clients = [
+        AgentClient(f"127.0.0.1:{cd.grpc_port}", n, a) for n, a in (("n2", "deviced"), ("n2", "noded"))
+    ]
+    for c in clients:
+        await c.start()
+    try:
+        await eventually(lambda: len(cd.agents.connected()) == 2)
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{cd.http.port}/v1/nodes") as r:
+                assert r.status == 200
+                body = await r.json()
+        got = {n["name"]: (n["health"], n["faults"], n["agents"]) for n in body}
+        assert got == {"n1": (SUB_HEALTHY, 1, []), "n2": (UNHEALTHY, 1, ["deviced", "noded"])}
+    finally:
+        for c in clients:
+            await c.stop()
+
+
+async def test_the_fast_scrape_text_is_what_prometheus_client_writes(cd):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from clusterd.nodehealth import NodeHealthCollector
+
+    await cd.center.upsert(fault("n1", SLOW_NODE_CODE, "SubHealthFault", -1, "fd-online"))
+    await cd.center.upsert(fault('odd"node\\x', "80E18009", "SeparateNPU"))  # escaped label values
+    cd.nodes.set_stale("n1", "noded", "Disconnected", 1)
+    own = NodeHealthCollector(cd.nodes, cd.center)
+    reg = CollectorRegistry()
+    reg.register(own)
+    assert own.text() == generate_latest(reg)
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"http://127.0.0.1:{cd.http.port}/metrics") as r:
+            body = await r.text()
+    assert body.count("# TYPE faultmesh_node_health gauge") == 1  # once: not also from collect()
+    assert 'faultmesh_node_health{health="SubHealthy",node="n1"} 1.0' in body
+    assert 'faultmesh_slow_node{node="n1"} 1.0' in body and "faultmesh_clusterd_ready" in body
