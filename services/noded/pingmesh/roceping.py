@@ -20,13 +20,15 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from faultmesh._pb import agent_pb2
 from faultmesh.files import FileWatch
 from faultmesh.log import event
 from fdol.slownet import config as pmconfig
-from noded.pingmesh.fabric import FabricError, read_spec
-from noded.pingmesh.rocefabric import RoceFabric
+
+if TYPE_CHECKING:
+    from noded.pingmesh.rocefabric import RoceFabric
 
 log = logging.getLogger("noded.pingmesh")
 
@@ -68,6 +70,10 @@ class RocePinger:
 
     def _load(self) -> RoceFabric | None:
         if self._watch is not None and self._watch.changed() and Path(self.fabric_file).exists():
+            # the simulated plane (numpy) is imported only where it is configured (issue 18: lean agents)
+            from noded.pingmesh.fabric import FabricError, read_spec
+            from noded.pingmesh.rocefabric import RoceFabric
+
             try:
                 self.fabric = RoceFabric(read_spec(self.fabric_file))
             except FabricError as e:
