@@ -5,10 +5,16 @@ ranks, TP groups [0,1] and [2,3] plus a global all-reduce, ~87 ms steps on an id
 instrumented with faultmesh.profiler and honours the data-trace switch clusterd writes.
 Ranks 0,1 are placed on node-a and 2,3 on node-b.
 
-- Stall: from step 30 rank 2 sleeps 0.4 x its compute time per step. clusterd must log
-  ``got degradation, slow rank ids: [2]`` (and no other rank) within 3 rounds of the confirmation
-  becoming possible (the 5th consecutive round that localizes the rank; an interruption restarts the count).
-  Asserted on the achieved slowdown measured by the job, not on the intended factor.
+The job runs with its TP collectives inside the forward range (a TP all-reduce after every layer,
+as Megatron; issue 16), so the TP members show the same forward time and a slow rank shows only
+as the one that waits least at each per-layer barrier.
+
+- Slow compute: from step 30 rank 2 does +20 % compute (CPU work calibrated in thread CPU time).
+  clusterd must log ``got degradation, slow rank ids: [2]`` (and no other rank) within 3 rounds of
+  the confirmation becoming possible (the 5th slow round that localizes the rank; one round in
+  between without it is tolerated, ``confirmGapRounds``). Asserted on the achieved slowdown.
+- Data-loader stall: from step 30 rank 1's data loader sleeps 0.4 x its compute time; the cluster
+  result names rank 1, and only it, in ``slowIORanks``, and no slow compute rank is reported.
 - Clean: the same job without slowdown logs nothing and raises no fault.
 
 Timing-sensitive: skipped on parallel runners (pytest-xdist) and on an overloaded box (load average
@@ -67,6 +73,9 @@ def _featconf(job: str) -> dict:
         "clusterMeanDistance": 1.3,
         "cardOneNode": 16,
         "SlowNode": 1,
+        # two "nodes" sharing one oversubscribed box: their forward times move together with the
+        # box's load by +-20 %, so the whole-node rule gets a wider margin than on a real cluster
+        "nodeRise": 0.3,
         "ranks": PLACEMENT,
     }
 
@@ -136,7 +145,15 @@ def stack(tmp_path_factory):
 
 
 def _run_job(
-    tmp: Path, prof: Path, dt: Path, job: str, mode: str, steps: int, stop_when=None
+    tmp: Path,
+    prof: Path,
+    dt: Path,
+    job: str,
+    mode: str,
+    steps: int,
+    stop_when=None,
+    slow_rank: int = 2,
+    factor: float = 0.4,
 ) -> dict[int, dict]:
     summary = tmp / f"summary-{job}"
     stop_file = tmp / f"stop-{job}"
@@ -155,11 +172,11 @@ def _run_job(
         "--slow-mode",
         mode,
         "--slow-rank",
-        "2",
+        str(slow_rank),
         "--slow-from",
         str(SLOW_FROM),
         "--factor",
-        "0.4",
+        str(factor),
         "--flush-s",
         "0.5",
         "--switch-poll-s",
@@ -211,62 +228,57 @@ def _median(rows, key, lo, hi):
     return statistics.median(r[key] for r in rows if lo <= r["step_no"] < hi)
 
 
-def test_stall_rank2_detected(stack):
+def test_compute_rank2_plus20_detected(stack):
     tmp, cd, prof, dt = stack
     _require_quiet_box()
-    job = "torch-stall"
+    job = "torch-compute"
     _http(cd.http, "POST", "/v1/slownode/jobs", _featconf(job))
     summ = _run_job(
         tmp,
         prof,
         dt,
         job,
-        "sleep",
+        "compute",
         400,
         stop_when=lambda: any(m[0] == job for m in PHRASE.findall(cd.log_text())),
+        factor=0.2,
     )
     rows = {r: s["rows"] for r, s in summ.items()}
     _require_normal_steps(rows[0])
     last = min(len(v) for v in rows.values())
-    # What was achieved: rank 2's compute phase against the other ranks', after vs before the stall.
-    after = {r: _median(rows[r], "compute", SLOW_FROM, last) for r in range(4)}
-    before = {r: _median(rows[r], "compute", 0, SLOW_FROM) for r in range(4)}
+    # What was achieved: rank 2's compute CPU against the other ranks', after vs before.
+    after = {r: _median(rows[r], "compute_cpu", SLOW_FROM, last) for r in range(4)}
+    before = {r: _median(rows[r], "compute_cpu", 0, SLOW_FROM) for r in range(4)}
     ratio_after = after[2] / statistics.median(after[r] for r in (0, 1, 3))
     ratio_before = before[2] / statistics.median(before[r] for r in (0, 1, 3))
     step_rise = _median(rows[0], "period", SLOW_FROM, last) / _median(rows[0], "period", 0, SLOW_FROM)
     print(
-        f"achieved: rank-2 compute ratio {ratio_before:.2f} -> {ratio_after:.2f}, step time x{step_rise:.2f}, "
-        f"steps run {last}"
+        f"achieved: rank-2 compute CPU ratio {ratio_before:.2f} -> {ratio_after:.2f}, step time "
+        f"x{step_rise:.2f}, steps run {last}"
     )
-    assert ratio_after > 1.15, (
-        f"the stall was not achieved (compute ratio {ratio_after:.2f}); box overloaded?"
-    )
+    assert ratio_after > 1.1, f"the slowdown was not achieved (CPU ratio {ratio_after:.2f}); box overloaded?"
     found = [m for m in PHRASE.findall(cd.log_text()) if m[0] == job]
     assert found == [(job, "2")], found
     status = _http(cd.http, "GET", f"/v1/slownode/{job}")
     assert status["degraded"] and status["slowRanks"] == [2]
     hist = status["history"]
     confirm = next(i for i, h in enumerate(hist) if h["degraded"])
-    # confirmation becomes possible at the 5th consecutive round that localizes rank 2 (a round in
-    # between without it, e.g. no fresh data on a loaded box, restarts the count); it must follow
-    # within 3 rounds of that
-    run, possible = 0, None
+    # confirmation becomes possible at the 5th round that localizes rank 2 (one round without it is
+    # tolerated, a second restarts the count); it must follow within 3 rounds of that
+    run, gaps, possible = 0, 0, None
     for i, h in enumerate(hist[: confirm + 1]):
-        run = run + 1 if 2 in h["slowCalculateRanks"] else 0
+        if 2 in h["slowCalculateRanks"]:
+            run += 1
+        elif run and gaps < 1:
+            gaps += 1
+        else:
+            run, gaps = 0, 0
         if run >= 5:
             possible = i
             break
     assert possible is not None and confirm - possible <= 3, hist
-    first = next(i for i, h in enumerate(hist) if 2 in h["slowCalculateRanks"])
     others = [h["round"] for h in hist if set(h["slowCalculateRanks"]) - {2}]
-    print(f"rounds that also localized another rank (never reported: majority rule): {others}")
-    # detection delay in steps after the stall began (printed for the record)
-    t_confirm = hist[confirm]["ms"]
-    steps_at_confirm = sum(1 for r in rows[2] if r["t_ms"] <= t_confirm)
-    print(
-        f"confirmed at step ~{steps_at_confirm} (stall from step {SLOW_FROM}); rounds first->confirm "
-        f"{confirm - first}"
-    )
+    print(f"rounds that also localized another rank (never reported): {others}")
     faults = [
         f
         for f in cd.get_json("/v1/faults")
@@ -275,6 +287,27 @@ def test_stall_rank2_detected(stack):
     assert [(f["node"], f["code"], f["attributes"]["influence"]) for f in faults] == [
         ("node-b", "110001010", "2")
     ]
+    _http(cd.http, "POST", f"/v1/slownode/{job}/disable", {})
+
+
+def test_dataloader_stall_rank1_named(stack):
+    tmp, cd, prof, dt = stack
+    _require_quiet_box()
+    job = "torch-loader"
+    _http(cd.http, "POST", "/v1/slownode/jobs", _featconf(job))
+    named: list[list[int]] = []
+
+    def io_named() -> bool:
+        st = _http(cd.http, "GET", f"/v1/slownode/{job}")
+        io = (st.get("cluster") or {}).get("slowIORanks") or []
+        if io:
+            named.append(io)
+        return len(named) >= 5
+
+    summ = _run_job(tmp, prof, dt, job, "dataloader", 300, stop_when=io_named, slow_rank=1)
+    _require_normal_steps(summ[0]["rows"])
+    assert named and all(io == [1] for io in named), named
+    assert not [m for m in PHRASE.findall(cd.log_text()) if m[0] == job]  # no slow compute rank
     _http(cd.http, "POST", f"/v1/slownode/{job}/disable", {})
 
 

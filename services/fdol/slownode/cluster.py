@@ -18,6 +18,13 @@ Fixes of reference quirks / faultmesh additions (named on purpose):
   from being reported as recovered while communication profiling is off again.
 - *initial phase*: communication profiling starts on (as the reference's StartAllProfiling) and is
   switched off once every node reports ``baselineReady``.
+- *cluster-wide slowdowns name nobody* (rules ``faultmesh``): when more than half of the job's TP
+  groups are slow domains, of its PP senders slow senders, of its nodes slow hosts or of its ranks
+  slow IO ranks, the slowdown is the cluster's (network congestion, a storage slowdown), not an
+  entity's, and that list is emptied (the reference named every PP pair and every rank).
+- *a whole node slower* (rules ``faultmesh``): a node whose forward time rose ``nodeRise`` over its
+  own baseline and over the median of the other nodes' rises, not explained by a slow card, TP
+  domain or host of its own, has all its ranks added to ``slowCalculateRanks`` (``slowNodeRanks``).
 """
 
 from __future__ import annotations
@@ -82,9 +89,43 @@ def merge_groups_json(reports: list[dict]) -> tuple[list[list[int]], list[list[i
     return tp, pp
 
 
-def merge_cluster(job_id: str, cluster_ip: str, changed: list[dict], all_reports: list[dict]) -> dict:
+def _over_half(named: int, total: int) -> bool:
+    return total > 0 and 2 * named > total
+
+
+def _covered(tp_groups: list[list[int]], domains: list[list[int]]) -> int:
+    """How many TP groups are wholly inside the node-reported slow domains."""
+    inside = {r for d in domains for r in d}
+    return sum(1 for g in tp_groups if g and all(r in inside for r in g))
+
+
+def _slow_node_ranks(changed: list[dict], all_reports: list[dict], rise: float) -> list[int]:
+    """Ranks of the nodes that compute uniformly slower than the others (module doc)."""
+    rises = {id(r): r["forwardRise"] for r in all_reports if r.get("forwardRise")}
+    out: list[int] = []
+    if len(rises) < 2:
+        return out
+    for res in changed:
+        x = res.get("forwardRise")
+        if not x or res.get("explained") or x < 1 + rise:
+            continue
+        others = [v for k, v in rises.items() if k != id(res)]
+        if others and x / sorted(others)[len(others) // 2] >= 1 + rise:
+            out.extend(res.get("ranks") or [])
+    return out
+
+
+def merge_cluster(
+    job_id: str,
+    cluster_ip: str,
+    changed: list[dict],
+    all_reports: list[dict],
+    rules: str = "faultmesh",
+    node_rise: float = 0.08,
+) -> dict:
     """Merge changed node results into the cluster result (§5). Keys as the reference plus
-    ``suspectRanks`` and ``slowNodes`` (nodes whose result was slow)."""
+    ``suspectRanks``, ``slowNodes`` (nodes whose result was slow), ``slowNodeRanks`` and
+    ``suppressed`` (lists emptied as cluster-wide, rules ``faultmesh``)."""
     tp_groups, pp_groups = merge_groups_json(all_reports)
     calc: list[int] = []
     io: list[int] = []
@@ -107,6 +148,28 @@ def merge_cluster(job_id: str, cluster_ip: str, changed: list[dict], all_reports
         domains.extend(res.get("slowCommunicationDomains") or [])
         sends.extend(res.get("slowSendRanks") or [])
         level = max(level, _level(res.get("degradationLevel", "0.0%")))
+    suppressed = []
+    node_ranks: list[int] = []
+    if rules == "faultmesh":
+        n_ranks = sum(len(r.get("ranks") or ()) for r in all_reports)
+        n_senders = sum(len(g) - 1 for g in pp_groups)
+        for key, named, total in (
+            ("slowCommunicationDomains", _covered(tp_groups, domains), len(tp_groups)),
+            ("slowSendRanks", len(set(sends)), n_senders),
+            ("slowHostNodes", len(set(hosts)), len(all_reports)),
+            ("slowIORanks", len(set(io)), n_ranks),
+            ("slowCalculateRanks", len(set(calc)), n_ranks),
+        ):
+            if _over_half(named, total):
+                suppressed.append(key)
+        domains = [] if "slowCommunicationDomains" in suppressed else domains
+        sends = [] if "slowSendRanks" in suppressed else sends
+        hosts = [] if "slowHostNodes" in suppressed else hosts
+        io = [] if "slowIORanks" in suppressed else io
+        calc = [] if "slowCalculateRanks" in suppressed else calc
+        node_ranks = _slow_node_ranks(changed, all_reports, node_rise)
+        calc = calc + node_ranks
+        slow = bool(calc or domains or sends or hosts or io)
     in_domains = {r for d in domains for r in d}
     tp_slow = [g for g in tp_groups if g and all(r in in_domains for r in g)]
     pp_slow: list[list[int]] = []
@@ -130,15 +193,21 @@ def merge_cluster(job_id: str, cluster_ip: str, changed: list[dict], all_reports
         "slowCommunicationRanks": comm_ranks,
         "suspectRanks": sorted(set(suspects)),
         "slowNodes": sorted(set(slow_nodes)),
+        "slowNodeRanks": sorted(set(node_ranks)),
+        "suppressed": suppressed,
     }
 
 
 class ClusterDetector:
     """Latest node result per node for one job; :meth:`round` merges those that changed."""
 
-    def __init__(self, job_id: str, cluster_ip: str = "clusterd") -> None:
+    def __init__(
+        self, job_id: str, cluster_ip: str = "clusterd", rules: str = "faultmesh", node_rise: float = 0.08
+    ) -> None:
         self.job_id = job_id
         self.cluster_ip = cluster_ip
+        self.rules = rules
+        self.node_rise = node_rise
         self.reports: dict[str, dict] = {}
         self._changed: set[str] = set()
         self.rounds = 0
@@ -160,7 +229,9 @@ class ClusterDetector:
         changed = [self.reports[n] for n in sorted(self._changed) if n in self.reports]
         self._changed.clear()
         self.rounds += 1
-        return merge_cluster(self.job_id, self.cluster_ip, changed, list(self.reports.values()))
+        return merge_cluster(
+            self.job_id, self.cluster_ip, changed, list(self.reports.values()), self.rules, self.node_rise
+        )
 
     def all_baseline_ready(self, nodes: list[str]) -> bool:
         """Every node in ``nodes`` reported ``baselineReady``."""
@@ -173,6 +244,7 @@ class Action:
 
     kind: str
     ranks: list[int] = field(default_factory=list)
+    detail: dict = field(default_factory=dict)
 
 
 class DegradationTracker:
@@ -187,10 +259,16 @@ class DegradationTracker:
     communication profiling goes off again; a round that is not slow resets the count.
     faultmesh differences (named on purpose):
 
-    - *majority ranks*: the reported slow ranks are those localized in more than half of the
-      confirming rounds that localized anything (the reference reported the last round's ranks, so
-      one noisy round could name a wrong rank); without a majority the report is deferred (and
-      communication profiling kept on) until the rounds agree;
+    - *ranks across the confirming rounds*: the reported slow ranks are those localized in at least
+      half of the confirming rounds that localized anything (the reference reported the last
+      round's ranks, so one noisy round could name a wrong rank, and a last round that localized
+      nothing reported nobody); without such ranks the report is deferred (and communication
+      profiling kept on) until the rounds agree. The confirm action's ``detail`` names the other
+      entities the same way (``slowCommunicationDomains``, ``slowHostNodes``, ``slowIORanks``,
+      ``slowSendRanks`` via the domains);
+    - *gap tolerance* (``confirmGapRounds``, rules ``faultmesh``): up to ``gap`` clean rounds
+      inside a run of slow rounds do not restart the count (intermittent slowness, a round that
+      happened to be clean still leads to the confirmation and its report);
     - *recovery hysteresis*: a confirmed degradation recovers only after as many consecutive clean
       rounds (neither slow nor suspect) as it took to confirm (the reference recovered on the first
       clean round, so a straggler flapped between fault and recovery);
@@ -217,7 +295,10 @@ class DegradationTracker:
         self.degraded = False
         self.slow_rounds = 0
         self.clean_rounds = 0
+        self.gap = conf.confirm_gap if conf.rules == "faultmesh" else 0
         self.history: deque[list[int]] = deque(maxlen=conf.n_confirm_rounds)
+        self.results: deque[dict] = deque(maxlen=conf.n_confirm_rounds)
+        self._gaps = 0  # clean rounds tolerated in the current run of slow rounds
         self.reported_ranks: list[int] = []
         self.deferred = False
         self.suspect_max_rounds = suspect_max_rounds
@@ -242,7 +323,25 @@ class DegradationTracker:
         for s in localized:
             for r in s:
                 counts[r] = counts.get(r, 0) + 1
-        return sorted(r for r, c in counts.items() if 2 * c > len(localized))
+        return sorted(r for r, c in counts.items() if 2 * c >= len(localized))
+
+    def detail(self) -> dict:
+        """Entities named in at least half of the recent slow rounds that named any of that kind."""
+        out: dict[str, list] = {}
+        for key in ("slowCommunicationDomains", "slowHostNodes", "slowIORanks"):
+            rounds = [
+                {tuple(x) if isinstance(x, list) else x for x in r.get(key) or ()} for r in self.results
+            ]
+            rounds = [x for x in rounds if x]
+            counts: dict = {}
+            for x in rounds:
+                for e in x:
+                    counts[e] = counts.get(e, 0) + 1
+            out[key] = sorted(
+                (list(e) if isinstance(e, tuple) else e for e, c in counts.items() if 2 * c >= len(rounds)),
+                key=str,
+            )
+        return out
 
     def on_round(self, result: dict, baseline_ready: bool = True) -> list[Action]:
         """Process one cluster result (:func:`merge_cluster`); ``baseline_ready``: every node reported it."""
@@ -269,13 +368,19 @@ class DegradationTracker:
                 self.deferred = False
                 self.slow_rounds = 0
                 self.history.clear()
+                self.results.clear()
                 out.append(Action("recover", self.reported_ranks))
                 self.reported_ranks = []
                 self._heavy(False, "", out)
             return out
+        if not slow and self.slow_rounds and self._gaps < self.gap:
+            self._gaps += 1  # a clean round inside a run of slow rounds (gap tolerance)
+            return out
         if not slow:
+            self._gaps = 0
             self.slow_rounds = 0
             self.history.clear()
+            self.results.clear()
             if self.heavy:
                 if self.heavy_reason == "initial":
                     self._initial_rounds += 1
@@ -297,6 +402,7 @@ class DegradationTracker:
             return out
         self.slow_rounds += 1
         self.history.append(ranks)
+        self.results.append(result)
         if not self.heavy:
             self._heavy(True, "slow", out)
             if self.slow_rounds < self.conf.n_confirm_rounds:
@@ -304,9 +410,10 @@ class DegradationTracker:
         self.heavy_reason = "slow"
         if self.slow_rounds >= self.conf.n_confirm_rounds:
             self.degraded = True
+            self._gaps = 0
             self.clean_rounds = 0
             maj = self.majority_ranks()
-            out.append(Action("confirm", maj))
+            out.append(Action("confirm", maj, self.detail()))
             if maj:
                 self.reported_ranks = maj
                 out.append(Action("report", maj))

@@ -20,6 +20,9 @@ Fixes of reference quirks (named on purpose):
 - *baseline not rescanned*: baseline samples are not judged against their own baseline.
 - *small normalNumber*: the trim is clamped so at least one sample remains (the reference panics).
 - *nSigma honoured*: used when degradationPercentage is 0.
+- *bounded drift* (``fold_cap`` > 0, faultmesh rules): a normal value moves the mean by at most
+  ``1/fold_cap`` of its difference, so a slow ramp (thermal throttling over minutes) is not
+  followed by the running mean.
 - *recursive split mapped back to rank ids*: deeper splits return positions in the original list
   (the reference returned positions in the sub-list).
 """
@@ -47,11 +50,28 @@ def trim_count(normal_number: int, n_consec: int) -> int:
 class TimeDetector:
     """One (rank, column) series; see module doc. ``add(x)`` returns True when ``x`` is abnormal."""
 
-    __slots__ = ("normal_number", "n_sigma", "pct", "n_consec", "_buf", "n", "mean", "_m2", "history")
+    __slots__ = (
+        "normal_number",
+        "n_sigma",
+        "pct",
+        "n_consec",
+        "fold_cap",
+        "_buf",
+        "n",
+        "mean",
+        "_m2",
+        "history",
+    )
 
     def __init__(
-        self, normal_number: int, n_sigma: float, degradation_percentage: float, n_consec: int
+        self,
+        normal_number: int,
+        n_sigma: float,
+        degradation_percentage: float,
+        n_consec: int,
+        fold_cap: int = 0,
     ) -> None:
+        self.fold_cap = fold_cap
         self.normal_number = normal_number
         self.n_sigma = n_sigma if n_sigma > 0 else 3.0
         self.pct = degradation_percentage
@@ -98,7 +118,7 @@ class TimeDetector:
         if not abnormal:
             self.n += 1
             d = x - self.mean
-            self.mean += d / self.n
+            self.mean += d / max(self.n, self.fold_cap)
             self._m2 += d * (x - self.mean)
         return abnormal
 

@@ -11,6 +11,10 @@ whose Name is a JSON object) and, when a step is complete, emits one :class:`Ste
 - ``pp_device`` / ``pp_host``: device duration of the first send on the ``pp`` group; average host
   duration of all those sends;
 - ``dataloader_host``: average host duration of ``dataloader`` ranges starting inside the step;
+- ``zp_med`` (faultmesh): median device duration of *all* the step's TP collectives of that op type
+  (robust to the first collective after a late PP receive or data load), ns;
+- ``fwd_min`` (faultmesh): shortest host ``forward`` range starting inside the step, ns (a
+  micro-batch an OS hiccup did not hit);
 - ``compute`` (faultmesh): sum of host ``forward`` durations starting inside the step, ns;
 - ``comm_wait`` (faultmesh): sum of host durations of all communication ops inside the step, ns.
 
@@ -53,6 +57,8 @@ COLUMNS = (
     "pp_device",
     "pp_host",
     "dataloader_host",
+    "zp_med",
+    "fwd_min",
     "compute",
     "comm_wait",
 )
@@ -72,6 +78,8 @@ class StepMetrics:
     pp_device: int = 0
     pp_host: int = 0
     dataloader_host: int = 0
+    zp_med: int = 0
+    fwd_min: int = 0
     compute: int = 0
     comm_wait: int = 0
 
@@ -340,6 +348,10 @@ class StepAssembler:
             rs = [c for c in ops if "reducescatter" in c.op]
             chosen = ar if len(ar) >= len(rs) else rs
             chosen.sort(key=lambda c: (c.device or c.host)[0])  # type: ignore[index]
+            durs = sorted((c.device or c.host)[1] - (c.device or c.host)[0] for c in chosen)  # type: ignore[index]
+            if durs:
+                h = len(durs) // 2
+                m.zp_med = durs[h] if len(durs) % 2 else (durs[h - 1] + durs[h]) // 2
             if len(chosen) > 1:
                 chosen = chosen[1:]
             chosen = chosen[:3]
@@ -354,7 +366,9 @@ class StepAssembler:
                 m.pp_host = _mean([c.host[1] - c.host[0] for c in sends if c.host is not None])
         dl = [e - s for name, s, e in self._other if name == "dataloader" and hs <= s <= he]
         m.dataloader_host = _mean(dl)
-        m.compute = sum(e - s for name, s, e in self._other if name == "forward" and hs <= s <= he)
+        fwd = [e - s for name, s, e in self._other if name == "forward" and hs <= s <= he]
+        m.compute = sum(fwd)
+        m.fwd_min = min(fwd, default=0)
         self._prune(max(he, de))
         return m
 
