@@ -142,7 +142,7 @@ def detect(sim: Sim, steps: dict[int, list], conf, round_ms: list[float] | None 
         local = set(rs)
         nd.set_rank_groups({rs[0]: {k: g for k, g in groups.items() if local.intersection(g.global_ranks)}})
         nodes[node] = nd
-    cluster = ClusterDetector(conf.job_id, rules=conf.rules, node_rise=conf.node_rise)
+    cluster = ClusterDetector.for_conf(conf)
     tracker = DegradationTracker(conf)
     t = truth(sim)
     f = sim.fault

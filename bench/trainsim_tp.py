@@ -394,6 +394,7 @@ class Sim:
             ops = np.stack(
                 [x[5][k].astype(np.int64)[:, None] - x[4][k].astype(np.int64) for x in recs for k in range(K)]
             )  # [ops, D, T] chronological
+            rest = [i for i in range(len(ops)) if i % K]  # not the first op of a forward (metrics.py)
             sel = ops[1:4] if len(ops) > 1 else ops[:1]
             zp = np.round(sel.mean(axis=0)).astype(np.int64)
             srt = np.sort(ops, axis=0)
@@ -409,6 +410,7 @@ class Sim:
                     m.compute = int(comp[d, t])
                     m.fwd_min = int(fmin[d, t])
                     if comm:
+                        m.tp_ops = tuple(int(x) for x in ops[:, d, t][rest])
                         m.zp_device = int(zp[d, t])
                         m.zp_med = int(med[d, t])
                         m.zp_host = lt

@@ -33,6 +33,7 @@ def conf(job, **kw):
         "cardOneNode": 16,
         "SlowNode": 1,
         "patternWindowSteps": 20,
+        "commProfiling": "onDemand",  # these tests follow the reference's heavy/light switching
     }
     d.update(kw)
     return d

@@ -21,10 +21,15 @@ Fixes of reference quirks / faultmesh additions (named on purpose):
 - *cluster-wide slowdowns name nobody* (rules ``faultmesh``): when more than half of the job's TP
   groups are slow domains, of its PP senders slow senders, of its nodes slow hosts or of its ranks
   slow IO ranks, the slowdown is the cluster's (network congestion, a storage slowdown), not an
-  entity's, and that list is emptied (the reference named every PP pair and every rank).
+  entity's, and that list is emptied (the reference named every PP pair and every rank);
+  a slow TP domain or slow host is kept only when its TP wait (launch) rose ``margin`` (the
+  ``degradationPercentage``) more than the median of the other ranks' (node reports' ``rise``):
+  a load swing of a shared box raises every rank's.
 - *a whole node slower* (rules ``faultmesh``): a node whose forward time rose ``nodeRise`` over its
   own baseline and over the median of the other nodes' rises, not explained by a slow card, TP
-  domain or host of its own, has all its ranks added to ``slowCalculateRanks`` (``slowNodeRanks``).
+  domain or host of its own, has all its ranks added to ``slowCalculateRanks`` (``slowNodeRanks``);
+  it needs at least 3 nodes reporting a forward rise (against the median of one other node, a
+  node's load swing — two "nodes" sharing one box — looks the same as a slower node).
 """
 
 from __future__ import annotations
@@ -103,7 +108,7 @@ def _slow_node_ranks(changed: list[dict], all_reports: list[dict], rise: float) 
     """Ranks of the nodes that compute uniformly slower than the others (module doc)."""
     rises = {id(r): r["forwardRise"] for r in all_reports if r.get("forwardRise")}
     out: list[int] = []
-    if len(rises) < 2:
+    if len(rises) < 3:  # with two nodes one's load swing cannot be told from a slower node
         return out
     for res in changed:
         x = res.get("forwardRise")
@@ -115,6 +120,27 @@ def _slow_node_ranks(changed: list[dict], all_reports: list[dict], rise: float) 
     return out
 
 
+def _rises(reports: list[dict], key: str) -> dict[int, float]:
+    """{rank: rise} of ``key`` (``zp`` | ``host``) from the node reports' ``rise``."""
+    out: dict[int, float] = {}
+    for rep in reports:
+        for r, v in (rep.get("rise") or {}).items():
+            x = v.get(key) if isinstance(v, dict) else None
+            if isinstance(x, int | float) and x > 0 and str(r).isdigit():
+                out[int(r)] = float(x)
+    return out
+
+
+def _stands_out(ranks: list[int], rises: dict[int, float], margin: float) -> bool:
+    """``ranks`` all rose ``margin`` more than the median of the other ranks' rises (True when no
+    other rank has one to compare with: the own-history rule stands alone)."""
+    others = sorted(v for r, v in rises.items() if r not in ranks)
+    mine = [rises[r] for r in ranks if r in rises]
+    if not others or not mine:
+        return True
+    return min(mine) >= (1 + margin) * others[len(others) // 2]
+
+
 def merge_cluster(
     job_id: str,
     cluster_ip: str,
@@ -122,6 +148,7 @@ def merge_cluster(
     all_reports: list[dict],
     rules: str = "faultmesh",
     node_rise: float = 0.08,
+    margin: float = 0.3,
 ) -> dict:
     """Merge changed node results into the cluster result (§5). Keys as the reference plus
     ``suspectRanks``, ``slowNodes`` (nodes whose result was slow), ``slowNodeRanks`` and
@@ -151,6 +178,10 @@ def merge_cluster(
     suppressed = []
     node_ranks: list[int] = []
     if rules == "faultmesh":
+        zp, hr = _rises(all_reports, "zp"), _rises(all_reports, "host")
+        domains = [d for d in domains if _stands_out(list(d), zp, margin)]
+        node_of = {n.get("nodeRank"): n.get("ranks") or [] for n in all_reports}
+        hosts = [h for h in hosts if _stands_out(list(node_of.get(h, [])), hr, margin)]
         n_ranks = sum(len(r.get("ranks") or ()) for r in all_reports)
         n_senders = sum(len(g) - 1 for g in pp_groups)
         for key, named, total in (
@@ -202,8 +233,14 @@ class ClusterDetector:
     """Latest node result per node for one job; :meth:`round` merges those that changed."""
 
     def __init__(
-        self, job_id: str, cluster_ip: str = "clusterd", rules: str = "faultmesh", node_rise: float = 0.08
+        self,
+        job_id: str,
+        cluster_ip: str = "clusterd",
+        rules: str = "faultmesh",
+        node_rise: float = 0.08,
+        margin: float = 0.3,
     ) -> None:
+        self.margin = margin
         self.job_id = job_id
         self.cluster_ip = cluster_ip
         self.rules = rules
@@ -211,6 +248,12 @@ class ClusterDetector:
         self.reports: dict[str, dict] = {}
         self._changed: set[str] = set()
         self.rounds = 0
+
+    @classmethod
+    def for_conf(cls, conf: FeatConf, cluster_ip: str = "clusterd") -> ClusterDetector:
+        """A detector with the job's rules, ``nodeRise`` and margin (``degradationPercentage``, 0.3
+        when 0)."""
+        return cls(conf.job_id, cluster_ip, conf.rules, conf.node_rise, conf.degradation_percentage or 0.3)
 
     def add_report(self, node: str, result: dict) -> None:
         """The newest node result of ``node`` (a §4.6 result dict)."""
@@ -230,7 +273,13 @@ class ClusterDetector:
         self._changed.clear()
         self.rounds += 1
         return merge_cluster(
-            self.job_id, self.cluster_ip, changed, list(self.reports.values()), self.rules, self.node_rise
+            self.job_id,
+            self.cluster_ip,
+            changed,
+            list(self.reports.values()),
+            self.rules,
+            self.node_rise,
+            self.margin,
         )
 
     def all_baseline_ready(self, nodes: list[str]) -> bool:
@@ -274,6 +323,8 @@ class DegradationTracker:
       clean round, so a straggler flapped between fault and recovery);
     - *initial phase bounded*: communication profiling of the initial phase goes off once every node
       has its baselines, or after ``initial_max_rounds`` rounds (a node that never gets TP data);
+    - *communication profiling always on* (``commProfiling`` ``always``, the default of rules
+      ``faultmesh``): no heavy_on/heavy_off actions, ``heavy`` stays true (reason ``always``);
     - *suspects*: rounds with ``suspectRanks`` switch communication profiling on, or keep it on after
       slow rounds, to localize (at most ``suspect_max_rounds`` rounds, then a cooldown of
       ``suspect_cooldown_rounds``); the reference switched it off on the first round that was not
@@ -291,7 +342,7 @@ class DegradationTracker:
         self.initial_max_rounds = initial_max_rounds
         self._initial_rounds = 0
         self.heavy = True
-        self.heavy_reason = "initial"
+        self.heavy_reason = "always" if conf.comm_always else "initial"
         self.degraded = False
         self.slow_rounds = 0
         self.clean_rounds = 0
@@ -307,6 +358,9 @@ class DegradationTracker:
         self._cooldown = 0
 
     def _heavy(self, on: bool, reason: str, out: list[Action]) -> None:
+        if self.conf.comm_always:
+            self.heavy, self.heavy_reason = True, "always"  # commProfiling always: never switched
+            return
         if on and not self.heavy:
             out.append(Action("heavy_on"))
         elif not on and self.heavy:
@@ -381,7 +435,7 @@ class DegradationTracker:
             self.slow_rounds = 0
             self.history.clear()
             self.results.clear()
-            if self.heavy:
+            if self.heavy and self.heavy_reason != "always":
                 if self.heavy_reason == "initial":
                     self._initial_rounds += 1
                     if baseline_ready or self._initial_rounds >= self.initial_max_rounds:
@@ -407,7 +461,8 @@ class DegradationTracker:
             self._heavy(True, "slow", out)
             if self.slow_rounds < self.conf.n_confirm_rounds:
                 return out
-        self.heavy_reason = "slow"
+        if self.heavy_reason != "always":
+            self.heavy_reason = "slow"
         if self.slow_rounds >= self.conf.n_confirm_rounds:
             self.degraded = True
             self._gaps = 0

@@ -81,20 +81,23 @@ class NodeDetector:
         self.ranks = sorted(set(ranks))
         self.node_ip = node_ip
         self.groups: dict[str, Group] = {}
-        keep = max(max(conf.pattern_window, conf.n_consec) * 3, conf.normal_number + 3 * conf.peer_window)
+        keep = max(
+            max(conf.pattern_window, conf.n_consec) * 3,
+            conf.peer_window + 8,
+            conf.normal_number + 3 * conf.time_window,
+        )
         self.history: dict[int, deque[StepMetrics]] = {r: deque(maxlen=keep) for r in self.ranks}
         self.faultmesh = conf.rules == "faultmesh"
         cap = 200 if self.faultmesh else 0
+        win = conf.time_window if self.faultmesh else 0
         self.detectors = {
             (r, c): TimeDetector(
-                conf.normal_number, conf.n_sigma, conf.degradation_percentage, conf.n_consec, cap
+                conf.normal_number, conf.n_sigma, conf.degradation_percentage, conf.n_consec, cap, win
             )
             for r in self.ranks
             for c in TIME_COLUMNS
         }
-        self.peers = PeerDetector(
-            conf.peer_window, conf.wait_asymmetry, conf.late_share, normal_number=conf.normal_number
-        )
+        self.peers = PeerDetector(conf.peer_window, conf.wait_asymmetry, conf.late_share, conf.wait_z)
         self.pattern = PatternDetector(conf.pattern_window, conf.compute_ratio, conf.wait_ratio)
         self._base_buf: dict[int, list[float]] = {r: [] for r in self.ranks}
         self.compute_baseline: dict[int, float] = {}
@@ -248,7 +251,7 @@ class NodeDetector:
         cluster-wide suppression happens at cluster level."""
         fired = ["stepTime"] if level > 0 else []
         multi = [g for g in groups if len(g) > 1]
-        cards, shares = self.peers.evaluate(multi, self.history, self._prev_step)
+        cards, shares = self.peers.evaluate(multi, self.history)
         domains = [
             g
             for g in multi
@@ -259,7 +262,8 @@ class NodeDetector:
         cards = [r for r in cards if r not in in_domain]
         sends = [r for r in with_data if self._slow(r, "pp_device")]
         host = with_data if len(with_data) > 1 and all(self._slow(r, "zp_host") for r in with_data) else []
-        io = [r for r in with_data if self._slow(r, "dataloader_host") and r not in host]
+        io = [r for r in with_data if self._io_slow(r) and r not in host]
+        cards = [r for r in cards if r not in io]  # its late data arrives last at the TP barrier
         for name, hit in (("waitAsymmetry", cards), ("tpDomain", domains), ("ppSend", sends)):
             if hit:
                 fired.append(name)
@@ -282,11 +286,32 @@ class NodeDetector:
         res["suspectRanks"] = suspects
         res["lateShare"] = {str(r): v for r, v in shares.items()}
         res["forwardRise"] = forward_rise(
-            with_data, self.history, self.compute_baseline, self.conf.peer_window
+            with_data, self.history, self.compute_baseline, self.conf.time_window
         )
+        res["rise"] = {str(r): self._rise(r) for r in with_data}
         res["explained"] = bool(cards or domains or host or sends)
         res["detectedBy"] = fired
         return self._finish(res, low)
+
+    def _rise(self, r: int) -> dict[str, float | None]:
+        """The recent TP wait (``zp``) and TP launch (``host``) of ``r`` over their baselines
+        (window median / mean; None before the baseline): the cluster compares a slow TP domain's
+        or host's rise with the other ranks' (a box-wide load swing raises every rank's)."""
+        out: dict[str, float | None] = {}
+        for key, col in (("zp", "zp_device"), ("host", "zp_host")):
+            d = self.detectors[(r, col)]
+            v = d.recent()
+            out[key] = round(v / d.mean, 4) if d.ready and d.mean > 0 and v > 0 else None
+        return out
+
+    def _io_slow(self, r: int) -> bool:
+        """Slow data loader: its detector is slow and the rise costs ``ioShare`` of the step (a
+        loader twice as slow that takes 1 % of the step is not what slows the job)."""
+        d = self.detectors[(r, "dataloader_host")]
+        if not d.slow:
+            return False
+        step = self.detectors[(r, "step_time")].recent()
+        return step > 0 and d.recent() - d.mean >= self.conf.io_share * step
 
     def _forward_suspects(self, ranks: list[int], skip: set[int]) -> list[int]:
         """Ranks whose forward time (median of the last ``peerWindowSteps`` steps) rose ``nodeRise``
@@ -295,7 +320,7 @@ class NodeDetector:
         out = []
         for r in ranks:
             b = self.compute_baseline.get(r)
-            vals = [m.fwd_min or compute_value(m) for m in list(self.history[r])[-self.conf.peer_window :]]
+            vals = [m.fwd_min or compute_value(m) for m in list(self.history[r])[-self.conf.time_window :]]
             vals = [v for v in vals if v > 0]
             if r not in skip and b and vals and statistics.median(vals) / b >= 1 + self.conf.node_rise:
                 out.append(r)

@@ -97,7 +97,9 @@ def test_bounded_drift_keeps_a_ramp_abnormal():
 
 
 def test_confirmation_tolerates_one_clean_round_and_names_ranks_across_rounds():
-    t = DegradationTracker(FM)
+    t = DegradationTracker(
+        parse_featconf({"jobName": "t", "nConsecSlowRoundsToConfirm": 3, "commProfiling": "onDemand"})
+    )
     t.on_round({"isSlow": 0})
     slow = {"isSlow": 1, "slowCalculateRanks": [5], "slowIORanks": [9]}
     assert [a.kind for a in t.on_round(slow)] == ["heavy_on"]
