@@ -30,7 +30,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from trainsim_tp import Fault, Sim, SimConf, layout_for, truth  # noqa: E402
+from trainsim_tp import (  # noqa: E402
+    SHARED_BOX,
+    Fault,
+    Sim,
+    SimConf,
+    layout_for,
+    shared_box_layout,
+    truth,
+)
 
 from fdol.slownode.cluster import ClusterDetector, DegradationTracker  # noqa: E402
 from fdol.slownode.featconf import parse_featconf  # noqa: E402
@@ -57,11 +65,17 @@ SCENARIOS: dict[str, tuple[str, float, int, dict]] = {
     "dataloader": ("dataloader", 25.0, 8, {}),
     "pp_link": ("pp_link", 3.0, 16, {}),
     "tp_domain": ("tp_domain", 2.5, 8, {}),
-    "node_slower": ("node", 1.2, 16, {}),
+    "node_slower": ("node", 1.2, 32, {}),  # the whole-node rule needs >= 3 nodes
     "all_compute": ("all_compute", 1.3, 8, {}),
     "all_network": ("all_network", 2.0, 8, {}),
     "all_storage": ("all_storage", 3.0, 8, {}),
+    # the real 4-rank torch job on a 2-core box (trainsim_tp.SHARED_BOX), 150 steps as its tests run
+    "box_healthy": ("none", 1.0, 4, {"shared": True}),
+    "box_card+20%": ("card", 1.2, 4, {"shared": True}),
+    "box_stall+40%": ("card", 1.4, 4, {"shared": True}),
+    "box_dataloader": ("dataloader", 45.0, 4, {"shared": True}),
 }
+SHARED_STEPS = 150
 
 FAULTMESH = {"jobName": "bench", "nConsecSlowRoundsToConfirm": 3}
 REFERENCE = {"jobName": "bench", "rules": "reference"}
@@ -69,8 +83,8 @@ REFERENCE = {"jobName": "bench", "rules": "reference"}
 
 def make_sim(name: str, n: int, seed: int) -> Sim:
     kind, factor, _, extra = SCENARIOS[name]
-    lay = layout_for(n)
-    conf = JITTERY if extra.get("jitter") else SimConf()
+    lay = shared_box_layout() if extra.get("shared") else layout_for(n)
+    conf = JITTERY if extra.get("jitter") else SimConf(**SHARED_BOX) if extra.get("shared") else SimConf()
     conf = SimConf(**{**conf.__dict__, "seed": seed * 1009 + n})
     import random
 
@@ -85,7 +99,9 @@ def make_sim(name: str, n: int, seed: int) -> Sim:
     elif kind == "pp_link":  # a rank that sends forward: not on the last stage
         target = rng.randrange(lay.dp * lay.tp * (lay.pp - 1))
     f = Fault(kind, target, factor, onset=ONSET, add_ms=factor)
-    return Sim(lay, conf, f)
+    sim = Sim(lay, conf, f)
+    sim.n_steps = SHARED_STEPS if extra.get("shared") else STEPS  # type: ignore[attr-defined]
+    return sim
 
 
 def steps_of(sim: Sim, file_max: int) -> dict[int, list]:
@@ -94,12 +110,12 @@ def steps_of(sim: Sim, file_max: int) -> dict[int, list]:
     if n <= file_max:
         with tempfile.TemporaryDirectory() as d:
             sim.write_groups(Path(d))
-            sim.write_steps(Path(d), STEPS)
+            sim.write_steps(Path(d), sim.n_steps)  # type: ignore[attr-defined]
             steps, bad = load_steps(d, list(range(n)))
         assert not bad, bad
         return steps
     out: dict[int, list] = {r: [] for r in range(n)}
-    for _ in range(STEPS):
+    for _ in range(sim.n_steps):  # type: ignore[attr-defined]
         for r, m in sim.run_step(emit="metrics").items():
             out[r].append(m)
     return out
@@ -156,9 +172,9 @@ def detect(sim: Sim, steps: dict[int, list], conf, round_ms: list[float] | None 
                 pp_next[a] = b
     idx = 0
     confirm = None
-    for upto in range(ROUND_STEPS - 1, STEPS, ROUND_STEPS):
+    for upto in range(ROUND_STEPS - 1, sim.n_steps, ROUND_STEPS):  # type: ignore[attr-defined]
         for r, ms in steps.items():
-            nd = nodes[f"node-{r // sim.layout.node_size}"]
+            nd = nodes[f"node-{sim.layout.node_of(r)}"]
             for m in ms[upto - ROUND_STEPS + 1 : upto + 1]:
                 nd.add(m)
         t0 = time.thread_time()
@@ -208,10 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     totals = {k: [0, 0, 0, 0] for k in confs}  # tp, fp, fn, fa on culprit-free runs
     delays_all: dict[str, list[int]] = {k: [] for k in confs}
     round_ms: list[float] = []
-    for name, (_, _, min_n, _) in SCENARIOS.items():
+    for name, (_, _, min_n, extra) in SCENARIOS.items():
         stats = {k: [0, 0, 0, 0, []] for k in confs}
         runs = 0
         todo = [(n, s) for n in sizes if n >= min_n for s in range(args.seeds)]
+        if extra.get("shared"):  # one size (the real job's), more seeds: its noise is the point
+            todo = [(4, s) for s in range(4 * args.seeds)]
         if name in ("healthy", "card+20%") and args.big and not args.quick:
             todo.append((args.big, 0))
         for n, seed in todo:

@@ -30,7 +30,11 @@ Timing of one step (ns, all ranks):
   global gradient norm synchronize the job;
 - *noise*: per-op compute noise, per-step noise, OS hiccups (a rank loses ``hiccup_ms`` in one
   segment with probability ``hiccup_p`` per step), a checkpoint (``save_checkpoint`` host range)
-  every ``ckpt_every`` steps.
+  every ``ckpt_every`` steps;
+- *shared CPUs* (``preempt_p`` > 0, :data:`SHARED_BOX`): more ranks than cores — every segment
+  and data load may lose an exponential ``preempt_ms`` to preemption, each rank's speed follows a
+  persistent regime (AR(1), ``regime_sd``/``regime_rho``) and the whole box's load drifts
+  (``load_sd``/``load_rho``), as measured on the real 4-rank torch job on a 2-core box.
 
 Faults (:class:`Fault`, from ``onset`` on): ``card`` (one rank's compute x factor), ``thermal``
 (one rank ramps linearly to factor over ``ramp`` steps), ``host`` (a node's host side x factor:
@@ -150,6 +154,46 @@ class SimConf:
     ckpt_ms: float = 300.0
     launch_ms: float = 0.05
     seed: int = 0
+    bwd_mult: float = 2.0
+    preempt_p: float = 0.0
+    preempt_ms: float = 5.0
+    regime_sd: float = 0.0
+    regime_rho: float = 0.97
+    load_sd: float = 0.0
+    load_rho: float = 0.99
+
+
+# The 4-rank PyTorch job of faultmesh.profiler.example_job on a 2-core box (4 ranks share 2 cores),
+# calibrated on its recorded profiling (bench/slownode_torch.py --records prints both side by
+# side): one micro-batch whose forward range also holds the backward (the job's ``forward`` range
+# spans forward + backward: ``bwd_mult`` small), 4 per-layer TP all-reduces, a gloo DP all-reduce;
+# wall time ~2.5x the CPU time; a rank is preempted in ~35 % of its segments for an exponential
+# few ms (per-op waits of healthy TP members spread 0.4x-2x); per-rank slowness regimes that last
+# tens of steps (the scheduler keeps one member of a pair behind); the box's load drifts
+# (other tenants).
+SHARED_BOX = dict(
+    micro=1,
+    k_ops=4,
+    t_seg=20.0,
+    t_tp=2.0,
+    t_dp=5.0,
+    dl=3.0,
+    bwd_mult=0.05,
+    op_noise=0.08,
+    step_noise=0.02,
+    hiccup_p=0.0,
+    preempt_p=0.35,
+    preempt_ms=7.0,
+    regime_sd=0.05,
+    regime_rho=0.96,
+    load_sd=0.02,
+    load_rho=0.99,
+)
+
+
+def shared_box_layout() -> Layout:
+    """The example job's layout: TP 2 x DP 2, two "nodes" of 2 ranks."""
+    return Layout(tp=2, pp=1, dp=2, node_size=2)
 
 
 @dataclass
@@ -162,6 +206,9 @@ class Sim:
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.conf.seed)
+        lay0 = self.layout
+        self._regime = np.zeros((lay0.pp, lay0.dp, lay0.tp))  # log slowness per rank (AR(1))
+        self._load = 0.0  # log load of the box (AR(1))
         self.t = 1_700_000_000 * 10**9
         self.next_id = 1
         self.step = 0
@@ -238,11 +285,19 @@ class Sim:
         P, D, T, M, K = lay.pp, lay.dp, lay.tp, c.micro, c.k_ops
         step = self.step
         comp, host, link, tpf, dl_add, net, store = self._factors(step)
+        if c.regime_sd or c.load_sd:  # shared-CPU host: persistent per-rank regimes, box load
+            self._regime = c.regime_rho * self._regime + rng.normal(
+                0, c.regime_sd * np.sqrt(1 - c.regime_rho**2), self._regime.shape
+            )
+            self._load = c.load_rho * self._load + rng.normal(0, c.load_sd)
+            comp = comp * np.exp(self._regime + min(0.7, max(-0.3, self._load)))
         step_f = 1 + rng.normal(0, c.step_noise)
         t0 = self.t
         out: dict[int, list[bytes]] = {r: [] for r in range(lay.n)}
         # data loader (host range), starting 0.1 ms into the step
         dl = (c.dl * host * store * (1 + rng.normal(0, 0.05, (P, D, T))) + dl_add) * MS
+        if c.preempt_p:
+            dl = dl + self._preempt((P, D, T))
         ready = t0 + int(0.1 * MS) + dl  # [P, D, T]
         free = ready.copy()  # per rank: when it can start its next op
         hic = rng.random((P, D, T, 2 * M)) < c.hiccup_p
@@ -258,7 +313,7 @@ class Sim:
         f_arr = np.zeros((P, M, D, T))  # forward activation arrival at the next stage
         b_arr = np.zeros((P, M, D, T))  # gradient arrival at the previous stage
         done = [0] * P
-        fwd_rec: list = []  # (p, m, start[D,T], end[D,T], arrive[K,D,T], complete[K,D])
+        fwd_rec: list = []  # (p, m, start[D,T], end[D,T], arrive[K,D,T], complete[K,D,T])
         sends: list = []  # (p, start[D,T], end[D,T])
         remaining = sum(len(s) for s in sched)
         while remaining:
@@ -276,20 +331,25 @@ class Sim:
                     if s < P - 1 and not b_arr[s + 1, m].any():
                         continue
                     dep = b_arr[s + 1, m] if s < P - 1 else 0
-                    mult = 2.0
+                    mult = c.bwd_mult
                 start = np.maximum(free[s], dep)
                 cur = start.astype(float)
                 arrive = np.zeros((K, D, T))
-                complete = np.zeros((K, D))
+                complete = np.zeros((K, D, T))
                 for k in range(K):
                     seg = c.t_seg * mult * comp[s] * (1 + rng.normal(0, c.op_noise, (D, T))) * MS
                     if k == 0:
                         seg = seg + hic[s, :, :, done[s]] * c.hiccup_ms * MS
+                    if c.preempt_p:
+                        seg = seg + self._preempt((D, T))
                     a = cur + seg
                     arrive[k] = a
                     fin = a.max(axis=1) + c.t_tp * tpf[s] * (1 + rng.normal(0, 0.03, D)) * MS
-                    complete[k] = fin
-                    cur = np.repeat(fin[:, None], T, axis=1)
+                    done_at = np.repeat(fin[:, None], T, axis=1)
+                    if c.preempt_p:  # a waiting member must be scheduled again to leave the op
+                        done_at = done_at + self._preempt((D, T))
+                    complete[k] = done_at
+                    cur = done_at
                 end = cur
                 send_t = c.t_pp * net * link[s] * (1 + rng.normal(0, 0.05, (D, T))) * MS
                 if kind == "F":
@@ -335,7 +395,7 @@ class Sim:
                 if comm:
                     name = self._comm_name("HcclAllReduce", self._tp_name[r], 4194304)
                     for k in range(K):
-                        a, e = int(arrive[k, d, t]), int(complete[k, d])
+                        a, e = int(arrive[k, d, t]), int(complete[k, d, t])
                         self._rng4(
                             o,
                             r,
@@ -392,7 +452,7 @@ class Sim:
             comp = sum(durs)
             fmin = np.min(np.stack(durs), axis=0)
             ops = np.stack(
-                [x[5][k].astype(np.int64)[:, None] - x[4][k].astype(np.int64) for x in recs for k in range(K)]
+                [x[5][k].astype(np.int64) - x[4][k].astype(np.int64) for x in recs for k in range(K)]
             )  # [ops, D, T] chronological
             rest = [i for i in range(len(ops)) if i % K]  # not the first op of a forward (metrics.py)
             sel = ops[1:4] if len(ops) > 1 else ops[:1]
@@ -425,6 +485,13 @@ class Sim:
                         m.comm_wait = wait
                     out[r] = m
         return out
+
+    def _preempt(self, shape) -> np.ndarray:
+        """ns lost to preemption per rank: with probability ``preempt_p`` an exponential
+        ``preempt_ms``-mean delay (a timeslice given to another process of the shared cores)."""
+        c = self.conf
+        hit = self.rng.random(shape) < c.preempt_p
+        return hit * self.rng.exponential(c.preempt_ms, shape) * MS
 
     # -- record helpers -------------------------------------------------------------------------
     def _comm_name(self, op: str, group: str, count: int) -> str:
@@ -504,4 +571,14 @@ def truth(sim: Sim) -> dict:
     return {}
 
 
-__all__ = ["MS", "Fault", "Layout", "Sim", "SimConf", "layout_for", "truth"]
+__all__ = [
+    "MS",
+    "SHARED_BOX",
+    "Fault",
+    "Layout",
+    "Sim",
+    "SimConf",
+    "layout_for",
+    "shared_box_layout",
+    "truth",
+]

@@ -1,25 +1,32 @@
-"""FD-OL slow-node detection on a real PyTorch CPU training job (issue 5 "Real input").
+"""FD-OL slow-node detection on a real PyTorch CPU training job (issues 5 "Real input" and 16).
 
 clusterd and two noded processes run on loopback; the job (faultmesh.profiler.example_job: 4 gloo
-ranks, TP groups [0,1] and [2,3] plus a global all-reduce, ~87 ms steps on an idle 2-core box) is
+ranks, TP groups [0,1] and [2,3] plus a global all-reduce, ~155 ms steps on an idle 2-core box) is
 instrumented with faultmesh.profiler and honours the data-trace switch clusterd writes.
-Ranks 0,1 are placed on node-a and 2,3 on node-b.
+Ranks 0,1 are placed on node-a and 2,3 on node-b. The FeatConf is the documented defaults
+(fdol.md §7) with 0.5 s rounds, rules ``faultmesh`` (communication profiling stays on).
 
 The job runs with its TP collectives inside the forward range (a TP all-reduce after every layer,
 as Megatron; issue 16), so the TP members show the same forward time and a slow rank shows only
-as the one that waits least at each per-layer barrier.
+as the one that arrives last (waits least) at the per-layer barriers.
 
-- Slow compute: from step 30 rank 2 does +20 % compute (CPU work calibrated in thread CPU time).
+- Stall: from step 30 rank 2 sleeps 0.4 x its compute time per step (spread over the layers).
   clusterd must log ``got degradation, slow rank ids: [2]`` (and no other rank) within 3 rounds of
   the confirmation becoming possible (the 5th slow round that localizes the rank; one round in
-  between without it is tolerated, ``confirmGapRounds``). Asserted on the achieved slowdown.
+  between without it is tolerated, ``confirmGapRounds``). Asserted on the achieved step-time rise.
+- Slow compute: from step 30 rank 2 does +20 % compute (CPU work calibrated in thread CPU time):
+  the same, only rank 2 named. Asserted on the achieved CPU ratio.
 - Data-loader stall: from step 30 rank 1's data loader sleeps 0.4 x its compute time; the cluster
-  result names rank 1, and only it, in ``slowIORanks``, and no slow compute rank is reported.
+  result names rank 1, and only it, in ``slowIORanks``, and no slow compute rank is reported (its
+  TP partner waits for it at the first barrier of the step only, which the wait rule skips).
 - Clean: the same job without slowdown logs nothing and raises no fault.
 
 Timing-sensitive: skipped on parallel runners (pytest-xdist) and on an overloaded box (load average
-> 2.5 per CPU, or clean steps > 150 ms) — ../shared/reference/torch-real-input.md §6;
-``FAULTMESH_TIMING_TESTS=force`` runs it anyway.
+> 2.5 per CPU, or clean steps > 270 ms: 1.75 x the ~155 ms of an idle box, the margin the 87 ms /
+150 ms limit had before the per-layer all-reduces) — ../shared/reference/torch-real-input.md §6;
+``FAULTMESH_TIMING_TESTS=force`` runs it anyway. The box's 4 ranks share 2 cores: the scheduler keeps
+one member of a TP pair behind for tens of steps at times, which is why the wait rule judges 40-step
+windows (fdol/slownode/peers.py).
 """
 
 from __future__ import annotations
@@ -61,7 +68,7 @@ SLOW_FROM = 30
 
 
 def _featconf(job: str) -> dict:
-    # Documented defaults (fdol.md §7) except the round period: 0.5 s rounds for an ~87 ms-step job.
+    # Documented defaults (fdol.md §7) except the round period: 0.5 s rounds for a ~155 ms-step job.
     return {
         "jobName": job,
         "jobNamespace": "default",
@@ -73,9 +80,6 @@ def _featconf(job: str) -> dict:
         "clusterMeanDistance": 1.3,
         "cardOneNode": 16,
         "SlowNode": 1,
-        # two "nodes" sharing one oversubscribed box: their forward times move together with the
-        # box's load by +-20 %, so the whole-node rule gets a wider margin than on a real cluster
-        "nodeRise": 0.3,
         "ranks": PLACEMENT,
     }
 
@@ -217,15 +221,82 @@ def _require_quiet_box() -> None:
         )
 
 
+QUIET_STEP_MS = 155  # median step of the job on an idle 2-core box (per-layer TP all-reduces)
+MAX_STEP_MS = 270  # 1.75 x: above, other work on the box dominates the job's timing
+
+
 def _require_normal_steps(rows) -> None:
-    """Skip when the job's clean steps were far slower than on a quiet box (~87 ms measured)."""
-    med = statistics.median(r["period"] for r in rows if r["step_no"] < SLOW_FROM)
-    if med > 150 and os.environ.get("FAULTMESH_TIMING_TESTS") != "force":
-        pytest.skip(f"box overloaded during the run: median clean step {med:.0f} ms (quiet box: ~87 ms)")
+    """Skip when the job's steps were far slower than on a quiet box (the whole run: a load that
+    comes after the slowdown starts distorts it as much as one before)."""
+    med = statistics.median(r["period"] for r in rows)
+    if med > MAX_STEP_MS and os.environ.get("FAULTMESH_TIMING_TESTS") != "force":
+        pytest.skip(
+            f"box overloaded during the run: median step {med:.0f} ms (quiet box: ~{QUIET_STEP_MS} ms)"
+        )
 
 
 def _median(rows, key, lo, hi):
     return statistics.median(r[key] for r in rows if lo <= r["step_no"] < hi)
+
+
+def _assert_named_alone(cd, job: str, rank: int, node: str) -> None:
+    """clusterd reported ``rank`` and only it, within 3 rounds of the confirmation becoming
+    possible, and raised one 110001010 on ``node``."""
+    found = [m for m in PHRASE.findall(cd.log_text()) if m[0] == job]
+    assert found == [(job, str(rank))], found
+    status = _http(cd.http, "GET", f"/v1/slownode/{job}")
+    assert status["degraded"] and status["slowRanks"] == [rank]
+    hist = status["history"]
+    confirm = next(i for i, h in enumerate(hist) if h["degraded"])
+    # confirmation becomes possible at the 5th round that localizes the rank (one round without it
+    # is tolerated, a second restarts the count); it must follow within 3 rounds of that
+    run, gaps, possible = 0, 0, None
+    for i, h in enumerate(hist[: confirm + 1]):
+        if rank in h["slowCalculateRanks"]:
+            run += 1
+        elif run and gaps < 1:
+            gaps += 1
+        else:
+            run, gaps = 0, 0
+        if run >= 5:
+            possible = i
+            break
+    assert possible is not None and confirm - possible <= 3, hist
+    others = [h["round"] for h in hist if set(h["slowCalculateRanks"]) - {rank}]
+    print(f"rounds that also localized another rank (never reported): {others}; confirmed at round {confirm}")
+    faults = [
+        f
+        for f in cd.get_json("/v1/faults")
+        if f["source"] == "fd-online" and f["attributes"].get("jobId") == job
+    ]
+    assert [(f["node"], f["code"], f["attributes"]["influence"]) for f in faults] == [
+        (node, "110001010", str(rank))
+    ]
+
+
+def test_stall_rank2_detected(stack):
+    tmp, cd, prof, dt = stack
+    _require_quiet_box()
+    job = "torch-stall"
+    _http(cd.http, "POST", "/v1/slownode/jobs", _featconf(job))
+    summ = _run_job(
+        tmp,
+        prof,
+        dt,
+        job,
+        "sleep",
+        400,
+        stop_when=lambda: any(m[0] == job for m in PHRASE.findall(cd.log_text())),
+    )
+    rows = {r: s["rows"] for r, s in summ.items()}
+    _require_normal_steps(rows[0])
+    last = min(len(v) for v in rows.values())
+    # What was achieved: every rank's step time rises with rank 2's stall (the job synchronizes).
+    step_rise = _median(rows[0], "period", SLOW_FROM, last) / _median(rows[0], "period", 0, SLOW_FROM)
+    print(f"achieved: step time x{step_rise:.2f}, steps run {last}")
+    assert step_rise > 1.15, f"the stall was not achieved (step time x{step_rise:.2f}); box overloaded?"
+    _assert_named_alone(cd, job, 2, "node-b")
+    _http(cd.http, "POST", f"/v1/slownode/{job}/disable", {})
 
 
 def test_compute_rank2_plus20_detected(stack):
@@ -257,36 +328,7 @@ def test_compute_rank2_plus20_detected(stack):
         f"x{step_rise:.2f}, steps run {last}"
     )
     assert ratio_after > 1.1, f"the slowdown was not achieved (CPU ratio {ratio_after:.2f}); box overloaded?"
-    found = [m for m in PHRASE.findall(cd.log_text()) if m[0] == job]
-    assert found == [(job, "2")], found
-    status = _http(cd.http, "GET", f"/v1/slownode/{job}")
-    assert status["degraded"] and status["slowRanks"] == [2]
-    hist = status["history"]
-    confirm = next(i for i, h in enumerate(hist) if h["degraded"])
-    # confirmation becomes possible at the 5th round that localizes rank 2 (one round without it is
-    # tolerated, a second restarts the count); it must follow within 3 rounds of that
-    run, gaps, possible = 0, 0, None
-    for i, h in enumerate(hist[: confirm + 1]):
-        if 2 in h["slowCalculateRanks"]:
-            run += 1
-        elif run and gaps < 1:
-            gaps += 1
-        else:
-            run, gaps = 0, 0
-        if run >= 5:
-            possible = i
-            break
-    assert possible is not None and confirm - possible <= 3, hist
-    others = [h["round"] for h in hist if set(h["slowCalculateRanks"]) - {2}]
-    print(f"rounds that also localized another rank (never reported): {others}")
-    faults = [
-        f
-        for f in cd.get_json("/v1/faults")
-        if f["source"] == "fd-online" and f["attributes"].get("jobId") == job
-    ]
-    assert [(f["node"], f["code"], f["attributes"]["influence"]) for f in faults] == [
-        ("node-b", "110001010", "2")
-    ]
+    _assert_named_alone(cd, job, 2, "node-b")
     _http(cd.http, "POST", f"/v1/slownode/{job}/disable", {})
 
 
@@ -308,6 +350,8 @@ def test_dataloader_stall_rank1_named(stack):
     _require_normal_steps(summ[0]["rows"])
     assert named and all(io == [1] for io in named), named
     assert not [m for m in PHRASE.findall(cd.log_text()) if m[0] == job]  # no slow compute rank
+    hist = _http(cd.http, "GET", f"/v1/slownode/{job}")["history"]
+    assert not [h["round"] for h in hist if h["slowCalculateRanks"]], hist
     _http(cd.http, "POST", f"/v1/slownode/{job}/disable", {})
 
 
@@ -316,9 +360,9 @@ def test_clean_run_logs_nothing(stack):
     _require_quiet_box()
     job = "torch-clean"
     _http(cd.http, "POST", "/v1/slownode/jobs", _featconf(job))
-    summ = _run_job(tmp, prof, dt, job, "none", 100)
+    summ = _run_job(tmp, prof, dt, job, "none", 150)
     _require_normal_steps(summ[0]["rows"])
-    assert all(len(s["rows"]) == 100 for s in summ.values())
+    assert all(len(s["rows"]) == 150 for s in summ.values())
     time.sleep(1.5)  # the last rounds
     status = _http(cd.http, "GET", f"/v1/slownode/{job}")
     assert status["rounds"] >= 5, status

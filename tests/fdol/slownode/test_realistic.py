@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from slownode_realistic import ONSET, detect, make_sim, steps_of
-from trainsim_tp import Fault, Sim, SimConf, layout_for
+from trainsim_tp import SHARED_BOX, Fault, Sim, SimConf, layout_for, shared_box_layout
 
 from fdol.slownode.cluster import DegradationTracker
 from fdol.slownode.detect import TimeDetector
@@ -27,12 +27,15 @@ COLS = (
 )
 
 
-@pytest.mark.parametrize("n", [8, 16])
+@pytest.mark.parametrize("n", [8, 16, 4])
 def test_simulator_records_read_back_as_its_metrics(tmp_path, n):
-    """The fast metrics path equals what the reader + assembler compute from the written records."""
+    """The fast metrics path equals what the reader + assembler compute from the written records
+    (4: the shared 2-core box of the real torch job, with its preemption noise)."""
     f = Fault("card", 3, 1.2, onset=4)
-    a = Sim(layout_for(n), SimConf(seed=2, ckpt_every=5), f)
-    b = Sim(layout_for(n), SimConf(seed=2, ckpt_every=5), f)
+    lay = shared_box_layout() if n == 4 else layout_for(n)
+    extra = SHARED_BOX if n == 4 else {}
+    a = Sim(lay, SimConf(**{**extra, "seed": 2, "ckpt_every": 5}), f)
+    b = Sim(lay, SimConf(**{**extra, "seed": 2, "ckpt_every": 5}), f)
     a.write_groups(tmp_path)
     a.write_steps(tmp_path, 10)
     steps, bad = load_steps(tmp_path, list(range(n)))
@@ -43,6 +46,9 @@ def test_simulator_records_read_back_as_its_metrics(tmp_path, n):
         for m in steps[r]:
             for c in COLS:
                 assert abs(getattr(m, c) - getattr(fast[m.step][r], c)) <= 1, (r, m.step, c)
+            want = fast[m.step][r].tp_ops
+            assert m.tp_ops and len(m.tp_ops) == len(want), (r, m.step)
+            assert all(abs(x - y) <= 1 for x, y in zip(m.tp_ops, want, strict=True)), (r, m.step)
 
 
 def test_tp_collectives_inside_forward_a_slow_card_waits_least():
@@ -71,16 +77,31 @@ def test_slow_card_plus_20_below_the_gate_through_files():
         ("pp_link", 16),
         ("tp_domain", 16),
         ("node_slower", 64),
+        ("box_stall+40%", 4),
+        ("box_dataloader", 4),
     ],
 )
 def test_culprit_named(name, n):
     outcome, delay = detect(make_sim(name, n, 0), steps_of(make_sim(name, n, 0), 0), FM)
-    assert outcome == "correct" and delay <= 3, (outcome, delay)
+    # on the shared 2-core box the wait rule needs most of its 40-step window after onset
+    assert outcome == "correct" and delay <= (10 if name.startswith("box_") else 3), (outcome, delay)
 
 
-@pytest.mark.parametrize("name", ["healthy", "jittery", "all_compute", "all_network", "all_storage"])
-def test_nobody_named_without_culprit(name):
-    assert detect(make_sim(name, 64, 0), steps_of(make_sim(name, 64, 0), 0), FM)[0] == "quiet"
+def test_whole_node_rule_needs_three_nodes():
+    """With two nodes (two "nodes" sharing one box, as the real torch test) a node's forward rise
+    cannot be told from the other's load swing: the whole-node rule names nobody."""
+    assert (
+        detect(make_sim("node_slower", 16, 0), steps_of(make_sim("node_slower", 16, 0), 0), FM)[0] == "missed"
+    )
+
+
+@pytest.mark.parametrize(
+    "name,n",
+    [(x, 64) for x in ("healthy", "jittery", "all_compute", "all_network", "all_storage")]
+    + [("box_healthy", 4)],
+)
+def test_nobody_named_without_culprit(name, n):
+    assert detect(make_sim(name, n, 0), steps_of(make_sim(name, n, 0), 0), FM)[0] == "quiet"
 
 
 def test_bounded_drift_keeps_a_ramp_abnormal():
