@@ -46,8 +46,10 @@ from .metrics import StepMetrics
 from .pattern import PatternDetector, compute_value
 from .peers import PeerDetector, forward_rise
 from .reader import Group, merge_groups
+from .records import BadInput
 
 TIME_COLUMNS = ("step_time", "zp_device", "zp_host", "pp_device", "dataloader_host")
+STALE_ROUNDS = 3  # rounds without a new step (others advancing) after which a rank is left out
 
 
 def fmt_level(x: float) -> str:
@@ -73,11 +75,16 @@ def empty_result(job_id: str, node_ip: str) -> dict:
 class NodeDetector:
     """Node-level detection of one job on one node (see module doc).
 
-    ``ranks``: the job's global ranks hosted here; ``node_ip``: the node's name in results.
+    ``ranks``: the job's global ranks hosted here; ``node_ip``: the node's name in results;
+    ``bad``: the job's bad-input counter (``rank_stopped``: a local rank without new steps for
+    ``STALE_ROUNDS`` rounds while the others advance is left out of the rounds until it reports).
     """
 
-    def __init__(self, conf: FeatConf, ranks: list[int], node_ip: str) -> None:
+    def __init__(self, conf: FeatConf, ranks: list[int], node_ip: str, bad: BadInput | None = None) -> None:
         self.conf = conf
+        self.bad = bad if bad is not None else BadInput()
+        self._stale: dict[int, int] = {}  # rounds a rank got no new step while another did
+        self._seen: dict[int, int] = {}  # each rank's last step at the previous round
         self.ranks = sorted(set(ranks))
         self.node_ip = node_ip
         self.groups: dict[str, Group] = {}
@@ -155,12 +162,28 @@ class NodeDetector:
                 return False
         return True
 
+    def _live(self, ranks: list[int]) -> list[int]:
+        """``ranks`` without those that stopped reporting: no new step for ``STALE_ROUNDS`` rounds
+        while another local rank got one (counted ``rank_stopped`` once per stop). Their TP groups
+        then have no aligned steps, so nothing is judged from the missing data."""
+        last = {r: self.history[r][-1].step for r in ranks}
+        moved = {r for r in ranks if last[r] > self._seen.get(r, -1)}
+        for r in ranks:
+            if r in moved:
+                self._stale[r] = 0
+            elif moved:  # the others advanced (all paused: nothing changes)
+                self._stale[r] = self._stale.get(r, 0) + 1
+                if self._stale[r] == STALE_ROUNDS:
+                    self.bad.add("rank_stopped")
+        self._seen = last
+        return [r for r in ranks if self._stale.get(r, 0) < STALE_ROUNDS]
+
     def _slow(self, r: int, column: str) -> bool:
         return self.detectors[(r, column)].slow
 
     def round(self) -> dict | None:
         """One detection round; None when no new step data (see module doc)."""
-        with_data = [r for r in self.ranks if self.history[r]]
+        with_data = self._live([r for r in self.ranks if self.history[r]])
         if not with_data:
             return None
         low = min(self.history[r][-1].step for r in with_data)

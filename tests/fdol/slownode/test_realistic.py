@@ -130,3 +130,36 @@ def test_confirmation_tolerates_one_clean_round_and_names_ranks_across_rounds():
     assert [a.kind for a in acts] == ["confirm", "report", "heavy_off"]
     assert acts[0].ranks == [5] and acts[0].detail["slowIORanks"] == [9]
     assert ONSET > 20
+
+
+def test_bad_input_names_nobody_from_missing_data_and_is_counted():
+    """One node of 8 ranks (TP groups 0-3 and 4-7), card 5 +20 % from step 30, and bad input on the
+    other group: rank 1 loses its TP ranges every other step from 35, rank 2's clock is 5 s ahead,
+    rank 3 stops reporting after step 40. Nothing is judged from the missing data (group 0-3 names
+    nobody), the stop is counted ``rank_stopped``, and card 5 is still named."""
+    from fdol.slownode.node import NodeDetector
+
+    sim = Sim(layout_for(8), SimConf(seed=5), Fault("card", 5, 1.2, onset=30))
+    nd = NodeDetector(FM, list(range(8)), "node-0")
+    nd.set_rank_groups({0: {k: g for k, g in _groups(sim).items()}})
+    named: list[list[int]] = []
+    for step in range(90):
+        for r, m in sim.run_step(emit="metrics").items():
+            if r == 1 and step >= 35 and step % 2:
+                m.tp_ops, m.zp_med, m.zp_device, m.zp_host = (), 0, 0, 0
+            if r == 2:
+                m.start_ns += 5 * 10**9
+                m.end_ns += 5 * 10**9
+            if r == 3 and step > 40:
+                continue
+            nd.add(m)
+        if step % 5 == 4 and (res := nd.round()) is not None and res["slowCalculateRanks"]:
+            named.append(res["slowCalculateRanks"])
+    assert named and all(x == [5] for x in named), named
+    assert nd.bad["rank_stopped"] == 1
+
+
+def _groups(sim):
+    from fdol.slownode.reader import Group
+
+    return {k: Group(k, kind, tuple(rs)) for k, (kind, rs) in sim.layout.groups().items()}
