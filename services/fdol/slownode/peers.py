@@ -36,6 +36,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from itertools import islice
+
+import numpy as np
 
 from .metrics import StepMetrics
 
@@ -56,59 +59,100 @@ def op_waits(m: StepMetrics) -> tuple[int, ...]:
     return (v,) if v > 0 else ()
 
 
+def _aligned(
+    group: Sequence[int], history: dict[int, Sequence[StepMetrics]], window: int, known: dict | None = None
+) -> list[tuple[int, dict[int, tuple[int, ...]] | None]]:
+    """(step, {rank: tp_ops}) for the members' last ``window + 8`` steps; the vector is None for
+    steps in ``known`` (already judged) when every member has the same steps."""
+    tails = [list(islice(reversed(history.get(r, ())), window + 8))[::-1] for r in group]
+    n = len(group)
+    out: list[tuple[int, dict[int, tuple[int, ...]] | None]] = []
+    first = [m.step for m in tails[0]]
+    if all([m.step for m in t] == first for t in tails[1:]):  # the usual case: same steps everywhere
+        for st, ms in zip(first, zip(*tails, strict=True), strict=True):
+            if known is not None and st in known:
+                out.append((st, None))
+                continue
+            ops = [op_waits(m) for m in ms]
+            if ops[0] and all(len(o) == len(ops[0]) for o in ops):
+                out.append((st, dict(zip(group, ops, strict=True))))
+        return out
+    by_step: dict[int, dict[int, tuple[int, ...]]] = {}
+    for r, tail in zip(group, tails, strict=True):
+        for m in tail:
+            o = op_waits(m)
+            if o:
+                by_step.setdefault(m.step, {})[r] = o
+    for st in sorted(by_step):
+        vec = by_step[st]
+        if len(vec) == n and len({len(v) for v in vec.values()}) == 1:
+            out.append((st, vec))
+    return out
+
+
 def aligned_ops(
     group: Sequence[int], history: dict[int, Sequence[StepMetrics]], window: int
 ) -> list[dict[int, tuple[int, ...]]]:
     """The last ``window`` steps (chronological) where every member has the same non-zero number
     of per-operation waits: per step {rank: tp_ops}."""
-    by_step: dict[int, dict[int, tuple[int, ...]]] = {}
-    for r in group:
-        h = history.get(r, ())
-        for m in list(h)[-(window + 8) :]:
-            ops = op_waits(m)
-            if ops:
-                by_step.setdefault(m.step, {})[r] = ops
-    n = len(group)
-    out = []
-    for s in sorted(by_step):
-        vec = by_step[s]
-        if len(vec) == n and len({len(v) for v in vec.values()}) == 1:
-            out.append(vec)
-    return out[-window:]
+    return [v for _, v in _aligned(group, history, window) if v is not None][-window:]
+
+
+def step_arrivals(
+    steps: Sequence[dict[int, tuple[int, ...]]], asym: float
+) -> list[tuple[tuple[int, ...], int]]:
+    """Per step: (operations each member — in rank order — arrived last in, counted operations).
+    An operation counts when the others' median wait is ``1 + asym`` times the least; ties go to
+    the lowest rank. Steps of different groups may be mixed (one vectorized pass)."""
+    return _arrivals([[vec[r] for r in sorted(vec)] for vec in steps], asym)
+
+
+def _arrivals(rows: Sequence[Sequence[tuple[int, ...]]], asym: float) -> list[tuple[tuple[int, ...], int]]:
+    out: list[tuple[tuple[int, ...], int]] = [((), 0)] * len(rows)
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for i, row in enumerate(rows):
+        by_shape.setdefault((len(row), len(row[0])), []).append(i)
+    for (n, _), idx in by_shape.items():
+        a = np.asarray([rows[i] for i in idx], dtype=np.float64).transpose(0, 2, 1)  # [step, op, member]
+        srt = np.sort(a, axis=2)
+        least = srt[:, :, 0]
+        h = (n - 1) // 2
+        med = srt[:, :, 1 + h] if (n - 1) % 2 else (srt[:, :, h] + srt[:, :, h + 1]) / 2
+        ok = (least > 0) & (med >= least * (1 + asym))
+        who = np.where(ok, np.argmin(a, axis=2), n)  # n: not counted
+        per = (who[:, :, None] == np.arange(n)).sum(axis=1).tolist()
+        tot = ok.sum(axis=1).tolist()
+        for k, i in enumerate(idx):
+            out[i] = (tuple(per[k]), tot[k])
+    return out
 
 
 def last_arrivals(steps: Sequence[dict[int, tuple[int, ...]]], asym: float) -> tuple[dict[int, int], int]:
-    """-> ({rank: operations it arrived last in}, counted operations) over ``steps``."""
-    counts: dict[int, int] = {}
+    """-> ({rank: operations it arrived last in}, counted operations) over ``steps`` (same members)."""
+    if not steps:
+        return {}, 0
+    ranks = sorted(steps[0])
+    counts = dict.fromkeys(ranks, 0)
     total = 0
-    for vec in steps:
-        ranks = sorted(vec)
-        for r in ranks:
-            counts.setdefault(r, 0)
-        k_ops = len(vec[ranks[0]])
-        for k in range(k_ops):
-            waits = sorted((vec[r][k], r) for r in ranks)
-            least, who = waits[0]
-            others = [w for w, _ in waits[1:]]
-            h = len(others) // 2
-            med = others[h] if len(others) % 2 else (others[h - 1] + others[h]) / 2
-            if least <= 0 or med < least * (1 + asym):
-                continue
-            counts[who] += 1
-            total += 1
+    for per, tot in step_arrivals(steps, asym):
+        for r, c in zip(ranks, per, strict=True):
+            counts[r] += c
+        total += tot
     return counts, total
 
 
 class PeerDetector:
     """See module doc. ``window``: steps judged per round; ``asym``: least wait below the others'
     median by this factor for an operation to count; ``share``: least share of the counted
-    operations; ``z``: margin over the healthy share in binomial standard deviations."""
+    operations; ``z``: margin over the healthy share in binomial standard deviations. Each step is
+    judged once (per group, cached while it is in the window)."""
 
     def __init__(self, window: int = 40, asym: float = 0.2, share: float = 0.25, z: float = 4.0) -> None:
         self.window = window
         self.asym = asym
         self.share = share
         self.z = z
+        self._judged: dict[tuple[int, ...], dict[int, tuple[tuple[int, ...], int]]] = {}
 
     def evaluate(
         self, groups: Iterable[Sequence[int]], history: dict[int, Sequence[StepMetrics]]
@@ -116,23 +160,39 @@ class PeerDetector:
         """-> (flagged ranks, {rank: share of the counted operations it arrived last in})."""
         flagged: list[int] = []
         shares: dict[int, float] = {}
+        todo = []
+        new_rows: list[list[tuple[int, ...]]] = []
         for group in groups:
             key = tuple(sorted(group))
             if len(key) < 2:
                 continue
-            steps = aligned_ops(key, history, self.window)
-            if len(steps) < self.window:
+            known = self._judged.get(key, {})
+            rows = _aligned(key, history, self.window, known)
+            new = [(len(new_rows) + k, st) for k, (st, v) in enumerate(x for x in rows if x[1] is not None)]
+            new_rows += [[v[r] for r in key] for _, v in rows if v is not None]
+            todo.append((key, known, rows, new))
+        results = _arrivals(new_rows, self.asym)  # every group's new steps in one pass
+        judged_all = {}
+        for key, known, rows, new in todo:
+            judged = {st: results[k] for k, st in new}
+            for st, v in rows:
+                if v is None:
+                    judged[st] = known[st]
+            judged_all[key] = judged
+            window = [judged[st] for st, _ in rows][-self.window :]
+            if len(window) < self.window:
                 continue
-            counts, total = last_arrivals(steps, self.asym)
+            total = sum(t for _, t in window)
             if total < MIN_OPS:
                 continue
             p0 = 1 / len(key)
             need = max(total * self.share, total * p0 + self.z * math.sqrt(total * p0 * (1 - p0)))
-            for r in key:
-                c = counts.get(r, 0)
+            for i, r in enumerate(key):
+                c = sum(per[i] for per, _ in window)
                 shares[r] = round(c / total, 3)
                 if c >= need:
                     flagged.append(r)
+        self._judged = judged_all
         return sorted(flagged), shares
 
 
