@@ -337,7 +337,7 @@ class NodeDetector:
         return step > 0 and d.recent() - d.mean >= self.conf.io_share * step
 
     def _forward_suspects(self, ranks: list[int], skip: set[int]) -> list[int]:
-        """Ranks whose forward time (median of the last ``peerWindowSteps`` steps) rose ``nodeRise``
+        """Ranks whose forward time (median of the last ``timeWindowSteps`` steps) rose ``nodeRise``
         over their baseline: with communication profiling off they keep it (or switch it) on and keep
         a confirmed degradation from recovering unseen (wait asymmetry needs TP collectives)."""
         out = []
