@@ -220,7 +220,7 @@ class SlowNodeComponent(SlowNodeHttp):
                 conf,
                 placement,
                 source,
-                ClusterDetector(conf.job_id, self.ctx.config.slownode_cluster_name),
+                ClusterDetector.for_conf(conf, self.ctx.config.slownode_cluster_name),
                 DegradationTracker(conf),
                 enabled_ms=now_ms(),
             )

@@ -175,7 +175,12 @@ class SlowNode(PushSource):
             for r in ranks
         }
         nj = NodeJob(
-            conf, ranks, reader, assemblers, NodeDetector(conf, ranks, self.node_ip), started_ms=now_ms()
+            conf,
+            ranks,
+            reader,
+            assemblers,
+            NodeDetector(conf, ranks, self.node_ip, reader.bad),
+            started_ms=now_ms(),
         )
         self.jobs[conf.job_id] = nj
         nj.task = self.ctx.spawn(self._loop(nj), name=f"slownode-{conf.job_id}")
@@ -264,6 +269,10 @@ class SlowNode(PushSource):
             if n > seen:
                 self.m_bad.labels(reason).inc(n - seen)
                 nj.reported_bad[reason] = n
+                if not seen:  # once per reason and job: the counter and /v1/slownode keep counting
+                    event(
+                        log, logging.WARNING, "slownode bad input", job=nj.conf.job_id, reason=reason, count=n
+                    )
 
     async def _http_list(self, request: web.Request) -> web.Response:
         return json_response(

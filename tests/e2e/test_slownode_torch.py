@@ -1,19 +1,32 @@
-"""FD-OL slow-node detection on a real PyTorch CPU training job (issue 5 "Real input").
+"""FD-OL slow-node detection on a real PyTorch CPU training job (issues 5 "Real input" and 16).
 
 clusterd and two noded processes run on loopback; the job (faultmesh.profiler.example_job: 4 gloo
-ranks, TP groups [0,1] and [2,3] plus a global all-reduce, ~87 ms steps on an idle 2-core box) is
+ranks, TP groups [0,1] and [2,3] plus a global all-reduce, ~155 ms steps on an idle 2-core box) is
 instrumented with faultmesh.profiler and honours the data-trace switch clusterd writes.
-Ranks 0,1 are placed on node-a and 2,3 on node-b.
+Ranks 0,1 are placed on node-a and 2,3 on node-b. The FeatConf is the documented defaults
+(fdol.md §7) with 0.5 s rounds, rules ``faultmesh`` (communication profiling stays on).
 
-- Stall: from step 30 rank 2 sleeps 0.4 x its compute time per step. clusterd must log
-  ``got degradation, slow rank ids: [2]`` (and no other rank) within 3 rounds of the confirmation
-  becoming possible (the 5th consecutive round that localizes the rank; an interruption restarts the count).
-  Asserted on the achieved slowdown measured by the job, not on the intended factor.
+The job runs with its TP collectives inside the forward range (a TP all-reduce after every layer,
+as Megatron; issue 16), so the TP members show the same forward time and a slow rank shows only
+as the one that arrives last (waits least) at the per-layer barriers.
+
+- Stall: from step 30 rank 2 sleeps 0.4 x its compute time per step (spread over the layers).
+  clusterd must log ``got degradation, slow rank ids: [2]`` (and no other rank) within 3 rounds of
+  the confirmation becoming possible (the 5th slow round that localizes the rank; one round in
+  between without it is tolerated, ``confirmGapRounds``). Asserted on the achieved step-time rise.
+- Slow compute: from step 30 rank 2 does +20 % compute (CPU work calibrated in thread CPU time):
+  the same, only rank 2 named. Asserted on the achieved CPU ratio.
+- Data-loader stall: from step 30 rank 1's data loader sleeps 0.4 x its compute time; the cluster
+  result names rank 1, and only it, in ``slowIORanks``, and no slow compute rank is reported (its
+  TP partner waits for it at the first barrier of the step only, which the wait rule skips).
 - Clean: the same job without slowdown logs nothing and raises no fault.
 
 Timing-sensitive: skipped on parallel runners (pytest-xdist) and on an overloaded box (load average
-> 2.5 per CPU, or clean steps > 150 ms) — ../shared/reference/torch-real-input.md §6;
-``FAULTMESH_TIMING_TESTS=force`` runs it anyway.
+> 2.5 per CPU, or clean steps > 270 ms: 1.75 x the ~155 ms of an idle box, the margin the 87 ms /
+150 ms limit had before the per-layer all-reduces) — ../shared/reference/torch-real-input.md §6;
+``FAULTMESH_TIMING_TESTS=force`` runs it anyway. The box's 4 ranks share 2 cores: the scheduler keeps
+one member of a TP pair behind for tens of steps at times, which is why the wait rule judges 40-step
+windows (fdol/slownode/peers.py).
 """
 
 from __future__ import annotations
@@ -55,7 +68,7 @@ SLOW_FROM = 30
 
 
 def _featconf(job: str) -> dict:
-    # Documented defaults (fdol.md §7) except the round period: 0.5 s rounds for an ~87 ms-step job.
+    # Documented defaults (fdol.md §7) except the round period: 0.5 s rounds for a ~155 ms-step job.
     return {
         "jobName": job,
         "jobNamespace": "default",
@@ -136,7 +149,15 @@ def stack(tmp_path_factory):
 
 
 def _run_job(
-    tmp: Path, prof: Path, dt: Path, job: str, mode: str, steps: int, stop_when=None
+    tmp: Path,
+    prof: Path,
+    dt: Path,
+    job: str,
+    mode: str,
+    steps: int,
+    stop_when=None,
+    slow_rank: int = 2,
+    factor: float = 0.4,
 ) -> dict[int, dict]:
     summary = tmp / f"summary-{job}"
     stop_file = tmp / f"stop-{job}"
@@ -155,11 +176,11 @@ def _run_job(
         "--slow-mode",
         mode,
         "--slow-rank",
-        "2",
+        str(slow_rank),
         "--slow-from",
         str(SLOW_FROM),
         "--factor",
-        "0.4",
+        str(factor),
         "--flush-s",
         "0.5",
         "--switch-poll-s",
@@ -200,15 +221,57 @@ def _require_quiet_box() -> None:
         )
 
 
+QUIET_STEP_MS = 155  # median step of the job on an idle 2-core box (per-layer TP all-reduces)
+MAX_STEP_MS = 270  # 1.75 x: above, other work on the box dominates the job's timing
+
+
 def _require_normal_steps(rows) -> None:
-    """Skip when the job's clean steps were far slower than on a quiet box (~87 ms measured)."""
-    med = statistics.median(r["period"] for r in rows if r["step_no"] < SLOW_FROM)
-    if med > 150 and os.environ.get("FAULTMESH_TIMING_TESTS") != "force":
-        pytest.skip(f"box overloaded during the run: median clean step {med:.0f} ms (quiet box: ~87 ms)")
+    """Skip when the job's steps were far slower than on a quiet box (the whole run: a load that
+    comes after the slowdown starts distorts it as much as one before)."""
+    med = statistics.median(r["period"] for r in rows)
+    if med > MAX_STEP_MS and os.environ.get("FAULTMESH_TIMING_TESTS") != "force":
+        pytest.skip(
+            f"box overloaded during the run: median step {med:.0f} ms (quiet box: ~{QUIET_STEP_MS} ms)"
+        )
 
 
 def _median(rows, key, lo, hi):
     return statistics.median(r[key] for r in rows if lo <= r["step_no"] < hi)
+
+
+def _assert_named_alone(cd, job: str, rank: int, node: str) -> None:
+    """clusterd reported ``rank`` and only it, within 3 rounds of the confirmation becoming
+    possible, and raised one 110001010 on ``node``."""
+    found = [m for m in PHRASE.findall(cd.log_text()) if m[0] == job]
+    assert found == [(job, str(rank))], found
+    status = _http(cd.http, "GET", f"/v1/slownode/{job}")
+    assert status["degraded"] and status["slowRanks"] == [rank]
+    hist = status["history"]
+    confirm = next(i for i, h in enumerate(hist) if h["degraded"])
+    # confirmation becomes possible at the 5th round that localizes the rank (one round without it
+    # is tolerated, a second restarts the count); it must follow within 3 rounds of that
+    run, gaps, possible = 0, 0, None
+    for i, h in enumerate(hist[: confirm + 1]):
+        if rank in h["slowCalculateRanks"]:
+            run += 1
+        elif run and gaps < 1:
+            gaps += 1
+        else:
+            run, gaps = 0, 0
+        if run >= 5:
+            possible = i
+            break
+    assert possible is not None and confirm - possible <= 3, hist
+    others = [h["round"] for h in hist if set(h["slowCalculateRanks"]) - {rank}]
+    print(f"rounds that also localized another rank (never reported): {others}; confirmed at round {confirm}")
+    faults = [
+        f
+        for f in cd.get_json("/v1/faults")
+        if f["source"] == "fd-online" and f["attributes"].get("jobId") == job
+    ]
+    assert [(f["node"], f["code"], f["attributes"]["influence"]) for f in faults] == [
+        (node, "110001010", str(rank))
+    ]
 
 
 def test_stall_rank2_detected(stack):
@@ -228,53 +291,67 @@ def test_stall_rank2_detected(stack):
     rows = {r: s["rows"] for r, s in summ.items()}
     _require_normal_steps(rows[0])
     last = min(len(v) for v in rows.values())
-    # What was achieved: rank 2's compute phase against the other ranks', after vs before the stall.
-    after = {r: _median(rows[r], "compute", SLOW_FROM, last) for r in range(4)}
-    before = {r: _median(rows[r], "compute", 0, SLOW_FROM) for r in range(4)}
+    # What was achieved: every rank's step time rises with rank 2's stall (the job synchronizes).
+    step_rise = _median(rows[0], "period", SLOW_FROM, last) / _median(rows[0], "period", 0, SLOW_FROM)
+    print(f"achieved: step time x{step_rise:.2f}, steps run {last}")
+    assert step_rise > 1.15, f"the stall was not achieved (step time x{step_rise:.2f}); box overloaded?"
+    _assert_named_alone(cd, job, 2, "node-b")
+    _http(cd.http, "POST", f"/v1/slownode/{job}/disable", {})
+
+
+def test_compute_rank2_plus20_detected(stack):
+    tmp, cd, prof, dt = stack
+    _require_quiet_box()
+    job = "torch-compute"
+    _http(cd.http, "POST", "/v1/slownode/jobs", _featconf(job))
+    summ = _run_job(
+        tmp,
+        prof,
+        dt,
+        job,
+        "compute",
+        400,
+        stop_when=lambda: any(m[0] == job for m in PHRASE.findall(cd.log_text())),
+        factor=0.2,
+    )
+    rows = {r: s["rows"] for r, s in summ.items()}
+    _require_normal_steps(rows[0])
+    last = min(len(v) for v in rows.values())
+    # What was achieved: rank 2's compute CPU against the other ranks', after vs before.
+    after = {r: _median(rows[r], "compute_cpu", SLOW_FROM, last) for r in range(4)}
+    before = {r: _median(rows[r], "compute_cpu", 0, SLOW_FROM) for r in range(4)}
     ratio_after = after[2] / statistics.median(after[r] for r in (0, 1, 3))
     ratio_before = before[2] / statistics.median(before[r] for r in (0, 1, 3))
     step_rise = _median(rows[0], "period", SLOW_FROM, last) / _median(rows[0], "period", 0, SLOW_FROM)
     print(
-        f"achieved: rank-2 compute ratio {ratio_before:.2f} -> {ratio_after:.2f}, step time x{step_rise:.2f}, "
-        f"steps run {last}"
+        f"achieved: rank-2 compute CPU ratio {ratio_before:.2f} -> {ratio_after:.2f}, step time "
+        f"x{step_rise:.2f}, steps run {last}"
     )
-    assert ratio_after > 1.15, (
-        f"the stall was not achieved (compute ratio {ratio_after:.2f}); box overloaded?"
-    )
-    found = [m for m in PHRASE.findall(cd.log_text()) if m[0] == job]
-    assert found == [(job, "2")], found
-    status = _http(cd.http, "GET", f"/v1/slownode/{job}")
-    assert status["degraded"] and status["slowRanks"] == [2]
-    hist = status["history"]
-    confirm = next(i for i, h in enumerate(hist) if h["degraded"])
-    # confirmation becomes possible at the 5th consecutive round that localizes rank 2 (a round in
-    # between without it, e.g. no fresh data on a loaded box, restarts the count); it must follow
-    # within 3 rounds of that
-    run, possible = 0, None
-    for i, h in enumerate(hist[: confirm + 1]):
-        run = run + 1 if 2 in h["slowCalculateRanks"] else 0
-        if run >= 5:
-            possible = i
-            break
-    assert possible is not None and confirm - possible <= 3, hist
-    first = next(i for i, h in enumerate(hist) if 2 in h["slowCalculateRanks"])
-    others = [h["round"] for h in hist if set(h["slowCalculateRanks"]) - {2}]
-    print(f"rounds that also localized another rank (never reported: majority rule): {others}")
-    # detection delay in steps after the stall began (printed for the record)
-    t_confirm = hist[confirm]["ms"]
-    steps_at_confirm = sum(1 for r in rows[2] if r["t_ms"] <= t_confirm)
-    print(
-        f"confirmed at step ~{steps_at_confirm} (stall from step {SLOW_FROM}); rounds first->confirm "
-        f"{confirm - first}"
-    )
-    faults = [
-        f
-        for f in cd.get_json("/v1/faults")
-        if f["source"] == "fd-online" and f["attributes"].get("jobId") == job
-    ]
-    assert [(f["node"], f["code"], f["attributes"]["influence"]) for f in faults] == [
-        ("node-b", "110001010", "2")
-    ]
+    assert ratio_after > 1.1, f"the slowdown was not achieved (CPU ratio {ratio_after:.2f}); box overloaded?"
+    _assert_named_alone(cd, job, 2, "node-b")
+    _http(cd.http, "POST", f"/v1/slownode/{job}/disable", {})
+
+
+def test_dataloader_stall_rank1_named(stack):
+    tmp, cd, prof, dt = stack
+    _require_quiet_box()
+    job = "torch-loader"
+    _http(cd.http, "POST", "/v1/slownode/jobs", _featconf(job))
+    named: list[list[int]] = []
+
+    def io_named() -> bool:
+        st = _http(cd.http, "GET", f"/v1/slownode/{job}")
+        io = (st.get("cluster") or {}).get("slowIORanks") or []
+        if io:
+            named.append(io)
+        return len(named) >= 5
+
+    summ = _run_job(tmp, prof, dt, job, "dataloader", 300, stop_when=io_named, slow_rank=1)
+    _require_normal_steps(summ[0]["rows"])
+    assert named and all(io == [1] for io in named), named
+    assert not [m for m in PHRASE.findall(cd.log_text()) if m[0] == job]  # no slow compute rank
+    hist = _http(cd.http, "GET", f"/v1/slownode/{job}")["history"]
+    assert not [h["round"] for h in hist if h["slowCalculateRanks"]], hist
     _http(cd.http, "POST", f"/v1/slownode/{job}/disable", {})
 
 
@@ -283,9 +360,9 @@ def test_clean_run_logs_nothing(stack):
     _require_quiet_box()
     job = "torch-clean"
     _http(cd.http, "POST", "/v1/slownode/jobs", _featconf(job))
-    summ = _run_job(tmp, prof, dt, job, "none", 100)
+    summ = _run_job(tmp, prof, dt, job, "none", 150)
     _require_normal_steps(summ[0]["rows"])
-    assert all(len(s["rows"]) == 100 for s in summ.values())
+    assert all(len(s["rows"]) == 150 for s in summ.values())
     time.sleep(1.5)  # the last rounds
     status = _http(cd.http, "GET", f"/v1/slownode/{job}")
     assert status["rounds"] >= 5, status

@@ -33,6 +33,7 @@ def conf(job, **kw):
         "cardOneNode": 16,
         "SlowNode": 1,
         "patternWindowSteps": 20,
+        "commProfiling": "onDemand",  # these tests follow the reference's heavy/light switching
     }
     d.update(kw)
     return d
@@ -90,15 +91,22 @@ def test_stall_detected_reported_recovered_and_disabled(stack, tmp_path):
         assert status["cluster"]["slowCalculateRanks"] == [2]
         assert set(status["nodeResults"]) == {"node-a", "node-b"}
         assert status["featConf"]["normalNumber"] == 20 and status["ranks"] == PLACEMENT
-        # the confirmation came on the 5th consecutive slow round (a round without the slowdown, e.g.
-        # one with no fresh data on a loaded box, restarts the count), never earlier
+        # the confirmation came on the 5th slow round of a run (a round without the slowdown, e.g.
+        # one with no fresh data on a loaded box, restarts the count unless it is the one clean
+        # round tolerated by confirmGapRounds under the faultmesh rules), never earlier
         hist = status["history"]
         confirm = next(i for i, h in enumerate(hist) if h["degraded"])
-        assert confirm >= 4 and all(h["isSlow"] for h in hist[confirm - 4 : confirm + 1])
-        runs, n = [], 0
-        for h in hist[:confirm]:
-            n = n + 1 if h["isSlow"] else 0
+        runs, n, gaps = [], 0, 0
+        for h in hist[: confirm + 1]:
+            if h["isSlow"]:
+                n += 1
+            elif n and gaps < 1:
+                gaps += 1
+            else:
+                n, gaps = 0, 0
             runs.append(n)
+        assert runs[-1] >= 5, [(h["isSlow"], h["degraded"]) for h in hist]
+        runs = runs[:-1]
         assert max(runs, default=0) < 5, "5 consecutive slow rounds came earlier without confirmation"
         r = cli(cd, "slownode", "status", "job1", "-o", "json")
         assert r.returncode == 0, r.stderr

@@ -10,7 +10,14 @@ triggers it at run time), rank ``--slow-rank`` is slowed down:
 
 - ``--slow-mode sleep``: sleeps ``--factor`` x its median warm-up compute wall time per step (a stall);
 - ``--slow-mode compute``: runs N extra ``tanh(x @ W)`` products calibrated in *thread CPU time*
-  during warm-up, while every rank runs, to ``--factor`` x its median compute CPU time.
+  during warm-up, while every rank runs, to ``--factor`` x its median compute CPU time;
+- ``--slow-mode dataloader``: its data loader sleeps ``--factor`` x its median compute wall time.
+
+With ``--tp-in-forward`` (the default, as Megatron) every hidden layer's forward ends with an
+all-reduce of ``--tp-elems`` elements on the TP group *inside* the forward range, and the slowdown is
+spread over the layers, so the TP members show the same forward time and a slow rank shows as the
+one that waits least at each per-layer barrier (issue 16); ``--no-tp-in-forward`` is the earlier
+shape (slowdown after backward, TP collective after the forward range).
 
 Each step records ``step <n>`` / ``dataloader`` / ``forward`` (forward + backward + the slowdown)
 and the two all-reduces through the instrumented ``torch.distributed``; ``parallel_group.json`` is
@@ -76,7 +83,9 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:  # noqa: C9
     layers: list[torch.nn.Module] = []
     for _ in range(4):
         layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers, torch.nn.Linear(256, 10))
+    head = torch.nn.Linear(256, 10)
+    model = torch.nn.Sequential(*layers, head)
+    hidden = [m for m in layers if isinstance(m, torch.nn.Linear)]
     params = list(model.parameters())
     for p in params:
         dist.broadcast(p.data, 0)
@@ -87,21 +96,41 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:  # noqa: C9
 
     stop_flag = torch.zeros(1)
 
-    def one_step(n_extra: int, sleep_s: float) -> dict[str, float]:
+    n_layers = len(hidden)
+    tp_x = torch.zeros(args.tp_elems)
+
+    def one_step(n_extra: int, sleep_s: float, dl_sleep_s: float = 0.0) -> dict[str, float]:
         t0 = time.perf_counter_ns()
         with prof.dataloader():
             x = torch.randn(args.batch, 256)
             y = torch.randint(0, 10, (args.batch,))
+            if dl_sleep_s:
+                time.sleep(dl_sleep_s)
         c0, cc0 = time.perf_counter_ns(), time.thread_time_ns()
         with prof.forward():
             for p in params:
                 p.grad = None
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            for _ in range(n_extra):
-                torch.tanh(extra_x @ extra_w)
-            if sleep_s:
-                time.sleep(sleep_s)
+            if args.tp_in_forward:
+                # Megatron: each layer's compute, then a TP all-reduce (a per-operation barrier) —
+                # inside the forward range; a slow rank is slow in every segment.
+                h = x
+                for i, layer in enumerate(hidden):
+                    h = torch.relu(layer(h))
+                    for _ in range(n_extra // n_layers + (i < n_extra % n_layers)):
+                        torch.tanh(extra_x @ extra_w)
+                    if sleep_s:
+                        time.sleep(sleep_s / n_layers)
+                    tp_x[0] = float(i)
+                    dist.all_reduce(tp_x, group=tp_group)
+                loss = loss_fn(head(h), y)
+                loss.backward()
+            else:
+                loss = loss_fn(model(x), y)
+                loss.backward()
+                for _ in range(n_extra):
+                    torch.tanh(extra_x @ extra_w)
+                if sleep_s:
+                    time.sleep(sleep_s)
         c1, cc1 = time.perf_counter_ns(), time.thread_time_ns()
         flat = torch.cat([p.grad.reshape(-1) for p in params] + [stop_flag])
         dist.all_reduce(flat, group=tp_group)
@@ -156,7 +185,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:  # noqa: C9
                 slow_on = True
                 what = (
                     f"sleep {sleep_s * 1000:.1f} ms"
-                    if args.slow_mode == "sleep"
+                    if args.slow_mode in ("sleep", "dataloader")
                     else f"{n_extra} extra products"
                 )
                 _say(
@@ -168,6 +197,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:  # noqa: C9
             row = one_step(
                 n_extra if slow and args.slow_mode == "compute" else 0,
                 sleep_s if slow and args.slow_mode == "sleep" else 0.0,
+                sleep_s if slow and args.slow_mode == "dataloader" else 0.0,
             )
         now = time.perf_counter_ns()
         row["period"] = (now - last) / 1e6
@@ -219,8 +249,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slow-rank", type=int, default=2)
     p.add_argument("--slow-from", type=int, default=30, help="slow down from this step (-1: never by step)")
     p.add_argument("--slow-file", default="", help="slow down once this file exists (the demo's trigger)")
-    p.add_argument("--slow-mode", choices=("none", "sleep", "compute"), default="none")
+    p.add_argument("--slow-mode", choices=("none", "sleep", "compute", "dataloader"), default="none")
     p.add_argument("--factor", type=float, default=0.4)
+    p.add_argument(
+        "--tp-in-forward",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a TP all-reduce after each layer inside the forward range, as Megatron (default on)",
+    )
+    p.add_argument("--tp-elems", type=int, default=16384, help="elements of each in-forward TP all-reduce")
     p.add_argument("--base-dir", required=True, help="profiling root (<root>/<task id>/<rank>/)")
     p.add_argument("--task-id", required=True)
     p.add_argument("--switch", default="", help="profilingSwitch file (empty: always on)")

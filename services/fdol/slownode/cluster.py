@@ -18,6 +18,18 @@ Fixes of reference quirks / faultmesh additions (named on purpose):
   from being reported as recovered while communication profiling is off again.
 - *initial phase*: communication profiling starts on (as the reference's StartAllProfiling) and is
   switched off once every node reports ``baselineReady``.
+- *cluster-wide slowdowns name nobody* (rules ``faultmesh``): when more than half of the job's TP
+  groups are slow domains, of its PP senders slow senders, of its nodes slow hosts or of its ranks
+  slow IO ranks, the slowdown is the cluster's (network congestion, a storage slowdown), not an
+  entity's, and that list is emptied (the reference named every PP pair and every rank);
+  a slow TP domain or slow host is kept only when its TP wait (launch) rose ``margin`` (the
+  ``degradationPercentage``) more than the median of the other ranks' (node reports' ``rise``):
+  a load swing of a shared box raises every rank's.
+- *a whole node slower* (rules ``faultmesh``): a node whose forward time rose ``nodeRise`` over its
+  own baseline and over the median of the other nodes' rises, not explained by a slow card, TP
+  domain or host of its own, has all its ranks added to ``slowCalculateRanks`` (``slowNodeRanks``);
+  it needs at least 3 nodes reporting a forward rise (against the median of one other node, a
+  node's load swing — two "nodes" sharing one box — looks the same as a slower node).
 """
 
 from __future__ import annotations
@@ -82,9 +94,65 @@ def merge_groups_json(reports: list[dict]) -> tuple[list[list[int]], list[list[i
     return tp, pp
 
 
-def merge_cluster(job_id: str, cluster_ip: str, changed: list[dict], all_reports: list[dict]) -> dict:
+def _over_half(named: int, total: int) -> bool:
+    return total > 0 and 2 * named > total
+
+
+def _covered(tp_groups: list[list[int]], domains: list[list[int]]) -> int:
+    """How many TP groups are wholly inside the node-reported slow domains."""
+    inside = {r for d in domains for r in d}
+    return sum(1 for g in tp_groups if g and all(r in inside for r in g))
+
+
+def _slow_node_ranks(changed: list[dict], all_reports: list[dict], rise: float) -> list[int]:
+    """Ranks of the nodes that compute uniformly slower than the others (module doc)."""
+    rises = {id(r): r["forwardRise"] for r in all_reports if r.get("forwardRise")}
+    out: list[int] = []
+    if len(rises) < 3:  # with two nodes one's load swing cannot be told from a slower node
+        return out
+    for res in changed:
+        x = res.get("forwardRise")
+        if not x or res.get("explained") or x < 1 + rise:
+            continue
+        others = [v for k, v in rises.items() if k != id(res)]
+        if others and x / sorted(others)[len(others) // 2] >= 1 + rise:
+            out.extend(res.get("ranks") or [])
+    return out
+
+
+def _rises(reports: list[dict], key: str) -> dict[int, float]:
+    """{rank: rise} of ``key`` (``zp`` | ``host``) from the node reports' ``rise``."""
+    out: dict[int, float] = {}
+    for rep in reports:
+        for r, v in (rep.get("rise") or {}).items():
+            x = v.get(key) if isinstance(v, dict) else None
+            if isinstance(x, int | float) and x > 0 and str(r).isdigit():
+                out[int(r)] = float(x)
+    return out
+
+
+def _stands_out(ranks: list[int], rises: dict[int, float], margin: float) -> bool:
+    """``ranks`` all rose ``margin`` more than the median of the other ranks' rises (True when no
+    other rank has one to compare with: the own-history rule stands alone)."""
+    others = sorted(v for r, v in rises.items() if r not in ranks)
+    mine = [rises[r] for r in ranks if r in rises]
+    if not others or not mine:
+        return True
+    return min(mine) >= (1 + margin) * others[len(others) // 2]
+
+
+def merge_cluster(
+    job_id: str,
+    cluster_ip: str,
+    changed: list[dict],
+    all_reports: list[dict],
+    rules: str = "faultmesh",
+    node_rise: float = 0.08,
+    margin: float = 0.3,
+) -> dict:
     """Merge changed node results into the cluster result (§5). Keys as the reference plus
-    ``suspectRanks`` and ``slowNodes`` (nodes whose result was slow)."""
+    ``suspectRanks``, ``slowNodes`` (nodes whose result was slow), ``slowNodeRanks`` and
+    ``suppressed`` (lists emptied as cluster-wide, rules ``faultmesh``)."""
     tp_groups, pp_groups = merge_groups_json(all_reports)
     calc: list[int] = []
     io: list[int] = []
@@ -107,6 +175,32 @@ def merge_cluster(job_id: str, cluster_ip: str, changed: list[dict], all_reports
         domains.extend(res.get("slowCommunicationDomains") or [])
         sends.extend(res.get("slowSendRanks") or [])
         level = max(level, _level(res.get("degradationLevel", "0.0%")))
+    suppressed = []
+    node_ranks: list[int] = []
+    if rules == "faultmesh":
+        zp, hr = _rises(all_reports, "zp"), _rises(all_reports, "host")
+        domains = [d for d in domains if _stands_out(list(d), zp, margin)]
+        node_of = {n.get("nodeRank"): n.get("ranks") or [] for n in all_reports}
+        hosts = [h for h in hosts if _stands_out(list(node_of.get(h, [])), hr, margin)]
+        n_ranks = sum(len(r.get("ranks") or ()) for r in all_reports)
+        n_senders = sum(len(g) - 1 for g in pp_groups)
+        for key, named, total in (
+            ("slowCommunicationDomains", _covered(tp_groups, domains), len(tp_groups)),
+            ("slowSendRanks", len(set(sends)), n_senders),
+            ("slowHostNodes", len(set(hosts)), len(all_reports)),
+            ("slowIORanks", len(set(io)), n_ranks),
+            ("slowCalculateRanks", len(set(calc)), n_ranks),
+        ):
+            if _over_half(named, total):
+                suppressed.append(key)
+        domains = [] if "slowCommunicationDomains" in suppressed else domains
+        sends = [] if "slowSendRanks" in suppressed else sends
+        hosts = [] if "slowHostNodes" in suppressed else hosts
+        io = [] if "slowIORanks" in suppressed else io
+        calc = [] if "slowCalculateRanks" in suppressed else calc
+        node_ranks = _slow_node_ranks(changed, all_reports, node_rise)
+        calc = calc + node_ranks
+        slow = bool(calc or domains or sends or hosts or io)
     in_domains = {r for d in domains for r in d}
     tp_slow = [g for g in tp_groups if g and all(r in in_domains for r in g)]
     pp_slow: list[list[int]] = []
@@ -130,18 +224,36 @@ def merge_cluster(job_id: str, cluster_ip: str, changed: list[dict], all_reports
         "slowCommunicationRanks": comm_ranks,
         "suspectRanks": sorted(set(suspects)),
         "slowNodes": sorted(set(slow_nodes)),
+        "slowNodeRanks": sorted(set(node_ranks)),
+        "suppressed": suppressed,
     }
 
 
 class ClusterDetector:
     """Latest node result per node for one job; :meth:`round` merges those that changed."""
 
-    def __init__(self, job_id: str, cluster_ip: str = "clusterd") -> None:
+    def __init__(
+        self,
+        job_id: str,
+        cluster_ip: str = "clusterd",
+        rules: str = "faultmesh",
+        node_rise: float = 0.08,
+        margin: float = 0.3,
+    ) -> None:
+        self.margin = margin
         self.job_id = job_id
         self.cluster_ip = cluster_ip
+        self.rules = rules
+        self.node_rise = node_rise
         self.reports: dict[str, dict] = {}
         self._changed: set[str] = set()
         self.rounds = 0
+
+    @classmethod
+    def for_conf(cls, conf: FeatConf, cluster_ip: str = "clusterd") -> ClusterDetector:
+        """A detector with the job's rules, ``nodeRise`` and margin (``degradationPercentage``, 0.3
+        when 0)."""
+        return cls(conf.job_id, cluster_ip, conf.rules, conf.node_rise, conf.degradation_percentage or 0.3)
 
     def add_report(self, node: str, result: dict) -> None:
         """The newest node result of ``node`` (a §4.6 result dict)."""
@@ -160,7 +272,15 @@ class ClusterDetector:
         changed = [self.reports[n] for n in sorted(self._changed) if n in self.reports]
         self._changed.clear()
         self.rounds += 1
-        return merge_cluster(self.job_id, self.cluster_ip, changed, list(self.reports.values()))
+        return merge_cluster(
+            self.job_id,
+            self.cluster_ip,
+            changed,
+            list(self.reports.values()),
+            self.rules,
+            self.node_rise,
+            self.margin,
+        )
 
     def all_baseline_ready(self, nodes: list[str]) -> bool:
         """Every node in ``nodes`` reported ``baselineReady``."""
@@ -173,6 +293,7 @@ class Action:
 
     kind: str
     ranks: list[int] = field(default_factory=list)
+    detail: dict = field(default_factory=dict)
 
 
 class DegradationTracker:
@@ -187,15 +308,23 @@ class DegradationTracker:
     communication profiling goes off again; a round that is not slow resets the count.
     faultmesh differences (named on purpose):
 
-    - *majority ranks*: the reported slow ranks are those localized in more than half of the
-      confirming rounds that localized anything (the reference reported the last round's ranks, so
-      one noisy round could name a wrong rank); without a majority the report is deferred (and
-      communication profiling kept on) until the rounds agree;
+    - *ranks across the confirming rounds*: the reported slow ranks are those localized in at least
+      half of the confirming rounds that localized anything (the reference reported the last
+      round's ranks, so one noisy round could name a wrong rank, and a last round that localized
+      nothing reported nobody); without such ranks the report is deferred (and communication
+      profiling kept on) until the rounds agree. The confirm action's ``detail`` names the other
+      entities the same way (``slowCommunicationDomains``, ``slowHostNodes``, ``slowIORanks``,
+      ``slowSendRanks`` via the domains);
+    - *gap tolerance* (``confirmGapRounds``, rules ``faultmesh``): up to ``gap`` clean rounds
+      inside a run of slow rounds do not restart the count (intermittent slowness, a round that
+      happened to be clean still leads to the confirmation and its report);
     - *recovery hysteresis*: a confirmed degradation recovers only after as many consecutive clean
       rounds (neither slow nor suspect) as it took to confirm (the reference recovered on the first
       clean round, so a straggler flapped between fault and recovery);
     - *initial phase bounded*: communication profiling of the initial phase goes off once every node
       has its baselines, or after ``initial_max_rounds`` rounds (a node that never gets TP data);
+    - *communication profiling always on* (``commProfiling`` ``always``, the default of rules
+      ``faultmesh``): no heavy_on/heavy_off actions, ``heavy`` stays true (reason ``always``);
     - *suspects*: rounds with ``suspectRanks`` switch communication profiling on, or keep it on after
       slow rounds, to localize (at most ``suspect_max_rounds`` rounds, then a cooldown of
       ``suspect_cooldown_rounds``); the reference switched it off on the first round that was not
@@ -213,11 +342,14 @@ class DegradationTracker:
         self.initial_max_rounds = initial_max_rounds
         self._initial_rounds = 0
         self.heavy = True
-        self.heavy_reason = "initial"
+        self.heavy_reason = "always" if conf.comm_always else "initial"
         self.degraded = False
         self.slow_rounds = 0
         self.clean_rounds = 0
+        self.gap = conf.confirm_gap if conf.rules == "faultmesh" else 0
         self.history: deque[list[int]] = deque(maxlen=conf.n_confirm_rounds)
+        self.results: deque[dict] = deque(maxlen=conf.n_confirm_rounds)
+        self._gaps = 0  # clean rounds tolerated in the current run of slow rounds
         self.reported_ranks: list[int] = []
         self.deferred = False
         self.suspect_max_rounds = suspect_max_rounds
@@ -226,6 +358,9 @@ class DegradationTracker:
         self._cooldown = 0
 
     def _heavy(self, on: bool, reason: str, out: list[Action]) -> None:
+        if self.conf.comm_always:
+            self.heavy, self.heavy_reason = True, "always"  # commProfiling always: never switched
+            return
         if on and not self.heavy:
             out.append(Action("heavy_on"))
         elif not on and self.heavy:
@@ -242,7 +377,25 @@ class DegradationTracker:
         for s in localized:
             for r in s:
                 counts[r] = counts.get(r, 0) + 1
-        return sorted(r for r, c in counts.items() if 2 * c > len(localized))
+        return sorted(r for r, c in counts.items() if 2 * c >= len(localized))
+
+    def detail(self) -> dict:
+        """Entities named in at least half of the recent slow rounds that named any of that kind."""
+        out: dict[str, list] = {}
+        for key in ("slowCommunicationDomains", "slowHostNodes", "slowIORanks"):
+            rounds = [
+                {tuple(x) if isinstance(x, list) else x for x in r.get(key) or ()} for r in self.results
+            ]
+            rounds = [x for x in rounds if x]
+            counts: dict = {}
+            for x in rounds:
+                for e in x:
+                    counts[e] = counts.get(e, 0) + 1
+            out[key] = sorted(
+                (list(e) if isinstance(e, tuple) else e for e, c in counts.items() if 2 * c >= len(rounds)),
+                key=str,
+            )
+        return out
 
     def on_round(self, result: dict, baseline_ready: bool = True) -> list[Action]:
         """Process one cluster result (:func:`merge_cluster`); ``baseline_ready``: every node reported it."""
@@ -269,14 +422,20 @@ class DegradationTracker:
                 self.deferred = False
                 self.slow_rounds = 0
                 self.history.clear()
+                self.results.clear()
                 out.append(Action("recover", self.reported_ranks))
                 self.reported_ranks = []
                 self._heavy(False, "", out)
             return out
+        if not slow and self.slow_rounds and self._gaps < self.gap:
+            self._gaps += 1  # a clean round inside a run of slow rounds (gap tolerance)
+            return out
         if not slow:
+            self._gaps = 0
             self.slow_rounds = 0
             self.history.clear()
-            if self.heavy:
+            self.results.clear()
+            if self.heavy and self.heavy_reason != "always":
                 if self.heavy_reason == "initial":
                     self._initial_rounds += 1
                     if baseline_ready or self._initial_rounds >= self.initial_max_rounds:
@@ -297,16 +456,19 @@ class DegradationTracker:
             return out
         self.slow_rounds += 1
         self.history.append(ranks)
+        self.results.append(result)
         if not self.heavy:
             self._heavy(True, "slow", out)
             if self.slow_rounds < self.conf.n_confirm_rounds:
                 return out
-        self.heavy_reason = "slow"
+        if self.heavy_reason != "always":
+            self.heavy_reason = "slow"
         if self.slow_rounds >= self.conf.n_confirm_rounds:
             self.degraded = True
+            self._gaps = 0
             self.clean_rounds = 0
             maj = self.majority_ranks()
-            out.append(Action("confirm", maj))
+            out.append(Action("confirm", maj, self.detail()))
             if maj:
                 self.reported_ranks = maj
                 out.append(Action("report", maj))

@@ -20,6 +20,14 @@ Fixes of reference quirks (named on purpose):
 - *baseline not rescanned*: baseline samples are not judged against their own baseline.
 - *small normalNumber*: the trim is clamped so at least one sample remains (the reference panics).
 - *nSigma honoured*: used when degradationPercentage is 0.
+- *bounded drift* (``fold_cap`` > 0, faultmesh rules): a normal value moves the mean by at most
+  ``1/fold_cap`` of its difference, so a slow ramp (thermal throttling over minutes) is not
+  followed by the running mean.
+- *majority window* (``window`` > 0, faultmesh rules): the series is slow when more than half of
+  its last ``window`` values are abnormal, and the degradation is the window's median over the
+  mean: ``nConsec`` raw values in a row are crossed by OS hiccups on a loaded host (measured on
+  the 4-rank PyTorch job sharing 2 cores: a healthy data loader or TP wait exceeds +30 % three
+  steps in a row every few dozen steps).
 - *recursive split mapped back to rank ids*: deeper splits return positions in the original list
   (the reference returned positions in the sub-list).
 """
@@ -47,11 +55,31 @@ def trim_count(normal_number: int, n_consec: int) -> int:
 class TimeDetector:
     """One (rank, column) series; see module doc. ``add(x)`` returns True when ``x`` is abnormal."""
 
-    __slots__ = ("normal_number", "n_sigma", "pct", "n_consec", "_buf", "n", "mean", "_m2", "history")
+    __slots__ = (
+        "normal_number",
+        "n_sigma",
+        "pct",
+        "n_consec",
+        "fold_cap",
+        "window",
+        "_buf",
+        "n",
+        "mean",
+        "_m2",
+        "history",
+    )
 
     def __init__(
-        self, normal_number: int, n_sigma: float, degradation_percentage: float, n_consec: int
+        self,
+        normal_number: int,
+        n_sigma: float,
+        degradation_percentage: float,
+        n_consec: int,
+        fold_cap: int = 0,
+        window: int = 0,
     ) -> None:
+        self.fold_cap = fold_cap
+        self.window = window
         self.normal_number = normal_number
         self.n_sigma = n_sigma if n_sigma > 0 else 3.0
         self.pct = degradation_percentage
@@ -60,7 +88,7 @@ class TimeDetector:
         self.n = 0
         self.mean = 0.0
         self._m2 = 0.0
-        self.history: deque[tuple[float, bool]] = deque(maxlen=n_consec)
+        self.history: deque[tuple[float, bool]] = deque(maxlen=max(n_consec, window))
 
     @property
     def ready(self) -> bool:
@@ -98,21 +126,34 @@ class TimeDetector:
         if not abnormal:
             self.n += 1
             d = x - self.mean
-            self.mean += d / self.n
+            self.mean += d / max(self.n, self.fold_cap)
             self._m2 += d * (x - self.mean)
         return abnormal
 
     @property
     def slow(self) -> bool:
-        """The last ``nConsec`` values are all abnormal."""
+        """The last ``nConsec`` values are all abnormal (with ``window``: more than half of the
+        last ``window``)."""
+        if self.window:
+            return len(self.history) >= self.window and 2 * sum(a for _, a in self.history) > self.window
         return len(self.history) == self.n_consec and all(a for _, a in self.history)
+
+    def recent(self) -> float:
+        """Median of the judged values kept (the last ``window``, else ``nConsec``); 0 when none."""
+        vals = sorted(v for v, _ in self.history)
+        if not vals:
+            return 0.0
+        h = len(vals) // 2
+        return vals[h] if len(vals) % 2 else (vals[h - 1] + vals[h]) / 2
 
     @property
     def degradation(self) -> float:
-        """mean(last nConsec values)/baseline mean - 1 (0 when not slow; NaN-safe)."""
+        """mean(last nConsec values)/baseline mean - 1 (with ``window``: the window's median);
+        0 when not slow; NaN-safe."""
         if not self.slow or self.mean <= 0:
             return 0.0
-        d = sum(v for v, _ in self.history) / len(self.history) / self.mean - 1
+        v = self.recent() if self.window else sum(v for v, _ in self.history) / len(self.history)
+        d = v / self.mean - 1
         return d if math.isfinite(d) else 0.0
 
 

@@ -17,7 +17,18 @@ with these deliberate differences, each a gap of the reference:
 - *fractional interval*: ``nSecondsDoOneDetection`` is a float > 0 (seconds);
 - faultmesh keys: ``nConsecSlowRoundsToConfirm`` (5, cluster rounds to confirm), ``traffic`` (0,
   TP op element-count filter), ``patternDetector`` (true), ``patternWindowSteps`` (30),
-  ``computeRatio`` (1.10), ``waitRatio`` (3.0) — see :mod:`fdol.slownode.pattern`.
+  ``computeRatio`` (1.10), ``waitRatio`` (3.0) — see :mod:`fdol.slownode.pattern`;
+- ``rules``: ``faultmesh`` (default: peer-relative detection, :mod:`fdol.slownode.peers`, no
+  step-time gate, cluster-wide slowdowns name nobody), ``reference`` (the reference's rules, its
+  quirks fixed: step-time gate, homogenization, no pattern detector) or ``pattern`` (faultmesh's
+  earlier rules: reference + :mod:`fdol.slownode.pattern`); with ``faultmesh``: ``peerWindowSteps``
+  (40, the steps wait asymmetry judges), ``waitAsymmetry`` (0.2), ``lateShare`` (0.25),
+  ``waitZ`` (4.0) — :mod:`fdol.slownode.peers` —, ``timeWindowSteps`` (8, the majority window of
+  the time detectors and of a node's forward rise), ``nodeRise`` (0.08, a whole node's forward
+  rise over its peers, needs >= 3 nodes), ``ioShare`` (0.05, a slow data loader must cost this
+  share of the step), ``confirmGapRounds`` (1, clean rounds tolerated inside a confirmation);
+- ``commProfiling``: ``always`` or ``onDemand`` (the reference's heavy/light switching); default
+  ``always`` with rules ``faultmesh`` (wait asymmetry needs the TP collectives), else ``onDemand``.
 """
 
 from __future__ import annotations
@@ -54,8 +65,32 @@ class FeatConf:
     pattern_window: int = 30
     compute_ratio: float = 1.10
     wait_ratio: float = 3.0
+    rules: str = "faultmesh"
+    peer_window: int = 40
+    time_window: int = 8
+    wait_asymmetry: float = 0.2
+    late_share: float = 0.25
+    wait_z: float = 4.0
+    node_rise: float = 0.08
+    io_share: float = 0.05
+    confirm_gap: int = 1
+    comm_profiling: str = ""
     rank_ids: tuple[int, ...] = field(default=())
     unknown_keys: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def use_pattern(self) -> bool:
+        """The pattern detector runs (rules ``pattern``; ``patternDetector`` can switch it off)."""
+        return self.rules == "pattern" and self.pattern_detector
+
+    @property
+    def comm_always(self) -> bool:
+        """Communication profiling stays on (``commProfiling``; default: always with rules
+        ``faultmesh``, whose wait-asymmetry rule needs the TP collectives every step; on demand
+        with the reference's rules)."""
+        if self.comm_profiling:
+            return self.comm_profiling == "always"
+        return self.rules == "faultmesh"
 
     @property
     def key(self) -> str:
@@ -89,7 +124,19 @@ _KEYS: dict[str, tuple[str, str, Any]] = {
     "patternWindowSteps": ("pattern_window", "int", 30),
     "computeRatio": ("compute_ratio", "float", 1.10),
     "waitRatio": ("wait_ratio", "float", 3.0),
+    "rules": ("rules", "str", "faultmesh"),
+    "peerWindowSteps": ("peer_window", "int", 40),
+    "timeWindowSteps": ("time_window", "int", 8),
+    "waitAsymmetry": ("wait_asymmetry", "float", 0.2),
+    "lateShare": ("late_share", "float", 0.25),
+    "waitZ": ("wait_z", "float", 4.0),
+    "nodeRise": ("node_rise", "float", 0.08),
+    "ioShare": ("io_share", "float", 0.05),
+    "confirmGapRounds": ("confirm_gap", "int", 1),
+    "commProfiling": ("comm_profiling", "str", ""),
 }
+COMM_PROFILING = ("", "always", "onDemand")
+RULES = ("faultmesh", "reference", "pattern")
 _LOWER = {k.lower(): k for k in _KEYS}
 _IGNORED = {"rankids", "servers"}
 
@@ -175,6 +222,16 @@ def _validate(c: FeatConf) -> None:
         (c.pattern_window >= 4, "patternWindowSteps must be >= 4"),
         (c.compute_ratio > 1, "computeRatio must be > 1"),
         (c.wait_ratio > 1, "waitRatio must be > 1"),
+        (c.rules in RULES, "rules must be one of faultmesh, reference, pattern"),
+        (c.peer_window >= 2, "peerWindowSteps must be >= 2"),
+        (c.time_window >= 1, "timeWindowSteps must be >= 1"),
+        (c.wait_asymmetry > 0, "waitAsymmetry must be > 0"),
+        (0 < c.late_share <= 1, "lateShare must be in (0, 1]"),
+        (c.wait_z >= 0, "waitZ must be >= 0"),
+        (c.node_rise > 0, "nodeRise must be > 0"),
+        (0 <= c.io_share < 1, "ioShare must be in [0, 1)"),
+        (c.comm_profiling in COMM_PROFILING, "commProfiling must be always or onDemand"),
+        (c.confirm_gap >= 0, "confirmGapRounds must be >= 0"),
     ]
     for ok, msg in checks:
         if not ok:

@@ -11,8 +11,16 @@ whose Name is a JSON object) and, when a step is complete, emits one :class:`Ste
 - ``pp_device`` / ``pp_host``: device duration of the first send on the ``pp`` group; average host
   duration of all those sends;
 - ``dataloader_host``: average host duration of ``dataloader`` ranges starting inside the step;
+- ``zp_med`` (faultmesh): median device duration of *all* the step's TP collectives of that op type
+  (robust to the first collective after a late PP receive or data load), ns;
+- ``fwd_min`` (faultmesh): shortest host ``forward`` range starting inside the step, ns (a
+  micro-batch an OS hiccup did not hit);
 - ``compute`` (faultmesh): sum of host ``forward`` durations starting inside the step, ns;
-- ``comm_wait`` (faultmesh): sum of host durations of all communication ops inside the step, ns.
+- ``comm_wait`` (faultmesh): sum of host durations of all communication ops inside the step, ns;
+- ``tp_ops`` (faultmesh): the durations (device, else host; ns) of the TP collectives of that op
+  type in start order, except the step's first and the first after each ``forward`` start (those
+  absorb a late data load or PP receive): the per-operation barrier waits the wait-asymmetry rule
+  compares.
 
 Missing values are 0 (the detectors ignore 0). Memory is bounded: open ranges, the Name/Domain
 cache and buffered ranges are capped; evictions are counted.
@@ -53,6 +61,8 @@ COLUMNS = (
     "pp_device",
     "pp_host",
     "dataloader_host",
+    "zp_med",
+    "fwd_min",
     "compute",
     "comm_wait",
 )
@@ -72,8 +82,11 @@ class StepMetrics:
     pp_device: int = 0
     pp_host: int = 0
     dataloader_host: int = 0
+    zp_med: int = 0
+    fwd_min: int = 0
     compute: int = 0
     comm_wait: int = 0
+    tp_ops: tuple[int, ...] = ()
 
     def get(self, column: str) -> int:
         """Value of ``column`` (one of :data:`COLUMNS`)."""
@@ -340,6 +353,14 @@ class StepAssembler:
             rs = [c for c in ops if "reducescatter" in c.op]
             chosen = ar if len(ar) >= len(rs) else rs
             chosen.sort(key=lambda c: (c.device or c.host)[0])  # type: ignore[index]
+            seq = [(c.device or c.host)[1] - (c.device or c.host)[0] for c in chosen]  # type: ignore[index]
+            m.tp_ops = _after_first(
+                chosen, seq, [s for name, s, _ in self._other if name == "forward" and hs <= s <= he]
+            )
+            durs = sorted(seq)
+            if durs:
+                h = len(durs) // 2
+                m.zp_med = durs[h] if len(durs) % 2 else (durs[h - 1] + durs[h]) // 2
             if len(chosen) > 1:
                 chosen = chosen[1:]
             chosen = chosen[:3]
@@ -354,7 +375,9 @@ class StepAssembler:
                 m.pp_host = _mean([c.host[1] - c.host[0] for c in sends if c.host is not None])
         dl = [e - s for name, s, e in self._other if name == "dataloader" and hs <= s <= he]
         m.dataloader_host = _mean(dl)
-        m.compute = sum(e - s for name, s, e in self._other if name == "forward" and hs <= s <= he)
+        fwd = [e - s for name, s, e in self._other if name == "forward" and hs <= s <= he]
+        m.compute = sum(fwd)
+        m.fwd_min = min(fwd, default=0)
         self._prune(max(he, de))
         return m
 
@@ -362,6 +385,23 @@ class StepAssembler:
         self._other = [x for x in self._other if x[1] > end]
         for rid in [rid for rid, c in self._comm.items() if (c.device or c.host or (end + 1, 0))[0] <= end]:
             del self._comm[rid]
+
+
+def _after_first(chosen: list[_Comm], durs: list[int], fwd_starts: list[int]) -> tuple[int, ...]:
+    """``durs`` (of ``chosen``, in start order) without the first op and the first op after each
+    forward start (host start times; device when no host record)."""
+    starts = sorted(fwd_starts)
+    out = []
+    fi = 0
+    for i, (c, d) in enumerate(zip(chosen, durs, strict=True)):
+        t = (c.host or c.device)[0]  # type: ignore[index]
+        advanced = False
+        while fi < len(starts) and starts[fi] <= t:
+            fi += 1
+            advanced = True
+        if i and not advanced:
+            out.append(d)
+    return tuple(out)
 
 
 def _step_number(name: str) -> int | None:

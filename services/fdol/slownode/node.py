@@ -44,9 +44,12 @@ from .detect import TimeDetector, homogenize
 from .featconf import FeatConf
 from .metrics import StepMetrics
 from .pattern import PatternDetector, compute_value
+from .peers import PeerDetector, forward_rise
 from .reader import Group, merge_groups
+from .records import BadInput
 
 TIME_COLUMNS = ("step_time", "zp_device", "zp_host", "pp_device", "dataloader_host")
+STALE_ROUNDS = 3  # rounds without a new step (others advancing) after which a rank is left out
 
 
 def fmt_level(x: float) -> str:
@@ -72,25 +75,41 @@ def empty_result(job_id: str, node_ip: str) -> dict:
 class NodeDetector:
     """Node-level detection of one job on one node (see module doc).
 
-    ``ranks``: the job's global ranks hosted here; ``node_ip``: the node's name in results.
+    ``ranks``: the job's global ranks hosted here; ``node_ip``: the node's name in results;
+    ``bad``: the job's bad-input counter (``rank_stopped``: a local rank without new steps for
+    ``STALE_ROUNDS`` rounds while the others advance is left out of the rounds until it reports).
     """
 
-    def __init__(self, conf: FeatConf, ranks: list[int], node_ip: str) -> None:
+    def __init__(self, conf: FeatConf, ranks: list[int], node_ip: str, bad: BadInput | None = None) -> None:
         self.conf = conf
+        self.bad = bad if bad is not None else BadInput()
+        self._stale: dict[int, int] = {}  # rounds a rank got no new step while another did
+        self._seen: dict[int, int] = {}  # each rank's last step at the previous round
         self.ranks = sorted(set(ranks))
         self.node_ip = node_ip
         self.groups: dict[str, Group] = {}
-        keep = max(conf.pattern_window, conf.n_consec) * 3
+        keep = max(
+            max(conf.pattern_window, conf.n_consec) * 3,
+            conf.peer_window + 8,
+            conf.normal_number + 3 * conf.time_window,
+        )
         self.history: dict[int, deque[StepMetrics]] = {r: deque(maxlen=keep) for r in self.ranks}
+        self.faultmesh = conf.rules == "faultmesh"
+        cap = 200 if self.faultmesh else 0
+        win = conf.time_window if self.faultmesh else 0
         self.detectors = {
-            (r, c): TimeDetector(conf.normal_number, conf.n_sigma, conf.degradation_percentage, conf.n_consec)
+            (r, c): TimeDetector(
+                conf.normal_number, conf.n_sigma, conf.degradation_percentage, conf.n_consec, cap, win
+            )
             for r in self.ranks
             for c in TIME_COLUMNS
         }
+        self.peers = PeerDetector(conf.peer_window, conf.wait_asymmetry, conf.late_share, conf.wait_z)
         self.pattern = PatternDetector(conf.pattern_window, conf.compute_ratio, conf.wait_ratio)
         self._base_buf: dict[int, list[float]] = {r: [] for r in self.ranks}
         self.compute_baseline: dict[int, float] = {}
         self.last_detected_step = -1
+        self._prev_step = -1
         self.not_updated = 0
         self.rounds = 0
 
@@ -108,7 +127,7 @@ class NodeDetector:
             return
         h.append(m)
         if m.rank not in self.compute_baseline:
-            cv = compute_value(m)
+            cv = (m.fwd_min or compute_value(m)) if self.faultmesh else compute_value(m)
             if cv > 0:
                 buf = self._base_buf[m.rank]
                 buf.append(cv)
@@ -116,7 +135,8 @@ class NodeDetector:
                     self.compute_baseline[m.rank] = statistics.median(buf)
                     self._base_buf[m.rank] = []
         for c in TIME_COLUMNS:
-            self.detectors[(m.rank, c)].add(float(getattr(m, c)))
+            v = m.zp_med or m.zp_device if c == "zp_device" and self.faultmesh else getattr(m, c)
+            self.detectors[(m.rank, c)].add(float(v))
 
     def tp_groups(self) -> list[list[int]]:
         """Detection groups: each TP group intersected with the local ranks; singletons without TP groups."""
@@ -142,12 +162,28 @@ class NodeDetector:
                 return False
         return True
 
+    def _live(self, ranks: list[int]) -> list[int]:
+        """``ranks`` without those that stopped reporting: no new step for ``STALE_ROUNDS`` rounds
+        while another local rank got one (counted ``rank_stopped`` once per stop). Their TP groups
+        then have no aligned steps, so nothing is judged from the missing data."""
+        last = {r: self.history[r][-1].step for r in ranks}
+        moved = {r for r in ranks if last[r] > self._seen.get(r, -1)}
+        for r in ranks:
+            if r in moved:
+                self._stale[r] = 0
+            elif moved:  # the others advanced (all paused: nothing changes)
+                self._stale[r] = self._stale.get(r, 0) + 1
+                if self._stale[r] == STALE_ROUNDS:
+                    self.bad.add("rank_stopped")
+        self._seen = last
+        return [r for r in ranks if self._stale.get(r, 0) < STALE_ROUNDS]
+
     def _slow(self, r: int, column: str) -> bool:
         return self.detectors[(r, column)].slow
 
     def round(self) -> dict | None:
         """One detection round; None when no new step data (see module doc)."""
-        with_data = [r for r in self.ranks if self.history[r]]
+        with_data = self._live([r for r in self.ranks if self.history[r]])
         if not with_data:
             return None
         low = min(self.history[r][-1].step for r in with_data)
@@ -155,6 +191,7 @@ class NodeDetector:
             self.not_updated += 1
             return None
         self.not_updated = 0
+        self._prev_step = self.last_detected_step
         self.last_detected_step = low
         self.rounds += 1
         c = self.conf
@@ -165,9 +202,11 @@ class NodeDetector:
             default=0.0,
         )
         groups = self.tp_groups()
+        if self.faultmesh:
+            return self._round_faultmesh(res, with_data, groups, level, low)
         calc: set[int] = set()
         pat = None
-        if c.pattern_detector:
+        if c.use_pattern:
             pat = self.pattern.evaluate(
                 [g for g in groups if len(g) > 1], self.history, self.compute_baseline
             )
@@ -209,7 +248,11 @@ class NodeDetector:
         res["suspectRanks"] = pat.suspects if pat else []
         res["pattern"] = {str(r): list(v) for r, v in (pat.ratios.items() if pat else ())}
         res["detectedBy"] = fired
+        return self._finish(res, low)
+
+    def _finish(self, res: dict, low: int) -> dict:
         res["lastStep"] = low
+        res["ranks"] = self.ranks
         res["baselineReady"] = self.baseline_ready()
         res["parallelGroups"] = {
             k: {"group_name": g.group_name, "global_ranks": list(g.global_ranks)}
@@ -221,6 +264,90 @@ class NodeDetector:
             if g.group_name in ("cp", "exp") and len(g.global_ranks) > 1
         ]
         return res
+
+    def _round_faultmesh(
+        self, res: dict, with_data: list[int], groups: list[list[int]], level: float, low: int
+    ) -> dict:
+        """faultmesh rules: every boundary judged on its own (no step-time gate), slow cards from
+        wait asymmetry (:mod:`.peers`); the result is slow only when it names something (a step-time
+        degradation alone makes its ranks suspects: communication profiling on, no naming);
+        cluster-wide suppression happens at cluster level."""
+        fired = ["stepTime"] if level > 0 else []
+        multi = [g for g in groups if len(g) > 1]
+        cards, shares = self.peers.evaluate(multi, self.history)
+        domains = [
+            g
+            for g in multi
+            if all(self.detectors[(r, "zp_device")].ready for r in g)
+            and all(self._slow(r, "zp_device") for r in g)
+        ]
+        in_domain = {r for g in domains for r in g}
+        cards = [r for r in cards if r not in in_domain]
+        sends = [r for r in with_data if self._slow(r, "pp_device")]
+        host = with_data if len(with_data) > 1 and all(self._slow(r, "zp_host") for r in with_data) else []
+        io = [r for r in with_data if self._io_slow(r) and r not in host]
+        cards = [r for r in cards if r not in io]  # its late data arrives last at the TP barrier
+        for name, hit in (("waitAsymmetry", cards), ("tpDomain", domains), ("ppSend", sends)):
+            if hit:
+                fired.append(name)
+        if host:
+            fired.append("host")
+        if io:
+            fired.append("io")
+        res["slowCalculateRanks"] = cards
+        res["slowCommunicationDomains"] = domains
+        res["slowSendRanks"] = sends
+        res["slowHostNodes"] = [self.node_ip] if host else []
+        res["slowIORanks"] = io
+        named = bool(cards or domains or sends or host or io)
+        res["degradationLevel"] = fmt_level(level)
+        if named:  # step-time degradation alone names nobody: it only makes suspects
+            res["isSlow"] = 1
+        suspects = self._forward_suspects(with_data, set(cards))
+        if level > 0 and not named:
+            suspects = sorted(set(suspects) | {r for r in with_data if self._slow(r, "step_time")})
+        res["suspectRanks"] = suspects
+        res["lateShare"] = {str(r): v for r, v in shares.items()}
+        res["forwardRise"] = forward_rise(
+            with_data, self.history, self.compute_baseline, self.conf.time_window
+        )
+        res["rise"] = {str(r): self._rise(r) for r in with_data}
+        res["explained"] = bool(cards or domains or host or sends)
+        res["detectedBy"] = fired
+        return self._finish(res, low)
+
+    def _rise(self, r: int) -> dict[str, float | None]:
+        """The recent TP wait (``zp``) and TP launch (``host``) of ``r`` over their baselines
+        (window median / mean; None before the baseline): the cluster compares a slow TP domain's
+        or host's rise with the other ranks' (a box-wide load swing raises every rank's)."""
+        out: dict[str, float | None] = {}
+        for key, col in (("zp", "zp_device"), ("host", "zp_host")):
+            d = self.detectors[(r, col)]
+            v = d.recent()
+            out[key] = round(v / d.mean, 4) if d.ready and d.mean > 0 and v > 0 else None
+        return out
+
+    def _io_slow(self, r: int) -> bool:
+        """Slow data loader: its detector is slow and the rise costs ``ioShare`` of the step (a
+        loader twice as slow that takes 1 % of the step is not what slows the job)."""
+        d = self.detectors[(r, "dataloader_host")]
+        if not d.slow:
+            return False
+        step = self.detectors[(r, "step_time")].recent()
+        return step > 0 and d.recent() - d.mean >= self.conf.io_share * step
+
+    def _forward_suspects(self, ranks: list[int], skip: set[int]) -> list[int]:
+        """Ranks whose forward time (median of the last ``timeWindowSteps`` steps) rose ``nodeRise``
+        over their baseline: with communication profiling off they keep it (or switch it) on and keep
+        a confirmed degradation from recovering unseen (wait asymmetry needs TP collectives)."""
+        out = []
+        for r in ranks:
+            b = self.compute_baseline.get(r)
+            vals = [m.fwd_min or compute_value(m) for m in list(self.history[r])[-self.conf.time_window :]]
+            vals = [v for v in vals if v > 0]
+            if r not in skip and b and vals and statistics.median(vals) / b >= 1 + self.conf.node_rise:
+                out.append(r)
+        return out
 
     def _aligned_zp(self, group: list[int], after_step: int) -> list[dict[int, float]]:
         """Per step (> ``after_step``, chronological) {rank: ZP_device} where every member has a value."""

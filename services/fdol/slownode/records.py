@@ -55,7 +55,8 @@ class BadInput(Counter):
     ``not_marker``, ``bad_flag``, ``bad_timestamp``, ``truncated_line``, ``line_too_long``,
     ``file_truncated``, ``file_vanished``, ``rank_dir_missing``, ``bad_parallel_group``,
     ``negative_duration``, ``missing_end``, ``orphan_end``, ``unknown_name``, ``bad_step_name``,
-    ``bad_comm_name``, ``clock_jump``, ``step_out_of_order``, ``buffer_overflow``.
+    ``bad_comm_name``, ``clock_jump``, ``step_out_of_order``, ``buffer_overflow``, ``rank_stopped``
+    (a local rank without new steps for 3 rounds while the others advance: judged without it).
     """
 
     def add(self, reason: str, n: int = 1) -> None:

@@ -54,7 +54,7 @@ def replay(
         nd = NodeDetector(conf, rs, node)
         nd.set_rank_groups({r: g for r in rs if (g := jr.groups(r))})
         nodes[node] = nd
-    cluster = ClusterDetector(conf.job_id)
+    cluster = ClusterDetector.for_conf(conf)
     tracker = DegradationTracker(conf)
     last = min((s[-1].step for s in steps.values() if s), default=-1)
     first = min((s[0].step for s in steps.values() if s), default=0)

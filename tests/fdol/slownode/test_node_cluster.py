@@ -15,6 +15,7 @@ CONF = parse_featconf(
         "nConsecAnomaliesSignifySlow": 2,
         "degradationPercentage": 0.3,
         "patternDetector": False,
+        "rules": "reference",
     }
 )
 GROUPS = {
@@ -104,7 +105,13 @@ def test_not_slow_without_step_time_degradation():
 
 def test_pattern_detector_catches_compute_straggler_under_step_gate():
     conf = parse_featconf(
-        {"jobName": "j", "normalNumber": 8, "nConsecAnomaliesSignifySlow": 2, "patternWindowSteps": 6}
+        {
+            "jobName": "j",
+            "normalNumber": 8,
+            "nConsecAnomaliesSignifySlow": 2,
+            "patternWindowSteps": 6,
+            "rules": "pattern",
+        }
     )
     n = node(conf)
     for s in range(8, 14):
@@ -341,7 +348,13 @@ def test_bad_input_never_makes_a_false_detection(tmp_path):
 
 def test_homogenized_card_needs_compute_corroboration_with_pattern_on():
     conf = parse_featconf(
-        {"jobName": "j", "normalNumber": 8, "nConsecAnomaliesSignifySlow": 2, "patternWindowSteps": 4}
+        {
+            "jobName": "j",
+            "normalNumber": 8,
+            "nConsecAnomaliesSignifySlow": 2,
+            "patternWindowSteps": 4,
+            "rules": "pattern",
+        }
     )
     for c0, expected in ((60, []), (75, [0])):
         n = node(conf)

@@ -1,0 +1,294 @@
+"""Slow-node detection quality on realistic TP/PP/DP training (bench/trainsim_tp.py), faultmesh's
+rules beside the reference's rules in the same run, and the cost of one round for 1024 ranks.
+
+Every job runs ``STEPS`` steps, the fault from step ``ONSET``; a detection round every
+``ROUND_STEPS`` steps (every node's round, the cluster merge, the confirmation state machine).
+Jobs up to ``--file-max`` ranks go through the whole path: the simulator writes each rank's
+profiling records and parallel_group.json, the reader and the per-step assembler read them back.
+Larger jobs use the simulator's metrics fast path (the same numbers: tests/fdol/slownode/
+test_realistic.py checks both agree). Communication profiling stays on (the simulator does not
+model the heavy/light switch).
+
+Outcome of one job and one rule set, at the first confirmation that names anything (the report of
+slow ranks, or the confirm action's domains / hosts / IO ranks):
+correct (names the culprit and nothing else), wrong (names something else: a false alarm and a
+miss), missed (no naming confirmation), false alarm (anything named on a culprit-free job or
+before onset). Delay = rounds from the round the fault began (thermal: crossed +20 %) to the
+confirming round.
+
+Usage: ``python bench/slownode_realistic.py [--seeds 2] [--quick]``; last line: the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from trainsim_tp import (  # noqa: E402
+    SHARED_BOX,
+    Fault,
+    Sim,
+    SimConf,
+    layout_for,
+    shared_box_layout,
+    truth,
+)
+
+from fdol.slownode.cluster import ClusterDetector, DegradationTracker  # noqa: E402
+from fdol.slownode.featconf import parse_featconf  # noqa: E402
+from fdol.slownode.node import NodeDetector  # noqa: E402
+from fdol.slownode.reader import Group  # noqa: E402
+from fdol.slownode.replay import load_steps  # noqa: E402
+
+ONSET = 30
+STEPS = 65
+ROUND_STEPS = 5
+JITTERY = SimConf(op_noise=0.06, step_noise=0.04, hiccup_p=0.02)
+
+# name -> (fault kind, factor/add, minimum size, sim overrides)
+SCENARIOS: dict[str, tuple[str, float, int, dict]] = {
+    "healthy": ("none", 1.0, 8, {}),
+    "jittery": ("none", 1.0, 8, {"jitter": True}),
+    "card+10%": ("card", 1.10, 8, {}),
+    "card+20%": ("card", 1.20, 8, {}),
+    "card+50%": ("card", 1.50, 8, {}),
+    "card+20%_jittery": ("card", 1.20, 8, {"jitter": True}),
+    "thermal": ("thermal", 1.5, 8, {}),
+    "intermittent": ("intermittent", 1.5, 8, {}),
+    "host_cpu": ("host", 3.0, 16, {}),
+    "dataloader": ("dataloader", 25.0, 8, {}),
+    "pp_link": ("pp_link", 3.0, 16, {}),
+    "tp_domain": ("tp_domain", 2.5, 8, {}),
+    "node_slower": ("node", 1.2, 32, {}),  # the whole-node rule needs >= 3 nodes
+    "all_compute": ("all_compute", 1.3, 8, {}),
+    "all_network": ("all_network", 2.0, 8, {}),
+    "all_storage": ("all_storage", 3.0, 8, {}),
+    # the real 4-rank torch job on a 2-core box (trainsim_tp.SHARED_BOX), 150 steps as its tests run
+    "box_healthy": ("none", 1.0, 4, {"shared": True}),
+    "box_card+20%": ("card", 1.2, 4, {"shared": True}),
+    "box_stall+40%": ("card", 1.4, 4, {"shared": True}),
+    "box_dataloader": ("dataloader", 45.0, 4, {"shared": True}),
+}
+SHARED_STEPS = 150
+
+FAULTMESH = {"jobName": "bench", "nConsecSlowRoundsToConfirm": 3}
+REFERENCE = {"jobName": "bench", "rules": "reference"}
+
+
+def make_sim(name: str, n: int, seed: int) -> Sim:
+    kind, factor, _, extra = SCENARIOS[name]
+    lay = shared_box_layout() if extra.get("shared") else layout_for(n)
+    conf = JITTERY if extra.get("jitter") else SimConf(**SHARED_BOX) if extra.get("shared") else SimConf()
+    conf = SimConf(**{**conf.__dict__, "seed": seed * 1009 + n})
+    import random
+
+    rng = random.Random(seed * 31 + n)
+    target = 0
+    if kind in ("card", "thermal", "intermittent", "dataloader"):
+        target = rng.randrange(n)
+    elif kind in ("host", "node"):
+        target = rng.randrange(lay.nodes)
+    elif kind == "tp_domain":
+        target = rng.randrange(n // lay.tp)
+    elif kind == "pp_link":  # a rank that sends forward: not on the last stage
+        target = rng.randrange(lay.dp * lay.tp * (lay.pp - 1))
+    f = Fault(kind, target, factor, onset=ONSET, add_ms=factor)
+    sim = Sim(lay, conf, f)
+    sim.n_steps = SHARED_STEPS if extra.get("shared") else STEPS  # type: ignore[attr-defined]
+    return sim
+
+
+def steps_of(sim: Sim, file_max: int) -> dict[int, list]:
+    """All steps per rank: through files + reader for small jobs, the fast path for large ones."""
+    n = sim.layout.n
+    if n <= file_max:
+        with tempfile.TemporaryDirectory() as d:
+            sim.write_groups(Path(d))
+            sim.write_steps(Path(d), sim.n_steps)  # type: ignore[attr-defined]
+            steps, bad = load_steps(d, list(range(n)))
+        assert not bad, bad
+        return steps
+    out: dict[int, list] = {r: [] for r in range(n)}
+    for _ in range(sim.n_steps):  # type: ignore[attr-defined]
+        for r, m in sim.run_step(emit="metrics").items():
+            out[r].append(m)
+    return out
+
+
+def groups_of(sim: Sim) -> dict[str, Group]:
+    return {k: Group(k, kind, tuple(rs)) for k, (kind, rs) in sim.layout.groups().items()}
+
+
+def names_any(conf_action, report_ranks) -> bool:
+    d = conf_action.detail if conf_action is not None else {}
+    return bool(report_ranks or any(d.get(k) for k in d))
+
+
+def judge(t: dict, ranks: list[int], detail: dict, pp_next: dict[int, int]) -> bool:
+    """Does the confirmation name exactly the culprit?"""
+    doms = [list(x) for x in detail.get("slowCommunicationDomains", [])]
+    hosts = detail.get("slowHostNodes", [])
+    io = detail.get("slowIORanks", [])
+    if "ranks" in t:
+        return sorted(ranks) == sorted(t["ranks"]) and not hosts and not io
+    if "domain" in t:
+        return doms == [t["domain"]] and not ranks
+    if "send" in t:
+        return [t["send"], pp_next[t["send"]]] in doms and not ranks
+    if "host" in t:
+        return hosts == [t["host"]] and not ranks
+    if "io" in t:
+        return io == [t["io"]] and not ranks
+    return False
+
+
+def detect(sim: Sim, steps: dict[int, list], conf, round_ms: list[float] | None = None):
+    """Run the rounds; -> (outcome, delay in rounds or None)."""
+    groups = groups_of(sim)
+    placement = sim.placement()
+    nodes = {}
+    for node, rs in placement.items():
+        nd = NodeDetector(conf, rs, node)
+        local = set(rs)
+        nd.set_rank_groups({rs[0]: {k: g for k, g in groups.items() if local.intersection(g.global_ranks)}})
+        nodes[node] = nd
+    cluster = ClusterDetector.for_conf(conf)
+    tracker = DegradationTracker(conf)
+    t = truth(sim)
+    f = sim.fault
+    onset = f.onset
+    if f.kind == "thermal":
+        onset = f.onset + int(0.4 * f.ramp)  # crosses +20 %
+    pp_next = {}
+    for kind, rs in sim.layout.groups().values():
+        if kind == "pp":
+            for a, b in zip(rs, rs[1:], strict=False):
+                pp_next[a] = b
+    idx = 0
+    confirm = None
+    for upto in range(ROUND_STEPS - 1, sim.n_steps, ROUND_STEPS):  # type: ignore[attr-defined]
+        for r, ms in steps.items():
+            nd = nodes[f"node-{sim.layout.node_of(r)}"]
+            for m in ms[upto - ROUND_STEPS + 1 : upto + 1]:
+                nd.add(m)
+        t0 = time.thread_time()
+        for name, nd in nodes.items():
+            res = nd.round()
+            if res is not None:
+                cluster.add_report(name, res)
+        res = cluster.round()
+        if round_ms is not None:
+            round_ms.append((time.thread_time() - t0) * 1000)
+        if res is None:
+            continue
+        acts = tracker.on_round(res, cluster.all_baseline_ready(list(nodes)))
+        onset_round = onset // ROUND_STEPS
+        this_round = upto // ROUND_STEPS
+        for a in acts:
+            if a.kind == "confirm":
+                confirm = a
+            ranks = a.ranks if a.kind == "report" else []
+            named = a.kind == "report" or (a.kind == "confirm" and names_any(a, a.ranks))
+            if not named:
+                continue
+            detail = confirm.detail if confirm is not None else {}
+            if not t or upto < f.onset:
+                return "false_alarm", None
+            ok = judge(t, ranks or (confirm.ranks if confirm else []), detail, pp_next)
+            return ("correct" if ok else "wrong"), this_round - onset_round
+        idx += 1
+    return ("missed" if t else "quiet"), None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--sizes", default="8,16,64,256")
+    ap.add_argument("--file-max", type=int, default=16, help="largest job run through files + reader")
+    ap.add_argument(
+        "--big", type=int, default=1024, help="size run for card+20%% and healthy + the round cost"
+    )
+    ap.add_argument("--quick", action="store_true", help="sizes 8,16 only")
+    args = ap.parse_args(argv)
+    sizes = [8, 16] if args.quick else [int(x) for x in args.sizes.split(",")]
+    confs = {"faultmesh": parse_featconf(FAULTMESH), "reference": parse_featconf(REFERENCE)}
+    t_start = time.perf_counter()
+    hdr = f"{'scenario':18} {'runs':>4} | " + " | ".join(f"{k[:9]:>9} prec recall FA delay" for k in confs)
+    print(hdr)
+    totals = {k: [0, 0, 0, 0] for k in confs}  # tp, fp, fn, fa on culprit-free runs
+    delays_all: dict[str, list[int]] = {k: [] for k in confs}
+    round_ms: list[float] = []
+    ref_ms: list[float] = []  # the reference rules' round on the same job: the same-run baseline
+    for name, (_, _, min_n, extra) in SCENARIOS.items():
+        stats = {k: [0, 0, 0, 0, []] for k in confs}
+        runs = 0
+        todo = [(n, s) for n in sizes if n >= min_n for s in range(args.seeds)]
+        if extra.get("shared"):  # one size (the real job's), more seeds: its noise is the point
+            todo = [(4, s) for s in range(4 * args.seeds)]
+        if name in ("healthy", "card+20%") and args.big and not args.quick:
+            todo.append((args.big, 0))
+        for n, seed in todo:
+            sim = make_sim(name, n, seed)
+            steps = steps_of(sim, args.file_max)
+            runs += 1
+            for k, conf in confs.items():
+                rm = (round_ms if k == "faultmesh" else ref_ms) if n == args.big else None
+                sim2 = make_sim(name, n, seed)  # a fresh sim (same fault and layout) for the truth
+                outcome, delay = detect(sim2, steps, conf, rm)
+                st = stats[k]
+                if outcome == "correct":
+                    st[0] += 1
+                    st[4].append(delay)
+                elif outcome == "wrong":
+                    st[1] += 1
+                    st[2] += 1
+                elif outcome == "missed":
+                    st[2] += 1
+                elif outcome == "false_alarm":
+                    st[1] += 1
+                    st[3] += 1
+        cells = []
+        for k in confs:
+            tp_, fp, fn, fa, ds = stats[k]
+            prec = tp_ / (tp_ + fp) if tp_ + fp else float("nan")
+            rec = tp_ / (tp_ + fn) if tp_ + fn else float("nan")
+            d = f"{statistics.mean(ds):.1f}" if ds else "-"
+            cells.append(f"{'':>9} {prec:>4.2f} {rec:>6.2f} {fp:>2} {d:>5}")
+            tot = totals[k]
+            tot[0] += tp_
+            tot[1] += fp
+            tot[2] += fn
+            tot[3] += fa
+            delays_all[k] += ds
+        print(f"{name:18} {runs:>4} | " + " | ".join(cells))
+    ms = statistics.median(round_ms) if round_ms else float("nan")
+    ref = statistics.median(ref_ms) if ref_ms else float("nan")
+    parts = []
+    for k, (tp_, fp, fn, fa) in totals.items():
+        prec = tp_ / (tp_ + fp) if tp_ + fp else float("nan")
+        rec = tp_ / (tp_ + fn) if tp_ + fn else float("nan")
+        d = statistics.mean(delays_all[k]) if delays_all[k] else float("nan")
+        parts.append(
+            f"{k} precision {prec:.2f} recall {rec:.2f} false_alarms {fp} (culprit-free runs {fa}) "
+            f"delay_rounds {d:.1f}"
+        )
+    print(
+        f"one round (all node rounds + cluster merge), {args.big} ranks: {ms:.1f} ms CPU (median); "
+        f"reference rules on the same job: {ref:.1f} ms"
+    )
+    print(
+        "summary: "
+        + "; ".join(parts)
+        + f"; round_{args.big}_ms {ms:.1f} (reference rules {ref:.1f}); wall_s {time.perf_counter() - t_start:.0f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
