@@ -291,10 +291,12 @@ def test_stall_rank2_detected(stack):
     rows = {r: s["rows"] for r, s in summ.items()}
     _require_normal_steps(rows[0])
     last = min(len(v) for v in rows.values())
-    # What was achieved: every rank's step time rises with rank 2's stall (the job synchronizes).
+
+    # What the stall did, for the record (no precondition: with the TP all-reduce inside the forward
+    # range and 4 ranks on 2 cores, neither the step time nor rank 2's compute phase rises reliably --
+    # while rank 2 sleeps the others get its core, and it then waits least at each TP collective).
     step_rise = _median(rows[0], "period", SLOW_FROM, last) / _median(rows[0], "period", 0, SLOW_FROM)
-    print(f"achieved: step time x{step_rise:.2f}, steps run {last}")
-    assert step_rise > 1.15, f"the stall was not achieved (step time x{step_rise:.2f}); box overloaded?"
+    print(f"stall: step time x{step_rise:.2f}, steps run {last}")
     _assert_named_alone(cd, job, 2, "node-b")
     _http(cd.http, "POST", f"/v1/slownode/{job}/disable", {})
 
