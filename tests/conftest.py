@@ -50,6 +50,7 @@ def clusterd_process(tmp_path):
 
 # -- leak guard: a test that leaves tasks or threads behind fails (issue 12; anchors §7, HA verify_cleanup)
 _LEAKED_TASKS: list[str] = []
+CANCEL_WAIT_S = 10.0
 _orig_cancel_all_tasks = asyncio.runners._cancel_all_tasks
 
 
@@ -58,7 +59,14 @@ def _cancel_all_tasks_and_record(loop):
     every fixture's teardown): whatever is still pending then was left behind by the test."""
     pending = [t for t in asyncio.all_tasks(loop) if not t.done() and not _library_internal(t)]
     _LEAKED_TASKS.extend(f"{t.get_name()} {t.get_coro()!r}" for t in pending)
-    return _orig_cancel_all_tasks(loop)
+    everything = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in everything:
+        t.cancel()
+    stuck: set = set()
+    if everything:  # bounded: a task that ignores its cancellation fails the test instead of hanging the run
+        _, stuck = loop.run_until_complete(asyncio.wait(everything, timeout=CANCEL_WAIT_S))
+        _LEAKED_TASKS.extend(f"{t.get_name()} {t.get_coro()!r} ignored its cancellation" for t in stuck)
+    return None if stuck else _orig_cancel_all_tasks(loop)
 
 
 def _library_internal(task: asyncio.Task) -> bool:
