@@ -44,7 +44,6 @@ from .detect import TimeDetector, homogenize
 from .featconf import FeatConf
 from .metrics import StepMetrics
 from .pattern import PatternDetector, compute_value
-from .peers import PeerDetector, forward_rise
 from .reader import Group, merge_groups
 from .records import BadInput
 
@@ -104,6 +103,8 @@ class NodeDetector:
             for r in self.ranks
             for c in TIME_COLUMNS
         }
+        from .peers import PeerDetector  # numpy: only where a job's detection runs (lean agents, issue 18)
+
         self.peers = PeerDetector(conf.peer_window, conf.wait_asymmetry, conf.late_share, conf.wait_z)
         self.pattern = PatternDetector(conf.pattern_window, conf.compute_ratio, conf.wait_ratio)
         self._base_buf: dict[int, list[float]] = {r: [] for r in self.ranks}
@@ -308,6 +309,8 @@ class NodeDetector:
             suspects = sorted(set(suspects) | {r for r in with_data if self._slow(r, "step_time")})
         res["suspectRanks"] = suspects
         res["lateShare"] = {str(r): v for r, v in shares.items()}
+        from .peers import forward_rise
+
         res["forwardRise"] = forward_rise(
             with_data, self.history, self.compute_baseline, self.conf.time_window
         )
