@@ -71,6 +71,7 @@ from faultmesh.httpd import HttpServer
 from faultmesh.lease import LeaseElector
 from faultmesh.log import event
 from faultmesh.metrics import daemon_registry
+from faultmesh.runtime import wait_for
 
 log = logging.getLogger("clusterd")
 
@@ -351,14 +352,14 @@ class ClusterD:
             await self.health.enter_graceful_shutdown()
             grace = budget.take(args.drain_s)
             try:
-                await asyncio.wait_for(self._server.stop(grace), grace + 1.0)
+                await wait_for(self._server.stop(grace), grace + 1.0)
             except TimeoutError:
                 event(log, logging.WARNING, "grpc server stop timed out", grace_s=grace)
         # 2. stop components (one shared budget, in reverse start order)
         stop_by = time.monotonic() + budget.take(args.component_stop_s)
         for c in reversed(self.components):
             try:
-                await asyncio.wait_for(c.stop(), max(0.1, stop_by - time.monotonic()))
+                await wait_for(c.stop(), max(0.1, stop_by - time.monotonic()))
             except Exception as e:
                 event(log, logging.ERROR, "component stop failed", component=c.name, error=repr(e))
         # 3. drain the subscribers, final write
@@ -366,7 +367,7 @@ class ClusterD:
         await ctx.center.stop_sinks()
         if ctx.store.is_open:
             try:
-                await asyncio.wait_for(ctx.nodes.flush(), max(0.1, budget.take(args.sink_drain_s)))
+                await wait_for(ctx.nodes.flush(), max(0.1, budget.take(args.sink_drain_s)))
             except Exception as e:
                 event(log, logging.ERROR, "node state write failed", error=repr(e))
         # 4. close

@@ -49,6 +49,7 @@ from faultmesh._pb import agent_pb2
 from faultmesh.files import FileWatch, Stamp
 from faultmesh.log import event
 from faultmesh.model import Fault, FaultKey
+from faultmesh.runtime import wait_for
 from fdol.slownet import config as pmconfig
 from fdol.slownet import pinglist as pl
 from fdol.slownet import roce
@@ -452,7 +453,7 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
         fut = asyncio.get_running_loop().run_in_executor(None, fn, *args)
         self._workers[name] = fut
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), ANALYSIS_TIMEOUT_S)
+            return await wait_for(asyncio.shield(fut), ANALYSIS_TIMEOUT_S)
         except TimeoutError:
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
             event(log, logging.ERROR, "slownet worker timed out", work=name, timeout_s=ANALYSIS_TIMEOUT_S)

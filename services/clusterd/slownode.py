@@ -59,6 +59,7 @@ from faultmesh._pb import agent_pb2
 from faultmesh.files import DirWatch
 from faultmesh.log import event
 from faultmesh.model import NODE_DEVICE_ID, ONCE, Fault, FaultKey, now_ms
+from faultmesh.runtime import wait_for
 from fdol.slownode.cluster import ClusterDetector, DegradationTracker
 from fdol.slownode.featconf import FeatConf, FeatConfError, parse_featconf
 from fdol.slownode.switch import ALL_OFF, HEAVY, LIGHT, SWITCH_FILE, switch_dir_name
@@ -159,7 +160,7 @@ class SlowNodeComponent(SlowNodeHttp):
         for js in self.jobs.values():
             if js.task is not None:
                 try:
-                    await asyncio.wait_for(asyncio.shield(js.task), 2.0)
+                    await wait_for(asyncio.shield(js.task), 2.0)
                 except (asyncio.CancelledError, TimeoutError, Exception):  # noqa: BLE001 — shutting down
                     pass
 

@@ -65,7 +65,7 @@ from faultmesh.httpd import HttpServer
 from faultmesh.log import event
 from faultmesh.metrics import daemon_registry
 from faultmesh.model import now_ms
-from faultmesh.runtime import TaskOwner
+from faultmesh.runtime import TaskOwner, wait_for
 from faultmesh.source import SourceContext, SourceMetrics, start_sources, stop_sources
 
 __all__ = ["SWITCH_QUEUE_MAX", "DeviceD", "build_parser", "main", "make_backend", "print_device_info"]
@@ -145,6 +145,7 @@ class DeviceD:
         self.fault_cm, self.fault_config = faultconfig.follower(args, self.reloader)  # --kube
         self.jobs = JobControl(self.node_name, self.engine, self.reset_writer, self._wake)
         self._started_sources: list = []
+        self._startup_task: asyncio.Task | None = None
         # the outside: agent stream, HTTP, metrics
         token = config.read_secret(args.token_file) if args.token_file else None
         self.agent = AgentClient(
@@ -310,11 +311,11 @@ class DeviceD:
         if self.fault_cm is not None:
             await self.fault_cm.start()
         await self.agent.start()
-        self.tasks.spawn(self._startup(), name="deviced-startup")
+        self._startup_task = self.tasks.spawn(self._startup(), name="deviced-startup")
 
     async def _startup(self) -> None:
         await self.init_backend()
-        self._started_sources = await start_sources(self.sources, self._make_ctx)
+        await start_sources(self.sources, self._make_ctx, self._started_sources)
         self.started = True
         self.cycle.wake()  # first cycle at once (it mends every chip by polling)
         self.tasks.spawn(self.cycle.run(), name="deviced-cycle")
@@ -323,7 +324,11 @@ class DeviceD:
 
     async def stop(self) -> None:
         """Staged stop (see module docstring): sources, cycle and resets, final report, agent drain,
-        state file, HTTP and pools."""
+        state file, HTTP and pools. A startup still running is cancelled first, so the sources it
+        started are stopped and it spawns no cycle after the close."""
+        if self._startup_task is not None:
+            self._startup_task.cancel()
+            await asyncio.wait([self._startup_task], timeout=STOP_TASKS_S)
         await stop_sources(self._started_sources, STOP_SOURCES_S)
         self._started_sources = []
         await self.tasks.close(STOP_TASKS_S)
@@ -343,7 +348,7 @@ async def print_device_info(args: argparse.Namespace, backend) -> int:
     """``--print-device-info``: one full poll and cycle, then the device-info document on stdout."""
     app = DeviceD(args, backend)
     try:
-        await asyncio.wait_for(app.init_backend(), 30)
+        await wait_for(app.init_backend(), 30)
         await app.run_cycle()
         sw = getattr(app.backend, "switch", None)
         if sw is not None and not args.no_switch:

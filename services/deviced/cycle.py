@@ -26,6 +26,7 @@ from prometheus_client import Histogram
 from deviced.engine import FaultEngine
 from deviced.hotreset import HotReset
 from faultmesh.log import event
+from faultmesh.runtime import wait_for
 
 log = logging.getLogger("deviced")
 
@@ -102,7 +103,7 @@ class Cycle:
         """Cycle forever (until cancelled); a failed cycle is logged and the loop goes on."""
         while True:
             try:
-                await asyncio.wait_for(self.trigger.wait(), self.next_wait())
+                await wait_for(self.trigger.wait(), self.next_wait())
             except TimeoutError:
                 pass
             gap = 1.0 - (time.monotonic() - self._last)
@@ -120,7 +121,7 @@ class Cycle:
         end = time.monotonic() + gap_s
         while (left := end - time.monotonic()) > 0:
             try:
-                await asyncio.wait_for(self.urgent.wait(), left)
+                await wait_for(self.urgent.wait(), left)
             except TimeoutError:
                 return
             await asyncio.sleep(FAST_COALESCE_S)

@@ -48,7 +48,7 @@ from faultmesh.agentconf import (  # noqa: F401 - re-exported: the agents import
 from faultmesh.log import event
 from faultmesh.model import Fault, FaultKey
 from faultmesh.retry import Backoff
-from faultmesh.runtime import TaskOwner
+from faultmesh.runtime import TaskOwner, wait_for
 from faultmesh.wire import fault_to_pb, key_to_pb
 
 log = logging.getLogger("faultmesh.agent")
@@ -358,13 +358,13 @@ class AgentClient:
         if self.connected.is_set() and self.state.has_pending():
             self._wakeup.set()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.synced.wait(), drain_s)
+                await wait_for(self.synced.wait(), drain_s)
         self._stopping = True
         await self._tasks.close()
 
     async def wait_synced(self, timeout_s: float = 10.0) -> None:
         """Wait until ClusterD acked the current state. Raises ``TimeoutError``."""
-        await asyncio.wait_for(self.synced.wait(), timeout_s)
+        await wait_for(self.synced.wait(), timeout_s)
 
     def _channel(self) -> grpc.aio.Channel:
         if self.credentials is not None:

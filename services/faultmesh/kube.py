@@ -22,6 +22,7 @@ import orjson
 
 from faultmesh.log import event
 from faultmesh.retry import Backoff
+from faultmesh.runtime import wait_for
 
 log = logging.getLogger("faultmesh.kube")
 
@@ -102,13 +103,13 @@ class KubeApi:
 
     async def _call(self, op: str, fn: Callable[..., Awaitable[Any]], *args: Any, **kw: Any) -> Any:
         try:
-            resp = await asyncio.wait_for(
+            resp = await wait_for(
                 fn(*args, _preload_content=False, _request_timeout=self.timeout_s, **kw), self.timeout_s + 1
             )
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             raise KubeError(op, 0, repr(e)) from None
         try:
-            body = await asyncio.wait_for(resp.read(), self.timeout_s)
+            body = await wait_for(resp.read(), self.timeout_s)
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             raise KubeError(op, 0, repr(e)) from None
         finally:
@@ -289,19 +290,19 @@ class KubeApi:
             kw["resource_version"] = resource_version
         op = f"watch {kind}"
         try:
-            resp = await asyncio.wait_for(
+            resp = await wait_for(
                 fn(*args, _preload_content=False, _request_timeout=timeout_s + 10, **kw), self.timeout_s + 1
             )
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             raise KubeError(op, 0, repr(e)) from None
         try:
             if not 200 <= resp.status < 300:
-                body = await asyncio.wait_for(resp.read(), self.timeout_s)
+                body = await wait_for(resp.read(), self.timeout_s)
                 cls = WatchExpired if resp.status == 410 else KubeError
                 raise cls(op, resp.status, _reason(body))
             while True:
                 try:
-                    line = await asyncio.wait_for(resp.content.readline(), timeout_s + 10)
+                    line = await wait_for(resp.content.readline(), timeout_s + 10)
                 except (aiohttp.ClientError, OSError, TimeoutError) as e:
                     raise KubeError(op, 0, f"stream dropped: {e!r}") from None
                 if not line:

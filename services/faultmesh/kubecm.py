@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry, Counter
 from faultmesh.kube import KubeApi, KubeError, ListWatcher, make_api_client
 from faultmesh.log import event
 from faultmesh.retry import Backoff
+from faultmesh.runtime import wait_for
 
 log = logging.getLogger("faultmesh.kube")
 
@@ -131,7 +132,7 @@ class ConfigMapPublisher:
             now = self.clock()
             wait = self.refresh_s - (now - self._last_write) if self._written_known else self.refresh_s
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=max(0.05, wait))
+                await wait_for(self._wake.wait(), timeout=max(0.05, wait))
             except TimeoutError:
                 pass
             self._wake.clear()

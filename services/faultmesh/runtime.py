@@ -22,6 +22,18 @@ T = TypeVar("T")
 log = logging.getLogger("faultmesh.runtime")
 
 
+async def wait_for(aw: Awaitable[T], timeout_s: float | None) -> T:
+    """Await ``aw`` for at most ``timeout_s`` seconds (None: no limit); raises ``TimeoutError``.
+
+    Use this, never ``asyncio.wait_for``: on Python 3.11 ``asyncio.wait_for`` swallows the caller's
+    cancellation when the awaited thing finishes at the same moment (CPython gh-86296; 3.12 rebuilt
+    it on ``asyncio.timeout``), so a loop like ``while True: await wait_for(event.wait(), t)`` goes
+    on running after its owner cancelled it (deviced's cycle outlived ``stop()`` that way).
+    """
+    async with asyncio.timeout(timeout_s):
+        return await aw
+
+
 class BlockingTimeout(TimeoutError):
     """A blocking call did not finish within its timeout (the thread is left to finish on its own)."""
 
@@ -39,7 +51,7 @@ class BlockingPool:
         async with self._sem:
             fut = loop.run_in_executor(self._pool, fn, *args)
             try:
-                return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+                return await wait_for(asyncio.shield(fut), timeout_s)
             except TimeoutError:
                 fut.add_done_callback(_swallow)
                 raise BlockingTimeout(f"{getattr(fn, '__name__', fn)} timed out after {timeout_s}s") from None
@@ -78,14 +90,22 @@ class TaskOwner:
         return len(self._tasks)
 
     async def close(self, timeout_s: float = 5.0) -> None:
-        """Cancel every owned task and wait up to ``timeout_s`` seconds for them to end."""
-        tasks = list(self._tasks)
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            done, pending = await asyncio.wait(tasks, timeout=timeout_s)
-            if pending:
-                event(log, logging.WARNING, "tasks did not stop", owner=self._name, pending=len(pending))
+        """Cancel every owned task and wait up to ``timeout_s`` seconds for them to end. A task
+        spawned while the close runs (a cancelled task's cleanup) is cancelled too."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        pending: set[asyncio.Task] = set()
+        while tasks := set(self._tasks) - pending:
+            for t in tasks:
+                t.cancel()
+            left = deadline - loop.time()
+            if left <= 0:
+                pending |= tasks
+                break
+            _done, late = await asyncio.wait(tasks, timeout=left)
+            pending |= late
+        if pending:
+            event(log, logging.WARNING, "tasks did not stop", owner=self._name, pending=len(pending))
 
 
 def install_uvloop() -> bool:

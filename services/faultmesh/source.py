@@ -339,11 +339,15 @@ class PolledSource(PushSource):
 
 
 async def start_sources(
-    sources: Sequence[Source], make_ctx: Callable[[Source], SourceContext]
+    sources: Sequence[Source],
+    make_ctx: Callable[[Source], SourceContext],
+    started: list[tuple[Source, SourceContext]] | None = None,
 ) -> list[tuple[Source, SourceContext]]:
     """Start every supported source with its own context. A source that is not supported, or whose
-    start raises, is logged ("source not started") and left out; the others run."""
-    started: list[tuple[Source, SourceContext]] = []
+    start raises, is logged ("source not started") and left out; the others run. Each started
+    source is appended to ``started`` (a new list when None) as soon as it runs, so a caller whose
+    start is cancelled half-way still holds every source to stop. Returns ``started``."""
+    started = [] if started is None else started
     for src in sources:
         sup = src.supported()
         if not sup.ok:

@@ -57,6 +57,7 @@ import grpc
 
 from faultmesh._pb import recover_pb2, recover_pb2_grpc
 from faultmesh.retry import Backoff
+from faultmesh.runtime import wait_for
 
 SILENT = "silent"
 STOP_CODES = {"ok": 0, "fail": 499, "notready": 404}
@@ -188,7 +189,7 @@ class TrainSim:
 
     async def _sleep(self, s: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), s)
+            await wait_for(self._stop.wait(), s)
 
     async def _serve(self, ready: asyncio.Event | None) -> None:
         tasks = [

@@ -13,6 +13,7 @@ import time
 from faultmesh import config, runtime
 from faultmesh import log as fmlog
 from faultmesh.log import event
+from faultmesh.runtime import wait_for
 from noded import nodeinfo
 from noded.app import NodeD, build_parser
 from noded.levels import LevelTableError
@@ -28,7 +29,7 @@ async def print_node_info(app: NodeD, timeout_s: float) -> int:
         app.bmc.ctx = app.make_ctx(app.bmc)
         app.bmc.publish()
         try:
-            ok = await asyncio.wait_for(app.bmc.poll_once(), timeout_s)
+            ok = await wait_for(app.bmc.poll_once(), timeout_s)
         except TimeoutError:
             ok = False
         if not ok:

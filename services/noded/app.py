@@ -43,7 +43,7 @@ from faultmesh.agent import (
 from faultmesh.httpd import HttpServer, json_response
 from faultmesh.log import add_log_arguments, event
 from faultmesh.metrics import daemon_registry
-from faultmesh.runtime import BlockingPool
+from faultmesh.runtime import BlockingPool, wait_for
 from faultmesh.source import SourceContext, SourceMetrics, start_sources, stop_sources
 from noded import faultconfig, nodeinfo, sources
 from noded.metrics import NodedMetrics
@@ -196,7 +196,7 @@ class NodeD:
             # the Hello carries the node SN (ClusterD maps public faults' nodeSN to nodes): give the
             # first BMC poll a moment to read it; a later read reaches ClusterD on the next reconnect
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.bmc.polled.wait(), self.args.sn_wait)
+                await wait_for(self.bmc.polled.wait(), self.args.sn_wait)
         await self.agent.start()
         event(
             log,

@@ -19,6 +19,7 @@ from typing import Any
 from clusterd.brain.faultview import RankFault
 from faultmesh._pb import recover_pb2
 from faultmesh.log import event
+from faultmesh.runtime import wait_for
 
 log = logging.getLogger("clusterd.brain")
 
@@ -106,7 +107,7 @@ class ControllerBase:
         try:
             while True:
                 try:
-                    item = await asyncio.wait_for(q.get(), self.t.keepalive_s)
+                    item = await wait_for(q.get(), self.t.keepalive_s)
                 except TimeoutError:
                     yield recover_pb2.ProcessManageSignal(jobId=job_id, signalType=KEEP_ALIVE)
                     continue
@@ -160,8 +161,8 @@ class ControllerBase:
             return False
         fut = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait_for(q.put((sig, fut)), self.t.send_s)
-            ok = await asyncio.wait_for(fut, self.t.send_s)
+            await wait_for(q.put((sig, fut)), self.t.send_s)
+            ok = await wait_for(fut, self.t.send_s)
         except (TimeoutError, asyncio.CancelledError) as e:
             fut.cancel()
             if isinstance(e, asyncio.CancelledError):
@@ -209,7 +210,7 @@ class ControllerBase:
             )
             return 0
         try:
-            await asyncio.wait_for(self._slot(kind).put(msg), 1.0)
+            await wait_for(self._slot(kind).put(msg), 1.0)
         except TimeoutError:
             return 504
         return 0
@@ -282,7 +283,7 @@ class ControllerBase:
         if flow is not None and not flow.done() and flow is not asyncio.current_task():
             flow.cancel()
             with contextlib.suppress(BaseException):
-                await asyncio.wait_for(asyncio.shield(flow), 2.0)
+                await wait_for(asyncio.shield(flow), 2.0)
             self.brain.decide(self.job_id, self.flow_name or "controller", "reset", reason)
         self._flow = None
         self._expect.clear()
@@ -324,8 +325,8 @@ class ControllerBase:
             return False
         fut = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait_for(q.put((msg, fut)), self.t.subscriber_wait_s)
-            return bool(await asyncio.wait_for(fut, self.t.subscriber_wait_s))
+            await wait_for(q.put((msg, fut)), self.t.subscriber_wait_s)
+            return bool(await wait_for(fut, self.t.subscriber_wait_s))
         except TimeoutError:
             fut.cancel()
             return False

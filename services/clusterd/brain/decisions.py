@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter
 from clusterd.store import Store
 from faultmesh.log import event
 from faultmesh.model import now_ms
+from faultmesh.runtime import wait_for
 
 log = logging.getLogger("clusterd.brain")
 
@@ -48,7 +49,7 @@ class DecisionLog:
     async def flush(self, timeout_s: float = 5.0) -> None:
         """Wait up to ``timeout_s`` for the writer (the last decisions are kept on shutdown)."""
         if self._flusher is not None and not self._flusher.done():
-            await asyncio.wait_for(asyncio.shield(self._flusher), timeout_s)
+            await wait_for(asyncio.shield(self._flusher), timeout_s)
 
     def record(
         self, job_id: str, flow: str, decision: str, reason: str, state: str, faults=None, **extra: Any

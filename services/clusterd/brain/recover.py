@@ -16,6 +16,7 @@ import grpc
 
 from faultmesh._pb import recover_pb2, recover_pb2_grpc
 from faultmesh.log import event
+from faultmesh.runtime import wait_for
 
 log = logging.getLogger("clusterd.brain.recover")
 
@@ -193,7 +194,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
             await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={jid} {what}")
         fut = ctl.om_reply
         try:
-            msg = await asyncio.wait_for(asyncio.shield(fut), self.b.timeouts.report_s * 4 + 60)
+            msg = await wait_for(asyncio.shield(fut), self.b.timeouts.report_s * 4 + 60)
         except TimeoutError:
             msg = "om failed, no result"
         if ctl.om_reply is fut:

@@ -36,6 +36,7 @@ from clusterd.nodes import NodeRegistry
 from faultmesh import faultinfo
 from faultmesh.httpd import json_response
 from faultmesh.levels import level_health, level_severity, worst_health
+from faultmesh.runtime import wait_for
 
 STATIC = resources.files("clusterd").joinpath("web")
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
@@ -193,7 +194,7 @@ class WebUi:
             await resp.write(b"retry: 2000\nevent: hello\ndata: {}\n\n")
             while True:
                 try:
-                    item = await asyncio.wait_for(q.get(), KEEPALIVE_S)
+                    item = await wait_for(q.get(), KEEPALIVE_S)
                 except TimeoutError:
                     await resp.write(b": keepalive\n\n")
                     continue

@@ -59,6 +59,7 @@ from clusterd.ingest.agentinput import (
 from clusterd.nodes import NodeRegistry
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
 from faultmesh.log import RateLimitedLog, event
+from faultmesh.runtime import wait_for
 from faultmesh.wire import key_from_pb
 
 log = logging.getLogger("clusterd.agents")
@@ -197,7 +198,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         messages come through the session queue), while a reader task applies what the agent sends.
         """
         try:
-            first = await asyncio.wait_for(anext(request_iterator), 30.0)
+            first = await wait_for(anext(request_iterator), 30.0)
         except (StopAsyncIteration, TimeoutError):
             self._reject("no_hello")
             return

@@ -51,6 +51,7 @@ from clusterd.kube.signals import NodeSignals
 from faultmesh.kube import KubeApi, ListWatcher, make_api_client
 from faultmesh.lease import LeaseElector
 from faultmesh.log import event
+from faultmesh.runtime import wait_for
 
 CLUSTERD_CONFIG_CM = "clusterd-config-cm"  # reference clusterd.md §8: the manual-separation policy
 POLICY_KEY = "manually_separate_policy.conf"
@@ -295,7 +296,7 @@ class KubeComponent:
         """Cancel the watchers and the publisher (before the API client closes under them); a
         leader releases its Lease."""
         if self.elector is not None and self._own_elector:
-            await asyncio.wait_for(self.elector.release(), self.args.kube_timeout_s + 1)
+            await wait_for(self.elector.release(), self.args.kube_timeout_s + 1)
         for t in self._tasks:
             t.cancel()
         if self._tasks:

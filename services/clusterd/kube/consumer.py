@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -27,6 +26,7 @@ from faultmesh._pb import pubfault_pb2
 from faultmesh.kube import ListWatcher
 from faultmesh.log import event
 from faultmesh.model import now_ms
+from faultmesh.runtime import wait_for
 
 log = logging.getLogger("clusterd.kube")
 
@@ -90,7 +90,7 @@ class KubeConsumer:
         w = self.node_watch
         if w is not None and not w.synced.is_set():
             try:
-                await asyncio.wait_for(w.synced.wait(), self.args.kube_timeout_s * 3)
+                await wait_for(w.synced.wait(), self.args.kube_timeout_s * 3)
             except TimeoutError:
                 pass
 

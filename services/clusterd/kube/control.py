@@ -51,6 +51,7 @@ from clusterd.kube.metrics import KubeMetrics
 from faultmesh.kube import KubeApi, KubeError
 from faultmesh.kubecm import config_map_values
 from faultmesh.log import event
+from faultmesh.runtime import wait_for
 
 log = logging.getLogger("clusterd.kube")
 
@@ -452,7 +453,7 @@ class ControlMaps:
         while True:
             wake = min([next_refresh] + [t for t, _ in self._later])
             try:
-                await asyncio.wait_for(self._due.wait(), max(0.05, wake - time.monotonic()))
+                await wait_for(self._due.wait(), max(0.05, wake - time.monotonic()))
             except TimeoutError:
                 pass
             self._due.clear()

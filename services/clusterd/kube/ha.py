@@ -46,6 +46,7 @@ from faultmesh.kube import KubeApi, make_api_client
 from faultmesh.lease import LeaseElector
 from faultmesh.log import event
 from faultmesh.metrics import daemon_registry
+from faultmesh.runtime import wait_for
 
 log = logging.getLogger("clusterd.kube.ha")
 
@@ -191,7 +192,7 @@ async def run_replica(args: argparse.Namespace, make: MakeClusterD, stop: asynci
         return 0
     finally:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(elector.release(), args.kube_timeout_s + 1)
+            await wait_for(elector.release(), args.kube_timeout_s + 1)
         lease_task.cancel()
         await asyncio.wait([lease_task], timeout=5)
         await api_client.close()

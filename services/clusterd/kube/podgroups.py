@@ -25,6 +25,7 @@ from collections.abc import Callable
 from clusterd.kube import jobs as kjobs
 from clusterd.kube.metrics import KubeMetrics
 from faultmesh.jobspec import STRATEGY_PRIORITY, SUBHEALTH_STRATEGIES
+from faultmesh.runtime import wait_for
 
 GROUP, VERSION, PLURAL = "scheduling.volcano.sh", "v1beta1", "podgroups"
 KIND = f"custom:{GROUP}/{VERSION}/{PLURAL}"
@@ -121,7 +122,7 @@ class PodGroups:
             if left <= 0:
                 return False
             try:
-                await asyncio.wait_for(self._changed.wait(), left)
+                await wait_for(self._changed.wait(), left)
             except TimeoutError:
                 return False
         return True

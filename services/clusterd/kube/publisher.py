@@ -29,6 +29,7 @@ from clusterd.nodes import NodeRegistry
 from faultmesh.kube import KubeApi, KubeError
 from faultmesh.log import event
 from faultmesh.retry import Backoff
+from faultmesh.runtime import wait_for
 
 log = logging.getLogger("clusterd.kube")
 
@@ -277,7 +278,7 @@ class ClusterInfoPublisher:
         self._dirty.set()
         while True:
             try:
-                await asyncio.wait_for(self._dirty.wait(), timeout=max(0.05, a.kube_resync_s))
+                await wait_for(self._dirty.wait(), timeout=max(0.05, a.kube_resync_s))
             except TimeoutError:
                 pass
             self._dirty.clear()

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from faultmesh.cli.common import CliError, run
 from faultmesh.log import FORMATS
+from faultmesh.runtime import wait_for
 
 
 async def _up(args: argparse.Namespace) -> int:
@@ -98,7 +99,7 @@ async def _supervise(stack, stop: asyncio.Event, say, args: argparse.Namespace) 
     loop = asyncio.get_running_loop()
     while not stop.is_set():
         try:
-            await asyncio.wait_for(stop.wait(), args.supervise_s)
+            await wait_for(stop.wait(), args.supervise_s)
             return
         except TimeoutError:
             pass

@@ -17,6 +17,7 @@ from faultmesh.demo.procs import Child, python_argv
 from faultmesh.demo.report import MISSING, NOT_AVAILABLE, RIGHT, WRONG, Clock, Row
 from faultmesh.demo.stack import Stack, StackError
 from faultmesh.demo.watch import FaultWatcher
+from faultmesh.runtime import wait_for
 
 
 @dataclass
@@ -291,7 +292,7 @@ class Harness:
             self.train.stopping = True
             (st.run_dir / "stop-training").write_text("1\n")
             try:
-                await asyncio.wait_for(self.train.proc.wait(), 30)
+                await wait_for(self.train.proc.wait(), 30)
                 self.say(f"JOB PyTorch job finished (exit {self.train.proc.returncode})")
             except TimeoutError:
                 self.say("JOB PyTorch job did not stop within 30 s; stopping it by PID")
@@ -338,7 +339,7 @@ class Harness:
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
         )
         try:
-            out, _ = await asyncio.wait_for(p.communicate(), timeout_s)
+            out, _ = await wait_for(p.communicate(), timeout_s)
         except TimeoutError:
             p.kill()
             await p.wait()

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from faultmesh.runtime import wait_for
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read, close)."""
@@ -111,11 +113,11 @@ class ProcessGroup:
         if child.alive:
             _signal_tree(child.pid, signal.SIGTERM)
             try:
-                await asyncio.wait_for(child.proc.wait(), grace_s)
+                await wait_for(child.proc.wait(), grace_s)
             except TimeoutError:
                 _signal_tree(child.pid, signal.SIGKILL)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(child.proc.wait(), 5.0)
+                    await wait_for(child.proc.wait(), 5.0)
         # the child is gone; anything left in its group (a rank whose parent died) gets SIGKILL
         _signal_tree(child.pid, signal.SIGKILL, group_only=True)
         return child.proc.returncode

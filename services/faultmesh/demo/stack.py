@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from faultmesh.demo.procs import Child, ProcessGroup, free_port, free_udp_port, python_argv
+from faultmesh.runtime import wait_for
 
 BMC_USER = "demo"
 BMC_PASSWORD = "demo-bmc-password"
@@ -103,7 +104,7 @@ class Stack:
                     stderr=asyncio.subprocess.STDOUT,
                     env=_child_env(),
                 )
-                out, _ = await asyncio.wait_for(p.communicate(), 60)
+                out, _ = await wait_for(p.communicate(), 60)
                 self._help[key] = out.decode(errors="replace") if p.returncode == 0 else ""
             except (OSError, TimeoutError):
                 self._help[key] = ""

@@ -13,6 +13,8 @@ from typing import Any
 
 import aiohttp
 
+from faultmesh.runtime import wait_for
+
 Fault = dict[str, Any]
 Pred = Callable[[Fault], bool]
 
@@ -77,7 +79,7 @@ class FaultWatcher:
                 if left <= 0:
                     return None
                 try:
-                    await asyncio.wait_for(self._changed.wait(), left)
+                    await wait_for(self._changed.wait(), left)
                 except TimeoutError:
                     return None
 
@@ -92,7 +94,7 @@ class FaultWatcher:
                 if left <= 0:
                     return None
                 try:
-                    await asyncio.wait_for(self._changed.wait(), left)
+                    await wait_for(self._changed.wait(), left)
                 except TimeoutError:
                     return None
 

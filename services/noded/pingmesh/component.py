@@ -50,6 +50,7 @@ from faultmesh.dcmi.hccsping import STATE_STOPPED, ChipInfo, HccspingParamError,
 from faultmesh.files import FileWatch, stamp
 from faultmesh.httpd import json_response
 from faultmesh.log import RateLimitedLog, event
+from faultmesh.runtime import wait_for
 from faultmesh.source import PushSource, SourceContext
 from fdol.slownet import config as pmconfig
 from fdol.slownet import pinglist as pl
@@ -500,7 +501,7 @@ class Pingmesh(RoceRounds, PushSource):
             due = min(next_poll, next_collect, next_roce, retry_at if retry_at is not None else next_poll)
             wait = max(0.05, due - time.monotonic())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), wait)
+                await wait_for(self._changed.wait(), wait)
 
     # -- HTTP ------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
