@@ -21,6 +21,7 @@ FAST = (
     "--in-place-wait-s", "0.6",
     "--platform-wait-s", "1.5",
     "--job-wait-scale", "0.01",
+    "--retry-hide-s", "0.2",
 )  # fmt: skip
 
 

@@ -89,3 +89,61 @@ async def test_slow_node_on_an_unhealthy_unregistered_job_decides_nothing(cd):
     await cd.center.upsert(slow_node())
     await asyncio.sleep(0.3)
     assert decisions(cd) == ["job-rescheduling"]
+
+
+def test_retry_filter_follows_the_reference_uce_scenario():
+    """The reference's uce_scenario_test (clusterd.md §10), now = 100000 ms: a UCE younger than 10 s
+    is hidden; one without a report and older is kept; one reported 5 s later is hidden for the 30 s
+    complete window; one whose report is older than that is kept."""
+    from clusterd.brain.faultview import RankFault
+
+    spec = {"id": "j", "name": "j", "recover-strategy": "retry,recover", "process-recover-enable": "on",
+            "ranks": [{"rank": r, "node": "n", "device": r} for r in range(4)]}  # fmt: skip
+    job = parse_job(spec)
+    assert job.process_recover_enable == "on"
+    rr = RetryReports()
+
+    def uce(rank: int, since: int, code: str = "80E01801") -> RankFault:
+        return RankFault(rank, "n", rank, 0, code, "RestartBusiness", "0", since)
+
+    rr.report("j", 2, "0", 95_000)
+    rr.report("j", 3, "0", 60_000)
+    assert rr.hidden_until(job, uce(0, 95_000), 100_000) == 105_000  # job1: within 10 s
+    assert rr.hidden_until(job, uce(1, 80_000), 100_000) is None  # job2: no report
+    assert rr.hidden_until(job, uce(2, 90_000), 100_000) == 125_000  # job3: complete window
+    assert rr.hidden_until(job, uce(3, 55_000), 100_000) is None  # job4: past the window
+    assert rr.hidden_until(job, uce(0, 95_000, "80E18402"), 100_000) is None  # not a retry code
+    kept, soonest = rr.filter(job, [uce(r, s) for r, s in ((0, 95_000), (1, 80_000), (2, 90_000))], 100_000)
+    assert [f.rank for f in kept] == [1] and soonest == 105_000
+    no_retry = parse_job({**spec, "recover-strategy": "recover"})
+    assert rr.hidden_until(no_retry, uce(0, 95_000), 100_000) is None
+    off = parse_job({**spec, "process-recover-enable": "off"})
+    assert rr.hidden_until(off, uce(0, 95_000), 100_000) is None
+
+
+async def test_hardware_uce_waits_for_the_business_plane_then_starts_the_retry(cd, sims):
+    await apply(cd)
+    sim = await sims.start()
+    cd.brain.retry_reports.hide_ms = 2_500
+    await cd.center.upsert(npu_fault(code="80E01801", level="RestartBusiness"))
+    await asyncio.sleep(0.5)
+    assert decisions(cd) == []  # hidden: MindIO has 10 s (here 2.5 s) to report it
+    await wait_decision(cd, "retry-success")  # nobody reported: the hardware fault acts
+    assert decisions(cd) == ["stop-train", "retry", "retry-success"]
+    assert sim.signals("globalFault")[0]["faultRanks"] == [("2", "0")]
+
+
+async def test_hardware_uce_after_the_business_report_stays_hidden_in_the_complete_window(cd, sims):
+    await apply(cd)
+    sim = await sims.start()
+    cd.brain.retry_reports.window_ms = 300  # the report's synthetic rank is gone before the chip's UCE
+    assert await sim.report_process_fault([("2", "0")]) == 0  # MindIO found the UCE first
+    await wait_decision(cd, "retry-success")
+    await wait_idle(cd)
+    await asyncio.sleep(0.4)
+    # any change on the job's node has the brain look again (the synthetic rank is gone by now)
+    await cd.center.upsert(npu_fault(dev=7, code="81078603", level="NotHandleFault"))
+    await cd.center.upsert(npu_fault(code="80E01801", level="RestartBusiness"))  # the chip's own report
+    await asyncio.sleep(0.6)  # past the 0.2 s hide: only the complete window (30 s) keeps it out
+    assert decisions(cd) == ["stop-train", "retry", "retry-success"]
+    assert len(sim.signals("stopTrain")) == 1

@@ -106,6 +106,19 @@ class BrainComponent(FaultIntake):
             help="platform mode: each wait for the AI platform (s)",
         )
         g.add_argument(
+            "--retry-hide-s",
+            type=float,
+            default=10.0,
+            help="retry filter: a new UCE/HCCL retry fault on a retry job stays hidden this long, "
+            "for the business plane's report (s)",
+        )
+        g.add_argument(
+            "--retry-complete-window-s",
+            type=float,
+            default=30.0,
+            help="retry filter: after a business-plane report the fault stays hidden this long (s)",
+        )
+        g.add_argument(
             "--job-wait-scale",
             type=float,
             default=1.0,
@@ -146,7 +159,10 @@ class BrainComponent(FaultIntake):
         self._sent_nodes: dict[str, set[str]] = {}  # job -> nodes that got its JobInfo
         self._subhealth_seen: dict[str, set[tuple[int, str]]] = {}
         self._unregistered_seen: dict[str, set[tuple[int, str]]] = {}
-        self.retry_reports = RetryReports()  # business-plane retry reports (the retry processor)
+        self.retry_reports = RetryReports(  # business-plane retry reports (the retry processor)
+            hide_ms=int(a.retry_hide_s * 1000), complete_ms=int(a.retry_complete_window_s * 1000)
+        )
+        self._rechecks: dict[str, asyncio.TimerHandle] = {}  # job -> re-evaluation when a hide ends
         self.platform = PlatformAnnotations(ctx.store, ctx.tasks.spawn)  # platform mode's annotations
         self.decision_log.listeners.append(self.platform.on_decision)
         self.m_signals = Counter(
@@ -193,6 +209,9 @@ class BrainComponent(FaultIntake):
         event(log, logging.INFO, "brain started", jobs=n)
 
     async def stop(self) -> None:
+        for h in self._rechecks.values():
+            h.cancel()
+        self._rechecks.clear()
         for ctl in list(self.controllers.values()):
             await ctl.close()
         await self.decision_log.flush(5.0)  # the last decisions are kept
@@ -214,15 +233,44 @@ class BrainComponent(FaultIntake):
         )
 
     def rank_faults(self, job) -> list[RankFault]:
-        """The job's rank faults now (stress-test hidden codes removed), plus the synthetic ranks of
-        business-plane retry reports (:mod:`clusterd.brain.retryproc`)."""
+        """The job's rank faults now (stress-test hidden codes removed, the retry filter applied),
+        plus the synthetic ranks of business-plane retry reports (:mod:`clusterd.brain.retryproc`).
+        A fault the retry filter hides has the job evaluated again when its hide ends."""
         ctl = self.controllers.get(job.id)
         hidden = ctl.hidden_nodes if ctl else set()
+        now = now_ms()
         out = job_rank_faults(
             job, self.faults_of_node, lambda node, code: node in hidden and code in STRESS_HIDDEN_CODES
         )
-        extra = self.retry_reports.synthetic(job, out, now_ms())
+        out, until = self.retry_reports.filter(job, out, now)
+        if until is not None:
+            self._recheck_at(job.id, until, now)
+        extra = self.retry_reports.synthetic(job, out, now)
         return sorted(out + extra, key=lambda f: (f.rank, f.code)) if extra else out
+
+    def _recheck_at(self, job_id: str, at_ms: int, now: int) -> None:
+        """Evaluate ``job_id`` again at ``at_ms`` (one timer per job, the earliest wins)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): nothing to schedule
+            return
+        old = self._rechecks.get(job_id)
+        when = loop.time() + max(0, at_ms - now) / 1000 + 0.01
+        if old is not None and not old.cancelled() and old.when() <= when:
+            return
+        if old is not None:
+            old.cancel()
+        self._rechecks[job_id] = loop.call_at(when, self._recheck, job_id)
+
+    def _recheck(self, job_id: str) -> None:
+        self._rechecks.pop(job_id, None)
+        job = self.jobs.get(job_id)
+        if job is None:
+            return
+        try:
+            self.evaluate(job)
+        except Exception as e:
+            event(log, logging.ERROR, "job fault evaluation failed", job=job_id, error=repr(e))
 
     def faults_of_node(self, node: str) -> list[Fault]:
         """Active faults of ``node`` from the brain's node index of the fault center (O(faults on node))."""

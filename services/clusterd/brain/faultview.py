@@ -9,8 +9,8 @@ Per job, per node of the job:
 - codes hidden for a node (the stress test hides 80818C05 / 80818C06) are left out.
 
 Rank fault types (``FaultRank.faultType``): "0" UCE 80E01801 and "2" HCCL 8C1F860B when the job has
-``retry`` in its strategies (the step-retry window of §6.2 is approximated by "the fault is new"),
-"1" otherwise.
+``retry`` in its strategies, "1" otherwise. The retry filter (§6.2 "retry": a new hardware retry fault
+hidden while the business plane may report it) is :mod:`clusterd.brain.retryproc`'s.
 """
 
 from __future__ import annotations
