@@ -241,3 +241,35 @@ def test_job_spec_from_pods_follows_the_reference_rank_rule():
     unscheduled = pod("c", "n3", 2, [1])
     unscheduled["spec"] = {}
     assert len(kjobs.job_spec("u1", "job", "ns", [unscheduled])["ranks"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("env_on", "value", "wait_s"),
+    [(0, "120", 110), (0, "5", 20), (0, "abc", 20), (0, "99999", 20), (1, "120", 20), (None, None, 20)],
+)
+def test_mindio_wait_comes_from_the_rank0_pods_env(env_on, value, wait_s):
+    """clusterd.md §7.1: the rank-0 pod's MINDIO_WAIT_MINDX_TIME sets elastic training's resource
+    wait (value - 10 s for 10..3600); another pod's, a bad or an absent value leaves the 20 s default."""
+    from clusterd.brain.reschedule import resource_wait_s
+    from clusterd.kube import jobs as kjobs
+    from faultmesh.jobspec import parse_job
+
+    def pod(name, node, idx):
+        conf = {"devices": [{"device_id": "0"}]}
+        env = [{"name": "OTHER", "value": "1"}]
+        if idx == env_on:
+            env.append({"name": "MINDIO_WAIT_MINDX_TIME", "value": value})
+        return {
+            "metadata": {
+                "name": name,
+                "annotations": {
+                    "ascend.kubectl.kubernetes.io/ascend-910-configuration": json.dumps(conf),
+                    "hccl/rankIndex": str(idx),
+                },
+            },
+            "spec": {"nodeName": node, "containers": [{"name": "sidecar"}, {"name": "train", "env": env}]},
+            "status": {"phase": "Running"},
+        }
+
+    job = parse_job(kjobs.job_spec("u1", "job", "ns", [pod("a", "n1", 0), pod("b", "n2", 1)]))
+    assert resource_wait_s(job) == wait_s

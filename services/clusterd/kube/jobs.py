@@ -15,7 +15,9 @@ reference: ``rank = rankIndex x NPUs-per-pod + position`` of the device in the p
 The recovery settings the reference reads from the PodGroup (annotation ``recover-strategy``,
 labels ``process-recover-enable``, ``fault-scheduling``, ``pod-rescheduling``,
 ``subHealthyStrategy``) are read from the job's Volcano PodGroup (:mod:`.podgroups`), else from the
-pods' own labels and annotations (the first pod by rank index that has them).
+pods' own labels and annotations (the first pod by rank index that has them). The rank-0 pod's
+container env ``MINDIO_WAIT_MINDX_TIME`` (a literal value; clusterd.md §7.1) sets elastic training's
+resource wait; a value that is no integer in 0..3600 is left out (the brain's default wait applies).
 """
 
 from __future__ import annotations
@@ -39,6 +41,31 @@ SETTING_KEYS = (
 
 class BadPod(ValueError):
     """A job pod whose annotations cannot be read (the message says which)."""
+
+
+MINDIO_WAIT_ENV = "MINDIO_WAIT_MINDX_TIME"
+MINDIO_WAIT_MAX_S = 3600
+
+
+def pod_env(pod: dict, name: str) -> str | None:
+    """The literal ``value`` of env ``name`` in the pod's first container that sets it (``valueFrom``
+    references are not resolved: None)."""
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for e in (c or {}).get("env") or []:
+            if isinstance(e, dict) and e.get("name") == name:
+                v = e.get("value")
+                return v if isinstance(v, str) else None
+    return None
+
+
+def mindio_wait_of(pod: dict) -> int | None:
+    """``MINDIO_WAIT_MINDX_TIME`` (s) of ``pod`` when it is an integer in 0..3600, else None."""
+    raw = pod_env(pod, MINDIO_WAIT_ENV)
+    try:
+        v = int(str(raw).strip())
+    except ValueError:
+        return None
+    return v if 0 <= v <= MINDIO_WAIT_MAX_S else None
 
 
 MINDIE_LABELS = ("jobID", "app")  # the reference's MindIeJobIdLabelKey / MindIeAppTypeLabelKey
@@ -159,6 +186,8 @@ def job_spec(
         "status": job_status(pods),
         "ranks": ranks,
     }
+    if rows and rows[0][0] == 0 and (wait := mindio_wait_of(rows[0][4])) is not None:
+        spec[MINDIO_WAIT_ENV] = wait  # the rank-0 pod's env (§7.1)
     for key in SETTING_KEYS:
         for *_, pod in rows:
             meta = pod.get("metadata") or {}
