@@ -33,6 +33,8 @@ import math
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -41,6 +43,8 @@ PathKey = tuple[int, str, str, str, str]
 
 MAX_DELAY = 10_000_000.0  # 10 s in µs: anything above is an absurd delay
 FUTURE_SLACK_MS = 60_000
+_ROW_FIELDS = 10  # PingRow's fields
+_KEY = itemgetter(0, 1, 2, 3, 4)  # a row's PathKey
 _REASONS = ("", "address", "loss_range", "delay_range", "timestamp", "future", "late")
 
 
@@ -255,10 +259,12 @@ class PathWindow:
         counts: dict[str, int] = {"accepted": 0}
         if not rows:
             return counts
-        task, st, sa, dt, da, mn, mx, avg, loss, ts = zip(*rows, strict=True)
-        get = self.index.get
-        keys = list(zip(task, st, sa, dt, da, strict=True))
-        idx = np.fromiter((get(k, -1) for k in keys), dtype=np.int64, count=len(keys))
+        if set(map(len, rows)) != {_ROW_FIELDS}:
+            raise ValueError(f"a ping row has {_ROW_FIELDS} fields")
+        # one C-level pass per column (zip(*rows) over 47k rows costs 2-3x more, issue 18)
+        mn, mx, avg, loss, ts = (list(map(itemgetter(j), rows)) for j in range(5, _ROW_FIELDS))
+        keys = list(map(_KEY, rows))
+        idx = np.fromiter(map(self.index.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
         new = np.flatnonzero(idx < 0)
         why = np.zeros(len(rows), dtype=np.int8)  # 0 = ok, else index into self._reasons
         if self._gate is not None:
