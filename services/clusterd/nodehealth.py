@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from clusterd.nodes import HEALTH_STATES, SLOW_NODE_CODE, NodeRegistry
+from clusterd.nodes import HEALTH_STATES, SLOW_NODE_CODE, NodeRegistry, NodeState
 from faultmesh.levels import UNHEALTHY
 
 if TYPE_CHECKING:
@@ -50,6 +50,28 @@ def _esc(v: str) -> str:
     return v
 
 
+def with_status(health: tuple[str, str], st: NodeState | None) -> tuple[str, str]:
+    """:meth:`NodeRegistry.health`'s rule over the fault center's ``(health, worst level)`` of a node
+    and its already-fetched state: UnHealthy when any reporter says so. For the per-node loops of
+    a scrape (no registry call, no tuple, per node)."""
+    if st is not None and st.status and UNHEALTHY in st.status.values():
+        return UNHEALTHY, health[1]
+    return health
+
+
+class SortedNames:
+    """``names(set)`` -> the set sorted, re-sorted only when the set differs from the last one."""
+
+    def __init__(self) -> None:
+        self._set: set[str] = set()
+        self._list: list[str] = []
+
+    def __call__(self, names: set[str]) -> list[str]:
+        if names != self._set:
+            self._set, self._list = names, sorted(names)
+        return self._list
+
+
 def _head(name: str) -> str:
     return f"# HELP {name} {_HELP[name]}\n# TYPE {name} gauge\n"
 
@@ -64,7 +86,7 @@ class NodeHealthCollector:
         self._center = center
         self._skip = False  # inside exposition(): the text is written by text(), not collect()
         self._lines: dict[str, tuple[str, str, str]] = {}  # node -> (health, state-set lines, unhealthy line)
-        self._names: tuple[set[str], list[str]] = (set(), [])  # the node set and its sorted list
+        self._sorted = SortedNames()
 
     def rows(self) -> dict[str, list[tuple[tuple[str, ...], int]]]:
         """family name -> [(label values, value)], sorted by node; cost follows the nodes (health
@@ -94,11 +116,9 @@ class NodeHealthCollector:
     def _sorted_names(self) -> list[str]:
         """Every known node, sorted (re-sorted only when the set of nodes changed)."""
         names = self._nodes.all_names()
-        if names != self._names[0]:
-            self._names = (names, sorted(names))
-            if len(self._lines) > len(names) + 1024:  # forgotten nodes: drop their lines
-                self._lines = {n: v for n, v in self._lines.items() if n in names}
-        return self._names[1]
+        if len(self._lines) > len(names) + 1024:  # forgotten nodes: drop their lines
+            self._lines = {n: v for n, v in self._lines.items() if n in names}
+        return self._sorted(names)
 
     def _node_lines(self, node: str, health: str) -> tuple[str, str, str]:
         """(health, the node's three faultmesh_node_health lines, its faultmesh_node_unhealthy line
@@ -119,11 +139,7 @@ class NodeHealthCollector:
         states: list[str] = []
         bad: list[str] = []
         for n in self._sorted_names():
-            # NodeRegistry.health's rule, inlined (a call and a tuple less per node at 16k nodes)
-            h = center_health(n)[0]
-            st = state_of(n)
-            if st is not None and st.status and UNHEALTHY in st.status.values():
-                h = UNHEALTHY
+            h = with_status(center_health(n), state_of(n))[0]
             got = lines.get(n)
             if got is None or got[0] != h:
                 got = lines[n] = make(n, h)

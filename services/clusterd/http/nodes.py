@@ -18,6 +18,7 @@ from aiohttp import web
 
 from clusterd.center import FaultCenter, fault_dict
 from clusterd.ingest.agents import AgentHub
+from clusterd.nodehealth import SortedNames, with_status
 from clusterd.nodes import NodeRegistry
 from faultmesh.httpd import json_response
 
@@ -36,6 +37,7 @@ class NodeApi:
         self.nodes = nodes
         self.agents = agents
         self._json: dict[str, tuple[tuple, bytes]] = {}  # node -> (its plain fields, its JSON)
+        self._sorted = SortedNames()
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         """Register ``/v1/faults``, ``/v1/nodes`` and ``/v1/nodes/{name}``."""
@@ -88,28 +90,22 @@ class NodeApi:
         bytes ``json_response`` writes). A node's JSON is kept while its plain fields (health, worst
         level, fault count, agents, address, status) stay the same and it has no conditions, stale
         agents or pending sources; other nodes are written afresh each time."""
-        agents = _agents_by_node(
-            self.agents.connected()
-        )  # once per request: O(nodes), not O(nodes x streams)
+        agents = _agents_by_node(self.agents.connected())  # once per request, not once per node
         names = self.nodes.all_names() | agents.keys()
         if len(self._json) > len(names) + 1024:  # forgotten nodes: drop their JSON
             self._json = {n: v for n, v in self._json.items() if n in names}
-        health_of, state_of, count_of = self.nodes.health, self.nodes.get, self.center.fault_count
+        center_health, state_of, count_of = self.center.node_health, self.nodes.get, self.center.fault_count
         cache, out = self._json, []
-        for n in sorted(names):
+        for n in self._sorted(names):
             st = state_of(n)
-            if st is not None and (st.conditions or st.stale or st.pending):
+            if st is None:
+                ip = status = ""
+            elif st.conditions or st.stale or st.pending:
                 out.append(_dumps(self.summary(n, agents)))
                 continue
-            health, worst = health_of(n)
-            key = (
-                health,
-                worst,
-                count_of(n),
-                agents.get(n),
-                st.node_ip if st else "",
-                st.node_status if st else "",
-            )
+            else:
+                ip, status = st.node_ip, st.node_status
+            key = (with_status(center_health(n), st), count_of(n), agents.get(n), ip, status)
             got = cache.get(n)
             if got is None or got[0] != key:
                 got = cache[n] = (key, _dumps(self.summary(n, agents)))
