@@ -263,15 +263,16 @@ class PathWindow:
             raise ValueError(f"a ping row has {_ROW_FIELDS} fields")
         # one C-level pass per column (zip(*rows) over 47k rows costs 2-3x more, issue 18)
         mn, mx, avg, loss, ts = (list(map(itemgetter(j), rows)) for j in range(5, _ROW_FIELDS))
-        keys = list(map(_KEY, rows))
-        idx = np.fromiter(map(self.index.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
+        # the keys are looked up as they are made (not kept: 47k live tuples cost the GC passes);
+        # only the rows of paths seen for the first time make theirs again below
+        idx = np.fromiter(map(self.index.get, map(_KEY, rows), repeat(-1)), dtype=np.int64, count=len(rows))
         new = np.flatnonzero(idx < 0)
         why = np.zeros(len(rows), dtype=np.int8)  # 0 = ok, else index into self._reasons
         if self._gate is not None:
             known = np.flatnonzero(idx >= 0)
             why[known] = self._gate_code[idx[known]]
         if len(new):
-            why[new] = [self._new_code(keys[j]) for j in new.tolist()]
+            why[new] = [self._new_code(_KEY(rows[j])) for j in new.tolist()]
         loss_a = np.array(loss, dtype=float)
         delays = np.array((mn, mx, avg), dtype=float)
         ts_a = np.array(ts, dtype=float)
@@ -299,7 +300,7 @@ class PathWindow:
         if not len(acc):
             return counts
         for j in acc[idx[acc] < 0].tolist():  # first sighting of a path (maybe twice in one call)
-            idx[j] = self.path(keys[j])
+            idx[j] = self.path(_KEY(rows[j]))
         i = idx[acc]
         kk = k[acc]
         s = kk % self.periods
