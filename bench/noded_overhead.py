@@ -6,6 +6,12 @@ samples noded's RSS (/proc/<pid>/status VmRSS) and CPU time (/proc/<pid>/stat ut
 second for ``--duration`` seconds, and reads noded's /metrics for the number and duration of polls.
 Half of the alarms change mid-run so the agent stream also carries deltas.
 
+Beside it in the same run (unless ``--no-peers``): a ``deviced --backend sim`` (16 NPUs) on the same
+clusterd, sampled the same way, and a floor process that only imports the third-party stack both
+agents need (grpc.aio, protobuf, aiohttp.web, prometheus_client, uvloop; plus pyghmi's IPMI client
+for noded) and sleeps: what no change of faultmesh's own imports can go below. Issue 18's figure
+is at the real poll: ``--poll-interval 60 --duration 120``.
+
 Run: ``.venv/bin/python bench/noded_overhead.py`` (45 s by default, about a minute in all) or
 ``--duration 120`` for the 2-minute figure of issue 3. The last line holds the figures.
 """
@@ -70,6 +76,45 @@ def stop(proc: subprocess.Popen | None) -> None:
             proc.wait(5)
 
 
+FLOOR = {
+    "floor": "grpc.aio, google.protobuf.message, aiohttp.web, prometheus_client, uvloop",
+    "floor_ipmi": "grpc.aio, google.protobuf.message, aiohttp.web, prometheus_client, uvloop, pyghmi.ipmi.command",
+}
+
+
+def start_peers(py: str, clusterd: str, tmp: Path) -> dict[str, subprocess.Popen]:
+    """deviced (sim backend) on ``clusterd`` and the floor processes, each ready on return."""
+    dhttp = f"127.0.0.1:{free_port()}"
+    peers = {
+        "deviced": subprocess.Popen(
+            [
+                py,
+                "-m",
+                "deviced",
+                "--node-name",
+                "bench-node-d",
+                "--clusterd",
+                clusterd,
+                "--backend",
+                "sim",
+                "--http-addr",
+                dhttp,
+                "--log-level",
+                "WARNING",
+            ],
+            stdout=open(tmp / "deviced.log", "wb"),
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    }
+    for name, mods in FLOOR.items():
+        code = f"import {mods}, sys, time; print('ready', flush=True); time.sleep(1e6)"
+        peers[name] = subprocess.Popen([py, "-c", code], stdout=subprocess.PIPE, text=True)
+        if peers[name].stdout.readline().strip() != "ready":
+            raise RuntimeError(f"{name} did not start")
+    wait_http(f"http://{dhttp}/healthz")
+    return peers
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -78,6 +123,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
     ap.add_argument("--alarms", type=int, default=200)
     ap.add_argument("--poll-interval", type=float, default=1.0)
+    ap.add_argument("--no-peers", action="store_true", help="noded only (no deviced, no floor process)")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="noded-bench-"))
@@ -85,6 +131,7 @@ def main() -> int:
     pw.write_text("bench-password\n")
     py = sys.executable
     sim = noded = None
+    peers: dict[str, subprocess.Popen] = {}
     cd = ClusterdProcess(tmp / "clusterd-state", log_path=tmp / "clusterd.log")
     try:
         sim = subprocess.Popen(
@@ -141,6 +188,8 @@ def main() -> int:
             stderr=subprocess.STDOUT,
         )
         wait_http(f"http://{http}/healthz")
+        if not args.no_peers:
+            peers = start_peers(py, cd.grpc, tmp)
         time.sleep(args.warmup)
 
         def read_metrics() -> str:
@@ -149,16 +198,21 @@ def main() -> int:
 
         m0 = read_metrics()
         c0, t0 = cpu_seconds(noded.pid), time.monotonic()
+        peer_c0 = {k: cpu_seconds(p.pid) for k, p in peers.items()}
+        peer_rss: dict[str, list[float]] = {k: [] for k in peers}
         rss: list[float] = []
         changed = False
         while time.monotonic() - t0 < args.duration:
             time.sleep(1.0)
             rss.append(rss_mb(noded.pid))
+            for k, p in peers.items():
+                peer_rss[k].append(rss_mb(p.pid))
             if not changed and time.monotonic() - t0 > args.duration / 2:
                 post(control, "/alarms/clear", {"device_type": "PCIe Card"})  # every alarm clears ...
                 post(control, "/alarms", {"code": "2C000031", "device_type": "System", "count": args.alarms})
                 changed = True  # ... and 200 new ones appear: one big delta
         c1, t1 = cpu_seconds(noded.pid), time.monotonic()
+        peer_cpu = {k: 100.0 * (cpu_seconds(p.pid) - peer_c0[k]) / (t1 - t0) for k, p in peers.items()}
         m1 = read_metrics()
         faults_in_clusterd = len(cd.get_json("/v1/faults"))
         polls = metric(m1, 'faultmesh_noded_bmc_polls_total{result="ok"}') - metric(
@@ -182,9 +236,15 @@ def main() -> int:
             f"noded_overhead duration_s={t1 - t0:.0f} alarms={args.alarms} polls_ok={polls:.0f} "
             f"polls_failed={failed:.0f} poll_ms_avg={1000 * dur / max(n, 1):.1f} rss_mb_avg={sum(rss) / len(rss):.1f} "
             f"rss_mb_max={max(rss):.1f} cpu_pct={cpu_pct:.2f}"
+            + "".join(
+                f" {k}_rss_mb_avg={sum(v) / len(v):.1f} {k}_cpu_pct={peer_cpu[k]:.2f}"
+                for k, v in peer_rss.items()
+            )
         )
         return 0
     finally:
+        for p in peers.values():
+            stop(p)
         stop(noded)
         cd.stop()
         stop(sim)

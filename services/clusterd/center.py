@@ -378,6 +378,10 @@ class FaultCenter:
         """Active faults of ``node`` (unsorted; cost follows that node's faults)."""
         return list(self._by_node.get(node, {}).values())
 
+    def fault_count(self, node: str) -> int:
+        """How many active faults ``node`` has (O(1), read-only: the node list's count)."""
+        return len(self._by_node.get(node, ()))
+
     def faults_of_origin(self, origin: str) -> list[Fault]:
         """Every active fault owned by ``origin`` (unsorted; cost follows that origin's faults)."""
         return [self._faults[k] for (_, o), keys in self._by_scope.items() if o == origin for k in keys]

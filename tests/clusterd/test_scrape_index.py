@@ -101,3 +101,59 @@ async def test_the_fast_scrape_text_is_what_prometheus_client_writes(cd):
     assert body.count("# TYPE faultmesh_node_health gauge") == 1  # once: not also from collect()
     assert 'faultmesh_node_health{health="SubHealthy",node="n1"} 1.0' in body
     assert 'faultmesh_slow_node{node="n1"} 1.0' in body and "faultmesh_clusterd_ready" in body
+
+
+async def test_the_kept_scrape_lines_follow_health_changes_after_the_first_scrape(cd):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from clusterd.nodehealth import NodeHealthCollector
+
+    own = NodeHealthCollector(cd.nodes, cd.center)
+    reg = CollectorRegistry()
+    reg.register(own)
+
+    def same() -> bool:
+        return own.text() == generate_latest(reg)
+
+    await cd.center.upsert(fault("n1", "80E18008", "SubHealthFault"))
+    await cd.center.upsert(fault("n2", "80E18009", "SeparateNPU"))
+    assert same()  # the lines are kept from here on
+    await cd.center.upsert(fault("n1", "80E18009", "SeparateNPU", dev=1))  # n1 worse
+    await cd.center.remove(fault("n2", "80E18009", "SeparateNPU").key)  # n2 recovers
+    cd.nodes.set_status("n3", "noded", UNHEALTHY)  # a reporter, no fault: a new node
+    assert same()
+    assert 'faultmesh_node_unhealthy{node="n1"} 1.0' in own.text().decode()
+    assert 'node="n2"' not in own.text().decode()  # its last fault recovered: no longer known
+    cd.nodes.set_status("n3", "noded", None)
+    assert same() and 'faultmesh_node_unhealthy{node="n3"}' not in own.text().decode()
+
+
+async def test_the_node_list_follows_every_change_after_the_first_request(cd):
+    async def listed() -> dict[str, dict]:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{cd.http.port}/v1/nodes") as r:
+                assert r.status == 200 and r.content_type == "application/json"
+                return {n["name"]: n for n in await r.json()}
+
+    await cd.center.upsert(fault("n1", "80E18008", "SubHealthFault"))
+    cd.nodes.hello("n2", "10.0.0.2", "sn2", "boot")
+    first = await listed()
+    assert first["n1"]["health"] == SUB_HEALTHY and first["n2"]["node_ip"] == "10.0.0.2"
+    await cd.center.upsert(fault("n1", "80E18009", "SeparateNPU", dev=1))
+    cd.nodes.hello("n2", "10.0.0.9", "sn2", "boot")
+    cd.nodes.update("n2", conditions=[{"type": "Mem", "active": True, "reason": "r"}], status=SUB_HEALTHY)
+    now = await listed()
+    assert (now["n1"]["health"], now["n1"]["faults"]) == (UNHEALTHY, 2)
+    assert now["n2"]["node_ip"] == "10.0.0.9" and now["n2"]["node_status"] == SUB_HEALTHY
+    assert [c["type"] for c in now["n2"]["conditions"]] == ["Mem"]
+    cd.nodes.update("n2", conditions=[], replace=True)
+    await cd.center.remove(fault("n1", "80E18008", "SubHealthFault").key)
+    cd.nodes.set_stale("n1", "deviced", "Disconnected", 1)
+    last = await listed()
+    assert last["n2"]["conditions"] == [] and last["n1"]["faults"] == 1
+    assert last["n1"]["stale_agents"] == ["deviced"]
+    async with aiohttp.ClientSession() as s:  # each entry is what the node's own page says
+        for name, body in last.items():
+            async with s.get(f"http://127.0.0.1:{cd.http.port}/v1/nodes/{name}") as r:
+                own = await r.json()
+            assert body == {k: own[k] for k in body}

@@ -13,12 +13,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from clusterd.center import FaultCenter, fault_dict
 from clusterd.ingest.agents import AgentHub
+from clusterd.nodehealth import SortedNames, with_status
 from clusterd.nodes import NodeRegistry
 from faultmesh.httpd import json_response
+
+_OPTS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS  # as json_response writes
+
+
+def _dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj, option=_OPTS)
 
 
 class NodeApi:
@@ -28,6 +36,8 @@ class NodeApi:
         self.center = center
         self.nodes = nodes
         self.agents = agents
+        self._json: dict[str, tuple[tuple, bytes]] = {}  # node -> (its plain fields, its JSON)
+        self._sorted = SortedNames()
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         """Register ``/v1/faults``, ``/v1/nodes`` and ``/v1/nodes/{name}``."""
@@ -37,23 +47,32 @@ class NodeApi:
 
     def summary(self, name: str, agents: dict[str, list[str]] | None = None) -> dict[str, Any]:
         """One node's summary (health, worst level, faults, agents, conditions); ``agents`` (node ->
-        its connected agents, sorted) saves a pass over every stream when listing all nodes."""
+        its connected agents, sorted) saves a pass over every stream when listing all nodes. A node
+        without conditions, stale agents or pending sources (most of them) costs no pass over those."""
         if agents is None:
             agents = _agents_by_node(self.agents.connected())
         health, worst = self.nodes.health(name)
         st = self.nodes.get(name)
-        conditions = [c for c in st.conditions.values() if c.get("active")] if st else []
-        stale = self.nodes.stale_conditions(name)
+        if st is None:
+            conditions: list[dict[str, Any]] = []
+            stale: list[dict[str, Any]] = []
+            ip = status = ""
+            pending: list[str] = []
+        else:
+            conditions = [c for c in st.conditions.values() if c.get("active")] if st.conditions else []
+            stale = self.nodes.stale_conditions(name) if st.stale else []
+            pending = self.nodes.pending_sources(name) if st.pending else []
+            ip, status = st.node_ip, st.node_status
         return {
             "name": name,
             "health": health,
             "worst_level": worst,
-            "faults": len(self.center.faults_of_node(name)),
+            "faults": self.center.fault_count(name),
             "agents": agents.get(name, []),
-            "node_ip": st.node_ip if st else "",
-            "node_status": st.node_status if st else "",
-            "conditions": conditions + stale,
-            "pending_sources": self.nodes.pending_sources(name),
+            "node_ip": ip,
+            "node_status": status,
+            "conditions": conditions + stale if stale else conditions,
+            "pending_sources": pending,
             "stale_agents": [c["agent"] for c in stale],
         }
 
@@ -66,11 +85,35 @@ class NodeApi:
             items = [f for f in items if f.source == q["source"] or f.source.startswith(q["source"] + ":")]
         return json_response([fault_dict(f) for f in items])
 
-    async def list_nodes(self, request: web.Request) -> web.Response:
-        connected = self.agents.connected()
-        agents = _agents_by_node(connected)  # once per request: O(nodes), not O(nodes x streams)
+    def list_body(self) -> bytes:
+        """The ``/v1/nodes`` body: the JSON list of every node's :meth:`summary`, sorted by name (the
+        bytes ``json_response`` writes). A node's JSON is kept while its plain fields (health, worst
+        level, fault count, agents, address, status) stay the same and it has no conditions, stale
+        agents or pending sources; other nodes are written afresh each time."""
+        agents = _agents_by_node(self.agents.connected())  # once per request, not once per node
         names = self.nodes.all_names() | agents.keys()
-        return json_response([self.summary(n, agents) for n in sorted(names)])
+        if len(self._json) > len(names) + 1024:  # forgotten nodes: drop their JSON
+            self._json = {n: v for n, v in self._json.items() if n in names}
+        center_health, state_of, count_of = self.center.node_health, self.nodes.get, self.center.fault_count
+        cache, out = self._json, []
+        for n in self._sorted(names):
+            st = state_of(n)
+            if st is None:
+                ip = status = ""
+            elif st.conditions or st.stale or st.pending:
+                out.append(_dumps(self.summary(n, agents)))
+                continue
+            else:
+                ip, status = st.node_ip, st.node_status
+            key = (with_status(center_health(n), st), count_of(n), agents.get(n), ip, status)
+            got = cache.get(n)
+            if got is None or got[0] != key:
+                got = cache[n] = (key, _dumps(self.summary(n, agents)))
+            out.append(got[1])
+        return b"[" + b",".join(out) + b"]"
+
+    async def list_nodes(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.list_body(), content_type="application/json")
 
     async def node(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]

@@ -125,3 +125,12 @@ def test_many_paths_grow_storage():
     w.add([row(0, 0.0, 5.0, dst=str(i)) for i in range(1000)])
     r = w.evaluate(0)
     assert len(r.idx) == 1000 and len(w.keys) == 1000
+
+
+def test_a_row_of_the_wrong_shape_is_a_clear_error_and_adds_nothing():
+    w = PathWindow(P)
+    with pytest.raises(ValueError, match="10 fields"):
+        w.add([row(0), tuple(row(0))[:9]])
+    with pytest.raises(ValueError, match="10 fields"):
+        w.add([(*row(0), "extra")])
+    assert w.keys == [] and w.add([row(0)]) == {"accepted": 1}
