@@ -132,7 +132,7 @@ class ConfigMapPublisher:
             now = self.clock()
             wait = self.refresh_s - (now - self._last_write) if self._written_known else self.refresh_s
             try:
-                await wait_for(self._wake.wait(), timeout=max(0.05, wait))
+                await wait_for(self._wake.wait(), max(0.05, wait))
             except TimeoutError:
                 pass
             self._wake.clear()

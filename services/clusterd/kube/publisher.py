@@ -278,7 +278,7 @@ class ClusterInfoPublisher:
         self._dirty.set()
         while True:
             try:
-                await wait_for(self._dirty.wait(), timeout=max(0.05, a.kube_resync_s))
+                await wait_for(self._dirty.wait(), max(0.05, a.kube_resync_s))
             except TimeoutError:
                 pass
             self._dirty.clear()
