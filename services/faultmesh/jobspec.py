@@ -109,7 +109,9 @@ class Job:
     mindio_wait_s: int = 0
     created_ms: int = 0
     updated_ms: int = 0
-    extra: dict[str, str] = field(default_factory=dict, compare=False)
+    # PodGroup-only settings (clusterd.kube.podgroups: wait-reschedule-timeout, fault-retry-times).
+    # Compared (a change of only these re-applies the job), not hashed (a dict).
+    extra: dict[str, str] = field(default_factory=dict, hash=False)
 
     # -- derived views ---------------------------------------------------------------------------
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -70,6 +71,16 @@ def test_mindie_fields_round_trip():
     )
     assert parse_job(job.to_dict()) == job
     assert "jobID" not in parse_job(job_spec()).to_dict()  # a training job's JSON is unchanged
+
+
+def test_podgroup_extra_counts_in_job_equality():
+    """A job whose PodGroup-only settings (``extra``: wait-reschedule-timeout, ...) changed is a
+    changed job, so the registry applies it; ``extra`` is no part of the hash (a dict)."""
+    job = parse_job(job_spec())
+    a = dataclasses.replace(job, extra={"wait-reschedule-timeout": "60"})
+    b = dataclasses.replace(job, extra={"wait-reschedule-timeout": "90"})
+    assert a != b and a == dataclasses.replace(job, extra={"wait-reschedule-timeout": "60"})
+    assert hash(a) == hash(b)
 
 
 def test_yaml_documents_and_lists():

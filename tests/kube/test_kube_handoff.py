@@ -98,6 +98,15 @@ async def test_podgroup_settings_and_the_handoff_writes(k8s, kcd):
     assert "job-rescheduling" in job.rescheduling()
     assert job.extra.get("wait-reschedule-timeout") == "60" and job.extra.get("fault-retry-times") == "3"
     assert rejected(kcd, "bad_podgroup") >= 1  # "bogus" dropped, counted
+    # a PodGroup change of only wait-reschedule-timeout re-applies the job
+    await api.patch_custom(
+        pgs.GROUP, pgs.VERSION, NS, pgs.PLURAL, "llama-pg", {"metadata": {"annotations": {"wait-reschedule-timeout": "90"}}}
+    )  # fmt: skip
+    job = await until(
+        lambda: (j := kcd.jobs.get(UID)) is not None and j.extra.get("wait-reschedule-timeout") == "90" and j,
+        what="job with the new wait-reschedule-timeout",
+    )
+    assert job.extra.get("fault-retry-times") == "3" and job.recover_strategy == ("retry", "recover")
     # the user's reset-config (ClusterD updates it, never creates it)
     await api.create_config_map(
         NS,
