@@ -242,6 +242,7 @@ class ClusterD:
             jobs=self.brain.jobs,
             policy=self.separation.set_policy_text,
             decisions=self.brain.decision_log.listeners.append,
+            reports=self.brain.report_listeners.append,
             elector=elector,
         )
         if kube.enabled and kube.handoff is not None and ctx.config.kube_podgroups == "on":

@@ -8,6 +8,7 @@ import hashlib
 import json
 import time
 
+from brain.brainkit import Sims
 from kube.kubekit import job_pod, until
 
 from clusterd.brain.faultview import RankFault
@@ -266,3 +267,28 @@ async def test_in_place_split_sets_restart_fault_process(k8s, kcd):
         return doc if doc.get("RestartFaultProcess") else None
 
     await until(flagged, what="RestartFaultProcess=true")
+
+
+async def test_retry_report_labels_the_fault_pod_retry_fault(k8s, kcd):
+    """A ReportProcessFault whose ranks are all retry types decides nothing by itself (its ranks
+    become retry reports), yet the reference labels the reported rank's pod at the RPC:
+    ``fault-type=retry-fault`` (fault_recover_service.go ReportProcessFault / getFaultReason)."""
+    emu, api = k8s
+    await api._call(
+        "create pg", api.custom.create_namespaced_custom_object, pgs.GROUP, pgs.VERSION, NS, pgs.PLURAL,
+        podgroup({"process-recover-enable": "on"}, {"recover-strategy": "retry"}),
+    )  # fmt: skip
+    for p in (job_pod("llama-worker-0", "node-1", 0, [0, 1]), job_pod("llama-worker-1", "node-2", 1, [0, 1])):
+        await api._call("create pod", api.core.create_namespaced_pod, NS, p)
+    await until(lambda: (j := kcd.jobs.get(UID)) is not None and j.process_recover_enable == "on", what="job")
+    sims = Sims(f"127.0.0.1:{kcd.grpc_port}")
+    try:
+        sim = await sims.start(UID, stop="silent")  # the retry flow stays at stopTrain: the label stays
+        assert await sim.report_process_fault([("2", "0")]) == 0  # rank 2: node-2's pod, a UCE retry
+        await until(
+            lambda: _eq(pod_labels(api, "llama-worker-1"), "fault-type", "retry-fault"),
+            what="retry-fault pod label",
+        )
+        assert "fault-type" not in await pod_labels(api, "llama-worker-0")
+    finally:
+        await sims.close()

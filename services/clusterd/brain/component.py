@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -147,6 +148,9 @@ class BrainComponent(FaultIntake):
         self._subhealth_seen: dict[str, set[tuple[int, str]]] = {}
         self._unregistered_seen: dict[str, set[tuple[int, str]]] = {}
         self.retry_reports = RetryReports()  # business-plane retry reports (the retry processor)
+        # called with (job id, reported rank faults, fault reason) on each ReportProcessFault with
+        # known ranks (the Kubernetes hand-off's fault-pod labels); must not wait
+        self.report_listeners: list[Callable[[str, list[RankFault], str], None]] = []
         self.platform = PlatformAnnotations(ctx.store, ctx.tasks.spawn)  # platform mode's annotations
         self.decision_log.listeners.append(self.platform.on_decision)
         self.m_signals = Counter(
