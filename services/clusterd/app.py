@@ -256,6 +256,7 @@ class ClusterD:
         slownet = SlowNetComponent(ctx, kube)  # kube: its leader election gates slownet's ConfigMap writes
         kube.control.attach(slownode, self.brain.datatrace, slownet_topology(slownet))  # control ConfigMaps
         self.components = [self.pubfault, kube, self.brain, self.separation, slownode, slownet]
+        self._kube_control = kube.control
         self.components.append(HistoryComponent(ctx))
         self.grpc_port = 0
         self._server: grpc.aio.Server | None = None
@@ -291,6 +292,7 @@ class ClusterD:
         ctx.center.start_sinks(ctx.tasks.spawn)
         for c in self.components:
             await c.start()
+        self._kube_control.consumers_started.set()  # slow-node jobs resumed: stale ones may stop now
         await ctx.http.start()
         server = grpc.aio.server(
             options=server_options(
