@@ -108,6 +108,28 @@ def _super_pods(items: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def _fault_of(args: argparse.Namespace, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The fault an ``inject`` command line names: its kind, the given ``keys`` and ``delay_us``."""
+    f: dict[str, Any] = {"kind": args.kind}
+    for k in keys:
+        if getattr(args, k) is not None:
+            f[k] = getattr(args, k)
+    if args.delay_us is not None:
+        f["delay_us"] = args.delay_us
+    return f
+
+
+def _edit_faults(path: str, write, fault: dict[str, Any] | None) -> None:
+    """Add ``fault`` to the file's faults (None: clear them), written back with ``write`` (which
+    validates first: a bad edit raises :class:`FabricError` and leaves the file as it was)."""
+    spec = read_spec(path)
+    if fault is None:
+        spec["faults"] = []
+    else:
+        spec.setdefault("faults", []).append(fault)
+    write(path, spec)
+
+
 def _roce(args: argparse.Namespace) -> None:
     """The ``roce`` commands (module doc). Raises :class:`FabricError`."""
     if args.roce_cmd == "init":
@@ -122,19 +144,9 @@ def _roce(args: argparse.Namespace) -> None:
             spec["jitter_model"] = args.jitter_model
         write_roce_file(args.file, spec)
     elif args.roce_cmd == "inject":
-        spec = read_spec(args.file)
-        f: dict[str, Any] = {"kind": args.kind}
-        for k in ("node", "a", "b", "loss", "super_pod"):
-            if getattr(args, k) is not None:
-                f[k] = getattr(args, k)
-        if args.delay_us is not None:
-            f["delay_us"] = args.delay_us
-        spec.setdefault("faults", []).append(f)
-        write_roce_file(args.file, spec)
+        _edit_faults(args.file, write_roce_file, _fault_of(args, ("node", "a", "b", "loss", "super_pod")))
     elif args.roce_cmd == "clear":
-        spec = read_spec(args.file)
-        spec["faults"] = []
-        write_roce_file(args.file, spec)
+        _edit_faults(args.file, write_roce_file, None)
     elif args.roce_cmd == "topology":
         print(
             json.dumps([sp.to_json_obj() for sp in RoceFabric(read_spec(args.file)).super_pods()], indent=1)
@@ -234,19 +246,13 @@ def main(argv: list[str] | None = None) -> int:
             }
             write_fabric_file(args.file, spec)
         elif args.cmd == "inject":
-            spec = read_spec(args.file)
-            f: dict[str, Any] = {"kind": args.kind}
-            for k in ("node", "phy", "a", "b", "loss", "plane", "id"):
-                if getattr(args, k) is not None:
-                    f[k] = getattr(args, k)
-            if args.delay_us is not None:
-                f["delay_us"] = args.delay_us
-            spec.setdefault("faults", []).append(f)
-            write_fabric_file(args.file, spec)
+            _edit_faults(
+                args.file,
+                write_fabric_file,
+                _fault_of(args, ("node", "phy", "a", "b", "loss", "plane", "id")),
+            )
         elif args.cmd == "clear":
-            spec = read_spec(args.file)
-            spec["faults"] = []
-            write_fabric_file(args.file, spec)
+            _edit_faults(args.file, write_fabric_file, None)
         elif args.cmd == "topology":
             print(json.dumps(Fabric.from_file(args.file).sp.to_json_obj(), indent=1))
         else:
