@@ -246,3 +246,89 @@ async def eventually(pred, timeout_s: float = 15.0, what: str = "condition", eve
             return got
         await asyncio.sleep(every_s)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+# -- `faultmesh up` (tests/demo) ---------------------------------------------------------------------
+def start_up(run_dir: Path, *args: str):
+    """``python -m faultmesh up --run-dir RUN_DIR ARGS...`` in its own session, stdout and stderr
+    merged into ``proc.stdout`` (text). Stop it with :func:`up_stopped`."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "faultmesh", "up", "--run-dir", str(run_dir), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def up_pids(run_dir: Path, module: str | None = None) -> list[int]:
+    """The processes ``faultmesh up`` started for ``run_dir`` (they carry
+    ``FAULTMESH_DEMO_RUN_DIR=<run_dir>`` in their environment); with ``module`` only those that have
+    it as one argument of their command line (``noded``, ...)."""
+    mark = f"FAULTMESH_DEMO_RUN_DIR={run_dir}".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if mark in (d / "environ").read_bytes().split(b"\0") and (
+                    module is None or module.encode() in (d / "cmdline").read_bytes().split(b"\0")
+                ):
+                    out.append(int(d.name))
+            except OSError:
+                continue
+    return out
+
+
+def read_until(proc, lines: list[str], text: str, timeout_s: float) -> str:
+    """Read ``proc.stdout`` into ``lines`` until a line holds ``text`` (or ``timeout_s`` passed at a
+    line); returns all read so far. Raises ``AssertionError`` (with the output) when ``text`` never came."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if text in line or time.monotonic() > deadline:
+            break
+    out = "".join(lines)
+    assert text in out, out
+    return out
+
+
+def up_stopped(proc) -> None:
+    """Kill ``proc``'s whole session if it still runs (a test's ``finally``: nothing outlives it)."""
+    import signal
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+# -- the agent stream, raw (tests/clusterd) -----------------------------------------------------------
+async def agent_stream(port: int, messages, quiet_s: float = 1.0) -> tuple[list, bool]:
+    """Send ``messages`` (``AgentMessage``) on one ``AgentStream/Connect`` to clusterd's gRPC port;
+    returns (the ``ControlMessage`` replies read until the server is quiet for ``quiet_s`` seconds,
+    whether the server ended the stream)."""
+    import asyncio
+
+    import grpc
+
+    from faultmesh._pb import agent_pb2_grpc
+
+    out = []
+    ended = False
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        call = agent_pb2_grpc.AgentStreamStub(ch).Connect()
+        for m in messages:
+            await call.write(m)
+        while True:
+            try:
+                msg = await asyncio.wait_for(call.read(), quiet_s)
+            except TimeoutError:
+                break
+            if msg is grpc.aio.EOF:
+                ended = True
+                break
+            out.append(msg)
+        call.cancel()
+    return out, ended

@@ -242,6 +242,7 @@ class ClusterD:
             jobs=self.brain.jobs,
             policy=self.separation.set_policy_text,
             decisions=self.brain.decision_log.listeners.append,
+            reports=self.brain.report_listeners.append,
             elector=elector,
         )
         if kube.enabled and kube.handoff is not None and ctx.config.kube_podgroups == "on":
@@ -255,6 +256,7 @@ class ClusterD:
         slownet = SlowNetComponent(ctx, kube)  # kube: its leader election gates slownet's ConfigMap writes
         kube.control.attach(slownode, self.brain.datatrace, slownet_topology(slownet))  # control ConfigMaps
         self.components = [self.pubfault, kube, self.brain, self.separation, slownode, slownet]
+        self._kube_control = kube.control
         self.components.append(HistoryComponent(ctx))
         self.grpc_port = 0
         self._server: grpc.aio.Server | None = None
@@ -290,6 +292,7 @@ class ClusterD:
         ctx.center.start_sinks(ctx.tasks.spawn)
         for c in self.components:
             await c.start()
+        self._kube_control.consumers_started.set()  # slow-node jobs resumed: stale ones may stop now
         await ctx.http.start()
         server = grpc.aio.server(
             options=server_options(

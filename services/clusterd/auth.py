@@ -25,6 +25,7 @@ from collections.abc import Iterable
 import grpc
 from prometheus_client import Counter
 
+from clusterd.api.refuse import refusing
 from faultmesh.config import read_secret
 from faultmesh.httpd import DENIED, OPEN_HTTP_METHODS, bearer_middleware  # noqa: F401 - re-exported
 from faultmesh.log import RateLimitedLog
@@ -117,26 +118,9 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         ):
             return handler
         auth = self._auth
-
-        async def deny(context) -> None:
-            auth.deny(service, method=method, peer=context.peer())
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, DENIED)
-
-        async def unary(request, context):
-            await deny(context)
-
-        async def streaming(request, context):
-            await deny(context)
-            yield  # pragma: no cover — abort raises
-
-        kw = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(unary, **kw)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(streaming, **kw)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(unary, **kw)
-        return grpc.stream_stream_rpc_method_handler(streaming, **kw)
+        return refusing(
+            handler,
+            grpc.StatusCode.UNAUTHENTICATED,
+            DENIED,
+            lambda context: auth.deny(service, method=method, peer=context.peer()),
+        )

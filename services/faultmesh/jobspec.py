@@ -109,7 +109,9 @@ class Job:
     mindio_wait_s: int = 0
     created_ms: int = 0
     updated_ms: int = 0
-    extra: dict[str, str] = field(default_factory=dict, compare=False)
+    # PodGroup-only settings (clusterd.kube.podgroups: wait-reschedule-timeout, fault-retry-times).
+    # Compared (a change of only these re-applies the job), not hashed (a dict).
+    extra: dict[str, str] = field(default_factory=dict, hash=False)
 
     # -- derived views ---------------------------------------------------------------------------
     @property
@@ -221,6 +223,7 @@ class Job:
                 if self.pods
                 else {}
             ),
+            **({"extra": dict(self.extra)} if self.extra else {}),
             "created_ms": self.created_ms,
             "updated_ms": self.updated_ms,
         }
@@ -416,6 +419,16 @@ def parse_jobs(items: Iterable[Any]) -> list[Job]:
 
 
 def job_from_store(d: dict[str, Any]) -> Job:
-    """Rebuild a stored job (its :meth:`Job.to_dict`) keeping its times."""
+    """Rebuild a stored job (its :meth:`Job.to_dict`) keeping its times and its ``extra`` (the
+    PodGroup-only settings, so that a restarted clusterd's first Kubernetes sync finds the job
+    unchanged). Raises :class:`JobSpecError`."""
     job = parse_job(d)
-    return replace(job, created_ms=int(d.get("created_ms", 0)), updated_ms=int(d.get("updated_ms", 0)))
+    extra = d.get("extra") or {}
+    if not isinstance(extra, dict):
+        raise JobSpecError("extra must be an object")
+    return replace(
+        job,
+        created_ms=int(d.get("created_ms", 0)),
+        updated_ms=int(d.get("updated_ms", 0)),
+        extra={str(k): str(v) for k, v in extra.items()},
+    )

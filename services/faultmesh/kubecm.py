@@ -12,7 +12,8 @@ writes:
   ignores 404;
 - a failed write is retried with :class:`faultmesh.retry.Backoff` (``retry_s`` .. ``retry_max_s``)
   until it succeeds or a newer document replaces it; each failure is logged once per outage and
-  counted in ``faultmesh_kube_writes_total{configmap,result}``.
+  counted in ``faultmesh_kube_writes_total{kind="configmap",result}`` (the label set of clusterd's
+  series of that name; an agent writes one ConfigMap, named in its log lines).
 
 Used by noded's node-info sink and deviced's device-info sink; nothing here knows the documents.
 
@@ -72,8 +73,8 @@ class ConfigMapPublisher:
         self.clock = clock
         self.writes = Counter(
             "faultmesh_kube_writes",
-            "ConfigMap writes of this agent, by result (ok, error)",
-            ["configmap", "result"],
+            "ConfigMap writes of this agent, by result (ok, error); kind is always configmap",
+            ["kind", "result"],
             registry=registry,
         )
         self._desired: Data | None = None
@@ -119,9 +120,9 @@ class ConfigMapPublisher:
             else:
                 await self.api.upsert_config_map(self.namespace, self.name, want, self.labels)
         except KubeError:
-            self.writes.labels(self.name, "error").inc()
+            self.writes.labels("configmap", "error").inc()
             raise
-        self.writes.labels(self.name, "ok").inc()
+        self.writes.labels("configmap", "ok").inc()
         self._written, self._written_known = want, True
         self._last_write = self.clock()
         return True

@@ -190,6 +190,15 @@ async def wait_state(cd, state: str, job_id: str = JOB, timeout_s: float = 5.0) 
             await asyncio.sleep(0.01)
 
 
+async def stuck_at_stop_complete(cd, sims):
+    """An applied job's recovery stuck: a trainsim that never reports stop-complete, an NPU fault,
+    the controller waiting in ``WaitReportStopComplete``. Returns the controller."""
+    await sims.start(stop="silent")
+    await cd.center.upsert(npu_fault())
+    await wait_state(cd, "WaitReportStopComplete")
+    return cd.brain.controllers[JOB]
+
+
 async def vanish_in(cd, sim, state: str, job_id: str = JOB):
     """The training side disappears while the controller is in ``state``: the controller must reset
     to INIT with no flow left. Returns the controller."""

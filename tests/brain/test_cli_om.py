@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
@@ -73,17 +74,30 @@ async def test_trainsim_refused_init_is_a_clear_error(cd):
     assert rc == 1 and "Init: code 502" in err
 
 
-async def test_cli_switch_nic_happy_and_failed(cd, tmp_path):
+@contextlib.asynccontextmanager
+async def happy_then_failed(
+    cd, tmp_path, happy: list[str], finish: str, fail_flags: list[str], failed: list[str]
+):
+    """An O&M command (``happy``) against a trainsim: exit 0 and ``finish`` printed; then ``failed``
+    against a trainsim started with ``fail_flags``: exit 1. Yields that run's JSON outcome while
+    the failing trainsim still runs."""
     await apply(cd)
     async with TrainsimProcess(cd, tmp_path):
-        rc, out, err = await run_cli(
-            cd, "switch-nic", "--job-id", JOB, "--nic", "node-b:0=on", "--nic", "node-b:1=on"
-        )
+        rc, out, err = await run_cli(cd, *happy)
         assert rc == 0, err
-        assert "switch nic finish" in out
-    async with TrainsimProcess(cd, tmp_path, "--switch", "fail"):
-        rc, out, err = await run_cli(cd, "switch-nic", "--job-id", JOB, "--nic", "node-a:1=off", "-o", "json")
-        assert rc == 1 and json.loads(out)["result"] == "switch nic failed, switch nic failed"
+        assert finish in out
+    async with TrainsimProcess(cd, tmp_path, *fail_flags):
+        rc, out, err = await run_cli(cd, *failed, "-o", "json")
+        assert rc == 1, err
+        yield json.loads(out)
+
+
+async def test_cli_switch_nic_happy_and_failed(cd, tmp_path):
+    async with happy_then_failed(
+        cd, tmp_path, ["switch-nic", "--job-id", JOB, "--nic", "node-b:0=on", "--nic", "node-b:1=on"],
+        "switch nic finish", ["--switch", "fail"], ["switch-nic", "--job-id", JOB, "--nic", "node-a:1=off"],
+    ) as outcome:  # fmt: skip
+        assert outcome["result"] == "switch nic failed, switch nic failed"
         await wait_decision(cd, "recover-success", timeout_s=15)
 
 
@@ -96,18 +110,11 @@ async def test_cli_switch_nic_bad_arguments(cd):
 
 
 async def test_cli_stress_test_happy_isolate_and_bad_ops(cd, tmp_path):
-    await apply(cd)
-    async with TrainsimProcess(cd, tmp_path):
-        rc, out, err = await run_cli(
-            cd, "stress-test", "--job-id", JOB, "--ops", "aic,p2p", "--node", "node-a"
-        )
-        assert rc == 0, err
-        assert "stress test finish" in out
-    async with TrainsimProcess(cd, tmp_path, "--stress-rank-code", "3=2"):
-        rc, out, err = await run_cli(cd, "stress-test", "--job-id", JOB, "-o", "json")
-        assert rc == 1 and json.loads(out)["result"].startswith(
-            "stress test find fault, isolate node:['node-b'],result:{"
-        )
+    async with happy_then_failed(
+        cd, tmp_path, ["stress-test", "--job-id", JOB, "--ops", "aic,p2p", "--node", "node-a"],
+        "stress test finish", ["--stress-rank-code", "3=2"], ["stress-test", "--job-id", JOB],
+    ) as outcome:  # fmt: skip
+        assert outcome["result"].startswith("stress test find fault, isolate node:['node-b'],result:{")
     rc, out, err = await run_cli(cd, "stress-test", "--job-id", JOB, "--ops", "aic,aic")
     assert rc == 2 and "repeats an op" in err
     rc, out, err = await run_cli(cd, "stress-test", "--job-id", JOB, "--ops", "hbm")
@@ -146,7 +153,7 @@ async def test_cli_bad_flags_and_unreachable(cd):
 
 async def test_cli_jobs_reset_needs_the_token_and_clears_a_stuck_flow(tmp_path):
     """``faultmesh jobs reset JOB [--reevaluate]``: the operator undo through the authenticated API."""
-    from brain.brainkit import FAST, Sims, decisions
+    from brain.brainkit import FAST, Sims, decisions, stuck_at_stop_complete
     from support import make_clusterd
 
     token = tmp_path / "token"
@@ -156,12 +163,7 @@ async def test_cli_jobs_reset_needs_the_token_and_clears_a_stuck_flow(tmp_path):
     sims = Sims(f"127.0.0.1:{cd.grpc_port}", token="s3cret")
     try:
         await apply(cd)
-        await sims.start(stop="silent")  # the flow waits for ReportStopComplete
-        await cd.center.upsert(npu_fault())
-        ctl = cd.brain.controllers[JOB]
-        async with asyncio.timeout(5):
-            while ctl.state != "WaitReportStopComplete":
-                await asyncio.sleep(0.02)
+        ctl = await stuck_at_stop_complete(cd, sims)
         rc, out, err = await run_cli(cd, "jobs", "reset", JOB)
         assert rc == 5 and "bearer token required" in err  # mutating: refused without the token
         assert ctl.state == "WaitReportStopComplete"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from brain.brainkit import apply, job_spec, npu_fault
 from clusterd.brain.faultview import job_health, job_rank_faults
 from clusterd.brain.jobs import JobSpecError, parse_job, parse_jobs_text
 from faultmesh.agent import AgentClient
+from faultmesh.jobspec import job_from_store
 from faultmesh.model import Fault
 
 
@@ -70,6 +72,18 @@ def test_mindie_fields_round_trip():
     )
     assert parse_job(job.to_dict()) == job
     assert "jobID" not in parse_job(job_spec()).to_dict()  # a training job's JSON is unchanged
+
+
+def test_podgroup_extra_counts_in_job_equality():
+    """A job whose PodGroup-only settings (``extra``: wait-reschedule-timeout, ...) changed is a
+    changed job, so the registry applies it; ``extra`` is no part of the hash (a dict)."""
+    job = parse_job(job_spec())
+    a = dataclasses.replace(job, extra={"wait-reschedule-timeout": "60"})
+    b = dataclasses.replace(job, extra={"wait-reschedule-timeout": "90"})
+    assert a != b and a == dataclasses.replace(job, extra={"wait-reschedule-timeout": "60"})
+    assert hash(a) == hash(b)
+    # kept in the store, so a restart's first Kubernetes sync finds the job unchanged
+    assert job_from_store(a.to_dict()) == a and job_from_store(job.to_dict()).extra == {}
 
 
 def test_yaml_documents_and_lists():

@@ -6,7 +6,16 @@ import asyncio
 import json
 
 import grpc
-from brain.brainkit import JOB, apply, decisions, npu_fault, signals, wait_decision, wait_idle
+from brain.brainkit import (
+    JOB,
+    apply,
+    decisions,
+    npu_fault,
+    signals,
+    stuck_at_stop_complete,
+    wait_decision,
+    wait_idle,
+)
 
 from faultmesh._pb import recover_pb2 as pb
 from faultmesh._pb import recover_pb2_grpc
@@ -378,12 +387,7 @@ async def test_operator_reset_clears_a_stuck_flow_and_can_reevaluate(cd, sims):
     import urllib.request
 
     await apply(cd)
-    await sims.start(stop="silent")  # the flow waits for ReportStopComplete
-    await cd.center.upsert(npu_fault())
-    ctl = cd.brain.controllers[JOB]
-    async with asyncio.timeout(5):
-        while ctl.state != "WaitReportStopComplete":
-            await asyncio.sleep(0.02)
+    ctl = await stuck_at_stop_complete(cd, sims)
     url = f"http://{cd.http.host}:{cd.http.port}/v1/jobs/{JOB}/recovery/reset"
 
     def post(body: bytes) -> dict:

@@ -117,18 +117,23 @@ async def scrape_all(tmp_path: Path, kmock) -> dict[str, str]:
                 "--state-dir", str(tmp_path / "state"), "--kube", "--kube-api", str(srv.url).rstrip("/"),
                 "--kube-min-write-s", "0.05", log=tmp_path / "clusterd.log",
             ),
-            await _spawn(
-                "noded", "--node-name", "node-1", "--clusterd", grpc_addr, "--http-addr", urls["noded"],
-                "--pingmesh-backend", "off", log=tmp_path / "noded.log",
-            ),
-            await _spawn(
-                "deviced", "--node-name", "node-1", "--clusterd", grpc_addr, "--backend", "sim",
-                "--http-addr", urls["deviced"], log=tmp_path / "deviced.log",
-            ),
         ]
-        # fmt: on
         try:
             async with aiohttp.ClientSession() as session:
+                # the agents start once clusterd serves: started with it, they back off (0.5 s
+                # doubling) through its start-up and connected seconds after it was ready
+                await _scrape(session, f"http://{urls['clusterd']}/readyz")
+                procs += [
+                    await _spawn(
+                        "noded", "--node-name", "node-1", "--clusterd", grpc_addr, "--http-addr", urls["noded"],
+                        "--pingmesh-backend", "off", log=tmp_path / "noded.log",
+                    ),
+                    await _spawn(
+                        "deviced", "--node-name", "node-1", "--clusterd", grpc_addr, "--backend", "sim",
+                        "--http-addr", urls["deviced"], log=tmp_path / "deviced.log",
+                    ),
+                ]
+                # fmt: on
                 return {
                     "clusterd": await _scrape(
                         session,

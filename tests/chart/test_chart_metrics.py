@@ -70,3 +70,17 @@ def test_docs_name_every_exported_series(scrapes):
     for name, text in scrapes.items():
         missing = {m for m in metric_names(text) if m not in documented and m + "_total" not in documented}
         assert not missing, f"docs/metrics.md does not name {name}'s {sorted(missing)}"
+
+
+def test_docs_give_one_series_name_one_label_set():
+    """A series name is one label set, whichever daemon exports it (Prometheus aggregates by name:
+    ``faultmesh_kube_writes_total`` was ``{kind,result}`` in clusterd and ``{configmap,result}`` in
+    the agents). Read from the tables of docs/metrics.md, which name every exported series."""
+    seen: dict[str, tuple[str, str]] = {}
+    row = re.compile(r"^\|\s*(`[^|]+`)\s*\|\s*[a-z]+\s*\|\s*([^|]*)\|", re.M)
+    for names, labels in row.findall(DOCS.read_text()):
+        got = ",".join(sorted(x.strip() for x in labels.split(",") if x.strip()))
+        for name in re.findall(r"`((?:faultmesh|process)_[a-z_]+)", names):
+            first = seen.setdefault(name, (got, names))
+            assert first[0] == got, f"{name}: labels {{{first[0]}}} and {{{got}}} in docs/metrics.md"
+    assert seen["faultmesh_kube_writes_total"][0] == "kind,result"

@@ -2,33 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 import pytest
+from support import agent_stream
 
 from clusterd.ingest import agentinput
 from clusterd.ingest import agents as agents_mod
-from faultmesh._pb import agent_pb2, agent_pb2_grpc
+from faultmesh._pb import agent_pb2
 
 
 async def raw_stream(port: int, messages) -> list[agent_pb2.ControlMessage]:
     """Send ``messages`` on one stream; what comes back until the server is quiet for 1 s."""
-    out = []
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-        call = agent_pb2_grpc.AgentStreamStub(ch).Connect()
-        for m in messages:
-            await call.write(m)
-        while True:
-            try:
-                msg = await asyncio.wait_for(call.read(), 1.0)
-            except TimeoutError:
-                break
-            if msg is grpc.aio.EOF:
-                break
-            out.append(msg)
-        call.cancel()
-    return out
+    return (await agent_stream(port, messages))[0]
 
 
 def _hello(agent: str = "noded") -> agent_pb2.AgentMessage:

@@ -8,13 +8,10 @@ node with its last agent (views, metrics, the stored state); it comes back clean
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
-import grpc
-from support import make_clusterd
+from support import agent_stream, eventually, make_clusterd
 
-from faultmesh._pb import agent_pb2, agent_pb2_grpc
+from faultmesh._pb import agent_pb2
 from faultmesh.agent import AgentClient
 from faultmesh.model import Fault
 
@@ -39,24 +36,8 @@ def _delta(seq: int, *ups, removals=()) -> agent_pb2.AgentMessage:
 
 async def stream(port: int, messages) -> tuple[dict[int, str], bool]:
     """Send ``messages``; (seq -> ack error, whether the server ended the stream)."""
-    acks: dict[int, str] = {}
-    ended = False
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-        call = agent_pb2_grpc.AgentStreamStub(ch).Connect()
-        for m in messages:
-            await call.write(m)
-        while True:
-            try:
-                msg = await asyncio.wait_for(call.read(), 1.0)
-            except TimeoutError:
-                break
-            if msg is grpc.aio.EOF:
-                ended = True
-                break
-            if msg.WhichOneof("body") == "ack":
-                acks[msg.ack.seq] = msg.ack.error
-        call.cancel()
-    return acks, ended
+    replies, ended = await agent_stream(port, messages)
+    return {m.ack.seq: m.ack.error for m in replies if m.WhichOneof("body") == "ack"}, ended
 
 
 def hw(code: str, dev: int = 1, node: str = "node-1", source: str = "bmc-oem") -> Fault:
@@ -70,14 +51,6 @@ def rejected(cd, reason: str) -> float:
         )
         or 0.0
     )
-
-
-async def eventually(pred, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not pred():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.05)
 
 
 def codes(cd, node: str = "node-1") -> list[str]:

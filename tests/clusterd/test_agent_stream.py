@@ -6,7 +6,7 @@ import asyncio
 
 import grpc
 import pytest
-from support import make_clusterd
+from support import eventually, make_clusterd
 
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
 from faultmesh.agent import AgentClient
@@ -15,14 +15,6 @@ from faultmesh.model import Fault
 
 def hw(code: str, dev: int = 0, level: str = "SeparateFault", source: str = "bmc-oem") -> Fault:
     return Fault(source=source, node="node-1", device_type="Memory", device_id=dev, code=code, level=level)
-
-
-async def eventually(pred, timeout_s: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not pred():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.05)
 
 
 async def test_snapshot_deltas_and_recover_reach_the_fault_center(cd):

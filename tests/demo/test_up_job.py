@@ -4,32 +4,17 @@ Ctrl-C leaves no process behind (the job's rank processes included)."""
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
+from support import read_until, start_up, up_pids, up_stopped
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(280)]
 pytest.importorskip("torch", reason="the example job needs faultmesh[torch]")
-
-
-def _marked(run_dir: Path) -> list[int]:
-    mark = f"FAULTMESH_DEMO_RUN_DIR={run_dir}".encode()
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if mark in (d / "environ").read_bytes().split(b"\0"):
-                    pids.append(int(d.name))
-            except OSError:
-                continue
-    return pids
 
 
 def _try_lines(out: str) -> list[str]:
@@ -53,20 +38,10 @@ def _faultmesh(cmd: str, timeout_s: float = 90) -> subprocess.CompletedProcess:
 
 def test_up_with_job_prints_cli_commands_that_work(tmp_path):
     run_dir = tmp_path / "up"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "faultmesh", "up", "--run-dir", str(run_dir), "--servers", "2",
-         "--bmc-poll", "1", "--with-job"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+    proc = start_up(run_dir, "--servers", "2", "--bmc-poll", "1", "--with-job")
     lines: list[str] = []
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 150
-        for line in proc.stdout:
-            lines.append(line)
-            if "stack running" in line or time.monotonic() > deadline:
-                break
-        out = "".join(lines)
+        out = read_until(proc, lines, "stack running", 150)
         assert "stack running; Ctrl-C stops every process" in out, out
         assert "JOB PyTorch job started: 4 gloo ranks" in out, out
         assert "demo-job registered with clusterd's Recover service" in out, out
@@ -87,11 +62,9 @@ def test_up_with_job_prints_cli_commands_that_work(tmp_path):
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        up_stopped(proc)
     assert proc.returncode == 0, "".join(lines) + rest
-    assert _marked(run_dir) == []
+    assert up_pids(run_dir) == []
 
 
 def test_up_with_job_needs_two_servers():

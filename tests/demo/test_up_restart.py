@@ -7,42 +7,13 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
+from support import read_until, start_up, up_pids, up_stopped, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
-
-
-def _pids(run_dir: Path, module: str) -> list[int]:
-    mark = f"FAULTMESH_DEMO_RUN_DIR={run_dir}".encode()
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if mark in (d / "environ").read_bytes().split(b"\0") and module.encode() in (
-                    d / "cmdline"
-                ).read_bytes().split(b"\0"):
-                    out.append(int(d.name))
-            except OSError:
-                continue
-    return out
-
-
-def _read_until(proc, lines: list[str], text: str, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        if text in line or time.monotonic() > deadline:
-            break
-    out = "".join(lines)
-    assert text in out, out
-    return out
 
 
 def _agents(http: str) -> set[str]:
@@ -52,22 +23,19 @@ def _agents(http: str) -> set[str]:
 
 def test_a_crashed_agent_is_restarted(tmp_path):
     run_dir = tmp_path / "up"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "faultmesh", "up", "--run-dir", str(run_dir), "--servers", "1",
-         "--restart-initial-s", "0.5", "--supervise-s", "0.2"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+    proc = start_up(run_dir, "--servers", "1", "--restart-initial-s", "0.5", "--supervise-s", "0.2")
     lines: list[str] = []
     try:
-        out = _read_until(proc, lines, "stack running", 100)
+        out = read_until(proc, lines, "stack running", 100)
         http = re.search(r"clusterd HTTP views : http://([0-9.:]+)/v1/faults", out).group(1)
-        (old,) = _pids(run_dir, "noded")
+        (old,) = up_pids(run_dir, "noded")
         os.kill(old, signal.SIGKILL)  # an agent crash
-        out = _read_until(proc, lines, "process restarted: noded-1", 30)
+        out = read_until(proc, lines, "process restarted: noded-1", 30)
         assert re.search(r"process exited: noded-1 \(exit -9, .*noded-1.log\); restarting in 0\.5 s", out), (
             out
         )
-        (new,) = _pids(run_dir, "noded")
+        # the supervisor says "restarted" as it spawns: the new process may not have exec'd yet
+        (new,) = wait_for(lambda: up_pids(run_dir, "noded"), "the restarted noded's process", 10)
         assert new != old
         deadline = time.monotonic() + 30
         while "noded" not in _agents(http):  # the new noded connects again
@@ -76,9 +44,7 @@ def test_a_crashed_agent_is_restarted(tmp_path):
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=40)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        up_stopped(proc)
     assert proc.returncode == 0, "".join(lines) + rest
     assert "stopped 4 processes" in rest  # clusterd, bmc-sim, noded (the restarted one), deviced
-    assert _pids(run_dir, "noded") == []
+    assert up_pids(run_dir, "noded") == []

@@ -12,6 +12,7 @@ import json
 import pytest
 from kube.kubekit import until
 from kube.test_kube_formats import NODE_INFO_CHECK, NODE_INFO_JSON
+from prometheus_client import CollectorRegistry
 from support import free_port
 
 from deviced.app import DeviceD
@@ -165,9 +166,11 @@ class FakeApi:
 async def test_unchanged_documents_wait_for_the_refresh_and_failures_retry():
     t = [0.0]
     api = FakeApi()
+    registry = CollectorRegistry()
     p = ConfigMapPublisher(
-        api, "ns", "cm", {}, refresh_s=1800, min_interval_s=0, same=kube_nodeinfo.same, clock=lambda: t[0]
-    )
+        api, "ns", "cm", {}, registry, refresh_s=1800, min_interval_s=0, same=kube_nodeinfo.same,
+        clock=lambda: t[0],
+    )  # fmt: skip
     info = json.loads(NODE_INFO_JSON)
     doc = lambda i, when: {"NodeInfo": json.dumps({"NodeInfo": i, "CheckCode": "x"}), "updateTime": when}  # noqa: E731
     p.offer(doc(info, "a"))
@@ -189,6 +192,11 @@ async def test_unchanged_documents_wait_for_the_refresh_and_failures_retry():
     p.offer(None)
     assert await p.write_once() and api.calls[-1] == ("delete", None)  # 404 on delete is fine
     assert not await p.write_once()
+    # counted under clusterd's label set of the same series name (kind, result)
+    writes = lambda result: registry.get_sample_value(  # noqa: E731
+        "faultmesh_kube_writes_total", {"kind": "configmap", "result": result}
+    )
+    assert (writes("ok"), writes("error")) == (4.0, 1.0)
 
 
 def test_device_info_change_check_ignores_times():

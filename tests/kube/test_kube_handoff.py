@@ -8,6 +8,7 @@ import hashlib
 import json
 import time
 
+from brain.brainkit import Sims
 from kube.kubekit import job_pod, until
 
 from clusterd.brain.faultview import RankFault
@@ -98,6 +99,15 @@ async def test_podgroup_settings_and_the_handoff_writes(k8s, kcd):
     assert "job-rescheduling" in job.rescheduling()
     assert job.extra.get("wait-reschedule-timeout") == "60" and job.extra.get("fault-retry-times") == "3"
     assert rejected(kcd, "bad_podgroup") >= 1  # "bogus" dropped, counted
+    # a PodGroup change of only wait-reschedule-timeout re-applies the job
+    await api.patch_custom(
+        pgs.GROUP, pgs.VERSION, NS, pgs.PLURAL, "llama-pg", {"metadata": {"annotations": {"wait-reschedule-timeout": "90"}}}
+    )  # fmt: skip
+    job = await until(
+        lambda: (j := kcd.jobs.get(UID)) is not None and j.extra.get("wait-reschedule-timeout") == "90" and j,
+        what="job with the new wait-reschedule-timeout",
+    )
+    assert job.extra.get("fault-retry-times") == "3" and job.recover_strategy == ("retry", "recover")
     # the user's reset-config (ClusterD updates it, never creates it)
     await api.create_config_map(
         NS,
@@ -257,3 +267,28 @@ async def test_in_place_split_sets_restart_fault_process(k8s, kcd):
         return doc if doc.get("RestartFaultProcess") else None
 
     await until(flagged, what="RestartFaultProcess=true")
+
+
+async def test_retry_report_labels_the_fault_pod_retry_fault(k8s, kcd):
+    """A ReportProcessFault whose ranks are all retry types decides nothing by itself (its ranks
+    become retry reports), yet the reference labels the reported rank's pod at the RPC:
+    ``fault-type=retry-fault`` (fault_recover_service.go ReportProcessFault / getFaultReason)."""
+    emu, api = k8s
+    await api._call(
+        "create pg", api.custom.create_namespaced_custom_object, pgs.GROUP, pgs.VERSION, NS, pgs.PLURAL,
+        podgroup({"process-recover-enable": "on"}, {"recover-strategy": "retry"}),
+    )  # fmt: skip
+    for p in (job_pod("llama-worker-0", "node-1", 0, [0, 1]), job_pod("llama-worker-1", "node-2", 1, [0, 1])):
+        await api._call("create pod", api.core.create_namespaced_pod, NS, p)
+    await until(lambda: (j := kcd.jobs.get(UID)) is not None and j.process_recover_enable == "on", what="job")
+    sims = Sims(f"127.0.0.1:{kcd.grpc_port}")
+    try:
+        sim = await sims.start(UID, stop="silent")  # the retry flow stays at stopTrain: the label stays
+        assert await sim.report_process_fault([("2", "0")]) == 0  # rank 2: node-2's pod, a UCE retry
+        await until(
+            lambda: _eq(pod_labels(api, "llama-worker-1"), "fault-type", "retry-fault"),
+            what="retry-fault pod label",
+        )
+        assert "fault-type" not in await pod_labels(api, "llama-worker-0")
+    finally:
+        await sims.close()

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 import grpc
 from prometheus_client import Counter
 
+from clusterd.api.refuse import refusing
 from faultmesh.log import RateLimitedLog
 from faultmesh.ratelimit import TokenBucket
 
@@ -66,14 +67,7 @@ class RateLimitInterceptor(grpc.aio.ServerInterceptor):
             return handler
         self._rejected.labels(method.strip("/").split("/")[0] or "grpc", "qps_exceeded").inc()
 
-        async def reject(request, context):
-            await context.abort(grpc.StatusCode.UNKNOWN, f"qps exceeded, method={method}")
-
-        return grpc.unary_unary_rpc_method_handler(
-            reject,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return refusing(handler, grpc.StatusCode.UNKNOWN, f"qps exceeded, method={method}")
 
 
 class _Undecodable:

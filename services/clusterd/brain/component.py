@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -163,6 +164,9 @@ class BrainComponent(FaultIntake):
             hide_ms=int(a.retry_hide_s * 1000), complete_ms=int(a.retry_complete_window_s * 1000)
         )
         self._rechecks: dict[str, asyncio.TimerHandle] = {}  # job -> re-evaluation when a hide ends
+        # called with (job id, reported rank faults, fault reason) on each ReportProcessFault with
+        # known ranks (the Kubernetes hand-off's fault-pod labels); must not wait
+        self.report_listeners: list[Callable[[str, list[RankFault], str], None]] = []
         self.platform = PlatformAnnotations(ctx.store, ctx.tasks.spawn)  # platform mode's annotations
         self.decision_log.listeners.append(self.platform.on_decision)
         self.m_signals = Counter(

@@ -25,6 +25,9 @@ from faultmesh.levels import SUB_HEALTHY, UNHEALTHY, level_health
 from faultmesh.log import event
 from faultmesh.model import now_ms
 
+RETRY_FAULT, SOFTWARE_FAULT = "retry-fault", "software"
+"""The fault reasons of a ReportProcessFault (the reference's ``fault-type`` pod label values)."""
+
 log = logging.getLogger("clusterd.brain")
 
 HOT_SWITCH_FRAMEWORKS = ("pytorch", "mindspore")
@@ -168,6 +171,11 @@ class FaultIntake:
         if not faults:
             return
         ctl.add_faults(faults, new_ranks_only=True)  # ranks the hardware intake cached keep their fault
+        # the reference labels the reported ranks' pods here (LabelFaultPod), "retry-fault" when every
+        # cached fault is a retry type, else "software" (fault_recover_service.go getFaultReason)
+        reason = RETRY_FAULT if all(f.fault_type in RETRY_TYPES for f in ctl.faults()) else SOFTWARE_FAULT
+        for fn in self.report_listeners:
+            fn(job_id, faults, reason)
         if all(f.fault_type in RETRY_TYPES for f in faults):
             # the reference: retry-type ranks go to the fault centre's retry processor (business-plane
             # retry reports), not to a new flow; their synthetic fault ranks come back through the

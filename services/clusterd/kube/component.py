@@ -148,6 +148,7 @@ class KubeComponent:
         jobs: JobRegistry | None = None,
         policy: Callable[[str | None, str], bool] | None = None,
         decisions: Callable[[Callable[[str, dict], None]], None] | None = None,
+        reports: Callable[[Callable[[str, list, str], None]], None] | None = None,
         elector: LeaseElector | None = None,
     ) -> None:
         self.ctx = ctx
@@ -188,6 +189,8 @@ class KubeComponent:
             ctx.agents.on_connect(lambda node, agent: self._mark(node))
             if decisions is not None and self.handoff is not None and a.kube_podgroups == "on":
                 decisions(self.handoff.on_decision)
+            if reports is not None and self.handoff is not None and a.kube_podgroups == "on":
+                reports(self.handoff.on_report)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:

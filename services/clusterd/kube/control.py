@@ -181,6 +181,9 @@ class ControlMaps:
         self._later: list[tuple[float, str]] = []  # (monotonic due, job id) of delayed removals
         self._applied_slownode: dict[str, str] = {}  # ns/name of a ConfigMap -> the job it enabled
         self.slownode_synced = asyncio.Event()
+        # set by the app once every component started: the slow-node jobs resumed from the store are
+        # known (the ConfigMaps may list before the slow-node component resumes them)
+        self.consumers_started = asyncio.Event()
         self.handled: collections.Counter[str] = collections.Counter()  # versions handled, by kind
         self._retrying = False
         self.processed = 0  # fault-job-info decisions handled (tests)
@@ -291,6 +294,7 @@ class ControlMaps:
         await watcher.synced.wait()
         sn = self.slownode
         if sn is not None:
+            await self.consumers_started.wait()
             backed = {_featconf_job(o) for o in watcher.objects.values()}
             for job_id, js in list(sn.jobs.items()):
                 if js.source == "kube" and job_id not in backed:

@@ -19,38 +19,13 @@ from collections.abc import Callable
 import grpc
 from aiohttp import web
 
+from clusterd.api.refuse import refusing
 from faultmesh.httpd import json_response
 from faultmesh.lease import LeaseElector
 
 EXEMPT = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 READ_ONLY = frozenset({"GET", "HEAD", "OPTIONS"})
 ALWAYS_ANSWER = frozenset({"/healthz", "/readyz", "/metrics"})
-
-
-def _refusing(handler, code: grpc.StatusCode, message: str):
-    """A method handler of ``handler``'s kind (a stream-stream one when the method is unknown)
-    that aborts with ``code`` and ``message`` before reading anything."""
-
-    async def unary(request, context):
-        await context.abort(code, message)
-
-    async def streaming(request, context):
-        await context.abort(code, message)
-        yield  # pragma: no cover — abort raises
-
-    if handler is None:
-        return grpc.stream_stream_rpc_method_handler(streaming)
-    kw = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(unary, **kw)
-    if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(streaming, **kw)
-    if handler.stream_unary is not None:
-        return grpc.stream_unary_rpc_method_handler(unary, **kw)
-    return grpc.stream_stream_rpc_method_handler(streaming, **kw)
 
 
 class FollowerGate:
@@ -124,4 +99,4 @@ class _Interceptor(grpc.aio.ServerInterceptor):
             return await continuation(handler_call_details)
         handler = await continuation(handler_call_details)
         self.gate._reject(method.strip("/").split("/")[0] or "grpc", "follower")
-        return _refusing(handler, grpc.StatusCode.UNAVAILABLE, self.gate.message())
+        return refusing(handler, grpc.StatusCode.UNAVAILABLE, self.gate.message())

@@ -21,7 +21,9 @@ Operator:
   * a success (``*-success``), ``fault-clear``, ``kill-job`` or ``reset`` clears it (RankList
     empty, flags false, RetryTime kept) and removes the fault pods' labels.
 - fault-pod labels: ``fault-type=software`` on the pods of ranks the training side reported, or
-  ``retry-fault`` when every reported rank is a retry type (0 / 2), as ReportProcessFault does.
+  ``retry-fault`` when every cached fault is a retry type (0 / 2): at each ReportProcessFault, as the
+  reference's does (:meth:`HandOff.on_report`, a retry report included, which decides nothing by
+  itself), and at a fault decision on reported ranks; a pod already carrying the value is not patched.
 
 Writes run in one task, in decision order; each is retried (:func:`faultmesh.retry.retrying`) and
 then dropped with a logged, counted reason. Not done (left for later): ``fault-job-info`` (needs the
@@ -52,6 +54,7 @@ FAULT_DECISIONS = frozenset({"stop-train", "dump", "pre-exit"})
 CLEAR_DECISIONS = frozenset({"fault-clear", "kill-job", "reset"})
 RESTART_DECISIONS = frozenset({"exit-completed"})
 IN_PLACE_DECISION = "in-place-split"
+REPORT = "report-process-fault"  # not a decision: a queued ReportProcessFault (on_report)
 FAULT_TYPE_LABEL = "fault-type"
 PROCESS_RECOVER_LABEL = "process-recover-enable"
 QUEUE_MAX = 10_000
@@ -131,19 +134,26 @@ class HandOff:
         self.api: KubeApi | None = None
         self._queue: collections.deque[tuple[str, dict]] = collections.deque(maxlen=QUEUE_MAX)
         self._due = asyncio.Event()
-        self._labelled: dict[str, set[tuple[str, str]]] = {}  # job -> pods we labelled
+        self._labelled: dict[str, dict[tuple[str, str], str]] = {}  # job -> pod we labelled -> value
 
     def on_decision(self, job_id: str, rec: dict) -> None:
         """The decision-log listener: queue the decision (never waits)."""
         d = rec.get("decision", "")
         if (
             d in FAULT_DECISIONS or d in CLEAR_DECISIONS or d in RESTART_DECISIONS or d == IN_PLACE_DECISION
-            or d.endswith("-success")
+            or d.endswith("-success") or d == REPORT
         ):  # fmt: skip
             if len(self._queue) == self._queue.maxlen:
                 self.metrics.writes.labels("handoff", "dropped").inc()
             self._queue.append((job_id, rec))
             self._due.set()
+
+    def on_report(self, job_id: str, faults: list, reason: str) -> None:
+        """The brain's ReportProcessFault listener (reported rank faults, ``retry-fault`` or
+        ``software``): queue the fault-pod labels (never waits)."""
+        self.on_decision(
+            job_id, {"decision": REPORT, "faults": [f.as_dict() for f in faults], "reason": reason}
+        )
 
     # -- the writes ------------------------------------------------------------------------------
     async def _call(self, what: str, fn) -> bool:
@@ -217,27 +227,31 @@ class HandOff:
             )
         return ok
 
-    async def label_pods(self, job, faults: list[dict]) -> None:
-        """``fault-type`` on the pods of the ranks the training side reported (code "")."""
+    async def label_pods(self, job, faults: list[dict], value: str | None = None) -> None:
+        """``fault-type`` = ``value`` on the pods of the ranks the training side reported (code "");
+        without ``value``: ``retry-fault`` when every reported rank is a retry type, else ``software``.
+        A pod that already has the value from us is not patched again."""
         assert self.api is not None
         reported = [f for f in faults if not f.get("code")]
         if not reported:
             return
-        value = "retry-fault" if all(f.get("fault_type") in ("0", "2") for f in reported) else "software"
+        if value is None:
+            value = "retry-fault" if all(f.get("fault_type") in ("0", "2") for f in reported) else "software"
         nodes = {f["node"] for f in reported}
+        labelled = self._labelled.setdefault(job.id, {})
         for pod in self.pods_of(job.id):
             meta = pod.get("metadata") or {}
-            if (pod.get("spec") or {}).get("nodeName") not in nodes:
-                continue
             key = (meta.get("namespace", ""), meta.get("name", ""))
+            if (pod.get("spec") or {}).get("nodeName") not in nodes or labelled.get(key) == value:
+                continue
             body = {"metadata": {"labels": {FAULT_TYPE_LABEL: value}}}
             if await self._call("pod_label", lambda k=key, b=body: self.api.patch_pod(k[0], k[1], b)):
-                self._labelled.setdefault(job.id, set()).add(key)
+                labelled[key] = value
 
     async def unlabel_pods(self, job_id: str) -> None:
         assert self.api is not None
         body = {"metadata": {"labels": {FAULT_TYPE_LABEL: None}}}
-        for key in sorted(self._labelled.pop(job_id, set())):
+        for key in sorted(self._labelled.pop(job_id, {})):
             await self._call("pod_label", lambda k=key: self.api.patch_pod(k[0], k[1], body))
 
     async def fault_retry(self, job) -> None:
@@ -258,7 +272,9 @@ class HandOff:
             return
         d = rec.get("decision", "")
         faults = list(rec.get("faults") or [])
-        if d in FAULT_DECISIONS and faults:
+        if d == REPORT:
+            await self.label_pods(job, faults, rec.get("reason"))
+        elif d in FAULT_DECISIONS and faults:
             await self.write_reset(job, RankList=rank_list(job, faults), FaultFlushing=True)
             await self.label_pods(job, faults)
         elif d == IN_PLACE_DECISION:  # WriteResetInfoToCM(..., restartFaultProcess, ...)

@@ -104,6 +104,45 @@ def test_topology_and_truth_cli(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)[0]["kind"] == "node"
 
 
+ROCE_PODS = ["--super-pod", "1=a-0,a-1", "--super-pod", "2=b-0,b-1"]
+
+
+def test_roce_cli_init_inject_truth_topology_clear(tmp_path, capsys):
+    """The RoCE plane has the HCCS commands under ``roce``; what they write is what noded reads."""
+    path = tmp_path / "roce.json"
+    assert fab.main(["roce", "init", str(path), *ROCE_PODS, "--npus", "4", "--seed", "2"]) == 0
+    clean = fab.RoceFabric(fab.read_spec(path))
+    b0 = clean.nodes["b-0"][2]
+    assert clean.probe_many([("a-0", b0)], 20)[1].tolist() == [0]
+    assert fab.main(["roce", "inject", str(path), "pod_uplink", "--super-pod", "2", "--loss", "1"]) == 0
+    assert (
+        fab.main(["roce", "inject", str(path), "slow_link", "--a", "b-1", "--b", "a-0", "--delay-us", "40"])
+        == 0
+    )
+    lossy = fab.RoceFabric(fab.read_spec(path))
+    assert lossy.probe_many([("a-0", b0), ("a-1", lossy.nodes["a-0"][2])], 20)[1].tolist() == [20, 0]
+    assert fab.main(["roce", "truth", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out) == [
+        {"kind": "superpod", "super_pod": "2", "fault": "pod_uplink"},
+        {"kind": "link", "node": "a-0", "phy": 0, "peer_node": "b-1", "peer_phy": 0, "fault": "slow_link"},
+    ]
+    assert fab.main(["roce", "topology", str(path)]) == 0
+    topo = json.loads(capsys.readouterr().out)
+    assert [sorted(t["NodeDeviceMap"]) for t in topo] == [["a-0", "a-1"], ["b-0", "b-1"]]
+    assert topo[1]["NodeDeviceMap"]["b-0"]["RoceIP"] == b0 == "10.2.0.1"
+    # bad edits are refused and the file keeps its last good state
+    assert fab.main(["roce", "inject", str(path), "dead_npu", "--node", "nowhere"]) == 1
+    assert (
+        fab.main(["roce", "inject", str(path), "lossy_link", "--a", "a-0", "--b", "b-0", "--loss", "2"]) == 1
+    )
+    assert fab.main(["roce", "init", str(tmp_path / "one.json"), "--super-pod", "1=a-0"]) == 1
+    assert fab.main(["roce", "init", str(tmp_path / "bad.json"), "--super-pod", "1"]) == 1
+    assert "ID=node" in capsys.readouterr().err
+    assert not (tmp_path / "one.json").exists() and len(json.loads(path.read_text())["faults"]) == 2
+    assert fab.main(["roce", "clear", str(path)]) == 0
+    assert json.loads(path.read_text())["faults"] == []
+
+
 class Clock:
     def __init__(self):
         self.t = 1000.0
