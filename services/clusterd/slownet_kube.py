@@ -27,6 +27,7 @@ leader election is on (``--kube-leader-elect on``).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -93,6 +94,7 @@ class PingmeshConfigMaps:
         self.watch: ListWatcher | None = None
         self.cards: dict[str, dict[int, tuple[str, int]]] = {}  # node -> phy -> (assertion, ms)
         self.written: dict[str, str] = {}  # node -> faults JSON last written (id/timestamp aside)
+        self._watch_task: asyncio.Task | None = None
 
     async def start(self) -> None:
         """Open the API client and start the watch (raises ``OSError`` without a configuration)."""
@@ -105,10 +107,15 @@ class PingmeshConfigMaps:
             on_error=(lambda e: m.api_errors.labels("watch pingmesh", str(e.status)).inc()) if m else None,
             on_restart=(lambda why: m.restarts.labels("pingmesh", why).inc()) if m else None,
         )  # fmt: skip
-        self.comp.ctx.tasks.spawn(self.watch.run(), name="slownet-configmaps")
+        self._watch_task = self.comp.ctx.tasks.spawn(self.watch.run(), name="slownet-configmaps")
 
     async def stop(self) -> None:
-        """Close the API client."""
+        """Stop the watch (bounded, 5 s), then close the API client (a watch still running on a
+        closed client failed with an AssertionError at every clusterd stop)."""
+        task, self._watch_task = self._watch_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task], timeout=5.0)
         if self._client is not None:
             await self._client.close()
             self._client = None
