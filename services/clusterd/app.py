@@ -384,7 +384,11 @@ def main(argv: list[str] | None = None) -> int:
     """Console script ``clusterd``."""
     args = config.parse(build_parser(), argv)
     fmlog.setup_from_args(args)
-    Path(args.state_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        Path(args.state_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        event(log, logging.ERROR, "clusterd failed to start", error=f"--state-dir {args.state_dir}: {e}")
+        return 1
 
     if kha.enabled(args):  # one of several replicas: follower until it holds the Lease
         return runtime.run(
@@ -392,7 +396,11 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     async def _main(stop: asyncio.Event) -> int:
-        cd = ClusterD(args)
+        try:
+            cd = ClusterD(args)
+        except OSError as e:  # an unreadable token / TLS / table file named by a flag
+            event(log, logging.ERROR, "clusterd failed to start", error=str(e))
+            return 1
         try:
             await cd.start()
         except OSError as e:

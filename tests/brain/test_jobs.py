@@ -243,9 +243,9 @@ async def test_cli_job_apply_jobs_and_errors(cd, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"id": "x1", "name": "q", "recover-strategy": "warp"}')
     r = await asyncio.to_thread(_cli, cd, "job", "apply", "-f", str(bad))
-    assert r.returncode == 1 and "unknown values ['warp']" in r.stderr
+    assert r.returncode == 2 and "unknown values ['warp']" in r.stderr
     r = await asyncio.to_thread(_cli, cd, "job", "apply", "-f", str(tmp_path / "missing.yaml"))
-    assert r.returncode == 1 and "cannot read" in r.stderr
+    assert r.returncode == 2 and "cannot read" in r.stderr
     r = await asyncio.to_thread(_cli, cd, "job", "get", "job-cli-0001")
     assert r.returncode == 0 and "RANK" in r.stdout
     r = await asyncio.to_thread(_cli, cd, "job", "get", "nope")

@@ -205,10 +205,15 @@ async def _lead(args, make: MakeClusterD, api: KubeApi, elector: LeaseElector, m
         api, args.kube_lease_namespace, args.kube_state_name, elector.identity, elector.leading.is_set,
         metrics.state, max_bytes=args.kube_state_max_bytes, write_s=args.kube_state_write_s,
     )  # fmt: skip
-    store = MirroredStore(
-        state, args.state_dir, fsync_full=args.fsync_full, busy_timeout_ms=args.state_busy_timeout_ms
-    )
-    cd = make(store, elector)
+    try:
+        store = MirroredStore(
+            state, args.state_dir, fsync_full=args.fsync_full, busy_timeout_ms=args.state_busy_timeout_ms
+        )
+        cd = make(store, elector)
+    except OSError as e:  # an unreadable token / TLS / table file named by a flag
+        event(log, logging.ERROR, "clusterd failed to start", error=str(e))
+        await elector.release()
+        return 1
     metrics.register(cd.registry)
     try:
         await cd.start()

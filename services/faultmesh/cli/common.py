@@ -106,12 +106,31 @@ def check_job(args: argparse.Namespace) -> None:
 def token(args: argparse.Namespace) -> str | None:
     """The bearer token from ``--token-file`` or env ``FAULTMESH_TOKEN``. Raises :class:`UsageError`."""
     if getattr(args, "token_file", None):
-        try:
-            with open(args.token_file, encoding="utf-8") as f:
-                return f.read().strip()
-        except OSError as e:
-            raise UsageError(f"cannot read token file {args.token_file}: {e.strerror or e}") from None
+        return read_text(args.token_file, "token file", stdin=False).strip()
     return os.environ.get("FAULTMESH_TOKEN")
+
+
+def read_text(path: str, what: str = "file", stdin: bool = True) -> str:
+    """The text of ``path`` (``-``: stdin when ``stdin``), UTF-8. Raises :class:`UsageError` (exit 2) when the file
+    is missing, unreadable or not UTF-8, as for a missing token file."""
+    try:
+        if path == "-" and stdin:
+            return sys.stdin.read()
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise UsageError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{what} {path} is not UTF-8 text (byte {e.start})") from None
+
+
+def read_json(path: str, what: str = "file") -> Any:
+    """:func:`read_text` decoded as JSON. Raises :class:`UsageError` (exit 2), naming the line."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{what} {path} is not JSON: {e}") from None
 
 
 def base_url(addr: str) -> str:

@@ -17,12 +17,12 @@ import sys
 import time
 
 from faultmesh.cli.common import (
-    CliError,
     UsageError,
     add_server_flags,
     emit,
     http_json,
     print_table,
+    read_text,
     run,
     structured,
 )
@@ -73,26 +73,16 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read(path: str) -> str:
-    try:
-        if path == "-":
-            return sys.stdin.read()
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as e:
-        raise CliError(f"cannot read {path}: {e.strerror}") from None
-
-
 @run
 def cmd_apply(args: argparse.Namespace) -> int:
     """Validate and apply a job file (POST /v1/jobs)."""
     from faultmesh.jobspec import JobSpecError, parse_jobs_text
 
-    text = _read(args.file)
+    text = read_text(args.file, "job file")
     try:
         jobs = parse_jobs_text(text)
     except JobSpecError as e:
-        raise CliError(f"{args.file}: {e}") from None
+        raise UsageError(f"{args.file}: {e}") from None
     body = [j.to_dict() for j in jobs]
     data = http_json(args, "POST", "/v1/jobs", body)
     emit(

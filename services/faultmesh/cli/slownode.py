@@ -13,33 +13,35 @@ from __future__ import annotations
 import argparse
 import json
 
-from faultmesh.cli.common import CliError, add_server_flags, emit, http_json, print_table, run, structured
-
-
-def _load_json(path: str, what: str):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as e:
-        raise CliError(f"cannot read {what} {path}: {e}") from None
-    except json.JSONDecodeError as e:
-        raise CliError(f"{what} {path} is not JSON: {e}") from None
+from faultmesh.cli.common import (
+    UsageError,
+    add_server_flags,
+    emit,
+    http_json,
+    print_table,
+    read_json,
+    run,
+    structured,
+)
 
 
 @run
 def cmd_enable(args: argparse.Namespace) -> int:
     """Enable or update slow-node detection of a job."""
-    body = _load_json(args.conf, "FeatConf file") if args.conf else {}
+    body = read_json(args.conf, "FeatConf file") if args.conf else {}
     if not isinstance(body, dict):
-        raise CliError("the FeatConf file must hold a JSON object")
+        raise UsageError("the FeatConf file must hold a JSON object")
     fc = body
     for k, v in list(body.items()):
         if k.lower() == "featconf":
-            fc = json.loads(v) if isinstance(v, str) else v
+            try:
+                fc = json.loads(v) if isinstance(v, str) else v
+            except json.JSONDecodeError as e:
+                raise UsageError(f"{args.conf}: FeatConf is not JSON: {e}") from None
             if "ranks" in body:
                 fc = {**fc, "ranks": body["ranks"]}
     if not isinstance(fc, dict):
-        raise CliError("FeatConf must be a JSON object")
+        raise UsageError("FeatConf must be a JSON object")
     if not any(k.lower() == "jobname" for k in fc):
         fc["jobName"] = args.job
     if args.namespace:
@@ -50,9 +52,9 @@ def cmd_enable(args: argparse.Namespace) -> int:
         try:
             fc["ranks"] = json.loads(args.ranks)
         except json.JSONDecodeError as e:
-            raise CliError(f"--ranks is not JSON: {e}") from None
+            raise UsageError(f"--ranks is not JSON: {e}") from None
     elif args.ranks_file:
-        fc["ranks"] = _load_json(args.ranks_file, "ranks file")
+        fc["ranks"] = read_json(args.ranks_file, "ranks file")
     data = http_json(args, "POST", "/v1/slownode/jobs", fc)
     emit(
         args,

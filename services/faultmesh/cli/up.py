@@ -21,7 +21,7 @@ import signal
 import time
 from pathlib import Path
 
-from faultmesh.cli.common import CliError, run
+from faultmesh.cli.common import UsageError, run
 from faultmesh.log import FORMATS
 from faultmesh.runtime import wait_for
 
@@ -173,11 +173,14 @@ def _howto(stack, job: bool = False) -> str:
 def cmd_up(args: argparse.Namespace) -> int:
     """Run the local stack until Ctrl-C."""
     if args.servers < 1 or args.npus < 8 or args.npus % 8:
-        raise CliError("--servers must be >= 1 and --npus a multiple of 8")
+        raise UsageError("--servers must be >= 1 and --npus a multiple of 8")
     if args.with_job and args.servers < 2:
-        raise CliError("--with-job places ranks on two servers: use --servers 2 or more")
+        raise UsageError("--with-job places ranks on two servers: use --servers 2 or more")
     args.run_dir = args.run_dir or f"/tmp/faultmesh-up-{time.strftime('%Y%m%d-%H%M%S')}"
-    Path(args.run_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        (Path(args.run_dir) / "logs").mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--run-dir {args.run_dir}: {e.strerror or e}") from None
     return asyncio.run(_up(args))
 
 

@@ -177,9 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the scenario needs --servers >= 4 and --npus a multiple of 8")
     clock = Clock()
     run_dir = Path(args.run_dir or f"/tmp/faultmesh-demo-{time.strftime('%Y%m%d-%H%M%S')}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    stack = Stack(demo_config(args, run_dir), run_dir, say=clock.say)
-    stack.log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        stack = Stack(demo_config(args, run_dir), run_dir, say=clock.say)
+    except OSError as e:
+        parser.error(f"--run-dir {run_dir}: {e.strerror or e}")
     clock.tee(stack.log_dir / "demo.log")  # the demo's own lines, next to every process's log
 
     async def _main() -> int:
