@@ -71,7 +71,7 @@ async def test_trainsim_process_answers_a_hardware_fault(cd, tmp_path):
 
 async def test_trainsim_refused_init_is_a_clear_error(cd):
     rc, out, err = await run_cli(cd, "trainsim", "--job-id", "no-such-job")
-    assert rc == 1 and "Init: code 502" in err
+    assert rc == 4 and "Init: code 502" in err
 
 
 @contextlib.asynccontextmanager
@@ -135,16 +135,16 @@ async def test_cli_trace_on_off_get(cd, tmp_path):
     rc, out, err = await run_cli(cd, "trace", "on", "default/nope")
     assert rc == 1 and "notify subscribe failed" in err
     rc, out, err = await run_cli(cd, "trace", "get", "default/never-set")
-    assert rc == 1 and "failed to found configmap" in err
+    assert rc == 4 and "failed to found configmap" in err
     rc, out, err = await run_cli(cd, "trace", "on", "default/llama", "--set", "FP=maybe")
     assert rc == 2 and "--set 'FP=maybe'" in err
 
 
 async def test_cli_bad_flags_and_unreachable(cd):
     rc, out, err = await run_cli(cd, "trainsim", "--job-id", JOB, "--status", "recover=abc")
-    assert rc == 1 and "--status: code 'abc' must be an integer or silent" in err
+    assert rc == 2 and "--status: code 'abc' must be an integer or silent" in err
     rc, out, err = await run_cli(cd, "trainsim", "--job-id", JOB, "--stress-rank-code", "x=9")
-    assert rc == 1 and "is not rank=code" in err
+    assert rc == 2 and "is not rank=code" in err
     rc, out, err = await run([*CLI, "jobs", "--http", "127.0.0.1:1"], 30)
     assert rc == 3 and "cannot reach clusterd" in err
     rc, out, err = await run([*CLI, "stress-test", "--job-id", JOB, "--grpc", "127.0.0.1:1"], 30)

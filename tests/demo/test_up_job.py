@@ -74,4 +74,4 @@ def test_up_with_job_needs_two_servers():
         text=True,
         timeout=60,
     )
-    assert r.returncode == 1 and "--with-job places ranks on two servers" in r.stderr
+    assert r.returncode == 2 and "--with-job places ranks on two servers" in r.stderr

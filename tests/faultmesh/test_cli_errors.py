@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
 import pytest
+from support import make_clusterd
 
 from faultmesh.cli import main
-from faultmesh.cli.common import EXIT_USAGE
+from faultmesh.cli.common import EXIT_NOT_FOUND, EXIT_REJECTED, EXIT_UNREACHABLE, EXIT_USAGE
 
 
 def cli(capsys, *argv: str) -> tuple[int, str]:
@@ -104,3 +106,67 @@ def test_clusterd_bad_state_dir_token_file_or_log_file_fails_cleanly(capsys, roo
     with pytest.raises(SystemExit) as e:
         clusterd_main(["--log-file", str(blocker / "x.log"), *addrs])
     assert e.value.code == EXIT_USAGE and "--log-file" in capsys.readouterr().err
+
+
+async def _cli_async(capsys, *argv: str) -> tuple[int, str]:
+    """:func:`cli` in a thread (the blocking gRPC / HTTP calls) while the in-process clusterd runs."""
+    rc = await asyncio.to_thread(main, list(argv))
+    return rc, capsys.readouterr().err
+
+
+async def test_unknown_job_is_not_found_and_the_rate_limit_is_rejected(capsys, tmp_path: Path):
+    cd = await make_clusterd(tmp_path)
+    at = ["--grpc", f"127.0.0.1:{cd.grpc_port}", "--http", f"127.0.0.1:{cd.http.port}"]
+    try:
+        rc, err = await _cli_async(capsys, "stress-test", "--job", "nojob", "--no-wait", *at)
+        assert rc == EXIT_NOT_FOUND and "code 413" in err and "job:nojob not exist" in err
+        rc, err = await _cli_async(
+            capsys, "switch-nic", "--job", "nojob", "--nic", "n:0=on", "--no-wait", *at
+        )
+        assert rc == EXIT_NOT_FOUND and "not exist" in err
+        rc, err = await _cli_async(capsys, "trace", "get", "--job", "default/nojob", *at)
+        assert rc == EXIT_NOT_FOUND and "failed to found configmap" in err
+    finally:
+        await cd.stop()
+    cd = await make_clusterd(tmp_path / "limited", "--unary-qps", "0.5")  # burst 0.5: every call refused
+    at = ["--grpc", f"127.0.0.1:{cd.grpc_port}"]
+    try:
+        rc, err = await _cli_async(capsys, "trace", "get", "--job", "default/j", *at)
+        assert rc == EXIT_REJECTED and "qps exceeded" in err
+    finally:
+        await cd.stop()
+
+
+async def test_pubfault_to_a_silent_address_is_unreachable(capsys):
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)  # takes TCP, never answers
+    port = server.sockets[0].getsockname()[1]
+    try:
+        rc, err = await _cli_async(
+            capsys, "pubfault", "send", "--grpc", f"127.0.0.1:{port}", "--timeout-s", "0.5",
+            "--code", "010001001", "--node", "n",
+        )  # fmt: skip
+        assert rc == EXIT_UNREACHABLE and "no answer in time" in err
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def test_pubfault_code_and_devices_are_checked_before_sending(capsys):
+    grpc_addr = ["--grpc", "127.0.0.1:1"]  # never reached
+    for code in ("01000100", "0100010010", "01000100Z"):
+        rc, err = cli(capsys, "pubfault", "send", *grpc_addr, "--code", code, "--node", "n")
+        assert rc == EXIT_USAGE and "--code must be 9 hex digits" in err, code
+    for devices in ("32", "-1", "1,1", ""):
+        rc, err = cli(
+            capsys, "pubfault", "send", *grpc_addr, "--code", "010001001", "--node", "n", "--devices", devices
+        )
+        assert rc == EXIT_USAGE and "[0, 31]" in err, devices
+    rc, err = cli(
+        capsys, "pubfault", "send", *grpc_addr, "--code", "0A0001001", "--node", "n", "--devices", "0,31"
+    )
+    assert rc == EXIT_UNREACHABLE  # valid: it was sent (to nobody)
+
+
+def test_release_npu_without_phy_id_is_usage(capsys):
+    rc, err = cli(capsys, "release", "npu", "node-1", "--http", "127.0.0.1:1")
+    assert rc == EXIT_USAGE and "NODE/PHYID" in err

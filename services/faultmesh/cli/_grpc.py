@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from faultmesh.cli.common import CliError, NotFound, Rejected, Unreachable, token
+from faultmesh.cli.common import CliError, NotFound, Rejected, Unreachable, server_error, token
 
 
 def call(args: argparse.Namespace, stub_cls, method: str, request: Any, timeout_s: float = 10.0) -> Any:
@@ -33,7 +33,7 @@ def first_of_stream(args: argparse.Namespace, stub_cls, method: str, request: An
             for msg in call:
                 return msg
         except grpc.RpcError as e:
-            raise _error(method, e) from None
+            raise _error(method, e, waiting=True) from None
         finally:
             call.cancel()  # never leave a live stream behind when the channel closes
     raise CliError(f"{method}: the stream ended without a message")
@@ -52,19 +52,23 @@ _REJECTED = frozenset(
 )
 
 
-def _error(method: str, e: grpc.RpcError) -> CliError:
-    """The :class:`CliError` of a failed call: UNAVAILABLE -> Unreachable, NOT_FOUND -> NotFound,
-    a refusal (invalid argument, auth, rate limit, ...) -> Rejected, anything else -> CliError."""
+def _error(method: str, e: grpc.RpcError, waiting: bool = False) -> CliError:
+    """The :class:`CliError` of a failed call: UNAVAILABLE -> Unreachable; DEADLINE_EXCEEDED ->
+    Unreachable (the address takes the connection but never answers), or CliError while ``waiting``
+    for an outcome on a stream; NOT_FOUND -> NotFound; a refusal (invalid argument, auth, ...) ->
+    Rejected; any other code (the reference's UNKNOWN) -> what its text says
+    (:func:`~faultmesh.cli.common.server_error`: unknown job -> NotFound, rate limit -> Rejected),
+    else CliError."""
     code: Callable[[], grpc.StatusCode] = getattr(e, "code", lambda: grpc.StatusCode.UNKNOWN)
     details: Callable[[], str] = getattr(e, "details", lambda: "")
     c = code()
     if c == grpc.StatusCode.UNAVAILABLE:
         return Unreachable(f"{method}: clusterd unreachable ({details()})")
     if c == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return CliError(f"{method}: no answer in time")
+        return (CliError if waiting else Unreachable)(f"{method}: no answer in time")
     if c == grpc.StatusCode.NOT_FOUND:
         return NotFound(f"{method}: {details()}")
-    return (Rejected if c in _REJECTED else CliError)(f"{method}: {c.name}: {details()}")
+    return server_error(f"{method}: {c.name}: {details()}", Rejected if c in _REJECTED else CliError)
 
 
 def om_operation(
@@ -83,7 +87,8 @@ def om_operation(
     request); ``ok(msg)`` judges the reply text; ``details(msg, ok)`` -> (summary, rows, headers)
     reads it for people: the summary line, then the rows as a table (``-o json|yaml``: the raw
     ``result`` plus ``details``, one object per row). Returns 0 when ``ok`` (or ``--no-wait``),
-    else 1. A refused start (code != 0) raises :class:`Rejected` with the code and reason.
+    else 1. A refused start (code != 0) raises :class:`Rejected` with the code and reason
+    (:class:`NotFound` for an unknown job).
     """
     from faultmesh._pb import recover_pb2_grpc
     from faultmesh.cli.common import emit, print_table, structured
@@ -91,7 +96,7 @@ def om_operation(
 
     st = call(args, recover_pb2_grpc.RecoverStub, start[0], start[1])
     if st.code != 0:
-        raise Rejected(f"{start[0]} refused: code {st.code}: {st.info}")
+        raise server_error(f"{start[0]} refused: code {st.code}: {st.info}", Rejected)
     msg = st.info
     if not args.no_wait:
         msg = wait_with_progress(

@@ -62,6 +62,30 @@ class Rejected(CliError):
     exit_code = EXIT_REJECTED
 
 
+# What a server's error text says, where its status code does not (the reference answers an
+# unknown job with a code of its own or gRPC UNKNOWN, and the rate limit with UNKNOWN too): the one
+# table that turns such text into an exit code. Matched case-insensitively as substrings.
+NOT_FOUND_TEXT = (
+    "not exist",  # recover O&M: "job:<id> not exist"; faultsvc: "jobId=<id> does not exist"
+    "failed to found",  # datatrace: "failed to found configmap:[ns/data-trace-job]"
+    "one of jobName, pgName, ns is empty",  # recover Init of a job clusterd does not know
+    "not found",
+)
+REJECTED_TEXT = ("qps exceeded", "rate limit")
+
+
+def server_error(message: str, default: type[CliError] = CliError) -> CliError:
+    """The :class:`CliError` for a server's refusal ``message``: :class:`NotFound` when the text says
+    the job (or object) does not exist (:data:`NOT_FOUND_TEXT`), :class:`Rejected` when it names the
+    rate limit (:data:`REJECTED_TEXT`), else ``default``."""
+    low = message.lower()
+    if any(t.lower() in low for t in NOT_FOUND_TEXT):
+        return NotFound(message)
+    if any(t in low for t in REJECTED_TEXT):
+        return Rejected(message)
+    return default(message)
+
+
 def add_server_flags(p: argparse.ArgumentParser) -> None:
     """``--http`` (ClusterD HTTP address), ``--grpc`` (gRPC address), ``--token-file``, ``-o``."""
     p.add_argument(

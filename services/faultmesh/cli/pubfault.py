@@ -3,21 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import re
 import time
 import uuid
 
 from faultmesh._pb import pubfault_pb2, pubfault_pb2_grpc
 from faultmesh.cli._grpc import call
-from faultmesh.cli.common import Rejected, UsageError, add_server_flags, emit, run
+from faultmesh.cli.common import Rejected, UsageError, add_server_flags, emit, run, server_error
+
+CODE_RE = re.compile(r"^[0-9A-Fa-f]{9}$")  # the fault rule of clusterd.api.pubfault: 9 characters
+MAX_DEVICE_ID = 31
 
 
 def build_request(args: argparse.Namespace) -> pubfault_pb2.PublicFaultRequest:
-    """The PublicFaultRequest for the CLI flags (ids are fresh UUIDs, times now in ms)."""
+    """The PublicFaultRequest for the CLI flags (ids are fresh UUIDs, times now in ms). Raises
+    :class:`UsageError` for a ``--code`` that is not 9 hex digits or ``--devices`` that are not
+    integers in [0, 31] (clusterd would drop the fault: checked before sending)."""
     now = int(time.time() * 1000)
+    if not CODE_RE.match(args.code):
+        raise UsageError(f"--code must be 9 hex digits (e.g. 010001001), got {args.code!r}")
     try:
         devices = [int(d) for d in args.devices.split(",") if d.strip()]
     except ValueError:
         raise UsageError(f"--devices must be a comma list of integers, got {args.devices!r}") from None
+    bad = [d for d in devices if not 0 <= d <= MAX_DEVICE_ID]
+    if bad or not 1 <= len(devices) <= MAX_DEVICE_ID + 1 or len(set(devices)) != len(devices):
+        raise UsageError(
+            f"--devices must be 1..32 distinct device ids in [0, {MAX_DEVICE_ID}], got {args.devices!r}"
+        )
     fault = pubfault_pb2.Fault(
         faultId=args.fault_id or uuid.uuid4().hex,
         faultType=args.type,
@@ -36,12 +49,12 @@ def build_request(args: argparse.Namespace) -> pubfault_pb2.PublicFaultRequest:
 def cmd_send(args: argparse.Namespace) -> int:
     """Send one public fault; prints the response code and info. Exit 1 unless code 0."""
     req = build_request(args)
-    resp = call(args, pubfault_pb2_grpc.PubFaultStub, "SendPublicFault", req)
+    resp = call(args, pubfault_pb2_grpc.PubFaultStub, "SendPublicFault", req, timeout_s=args.timeout_s)
     if resp.code != 0:
         hint = (
             " (clusterd's log line 'public fault dropped' names the failed rule)" if resp.code == 409 else ""
         )
-        raise Rejected(f"clusterd answered {resp.code}: {resp.info}{hint}")
+        raise server_error(f"clusterd answered {resp.code}: {resp.info}{hint}", Rejected)
     emit(
         args,
         {"code": resp.code, "info": resp.info, "faultId": req.faults[0].faultId},
@@ -58,11 +71,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = s.add_parser("send", help="send one public fault")
     add_server_flags(q)
     q.add_argument("--resource", default="CCAE", help="sender (must be in the public fault table)")
-    q.add_argument("--code", required=True, help="9-digit public fault code, e.g. 010001001")
+    q.add_argument("--code", required=True, help="public fault code: 9 hex digits, e.g. 010001001")
     q.add_argument("--node", required=True)
     q.add_argument("--devices", default="0", help="comma list of device ids in [0, 31] (default: 0)")
     q.add_argument("--type", default="NPU", choices=("NPU", "Node", "Network", "Storage"))
     q.add_argument("--assertion", default="occur", choices=("occur", "recover", "once"))
     q.add_argument("--fault-id", help="fault id (default: a fresh UUID); reuse it to recover")
     q.add_argument("--description", default="")
+    q.add_argument("--timeout-s", type=float, default=10.0, help="wait at most this long for the answer (s)")
     q.set_defaults(func=cmd_send)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 
-from faultmesh.cli.common import CliError, add_server_flags, emit, http_json, run
+from faultmesh.cli.common import UsageError, add_server_flags, emit, http_json, run
 
 
 def _npu(text: str) -> tuple[str, int]:
     node, sep, phy = text.rpartition("/")
     if not sep or not node or not phy.isdigit():
-        raise CliError(f"expected NODE/PHYID (e.g. node-3/5), got {text!r}")
+        raise UsageError(f"expected NODE/PHYID (e.g. node-3/5), got {text!r}")
     return node, int(phy)
 
 

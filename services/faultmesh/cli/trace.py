@@ -11,7 +11,7 @@ import argparse
 
 from faultmesh._pb import profiling_pb2, profiling_pb2_grpc
 from faultmesh.cli._grpc import call
-from faultmesh.cli.common import CliError, UsageError, add_server_flags, emit, run
+from faultmesh.cli.common import Rejected, UsageError, add_server_flags, emit, run, server_error
 
 FIELDS = ("CommunicationOperator", "Step", "SaveCheckpoint", "FP", "DataLoader")
 
@@ -45,14 +45,14 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if args.action == "get":
         r = call(args, stub, "GetTrainingDataTraceSwitch", profiling_pb2.DataStatusReq(jobNsName=name))
         if r.code != 200:
-            raise CliError(f"code {r.code}: {r.message}")
+            raise server_error(f"code {r.code}: {r.message}", Rejected)
         sw = {f: getattr(r.profilingSwitch, f) for f in FIELDS}
     else:
         sw = switch_for(args)
         req = profiling_pb2.DataTypeReq(jobNsName=name, profilingSwitch=profiling_pb2.ProfilingSwitch(**sw))
         r = call(args, stub, "ModifyTrainingDataTraceSwitch", req)
         if r.code != 200:
-            raise CliError(f"code {r.code}: {r.message}")
+            raise server_error(f"code {r.code}: {r.message}", Rejected)
     emit(args, {"job": name, **sw}, [(name, *[sw[f] for f in FIELDS])], ("JOB", *FIELDS))
     return 0
 

@@ -21,7 +21,15 @@ import sys
 
 import grpc
 
-from faultmesh.cli.common import CliError, Unreachable, add_job_flag, add_server_flags, run, token
+from faultmesh.cli.common import (
+    Unreachable,
+    UsageError,
+    add_job_flag,
+    add_server_flags,
+    run,
+    server_error,
+    token,
+)
 from faultmesh.trainsim import SILENT, Outcomes, TrainSim, TrainSimError
 
 
@@ -32,12 +40,12 @@ def _status_map(text: str) -> tuple[dict[str, int | str], int | str]:
     for item in filter(None, (s.strip() for s in text.split(","))):
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise CliError(f"--status: {item!r} is not strategy=code")
+            raise UsageError(f"--status: {item!r} is not strategy=code")
         if value != SILENT:
             try:
                 value = int(value)
             except ValueError:
-                raise CliError(f"--status: code {value!r} must be an integer or silent") from None
+                raise UsageError(f"--status: code {value!r} must be an integer or silent") from None
         if key == "default":
             default = value
         else:
@@ -50,7 +58,7 @@ def _rank_codes(text: str) -> dict[str, str]:
     for item in filter(None, (s.strip() for s in text.split(","))):
         rank, sep, code = item.partition("=")
         if not sep or not rank.isdigit() or code not in ("0", "1", "2", "3", "4", SILENT):
-            raise CliError(f"--stress-rank-code: {item!r} is not rank=code (code 0..4)")
+            raise UsageError(f"--stress-rank-code: {item!r} is not rank=code (code 0..4)")
         out[rank] = code
     return out
 
@@ -104,7 +112,7 @@ def cmd_trainsim(args: argparse.Namespace) -> int:
         try:
             await sim.connect()
         except TrainSimError as e:
-            raise CliError(str(e)) from None
+            raise server_error(str(e)) from None
         except grpc.aio.AioRpcError as e:
             raise Unreachable(
                 f"cannot reach clusterd at {args.grpc}: {e.code().name}: {e.details()}"
