@@ -170,3 +170,13 @@ def test_pubfault_code_and_devices_are_checked_before_sending(capsys):
 def test_release_npu_without_phy_id_is_usage(capsys):
     rc, err = cli(capsys, "release", "npu", "node-1", "--http", "127.0.0.1:1")
     assert rc == EXIT_USAGE and "NODE/PHYID" in err
+
+
+def test_unknown_flag_after_a_command_shows_that_commands_usage(capsys):
+    rc, err = cli(capsys, "nodes", "--node", "x")
+    assert rc == EXIT_USAGE and err.startswith("usage: faultmesh nodes ")
+    assert "faultmesh nodes: error: unrecognized arguments: --node x" in err
+    rc, err = cli(capsys, "release", "npu", "--node", "x")
+    assert rc == EXIT_USAGE and err.startswith("usage: faultmesh release npu ") and "NODE/PHYID" in err
+    rc, err = cli(capsys, "--bogus")  # no command: the top-level usage
+    assert rc == EXIT_USAGE and err.startswith("usage: faultmesh [-h]")

@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = todo.pop()
         if "--version" not in p._option_string_actions:
             p.add_argument("--version", action="version", version=text, help=argparse.SUPPRESS)
+        p.set_defaults(_cli_parser=p)  # the deepest command parsed names itself (see main)
         for a in p._actions:
             if isinstance(a, argparse._SubParsersAction):
                 todo.extend(a.choices.values())
@@ -73,7 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         argcomplete.autocomplete(parser)
     except ImportError:
         pass
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # an unknown flag after a command: that command's usage line, not the top-level one
+        getattr(args, "_cli_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
