@@ -180,3 +180,42 @@ def test_unknown_flag_after_a_command_shows_that_commands_usage(capsys):
     assert rc == EXIT_USAGE and err.startswith("usage: faultmesh release npu ") and "NODE/PHYID" in err
     rc, err = cli(capsys, "--bogus")  # no command: the top-level usage
     assert rc == EXIT_USAGE and err.startswith("usage: faultmesh [-h]")
+
+
+async def _answering(body: bytes):
+    """A TCP server that answers every connection with ``body`` and closes."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1024)
+        writer.write(body)
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(answer, "127.0.0.1", 0)
+
+
+async def test_faults_at_a_grpc_port_or_a_foreign_web_server_is_a_short_clear_error(capsys, tmp_path):
+    cd = await make_clusterd(tmp_path)
+    try:
+        rc, err = await _cli_async(capsys, "faults", "--http", f"127.0.0.1:{cd.grpc_port}")
+    finally:
+        await cd.stop()
+    assert rc == EXIT_UNREACHABLE and "not HTTP/1.x (is it a gRPC port?)" in err
+    assert "\x00" not in err and len(err) < 200, err
+    page = b"<!DOCTYPE HTML>\n<html><head><title>Error response</title></head><body>404</body></html>\n" * 5
+    head = b"HTTP/1.1 404 Not Found\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n" % len(page)
+    binary = bytes(range(256))
+    bhead = b"HTTP/1.1 500 Oops\r\nContent-Length: %d\r\n\r\n" % len(binary)
+    for answer, code, text in (
+        (head + page, EXIT_NOT_FOUND, "an HTML page, not a faultmesh answer"),
+        (bhead + binary, 1, "bytes that are not text"),
+    ):
+        server = await _answering(answer)
+        try:
+            rc, err = await _cli_async(
+                capsys, "faults", "--http", f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+            )
+        finally:
+            server.close()
+            await server.wait_closed()
+        assert rc == code and text in err and "<html" not in err and len(err) < 200, err

@@ -163,22 +163,44 @@ def base_url(addr: str) -> str:
     return addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
 
 
+MAX_DETAIL_CHARS = 300  # the most of a server's error text an error line shows
+
+
+def printable(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
+    """``text`` for an error line: an HTML page becomes ``an HTML page``, text with control bytes
+    (an HTTP/2 or binary answer) ``N bytes that are not text``, else the text stripped and cut to
+    ``limit`` characters (``...`` marks the cut)."""
+    t = text.strip()
+    if t[:200].lower().lstrip().startswith(("<!doctype html", "<html", "<?xml", "<head", "<body")):
+        return "an HTML page"
+    if any(not (c.isprintable() or c in "\n\t\r") for c in t):
+        return f"{len(text.encode(errors='replace'))} bytes that are not text"
+    return t if len(t) <= limit else t[:limit] + "..."
+
+
 def reason(e: BaseException) -> str:
-    """A plain reason for a connection failure: ``Connection refused``, ``timed out``, never a repr."""
+    """A plain reason for a connection failure: ``Connection refused``, ``timed out``, never a repr;
+    an answer that is not HTTP/1.x (e.g. a gRPC port's HTTP/2 bytes) says so."""
     r = getattr(e, "reason", e)
     if isinstance(r, OSError) and r.strerror:
         return r.strerror
-    return str(r) or type(r).__name__
+    if isinstance(r, http.client.BadStatusLine):
+        return "the answer is not HTTP/1.x (is it a gRPC port?)"
+    return printable(str(r)) or type(r).__name__
 
 
 def http_error(what: str, status: int, body: str) -> CliError:
     """The :class:`CliError` for an HTTP error answer: 404 -> :class:`NotFound`, other 4xx ->
-    :class:`Rejected`, 5xx -> :class:`CliError`; the server's ``{"error": ...}`` text is the message."""
+    :class:`Rejected`, 5xx -> :class:`CliError`; the server's ``{"error": ...}`` text is the message
+    (through :func:`printable`: an HTML page or binary bytes are named, not printed)."""
     try:
         detail = json.loads(body).get("error") or body
     except (ValueError, AttributeError):
         detail = body
-    msg = f"{what}: HTTP {status}: {str(detail).strip()}"
+    detail = printable(str(detail))
+    if detail == "an HTML page":
+        detail = "an HTML page, not a faultmesh answer: is the address right?"
+    msg = f"{what}: HTTP {status}: {detail}"
     if status == 404:
         return NotFound(msg)
     if 400 <= status < 500:
