@@ -219,3 +219,16 @@ async def test_faults_at_a_grpc_port_or_a_foreign_web_server_is_a_short_clear_er
             server.close()
             await server.wait_closed()
         assert rc == code and text in err and "<html" not in err and len(err) < 200, err
+
+
+def test_every_token_file_flag_reads_the_same_env(capsys, monkeypatch, tmp_path):
+    from faultmesh.cli import build_parser
+
+    tok = tmp_path / "tok"
+    monkeypatch.setenv("FAULTMESH_TOKEN_FILE", str(tok))
+    args = build_parser().parse_args(["device-sim", "fault", "0", "80E18008"])
+    assert args.token_file == str(tok)
+    with pytest.raises(SystemExit):
+        main(["device-sim", "--help"])
+    out = capsys.readouterr().out
+    assert "FAULTMESH_TOKEN_FILE" in out and "(env FAULTMESH_TOKEN)" not in out

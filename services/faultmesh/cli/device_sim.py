@@ -1,7 +1,8 @@
 """``faultmesh device-sim``: drive deviced's sim backend through its control API (deviced.simapi).
 
-Examples (``--sim`` is the deviced ``--sim-control-addr``, env FAULTMESH_SIM_ADDR; ``--token-file`` or
-env FAULTMESH_TOKEN: deviced's agent token, which its HTTP ports then require for every change)::
+Examples (``--sim`` is the deviced ``--sim-control-addr``, env FAULTMESH_SIM_ADDR; ``--token-file``,
+env FAULTMESH_TOKEN_FILE as on every other command: a file holding deviced's agent token, which its
+HTTP ports then require for every change)::
 
     faultmesh device-sim devices
     faultmesh device-sim fault 3 80E18008 [--recover|--once] [--severity 2]
@@ -73,7 +74,11 @@ def register(subparsers) -> None:
         default=os.environ.get("FAULTMESH_SIM_ADDR", "127.0.0.1:8090"),
         help="deviced --sim-control-addr (env FAULTMESH_SIM_ADDR)",
     )
-    p.add_argument("--token-file", help="deviced's bearer token (env FAULTMESH_TOKEN)")
+    p.add_argument(
+        "--token-file",
+        default=os.environ.get("FAULTMESH_TOKEN_FILE"),
+        help="file holding deviced's bearer token (env FAULTMESH_TOKEN_FILE)",
+    )
     p.add_argument("-o", "--output", choices=("table", "json"), default="table")
     sub = p.add_subparsers(dest="sim_command", metavar="ACTION")
     sub.required = True
