@@ -197,11 +197,14 @@ async def _answering(body: bytes):
 async def test_faults_at_a_grpc_port_or_a_foreign_web_server_is_a_short_clear_error(capsys, tmp_path):
     cd = await make_clusterd(tmp_path)
     try:
-        rc, err = await _cli_async(capsys, "faults", "--http", f"127.0.0.1:{cd.grpc_port}")
+        faults = await _cli_async(capsys, "faults", "--http", f"127.0.0.1:{cd.grpc_port}")
+        sim = await _cli_async(capsys, "device-sim", "--sim", f"127.0.0.1:{cd.grpc_port}", "devices")
+        bmc = await _cli_async(capsys, "bmc-sim", "status", "--control", f"127.0.0.1:{cd.grpc_port}")
     finally:
         await cd.stop()
-    assert rc == EXIT_UNREACHABLE and "not HTTP/1.x (is it a gRPC port?)" in err
-    assert "\x00" not in err and len(err) < 200, err
+    for rc, err in (faults, sim, bmc):  # one HTTP client for clusterd and the simulators
+        assert rc == EXIT_UNREACHABLE and "not HTTP/1.x (is it a gRPC port?)" in err
+        assert "\x00" not in err and len(err) < 200, err
     page = b"<!DOCTYPE HTML>\n<html><head><title>Error response</title></head><body>404</body></html>\n" * 5
     head = b"HTTP/1.1 404 Not Found\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n" % len(page)
     binary = bytes(range(256))
@@ -209,6 +212,11 @@ async def test_faults_at_a_grpc_port_or_a_foreign_web_server_is_a_short_clear_er
     for answer, code, text in (
         (head + page, EXIT_NOT_FOUND, "an HTML page, not a faultmesh answer"),
         (bhead + binary, 1, "bytes that are not text"),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+            EXIT_UNREACHABLE,
+            "not JSON: is it clusterd's",
+        ),
     ):
         server = await _answering(answer)
         try:

@@ -17,10 +17,8 @@ import argparse
 import json
 import os
 import sys
-import urllib.error
-import urllib.request
 
-from faultmesh.cli.common import CliError, Unreachable, http_error, reason, run
+from faultmesh.cli.common import CliError, request_json, run
 from faultmesh.log import add_log_arguments
 
 # Named SEL events for ``inject --sel NAME``: (sensor type, event type, offset), IPMI 2.0 table 42-3.
@@ -37,27 +35,11 @@ SEL_EVENTS = {
 
 
 def _post(control: str, path: str, body: dict, timeout_s: float = 5.0) -> dict:
-    req = urllib.request.Request(
-        f"http://{control}{path}",
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-    return _open(control, req, timeout_s)
+    return request_json(control, "POST", path, body, None, timeout_s, "bmc-sim control API", "bmc-sim", {})
 
 
 def _get(control: str, path: str, timeout_s: float = 5.0) -> dict:
-    return _open(control, urllib.request.Request(f"http://{control}{path}"), timeout_s)
-
-
-def _open(control: str, req: urllib.request.Request, timeout_s: float) -> dict:
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        raise http_error("bmc-sim", e.code, e.read().decode(errors="replace")) from None
-    except (urllib.error.URLError, OSError) as e:
-        raise Unreachable(f"cannot reach bmc-sim control API at {control}: {reason(e)}") from None
+    return request_json(control, "GET", path, None, None, timeout_s, "bmc-sim control API", "bmc-sim", {})
 
 
 @run

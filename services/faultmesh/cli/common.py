@@ -208,29 +208,50 @@ def http_error(what: str, status: int, body: str) -> CliError:
     return CliError(msg)
 
 
-def http_json(
-    args: argparse.Namespace, method: str, path: str, body: Any = None, timeout_s: float = 10.0
+def request_json(
+    addr: str,
+    method: str,
+    path: str,
+    body: Any = None,
+    tok: str | None = None,
+    timeout_s: float = 10.0,
+    server: str = "clusterd's HTTP API",
+    what: str | None = None,
+    empty: Any = None,
 ) -> Any:
-    """Call ClusterD's HTTP API and return the decoded JSON. Raises :class:`Unreachable`,
-    :class:`NotFound`, :class:`Rejected` or :class:`CliError` with the reason."""
-    url = base_url(args.http) + path
+    """``method`` ``path`` on the HTTP server at ``addr`` (``host:port`` or a URL) with ``body`` as
+    JSON and ``tok`` as the bearer token; returns the decoded JSON answer (``empty`` for an empty
+    one). ``server`` names it in errors, ``what`` prefixes an error answer (default ``METHOD
+    PATH``). Raises :class:`Unreachable` (no connection, not HTTP/1.x, an answer that is not JSON:
+    the address is not that server), :class:`NotFound`, :class:`Rejected` or :class:`CliError`
+    (:func:`http_error`)."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
+    req = urllib.request.Request(base_url(addr) + path, data=data, method=method)
     req.add_header("Content-Type", "application/json")
-    tok = token(args)
     if tok:
         req.add_header("Authorization", f"Bearer {tok}")
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return json.loads(resp.read() or b"null")
+            raw = resp.read()
     except urllib.error.HTTPError as e:
-        raise http_error(f"{method} {path}", e.code, e.read().decode(errors="replace")) from None
+        raise http_error(what or f"{method} {path}", e.code, e.read().decode(errors="replace")) from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-        raise Unreachable(f"cannot reach clusterd's HTTP API at {args.http}: {reason(e)}") from None
+        raise Unreachable(f"cannot reach {server} at {addr}: {reason(e)}") from None
+    try:
+        return json.loads(raw) if raw else empty
     except ValueError:
-        raise CliError(
-            f"{args.http} answered {path} with something that is not JSON: is it clusterd's HTTP port?"
+        raise Unreachable(
+            f"{addr} answered {path} with something that is not JSON: is it {server}'s address?"
         ) from None
+
+
+def http_json(
+    args: argparse.Namespace, method: str, path: str, body: Any = None, timeout_s: float = 10.0
+) -> Any:
+    """Call ClusterD's HTTP API at ``args.http`` (:func:`request_json`, token from :func:`token`)
+    and return the decoded JSON. Raises :class:`Unreachable`, :class:`NotFound`, :class:`Rejected`
+    or :class:`CliError` with the reason."""
+    return request_json(args.http, method, path, body, token(args), timeout_s)
 
 
 def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out=None) -> None:

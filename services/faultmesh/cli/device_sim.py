@@ -16,30 +16,16 @@ HTTP ports then require for every change)::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import urllib.error
-import urllib.request
 from typing import Any
 
-from faultmesh.cli.common import Unreachable, emit, http_error, reason, run, token
+from faultmesh.cli.common import emit, request_json, run, token
 
 
 def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
-    url = f"http://{args.sim}{path}"
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json"}
-    tok = token(args)
-    if tok:
-        headers["Authorization"] = f"Bearer {tok}"
-    req = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read() or b"null")
-    except urllib.error.HTTPError as e:
-        raise http_error(path, e.code, e.read().decode(errors="replace")) from None
-    except (urllib.error.URLError, OSError) as e:
-        raise Unreachable(f"cannot reach the deviced sim control API at {args.sim}: {reason(e)}") from None
+    return request_json(
+        args.sim, method, path, body, token(args), server="the deviced sim control API", what=path
+    )
 
 
 @run
