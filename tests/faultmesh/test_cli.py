@@ -5,6 +5,7 @@ not found / bad usage apart, allowed values in errors, no Python reprs."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 import yaml
 from support import make_clusterd
 
-from faultmesh.cli import build_parser
+from faultmesh.cli import build_parser, main
 from faultmesh.cli.common import EXIT_NOT_FOUND, EXIT_REJECTED, EXIT_UNREACHABLE, EXIT_USAGE, print_table
 from faultmesh.model import Fault
 
@@ -86,7 +87,15 @@ def test_table_is_aligned_without_borders(capsys):
     assert out == ["NODE    FAULTS  NOTE", "node-1  3", "n2      12      x [2]"]
 
 
-async def test_outputs_not_found_and_rejected_against_clusterd(tmp_path):
+async def test_outputs_not_found_and_rejected_against_clusterd(tmp_path, capsys, monkeypatch):
+    async def fm(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+        """``faultmesh ARGS`` in-process, in a thread (clusterd runs on this loop)."""
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        rc = await asyncio.to_thread(main, list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), rc, out, err)
+
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     cd = await make_clusterd(tmp_path, "--token-file", str(token))
@@ -95,31 +104,27 @@ async def test_outputs_not_found_and_rejected_against_clusterd(tmp_path):
         await cd.center.upsert(
             Fault("deviced", "node-1", "NPU", 2, "80E18402", "SubHealthFault", attributes={"k": "v"})
         )
-        r = await asyncio.to_thread(fm, "faults", *http)
+        r = await fm("faults", *http)
         assert r.returncode == 0 and r.stdout.split("\n")[0].split()[:3] == ["NODE", "DEVICE", "ID"]
         assert "ATTRIBUTES" not in r.stdout
-        wide = await asyncio.to_thread(fm, "faults", *http, "-o", "wide")
+        wide = await fm("faults", *http, "-o", "wide")
         assert "ATTRIBUTES" in wide.stdout and "k=v" in wide.stdout
-        y = await asyncio.to_thread(fm, "faults", *http, "-o", "yaml")
-        j = await asyncio.to_thread(fm, "faults", *http, "-o", "json")
+        y = await fm("faults", *http, "-o", "yaml")
+        j = await fm("faults", *http, "-o", "json")
         assert (
             yaml.safe_load(y.stdout) == json.loads(j.stdout) and json.loads(j.stdout)[0]["code"] == "80E18402"
         )
-        r = await asyncio.to_thread(fm, "job", "get", "nope", *http)
+        r = await fm("job", "get", "nope", *http)
         assert r.returncode == EXIT_NOT_FOUND and "job nope not found" in r.stderr
-        assert (
-            await asyncio.to_thread(fm, "job", "get", "--job", "nope", *http)
-        ).returncode == EXIT_NOT_FOUND
+        assert (await fm("job", "get", "--job", "nope", *http)).returncode == EXIT_NOT_FOUND
         job = "id: j1\nname: bert\nranks:\n  - {rank: 0, node: node-1, device: 0}\n"
-        r = await asyncio.to_thread(fm, "job", "apply", "-f", "-", *http, stdin=job)
+        r = await fm("job", "apply", "-f", "-", *http, stdin=job)
         assert r.returncode == EXIT_REJECTED and "bearer token required" in r.stderr  # no token given
-        r = await asyncio.to_thread(
-            fm, "job", "apply", "-f", "-", *http, "--token-file", str(token), stdin=job
-        )
+        r = await fm("job", "apply", "-f", "-", *http, "--token-file", str(token), stdin=job)
         assert r.returncode == 0, r.stderr
         for action in ("get", "recovery"):  # the positional id and --job name the same job
-            pos = await asyncio.to_thread(fm, "job", action, "j1", *http, "-o", "json")
-            flag = await asyncio.to_thread(fm, "job", action, "--job", "j1", *http, "-o", "json")
+            pos = await fm("job", action, "j1", *http, "-o", "json")
+            flag = await fm("job", action, "--job", "j1", *http, "-o", "json")
             assert pos.returncode == flag.returncode == 0, (action, pos.stderr, flag.stderr)
             assert json.loads(pos.stdout) == json.loads(flag.stdout), action
     finally:
