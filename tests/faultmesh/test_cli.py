@@ -5,6 +5,7 @@ not found / bad usage apart, allowed values in errors, no Python reprs."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import json
 import os
@@ -34,15 +35,26 @@ def fm(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     )
 
 
-def test_version_on_the_cli_and_every_command():
-    top = fm("--version")
+def inproc(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``faultmesh ARGS`` in-process (argparse's exits caught), as :func:`fm` reports it."""
+    try:
+        rc = main(list(args))
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), rc, out, err)
+
+
+def test_version_on_the_cli_and_every_command(capsys):
+    top = fm("--version")  # the console entry point itself, once
     assert top.returncode == 0 and top.stdout.startswith("faultmesh ")
     for argv in (["faults"], ["history"], ["job", "get"], ["slownode", "status"], ["stress-test"]):
-        r = fm(*argv, "--version")
+        r = inproc(capsys, *argv, "--version")
         assert r.returncode == 0 and r.stdout == top.stdout, argv
 
 
-def test_help_documents_exit_codes_and_completion_prints_shell_code():
+def test_help_documents_exit_codes_and_completion_prints_shell_code(capsys):
+    fm = functools.partial(inproc, capsys)
     r = fm("--help")
     assert r.returncode == 0
     for line in ("3  unreachable", "4  not found", "5  rejected", "2  bad usage"):
@@ -52,7 +64,8 @@ def test_help_documents_exit_codes_and_completion_prints_shell_code():
     assert fm("completion", "tcsh").returncode == EXIT_USAGE
 
 
-def test_one_job_spelling_with_hidden_aliases():
+def test_one_job_spelling_with_hidden_aliases(capsys):
+    fm = functools.partial(inproc, capsys)
     p = build_parser()
     for cmd in ("stress-test", "switch-nic", "trainsim"):
         extra = ["--nic", "n:0=on"] if cmd == "switch-nic" else []
@@ -64,13 +77,14 @@ def test_one_job_spelling_with_hidden_aliases():
     assert r.returncode == EXIT_USAGE and "required: --job" in r.stderr
 
 
-def test_bad_level_is_rejected_with_the_allowed_values():
-    r = fm("faults", "--level", "Bogus")
+def test_bad_level_is_rejected_with_the_allowed_values(capsys):
+    r = inproc(capsys, "faults", "--level", "Bogus")
     assert r.returncode == EXIT_USAGE
     assert "invalid choice: 'Bogus'" in r.stderr and "RestartNPU" in r.stderr and "SubHealthFault" in r.stderr
 
 
-def test_unreachable_is_exit_3_without_python_reprs():
+def test_unreachable_is_exit_3_without_python_reprs(capsys):
+    fm = functools.partial(inproc, capsys)
     for argv in (
         ["faults", "--http", "127.0.0.1:1"],
         ["pubfault", "send", "--grpc", "127.0.0.1:1", "--code", "010001001", "--node", "n"],
