@@ -240,3 +240,8 @@ def test_every_token_file_flag_reads_the_same_env(capsys, monkeypatch, tmp_path)
         main(["device-sim", "--help"])
     out = capsys.readouterr().out
     assert "FAULTMESH_TOKEN_FILE" in out and "(env FAULTMESH_TOKEN)" not in out
+
+
+def test_an_address_that_is_not_one_is_usage(capsys):
+    rc, err = cli(capsys, "faults", "--http", "http://[bad")
+    assert rc == EXIT_USAGE and "bad address 'http://[bad'" in err

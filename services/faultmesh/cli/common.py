@@ -224,15 +224,20 @@ def request_json(
     one). ``server`` names it in errors, ``what`` prefixes an error answer (default ``METHOD
     PATH``). Raises :class:`Unreachable` (no connection, not HTTP/1.x, an answer that is not JSON:
     the address is not that server), :class:`NotFound`, :class:`Rejected` or :class:`CliError`
-    (:func:`http_error`)."""
+    (:func:`http_error`); :class:`UsageError` for an address that is not one."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(base_url(addr) + path, data=data, method=method)
+    try:
+        req = urllib.request.Request(base_url(addr) + path, data=data, method=method)
+    except ValueError as e:  # "Invalid IPv6 URL", "unknown url type"
+        raise UsageError(f"bad address {addr!r} of {server}: {e}") from None
     req.add_header("Content-Type", "application/json")
     if tok:
         req.add_header("Authorization", f"Bearer {tok}")
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             raw = resp.read()
+    except ValueError as e:  # a port that is not a number, ...
+        raise UsageError(f"bad address {addr!r} of {server}: {e}") from None
     except urllib.error.HTTPError as e:
         raise http_error(what or f"{method} {path}", e.code, e.read().decode(errors="replace")) from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
