@@ -91,11 +91,24 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) ->
     return parser.parse_args(argv)
 
 
+class BadSecretFile(OSError):
+    """A secret file (token, password) that is empty or not UTF-8: refused like an unreadable one,
+    never taken as "no secret" (an empty mounted Secret must not turn authentication off)."""
+
+
 def read_secret(path: str | None, env: str | None = None) -> str | None:
-    """Read a secret (password, token) from a file (stripped) or else from env var ``env``; never logged."""
+    """Read a secret (password, token) from a file (stripped) or else from env var ``env``; never
+    logged. Raises ``OSError`` when the file is unreadable, :class:`BadSecretFile` when it is empty or
+    not UTF-8."""
     if path:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip()
+        try:
+            with open(path, encoding="utf-8") as f:
+                secret = f.read().strip()
+        except UnicodeDecodeError:
+            raise BadSecretFile(f"secret file {path} is not UTF-8 text") from None
+        if not secret:
+            raise BadSecretFile(f"secret file {path} is empty")
+        return secret
     if env:
         return os.environ.get(env)
     return None

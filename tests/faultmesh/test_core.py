@@ -87,3 +87,20 @@ def test_level_precedence_and_health_mapping():
     assert level_severity("SeparateFault") == level_severity("SeparateNPU")
     with pytest.raises(ValueError):
         NpuLevel.parse("Broken")
+
+
+def test_an_empty_or_binary_secret_file_is_refused_not_taken_as_no_secret(tmp_path):
+    """An empty mounted token Secret must not turn authentication off (tryout finding)."""
+    from faultmesh.config import BadSecretFile, read_secret
+
+    (tmp_path / "empty").write_text("\n")
+    (tmp_path / "bin").write_bytes(b"\xff\xfe")
+    (tmp_path / "ok").write_text(" s3cret\n")
+    with pytest.raises(BadSecretFile, match="is empty"):
+        read_secret(str(tmp_path / "empty"))
+    with pytest.raises(BadSecretFile, match="not UTF-8"):
+        read_secret(str(tmp_path / "bin"))
+    assert isinstance(BadSecretFile("x"), OSError)  # every daemon's start refuses it like a missing file
+    assert read_secret(str(tmp_path / "ok")) == "s3cret"
+    with pytest.raises(FileNotFoundError):
+        read_secret(str(tmp_path / "missing"))
