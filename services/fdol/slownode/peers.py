@@ -98,6 +98,21 @@ def aligned_ops(
     return [v for _, v in _aligned(group, history, window) if v is not None][-window:]
 
 
+def collective_times(
+    group: Sequence[int], history: dict[int, Sequence[StepMetrics]], n: int, oldest: bool = False
+) -> list[float]:
+    """Per aligned step (the last ``n``; ``oldest``: the first ``n`` in ``history``): the median over
+    the step's operations of the least member wait (ns), the collective's own time."""
+    steps = [v for _, v in _aligned(group, history, 10**9) if v is not None]
+    steps = steps[:n] if oldest else steps[-n:]
+    out = []
+    for vec in steps:
+        least = sorted(min(col) for col in zip(*vec.values(), strict=True))
+        h = len(least) // 2
+        out.append(least[h] if len(least) % 2 else (least[h - 1] + least[h]) / 2)
+    return out
+
+
 def step_arrivals(
     steps: Sequence[dict[int, tuple[int, ...]]], asym: float
 ) -> list[tuple[tuple[int, ...], int]]:
@@ -212,7 +227,160 @@ def forward_rise(
         h = history.get(r)
         if not b or not h:
             continue
-        vals = sorted(m.fwd_min or m.compute for m in list(h)[-window:] if m.compute > 0)
+        vals = sorted(m.fwd_min or m.compute for m in islice(reversed(h), window) if m.compute > 0)
         if len(vals) >= window:
             ratios.append(vals[len(vals) // 4] / b)
     return round(min(ratios), 4) if ratios else None
+
+
+def _iqm(x: np.ndarray) -> np.ndarray:
+    """Interquartile mean per column of ``x`` [samples, members] (the middle half of each column)."""
+    s = np.sort(x, axis=0)
+    k = len(s) // 4
+    return s[k : len(s) - k].mean(axis=0)
+
+
+def _excess(gaps: np.ndarray) -> np.ndarray:
+    """[steps, ops, members] gaps (ns, 0 = not measured) -> [valid ops, members]: own log gap minus
+    the median of the other members' log gaps of the same operation (ops with a 0 are left out)."""
+    ok = (gaps > 0).all(axis=2)
+    lg = np.log(gaps[ok].astype(np.float64))  # [valid, n]
+    n = lg.shape[1]
+    order = np.argsort(lg, axis=1)
+    srt = np.take_along_axis(lg, order, axis=1)
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.arange(n)[None, :], axis=1)  # each member's place in srt
+    m = n - 1  # the others: srt without the member's place
+    lo, hi = (m - 1) // 2, m // 2
+
+    def other(j: int) -> np.ndarray:
+        return np.where(pos > j, srt[:, [j]], srt[:, [j + 1]])
+
+    return lg - (other(lo) + other(hi)) / 2
+
+
+def gap_excess(
+    gaps: np.ndarray, short: int, spread: float, floor: float, z: float
+) -> tuple[list[int], list[float]]:
+    """The gap-excess rule on one TP group (:class:`GapDetector`). ``gaps``: [steps, ops, members]
+    ns, chronological (0 = not measured: the operation is left out for every member). -> (flagged
+    member positions, score per member: its best window's excess over that window's threshold;
+    >= 1 flags)."""
+    ok = (gaps > 0).all(axis=2)
+    return judge_excess(_excess(gaps), ok.sum(axis=1), short, spread, floor, z)
+
+
+def judge_excess(
+    x: np.ndarray, per_step: np.ndarray, short: int, spread: float, floor: float, z: float
+) -> tuple[list[int], list[float]]:
+    """``x``: [valid ops, members] excess (:func:`_excess`), chronological; ``per_step``: valid ops
+    per step. See :class:`GapDetector`."""
+    n = x.shape[1]
+    if len(x) < MIN_OPS:
+        return [], [0.0] * n
+    s = 1.4826 * float(np.median(np.abs(x - np.median(x, axis=0))))
+    score = np.zeros(n)
+    for w in (short, len(per_step)):
+        m = int(per_step[-w:].sum())
+        if m < MIN_OPS:
+            continue
+        thr = max(floor, spread * s, z * s / math.sqrt(m))
+        score = np.maximum(score, _iqm(x[-m:]) / thr)
+    return [i for i in range(n) if score[i] >= 1], [round(float(v), 3) for v in score]
+
+
+class GapDetector:
+    """faultmesh's slow-card rule from each rank's own compute between its TP collectives
+    (``StepMetrics.tp_gaps``): in tensor-parallel training a slow card's layers take longer while
+    its TP peers' waits absorb the difference, so the gap between two collectives *is* the card's
+    compute of that layer (the wait asymmetry compares waits, which also carry the peers' own
+    noise of leaving the previous collective).
+
+    Per TP group of this node (>= 2 local members), over the last ``window`` steps where every
+    member has the same number of gaps: per operation, ``d`` = log(own gap) - median of the other
+    members' log gaps; ``s`` = the robust spread of ``d`` (1.4826 x MAD, pooled over members, each
+    centred on its median). A member is *flagged* when the interquartile mean of its ``d`` over the
+    last ``window // 4`` steps or over the whole ``window`` reaches
+    ``max(floor, spread * s, z * s / sqrt(ops))``: at least ``floor`` (``computeExcess``, 0.05:
+    +5 % compute), at least ``spread`` (``gapSpread``, 1.0) spreads — on a shared-CPU box the
+    scheduler keeps one healthy member of a pair behind by as much as its per-operation noise for
+    tens of steps (bench/trainsim_tp.py SHARED_BOX, calibrated on the real 4-rank job) —, and
+    ``z`` (``waitZ``) standard errors. Calibration on the stand-in shared box (32 healthy runs of
+    150 steps, 3 confirming rounds of 5 steps): one run named a member, whose scheduling regime
+    made it compute 21 % slower than its peer for 40 steps (any rule that finds a +20 % card
+    within 40 steps names it), at ``spread`` 1.0 to 1.3; 4 of 32 at 0.8. On a cluster (per-op noise
+    2 %) the floor decides, so +10 % cards are found within the short window.
+
+    Each step's ``d`` is computed once (cached per group while in the window): a round costs the
+    new steps and one sort of the window.
+    """
+
+    def __init__(self, window: int = 40, spread: float = 1.0, floor: float = 0.05, z: float = 4.0) -> None:
+        self.window = window
+        self.short = max(2, window // 4)
+        self.spread = spread
+        self.floor = floor
+        self.z = z
+        self._rows: dict[tuple[int, ...], dict[int, np.ndarray]] = {}  # group -> step -> d rows
+
+    def evaluate(
+        self, groups: Iterable[Sequence[int]], history: dict[int, Sequence[StepMetrics]]
+    ) -> tuple[list[int], dict[int, float], list[tuple[int, ...]]]:
+        """-> (flagged ranks, {rank: score}, the groups judged: those with ``window`` steps of gaps;
+        the others are left to the wait-asymmetry rule)."""
+        flagged: list[int] = []
+        scores: dict[int, float] = {}
+        judged: list[tuple[int, ...]] = []
+        rows_all: dict[tuple[int, ...], dict[int, np.ndarray]] = {}
+        for group in groups:
+            key = tuple(sorted(group))
+            if len(key) < 2:
+                continue
+            rows = self._update(key, history)
+            rows_all[key] = rows
+            if len(rows) < self.window:
+                continue
+            judged.append(key)
+            steps = sorted(rows)[-self.window :]
+            x = np.concatenate([rows[st] for st in steps])
+            per_step = np.array([len(rows[st]) for st in steps])
+            hits, sc = judge_excess(x, per_step, self.short, self.spread, self.floor, self.z)
+            flagged += [key[i] for i in hits]
+            scores.update(zip(key, sc, strict=True))
+        self._rows = rows_all
+        return sorted(flagged), scores, judged
+
+    def _update(
+        self, key: tuple[int, ...], history: dict[int, Sequence[StepMetrics]]
+    ) -> dict[int, np.ndarray]:
+        """The group's cached rows plus those of the steps every member got since (each member's
+        steps are in order, so a step no member can still deliver is final), pruned to the window."""
+        rows = dict(self._rows.get(key, {}))
+        done = max(rows, default=-1)
+        by_step: dict[int, list[tuple[int, ...]]] = {}
+        ends = []
+        for pos, r in enumerate(key):
+            h = history.get(r, ())
+            ends.append(h[-1].step if h else -1)
+            for m in islice(reversed(h), self.window + 8):
+                if m.step <= done:
+                    break
+                if m.tp_gaps:
+                    by_step.setdefault(m.step, [()] * len(key))[pos] = m.tp_gaps
+        top = min(ends)
+        shapes: dict[int, list[int]] = {}
+        for st, row in by_step.items():
+            if st <= top and row[0] and all(len(g) == len(row[0]) for g in row):
+                shapes.setdefault(len(row[0]), []).append(st)
+        for sts in shapes.values():
+            sts.sort()
+            arr = np.asarray([by_step[st] for st in sts], dtype=np.float64).transpose(0, 2, 1)
+            ok = (arr > 0).all(axis=2)
+            d = _excess(arr)
+            cuts = np.cumsum(ok.sum(axis=1))[:-1]
+            for st, part in zip(sts, np.split(d, cuts), strict=True):
+                rows[st] = part
+        if len(rows) > self.window:
+            for st in sorted(rows)[: len(rows) - self.window]:
+                del rows[st]
+        return rows
