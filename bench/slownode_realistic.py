@@ -16,7 +16,8 @@ miss), missed (no naming confirmation), false alarm (anything named on a culprit
 before onset). Delay = rounds from the round the fault began (thermal: crossed +20 %) to the
 confirming round.
 
-Usage: ``python bench/slownode_realistic.py [--seeds 2] [--quick]``; last line: the summary.
+Usage: ``python bench/slownode_realistic.py [--seeds 2] [--quick] [--only healthy,card+20%]``; last
+line: the summary.
 """
 
 from __future__ import annotations
@@ -215,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         "--big", type=int, default=1024, help="size run for card+20%% and healthy + the round cost"
     )
     ap.add_argument("--quick", action="store_true", help="sizes 8,16 only")
+    ap.add_argument("--only", default="", help="comma-separated scenarios (default: all)")
     args = ap.parse_args(argv)
     sizes = [8, 16] if args.quick else [int(x) for x in args.sizes.split(",")]
     confs = {"faultmesh": parse_featconf(FAULTMESH), "reference": parse_featconf(REFERENCE)}
@@ -225,7 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     delays_all: dict[str, list[int]] = {k: [] for k in confs}
     round_ms: list[float] = []
     ref_ms: list[float] = []  # the reference rules' round on the same job: the same-run baseline
+    only = set(args.only.split(",")) - {""}
     for name, (_, _, min_n, extra) in SCENARIOS.items():
+        if only and name not in only:
+            continue
         stats = {k: [0, 0, 0, 0, []] for k in confs}
         runs = 0
         todo = [(n, s) for n in sizes if n >= min_n for s in range(args.seeds)]

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from itertools import islice
+from itertools import chain, islice
 
 import numpy as np
 
@@ -235,28 +235,32 @@ def forward_rise(
 
 def _iqm(x: np.ndarray) -> np.ndarray:
     """Interquartile mean per column of ``x`` [samples, members] (the middle half of each column)."""
-    s = np.sort(x, axis=0)
-    k = len(s) // 4
-    return s[k : len(s) - k].mean(axis=0)
+    s = np.sort(x.T, axis=1)  # [members, samples]: contiguous rows sort faster
+    k = s.shape[1] // 4
+    return s[:, k : s.shape[1] - k].mean(axis=1)
 
 
 def _excess(gaps: np.ndarray) -> np.ndarray:
     """[steps, ops, members] gaps (ns, 0 = not measured) -> [valid ops, members]: own log gap minus
     the median of the other members' log gaps of the same operation (ops with a 0 are left out)."""
-    ok = (gaps > 0).all(axis=2)
-    lg = np.log(gaps[ok].astype(np.float64))  # [valid, n]
-    n = lg.shape[1]
-    order = np.argsort(lg, axis=1)
-    srt = np.take_along_axis(lg, order, axis=1)
-    pos = np.empty_like(order)
-    np.put_along_axis(pos, order, np.arange(n)[None, :], axis=1)  # each member's place in srt
-    m = n - 1  # the others: srt without the member's place
+    n = gaps.shape[2]
+    return _excess_cols(gaps.reshape(-1, n).T)
+
+
+def _excess_cols(gaps: np.ndarray) -> np.ndarray:
+    """:func:`_excess` of [members, ops] gaps (chronological ops) -> [valid ops, members]."""
+    if gaps.min(initial=1) <= 0:
+        gaps = gaps[:, (gaps > 0).all(axis=0)]
+    lg = np.log(gaps)
+    n = lg.shape[0]
+    if n == 2:
+        return (lg - lg[::-1]).T
+    srt = np.sort(lg, axis=0)
+    m = n - 1  # the others: srt without the member's value (above srt[j]: srt[j] stays at j)
     lo, hi = (m - 1) // 2, m // 2
-
-    def other(j: int) -> np.ndarray:
-        return np.where(pos > j, srt[:, [j]], srt[:, [j + 1]])
-
-    return lg - (other(lo) + other(hi)) / 2
+    a = np.where(lg > srt[lo], srt[lo], srt[lo + 1])
+    b = a if hi == lo else np.where(lg > srt[hi], srt[hi], srt[hi + 1])
+    return (lg - (a + b) / 2).T
 
 
 def gap_excess(
@@ -267,26 +271,29 @@ def gap_excess(
     member positions, score per member: its best window's excess over that window's threshold;
     >= 1 flags)."""
     ok = (gaps > 0).all(axis=2)
-    return judge_excess(_excess(gaps), ok.sum(axis=1), short, spread, floor, z)
+    return judge_excess(_excess(gaps), ok.sum(axis=1).tolist(), short, spread, floor, z)
 
 
 def judge_excess(
-    x: np.ndarray, per_step: np.ndarray, short: int, spread: float, floor: float, z: float
+    x: np.ndarray, per_step: Sequence[int], short: int, spread: float, floor: float, z: float
 ) -> tuple[list[int], list[float]]:
     """``x``: [valid ops, members] excess (:func:`_excess`), chronological; ``per_step``: valid ops
     per step. See :class:`GapDetector`."""
     n = x.shape[1]
-    if len(x) < MIN_OPS:
+    total = len(x)
+    if total < MIN_OPS:
         return [], [0.0] * n
-    s = 1.4826 * float(np.median(np.abs(x - np.median(x, axis=0))))
-    score = np.zeros(n)
-    for w in (short, len(per_step)):
-        m = int(per_step[-w:].sum())
-        if m < MIN_OPS:
-            continue
+    srt = np.sort(x.T, axis=1)  # [members, ops]: contiguous rows sort faster
+    q = total // 4
+    iqr = sorted((srt[:, total - 1 - q] - srt[:, q]).tolist())
+    s = (iqr[n // 2] if n % 2 else (iqr[n // 2 - 1] + iqr[n // 2]) / 2) / 1.349
+    score = srt[:, q : total - q].mean(axis=1) / max(floor, spread * s, z * s / math.sqrt(total))
+    out = score.tolist()
+    m = int(sum(islice(reversed(per_step), short)))
+    if MIN_OPS <= m < total:
         thr = max(floor, spread * s, z * s / math.sqrt(m))
-        score = np.maximum(score, _iqm(x[-m:]) / thr)
-    return [i for i in range(n) if score[i] >= 1], [round(float(v), 3) for v in score]
+        out = [max(a, b) for a, b in zip(out, (_iqm(x[-m:]) / thr).tolist(), strict=True)]
+    return [i for i in range(n) if out[i] >= 1], [round(v, 3) for v in out]
 
 
 class GapDetector:
@@ -298,8 +305,8 @@ class GapDetector:
 
     Per TP group of this node (>= 2 local members), over the last ``window`` steps where every
     member has the same number of gaps: per operation, ``d`` = log(own gap) - median of the other
-    members' log gaps; ``s`` = the robust spread of ``d`` (1.4826 x MAD, pooled over members, each
-    centred on its median). A member is *flagged* when the interquartile mean of its ``d`` over the
+    members' log gaps; ``s`` = the robust spread of ``d`` (the median over members of the
+    interquartile range of their ``d`` over the window, / 1.349). A member is *flagged* when the interquartile mean of its ``d`` over the
     last ``window // 4`` steps or over the whole ``window`` reaches
     ``max(floor, spread * s, z * s / sqrt(ops))``: at least ``floor`` (``computeExcess``, 0.05:
     +5 % compute), at least ``spread`` (``gapSpread``, 1.0) spreads — on a shared-CPU box the
@@ -321,66 +328,76 @@ class GapDetector:
         self.spread = spread
         self.floor = floor
         self.z = z
-        self._rows: dict[tuple[int, ...], dict[int, np.ndarray]] = {}  # group -> step -> d rows
+        # group -> (last step judged, valid ops per judged step, [ops, members] excess of those steps)
+        self._state: dict[tuple[int, ...], tuple[int, tuple[int, ...], np.ndarray]] = {}
 
     def evaluate(
         self, groups: Iterable[Sequence[int]], history: dict[int, Sequence[StepMetrics]]
     ) -> tuple[list[int], dict[int, float], list[tuple[int, ...]]]:
-        """-> (flagged ranks, {rank: score}, the groups judged: those with ``window`` steps of gaps;
-        the others are left to the wait-asymmetry rule)."""
+        """-> (flagged ranks, {rank: score}, the groups judged: those whose records carry gaps (the
+        others are left to the wait-asymmetry rule); a group is flagged only once it has ``window``
+        steps of gaps, as the wait-asymmetry rule needs its whole window too)."""
         flagged: list[int] = []
         scores: dict[int, float] = {}
         judged: list[tuple[int, ...]] = []
-        rows_all: dict[tuple[int, ...], dict[int, np.ndarray]] = {}
+        state: dict[tuple[int, ...], tuple[int, tuple[int, ...], np.ndarray]] = {}
         for group in groups:
             key = tuple(sorted(group))
             if len(key) < 2:
                 continue
-            rows = self._update(key, history)
-            rows_all[key] = rows
-            if len(rows) < self.window:
+            st = state[key] = self._update(key, history)
+            if not st[1]:
                 continue
-            judged.append(key)
-            steps = sorted(rows)[-self.window :]
-            x = np.concatenate([rows[st] for st in steps])
-            per_step = np.array([len(rows[st]) for st in steps])
-            hits, sc = judge_excess(x, per_step, self.short, self.spread, self.floor, self.z)
+            judged.append(key)  # gaps recorded: this rule decides (nobody until its window is full)
+            if len(st[1]) < self.window:
+                continue
+            hits, sc = judge_excess(st[2], st[1], self.short, self.spread, self.floor, self.z)
             flagged += [key[i] for i in hits]
             scores.update(zip(key, sc, strict=True))
-        self._rows = rows_all
+        self._state = state
         return sorted(flagged), scores, judged
 
     def _update(
         self, key: tuple[int, ...], history: dict[int, Sequence[StepMetrics]]
-    ) -> dict[int, np.ndarray]:
-        """The group's cached rows plus those of the steps every member got since (each member's
-        steps are in order, so a step no member can still deliver is final), pruned to the window."""
-        rows = dict(self._rows.get(key, {}))
-        done = max(rows, default=-1)
-        by_step: dict[int, list[tuple[int, ...]]] = {}
-        ends = []
-        for pos, r in enumerate(key):
-            h = history.get(r, ())
-            ends.append(h[-1].step if h else -1)
-            for m in islice(reversed(h), self.window + 8):
+    ) -> tuple[int, tuple[int, ...], np.ndarray]:
+        """The group's judged steps plus those every member got since (each member's steps come in
+        order, so a step below every member's last is final), the last ``window`` kept."""
+        done, counts, x = self._state.get(key) or (-1, (), np.empty((0, len(key))))
+        news = []
+        for r in key:
+            new = []
+            for m in islice(reversed(history.get(r, ())), self.window + 8):
                 if m.step <= done:
                     break
-                if m.tp_gaps:
-                    by_step.setdefault(m.step, [()] * len(key))[pos] = m.tp_gaps
-        top = min(ends)
-        shapes: dict[int, list[int]] = {}
-        for st, row in by_step.items():
-            if st <= top and row[0] and all(len(g) == len(row[0]) for g in row):
-                shapes.setdefault(len(row[0]), []).append(st)
-        for sts in shapes.values():
-            sts.sort()
-            arr = np.asarray([by_step[st] for st in sts], dtype=np.float64).transpose(0, 2, 1)
-            ok = (arr > 0).all(axis=2)
-            d = _excess(arr)
-            cuts = np.cumsum(ok.sum(axis=1))[:-1]
-            for st, part in zip(sts, np.split(d, cuts), strict=True):
-                rows[st] = part
-        if len(rows) > self.window:
-            for st in sorted(rows)[: len(rows) - self.window]:
-                del rows[st]
-        return rows
+                new.append(m)
+            if not new:
+                return done, counts, x  # a member without new steps: nothing new is final
+            news.append(new[::-1])
+        top = min(new[-1].step for new in news)
+        news = [[m for m in new if m.step <= top] for new in news]
+        steps = [m.step for m in news[0]]
+        parts = [x]
+        added: list[int] = []
+        if all([m.step for m in new] == steps for new in news[1:]):
+            shape = {len(m.tp_gaps) for new in news for m in new}
+            if len(shape) == 1 and 0 not in shape:  # the usual case: one conversion, one pass
+                o = shape.pop()
+                flat = chain.from_iterable(m.tp_gaps for new in news for m in new)
+                arr = np.fromiter(flat, np.float64, len(key) * len(steps) * o).reshape(len(key), -1)
+                parts.append(_excess_cols(arr))
+                if arr.min() > 0:
+                    added = [o] * len(steps)
+                else:  # ops with an unmeasured gap are left out: count the rest per step
+                    added = (arr > 0).all(axis=0).reshape(len(steps), o).sum(axis=1).tolist()
+                steps = []
+        for st in steps:  # members with different steps or gap counts: step by step
+            row = [next((m for m in new if m.step == st), None) for new in news]
+            lens = {len(m.tp_gaps) if m is not None else 0 for m in row}
+            if len(lens) == 1 and 0 not in lens:
+                d = _excess_cols(np.asarray([m.tp_gaps for m in row if m is not None], dtype=np.float64))
+                parts.append(d)
+                added.append(len(d))
+        if added:
+            counts = (counts + tuple(added))[-self.window :]
+            x = np.concatenate(parts)[-sum(counts) :] if sum(counts) else x[:0]
+        return top, counts, x
