@@ -89,6 +89,8 @@ class NodeDetector:
         self.node_ip = node_ip
         self._groups: dict[str, Group] = {}
         self._derived: tuple | None = None  # (tp groups, parallelGroups, notApplicable) of _groups
+        self._ready_for: tuple | None = None  # (ranks with data, groups version) with baselines ready
+        self._groups_version = 0
         keep = max(
             max(conf.pattern_window, conf.n_consec) * 3,
             conf.peer_window + 8,
@@ -127,6 +129,7 @@ class NodeDetector:
     def groups(self, value: dict[str, Group]) -> None:
         self._groups = value
         self._derived = None
+        self._groups_version += 1
 
     def _derive(self) -> tuple:
         """What the groups give every round, computed once per change of the groups: the detection
@@ -185,12 +188,16 @@ class NodeDetector:
         with_data = [r for r in self.ranks if self.history[r]]
         if not with_data:
             return False
+        key = (tuple(with_data), self._groups_version)
+        if key == self._ready_for:  # baselines, once formed, stay
+            return True
         in_tp = {r for g in self.tp_groups() if len(g) > 1 for r in g}
         for r in with_data:
             if not self.detectors[(r, "step_time")].ready:
                 return False
             if r in in_tp and not self.detectors[(r, "zp_device")].ready:
                 return False
+        self._ready_for = key
         return True
 
     def _live(self, ranks: list[int]) -> list[int]:
