@@ -301,9 +301,9 @@ class NodeDetector:
         self, res: dict, with_data: list[int], groups: list[list[int]], level: float, low: int
     ) -> dict:
         """faultmesh rules: every boundary judged on its own (no step-time gate), slow cards from
-        wait asymmetry (:mod:`.peers`); the result is slow only when it names something (a step-time
-        degradation alone makes its ranks suspects: communication profiling on, no naming);
-        cluster-wide suppression happens at cluster level."""
+        the gaps between their TP collectives, else wait asymmetry (:mod:`.peers`); the result is
+        slow only when it names something (a step-time degradation alone makes its ranks suspects:
+        communication profiling on, no naming); cluster-wide suppression happens at cluster level."""
         fired = ["stepTime"] if level > 0 else []
         multi = [g for g in groups if len(g) > 1]
         gap_cards, gap_scores, judged = self.gaps.evaluate(multi, self.history)

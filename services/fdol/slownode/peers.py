@@ -1,5 +1,7 @@
-"""faultmesh's peer-relative slow-card detector: wait asymmetry inside TP groups (an addition to
-reference fdol.md §4.5).
+"""faultmesh's peer-relative slow-card detectors (an addition to reference fdol.md §4.5): the gap
+rule (:class:`GapDetector`, each rank's own compute between its TP collectives against its TP
+peers'; used wherever the records carry those gaps) and, below, the wait-asymmetry sign test used
+where they do not.
 
 Why: in tensor-parallel training the TP collectives sit *inside* the forward range (Megatron), so
 every member of a TP group shows the same forward time and the same step time; a slow card shows up
