@@ -376,6 +376,8 @@ class GapDetector:
                 return done, counts, x  # a member without new steps: nothing new is final
             news.append(new[::-1])
         top = min(new[-1].step for new in news)
+        if not any(m.tp_gaps for new in news for m in new):
+            return top, counts, x  # no gaps recorded (one TP collective per step, or none)
         news = [[m for m in new if m.step <= top] for new in news]
         steps = [m.step for m in news[0]]
         parts = [x]
@@ -392,8 +394,9 @@ class GapDetector:
                 else:  # ops with an unmeasured gap are left out: count the rest per step
                     added = (arr > 0).all(axis=0).reshape(len(steps), o).sum(axis=1).tolist()
                 steps = []
+        by_step = [{m.step: m for m in new} for new in news] if steps else []
         for st in steps:  # members with different steps or gap counts: step by step
-            row = [next((m for m in new if m.step == st), None) for new in news]
+            row = [b.get(st) for b in by_step]
             lens = {len(m.tp_gaps) if m is not None else 0 for m in row}
             if len(lens) == 1 and 0 not in lens:
                 d = _excess_cols(np.asarray([m.tp_gaps for m in row if m is not None], dtype=np.float64))

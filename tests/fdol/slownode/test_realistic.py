@@ -149,7 +149,7 @@ def test_bad_input_names_nobody_from_missing_data_and_is_counted():
     for step in range(90):
         for r, m in sim.run_step(emit="metrics").items():
             if r == 1 and step >= 35 and step % 2:
-                m.tp_ops, m.zp_med, m.zp_device, m.zp_host = (), 0, 0, 0
+                m.tp_ops, m.tp_gaps, m.zp_med, m.zp_device, m.zp_host = (), (), 0, 0, 0
             if r == 2:
                 m.start_ns += 5 * 10**9
                 m.end_ns += 5 * 10**9
