@@ -56,16 +56,19 @@ def check_state(
         raise AgentInputError("bad_state: node_status longer than 32 chars")
     if not conditions and not devices:  # most deltas: nothing to count
         return
-    st = nodes.get(node)
-    types = {c.type for c in conditions}
-    devs = {(d.device_type, d.device_id) for d in devices}
-    if not replace and st is not None:  # what the node would hold after this message
-        types |= set(st.conditions)
-        devs |= {(d.get("device_type"), d.get("device_id")) for d in st.devices.values()}
-    if len(conditions) > MAX_CONDITIONS or len(types) > MAX_CONDITIONS:
+    if len(conditions) > MAX_CONDITIONS:
         raise AgentInputError(f"bad_state: more than {MAX_CONDITIONS} conditions on one node")
-    if len(devices) > MAX_DEVICES or len(devs) > MAX_DEVICES:
+    if len(devices) > MAX_DEVICES:
         raise AgentInputError(f"bad_state: more than {MAX_DEVICES} devices on one node")
+    st = nodes.get(node)
+    if not replace and st is not None:  # what the node would hold after this message
+        # (a snapshot replaces: it holds at most what it sends, counted above)
+        if conditions and len(set(st.conditions).union(c.type for c in conditions)) > MAX_CONDITIONS:
+            raise AgentInputError(f"bad_state: more than {MAX_CONDITIONS} conditions on one node")
+        if devices:
+            held = {(d.get("device_type"), d.get("device_id")) for d in st.devices.values()}
+            if len(held.union((d.device_type, d.device_id) for d in devices)) > MAX_DEVICES:
+                raise AgentInputError(f"bad_state: more than {MAX_DEVICES} devices on one node")
     for c in conditions:
         if not c.type or len(c.type) > 64 or len(c.reason) > 256 or len(c.message) > 1024:
             raise AgentInputError("bad_state: condition type/reason/message empty or too long")
