@@ -13,8 +13,10 @@ The last line holds the figures.
 
 ``--resync 1000,4000,16384`` measures the other scale figure of issue 18 instead: N deviced agents
 (16 NPUs each, 10 faults on every 10th node) snapshot into clusterd, clusterd restarts on the same
-state, and the agents reconnect with the same snapshot (unchanged) and then with every fault
-changed. Agents are played by :class:`loadgen.Fleet` worker processes; beside each figure it prints
+state, and the agents reconnect with the same snapshot (the restart resync). Then every agent sends
+one more snapshot on its open stream, first the same state (unchanged), then every NPU's health and
+every fault's level changed: clusterd's CPU for each is the cost of a snapshot without the connect.
+Agents are played by :class:`loadgen.Fleet` worker processes; beside each figure it prints
 the clients' CPU, the same job against :class:`loadgen.EchoServer` (a server doing no work) and the
 per-agent time relative to the first size, so the figures read as ratios on a noisy box.
 
@@ -27,134 +29,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import shutil
-import socket
-import sys
 import tempfile
 import time
 import urllib.request
 
-import grpc
 import kmock
 import uvloop
 from benchkit import Clusterd
-from loadgen import EchoServer, Fleet, quantile
-from loadgen import cpu_s as proc_cpu_s
-from loadgen import rss_mib as proc_rss_mib
-
-from faultmesh._pb import agent_pb2, agent_pb2_grpc
-
-CLK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        parts = f.read().rsplit(")", 1)[1].split()
-    return (int(parts[11]) + int(parts[12])) / CLK
-
-
-def snapshot(node: str, faulty: bool) -> agent_pb2.Snapshot:
-    devices = [
-        agent_pb2.DeviceState(
-            device_type="NPU",
-            device_id=i,
-            phy_id=i,
-            health="Healthy",
-            network_health="Healthy",
-            level="NotHandleFault",
-            super_pod_id=-1,
-            server_index=-1,
-        )
-        for i in range(16)
-    ]
-    faults = []
-    if faulty:
-        faults = [
-            agent_pb2.Fault(
-                source="dcmi", node=node, device_type="NPU", device_id=3, code="80E18008", level="RestartNPU"
-            ),
-            agent_pb2.Fault(
-                source="dcmi",
-                node=node,
-                device_type="NPU",
-                device_id=5,
-                code="81078603",
-                level="PreSeparateNPU",
-            ),
-        ]
-    return agent_pb2.Snapshot(seq=1, faults=faults, devices=devices)
-
-
-async def connect_agents(addr: str, n: int, faulty_every: int) -> tuple[list, list, float]:
-    per_channel = 50
-    channels = [
-        grpc.aio.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range((n + per_channel - 1) // per_channel + n // faulty_every // per_channel + 1)
-    ]
-    calls = []
-    retries = [0]
-    t0 = time.perf_counter()
-    sem = asyncio.Semaphore(512)
-
-    async def agent(i: int, kind: str, ch) -> None:
-        node = f"node-{i:05d}"
-        for attempt in range(5):  # an overloaded machine may fail a stream: reconnect, as agents do
-            async with sem:
-                call = agent_pb2_grpc.AgentStreamStub(ch).Connect()
-                try:
-                    await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=node, agent=kind)))
-                    if kind == "deviced":
-                        snap = snapshot(node, i % faulty_every == 0)
-                    else:
-                        snap = agent_pb2.Snapshot(
-                            seq=1,
-                            node_status="UnHealthy",
-                            faults=[
-                                agent_pb2.Fault(
-                                    source="bmc-oem",
-                                    node=node,
-                                    device_type="Disk",
-                                    device_id=1,
-                                    code="2C000031",
-                                    level="SeparateFault",
-                                )
-                            ],
-                        )
-                    await call.write(agent_pb2.AgentMessage(snapshot=snap))
-                    msg = await call.read()
-                    assert msg.ack.seq == 1 and not msg.ack.error, msg
-                    calls.append(call)
-                    return
-                except grpc.aio.AioRpcError:
-                    call.cancel()
-                    retries[0] += 1
-            await asyncio.sleep(0.5 * (attempt + 1))
-        raise RuntimeError(f"agent {node}/{kind} could not connect")
-
-    jobs = [agent(i, "deviced", channels[i // per_channel]) for i in range(n)]
-    base = (n + per_channel - 1) // per_channel
-    jobs += [
-        agent(i, "noded", channels[base + k // per_channel]) for k, i in enumerate(range(0, n, faulty_every))
-    ]
-    await asyncio.gather(*jobs)
-    if retries[0]:
-        print(f"  ({retries[0]} agent streams had to reconnect)", flush=True)
-    return channels, calls, time.perf_counter() - t0
+from loadgen import EchoServer, Fleet, cpu_s, node_name, quantile, rss_mib
 
 
 def published_nodes(emu) -> int:
@@ -166,52 +49,36 @@ def published_nodes(emu) -> int:
     return total
 
 
-async def run_size(n: int, faulty_every: int) -> dict:
-    state = tempfile.mkdtemp(prefix="fm-scale-")
+async def run_size(fleet: Fleet, n: int, faulty_every: int) -> dict:
+    """One size of the Kubernetes-mode bench: N deviced agents (and a noded stream on every
+    ``faulty_every``-th node) connect to a ``--kube`` clusterd; figures in MiB, s and cores."""
     async with kmock.KubernetesEmulator() as emu, kmock.Server(emu) as srv:
         emu.resources["v1/configmaps"] = {}
         emu.resources["v1/nodes"] = {}
         emu.resources["v1/pods"] = {}
         for i in range(n):
-            name = f"node-{i:05d}"
+            name = node_name(i)
             emu.objects[(kmock.resource("v1/nodes"), None, name)] = {"metadata": {"name": name}}
-        grpc_addr, http_addr = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "clusterd",
-            "--grpc-addr",
-            grpc_addr,
-            "--http-addr",
-            http_addr,
-            "--state-dir",
-            state,
-            "--kube",
-            "--kube-api",
-            str(srv.url).rstrip("/"),
-            "--kube-min-write-s",
-            "1",
-            "--log-level",
-            "WARNING",
-        )
+        cd = Clusterd("--kube", "--kube-api", str(srv.url).rstrip("/"), "--kube-min-write-s", "1")
+        await asyncio.to_thread(cd.__enter__)  # kmock answers on this loop meanwhile
         try:
-            for _ in range(200):
-                try:
-                    await asyncio.to_thread(urllib.request.urlopen, f"http://{http_addr}/readyz", timeout=1)
-                    break
-                except OSError:
-                    await asyncio.sleep(0.1)
-            idle_rss = rss_mib(proc.pid)
-            cpu0 = cpu_s(proc.pid)
-            channels, calls, connect_s = await connect_agents(grpc_addr, n, faulty_every)
+            idle_rss = rss_mib(cd.pid)
+            cpu0 = cpu_s(cd.pid)
+            t0 = time.perf_counter()
+            job = {"addr": cd.grpc, "npus": 16, "faults": 2, "faulty_every": faulty_every}
+            dev = await asyncio.to_thread(fleet.run, "resync", list(range(n)), **job)
+            nod = await asyncio.to_thread(
+                fleet.run, "resync", list(range(0, n, faulty_every)), agent="noded", keep=True, **job
+            )
+            connect_s = time.perf_counter() - t0
+            if dev["retries"] + nod["retries"]:
+                print(f"  ({dev['retries'] + nod['retries']} agent streams had to reconnect)", flush=True)
             t0 = time.perf_counter()
             while published_nodes(emu) < n:
                 await asyncio.sleep(1.0)
                 if time.perf_counter() - t0 > 180:
                     metrics = await asyncio.to_thread(
-                        lambda: (
-                            urllib.request.urlopen(f"http://{http_addr}/metrics", timeout=5).read().decode()
-                        )
+                        lambda: urllib.request.urlopen(f"http://{cd.http}/metrics", timeout=5).read().decode()
                     )
                     kube = "\n".join(
                         line for line in metrics.splitlines() if "kube" in line and not line.startswith("#")
@@ -220,19 +87,14 @@ async def run_size(n: int, faulty_every: int) -> dict:
                         f"only {published_nodes(emu)} of {n} nodes published; clusterd:\n{kube}"
                     )
             publish_s = time.perf_counter() - t0
-            busy_cpu = cpu_s(proc.pid) - cpu0
-            loaded_rss = rss_mib(proc.pid)
-            c1 = cpu_s(proc.pid)
+            busy_cpu = cpu_s(cd.pid) - cpu0
+            loaded_rss = rss_mib(cd.pid)
+            c1 = cpu_s(cd.pid)
             await asyncio.sleep(5)
-            steady_cores = (cpu_s(proc.pid) - c1) / 5
-            for call in calls:
-                call.cancel()
-            for ch in channels:
-                await ch.close()
+            steady_cores = (cpu_s(cd.pid) - c1) / 5
+            await asyncio.to_thread(fleet.close_streams)
         finally:
-            proc.terminate()
-            await proc.wait()
-            shutil.rmtree(state, ignore_errors=True)
+            await asyncio.to_thread(cd.__exit__)
     return {
         "nodes": n,
         "idle_rss_mib": idle_rss,
@@ -257,14 +119,16 @@ def resync_size(fleet: Fleet, n: int, profile: str | None) -> dict:
             first = fleet.run("resync", items, addr=cd.grpc, **job)
             fleet.close_streams()
         with Clusterd(state_dir=state, profile=profile) as cd:
-            c0 = proc_cpu_s(cd.pid)
+            c0 = cpu_s(cd.pid)
             same = fleet.run("resync", items, addr=cd.grpc, **job)
-            same_cpu = proc_cpu_s(cd.pid) - c0
-            fleet.close_streams()
-            c0 = proc_cpu_s(cd.pid)
-            changed = fleet.run("resync", items, addr=cd.grpc, changed=True, **job)
-            changed_cpu = proc_cpu_s(cd.pid) - c0
-            rss = proc_rss_mib(cd.pid)
+            same_cpu = cpu_s(cd.pid) - c0
+            # one more snapshot on the open streams: its cost alone, unchanged then changed
+            snaps = {}
+            for name, changed in (("unchanged", False), ("changed", True)):
+                c0 = cpu_s(cd.pid)
+                r = fleet.run("resnap", [], changed=changed)
+                snaps[name] = (r["wall_s"], cpu_s(cd.pid) - c0)
+            rss = rss_mib(cd.pid)
             fleet.close_streams()
     finally:
         shutil.rmtree(state, ignore_errors=True)
@@ -274,12 +138,14 @@ def resync_size(fleet: Fleet, n: int, profile: str | None) -> dict:
         "first_s": first["wall_s"],
         "resync_s": same["wall_s"],
         "resync_cpu_s": same_cpu,
-        "changed_s": changed["wall_s"],
-        "changed_cpu_s": changed_cpu,
+        "snap_s": snaps["unchanged"][0],
+        "snap_cpu_s": snaps["unchanged"][1],
+        "changed_s": snaps["changed"][0],
+        "changed_cpu_s": snaps["changed"][1],
         "client_cpu_s": same["cpu_s"],
         "p99_s": quantile(same["lat"], 0.99),
         "rss_mib": rss,
-        "retries": same["retries"] + changed["retries"],
+        "retries": same["retries"],
     }
 
 
@@ -294,9 +160,10 @@ def resync_main(sizes: list[int], procs: int | None, profile: str | None) -> Non
             per_agent = (r["resync_s"] / n) / (base["resync_s"] / base["nodes"])
             print(
                 f"{n:6d} agents x 16 NPUs: restart resync {r['resync_s']:6.2f} s (clusterd CPU "
-                f"{r['resync_cpu_s']:5.2f} s, p99 {r['p99_s']:.2f} s) | changed {r['changed_s']:6.2f} s "
-                f"(CPU {r['changed_cpu_s']:5.2f} s) | first {r['first_s']:6.2f} s | echo server "
-                f"{r['echo_s']:5.2f} s | RSS {r['rss_mib']:6.1f} MiB | clients {fleet.procs} procs, "
+                f"{r['resync_cpu_s']:5.2f} s, p99 {r['p99_s']:.2f} s) | first {r['first_s']:6.2f} s | echo "
+                f"server {r['echo_s']:5.2f} s | a further snapshot on the open streams: unchanged "
+                f"{r['snap_s']:5.2f} s (CPU {r['snap_cpu_s']:5.2f} s), changed {r['changed_s']:5.2f} s (CPU "
+                f"{r['changed_cpu_s']:5.2f} s) | RSS {r['rss_mib']:6.1f} MiB | clients {fleet.procs} procs, "
                 f"CPU {r['client_cpu_s']:5.2f} s | per agent x{per_agent:.2f} of {base['nodes']} "
                 f"| retries {r['retries']}",
                 flush=True,
@@ -305,7 +172,7 @@ def resync_main(sizes: list[int], procs: int | None, profile: str | None) -> Non
         "RESULT "
         + " ".join(
             f"n{r['nodes']}_resync_s={r['resync_s']:.2f} n{r['nodes']}_vs_echo={r['resync_s'] / r['echo_s']:.1f} "
-            f"n{r['nodes']}_unchanged_cpu_vs_changed={r['resync_cpu_s'] / max(r['changed_cpu_s'], 1e-9):.2f} "
+            f"n{r['nodes']}_unchanged_cpu_vs_changed={r['snap_cpu_s'] / max(r['changed_cpu_s'], 1e-9):.2f} "
             f"n{r['nodes']}_rss_mib={r['rss_mib']:.0f}"
             for r in results
         )
@@ -386,9 +253,11 @@ def main() -> None:
         resync_main([int(x) for x in a.resync.split(",")], a.procs, a.profile)
         return
     results = []
-    for n in (int(x) for x in a.nodes.split(",")):
-        r = uvloop.run(run_size(n, a.faulty_every))
-        results.append(r)
+    with Fleet(a.procs) as fleet:
+        for n in (int(x) for x in a.nodes.split(",")):
+            results.append(uvloop.run(run_size(fleet, n, a.faulty_every)))
+    for r in results:
+        n = r["nodes"]
         print(
             f"{n:6d} nodes: RSS {r['rss_mib']:7.1f} MiB (idle {r['idle_rss_mib']:.1f})  "
             f"connect+snapshot {r['connect_s']:5.1f} s  all published {r['publish_s']:5.1f} s later  "

@@ -7,7 +7,12 @@ figure is printed beside the same load against :class:`loadgen.EchoServer` (a gr
 answering the same messages without any work) measured in the same run, and beside the clients'
 own CPU seconds: when the clients used about ``procs`` cores, the client was the limit.
 
-Run: ``.venv/bin/python bench/ingest.py [--seconds 8] [--agents 1000]``. The last line holds the figures.
+Run: ``.venv/bin/python bench/ingest.py [--seconds 8] [--agents 1000] [--per-msg 1]``. The last line
+holds the figures; ``server_us_per_delta_msg`` is clusterd's CPU (all its threads) per acked Delta
+message from the common start on, beside the echo server's per message (gRPC's own floor), and
+``deltas_per_server_core_s`` the fault deltas one server core would take at that cost (``--per-msg``
+upserts per message; a real agent coalesces the changes of one ``min_report_interval_s`` into one
+Delta).
 clusterd runs with its per-resource and unary limiters opened up, so the server's own cost is measured.
 ``--profile PATH`` writes clusterd's cProfile there.
 """
@@ -15,6 +20,8 @@ clusterd runs with its per-resource and unary limiters opened up, so the server'
 from __future__ import annotations
 
 import argparse
+import threading
+import time
 
 from benchkit import Clusterd
 from loadgen import EchoServer, Fleet, cpu_s, quantile
@@ -27,8 +34,17 @@ def measure(fleet: Fleet, addr: str, pid: int, a) -> dict[str, tuple]:
     out: dict[str, tuple] = {}
 
     def run(name: str, job: str, items: list[int], **kw) -> dict:
+        # the agents connect during the lead time; the server's CPU counts from the common start
+        lead = 1.0 + len(items) / 250
+        got: dict = {}
+        th = threading.Thread(
+            target=lambda: got.update(fleet.run(job, items, addr=addr, seconds=a.seconds, lead_s=lead, **kw))
+        )
+        th.start()
+        time.sleep(lead)
         c0 = cpu_s(pid)
-        r = fleet.run(job, items, addr=addr, seconds=a.seconds, **kw)
+        th.join()
+        r = got
         assert not r["errors"], f"{name}: {r['errors']} errors"
         rate = r["n"] / r["wall_s"]
         out[name] = (
@@ -37,6 +53,7 @@ def measure(fleet: Fleet, addr: str, pid: int, a) -> dict[str, tuple]:
             quantile(r["lat"], 0.99) * 1e3,
             r["cpu_s"],
             cpu_s(pid) - c0,
+            (cpu_s(pid) - c0) / max(1, r["n"]) * 1e6,  # server CPU us per message
         )
         return out[name]
 
@@ -68,20 +85,22 @@ def main() -> None:
             base = measure(fleet, echo.addr, echo.pid, a)
         with Clusterd(*OPEN, profile=a.profile) as cd:
             got = measure(fleet, cd.grpc, cd.pid, a)
-    for name, (rate, p50, p99, ccpu, scpu) in got.items():
+    for name, (rate, p50, p99, ccpu, scpu, us) in got.items():
         b = base[name]
         print(
-            f"{name:13s} clusterd {rate:8.0f}/s p50 {p50:7.2f} ms p99 {p99:7.2f} ms (server CPU {scpu:5.1f} s) | "
-            f"echo server {b[0]:8.0f}/s p99 {b[2]:7.2f} ms | ratio {rate / b[0]:.2f} | clients {fleet.procs} procs "
-            f"CPU {ccpu:5.1f} s of {a.seconds * fleet.procs:.0f}",
+            f"{name:13s} clusterd {rate:8.0f}/s p50 {p50:7.2f} ms p99 {p99:7.2f} ms (server CPU {scpu:5.1f} s, "
+            f"{us:5.0f} us/msg) | echo server {b[0]:8.0f}/s p99 {b[2]:7.2f} ms ({b[5]:5.0f} us/msg) | ratio "
+            f"{rate / b[0]:.2f} | clients {fleet.procs} procs CPU {ccpu:5.1f} s of {a.seconds * fleet.procs:.0f}",
             flush=True,
         )
     d, h = got["deltas"], got["deltas_half"]
     print(
         f"RESULT pubfault_c1_rps={got['pubfault_c1'][0]:.0f} pubfault_c64_rps={got['pubfault_c64'][0]:.0f} "
-        f"pubfault_c64_p99_ms={got['pubfault_c64'][2]:.1f} agents={a.agents} deltas_per_s={d[0]:.0f} "
-        f"deltas_vs_echo={d[0] / base['deltas'][0]:.2f} server_cores={d[4] / a.seconds:.2f} "
-        f"half_rate_ack_p99_ms={h[2]:.1f} client_cpu_s={d[3]:.1f}"
+        f"pubfault_c64_p99_ms={got['pubfault_c64'][2]:.1f} agents={a.agents} per_msg={a.per_msg} "
+        f"deltas_per_s={d[0]:.0f} deltas_vs_echo={d[0] / base['deltas'][0]:.2f} server_cores={d[4] / a.seconds:.2f} "
+        f"server_us_per_delta_msg={d[5]:.0f} echo_us_per_msg={base['deltas'][5]:.0f} "
+        f"deltas_per_server_core_s={1e6 / d[5] * a.per_msg:.0f} half_rate_ack_p99_ms={h[2]:.1f} "
+        f"client_cpu_s={d[3]:.1f}"
     )
 
 

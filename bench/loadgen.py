@@ -48,10 +48,11 @@ def node_name(i: int) -> str:
 
 def snapshot_bytes(node: str, npus: int, faults: int, seq: int = 1, changed: bool = False) -> bytes:
     """A deviced Snapshot (``npus`` healthy NPUs, ``faults`` NPU faults) as one serialized AgentMessage;
-    ``changed`` gives every fault another level than the unchanged one."""
+    ``changed`` gives every NPU another health and every fault another level than the unchanged one."""
+    health = "SubHealthy" if changed else "Healthy"
     devices = [
         agent_pb2.DeviceState(
-            device_type="NPU", device_id=i, phy_id=i, health="Healthy", network_health="Healthy",
+            device_type="NPU", device_id=i, phy_id=i, health=health, network_health="Healthy",
             level="NotHandleFault", super_pod_id=-1, server_index=-1,
         )
         for i in range(npus)
@@ -66,6 +67,16 @@ def snapshot_bytes(node: str, npus: int, faults: int, seq: int = 1, changed: boo
     ]  # fmt: skip
     return agent_pb2.AgentMessage(
         snapshot=agent_pb2.Snapshot(seq=seq, faults=fl, devices=devices)
+    ).SerializeToString()
+
+
+def noded_snapshot_bytes(node: str, seq: int = 1) -> bytes:
+    """A noded Snapshot: node status UnHealthy and one BMC disk fault, serialized."""
+    fault = agent_pb2.Fault(
+        source="bmc-oem", node=node, device_type="Disk", device_id=1, code="2C000031", level="SeparateFault"
+    )
+    return agent_pb2.AgentMessage(
+        snapshot=agent_pb2.Snapshot(seq=seq, node_status="UnHealthy", faults=[fault])
     ).SerializeToString()
 
 
@@ -125,27 +136,34 @@ class _Worker:
     def __init__(self) -> None:
         self.calls: list = []
         self.channels: list[grpc.aio.Channel] = []
+        self.streams: list[tuple[Any, int]] = []  # (call, agent index) of the last resync's streams
+        self.seq = 1  # the last snapshot seq sent on the open resync streams
+        self.job: dict[str, Any] = {}  # the resync job's snapshot parameters
 
     async def close(self) -> None:
         for c in self.calls:
             c.cancel()
         for ch in self.channels:
             await ch.close()
-        self.calls, self.channels = [], []
+        self.calls, self.channels, self.streams = [], [], []
 
     async def resync(
         self, addr: str, agents: list[int], start_at: float, npus: int = 16, faults: int = 0,
         faulty_every: int = 10, changed: bool = False, per_channel: int = 50, concurrency: int = 256,
+        agent: str = "deviced", keep: bool = False,
     ) -> dict[str, Any]:  # fmt: skip
         """Connect ``agents`` (indexes), each sending Hello + Snapshot and waiting for its ack; the
-        streams stay open until :meth:`close`. Faults: ``faults`` per node on every ``faulty_every``-th."""
-        await self.close()
-        self.channels = _channels(addr, (len(agents) + per_channel - 1) // per_channel)
-        msgs = [
-            (hello_bytes(node_name(i)), snapshot_bytes(node_name(i), npus, faults if i % faulty_every == 0 else 0,
-                                                       changed=changed))
-            for i in agents
-        ]  # fmt: skip
+        streams stay open until :meth:`close`. ``agent`` deviced: ``npus`` NPUs, ``faults`` NPU
+        faults on every ``faulty_every``-th node; noded: node status and one disk fault. ``keep``:
+        the streams of the last resync stay open too (:meth:`resnap` then uses only the new ones)."""
+        if not keep:
+            await self.close()
+        base = len(self.channels)
+        self.channels += _channels(addr, (len(agents) + per_channel - 1) // per_channel)
+        self.streams = []
+        self.job = {"npus": npus, "faults": faults, "faulty_every": faulty_every, "agent": agent}
+        self.seq = 1
+        msgs = [(hello_bytes(node_name(i), agent), self._snapshot(i, 1, changed)) for i in agents]
         sem = asyncio.Semaphore(concurrency)
         lat: list[float] = []
         retries = [0]
@@ -155,7 +173,7 @@ class _Worker:
             for attempt in range(8):  # an overloaded box may fail a stream: reconnect, as agents do
                 async with sem:
                     t = time.perf_counter()
-                    call = _stream(self.channels[k // per_channel])
+                    call = _stream(self.channels[base + k // per_channel])
                     try:
                         await call.write(hello)
                         await call.write(snap)
@@ -163,6 +181,7 @@ class _Worker:
                         assert seq == 1 and not err, err
                         lat.append(time.perf_counter() - t)
                         self.calls.append(call)
+                        self.streams.append((call, agents[k]))
                         return
                     except grpc.aio.AioRpcError:
                         call.cancel()
@@ -175,6 +194,37 @@ class _Worker:
         await asyncio.gather(*(one(k) for k in range(len(msgs))))
         return {"n": len(msgs), "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                 "lat": _thin(lat), "retries": retries[0]}  # fmt: skip
+
+    def _snapshot(self, i: int, seq: int, changed: bool) -> bytes:
+        j = self.job
+        if j["agent"] == "noded":
+            return noded_snapshot_bytes(node_name(i), seq)
+        faults = j["faults"] if i % j["faulty_every"] == 0 else 0
+        return snapshot_bytes(node_name(i), j["npus"], faults, seq=seq, changed=changed)
+
+    async def resnap(self, start_at: float, changed: bool = False, concurrency: int = 256) -> dict[str, Any]:
+        """Send one more Snapshot (the next seq; ``changed`` or the same state) on every stream the
+        last :meth:`resync` left open and wait for each ack: the cost of a snapshot alone, without
+        the connect."""
+        self.seq += 1
+        msgs = [(call, self._snapshot(i, self.seq, changed)) for call, i in self.streams]
+        sem = asyncio.Semaphore(concurrency)
+        lat: list[float] = []
+
+        async def one(k: int) -> None:
+            async with sem:
+                t = time.perf_counter()
+                call, msg = msgs[k]
+                await call.write(msg)
+                seq, err = _ack_seq(await call.read())
+                assert seq == self.seq and not err, (seq, err)
+                lat.append(time.perf_counter() - t)
+
+        await _sleep_until(start_at)
+        c0, t0 = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(one(k) for k in range(len(msgs))))
+        return {"n": len(msgs), "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                "lat": _thin(lat)}  # fmt: skip
 
     async def deltas(
         self, addr: str, agents: list[int], start_at: float, seconds: float, rate: float = 0.0,
@@ -342,7 +392,8 @@ class Fleet:
         parts = [items[k :: self.procs] for k in range(self.procs)]
         for c, part in zip(self._conns, parts, strict=True):
             args = dict(kw, start_at=start_at)
-            args["clients" if job == "pubfault" else "agents"] = part
+            if job != "resnap":  # resnap: the streams each worker holds
+                args["clients" if job == "pubfault" else "agents"] = part
             c.send((job, args))
         out: dict[str, Any] = {"n": 0, "wall_s": 0.0, "cpu_s": 0.0, "lat": [], "errors": 0, "retries": 0}
         for c in self._conns:

@@ -455,6 +455,17 @@ class Sim:
                 [x[5][k].astype(np.int64) - x[4][k].astype(np.int64) for x in recs for k in range(K)]
             )  # [ops, D, T] chronological
             rest = [i for i in range(len(ops)) if i % K]  # not the first op of a forward (metrics.py)
+            gaps = (
+                np.stack(
+                    [
+                        x[4][k].astype(np.int64) - x[5][k - 1].astype(np.int64)
+                        for x in recs
+                        for k in range(1, K)
+                    ]
+                )
+                if K > 1
+                else None
+            )  # [ops, D, T]: own compute between TP collectives
             sel = ops[1:4] if len(ops) > 1 else ops[:1]
             zp = np.round(sel.mean(axis=0)).astype(np.int64)
             srt = np.sort(ops, axis=0)
@@ -471,6 +482,8 @@ class Sim:
                     m.fwd_min = int(fmin[d, t])
                     if comm:
                         m.tp_ops = tuple(int(x) for x in ops[:, d, t][rest])
+                        if gaps is not None:
+                            m.tp_gaps = tuple(max(0, int(x)) for x in gaps[:, d, t])
                         m.zp_device = int(zp[d, t])
                         m.zp_med = int(med[d, t])
                         m.zp_host = lt

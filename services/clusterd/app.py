@@ -132,8 +132,12 @@ def build_parser(classes: list[type] | None = None) -> argparse.ArgumentParser:
         default=25.0,
         help="shutdown: all stages together (s); keep under the pod's termination grace (30 s)",
     )
-    p.add_argument("--unary-qps", type=float, default=1000.0, help="shared unary token bucket (req/s)")
-    p.add_argument("--max-connections", type=int, default=1024, help="gRPC connections accepted at once")
+    p.add_argument(
+        "--unary-qps", type=config.positive_float, default=1000.0, help="shared unary token bucket (req/s)"
+    )
+    p.add_argument(
+        "--max-connections", type=config.positive_int, default=1024, help="gRPC connections accepted at once"
+    )
     p.add_argument("--grpc-keepalive-s", type=float, default=60.0, help="gRPC keepalive ping period (s)")
     p.add_argument(
         "--grpc-keepalive-timeout-s", type=float, default=5.0, help="gRPC keepalive ack timeout (s)"

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import replace
 from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -47,6 +46,9 @@ log = logging.getLogger("clusterd.center")
 OCCUR = "occur"
 UPDATE = "update"
 RECOVER = "recover"
+
+
+_NONE: frozenset[str] = frozenset()
 
 
 class StoreWriteError(RuntimeError):
@@ -159,14 +161,36 @@ class FaultCenter:
         self._sink_tasks.clear()
 
     # -- writes ----------------------------------------------------------------------------------
+    def submit(
+        self,
+        upserts: Iterable[Fault],
+        removals: Iterable[FaultKey] = (),
+        replace_scope: tuple[str, str] | None = None,
+        origin: str = "",
+        keep_sources: Iterable[str] = (),
+    ) -> asyncio.Future[list[Change]]:
+        """Queue one operation without waiting (the agent stream pipelines its messages): the
+        returned future gets the operation's changes once its batch is committed, or
+        :class:`StoreWriteError` (nothing applied). Operations are applied, and their futures
+        resolved, in submission order. ``replace_scope`` (node, origin): also remove that scope's
+        keys not in ``upserts`` (except those of ``keep_sources``), as :meth:`replace_origin`."""
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(
+            _Op(
+                upserts if type(upserts) is list else list(upserts),
+                removals if type(removals) is list else list(removals),
+                replace_scope,
+                origin,
+                fut,
+                frozenset(keep_sources) if keep_sources else _NONE,
+            )
+        )
+        return fut
+
     async def _submit(
         self, upserts, removals=(), replace_scope=None, origin: str = "", keep_sources=frozenset()
     ) -> list[Change]:
-        fut = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(
-            _Op(list(upserts), list(removals), replace_scope, origin, fut, frozenset(keep_sources))
-        )
-        return await fut
+        return await self.submit(upserts, removals, replace_scope, origin, keep_sources)
 
     async def upsert(self, fault: Fault, origin: str | None = None) -> list[Change]:
         """Add or update one fault; first-seen is kept from an existing record. Durable on return."""
@@ -207,36 +231,35 @@ class FaultCenter:
         per_op: list[list[Change]] = []
         dirty: dict[FaultKey, str | None] = {}
         undo: dict[FaultKey, tuple[Fault | None, str | None]] = {}  # state before this batch
+        faults, origins = self._faults, self._origin
         for op in ops:
             changes: list[Change] = []
             now = now_ms()
             new_keys = set()
+            snapshot = op.replace_scope is not None
             for f in op.upserts:
-                new_keys.add(f.key)
-                old = self._faults.get(f.key)
+                key = f.key
+                new_keys.add(key)
+                old = faults.get(key)
+                owner = origins.get(key)
                 if old is None:
-                    f = replace(f, first_seen_ms=f.first_seen_ms or now, last_seen_ms=f.last_seen_ms or now)
+                    if not (f.first_seen_ms and f.last_seen_ms):
+                        f = _with_times(f, f.first_seen_ms or now, f.last_seen_ms or now)
                     changes.append(Change(OCCUR, f))
                 else:
-                    if (
-                        op.replace_scope is not None
-                        and not f.last_seen_ms
-                        and old.same_content(f)
-                        and self._origin.get(f.key) == op.origin
-                    ):
+                    same = old.same_content(f)
+                    if snapshot and same and not f.last_seen_ms and owner == op.origin:
                         continue  # a snapshot restating a fault it already holds (no time): unchanged
-                    f = replace(
-                        f,
-                        first_seen_ms=min(old.first_seen_ms, f.first_seen_ms or old.first_seen_ms),
-                        last_seen_ms=max(old.last_seen_ms, f.last_seen_ms or now),
-                    )
-                    if not old.same_content(f):
-                        changes.append(Change(UPDATE, f))
-                    elif f.last_seen_ms == old.last_seen_ms and self._origin.get(f.key) == op.origin:
+                    last = max(old.last_seen_ms, f.last_seen_ms or now)
+                    if same and last == old.last_seen_ms and owner == op.origin:
                         continue
-                undo.setdefault(f.key, (old, self._origin.get(f.key)))
-                self._put(f, op.origin)
-                dirty[f.key] = op.origin
+                    f = _with_times(f, min(old.first_seen_ms, f.first_seen_ms or old.first_seen_ms), last)
+                    if not same:
+                        changes.append(Change(UPDATE, f))
+                if key not in undo:
+                    undo[key] = (old, owner)
+                self._put(f, op.origin, key)
+                dirty[key] = op.origin
             removals = list(op.removals)
             if op.replace_scope is not None:
                 removals.extend(
@@ -286,28 +309,28 @@ class FaultCenter:
             if fault is not None:
                 self._put(fault, origin or fault.source)
 
-    def _put(self, f: Fault, origin: str) -> None:
-        old = self._faults.get(f.key)
+    def _put(self, f: Fault, origin: str, key: FaultKey | None = None) -> None:
+        key = key or f.key
+        old = self._faults.get(key)
         if old is not None:
-            self._index_drop(old)
-        old_origin = self._origin.get(f.key)
-        if old_origin is not None and old_origin != origin:
-            self._by_scope.get((f.node, old_origin), set()).discard(f.key)
+            self._index_drop(old, key)
+        old_origin = self._origin.get(key)
         if old_origin != origin:
             if old_origin is not None:
-                self._count_drop(f.key, old_origin)
+                self._by_scope.get((f.node, old_origin), set()).discard(key)
+                self._count_drop(key, old_origin)
             self._origin_n[origin] = self._origin_n.get(origin, 0) + 1
             groups = self._groups.setdefault(origin, {})
             groups[(f.node, f.source)] = groups.get((f.node, f.source), 0) + 1
-        self._faults[f.key] = f
-        self._origin[f.key] = origin
-        self._by_scope.setdefault((f.node, origin), set()).add(f.key)
-        self._index_add(f)
+            self._origin[key] = origin
+            self._by_scope.setdefault((f.node, origin), set()).add(key)
+        self._faults[key] = f
+        self._index_add(f, key)
 
     def _drop(self, key: FaultKey) -> Fault | None:
         f = self._faults.pop(key, None)
         if f is not None:
-            self._index_drop(f)
+            self._index_drop(f, key)
         origin = self._origin.pop(key, None)
         if origin is not None:
             self._count_drop(key, origin)
@@ -331,15 +354,15 @@ class FaultCenter:
         else:
             groups.pop((key.node, key.source), None)
 
-    def _index_add(self, f: Fault) -> None:
+    def _index_add(self, f: Fault, key: FaultKey) -> None:
         self._level_counts[f.level] = self._level_counts.get(f.level, 0) + 1
         node = self._by_node.setdefault(f.node, {})
-        node[f.key] = f
+        node[key] = f
         self._health.pop(f.node, None)
         nodes = self._code_nodes.setdefault(f.code, {})
         nodes[f.node] = nodes.get(f.node, 0) + 1
 
-    def _index_drop(self, f: Fault) -> None:
+    def _index_drop(self, f: Fault, key: FaultKey) -> None:
         n = self._level_counts.get(f.level, 0) - 1
         if n > 0:
             self._level_counts[f.level] = n
@@ -347,7 +370,7 @@ class FaultCenter:
             self._level_counts.pop(f.level, None)
         node = self._by_node.get(f.node)
         if node is not None:
-            node.pop(f.key, None)
+            node.pop(key, None)
             if not node:
                 del self._by_node[f.node]
         self._health.pop(f.node, None)
@@ -432,6 +455,15 @@ class FaultCenter:
         worst = max(faults.values(), key=lambda f: level_severity(f.level)).level
         got = self._health[node] = (worst_health(level_health(f.level) for f in faults.values()), worst)
         return got
+
+
+def _with_times(f: Fault, first_seen_ms: int, last_seen_ms: int) -> Fault:
+    """``f`` with other first/last-seen times (ms); a direct constructor call, 2x cheaper than
+    ``dataclasses.replace`` on the ingest path."""
+    return Fault(
+        f.source, f.node, f.device_type, f.device_id, f.code, f.level, f.assertion,
+        first_seen_ms, last_seen_ms, f.attributes,
+    )  # fmt: skip
 
 
 def fault_dict(f: Fault) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from clusterd.center import OCCUR, RECOVER, UPDATE, Change
 from clusterd.context import ClusterContext
 from clusterd.http.events import EventsApi
+from faultmesh.config import positive_int
 from faultmesh.log import event
 from faultmesh.model import Fault, FaultKey, now_ms
 
@@ -55,7 +56,7 @@ class HistoryComponent:
         )
         parser.add_argument(
             "--history-max-rows",
-            type=int,
+            type=positive_int,
             default=1_000_000,
             help="fault history: keep at most this many changes (the newest)",
         )

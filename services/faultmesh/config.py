@@ -8,6 +8,7 @@ Every service builds an ``argparse.ArgumentParser`` and calls :func:`parse` inst
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -17,6 +18,27 @@ import yaml
 
 class ConfigError(ValueError):
     """A config file or env value that cannot be used (message names the key)."""
+
+
+def _number(kind: type, lo: float, strict: bool, what: str):
+    def check(text: Any) -> Any:
+        try:
+            v = kind(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {what}") from None
+        if v < lo or (strict and v == lo) or v != v:  # v != v: NaN
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {what}")
+        return v
+
+    check.__name__ = what.replace(" ", "_")
+    return check
+
+
+positive_int = _number(int, 0, True, "positive integer")
+positive_float = _number(float, 0.0, True, "positive number")
+non_negative_float = _number(float, 0.0, False, "number >= 0")
+"""argparse ``type=`` checks for counts, rates and periods: a value that would make the daemon
+refuse every client (``--max-connections 0``, ``--unary-qps -1``) is a usage error at start."""
 
 
 def env_name(dest: str) -> str:
@@ -60,6 +82,16 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) ->
             file_values = _load_yaml(cfg_path)
         except ConfigError as e:
             parser.error(str(e))
+    known = {a.dest for a in parser._actions if a.option_strings}
+    unknown = sorted(k for k in file_values if k not in known)
+    if unknown:
+        hints = []
+        for k in unknown:
+            close = difflib.get_close_matches(k, known, n=1)
+            hints.append(
+                k.replace("_", "-") + (f" (did you mean {close[0].replace('_', '-')}?)" if close else "")
+            )
+        parser.error(f"config file {cfg_path}: unknown keys: {', '.join(hints)}")
     defaults: dict[str, Any] = {}
     for action in parser._actions:
         dest = action.dest
@@ -78,10 +110,10 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) ->
             val = raw if isinstance(raw, list) else [s for s in str(raw).split(",") if s]
         else:
             val = raw
-            if action.type is not None and isinstance(raw, str):
+            if action.type is not None and isinstance(raw, str | int | float):
                 try:
                     val = action.type(raw)
-                except (TypeError, ValueError) as e:
+                except (TypeError, ValueError, argparse.ArgumentTypeError) as e:
                     parser.error(f"bad value for {dest} from env/config: {raw!r} ({e})")
             if action.choices is not None and val not in action.choices:
                 allowed = ", ".join(map(str, action.choices))
@@ -91,11 +123,24 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) ->
     return parser.parse_args(argv)
 
 
+class BadSecretFile(OSError):
+    """A secret file (token, password) that is empty or not UTF-8: refused like an unreadable one,
+    never taken as "no secret" (an empty mounted Secret must not turn authentication off)."""
+
+
 def read_secret(path: str | None, env: str | None = None) -> str | None:
-    """Read a secret (password, token) from a file (stripped) or else from env var ``env``; never logged."""
+    """Read a secret (password, token) from a file (stripped) or else from env var ``env``; never
+    logged. Raises ``OSError`` when the file is unreadable, :class:`BadSecretFile` when it is empty or
+    not UTF-8."""
     if path:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip()
+        try:
+            with open(path, encoding="utf-8") as f:
+                secret = f.read().strip()
+        except UnicodeDecodeError:
+            raise BadSecretFile(f"secret file {path} is not UTF-8 text") from None
+        if not secret:
+            raise BadSecretFile(f"secret file {path} is empty")
+        return secret
     if env:
         return os.environ.get(env)
     return None

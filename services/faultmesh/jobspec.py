@@ -38,9 +38,10 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import orjson
 import yaml
 
 # clusterd.md §7.1: kept strategy values and their priority.
@@ -85,6 +86,21 @@ class Pod:
     host_ip: str = ""
 
 
+INT32_MAX = 2**31 - 1  # rank, device and super-pod ids travel as int32 (RankPlacement, JobInfo)
+
+
+@dataclass(frozen=True, slots=True)
+class _Placement:
+    """A job's placement index: ``nodes`` in pod-rank order, node -> ``pod_rank``, node -> ranks
+    (``by_node``, by rank), (node, device id) -> rank (``by_device``), rank -> node."""
+
+    nodes: list[str]
+    pod_rank: dict[str, int]
+    by_node: dict[str, list[Rank]]
+    by_device: dict[tuple[str, int], Rank]
+    node_of_rank: dict[int, str]
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """A training job (fields as in the module docstring; times in ms since the epoch)."""
@@ -112,6 +128,27 @@ class Job:
     # PodGroup-only settings (clusterd.kube.podgroups: wait-reschedule-timeout, fault-retry-times).
     # Compared (a change of only these re-applies the job), not hashed (a dict).
     extra: dict[str, str] = field(default_factory=dict, hash=False)
+    # the placement index (:meth:`_placement`), built on first use: derived, never compared or stored
+    _index: _Placement | None = field(default=None, init=False, repr=False, compare=False, hash=False)
+
+    def _placement(self) -> _Placement:
+        """Nodes in pod-rank order and ranks by node, (node, device) and rank: one pass over the
+        ranks for the job's life (a 20k-rank job's per-node views were O(nodes x ranks))."""
+        idx = self._index
+        if idx is None:
+            by_node: dict[str, list[Rank]] = {}
+            for r in sorted(self.ranks, key=lambda r: r.rank):
+                by_node.setdefault(r.node, []).append(r)
+            order = sorted(by_node, key=lambda n: (by_node[n][0].rank, n))
+            idx = _Placement(
+                order,
+                {n: i for i, n in enumerate(order)},
+                by_node,
+                {(r.node, r.device_id): r for r in self.ranks},
+                {r.rank: r.node for r in self.ranks},
+            )
+            object.__setattr__(self, "_index", idx)
+        return idx
 
     # -- derived views ---------------------------------------------------------------------------
     @property
@@ -136,33 +173,23 @@ class Job:
 
     def nodes(self) -> list[str]:
         """The job's nodes (its pods' servers) in pod-rank order."""
-        first: dict[str, int] = {}
-        for r in self.ranks:
-            first[r.node] = min(first.get(r.node, r.rank), r.rank)
-        return sorted(first, key=lambda n: (first[n], n))
+        return list(self._placement().nodes)
 
     def pod_rank(self, node: str) -> int:
         """Pod rank of the pod on ``node`` (-1 when the job has no rank there)."""
-        nodes = self.nodes()
-        return nodes.index(node) if node in nodes else -1
+        return self._placement().pod_rank.get(node, -1)
 
     def rank_of(self, node: str, device_id: int) -> Rank | None:
         """The rank placed on (node, device_id), or None."""
-        for r in self.ranks:
-            if r.node == node and r.device_id == device_id:
-                return r
-        return None
+        return self._placement().by_device.get((node, device_id))
 
     def ranks_on(self, node: str) -> list[Rank]:
         """Ranks hosted by ``node``, by rank."""
-        return sorted((r for r in self.ranks if r.node == node), key=lambda r: r.rank)
+        return list(self._placement().by_node.get(node, ()))
 
     def node_of_rank(self, rank: int) -> str | None:
         """The node hosting global rank ``rank``."""
-        for r in self.ranks:
-            if r.rank == rank:
-                return r.node
-        return None
+        return self._placement().node_of_rank.get(rank)
 
     def rank_table(self) -> dict[str, Any]:
         """The job's HCCL rank table (``hccl.json`` shape): servers with device_id / rank_id strings."""
@@ -185,13 +212,12 @@ class Job:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (the same keys ``job apply`` accepts)."""
-        d = asdict(self)
         return {
-            "id": d["id"],
-            "name": d["name"],
-            "namespace": d["namespace"],
-            "status": d["status"],
-            "framework": d["framework"],
+            "id": self.id,
+            "name": self.name,
+            "namespace": self.namespace,
+            "status": self.status,
+            "framework": self.framework,
             "recover-strategy": list(self.recover_strategy),
             "process-recover-enable": self.process_recover_enable,
             "fault-scheduling": self.fault_scheduling,
@@ -324,8 +350,10 @@ def parse_job(d: Any) -> Job:
         node = _pick(r, "node", "nodeName")
         if not isinstance(node, str) or not NAME_RE.match(node):
             raise JobSpecError(f"ranks[{i}]: node must be a node name")
-        if rank < 0 or dev < 0:
-            raise JobSpecError(f"ranks[{i}]: rank and device must be >= 0")
+        if not (0 <= rank <= INT32_MAX and 0 <= dev <= INT32_MAX and -1 <= spid <= INT32_MAX):
+            raise JobSpecError(
+                f"ranks[{i}]: rank and device must be in 0..{INT32_MAX}, superPodId in -1..{INT32_MAX}"
+            )
         if rank in seen_rank:
             raise JobSpecError(f"ranks[{i}]: rank {rank} appears twice")
         if (node, dev) in seen_dev:
@@ -386,12 +414,16 @@ def _ip(d: dict[str, Any], names: tuple[str, ...], where: str) -> str:
 def parse_jobs_text(text: str) -> list[Job]:
     """Parse a JSON or YAML document (one job, a list, ``{"jobs": [...]}`` or several YAML documents).
 
-    Raises :class:`JobSpecError` naming the job index and the problem.
+    JSON is read by orjson (a 20k-rank job file: milliseconds, where PyYAML takes seconds); other
+    text by PyYAML. Raises :class:`JobSpecError` naming the job index and the problem.
     """
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except (yaml.YAMLError, RecursionError) as e:
-        raise JobSpecError(f"not JSON or YAML: {str(e)[:200] or 'nested too deeply'}") from None
+        docs = [d for d in (orjson.loads(text),) if d is not None]
+    except (orjson.JSONDecodeError, TypeError):
+        try:
+            docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        except (yaml.YAMLError, RecursionError) as e:
+            raise JobSpecError(f"not JSON or YAML: {str(e)[:200] or 'nested too deeply'}") from None
     items: list[Any] = []
     for d in docs:
         if isinstance(d, dict) and "jobs" in d:

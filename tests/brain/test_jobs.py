@@ -95,6 +95,30 @@ def test_yaml_documents_and_lists():
         parse_jobs_text('[{"id": "j1", "name": "a"}, {"id": "j1", "name": "b"}]')
     with pytest.raises(JobSpecError, match="not JSON or YAML"):
         parse_jobs_text("{: [")
+    with pytest.raises(JobSpecError, match="no job in the document"):
+        parse_jobs_text("null")
+
+
+def test_a_large_job_file_and_out_of_range_ids():
+    """A 20k-rank JSON job (the tryout froze clusterd for 4 min with one: YAML parsing and
+    per-node views over every rank) parses, and its placement views agree with its ranks; ids
+    beyond int32 (as RankPlacement carries them) are a clear error, not a 500 from the store."""
+    n = 20_000
+    spec = {
+        "id": "big",
+        "name": "big",
+        "ranks": [{"rank": r, "node": f"s{r // 16}", "device": r % 16} for r in range(n)],
+    }
+    (job,) = parse_jobs_text(json.dumps(spec))
+    assert len(job.ranks) == n and len(job.nodes()) == n // 16
+    assert job.nodes()[:3] == ["s0", "s1", "s2"] and job.pod_rank("s1249") == 1249 and job.pod_rank("x") == -1
+    assert [r.rank for r in job.ranks_on("s3")] == list(range(48, 64))
+    assert job.rank_of("s3", 5).rank == 53 and job.rank_of("s3", 16) is None
+    assert job.node_of_rank(19_999) == "s1249" and job.node_of_rank(n) is None
+    for field, value in (("device", 10**30), ("rank", 2**31), ("superPodId", -2)):
+        bad = {"id": "b", "name": "b", "ranks": [{"rank": 0, "node": "s0", "device": 0, field: value}]}
+        with pytest.raises(JobSpecError, match="must be in 0..2147483647"):
+            parse_jobs_text(json.dumps(bad))
 
 
 def test_fault_mapping_npu_node_and_hidden():

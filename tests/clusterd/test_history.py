@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import aiohttp
+import pytest
 from support import make_clusterd
 
 from faultmesh.model import Fault, now_ms
@@ -126,3 +127,15 @@ async def test_history_rebuilds_lost_changes_on_resync(tmp_path):
 
 async def _has(cd, n):
     return len((await _events(cd))[1]) == n
+
+
+def test_since_out_of_range_is_a_clear_error():
+    """``since`` beyond SQLite's integer range or an overflowing duration: ValueError (HTTP 400),
+    not a 500 from the store; a duration reaching before the epoch means everything kept."""
+    from clusterd.http.events import parse_since
+
+    for text in ("999999999999999999999999999", "1e400h"):
+        with pytest.raises(ValueError, match="since"):
+            parse_since(text, now=1_000)
+    assert parse_since("2d", now=1_000) == 0
+    assert parse_since("1500", now=1_000) == 1500

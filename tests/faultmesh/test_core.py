@@ -49,6 +49,40 @@ def test_bad_env_value_and_bad_yaml_exit_with_a_message(tmp_path, monkeypatch, c
     assert "must hold a mapping" in capsys.readouterr().err
 
 
+def test_unknown_config_keys_and_values_that_refuse_every_client_are_usage_errors(tmp_path, capsys):
+    """A misspelt YAML key is named (with the flag it resembles), not silently ignored; a count or a
+    rate of 0 or less, from a flag, env or the file, is refused at start (tryout findings)."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("grpc-adr: 10.0.0.1:1\n")
+    with pytest.raises(SystemExit) as e:
+        config.parse(parser(), ["--config", str(cfg)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "unknown keys: grpc-adr (did you mean grpc-addr?)" in err
+
+    def limits() -> argparse.ArgumentParser:
+        p = argparse.ArgumentParser(prog="t")
+        p.add_argument("--max-connections", type=config.positive_int, default=1024)
+        p.add_argument("--unary-qps", type=config.positive_float, default=1000.0)
+        p.add_argument("--period", type=config.non_negative_float, default=0.0)
+        return p
+
+    for argv in (
+        ["--max-connections", "0"],
+        ["--unary-qps", "-1"],
+        ["--unary-qps", "nan"],
+        ["--period", "-1"],
+    ):
+        with pytest.raises(SystemExit) as e:
+            config.parse(limits(), argv)
+        assert e.value.code == 2 and "is not a" in capsys.readouterr().err, argv
+    cfg.write_text("max-connections: 0\n")  # a YAML int goes through the same check
+    with pytest.raises(SystemExit):
+        config.parse(limits(), ["--config", str(cfg)])
+    assert "positive integer" in capsys.readouterr().err
+    a = config.parse(limits(), ["--max-connections", "8", "--unary-qps", "0.5", "--period", "0"])
+    assert (a.max_connections, a.unary_qps, a.period) == (8, 0.5, 0.0)
+
+
 def test_token_bucket_burst_then_refill():
     now = [0.0]
     b = TokenBucket(rate=2.0, burst=3.0, clock=lambda: now[0])
@@ -87,3 +121,20 @@ def test_level_precedence_and_health_mapping():
     assert level_severity("SeparateFault") == level_severity("SeparateNPU")
     with pytest.raises(ValueError):
         NpuLevel.parse("Broken")
+
+
+def test_an_empty_or_binary_secret_file_is_refused_not_taken_as_no_secret(tmp_path):
+    """An empty mounted token Secret must not turn authentication off (tryout finding)."""
+    from faultmesh.config import BadSecretFile, read_secret
+
+    (tmp_path / "empty").write_text("\n")
+    (tmp_path / "bin").write_bytes(b"\xff\xfe")
+    (tmp_path / "ok").write_text(" s3cret\n")
+    with pytest.raises(BadSecretFile, match="is empty"):
+        read_secret(str(tmp_path / "empty"))
+    with pytest.raises(BadSecretFile, match="not UTF-8"):
+        read_secret(str(tmp_path / "bin"))
+    assert isinstance(BadSecretFile("x"), OSError)  # every daemon's start refuses it like a missing file
+    assert read_secret(str(tmp_path / "ok")) == "s3cret"
+    with pytest.raises(FileNotFoundError):
+        read_secret(str(tmp_path / "missing"))

@@ -46,6 +46,7 @@ import orjson
 
 from clusterd.center import StoreWriteError
 from faultmesh._pb import pubfault_pb2, pubfault_pb2_grpc
+from faultmesh.config import positive_float
 from faultmesh.files import FileWatch
 from faultmesh.log import RateLimitedLog, event
 from faultmesh.model import ONCE, RECOVER, Fault, FaultKey, now_ms
@@ -187,7 +188,7 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
         )
         parser.add_argument(
             "--public-fault-qps",
-            type=float,
+            type=positive_float,
             default=1.0,
             help="per-resource token bucket refill (req/s); the reference uses 1",
         )

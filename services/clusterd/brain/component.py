@@ -407,10 +407,13 @@ class BrainComponent(FaultIntake):
     async def _on_job_change(self, job, deleted: bool) -> None:
         old_nodes = self._sent_nodes.get(job.id, set())
         nodes = set() if deleted else set(job.nodes())
-        for node in sorted(old_nodes - nodes):
-            await self.ctx.agents.send(node, "deviced", job=self._job_info(job, deleted=True))
+        gone = sorted(old_nodes - nodes)
+        info = self._job_info(job, deleted=True) if gone else None
+        for node in gone:
+            await self.ctx.agents.send(node, "deviced", job=info)
+        info = self._job_info(job) if nodes else None  # one message for every node of the job
         for node in sorted(nodes):
-            await self.ctx.agents.send(node, "deviced", job=self._job_info(job))
+            await self.ctx.agents.send(node, "deviced", job=info)
         self._sent_nodes[job.id] = nodes
         self.job_svc.broadcast(job, "delete" if deleted else "add")  # the reference: add / delete only
         self.config_svc.publish(job)  # a MindIE member changed or left: its global rank table

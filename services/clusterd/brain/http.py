@@ -13,7 +13,7 @@ import logging
 import orjson
 from aiohttp import web
 
-from clusterd.brain.jobs import JobSpecError, parse_jobs, parse_jobs_text
+from clusterd.brain.jobs import JobSpecError, parse_jobs_text
 from faultmesh.httpd import json_response
 from faultmesh.log import event
 
@@ -49,7 +49,7 @@ class JobsHttp:
         if len(raw) > 16 * 1024 * 1024:
             return json_response({"error": "body larger than 16 MiB"}, status=413)
         try:
-            jobs = await asyncio.to_thread(_parse_body, raw)  # large YAML must not stall the loop
+            jobs = await asyncio.to_thread(parse_jobs_text, raw)  # large YAML must not stall the loop
             results = await self.b.jobs.apply(jobs)
         except JobSpecError as e:
             self.b.count_rejected("bad_job_spec")
@@ -141,14 +141,3 @@ class JobsHttp:
             return json_response({"error": str(e)}, status=400)
         event(log, logging.INFO, "platform annotations set", job=jid, keys=",".join(sorted(body)))
         return json_response(self.b.platform.get(jid))
-
-
-def _parse_body(raw: str):
-    """POST /v1/jobs body: JSON (object, list or {"jobs": [...]}) or YAML. Raises JobSpecError."""
-    try:
-        body = orjson.loads(raw)
-    except ValueError:
-        return parse_jobs_text(raw)
-    if isinstance(body, dict) and "jobs" in body:
-        body = body["jobs"]
-    return parse_jobs(body if isinstance(body, list) else [body])

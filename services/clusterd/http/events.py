@@ -22,23 +22,30 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 
 
+MAX_MS = 2**63 - 1  # SQLite's integer range
+
+
 def parse_since(text: str, now: int | None = None) -> int:
     """``since`` as ms since the epoch. Accepts a duration back from now (``90s``, ``30m``, ``12h``,
     ``2d``, ``1w``), an ISO 8601 / RFC 3339 time (``2026-12-01T08:00:00+00:00``; no offset = local
     time), or ms since the epoch. Raises ``ValueError`` with the accepted forms."""
     text = text.strip()
     now = now_ms() if now is None else now
-    m = _AGO.match(text)
-    if m:
-        return now - int(float(m.group(1)) * _UNITS[m.group(2)] * 1000)
-    if text.isdigit():
-        return int(text)
     try:
-        return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
-    except ValueError:
+        m = _AGO.match(text)
+        if m:
+            v = now - int(float(m.group(1)) * _UNITS[m.group(2)] * 1000)
+        elif text.isdigit():
+            v = int(text)
+        else:
+            v = int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+    except (ValueError, OverflowError):
         raise ValueError(
-            f"since {text!r}: use a duration (30m, 12h, 2d), an RFC 3339 time or ms since the epoch"
+            f"since {text[:64]!r}: use a duration (30m, 12h, 2d), an RFC 3339 time or ms since the epoch"
         ) from None
+    if v > MAX_MS:
+        raise ValueError(f"since {text[:64]!r} is out of range (at most {MAX_MS} ms since the epoch)")
+    return max(0, v)  # before the epoch: everything kept
 
 
 class EventsApi:

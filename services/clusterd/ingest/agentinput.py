@@ -21,7 +21,6 @@ from clusterd.nodes import NodeRegistry
 from faultmesh._pb import agent_pb2
 from faultmesh.levels import KNOWN_LEVELS
 from faultmesh.model import ASSERTIONS, Fault
-from faultmesh.wire import fault_from_pb
 
 MAX_FIELD_LEN = 256
 MAX_CONDITIONS = 64  # per node
@@ -55,16 +54,21 @@ def check_state(
     (they become the whole set), else merged into what the node holds. Raises AgentInputError."""
     if len(node_status) > 32:
         raise AgentInputError("bad_state: node_status longer than 32 chars")
-    st = nodes.get(node)
-    types = {c.type for c in conditions}
-    devs = {(d.device_type, d.device_id) for d in devices}
-    if not replace and st is not None:  # what the node would hold after this message
-        types |= set(st.conditions)
-        devs |= {(d.get("device_type"), d.get("device_id")) for d in st.devices.values()}
-    if len(conditions) > MAX_CONDITIONS or len(types) > MAX_CONDITIONS:
+    if not conditions and not devices:  # most deltas: nothing to count
+        return
+    if len(conditions) > MAX_CONDITIONS:
         raise AgentInputError(f"bad_state: more than {MAX_CONDITIONS} conditions on one node")
-    if len(devices) > MAX_DEVICES or len(devs) > MAX_DEVICES:
+    if len(devices) > MAX_DEVICES:
         raise AgentInputError(f"bad_state: more than {MAX_DEVICES} devices on one node")
+    st = nodes.get(node)
+    if not replace and st is not None:  # what the node would hold after this message
+        # (a snapshot replaces: it holds at most what it sends, counted above)
+        if conditions and len(set(st.conditions).union(c.type for c in conditions)) > MAX_CONDITIONS:
+            raise AgentInputError(f"bad_state: more than {MAX_CONDITIONS} conditions on one node")
+        if devices:
+            held = {(d.get("device_type"), d.get("device_id")) for d in st.devices.values()}
+            if len(held.union((d.device_type, d.device_id) for d in devices)) > MAX_DEVICES:
+                raise AgentInputError(f"bad_state: more than {MAX_DEVICES} devices on one node")
     for c in conditions:
         if not c.type or len(c.type) > 64 or len(c.reason) > 256 or len(c.message) > 1024:
             raise AgentInputError("bad_state: condition type/reason/message empty or too long")
@@ -75,23 +79,25 @@ def check_state(
 
 def check_fault(node: str, m: agent_pb2.Fault) -> Fault:
     """One wire fault of the stream of ``node`` as a :class:`Fault`. Raises AgentInputError."""
-    if m.node and m.node != node:
-        raise AgentInputError(f"foreign_node: fault for node {m.node!r} on the stream of {node!r}")
-    if not CODE_RE.match(m.code) or not m.source or len(m.source) > 64:
+    mnode, code, source, device_type, device_id = m.node, m.code, m.source, m.device_type, m.device_id
+    if mnode and mnode != node:
+        raise AgentInputError(f"foreign_node: fault for node {mnode!r} on the stream of {node!r}")
+    if not CODE_RE.match(code) or not source or len(source) > 64:
         raise AgentInputError("bad_fault: code (printable, ≤64 chars) and source (≤64) are required")
-    if len(m.device_type) > 64 or m.device_id < -1 or m.device_id > 1 << 20:
+    if len(device_type) > 64 or device_id < -1 or device_id > 1 << 20:
         raise AgentInputError("bad_fault: device out of range")
-    if m.level not in KNOWN_LEVELS:
-        raise AgentInputError(f"bad_fault: unknown fault level {m.level[:64]!r}")
-    if not (0 <= m.first_seen_ms <= MAX_TIME_MS and 0 <= m.last_seen_ms <= MAX_TIME_MS):
+    level, first, last, assertion = m.level, m.first_seen_ms, m.last_seen_ms, m.assertion
+    if level not in KNOWN_LEVELS:
+        raise AgentInputError(f"bad_fault: unknown fault level {level[:64]!r}")
+    if not (0 <= first <= MAX_TIME_MS and 0 <= last <= MAX_TIME_MS):
         raise AgentInputError("bad_fault: first/last seen time out of range")
-    if m.assertion and m.assertion not in ASSERTIONS:
-        raise AgentInputError(f"bad_fault: assertion {m.assertion!r}")
-    if len(m.attributes) > 64 or any(
-        len(k) > MAX_FIELD_LEN or len(v) > 4096 for k, v in m.attributes.items()
-    ):
+    if assertion and assertion not in ASSERTIONS:
+        raise AgentInputError(f"bad_fault: assertion {assertion!r}")
+    attrs = dict(m.attributes) if len(m.attributes) else {}
+    if len(attrs) > 64 or any(len(k) > MAX_FIELD_LEN or len(v) > 4096 for k, v in attrs.items()):
         raise AgentInputError("bad_fault: too many or too long attributes")
-    return fault_from_pb(m, node=node)
+    # built here from the fields read once (faultmesh.wire.fault_from_pb reads them all again)
+    return Fault(source, node, device_type, device_id, code, level, assertion or "occur", first, last, attrs)
 
 
 def pending_sources(sources) -> frozenset[str]:

@@ -4,7 +4,9 @@
 ``Hello``; a ``Snapshot`` replaces everything that agent said about its node
 (:meth:`FaultCenter.replace_origin`) except the faults of its ``pending_sources`` (not polled yet
 since the agent started: kept, and shown pending in the node view, issue 20); a ``Delta`` applies upserts/removals; each is acked with its seq
-after it is durable. Down the same stream go control messages (``send``), numbered, and acked by the
+after it is durable. A stream is pipelined: its next messages are read and checked while the previous
+ones commit (up to ``MAX_IN_FLIGHT``), so a burst of deltas shares one store commit (issue 18); the
+acks still go out in message order, each once its commit returned. Down the same stream go control messages (``send``), numbered, and acked by the
 agent. A new stream from the same (node, agent) takes over: the old one is closed and applies
 nothing more, its faults stay until the new snapshot replaces them ("agent stream taken over",
 reason ``reconnect`` for the same boot id, ``restart`` for another; :meth:`AgentHub._take_over`).
@@ -39,7 +41,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -56,6 +57,7 @@ from clusterd.ingest.agentinput import (
     seq_error,
     valid_hello,
 )
+from clusterd.ingest.session import END, MAX_IN_FLIGHT, MAX_QUEUED, AgentSession, Pending, retrieve
 from clusterd.nodes import NodeRegistry
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
 from faultmesh.log import RateLimitedLog, event
@@ -71,26 +73,6 @@ INTERNAL_ERROR = "internal"
 # Ack.error prefix of a message refused for its sequence number (a gap, a replay, out of order): not
 # applied; ClusterD ends the stream, the agent reconnects and resends all by snapshot.
 RESYNC_ERROR = "resync"
-
-
-@dataclass
-class AgentSession:
-    """One connected agent: its identity, stream queue and latest non-fault state."""
-
-    node: str
-    agent: str
-    boot_id: str
-    node_ip: str
-    node_sn: str
-    peer: str
-    queue: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(maxsize=1024))
-    connected_at: float = field(default_factory=time.time)
-    last_seen: float = field(default_factory=time.time)
-    last_seq: int = 0
-    control_seq: int = 0
-    acked_control: int = 0
-    closed: bool = False
-    stale: bool = False  # nothing arrived for the hub's stale_after_s (a hung agent)
 
 
 Callback = Callable[..., Awaitable[Any] | Any]
@@ -125,6 +107,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         self.messages = Counter(
             "faultmesh_agent_messages_total", "Agent stream messages received", ["kind"], registry=registry
         )
+        self._kind_counters: dict[str | None, Any] = {}  # message kind -> its child counter
         self.takeovers = Counter(
             "faultmesh_agent_stream_takeovers_total",
             "A newer stream for the same (node, agent) replaced a live one",
@@ -164,12 +147,13 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         if s is None or s.closed:
             return False
         s.control_seq += 1
-        msg = agent_pb2.ControlMessage(seq=s.control_seq, **body)
-        try:
-            s.queue.put_nowait(msg)
-        except asyncio.QueueFull:
-            self._reject("control_queue_full", node=node, agent=agent)
+        return self._queue(s, agent_pb2.ControlMessage(seq=s.control_seq, **body))
+
+    def _queue(self, s: AgentSession, msg: agent_pb2.ControlMessage) -> bool:
+        if s.queue.qsize() >= MAX_QUEUED:
+            self._reject("control_queue_full", node=s.node, agent=s.agent)
             return False
+        s.queue.put_nowait(msg)
         return True
 
     def node_info(self, node: str) -> dict[str, Any]:
@@ -195,7 +179,10 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         """Serve one agent stream (see module docstring).
 
         Written as an async generator: only this coroutine writes to the stream (acks and control
-        messages come through the session queue), while a reader task applies what the agent sends.
+        messages come through the session queue, in order), while a reader task checks what the
+        agent sends and hands it to the fault center without waiting for the commit (up to
+        :data:`MAX_IN_FLIGHT` messages): many messages of a stream share one commit, and each is
+        acked here once its commit returned, never before.
         """
         try:
             first = await wait_for(anext(request_iterator), 30.0)
@@ -226,29 +213,28 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         self._count(agent)
         event(log, logging.INFO, "agent connected", node=h.node, agent=agent, peer=context.peer())
         reader = asyncio.create_task(self._read_loop(session, request_iterator), name=f"agent-read-{h.node}")
-        getter: asyncio.Task | None = None
+        reader.add_done_callback(lambda _: session.queue.put_nowait(END))
+        queue = session.queue
         try:
-            while True:
-                getter = asyncio.create_task(session.queue.get())
-                await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
-                    while not session.queue.empty():  # flush the acks of the last messages
-                        msg = session.queue.get_nowait()
-                        if msg is None:
-                            return
-                        yield msg
+            while True:  # the one writer of this stream: acks in message order, control messages
+                msg = await queue.get()
+                if msg is None or msg is END:
                     return
-                msg = getter.result()
-                if msg is None:
-                    return
+                if type(msg) is Pending:
+                    msg = await self._settle(session, msg)
+                    yield msg
+                    if msg.ack.error.startswith(INTERNAL_ERROR):
+                        return  # not stored: the agent reconnects and resends all by snapshot
+                    continue
                 yield msg
         finally:
-            if getter is not None:
-                getter.cancel()
             reader.cancel()
             with contextlib.suppress(BaseException):
                 await reader
+            while not queue.empty():  # never acked: the agent resends them by snapshot
+                left = queue.get_nowait()
+                if type(left) is Pending and left.fut is not None:
+                    left.fut.add_done_callback(retrieve)
             session.closed = True
             if self.sessions.get((session.node, session.agent)) is session:
                 del self.sessions[(session.node, session.agent)]
@@ -267,8 +253,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         the log shows the two peers taking turns) and counted by reason."""
         reason = "reconnect" if old.boot_id == new.boot_id else "restart"
         old.closed = True
-        with contextlib.suppress(asyncio.QueueFull):
-            old.queue.put_nowait(None)
+        old.queue.put_nowait(None)
         self.takeovers.labels(reason).inc()
         event(
             log,
@@ -287,14 +272,14 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
     def _owned(self, s: AgentSession, ups: list, rms: list) -> tuple[list, list, int]:
         """Keep only what this agent may change: keys it owns or that nobody owns yet, never a
         ``public:*`` source. Returns (upserts, removals, refused count); refusals are counted."""
-        center = self.center
+        owner_of, agent = self.center.origin, s.agent
 
-        def mine(key) -> bool:
-            owner = center.origin(key)
-            return not key.source.startswith("public:") and (owner is None or owner == s.agent)
+        def mine(key, source: str) -> bool:
+            owner = owner_of(key)
+            return (owner is None or owner == agent) and not source.startswith("public:")
 
-        keep_ups = [f for f in ups if mine(f.key)]
-        keep_rms = [k for k in rms if mine(k)]
+        keep_ups = [f for f in ups if mine((f.node, f.device_type, f.device_id, f.code, f.source), f.source)]
+        keep_rms = [k for k in rms if mine(k, k.source)]
         refused = len(ups) - len(keep_ups) + len(rms) - len(keep_rms)
         if refused:
             self._reject("foreign_origin", node=s.node, agent=s.agent, refused=refused)
@@ -386,15 +371,14 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             )
 
     def _ack(self, s: AgentSession, seq: int, error: str = "") -> None:
-        msg = agent_pb2.ControlMessage(seq=0, ack=agent_pb2.Ack(seq=seq, error=error))
-        try:
-            s.queue.put_nowait(msg)
-        except asyncio.QueueFull:
-            self._reject("control_queue_full", node=s.node, agent=s.agent)
+        self._queue(s, agent_pb2.ControlMessage(seq=0, ack=agent_pb2.Ack(seq=seq, error=error)))
 
     async def _handle(self, s: AgentSession, msg: agent_pb2.AgentMessage) -> None:
         kind = msg.WhichOneof("body")
-        self.messages.labels(kind or "empty").inc()
+        counter = self._kind_counters.get(kind)
+        if counter is None:
+            counter = self._kind_counters[kind] = self.messages.labels(kind or "empty")
+        counter.inc()
         if kind == "ack":
             s.acked_control = max(s.acked_control, msg.ack.seq)
             if msg.ack.error:
@@ -433,49 +417,69 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 if s.closed:  # taken over meanwhile: the newer stream owns this (node, agent)
                     return
                 # sources pending their first poll keep their faults; only a complete poll clears
-                await self.center.replace_origin(s.node, s.agent, faults, keep_sources=pending)
-                self.nodes.update(
-                    s.node,
-                    conditions=[condition_view(c) for c in body.conditions],
-                    devices=[device_view(d) for d in body.devices],
-                    # while sources are pending the last known status stays (none known: take it)
-                    status=body.node_status if not pending or not self.nodes.status(s.node) else "",
-                    replace=not pending,  # pending: merged, the complete snapshot replaces
-                )
-                self.nodes.set_pending(s.node, s.agent, pending)
+                fut = self.center.submit(faults, (), (s.node, s.agent), s.agent, pending)
+                item = Pending(kind, body, fut, refused, pending)
             else:
                 check_state(self.nodes, s.node, body.conditions, body.devices, body.node_status)
                 ups = [check_fault(s.node, m) for m in body.upserts]
                 rms = [key_from_pb(k, s.node) for k in body.removals]
-                ups, rms, refused = self._owned(s, ups, rms)
+                ups, rms, refused = self._owned(s, ups, rms) if ups or rms else (ups, rms, 0)
                 if s.closed:
                     return
-                if ups or rms:
-                    await self.center.apply(ups, rms, s.agent)
-                if body.conditions or body.devices or body.node_status:
-                    self.nodes.update(
-                        s.node,
-                        conditions=[condition_view(c) for c in body.conditions],
-                        devices=[device_view(d) for d in body.devices],
-                        status=body.node_status,
-                    )
+                fut = self.center.submit(ups, rms, origin=s.agent) if ups or rms else None
+                item = Pending(kind, body, fut, refused)
         except AgentInputError as e:
             reason = str(e).split(":", 1)[0]
             self._reject(reason, node=s.node, agent=s.agent, detail=str(e))
             self._ack(s, body.seq, str(e))
             return
-        except Exception as e:  # state write failed: nothing applied; end the stream so the agent resyncs
-            event(log, logging.ERROR, "agent message not applied", node=s.node, agent=s.agent, error=str(e))
-            self._ack(s, body.seq, f"{INTERNAL_ERROR}: {e}")
-            s.closed = True  # the reader stops; the agent reconnects and sends a full snapshot
-            return
-        self._ack(
-            s, body.seq, f"foreign_origin: {refused} faults of another origin not changed" if refused else ""
-        )
-        if kind == "snapshot":
+        # pipelined: the next message is read while this one commits; the writer acks in order
+        while s.in_flight >= MAX_IN_FLIGHT:
+            s.room.clear()
+            await s.room.wait()
+        s.in_flight += 1
+        s.queue.put_nowait(item)
+
+    async def _settle(self, s: AgentSession, p: Pending) -> agent_pb2.ControlMessage:
+        """Wait until ``p`` is durable, apply its node state and callbacks; its Ack (an
+        ``internal:`` one when the state write failed: then nothing of it was applied)."""
+        s.in_flight -= 1
+        if s.in_flight == MAX_IN_FLIGHT - 1:
+            s.room.set()
+        body = p.body
+        if p.fut is not None:
+            try:
+                await p.fut
+            except Exception as e:  # state write failed: nothing applied; the agent resyncs
+                s.closed = True  # the reader applies nothing more; the writer ends the stream
+                event(
+                    log, logging.ERROR, "agent message not applied", node=s.node, agent=s.agent, error=str(e)
+                )
+                return agent_pb2.ControlMessage(
+                    ack=agent_pb2.Ack(seq=body.seq, error=f"{INTERNAL_ERROR}: {e}")
+                )
+        if p.kind == "snapshot":
+            self.nodes.update(
+                s.node,
+                conditions=[condition_view(c) for c in body.conditions],
+                devices=[device_view(d) for d in body.devices],
+                # while sources are pending the last known status stays (none known: take it)
+                status=body.node_status if not p.pending or not self.nodes.status(s.node) else "",
+                replace=not p.pending,  # pending: merged, the complete snapshot replaces
+            )
+            self.nodes.set_pending(s.node, s.agent, p.pending)
             await self._notify(self._on_connect, s.node, s.agent)
         else:
+            if body.conditions or body.devices or body.node_status:
+                self.nodes.update(
+                    s.node,
+                    conditions=[condition_view(c) for c in body.conditions],
+                    devices=[device_view(d) for d in body.devices],
+                    status=body.node_status,
+                )
             if body.ping_results:
                 await self._notify(self._on_ping, s.node, list(body.ping_results))
             for r in body.slownode_reports:
                 await self._notify(self._on_slownode, s.node, r)
+        error = f"foreign_origin: {p.refused} faults of another origin not changed" if p.refused else ""
+        return agent_pb2.ControlMessage(ack=agent_pb2.Ack(seq=body.seq, error=error))

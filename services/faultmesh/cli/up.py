@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from faultmesh.cli.common import UsageError, run
+from faultmesh.config import non_negative_float
 from faultmesh.log import FORMATS
 from faultmesh.runtime import wait_for
 
@@ -194,7 +195,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--list-watch", type=int, default=3, help="deviced's list-watch period (s)")
     p.add_argument(
         "--pingmesh-period",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="pingmesh/slow-network period (s); 0 = 10 x task_interval",
     )

@@ -15,6 +15,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from faultmesh.config import non_negative_float
 from faultmesh.demo.report import MISSING, Clock, all_right, table
 from faultmesh.demo.scenario import Scenario, Timing
 from faultmesh.demo.stack import Stack, StackConfig, StackError
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--pingmesh-period",
-        type=float,
+        type=non_negative_float,
         default=0.0,
         help="pingmesh collection and slow-network detection period (s); 0 = 10 x task_interval",
     )

@@ -72,14 +72,22 @@ class SimState:
 
     # -- alarms ---------------------------------------------------------------------------------
     def add_alarms(self, code: str, type_byte: int, device_id: int, severity: int, count: int = 1) -> int:
-        """Add ``count`` alarms; returns how many alarms the BMC now holds."""
+        """Add ``count`` alarms; returns how many alarms the BMC now holds. Raises ``ValueError``
+        when a field does not fit the iBMC alarm record (device id and severity are one byte, the
+        ids ``device_id .. device_id+count-1`` included; ``count`` 1..1000)."""
+        if not 1 <= count <= 1000:
+            raise ValueError(f"count must be 1..1000, not {count}")
+        if not 0 <= device_id <= 0xFF - (count - 1):
+            raise ValueError(
+                f"device_id must be 0..255 (with count {count}: at most {0x100 - count}), not {device_id}"
+            )
+        if not 0 <= severity <= 0xFF:
+            raise ValueError(f"severity must be 0..255, not {severity}")
         base = int(code, 16)
         with self.lock:
             for i in range(count):
                 self.alarms.append(
-                    oem.AlarmRecord(
-                        f"{(base + i) & 0xFFFFFFFF:08X}", severity, type_byte, (device_id + i) & 0xFF
-                    )
+                    oem.AlarmRecord(f"{(base + i) & 0xFFFFFFFF:08X}", severity, type_byte, device_id + i)
                 )
             return len(self.alarms)
 

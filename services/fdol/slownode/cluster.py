@@ -149,11 +149,13 @@ def merge_cluster(
     rules: str = "faultmesh",
     node_rise: float = 0.08,
     margin: float = 0.3,
+    groups: tuple[list[list[int]], list[list[int]]] | None = None,
 ) -> dict:
     """Merge changed node results into the cluster result (§5). Keys as the reference plus
     ``suspectRanks``, ``slowNodes`` (nodes whose result was slow), ``slowNodeRanks`` and
-    ``suppressed`` (lists emptied as cluster-wide, rules ``faultmesh``)."""
-    tp_groups, pp_groups = merge_groups_json(all_reports)
+    ``suppressed`` (lists emptied as cluster-wide, rules ``faultmesh``). ``groups``: the TP and PP
+    groups of ``all_reports`` when the caller has them (:func:`merge_groups_json` otherwise)."""
+    tp_groups, pp_groups = groups if groups is not None else merge_groups_json(all_reports)
     calc: list[int] = []
     io: list[int] = []
     hosts: list[str] = []
@@ -178,10 +180,13 @@ def merge_cluster(
     suppressed = []
     node_ranks: list[int] = []
     if rules == "faultmesh":
-        zp, hr = _rises(all_reports, "zp"), _rises(all_reports, "host")
-        domains = [d for d in domains if _stands_out(list(d), zp, margin)]
-        node_of = {n.get("nodeRank"): n.get("ranks") or [] for n in all_reports}
-        hosts = [h for h in hosts if _stands_out(list(node_of.get(h, [])), hr, margin)]
+        if domains:
+            zp = _rises(all_reports, "zp")
+            domains = [d for d in domains if _stands_out(list(d), zp, margin)]
+        if hosts:
+            hr = _rises(all_reports, "host")
+            node_of = {n.get("nodeRank"): n.get("ranks") or [] for n in all_reports}
+            hosts = [h for h in hosts if _stands_out(list(node_of.get(h, [])), hr, margin)]
         n_ranks = sum(len(r.get("ranks") or ()) for r in all_reports)
         n_senders = sum(len(g) - 1 for g in pp_groups)
         for key, named, total in (
@@ -248,6 +253,8 @@ class ClusterDetector:
         self.reports: dict[str, dict] = {}
         self._changed: set[str] = set()
         self.rounds = 0
+        self._pg: dict[str, object] = {}  # node -> the parallelGroups of its latest report
+        self._groups: tuple[list[list[int]], list[list[int]]] | None = None  # merged, while they stay
 
     @classmethod
     def for_conf(cls, conf: FeatConf, cluster_ip: str = "clusterd") -> ClusterDetector:
@@ -259,11 +266,17 @@ class ClusterDetector:
         """The newest node result of ``node`` (a §4.6 result dict)."""
         self.reports[node] = result
         self._changed.add(node)
+        pg = result.get("parallelGroups")
+        if node not in self._pg or self._pg[node] != pg:
+            self._pg[node] = pg
+            self._groups = None
 
     def forget(self, node: str) -> None:
         """Drop a node's results (it no longer hosts ranks of the job)."""
         self.reports.pop(node, None)
         self._changed.discard(node)
+        self._pg.pop(node, None)
+        self._groups = None
 
     def round(self) -> dict | None:
         """Merge the results that changed since the last round; None when none did (§5 step 2)."""
@@ -272,14 +285,18 @@ class ClusterDetector:
         changed = [self.reports[n] for n in sorted(self._changed) if n in self.reports]
         self._changed.clear()
         self.rounds += 1
+        reports = list(self.reports.values())
+        if self._groups is None:
+            self._groups = merge_groups_json(reports)
         return merge_cluster(
             self.job_id,
             self.cluster_ip,
             changed,
-            list(self.reports.values()),
+            reports,
             self.rules,
             self.node_rise,
             self.margin,
+            self._groups,
         )
 
     def all_baseline_ready(self, nodes: list[str]) -> bool:

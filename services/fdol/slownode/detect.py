@@ -67,6 +67,8 @@ class TimeDetector:
         "mean",
         "_m2",
         "history",
+        "_abn",
+        "_recent",
     )
 
     def __init__(
@@ -89,6 +91,8 @@ class TimeDetector:
         self.mean = 0.0
         self._m2 = 0.0
         self.history: deque[tuple[float, bool]] = deque(maxlen=max(n_consec, window))
+        self._abn = 0  # abnormal values in ``history``
+        self._recent: float | None = None  # cached median of ``history``
 
     @property
     def ready(self) -> bool:
@@ -122,7 +126,12 @@ class TimeDetector:
                 self._buf = None
             return False
         abnormal = x > self.upper()
-        self.history.append((x, abnormal))
+        h = self.history
+        if len(h) == h.maxlen and h[0][1]:
+            self._abn -= 1
+        h.append((x, abnormal))
+        self._abn += abnormal
+        self._recent = None
         if not abnormal:
             self.n += 1
             d = x - self.mean
@@ -135,16 +144,18 @@ class TimeDetector:
         """The last ``nConsec`` values are all abnormal (with ``window``: more than half of the
         last ``window``)."""
         if self.window:
-            return len(self.history) >= self.window and 2 * sum(a for _, a in self.history) > self.window
-        return len(self.history) == self.n_consec and all(a for _, a in self.history)
+            return len(self.history) >= self.window and 2 * self._abn > self.window
+        return len(self.history) == self.n_consec and self._abn == self.n_consec
 
     def recent(self) -> float:
         """Median of the judged values kept (the last ``window``, else ``nConsec``); 0 when none."""
-        vals = sorted(v for v, _ in self.history)
-        if not vals:
-            return 0.0
-        h = len(vals) // 2
-        return vals[h] if len(vals) % 2 else (vals[h - 1] + vals[h]) / 2
+        if self._recent is None:
+            vals = sorted(v for v, _ in self.history)
+            if not vals:
+                return 0.0
+            h = len(vals) // 2
+            self._recent = vals[h] if len(vals) % 2 else (vals[h - 1] + vals[h]) / 2
+        return self._recent
 
     @property
     def degradation(self) -> float:

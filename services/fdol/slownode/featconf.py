@@ -26,7 +26,9 @@ with these deliberate differences, each a gap of the reference:
   ``waitZ`` (4.0) — :mod:`fdol.slownode.peers` —, ``timeWindowSteps`` (8, the majority window of
   the time detectors and of a node's forward rise), ``nodeRise`` (0.08, a whole node's forward
   rise over its peers, needs >= 3 nodes), ``ioShare`` (0.05, a slow data loader must cost this
-  share of the step), ``confirmGapRounds`` (1, clean rounds tolerated inside a confirmation);
+  share of the step), ``confirmGapRounds`` (1, clean rounds tolerated inside a confirmation),
+  ``gapSpread`` (1.0) and ``computeExcess`` (0.05) — the gap-excess rule,
+  :class:`fdol.slownode.peers.GapDetector` —;
 - ``commProfiling``: ``always`` or ``onDemand`` (the reference's heavy/light switching); default
   ``always`` with rules ``faultmesh`` (wait asymmetry needs the TP collectives), else ``onDemand``.
 """
@@ -74,6 +76,8 @@ class FeatConf:
     node_rise: float = 0.08
     io_share: float = 0.05
     confirm_gap: int = 1
+    gap_spread: float = 1.0
+    compute_excess: float = 0.05
     comm_profiling: str = ""
     rank_ids: tuple[int, ...] = field(default=())
     unknown_keys: tuple[str, ...] = field(default=(), compare=False)
@@ -133,6 +137,8 @@ _KEYS: dict[str, tuple[str, str, Any]] = {
     "nodeRise": ("node_rise", "float", 0.08),
     "ioShare": ("io_share", "float", 0.05),
     "confirmGapRounds": ("confirm_gap", "int", 1),
+    "gapSpread": ("gap_spread", "float", 1.0),
+    "computeExcess": ("compute_excess", "float", 0.05),
     "commProfiling": ("comm_profiling", "str", ""),
 }
 COMM_PROFILING = ("", "always", "onDemand")
@@ -232,6 +238,8 @@ def _validate(c: FeatConf) -> None:
         (0 <= c.io_share < 1, "ioShare must be in [0, 1)"),
         (c.comm_profiling in COMM_PROFILING, "commProfiling must be always or onDemand"),
         (c.confirm_gap >= 0, "confirmGapRounds must be >= 0"),
+        (c.gap_spread >= 0, "gapSpread must be >= 0"),
+        (c.compute_excess > 0, "computeExcess must be > 0"),
     ]
     for ok, msg in checks:
         if not ok:

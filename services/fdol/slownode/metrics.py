@@ -20,7 +20,10 @@ whose Name is a JSON object) and, when a step is complete, emits one :class:`Ste
 - ``tp_ops`` (faultmesh): the durations (device, else host; ns) of the TP collectives of that op
   type in start order, except the step's first and the first after each ``forward`` start (those
   absorb a late data load or PP receive): the per-operation barrier waits the wait-asymmetry rule
-  compares.
+  compares;
+- ``tp_gaps`` (faultmesh): for each of ``tp_ops``, the time from the end of the TP collective before
+  it to its start (the same clock: device, else host; ns; 0 when they overlap): the rank's own
+  compute of that layer, which its TP peers' waits do not blur (the gap-excess rule compares them).
 
 Missing values are 0 (the detectors ignore 0). Memory is bounded: open ranges, the Name/Domain
 cache and buffered ranges are capped; evictions are counted.
@@ -87,6 +90,7 @@ class StepMetrics:
     compute: int = 0
     comm_wait: int = 0
     tp_ops: tuple[int, ...] = ()
+    tp_gaps: tuple[int, ...] = ()
 
     def get(self, column: str) -> int:
         """Value of ``column`` (one of :data:`COLUMNS`)."""
@@ -354,7 +358,7 @@ class StepAssembler:
             chosen = ar if len(ar) >= len(rs) else rs
             chosen.sort(key=lambda c: (c.device or c.host)[0])  # type: ignore[index]
             seq = [(c.device or c.host)[1] - (c.device or c.host)[0] for c in chosen]  # type: ignore[index]
-            m.tp_ops = _after_first(
+            m.tp_ops, m.tp_gaps = _after_first(
                 chosen, seq, [s for name, s, _ in self._other if name == "forward" and hs <= s <= he]
             )
             durs = sorted(seq)
@@ -387,11 +391,15 @@ class StepAssembler:
             del self._comm[rid]
 
 
-def _after_first(chosen: list[_Comm], durs: list[int], fwd_starts: list[int]) -> tuple[int, ...]:
-    """``durs`` (of ``chosen``, in start order) without the first op and the first op after each
-    forward start (host start times; device when no host record)."""
+def _after_first(
+    chosen: list[_Comm], durs: list[int], fwd_starts: list[int]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(``durs`` (of ``chosen``, in start order) without the first op and the first op after each
+    forward start (host start times; device when no host record), the gap before each kept op:
+    its start minus the previous op's end on the device clock, else host; 0 when negative)."""
     starts = sorted(fwd_starts)
     out = []
+    gaps = []
     fi = 0
     for i, (c, d) in enumerate(zip(chosen, durs, strict=True)):
         t = (c.host or c.device)[0]  # type: ignore[index]
@@ -401,7 +409,10 @@ def _after_first(chosen: list[_Comm], durs: list[int], fwd_starts: list[int]) ->
             advanced = True
         if i and not advanced:
             out.append(d)
-    return tuple(out)
+            prev = chosen[i - 1]
+            a, b = (c.device, prev.device) if c.device and prev.device else (c.host, prev.host)
+            gaps.append(max(0, a[0] - b[1]) if a and b else 0)
+    return tuple(out), tuple(gaps)
 
 
 def _step_number(name: str) -> int | None:

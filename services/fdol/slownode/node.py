@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from itertools import islice
 
 from .detect import TimeDetector, homogenize
 from .featconf import FeatConf
@@ -86,7 +87,10 @@ class NodeDetector:
         self._seen: dict[int, int] = {}  # each rank's last step at the previous round
         self.ranks = sorted(set(ranks))
         self.node_ip = node_ip
-        self.groups: dict[str, Group] = {}
+        self._groups: dict[str, Group] = {}
+        self._derived: tuple | None = None  # (tp groups, parallelGroups, notApplicable) of _groups
+        self._ready_for: tuple | None = None  # (ranks with data, groups version) with baselines ready
+        self._groups_version = 0
         keep = max(
             max(conf.pattern_window, conf.n_consec) * 3,
             conf.peer_window + 8,
@@ -103,9 +107,10 @@ class NodeDetector:
             for r in self.ranks
             for c in TIME_COLUMNS
         }
-        from .peers import PeerDetector  # numpy: only where a job's detection runs (lean agents, issue 18)
+        from .peers import GapDetector, PeerDetector  # numpy: only where detection runs (issue 18)
 
         self.peers = PeerDetector(conf.peer_window, conf.wait_asymmetry, conf.late_share, conf.wait_z)
+        self.gaps = GapDetector(conf.peer_window, conf.gap_spread, conf.compute_excess, conf.wait_z)
         self.pattern = PatternDetector(conf.pattern_window, conf.compute_ratio, conf.wait_ratio)
         self._base_buf: dict[int, list[float]] = {r: [] for r in self.ranks}
         self.compute_baseline: dict[int, float] = {}
@@ -113,6 +118,41 @@ class NodeDetector:
         self._prev_step = -1
         self.not_updated = 0
         self.rounds = 0
+        self._coll_base: dict[tuple[int, ...], float] = {}  # TP group -> baseline collective time
+
+    @property
+    def groups(self) -> dict[str, Group]:
+        """The merged parallel groups (comm name -> :class:`Group`); setting them replaces them."""
+        return self._groups
+
+    @groups.setter
+    def groups(self, value: dict[str, Group]) -> None:
+        self._groups = value
+        self._derived = None
+        self._groups_version += 1
+
+    def _derive(self) -> tuple:
+        """What the groups give every round, computed once per change of the groups: the detection
+        groups, the ``parallelGroups`` of the results (one shared object) and ``notApplicable``."""
+        if self._derived is None:
+            local = set(self.ranks)
+            tp: list[list[int]] = []
+            for g in self._groups.values():
+                if g.group_name == "tp" and len(g.global_ranks) > 1:
+                    inter = sorted(local.intersection(g.global_ranks))
+                    if inter and inter not in tp:
+                        tp.append(inter)
+            pg = {
+                k: {"group_name": g.group_name, "global_ranks": list(g.global_ranks)}
+                for k, g in self._groups.items()
+            }
+            na = [
+                g.comm_name
+                for g in self._groups.values()
+                if g.group_name in ("cp", "exp") and len(g.global_ranks) > 1
+            ]
+            self._derived = (tp or [[r] for r in self.ranks], pg, na)
+        return self._derived
 
     def set_rank_groups(self, per_rank: dict[int, dict[str, Group]]) -> None:
         """Merge the local ranks' parallel groups (tp/pp kept, §2 "group merge")."""
@@ -141,26 +181,23 @@ class NodeDetector:
 
     def tp_groups(self) -> list[list[int]]:
         """Detection groups: each TP group intersected with the local ranks; singletons without TP groups."""
-        local = set(self.ranks)
-        out = []
-        for g in self.groups.values():
-            if g.group_name == "tp" and len(g.global_ranks) > 1:
-                inter = sorted(local.intersection(g.global_ranks))
-                if inter and inter not in out:
-                    out.append(inter)
-        return out or [[r] for r in self.ranks]
+        return [list(g) for g in self._derive()[0]]
 
     def baseline_ready(self) -> bool:
         """Step-time baselines formed for every rank with data, and ZP baselines for ranks in TP groups."""
         with_data = [r for r in self.ranks if self.history[r]]
         if not with_data:
             return False
+        key = (tuple(with_data), self._groups_version)
+        if key == self._ready_for:  # baselines, once formed, stay
+            return True
         in_tp = {r for g in self.tp_groups() if len(g) > 1 for r in g}
         for r in with_data:
             if not self.detectors[(r, "step_time")].ready:
                 return False
             if r in in_tp and not self.detectors[(r, "zp_device")].ready:
                 return False
+        self._ready_for = key
         return True
 
     def _live(self, ranks: list[int]) -> list[int]:
@@ -255,32 +292,31 @@ class NodeDetector:
         res["lastStep"] = low
         res["ranks"] = self.ranks
         res["baselineReady"] = self.baseline_ready()
-        res["parallelGroups"] = {
-            k: {"group_name": g.group_name, "global_ranks": list(g.global_ranks)}
-            for k, g in self.groups.items()
-        }
-        res["notApplicable"] = [
-            g.comm_name
-            for g in self.groups.values()
-            if g.group_name in ("cp", "exp") and len(g.global_ranks) > 1
-        ]
+        _, pg, na = self._derive()
+        res["parallelGroups"] = pg  # shared between rounds while the groups stay (read-only)
+        res["notApplicable"] = list(na)
         return res
 
     def _round_faultmesh(
         self, res: dict, with_data: list[int], groups: list[list[int]], level: float, low: int
     ) -> dict:
         """faultmesh rules: every boundary judged on its own (no step-time gate), slow cards from
-        wait asymmetry (:mod:`.peers`); the result is slow only when it names something (a step-time
-        degradation alone makes its ranks suspects: communication profiling on, no naming);
-        cluster-wide suppression happens at cluster level."""
+        the gaps between their TP collectives, else wait asymmetry (:mod:`.peers`); the result is
+        slow only when it names something (a step-time degradation alone makes its ranks suspects:
+        communication profiling on, no naming); cluster-wide suppression happens at cluster level."""
         fired = ["stepTime"] if level > 0 else []
         multi = [g for g in groups if len(g) > 1]
-        cards, shares = self.peers.evaluate(multi, self.history)
+        gap_cards, gap_scores, judged = self.gaps.evaluate(multi, self.history)
+        cards, shares = self.peers.evaluate(
+            [g for g in multi if tuple(sorted(g)) not in judged], self.history
+        )
+        cards = sorted(set(cards) | set(gap_cards))  # gaps where measured, wait asymmetry elsewhere
         domains = [
             g
             for g in multi
             if all(self.detectors[(r, "zp_device")].ready for r in g)
             and all(self._slow(r, "zp_device") for r in g)
+            and self._collective_slow(g)
         ]
         in_domain = {r for g in domains for r in g}
         cards = [r for r in cards if r not in in_domain]
@@ -288,7 +324,12 @@ class NodeDetector:
         host = with_data if len(with_data) > 1 and all(self._slow(r, "zp_host") for r in with_data) else []
         io = [r for r in with_data if self._io_slow(r) and r not in host]
         cards = [r for r in cards if r not in io]  # its late data arrives last at the TP barrier
-        for name, hit in (("waitAsymmetry", cards), ("tpDomain", domains), ("ppSend", sends)):
+        for name, hit in (
+            ("gapExcess", [r for r in cards if r in gap_cards]),
+            ("waitAsymmetry", [r for r in cards if r not in gap_cards]),
+            ("tpDomain", domains),
+            ("ppSend", sends),
+        ):
             if hit:
                 fired.append(name)
         if host:
@@ -309,6 +350,7 @@ class NodeDetector:
             suspects = sorted(set(suspects) | {r for r in with_data if self._slow(r, "step_time")})
         res["suspectRanks"] = suspects
         res["lateShare"] = {str(r): v for r, v in shares.items()}
+        res["gapExcess"] = {str(r): v for r, v in gap_scores.items()}
         from .peers import forward_rise
 
         res["forwardRise"] = forward_rise(
@@ -318,6 +360,28 @@ class NodeDetector:
         res["explained"] = bool(cards or domains or host or sends)
         res["detectedBy"] = fired
         return self._finish(res, low)
+
+    def _collective_slow(self, group: list[int]) -> bool:
+        """The group's collectives themselves got slower: the median over the last
+        ``timeWindowSteps`` aligned steps of the per-operation *least* wait (the last member to arrive
+        waits only for the collective) is ``degradationPercentage`` above the same over the group's
+        first ``normalNumber`` aligned steps. Every member's wait also rises when one member falls
+        behind its peers (they wait for it) or a shared box's scheduler delays the members in turn;
+        the least wait does not. True until the baseline exists (the members' rule stands alone)."""
+        from .peers import collective_times
+
+        key = tuple(sorted(group))
+        c = self.conf
+        base = self._coll_base.get(key)
+        if base is None:
+            vals = collective_times(key, self.history, c.normal_number, oldest=True)
+            if len(vals) < c.normal_number:
+                return True
+            base = self._coll_base[key] = statistics.median(vals)
+        recent = collective_times(key, self.history, c.time_window)
+        if not recent or base <= 0:
+            return True
+        return statistics.median(recent) >= (1 + (c.degradation_percentage or 0.3)) * base
 
     def _rise(self, r: int) -> dict[str, float | None]:
         """The recent TP wait (``zp``) and TP launch (``host``) of ``r`` over their baselines
@@ -346,7 +410,10 @@ class NodeDetector:
         out = []
         for r in ranks:
             b = self.compute_baseline.get(r)
-            vals = [m.fwd_min or compute_value(m) for m in list(self.history[r])[-self.conf.time_window :]]
+            vals = [
+                m.fwd_min or compute_value(m)
+                for m in islice(reversed(self.history[r]), self.conf.time_window)
+            ]
             vals = [v for v in vals if v > 0]
             if r not in skip and b and vals and statistics.median(vals) / b >= 1 + self.conf.node_rise:
                 out.append(r)

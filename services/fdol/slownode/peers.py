@@ -1,5 +1,7 @@
-"""faultmesh's peer-relative slow-card detector: wait asymmetry inside TP groups (an addition to
-reference fdol.md §4.5).
+"""faultmesh's peer-relative slow-card detectors (an addition to reference fdol.md §4.5): the gap
+rule (:class:`GapDetector`, each rank's own compute between its TP collectives against its TP
+peers'; used wherever the records carry those gaps) and, below, the wait-asymmetry sign test used
+where they do not.
 
 Why: in tensor-parallel training the TP collectives sit *inside* the forward range (Megatron), so
 every member of a TP group shows the same forward time and the same step time; a slow card shows up
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from itertools import islice
+from itertools import chain, islice
 
 import numpy as np
 
@@ -96,6 +98,21 @@ def aligned_ops(
     """The last ``window`` steps (chronological) where every member has the same non-zero number
     of per-operation waits: per step {rank: tp_ops}."""
     return [v for _, v in _aligned(group, history, window) if v is not None][-window:]
+
+
+def collective_times(
+    group: Sequence[int], history: dict[int, Sequence[StepMetrics]], n: int, oldest: bool = False
+) -> list[float]:
+    """Per aligned step (the last ``n``; ``oldest``: the first ``n`` in ``history``): the median over
+    the step's operations of the least member wait (ns), the collective's own time."""
+    steps = [v for _, v in _aligned(group, history, 10**9) if v is not None]
+    steps = steps[:n] if oldest else steps[-n:]
+    out = []
+    for vec in steps:
+        least = sorted(min(col) for col in zip(*vec.values(), strict=True))
+        h = len(least) // 2
+        out.append(least[h] if len(least) % 2 else (least[h - 1] + least[h]) / 2)
+    return out
 
 
 def step_arrivals(
@@ -212,7 +229,180 @@ def forward_rise(
         h = history.get(r)
         if not b or not h:
             continue
-        vals = sorted(m.fwd_min or m.compute for m in list(h)[-window:] if m.compute > 0)
+        vals = sorted(m.fwd_min or m.compute for m in islice(reversed(h), window) if m.compute > 0)
         if len(vals) >= window:
             ratios.append(vals[len(vals) // 4] / b)
     return round(min(ratios), 4) if ratios else None
+
+
+def _iqm(x: np.ndarray) -> np.ndarray:
+    """Interquartile mean per column of ``x`` [samples, members] (the middle half of each column)."""
+    s = np.sort(x.T, axis=1)  # [members, samples]: contiguous rows sort faster
+    k = s.shape[1] // 4
+    return s[:, k : s.shape[1] - k].mean(axis=1)
+
+
+def _excess(gaps: np.ndarray) -> np.ndarray:
+    """[steps, ops, members] gaps (ns, 0 = not measured) -> [valid ops, members]: own log gap minus
+    the median of the other members' log gaps of the same operation (ops with a 0 are left out)."""
+    n = gaps.shape[2]
+    return _excess_cols(gaps.reshape(-1, n).T)
+
+
+def _excess_cols(gaps: np.ndarray) -> np.ndarray:
+    """:func:`_excess` of [members, ops] gaps (chronological ops) -> [valid ops, members]."""
+    if gaps.min(initial=1) <= 0:
+        gaps = gaps[:, (gaps > 0).all(axis=0)]
+    lg = np.log(gaps)
+    n = lg.shape[0]
+    if n == 2:
+        return (lg - lg[::-1]).T
+    srt = np.sort(lg, axis=0)
+    m = n - 1  # the others: srt without the member's value (above srt[j]: srt[j] stays at j)
+    lo, hi = (m - 1) // 2, m // 2
+    a = np.where(lg > srt[lo], srt[lo], srt[lo + 1])
+    b = a if hi == lo else np.where(lg > srt[hi], srt[hi], srt[hi + 1])
+    return (lg - (a + b) / 2).T
+
+
+def gap_excess(
+    gaps: np.ndarray, short: int, spread: float, floor: float, z: float
+) -> tuple[list[int], list[float]]:
+    """The gap-excess rule on one TP group (:class:`GapDetector`). ``gaps``: [steps, ops, members]
+    ns, chronological (0 = not measured: the operation is left out for every member). -> (flagged
+    member positions, score per member: its best window's excess over that window's threshold;
+    >= 1 flags)."""
+    ok = (gaps > 0).all(axis=2)
+    return judge_excess(_excess(gaps), ok.sum(axis=1).tolist(), short, spread, floor, z)
+
+
+def judge_excess(
+    x: np.ndarray, per_step: Sequence[int], short: int, spread: float, floor: float, z: float
+) -> tuple[list[int], list[float]]:
+    """``x``: [valid ops, members] excess (:func:`_excess`), chronological; ``per_step``: valid ops
+    per step. See :class:`GapDetector`."""
+    n = x.shape[1]
+    total = len(x)
+    if total < MIN_OPS:
+        return [], [0.0] * n
+    srt = np.sort(x.T, axis=1)  # [members, ops]: contiguous rows sort faster
+    q = total // 4
+    iqr = sorted((srt[:, total - 1 - q] - srt[:, q]).tolist())
+    s = (iqr[n // 2] if n % 2 else (iqr[n // 2 - 1] + iqr[n // 2]) / 2) / 1.349
+    score = srt[:, q : total - q].mean(axis=1) / max(floor, spread * s, z * s / math.sqrt(total))
+    out = score.tolist()
+    m = int(sum(islice(reversed(per_step), short)))
+    if MIN_OPS <= m < total:
+        thr = max(floor, spread * s, z * s / math.sqrt(m))
+        out = [max(a, b) for a, b in zip(out, (_iqm(x[-m:]) / thr).tolist(), strict=True)]
+    return [i for i in range(n) if out[i] >= 1], [round(v, 3) for v in out]
+
+
+class GapDetector:
+    """faultmesh's slow-card rule from each rank's own compute between its TP collectives
+    (``StepMetrics.tp_gaps``): in tensor-parallel training a slow card's layers take longer while
+    its TP peers' waits absorb the difference, so the gap between two collectives *is* the card's
+    compute of that layer (the wait asymmetry compares waits, which also carry the peers' own
+    noise of leaving the previous collective).
+
+    Per TP group of this node (>= 2 local members), over the last ``window`` steps where every
+    member has the same number of gaps: per operation, ``d`` = log(own gap) - median of the other
+    members' log gaps; ``s`` = the robust spread of ``d`` (the median over members of the
+    interquartile range of their ``d`` over the window, / 1.349). A member is *flagged* when the interquartile mean of its ``d`` over the
+    last ``window // 4`` steps or over the whole ``window`` reaches
+    ``max(floor, spread * s, z * s / sqrt(ops))``: at least ``floor`` (``computeExcess``, 0.05:
+    +5 % compute), at least ``spread`` (``gapSpread``, 1.0) spreads — on a shared-CPU box the
+    scheduler keeps one healthy member of a pair behind by as much as its per-operation noise for
+    tens of steps (bench/trainsim_tp.py SHARED_BOX, calibrated on the real 4-rank job) —, and
+    ``z`` (``waitZ``) standard errors. Calibration on the stand-in shared box (32 healthy runs of
+    150 steps, 3 confirming rounds of 5 steps): one run named a member, whose scheduling regime
+    made it compute 21 % slower than its peer for 40 steps (any rule that finds a +20 % card
+    within 40 steps names it), at ``spread`` 1.0 to 1.3; 4 of 32 at 0.8. On a cluster (per-op noise
+    2 %) the floor decides, so +10 % cards are found within the short window.
+
+    Each step's ``d`` is computed once (cached per group while in the window): a round costs the
+    new steps and one sort of the window.
+    """
+
+    def __init__(self, window: int = 40, spread: float = 1.0, floor: float = 0.05, z: float = 4.0) -> None:
+        self.window = window
+        self.short = max(2, window // 4)
+        self.spread = spread
+        self.floor = floor
+        self.z = z
+        # group -> (last step judged, valid ops per judged step, [ops, members] excess of those steps)
+        self._state: dict[tuple[int, ...], tuple[int, tuple[int, ...], np.ndarray]] = {}
+
+    def evaluate(
+        self, groups: Iterable[Sequence[int]], history: dict[int, Sequence[StepMetrics]]
+    ) -> tuple[list[int], dict[int, float], list[tuple[int, ...]]]:
+        """-> (flagged ranks, {rank: score}, the groups judged: those whose records carry gaps (the
+        others are left to the wait-asymmetry rule); a group is flagged only once it has ``window``
+        steps of gaps, as the wait-asymmetry rule needs its whole window too)."""
+        flagged: list[int] = []
+        scores: dict[int, float] = {}
+        judged: list[tuple[int, ...]] = []
+        state: dict[tuple[int, ...], tuple[int, tuple[int, ...], np.ndarray]] = {}
+        for group in groups:
+            key = tuple(sorted(group))
+            if len(key) < 2:
+                continue
+            st = state[key] = self._update(key, history)
+            if not st[1]:
+                continue
+            judged.append(key)  # gaps recorded: this rule decides (nobody until its window is full)
+            if len(st[1]) < self.window:
+                continue
+            hits, sc = judge_excess(st[2], st[1], self.short, self.spread, self.floor, self.z)
+            flagged += [key[i] for i in hits]
+            scores.update(zip(key, sc, strict=True))
+        self._state = state
+        return sorted(flagged), scores, judged
+
+    def _update(
+        self, key: tuple[int, ...], history: dict[int, Sequence[StepMetrics]]
+    ) -> tuple[int, tuple[int, ...], np.ndarray]:
+        """The group's judged steps plus those every member got since (each member's steps come in
+        order, so a step below every member's last is final), the last ``window`` kept."""
+        done, counts, x = self._state.get(key) or (-1, (), np.empty((0, len(key))))
+        news = []
+        for r in key:
+            new = []
+            for m in islice(reversed(history.get(r, ())), self.window + 8):
+                if m.step <= done:
+                    break
+                new.append(m)
+            if not new:
+                return done, counts, x  # a member without new steps: nothing new is final
+            news.append(new[::-1])
+        top = min(new[-1].step for new in news)
+        if not any(m.tp_gaps for new in news for m in new):
+            return top, counts, x  # no gaps recorded (one TP collective per step, or none)
+        news = [[m for m in new if m.step <= top] for new in news]
+        steps = [m.step for m in news[0]]
+        parts = [x]
+        added: list[int] = []
+        if all([m.step for m in new] == steps for new in news[1:]):
+            shape = {len(m.tp_gaps) for new in news for m in new}
+            if len(shape) == 1 and 0 not in shape:  # the usual case: one conversion, one pass
+                o = shape.pop()
+                flat = chain.from_iterable(m.tp_gaps for new in news for m in new)
+                arr = np.fromiter(flat, np.float64, len(key) * len(steps) * o).reshape(len(key), -1)
+                parts.append(_excess_cols(arr))
+                if arr.min() > 0:
+                    added = [o] * len(steps)
+                else:  # ops with an unmeasured gap are left out: count the rest per step
+                    added = (arr > 0).all(axis=0).reshape(len(steps), o).sum(axis=1).tolist()
+                steps = []
+        by_step = [{m.step: m for m in new} for new in news] if steps else []
+        for st in steps:  # members with different steps or gap counts: step by step
+            row = [b.get(st) for b in by_step]
+            lens = {len(m.tp_gaps) if m is not None else 0 for m in row}
+            if len(lens) == 1 and 0 not in lens:
+                d = _excess_cols(np.asarray([m.tp_gaps for m in row if m is not None], dtype=np.float64))
+                parts.append(d)
+                added.append(len(d))
+        if added:
+            counts = (counts + tuple(added))[-self.window :]
+            x = np.concatenate(parts)[-sum(counts) :] if sum(counts) else x[:0]
+        return top, counts, x

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.error
 from importlib import resources
 
 import pytest
@@ -295,3 +296,20 @@ async def test_a_serial_number_over_128_chars_never_reaches_the_wire(bmc_sim):
     finally:
         mon.client.close()
         mon.ctx.pool.shutdown()
+
+
+def test_bmc_sim_refuses_alarm_fields_an_ibmc_record_cannot_hold(bmc_sim):
+    """bmc-sim's control API: a device id or severity outside one byte (the OEM alarm record's
+    field) is a 400, not an alarm stored wrapped (-99 became Memory 157)."""
+    for body in (
+        {"code": "0800004B", "device_type": "Memory", "device_id": -99},
+        {"code": "0800004B", "device_type": "Memory", "device_id": 256},
+        {"code": "0800004B", "device_type": "Memory", "device_id": 250, "count": 10},
+        {"code": "0800004B", "device_type": "Memory", "severity": 300},
+    ):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            bmc_sim.call("/alarms", body)
+        assert e.value.code == 400, body
+    assert bmc_sim.call("/alarms", {"code": "0800004B", "device_type": "Memory", "device_id": 255}) == {
+        "alarms": 1
+    }
