@@ -106,6 +106,12 @@ def test_clusterd_bad_state_dir_token_file_or_log_file_fails_cleanly(capsys, roo
     with pytest.raises(SystemExit) as e:
         clusterd_main(["--log-file", str(blocker / "x.log"), *addrs])
     assert e.value.code == EXIT_USAGE and "--log-file" in capsys.readouterr().err
+    empty = tmp_path / "empty-token"
+    empty.write_text("\n")  # an empty mounted Secret: refused, never "authentication off"
+    assert clusterd_main(["--state-dir", str(tmp_path / "st2"), "--token-file", str(empty), *addrs]) == 1
+    assert "clusterd failed to start" in (err := capsys.readouterr().err) and "is empty" in err, err
+    rc, err = cli(capsys, "nodes", "--token-file", str(empty))
+    assert rc == EXIT_USAGE and "is empty" in err
 
 
 async def _cli_async(capsys, *argv: str) -> tuple[int, str]:

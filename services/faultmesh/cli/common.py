@@ -130,7 +130,10 @@ def check_job(args: argparse.Namespace) -> None:
 def token(args: argparse.Namespace) -> str | None:
     """The bearer token from ``--token-file`` or env ``FAULTMESH_TOKEN``. Raises :class:`UsageError`."""
     if getattr(args, "token_file", None):
-        return read_text(args.token_file, "token file", stdin=False).strip()
+        tok = read_text(args.token_file, "token file", stdin=False).strip()
+        if not tok:  # as the daemons (faultmesh.config.BadSecretFile): never "no token" by accident
+            raise UsageError(f"token file {args.token_file} is empty")
+        return tok
     return os.environ.get("FAULTMESH_TOKEN")
 
 
