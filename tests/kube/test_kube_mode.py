@@ -311,12 +311,26 @@ async def _none(coro_fn):
     return (await coro_fn()) is None
 
 
-async def test_api_errors_500_and_409_are_retried_with_backoff(k8s, kcd):
+async def test_api_errors_500_and_409_are_retried_with_backoff(k8s, tmp_path):
     emu, api = k8s
+    # before clusterd starts: kmock counts its [:n] over every matching request since its own start
     emu[kmock.action.UPDATE, kmock.resource("v1/configmaps")][:3] << 500
     emu[kmock.action.CREATE, kmock.resource("v1/configmaps")][:1] << 409
+    kcd = await start_kcd(api, tmp_path)
+    try:
+        await _retried(api, kcd)
+    finally:
+        await kcd.stop()
+
+
+async def _retried(api, kcd) -> None:
     await kcd.center.upsert(Fault("deviced", "node-2", "NPU", 4, "80E18008", "RestartNPU"), origin="deviced")
-    dev = await until(lambda: published(api, "cluster-info-device-0"), what="device shard despite errors")
+
+    async def with_fault():  # the start-up publish already lists node-2 (no faults): wait for the fault
+        dev = await published(api, "cluster-info-device-0")
+        return dev if dev and "80E18008" in json.dumps(dev.get("mindx-dl-deviceinfo-node-2")) else None
+
+    dev = await until(with_fault, what="the fault in the device shard despite errors")
     assert "mindx-dl-deviceinfo-node-2" in dev
     errors = kcd.registry.get_sample_value(
         "faultmesh_kube_writes_total", {"kind": "configmap", "result": "error"}
