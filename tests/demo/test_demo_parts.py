@@ -90,6 +90,43 @@ async def test_stop_reaches_grandchildren(tmp_path):
     assert (tmp_path / "logs" / "parent.log").read_text().startswith("# ")
 
 
+async def test_children_die_with_a_killed_orchestrator(tmp_path):
+    """``faultmesh up`` / the demo killed with SIGKILL (no chance to stop its children): every child
+    gets SIGTERM from the kernel (PR_SET_PDEATHSIG) instead of running on (a helper's killed test
+    run left a clusterd, noded, deviced and bmc-sim running for an hour)."""
+    pid_file = tmp_path / "child.pid"
+    code = (
+        "import asyncio, pathlib, sys, time\n"
+        "from faultmesh.demo.procs import ProcessGroup\n"
+        "async def main():\n"
+        f"    g = ProcessGroup(pathlib.Path({str(tmp_path / 'logs')!r}))\n"
+        "    c = await g.start('sleeper', [sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        f"    pathlib.Path({str(pid_file)!r}).write_text(str(c.pid))\n"
+        "    await asyncio.sleep(300)\n"
+        "asyncio.run(main())\n"
+    )
+    orchestrator = await asyncio.create_subprocess_exec(sys.executable, "-c", code)
+    try:
+        for _ in range(200):
+            if pid_file.exists() and pid_file.read_text():
+                break
+            await asyncio.sleep(0.05)
+        child = int(pid_file.read_text())
+        os.kill(child, 0)  # alive
+    finally:
+        orchestrator.kill()
+        await orchestrator.wait()
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        await asyncio.sleep(0.05)
+    else:
+        os.kill(child, 9)
+        raise AssertionError("the child outlived its killed orchestrator")
+
+
 async def test_a_failing_step_marks_only_its_own_rows_wrong():
     from faultmesh.demo.scenario import Scenario, Timing
 

@@ -324,7 +324,7 @@ class Harness:
             )
             return (
                 f"achieved: rank {SLOW_RANK} compute {ratio(clean):.2f}x -> {ratio(slow):.2f}x the others', "
-                f"step time x{period:.2f} ({len(clean)} clean + {len(slow)} slowed steps)"
+                f"step time slowed/clean x{period:.2f} ({len(clean)} clean + {len(slow)} slowed steps)"
             )
         except (OSError, ValueError, KeyError, ZeroDivisionError, statistics.StatisticsError):
             return ""

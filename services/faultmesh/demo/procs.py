@@ -3,7 +3,9 @@ stopped by PID (SIGTERM, then SIGKILL after a grace period), in reverse start or
 
 Every child runs in its own session (``start_new_session``), so a Ctrl-C in the terminal reaches
 only the orchestrator, which then stops each child itself: nothing is left behind and shutdown
-happens in a known order (agents before clusterd).
+happens in a known order (agents before clusterd). On Linux every child also gets SIGTERM when the
+orchestrator dies without stopping it (``kill -9``, an OOM kill: ``PR_SET_PDEATHSIG``), so no
+clusterd, agent or training job outlives it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from faultmesh.runtime import wait_for
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _parent_death_signal():
+    """A ``preexec_fn`` that has the child get SIGTERM when this process dies (Linux; None
+    elsewhere or without libc). libc is resolved here, before the fork, so the child only calls it;
+    a child whose parent died before the call exits at once."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died between the fork and the prctl
+            os._exit(1)
+
+    return preexec
 
 
 def free_port() -> int:
@@ -87,6 +113,7 @@ class ProcessGroup:
                 env=full_env,
                 cwd=cwd,
                 start_new_session=True,
+                preexec_fn=_parent_death_signal(),
             )
         child = Child(name, argv, proc, log_path)
         self.children.append(child)
