@@ -20,18 +20,23 @@ from __future__ import annotations
 import json
 import logging
 import logging.handlers
+import math
 import os
+import re
 import sys
 import time
 from datetime import datetime
 from typing import Any
 
 FORMATS = ("text", "json")
+_QUOTE = re.compile(r'[ ="\n]')  # a value holding one of these is written quoted
 
 
 def _fmt_value(v: Any) -> str:
+    if type(v) is int:
+        return str(v)
     s = str(v)
-    if s == "" or any(c in s for c in ' ="\n'):
+    if s == "" or _QUOTE.search(s):
         s = '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
     return s
 
@@ -44,14 +49,33 @@ def kv(**fields: Any) -> str:
 def event(logger: logging.Logger, level: int, msg: str, /, **fields: Any) -> None:
     """Log one event line: ``msg key=value ...`` (msg first, so stable phrases stay greppable)."""
     if logger.isEnabledFor(level):
-        logger.log(
-            level, f"{msg} {kv(**fields)}" if fields else msg, extra={"fm_event": msg, "fm_fields": fields}
+        # makeRecord + handle (public Logger API) instead of logger.log: no caller lookup (a stack
+        # walk no faultmesh format prints); a burst of fault changes logs a line per change
+        text = f"{msg} {kv(**fields)}" if fields else msg
+        extra = {"fm_event": msg, "fm_fields": fields}
+        logger.handle(
+            logger.makeRecord(logger.name, level, "(unknown file)", 0, text, None, None, None, extra)
         )
 
 
+# the last whole second rendered: (epoch s, "YYYY-MM-DDTHH:MM:SS", "+00:00"), replaced whole (threads log too)
+_second: tuple[int, str, str] = (-1, "", "")
+
+
 def rfc3339(created: float) -> str:
-    """``created`` (epoch s) as RFC 3339 in local time with its offset, ms: ``...T09:53:26.566+00:00``."""
-    return datetime.fromtimestamp(created).astimezone().isoformat(timespec="milliseconds")
+    """``created`` (epoch s) as RFC 3339 in local time with its offset, ms: ``...T09:53:26.566+00:00``
+    (the ms truncated, as ``datetime.isoformat(timespec="milliseconds")``; the date, time and offset
+    are computed once per second)."""
+    global _second
+    frac, whole = math.modf(created)  # split as datetime.fromtimestamp does (its rounding too)
+    us, sec = round(frac * 1e6), int(whole)
+    if us >= 1_000_000:
+        sec, us = sec + 1, us - 1_000_000
+    cached = _second
+    if cached[0] != sec:
+        iso = datetime.fromtimestamp(sec).astimezone().isoformat()
+        cached = _second = (sec, iso[:19], iso[19:])
+    return f"{cached[1]}.{us // 1000:03d}{cached[2]}"
 
 
 class _Formatter(logging.Formatter):
@@ -94,6 +118,9 @@ def setup(
     fmt_name = fmt or os.environ.get("FAULTMESH_LOG_FORMAT") or "text"
     if fmt_name not in FORMATS:
         raise ValueError(f"log format {fmt_name!r}: use one of {', '.join(FORMATS)}")
+    # no thread / process names on the records: no faultmesh format prints them (logging HOWTO,
+    # "Optimization")
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(level.upper())

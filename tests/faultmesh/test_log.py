@@ -137,3 +137,18 @@ def test_every_daemon_reads_the_format_from_env_and_names_the_allowed_values(nam
     proc = _daemon(name, tmp_path, "--log-format", "xml")
     _, out = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "invalid choice: 'xml'" in out and "'text', 'json'" in out, out
+
+
+def test_rfc3339_matches_datetime_at_ms_and_second_edges():
+    # the per-second cache must print what datetime.isoformat prints, rounding and carry included
+    from datetime import datetime
+
+    base = 1796147404
+    times = [
+        base + ms / 1000 + d for ms in (0, 1, 116, 499, 998, 999) for d in (0, -5e-7, 5e-7, 4.9e-7, -1e-7)
+    ]
+    times += [1796147404.1169994, 2777395071.9109993, base + 0.9999996, base - 0.0000004]
+    for t in times:
+        assert fmlog.rfc3339(t) == datetime.fromtimestamp(t).astimezone().isoformat(
+            timespec="milliseconds"
+        ), t
