@@ -228,19 +228,25 @@ class _Worker:
 
     async def deltas(
         self, addr: str, agents: list[int], start_at: float, seconds: float, rate: float = 0.0,
-        window: int = 8, per_msg: int = 1, per_channel: int = 50,
+        window: int = 8, per_msg: int = 1, per_channel: int = 50, storm_from: int | None = None,
     ) -> dict[str, Any]:  # fmt: skip
         """Each agent connects (empty snapshot), then streams Deltas of ``per_msg`` upserts for
         ``seconds``: at ``rate`` messages/s each (open loop, latency from the scheduled send time) or,
-        with rate 0, as fast as acks return with ``window`` messages in flight."""
+        with rate 0, as fast as acks return with ``window`` messages in flight. Agents with an index
+        ``>= storm_from`` are storm agents (:meth:`_storm`) on nodes of their own; only the others'
+        acks are counted (``storm_msgs``: what the storm agents sent)."""
         await self.close()
         self.channels = _channels(addr, (len(agents) + per_channel - 1) // per_channel)
         pre = [delta_faults(per_msg, v) for v in range(128)]
         lat: list[float] = []
         acked = [0]
         errors = [0]
+        storm_msgs = [0]
 
         async def one(k: int, i: int) -> None:
+            if storm_from is not None and i >= storm_from:
+                storm_msgs[0] += await self._storm(self.channels[k // per_channel], i, start_at, seconds, pre)
+                return
             call = _stream(self.channels[k // per_channel])
             await call.write(hello_bytes(f"load-{i:05d}", "noded"))
             await call.write(agent_pb2.AgentMessage(snapshot=agent_pb2.Snapshot(seq=1)).SerializeToString())
@@ -297,7 +303,52 @@ class _Worker:
         await asyncio.gather(*jobs)
         wall = time.time() - t_start
         return {"n": acked[0], "wall_s": wall, "cpu_s": time.process_time() - c0, "lat": _thin(lat),
-                "errors": errors[0]}  # fmt: skip
+                "errors": errors[0], "storm_msgs": storm_msgs[0]}  # fmt: skip
+
+    async def _storm(self, ch: grpc.aio.Channel, i: int, start_at: float, seconds: float, pre: list) -> int:
+        """One storm agent for ``seconds`` (issue 18 "Bad input"): what the storm and hostile-input
+        tests send, in a loop, each loop on a new stream with a new boot id -- by ``i % 4``: a
+        reconnect loop (Hello + Snapshot, hang up), a replayed Delta seq then a seq gap (clusterd
+        answers a resync error), a burst of 64 Deltas back to back, or 32 Deltas restating the same
+        faults (duplicates: nothing changes). Returns the messages it sent."""
+        node, sent, loop = f"storm-{i:05d}", 0, 0
+        snap = agent_pb2.AgentMessage(snapshot=agent_pb2.Snapshot(seq=1, faults=pre[0])).SerializeToString()
+
+        def delta(seq: int, v: int = 0) -> bytes:
+            return agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=seq, upserts=pre[v])).SerializeToString()
+
+        await _sleep_until(start_at)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            loop += 1
+            call = _stream(ch)
+            try:
+                await call.write(hello_bytes(node, "noded", boot_id=f"storm-boot-{loop}"))
+                await call.write(snap)
+                await asyncio.wait_for(call.read(), 10)
+                sent += 2
+                kind = i % 4
+                if kind == 1:  # replay, then a gap: clusterd answers a resync error
+                    for seq in (2, 2, 9):
+                        await call.write(delta(seq))
+                    sent += 3
+                    for _ in range(3):
+                        raw = await asyncio.wait_for(call.read(), 10)
+                        if raw is grpc.aio.EOF or _ack_seq(raw)[1]:
+                            break
+                elif kind in (2, 3):  # a burst of changes / the same faults restated
+                    n = 64 if kind == 2 else 32
+                    for seq in range(2, n + 2):
+                        await call.write(delta(seq, seq % len(pre) if kind == 2 else 0))
+                    sent += n
+                    for _ in range(n):
+                        await asyncio.wait_for(call.read(), 10)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError):
+                pass  # an overloaded or refusing server: the storm goes on
+            finally:
+                call.cancel()
+            await asyncio.sleep(0.05)
+        return sent
 
     async def pubfault(
         self, addr: str, clients: list[int], start_at: float, seconds: float
@@ -406,6 +457,7 @@ class Fleet:
             out["lat"] += res["lat"]
             out["errors"] += res.get("errors", 0)
             out["retries"] += res.get("retries", 0)
+            out["storm_msgs"] = out.get("storm_msgs", 0) + res.get("storm_msgs", 0)
         return out
 
     def close_streams(self) -> None:
