@@ -20,6 +20,8 @@ A job spec (JSON or YAML; one object, a list, or ``{"jobs": [...]}``)::
     backupNodes: [node-c]         # spare nodes a hot switch may move a pod to
     wait-reschedule-timeout: 270  # annotation: wait for the fault pods to be rescheduled (30..270 s)
     mindioWaitMindxTime: 60       # the rank-0 pod's MINDIO_WAIT_MINDX_TIME (1..3600 s; 0 = unset)
+    huawei.com/schedule.filter.faultCode: "8C1F8608:30,80E01801"   # annotations: faults hidden for a
+    huawei.com/schedule.filter.faultLevel: "RestartRequest:30"      # while (faultmesh.faultfilter)
     ranks:                        # global rank -> (node, device id); one pod per node
       - {rank: 0, node: node-a, device: 0, superPodId: 0, deviceIp: 10.20.0.1}
     # MindIE multi-instance services (clusterd.md §2.6; the reference's pod labels jobID / app):
@@ -43,6 +45,8 @@ from typing import Any
 
 import orjson
 import yaml
+
+from faultmesh import faultfilter
 
 # clusterd.md §7.1: kept strategy values and their priority.
 STRATEGY_PRIORITY = {
@@ -123,6 +127,8 @@ class Job:
     pods: tuple[Pod, ...] = ()
     wait_reschedule_s: int = 270
     mindio_wait_s: int = 0
+    filter_fault_code: str = ""  # the job's fault filter annotations, as faultfilter.clean writes them
+    filter_fault_level: str = ""
     created_ms: int = 0
     updated_ms: int = 0
     # PodGroup-only settings (clusterd.kube.podgroups: wait-reschedule-timeout, fault-retry-times).
@@ -226,6 +232,8 @@ class Job:
             "backupNodes": list(self.backup_nodes),
             "wait-reschedule-timeout": self.wait_reschedule_s,
             "mindioWaitMindxTime": self.mindio_wait_s,
+            **({faultfilter.CODE_KEY: self.filter_fault_code} if self.filter_fault_code else {}),
+            **({faultfilter.LEVEL_KEY: self.filter_fault_level} if self.filter_fault_level else {}),
             "ranks": [
                 {
                     "rank": r.rank,
@@ -330,6 +338,18 @@ def parse_job(d: Any) -> Job:
         raise JobSpecError("backupNodes must be a list of node names")
     wait_resched = _int(d, ("wait-reschedule-timeout", "waitRescheduleTimeout"), 270, 30, 270)
     mindio_wait = _int(d, ("mindioWaitMindxTime", "MINDIO_WAIT_MINDX_TIME"), 0, 0, 3600)
+    filters = []
+    for key, alias, kind in (
+        (faultfilter.CODE_KEY, "filterFaultCode", "code"),
+        (faultfilter.LEVEL_KEY, "filterFaultLevel", "level"),
+    ):
+        raw_filter = _str(d, (key, alias), "")
+        if len(raw_filter) > 4096:
+            raise JobSpecError(f"{key} is longer than 4096 characters")
+        text, problems = faultfilter.clean(raw_filter, kind)
+        if problems:
+            raise JobSpecError(f"{key}: {'; '.join(problems)}")
+        filters.append(text)
     raw = _pick(d, "ranks", default=[])
     if not isinstance(raw, list):
         raise JobSpecError("ranks must be a list")
@@ -397,6 +417,8 @@ def parse_job(d: Any) -> Job:
         pods=tuple(pods),
         wait_reschedule_s=wait_resched,
         mindio_wait_s=mindio_wait,
+        filter_fault_code=filters[0],
+        filter_fault_level=filters[1],
     )
 
 

@@ -142,7 +142,7 @@ def test_fault_mapping_npu_node_and_hidden():
         (3, "00000001", "SeparateNPU", 1),
     ]
     assert job_health(view) == "UnHealthy"
-    hidden = job_rank_faults(job, lambda n: faults.get(n, []), lambda n, c: c == "80818C05")
+    hidden = job_rank_faults(job, lambda n: faults.get(n, []), lambda n, f: f.code == "80818C05")
     assert all(f.code != "80818C05" for f in hidden)
     sub = job_rank_faults(job, lambda n: [faults["node-b"][2]] if n == "node-b" else [])
     assert job_health(sub) == "SubHealthy"

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge
 
+from clusterd.brain import customfilter
 from clusterd.brain.controller import Controller, Timeouts
 from clusterd.brain.datatrace import DataTrace, DataTraceError
 from clusterd.brain.decisions import DecisionLog
@@ -241,16 +242,39 @@ class BrainComponent(FaultIntake):
         plus the synthetic ranks of business-plane retry reports (:mod:`clusterd.brain.retryproc`).
         A fault the retry filter hides has the job evaluated again when its hide ends."""
         ctl = self.controllers.get(job.id)
-        hidden = ctl.hidden_nodes if ctl else set()
+        hidden_nodes = ctl.hidden_nodes if ctl else set()
         now = now_ms()
-        out = job_rank_faults(
-            job, self.faults_of_node, lambda node, code: node in hidden and code in STRESS_HIDDEN_CODES
+        filt = customfilter.windows(
+            job, customfilter.needs_subscription(job) and self.mindie_controller_subscribed(job)
         )
+        ends: list[int] = []  # when faults the custom filter hides come back
+
+        def hidden(node: str, f: Fault) -> bool:
+            if node in hidden_nodes and f.code in STRESS_HIDDEN_CODES:
+                return True
+            until = customfilter.hidden_until(f, filt, now) if filt is not None else None
+            if until is not None:
+                ends.append(until)
+            return until is not None
+
+        out = job_rank_faults(job, self.faults_of_node, hidden)
         out, until = self.retry_reports.filter(job, out, now)
         if until is not None:
-            self._recheck_at(job.id, until, now)
+            ends.append(until)
+        if ends:
+            self._recheck_at(job.id, min(ends), now)
         extra = self.retry_reports.synthetic(job, out, now)
         return sorted(out + extra, key=lambda f: (f.rank, f.code)) if extra else out
+
+    def mindie_controller_subscribed(self, job) -> bool:
+        """True when a Fault-service subscriber of ``job``'s MindIE service is registered: its
+        jobId is the MindIE job id (the pods' ``jobID`` label) or the id of one of the service's
+        jobs (the reference asks whether the controller subscribed, custom processor)."""
+        mid = job.mindie_job_id
+        if not mid or not self.fault.pubs:
+            return False
+        ids = {mid} | {j.id for j in self.jobs.all() if j.mindie_job_id == mid}
+        return any(jid in ids for jid, _role in self.fault.pubs)
 
     def _recheck_at(self, job_id: str, at_ms: int, now: int) -> None:
         """Evaluate ``job_id`` again at ``at_ms`` (one timer per job, the earliest wins)."""

@@ -77,15 +77,16 @@ def fault_type(job: Job, code: str) -> str:
 def job_rank_faults(
     job: Job,
     faults_of_node: Callable[[str], Iterable[Fault]],
-    hidden: Callable[[str, str], bool] = lambda node, code: False,
+    hidden: Callable[[str, Fault], bool] = lambda node, f: False,
 ) -> list[RankFault]:
-    """Every (rank, code) fault of ``job``, sorted by rank then code (clusterd.md §6.4)."""
+    """Every (rank, code) fault of ``job``, sorted by rank then code (clusterd.md §6.4), without
+    those ``hidden(node, fault)`` leaves out (the stress-test and custom filters)."""
     out: dict[tuple[int, str], RankFault] = {}
     for node in job.nodes():
         ranks = job.ranks_on(node)
         pod_rank = job.pod_rank(node)
         for f in faults_of_node(node):
-            if hidden(node, f.code):
+            if hidden(node, f):
                 continue
             if _is_node_scope(f):
                 h = level_health(f.level)

@@ -9,6 +9,8 @@ From it (labels and annotations alike, as the Ascend Operator sets either):
   ``pod-rescheduling``, ``subHealthyStrategy`` (labels) -- they override the pods' values;
 - ``wait-reschedule-timeout`` (annotation, 30..270 s, default 270) and ``fault-retry-times``
   (annotation or label, a non-negative integer), kept in the job's ``extra``;
+- ``huawei.com/schedule.filter.faultCode`` / ``.faultLevel`` (annotations): the job's fault filter
+  (:mod:`faultmesh.faultfilter`, :mod:`clusterd.brain.customfilter`);
 - ``status.phase`` (the hand-off waits for ``Running``).
 
 A value the reference would refuse is dropped with a logged, counted reason
@@ -24,6 +26,7 @@ from collections.abc import Callable
 
 from clusterd.kube import jobs as kjobs
 from clusterd.kube.metrics import KubeMetrics
+from faultmesh import faultfilter
 from faultmesh.jobspec import STRATEGY_PRIORITY, SUBHEALTH_STRATEGIES
 from faultmesh.runtime import wait_for
 
@@ -66,6 +69,13 @@ def read_settings(pg: dict) -> tuple[dict[str, str], dict[str, str], list[str]]:
             problems.append(f"{key}={v!r}")
             continue
         settings[key] = v
+    for key, kind in ((faultfilter.CODE_KEY, "code"), (faultfilter.LEVEL_KEY, "level")):
+        v = _meta_value(pg, key)
+        if v is not None:  # the entries the reference would use; the rest dropped, with a reason
+            text, bad = faultfilter.clean(v[:4096], kind)
+            problems.extend(f"{key}: {b}" for b in bad)
+            if text:
+                settings[key] = text
     extra: dict[str, str] = {}
     raw = _meta_value(pg, WAIT_RESCHEDULE)
     wait = WAIT_RESCHEDULE_DEFAULT_S
