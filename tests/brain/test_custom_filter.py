@@ -76,7 +76,7 @@ async def test_mindie_server_hides_restart_request_while_its_controller_subscrib
     await add_young(cd, npu_fault(node="node-s0-0", dev=1, code="80C98009", level="RestartRequest"))
     assert [f.rank for f in cd.brain.rank_faults(server)] == [1]  # nobody subscribed: not hidden
     stub = fault_pb2_grpc.FaultStub(channel)
-    ci = fault_pb2.ClientInfo(jobId=f"{MINDIE}-controller", role="mindie-ms-controller")
+    ci = fault_pb2.ClientInfo(jobId=MINDIE, role="mindie-ms-controller")  # as MindIE's controller does
     assert (await stub.Register(ci)).code == 0
     assert cd.brain.rank_faults(server) == []  # the controller handles it for 60 s
     # another level is not the MindIE default's

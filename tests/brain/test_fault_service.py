@@ -159,3 +159,25 @@ async def test_get_rate_limit_429(cd, stub, monkeypatch):
     ok = [r for r in results if not isinstance(r, Exception)]
     limited = [r for r in results if isinstance(r, grpc.aio.AioRpcError) and "429" in r.details()]
     assert len(ok) == 10 and len(limited) == 10
+
+
+async def test_a_mindie_controller_subscribes_with_its_service_id_and_gets_the_service(cd, stub):
+    # MindIE's controller registers with the service's jobID and its own app type (the reference's
+    # preRegistry: GetNamespaceByJobIdAndAppType), and is told the faults of every job of the service
+    from brain.brainkit import MINDIE, apply_specs, mindie_specs
+
+    await apply_specs(cd, mindie_specs())
+    with pytest.raises(grpc.aio.AioRpcError, match="402"):
+        await stub.Register(pb.ClientInfo(jobId=MINDIE, role="platform"))  # no job of that app type
+    ci = pb.ClientInfo(jobId=MINDIE, role="mindie-ms-controller")
+    assert (await stub.Register(ci)).code == 0
+    call = stub.SubscribeFaultMsgSignal(ci)
+    await cd.center.upsert(npu_fault(node="node-s0-0", dev=1))
+    await cd.center.upsert(npu_fault(node="node-s1-0", dev=0, code="80E18008"))
+    got: dict[str, set] = {}
+    while len(got) < 2:
+        sig = await asyncio.wait_for(call.read(), 5)
+        assert sig.jobId == MINDIE and sig.signalType == "fault"
+        got = {n.nodeName: {c for d in n.faultDevice for c in d.faultCodes} for n in sig.nodeFaultInfo}
+    assert got == {"node-s0-0": {"80E18402"}, "node-s1-0": {"80E18008"}}
+    call.cancel()

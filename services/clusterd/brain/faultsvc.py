@@ -1,8 +1,12 @@
 """The ``fault.Fault`` service: fault subscription for platforms and inference controllers (clusterd.md §2.4).
 
 - Register(ClientInfo{jobId, role}): empty role -> gRPC error; empty jobId = "-1" (whole cluster);
-  500 once 10000 job ids have publishers; an unknown job -> 402 as a gRPC error; otherwise the
-  publisher for (jobId, role) is created or replaced (the old stream ends) -> 0. Beyond the
+  500 once 10000 job ids have publishers; a jobId that is neither a job nor a multi-instance
+  (MindIE) service with a job of app type ``role`` -> 402 as a gRPC error; otherwise the publisher
+  for (jobId, role) is created or replaced (the old stream ends) -> 0. A MindIE service's
+  subscriber (jobId = the service's ``jobID``, e.g. its controller with role
+  ``mindie-ms-controller``) gets one message for the whole service: the faults of every job of
+  the service, under the service's id (the reference's ``checkPublishFault``). Beyond the
   reference: at most :data:`~clusterd.brain.registrations.MAX_PER_CALLER` publishers per caller (500
   beyond), and a publisher without a stream expires (:mod:`clusterd.brain.registrations`).
 - SubscribeFaultMsgSignal: needs that publisher (gRPC error otherwise). Pushes a FaultMsgSignal
@@ -93,16 +97,30 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
     # -- views -------------------------------------------------------------------------------------
     def job_nodes(self, job) -> list[dict]:
         """The job's nodeFaultInfo dicts (faults on its devices and its nodes)."""
-        ctl = self.b.controllers.get(job.id)
-        hidden = ctl.hidden_nodes if ctl else set()
-        devs = {(r.node, r.device_id) for r in job.ranks}
+        return self.jobs_nodes([job])
+
+    def jobs_nodes(self, jobs) -> list[dict]:
+        """The nodeFaultInfo dicts of ``jobs`` together (a MindIE service): faults on their devices
+        and their nodes, each node once, in the jobs' node order."""
+        hidden: set[str] = set()
+        devs: set[tuple[str, int]] = set()
+        nodes: dict[str, None] = {}
+        for job in jobs:
+            ctl = self.b.controllers.get(job.id)
+            hidden |= ctl.hidden_nodes if ctl else set()
+            devs.update((r.node, r.device_id) for r in job.ranks)
+            nodes.update(dict.fromkeys(job.nodes()))
 
         def on_job(node, f) -> bool:
             if node in hidden and f.code in ("80818C05", "80818C06"):
                 return False
             return f.device_type != "NPU" or f.device_id < 0 or (node, f.device_id) in devs
 
-        return node_fault_infos(job.nodes(), self.b.faults_of_node, self.b.ctx.nodes.info, on_job)
+        return node_fault_infos(nodes, self.b.faults_of_node, self.b.ctx.nodes.info, on_job)
+
+    def service_jobs(self, mindie_id: str, app: str = "") -> list:
+        """The jobs of MindIE service ``mindie_id`` (of app type ``app`` when given)."""
+        return [j for j in self.b.jobs.all() if j.mindie_job_id == mindie_id and (not app or j.app == app)]
 
     def cluster_nodes(self) -> list[dict]:
         """Every node with faults, sorted by node IP (then name)."""
@@ -115,23 +133,33 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
         """Push the current view of ``jobs`` to their (and the cluster's) subscribers if it changed."""
         if not self.pubs:
             return
+        services: set[str] = set()
         for job in jobs:
-            targets = [p for (jid, _), p in self.pubs.items() if jid in (job.id, CLUSTER)]
-            if not targets:
+            self._push(job.id, (job.id, CLUSTER), lambda job=job: self.job_nodes(job))
+            if job.mindie_job_id:
+                services.add(job.mindie_job_id)
+        for mid in services:  # a MindIE service's subscribers: the whole service under its id
+            self._push(mid, (mid,), lambda mid=mid: self.jobs_nodes(self.service_jobs(mid)))
+
+    def _push(self, sig_id: str, keys: tuple[str, ...], nodes_of) -> None:
+        """Send ``nodes_of()`` as signal ``sig_id`` to the publishers of job ids ``keys`` whose last
+        signal for ``sig_id`` differs."""
+        targets = [p for (jid, _), p in self.pubs.items() if jid in keys]
+        if not targets:
+            return
+        nodes = nodes_of()
+        content = orjson.dumps(nodes)
+        sig = None
+        for p in targets:
+            last = p.last.get(sig_id)
+            if last == content or (last is None and not nodes):
                 continue
-            nodes = self.job_nodes(job)
-            content = orjson.dumps(nodes)
-            sig = None
-            for p in targets:
-                last = p.last.get(job.id)
-                if last == content or (last is None and not nodes):
-                    continue
-                p.last[job.id] = content
-                sig = sig or signal_from_dict(job.id, nodes)
-                try:
-                    p.queue.put_nowait(sig)
-                except asyncio.QueueFull:
-                    self.b.count_rejected("fault_publisher_full")
+            p.last[sig_id] = content
+            sig = sig or signal_from_dict(sig_id, nodes)
+            try:
+                p.queue.put_nowait(sig)
+            except asyncio.QueueFull:
+                self.b.count_rejected("fault_publisher_full")
 
     # -- RPCs --------------------------------------------------------------------------------------
     async def Register(self, request, context):  # noqa: N802
@@ -145,7 +173,7 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
         if jid not in ids and len(ids) >= MAX_JOB_IDS:
             self.b.count_rejected("fault_max_jobs")
             return fault_pb2.Status(code=500, info=f"more than {MAX_JOB_IDS} jobs subscribed")
-        if jid != CLUSTER and self.b.jobs.get(jid) is None:
+        if jid != CLUSTER and self.b.jobs.get(jid) is None and not self.service_jobs(jid, request.role):
             self.b.count_rejected("fault_unknown_job")
             await context.abort(grpc.StatusCode.UNKNOWN, f"code 402: jobId={jid} does not exist")
         key, caller = (jid, request.role), caller_of(context)
@@ -168,8 +196,12 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
         if pub is None or pub.closed:
             self.b.count_rejected("fault_unregistered")
             await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={jid} role={request.role} not registered")
-        jobs = self.b.jobs.all() if jid == CLUSTER else [j for j in [self.b.jobs.get(jid)] if j]
-        self._initial(pub, jobs)
+        if jid == CLUSTER:
+            self._initial(pub, [(j.id, [j]) for j in self.b.jobs.all()])
+        elif (job := self.b.jobs.get(jid)) is not None:
+            self._initial(pub, [(jid, [job])])
+        else:  # a MindIE service
+            self._initial(pub, [(jid, self.service_jobs(jid))])
         self.regs.opened((jid, request.role))
         try:
             while True:
@@ -182,12 +214,13 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
                 del self.pubs[(jid, request.role)]
                 self.regs.remove((jid, request.role))
 
-    def _initial(self, pub: _Publisher, jobs) -> None:
-        for job in jobs:
-            nodes = self.job_nodes(job)
+    def _initial(self, pub: _Publisher, groups) -> None:
+        """Queue the current signal of each (signal id, jobs) group that has faults."""
+        for sig_id, jobs in groups:
+            nodes = self.jobs_nodes(jobs)
             if nodes:
-                pub.last[job.id] = orjson.dumps(nodes)
-                pub.queue.put_nowait(signal_from_dict(job.id, nodes))
+                pub.last[sig_id] = orjson.dumps(nodes)
+                pub.queue.put_nowait(signal_from_dict(sig_id, nodes))
 
     async def _admit(self) -> bool:
         if self._bucket.take():
