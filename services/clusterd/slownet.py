@@ -392,7 +392,7 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
                 self.m_rows.labels(k).inc(v)
             for rep in out["reports"]:
                 for a in rep.emitted:
-                    event(log, logging.WARNING, "slow network alarm", super_pod=spid, kind=a.kind, code=a.code,
+                    event(log, logging.WARNING, "slow network alarm", super_pod=spid, kind=a.kind,
                           node=a.node, phy=a.phy, peer=f"{a.peer_node}/{a.peer_phy}" if a.peer_node else "",
                           plane=a.plane, fault_type=a.fault_type, alarm_level=a.level, loss=round(a.avg_loss, 1),
                           delay=a.avg_delay, paths=len(a.paths))  # fmt: skip
