@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -51,12 +52,14 @@ from clusterd.slownode_http import SlowNodeHttp
 from clusterd.slownode_jobs import (
     EnableError,
     JobState,
+    SlowNodeStateError,
     go_ints,
     parse_placement,
     prefix,
 )
 from faultmesh._pb import agent_pb2
 from faultmesh.files import DirWatch
+from faultmesh.jobspec import INT32_MAX
 from faultmesh.log import event
 from faultmesh.model import NODE_DEVICE_ID, ONCE, Fault, FaultKey, now_ms
 from faultmesh.runtime import wait_for
@@ -213,9 +216,26 @@ class SlowNodeComponent(SlowNodeHttp):
             if conf.slow_node == 0:
                 await self._stop_job(conf.job_id, "SlowNode=0")
                 return old  # type: ignore[return-value]
+            if old is not None and old.conf == conf and old.placement == placement:
+                return old
+            bad = [r for r in placement if not 0 <= r <= INT32_MAX]
+            if bad:  # ranks travel as int32 (SlowNodeJob.ranks)
+                raise EnableError(f"rank {bad[0]} is outside 0..{INT32_MAX}")
+            record = {
+                "featconf": conf.to_json(),
+                "ranks": {str(r): n for r, n in placement.items()},
+                "source": source,
+            }
+            try:
+                orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS)
+            except TypeError as e:  # an integer beyond 64 bits: nothing can store or send it
+                raise EnableError(f"a value cannot be stored: {e}") from None
+            if persist:  # stored first: a failed write changes nothing (the old job keeps running)
+                try:
+                    await self.ctx.store.kv_put(STORE_NS, conf.job_id, record)
+                except (sqlite3.Error, OSError) as e:
+                    raise SlowNodeStateError(f"state write failed: {e}") from None
             if old is not None:
-                if old.conf == conf and old.placement == placement:
-                    return old
                 await self._stop_job(conf.job_id, "updated", keep_store=True)
             js = JobState(
                 conf,
@@ -229,16 +249,6 @@ class SlowNodeComponent(SlowNodeHttp):
                 self._restore_degradation(js)
             self.jobs[conf.job_id] = js
             self.m_jobs.set(len(self.jobs))
-            if persist:
-                await self.ctx.store.kv_put(
-                    STORE_NS,
-                    conf.job_id,
-                    {
-                        "featconf": conf.to_json(),
-                        "ranks": {str(r): n for r, n in placement.items()},
-                        "source": source,
-                    },
-                )
             try:
                 await self.set_data_trace(js.ns_name, HEAVY if js.tracker.heavy else LIGHT, js.nodes())
             except OSError as e:
@@ -292,9 +302,14 @@ class SlowNodeComponent(SlowNodeHttp):
             return True
 
     async def _stop_job(self, job_id: str, reason: str, keep_store: bool = False) -> None:
-        js = self.jobs.pop(job_id, None)
+        """Stop a job; without ``keep_store`` its stored config is deleted first (a failed delete
+        raises :class:`SlowNodeStateError` and changes nothing)."""
         if not keep_store:
-            await self.ctx.store.kv_delete(STORE_NS, job_id)
+            try:
+                await self.ctx.store.kv_delete(STORE_NS, job_id)
+            except (sqlite3.Error, OSError) as e:
+                raise SlowNodeStateError(f"state write failed: {e}") from None
+        js = self.jobs.pop(job_id, None)
         self.m_jobs.set(len(self.jobs))
         if js is None:
             return

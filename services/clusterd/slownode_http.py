@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from clusterd.slownode_jobs import EnableError, JobState, unwrap_configmap
+from clusterd.slownode_jobs import EnableError, JobState, SlowNodeStateError, unwrap_configmap
 from faultmesh.files import DirWatch
 from faultmesh.httpd import json_response
 from faultmesh.log import event
@@ -60,7 +60,7 @@ class SlowNodeHttp:
                 await self.enable(conf, placement, "file")
                 self._watch_jobs[name] = conf.job_id
                 self.m_files.labels("applied").inc()
-            except (OSError, orjson.JSONDecodeError, FeatConfError, EnableError) as e:
+            except (OSError, orjson.JSONDecodeError, FeatConfError, EnableError, SlowNodeStateError) as e:
                 self.m_files.labels("rejected").inc()
                 self.ctx.metrics.reject("slownode", "bad_featconf_file")
                 event(log, logging.WARNING, "slownode featconf file rejected", file=name, error=str(e))
@@ -80,13 +80,19 @@ class SlowNodeHttp:
         except (orjson.JSONDecodeError, FeatConfError, EnableError) as e:
             self.ctx.metrics.reject("slownode", "bad_enable")
             return json_response({"error": str(e)}, 400)
+        except SlowNodeStateError as e:  # nothing changed; the client may retry
+            return json_response({"error": str(e)}, 503)
         if conf.slow_node == 0:
             return json_response({"jobId": conf.job_id, "enabled": False})
         return json_response(self.status(js))
 
     async def _http_disable(self, request: web.Request) -> web.Response:
         job = request.match_info["job"]
-        if not await self.disable(job):
+        try:
+            found = await self.disable(job)
+        except SlowNodeStateError as e:
+            return json_response({"error": str(e)}, 503)
+        if not found:
             return json_response({"error": f"job {job!r} has no slow-node detection enabled"}, 404)
         return json_response({"jobId": job, "enabled": False})
 

@@ -30,6 +30,10 @@ class EnableError(ValueError):
     """An enable request that cannot be honoured (bad FeatConf, no placement)."""
 
 
+class SlowNodeStateError(RuntimeError):
+    """The store refused a slow-node config write (disk full, I/O error): nothing was changed."""
+
+
 def parse_placement(obj: Any) -> dict[int, str]:
     """``{"0": "node-a", ...}`` -> {0: "node-a"}. Raises :class:`EnableError`."""
     if not isinstance(obj, dict) or not obj:
