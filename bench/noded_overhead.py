@@ -8,8 +8,8 @@ Half of the alarms change mid-run so the agent stream also carries deltas.
 
 Beside it in the same run (unless ``--no-peers``): a ``deviced --backend sim`` (16 NPUs) on the same
 clusterd, sampled the same way, and a floor process that only imports the third-party stack both
-agents need (grpc.aio, protobuf, aiohttp.web, prometheus_client, uvloop; plus pyghmi's IPMI client
-for noded) and sleeps: what no change of faultmesh's own imports can go below. Issue 18's figure
+agents need (grpc.aio, protobuf, aiohttp.web, prometheus_client, uvloop; plus pyghmi's IPMI session,
+what noded's BMC client uses, for noded) and sleeps: what no change of faultmesh's own imports can go below. Issue 18's figure
 is at the real poll: ``--poll-interval 60 --duration 120``.
 
 Run: ``.venv/bin/python bench/noded_overhead.py`` (45 s by default, about a minute in all) or
@@ -78,7 +78,7 @@ def stop(proc: subprocess.Popen | None) -> None:
 
 FLOOR = {
     "floor": "grpc.aio, google.protobuf.message, aiohttp.web, prometheus_client, uvloop",
-    "floor_ipmi": "grpc.aio, google.protobuf.message, aiohttp.web, prometheus_client, uvloop, pyghmi.ipmi.command",
+    "floor_ipmi": "grpc.aio, google.protobuf.message, aiohttp.web, prometheus_client, uvloop, pyghmi.ipmi.private.session",
 }
 
 
