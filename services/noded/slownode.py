@@ -32,12 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
-from aiohttp import web
 from prometheus_client import Counter
 
 from faultmesh._pb import agent_pb2
 from faultmesh.files import atomic_write
-from faultmesh.httpd import json_response
+from faultmesh.httplite import Request, Response, json_response
 from faultmesh.log import event
 from faultmesh.model import now_ms
 from faultmesh.source import PushSource, SourceContext
@@ -274,7 +273,7 @@ class SlowNode(PushSource):
                         log, logging.WARNING, "slownode bad input", job=nj.conf.job_id, reason=reason, count=n
                     )
 
-    async def _http_list(self, request: web.Request) -> web.Response:
+    async def _http_list(self, request: Request) -> Response:
         return json_response(
             [
                 {

@@ -41,14 +41,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from faultmesh._pb import agent_pb2
 from faultmesh.config import load_document
 from faultmesh.dcmi.hccsping import STATE_STOPPED, ChipInfo, HccspingParamError, PingOp
 from faultmesh.files import FileWatch, stamp
-from faultmesh.httpd import json_response
+from faultmesh.httplite import Request, Response, json_response
 from faultmesh.log import RateLimitedLog, event
 from faultmesh.runtime import wait_for
 from faultmesh.source import PushSource, SourceContext
@@ -529,5 +528,5 @@ class Pingmesh(RoceRounds, PushSource):
             "roce": self.roce.status() if self.roce else {},
         }
 
-    async def _http_status(self, request: web.Request) -> web.Response:
+    async def _http_status(self, request: Request) -> Response:
         return json_response(self.status())
