@@ -30,6 +30,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 from prometheus_client import Counter
@@ -41,10 +42,12 @@ from faultmesh.log import event
 from faultmesh.model import now_ms
 from faultmesh.source import PushSource, SourceContext
 from fdol.slownode.featconf import FeatConf, parse_featconf
-from fdol.slownode.metrics import StepAssembler
-from fdol.slownode.node import NodeDetector
-from fdol.slownode.reader import JobReader
 from fdol.slownode.switch import SWITCH_FILE, switch_dir_name
+
+if TYPE_CHECKING:  # imported by the first job (_on_job): a noded that runs none never loads them
+    from fdol.slownode.metrics import StepAssembler
+    from fdol.slownode.node import NodeDetector
+    from fdol.slownode.reader import JobReader
 
 log = logging.getLogger("noded.slownode")
 
@@ -167,6 +170,10 @@ class SlowNode(PushSource):
             self._stop(conf.job_id, "updated")
         if conf.slow_node == 0 or not ranks:
             return
+        from fdol.slownode.metrics import StepAssembler
+        from fdol.slownode.node import NodeDetector
+        from fdol.slownode.reader import JobReader
+
         job_dir = Path(self.config.profiling_dir) / conf.job_id
         reader = JobReader(job_dir, ranks, start_time_s=None)
         assemblers = {
