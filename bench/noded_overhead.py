@@ -8,10 +8,10 @@ Half of the alarms change mid-run so the agent stream also carries deltas.
 
 Beside it in the same run (unless ``--no-peers``): a ``deviced --backend sim`` (16 NPUs) on the same
 clusterd, sampled the same way, and floor processes that only import a third-party stack and sleep:
-``floor`` what both agents need (grpc.aio, protobuf, h11, prometheus_client, uvloop), ``floor_ipmi``
+``floor`` what both agents need (asyncio, grpc.aio, protobuf, h11, prometheus_client), ``floor_ipmi``
 that plus pyghmi's IPMI session (what noded's BMC client uses): what no change of faultmesh's own
 imports can go below; ``floor_ipmi_aiohttp`` the stack the agents loaded before issue 18's cuts
-(aiohttp.web and pyghmi's whole Command instead of h11 and the session). Issue 18's figure
+(aiohttp.web, uvloop and pyghmi's whole Command instead of h11, asyncio's loop and the session). Issue 18's figure
 is at the real poll: ``--poll-interval 60 --duration 120``.
 
 Run: ``.venv/bin/python bench/noded_overhead.py`` (45 s by default, about a minute in all) or
@@ -79,8 +79,8 @@ def stop(proc: subprocess.Popen | None) -> None:
 
 
 FLOOR = {
-    "floor": "grpc.aio, google.protobuf.message, h11, prometheus_client, uvloop",
-    "floor_ipmi": "grpc.aio, google.protobuf.message, h11, prometheus_client, uvloop, pyghmi.ipmi.private.session",
+    "floor": "asyncio, grpc.aio, google.protobuf.message, h11, prometheus_client",
+    "floor_ipmi": "asyncio, grpc.aio, google.protobuf.message, h11, prometheus_client, pyghmi.ipmi.private.session",
     # the stack before issue 18's cuts (aiohttp.web, pyghmi's Command): a same-run "before" figure
     "floor_ipmi_aiohttp": "grpc.aio, google.protobuf.message, aiohttp.web, prometheus_client, uvloop, "
     "pyghmi.ipmi.command",

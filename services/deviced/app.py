@@ -438,4 +438,4 @@ def main(argv: list[str] | None = None) -> int:
             await sim_http.stop()
         return 0
 
-    return runtime.run(_main)
+    return runtime.run(_main, fast_loop=False)  # idle agent: asyncio's loop, 2.6 MiB less
