@@ -1,4 +1,5 @@
-"""What the benches share: a free loopback port and a real clusterd process (issue 18)."""
+"""What the benches share: a free loopback port, a real clusterd process and the delta rate while
+clusterd is scraped (issue 18)."""
 
 from __future__ import annotations
 
@@ -78,3 +79,48 @@ class Clusterd:
         """The clusterd process id (for /proc figures)."""
         assert self.proc is not None
         return self.proc.pid
+
+
+def get_s(url: str) -> tuple[float, bytes]:
+    """``GET url``: (seconds until the whole body was read, the body)."""
+    t = time.perf_counter()
+    with urllib.request.urlopen(url, timeout=60) as r:
+        body = r.read()
+    return time.perf_counter() - t, body
+
+
+def scrape_while_ingest(
+    fleet, cd: Clusterd, paths: tuple[str, ...], seconds: float, agents: int = 200
+) -> dict:
+    """The delta rate of ``agents`` load agents (``fleet``: a :class:`loadgen.Fleet`, window 4) into
+    ``cd`` for ``seconds`` quiet, then for ``seconds`` with every path of ``paths`` fetched once
+    per second by a thread of this process. Returns ``{"quiet", "scraped"}`` (deltas/s),
+    ``"scrapes"`` (how many rounds ran) and ``"scrape_s"``: path -> median seconds of its GET while
+    ingesting (NaN when none ran). The streams are closed on return."""
+    import statistics
+    import threading
+
+    ids = list(range(agents))
+    quiet = fleet.run("deltas", ids, addr=cd.grpc, seconds=seconds, window=4)
+    stop = threading.Event()
+    rounds: dict[str, list[float]] = {p: [] for p in paths}
+
+    def scraper() -> None:
+        while not stop.wait(1.0):
+            for p in paths:
+                rounds[p].append(get_s(f"http://{cd.http}{p}")[0])
+
+    th = threading.Thread(target=scraper, daemon=True)
+    th.start()
+    try:
+        busy = fleet.run("deltas", ids, addr=cd.grpc, seconds=seconds, window=4)
+    finally:
+        stop.set()
+        th.join(60)
+        fleet.close_streams()
+    return {
+        "quiet": quiet["n"] / quiet["wall_s"],
+        "scraped": busy["n"] / busy["wall_s"],
+        "scrapes": min(len(v) for v in rounds.values()),
+        "scrape_s": {p: statistics.median(v) if v else float("nan") for p, v in rounds.items()},
+    }

@@ -36,7 +36,7 @@ import urllib.request
 
 import kmock
 import uvloop
-from benchkit import Clusterd
+from benchkit import Clusterd, get_s, scrape_while_ingest
 from loadgen import EchoServer, Fleet, cpu_s, node_name, quantile, rss_mib
 
 
@@ -179,42 +179,17 @@ def resync_main(sizes: list[int], procs: int | None, profile: str | None) -> Non
     )
 
 
-def _get_s(url: str) -> float:
-    t = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=60) as r:
-        r.read()
-    return time.perf_counter() - t
-
-
 def scrape_size(fleet: Fleet, n: int, seconds: float) -> dict:
     """Scrape times (s) at ``n`` nodes x 10 faults and the delta rate with / without scraping."""
     import statistics
-    import threading
 
+    paths = ("/metrics", "/v1/nodes")
     with Clusterd() as cd:
         fleet.run("resync", list(range(n)), addr=cd.grpc, npus=16, faults=10, faulty_every=1)
-        times = {}
-        for path in ("/metrics", "/v1/nodes"):
-            times[path] = statistics.median(_get_s(f"http://{cd.http}{path}") for _ in range(5))
-        agents = list(range(200))
-        quiet = fleet.run("deltas", agents, addr=cd.grpc, seconds=seconds, window=4)
-        stop = threading.Event()
-
-        def scraper() -> None:
-            while not stop.wait(1.0):
-                for path in ("/metrics", "/v1/nodes"):
-                    _get_s(f"http://{cd.http}{path}")
-
-        th = threading.Thread(target=scraper, daemon=True)
-        th.start()
-        try:
-            busy = fleet.run("deltas", agents, addr=cd.grpc, seconds=seconds, window=4)
-        finally:
-            stop.set()
-            th.join(60)
-        fleet.close_streams()
+        times = {p: statistics.median(get_s(f"http://{cd.http}{p}")[0] for _ in range(5)) for p in paths}
+        ing = scrape_while_ingest(fleet, cd, paths, seconds)
     return {"nodes": n, "metrics_s": times["/metrics"], "nodes_s": times["/v1/nodes"],
-            "quiet_rate": quiet["n"] / quiet["wall_s"], "scraped_rate": busy["n"] / busy["wall_s"]}  # fmt: skip
+            "quiet_rate": ing["quiet"], "scraped_rate": ing["scraped"]}  # fmt: skip
 
 
 def scrape_main(n: int, procs: int | None, seconds: float) -> None:

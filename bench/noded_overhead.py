@@ -7,9 +7,11 @@ second for ``--duration`` seconds, and reads noded's /metrics for the number and
 Half of the alarms change mid-run so the agent stream also carries deltas.
 
 Beside it in the same run (unless ``--no-peers``): a ``deviced --backend sim`` (16 NPUs) on the same
-clusterd, sampled the same way, and a floor process that only imports the third-party stack both
-agents need (grpc.aio, protobuf, aiohttp.web, prometheus_client, uvloop; plus pyghmi's IPMI client
-for noded) and sleeps: what no change of faultmesh's own imports can go below. Issue 18's figure
+clusterd, sampled the same way, and floor processes that only import a third-party stack and sleep:
+``floor`` what both agents need (asyncio, grpc.aio, protobuf, h11, prometheus_client), ``floor_ipmi``
+that plus pyghmi's IPMI session (what noded's BMC client uses): what no change of faultmesh's own
+imports can go below; ``floor_ipmi_aiohttp`` the stack the agents loaded before issue 18's cuts
+(aiohttp.web, uvloop and pyghmi's whole Command instead of h11, asyncio's loop and the session). Issue 18's figure
 is at the real poll: ``--poll-interval 60 --duration 120``.
 
 Run: ``.venv/bin/python bench/noded_overhead.py`` (45 s by default, about a minute in all) or
@@ -77,8 +79,11 @@ def stop(proc: subprocess.Popen | None) -> None:
 
 
 FLOOR = {
-    "floor": "grpc.aio, google.protobuf.message, aiohttp.web, prometheus_client, uvloop",
-    "floor_ipmi": "grpc.aio, google.protobuf.message, aiohttp.web, prometheus_client, uvloop, pyghmi.ipmi.command",
+    "floor": "asyncio, grpc.aio, google.protobuf.message, h11, prometheus_client",
+    "floor_ipmi": "asyncio, grpc.aio, google.protobuf.message, h11, prometheus_client, pyghmi.ipmi.private.session",
+    # the stack before issue 18's cuts (aiohttp.web, pyghmi's Command): a same-run "before" figure
+    "floor_ipmi_aiohttp": "grpc.aio, google.protobuf.message, aiohttp.web, prometheus_client, uvloop, "
+    "pyghmi.ipmi.command",
 }
 
 

@@ -5,9 +5,11 @@ The state of N nodes (each with 16 NPU devices, agent status Healthy, 10 NPU fau
 every 7th fault SeparateNPU, the rest SubHealthFault) is written straight into a clusterd state
 dir through :class:`clusterd.store.Store`; a real clusterd process (:class:`benchkit.Clusterd`)
 starts on it and loads it, as after a restart. Then, with a client in this process (urllib): each
-path's median time of 5 GETs, and the delta rate of 200 load agents (:class:`loadgen.Fleet`
+path's first GET (it renders every node: what every scrape cost before the per-node change feed of
+:mod:`clusterd.pieces`), its median time of 5 GETs after that, and the delta rate of 200 load agents (:class:`loadgen.Fleet`
 worker processes, window 4) for ``--seconds`` quiet and then with both paths scraped once per
-second (the same client). Baselines measured in the same run on the same machine: the same at
+second (:func:`benchkit.scrape_while_ingest`; also each path's median time while ingesting, when
+the 200 nodes' changes are re-rendered at each scrape). Baselines measured in the same run on the same machine: the same at
 N/16 nodes (the cost should grow no faster than the nodes) and ``GET /healthz`` (one HTTP round
 trip with nothing behind it).
 
@@ -23,11 +25,8 @@ import json
 import shutil
 import statistics
 import tempfile
-import threading
-import time
-import urllib.request
 
-from benchkit import Clusterd
+from benchkit import Clusterd, get_s, scrape_while_ingest
 from loadgen import Fleet
 
 from clusterd.nodes import AGENT, NodeState
@@ -64,48 +63,22 @@ async def _fill(state_dir: str, n: int) -> None:
         await store.close()
 
 
-def _get_s(url: str) -> tuple[float, bytes]:
-    t = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=60) as r:
-        body = r.read()
-    return time.perf_counter() - t, body
-
-
 def one_size(fleet: Fleet, n: int, seconds: float) -> dict:
     """The figures of the module docstring at ``n`` nodes."""
     state = tempfile.mkdtemp(prefix="fm-scrape-")
+    paths = ("/metrics", "/v1/nodes")
     try:
         asyncio.run(_fill(state, n))
         with Clusterd(state_dir=state, ready_s=120) as cd:
             base = f"http://{cd.http}"
-            listed = json.loads(_get_s(base + "/v1/nodes")[1])
+            first = {p: get_s(base + p) for p in paths}  # the first GET renders every node
+            listed = json.loads(first["/v1/nodes"][1])
             assert len(listed) == n and sum(x["faults"] for x in listed) == n * FAULTS, "state not loaded"
-            times = {
-                p: statistics.median(_get_s(base + p)[0] for _ in range(5))
-                for p in ("/healthz", "/metrics", "/v1/nodes")
-            }
-            agents = list(range(200))
-            quiet = fleet.run("deltas", agents, addr=cd.grpc, seconds=seconds, window=4)
-            stop = threading.Event()
-            scraped: list[float] = []
-
-            def scraper() -> None:
-                while not stop.wait(1.0):
-                    scraped.append(sum(_get_s(base + p)[0] for p in ("/metrics", "/v1/nodes")))
-
-            th = threading.Thread(target=scraper, daemon=True)
-            th.start()
-            try:
-                busy = fleet.run("deltas", agents, addr=cd.grpc, seconds=seconds, window=4)
-            finally:
-                stop.set()
-                th.join(60)
-            fleet.close_streams()
+            times = {p: statistics.median(get_s(base + p)[0] for _ in range(5)) for p in ("/healthz", *paths)}
+            ing = scrape_while_ingest(fleet, cd, paths, seconds)
     finally:
         shutil.rmtree(state, ignore_errors=True)
-    return {"nodes": n, **{p: t for p, t in times.items()}, "quiet": quiet["n"] / quiet["wall_s"],
-            "scraped": busy["n"] / busy["wall_s"], "scrapes": len(scraped),
-            "scrape_s": statistics.median(scraped) if scraped else float("nan")}  # fmt: skip
+    return {"nodes": n, **times, **{f"first{p}": t for p, (t, _) in first.items()}, **ing}
 
 
 def main() -> None:
@@ -117,16 +90,22 @@ def main() -> None:
     with Fleet(a.procs) as fleet:
         rs = [one_size(fleet, max(1, a.nodes // 16), a.seconds), one_size(fleet, a.nodes, a.seconds)]
     for r in rs:
+        busy = r["scrape_s"]
         print(
-            f"{r['nodes']:6d} nodes x {FAULTS} faults: /metrics {r['/metrics'] * 1e3:7.1f} ms  /v1/nodes "
-            f"{r['/v1/nodes'] * 1e3:7.1f} ms  /healthz {r['/healthz'] * 1e3:5.1f} ms | deltas/s {r['quiet']:7.0f} "
-            f"quiet, {r['scraped']:7.0f} scraped every 1 s (x{r['scraped'] / r['quiet']:.2f}; {r['scrapes']} "
-            f"scrapes, both paths {r['scrape_s'] * 1e3:.0f} ms each)",
+            f"{r['nodes']:6d} nodes x {FAULTS} faults: /metrics {r['/metrics'] * 1e3:6.1f} ms (first, all "
+            f"rendered {r['first/metrics'] * 1e3:6.1f}; while ingesting {busy['/metrics'] * 1e3:6.1f})  /v1/nodes "
+            f"{r['/v1/nodes'] * 1e3:6.1f} ms (first {r['first/v1/nodes'] * 1e3:6.1f}; while ingesting "
+            f"{busy['/v1/nodes'] * 1e3:6.1f})  /healthz {r['/healthz'] * 1e3:4.1f} ms | deltas/s "
+            f"{r['quiet']:6.0f} quiet, {r['scraped']:6.0f} scraped every 1 s (x{r['scraped'] / r['quiet']:.2f}; "
+            f"{r['scrapes']} scrapes)",
             flush=True,
         )
     b, r = rs
+    busy = r["scrape_s"]
     print(
         f"RESULT nodes={r['nodes']} metrics_ms={r['/metrics'] * 1e3:.1f} v1_nodes_ms={r['/v1/nodes'] * 1e3:.1f} "
+        f"metrics_ingesting_ms={busy['/metrics'] * 1e3:.1f} v1_nodes_ingesting_ms={busy['/v1/nodes'] * 1e3:.1f} "
+        f"metrics_first_ms={r['first/metrics'] * 1e3:.1f} v1_nodes_first_ms={r['first/v1/nodes'] * 1e3:.1f} "
         f"healthz_ms={r['/healthz'] * 1e3:.1f} metrics_vs_1_16={r['/metrics'] / b['/metrics']:.1f} "
         f"v1_nodes_vs_1_16={r['/v1/nodes'] / b['/v1/nodes']:.1f} ingest_kept={r['scraped'] / r['quiet']:.2f} "
         f"ingest_kept_1_16={b['scraped'] / b['quiet']:.2f}"

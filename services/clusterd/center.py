@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from clusterd.pieces import NodeChanges
 from clusterd.store import Store
 from faultmesh.faultinfo import short_name
 from faultmesh.levels import HEALTHY, level_health, level_severity, worst_health
@@ -92,6 +93,7 @@ class FaultCenter:
         self._health: dict[str, tuple[str, str]] = {}  # node -> (health, worst level), while unchanged
         self._code_nodes: dict[str, dict[str, int]] = {}  # code -> node -> its records of that code
         self._gauged_levels: set[str] = set()
+        self.node_changes = NodeChanges()  # every node whose faults changed (scrape caches, issue 18)
         self._sinks: list[SinkWorker[Change]] = []
         self._sink_tasks: list[asyncio.Task] = []
         self._spawn: Callable[..., asyncio.Task] | None = None
@@ -360,6 +362,7 @@ class FaultCenter:
         node = self._by_node.setdefault(f.node, {})
         node[key] = f
         self._health.pop(f.node, None)
+        self.node_changes.mark(f.node)
         nodes = self._code_nodes.setdefault(f.code, {})
         nodes[f.node] = nodes.get(f.node, 0) + 1
 
@@ -375,6 +378,7 @@ class FaultCenter:
             if not node:
                 del self._by_node[f.node]
         self._health.pop(f.node, None)
+        self.node_changes.mark(f.node)
         nodes = self._code_nodes.get(f.code)
         if nodes is not None:
             k = nodes.get(f.node, 0) - 1

@@ -11,9 +11,11 @@ At 16k nodes the state set alone is 48k series: prometheus_client formats each s
 (label-name checks, escaping) at ~10 µs a sample, so the HTTP scrape uses :meth:`exposition`, which
 writes these four families as text directly (same text format, same lines) beside
 ``generate_latest`` for everything else. :meth:`collect` still serves the registry's API
-(``registry.get_sample_value``). The text keeps each node's lines (its three state-set lines and
-its unhealthy line) until that node's health changes, and the sorted node list until the set of
-nodes changes, so a scrape costs one health lookup per node and a join.
+(``registry.get_sample_value``). The text keeps each node's lines (its three state-set lines, its
+unhealthy line, its stale-agent lines) in name order, in chunks (:class:`clusterd.pieces.SortedPieces`),
+and re-renders only the nodes the fault center and the node registry marked changed since the last
+scrape (:class:`clusterd.pieces.NodeChanges`): a scrape costs the changed nodes, the chunks that
+hold them and one join, not a visit of every node.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, generate_latest
 
 from clusterd.nodes import HEALTH_STATES, SLOW_NODE_CODE, NodeRegistry, NodeState
+from clusterd.pieces import ChangeReader, SortedPieces
 from faultmesh.levels import UNHEALTHY
 
 if TYPE_CHECKING:
@@ -59,21 +62,8 @@ def with_status(health: tuple[str, str], st: NodeState | None) -> tuple[str, str
     return health
 
 
-class SortedNames:
-    """``names(set)`` -> the set sorted, re-sorted only when the set differs from the last one."""
-
-    def __init__(self) -> None:
-        self._set: set[str] = set()
-        self._list: list[str] = []
-
-    def __call__(self, names: set[str]) -> list[str]:
-        if names != self._set:
-            self._set, self._list = names, sorted(names)
-        return self._list
-
-
-def _head(name: str) -> str:
-    return f"# HELP {name} {_HELP[name]}\n# TYPE {name} gauge\n"
+def _head(name: str) -> bytes:
+    return f"# HELP {name} {_HELP[name]}\n# TYPE {name} gauge\n".encode()
 
 
 class NodeHealthCollector:
@@ -85,8 +75,10 @@ class NodeHealthCollector:
         self._nodes = nodes
         self._center = center
         self._skip = False  # inside exposition(): the text is written by text(), not collect()
-        self._lines: dict[str, tuple[str, str, str]] = {}  # node -> (health, state-set lines, unhealthy line)
-        self._sorted = SortedNames()
+        self._changed: ChangeReader | None = None  # from the first text() on
+        self._states: SortedPieces[bytes] = SortedPieces(b"")  # node -> its state-set lines
+        self._bad: SortedPieces[bytes] = SortedPieces(b"")  # UnHealthy node -> its unhealthy line
+        self._stale: SortedPieces[bytes] = SortedPieces(b"")  # node with stale agents -> their lines
 
     def rows(self) -> dict[str, list[tuple[tuple[str, ...], int]]]:
         """family name -> [(label values, value)], sorted by node; cost follows the nodes (health
@@ -113,53 +105,63 @@ class NodeHealthCollector:
                 fam.add_metric(list(labels), value)
             yield fam
 
-    def _sorted_names(self) -> list[str]:
-        """Every known node, sorted (re-sorted only when the set of nodes changed)."""
-        names = self._nodes.all_names()
-        if len(self._lines) > len(names) + 1024:  # forgotten nodes: drop their lines
-            self._lines = {n: v for n, v in self._lines.items() if n in names}
-        return self._sorted(names)
-
-    def _node_lines(self, node: str, health: str) -> tuple[str, str, str]:
-        """(health, the node's three faultmesh_node_health lines, its faultmesh_node_unhealthy line
-        or "")."""
+    def _render(self, node: str) -> None:
+        """Put (or drop, when no longer known) ``node``'s pieces: its three faultmesh_node_health
+        lines, its faultmesh_node_unhealthy line while UnHealthy, its faultmesh_agent_stale lines."""
+        st = self._nodes.get(node)
+        if st is None and not self._center.fault_count(node):  # gone: in neither registry nor center
+            self._states.drop(node)
+            self._bad.drop(node)
+            self._stale.drop(node)
+            return
+        health = with_status(self._center.node_health(node), st)[0]
         n = _esc(node)
-        states = "".join(
-            f'faultmesh_node_health{{health="{h}",node="{n}"}} {float(h == health)!r}\n'
-            for h in HEALTH_STATES
+        self._states.put(
+            node,
+            "".join(
+                f'faultmesh_node_health{{health="{h}",node="{n}"}} {float(h == health)!r}\n'
+                for h in HEALTH_STATES
+            ).encode(),
         )
-        bad = f'faultmesh_node_unhealthy{{node="{n}"}} 1.0\n' if health == UNHEALTHY else ""
-        return health, states, bad
+        if health == UNHEALTHY:
+            self._bad.put(node, f'faultmesh_node_unhealthy{{node="{n}"}} 1.0\n'.encode())
+        else:
+            self._bad.drop(node)
+        if st is not None and st.stale:
+            self._stale.put(
+                node,
+                "".join(
+                    f'faultmesh_agent_stale{{agent="{_esc(a)}",node="{n}"}} 1.0\n' for a in sorted(st.stale)
+                ).encode(),
+            )
+        else:
+            self._stale.drop(node)
 
     def text(self) -> bytes:
         """The four families in the Prometheus text format (0.0.4), as ``generate_latest`` writes them
-        (the same lines as :meth:`rows` through prometheus_client; a test compares them)."""
-        center_health, state_of = self._center.node_health, self._nodes.get
-        lines, make = self._lines, self._node_lines
-        states: list[str] = []
-        bad: list[str] = []
-        for n in self._sorted_names():
-            h = with_status(center_health(n), state_of(n))[0]
-            got = lines.get(n)
-            if got is None or got[0] != h:
-                got = lines[n] = make(n, h)
-            states.append(got[1])
-            if got[2]:
-                bad.append(got[2])
+        (the same lines as :meth:`rows` through prometheus_client; a test compares them). Renders
+        every node at the first call, then only the nodes marked changed since the last
+        (:class:`clusterd.pieces.NodeChanges`)."""
+        if self._changed is None:
+            self._changed = self._center.node_changes.reader()
+            todo: set[str] = self._nodes.all_names()
+        else:
+            todo = self._changed.take()
+        for n in todo:
+            self._render(n)
         slow = sorted(self._center.nodes_with_code(SLOW_NODE_CODE))
-        stale = self._nodes.stale_agents()
-        return "".join(
+        return b"".join(
             [
                 _head("faultmesh_node_unhealthy"),
-                *bad,
+                self._bad.join(),
                 _head("faultmesh_slow_node"),
-                *(f'faultmesh_slow_node{{node="{_esc(n)}"}} 1.0\n' for n in slow),
+                *(f'faultmesh_slow_node{{node="{_esc(n)}"}} 1.0\n'.encode() for n in slow),
                 _head("faultmesh_agent_stale"),
-                *(f'faultmesh_agent_stale{{agent="{_esc(a)}",node="{_esc(n)}"}} 1.0\n' for n, a in stale),
+                self._stale.join(),
                 _head("faultmesh_node_health"),
-                *states,
+                self._states.join(),
             ]
-        ).encode()
+        )
 
     def exposition(self, registry: CollectorRegistry) -> bytes:
         """The whole ``/metrics`` body: ``generate_latest(registry)`` without these families, then

@@ -108,6 +108,7 @@ class NodeRegistry:
     def __init__(self, store: Store, center: FaultCenter, flush_s: float = 1.0) -> None:
         self._store = store
         self._center = center
+        self._changes = center.node_changes  # what the scrape caches re-render (clusterd.pieces)
         self._nodes: dict[str, NodeState] = {}
         self._dirty: set[str] = set()
         self._gone: set[str] = set()  # forgotten nodes whose stored row is still to delete
@@ -121,6 +122,7 @@ class NodeRegistry:
         """Read the persisted nodes. Returns how many."""
         for name, d in (await self._store.load_nodes()).items():
             self._nodes[name] = NodeState.from_json(name, d)
+            self._changes.mark(name)
         return len(self._nodes)
 
     async def flush(self) -> None:
@@ -155,13 +157,17 @@ class NodeRegistry:
         self._dirty.add(node)
         self._gone.discard(node)
         self._wake.set()
+        self._changes.mark(node)
+
+    def _new(self, node: str) -> NodeState:
+        st = self._nodes[node] = NodeState(node)
+        self._changes.mark(node)  # a new node is listed even before it is written
+        return st
 
     # -- writes ----------------------------------------------------------------------------------
     def hello(self, node: str, node_ip: str, node_sn: str, boot_id: str) -> NodeState:
         """An agent said hello from ``node``: record its identity. Returns the node's state."""
-        st = self._nodes.get(node)
-        if st is None:
-            st = self._nodes[node] = NodeState(node)
+        st = self._nodes.get(node) or self._new(node)
         if (st.node_ip, st.node_sn, st.boot_id) != (node_ip, node_sn, boot_id):
             st.node_ip, st.node_sn, st.boot_id = node_ip, node_sn, boot_id
             self._touch(node)  # a reconnect with the same identity writes nothing
@@ -169,9 +175,7 @@ class NodeRegistry:
 
     def agent_seen(self, node: str, agent: str) -> None:
         """``agent`` of ``node`` said Hello or its stream just ended: restart its expiry clock."""
-        st = self._nodes.get(node)
-        if st is None:
-            st = self._nodes[node] = NodeState(node)
+        st = self._nodes.get(node) or self._new(node)
         st.agent_seen_ms[agent] = int(self.clock() * 1000)
         self._touch(node)
 
@@ -204,6 +208,7 @@ class NodeRegistry:
         self._dirty.discard(node)
         self._gone.add(node)
         self._wake.set()
+        self._changes.mark(node)
         return True
 
     def update(
@@ -218,9 +223,7 @@ class NodeRegistry:
     ) -> NodeState:
         """Merge conditions/devices (views keyed by type / ``<type>-<id>``) into ``node``; ``replace``
         makes them the whole set (a snapshot). A non-empty ``status`` is ``reporter``'s node status."""
-        st = self._nodes.get(node)
-        if st is None:
-            st = self._nodes[node] = NodeState(node)
+        st = self._nodes.get(node) or self._new(node)
         conds = {c["type"]: c for c in conditions}
         devs = {f"{d['device_type']}-{d['device_id']}": d for d in devices}
         changed = False
@@ -241,9 +244,7 @@ class NodeRegistry:
 
     def set_pending(self, node: str, agent: str, sources: Iterable[str]) -> None:
         """``agent``'s fault sources on ``node`` that have not completed their first poll (empty: none)."""
-        st = self._nodes.get(node)
-        if st is None:
-            st = self._nodes[node] = NodeState(node)
+        st = self._nodes.get(node) or self._new(node)
         new = sorted(sources)
         if st.pending.get(agent, []) != new:
             if new:
@@ -259,7 +260,7 @@ class NodeRegistry:
         if st is None:
             if reason is None:
                 return
-            st = self._nodes[node] = NodeState(node)
+            st = self._new(node)
         if reason is None:
             if st.stale.pop(agent, None) is not None:
                 self._touch(node)
@@ -303,7 +304,7 @@ class NodeRegistry:
                 self._touch(node)
             return
         if st is None:
-            st = self._nodes[node] = NodeState(node)
+            st = self._new(node)
         if st.status.get(reporter) != status:
             st.status[reporter] = status
             self._touch(node)

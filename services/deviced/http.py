@@ -13,11 +13,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from aiohttp import web
-
 from deviced.engine import FaultEngine
 from deviced.faults import code_name, plane
-from faultmesh.httpd import json_response
+from faultmesh.httplite import App, Request, Response, json_response
 
 log = logging.getLogger("deviced")
 
@@ -64,10 +62,10 @@ def device_views(engine: FaultEngine) -> list[dict[str, Any]]:
     return out
 
 
-def add_routes(app: web.Application, engine: FaultEngine, node: str) -> None:
+def add_routes(app: App, engine: FaultEngine, node: str) -> None:
     """Add the read-only /v1/devices route."""
 
-    async def devices(_request: web.Request) -> web.Response:
+    async def devices(_request: Request) -> Response:
         return json_response({"node": node, "subscribed": engine.subscribed, "devices": device_views(engine)})
 
     app.router.add_get("/v1/devices", devices)

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import asyncio
 
-from aiohttp import web
-
 from deviced.backends import SimBackend
 from deviced.tables import parse_code
-from faultmesh.httpd import json_response
+from faultmesh.httplite import App, Request, Response, json_response
 
 ASSERTIONS = {"recover": 0, "occur": 1, "once": 2}
 PEERS = {"cpu": 0, "npu": 1, "l2": 2, "na": 0xFFFF}
@@ -42,10 +40,10 @@ def _device(sim: SimBackend, body: dict) -> int:
     return dev
 
 
-def add_routes(app: web.Application, sim: SimBackend) -> None:
-    """Add the /sim routes for ``sim`` to an aiohttp application (before it starts)."""
+def add_routes(app: App, sim: SimBackend) -> None:
+    """Add the /sim routes for ``sim`` to an agent HTTP application (:class:`faultmesh.httplite.App`, before it starts)."""
 
-    async def body_of(request: web.Request) -> dict:
+    async def body_of(request: Request) -> dict:
         try:
             body = await request.json()
         except ValueError as e:
@@ -55,7 +53,7 @@ def add_routes(app: web.Application, sim: SimBackend) -> None:
         return body
 
     def handler(fn):
-        async def wrapped(request: web.Request) -> web.Response:
+        async def wrapped(request: Request) -> Response:
             try:
                 body = await body_of(request) if request.method == "POST" else {}
                 result = await fn(body)

@@ -13,8 +13,6 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-import yaml
-
 
 class ConfigError(ValueError):
     """A config file or env value that cannot be used (message names the key)."""
@@ -52,6 +50,8 @@ def load_document(data: str | bytes) -> Any:
     Returns the decoded value (None for an empty document). Raises ``ValueError`` naming the
     problem (cut to 200 characters) when the text is neither.
     """
+    import yaml  # here, not at import: an agent given no YAML never loads PyYAML (issue 18)
+
     try:
         return yaml.safe_load(data)
     except (yaml.YAMLError, RecursionError) as e:
@@ -59,6 +59,8 @@ def load_document(data: str | bytes) -> Any:
 
 
 def _load_yaml(path: str) -> dict[str, Any]:
+    import yaml
+
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}

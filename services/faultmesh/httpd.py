@@ -1,4 +1,5 @@
-"""The HTTP side of every daemon (aiohttp): ``/metrics``, ``/healthz``, ``/readyz`` plus service routes.
+"""ClusterD's HTTP side (aiohttp): ``/metrics``, ``/healthz``, ``/readyz`` plus service routes. The
+agents (noded, deviced) use :mod:`faultmesh.httplite`, the same surface without aiohttp.
 
 Usage::
 
@@ -18,40 +19,42 @@ with the count (aiohttp logs a traceback per request otherwise).
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter
 
+from faultmesh.httplite import (  # shared with the agents' aiohttp-free server
+    DENIED,
+    OPEN_HTTP_METHODS,
+    HttpBase,
+    json_bytes,
+    parse_addr,
+    rejected_counter,
+    token_check,
+)
 from faultmesh.log import RateLimitedLog
 
+__all__ = [
+    "DENIED",
+    "OPEN_HTTP_METHODS",
+    "HttpServer",
+    "bearer_middleware",
+    "json_response",
+    "parse_addr",
+    "rejected_counter",
+    "token_check",
+]
+
 log = logging.getLogger("faultmesh.http")
-
-OPEN_HTTP_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-DENIED = "bearer token required"
-
-
-def parse_addr(addr: str, default_port: int = 0) -> tuple[str, int]:
-    """``"127.0.0.1:8080"`` -> ``("127.0.0.1", 8080)``; ``"[::1]:80"`` works. Raises ``ValueError``."""
-    host, sep, port = addr.rpartition(":")
-    if not sep:
-        return addr, default_port
-    host = host.strip("[]")
-    return host or "127.0.0.1", int(port)
 
 
 def json_response(data, status: int = 200) -> web.Response:
     """A JSON response serialized with orjson (sorted keys for stable output)."""
-    return web.Response(
-        body=orjson.dumps(data, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS),
-        status=status,
-        content_type="application/json",
-    )
+    return web.Response(body=json_bytes(data), status=status, content_type="application/json")
 
 
 def bearer_middleware(
@@ -75,22 +78,6 @@ def bearer_middleware(
         return await handler(request)
 
     return bearer_auth
-
-
-def token_check(token: str) -> Callable[[str | None], bool]:
-    """``check(header)``: True when ``header`` is exactly ``Bearer <token>`` (constant-time)."""
-    expect = f"Bearer {token}"
-    return lambda header: header is not None and hmac.compare_digest(header, expect)
-
-
-def rejected_counter(registry: CollectorRegistry) -> Counter:
-    """``faultmesh_rejected_requests_total{service,reason}`` on ``registry`` (the daemons' one name)."""
-    return Counter(
-        "faultmesh_rejected_requests_total",
-        "Rejected requests by service and reason",
-        ["service", "reason"],
-        registry=registry,
-    )
 
 
 class _JunkLog:
@@ -123,38 +110,22 @@ class _JunkLog:
         return getattr(self._inner, name)
 
 
-class HttpServer:
-    """aiohttp server bound to one address; ``port`` is the bound port after :meth:`start`.
+class HttpServer(HttpBase):
+    """aiohttp server bound to one address (the arguments of :class:`faultmesh.httplite.HttpBase`);
+    ``token``: mutating requests need it (:func:`bearer_middleware`)."""
 
-    ``token``: mutating requests need it (:func:`bearer_middleware`; None: open); ``rejected``: the
-    ``faultmesh_rejected_requests_total`` counter to count refusals in (default: made on ``registry``).
-    """
-
-    def __init__(
-        self,
-        addr: str,
-        registry: CollectorRegistry,
-        ready: Callable[[], tuple[bool, str]] | None = None,
-        client_max_size: int = 4 << 20,
-        token: str | None = None,
-        rejected: Counter | None = None,
-        metrics: Callable[[], bytes] | None = None,
-    ) -> None:
-        self.host, self.port = parse_addr(addr)
-        self.registry = registry
-        self._metrics_body = metrics or (lambda: generate_latest(self.registry))  # a faster body
-        self._ready = ready or (lambda: (True, "ok"))
-        self.rejected = rejected if rejected is not None else rejected_counter(registry)
+    def __init__(self, addr: str, registry: CollectorRegistry, **kw: Any) -> None:
+        super().__init__(addr, registry, **kw)
         self._junk = _JunkLog(self.rejected)
-        self.app = web.Application(client_max_size=client_max_size)
-        if token:
+        self.app = web.Application(client_max_size=self.client_max_size)
+        if self.token:
             ratelog = RateLimitedLog(log)
 
             def deny(request: web.Request) -> None:
                 self.rejected.labels("http", "unauthenticated").inc()
                 ratelog.warning("unauthenticated:http", "request unauthenticated", path=request.path[:200])
 
-            self.app.middlewares.append(bearer_middleware(token_check(token), deny))
+            self.app.middlewares.append(bearer_middleware(token_check(self.token), deny))
         self.app.router.add_get("/metrics", self._metrics)
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/readyz", self._readyz)

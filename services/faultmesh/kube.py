@@ -17,7 +17,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
 import orjson
 
 from faultmesh.log import event
@@ -25,6 +24,14 @@ from faultmesh.retry import Backoff
 from faultmesh.runtime import wait_for
 
 log = logging.getLogger("faultmesh.kube")
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """What a failed API call raises below the HTTP status (evaluated only when a call raised): aiohttp
+    is kubernetes_asyncio's transport, imported with it, so an agent outside kube mode never loads it."""
+    import aiohttp
+
+    return (aiohttp.ClientError, OSError, TimeoutError)
 
 
 class KubeError(Exception):
@@ -106,11 +113,11 @@ class KubeApi:
             resp = await wait_for(
                 fn(*args, _preload_content=False, _request_timeout=self.timeout_s, **kw), self.timeout_s + 1
             )
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        except _transport_errors() as e:
             raise KubeError(op, 0, repr(e)) from None
         try:
             body = await wait_for(resp.read(), self.timeout_s)
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        except _transport_errors() as e:
             raise KubeError(op, 0, repr(e)) from None
         finally:
             resp.release()
@@ -293,7 +300,7 @@ class KubeApi:
             resp = await wait_for(
                 fn(*args, _preload_content=False, _request_timeout=timeout_s + 10, **kw), self.timeout_s + 1
             )
-        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        except _transport_errors() as e:
             raise KubeError(op, 0, repr(e)) from None
         try:
             if not 200 <= resp.status < 300:
@@ -303,7 +310,7 @@ class KubeApi:
             while True:
                 try:
                     line = await wait_for(resp.content.readline(), timeout_s + 10)
-                except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                except _transport_errors() as e:
                     raise KubeError(op, 0, f"stream dropped: {e!r}") from None
                 if not line:
                     return

@@ -108,15 +108,18 @@ def level_severity(level: str) -> int:
     """A total order over every level name, NPU and node levels together, for "worst level" choices.
 
     NPU levels keep their precedence; node levels map onto it (PreSeparateFault ~ PreSeparateNPU,
-    SeparateFault ~ SeparateNPU). Unknown names sort just above NotHandleFault.
+    SeparateFault ~ SeparateNPU). Unknown names sort just above NotHandleFault. One dict lookup (a
+    scrape of 16k nodes x 10 faults asks 160k times after a restart, issue 18).
     """
-    if level in NpuLevel.__members__:
-        return int(NpuLevel[level]) * 10
-    return {
-        "PreSeparateFault": int(NpuLevel.PreSeparateNPU) * 10,
-        "PreSeparate": int(NpuLevel.PreSeparateNPU) * 10,
-        "SeparateFault": int(NpuLevel.SeparateNPU) * 10,
-        "Separate": int(NpuLevel.SeparateNPU) * 10,
-        "SubHealth": int(NpuLevel.SubHealthFault) * 10,
-        "NotHandle": 0,
-    }.get(level, 5)
+    return _SEVERITY.get(level, 5)
+
+
+_SEVERITY: dict[str, int] = {
+    "PreSeparateFault": int(NpuLevel.PreSeparateNPU) * 10,
+    "PreSeparate": int(NpuLevel.PreSeparateNPU) * 10,
+    "SeparateFault": int(NpuLevel.SeparateNPU) * 10,
+    "Separate": int(NpuLevel.SeparateNPU) * 10,
+    "SubHealth": int(NpuLevel.SubHealthFault) * 10,
+    "NotHandle": 0,
+    **{name: int(member) * 10 for name, member in NpuLevel.__members__.items()},  # NPU names win
+}

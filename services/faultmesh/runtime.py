@@ -1,6 +1,7 @@
 """Process runtime shared by the daemons: event loop choice, owned tasks, blocking executor, signals.
 
-- :func:`run` starts a coroutine on uvloop when importable and turns SIGTERM/SIGINT into a stop event.
+- :func:`run` starts a coroutine (on uvloop when importable and asked for) and turns SIGTERM/SIGINT
+  into a stop event.
 - :class:`TaskOwner` owns background tasks and cancels and awaits them on close (with a timeout).
 - :class:`BlockingPool` runs blocking calls (pyghmi, ctypes DCMI) in a bounded thread pool, each with
   a timeout; the event loop never blocks. Source: brief "Async code", architecture-anchors.md §7.
@@ -118,12 +119,17 @@ def install_uvloop() -> bool:
     return True
 
 
-def run(main: Callable[[asyncio.Event], Awaitable[int | None]]) -> int:
-    """Run ``main(stop_event)`` on uvloop (when available); SIGTERM/SIGINT set ``stop_event``.
+def run(main: Callable[[asyncio.Event], Awaitable[int | None]], fast_loop: bool = True) -> int:
+    """Run ``main(stop_event)`` on uvloop (when available and ``fast_loop``; else on asyncio's own
+    loop); SIGTERM/SIGINT set ``stop_event``.
+
+    The agents pass ``fast_loop=False``: a loop that wakes a few times a minute gains nothing from
+    uvloop, which costs an idle agent 2.6 MiB resident (issue 18); ClusterD keeps it.
 
     Returns main's exit status (0 when it returns None).
     """
-    install_uvloop()
+    if fast_loop:
+        install_uvloop()
 
     async def _runner() -> int:
         stop = asyncio.Event()

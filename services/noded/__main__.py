@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         hung.append(pool_threads_hung())
         return 0
 
-    rc = runtime.run(_main)
+    rc = runtime.run(_main, fast_loop=False)  # idle agent: asyncio's loop, 2.6 MiB less
     if any(hung):
         # a pyghmi / DCMI call that timed out still blocks its pool thread (up to ~30 s against a dead
         # BMC); the interpreter would join it at exit. Everything is flushed and stopped: leave now.

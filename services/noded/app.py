@@ -30,8 +30,6 @@ import logging
 import os
 import time
 
-from aiohttp import web
-
 from faultmesh import config
 from faultmesh.agent import (
     AgentClient,
@@ -40,7 +38,7 @@ from faultmesh.agent import (
     agent_options,
     channel_credentials,
 )
-from faultmesh.httpd import HttpServer, json_response
+from faultmesh.httplite import HttpServer, Request, Response, json_response
 from faultmesh.log import add_log_arguments, event
 from faultmesh.metrics import daemon_registry
 from faultmesh.runtime import BlockingPool, wait_for
@@ -303,11 +301,11 @@ class NodeD:
             )
         return True, " ".join(parts)
 
-    async def _node_info_handler(self, request: web.Request) -> web.Response:
+    async def _node_info_handler(self, request: Request) -> Response:
         info = self.node_info()
         return json_response({"NodeInfo": info, "CheckCode": nodeinfo.check_code(info)})
 
-    async def _state_handler(self, request: web.Request) -> web.Response:
+    async def _state_handler(self, request: Request) -> Response:
         return json_response(
             {
                 "node": self.node_name,

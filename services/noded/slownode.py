@@ -30,22 +30,24 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
-from aiohttp import web
 from prometheus_client import Counter
 
 from faultmesh._pb import agent_pb2
 from faultmesh.files import atomic_write
-from faultmesh.httpd import json_response
+from faultmesh.httplite import Request, Response, json_response
 from faultmesh.log import event
 from faultmesh.model import now_ms
 from faultmesh.source import PushSource, SourceContext
 from fdol.slownode.featconf import FeatConf, parse_featconf
-from fdol.slownode.metrics import StepAssembler
-from fdol.slownode.node import NodeDetector
-from fdol.slownode.reader import JobReader
 from fdol.slownode.switch import SWITCH_FILE, switch_dir_name
+
+if TYPE_CHECKING:  # imported by the first job (_on_job): a noded that runs none never loads them
+    from fdol.slownode.metrics import StepAssembler
+    from fdol.slownode.node import NodeDetector
+    from fdol.slownode.reader import JobReader
 
 log = logging.getLogger("noded.slownode")
 
@@ -168,6 +170,10 @@ class SlowNode(PushSource):
             self._stop(conf.job_id, "updated")
         if conf.slow_node == 0 or not ranks:
             return
+        from fdol.slownode.metrics import StepAssembler
+        from fdol.slownode.node import NodeDetector
+        from fdol.slownode.reader import JobReader
+
         job_dir = Path(self.config.profiling_dir) / conf.job_id
         reader = JobReader(job_dir, ranks, start_time_s=None)
         assemblers = {
@@ -274,7 +280,7 @@ class SlowNode(PushSource):
                         log, logging.WARNING, "slownode bad input", job=nj.conf.job_id, reason=reason, count=n
                     )
 
-    async def _http_list(self, request: web.Request) -> web.Response:
+    async def _http_list(self, request: Request) -> Response:
         return json_response(
             [
                 {

@@ -18,8 +18,8 @@ from aiohttp import web
 
 from clusterd.center import FaultCenter, fault_dict
 from clusterd.ingest.agents import AgentHub
-from clusterd.nodehealth import SortedNames, with_status
 from clusterd.nodes import NodeRegistry
+from clusterd.pieces import ChangeReader, SortedPieces
 from faultmesh.httpd import json_response
 
 _OPTS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS  # as json_response writes
@@ -36,8 +36,8 @@ class NodeApi:
         self.center = center
         self.nodes = nodes
         self.agents = agents
-        self._json: dict[str, tuple[tuple, bytes]] = {}  # node -> (its plain fields, its JSON)
-        self._sorted = SortedNames()
+        self._changed: ChangeReader | None = None  # from the first list_body() on
+        self._json: SortedPieces[bytes] = SortedPieces(b",")  # node -> its summary JSON
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         """Register ``/v1/faults``, ``/v1/nodes`` and ``/v1/nodes/{name}``."""
@@ -47,10 +47,10 @@ class NodeApi:
 
     def summary(self, name: str, agents: dict[str, list[str]] | None = None) -> dict[str, Any]:
         """One node's summary (health, worst level, faults, agents, conditions); ``agents`` (node ->
-        its connected agents, sorted) saves a pass over every stream when listing all nodes. A node
+        its connected agents, sorted) saves a lookup per node when listing all nodes. A node
         without conditions, stale agents or pending sources (most of them) costs no pass over those."""
         if agents is None:
-            agents = _agents_by_node(self.agents.connected())
+            agents = {name: self.agents.agents_of(name)}
         health, worst = self.nodes.health(name)
         st = self.nodes.get(name)
         if st is None:
@@ -85,32 +85,29 @@ class NodeApi:
             items = [f for f in items if f.source == q["source"] or f.source.startswith(q["source"] + ":")]
         return json_response([fault_dict(f) for f in items])
 
+    def _render(self, name: str) -> None:
+        """Put ``name``'s summary JSON in the list, or drop it when no longer known."""
+        agents = self.agents.agents_of(name)
+        if agents or name in self.nodes or self.center.fault_count(name):
+            self._json.put(name, _dumps(self.summary(name, {name: agents})))
+        else:
+            self._json.drop(name)
+
     def list_body(self) -> bytes:
         """The ``/v1/nodes`` body: the JSON list of every node's :meth:`summary`, sorted by name (the
-        bytes ``json_response`` writes). A node's JSON is kept while its plain fields (health, worst
-        level, fault count, agents, address, status) stay the same and it has no conditions, stale
-        agents or pending sources; other nodes are written afresh each time."""
-        agents = _agents_by_node(self.agents.connected())  # once per request, not once per node
-        names = self.nodes.all_names() | agents.keys()
-        if len(self._json) > len(names) + 1024:  # forgotten nodes: drop their JSON
-            self._json = {n: v for n, v in self._json.items() if n in names}
-        center_health, state_of, count_of = self.center.node_health, self.nodes.get, self.center.fault_count
-        cache, out = self._json, []
-        for n in self._sorted(names):
-            st = state_of(n)
-            if st is None:
-                ip = status = ""
-            elif st.conditions or st.stale or st.pending:
-                out.append(_dumps(self.summary(n, agents)))
-                continue
-            else:
-                ip, status = st.node_ip, st.node_status
-            key = (with_status(center_health(n), st), count_of(n), agents.get(n), ip, status)
-            got = cache.get(n)
-            if got is None or got[0] != key:
-                got = cache[n] = (key, _dumps(self.summary(n, agents)))
-            out.append(got[1])
-        return b"[" + b",".join(out) + b"]"
+        bytes ``json_response`` writes). Every node is written at the first call; then only the
+        nodes the fault center and the node registry marked changed since the last call
+        (:class:`clusterd.pieces.NodeChanges`; an agent's connect and disconnect touch the registry)
+        are written again, and only the chunks holding them are joined again."""
+        if self._changed is None:
+            self._changed = self.center.node_changes.reader()
+            agents = _agents_by_node(self.agents.connected())
+            names = self.nodes.all_names() | agents.keys()
+            self._json.reset((n, _dumps(self.summary(n, agents))) for n in names)
+        else:
+            for n in self._changed.take():
+                self._render(n)
+        return b"[" + self._json.join() + b"]"
 
     async def list_nodes(self, request: web.Request) -> web.Response:
         return web.Response(body=self.list_body(), content_type="application/json")

@@ -137,6 +137,12 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         """(node, agent) of every live stream."""
         return sorted(self.sessions)
 
+    def agents_of(self, node: str) -> list[str]:
+        """The agents of ``node`` with a live stream, sorted (cost follows the agent kinds, not the
+        streams). A connect or disconnect touches the node registry (``agent_seen``), which marks
+        the node changed for the scrape caches (clusterd.pieces)."""
+        return [a for a in sorted(self._per_agent) if (node, a) in self.sessions]
+
     async def send(self, node: str, agent: str, **body: Any) -> bool:
         """Queue one control message (e.g. ``ping_list=PingList(...)``) to (node, agent).
 

@@ -158,11 +158,17 @@ class BmcClient:
 
     def _login(self):
         import pyghmi.exceptions as pexc
-        import pyghmi.ipmi.command as ipmicommand
+        import pyghmi.ipmi.private.session as psession
 
-        try:
-            return ipmicommand.Command(
-                bmc=self.host, userid=self._user, password=self._password, port=self.port
+        try:  # the session pyghmi.ipmi.command.Command(bmc=...) opens, without Command: importing it
+            # loads pyghmi's OEM handlers and SDR/FRU/SEL code (~6 MiB resident) that only raw() needs
+            return psession.Session(
+                bmc=self.host,
+                userid=self._user,
+                password=self._password,
+                port=self.port,
+                kg=None,
+                privlevel=None,
             )
         except pexc.IpmiException as e:
             text = str(e)
@@ -177,7 +183,7 @@ class BmcClient:
         cmd, self._cmd = self._cmd, None
         if cmd is not None:
             try:
-                cmd.ipmi_session.logout()
+                cmd.logout()
             except Exception:  # the session is already broken; nothing to do
                 pass
 
@@ -212,7 +218,10 @@ class BmcClient:
             # pyghmi's own retry timer (~0.5-1 s, then +1 s per retry) paces the first retransmit;
             # its _io_wait can also miss a wake-up and sleep until that timer, so a longer first
             # timeout would only make those stalls longer. The poll's overall bound is the caller's.
-            rsp = c.raw_command(netfn=netfn, command=cmd, data=tuple(data))
+            rsp = c.raw_command(  # the arguments Command.raw_command passes on to its session
+                netfn=netfn, command=cmd, bridge_request=(), data=tuple(data), delay_xmit=None, retry=True,
+                timeout=None, rslun=0,
+            )  # fmt: skip
         except pexc.IpmiException as e:
             self.drop_session()
             raise BmcUnreachable(f"{self.host}:{self.port}: {e or 'no answer'}") from None
