@@ -13,6 +13,13 @@ sequence number): the session ends and the next one resends all by snapshot.
 Control messages from ClusterD go to ``on_control`` and are
 acked after it returns.
 
+Unchanged resync (issue 18; agent.proto's header): every Snapshot carries its
+:func:`snapshot_digest`. On a new stream the agent first sends the claim, an empty Delta with the
+digest of the Snapshot it would send, and waits for its Ack (up to ``ack_timeout_s``): on
+``DIGEST_MATCH`` ClusterD holds that state already and the stream goes on with Deltas; otherwise
+(mismatch, an older ClusterD that acks the claim as a heartbeat, no answer in time) the full
+Snapshot follows with the next seq. ``resync_by_digest=False`` always sends the full Snapshot.
+
 Timings (issue 3): a change is sent at once unless a report went out less than
 ``min_report_interval_s`` ago (then coalesced, last state wins); the full state is re-sent every
 ``resend_every_s`` (1800 s); reconnects back off exponentially up to ``backoff_max_s``. Liveness
@@ -25,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import hashlib
 import logging
 import time
 import uuid
@@ -61,6 +69,25 @@ NOT_STORED_PREFIX = "internal:"
 RESYNC_PREFIX = "resync:"
 
 ControlHandler = Callable[[agent_pb2.ControlMessage], Awaitable[None]]
+
+DIGEST_SIZE = 32  # bytes of a snapshot digest (BLAKE2b-256)
+_DIGEST_TAG = b"faultmesh.v1.Snapshot/1\0"  # a new canonical form gets a new tag: never a false match
+
+
+def snapshot_digest(snap: agent_pb2.Snapshot) -> bytes:
+    """The digest (:data:`DIGEST_SIZE` bytes, BLAKE2b) of everything ClusterD stores from ``snap``:
+    every field but ``seq`` and ``digest`` itself, i.e. each fault with its first/last-seen times and
+    attributes, the conditions with ``since_ms``, the device states, the node status and the pending
+    sources. Canonical for a Snapshot built by :meth:`AgentState.snapshot` (lists in key order,
+    deterministic protobuf encoding: map entries sorted), so the same state gives the same digest
+    after an agent restart (the boot id is in Hello, not here). ``snap`` is left as it was."""
+    seq, digest = snap.seq, snap.digest
+    snap.seq, snap.digest = 0, b""
+    try:
+        raw = snap.SerializeToString(deterministic=True)
+    finally:
+        snap.seq, snap.digest = seq, digest
+    return hashlib.blake2b(_DIGEST_TAG + raw, digest_size=DIGEST_SIZE).digest()
 
 
 class AgentState:
@@ -215,21 +242,24 @@ class AgentState:
         )
 
     def snapshot(self, seq: int) -> agent_pb2.Snapshot:
-        """The full state as a Snapshot (with the pending sources); clears dirty marks (events stay
-        queued for the next delta)."""
+        """The full state as a Snapshot (with the pending sources and its :func:`snapshot_digest`;
+        faults, conditions and devices in key order); clears dirty marks (events stay queued for
+        the next delta)."""
         self._dirty_faults.clear()
         self._dirty_conditions.clear()
         self._dirty_devices.clear()
         self._status_dirty = False
         self._pending_changed = False
-        return agent_pb2.Snapshot(
+        snap = agent_pb2.Snapshot(
             seq=seq,
-            faults=[fault_to_pb(f) for f in self.faults.values()],
-            conditions=list(self.conditions.values()),
-            devices=list(self.devices.values()),
+            faults=[fault_to_pb(self.faults[k]) for k in sorted(self.faults)],
+            conditions=[self.conditions[t] for t in sorted(self.conditions)],
+            devices=[self.devices[k] for k in sorted(self.devices)],
             node_status=self.node_status,
             pending_sources=sorted(self.pending_sources),
         )
+        snap.digest = snapshot_digest(snap)
+        return snap
 
     def take_delta(self, seq: int) -> agent_pb2.Delta:
         """Changes since the last snapshot/delta, plus queued events; clears them."""
@@ -312,6 +342,7 @@ class AgentClient:
         keepalive_s: float = KEEPALIVE_S,
         keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
         heartbeat_s: float = HEARTBEAT_S,
+        resync_by_digest: bool = True,
     ) -> None:
         self.targets = split_targets(target)
         self.target = self.targets[0]
@@ -335,6 +366,8 @@ class AgentClient:
         self.ack_timeout_s = ack_timeout_s
         self.channel_options = channel_options(keepalive_s, keepalive_timeout_s)
         self.heartbeat_s = heartbeat_s
+        self.resync_by_digest = resync_by_digest
+        self._claim: tuple[int, asyncio.Future] | None = None  # (seq, answer) of the digest claim
         self.seq = 0
         self.acked_seq = 0
         self.connected = asyncio.Event()
@@ -404,9 +437,14 @@ class AgentClient:
             stub = agent_pb2_grpc.AgentStreamStub(channel)
             call = stub.Connect(metadata=metadata)
             await call.write(agent_pb2.AgentMessage(hello=self.hello))
-            self.seq += 1
-            await call.write(agent_pb2.AgentMessage(snapshot=self.state.snapshot(self.seq)))
-            self.metrics.sent.labels("snapshot").inc()
+            reader = asyncio.create_task(self._read(call), name="agent-read")
+            try:
+                await self._first_snapshot(call, reader)
+            except BaseException:
+                reader.cancel()
+                with contextlib.suppress(BaseException):
+                    await reader
+                raise
             last_snapshot = self._last_sent = time.monotonic()
             self.connected.set()
             self.metrics.connected.set(1)
@@ -418,7 +456,6 @@ class AgentClient:
                 node=self.hello.node,
                 agent=self.hello.agent,
             )
-            reader = asyncio.create_task(self._read(call), name="agent-read")
             try:
                 while True:
                     if reader.done():
@@ -461,6 +498,31 @@ class AgentClient:
                     await reader
                 call.cancel()
 
+    async def _first_snapshot(self, call, reader: asyncio.Task) -> None:
+        """The session's first state message: the digest claim and, unless ClusterD answers
+        ``DIGEST_MATCH``, the full Snapshot (see the module docstring)."""
+        self.seq += 1
+        snap = self.state.snapshot(self.seq)
+        if self.resync_by_digest:
+            answer = asyncio.get_running_loop().create_future()
+            self._claim = (self.seq, answer)
+            claim = agent_pb2.Delta(seq=self.seq, snapshot_digest=snap.digest)
+            await call.write(agent_pb2.AgentMessage(delta=claim))
+            self.metrics.sent.labels("digest").inc()
+            done, _ = await asyncio.wait(
+                {answer, reader}, timeout=self.ack_timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+            self._claim = None
+            if reader in done:
+                reader.result()  # raises what ended the stream
+                raise ConnectionError("clusterd closed the stream")
+            if answer in done and answer.result() == agent_pb2.DIGEST_MATCH:
+                return  # clusterd holds this state; changes since the claim go as deltas
+            self.seq += 1
+            snap = self.state.snapshot(self.seq)  # the state now (changes since the claim included)
+        await call.write(agent_pb2.AgentMessage(snapshot=snap))
+        self.metrics.sent.labels("snapshot").inc()
+
     async def _write_delta(self, call) -> None:
         self.seq += 1
         await call.write(agent_pb2.AgentMessage(delta=self.state.take_delta(self.seq)))
@@ -474,6 +536,14 @@ class AgentClient:
                 raise ConnectionError("clusterd closed the stream")
             kind = msg.WhichOneof("body")
             if kind == "ack":
+                claim = self._claim
+                if claim is not None and msg.ack.seq == claim[0]:
+                    if not claim[1].done():
+                        claim[1].set_result(msg.ack.digest)
+                    if msg.ack.digest != agent_pb2.DIGEST_MATCH:  # not taken: the full snapshot follows
+                        if msg.ack.error:
+                            event(log, logging.WARNING, "digest claim refused", error=msg.ack.error)
+                        continue
                 if msg.ack.error.startswith((NOT_STORED_PREFIX, RESYNC_PREFIX)):
                     # valid but not stored (ClusterD's state write failed): not acked; a new session
                     # resends everything by snapshot

@@ -1,0 +1,106 @@
+"""The unchanged resync of the agent stream (issue 18; agent.proto's header): what ClusterD keeps of
+an agent's last full snapshot and how it answers the agent's digest claim.
+
+A full Snapshot that carries a well-formed ``digest`` (:data:`DIGEST_SIZE` bytes), has no pending
+sources and was applied whole (no fault refused as another origin's) leaves a *mark* on its scope
+(node, agent) in the fault center (:mod:`clusterd.scopemarks`): the digest followed by the node
+view it gave (conditions, device states, node status) as JSON. The center stores the mark in the
+transaction of the faults that snapshot left and drops it with any later change of that agent's
+faults, so a held mark always describes the stored state. A snapshot with pending sources leaves
+none (its node status and faults merge with what was there: not one fixed state).
+
+A claim (an empty Delta with ``snapshot_digest``) is answered ``DIGEST_MATCH`` when the held mark
+starts with that digest: re-applying that very snapshot would change no fault (the center's
+snapshot diff is idempotent), so ClusterD applies only the node view from the mark (as a full
+snapshot would, replacing) and clears the agent's pending sources. Anything else (no mark, another
+digest, a malformed claim) is ``DIGEST_MISMATCH`` and the agent sends its full snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter
+
+from clusterd.ingest.agentinput import AgentInputError, condition_view, device_view
+from clusterd.nodes import NodeRegistry
+from faultmesh._pb import agent_pb2
+from faultmesh.log import event
+
+log = logging.getLogger("clusterd.agents")
+
+DIGEST_SIZE = 32  # faultmesh.agent.DIGEST_SIZE (a service does not import the agent client)
+
+
+def snapshot_views(body: agent_pb2.Snapshot) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The node-registry views (conditions, devices) of a snapshot."""
+    return [condition_view(c) for c in body.conditions], [device_view(d) for d in body.devices]
+
+
+def snapshot_mark(body: agent_pb2.Snapshot, views, pending: frozenset[str], refused: int) -> bytes | None:
+    """The mark a full snapshot leaves (see the module docstring), or None when it leaves none.
+    Raises :class:`AgentInputError` (``bad_digest``) for a digest of another size: the snapshot is
+    still applied, without a mark."""
+    digest = body.digest
+    if not digest:
+        return None
+    if len(digest) != DIGEST_SIZE:
+        raise AgentInputError(f"bad_digest: snapshot digest of {len(digest)} bytes, not {DIGEST_SIZE}")
+    if pending or refused:
+        return None
+    conditions, devices = views
+    return digest + orjson.dumps({"c": conditions, "d": devices, "s": body.node_status})
+
+
+def claim_error(body: agent_pb2.Delta) -> str:
+    """Why a claim (a Delta with ``snapshot_digest``) is malformed, "" when it is not: a digest of
+    another size, or anything else carried along (a claim is an otherwise empty Delta)."""
+    if len(body.snapshot_digest) != DIGEST_SIZE:
+        return f"bad_digest: claim digest of {len(body.snapshot_digest)} bytes, not {DIGEST_SIZE}"
+    if (
+        body.upserts
+        or body.removals
+        or body.conditions
+        or body.devices
+        or body.ping_results
+        or body.slownode_reports
+        or body.node_status
+    ):
+        return "bad_digest: a claim carries nothing but the digest"
+    return ""
+
+
+def claimed_view(mark: bytes | None, digest: bytes, node: str, agent: str) -> dict[str, Any] | None:
+    """The node view held with ``digest`` (keys ``c`` conditions, ``d`` devices, ``s`` node status)
+    when ``mark`` is that digest's, else None (a mismatch; a corrupt mark is logged and is one)."""
+    if mark is None or mark[:DIGEST_SIZE] != digest:
+        return None
+    try:
+        view = orjson.loads(mark[DIGEST_SIZE:])
+        if not isinstance(view, dict) or not {"c", "d", "s"} <= view.keys():
+            raise ValueError("not a node view")
+        return view
+    except ValueError as e:
+        event(log, logging.ERROR, "stored snapshot mark unreadable", node=node, agent=agent, error=repr(e))
+        return None
+
+
+def apply_claim(nodes: NodeRegistry, node: str, agent: str, view: dict[str, Any]) -> None:
+    """What the matched snapshot did besides its (stored, unchanged) faults: its node view replaces
+    the node's (as a snapshot without pending sources does) and ``agent`` has no pending source."""
+    nodes.update(node, conditions=view["c"], devices=view["d"], status=view["s"], replace=True)
+    nodes.set_pending(node, agent, ())
+
+
+def snapshot_counters(registry: CollectorRegistry) -> tuple[Any, Any, Any]:
+    """``faultmesh_agent_snapshots_total`` children (full, unchanged, mismatch)."""
+    c = Counter(
+        "faultmesh_agent_snapshots_total",
+        "Agent resyncs: full snapshots applied, digest claims matched (unchanged) or not (mismatch)",
+        ["result"],
+        registry=registry,
+    )
+    full, unchanged, mismatch = (c.labels(r) for r in ("full", "unchanged", "mismatch"))
+    return full, unchanged, mismatch
