@@ -116,6 +116,12 @@ def resync_size(fleet: Fleet, n: int, profile: str | None) -> dict:
     job = {"npus": 16, "faults": 10, "faulty_every": 10}
     with EchoServer() as srv:
         echo = fleet.run("resync", items, addr=srv.addr, claim=True, **job)
+        # the floor of one more message on an open stream: the echo server's CPU for a claim, a snapshot
+        echo_snaps = {}
+        for name, changed, claim in (("unchanged", False, True), ("changed", True, False)):
+            c0 = cpu_s(srv.pid)
+            fleet.run("resnap", [], changed=changed, claim=claim)
+            echo_snaps[name] = cpu_s(srv.pid) - c0
         fleet.close_streams()
     state = tempfile.mkdtemp(prefix="fm-resync-")
     try:
@@ -153,6 +159,8 @@ def resync_size(fleet: Fleet, n: int, profile: str | None) -> dict:
         "snap_cpu_s": snaps["unchanged"][1],
         "full_s": snaps["full"][0],
         "full_cpu_s": snaps["full"][1],
+        "echo_claim_cpu_s": echo_snaps["unchanged"],
+        "echo_changed_cpu_s": echo_snaps["changed"],
         "changed_s": snaps["changed"][0],
         "changed_cpu_s": snaps["changed"][1],
         "client_cpu_s": same["cpu_s"],
@@ -177,7 +185,8 @@ def resync_main(sizes: list[int], procs: int | None, profile: str | None) -> Non
                 f"server {r['echo_s']:5.2f} s | a further snapshot on the open streams: unchanged "
                 f"(digest) {r['snap_s']:5.2f} s (CPU {r['snap_cpu_s']:5.2f} s), the same as a full snapshot "
                 f"{r['full_s']:5.2f} s (CPU {r['full_cpu_s']:5.2f} s), changed {r['changed_s']:5.2f} s (CPU "
-                f"{r['changed_cpu_s']:5.2f} s) | RSS {r['rss_mib']:6.1f} MiB | clients {fleet.procs} procs, "
+                f"{r['changed_cpu_s']:5.2f} s; echo server CPU: claim {r['echo_claim_cpu_s']:5.2f} s, changed "
+                f"{r['echo_changed_cpu_s']:5.2f} s) | RSS {r['rss_mib']:6.1f} MiB | clients {fleet.procs} procs, "
                 f"CPU {r['client_cpu_s']:5.2f} s | per agent x{per_agent:.2f} of {base['nodes']} "
                 f"| retries {r['retries']}",
                 flush=True,

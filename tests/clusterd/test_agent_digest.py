@@ -181,6 +181,37 @@ async def test_a_store_without_the_digest_or_an_older_agent_takes_the_full_snaps
         await cd.stop()
 
 
+async def test_a_match_restores_the_node_view_its_snapshot_gave(tmp_path):
+    """The node registry is flushed on its own clock: after a crash its row may be older than the
+    faults and digest committed together. A match applies the view held with the digest."""
+    cd = await make_clusterd(tmp_path, *FAST_STOP)
+    port = cd.grpc_port
+    client = AgentClient(f"127.0.0.1:{port}", NODE, "deviced")
+    fill(client.state)
+    await client.start()
+    await client.wait_synced()
+    await client.stop()
+    before, conditions = view(cd), dict(client.state.conditions)
+    await cd.stop()
+    with sqlite3.connect(tmp_path / "state" / "clusterd.db") as db:  # the row of an older flush
+        (row,) = db.execute("SELECT state FROM nodes WHERE node=?", (NODE,)).fetchone()
+        db.execute("UPDATE nodes SET state=? WHERE node=?", (row.replace('"Healthy"', '"UnHealthy"'), NODE))
+    cd = await make_clusterd(tmp_path, *FAST_STOP, "--grpc-addr", f"127.0.0.1:{port}")
+    try:
+        assert {d["health"] for d in cd.agents.node_info(NODE)["devices"].values()} == {"UnHealthy"}
+        client = AgentClient(f"127.0.0.1:{port}", NODE, "deviced")
+        fill(client.state)
+        client.state.conditions = conditions  # the same state (the same since_ms)
+        await client.start()
+        await client.wait_synced()
+        await client.stop()
+        assert (await snapshots(cd))["unchanged"] == 1.0
+        assert view(cd)[0] == before[0]
+        assert view(cd)[2] == before[2]  # the devices as the agent's snapshot gave them
+    finally:
+        await cd.stop()
+
+
 def _without_digest(snap: agent_pb2.Snapshot) -> agent_pb2.Snapshot:
     snap.digest = b""
     return snap

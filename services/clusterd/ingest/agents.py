@@ -64,7 +64,6 @@ from clusterd.ingest.agentinput import (
 from clusterd.ingest.resync import (
     apply_claim,
     claim_error,
-    claimed_view,
     snapshot_counters,
     snapshot_mark,
     snapshot_views,
@@ -502,13 +501,11 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             self._snap_full.inc()
             await self._notify(self._on_connect, s.node, s.agent)
         elif p.kind == "claim":
-            view = claimed_view(result, body.snapshot_digest, s.node, s.agent)
-            if view is None:  # the agent sends its full snapshot next
-                self._snap_mismatch.inc()
+            if not apply_claim(self.nodes, s.node, s.agent, result, body.snapshot_digest):
+                self._snap_mismatch.inc()  # the agent sends its full snapshot next
                 return agent_pb2.ControlMessage(
                     ack=agent_pb2.Ack(seq=body.seq, digest=agent_pb2.DIGEST_MISMATCH)
                 )
-            apply_claim(self.nodes, s.node, s.agent, view)
             self._snap_unchanged.inc()
             await self._notify(self._on_connect, s.node, s.agent)
             return agent_pb2.ControlMessage(ack=agent_pb2.Ack(seq=body.seq, digest=agent_pb2.DIGEST_MATCH))

@@ -6,13 +6,15 @@ sources and was applied whole (no fault refused as another origin's) leaves a *m
 (node, agent) in the fault center (:mod:`clusterd.scopemarks`): the digest followed by the node
 view it gave (conditions, device states, node status) as JSON. The center stores the mark in the
 transaction of the faults that snapshot left and drops it with any later change of that agent's
-faults, so a held mark always describes the stored state. A snapshot with pending sources leaves
+faults (the mark's bytes: the digest, the node status' length and UTF-8, ``[conditions, devices]``
+as JSON), so a held mark always describes the stored state. A snapshot with pending sources leaves
 none (its node status and faults merge with what was there: not one fixed state).
 
 A claim (an empty Delta with ``snapshot_digest``) is answered ``DIGEST_MATCH`` when the held mark
 starts with that digest: re-applying that very snapshot would change no fault (the center's
 snapshot diff is idempotent), so ClusterD applies only the node view from the mark (as a full
-snapshot would, replacing) and clears the agent's pending sources. Anything else (no mark, another
+snapshot would, replacing: it may differ from the registry's after a crash, whose rows are flushed
+on their own clock) and clears the agent's pending sources. Anything else (no mark, another
 digest, a malformed claim) is ``DIGEST_MISMATCH`` and the agent sends its full snapshot.
 """
 
@@ -51,7 +53,8 @@ def snapshot_mark(body: agent_pb2.Snapshot, views, pending: frozenset[str], refu
     if pending or refused:
         return None
     conditions, devices = views
-    return digest + orjson.dumps({"c": conditions, "d": devices, "s": body.node_status})
+    status = body.node_status.encode()  # at most 32 chars (agentinput.check_state)
+    return digest + bytes((len(status),)) + status + orjson.dumps([conditions, devices])
 
 
 def claim_error(body: agent_pb2.Delta) -> str:
@@ -72,26 +75,31 @@ def claim_error(body: agent_pb2.Delta) -> str:
     return ""
 
 
-def claimed_view(mark: bytes | None, digest: bytes, node: str, agent: str) -> dict[str, Any] | None:
-    """The node view held with ``digest`` (keys ``c`` conditions, ``d`` devices, ``s`` node status)
-    when ``mark`` is that digest's, else None (a mismatch; a corrupt mark is logged and is one)."""
+def apply_claim(nodes: NodeRegistry, node: str, agent: str, mark: bytes | None, digest: bytes) -> bool:
+    """Answer a claim of ``digest`` against the held ``mark``: False (a mismatch; a corrupt mark is
+    logged and is one) or True once what that snapshot did besides its stored, unchanged faults is
+    done: its node view replaces the node's (as a snapshot without pending sources does; skipped
+    when the registry holds exactly that view already, the usual case, compared as encoded bytes
+    without decoding the mark) and ``agent`` has no pending source."""
     if mark is None or mark[:DIGEST_SIZE] != digest:
-        return None
+        return False
     try:
-        view = orjson.loads(mark[DIGEST_SIZE:])
-        if not isinstance(view, dict) or not {"c", "d", "s"} <= view.keys():
-            raise ValueError("not a node view")
-        return view
-    except ValueError as e:
+        n = mark[DIGEST_SIZE]
+        status = mark[DIGEST_SIZE + 1 : DIGEST_SIZE + 1 + n].decode()
+        blob = mark[DIGEST_SIZE + 1 + n :]
+        st = nodes.get(node)
+        if (
+            st is None
+            or (status and st.node_status != status)
+            or orjson.dumps([list(st.conditions.values()), list(st.devices.values())]) != blob
+        ):
+            conditions, devices = orjson.loads(blob)
+            nodes.update(node, conditions=conditions, devices=devices, status=status, replace=True)
+    except (IndexError, ValueError, TypeError, KeyError) as e:
         event(log, logging.ERROR, "stored snapshot mark unreadable", node=node, agent=agent, error=repr(e))
-        return None
-
-
-def apply_claim(nodes: NodeRegistry, node: str, agent: str, view: dict[str, Any]) -> None:
-    """What the matched snapshot did besides its (stored, unchanged) faults: its node view replaces
-    the node's (as a snapshot without pending sources does) and ``agent`` has no pending source."""
-    nodes.update(node, conditions=view["c"], devices=view["d"], status=view["s"], replace=True)
+        return False
     nodes.set_pending(node, agent, ())
+    return True
 
 
 def snapshot_counters(registry: CollectorRegistry) -> tuple[Any, Any, Any]:
