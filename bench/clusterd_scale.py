@@ -43,6 +43,11 @@ import uvloop
 from benchkit import Clusterd
 from loadgen import EchoServer, Fleet, cpu_s, node_name, quantile, rss_mib
 
+# The bench's agents send no heartbeat (real ones do every 10 s): without this, the streams that wait
+# out a 16k-agent phase go stale after 30 s and every next message pays "live again" (a node row
+# rewritten per agent), charged to whichever snapshot comes first.
+QUIET_AGENTS = ("--agent-stale-after-s", "3600")
+
 
 def published_nodes(emu) -> int:
     total = 0
@@ -125,10 +130,10 @@ def resync_size(fleet: Fleet, n: int, profile: str | None) -> dict:
         fleet.close_streams()
     state = tempfile.mkdtemp(prefix="fm-resync-")
     try:
-        with Clusterd(state_dir=state) as cd:
+        with Clusterd(*QUIET_AGENTS, state_dir=state) as cd:
             first = fleet.run("resync", items, addr=cd.grpc, claim=True, **job)
             fleet.close_streams()
-        with Clusterd(state_dir=state, profile=profile) as cd:
+        with Clusterd(*QUIET_AGENTS, state_dir=state, profile=profile) as cd:
             c0 = cpu_s(cd.pid)
             same = fleet.run("resync", items, addr=cd.grpc, claim=True, **job)
             same_cpu = cpu_s(cd.pid) - c0

@@ -536,6 +536,10 @@ class AgentClient:
                 raise ConnectionError("clusterd closed the stream")
             kind = msg.WhichOneof("body")
             if kind == "ack":
+                if msg.ack.error.startswith((NOT_STORED_PREFIX, RESYNC_PREFIX)):
+                    # valid but not stored (ClusterD's state write failed): not acked; a new session
+                    # resends everything by snapshot
+                    raise ConnectionError(f"clusterd did not take seq {msg.ack.seq}: {msg.ack.error}")
                 claim = self._claim
                 if claim is not None and msg.ack.seq == claim[0]:
                     if not claim[1].done():
@@ -544,10 +548,6 @@ class AgentClient:
                         if msg.ack.error:
                             event(log, logging.WARNING, "digest claim refused", error=msg.ack.error)
                         continue
-                if msg.ack.error.startswith((NOT_STORED_PREFIX, RESYNC_PREFIX)):
-                    # valid but not stored (ClusterD's state write failed): not acked; a new session
-                    # resends everything by snapshot
-                    raise ConnectionError(f"clusterd did not take seq {msg.ack.seq}: {msg.ack.error}")
                 if msg.ack.error:
                     event(
                         log,
