@@ -19,6 +19,8 @@ agent sends one more message on its open stream: the claim of the same state (un
 digest path), the same state as a full snapshot (what an unchanged resync cost before digests), and
 a snapshot with every NPU's health and every fault's level changed: clusterd's CPU for each is the
 cost of a snapshot without the connect, and ``unchanged_cpu_vs_changed`` the goal's ratio (≤ 0.1).
+An empty Delta (a heartbeat) goes first: the cost of any one message on clusterd's agent stream, the
+floor under the claim.
 Agents are played by :class:`loadgen.Fleet` worker processes; beside each figure it prints
 the clients' CPU, the same job against :class:`loadgen.EchoServer` (a server doing no work: it
 matches every claim) and the per-agent time relative to the first size, so the figures read as
@@ -140,13 +142,14 @@ def resync_size(fleet: Fleet, n: int, profile: str | None) -> dict:
             # one more message on the open streams: its cost alone, unchanged (the digest claim, then
             # the same state as a full snapshot) and changed
             snaps = {}
-            for name, changed, claim in (
-                ("unchanged", False, True),
-                ("full", False, False),
-                ("changed", True, False),
+            for name, changed, claim, empty in (
+                ("heartbeat", False, False, True),
+                ("unchanged", False, True, False),
+                ("full", False, False, False),
+                ("changed", True, False, False),
             ):
                 c0 = cpu_s(cd.pid)
-                r = fleet.run("resnap", [], changed=changed, claim=claim)
+                r = fleet.run("resnap", [], changed=changed, claim=claim, empty=empty)
                 snaps[name] = (r["wall_s"], cpu_s(cd.pid) - c0, r["matched"])
             rss = rss_mib(cd.pid)
             fleet.close_streams()
@@ -162,6 +165,7 @@ def resync_size(fleet: Fleet, n: int, profile: str | None) -> dict:
         "resync_cpu_s": same_cpu,
         "snap_s": snaps["unchanged"][0],
         "snap_cpu_s": snaps["unchanged"][1],
+        "heartbeat_cpu_s": snaps["heartbeat"][1],
         "full_s": snaps["full"][0],
         "full_cpu_s": snaps["full"][1],
         "echo_claim_cpu_s": echo_snaps["unchanged"],
@@ -190,7 +194,8 @@ def resync_main(sizes: list[int], procs: int | None, profile: str | None) -> Non
                 f"server {r['echo_s']:5.2f} s | a further snapshot on the open streams: unchanged "
                 f"(digest) {r['snap_s']:5.2f} s (CPU {r['snap_cpu_s']:5.2f} s), the same as a full snapshot "
                 f"{r['full_s']:5.2f} s (CPU {r['full_cpu_s']:5.2f} s), changed {r['changed_s']:5.2f} s (CPU "
-                f"{r['changed_cpu_s']:5.2f} s; echo server CPU: claim {r['echo_claim_cpu_s']:5.2f} s, changed "
+                f"{r['changed_cpu_s']:5.2f} s); an empty delta (heartbeat): CPU {r['heartbeat_cpu_s']:5.2f} s "
+                f"(echo server CPU: claim {r['echo_claim_cpu_s']:5.2f} s, changed "
                 f"{r['echo_changed_cpu_s']:5.2f} s) | RSS {r['rss_mib']:6.1f} MiB | clients {fleet.procs} procs, "
                 f"CPU {r['client_cpu_s']:5.2f} s | per agent x{per_agent:.2f} of {base['nodes']} "
                 f"| retries {r['retries']}",
@@ -201,6 +206,7 @@ def resync_main(sizes: list[int], procs: int | None, profile: str | None) -> Non
         + " ".join(
             f"n{r['nodes']}_resync_s={r['resync_s']:.2f} n{r['nodes']}_vs_echo={r['resync_s'] / r['echo_s']:.1f} "
             f"n{r['nodes']}_unchanged_cpu_vs_changed={r['snap_cpu_s'] / max(r['changed_cpu_s'], 1e-9):.2f} "
+            f"n{r['nodes']}_heartbeat_cpu_vs_changed={r['heartbeat_cpu_s'] / max(r['changed_cpu_s'], 1e-9):.2f} "
             f"n{r['nodes']}_full_unchanged_cpu_vs_changed={r['full_cpu_s'] / max(r['changed_cpu_s'], 1e-9):.2f} "
             f"n{r['nodes']}_rss_mib={r['rss_mib']:.0f}"
             for r in results

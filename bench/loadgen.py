@@ -230,17 +230,22 @@ class _Worker:
         return snapshot_bytes(node_name(i), j["npus"], faults, seq=seq, changed=changed)
 
     async def resnap(
-        self, start_at: float, changed: bool = False, claim: bool = False, concurrency: int = 256
-    ) -> dict[str, Any]:
+        self, start_at: float, changed: bool = False, claim: bool = False, empty: bool = False,
+        concurrency: int = 256,
+    ) -> dict[str, Any]:  # fmt: skip
         """Send one more Snapshot (the next seq; ``changed`` or the same state) on every stream the
         last :meth:`resync` left open and wait for each ack: the cost of a snapshot alone, without
         the connect. ``claim``: the digest claim of the same state instead (``matched`` counts the
-        DIGEST_MATCH answers)."""
+        DIGEST_MATCH answers); ``empty``: an empty Delta (a heartbeat: the cost of any message)."""
         msgs = []
         for st in self.streams:
             st[2] += 1
-            snap = self._snapshot(st[1], st[2], changed)
-            msgs.append((st[0], claim_bytes(snap, st[2]) if claim else snap, st[2]))
+            if empty:
+                msg = agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=st[2])).SerializeToString()
+            else:
+                snap = self._snapshot(st[1], st[2], changed)
+                msg = claim_bytes(snap, st[2]) if claim else snap
+            msgs.append((st[0], msg, st[2]))
         sem = asyncio.Semaphore(concurrency)
         lat: list[float] = []
         matched = [0]

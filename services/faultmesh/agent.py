@@ -320,6 +320,9 @@ class AgentClient:
 
     ``state`` is the agent's :class:`AgentState`; mutate it and the client sends deltas.
     ``credentials`` (grpc.ChannelCredentials) enables TLS; ``token`` is sent as a bearer token.
+    ``resync_by_digest`` (default True): each session opens with the digest claim and sends the full
+    Snapshot only when ClusterD does not answer ``DIGEST_MATCH`` within ``ack_timeout_s`` (module
+    docstring); False: always the full Snapshot.
     """
 
     def __init__(
