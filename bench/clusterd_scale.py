@@ -13,8 +13,9 @@ The last line holds the figures.
 
 ``--resync 1000,4000,16384`` measures the other scale figure of issue 18 instead: N deviced agents
 (16 NPUs each, 10 faults on every 10th node) snapshot into clusterd, clusterd restarts on the same
-state, and the agents reconnect as real agents do (the restart resync): Hello and the digest claim
-of their snapshot (agent.proto), the full snapshot only where clusterd does not match it. Then every
+state, and the agents reconnect as real agents do (the restart resync): a Hello carrying the digest
+claim of their snapshot (agent.proto; the first connect sent the claim as its own Delta and learnt
+that this clusterd answers claims), the full snapshot only where clusterd does not match it. Then every
 agent sends one more message on its open stream: the claim of the same state (unchanged: the
 digest path), the same state as a full snapshot (what an unchanged resync cost before digests), and
 a snapshot with every NPU's health and every fault's level changed: clusterd's CPU for each is the
@@ -122,7 +123,7 @@ def resync_size(fleet: Fleet, n: int, profile: str | None) -> dict:
     items = list(range(n))
     job = {"npus": 16, "faults": 10, "faulty_every": 10}
     with EchoServer() as srv:
-        echo = fleet.run("resync", items, addr=srv.addr, claim=True, **job)
+        echo = fleet.run("resync", items, addr=srv.addr, claim="hello", **job)
         # the floor of one more message on an open stream: the echo server's CPU for a claim, a snapshot
         echo_snaps = {}
         for name, changed, claim in (("unchanged", False, True), ("changed", True, False)):
@@ -137,7 +138,7 @@ def resync_size(fleet: Fleet, n: int, profile: str | None) -> dict:
             fleet.close_streams()
         with Clusterd(*QUIET_AGENTS, state_dir=state, profile=profile) as cd:
             c0 = cpu_s(cd.pid)
-            same = fleet.run("resync", items, addr=cd.grpc, claim=True, **job)
+            same = fleet.run("resync", items, addr=cd.grpc, claim="hello", **job)
             same_cpu = cpu_s(cd.pid) - c0
             # one more message on the open streams: its cost alone, unchanged (the digest claim, then
             # the same state as a full snapshot) and changed

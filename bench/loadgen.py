@@ -79,6 +79,15 @@ def claim_bytes(snapshot: bytes, seq: int) -> bytes:
     return agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=seq, snapshot_digest=digest)).SerializeToString()
 
 
+def hello_claim_bytes(node: str, agent: str, claim: bytes) -> bytes:
+    """A serialized Hello carrying the digest claim ``claim`` (a serialized claim message)."""
+    delta = agent_pb2.AgentMessage.FromString(claim).delta
+    hello = agent_pb2.Hello(
+        node=node, agent=agent, boot_id="boot-1", snapshot_digest=delta.snapshot_digest, claim_seq=delta.seq
+    )
+    return agent_pb2.AgentMessage(hello=hello).SerializeToString()
+
+
 def noded_snapshot_bytes(node: str, seq: int = 1) -> bytes:
     """A noded Snapshot: node status UnHealthy and one BMC disk fault, serialized."""
     fault = agent_pb2.Fault(
@@ -170,7 +179,8 @@ class _Worker:
         faults on every ``faulty_every``-th node; noded: node status and one disk fault. ``keep``:
         the streams of the last resync stay open too (:meth:`resnap` then uses only the new ones).
         ``claim``: Hello + the digest claim, the Snapshot only when clusterd does not match it
-        (``matched`` in the result counts the streams that needed no snapshot)."""
+        (``matched`` in the result counts the streams that needed no snapshot); ``"hello"``: the
+        claim in the Hello, as an agent sends it to a clusterd that answered one before."""
         if not keep:
             await self.close()
         base = len(self.channels)
@@ -179,6 +189,11 @@ class _Worker:
         self.job = {"npus": npus, "faults": faults, "faulty_every": faulty_every, "agent": agent}
         msgs = [(hello_bytes(node_name(i), agent), self._snapshot(i, 1, changed)) for i in agents]
         claims = [claim_bytes(snap, 1) for _, snap in msgs] if claim else []
+        if claim == "hello":  # Hello + claim as one message
+            msgs = [
+                (hello_claim_bytes(node_name(i), agent, c), s)
+                for i, (_, s), c in zip(agents, msgs, claims, strict=True)
+            ]
         sem = asyncio.Semaphore(concurrency)
         lat: list[float] = []
         retries, matched = [0], [0]
@@ -193,7 +208,8 @@ class _Worker:
                         await call.write(hello)
                         seq = 1
                         if claim:
-                            await call.write(claims[k])
+                            if claim != "hello":
+                                await call.write(claims[k])
                             got, match = _ack_match(await call.read())
                             assert got == 1, got
                             if not match:
@@ -511,6 +527,9 @@ async def _echo(addr: str) -> None:
         async for raw in request_iterator:
             m = agent_pb2.AgentMessage.FromString(raw)
             kind = m.WhichOneof("body")
+            if kind == "hello" and m.hello.claim_seq:  # a claim in the Hello: matched too
+                ack = agent_pb2.Ack(seq=m.hello.claim_seq, digest=agent_pb2.DIGEST_MATCH)
+                yield agent_pb2.ControlMessage(ack=ack).SerializeToString()
             if kind in ("snapshot", "delta"):
                 seq = getattr(m, kind).seq
                 match = kind == "delta" and m.delta.snapshot_digest  # a claim: every one matches

@@ -18,7 +18,10 @@ Unchanged resync (issue 18; agent.proto's header): every Snapshot carries its
 digest of the Snapshot it would send, and waits for its Ack (up to ``ack_timeout_s``): on
 ``DIGEST_MATCH`` ClusterD holds that state already and the stream goes on with Deltas; otherwise
 (mismatch, an older ClusterD that acks the claim as a heartbeat, no answer in time) the full
-Snapshot follows with the next seq. ``resync_by_digest=False`` always sends the full Snapshot.
+Snapshot follows with the next seq. Once a ClusterD answered a claim (``Ack.digest`` set), the next
+sessions put the claim into the Hello (``snapshot_digest``, ``claim_seq``); a Hello claim left
+unanswered (a downgraded ClusterD) costs ``ack_timeout_s``, then the full Snapshot, and the next
+session uses the Delta claim again. ``resync_by_digest=False`` always sends the full Snapshot.
 
 Timings (issue 3): a change is sent at once unless a report went out less than
 ``min_report_interval_s`` ago (then coalesced, last state wins); the full state is re-sent every
@@ -371,6 +374,7 @@ class AgentClient:
         self.heartbeat_s = heartbeat_s
         self.resync_by_digest = resync_by_digest
         self._claim: tuple[int, asyncio.Future] | None = None  # (seq, answer) of the digest claim
+        self._digest_peer = False  # the last claim was answered: the next one rides on the Hello
         self.seq = 0
         self.acked_seq = 0
         self.connected = asyncio.Event()
@@ -439,7 +443,6 @@ class AgentClient:
         async with self._channel() as channel:
             stub = agent_pb2_grpc.AgentStreamStub(channel)
             call = stub.Connect(metadata=metadata)
-            await call.write(agent_pb2.AgentMessage(hello=self.hello))
             reader = asyncio.create_task(self._read(call), name="agent-read")
             try:
                 await self._first_snapshot(call, reader)
@@ -502,15 +505,25 @@ class AgentClient:
                 call.cancel()
 
     async def _first_snapshot(self, call, reader: asyncio.Task) -> None:
-        """The session's first state message: the digest claim and, unless ClusterD answers
-        ``DIGEST_MATCH``, the full Snapshot (see the module docstring)."""
+        """The session's Hello and first state message: the digest claim (in the Hello when this
+        ClusterD answered one before) and, unless ClusterD answers ``DIGEST_MATCH``, the full
+        Snapshot (see the module docstring)."""
         self.seq += 1
         snap = self.state.snapshot(self.seq)
-        if self.resync_by_digest:
+        if not self.resync_by_digest:
+            await call.write(agent_pb2.AgentMessage(hello=self.hello))
+        else:
             answer = asyncio.get_running_loop().create_future()
             self._claim = (self.seq, answer)
-            claim = agent_pb2.Delta(seq=self.seq, snapshot_digest=snap.digest)
-            await call.write(agent_pb2.AgentMessage(delta=claim))
+            in_hello = self._digest_peer
+            if in_hello:  # one message less: the claim rides on the Hello
+                hello = agent_pb2.Hello(snapshot_digest=snap.digest, claim_seq=self.seq)
+                hello.MergeFrom(self.hello)
+                await call.write(agent_pb2.AgentMessage(hello=hello))
+            else:
+                await call.write(agent_pb2.AgentMessage(hello=self.hello))
+                claim = agent_pb2.Delta(seq=self.seq, snapshot_digest=snap.digest)
+                await call.write(agent_pb2.AgentMessage(delta=claim))
             self.metrics.sent.labels("digest").inc()
             done, _ = await asyncio.wait(
                 {answer, reader}, timeout=self.ack_timeout_s, return_when=asyncio.FIRST_COMPLETED
@@ -519,7 +532,10 @@ class AgentClient:
             if reader in done:
                 reader.result()  # raises what ended the stream
                 raise ConnectionError("clusterd closed the stream")
-            if answer in done and answer.result() == agent_pb2.DIGEST_MATCH:
+            got = answer.result() if answer in done else None
+            # an answer says this ClusterD knows digests; silence to a Hello claim: an older one
+            self._digest_peer = got in (agent_pb2.DIGEST_MATCH, agent_pb2.DIGEST_MISMATCH)
+            if got == agent_pb2.DIGEST_MATCH:
                 return  # clusterd holds this state; changes since the claim go as deltas
             self.seq += 1
             snap = self.state.snapshot(self.seq)  # the state now (changes since the claim included)

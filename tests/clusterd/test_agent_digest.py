@@ -69,7 +69,7 @@ async def restart(cd, tmp_path, port: int):
 async def test_restart_with_the_same_state_takes_the_digest_path(tmp_path):
     cd = await make_clusterd(tmp_path, *FAST_STOP)
     port = cd.grpc_port
-    client = AgentClient(f"127.0.0.1:{port}", NODE, "deviced", backoff_max_s=0.2)
+    client = AgentClient(f"127.0.0.1:{port}", NODE, "deviced", backoff_max_s=0.2, heartbeat_s=0)
     fill(client.state)
     await client.start()
     try:
@@ -80,6 +80,9 @@ async def test_restart_with_the_same_state_takes_the_digest_path(tmp_path):
         await eventually(lambda: (NODE, "deviced") in cd.agents.connected() and client.synced.is_set())
         await eventually(lambda: cd.agents._snap_unchanged._value.get() == 1)
         assert await snapshots(cd) == {"full": 0.0, "unchanged": 1.0, "mismatch": 0.0}
+        # the first session learnt that this clusterd answers claims: the second one was the Hello alone
+        sent = client.metrics.sent
+        assert [sent.labels(k)._value.get() for k in ("digest", "snapshot", "delta")] == [2, 1, 0]
         assert view(cd) == before
         assert cd.nodes.get(NODE).stale == {}
         # the stream goes on with deltas on top of the held state
@@ -218,11 +221,12 @@ def _without_digest(snap: agent_pb2.Snapshot) -> agent_pb2.Snapshot:
 
 
 # -- the raw stream: what is acked --------------------------------------------------------------
-async def exchange(port: int, *messages: agent_pb2.AgentMessage, replies: int) -> list:
-    """Send Hello for (NODE, deviced) and ``messages``; the first ``replies`` acks (5 s at most)."""
+async def exchange(port: int, *messages: agent_pb2.AgentMessage, replies: int, **hello) -> list:
+    """Send Hello for (NODE, deviced) (with ``hello`` fields) and ``messages``; the first ``replies``
+    acks (5 s at most)."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         call = agent_pb2_grpc.AgentStreamStub(ch).Connect()
-        await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=NODE, agent="deviced")))
+        await call.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=NODE, agent="deviced", **hello)))
         for m in messages:
             await call.write(m)
         out = []
@@ -256,6 +260,8 @@ async def test_a_delta_after_the_snapshot_drops_its_digest_also_across_a_restart
         assert [(a.seq, a.error) for a in acks] == [(1, "")]
         assert [a.digest for a in await exchange(port, claim(1, d), replies=1)] == [agent_pb2.DIGEST_MATCH]
         assert pushed == [(NODE, "deviced")] * 2
+        acks = await exchange(port, replies=1, snapshot_digest=d, claim_seq=5)  # the claim in the Hello
+        assert [(a.seq, a.digest) for a in acks] == [(5, agent_pb2.DIGEST_MATCH)]
         # a delta changes the stored state: the digest no longer describes it
         up = agent_pb2.Delta(seq=2, upserts=[fault_to_pb(npu(3))])
         acks = await exchange(port, claim(1, d), agent_pb2.AgentMessage(delta=up), replies=2)
@@ -298,13 +304,17 @@ async def test_a_malformed_or_unknown_digest_is_never_acked_as_a_match(cd):
     )
     assert [a.digest for a in acks] == [agent_pb2.DIGEST_MISMATCH] * 3 + [0, agent_pb2.DIGEST_MISMATCH]
     assert [a.error.split(":")[0] for a in acks] == ["", "bad_digest", "bad_digest", "", "bad_digest"]
+    acks = await exchange(port, replies=1, claim_seq=3)  # a Hello claim without its digest
+    assert [(a.seq, a.digest, a.error.split(":")[0]) for a in acks] == [
+        (3, agent_pb2.DIGEST_MISMATCH, "bad_digest")
+    ]
     assert [f.device_id for f in cd.center.faults(NODE)] == [0]
     assert cd.center.faults(NODE)[0].code == "80E18008"
     url = f"http://127.0.0.1:{cd.http.port}/metrics"
     async with aiohttp.ClientSession() as s, s.get(url) as r:
         text = await r.text()
-    assert 'faultmesh_rejected_requests_total{reason="bad_digest",service="agent"} 4.0' in text
-    assert await snapshots(cd) == {"full": 1.0, "unchanged": 0.0, "mismatch": 4.0}
+    assert 'faultmesh_rejected_requests_total{reason="bad_digest",service="agent"} 5.0' in text
+    assert await snapshots(cd) == {"full": 1.0, "unchanged": 0.0, "mismatch": 5.0}
 
 
 async def test_an_older_clusterd_acks_the_claim_as_a_heartbeat_and_gets_the_full_snapshot():
@@ -339,6 +349,19 @@ async def test_an_older_clusterd_acks_the_claim_as_a_heartbeat_and_gets_the_full
         await client.wait_synced()
         assert got == ["hello", "empty delta", "snapshot"]
         assert client.seq == 2 and client.acked_seq == 2
+    finally:
+        await client.stop()
+    # an agent that saw a ClusterD answer claims puts the claim into its Hello; a downgraded one
+    # answers nothing to it: the full snapshot follows after the ack timeout
+    got.clear()
+    client = AgentClient(f"127.0.0.1:{port}", NODE, "deviced", ack_timeout_s=0.3)
+    client._digest_peer = True
+    fill(client.state)
+    try:
+        await client.start()
+        await client.wait_synced()
+        assert got == ["hello", "snapshot"]
+        assert client._digest_peer is False  # the next session sends the Delta claim again
     finally:
         await client.stop()
         await server.stop(None)

@@ -224,6 +224,9 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         self.nodes.set_stale(h.node, agent, None)
         self._count(agent)
         event(log, logging.INFO, "agent connected", node=h.node, agent=agent, peer=context.peer())
+        if h.snapshot_digest or h.claim_seq:  # the digest claim rides on the Hello: as its Delta
+            claim = agent_pb2.Delta(seq=h.claim_seq, snapshot_digest=h.snapshot_digest or b"\0")
+            await self._handle(session, agent_pb2.AgentMessage(delta=claim))
         reader = asyncio.create_task(self._read_loop(session, request_iterator), name=f"agent-read-{h.node}")
         reader.add_done_callback(lambda _: session.queue.put_nowait(END))
         queue = session.queue

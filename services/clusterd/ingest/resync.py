@@ -10,7 +10,8 @@ faults (the mark's bytes: the digest, the node status' length and UTF-8, ``[cond
 as JSON), so a held mark always describes the stored state. A snapshot with pending sources leaves
 none (its node status and faults merge with what was there: not one fixed state).
 
-A claim (an empty Delta with ``snapshot_digest``) is answered ``DIGEST_MATCH`` when the held mark
+A claim (an empty Delta with ``snapshot_digest``, or the same carried by the Hello's
+``snapshot_digest`` and ``claim_seq``) is answered ``DIGEST_MATCH`` when the held mark
 starts with that digest: re-applying that very snapshot would change no fault (the center's
 snapshot diff is idempotent), so ClusterD applies only the node view from the mark (as a full
 snapshot would, replacing: it may differ from the registry's after a crash, whose rows are flushed
@@ -62,6 +63,8 @@ def claim_error(body: agent_pb2.Delta) -> str:
     another size, or anything else carried along (a claim is an otherwise empty Delta)."""
     if len(body.snapshot_digest) != DIGEST_SIZE:
         return f"bad_digest: claim digest of {len(body.snapshot_digest)} bytes, not {DIGEST_SIZE}"
+    if not body.seq:
+        return "bad_digest: a claim without a seq"
     if (
         body.upserts
         or body.removals

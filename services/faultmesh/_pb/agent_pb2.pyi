@@ -138,7 +138,7 @@ class SlowNodeReport(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., node: _Optional[str] = ..., result_json: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("node", "agent", "boot_id", "version", "node_ip", "node_sn", "labels")
+    __slots__ = ("node", "agent", "boot_id", "version", "node_ip", "node_sn", "labels", "snapshot_digest", "claim_seq")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +153,8 @@ class Hello(_message.Message):
     NODE_IP_FIELD_NUMBER: _ClassVar[int]
     NODE_SN_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_SEQ_FIELD_NUMBER: _ClassVar[int]
     node: str
     agent: str
     boot_id: str
@@ -160,7 +162,9 @@ class Hello(_message.Message):
     node_ip: str
     node_sn: str
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, node: _Optional[str] = ..., agent: _Optional[str] = ..., boot_id: _Optional[str] = ..., version: _Optional[str] = ..., node_ip: _Optional[str] = ..., node_sn: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    snapshot_digest: bytes
+    claim_seq: int
+    def __init__(self, node: _Optional[str] = ..., agent: _Optional[str] = ..., boot_id: _Optional[str] = ..., version: _Optional[str] = ..., node_ip: _Optional[str] = ..., node_sn: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., snapshot_digest: _Optional[bytes] = ..., claim_seq: _Optional[int] = ...) -> None: ...
 
 class Snapshot(_message.Message):
     __slots__ = ("seq", "faults", "conditions", "devices", "node_status", "pending_sources", "digest")
