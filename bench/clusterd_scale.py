@@ -13,12 +13,19 @@ The last line holds the figures.
 
 ``--resync 1000,4000,16384`` measures the other scale figure of issue 18 instead: N deviced agents
 (16 NPUs each, 10 faults on every 10th node) snapshot into clusterd, clusterd restarts on the same
-state, and the agents reconnect with the same snapshot (the restart resync). Then every agent sends
-one more snapshot on its open stream, first the same state (unchanged), then every NPU's health and
-every fault's level changed: clusterd's CPU for each is the cost of a snapshot without the connect.
+state, and the agents reconnect as real agents do (the restart resync): a Hello carrying the digest
+claim of their snapshot (agent.proto; the first connect sent the claim as its own Delta and learnt
+that this clusterd answers claims), the full snapshot only where clusterd does not match it. Then every
+agent sends one more message on its open stream: the claim of the same state (unchanged: the
+digest path), the same state as a full snapshot (what an unchanged resync cost before digests), and
+a snapshot with every NPU's health and every fault's level changed: clusterd's CPU for each is the
+cost of a snapshot without the connect, and ``unchanged_cpu_vs_changed`` the goal's ratio (≤ 0.1).
+An empty Delta (a heartbeat) goes first: the cost of any one message on clusterd's agent stream, the
+floor under the claim.
 Agents are played by :class:`loadgen.Fleet` worker processes; beside each figure it prints
-the clients' CPU, the same job against :class:`loadgen.EchoServer` (a server doing no work) and the
-per-agent time relative to the first size, so the figures read as ratios on a noisy box.
+the clients' CPU, the same job against :class:`loadgen.EchoServer` (a server doing no work: it
+matches every claim) and the per-agent time relative to the first size, so the figures read as
+ratios on a noisy box.
 
 ``--scrape 16384`` fills clusterd with N nodes x 10 NPU faults (agents as above), then times
 ``GET /metrics`` and ``GET /v1/nodes`` (median of 5; the same at 1/16 of the size is the baseline
@@ -38,6 +45,11 @@ import kmock
 import uvloop
 from benchkit import Clusterd, get_s, scrape_while_ingest
 from loadgen import EchoServer, Fleet, cpu_s, node_name, quantile, rss_mib
+
+# The bench's agents send no heartbeat (real ones do every 10 s): without this, the streams that wait
+# out a 16k-agent phase go stale after 30 s and every next message pays "live again" (a node row
+# rewritten per agent), charged to whichever snapshot comes first.
+QUIET_AGENTS = ("--agent-stale-after-s", "3600")
 
 
 def published_nodes(emu) -> int:
@@ -111,27 +123,41 @@ def resync_size(fleet: Fleet, n: int, profile: str | None) -> dict:
     items = list(range(n))
     job = {"npus": 16, "faults": 10, "faulty_every": 10}
     with EchoServer() as srv:
-        echo = fleet.run("resync", items, addr=srv.addr, **job)
+        echo = fleet.run("resync", items, addr=srv.addr, claim="hello", **job)
+        # the floor of one more message on an open stream: the echo server's CPU for a claim, a snapshot
+        echo_snaps = {}
+        for name, changed, claim in (("unchanged", False, True), ("changed", True, False)):
+            c0 = cpu_s(srv.pid)
+            fleet.run("resnap", [], changed=changed, claim=claim)
+            echo_snaps[name] = cpu_s(srv.pid) - c0
         fleet.close_streams()
     state = tempfile.mkdtemp(prefix="fm-resync-")
     try:
-        with Clusterd(state_dir=state) as cd:
-            first = fleet.run("resync", items, addr=cd.grpc, **job)
+        with Clusterd(*QUIET_AGENTS, state_dir=state) as cd:
+            first = fleet.run("resync", items, addr=cd.grpc, claim=True, **job)
             fleet.close_streams()
-        with Clusterd(state_dir=state, profile=profile) as cd:
+        with Clusterd(*QUIET_AGENTS, state_dir=state, profile=profile) as cd:
             c0 = cpu_s(cd.pid)
-            same = fleet.run("resync", items, addr=cd.grpc, **job)
+            same = fleet.run("resync", items, addr=cd.grpc, claim="hello", **job)
             same_cpu = cpu_s(cd.pid) - c0
-            # one more snapshot on the open streams: its cost alone, unchanged then changed
+            # one more message on the open streams: its cost alone, unchanged (the digest claim, then
+            # the same state as a full snapshot) and changed
             snaps = {}
-            for name, changed in (("unchanged", False), ("changed", True)):
+            for name, changed, claim, empty in (
+                ("heartbeat", False, False, True),
+                ("unchanged", False, True, False),
+                ("full", False, False, False),
+                ("changed", True, False, False),
+            ):
                 c0 = cpu_s(cd.pid)
-                r = fleet.run("resnap", [], changed=changed)
-                snaps[name] = (r["wall_s"], cpu_s(cd.pid) - c0)
+                r = fleet.run("resnap", [], changed=changed, claim=claim, empty=empty)
+                snaps[name] = (r["wall_s"], cpu_s(cd.pid) - c0, r["matched"])
             rss = rss_mib(cd.pid)
             fleet.close_streams()
     finally:
         shutil.rmtree(state, ignore_errors=True)
+    if same["matched"] != n or snaps["unchanged"][2] != n:
+        print(f"  (digest path not taken: {same['matched']} / {snaps['unchanged'][2]} of {n} matched)")
     return {
         "nodes": n,
         "echo_s": echo["wall_s"],
@@ -140,6 +166,11 @@ def resync_size(fleet: Fleet, n: int, profile: str | None) -> dict:
         "resync_cpu_s": same_cpu,
         "snap_s": snaps["unchanged"][0],
         "snap_cpu_s": snaps["unchanged"][1],
+        "heartbeat_cpu_s": snaps["heartbeat"][1],
+        "full_s": snaps["full"][0],
+        "full_cpu_s": snaps["full"][1],
+        "echo_claim_cpu_s": echo_snaps["unchanged"],
+        "echo_changed_cpu_s": echo_snaps["changed"],
         "changed_s": snaps["changed"][0],
         "changed_cpu_s": snaps["changed"][1],
         "client_cpu_s": same["cpu_s"],
@@ -162,8 +193,11 @@ def resync_main(sizes: list[int], procs: int | None, profile: str | None) -> Non
                 f"{n:6d} agents x 16 NPUs: restart resync {r['resync_s']:6.2f} s (clusterd CPU "
                 f"{r['resync_cpu_s']:5.2f} s, p99 {r['p99_s']:.2f} s) | first {r['first_s']:6.2f} s | echo "
                 f"server {r['echo_s']:5.2f} s | a further snapshot on the open streams: unchanged "
-                f"{r['snap_s']:5.2f} s (CPU {r['snap_cpu_s']:5.2f} s), changed {r['changed_s']:5.2f} s (CPU "
-                f"{r['changed_cpu_s']:5.2f} s) | RSS {r['rss_mib']:6.1f} MiB | clients {fleet.procs} procs, "
+                f"(digest) {r['snap_s']:5.2f} s (CPU {r['snap_cpu_s']:5.2f} s), the same as a full snapshot "
+                f"{r['full_s']:5.2f} s (CPU {r['full_cpu_s']:5.2f} s), changed {r['changed_s']:5.2f} s (CPU "
+                f"{r['changed_cpu_s']:5.2f} s); an empty delta (heartbeat): CPU {r['heartbeat_cpu_s']:5.2f} s "
+                f"(echo server CPU: claim {r['echo_claim_cpu_s']:5.2f} s, changed "
+                f"{r['echo_changed_cpu_s']:5.2f} s) | RSS {r['rss_mib']:6.1f} MiB | clients {fleet.procs} procs, "
                 f"CPU {r['client_cpu_s']:5.2f} s | per agent x{per_agent:.2f} of {base['nodes']} "
                 f"| retries {r['retries']}",
                 flush=True,
@@ -173,6 +207,8 @@ def resync_main(sizes: list[int], procs: int | None, profile: str | None) -> Non
         + " ".join(
             f"n{r['nodes']}_resync_s={r['resync_s']:.2f} n{r['nodes']}_vs_echo={r['resync_s'] / r['echo_s']:.1f} "
             f"n{r['nodes']}_unchanged_cpu_vs_changed={r['snap_cpu_s'] / max(r['changed_cpu_s'], 1e-9):.2f} "
+            f"n{r['nodes']}_heartbeat_cpu_vs_changed={r['heartbeat_cpu_s'] / max(r['changed_cpu_s'], 1e-9):.2f} "
+            f"n{r['nodes']}_full_unchanged_cpu_vs_changed={r['full_cpu_s'] / max(r['changed_cpu_s'], 1e-9):.2f} "
             f"n{r['nodes']}_rss_mib={r['rss_mib']:.0f}"
             for r in results
         )

@@ -11,7 +11,9 @@ public-fault senders, and the trivial peer server every bench measures beside cl
   measured in the same run on the same machine, so a figure reads as a ratio on a noisy box.
 
 Agents speak the real protocol (Hello, Snapshot, Delta, Ack by seq; design.md "Agent stream") with
-pre-serialized messages, so a worker spends its CPU on the wire, not on building protobufs.
+pre-serialized messages, so a worker spends its CPU on the wire, not on building protobufs. Their
+snapshots carry a digest, and a ``claim`` job opens each stream with the digest claim instead
+(agent.proto: the full snapshot follows only when clusterd answers ``DIGEST_MISMATCH``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 import grpc
 
 from faultmesh._pb import agent_pb2, pubfault_pb2
+from faultmesh.agent import snapshot_digest
 
 CONNECT = "/faultmesh.v1.AgentStream/Connect"
 PUBFAULT = "/PubFault/SendPublicFault"
@@ -65,9 +68,24 @@ def snapshot_bytes(node: str, npus: int, faults: int, seq: int = 1, changed: boo
         )
         for k in range(faults)
     ]  # fmt: skip
-    return agent_pb2.AgentMessage(
-        snapshot=agent_pb2.Snapshot(seq=seq, faults=fl, devices=devices)
-    ).SerializeToString()
+    snap = agent_pb2.Snapshot(seq=seq, faults=fl, devices=devices)
+    snap.digest = snapshot_digest(snap)
+    return agent_pb2.AgentMessage(snapshot=snap).SerializeToString()
+
+
+def claim_bytes(snapshot: bytes, seq: int) -> bytes:
+    """The digest claim (an empty Delta with ``snapshot_digest``) of a serialized snapshot message."""
+    digest = agent_pb2.AgentMessage.FromString(snapshot).snapshot.digest
+    return agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=seq, snapshot_digest=digest)).SerializeToString()
+
+
+def hello_claim_bytes(node: str, agent: str, claim: bytes) -> bytes:
+    """A serialized Hello carrying the digest claim ``claim`` (a serialized claim message)."""
+    delta = agent_pb2.AgentMessage.FromString(claim).delta
+    hello = agent_pb2.Hello(
+        node=node, agent=agent, boot_id="boot-1", snapshot_digest=delta.snapshot_digest, claim_seq=delta.seq
+    )
+    return agent_pb2.AgentMessage(hello=hello).SerializeToString()
 
 
 def noded_snapshot_bytes(node: str, seq: int = 1) -> bytes:
@@ -75,9 +93,9 @@ def noded_snapshot_bytes(node: str, seq: int = 1) -> bytes:
     fault = agent_pb2.Fault(
         source="bmc-oem", node=node, device_type="Disk", device_id=1, code="2C000031", level="SeparateFault"
     )
-    return agent_pb2.AgentMessage(
-        snapshot=agent_pb2.Snapshot(seq=seq, node_status="UnHealthy", faults=[fault])
-    ).SerializeToString()
+    snap = agent_pb2.Snapshot(seq=seq, node_status="UnHealthy", faults=[fault])
+    snap.digest = snapshot_digest(snap)
+    return agent_pb2.AgentMessage(snapshot=snap).SerializeToString()
 
 
 def hello_bytes(node: str, agent: str = "deviced", boot_id: str = "boot-1") -> bytes:
@@ -115,6 +133,11 @@ def _ack_seq(raw: bytes) -> tuple[int, str]:
     return m.ack.seq, m.ack.error
 
 
+def _ack_match(raw: bytes) -> tuple[int, bool]:
+    m = agent_pb2.ControlMessage.FromString(raw)
+    return m.ack.seq, m.ack.digest == agent_pb2.DIGEST_MATCH
+
+
 def _channels(addr: str, n: int) -> list[grpc.aio.Channel]:
     opts = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", 64 << 20)]
     return [grpc.aio.insecure_channel(addr, options=opts) for _ in range(max(1, n))]
@@ -136,8 +159,7 @@ class _Worker:
     def __init__(self) -> None:
         self.calls: list = []
         self.channels: list[grpc.aio.Channel] = []
-        self.streams: list[tuple[Any, int]] = []  # (call, agent index) of the last resync's streams
-        self.seq = 1  # the last snapshot seq sent on the open resync streams
+        self.streams: list[list[Any]] = []  # [call, agent index, last seq] of the last resync's streams
         self.job: dict[str, Any] = {}  # the resync job's snapshot parameters
 
     async def close(self) -> None:
@@ -150,23 +172,31 @@ class _Worker:
     async def resync(
         self, addr: str, agents: list[int], start_at: float, npus: int = 16, faults: int = 0,
         faulty_every: int = 10, changed: bool = False, per_channel: int = 50, concurrency: int = 256,
-        agent: str = "deviced", keep: bool = False,
+        agent: str = "deviced", keep: bool = False, claim: bool = False,
     ) -> dict[str, Any]:  # fmt: skip
         """Connect ``agents`` (indexes), each sending Hello + Snapshot and waiting for its ack; the
         streams stay open until :meth:`close`. ``agent`` deviced: ``npus`` NPUs, ``faults`` NPU
         faults on every ``faulty_every``-th node; noded: node status and one disk fault. ``keep``:
-        the streams of the last resync stay open too (:meth:`resnap` then uses only the new ones)."""
+        the streams of the last resync stay open too (:meth:`resnap` then uses only the new ones).
+        ``claim``: Hello + the digest claim, the Snapshot only when clusterd does not match it
+        (``matched`` in the result counts the streams that needed no snapshot); ``"hello"``: the
+        claim in the Hello, as an agent sends it to a clusterd that answered one before."""
         if not keep:
             await self.close()
         base = len(self.channels)
         self.channels += _channels(addr, (len(agents) + per_channel - 1) // per_channel)
         self.streams = []
         self.job = {"npus": npus, "faults": faults, "faulty_every": faulty_every, "agent": agent}
-        self.seq = 1
         msgs = [(hello_bytes(node_name(i), agent), self._snapshot(i, 1, changed)) for i in agents]
+        claims = [claim_bytes(snap, 1) for _, snap in msgs] if claim else []
+        if claim == "hello":  # Hello + claim as one message
+            msgs = [
+                (hello_claim_bytes(node_name(i), agent, c), s)
+                for i, (_, s), c in zip(agents, msgs, claims, strict=True)
+            ]
         sem = asyncio.Semaphore(concurrency)
         lat: list[float] = []
-        retries = [0]
+        retries, matched = [0], [0]
 
         async def one(k: int) -> None:
             hello, snap = msgs[k]
@@ -176,12 +206,25 @@ class _Worker:
                     call = _stream(self.channels[base + k // per_channel])
                     try:
                         await call.write(hello)
-                        await call.write(snap)
-                        seq, err = _ack_seq(await call.read())
-                        assert seq == 1 and not err, err
+                        seq = 1
+                        if claim:
+                            if claim != "hello":
+                                await call.write(claims[k])
+                            got, match = _ack_match(await call.read())
+                            assert got == 1, got
+                            if not match:
+                                seq = 2
+                                await call.write(self._snapshot(agents[k], 2, changed))
+                        else:
+                            await call.write(snap)
+                        if seq == 2 or not claim:
+                            got, err = _ack_seq(await call.read())
+                            assert got == seq and not err, err
+                        else:
+                            matched[0] += 1
                         lat.append(time.perf_counter() - t)
                         self.calls.append(call)
-                        self.streams.append((call, agents[k]))
+                        self.streams.append([call, agents[k], seq])
                         return
                     except grpc.aio.AioRpcError:
                         call.cancel()
@@ -193,7 +236,7 @@ class _Worker:
         c0, t0 = time.process_time(), time.perf_counter()
         await asyncio.gather(*(one(k) for k in range(len(msgs))))
         return {"n": len(msgs), "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
-                "lat": _thin(lat), "retries": retries[0]}  # fmt: skip
+                "lat": _thin(lat), "retries": retries[0], "matched": matched[0]}  # fmt: skip
 
     def _snapshot(self, i: int, seq: int, changed: bool) -> bytes:
         j = self.job
@@ -202,29 +245,43 @@ class _Worker:
         faults = j["faults"] if i % j["faulty_every"] == 0 else 0
         return snapshot_bytes(node_name(i), j["npus"], faults, seq=seq, changed=changed)
 
-    async def resnap(self, start_at: float, changed: bool = False, concurrency: int = 256) -> dict[str, Any]:
+    async def resnap(
+        self, start_at: float, changed: bool = False, claim: bool = False, empty: bool = False,
+        concurrency: int = 256,
+    ) -> dict[str, Any]:  # fmt: skip
         """Send one more Snapshot (the next seq; ``changed`` or the same state) on every stream the
         last :meth:`resync` left open and wait for each ack: the cost of a snapshot alone, without
-        the connect."""
-        self.seq += 1
-        msgs = [(call, self._snapshot(i, self.seq, changed)) for call, i in self.streams]
+        the connect. ``claim``: the digest claim of the same state instead (``matched`` counts the
+        DIGEST_MATCH answers); ``empty``: an empty Delta (a heartbeat: the cost of any message)."""
+        msgs = []
+        for st in self.streams:
+            st[2] += 1
+            if empty:
+                msg = agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=st[2])).SerializeToString()
+            else:
+                snap = self._snapshot(st[1], st[2], changed)
+                msg = claim_bytes(snap, st[2]) if claim else snap
+            msgs.append((st[0], msg, st[2]))
         sem = asyncio.Semaphore(concurrency)
         lat: list[float] = []
+        matched = [0]
 
         async def one(k: int) -> None:
             async with sem:
                 t = time.perf_counter()
-                call, msg = msgs[k]
+                call, msg, want = msgs[k]
                 await call.write(msg)
-                seq, err = _ack_seq(await call.read())
-                assert seq == self.seq and not err, (seq, err)
+                raw = await call.read()
+                seq, err = _ack_seq(raw)
+                assert seq == want and not err, (seq, err)
+                matched[0] += _ack_match(raw)[1]
                 lat.append(time.perf_counter() - t)
 
         await _sleep_until(start_at)
         c0, t0 = time.process_time(), time.perf_counter()
         await asyncio.gather(*(one(k) for k in range(len(msgs))))
         return {"n": len(msgs), "wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
-                "lat": _thin(lat)}  # fmt: skip
+                "lat": _thin(lat), "matched": matched[0]}  # fmt: skip
 
     async def deltas(
         self, addr: str, agents: list[int], start_at: float, seconds: float, rate: float = 0.0,
@@ -458,6 +515,7 @@ class Fleet:
             out["errors"] += res.get("errors", 0)
             out["retries"] += res.get("retries", 0)
             out["storm_msgs"] = out.get("storm_msgs", 0) + res.get("storm_msgs", 0)
+            out["matched"] = out.get("matched", 0) + res.get("matched", 0)
         return out
 
     def close_streams(self) -> None:
@@ -479,7 +537,7 @@ def quantile(xs: list[float], q: float) -> float:
 # -- the baseline peer ----------------------------------------------------------------------------
 class EchoServer:
     """A trivial grpc.aio server in its own process, answering AgentStream/Connect with an Ack per
-    Snapshot/Delta and SendPublicFault with code 0: ``with EchoServer() as echo:`` (``echo.addr``,
+    Snapshot/Delta (``DIGEST_MATCH`` for a digest claim) and SendPublicFault with code 0: ``with EchoServer() as echo:`` (``echo.addr``,
     ``echo.pid``)."""
 
     def __init__(self) -> None:
@@ -521,9 +579,15 @@ async def _echo(addr: str) -> None:
         async for raw in request_iterator:
             m = agent_pb2.AgentMessage.FromString(raw)
             kind = m.WhichOneof("body")
+            if kind == "hello" and m.hello.claim_seq:  # a claim in the Hello: matched too
+                ack = agent_pb2.Ack(seq=m.hello.claim_seq, digest=agent_pb2.DIGEST_MATCH)
+                yield agent_pb2.ControlMessage(ack=ack).SerializeToString()
             if kind in ("snapshot", "delta"):
                 seq = getattr(m, kind).seq
-                yield agent_pb2.ControlMessage(ack=agent_pb2.Ack(seq=seq)).SerializeToString()
+                match = kind == "delta" and m.delta.snapshot_digest  # a claim: every one matches
+                yield agent_pb2.ControlMessage(
+                    ack=agent_pb2.Ack(seq=seq, digest=agent_pb2.DIGEST_MATCH if match else 0)
+                ).SerializeToString()
 
     async def send(raw, context):
         pubfault_pb2.PublicFaultRequest.FromString(raw)

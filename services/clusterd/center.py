@@ -23,6 +23,13 @@ before on that node. A recover keeps nothing; ``once`` faults are removed by the
 A snapshot is diffed against the held (= stored) state: a fault it restates with the same content
 and owner (and the same or no last-seen time) changes nothing and writes nothing, so the resync of
 every agent after a clusterd restart costs the store only what really changed (issue 18).
+
+Scope marks (issue 18, :mod:`clusterd.ingest.agents`' unchanged resync): a replace op may carry a
+``mark`` (opaque bytes: an agent snapshot's digest and node view) that the center keeps for its
+scope, persisted in the same transaction as the faults the op left; any later change to a key of
+that scope (another snapshot, a delta, an expiry, a key taken by another origin) drops the mark in
+its own transaction. So a mark is only ever held for the state its op left. :meth:`check_mark`
+reads one in queue order (after every op submitted before it).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from typing import Any, NamedTuple
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from clusterd.pieces import NodeChanges
+from clusterd.scopemarks import ScopeMarks
 from clusterd.store import Store
 from faultmesh.faultinfo import short_name
 from faultmesh.levels import HEALTHY, level_health, level_severity, worst_health
@@ -76,6 +84,8 @@ class _Op(NamedTuple):
     origin: str
     future: asyncio.Future
     keep_sources: frozenset[str] = frozenset()  # replace_scope: sources whose keys stay (pending)
+    mark: bytes | None = None  # replace_scope: the scope's new mark (None: dropped)
+    read_mark: tuple[str, str] | None = None  # a check_mark op: this scope's mark is the result
 
 
 class FaultCenter:
@@ -98,6 +108,7 @@ class FaultCenter:
         self._sink_tasks: list[asyncio.Task] = []
         self._spawn: Callable[..., asyncio.Task] | None = None
         self._sink_metrics = SinkMetrics(registry)
+        self._marks = ScopeMarks()  # scope -> mark (module docstring)
         self._queue: asyncio.Queue[_Op] = asyncio.Queue()
         self._max_batch = max_batch
         self.active = Gauge("faultmesh_faults_active", "Active faults by level", ["level"], registry=registry)
@@ -119,6 +130,7 @@ class FaultCenter:
         """Load the persisted faults (after a restart). Returns how many."""
         for fault, origin in await self._store.load_faults():
             self._put(fault, origin)
+        self._marks.held = await self._store.load_marks()
         self._update_gauges()
         return len(self._faults)
 
@@ -171,12 +183,14 @@ class FaultCenter:
         replace_scope: tuple[str, str] | None = None,
         origin: str = "",
         keep_sources: Iterable[str] = (),
+        mark: bytes | None = None,
     ) -> asyncio.Future[list[Change]]:
         """Queue one operation without waiting (the agent stream pipelines its messages): the
         returned future gets the operation's changes once its batch is committed, or
         :class:`StoreWriteError` (nothing applied). Operations are applied, and their futures
         resolved, in submission order. ``replace_scope`` (node, origin): also remove that scope's
-        keys not in ``upserts`` (except those of ``keep_sources``), as :meth:`replace_origin`."""
+        keys not in ``upserts`` (except those of ``keep_sources``), as :meth:`replace_origin`, and
+        makes ``mark`` the scope's mark (module docstring)."""
         fut = asyncio.get_running_loop().create_future()
         self._queue.put_nowait(
             _Op(
@@ -186,8 +200,16 @@ class FaultCenter:
                 origin,
                 fut,
                 frozenset(keep_sources) if keep_sources else _NONE,
+                mark,
             )
         )
+        return fut
+
+    def check_mark(self, node: str, origin: str) -> asyncio.Future[bytes | None]:
+        """The mark of scope (node, origin) once every op submitted before is applied and committed
+        (None: none held); :class:`StoreWriteError` when that batch's commit failed."""
+        fut = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Op([], [], None, "", fut, _NONE, None, (node, origin)))
         return fut
 
     async def _submit(
@@ -234,9 +256,14 @@ class FaultCenter:
         per_op: list[list[Change]] = []
         dirty: dict[FaultKey, str | None] = {}
         undo: dict[FaultKey, tuple[Fault | None, str | None]] = {}  # state before this batch
+        marks = self._marks
         faults, origins = self._faults, self._origin
         for op in ops:
+            if op.read_mark is not None:
+                per_op.append(marks.get(op.read_mark))  # type: ignore[arg-type]
+                continue
             changes: list[Change] = []
+            touched: set[tuple[str, str | None]] = set()
             now = now_ms()
             new_keys = set()
             snapshot = op.replace_scope is not None
@@ -261,6 +288,8 @@ class FaultCenter:
                         changes.append(Change(UPDATE, f))
                 if key not in undo:
                     undo[key] = (old, owner)
+                touched.add((key.node, owner))
+                touched.add((key.node, op.origin))
                 self._put(f, op.origin, key)
                 dirty[key] = op.origin
             removals = list(op.removals)
@@ -277,15 +306,26 @@ class FaultCenter:
                     undo.setdefault(key, (old, prev_origin))
                     changes.append(Change(RECOVER, old))
                     dirty[key] = None
+                    touched.add((key.node, prev_origin))
+            if snapshot:
+                touched.add(op.replace_scope)
+            for scope in touched:  # the state a mark describes changed: drop it (or set the new one)
+                marks.set(scope, op.mark if scope == op.replace_scope else None)
             per_op.append(changes)
-        if dirty:
+        mark_writes = marks.writes()
+        if dirty or mark_writes:
             ups = [(self._faults[k], o) for k, o in dirty.items() if o is not None]
             rms = [k for k, o in dirty.items() if o is None]
             try:
                 with self.commit_s.time():
-                    await self._store.write_faults(ups, rms)
+                    await (
+                        self._store.write_faults(ups, rms, mark_writes)
+                        if mark_writes
+                        else self._store.write_faults(ups, rms)
+                    )
             except Exception as e:  # lock timeout, disk full, I/O error: undo, never ack
                 self._undo(undo)
+                marks.undo()
                 self.store_errors.inc()
                 event(log, logging.ERROR, "state write failed", error=repr(e), batch=len(ops))
                 err = StoreWriteError(f"state write failed: {e}")
@@ -293,9 +333,11 @@ class FaultCenter:
                     if not op.future.done():
                         op.future.set_exception(err)
                 return
+        marks.done()
         all_changes: list[Change] = []
         for op, changes in zip(ops, per_op, strict=True):
-            all_changes.extend(changes)
+            if op.read_mark is None:
+                all_changes.extend(changes)
             if not op.future.done():
                 op.future.set_result(changes)
         if all_changes:

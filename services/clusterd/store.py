@@ -1,9 +1,11 @@
 """ClusterD's durable state: SQLite in WAL mode under ``--state-dir`` (issue 2 "Durable state").
 
-Four tables: ``faults`` (the fault center, one row per FaultKey), ``nodes`` (the node registry: what
+Five tables: ``faults`` (the fault center, one row per FaultKey), ``nodes`` (the node registry: what
 the agents last said about each node, one JSON row per node, :mod:`clusterd.nodes`) and ``kv``
-(namespaced JSON values for components: jobs, data-trace switches, slow-node jobs, ...) and
-``separations`` (manually separated NPUs, :mod:`clusterd.separation`). Every table
+(namespaced JSON values for components: jobs, data-trace switches, slow-node jobs, ...),
+``separations`` (manually separated NPUs, :mod:`clusterd.separation`) and ``scope_marks`` (an
+agent's last snapshot digest and node view per (node, origin), :mod:`clusterd.scopemarks`: written
+only in the transaction of the faults it describes). Every table
 is created with ``CREATE TABLE IF NOT EXISTS``, so a state file of an older version gains the new
 tables on open and keeps its rows. Every write commits before the
 caller acknowledges its sender, so an acked fault survives ``kill -9`` (WAL, synchronous=NORMAL:
@@ -42,6 +44,10 @@ CREATE TABLE IF NOT EXISTS nodes (
 CREATE TABLE IF NOT EXISTS kv (
   ns TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
   PRIMARY KEY (ns, key)
+);
+CREATE TABLE IF NOT EXISTS scope_marks (
+  node TEXT NOT NULL, origin TEXT NOT NULL, mark BLOB NOT NULL,
+  PRIMARY KEY (node, origin)
 );
 CREATE TABLE IF NOT EXISTS separations (
   node TEXT NOT NULL, device_id INTEGER NOT NULL, codes TEXT NOT NULL,
@@ -121,11 +127,24 @@ class Store:
         self._exec.shutdown(wait=True)
 
     # -- faults ---------------------------------------------------------------------------------
-    def _write_faults(self, upserts: list[tuple[Fault, str]], removals: list[FaultKey]) -> None:
+    def _write_faults(
+        self,
+        upserts: list[tuple[Fault, str]],
+        removals: list[FaultKey],
+        marks: dict[tuple[str, str], bytes | None],
+    ) -> None:
         db = self._db
         assert db is not None
         db.execute("BEGIN")
         try:
+            if marks:
+                gone = [scope for scope, m in marks.items() if m is None]
+                if gone:
+                    db.executemany("DELETE FROM scope_marks WHERE node=? AND origin=?", gone)
+                db.executemany(
+                    "INSERT OR REPLACE INTO scope_marks VALUES (?,?,?)",
+                    [(n, o, m) for (n, o), m in marks.items() if m is not None],
+                )
             if removals:
                 db.executemany(
                     "DELETE FROM faults WHERE node=? AND device_type=? AND device_id=? AND code=? AND source=?",
@@ -157,12 +176,16 @@ class Store:
             raise
 
     async def write_faults(
-        self, upserts: Iterable[tuple[Fault, str]] = (), removals: Iterable[FaultKey] = ()
+        self,
+        upserts: Iterable[tuple[Fault, str]] = (),
+        removals: Iterable[FaultKey] = (),
+        marks: dict[tuple[str, str], bytes | None] | None = None,
     ) -> None:
-        """Apply upserts ((fault, origin) pairs) and removals in one transaction, committed on return."""
+        """Apply upserts ((fault, origin) pairs), removals and scope ``marks`` ((node, origin) ->
+        bytes, None: delete) in one transaction, committed on return."""
         up, rm = list(upserts), list(removals)
-        if up or rm:
-            await self._run(self._write_faults, up, rm)
+        if up or rm or marks:
+            await self._run(self._write_faults, up, rm, marks or {})
 
     def _load_faults(self) -> list[tuple[Fault, str]]:
         assert self._db is not None
@@ -189,6 +212,15 @@ class Store:
     async def load_faults(self) -> list[tuple[Fault, str]]:
         """Every stored fault with its origin (the agent or component that owns it)."""
         return await self._run(self._load_faults)
+
+    async def load_marks(self) -> dict[tuple[str, str], bytes]:
+        """Every stored scope mark: (node, origin) -> bytes."""
+
+        def _load():
+            assert self._db is not None
+            return self._db.execute("SELECT node, origin, mark FROM scope_marks").fetchall()
+
+        return {(n, o): bytes(m) for n, o, m in await self._run(_load)}
 
     # -- fault history ------------------------------------------------------------------------------
     async def append_events(self, events: Iterable[tuple[int, str, Fault]]) -> None:

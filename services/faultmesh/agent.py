@@ -13,6 +13,16 @@ sequence number): the session ends and the next one resends all by snapshot.
 Control messages from ClusterD go to ``on_control`` and are
 acked after it returns.
 
+Unchanged resync (issue 18; agent.proto's header): every Snapshot carries its
+:func:`snapshot_digest`. On a new stream the agent first sends the claim, an empty Delta with the
+digest of the Snapshot it would send, and waits for its Ack (up to ``ack_timeout_s``): on
+``DIGEST_MATCH`` ClusterD holds that state already and the stream goes on with Deltas; otherwise
+(mismatch, an older ClusterD that acks the claim as a heartbeat, no answer in time) the full
+Snapshot follows with the next seq. Once a ClusterD answered a claim (``Ack.digest`` set), the next
+sessions put the claim into the Hello (``snapshot_digest``, ``claim_seq``); a Hello claim left
+unanswered (a downgraded ClusterD) costs ``ack_timeout_s``, then the full Snapshot, and the next
+session uses the Delta claim again. ``resync_by_digest=False`` always sends the full Snapshot.
+
 Timings (issue 3): a change is sent at once unless a report went out less than
 ``min_report_interval_s`` ago (then coalesced, last state wins); the full state is re-sent every
 ``resend_every_s`` (1800 s); reconnects back off exponentially up to ``backoff_max_s``. Liveness
@@ -23,13 +33,11 @@ mark a hung agent stale; gRPC keepalive pings every ``keepalive_s`` (60 s, ack w
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import replace
+from collections.abc import Awaitable, Callable
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -45,11 +53,14 @@ from faultmesh.agentconf import (  # noqa: F401 - re-exported: the agents import
     channel_credentials,
     channel_options,
 )
+from faultmesh.agentstate import (  # noqa: F401 - re-exported: the agents import them from here
+    DIGEST_SIZE,
+    AgentState,
+    snapshot_digest,
+)
 from faultmesh.log import event
-from faultmesh.model import Fault, FaultKey
 from faultmesh.retry import Backoff
 from faultmesh.runtime import TaskOwner, wait_for
-from faultmesh.wire import fault_to_pb, key_to_pb
 
 log = logging.getLogger("faultmesh.agent")
 
@@ -61,198 +72,6 @@ NOT_STORED_PREFIX = "internal:"
 RESYNC_PREFIX = "resync:"
 
 ControlHandler = Callable[[agent_pb2.ControlMessage], Awaitable[None]]
-
-
-class AgentState:
-    """The agent's current state, with change tracking for deltas.
-
-    ``faults``: FaultKey -> Fault; ``conditions``: type -> Condition pb; ``devices``:
-    (device_type, device_id) -> DeviceState pb; ``node_status``: str. Mutators return True when
-    something changed. Events (ping rows, slow-node reports) go to bounded deques (``max_events``,
-    oldest dropped and counted in ``dropped_events``).
-    """
-
-    def __init__(self, node: str, max_events: int = 20_000) -> None:
-        self.node = node
-        self.faults: dict[FaultKey, Fault] = {}
-        self.conditions: dict[str, agent_pb2.Condition] = {}
-        self.devices: dict[tuple[str, int], agent_pb2.DeviceState] = {}
-        self.node_status = ""
-        self.ping_results: collections.deque[agent_pb2.PingResult] = collections.deque(maxlen=max_events)
-        self.slownode_reports: collections.deque[agent_pb2.SlowNodeReport] = collections.deque(
-            maxlen=max_events
-        )
-        self.dropped_events = 0
-        self._dirty_faults: set[FaultKey] = set()
-        self._dirty_conditions: set[str] = set()
-        self._dirty_devices: set[tuple[str, int]] = set()
-        self._status_dirty = False
-        self.pending_sources: set[str] = set()
-        self._pending_changed = False
-        self.on_change: Callable[[], None] = lambda: None
-
-    # -- mutators ---------------------------------------------------------------------------
-    def upsert(self, fault: Fault) -> bool:
-        """Add or update one fault (node forced to this agent's node). Keeps the first-seen time."""
-        if fault.node != self.node:
-            fault = replace(fault, node=self.node)
-        old = self.faults.get(fault.key)
-        if old is not None:
-            if old.same_content(fault):
-                return False
-            fault = fault.with_times(old.first_seen_ms or fault.first_seen_ms, fault.last_seen_ms)
-        self.faults[fault.key] = fault
-        self._dirty_faults.add(fault.key)
-        self.on_change()
-        return True
-
-    def remove(self, key: FaultKey) -> bool:
-        """Remove one fault (recovered). Returns True when it was present."""
-        if self.faults.pop(key, None) is None:
-            return False
-        self._dirty_faults.add(key)
-        self.on_change()
-        return True
-
-    def replace_source(self, source: str, faults: Iterable[Fault]) -> bool:
-        """Make ``faults`` the complete set reported by ``source`` (absent ones recover)."""
-        new = {}
-        for f in faults:
-            if f.node != self.node:
-                f = replace(f, node=self.node)
-            new[f.key] = f
-        changed = False
-        for key in [k for k in self.faults if k.source == source and k not in new]:
-            changed |= self.remove(key)
-        for f in new.values():
-            changed |= self.upsert(f)
-        return changed
-
-    def set_condition(self, type_: str, active: bool, reason: str = "", message: str = "") -> bool:
-        """Set a node condition (BMCUnreachable, ...). ``since_ms`` is kept while ``active`` is unchanged."""
-        old = self.conditions.get(type_)
-        if old is not None and old.active == active and old.reason == reason and old.message == message:
-            return False
-        since = old.since_ms if old is not None and old.active == active else int(time.time() * 1000)
-        self.conditions[type_] = agent_pb2.Condition(
-            type=type_, active=active, reason=reason, message=message, since_ms=since
-        )
-        self._dirty_conditions.add(type_)
-        self.on_change()
-        return True
-
-    def set_device(self, state: agent_pb2.DeviceState) -> bool:
-        """Set one device's state (deviced)."""
-        key = (state.device_type, state.device_id)
-        if self.devices.get(key) == state:
-            return False
-        self.devices[key] = state
-        self._dirty_devices.add(key)
-        self.on_change()
-        return True
-
-    def set_node_status(self, status: str) -> bool:
-        """Set the node status string (Healthy / PreSeparate / UnHealthy)."""
-        if status == self.node_status:
-            return False
-        self.node_status = status
-        self._status_dirty = True
-        self.on_change()
-        return True
-
-    def add_ping_results(self, rows: Iterable[agent_pb2.PingResult]) -> None:
-        """Queue pingmesh result rows for ClusterD (bounded, oldest dropped)."""
-        for r in rows:
-            if len(self.ping_results) == self.ping_results.maxlen:
-                self.dropped_events += 1
-            self.ping_results.append(r)
-        self.on_change()
-
-    def add_slownode_report(self, report: agent_pb2.SlowNodeReport) -> None:
-        """Queue one node-level slow-node result for ClusterD (bounded, oldest dropped)."""
-        if len(self.slownode_reports) == self.slownode_reports.maxlen:
-            self.dropped_events += 1
-        self.slownode_reports.append(report)
-        self.on_change()
-
-    def expect_sources(self, sources: Iterable[str]) -> None:
-        """Mark fault ``sources`` (``Fault.source`` names) pending: they have not completed their
-        first poll since the agent started, so ClusterD keeps what it had for them (issue 20)."""
-        new = set(sources) - self.pending_sources
-        if new:
-            self.pending_sources |= new
-            self._pending_changed = True
-            self.on_change()
-
-    def source_ready(self, sources: Iterable[str]) -> bool:
-        """Fault ``sources`` completed their first poll (their faults in this state are complete):
-        the next message is a Snapshot, which lets ClusterD clear what they no longer report.
-        True when one of them was pending."""
-        done = self.pending_sources & set(sources)
-        if not done:
-            return False
-        self.pending_sources -= done
-        self._pending_changed = True
-        self.on_change()
-        return True
-
-    @property
-    def needs_snapshot(self) -> bool:
-        """True when the pending sources changed since the last snapshot (send a Snapshot, not a Delta)."""
-        return self._pending_changed
-
-    # -- wire ---------------------------------------------------------------------------------
-    def has_pending(self) -> bool:
-        """True when a delta would carry something."""
-        return bool(
-            self._pending_changed
-            or self._dirty_faults
-            or self._dirty_conditions
-            or self._dirty_devices
-            or self._status_dirty
-            or self.ping_results
-            or self.slownode_reports
-        )
-
-    def snapshot(self, seq: int) -> agent_pb2.Snapshot:
-        """The full state as a Snapshot (with the pending sources); clears dirty marks (events stay
-        queued for the next delta)."""
-        self._dirty_faults.clear()
-        self._dirty_conditions.clear()
-        self._dirty_devices.clear()
-        self._status_dirty = False
-        self._pending_changed = False
-        return agent_pb2.Snapshot(
-            seq=seq,
-            faults=[fault_to_pb(f) for f in self.faults.values()],
-            conditions=list(self.conditions.values()),
-            devices=list(self.devices.values()),
-            node_status=self.node_status,
-            pending_sources=sorted(self.pending_sources),
-        )
-
-    def take_delta(self, seq: int) -> agent_pb2.Delta:
-        """Changes since the last snapshot/delta, plus queued events; clears them."""
-        d = agent_pb2.Delta(seq=seq)
-        for key in self._dirty_faults:
-            f = self.faults.get(key)
-            if f is None:
-                d.removals.append(key_to_pb(key))
-            else:
-                d.upserts.append(fault_to_pb(f))
-        d.conditions.extend(self.conditions[t] for t in self._dirty_conditions)
-        d.devices.extend(self.devices[k] for k in self._dirty_devices)
-        if self._status_dirty:
-            d.node_status = self.node_status
-        d.ping_results.extend(self.ping_results)
-        d.slownode_reports.extend(self.slownode_reports)
-        self.ping_results.clear()
-        self.slownode_reports.clear()
-        self._dirty_faults.clear()
-        self._dirty_conditions.clear()
-        self._dirty_devices.clear()
-        self._status_dirty = False
-        return d
 
 
 class AgentMetrics:
@@ -290,6 +109,9 @@ class AgentClient:
 
     ``state`` is the agent's :class:`AgentState`; mutate it and the client sends deltas.
     ``credentials`` (grpc.ChannelCredentials) enables TLS; ``token`` is sent as a bearer token.
+    ``resync_by_digest`` (default True): each session opens with the digest claim and sends the full
+    Snapshot only when ClusterD does not answer ``DIGEST_MATCH`` within ``ack_timeout_s`` (module
+    docstring); False: always the full Snapshot.
     """
 
     def __init__(
@@ -312,6 +134,7 @@ class AgentClient:
         keepalive_s: float = KEEPALIVE_S,
         keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
         heartbeat_s: float = HEARTBEAT_S,
+        resync_by_digest: bool = True,
     ) -> None:
         self.targets = split_targets(target)
         self.target = self.targets[0]
@@ -335,6 +158,9 @@ class AgentClient:
         self.ack_timeout_s = ack_timeout_s
         self.channel_options = channel_options(keepalive_s, keepalive_timeout_s)
         self.heartbeat_s = heartbeat_s
+        self.resync_by_digest = resync_by_digest
+        self._claim: tuple[int, asyncio.Future] | None = None  # (seq, answer) of the digest claim
+        self._digest_peer = False  # the last claim was answered: the next one rides on the Hello
         self.seq = 0
         self.acked_seq = 0
         self.connected = asyncio.Event()
@@ -403,10 +229,14 @@ class AgentClient:
         async with self._channel() as channel:
             stub = agent_pb2_grpc.AgentStreamStub(channel)
             call = stub.Connect(metadata=metadata)
-            await call.write(agent_pb2.AgentMessage(hello=self.hello))
-            self.seq += 1
-            await call.write(agent_pb2.AgentMessage(snapshot=self.state.snapshot(self.seq)))
-            self.metrics.sent.labels("snapshot").inc()
+            reader = asyncio.create_task(self._read(call), name="agent-read")
+            try:
+                await self._first_snapshot(call, reader)
+            except BaseException:
+                reader.cancel()
+                with contextlib.suppress(BaseException):
+                    await reader
+                raise
             last_snapshot = self._last_sent = time.monotonic()
             self.connected.set()
             self.metrics.connected.set(1)
@@ -418,7 +248,6 @@ class AgentClient:
                 node=self.hello.node,
                 agent=self.hello.agent,
             )
-            reader = asyncio.create_task(self._read(call), name="agent-read")
             try:
                 while True:
                     if reader.done():
@@ -461,6 +290,44 @@ class AgentClient:
                     await reader
                 call.cancel()
 
+    async def _first_snapshot(self, call, reader: asyncio.Task) -> None:
+        """The session's Hello and first state message: the digest claim (in the Hello when this
+        ClusterD answered one before) and, unless ClusterD answers ``DIGEST_MATCH``, the full
+        Snapshot (see the module docstring)."""
+        self.seq += 1
+        snap = self.state.snapshot(self.seq)
+        if not self.resync_by_digest:
+            await call.write(agent_pb2.AgentMessage(hello=self.hello))
+        else:
+            answer = asyncio.get_running_loop().create_future()
+            self._claim = (self.seq, answer)
+            in_hello = self._digest_peer
+            if in_hello:  # one message less: the claim rides on the Hello
+                hello = agent_pb2.Hello(snapshot_digest=snap.digest, claim_seq=self.seq)
+                hello.MergeFrom(self.hello)
+                await call.write(agent_pb2.AgentMessage(hello=hello))
+            else:
+                await call.write(agent_pb2.AgentMessage(hello=self.hello))
+                claim = agent_pb2.Delta(seq=self.seq, snapshot_digest=snap.digest)
+                await call.write(agent_pb2.AgentMessage(delta=claim))
+            self.metrics.sent.labels("digest").inc()
+            done, _ = await asyncio.wait(
+                {answer, reader}, timeout=self.ack_timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+            self._claim = None
+            if reader in done:
+                reader.result()  # raises what ended the stream
+                raise ConnectionError("clusterd closed the stream")
+            got = answer.result() if answer in done else None
+            # an answer says this ClusterD knows digests; silence to a Hello claim: an older one
+            self._digest_peer = got in (agent_pb2.DIGEST_MATCH, agent_pb2.DIGEST_MISMATCH)
+            if got == agent_pb2.DIGEST_MATCH:
+                return  # clusterd holds this state; changes since the claim go as deltas
+            self.seq += 1
+            snap = self.state.snapshot(self.seq)  # the state now (changes since the claim included)
+        await call.write(agent_pb2.AgentMessage(snapshot=snap))
+        self.metrics.sent.labels("snapshot").inc()
+
     async def _write_delta(self, call) -> None:
         self.seq += 1
         await call.write(agent_pb2.AgentMessage(delta=self.state.take_delta(self.seq)))
@@ -478,6 +345,14 @@ class AgentClient:
                     # valid but not stored (ClusterD's state write failed): not acked; a new session
                     # resends everything by snapshot
                     raise ConnectionError(f"clusterd did not take seq {msg.ack.seq}: {msg.ack.error}")
+                claim = self._claim
+                if claim is not None and msg.ack.seq == claim[0]:
+                    if not claim[1].done():
+                        claim[1].set_result(msg.ack.digest)
+                    if msg.ack.digest != agent_pb2.DIGEST_MATCH:  # not taken: the full snapshot follows
+                        if msg.ack.error:
+                            event(log, logging.WARNING, "digest claim refused", error=msg.ack.error)
+                        continue
                 if msg.ack.error:
                     event(
                         log,

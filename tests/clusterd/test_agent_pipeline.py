@@ -32,14 +32,14 @@ class HeldWrites:
         self._real, self._fail = store.write_faults, fail_first
         store.write_faults = self._write
 
-    async def _write(self, upserts=(), removals=()):
+    async def _write(self, upserts=(), removals=(), marks=None):
         upserts = list(upserts)
         self.calls += 1
         if self.calls == 1:
             await self.release.wait()
             if self._fail:
                 raise sqlite3.OperationalError("database or disk is full")
-        await self._real(upserts, removals)
+        await self._real(upserts, removals, marks)
         self.committed.append({f.device_id for f, _ in upserts})
 
     def stored(self) -> set[int]:

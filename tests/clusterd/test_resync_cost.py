@@ -21,10 +21,10 @@ class WriteCount:
         self.nodes: list[str] = []
         wf, wn = store.write_faults, store.write_nodes
 
-        async def write_faults(upserts=(), removals=()):
+        async def write_faults(upserts=(), removals=(), marks=None):
             upserts, removals = list(upserts), list(removals)
             self.faults += len(upserts) + len(removals)
-            await wf(upserts, removals)
+            await wf(upserts, removals, marks)
 
         async def write_nodes(states):
             self.nodes += list(states)
@@ -34,9 +34,10 @@ class WriteCount:
 
 
 async def test_an_unchanged_snapshot_after_a_restart_writes_no_fault(tmp_path):
-    cd = await make_clusterd(tmp_path)
+    cd = await make_clusterd(tmp_path, "--drain-s", "0.1")  # the stop does not wait 5 s for the stream
     port = cd.grpc_port
-    client = AgentClient(f"127.0.0.1:{port}", "node-1", "deviced", backoff_max_s=0.2)
+    # the full-snapshot path (the digest path is tests/clusterd/test_agent_digest.py)
+    client = AgentClient(f"127.0.0.1:{port}", "node-1", "deviced", backoff_max_s=0.2, resync_by_digest=False)
     client.state.upsert(npu(0))
     client.state.upsert(npu(1))
     await client.start()

@@ -32,11 +32,11 @@ class FailingWrites:
         self._real = store.write_faults
         store.write_faults = self._write  # type: ignore[method-assign]
 
-    async def _write(self, upserts=(), removals=()):
+    async def _write(self, upserts=(), removals=(), marks=None):
         if self.n > 0:
             self.n -= 1
             raise self.error
-        await self._real(upserts, removals)
+        await self._real(upserts, removals, marks)
 
 
 @pytest.fixture

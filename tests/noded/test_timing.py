@@ -173,7 +173,10 @@ class RecordingClusterd(agent_pb2_grpc.AgentStreamServicer):
     async def Connect(self, request_iterator, context):
         async for msg in request_iterator:
             kind = msg.WhichOneof("body")
-            self.messages.append((time.monotonic(), kind, getattr(msg, kind)))
+            # an agent's digest claim (an empty Delta with snapshot_digest) is not a state delta; acked
+            # as an older clusterd does (no Ack.digest), the agent then sends its full snapshot
+            claim = kind == "delta" and bool(msg.delta.snapshot_digest)
+            self.messages.append((time.monotonic(), "claim" if claim else kind, getattr(msg, kind)))
             if kind in ("snapshot", "delta"):
                 yield agent_pb2.ControlMessage(ack=agent_pb2.Ack(seq=getattr(msg, kind).seq))
 

@@ -24,6 +24,10 @@ seq + 1, a Snapshot any larger one. A gap, a replay or an out-of-order message i
 counted (``reason`` ``seq_gap`` / ``seq_replay``), logged, acked with ``resync: <reason>: ...``, and
 the stream is ended: the agent reconnects and resends its whole state as a snapshot.
 
+Unchanged resync (issue 18): a digest claim matching the stored state is acked ``DIGEST_MATCH`` and
+does what its snapshot would, without the faults; any other is acked ``DIGEST_MISMATCH``
+(:mod:`clusterd.ingest.resync`).
+
 Non-fault state (Hello identity, node status, conditions, device states) goes to the
 :class:`~clusterd.nodes.NodeRegistry`. The bearer token is checked before this servicer runs
 (:class:`clusterd.auth.TokenInterceptor`).
@@ -56,6 +60,13 @@ from clusterd.ingest.agentinput import (
     pending_sources,
     seq_error,
     valid_hello,
+)
+from clusterd.ingest.resync import (
+    apply_claim,
+    claim_error,
+    snapshot_counters,
+    snapshot_mark,
+    snapshot_views,
 )
 from clusterd.ingest.session import END, MAX_IN_FLIGHT, MAX_QUEUED, AgentSession, Pending, retrieve
 from clusterd.nodes import NodeRegistry
@@ -108,6 +119,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             "faultmesh_agent_messages_total", "Agent stream messages received", ["kind"], registry=registry
         )
         self._kind_counters: dict[str | None, Any] = {}  # message kind -> its child counter
+        self._snap_full, self._snap_unchanged, self._snap_mismatch = snapshot_counters(registry)
         self.takeovers = Counter(
             "faultmesh_agent_stream_takeovers_total",
             "A newer stream for the same (node, agent) replaced a live one",
@@ -218,6 +230,9 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         self.nodes.set_stale(h.node, agent, None)
         self._count(agent)
         event(log, logging.INFO, "agent connected", node=h.node, agent=agent, peer=context.peer())
+        if h.snapshot_digest or h.claim_seq:  # the digest claim rides on the Hello: as its Delta
+            claim = agent_pb2.Delta(seq=h.claim_seq, snapshot_digest=h.snapshot_digest or b"\0")
+            await self._handle(session, agent_pb2.AgentMessage(delta=claim))
         reader = asyncio.create_task(self._read_loop(session, request_iterator), name=f"agent-read-{h.node}")
         reader.add_done_callback(lambda _: session.queue.put_nowait(END))
         queue = session.queue
@@ -376,8 +391,10 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 log, logging.INFO, "agent stream ended", node=session.node, agent=session.agent, error=repr(e)
             )
 
-    def _ack(self, s: AgentSession, seq: int, error: str = "") -> None:
-        self._queue(s, agent_pb2.ControlMessage(seq=0, ack=agent_pb2.Ack(seq=seq, error=error)))
+    def _ack(self, s: AgentSession, seq: int, error: str = "", digest: int = 0) -> None:
+        self._queue(
+            s, agent_pb2.ControlMessage(seq=0, ack=agent_pb2.Ack(seq=seq, error=error, digest=digest))
+        )
 
     async def _handle(self, s: AgentSession, msg: agent_pb2.AgentMessage) -> None:
         kind = msg.WhichOneof("body")
@@ -422,9 +439,20 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 faults, _, refused = self._owned(s, [check_fault(s.node, m) for m in body.faults], [])
                 if s.closed:  # taken over meanwhile: the newer stream owns this (node, agent)
                     return
+                views = snapshot_views(body)
+                try:
+                    mark = snapshot_mark(body, views, pending, refused)
+                except AgentInputError as e:  # applied all the same, without a mark
+                    self._reject("bad_digest", node=s.node, agent=s.agent, detail=str(e))
+                    mark = None
                 # sources pending their first poll keep their faults; only a complete poll clears
-                fut = self.center.submit(faults, (), (s.node, s.agent), s.agent, pending)
-                item = Pending(kind, body, fut, refused, pending)
+                fut = self.center.submit(faults, (), (s.node, s.agent), s.agent, pending, mark)
+                item = Pending(kind, body, fut, refused, pending, views)
+            elif body.snapshot_digest:  # a claim: the stored state is that of this digest?
+                bad = claim_error(body)
+                if bad:
+                    raise AgentInputError(bad)
+                item = Pending("claim", body, self.center.check_mark(s.node, s.agent))
             else:
                 check_state(self.nodes, s.node, body.conditions, body.devices, body.node_status)
                 ups = [check_fault(s.node, m) for m in body.upserts]
@@ -437,7 +465,10 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         except AgentInputError as e:
             reason = str(e).split(":", 1)[0]
             self._reject(reason, node=s.node, agent=s.agent, detail=str(e))
-            self._ack(s, body.seq, str(e))
+            claim = kind == "delta" and bool(body.snapshot_digest)
+            if claim:
+                self._snap_mismatch.inc()
+            self._ack(s, body.seq, str(e), agent_pb2.DIGEST_MISMATCH if claim else 0)
             return
         # pipelined: the next message is read while this one commits; the writer acks in order
         while s.in_flight >= MAX_IN_FLIGHT:
@@ -453,9 +484,10 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         if s.in_flight == MAX_IN_FLIGHT - 1:
             s.room.set()
         body = p.body
+        result = None
         if p.fut is not None:
             try:
-                await p.fut
+                result = await p.fut
             except Exception as e:  # state write failed: nothing applied; the agent resyncs
                 s.closed = True  # the reader applies nothing more; the writer ends the stream
                 event(
@@ -465,16 +497,27 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                     ack=agent_pb2.Ack(seq=body.seq, error=f"{INTERNAL_ERROR}: {e}")
                 )
         if p.kind == "snapshot":
+            conditions, devices = p.views
             self.nodes.update(
                 s.node,
-                conditions=[condition_view(c) for c in body.conditions],
-                devices=[device_view(d) for d in body.devices],
+                conditions=conditions,
+                devices=devices,
                 # while sources are pending the last known status stays (none known: take it)
                 status=body.node_status if not p.pending or not self.nodes.status(s.node) else "",
                 replace=not p.pending,  # pending: merged, the complete snapshot replaces
             )
             self.nodes.set_pending(s.node, s.agent, p.pending)
+            self._snap_full.inc()
             await self._notify(self._on_connect, s.node, s.agent)
+        elif p.kind == "claim":
+            if not apply_claim(self.nodes, s.node, s.agent, result, body.snapshot_digest):
+                self._snap_mismatch.inc()  # the agent sends its full snapshot next
+                return agent_pb2.ControlMessage(
+                    ack=agent_pb2.Ack(seq=body.seq, digest=agent_pb2.DIGEST_MISMATCH)
+                )
+            self._snap_unchanged.inc()
+            await self._notify(self._on_connect, s.node, s.agent)
+            return agent_pb2.ControlMessage(ack=agent_pb2.Ack(seq=body.seq, digest=agent_pb2.DIGEST_MATCH))
         else:
             if body.conditions or body.devices or body.node_status:
                 self.nodes.update(

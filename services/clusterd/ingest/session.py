@@ -15,14 +15,16 @@ END = object()  # queued when a stream's reader ends
 
 @dataclass(slots=True)
 class Pending:
-    """A valid Snapshot / Delta handed to the fault center: acked once ``fut`` (None: no fault to
-    store) is durable, then its node state and callbacks are applied, in stream order."""
+    """A valid Snapshot / Delta / digest claim handed to the fault center: acked once ``fut`` (None:
+    no fault to store; a claim's: the held mark) is durable, then its node state and callbacks are
+    applied, in stream order."""
 
-    kind: str
+    kind: str  # "snapshot" | "delta" | "claim"
     body: Any  # agent_pb2.Snapshot | agent_pb2.Delta
     fut: asyncio.Future | None
     refused: int = 0
     pending: frozenset[str] = frozenset()
+    views: Any = None  # a snapshot's (conditions, devices) node-registry views
 
 
 def retrieve(fut: asyncio.Future) -> None:

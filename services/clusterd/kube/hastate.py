@@ -454,14 +454,17 @@ class MirroredStore(Store):
         event(log, logging.INFO, "state restored from configmap", name=st.name, records=self.restored)
 
     async def write_faults(
-        self, upserts: Iterable[tuple[Fault, str]] = (), removals: Iterable[FaultKey] = ()
+        self,
+        upserts: Iterable[tuple[Fault, str]] = (),
+        removals: Iterable[FaultKey] = (),
+        marks: dict[tuple[str, str], bytes | None] | None = None,
     ) -> None:
         up, rm = list(upserts), list(removals)
         async with self.state.lock:
             undo = self.state.change_faults(up, rm)
             if undo:
                 await self.state.commit(undo)
-            await super().write_faults(up, rm)
+            await super().write_faults(up, rm, marks)  # marks (agent digests): SQLite only
 
     async def kv_put(self, ns: str, key: str, value: Any) -> None:
         if ns not in MIRRORED_NS:

@@ -1,10 +1,20 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class DigestResult(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DIGEST_UNCHECKED: _ClassVar[DigestResult]
+    DIGEST_MATCH: _ClassVar[DigestResult]
+    DIGEST_MISMATCH: _ClassVar[DigestResult]
+DIGEST_UNCHECKED: DigestResult
+DIGEST_MATCH: DigestResult
+DIGEST_MISMATCH: DigestResult
 
 class Fault(_message.Message):
     __slots__ = ("source", "node", "device_type", "device_id", "code", "level", "assertion", "first_seen_ms", "last_seen_ms", "attributes")
@@ -128,7 +138,7 @@ class SlowNodeReport(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., node: _Optional[str] = ..., result_json: _Optional[bytes] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("node", "agent", "boot_id", "version", "node_ip", "node_sn", "labels")
+    __slots__ = ("node", "agent", "boot_id", "version", "node_ip", "node_sn", "labels", "snapshot_digest", "claim_seq")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +153,8 @@ class Hello(_message.Message):
     NODE_IP_FIELD_NUMBER: _ClassVar[int]
     NODE_SN_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_SEQ_FIELD_NUMBER: _ClassVar[int]
     node: str
     agent: str
     boot_id: str
@@ -150,26 +162,30 @@ class Hello(_message.Message):
     node_ip: str
     node_sn: str
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, node: _Optional[str] = ..., agent: _Optional[str] = ..., boot_id: _Optional[str] = ..., version: _Optional[str] = ..., node_ip: _Optional[str] = ..., node_sn: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    snapshot_digest: bytes
+    claim_seq: int
+    def __init__(self, node: _Optional[str] = ..., agent: _Optional[str] = ..., boot_id: _Optional[str] = ..., version: _Optional[str] = ..., node_ip: _Optional[str] = ..., node_sn: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., snapshot_digest: _Optional[bytes] = ..., claim_seq: _Optional[int] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("seq", "faults", "conditions", "devices", "node_status", "pending_sources")
+    __slots__ = ("seq", "faults", "conditions", "devices", "node_status", "pending_sources", "digest")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     FAULTS_FIELD_NUMBER: _ClassVar[int]
     CONDITIONS_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     NODE_STATUS_FIELD_NUMBER: _ClassVar[int]
     PENDING_SOURCES_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     seq: int
     faults: _containers.RepeatedCompositeFieldContainer[Fault]
     conditions: _containers.RepeatedCompositeFieldContainer[Condition]
     devices: _containers.RepeatedCompositeFieldContainer[DeviceState]
     node_status: str
     pending_sources: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, seq: _Optional[int] = ..., faults: _Optional[_Iterable[_Union[Fault, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceState, _Mapping]]] = ..., node_status: _Optional[str] = ..., pending_sources: _Optional[_Iterable[str]] = ...) -> None: ...
+    digest: bytes
+    def __init__(self, seq: _Optional[int] = ..., faults: _Optional[_Iterable[_Union[Fault, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceState, _Mapping]]] = ..., node_status: _Optional[str] = ..., pending_sources: _Optional[_Iterable[str]] = ..., digest: _Optional[bytes] = ...) -> None: ...
 
 class Delta(_message.Message):
-    __slots__ = ("seq", "upserts", "removals", "conditions", "devices", "ping_results", "slownode_reports", "node_status")
+    __slots__ = ("seq", "upserts", "removals", "conditions", "devices", "ping_results", "slownode_reports", "node_status", "snapshot_digest")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     UPSERTS_FIELD_NUMBER: _ClassVar[int]
     REMOVALS_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +194,7 @@ class Delta(_message.Message):
     PING_RESULTS_FIELD_NUMBER: _ClassVar[int]
     SLOWNODE_REPORTS_FIELD_NUMBER: _ClassVar[int]
     NODE_STATUS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_DIGEST_FIELD_NUMBER: _ClassVar[int]
     seq: int
     upserts: _containers.RepeatedCompositeFieldContainer[Fault]
     removals: _containers.RepeatedCompositeFieldContainer[FaultKey]
@@ -186,15 +203,18 @@ class Delta(_message.Message):
     ping_results: _containers.RepeatedCompositeFieldContainer[PingResult]
     slownode_reports: _containers.RepeatedCompositeFieldContainer[SlowNodeReport]
     node_status: str
-    def __init__(self, seq: _Optional[int] = ..., upserts: _Optional[_Iterable[_Union[Fault, _Mapping]]] = ..., removals: _Optional[_Iterable[_Union[FaultKey, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceState, _Mapping]]] = ..., ping_results: _Optional[_Iterable[_Union[PingResult, _Mapping]]] = ..., slownode_reports: _Optional[_Iterable[_Union[SlowNodeReport, _Mapping]]] = ..., node_status: _Optional[str] = ...) -> None: ...
+    snapshot_digest: bytes
+    def __init__(self, seq: _Optional[int] = ..., upserts: _Optional[_Iterable[_Union[Fault, _Mapping]]] = ..., removals: _Optional[_Iterable[_Union[FaultKey, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceState, _Mapping]]] = ..., ping_results: _Optional[_Iterable[_Union[PingResult, _Mapping]]] = ..., slownode_reports: _Optional[_Iterable[_Union[SlowNodeReport, _Mapping]]] = ..., node_status: _Optional[str] = ..., snapshot_digest: _Optional[bytes] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("seq", "error")
+    __slots__ = ("seq", "error", "digest")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     seq: int
     error: str
-    def __init__(self, seq: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    digest: DigestResult
+    def __init__(self, seq: _Optional[int] = ..., error: _Optional[str] = ..., digest: _Optional[_Union[DigestResult, str]] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
     __slots__ = ("hello", "snapshot", "delta", "ack")
