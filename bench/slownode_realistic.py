@@ -66,7 +66,7 @@ SCENARIOS: dict[str, tuple[str, float, int, dict]] = {
     "dataloader": ("dataloader", 25.0, 8, {}),
     "pp_link": ("pp_link", 3.0, 16, {}),
     "tp_domain": ("tp_domain", 2.5, 8, {}),
-    "node_slower": ("node", 1.2, 32, {}),  # the whole-node rule needs >= 3 nodes
+    "node_slower": ("node", 1.2, 16, {}),  # 16 ranks: two nodes (PP 2)
     "all_compute": ("all_compute", 1.3, 8, {}),
     "all_network": ("all_network", 2.0, 8, {}),
     "all_storage": ("all_storage", 3.0, 8, {}),

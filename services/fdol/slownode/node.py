@@ -119,6 +119,7 @@ class NodeDetector:
         self.pattern = PatternDetector(conf.pattern_window, conf.compute_ratio, conf.wait_ratio)
         self._base_buf: dict[int, list[float]] = {r: [] for r in self.ranks}
         self.compute_baseline: dict[int, float] = {}
+        self.compute_spread: dict[int, float] = {}  # rank -> relative spread of its baseline steps
         self.last_detected_step = -1
         self._prev_step = -1
         self.not_updated = 0
@@ -181,7 +182,10 @@ class NodeDetector:
                 buf = self._base_buf[m.rank]
                 buf.append(cv)
                 if len(buf) >= self.conf.normal_number:
-                    self.compute_baseline[m.rank] = statistics.median(buf)
+                    med = self.compute_baseline[m.rank] = statistics.median(buf)
+                    if len(buf) >= 4:  # the relative spread of the baseline steps (IQR / 1.349)
+                        q1, _, q3 = statistics.quantiles(buf, n=4)
+                        self.compute_spread[m.rank] = (q3 - q1) / 1.349 / med
                     self._base_buf[m.rank] = []
         for c in TIME_COLUMNS:
             v = m.zp_med or m.zp_device if c == "zp_device" and self.faultmesh else getattr(m, c)
@@ -353,6 +357,8 @@ class NodeDetector:
         if named:  # step-time degradation alone names nobody: it only makes suspects
             res["isSlow"] = 1
         suspects, res["forwardRise"] = self._forward(with_data, set(cards))
+        spreads = [self.compute_spread[r] for r in with_data if r in self.compute_spread]
+        res["forwardSpread"] = round(max(spreads), 4) if spreads else None
         if level > 0 and not named:
             suspects = sorted(set(suspects) | {r for r in with_data if self._slow(r, "step_time")})
         res["suspectRanks"] = suspects
