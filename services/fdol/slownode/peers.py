@@ -42,7 +42,6 @@ from itertools import chain, islice
 
 import numpy as np
 
-from .detect import TimeDetector
 from .metrics import StepMetrics
 
 MIN_OPS = 16  # counted operations below which a window says nothing
@@ -212,22 +211,6 @@ class PeerDetector:
                     flagged.append(r)
         self._judged = judged_all
         return sorted(flagged), shares
-
-
-def window_rises(dets: Sequence[TimeDetector], window: int) -> list[float | None]:
-    """Per time detector: the median of its last ``window`` values over its baseline mean, rounded
-    to 4 digits (None before the baseline or without values) — one sort of every detector's
-    window once they are all full (the usual case), else detector by detector."""
-    if all(d.ready and d.mean > 0 and len(d._vals) == window for d in dets):
-        a = np.sort(np.array([d._vals for d in dets], dtype=np.float64), axis=1)
-        h = window // 2
-        med = a[:, h] if window % 2 else (a[:, h - 1] + a[:, h]) / 2
-        return [round(x, 4) if x > 0 else None for x in (med / np.array([d.mean for d in dets])).tolist()]
-    out: list[float | None] = []
-    for d in dets:
-        v = d.recent()
-        out.append(round(v / d.mean, 4) if d.ready and d.mean > 0 and v > 0 else None)
-    return out
 
 
 def _excess(gaps: np.ndarray) -> np.ndarray:
