@@ -301,8 +301,8 @@ class GapDetector:
     within 40 steps names it), at ``spread`` 1.0 to 1.3; 4 of 32 at 0.8. On a cluster (per-op noise
     2 %) the floor decides, so +10 % cards are found within the short window.
 
-    Each step's ``d`` is computed once (cached per group while in the window): a round costs the
-    new steps and one sort of the window.
+    Each step's ``d`` is computed once (kept per group, float32, in a ring while in the window):
+    a round costs the new steps and one sort of the window (and one of the short window).
     """
 
     def __init__(self, window: int = 40, spread: float = 1.0, floor: float = 0.05, z: float = 4.0) -> None:
