@@ -27,9 +27,13 @@ Fixes of reference quirks / faultmesh additions (named on purpose):
   a load swing of a shared box raises every rank's.
 - *a whole node slower* (rules ``faultmesh``): a node whose forward time rose ``nodeRise`` over its
   own baseline and over the median of the other nodes' rises, not explained by a slow card, TP
-  domain or host of its own, has all its ranks added to ``slowCalculateRanks`` (``slowNodeRanks``);
-  it needs at least 3 nodes reporting a forward rise (against the median of one other node, a
-  node's load swing — two "nodes" sharing one box — looks the same as a slower node).
+  domain or host of its own, has all its ranks added to ``slowCalculateRanks`` (``slowNodeRanks``).
+  With two nodes the other one is the only baseline, so the rise (own and over the other's) must
+  also reach ``nSigma`` times the larger of the two nodes' forward noise (``forwardSpread``: the
+  relative spread of a rank's forward over its baseline steps, the largest over the node's
+  ranks): on a real pair of nodes (spread ~1 %) a +20 % node stands out within the confirming
+  rounds; two "nodes" sharing a 2-core box swing by +-25 % in turn with a ~10 % spread and are
+  not named (their swings look like a slower node and are not one).
 """
 
 from __future__ import annotations
@@ -104,18 +108,29 @@ def _covered(tp_groups: list[list[int]], domains: list[list[int]]) -> int:
     return sum(1 for g in tp_groups if g and all(r in inside for r in g))
 
 
-def _slow_node_ranks(changed: list[dict], all_reports: list[dict], rise: float) -> list[int]:
+def _slow_node_ranks(
+    changed: list[dict], all_reports: list[dict], rise: float, n_sigma: float = 3.0
+) -> list[int]:
     """Ranks of the nodes that compute uniformly slower than the others (module doc)."""
     rises = {id(r): r["forwardRise"] for r in all_reports if r.get("forwardRise")}
     out: list[int] = []
-    if len(rises) < 3:  # with two nodes one's load swing cannot be told from a slower node
+    if len(rises) < 2:
         return out
+    spreads = {id(r): r.get("forwardSpread") for r in all_reports if r.get("forwardRise")}
     for res in changed:
         x = res.get("forwardRise")
         if not x or res.get("explained") or x < 1 + rise:
             continue
+        need = 1 + rise
+        if len(rises) == 2:  # the other node is the only baseline: the rise must stand out of
+            sp = list(spreads.values())  # both nodes' own step-to-step forward noise
+            if not all(isinstance(v, int | float) for v in sp):
+                continue
+            need = 1 + max(rise, n_sigma * max(sp))
+            if x < need:
+                continue
         others = [v for k, v in rises.items() if k != id(res)]
-        if others and x / sorted(others)[len(others) // 2] >= 1 + rise:
+        if others and x / sorted(others)[len(others) // 2] >= need:
             out.extend(res.get("ranks") or [])
     return out
 
@@ -150,11 +165,13 @@ def merge_cluster(
     node_rise: float = 0.08,
     margin: float = 0.3,
     groups: tuple[list[list[int]], list[list[int]]] | None = None,
+    n_sigma: float = 3.0,
 ) -> dict:
     """Merge changed node results into the cluster result (§5). Keys as the reference plus
     ``suspectRanks``, ``slowNodes`` (nodes whose result was slow), ``slowNodeRanks`` and
     ``suppressed`` (lists emptied as cluster-wide, rules ``faultmesh``). ``groups``: the TP and PP
-    groups of ``all_reports`` when the caller has them (:func:`merge_groups_json` otherwise)."""
+    groups of ``all_reports`` when the caller has them (:func:`merge_groups_json` otherwise);
+    ``n_sigma``: the whole-node rule's margin over the nodes' forward noise with two nodes."""
     tp_groups, pp_groups = groups if groups is not None else merge_groups_json(all_reports)
     calc: list[int] = []
     io: list[int] = []
@@ -203,7 +220,7 @@ def merge_cluster(
         hosts = [] if "slowHostNodes" in suppressed else hosts
         io = [] if "slowIORanks" in suppressed else io
         calc = [] if "slowCalculateRanks" in suppressed else calc
-        node_ranks = _slow_node_ranks(changed, all_reports, node_rise)
+        node_ranks = _slow_node_ranks(changed, all_reports, node_rise, n_sigma)
         calc = calc + node_ranks
         slow = bool(calc or domains or sends or hosts or io)
     in_domains = {r for d in domains for r in d}
@@ -244,8 +261,10 @@ class ClusterDetector:
         rules: str = "faultmesh",
         node_rise: float = 0.08,
         margin: float = 0.3,
+        n_sigma: float = 3.0,
     ) -> None:
         self.margin = margin
+        self.n_sigma = n_sigma
         self.job_id = job_id
         self.cluster_ip = cluster_ip
         self.rules = rules
@@ -258,9 +277,16 @@ class ClusterDetector:
 
     @classmethod
     def for_conf(cls, conf: FeatConf, cluster_ip: str = "clusterd") -> ClusterDetector:
-        """A detector with the job's rules, ``nodeRise`` and margin (``degradationPercentage``, 0.3
-        when 0)."""
-        return cls(conf.job_id, cluster_ip, conf.rules, conf.node_rise, conf.degradation_percentage or 0.3)
+        """A detector with the job's rules, ``nodeRise``, margin (``degradationPercentage``, 0.3
+        when 0) and ``nSigma`` (3 when 0)."""
+        return cls(
+            conf.job_id,
+            cluster_ip,
+            conf.rules,
+            conf.node_rise,
+            conf.degradation_percentage or 0.3,
+            conf.n_sigma or 3.0,
+        )
 
     def add_report(self, node: str, result: dict) -> None:
         """The newest node result of ``node`` (a §4.6 result dict)."""
@@ -297,6 +323,7 @@ class ClusterDetector:
             self.node_rise,
             self.margin,
             self._groups,
+            self.n_sigma,
         )
 
     def all_baseline_ready(self, nodes: list[str]) -> bool:

@@ -67,6 +67,7 @@ class TimeDetector:
         "mean",
         "_m2",
         "history",
+        "_vals",
         "_abn",
         "_recent",
     )
@@ -91,6 +92,7 @@ class TimeDetector:
         self.mean = 0.0
         self._m2 = 0.0
         self.history: deque[tuple[float, bool]] = deque(maxlen=max(n_consec, window))
+        self._vals: deque[float] = deque(maxlen=max(n_consec, window))  # the values of ``history``
         self._abn = 0  # abnormal values in ``history``
         self._recent: float | None = None  # cached median of ``history``
 
@@ -130,6 +132,7 @@ class TimeDetector:
         if len(h) == h.maxlen and h[0][1]:
             self._abn -= 1
         h.append((x, abnormal))
+        self._vals.append(x)
         self._abn += abnormal
         self._recent = None
         if not abnormal:
@@ -150,7 +153,7 @@ class TimeDetector:
     def recent(self) -> float:
         """Median of the judged values kept (the last ``window``, else ``nConsec``); 0 when none."""
         if self._recent is None:
-            vals = sorted(v for v, _ in self.history)
+            vals = sorted(self._vals)
             if not vals:
                 return 0.0
             h = len(vals) // 2
@@ -163,7 +166,7 @@ class TimeDetector:
         0 when not slow; NaN-safe."""
         if not self.slow or self.mean <= 0:
             return 0.0
-        v = self.recent() if self.window else sum(v for v, _ in self.history) / len(self.history)
+        v = self.recent() if self.window else sum(self._vals) / len(self._vals)
         d = v / self.mean - 1
         return d if math.isfinite(d) else 0.0
 

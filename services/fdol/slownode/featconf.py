@@ -25,7 +25,7 @@ with these deliberate differences, each a gap of the reference:
   (40, the steps wait asymmetry judges), ``waitAsymmetry`` (0.2), ``lateShare`` (0.25),
   ``waitZ`` (4.0) — :mod:`fdol.slownode.peers` —, ``timeWindowSteps`` (8, the majority window of
   the time detectors and of a node's forward rise), ``nodeRise`` (0.08, a whole node's forward
-  rise over its peers, needs >= 3 nodes), ``ioShare`` (0.05, a slow data loader must cost this
+  rise over its peers; with two nodes also ``nSigma`` times the nodes' forward noise), ``ioShare`` (0.05, a slow data loader must cost this
   share of the step), ``confirmGapRounds`` (1, clean rounds tolerated inside a confirmation),
   ``gapSpread`` (1.0) and ``computeExcess`` (0.05) — the gap-excess rule,
   :class:`fdol.slownode.peers.GapDetector` —;

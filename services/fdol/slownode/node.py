@@ -38,8 +38,8 @@ Fixes of reference quirks (named on purpose), in addition to those of :mod:`.det
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_right
 from collections import deque
-from itertools import islice
 
 from .detect import TimeDetector, homogenize
 from .featconf import FeatConf
@@ -107,6 +107,11 @@ class NodeDetector:
             for r in self.ranks
             for c in TIME_COLUMNS
         }
+        self._by_rank = {r: tuple(self.detectors[(r, c)] for c in TIME_COLUMNS) for r in self.ranks}
+        # each rank's forward time of its last ``timeWindowSteps`` steps, as the suspects / the
+        # node's forward rise read it (0: not measured)
+        self._fwd_any: dict[int, deque[float]] = {r: deque(maxlen=win) for r in self.ranks}
+        self._fwd_rise: dict[int, deque[float]] = {r: deque(maxlen=win) for r in self.ranks}
         from .peers import GapDetector, PeerDetector  # numpy: only where detection runs (issue 18)
 
         self.peers = PeerDetector(conf.peer_window, conf.wait_asymmetry, conf.late_share, conf.wait_z)
@@ -114,6 +119,7 @@ class NodeDetector:
         self.pattern = PatternDetector(conf.pattern_window, conf.compute_ratio, conf.wait_ratio)
         self._base_buf: dict[int, list[float]] = {r: [] for r in self.ranks}
         self.compute_baseline: dict[int, float] = {}
+        self.compute_spread: dict[int, float] = {}  # rank -> relative spread of its baseline steps
         self.last_detected_step = -1
         self._prev_step = -1
         self.not_updated = 0
@@ -167,13 +173,19 @@ class NodeDetector:
         if h and m.step <= h[-1].step:
             return
         h.append(m)
+        if self.faultmesh:  # the forward times the rounds judge (0: not measured)
+            self._fwd_any[m.rank].append(m.fwd_min or compute_value(m))
+            self._fwd_rise[m.rank].append((m.fwd_min or m.compute) if m.compute > 0 else 0)
         if m.rank not in self.compute_baseline:
             cv = (m.fwd_min or compute_value(m)) if self.faultmesh else compute_value(m)
             if cv > 0:
                 buf = self._base_buf[m.rank]
                 buf.append(cv)
                 if len(buf) >= self.conf.normal_number:
-                    self.compute_baseline[m.rank] = statistics.median(buf)
+                    med = self.compute_baseline[m.rank] = statistics.median(buf)
+                    if len(buf) >= 4:  # the relative spread of the baseline steps (IQR / 1.349)
+                        q1, _, q3 = statistics.quantiles(buf, n=4)
+                        self.compute_spread[m.rank] = (q3 - q1) / 1.349 / med
                     self._base_buf[m.rank] = []
         for c in TIME_COLUMNS:
             v = m.zp_med or m.zp_device if c == "zp_device" and self.faultmesh else getattr(m, c)
@@ -235,10 +247,11 @@ class NodeDetector:
         c = self.conf
         res = empty_result(c.job_id, self.node_ip)
         fired = []
-        level = max(
-            (self.detectors[(r, "step_time")].degradation for r in with_data if self._slow(r, "step_time")),
-            default=0.0,
-        )
+        level = 0.0
+        for r in with_data:
+            st = self._by_rank[r][0]  # step_time
+            if st.slow:
+                level = max(level, st.degradation)
         groups = self.tp_groups()
         if self.faultmesh:
             return self._round_faultmesh(res, with_data, groups, level, low)
@@ -311,18 +324,16 @@ class NodeDetector:
             [g for g in multi if tuple(sorted(g)) not in judged], self.history
         )
         cards = sorted(set(cards) | set(gap_cards))  # gaps where measured, wait asymmetry elsewhere
+        by_rank = self._by_rank
         domains = [
             g
             for g in multi
-            if all(self.detectors[(r, "zp_device")].ready for r in g)
-            and all(self._slow(r, "zp_device") for r in g)
+            if all(by_rank[r][1].ready and by_rank[r][1].slow for r in g)  # zp_device
             and self._collective_slow(g)
         ]
         in_domain = {r for g in domains for r in g}
         cards = [r for r in cards if r not in in_domain]
-        sends = [r for r in with_data if self._slow(r, "pp_device")]
-        host = with_data if len(with_data) > 1 and all(self._slow(r, "zp_host") for r in with_data) else []
-        io = [r for r in with_data if self._io_slow(r) and r not in host]
+        sends, io, rise, host = self._per_rank(with_data)
         cards = [r for r in cards if r not in io]  # its late data arrives last at the TP barrier
         for name, hit in (
             ("gapExcess", [r for r in cards if r in gap_cards]),
@@ -345,18 +356,15 @@ class NodeDetector:
         res["degradationLevel"] = fmt_level(level)
         if named:  # step-time degradation alone names nobody: it only makes suspects
             res["isSlow"] = 1
-        suspects = self._forward_suspects(with_data, set(cards))
+        suspects, res["forwardRise"] = self._forward(with_data, set(cards))
+        spreads = [self.compute_spread[r] for r in with_data if r in self.compute_spread]
+        res["forwardSpread"] = round(max(spreads), 4) if spreads else None
         if level > 0 and not named:
             suspects = sorted(set(suspects) | {r for r in with_data if self._slow(r, "step_time")})
         res["suspectRanks"] = suspects
         res["lateShare"] = {str(r): v for r, v in shares.items()}
         res["gapExcess"] = {str(r): v for r, v in gap_scores.items()}
-        from .peers import forward_rise
-
-        res["forwardRise"] = forward_rise(
-            with_data, self.history, self.compute_baseline, self.conf.time_window
-        )
-        res["rise"] = {str(r): self._rise(r) for r in with_data}
+        res["rise"] = rise
         res["explained"] = bool(cards or domains or host or sends)
         res["detectedBy"] = fired
         return self._finish(res, low)
@@ -383,41 +391,82 @@ class NodeDetector:
             return True
         return statistics.median(recent) >= (1 + (c.degradation_percentage or 0.3)) * base
 
-    def _rise(self, r: int) -> dict[str, float | None]:
-        """The recent TP wait (``zp``) and TP launch (``host``) of ``r`` over their baselines
-        (window median / mean; None before the baseline): the cluster compares a slow TP domain's
-        or host's rise with the other ranks' (a box-wide load swing raises every rank's)."""
-        out: dict[str, float | None] = {}
-        for key, col in (("zp", "zp_device"), ("host", "zp_host")):
-            d = self.detectors[(r, col)]
-            v = d.recent()
-            out[key] = round(v / d.mean, 4) if d.ready and d.mean > 0 and v > 0 else None
+    def _per_rank(self, ranks: list[int]) -> tuple[list[int], list[int], dict, list[int]]:
+        """The time detectors' verdicts of the round in one pass over ``ranks`` -> (slow PP
+        senders, slow IO ranks, ``rise`` per rank, the ranks of a slow host or []).
+
+        - slow host: every local rank (> 1) slow on its TP launch (``zp_host``); its ranks are not
+          slow IO ranks;
+        - slow IO: the data-loader detector is slow and the rise costs ``ioShare`` of the step (a
+          loader twice as slow that takes 1 % of the step is not what slows the job);
+        - ``rise``: ``{"<rank>": {"zp": .., "host": ..}}``, the recent TP wait (``zp``) and TP
+          launch (``host``) over their baselines (window median / mean; None before the
+          baseline): the cluster compares a slow TP domain's or host's rise with the other ranks'
+          (a box-wide load swing raises every rank's)."""
+        sends: list[int] = []
+        io: list[int] = []
+        host_all = len(ranks) > 1
+        share = self.conf.io_share
+        by_rank = self._by_rank
+        for r in ranks:
+            st, zp, zh, pp, dl = by_rank[r]  # TIME_COLUMNS order
+            if pp.slow:
+                sends.append(r)
+            host_all = host_all and zh.slow
+            if dl.slow:
+                step = st.recent()
+                if step > 0 and dl.recent() - dl.mean >= share * step:
+                    io.append(r)
+        host = list(ranks) if host_all else []
+        return sends, [r for r in io if not host_all], self._rises(ranks), host
+
+    def _rises(self, ranks: list[int]) -> dict[str, dict[str, float | None]]:
+        """``rise`` of :meth:`_per_rank` (a plain loop: for 2 x 8 windows of 8 values a Python sort
+        beats building one numpy array)."""
+        out = {}
+        for r in ranks:
+            v = []
+            for d in self._by_rank[r][1:3]:  # zp_device, zp_host
+                x = d.recent()
+                v.append(round(x / d.mean, 4) if d.ready and d.mean > 0 and x > 0 else None)
+            out[str(r)] = {"zp": v[0], "host": v[1]}
         return out
 
-    def _io_slow(self, r: int) -> bool:
-        """Slow data loader: its detector is slow and the rise costs ``ioShare`` of the step (a
-        loader twice as slow that takes 1 % of the step is not what slows the job)."""
-        d = self.detectors[(r, "dataloader_host")]
-        if not d.slow:
-            return False
-        step = self.detectors[(r, "step_time")].recent()
-        return step > 0 and d.recent() - d.mean >= self.conf.io_share * step
+    def _forward(self, ranks: list[int], skip: set[int]) -> tuple[list[int], float | None]:
+        """Forward times of the last ``timeWindowSteps`` steps against each rank's baseline
+        (``compute_baseline``, median of the same over its first steps, ns) -> (suspects, node
+        forward rise).
 
-    def _forward_suspects(self, ranks: list[int], skip: set[int]) -> list[int]:
-        """Ranks whose forward time (median of the last ``timeWindowSteps`` steps) rose ``nodeRise``
-        over their baseline: with communication profiling off they keep it (or switch it) on and keep
-        a confirmed degradation from recovering unseen (wait asymmetry needs TP collectives)."""
-        out = []
+        - suspects: ranks not in ``skip`` whose forward time (``fwd_min``, else the step's compute;
+          window median) rose ``nodeRise``: with communication profiling off they keep it (or
+          switch it) on and keep a confirmed degradation from recovering unseen (wait asymmetry
+          needs TP collectives);
+        - forward rise: the *smallest* over the ranks of the window's lower quartile over the
+          baseline (``fwd_min``, else the forward sum; ranks with a full window of forwards; None
+          without): a node computing uniformly slower raises every member's forward; a member
+          that starts late — after a slow PP receive or send — shows a shorter forward than its
+          peers; OS hiccups and checkpoints only ever add time."""
+        w = self.conf.time_window
+        need = 1 + self.conf.node_rise
+        suspects = []
+        ratios = []
         for r in ranks:
             b = self.compute_baseline.get(r)
-            vals = [
-                m.fwd_min or compute_value(m)
-                for m in islice(reversed(self.history[r]), self.conf.time_window)
-            ]
-            vals = [v for v in vals if v > 0]
-            if r not in skip and b and vals and statistics.median(vals) / b >= 1 + self.conf.node_rise:
-                out.append(r)
-        return out
+            if not b:
+                continue
+            if r not in skip:
+                vals = sorted(self._fwd_any[r])
+                vals = vals[bisect_right(vals, 0) :]
+                if vals:
+                    h = len(vals) // 2
+                    med = vals[h] if len(vals) % 2 else (vals[h - 1] + vals[h]) / 2
+                    if med / b >= need:
+                        suspects.append(r)
+            fw = sorted(self._fwd_rise[r])
+            fw = fw[bisect_right(fw, 0) :]
+            if len(fw) >= w:
+                ratios.append(fw[len(fw) // 4] / b)
+        return suspects, (round(min(ratios), 4) if ratios else None)
 
     def _aligned_zp(self, group: list[int], after_step: int) -> list[dict[int, float]]:
         """Per step (> ``after_step``, chronological) {rank: ZP_device} where every member has a value."""

@@ -213,56 +213,31 @@ class PeerDetector:
         return sorted(flagged), shares
 
 
-def forward_rise(
-    ranks: Sequence[int], history: dict[int, Sequence[StepMetrics]], baseline: dict[int, float], window: int
-) -> float | None:
-    """The local ranks' forward time (``fwd_min``, the step's shortest micro-batch forward, else the
-    step's forward sum) over the last ``window`` steps relative to each rank's baseline
-    (``baseline[r]``: median of the same over its first steps, ns), the *smallest* over the
-    ranks (a node computing uniformly slower raises every member's forward; a member that starts
-    late — after a slow PP receive or send — shows a shorter forward than its peers); per rank the
-    window's lower quartile is used (OS hiccups and checkpoints only ever add time). None without
-    data."""
-    ratios = []
-    for r in ranks:
-        b = baseline.get(r)
-        h = history.get(r)
-        if not b or not h:
-            continue
-        vals = sorted(m.fwd_min or m.compute for m in islice(reversed(h), window) if m.compute > 0)
-        if len(vals) >= window:
-            ratios.append(vals[len(vals) // 4] / b)
-    return round(min(ratios), 4) if ratios else None
-
-
-def _iqm(x: np.ndarray) -> np.ndarray:
-    """Interquartile mean per column of ``x`` [samples, members] (the middle half of each column)."""
-    s = np.sort(x.T, axis=1)  # [members, samples]: contiguous rows sort faster
-    k = s.shape[1] // 4
-    return s[:, k : s.shape[1] - k].mean(axis=1)
-
-
 def _excess(gaps: np.ndarray) -> np.ndarray:
-    """[steps, ops, members] gaps (ns, 0 = not measured) -> [valid ops, members]: own log gap minus
+    """[steps, ops, members] gaps (ns, 0 = not measured) -> [members, valid ops]: own log gap minus
     the median of the other members' log gaps of the same operation (ops with a 0 are left out)."""
     n = gaps.shape[2]
-    return _excess_cols(gaps.reshape(-1, n).T)
+    return _excess_rows(gaps.reshape(-1, n).T)
 
 
-def _excess_cols(gaps: np.ndarray) -> np.ndarray:
-    """:func:`_excess` of [members, ops] gaps (chronological ops) -> [valid ops, members]."""
+def _excess_rows(gaps: np.ndarray) -> np.ndarray:
+    """:func:`_excess` of [members, ops] gaps (chronological ops) -> [members, valid ops] float32
+    (log-gap differences of a few %: float32 keeps 7 digits and halves the memory each round
+    reads)."""
     if gaps.min(initial=1) <= 0:
         gaps = gaps[:, (gaps > 0).all(axis=0)]
-    lg = np.log(gaps)
+    lg = np.log(gaps, dtype=np.float32)
     n = lg.shape[0]
     if n == 2:
-        return (lg - lg[::-1]).T
+        return lg - lg[::-1]
     srt = np.sort(lg, axis=0)
     m = n - 1  # the others: srt without the member's value (above srt[j]: srt[j] stays at j)
     lo, hi = (m - 1) // 2, m // 2
     a = np.where(lg > srt[lo], srt[lo], srt[lo + 1])
-    b = a if hi == lo else np.where(lg > srt[hi], srt[hi], srt[hi + 1])
-    return (lg - (a + b) / 2).T
+    if hi != lo:
+        a += np.where(lg > srt[hi], srt[hi], srt[hi + 1])
+        a *= 0.5
+    return lg - a
 
 
 def gap_excess(
@@ -276,25 +251,31 @@ def gap_excess(
     return judge_excess(_excess(gaps), ok.sum(axis=1).tolist(), short, spread, floor, z)
 
 
+def _iqm_iqr(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``x`` [members, samples]: (interquartile mean: the mean of the middle half,
+    interquartile range) — one sort of contiguous rows."""
+    k = x.shape[1]
+    q = k // 4
+    srt = np.sort(x, axis=1)
+    return srt[:, q : k - q].sum(axis=1, dtype=np.float64) / (k - 2 * q), srt[:, k - 1 - q] - srt[:, q]
+
+
 def judge_excess(
     x: np.ndarray, per_step: Sequence[int], short: int, spread: float, floor: float, z: float
 ) -> tuple[list[int], list[float]]:
-    """``x``: [valid ops, members] excess (:func:`_excess`), chronological; ``per_step``: valid ops
+    """``x``: [members, valid ops] excess (:func:`_excess`), chronological; ``per_step``: valid ops
     per step. See :class:`GapDetector`."""
-    n = x.shape[1]
-    total = len(x)
+    n, total = x.shape
     if total < MIN_OPS:
         return [], [0.0] * n
-    srt = np.sort(x.T, axis=1)  # [members, ops]: contiguous rows sort faster
-    q = total // 4
-    iqr = sorted((srt[:, total - 1 - q] - srt[:, q]).tolist())
-    s = (iqr[n // 2] if n % 2 else (iqr[n // 2 - 1] + iqr[n // 2]) / 2) / 1.349
-    score = srt[:, q : total - q].mean(axis=1) / max(floor, spread * s, z * s / math.sqrt(total))
-    out = score.tolist()
+    mid, iqr = _iqm_iqr(x)
+    iq = sorted(iqr.tolist())
+    s = (iq[n // 2] if n % 2 else (iq[n // 2 - 1] + iq[n // 2]) / 2) / 1.349
+    out = (mid / max(floor, spread * s, z * s / math.sqrt(total))).tolist()
     m = int(sum(islice(reversed(per_step), short)))
     if MIN_OPS <= m < total:
         thr = max(floor, spread * s, z * s / math.sqrt(m))
-        out = [max(a, b) for a, b in zip(out, (_iqm(x[-m:]) / thr).tolist(), strict=True)]
+        out = [max(a, b) for a, b in zip(out, (_iqm_iqr(x[:, -m:])[0] / thr).tolist(), strict=True)]
     return [i for i in range(n) if out[i] >= 1], [round(v, 3) for v in out]
 
 
@@ -320,8 +301,8 @@ class GapDetector:
     within 40 steps names it), at ``spread`` 1.0 to 1.3; 4 of 32 at 0.8. On a cluster (per-op noise
     2 %) the floor decides, so +10 % cards are found within the short window.
 
-    Each step's ``d`` is computed once (cached per group while in the window): a round costs the
-    new steps and one sort of the window.
+    Each step's ``d`` is computed once (kept per group, float32, in a ring while in the window):
+    a round costs the new steps and one sort of the window (and one of the short window).
     """
 
     def __init__(self, window: int = 40, spread: float = 1.0, floor: float = 0.05, z: float = 4.0) -> None:
@@ -330,8 +311,8 @@ class GapDetector:
         self.spread = spread
         self.floor = floor
         self.z = z
-        # group -> (last step judged, valid ops per judged step, [ops, members] excess of those steps)
-        self._state: dict[tuple[int, ...], tuple[int, tuple[int, ...], np.ndarray]] = {}
+        # group -> (last step judged, valid ops per judged step, the [members, ops] excess of those steps)
+        self._state: dict[tuple[int, ...], tuple[int, tuple[int, ...], _Ring]] = {}
 
     def evaluate(
         self, groups: Iterable[Sequence[int]], history: dict[int, Sequence[StepMetrics]]
@@ -342,7 +323,7 @@ class GapDetector:
         flagged: list[int] = []
         scores: dict[int, float] = {}
         judged: list[tuple[int, ...]] = []
-        state: dict[tuple[int, ...], tuple[int, tuple[int, ...], np.ndarray]] = {}
+        state: dict[tuple[int, ...], tuple[int, tuple[int, ...], _Ring]] = {}
         for group in groups:
             key = tuple(sorted(group))
             if len(key) < 2:
@@ -353,7 +334,7 @@ class GapDetector:
             judged.append(key)  # gaps recorded: this rule decides (nobody until its window is full)
             if len(st[1]) < self.window:
                 continue
-            hits, sc = judge_excess(st[2], st[1], self.short, self.spread, self.floor, self.z)
+            hits, sc = judge_excess(st[2].view(), st[1], self.short, self.spread, self.floor, self.z)
             flagged += [key[i] for i in hits]
             scores.update(zip(key, sc, strict=True))
         self._state = state
@@ -361,34 +342,37 @@ class GapDetector:
 
     def _update(
         self, key: tuple[int, ...], history: dict[int, Sequence[StepMetrics]]
-    ) -> tuple[int, tuple[int, ...], np.ndarray]:
+    ) -> tuple[int, tuple[int, ...], _Ring]:
         """The group's judged steps plus those every member got since (each member's steps come in
         order, so a step below every member's last is final), the last ``window`` kept."""
-        done, counts, x = self._state.get(key) or (-1, (), np.empty((0, len(key))))
+        done, counts, ring = self._state.get(key) or (-1, (), _Ring(len(key)))
         news = []
+        lim = self.window + 8
         for r in key:
             new = []
-            for m in islice(reversed(history.get(r, ())), self.window + 8):
+            for m in islice(reversed(history.get(r, ())), lim):
                 if m.step <= done:
                     break
                 new.append(m)
             if not new:
-                return done, counts, x  # a member without new steps: nothing new is final
-            news.append(new[::-1])
+                return done, counts, ring  # a member without new steps: nothing new is final
+            new.reverse()
+            news.append(new)
         top = min(new[-1].step for new in news)
-        if not any(m.tp_gaps for new in news for m in new):
-            return top, counts, x  # no gaps recorded (one TP collective per step, or none)
-        news = [[m for m in new if m.step <= top] for new in news]
+        if any(new[-1].step != top for new in news):
+            news = [[m for m in new if m.step <= top] for new in news]
         steps = [m.step for m in news[0]]
-        parts = [x]
+        cols: list[np.ndarray] = []
         added: list[int] = []
         if all([m.step for m in new] == steps for new in news[1:]):
             shape = {len(m.tp_gaps) for new in news for m in new}
-            if len(shape) == 1 and 0 not in shape:  # the usual case: one conversion, one pass
+            if shape == {0}:
+                return top, counts, ring  # no gaps recorded (one TP collective per step, or none)
+            if len(shape) == 1:  # the usual case: one conversion, one pass
                 o = shape.pop()
                 flat = chain.from_iterable(m.tp_gaps for new in news for m in new)
-                arr = np.fromiter(flat, np.float64, len(key) * len(steps) * o).reshape(len(key), -1)
-                parts.append(_excess_cols(arr))
+                arr = np.fromiter(flat, np.float32, len(key) * len(steps) * o).reshape(len(key), -1)
+                cols.append(_excess_rows(arr))
                 if arr.min() > 0:
                     added = [o] * len(steps)
                 else:  # ops with an unmeasured gap are left out: count the rest per step
@@ -399,10 +383,40 @@ class GapDetector:
             row = [b.get(st) for b in by_step]
             lens = {len(m.tp_gaps) if m is not None else 0 for m in row}
             if len(lens) == 1 and 0 not in lens:
-                d = _excess_cols(np.asarray([m.tp_gaps for m in row if m is not None], dtype=np.float64))
-                parts.append(d)
-                added.append(len(d))
+                d = _excess_rows(np.asarray([m.tp_gaps for m in row if m is not None], dtype=np.float32))
+                cols.append(d)
+                added.append(d.shape[1])
         if added:
             counts = (counts + tuple(added))[-self.window :]
-            x = np.concatenate(parts)[-sum(counts) :] if sum(counts) else x[:0]
-        return top, counts, x
+            ring.push(cols, sum(counts))
+        return top, counts, ring
+
+
+class _Ring:
+    """A group's [members, ops] excess columns, chronological, in one preallocated float32 buffer:
+    a round appends its new steps' columns and the window is a view (no copy of the window per
+    round; the buffer is compacted when full)."""
+
+    __slots__ = ("buf", "start", "end")
+
+    def __init__(self, members: int) -> None:
+        self.buf = np.empty((members, 0), np.float32)
+        self.start = self.end = 0
+
+    def view(self) -> np.ndarray:
+        """The kept columns [members, ops] (a view: valid until the next :meth:`push`)."""
+        return self.buf[:, self.start : self.end]
+
+    def push(self, cols: list[np.ndarray], keep: int) -> None:
+        """Append ``cols`` (each [members, k]) and keep the last ``keep`` columns."""
+        k = sum(c.shape[1] for c in cols)
+        if self.end + k > self.buf.shape[1]:
+            old = max(0, min(keep - k, self.end - self.start))
+            cap = max(self.buf.shape[1], 4 * max(keep, k))
+            buf = self.buf if cap == self.buf.shape[1] else np.empty((self.buf.shape[0], cap), np.float32)
+            buf[:, :old] = self.buf[:, self.end - old : self.end]  # overlapping: numpy copies first
+            self.buf, self.start, self.end = buf, 0, old
+        for c in cols:
+            self.buf[:, self.end : self.end + c.shape[1]] = c
+            self.end += c.shape[1]
+        self.start = max(self.start, self.end - keep)

@@ -81,12 +81,35 @@ def test_culprit_named(name, n):
     assert outcome == "correct" and delay <= (10 if name.startswith("box_") else 3), (outcome, delay)
 
 
-def test_whole_node_rule_needs_three_nodes():
-    """With two nodes (two "nodes" sharing one box, as the real torch test) a node's forward rise
-    cannot be told from the other's load swing: the whole-node rule names nobody."""
-    assert (
-        detect(make_sim("node_slower", 16, 0), steps_of(make_sim("node_slower", 16, 0), 0), FM)[0] == "missed"
-    )
+def test_whole_node_rule_with_two_nodes():
+    """With two nodes the other one is the only baseline: a node computing +20 % slower (PP 2, its
+    forward +15 %, the other's flat) is named within 3 rounds, as with more nodes."""
+    outcome, delay = detect(make_sim("node_slower", 16, 0), steps_of(make_sim("node_slower", 16, 0), 0), FM)
+    assert outcome == "correct" and delay <= 3, (outcome, delay)
+
+
+def test_two_node_rule_measures_the_rise_against_the_nodes_own_noise():
+    """Two "nodes" sharing a 2-core box swing by +-25 % in turn (their forwards' baseline spread is
+    ~10 %): a rise of 1.2 against the other's 1.0 is inside 3 spreads and names nobody; the same
+    rise on quiet nodes (spread 1 %) names the node."""
+    from fdol.slownode.cluster import merge_cluster
+
+    def rep(name, ranks, rise, spread):
+        return {
+            "isSlow": 0,
+            "degradationLevel": "0.0%",
+            "nodeRank": name,
+            "ranks": ranks,
+            "forwardRise": rise,
+            "forwardSpread": spread,
+            "explained": False,
+        }
+
+    for spread, named in ((0.1, []), (0.01, [0, 1])):
+        a, b = rep("a", [0, 1], 1.2, spread), rep("b", [2, 3], 1.0, spread)
+        assert merge_cluster("j", "cl", [a, b], [a, b])["slowNodeRanks"] == named
+    a, b = rep("a", [0, 1], 1.2, 0.01), rep("b", [2, 3], 1.0, None)  # no baseline spread yet
+    assert merge_cluster("j", "cl", [a, b], [a, b])["slowNodeRanks"] == []
 
 
 @pytest.mark.parametrize(
