@@ -13,6 +13,11 @@ subscriber falls behind and is resynced, the changes it lost are rebuilt by comp
 with what it last knew (occur for new keys, update for changed ones, recover for gone ones), so the
 history has no silent gap; their timestamps are the resync time.
 
+A failed write (disk full, I/O error) keeps the rows and writes them, in order, before the next
+batch and every ``RETRY_S`` until the store takes them (``history write failed`` once, then
+``history written after retries``); at most ``MAX_PENDING`` rows wait (the oldest beyond that are
+dropped, counted in ``faultmesh_history_rows_dropped_total`` and logged).
+
 ``GET /v1/events?node=&code=&since=&limit=`` (:mod:`clusterd.http.events`) reads it.
 """
 
@@ -21,7 +26,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Sequence
+
+from prometheus_client import Counter
 
 from clusterd.center import OCCUR, RECOVER, UPDATE, Change
 from clusterd.context import ClusterContext
@@ -34,6 +42,8 @@ log = logging.getLogger("clusterd.history")
 
 CHANGED = "fault changed"
 """The stable log phrase of one fault change."""
+RETRY_S = 1.0  # how often rows the store refused are tried again
+MAX_PENDING = 100_000  # rows kept for a retry at most (the oldest beyond are dropped, counted)
 
 
 def device_name(f: Fault) -> str:
@@ -72,6 +82,14 @@ class HistoryComponent:
         self.prune_s = a.history_prune_s
         self._known: dict[FaultKey, Fault] = {}
         self._task: asyncio.Task | None = None
+        self._retry_task: asyncio.Task | None = None
+        self._pending: deque[tuple[int, str, Fault]] = deque()  # rows the store refused, oldest first
+        self._failing = False
+        self.dropped = Counter(
+            "faultmesh_history_rows_dropped_total",
+            "Fault history rows dropped because the store refused them for too long",
+            registry=ctx.metrics.registry,
+        )
         ctx.center.subscribe(self.name, self.publish, resync=self.resync)
         EventsApi(ctx.store).add_routes(ctx.http.app.router)
 
@@ -79,13 +97,16 @@ class HistoryComponent:
         """Remember the restored faults (a resync baseline) and start the prune loop."""
         self._known = {f.key: f for f in self.ctx.center.faults()}
         self._task = self.ctx.tasks.spawn(self._prune_loop(), name="history-prune")
+        self._retry_task = self.ctx.tasks.spawn(self._retry_loop(), name="history-retry")
 
     async def stop(self) -> None:
         """Stop pruning; the subscriber is drained and stopped by the fault center."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.wait([self._task], timeout=1.0)
-            self._task = None
+        tasks = [t for t in (self._task, self._retry_task) if t is not None]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+        self._task = self._retry_task = None
 
     async def publish(self, changes: Sequence[Change]) -> None:
         """Log and store one committed batch of changes."""
@@ -126,8 +147,40 @@ class HistoryComponent:
                 level=f.level,
                 source=f.source,
             )
-        if self.ctx.store.is_open:
+        self._pending.extend(rows)
+        over = len(self._pending) - MAX_PENDING
+        if over > 0:
+            for _ in range(over):
+                self._pending.popleft()
+            self.dropped.inc(over)
+            event(log, logging.ERROR, "history rows dropped", rows=over, reason="store refused them too long")
+        await self._flush()
+
+    async def _flush(self) -> None:
+        """Write the waiting rows in order; on failure keep them for the retry loop."""
+        if not self._pending or not self.ctx.store.is_open:
+            return
+        rows = list(self._pending)
+        try:
             await self.ctx.store.append_events(rows)
+        except Exception as e:  # disk full, I/O error: kept, tried again
+            if not self._failing:
+                event(
+                    log, logging.ERROR, "history write failed", error=str(e), rows=len(rows), retry_s=RETRY_S
+                )
+            self._failing = True
+            return
+        for _ in range(len(rows)):
+            self._pending.popleft()
+        if self._failing:
+            event(log, logging.INFO, "history written after retries", rows=len(rows))
+            self._failing = False
+
+    async def _retry_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RETRY_S)
+            if self._pending:
+                await self._flush()
 
     async def prune(self) -> int:
         """Apply the retention once. Returns how many rows were deleted."""

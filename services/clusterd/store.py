@@ -295,7 +295,7 @@ class Store:
             out = fn(db)
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            _rollback(db)  # SQLite may have rolled back itself (disk full): keep the real error
             raise
         return out
 

@@ -139,3 +139,34 @@ def test_since_out_of_range_is_a_clear_error():
             parse_since(text, now=1_000)
     assert parse_since("2d", now=1_000) == 0
     assert parse_since("1500", now=1_000) == 1500
+
+
+async def test_history_rows_the_store_refused_are_written_once_it_takes_them(tmp_path, monkeypatch, caplog):
+    # a full disk refused the history rows of acked faults: they are kept and written, in order,
+    # once the store takes writes again (the tryout lost two acked faults' rows this way)
+    from clusterd import history
+
+    monkeypatch.setattr(history, "RETRY_S", 0.05)
+    caplog.set_level(logging.INFO, logger="clusterd.history")
+    cd = await make_clusterd(tmp_path)
+    try:
+        real = cd.ctx.store.append_events
+        refuse = [True]
+
+        async def full(rows):
+            if refuse[0]:
+                raise OSError(28, "database or disk is full")
+            await real(rows)
+
+        monkeypatch.setattr(cd.ctx.store, "append_events", full)
+        for i in range(3):
+            await cd.center.upsert(Fault("deviced", "node-1", "NPU", i, "80E18402", "SubHealthFault"))
+        await asyncio.sleep(0.3)
+        assert (await _events(cd))[1] == []
+        assert sum("history write failed" in r.getMessage() for r in caplog.records) == 1  # once, not per try
+        refuse[0] = False
+        await _until(lambda: _has(cd, 3))
+        assert [r["device_id"] for r in (await _events(cd))[1]] == [0, 1, 2]
+        assert any("history written after retries" in r.getMessage() for r in caplog.records)
+    finally:
+        await cd.stop()
