@@ -20,6 +20,7 @@ Fixes of reference quirks (named on purpose):
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,7 +114,7 @@ class RankTailer:
                 continue
             path = self.rank_dir / str(self.current)
             try:
-                with open(path, "rb") as fh:
+                with open_regular(path) as fh:
                     size = os.fstat(fh.fileno()).st_size
                     if size < self.offset:
                         self.bad.add("file_truncated")
@@ -124,6 +125,14 @@ class RankTailer:
                     chunk = fh.read(min(budget, max(0, size - self.offset)))
             except FileNotFoundError:
                 files = [f for f in files if f != self.current]
+                continue
+            except NotRegularFile:  # a FIFO or device where a record file belongs: never read
+                self.bad.add("not_regular_file")
+                newer = [f for f in files if f > self.current]
+                if not newer:
+                    return out
+                self._drop_partial()
+                self.current, self.offset = newer[0], 0
                 continue
             except OSError:
                 self.bad.add("file_unreadable")
@@ -242,6 +251,27 @@ def merge_groups(
     return {k: Group(k, n, tuple(sorted(r))) for k, (n, r) in sorted(merged.items())}
 
 
+MAX_GROUP_FILE_BYTES = 1 << 20  # a parallel_group.json beyond this is refused unread (bad_parallel_group)
+
+
+class NotRegularFile(OSError):
+    """A profiling path that is a FIFO, device or directory (never read: a FIFO would block)."""
+
+
+def open_regular(path: str | os.PathLike):
+    """``path`` opened for binary reading if it is a regular file (through symlinks); raises
+    :class:`NotRegularFile` for a FIFO, device or directory -- opened non-blocking, so a FIFO never
+    waits for a writer -- and ``OSError`` as ``open`` does."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(f"{path} is not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class ParallelGroupFile:
     """Loads a rank's parallel_group.json when it appears or changes (by mtime and size).
 
@@ -266,7 +296,11 @@ class ParallelGroupFile:
             return self.groups
         self._stamp = stamp
         try:
-            self.groups = parse_parallel_groups(self.path.read_bytes())
+            with open_regular(self.path) as fh:
+                data = fh.read(MAX_GROUP_FILE_BYTES + 1)
+            if len(data) > MAX_GROUP_FILE_BYTES:
+                raise ValueError(f"larger than {MAX_GROUP_FILE_BYTES} bytes")
+            self.groups = parse_parallel_groups(data)
             self.error = ""
         except (OSError, ValueError) as e:
             self.bad.add("bad_parallel_group")

@@ -231,3 +231,32 @@ def test_property_tail_yields_every_good_record_once_in_order(
     assert got == expected
     counted = sum(v for k, v in t.bad.items())
     assert counted == garbage
+
+
+def test_fifo_and_huge_files_are_refused_unread_and_counted(tmp_path):
+    # a FIFO where parallel_group.json belongs blocked noded's reader thread forever (tryout); a
+    # FIFO where a record file belongs too; a 700 MB group file was read whole before refusal
+    import threading
+
+    from fdol.slownode.reader import MAX_GROUP_FILE_BYTES
+
+    rank = tmp_path / "job" / "0"
+    rank.mkdir(parents=True)
+    os.mkfifo(rank / "parallel_group.json")
+    os.mkfifo(rank / "1000")
+    (rank / "1001").write_bytes(rec_line(7))
+    jr = JobReader(tmp_path / "job", [0])
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(out=jr.poll(), groups=jr.groups(0)), daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive(), "the reader blocked on a FIFO"
+    assert got["out"][0] == [parse_line(rec_line(7).rstrip(b"\n"), BadInput())]  # the next file is read
+    assert got["groups"] is None
+    assert jr.bad["bad_parallel_group"] == 1  # (a FIFO record file is not even listed)
+    big = tmp_path / "big.json"
+    with open(big, "wb") as fh:
+        fh.truncate(MAX_GROUP_FILE_BYTES + 10)
+    bad = BadInput()
+    f = ParallelGroupFile(big, bad)
+    assert f.load() is None and bad["bad_parallel_group"] == 1 and "larger than" in f.error
