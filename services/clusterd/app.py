@@ -29,6 +29,7 @@ import asyncio
 import importlib
 import logging
 import os
+import sqlite3
 import time
 from pathlib import Path
 
@@ -384,6 +385,14 @@ class ClusterD:
         event(log, logging.INFO, "clusterd stopped", took_s=round(time.monotonic() - t0, 2))
 
 
+def start_error(e: Exception, args) -> str:
+    """One line for a start-up failure: the state database's errors name ``--state-dir``; others
+    keep their text (a file or port named by a flag), with the exception's type when not OSError."""
+    if isinstance(e, sqlite3.Error):
+        return f"--state-dir {args.state_dir}: state database: {e}"
+    return str(e) if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console script ``clusterd``."""
     args = config.parse(build_parser(), argv)
@@ -402,13 +411,13 @@ def main(argv: list[str] | None = None) -> int:
     async def _main(stop: asyncio.Event) -> int:
         try:
             cd = ClusterD(args)
-        except OSError as e:  # an unreadable token / TLS / table file named by a flag
-            event(log, logging.ERROR, "clusterd failed to start", error=str(e))
+        except Exception as e:  # an unreadable token / TLS / table file named by a flag
+            event(log, logging.ERROR, "clusterd failed to start", error=start_error(e, args))
             return 1
         try:
             await cd.start()
-        except OSError as e:
-            event(log, logging.ERROR, "clusterd failed to start", error=str(e))
+        except Exception as e:  # the state database, a port, a table: one line, not a traceback
+            event(log, logging.ERROR, "clusterd failed to start", error=start_error(e, args))
             await cd.stop()
             return 1
         await stop.wait()

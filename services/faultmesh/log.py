@@ -29,6 +29,7 @@ from datetime import datetime
 from typing import Any
 
 FORMATS = ("text", "json")
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _QUOTE = re.compile(r'[ ="\n]')  # a value holding one of these is written quoted
 
 
@@ -121,6 +122,8 @@ def setup(
     # no thread / process names on the records: no faultmesh format prints them (logging HOWTO,
     # "Optimization")
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    if str(level).upper() not in LEVELS:
+        raise ValueError(f"log level {level!r}: use one of {', '.join(LEVELS)}")
     root = logging.getLogger()
     root.handlers.clear()
     root.setLevel(level.upper())
@@ -159,6 +162,9 @@ def setup_from_args(args) -> None:
         setup(args.log_level, getattr(args, "log_file", None), fmt=args.log_format)
     except OSError as e:
         sys.stderr.write(f"error: --log-file {args.log_file}: {e.strerror or e}\n")
+        raise SystemExit(2) from None
+    except ValueError:  # an unknown level (the flag, FAULTMESH_LOG_LEVEL or the YAML config)
+        sys.stderr.write(f"error: --log-level {args.log_level!r}: use one of {', '.join(LEVELS)}\n")
         raise SystemExit(2) from None
 
 

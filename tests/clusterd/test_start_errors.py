@@ -1,0 +1,58 @@
+"""A clusterd that cannot start says why in one line (no traceback) and exits non-zero: a state
+database that is not one, a broken public-fault table, an unknown log level (issue 19 "bad input
+gets a clear error"; found by the new-user tryout)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def run(tmp_path, *args: str, env_extra: dict | None = None) -> tuple[int, str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "clusterd",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        "127.0.0.1:0",
+        *args,
+    ]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    return p.returncode, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize(
+    "setup, flags, code, expect",
+    [
+        (
+            "junk_db",
+            ("--state-dir", "st"),
+            1,
+            'error="--state-dir st: state database: file is not a database"',
+        ),
+        (
+            "bad_table",
+            ("--state-dir", "st", "--public-fault-config", "pf.json"),
+            1,
+            'error="TableError: pf.json: not JSON',
+        ),
+        (
+            "",
+            ("--state-dir", "st", "--log-level", "LOUD"),
+            2,
+            "error: --log-level 'LOUD': use one of DEBUG, INFO",
+        ),
+    ],
+)
+def test_start_failures_are_one_line(tmp_path, setup, flags, code, expect):
+    (tmp_path / "st").mkdir()
+    if setup == "junk_db":
+        (tmp_path / "st" / "clusterd.db").write_bytes(bytes(range(256)) * 16)
+    (tmp_path / "pf.json").write_text("{bad")
+    rc, out = run(tmp_path, *flags)
+    assert rc == code and expect in out, out
+    assert "Traceback" not in out, out
