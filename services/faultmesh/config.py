@@ -13,6 +13,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
+
 
 class ConfigError(ValueError):
     """A config file or env value that cannot be used (message names the key)."""
@@ -106,17 +109,33 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) ->
             raw = file_values[dest]
         if raw is None:
             continue
+        bad = f"bad value for {dest} from env/config: {str(raw)[:200]!r}"
         if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
-            val = raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
+            word = str(raw).lower()
+            if isinstance(raw, bool):
+                val = raw
+            elif isinstance(raw, str | int) and word in TRUE_WORDS | FALSE_WORDS:
+                val = word in TRUE_WORDS
+            else:  # "fasle" must not silently mean false
+                parser.error(f"{bad} (use true or false)")
         elif isinstance(action, argparse._AppendAction):
             val = raw if isinstance(raw, list) else [s for s in str(raw).split(",") if s]
+            if not all(isinstance(x, str | int | float) and not isinstance(x, bool) for x in val):
+                parser.error(f"{bad} (a list of values expected)")
+            val = [str(x) for x in val]
         else:
-            val = raw
-            if action.type is not None and isinstance(raw, str | int | float):
+            if isinstance(raw, bool) and action.choices is not None and {"on", "off"} & set(action.choices):
+                raw = "on" if raw else "off"  # YAML 1.1 reads a bare on / off as a boolean
+            if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+                parser.error(
+                    f"{bad} (a {'number' if action.type in (int, float) else 'single value'} expected)"
+                )
+            val = raw if action.type is not None else str(raw)
+            if action.type is not None:
                 try:
                     val = action.type(raw)
                 except (TypeError, ValueError, argparse.ArgumentTypeError) as e:
-                    parser.error(f"bad value for {dest} from env/config: {raw!r} ({e})")
+                    parser.error(f"{bad} ({e})")
             if action.choices is not None and val not in action.choices:
                 allowed = ", ".join(map(str, action.choices))
                 parser.error(f"bad value for {dest} from env/config: {raw!r} (use one of {allowed})")

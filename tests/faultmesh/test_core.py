@@ -49,6 +49,39 @@ def test_bad_env_value_and_bad_yaml_exit_with_a_message(tmp_path, monkeypatch, c
     assert "must hold a mapping" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "yaml_text, expect",
+    [
+        ("poll_interval: [5]\n", "bad value for poll_interval from env/config: '[5]' (a number expected)"),
+        (
+            "grpc_addr: {a: 1}\n",
+            "bad value for grpc_addr from env/config: \"{'a': 1}\" (a single value expected)",
+        ),
+        ("poll_interval: true\n", "bad value for poll_interval from env/config: 'True' (a number expected)"),
+        ("kube: fasle\n", "bad value for kube from env/config: 'fasle' (use true or false)"),
+        ("kube: [1]\n", "bad value for kube from env/config: '[1]' (use true or false)"),
+    ],
+)
+def test_yaml_values_of_the_wrong_shape_are_usage_errors(tmp_path, capsys, yaml_text, expect):
+    # a list where a number belongs started clusterd and crashed its stop(); a map crashed the
+    # start with a traceback; true became 1; a misspelt false meant false (tryout findings)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml_text)
+    with pytest.raises(SystemExit) as e:
+        config.parse(parser(), ["--config", str(cfg)])
+    assert e.value.code == 2
+    assert expect in capsys.readouterr().err
+
+
+def test_yaml_scalars_reach_string_flags_as_strings_and_bare_off_is_the_choice(tmp_path):
+    p = parser()
+    p.add_argument("--backend", choices=("sim", "native", "off"), default="sim")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("grpc_addr: 8899\nbackend: off\nkube: 'no'\n")
+    a = config.parse(p, ["--config", str(cfg)])
+    assert (a.grpc_addr, a.backend, a.kube) == ("8899", "off", False)
+
+
 def test_unknown_config_keys_and_values_that_refuse_every_client_are_usage_errors(tmp_path, capsys):
     """A misspelt YAML key is named (with the flag it resembles), not silently ignored; a count or a
     rate of 0 or less, from a flag, env or the file, is refused at start (tryout findings)."""
