@@ -13,6 +13,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+MAX_BODY_BYTES = 4 << 20
+"""The largest HTTP request body a faultmesh daemon takes (aiohttp's default ``client_max_size``);
+the CLI refuses a larger file before it parses it."""
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
 

@@ -34,6 +34,7 @@ import h11
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
+from faultmesh.config import MAX_BODY_BYTES
 from faultmesh.log import RateLimitedLog
 from faultmesh.runtime import wait_for
 
@@ -184,7 +185,7 @@ class HttpBase:
         addr: str,
         registry: CollectorRegistry,
         ready: Callable[[], tuple[bool, str]] | None = None,
-        client_max_size: int = 4 << 20,
+        client_max_size: int = MAX_BODY_BYTES,
         token: str | None = None,
         rejected: Counter | None = None,
         metrics: Callable[[], bytes] | None = None,

@@ -21,6 +21,8 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+from faultmesh.config import MAX_BODY_BYTES
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_NOT_FOUND, EXIT_REJECTED = range(6)
 EXIT_CODES = """exit codes:
   0  success
@@ -137,16 +139,24 @@ def token(args: argparse.Namespace) -> str | None:
     return os.environ.get("FAULTMESH_TOKEN")
 
 
-def read_text(path: str, what: str = "file", stdin: bool = True) -> str:
-    """The text of ``path`` (``-``: stdin when ``stdin``), UTF-8. Raises :class:`UsageError` (exit 2) when the file
-    is missing, unreadable or not UTF-8, as for a missing token file."""
+def read_text(path: str, what: str = "file", stdin: bool = True, max_bytes: int = MAX_BODY_BYTES) -> str:
+    """The text of ``path`` (``-``: stdin when ``stdin``), UTF-8, at most ``max_bytes`` (default:
+    the largest request body clusterd takes, 4 MiB). Raises :class:`UsageError` (exit 2) when the
+    file is missing, unreadable, larger (checked before any parsing) or not UTF-8."""
     try:
         if path == "-" and stdin:
-            return sys.stdin.read()
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+            data = sys.stdin.buffer.read(max_bytes + 1)
+        else:
+            with open(path, "rb") as f:
+                data = f.read(max_bytes + 1)
     except OSError as e:
         raise UsageError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        raise UsageError(
+            f"{what} {path} is larger than {max_bytes >> 20} MiB, the most clusterd takes in one request"
+        )
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(f"{what} {path} is not UTF-8 text (byte {e.start})") from None
 
