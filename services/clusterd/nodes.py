@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from clusterd.center import FaultCenter
 from clusterd.store import Store
 from faultmesh.levels import HEALTHY, SUB_HEALTHY, UNHEALTHY
-from faultmesh.log import event
+from faultmesh.log import RateLimitedLog
 
 log = logging.getLogger("clusterd.nodes")
 
@@ -115,6 +115,7 @@ class NodeRegistry:
         self._wake = asyncio.Event()
         self.flush_s = flush_s
         self.clock = time.time  # epoch seconds of the expiry clocks (tests move it)
+        self._ratelog = RateLimitedLog(log)  # a full disk fails every flush: one line a minute
         self._started_ms = int(self.clock() * 1000)  # no expiry clock starts before this process
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -150,7 +151,7 @@ class NodeRegistry:
             try:
                 await self.flush()
             except Exception as e:  # disk full: memory stays right, retried next round
-                event(log, logging.ERROR, "node state write failed", error=repr(e))
+                self._ratelog.log(logging.ERROR, "node_state_write", "node state write failed", error=repr(e))
                 self._wake.set()
 
     def _touch(self, node: str) -> None:

@@ -179,7 +179,12 @@ class RateLimitedLog:
         self._suppressed: dict[str, int] = {}
 
     def warning(self, reason: str, msg: str, **fields: Any) -> bool:
-        """Log ``msg`` unless ``reason`` was logged in the last period. Returns True when logged."""
+        """Log ``msg`` at WARNING unless ``reason`` was logged in the last period (see :meth:`log`)."""
+        return self.log(logging.WARNING, reason, msg, **fields)
+
+    def log(self, level: int, reason: str, msg: str, **fields: Any) -> bool:
+        """Log ``msg`` at ``level`` unless ``reason`` was logged in the last period; the line carries
+        ``suppressed=<lines left out since>``. Returns True when logged."""
         now = self._clock()
         last = self._last.get(reason)
         if last is not None and now - last < self._period_s:
@@ -187,5 +192,5 @@ class RateLimitedLog:
             return False
         self._last[reason] = now
         suppressed = self._suppressed.pop(reason, 0)
-        event(self._logger, logging.WARNING, msg, reason=reason, suppressed=suppressed, **fields)
+        event(self._logger, level, msg, reason=reason, suppressed=suppressed, **fields)
         return True

@@ -171,3 +171,17 @@ def test_an_empty_or_binary_secret_file_is_refused_not_taken_as_no_secret(tmp_pa
     assert read_secret(str(tmp_path / "ok")) == "s3cret"
     with pytest.raises(FileNotFoundError):
         read_secret(str(tmp_path / "missing"))
+
+
+def test_rate_limited_log_keeps_its_level_and_counts_what_it_left_out(caplog):
+    t = [0.0]
+    rl = RateLimitedLog(logging.getLogger("t.rl"), period_s=60, clock=lambda: t[0])
+    caplog.set_level(logging.INFO, logger="t.rl")
+    assert rl.log(logging.ERROR, "disk", "node state write failed", error="full")
+    assert not rl.log(logging.ERROR, "disk", "node state write failed", error="full")
+    t[0] = 61.0
+    assert rl.log(logging.ERROR, "disk", "node state write failed", error="full")
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.ERROR, "node state write failed reason=disk suppressed=0 error=full"),
+        (logging.ERROR, "node state write failed reason=disk suppressed=1 error=full"),
+    ]
