@@ -145,7 +145,8 @@ def read_text(path: str, what: str = "file", stdin: bool = True, max_bytes: int 
     file is missing, unreadable, larger (checked before any parsing) or not UTF-8."""
     try:
         if path == "-" and stdin:
-            data = sys.stdin.buffer.read(max_bytes + 1)
+            raw = getattr(sys.stdin, "buffer", None)  # a text stream without one (a test's StringIO)
+            data = raw.read(max_bytes + 1) if raw is not None else sys.stdin.read(max_bytes + 1).encode()
         else:
             with open(path, "rb") as f:
                 data = f.read(max_bytes + 1)
