@@ -28,6 +28,7 @@ from prometheus_client import Counter
 from clusterd.api.refuse import refusing
 from faultmesh.config import read_secret
 from faultmesh.httpd import DENIED, OPEN_HTTP_METHODS, bearer_middleware  # noqa: F401 - re-exported
+from faultmesh.httplite import denied_text
 from faultmesh.log import RateLimitedLog
 
 log = logging.getLogger("clusterd.auth")
@@ -118,9 +119,12 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         ):
             return handler
         auth = self._auth
+        header = next(
+            (v for k, v in handler_call_details.invocation_metadata or () if k == "authorization"), None
+        )
         return refusing(
             handler,
             grpc.StatusCode.UNAUTHENTICATED,
-            DENIED,
+            denied_text(header),
             lambda context: auth.deny(service, method=method, peer=context.peer()),
         )

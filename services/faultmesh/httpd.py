@@ -31,6 +31,7 @@ from faultmesh.httplite import (  # shared with the agents' aiohttp-free server
     DENIED,
     OPEN_HTTP_METHODS,
     HttpBase,
+    denied_text,
     json_bytes,
     parse_addr,
     rejected_counter,
@@ -68,13 +69,10 @@ def bearer_middleware(
 
     @web.middleware
     async def bearer_auth(request: web.Request, handler) -> web.StreamResponse:
-        if (
-            request.method not in OPEN_HTTP_METHODS
-            and request.path.startswith(prefix)
-            and not check(request.headers.get("Authorization"))
-        ):
+        header = request.headers.get("Authorization")
+        if request.method not in OPEN_HTTP_METHODS and request.path.startswith(prefix) and not check(header):
             on_deny(request)
-            return json_response({"error": DENIED}, status=401)
+            return json_response({"error": denied_text(header)}, status=401)
         return await handler(request)
 
     return bearer_auth

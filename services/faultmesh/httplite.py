@@ -42,6 +42,15 @@ log = logging.getLogger("faultmesh.http")
 
 OPEN_HTTP_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 DENIED = "bearer token required"
+WRONG_TOKEN = "bearer token does not match"
+
+
+def denied_text(header: str | None) -> str:
+    """The refusal of a request whose ``Authorization`` header (None: absent) failed the check: no
+    token -> :data:`DENIED`, a token that is not the one -> :data:`WRONG_TOKEN` (never echoed)."""
+    return WRONG_TOKEN if header else DENIED
+
+
 KEEPALIVE_S = 75.0  # aiohttp's default keep-alive
 READ_CHUNK = 65536
 _JSON_OPTS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
@@ -320,10 +329,11 @@ class HttpServer(HttpBase):
 
     async def _respond(self, req: Request) -> Response:
         if req.method not in OPEN_HTTP_METHODS and self._check is not None:
-            if not self._check(req.headers.get("authorization")):
+            header = req.headers.get("authorization")
+            if not self._check(header):
                 self.rejected.labels("http", "unauthenticated").inc()
                 self._ratelog.warning("unauthenticated:http", "request unauthenticated", path=req.path[:200])
-                return json_response({"error": DENIED}, status=401)
+                return json_response({"error": denied_text(header)}, status=401)
         methods = self.app.router.routes.get(req.path)
         if methods is None:
             return _plain(404, "404: Not Found")

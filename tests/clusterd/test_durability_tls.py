@@ -135,7 +135,15 @@ async def test_mtls_round_trip_and_plaintext_refused(tmp_path):
             assert r.code == 0
             with pytest.raises(grpc.aio.AioRpcError) as e:
                 await stub.SendPublicFault(public_request("fault-tls2"), timeout=5)
-            assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert (e.value.code(), e.value.details()) == (
+                grpc.StatusCode.UNAUTHENTICATED,
+                "bearer token required",
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as e:  # a wrong token is told apart from none
+                await stub.SendPublicFault(
+                    public_request("fault-tls2"), timeout=5, metadata=(("authorization", "Bearer nope"),)
+                )
+            assert e.value.details() == "bearer token does not match"
         # no client certificate: the handshake fails
         no_cert = grpc.ssl_channel_credentials(ca.read_bytes())
         async with grpc.aio.secure_channel(f"127.0.0.1:{cd.grpc_port}", no_cert, options=opts) as ch:

@@ -34,7 +34,7 @@ async def test_mutating_requests_need_the_token_when_one_is_configured(tmp_path)
             async with s.post(f"{base}/sim/fault", json=body) as r:
                 assert r.status == 401 and (await r.json()) == {"error": "bearer token required"}
             async with s.post(f"{base}/sim/fault", json=body, headers={"Authorization": "Bearer bad"}) as r:
-                assert r.status == 401
+                assert r.status == 401 and (await r.json()) == {"error": "bearer token does not match"}
             async with s.post(f"{base}/v1/devices/1/release") as r:
                 assert r.status == 401
             assert sim.devs[1].codes == []  # nothing injected

@@ -55,7 +55,7 @@ async def test_routes_token_and_errors_answer_as_before(server):
         async with c.post(url + "/v1/nope") as r:  # the token is checked before routing
             assert r.status == 401 and await r.json() == {"error": "bearer token required"}
         async with c.post(url + "/v1/x", headers={"Authorization": "Bearer nope"}) as r:
-            assert r.status == 401
+            assert r.status == 401 and await r.json() == {"error": "bearer token does not match"}
         assert rejected(reg, "unauthenticated") == 2
         async with c.post(url + "/v1/x", headers=auth) as r:
             assert r.status == 405 and r.headers["Allow"] == "GET,HEAD"
