@@ -273,15 +273,35 @@ def http_json(
     return request_json(args.http, method, path, body, token(args), timeout_s)
 
 
+PLAIN_TABLE_ROWS = 1000  # a terminal table beyond this many rows is laid out plainly (rich: ~2.5 ms a row)
+
+
+def _plain_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out) -> None:
+    """What :func:`print_table` prints off a terminal (columns as wide as their widest cell, two
+    spaces between, no trailing blanks), laid out directly: 20,000 rows in well under a second."""
+    from rich.cells import cell_len  # the display width rich uses (CJK names take two cells)
+
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(cell_len(row[i]) for row in cells) for i in range(len(headers))]
+    for row in cells:
+        line = "  ".join(c + " " * (w - cell_len(c)) for c, w in zip(row, widths, strict=True))
+        out.write(line.rstrip() + "\n")
+
+
 def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out=None) -> None:
     """Print rows as an aligned table (rich, no borders, two spaces between columns) to ``out``
-    (default: the current ``sys.stdout``). Off a terminal nothing wraps or is cut."""
+    (default: the current ``sys.stdout``). Off a terminal nothing wraps or is cut; there, and for a
+    terminal table of more than :data:`PLAIN_TABLE_ROWS` rows, the layout is computed directly
+    (:func:`_plain_table`, the same text)."""
+    out = out if out is not None else sys.stdout
+    tty = hasattr(out, "isatty") and out.isatty()
+    if not tty or len(rows) > PLAIN_TABLE_ROWS:
+        _plain_table(rows, headers, out)
+        return
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    out = out if out is not None else sys.stdout
-    tty = hasattr(out, "isatty") and out.isatty()
     t = Table(
         box=None, show_edge=False, pad_edge=False, padding=(0, 2, 0, 0), header_style="bold" if tty else ""
     )
