@@ -260,3 +260,9 @@ def test_every_token_file_flag_reads_the_same_env(capsys, monkeypatch, tmp_path)
 def test_an_address_that_is_not_one_is_usage(capsys):
     rc, err = cli(capsys, "faults", "--http", "http://[bad")
     assert rc == EXIT_USAGE and "bad address 'http://[bad'" in err
+    # no host, a port that is no number, a ':' with no port: usage, not "unreachable" (tryout)
+    for addr, why in (("", "no host"), ("127.0.0.1:notaport", "Port could not be cast"), ("h:", "no port")):
+        rc, err = cli(capsys, "nodes", "--http", addr)
+        assert rc == EXIT_USAGE and f"bad address {addr!r}" in err and why in err, (addr, err)
+    rc, err = cli(capsys, "pubfault", "send", "--timeout-s", "-1", "--code", "010001001", "--node", "n1")
+    assert rc == EXIT_USAGE and "'-1' is not a positive number" in err

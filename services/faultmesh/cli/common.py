@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from typing import Any
@@ -172,9 +173,16 @@ def read_json(path: str, what: str = "file") -> Any:
 
 
 def base_url(addr: str) -> str:
-    """``127.0.0.1:8080`` or ``http://127.0.0.1:8080/`` -> ``http://127.0.0.1:8080``."""
+    """``127.0.0.1:8080`` or ``http://127.0.0.1:8080/`` -> ``http://127.0.0.1:8080``. Raises
+    ``ValueError`` for an address without a host or with a port that is not a number."""
     addr = addr.strip().rstrip("/")
-    return addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
+    url = addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
+    parts = urllib.parse.urlsplit(url)
+    if not parts.hostname:
+        raise ValueError("no host")
+    if parts.port is None and parts.netloc.rsplit("]", 1)[-1].count(":"):  # "host:" with no port
+        raise ValueError("no port after ':'")
+    return url
 
 
 MAX_DETAIL_CHARS = 300  # the most of a server's error text an error line shows

@@ -10,6 +10,7 @@ import uuid
 from faultmesh._pb import pubfault_pb2, pubfault_pb2_grpc
 from faultmesh.cli._grpc import call
 from faultmesh.cli.common import Rejected, UsageError, add_server_flags, emit, run, server_error
+from faultmesh.config import positive_float
 
 CODE_RE = re.compile(r"^[0-9A-Fa-f]{9}$")  # the fault rule of clusterd.api.pubfault: 9 characters
 MAX_DEVICE_ID = 31
@@ -78,5 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--assertion", default="occur", choices=("occur", "recover", "once"))
     q.add_argument("--fault-id", help="fault id (default: a fresh UUID); reuse it to recover")
     q.add_argument("--description", default="")
-    q.add_argument("--timeout-s", type=float, default=10.0, help="wait at most this long for the answer (s)")
+    q.add_argument(
+        "--timeout-s", type=positive_float, default=10.0, help="wait at most this long for the answer (s)"
+    )
     q.set_defaults(func=cmd_send)

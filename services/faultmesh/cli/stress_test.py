@@ -16,6 +16,7 @@ import json
 from faultmesh._pb import recover_pb2
 from faultmesh.cli._grpc import om_operation
 from faultmesh.cli.common import UsageError, add_job_flag, add_server_flags, run
+from faultmesh.config import positive_float
 
 OPS = {"aic": 0, "p2p": 1, "0": 0, "1": 1}
 OP_NAMES = {"0": "aic", "1": "p2p"}
@@ -100,5 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ops", default="aic", help="comma list of aic (0) and p2p (1)")
     p.add_argument("--node", action="append", help="test only these nodes (repeatable); default all")
     p.add_argument("--no-wait", action="store_true", help="do not wait for the outcome")
-    p.add_argument("--timeout-s", type=float, default=3600.0, help="wait at most this long for the outcome")
+    p.add_argument(
+        "--timeout-s", type=positive_float, default=3600.0, help="wait at most this long for the outcome"
+    )
     p.set_defaults(func=cmd_stress_test)

@@ -13,6 +13,7 @@ import argparse
 from faultmesh._pb import recover_pb2
 from faultmesh.cli._grpc import om_operation
 from faultmesh.cli.common import UsageError, add_job_flag, add_server_flags, run
+from faultmesh.config import positive_float
 
 
 def parse_nics(items: list[str]) -> dict[str, tuple[list[str], list[bool]]]:
@@ -62,5 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_job_flag(p, help="the running job's id")
     p.add_argument("--nic", action="append", required=True, metavar="NODE:DEV=on|off", help="repeatable")
     p.add_argument("--no-wait", action="store_true", help="do not wait for the outcome")
-    p.add_argument("--timeout-s", type=float, default=3600.0, help="wait at most this long for the outcome")
+    p.add_argument(
+        "--timeout-s", type=positive_float, default=3600.0, help="wait at most this long for the outcome"
+    )
     p.set_defaults(func=cmd_switch_nic)
