@@ -20,3 +20,13 @@ async def test_bad_bodies_get_400(cd, path, body):
             assert "error" in await r.json()
         async with s.get(f"http://127.0.0.1:{cd.http.port}/healthz") as r:
             assert r.status == 200
+
+
+async def test_an_unknown_level_filter_is_400_not_an_empty_list(cd):
+    # the CLI refuses 'faults --level Bogus'; the HTTP API answered [] (tryout)
+    async with aiohttp.ClientSession() as s:
+        base = f"http://127.0.0.1:{cd.http.port}/v1/faults"
+        async with s.get(base, params={"level": "Bogus"}) as r:
+            assert r.status == 400 and "unknown fault level 'Bogus'" in (await r.json())["error"]
+        async with s.get(base, params={"level": "RestartNPU"}) as r:
+            assert r.status == 200 and await r.json() == []

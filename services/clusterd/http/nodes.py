@@ -21,6 +21,7 @@ from clusterd.ingest.agents import AgentHub
 from clusterd.nodes import NodeRegistry
 from clusterd.pieces import ChangeReader, SortedPieces
 from faultmesh.httpd import json_response
+from faultmesh.levels import KNOWN_LEVELS
 
 _OPTS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS  # as json_response writes
 
@@ -80,6 +81,11 @@ class NodeApi:
         q = request.query
         items = self.center.faults(q.get("node") or None)
         if "level" in q:
+            if q["level"] not in KNOWN_LEVELS:  # as the CLI refuses it: never a silent empty list
+                known = ", ".join(sorted(KNOWN_LEVELS))
+                return json_response(
+                    {"error": f"unknown fault level {q['level'][:64]!r}; known: {known}"}, 400
+                )
             items = [f for f in items if f.level == q["level"]]
         if "source" in q:
             items = [f for f in items if f.source == q["source"] or f.source.startswith(q["source"] + ":")]
