@@ -342,6 +342,7 @@ class DeviceD:
         self.state_file.save()
         await self.http.stop()
         self.io.shutdown()
+        event(log, logging.INFO, "deviced stopped", node=self.node_name)
 
 
 async def print_device_info(args: argparse.Namespace, backend) -> int:
@@ -427,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         event(
             log,
             logging.INFO,
-            "deviced listening",
+            "deviced started",
             http=f"{app.http.host}:{app.http.port}",
             node=args.node_name,
             backend=args.backend,

@@ -171,7 +171,9 @@ class BmcClient:
                 privlevel=None,
             )
         except pexc.IpmiException as e:
-            text = str(e)
+            text = (
+                str(e) if e.args and e.args[0] not in (None, "") else ""
+            )  # pyghmi raises (None) on a timeout
             if "password" in text.lower() or "unauthorized" in text.lower():
                 raise BmcAuthError(f"login to {self.host}:{self.port} rejected: {text}") from None
             raise BmcUnreachable(f"login to {self.host}:{self.port} failed: {text or 'no answer'}") from None
