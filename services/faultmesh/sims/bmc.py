@@ -31,6 +31,7 @@ port, a stale packet called a missing ``ServerSession.sessionless_data``, and an
 from __future__ import annotations
 
 import logging
+import signal
 import struct
 import sys
 import threading
@@ -430,10 +431,20 @@ def serve(
     )
     ready_out.flush()
     event(log, logging.INFO, "bmc-sim started", port=bmc.port, control=httpd.server_address[1], user=user)
-    while True:  # fix (2): an exception in pyghmi's loop must not end the simulator
-        try:
-            # A short wait: pyghmi's _io_wait can miss the wake-up for a packet grabbed just before
-            # it queues its waiter, and then sleeps until its retry timer (~0.5-1 s per request).
-            ipmisession.Session.wait_for_rsp(LOOP_WAIT_S)
-        except Exception as e:
-            event(log, logging.WARNING, "bmc-sim loop error", error=repr(e))
+    if threading.current_thread() is threading.main_thread():  # SIGTERM: a clean exit 0, as the daemons
+
+        def _term(signum, frame):
+            raise SystemExit(0)
+
+        signal.signal(signal.SIGTERM, _term)
+    try:
+        while True:  # fix (2): an exception in pyghmi's loop must not end the simulator
+            try:
+                # A short wait: pyghmi's _io_wait can miss the wake-up for a packet grabbed just
+                # before it queues its waiter, and then sleeps until its retry timer (~0.5-1 s).
+                ipmisession.Session.wait_for_rsp(LOOP_WAIT_S)
+            except Exception as e:
+                event(log, logging.WARNING, "bmc-sim loop error", error=repr(e))
+    finally:
+        httpd.shutdown()
+        event(log, logging.INFO, "bmc-sim stopped", port=bmc.port)

@@ -122,7 +122,9 @@ def make_control_handler(state: Any):
                             state.serial = str(body["serial"])
                     return self._send(200, state.snapshot()["behaviour"])
                 return self._send(404, {"error": "not found"})
-            except (KeyError, ValueError, TypeError, OverflowError) as e:
-                return self._send(400, {"error": f"{type(e).__name__}: {e}"})
+            except KeyError as e:  # a required field left out
+                return self._send(400, {"error": f"missing field {e}"})
+            except (ValueError, TypeError, OverflowError) as e:
+                return self._send(400, {"error": str(e)})
 
     return Handler
