@@ -163,7 +163,8 @@ def where_text(stack: Stack, demo: bool = True) -> str:
     lines.append(f"  log lines           : {stack.log_dir}/<process>.log (one file per process), e.g.")
     lines.append(f"                        grep 'recovery decision' {stack.log_dir}/clusterd.log")
     lines.append(
-        f"                        grep 'FD-OL SLOWNODE' {stack.log_dir}/clusterd.log {stack.log_dir}/noded-4.log"
+        f"                        grep 'FD-OL SLOWNODE' {stack.log_dir}/clusterd.log"
+        f" {stack.log_dir}/noded-{stack.servers[-1].index if stack.servers else 1}.log"
     )
     lines.append(f"                        grep 'slow network fault' {stack.log_dir}/clusterd.log")
     lines.append(f"  logs folder         : {stack.log_dir}" + (" (this output: demo.log)" if demo else ""))
