@@ -59,6 +59,9 @@ class NodeState:
     pending: dict[str, list[str]] = field(default_factory=dict)  # agent -> sources not polled yet
     stale: dict[str, dict[str, Any]] = field(default_factory=dict)  # agent -> {reason, since_ms}
     agent_seen_ms: dict[str, int] = field(default_factory=dict)  # agent -> last hello / disconnect (ms)
+    # which agent said each view ("c:<type>" / "d:<type>-<id>" -> agent): a snapshot replaces only
+    # its own agent's views (noded's BMC conditions survive a deviced snapshot, and the other way)
+    owners: dict[str, str] = field(default_factory=dict)
 
     @property
     def node_status(self) -> str:
@@ -78,6 +81,7 @@ class NodeState:
             "devices": self.devices,
             "pending": self.pending,
             "stale": self.stale,
+            "owners": self.owners,
         }
 
     @classmethod
@@ -92,6 +96,15 @@ class NodeState:
             conditions=dict(d.get("conditions") or {}),
             devices=dict(d.get("devices") or {}),
             agent_seen_ms={str(k): int(v) for k, v in (d.get("agent_seen_ms") or {}).items()},
+            owners={str(k): str(v) for k, v in (d.get("owners") or {}).items()},
+        )
+
+    def views_of(self, owner: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(conditions, devices) that ``owner`` said (views without a recorded owner count as its)."""
+        own = self.owners
+        return (
+            [v for k, v in self.conditions.items() if own.get("c:" + k, owner) == owner],
+            [v for k, v in self.devices.items() if own.get("d:" + k, owner) == owner],
         )
 
 
@@ -221,20 +234,28 @@ class NodeRegistry:
         status: str = "",
         reporter: str = AGENT,
         replace: bool = False,
+        owner: str = "",
     ) -> NodeState:
-        """Merge conditions/devices (views keyed by type / ``<type>-<id>``) into ``node``; ``replace``
-        makes them the whole set (a snapshot). A non-empty ``status`` is ``reporter``'s node status."""
+        """Merge conditions/devices (views keyed by type / ``<type>-<id>``) said by agent ``owner``
+        into ``node``; ``replace`` makes them the whole set of ``owner``'s views (a snapshot: the
+        views of the node's other agents stay). A non-empty ``status`` is ``reporter``'s node status."""
         st = self._nodes.get(node) or self._new(node)
         conds = {c["type"]: c for c in conditions}
         devs = {f"{d['device_type']}-{d['device_id']}": d for d in devices}
         changed = False
-        if replace:
-            if (st.conditions, st.devices) != (conds, devs):
-                st.conditions, st.devices, changed = conds, devs, True
-        else:
-            for have, new in ((st.conditions, conds), (st.devices, devs)):
-                if any(have.get(k) != v for k, v in new.items()):
-                    have.update(new)
+        own = st.owners
+        for prefix, have, new in (("c:", st.conditions, conds), ("d:", st.devices, devs)):
+            if replace:  # owner's views not in the snapshot go
+                for k in [k for k in have if k not in new and own.get(prefix + k, owner) == owner]:
+                    del have[k]
+                    own.pop(prefix + k, None)
+                    changed = True
+            for k, v in new.items():
+                if have.get(k) != v:
+                    have[k] = v
+                    changed = True
+                if owner and own.get(prefix + k) != owner:
+                    own[prefix + k] = owner
                     changed = True
         if status and st.status.get(reporter) != status:
             st.status[reporter] = status

@@ -505,6 +505,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 # while sources are pending the last known status stays (none known: take it)
                 status=body.node_status if not p.pending or not self.nodes.status(s.node) else "",
                 replace=not p.pending,  # pending: merged, the complete snapshot replaces
+                owner=s.agent,
             )
             self.nodes.set_pending(s.node, s.agent, p.pending)
             self._snap_full.inc()
@@ -525,6 +526,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                     conditions=[condition_view(c) for c in body.conditions],
                     devices=[device_view(d) for d in body.devices],
                     status=body.node_status,
+                    owner=s.agent,
                 )
             if body.ping_results:
                 await self._notify(self._on_ping, s.node, list(body.ping_results))

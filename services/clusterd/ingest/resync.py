@@ -94,10 +94,12 @@ def apply_claim(nodes: NodeRegistry, node: str, agent: str, mark: bytes | None, 
         if (
             st is None
             or (status and st.node_status != status)
-            or orjson.dumps([list(st.conditions.values()), list(st.devices.values())]) != blob
+            or orjson.dumps(list(st.views_of(agent))) != blob
         ):
             conditions, devices = orjson.loads(blob)
-            nodes.update(node, conditions=conditions, devices=devices, status=status, replace=True)
+            nodes.update(
+                node, conditions=conditions, devices=devices, status=status, replace=True, owner=agent
+            )
     except (IndexError, ValueError, TypeError, KeyError) as e:
         event(log, logging.ERROR, "stored snapshot mark unreadable", node=node, agent=agent, error=repr(e))
         return False
