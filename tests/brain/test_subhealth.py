@@ -56,6 +56,8 @@ async def test_hot_switch_without_backup_stops_switch_and_degrades(cd, sims):
     await cd.center.upsert(sub())
     d = await wait_decision(cd, "degrade-to-ignore")
     assert "no backup node" in d["reason"]
+    # the stop-switch signal is queued just before the decision: the sim reads it a moment later
+    await sim.wait_for(lambda ev: len(signals(sim)) >= 2, timeout_s=5)
     assert [s[1] for s in signals(sim)] == [("hot switch",), ("stop switch",)]
     assert cd.jobs.get(JOB).sub_healthy_strategy == "ignore"
 
