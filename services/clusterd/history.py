@@ -85,6 +85,7 @@ class HistoryComponent:
         self._retry_task: asyncio.Task | None = None
         self._pending: deque[tuple[int, str, Fault]] = deque()  # rows the store refused, oldest first
         self._failing = False
+        self._write_lock = asyncio.Lock()  # one writer of _pending at a time (see _flush)
         self.dropped = Counter(
             "faultmesh_history_rows_dropped_total",
             "Fault history rows dropped because the store refused them for too long",
@@ -147,17 +148,25 @@ class HistoryComponent:
                 level=f.level,
                 source=f.source,
             )
-        self._pending.extend(rows)
-        over = len(self._pending) - MAX_PENDING
-        if over > 0:
-            for _ in range(over):
-                self._pending.popleft()
-            self.dropped.inc(over)
-            event(log, logging.ERROR, "history rows dropped", rows=over, reason="store refused them too long")
-        await self._flush()
+        async with self._write_lock:
+            self._pending.extend(rows)
+            over = len(self._pending) - MAX_PENDING
+            if over > 0:
+                for _ in range(over):
+                    self._pending.popleft()
+                self.dropped.inc(over)
+                event(
+                    log,
+                    logging.ERROR,
+                    "history rows dropped",
+                    rows=over,
+                    reason="store refused them too long",
+                )
+            await self._flush()
 
     async def _flush(self) -> None:
-        """Write the waiting rows in order; on failure keep them for the retry loop."""
+        """Write the waiting rows in order; on failure keep them for the retry loop. Callers hold
+        ``_write_lock``: the sink's batch and the retry loop must not write the same rows twice."""
         if not self._pending or not self.ctx.store.is_open:
             return
         rows = list(self._pending)
@@ -180,7 +189,8 @@ class HistoryComponent:
         while True:
             await asyncio.sleep(RETRY_S)
             if self._pending:
-                await self._flush()
+                async with self._write_lock:
+                    await self._flush()
 
     async def prune(self) -> int:
         """Apply the retention once. Returns how many rows were deleted."""
