@@ -359,7 +359,7 @@ class HttpServer(HttpBase):
             out += conn.send(h11.Data(data=resp.body)) or b""
         out += conn.send(h11.EndOfMessage()) or b""
         writer.write(out)
-        await writer.drain()
+        await wait_for(writer.drain(), KEEPALIVE_S)  # a client that stops reading: the connection ends
 
     def _malformed(self, e: Exception) -> None:
         self.rejected.labels("http", "malformed").inc()
