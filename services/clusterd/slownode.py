@@ -221,18 +221,16 @@ class SlowNodeComponent(SlowNodeHttp):
             bad = [r for r in placement if not 0 <= r <= INT32_MAX]
             if bad:  # ranks travel as int32 (SlowNodeJob.ranks)
                 raise EnableError(f"rank {bad[0]} is outside 0..{INT32_MAX}")
-            record = {
-                "featconf": conf.to_json(),
-                "ranks": {str(r): n for r, n in placement.items()},
-                "source": source,
-            }
-            try:
-                orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS)
-            except TypeError as e:  # an integer beyond 64 bits: nothing can store or send it
-                raise EnableError(f"a value cannot be stored: {e}") from None
             if persist:  # stored first: a failed write changes nothing (the old job keeps running)
+                record = {
+                    "featconf": conf.to_json(),
+                    "ranks": {str(r): n for r, n in placement.items()},
+                    "source": source,
+                }
                 try:
                     await self.ctx.store.kv_put(STORE_NS, conf.job_id, record)
+                except TypeError as e:  # encoding: an integer beyond 64 bits, nothing can store or send it
+                    raise EnableError(f"a value cannot be stored: {e}") from None
                 except (sqlite3.Error, OSError) as e:
                     raise SlowNodeStateError(f"state write failed: {e}") from None
             if old is not None:
