@@ -273,7 +273,7 @@ class BrainComponent(FaultIntake):
         mid = job.mindie_job_id
         if not mid or not self.fault.pubs:
             return False
-        ids = {mid} | {j.id for j in self.jobs.all() if j.mindie_job_id == mid}
+        ids = {mid} | {j.id for j in self.fault.service_jobs(mid)}
         return any(jid in ids for jid, _role in self.fault.pubs)
 
     def _recheck_at(self, job_id: str, at_ms: int, now: int) -> None:

@@ -30,6 +30,7 @@ import uuid
 import grpc
 import orjson
 
+from clusterd.brain import mindie
 from clusterd.brain.faultview import node_fault_infos
 from clusterd.brain.registrations import Registrations, caller_of
 from faultmesh._pb import fault_pb2, fault_pb2_grpc
@@ -120,7 +121,7 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
 
     def service_jobs(self, mindie_id: str, app: str = "") -> list:
         """The jobs of MindIE service ``mindie_id`` (of app type ``app`` when given)."""
-        return [j for j in self.b.jobs.all() if j.mindie_job_id == mindie_id and (not app or j.app == app)]
+        return [j for j in mindie.members(self.b.jobs.all(), mindie_id) if not app or j.app == app]
 
     def cluster_nodes(self) -> list[dict]:
         """Every node with faults, sorted by node IP (then name)."""
