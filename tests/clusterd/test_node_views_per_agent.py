@@ -4,9 +4,7 @@ a snapshot replaced the node's conditions and devices wholesale)."""
 
 from __future__ import annotations
 
-import asyncio
-
-from support import make_clusterd
+from support import make_clusterd, until
 
 from faultmesh._pb import agent_pb2
 from faultmesh.agent import AgentClient
@@ -17,7 +15,7 @@ def npu(i: int, health: str = "Healthy") -> agent_pb2.DeviceState:
                                  network_health="Healthy", super_pod_id=-1, server_index=-1)  # fmt: skip
 
 
-async def views(cd, node: str) -> tuple[set, set]:
+def views(cd, node: str) -> tuple[set, set]:
     st = cd.ctx.nodes.get(node)
     return set(st.conditions), set(st.devices)
 
@@ -34,29 +32,23 @@ async def test_each_agents_snapshot_replaces_only_its_own_views(tmp_path):
         for c in (noded, deviced):
             await c.start()
             await c.wait_synced(10)
-        assert await views(cd, "node-1") == ({"BMCUnreachable"}, {"NPU-0", "NPU-1"})
+        assert views(cd, "node-1") == ({"BMCUnreachable"}, {"NPU-0", "NPU-1"})
         # noded restarts with another state: its snapshot must not take deviced's devices
         await noded.stop()
         noded = AgentClient(addr, "node-1", "noded", backoff_max_s=0.2)
         noded.state.set_condition("BMCUnsupported", True, "no OEM")
         await noded.start()
         await noded.wait_synced(10)
-        for _ in range(100):
-            if (await views(cd, "node-1"))[0] == {"BMCUnsupported"}:
-                break
-            await asyncio.sleep(0.05)
-        assert await views(cd, "node-1") == ({"BMCUnsupported"}, {"NPU-0", "NPU-1"})
+        await until(lambda: views(cd, "node-1")[0] == {"BMCUnsupported"}, 5)
+        assert views(cd, "node-1") == ({"BMCUnsupported"}, {"NPU-0", "NPU-1"})
         # and deviced's own snapshot replaces its devices only
         await deviced.stop()
         deviced = AgentClient(addr, "node-1", "deviced", backoff_max_s=0.2)
         deviced.state.set_device(npu(1, "UnHealthy"))
         await deviced.start()
         await deviced.wait_synced(10)
-        for _ in range(100):
-            if (await views(cd, "node-1"))[1] == {"NPU-1"}:
-                break
-            await asyncio.sleep(0.05)
-        assert await views(cd, "node-1") == ({"BMCUnsupported"}, {"NPU-1"})
+        await until(lambda: views(cd, "node-1")[1] == {"NPU-1"}, 5)
+        assert views(cd, "node-1") == ({"BMCUnsupported"}, {"NPU-1"})
         assert cd.ctx.nodes.get("node-1").devices["NPU-1"]["health"] == "UnHealthy"
     finally:
         await noded.stop()
