@@ -21,6 +21,13 @@ UID = "uid-job-1"
 INITIAL = json.dumps({"RankList": [], "RetryTime": 0})
 
 
+async def create_reset_cm(api, labels: dict | None = None) -> None:
+    """The user's reset-config-llama ConfigMap (ClusterD updates it, never creates it)."""
+    meta = {"name": "reset-config-llama", "namespace": NS, **({"labels": labels} if labels else {})}
+    data = {"reset.json": INITIAL, "checkCode": hashlib.sha256(INITIAL.encode()).hexdigest()}
+    await api.create_config_map(NS, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
+
+
 def podgroup(labels: dict, annotations: dict) -> dict:
     return {
         "apiVersion": f"{pgs.GROUP}/{pgs.VERSION}",
@@ -109,14 +116,7 @@ async def test_podgroup_settings_and_the_handoff_writes(k8s, kcd):
     )
     assert job.extra.get("fault-retry-times") == "3" and job.recover_strategy == ("retry", "recover")
     # the user's reset-config (ClusterD updates it, never creates it)
-    await api.create_config_map(
-        NS,
-        {
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "reset-config-llama", "namespace": NS, "labels": {"reset": "true"}},
-            "data": {"reset.json": INITIAL, "checkCode": hashlib.sha256(INITIAL.encode()).hexdigest()},
-        },
-    )  # fmt: skip
+    await create_reset_cm(api, labels={"reset": "true"})
     now = int(time.time() * 1000)
     hw = RankFault(1, "node-1", 1, 0, "80E18008", "RestartNPU", "1", now)
     sw = RankFault(2, "node-2", 0, 1, "", "RestartBusiness", "1", now)
@@ -252,14 +252,7 @@ async def test_in_place_split_sets_restart_fault_process(k8s, kcd):
         "create pod", api.core.create_namespaced_pod, NS, job_pod("llama-worker-0", "node-1", 0, [0])
     )
     await until(lambda: kcd.jobs.get(UID), what="job")
-    await api.create_config_map(
-        NS,
-        {
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "reset-config-llama", "namespace": NS},
-            "data": {"reset.json": INITIAL, "checkCode": hashlib.sha256(INITIAL.encode()).hexdigest()},
-        },
-    )  # fmt: skip
+    await create_reset_cm(api)
     kcd.brain.decide(UID, "recovery", "in-place-split", "split", restart_process_pods=[0], restart_pods=[])
 
     async def flagged():
@@ -267,6 +260,35 @@ async def test_in_place_split_sets_restart_fault_process(k8s, kcd):
         return doc if doc.get("RestartFaultProcess") else None
 
     await until(flagged, what="RestartFaultProcess=true")
+
+
+async def test_in_place_split_rank_list_keeps_in_place_pods_own_ranks(k8s, kcd):
+    """recover-in-place: pod 0 restarts its processes in place (its fault rank 0 only), pod 1
+    restarts as a pod (every rank: 2 and 3) -- the reference's recoverInPlaceFaultAssociateSameNodeRank."""
+    emu, api = k8s
+    for p in (job_pod("llama-worker-0", "node-1", 0, [0, 1]), job_pod("llama-worker-1", "node-2", 1, [0, 1])):
+        await api._call("create pod", api.core.create_namespaced_pod, NS, p)
+    await until(lambda: (j := kcd.jobs.get(UID)) is not None and len(j.ranks) == 4, what="job")
+    await create_reset_cm(api)
+    now = int(time.time() * 1000)
+    faults = [
+        RankFault(0, "node-1", 0, 0, "80E01801", "RestartRequest", "1", now),
+        RankFault(2, "node-2", 0, 1, "80E18008", "RestartNPU", "1", now),
+    ]
+    kcd.brain.decide(
+        UID, "recovery", "in-place-split", "split", faults, restart_process_pods=[0], restart_pods=[1]
+    )
+
+    async def written():
+        doc = await reset_json(api)
+        return doc if doc.get("RestartFaultProcess") and doc["RankList"] else None
+
+    doc = await until(written, what="RankList written")
+    assert [(r["RankId"], r["ErrorCodeHex"]) for r in doc["RankList"]] == [
+        (0, "80E01801"),
+        (2, "80E18008"),
+        (3, ""),
+    ]
 
 
 async def test_retry_report_labels_the_fault_pod_retry_fault(k8s, kcd):

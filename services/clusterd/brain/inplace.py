@@ -69,7 +69,7 @@ class InPlaceSteps(ControllerBase):
             self.job_id, flow, "in-place-split",
             f"restart processes on pods {sorted(self.restart_proc_pods)}, restart pods {exit_pods}"
             + (f" (faults still present after {self.t.in_place_wait_s}s)" if left else ""),
-            restart_process_pods=sorted(self.restart_proc_pods), restart_pods=exit_pods,
+            faults=self.faults(), restart_process_pods=sorted(self.restart_proc_pods), restart_pods=exit_pods,
         )  # fmt: skip
 
     def in_place_actions(self, strategy: str) -> list[str]:

@@ -17,7 +17,8 @@ Operator:
     ``Running`` again (at most ``wait-reschedule-timeout`` s), then ``on``, and the reset CM is
     cleared;
   * ``in-place-split`` (recover-in-place) sets ``RestartFaultProcess`` when some fault pod restarts
-    its processes in place;
+    its processes in place, and rewrites the fault list: a pod that restarts in place lists only
+    its own fault ranks, a pod that restarts as a pod every rank;
   * a success (``*-success``), ``fault-clear``, ``kill-job`` or ``reset`` clears it (RankList
     empty, flags false, RetryTime kept) and removes the fault pods' labels.
 - fault-pod labels: ``fault-type=software`` on the pods of ranks the training side reported, or
@@ -86,14 +87,20 @@ def reset_doc(old: dict | None, **changes) -> dict:
     return doc
 
 
-def rank_list(job, faults: list[dict]) -> list[dict]:
-    """The reset CM's RankList: every rank of each fault pod (node), Status ``fault``."""
+def rank_list(job, faults: list[dict], in_place_pods: frozenset[int] = frozenset()) -> list[dict]:
+    """The reset CM's RankList, Status ``fault``: every rank of each fault pod (node), except that
+    a pod in ``in_place_pods`` (pod ranks that restart only their processes) lists only its own
+    fault ranks (clusterd.md §7.3 step 3; the reference's normalFaultAssociateSameNodeRank with
+    recoverInPlaceFaultAssociateSameNodeRank)."""
     by_node: dict[str, dict] = {}
     for f in faults:
         by_node.setdefault(f["node"], f)
+    faulty = {f["rank"] for f in faults}
     out = []
     for node, f in sorted(by_node.items()):
         ranks = job.ranks_on(node) if job is not None else []
+        if f.get("pod_rank", -1) in in_place_pods:
+            ranks = [r for r in ranks if r.rank in faulty]
         for r in ranks or []:
             pol = POLICY.get(f.get("level", ""), "restart")
             own = next((x for x in faults if x["rank"] == r.rank), f)
@@ -277,8 +284,12 @@ class HandOff:
         elif d in FAULT_DECISIONS and faults:
             await self.write_reset(job, RankList=rank_list(job, faults), FaultFlushing=True)
             await self.label_pods(job, faults)
-        elif d == IN_PLACE_DECISION:  # WriteResetInfoToCM(..., restartFaultProcess, ...)
-            await self.write_reset(job, RestartFaultProcess=bool(rec.get("restart_process_pods")))
+        elif d == IN_PLACE_DECISION:  # WriteResetInfoToCM(allFaultRanks, restartFaultProcess, ...)
+            in_place = frozenset(rec.get("restart_process_pods") or ())
+            changes: dict = {"RestartFaultProcess": bool(in_place)}
+            if faults:
+                changes["RankList"] = rank_list(job, faults, in_place)
+            await self.write_reset(job, **changes)
         elif d in RESTART_DECISIONS:
             api = self.api
             assert api is not None
