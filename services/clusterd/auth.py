@@ -66,7 +66,7 @@ class TokenAuth:
     @classmethod
     def from_file(cls, path: str | None, rejected: Counter) -> TokenAuth:
         """Read ``--token-file`` (None or "" -> open). Raises ``OSError`` when unreadable."""
-        return cls(read_secret(path) if path else None, rejected)
+        return cls(read_secret(path, what="--token-file") if path else None, rejected)
 
     @property
     def enabled(self) -> bool:

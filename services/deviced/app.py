@@ -147,7 +147,7 @@ class DeviceD:
         self._started_sources: list = []
         self._startup_task: asyncio.Task | None = None
         # the outside: agent stream, HTTP, metrics
-        token = config.read_secret(args.token_file) if args.token_file else None
+        token = config.read_secret(args.token_file, what="--token-file") if args.token_file else None
         self.agent = AgentClient(
             args.clusterd,
             self.node_name,

@@ -152,18 +152,20 @@ class BadSecretFile(OSError):
     never taken as "no secret" (an empty mounted Secret must not turn authentication off)."""
 
 
-def read_secret(path: str | None, env: str | None = None) -> str | None:
+def read_secret(path: str | None, env: str | None = None, what: str = "secret file") -> str | None:
     """Read a secret (password, token) from a file (stripped) or else from env var ``env``; never
-    logged. Raises ``OSError`` when the file is unreadable, :class:`BadSecretFile` when it is empty or
-    not UTF-8."""
+    logged. ``what`` names the file in errors (the flag, e.g. ``--token-file``). Raises
+    :class:`BadSecretFile` (an ``OSError``) when the file is unreadable, empty or not UTF-8."""
     if path:
         try:
             with open(path, encoding="utf-8") as f:
                 secret = f.read().strip()
         except UnicodeDecodeError:
-            raise BadSecretFile(f"secret file {path} is not UTF-8 text") from None
+            raise BadSecretFile(f"{what} {path} is not UTF-8 text") from None
+        except OSError as e:
+            raise BadSecretFile(f"cannot read {what} {path}: {e.strerror or e}") from None
         if not secret:
-            raise BadSecretFile(f"secret file {path} is empty")
+            raise BadSecretFile(f"{what} {path} is empty")
         return secret
     if env:
         return os.environ.get(env)

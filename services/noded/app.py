@@ -111,7 +111,7 @@ class NodeD:
         self.source_metrics = SourceMetrics(self.registry)
         self.state = AgentState(self.node_name)
         self.blocking = BlockingPool(max_workers=max(1, args.blocking_workers), name="noded-blocking")
-        token = config.read_secret(args.token_file) if args.token_file else None
+        token = config.read_secret(args.token_file, what="--token-file") if args.token_file else None
         self.http = HttpServer(args.http_addr, self.registry, ready=self._ready, token=token)
         self.http.app.router.add_get("/v1/node-info", self._node_info_handler)
         self.http.app.router.add_get("/v1/state", self._state_handler)

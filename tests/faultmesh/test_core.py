@@ -169,8 +169,8 @@ def test_an_empty_or_binary_secret_file_is_refused_not_taken_as_no_secret(tmp_pa
         read_secret(str(tmp_path / "bin"))
     assert isinstance(BadSecretFile("x"), OSError)  # every daemon's start refuses it like a missing file
     assert read_secret(str(tmp_path / "ok")) == "s3cret"
-    with pytest.raises(FileNotFoundError):
-        read_secret(str(tmp_path / "missing"))
+    with pytest.raises(BadSecretFile, match=r"cannot read --token-file .*missing: No such file"):
+        read_secret(str(tmp_path / "missing"), what="--token-file")  # the message names the flag
 
 
 def test_rate_limited_log_keeps_its_level_and_counts_what_it_left_out(caplog):

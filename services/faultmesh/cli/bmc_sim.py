@@ -52,9 +52,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.port is None:
         raise CliError("bmc-sim needs --port (0 picks a free port)")
     try:
-        password = read_secret(args.password_file, "FAULTMESH_BMC_PASSWORD")
+        password = read_secret(args.password_file, "FAULTMESH_BMC_PASSWORD", "--password-file")
     except OSError as e:
-        raise CliError(f"cannot read --password-file: {e}") from None
+        raise CliError(str(e)) from None
     if not password:
         raise CliError("bmc-sim needs --password-file or env FAULTMESH_BMC_PASSWORD")
     setup_from_args(args)

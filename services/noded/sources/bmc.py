@@ -83,7 +83,7 @@ def _interval(lo: float, hi: float):
 def read_password(cfg: Any) -> str:
     """The BMC password from ``--bmc-password-file`` or env ``FAULTMESH_BMC_PASSWORD``. Raises
     ``ValueError`` without it (the value itself is never logged)."""
-    pw = config.read_secret(cfg.bmc_password_file, "FAULTMESH_BMC_PASSWORD")
+    pw = config.read_secret(cfg.bmc_password_file, "FAULTMESH_BMC_PASSWORD", "--bmc-password-file")
     if not pw:
         raise ValueError("a BMC host needs --bmc-password-file or env FAULTMESH_BMC_PASSWORD")
     return pw
