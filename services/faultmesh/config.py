@@ -13,9 +13,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-MAX_BODY_BYTES = 4 << 20
-"""The largest HTTP request body a faultmesh daemon takes (aiohttp's default ``client_max_size``);
-the CLI refuses a larger file before it parses it."""
+MAX_BODY_BYTES = 16 << 20
+"""The largest HTTP request body a faultmesh daemon takes (bytes; aiohttp's ``client_max_size``);
+the CLI refuses a larger file before it parses it. A job file of ``jobspec.MAX_RANKS`` ranks with
+every rank field set is ~8.4 MiB as JSON."""
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
 

@@ -48,9 +48,9 @@ def test_a_job_file_larger_than_clusterd_takes_is_refused_before_parsing(capsys,
     # a 300 MB whitespace file took 6.5 min of CPU in the YAML parser before 'no job' (tryout)
     big = tmp_path / "big.yaml"
     with open(big, "wb") as fh:
-        fh.truncate(300 << 20)  # sparse: instant to make, refused after reading 4 MiB + 1
+        fh.truncate(300 << 20)  # sparse: instant to make, refused after reading 16 MiB + 1
     rc, err = cli(capsys, "job", "apply", "-f", str(big), "--http", "127.0.0.1:1")
-    assert rc == EXIT_USAGE and "is larger than 4 MiB, the most clusterd takes in one request" in err, err
+    assert rc == EXIT_USAGE and "is larger than 16 MiB, the most clusterd takes in one request" in err, err
 
 
 def test_slownode_conf_not_utf8_or_not_json_is_usage(capsys, tmp_path: Path, not_utf8: Path):

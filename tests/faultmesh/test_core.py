@@ -185,3 +185,25 @@ def test_rate_limited_log_keeps_its_level_and_counts_what_it_left_out(caplog):
         (logging.ERROR, "node state write failed reason=disk suppressed=0 error=full"),
         (logging.ERROR, "node state write failed reason=disk suppressed=1 error=full"),
     ]
+
+
+def test_a_job_of_max_ranks_with_every_rank_field_fits_the_body_limit():
+    """The CLI and clusterd advertise ``ranks: at most MAX_RANKS``: a job file that large, every
+    rank field set, must be readable by the CLI and clusterd's HTTP API (tryout finding: 60k ranks
+    exceeded the old 4 MiB body)."""
+    import orjson
+
+    from faultmesh.config import MAX_BODY_BYTES
+    from faultmesh.jobspec import MAX_RANKS, parse_jobs_text
+
+    ranks = [
+        {
+            "rank": i, "node": f"node-{i // 16:05d}", "device": i % 16, "superPodId": i // 768,
+            "deviceIp": f"10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}",
+        }
+        for i in range(MAX_RANKS)
+    ]  # fmt: skip
+    text = orjson.dumps({"id": "job-big", "name": "big", "namespace": "default", "ranks": ranks}).decode()
+    assert len(text) <= MAX_BODY_BYTES
+    (job,) = parse_jobs_text(text)
+    assert len(job.ranks) == MAX_RANKS and job.rank_of("node-06249", 15).rank == MAX_RANKS - 1

@@ -142,7 +142,7 @@ def token(args: argparse.Namespace) -> str | None:
 
 def read_text(path: str, what: str = "file", stdin: bool = True, max_bytes: int = MAX_BODY_BYTES) -> str:
     """The text of ``path`` (``-``: stdin when ``stdin``), UTF-8, at most ``max_bytes`` (default:
-    the largest request body clusterd takes, 4 MiB). Raises :class:`UsageError` (exit 2) when the
+    the largest request body clusterd takes, 16 MiB). Raises :class:`UsageError` (exit 2) when the
     file is missing, unreadable, larger (checked before any parsing) or not UTF-8."""
     try:
         if path == "-" and stdin:
