@@ -40,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import numpy as np  # noqa: E402
 from trainsim_tp import (  # noqa: E402
     SHARED_BOX,
     Fault,
@@ -281,6 +282,68 @@ class Tally:
         return out
 
 
+def pair_excess(sim: Sim, steps: dict[int, list]) -> dict[int, np.ndarray]:
+    """Per rank of a TP pair: [steps, gaps] own log gap (compute between TP collectives) minus its
+    partner's, chronological."""
+    out = {}
+    for kind, rs in sim.layout.groups().values():
+        if kind == "tp" and len(rs) == 2:
+            a, b = (np.log(np.array([m.tp_gaps for m in steps[r]], dtype=float)) for r in rs)
+            out[rs[0]], out[rs[1]] = a - b, b - a
+    return out
+
+
+def _iqm(x: np.ndarray) -> float:
+    v = np.sort(x.ravel())
+    q = len(v) // 4
+    return float(v[q : len(v) - q].mean())
+
+
+def bound(runs: int, seed_base: int, noise: float) -> str:
+    """The best any threshold on the gap excess can do on the shared box (the per-op log gap of a
+    member over its partner's), whatever the rule: a healthy run's highest excess over a window
+    (any member, any round) against the culprit's in the window that ends ``k`` steps after onset.
+    -> one line: per culprit kind and window, the share of culprits above every healthy run's
+    highest (recall at zero false alarms), for the level (window's interquartile mean) and the
+    change (the same minus the 20 steps before the window)."""
+    k_ok = (10, 20, 40)  # 10: the last window that can still confirm within 3 rounds
+    healthy: dict[int, list[float]] = {k: [] for k in k_ok}
+    healthy_chg: dict[int, list[float]] = {k: [] for k in k_ok}
+    for seed in range(seed_base, seed_base + runs):
+        sim = make_sim("box_healthy", 4, seed, noise)
+        for x in pair_excess(sim, steps_of(sim, 0)).values():
+            for k in k_ok:
+                for t in range(k + 20, len(x) + 1, ROUND_STEPS):
+                    lvl = _iqm(x[t - k : t])
+                    healthy[k].append(lvl)
+                    healthy_chg[k].append(lvl - _iqm(x[t - k - 20 : t - k]))
+    parts = []
+    for name in ("box_card+20%", "box_stall+40%"):
+        lvl: dict[int, list[float]] = {k: [] for k in k_ok}
+        chg: dict[int, list[float]] = {k: [] for k in k_ok}
+        for seed in range(seed_base, seed_base + runs):
+            sim = make_sim(name, 4, seed, noise)
+            x = pair_excess(sim, steps_of(sim, 0))[sim.fault.target]
+            for k in k_ok:
+                t = ONSET + k
+                lvl[k].append(_iqm(x[t - k : t]))
+                chg[k].append(lvl[k][-1] - _iqm(x[ONSET - 20 : ONSET]))
+        cells = []
+        for k in k_ok:
+            hl, hc = max(healthy[k]), max(healthy_chg[k])
+            rl = float(np.mean(np.array(lvl[k]) > hl))
+            rc = float(np.mean(np.array(chg[k]) > hc))
+            cells.append(
+                f"{k} steps: level {rl:.2f} (culprit median {np.median(lvl[k]):.3f}, healthy max {hl:.3f}), "
+                f"change {rc:.2f} (median {np.median(chg[k]):.3f}, healthy max {hc:.3f})"
+            )
+        parts.append(f"{name} " + "; ".join(cells))
+    return (
+        f"bound ({runs} healthy + {runs} culprit box runs, seeds {seed_base}.., noise x{noise:g}; share of "
+        "culprits above every healthy run's highest excess, per window after onset): " + " | ".join(parts)
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=2)
@@ -304,7 +367,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--quick", action="store_true", help="sizes 8,16 only")
     ap.add_argument("--only", default="", help="comma-separated scenarios (default: all)")
+    ap.add_argument(
+        "--bound",
+        type=int,
+        default=0,
+        metavar="RUNS",
+        help="only print the best any gap-excess threshold can do on the shared box (RUNS runs each)",
+    )
     args = ap.parse_args(argv)
+    if args.bound:
+        print(bound(args.bound, args.seed_base, args.noise))
+        return 0
     sizes = [8, 16] if args.quick else [int(x) for x in args.sizes.split(",")]
     seeds = range(args.seed_base, args.seed_base + args.seeds)
     confs = {"faultmesh": parse_featconf(FAULTMESH), "reference": parse_featconf(REFERENCE)}
