@@ -340,6 +340,20 @@ class Action:
     detail: dict = field(default_factory=dict)
 
 
+NAMED_KEYS = (
+    "slowCalculateRanks",
+    "slowCommunicationDomains",
+    "slowHostNodes",
+    "slowIORanks",
+    "slowSendRanks",
+)
+
+
+def _names_any(result: dict) -> bool:
+    """The cluster result names some entity (:data:`NAMED_KEYS`)."""
+    return any(result.get(k) for k in NAMED_KEYS)
+
+
 class DegradationTracker:
     """Confirmation state machine of §6 for one job (pure; the host performs the actions).
 
@@ -353,7 +367,7 @@ class DegradationTracker:
     faultmesh differences (named on purpose):
 
     - *ranks across the confirming rounds*: the reported slow ranks are those localized in at least
-      half of the confirming rounds that localized anything (the reference reported the last
+      half of the confirming rounds that named anything of any kind (the reference reported the last
       round's ranks, so one noisy round could name a wrong rank, and a last round that localized
       nothing reported nobody); without such ranks the report is deferred (and communication
       profiling kept on) until the rounds agree. The confirm action's ``detail`` names the other
@@ -391,7 +405,8 @@ class DegradationTracker:
         self.slow_rounds = 0
         self.clean_rounds = 0
         self.gap = conf.confirm_gap if conf.rules == "faultmesh" else 0
-        self.history: deque[list[int]] = deque(maxlen=conf.n_confirm_rounds)
+        # per recent slow round: (its slow ranks, whether it named anything of any kind)
+        self.history: deque[tuple[list[int], bool]] = deque(maxlen=conf.n_confirm_rounds)
         self.results: deque[dict] = deque(maxlen=conf.n_confirm_rounds)
         self._gaps = 0  # clean rounds tolerated in the current run of slow rounds
         self.reported_ranks: list[int] = []
@@ -413,9 +428,11 @@ class DegradationTracker:
         self.heavy_reason = reason if on else ""
 
     def majority_ranks(self) -> list[int]:
-        """Ranks localized in more than half of the recent slow rounds that localized any rank."""
-        localized = [set(r) for r in self.history if r]
-        if not localized:
+        """Ranks localized in at least half of the recent slow rounds that named anything (a rank,
+        a domain, a host, an IO rank or a PP sender): a slow data loader named in every round does
+        not turn into a slow card its TP partner's noise put in one of them."""
+        localized = [set(r) for r, named in self.history if named]
+        if not any(localized):
             return []
         counts: dict[int, int] = {}
         for s in localized:
@@ -453,7 +470,7 @@ class DegradationTracker:
             if slow or suspects:
                 self.clean_rounds = 0
                 if slow:
-                    self.history.append(ranks)
+                    self.history.append((ranks, _names_any(result)))
                 if self.deferred and (maj := self.majority_ranks()):
                     self.deferred = False
                     self.reported_ranks = maj
@@ -499,7 +516,7 @@ class DegradationTracker:
                 self._heavy(True, "suspect", out)
             return out
         self.slow_rounds += 1
-        self.history.append(ranks)
+        self.history.append((ranks, _names_any(result)))
         self.results.append(result)
         if not self.heavy:
             self._heavy(True, "slow", out)

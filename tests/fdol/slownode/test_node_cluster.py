@@ -259,6 +259,17 @@ def test_tracker_reports_majority_ranks_only():
     assert kinds(acts) == ["confirm"] and t.deferred  # no agreement: not reported
 
 
+def test_tracker_a_card_named_once_beside_a_slow_loader_is_not_reported():
+    """A slow data loader named in every confirming round; its TP partner was named as a slow card
+    in one of them (its noise): the confirmation names the IO rank and reports no card."""
+    t = DegradationTracker(CONF)
+    t.on_round(NOT)
+    for ranks in ((), (3,), (), (), ()):
+        acts = t.on_round({**slow(ranks), "slowIORanks": [1]})
+    assert kinds(acts) == ["confirm"] and acts[0].ranks == []
+    assert acts[0].detail["slowIORanks"] == [1]
+
+
 def test_bad_input_never_makes_a_false_detection(tmp_path):
     """A clean 2-rank job whose files are full of garbage, truncated JSON, unknown names, negative
     durations, missing ends, a clock jump, a broken parallel_group.json and a vanishing rank
