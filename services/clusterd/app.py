@@ -52,6 +52,7 @@ from clusterd.center import FaultCenter
 from clusterd.context import ClusterContext, Metrics
 from clusterd.history import HistoryComponent
 from clusterd.http.nodes import NodeApi
+from clusterd.http.statewrite import state_write_middleware
 from clusterd.http.web import WebUi
 from clusterd.ingest.agents import AgentHub
 from clusterd.kube import KubeComponent
@@ -215,6 +216,7 @@ class ClusterD:
         auth = TokenAuth.from_file(args.token_file, rejected)
         http.app.middlewares.append(self.gate.http_middleware())  # followers refuse (issue 15 HA)
         http.app.middlewares.append(auth.http_middleware())
+        http.app.middlewares.append(state_write_middleware(center.store_errors))  # 503, counted
         self.ctx = ClusterContext(
             config=args,
             store=store,

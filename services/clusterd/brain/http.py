@@ -46,8 +46,6 @@ class JobsHttp:
         except UnicodeDecodeError:
             self.b.count_rejected("bad_job_spec")
             return json_response({"error": "body is not valid UTF-8"}, status=400)
-        if len(raw) > 16 * 1024 * 1024:
-            return json_response({"error": "body larger than 16 MiB"}, status=413)
         try:
             jobs = await asyncio.to_thread(parse_jobs_text, raw)  # large YAML must not stall the loop
             results = await self.b.jobs.apply(jobs)

@@ -147,10 +147,11 @@ class JobRegistry:
 
     async def delete(self, job_id: str) -> Job | None:
         """Remove a job. Returns it, or None when unknown."""
-        job = self._jobs.pop(job_id, None)
+        job = self._jobs.get(job_id)
         if job is None:
             return None
-        await self._store.kv_delete(self.NS, job_id)
+        await self._store.kv_delete(self.NS, job_id)  # stored first: a refused delete changes nothing
+        del self._jobs[job_id]
         self._index(None, job)
         await self._notify(job, True)
         return job
