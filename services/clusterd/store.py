@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import os
 import sqlite3
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -78,8 +80,17 @@ def _rollback(db: sqlite3.Connection) -> None:
             db.execute("ROLLBACK")
 
 
+class StateDirBusy(OSError):
+    """The state folder is held by another running clusterd (its ``clusterd.lock``)."""
+
+
 class Store:
     """SQLite (WAL) state file ``<state_dir>/clusterd.db``. Open with :meth:`open`, close with :meth:`close`.
+
+    One clusterd per state folder: :meth:`open` takes an exclusive ``flock`` on
+    ``<state_dir>/clusterd.lock`` (holding the owner's pid) and raises :class:`StateDirBusy` when
+    another process holds it; two writers on one SQLite file would be split-brain. The kernel drops
+    the lock with the process, so a ``kill -9`` leaves nothing to clean up.
 
     ``busy_timeout_ms``: how long a write waits for another holder of the write lock before it
     raises ``sqlite3.OperationalError("database is locked")``.
@@ -91,12 +102,41 @@ class Store:
         self._busy_timeout_ms = int(busy_timeout_ms)
         self._exec = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
         self._db: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._exec, fn, *args)
 
+    def _lock(self) -> None:
+        lock = self.path.parent / "clusterd.lock"
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StateDirBusy(
+                f"--state-dir {self.path.parent} is in use by another clusterd (pid {owner})"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor drops the flock
+            self._lock_fd = None
+
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock()
+        try:
+            self._connect()
+        except BaseException:
+            self._unlock()
+            raise
+
+    def _connect(self) -> None:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA synchronous={'FULL' if self._fsync_full else 'NORMAL'}")
@@ -118,10 +158,13 @@ class Store:
         """Checkpoint and close (idempotent)."""
 
         def _close() -> None:
-            if self._db is not None:
-                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-                self._db.close()
-                self._db = None
+            try:
+                if self._db is not None:
+                    self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                    self._db.close()
+                    self._db = None
+            finally:
+                self._unlock()
 
         await self._run(_close)
         self._exec.shutdown(wait=True)

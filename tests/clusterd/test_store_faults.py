@@ -147,3 +147,24 @@ async def test_agent_delta_sent_during_a_failed_write_is_resent_and_stored(tmp_p
     finally:
         await client.stop()
         await cd.stop()
+
+
+async def test_a_second_clusterd_on_the_same_state_dir_is_refused_until_the_first_closes(tmp_path):
+    """Two writers on one SQLite file would be split-brain (tryout finding: a second clusterd on a
+    running one's --state-dir started and served): the second open names the folder and the owner."""
+    import os
+
+    from clusterd.app import start_error
+    from clusterd.store import StateDirBusy
+
+    first = Store(tmp_path)
+    await first.open()
+    second = Store(tmp_path)
+    with pytest.raises(StateDirBusy) as e:
+        await second.open()
+    msg = start_error(e.value, type("A", (), {"state_dir": str(tmp_path)}))
+    assert msg == f"--state-dir {tmp_path} is in use by another clusterd (pid {os.getpid()})"
+    await first.close()
+    await second.open()  # the lock goes with the first store's close (or its process)
+    assert second.is_open
+    await second.close()
