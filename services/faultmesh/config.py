@@ -71,8 +71,10 @@ def _load_yaml(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"cannot read config file {path}: {e}") from e
+    except UnicodeDecodeError:
+        raise ConfigError(f"cannot read config file {path}: not UTF-8 text") from None
+    except (OSError, yaml.YAMLError, RecursionError) as e:
+        raise ConfigError(f"cannot read config file {path}: {str(e)[:200]}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping")
     return {str(k).replace("-", "_"): v for k, v in data.items()}

@@ -114,6 +114,10 @@ def test_unknown_config_keys_and_values_that_refuse_every_client_are_usage_error
     assert "positive integer" in capsys.readouterr().err
     a = config.parse(limits(), ["--max-connections", "8", "--unary-qps", "0.5", "--period", "0"])
     assert (a.max_connections, a.unary_qps, a.period) == (8, 0.5, 0.0)
+    cfg.write_bytes(b"grpc-addr: \x99\xfe\n")  # a binary or Latin-1 file: usage, not a traceback
+    with pytest.raises(SystemExit) as e:
+        config.parse(parser(), ["--config", str(cfg)])
+    assert e.value.code == 2 and f"cannot read config file {cfg}: not UTF-8 text" in capsys.readouterr().err
 
 
 def test_token_bucket_burst_then_refill():
