@@ -196,7 +196,7 @@ async def test_cli_stress_test_shows_progress_and_a_result_table(cd, tmp_path):
     await apply(cd)
     async with TrainsimProcess(cd, tmp_path, "--stress-rank-code", "1=1"):
         rc, out, err = await run_cli(cd, "stress-test", "--job", JOB, "--ops", "aic,p2p", "--timeout-s", "60")
-    assert rc == 0, err
+    assert rc == 1, err  # one op failed (code 1): the test failed, though training goes on
     assert f"stress-test {JOB}: waiting for the outcome (at most 60 s)" in err
     lines = out.splitlines()
     assert lines[0] == f"job {JOB}: stress test finish" and lines[1] == ""

@@ -160,3 +160,18 @@ def test_stress_test_outcome_reads_as_rows():
     ]
     for bad in ("stress test finish", "stress test finish, result:{not json", "x, result:[1]"):
         assert result_rows(bad) == (bad, [])
+
+
+def test_stress_test_exits_1_when_an_op_failed_even_though_clusterd_says_finish():
+    """Code "1" (test failed, training goes on) comes back as ``stress test finish`` (clusterd.md
+    §4.2); the command's exit status is 1 unless every op answered "0" (tryout finding: rc 0 and
+    ``"ok": true`` with every op failed)."""
+    from faultmesh.cli.stress_test import finished_clean
+
+    failed = (
+        'stress test finish,result:{"node-a":{"0":{"rankResult":{"0":{"code":"1","result":"aic fail"}}}}}'
+    )
+    clean = 'stress test finish,result:{"node-a":{"0":{"rankResult":{"0":{"code":"0"},"1":{"code":"0"}}}}}'
+    assert not finished_clean(failed)
+    assert finished_clean(clean)
+    assert not finished_clean("stress test find fault, isolate node:['node-a'],result:{}")

@@ -55,6 +55,13 @@ def result_rows(msg: str) -> tuple[str, list[tuple[str, str, str, str, str, str]
     return head.strip().rstrip(","), rows
 
 
+def finished_clean(msg: str) -> bool:
+    """True when clusterd's outcome ``msg`` says the test finished (``stress test finish``) and no op
+    on any NPU answered other than "0". The reference also answers "finish" when ops failed with
+    code "1" (test failed, training goes on); the command exits 1 then, as a failed test."""
+    return msg.startswith("stress test finish") and all(row[3] == "0" for row in result_rows(msg)[1])
+
+
 def parse_ops(text: str) -> list[int]:
     """``aic,p2p`` -> [0, 1]. Raises :class:`CliError` on an unknown or repeated op."""
     ops = []
@@ -89,7 +96,7 @@ def cmd_stress_test(args: argparse.Namespace) -> int:
         "stress-test",
         ("StressTest", req),
         ("SubscribeStressTestResponse", recover_pb2.StressTestRequest(jobID=args.job_id)),
-        lambda msg: msg.startswith("stress test finish"),
+        finished_clean,
         details,
     )
 
