@@ -56,3 +56,46 @@ def test_instrumented_collectives_and_groups(tmp_path, port):
     steps = StepAssembler(0, lambda: jr.groups(0)).feed(recs)
     assert [m.step for m in steps] == [0, 1] and all(m.compute > 0 and m.dataloader_host > 0 for m in steps)
     assert sum(jr.bad.values()) == 0
+
+
+def _late_peer(rank: int, port: int, base: str) -> None:
+    import time
+
+    import torch.distributed as dist
+
+    from faultmesh.profiler import Profiler
+    from faultmesh.profiler import torch as fpt
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    prof = Profiler(rank, base_dir=base, task_id="t", flush_interval_s=0)
+    t = torch.ones(1024)
+    dist.all_reduce(t)  # connect (not recorded)
+    fpt.instrument_distributed(prof)
+    if rank == 1:
+        time.sleep(0.3)  # rank 0 waits for it in the next collective
+    with prof.step(0):
+        dist.all_reduce(t, dist.ReduceOp.SUM, None, False)  # blocking, async_op given positionally
+    work = dist.all_reduce(t, async_op=True)  # the job's own async op: a Work comes back
+    work.wait()
+    assert t[0].item() == 8.0
+    prof.close()
+    fpt.uninstrument_distributed()
+    dist.destroy_process_group()
+
+
+def test_blocking_collective_host_range_is_the_launch_device_range_the_wait(tmp_path, port):
+    """Rank 0 waits ~0.3 s for its peer in a blocking all_reduce: its device range holds the wait,
+    its host range only the launch (ZP_device against ZP_host, fdol.md §1.3)."""
+    import torch.multiprocessing as mp
+
+    from fdol.slownode.reader import JobReader
+    from fdol.slownode.records import FLAG_DEVICE_END, FLAG_DEVICE_START, SOURCE_DEVICE, SOURCE_HOST
+
+    mp.spawn(_late_peer, args=(port, str(tmp_path)), nprocs=2, join=True)
+    recs = JobReader(tmp_path / "t", [0]).poll()[0]
+    comm_id = min(r.id for r in recs if r.domain == "communication")  # the blocking one
+    ts = {(r.flag, r.source_kind): r.ts for r in recs if r.id == comm_id}
+    host = ts[(FLAG_DEVICE_END, SOURCE_HOST)] - ts[(FLAG_DEVICE_START, SOURCE_HOST)]
+    device = ts[(FLAG_DEVICE_END, SOURCE_DEVICE)] - ts[(FLAG_DEVICE_START, SOURCE_DEVICE)]
+    assert device > 0.2e9, device
+    assert host < 0.05e9, host
