@@ -22,11 +22,8 @@ Behaviour:
   newest exceeds ``max_file_bytes`` (10 MiB).
 - Records: step, forward and communication ranges write 4 records (host and device start/end, flags
   16/32); dataloader and save_checkpoint 2 host records (flags 2/4). Only the first record of an Id
-  carries Name/Domain. The device start is the host start (this producer sees the host only); the
-  device end is the range's exit and the host end the same, except for a range whose work was
-  launched asynchronously (``_Range.launched``): its host part ends when the launch returned, as
-  the reference's host records of a collective do (fdol.md §1.3: ZP_host is the launch, ZP_device
-  the collective). :mod:`faultmesh.profiler.torch` does that for every blocking collective.
+  carries Name/Domain. Device timestamps are the host ones: this producer sees the host only (on a
+  CPU job they are the same thing; on GPU the device time of async kernels is not measured).
 - Switch: ``switch_path`` (or env ``FAULTMESH_PROFILING_SWITCH``) is polled at most every
   ``switch_poll_s`` (1 s) at step boundaries; its *default* domain gates step/forward/dataloader/
   save_checkpoint, its *communication* domain gates collectives; missing or invalid file = all off
@@ -67,11 +64,9 @@ __all__ = ["Profiler"]
 
 
 class _Range:
-    """Context manager of one marker range (reusable per call; cheap). :meth:`launched` inside a
-    device range ends its host part there (the call that enqueued the work returned); the device
-    part ends at exit (the work completed)."""
+    """Context manager of one marker range (reusable per call; cheap)."""
 
-    __slots__ = ("_p", "_name", "_domain", "_device", "_rid", "_t0", "_th", "_on")
+    __slots__ = ("_p", "_name", "_domain", "_device", "_rid", "_t0", "_on")
 
     def __init__(self, p: Profiler, name: str, domain: str, device: bool, on: bool) -> None:
         self._p = p
@@ -84,20 +79,11 @@ class _Range:
         if self._on:
             self._rid = next(self._p._ids)
             self._t0 = time.time_ns()
-            self._th = 0
         return self
-
-    def launched(self) -> None:
-        """The host side of the range ends now (an asynchronous launch returned)."""
-        if self._on:
-            self._th = time.time_ns()
 
     def __exit__(self, *exc) -> None:
         if self._on:
-            t1 = time.time_ns()
-            self._p._emit_range(
-                self._rid, self._name, self._domain, self._t0, t1, self._device, self._th or t1
-            )
+            self._p._emit_range(self._rid, self._name, self._domain, self._t0, time.time_ns(), self._device)
 
 
 class Profiler:
@@ -197,9 +183,7 @@ class Profiler:
         ).decode()
         return _Range(self, name, "communication", True, True)
 
-    def _emit_range(
-        self, rid: int, name: str, domain: str, t0: int, t1: int, device: bool, t1_host: int = 0
-    ) -> None:
+    def _emit_range(self, rid: int, name: str, domain: str, t0: int, t1: int, device: bool) -> None:
         # One bytes template per record (same JSON as orjson would write for the reference's field
         # order); Name/Domain are JSON-encoded once per range. ~4x cheaper than a dict per record.
         obj = b'"MsptiObjectId":{"Pt":{"ProcessId":%d,"ThreadId":%d},"Ds":{"DeviceId":0,"StreamId":0}},' % (
@@ -214,7 +198,7 @@ class Profiler:
                 head % (FLAG_DEVICE_START, SOURCE_HOST, t0, rid) + obj + first,
                 head % (FLAG_DEVICE_START, SOURCE_DEVICE, t0, rid) + obj + rest,
                 head % (FLAG_DEVICE_END, SOURCE_DEVICE, t1, rid) + obj + rest,
-                head % (FLAG_DEVICE_END, SOURCE_HOST, t1_host or t1, rid) + obj + rest,
+                head % (FLAG_DEVICE_END, SOURCE_HOST, t1, rid) + obj + rest,
             ]
         else:
             lines = [

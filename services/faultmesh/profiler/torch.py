@@ -3,13 +3,8 @@
 - :func:`instrument_distributed` wraps the collectives of ``torch.distributed`` (all_reduce,
   reduce_scatter(_tensor), all_gather(_into_tensor), broadcast, all_to_all(_single), send, recv,
   barrier) so each call writes a communication range whose Name carries ``opName``, the process
-  group's name as ``groupName``, the element count and dtype. A blocking call of an op that takes
-  ``async_op`` is made asynchronous and waited for, so its host range ends at the launch and its
-  device range at completion (on a CPU job gloo runs the collective on its own worker threads, as
-  an accelerator runs it on a stream; fdol.md §1.3): the host range measures the host's launch,
-  the device range the collective with its wait for the peers. A call the job itself makes with
-  ``async_op=True`` is timed to the launch only (its completion is the job's ``wait()``).
-  :func:`uninstrument_distributed` undoes it.
+  group's name as ``groupName``, the element count and dtype. Ops with ``async_op=True`` are timed
+  to the return of the call (launch), not completion. :func:`uninstrument_distributed` undoes it.
 - :func:`new_group` creates a process group and labels it (``tp``, ``pp``, ``dp``, ...);
   :func:`label_group` labels an existing one. :func:`dump_group_info` writes ``parallel_group.json``
   for the labelled groups this rank belongs to plus the default group (``default_group``).
@@ -22,7 +17,6 @@ Importing this module imports torch; the rest of faultmesh never does.
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -89,13 +83,7 @@ def instrument_distributed(profiler: Profiler) -> None:
             continue
         _originals[fn_name] = orig
 
-        try:
-            params = list(inspect.signature(orig).parameters)
-        except (TypeError, ValueError):
-            params = []
-        apos = params.index("async_op") if "async_op" in params else None
-
-        def make(orig=orig, op=op, tensor_pos=tensor_pos, fn_name=fn_name, apos=apos):
+        def make(orig=orig, op=op, tensor_pos=tensor_pos, fn_name=fn_name):
             @functools.wraps(orig)
             def wrapper(*args, **kwargs):
                 if not profiler.comm_on:
@@ -110,17 +98,8 @@ def instrument_distributed(profiler: Profiler) -> None:
                 elif tensor_pos is not None:
                     t = kwargs.get("tensor")
                     count, dtype = _count(t if t is not None else kwargs.get("input"))
-                with profiler.comm(op, group_comm_name(group), count, dtype) as rng:
-                    if apos is None or (args[apos] if len(args) > apos else kwargs.get("async_op")):
-                        return orig(*args, **kwargs)  # no async form, or the job's own async op
-                    if len(args) > apos:
-                        work = orig(*args[:apos], True, *args[apos + 1 :], **kwargs)
-                    else:
-                        work = orig(*args, **{**kwargs, "async_op": True})
-                    rng.launched()
-                    if work is not None:  # None: this rank is not in the group
-                        work.wait()
-                    return None
+                with profiler.comm(op, group_comm_name(group), count, dtype):
+                    return orig(*args, **kwargs)
 
             return wrapper
 
