@@ -27,7 +27,7 @@ Behaviour:
   blocking collective's host range is the whole call, not its launch: gloo's launch time is
   bimodal (~0.1 ms, or several ms when the woken worker thread preempts the caller), and as
   ZP_host it made the slow-host rule follow the box's scheduling (measured on the 4-rank job at
-  load 6-8: 51 node rounds naming a host in 4 clean runs against 0 with whole-call ranges).
+  load 6-8: 51 node rounds naming a host in 2 clean runs against 0 in 2 with whole-call ranges).
 - Switch: ``switch_path`` (or env ``FAULTMESH_PROFILING_SWITCH``) is polled at most every
   ``switch_poll_s`` (1 s) at step boundaries; its *default* domain gates step/forward/dataloader/
   save_checkpoint, its *communication* domain gates collectives; missing or invalid file = all off
