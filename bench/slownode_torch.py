@@ -3,14 +3,14 @@
 simulator's (bench/trainsim_tp.py SHARED_BOX).
 
 Each run is ``faultmesh.profiler.example_job`` (4 gloo ranks, TP groups [0,1] and [2,3] with a TP
-all-reduce after every layer inside the forward range, plus a global all-reduce; profiling always
-on), replayed offline through the node level (node-a: ranks 0,1; node-b: ranks 2,3), the cluster
+all-reduce after every layer's forward and backward inside the forward range, as Megatron, plus a
+global all-reduce; profiling always on; ``--job-args`` passes more of its flags), replayed offline through the node level (node-a: ranks 0,1; node-b: ranks 2,3), the cluster
 merge and the confirmation state machine with rounds every ``--round-s`` seconds of job time (the
 steps per round follow the measured step time). Cases (from step 30):
 
 - clean: no slowdown;
-- stall: rank 2 sleeps 0.4 x its compute time per step (over the layers);
-- compute: rank 2 runs +20 % CPU work per step (calibrated in thread CPU time);
+- stall: rank 2 sleeps 0.4 x each compute segment's wall time (between its TP collectives);
+- compute: rank 2 runs +20 % CPU work in each segment (calibrated in thread CPU time);
 - loader: rank 1's data loader sleeps 0.4 x its compute time.
 
 Per case: detected (confirmed slow ranks == [2]; loader: the confirmation names rank 1 in
@@ -50,9 +50,9 @@ CASES = {  # case -> (slow mode, slow rank, factor)
 
 
 def run_job(
-    tmp: Path, name: str, mode: str, steps: int, rank: int = 2, factor: float = 0.4
+    tmp: Path, name: str, mode: str, steps: int, rank: int = 2, factor: float = 0.4, extra: tuple = ()
 ) -> dict[int, dict]:
-    """Run the example job; per-rank summaries."""
+    """Run the example job (``extra``: more of its flags); per-rank summaries."""
     cmd = [
         sys.executable,
         "-m",
@@ -75,6 +75,7 @@ def run_job(
         "1",
         "--summary",
         str(tmp / name),
+        *extra,
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     subprocess.run(
@@ -185,7 +186,8 @@ def sim_steps(case: str, seed: int) -> dict:
 
 
 def profiler_cost_us() -> float:
-    """µs the profiler spends per step of the example job's shape (step, dataloader, forward, 2 collectives)."""
+    """µs the profiler spends per step of the example job's shape (step, dataloader, forward, 7 TP
+    collectives of 16384 elements inside it, the gradient's TP and DP all-reduces)."""
     from faultmesh.profiler import Profiler
 
     with tempfile.TemporaryDirectory() as d:
@@ -197,7 +199,9 @@ def profiler_cost_us() -> float:
                 with p.dataloader():
                     pass
                 with p.forward():
-                    pass
+                    for _ in range(7):
+                        with p.comm("AllReduce", "tp", 16384, "float32"):
+                            pass
                 for g in ("tp", "0"):
                     with p.comm("AllReduce", g, 265738, "float32"):
                         pass
@@ -211,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--records", action="store_true", help="also compare the records with the simulator's")
     ap.add_argument("--round-s", type=float, default=0.5)
+    ap.add_argument("--job-args", default="", help="more flags of the job, e.g. '--layers 2 --batch 4096'")
     args = ap.parse_args(argv)
     try:
         import torch  # noqa: F401
@@ -232,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         for case, (mode, rank, factor) in CASES.items():
             for i in range(args.runs):
                 name = f"{case}-{i}"
-                summ = run_job(tmp, name, mode, args.steps, rank, factor)
+                summ = run_job(tmp, name, mode, args.steps, rank, factor, tuple(args.job_args.split()))
                 period = statistics.median(r["period"] for r in summ[0]["rows"])
                 periods.append(period)
                 cells = []

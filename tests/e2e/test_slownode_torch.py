@@ -6,16 +6,20 @@ instrumented with faultmesh.profiler and honours the data-trace switch clusterd 
 Ranks 0,1 are placed on node-a and 2,3 on node-b. The FeatConf is the documented defaults
 (fdol.md §7) with 0.5 s rounds, rules ``faultmesh`` (communication profiling stays on).
 
-The job runs with its TP collectives inside the forward range (a TP all-reduce after every layer,
-as Megatron; issue 16), so the TP members show the same forward time and a slow rank shows only
-as the one that arrives last (waits least) at the per-layer barriers.
+The job runs with its TP collectives where Megatron has them, inside the forward range (a TP
+all-reduce after every layer's forward and every layer's backward but the first; issue 16), so the
+TP members show the same forward time and a slow rank shows only as the one that computes longer
+between the per-operation barriers and arrives last (waits least) at them; its slowdown is
+``--factor`` x each of those compute segments.
 
-- Stall: from step 30 rank 2 sleeps 0.4 x its compute time per step (spread over the layers).
+- Stall: from step 30 rank 2 sleeps 0.4 x each compute segment's wall time.
   clusterd must log ``got degradation, slow rank ids: [2]`` (and no other rank) within 3 rounds of
   the confirmation becoming possible (the 5th slow round that localizes the rank; one round in
-  between without it is tolerated, ``confirmGapRounds``). Asserted on the achieved step-time rise.
-- Slow compute: from step 30 rank 2 does +20 % compute (CPU work calibrated in thread CPU time):
-  the same, only rank 2 named. Asserted on the achieved CPU ratio.
+  between without it is tolerated, ``confirmGapRounds``; a slow round naming a host or a domain
+  also counts for the tracker, so an earlier confirmation is within the bound).
+- Slow compute: from step 30 rank 2 does +20 % compute in every segment (CPU work calibrated in
+  thread CPU time): the same, only rank 2 named. Asserted on the achieved CPU ratio. Skipped: not
+  separable from the shared box's scheduling on this box (see its skip reason).
 - Data-loader stall: from step 30 rank 1's data loader sleeps 0.4 x its compute time; the cluster
   result names rank 1, and only it, in ``slowIORanks``, and no slow compute rank is reported (its
   TP partner waits for it at the first barrier of the step only, which the wait rule skips).
@@ -249,7 +253,9 @@ def _assert_named_alone(cd, job: str, rank: int, node: str) -> None:
     hist = status["history"]
     confirm = next(i for i, h in enumerate(hist) if h["degraded"])
     # confirmation becomes possible at the 5th round that localizes the rank (one round without it
-    # is tolerated, a second restarts the count); it must follow within 3 rounds of that
+    # is tolerated, a second restarts the count); it must follow within 3 rounds of that. Slow rounds
+    # that name something else (a host, a domain) also count for the tracker, so it may confirm
+    # before the 5th localizing round: earlier is within the bound.
     run, gaps, possible = 0, 0, None
     for i, h in enumerate(hist[: confirm + 1]):
         if rank in h["slowCalculateRanks"]:
@@ -261,7 +267,9 @@ def _assert_named_alone(cd, job: str, rank: int, node: str) -> None:
         if run >= 5:
             possible = i
             break
-    assert possible is not None and confirm - possible <= 3, hist
+    rounds = [(h["round"], h["slowCalculateRanks"], h["isSlow"]) for h in hist[: confirm + 4]]
+    assert possible is None or confirm - possible <= 3, rounds
+    assert any(rank in h["slowCalculateRanks"] for h in hist[: confirm + 1]), rounds
     others = [h["round"] for h in hist if set(h["slowCalculateRanks"]) - {rank}]
     print(f"rounds that also localized another rank (never reported): {others}; confirmed at round {confirm}")
     faults = [
@@ -302,10 +310,13 @@ def test_stall_rank2_detected(stack):
 
 
 @pytest.mark.skip(
-    reason="issue 16: +20 % compute on the real 4-rank job is not found reliably: the gap rule found it "
-    "in 1 of 2 replayed real runs (bench/slownode_torch.py, loaded box; the miss achieved CPU x1.14) and "
-    "in 26 of 32 shared-box stand-in runs, where a healthy member also ran 21 % behind its peer for 40 "
-    "steps in 1 of 32"
+    reason="issue 16: +20 % compute on the real 4-rank job cannot be told from the 2-core box's "
+    "scheduling in its records: rank 2's log gap over its TP peer's rose by a median 0.11-0.14 "
+    "(achieved CPU x1.20-1.22; 4 ranks share 2 cores, its peer's wait frees CPU) while healthy "
+    "TP pairs ran 0.09-0.18 apart over 30-40 steps and the per-operation spread was 0.26-0.43; "
+    "the gap rule (peers.GapDetector) needs gapSpread (1.0) x that spread: found in 1 of 4 "
+    "replayed real runs (this shape, the earlier one, and 2 layers x batch 4096 / 8192: found at "
+    "4096, 67 steps late)"
 )
 def test_compute_rank2_plus20_detected(stack):
     tmp, cd, prof, dt = stack

@@ -23,7 +23,11 @@ Behaviour:
 - Records: step, forward and communication ranges write 4 records (host and device start/end, flags
   16/32); dataloader and save_checkpoint 2 host records (flags 2/4). Only the first record of an Id
   carries Name/Domain. Device timestamps are the host ones: this producer sees the host only (on a
-  CPU job they are the same thing; on GPU the device time of async kernels is not measured).
+  CPU job they are the same thing; on GPU the device time of async kernels is not measured). A
+  blocking collective's host range is the whole call, not its launch: gloo's launch time is
+  bimodal (~0.1 ms, or several ms when the woken worker thread preempts the caller), and as
+  ZP_host it made the slow-host rule follow the box's scheduling (measured on the 4-rank job at
+  load 6-8: 51 node rounds naming a host in 2 clean runs against 0 in 2 with whole-call ranges).
 - Switch: ``switch_path`` (or env ``FAULTMESH_PROFILING_SWITCH``) is polled at most every
   ``switch_poll_s`` (1 s) at step boundaries; its *default* domain gates step/forward/dataloader/
   save_checkpoint, its *communication* domain gates collectives; missing or invalid file = all off

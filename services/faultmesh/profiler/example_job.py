@@ -2,28 +2,32 @@
 
 The job of ../shared/reference/torch-real-input.md §2: ``--ranks`` processes (4) via
 ``torch.multiprocessing.spawn``, gloo on 127.0.0.1, TP-like groups of 2 ranks ([0,1], [2,3]) plus a
-global all_reduce, one thread per process, an MLP 256->256x4->10 on a synthetic batch of 2048,
-SGD by hand, 8 warm-up steps (not recorded); ``--steps`` steps, or fewer when ``--stop-file`` appears
-(the stop flag rides in the global all-reduce so every rank stops after the same step). From step
-``--slow-from`` (``-1``: never by step), or once the file ``--slow-file`` exists (how the demo
-triggers it at run time), rank ``--slow-rank`` is slowed down:
+global all_reduce, one thread per process, an MLP 256->256 x ``--layers`` (4) ->10 on a synthetic
+batch of ``--batch`` (2048), SGD by hand, 8 warm-up steps (not recorded); ``--steps`` steps, or
+fewer when ``--stop-file`` appears (the stop flag rides in the global all-reduce so every rank
+stops after the same step). From step ``--slow-from`` (``-1``: never by step), or once the file
+``--slow-file`` exists (how the demo triggers it at run time), rank ``--slow-rank`` is slowed
+down, in every compute segment (the compute between two TP collectives) by ``--factor`` x that
+segment's median over the warm-up (measured while every rank runs; :class:`_Pace`):
 
-- ``--slow-mode sleep``: sleeps ``--factor`` x its median warm-up compute wall time per step (a stall);
-- ``--slow-mode compute``: runs N extra ``tanh(x @ W)`` products calibrated in *thread CPU time*
-  during warm-up, while every rank runs, to ``--factor`` x its median compute CPU time;
+- ``--slow-mode compute``: extra ``tanh(x @ W)`` products worth ``--factor`` x the segment's
+  *thread CPU time* (a card that runs every kernel slower: forward and backward alike);
+- ``--slow-mode sleep``: a sleep of ``--factor`` x the segment's wall time (a stall);
 - ``--slow-mode dataloader``: its data loader sleeps ``--factor`` x its median compute wall time.
 
-With ``--tp-in-forward`` (the default, as Megatron) every hidden layer's forward ends with an
-all-reduce of ``--tp-elems`` elements on the TP group *inside* the forward range, and the slowdown is
-spread over the layers, so the TP members show the same forward time and a slow rank shows as the
-one that waits least at each per-layer barrier (issue 16); ``--no-tp-in-forward`` is the earlier
-shape (slowdown after backward, TP collective after the forward range).
+With ``--tp-in-forward`` (the default) the TP collectives sit where Megatron puts them, inside the
+forward range (which spans forward + backward): every hidden layer's forward ends with an
+all-reduce of ``--tp-elems`` elements on the TP group (the row-parallel output) and every hidden
+layer's backward but the first layer's with one (the column-parallel input gradient,
+:class:`_BackwardTP`); the TP members show the same forward time and a slow rank shows as the one
+that arrives last at each per-operation barrier and computes longer between them (issue 16).
+``--no-tp-in-forward`` is the earlier shape (one segment, TP collective after the forward range).
 
 Each step records ``step <n>`` / ``dataloader`` / ``forward`` (forward + backward + the slowdown)
-and the two all-reduces through the instrumented ``torch.distributed``; ``parallel_group.json`` is
+and the collectives through the instrumented ``torch.distributed``; ``parallel_group.json`` is
 written after warm-up. With ``--summary DIR`` each rank writes ``rank<r>.json`` with per-step
-phase times (ms: compute, compute_cpu, tp_ar, dp_ar, period; ``slow``) so tests assert what was
-achieved. Rank 0 prints ``warm-up done``, ``slowdown on at step N`` (the slow rank), the median step
+phase times (ms: compute, compute_cpu, tp_ar, dp_ar, period; ``slow``) and the per-segment
+slowdowns (``segments``) so tests assert what was achieved. Rank 0 prints ``warm-up done``, ``slowdown on at step N`` (the slow rank), the median step
 time every ``--progress-every`` steps and ``finished after N steps``. This is the one training job of
 the project: the demo, the real-torch test and bench/slownode_torch.py all run it.
 
@@ -51,6 +55,63 @@ def _free_port() -> int:
 def _say(rank: int, msg: str) -> None:
     sys.stdout.write(f"{time.strftime('%H:%M:%S')} rank {rank}: {msg}\n")
     sys.stdout.flush()
+
+
+class _Pace:
+    """The compute segments of a step -- the compute between two TP collectives: ``f<i>`` layer
+    i's forward, ``b<i>`` its backward (``all``: forward + backward, without ``--tp-in-forward``)
+    -- and the slowdown of each.
+
+    During warm-up (``recording``) :meth:`end` keeps each segment's wall and thread CPU time (ns);
+    :meth:`calibrate` then sets per segment the extra ``tanh(x @ W)`` products worth ``factor`` x
+    its median CPU time (``compute``: a card that runs every kernel ``factor`` slower) and the
+    sleep worth ``factor`` x its median wall time (``sleep``: a stall). Afterwards :meth:`end`
+    applies the slowdown of ``mode`` (``none`` | ``compute`` | ``sleep``; others: none)."""
+
+    def __init__(self, torch, x, w) -> None:  # noqa: ANN001 - torch is imported in the worker
+        self._torch, self._x, self._w = torch, x, w
+        self.recording = False
+        self.mode = "none"
+        self.loader_sleep_s = 0.0
+        self._t0 = self._c0 = 0
+        self._seen: dict[str, list[tuple[int, int]]] = {}
+        self.n_extra: dict[str, int] = {}
+        self.sleep_s: dict[str, float] = {}
+        self.per_extra_cpu_ms = 0.0
+
+    def start(self) -> None:
+        """A segment starts (after a TP collective, or at the forward range's start)."""
+        self._t0, self._c0 = time.perf_counter_ns(), time.thread_time_ns()
+
+    def end(self, seg: str) -> None:
+        """Segment ``seg`` ends: record it (warm-up) or add its slowdown."""
+        if self.recording:
+            now, cpu = time.perf_counter_ns(), time.thread_time_ns()
+            self._seen.setdefault(seg, []).append((now - self._t0, cpu - self._c0))
+        elif self.mode == "compute":
+            for _ in range(self.n_extra.get(seg, 0)):
+                self._torch.tanh(self._x @ self._w)
+        elif self.mode == "sleep":
+            time.sleep(self.sleep_s.get(seg, 0.0))
+
+    def calibrate(self, factor: float, skip: int) -> None:
+        """Per-segment slowdowns from the recorded warm-up (its first ``skip`` steps left out)."""
+        cpu0 = time.thread_time_ns()
+        for _ in range(20):
+            self._torch.tanh(self._x @ self._w)
+        self.per_extra_cpu_ms = (time.thread_time_ns() - cpu0) / 20 / 1e6
+        for seg, xs in self._seen.items():
+            xs = xs[skip:] or xs
+            wall_ms = statistics.median(w for w, _ in xs) / 1e6
+            cpu_ms = statistics.median(c for _, c in xs) / 1e6
+            self.n_extra[seg] = round(factor * cpu_ms / max(self.per_extra_cpu_ms, 1e-6))
+            self.sleep_s[seg] = factor * wall_ms / 1000
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """{segment: {"extra": products, "sleep_ms": ms}}."""
+        return {
+            s: {"extra": n, "sleep_ms": round(self.sleep_s[s] * 1000, 3)} for s, n in self.n_extra.items()
+        }
 
 
 def _worker(rank: int, args: argparse.Namespace, port: int) -> None:  # noqa: C901 - one training loop
@@ -81,7 +142,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:  # noqa: C9
             tp_group = g
     torch.manual_seed(1234)
     layers: list[torch.nn.Module] = []
-    for _ in range(4):
+    for _ in range(args.layers):
         layers += [torch.nn.Linear(256, 256), torch.nn.ReLU()]
     head = torch.nn.Linear(256, 10)
     model = torch.nn.Sequential(*layers, head)
@@ -96,41 +157,59 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:  # noqa: C9
 
     stop_flag = torch.zeros(1)
 
-    n_layers = len(hidden)
     tp_x = torch.zeros(args.tp_elems)
+    pace = _Pace(torch, extra_x, extra_w)
 
-    def one_step(n_extra: int, sleep_s: float, dl_sleep_s: float = 0.0) -> dict[str, float]:
+    def tp_all_reduce(seg: str, tag: float) -> None:
+        # The end of one compute segment: the slowdown of that segment, then the TP collective.
+        pace.end(seg)
+        tp_x[0] = tag
+        dist.all_reduce(tp_x, group=tp_group)
+        pace.start()
+
+    class _BackwardTP(torch.autograd.Function):
+        """Megatron's copy-to-TP-region: identity forward; in backward, the layer's input
+        gradient is all-reduced over the TP group (one TP collective per layer's backward)."""
+
+        @staticmethod
+        def forward(ctx, h, i):  # noqa: ANN001 - torch.autograd.Function signature
+            ctx.i = i
+            return h.view_as(h)
+
+        @staticmethod
+        def backward(ctx, grad):  # noqa: ANN001
+            tp_all_reduce(f"b{ctx.i}", -float(ctx.i))
+            return grad, None
+
+    def one_step() -> dict[str, float]:
         t0 = time.perf_counter_ns()
         with prof.dataloader():
             x = torch.randn(args.batch, 256)
             y = torch.randint(0, 10, (args.batch,))
-            if dl_sleep_s:
-                time.sleep(dl_sleep_s)
+            if pace.loader_sleep_s:
+                time.sleep(pace.loader_sleep_s)
         c0, cc0 = time.perf_counter_ns(), time.thread_time_ns()
         with prof.forward():
+            pace.start()
             for p in params:
                 p.grad = None
             if args.tp_in_forward:
-                # Megatron: each layer's compute, then a TP all-reduce (a per-operation barrier) —
-                # inside the forward range; a slow rank is slow in every segment.
+                # Megatron: every layer's forward ends with a TP all-reduce (row-parallel output),
+                # every layer's backward but the first layer's with one (column-parallel input
+                # gradient) -- all inside the forward range; a slow rank is slow in every segment.
                 h = x
                 for i, layer in enumerate(hidden):
+                    if i:
+                        h = _BackwardTP.apply(h, i)
                     h = torch.relu(layer(h))
-                    for _ in range(n_extra // n_layers + (i < n_extra % n_layers)):
-                        torch.tanh(extra_x @ extra_w)
-                    if sleep_s:
-                        time.sleep(sleep_s / n_layers)
-                    tp_x[0] = float(i)
-                    dist.all_reduce(tp_x, group=tp_group)
+                    tp_all_reduce(f"f{i}", float(i))
                 loss = loss_fn(head(h), y)
                 loss.backward()
+                pace.end("b0")  # the first layer's backward: its gradient goes to the grad all-reduce
             else:
                 loss = loss_fn(model(x), y)
                 loss.backward()
-                for _ in range(n_extra):
-                    torch.tanh(extra_x @ extra_w)
-                if sleep_s:
-                    time.sleep(sleep_s)
+                pace.end("all")
         c1, cc1 = time.perf_counter_ns(), time.thread_time_ns()
         flat = torch.cat([p.grad.reshape(-1) for p in params] + [stop_flag])
         dist.all_reduce(flat, group=tp_group)
@@ -154,17 +233,17 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:  # noqa: C9
             "step": (t1 - t0) / 1e6,
         }
 
-    # Warm-up (not recorded) and calibration of the slowdown under the same contention.
+    # Warm-up (not recorded): each segment's compute, measured under the same contention.
     with prof.paused():
-        warm = [one_step(0, 0.0) for _ in range(args.warmup)]
-        cpu0 = time.thread_time_ns()
-        for _ in range(20):
-            torch.tanh(extra_x @ extra_w)
-        per_extra_cpu = (time.thread_time_ns() - cpu0) / 20 / 1e6
+        pace.recording = True
+        warm = [one_step() for _ in range(args.warmup)]
+        pace.recording = False
+    pace.calibrate(args.factor, skip=2)
     med_cpu = statistics.median(w["compute_cpu"] for w in warm[2:])
     med_wall = statistics.median(w["compute"] for w in warm[2:])
-    n_extra = max(1, round(args.factor * med_cpu / max(per_extra_cpu, 1e-6)))
-    sleep_s = args.factor * med_wall / 1000
+    n_extra = sum(pace.n_extra.values())
+    sleep_s = sum(pace.sleep_s.values())
+    factor_loader_s = args.factor * med_wall / 1000
     dist.barrier()
     fpt.dump_group_info(prof)
     if rank == 0:
@@ -183,22 +262,20 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:  # noqa: C9
             by_file = bool(args.slow_file) and os.path.exists(args.slow_file)
             if by_step or by_file:
                 slow_on = True
-                what = (
-                    f"sleep {sleep_s * 1000:.1f} ms"
-                    if args.slow_mode in ("sleep", "dataloader")
-                    else f"{n_extra} extra products"
-                )
+                what = {
+                    "sleep": f"sleep {sleep_s * 1000:.1f} ms",
+                    "dataloader": f"data loader sleeps {factor_loader_s * 1000:.1f} ms",
+                    "compute": f"{n_extra} extra products",
+                }[args.slow_mode]
                 _say(
                     rank,
                     f"slowdown on at step {n}: {args.slow_mode}, {args.factor:.0%} of compute ({what} per step)",
                 )
         slow = slow_on
+        pace.mode = args.slow_mode if slow else "none"
+        pace.loader_sleep_s = factor_loader_s if slow and args.slow_mode == "dataloader" else 0.0
         with prof.step(n):
-            row = one_step(
-                n_extra if slow and args.slow_mode == "compute" else 0,
-                sleep_s if slow and args.slow_mode == "sleep" else 0.0,
-                sleep_s if slow and args.slow_mode == "dataloader" else 0.0,
-            )
+            row = one_step()
         now = time.perf_counter_ns()
         row["period"] = (now - last) / 1e6
         row["step_no"] = n
@@ -222,7 +299,8 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:  # noqa: C9
                     "rank": rank,
                     "n_extra": n_extra,
                     "sleep_s": sleep_s,
-                    "per_extra_cpu_ms": per_extra_cpu,
+                    "per_extra_cpu_ms": pace.per_extra_cpu_ms,
+                    "segments": pace.summary(),
                     "dropped_records": prof.dropped_records,
                     "written_records": prof.written_records,
                     "rows": rows,
@@ -242,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--batch", type=int, default=2048)
+    p.add_argument("--layers", type=int, default=4, help="hidden layers (256 -> 256)")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument(
         "--progress-every", type=int, default=0, help="rank 0 prints the median step time every N steps"
