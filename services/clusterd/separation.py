@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import collections
 import logging
 from dataclasses import dataclass, field
@@ -162,6 +163,33 @@ class Separation:
             last_seen_ms=self.separated_ms,
             attributes={"codes": ",".join(sorted(self.codes)), "manually_separated": "true"},
         )
+
+
+def on_another_npu(seen: list[tuple], faults: list[tuple], window_ms: int) -> list[bool]:
+    """For each of ``faults`` (``(t_ms, node, device, code, ...)``): did ``seen`` (same shape) hold
+    the same code on another (node, device) within ``window_ms`` of it (the software-fault test of
+    the module docstring)? O((n + k) log n) for n seen and k faults: per code, the times sorted and,
+    for each position, where the next other device starts (a burst of 20k faults took a scan of
+    every pair, ~20 s with the event loop blocked; tryout finding)."""
+    by_code: dict[str, list[tuple[int, tuple[str, int]]]] = collections.defaultdict(list)
+    for e in seen:
+        by_code[e[3]].append((e[0], (e[1], e[2])))
+    index: dict[str, tuple[list[int], list[tuple[str, int]], list[int]]] = {}
+    for code, rows in by_code.items():
+        rows.sort()
+        times = [t for t, _ in rows]
+        devs = [d for _, d in rows]
+        nxt = [len(rows)] * len(rows)  # nxt[i]: first j > i whose device differs from devs[i]
+        for i in range(len(rows) - 2, -1, -1):
+            nxt[i] = i + 1 if devs[i + 1] != devs[i] else nxt[i + 1]
+        index[code] = (times, devs, nxt)
+    out = []
+    for t, node, dev, code, *_ in faults:
+        times, devs, nxt = index.get(code, ([], [], []))
+        lo = bisect.bisect_left(times, t - window_ms)
+        hi = bisect.bisect_right(times, t + window_ms)
+        out.append(lo < hi and (devs[lo] != (node, dev) or nxt[lo] < hi))
+    return out
 
 
 class ManualSeparation:
@@ -295,14 +323,11 @@ class ManualSeparation:
         """Decide the faults whose 30 s window closed, separate, and release expired separations."""
         now = self.clock()
         decided = []
-        for i, (t, node, dev, code, done) in enumerate(self.seen):
-            if done or t > now - SOFTWARE_WINDOW_MS:
-                continue
+        due = [i for i, e in enumerate(self.seen) if not e[4] and e[0] <= now - SOFTWARE_WINDOW_MS]
+        on_other = on_another_npu(self.seen, [self.seen[i] for i in due], SOFTWARE_WINDOW_MS) if due else []
+        for i, software in zip(due, on_other, strict=True):
+            t, node, dev, code, _ = self.seen[i]
             self.seen[i] = (t, node, dev, code, True)
-            software = any(
-                c == code and (n, d) != (node, dev) and abs(t2 - t) <= SOFTWARE_WINDOW_MS
-                for t2, n, d, c, _ in self.seen
-            )
             if software:
                 self.stats["software"] += 1
                 continue

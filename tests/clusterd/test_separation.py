@@ -11,6 +11,8 @@ import json
 
 import aiohttp
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import make_clusterd
 
 from clusterd.separation import CODE, SOURCE, Policy, PolicyError
@@ -215,3 +217,25 @@ async def test_devices_own_separation_released_through_clusterd(env, tmp_path):
         url = f"http://127.0.0.1:{cd.http.port}/v1/release/npu"
         async with s.post(url, json={"node": "node-d", "device_id": 0}, headers=hdr) as r:
             assert r.status == 503  # deviced not connected: its separation stays
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 200), st.sampled_from(["n1", "n2"]), st.integers(0, 2), st.sampled_from("AB")
+        ),
+        max_size=40,
+    )
+)
+def test_software_fault_index_answers_as_the_pairwise_scan(rows):
+    """``on_another_npu`` (indexed, for bursts of thousands of faults) gives the answer of the
+    definition: the same code on another NPU within the window."""
+    from clusterd.separation import on_another_npu
+
+    seen = [(t, n, d, c, False) for t, n, d, c in rows]
+    want = [
+        any(c2 == c and (n2, d2) != (n, d) and abs(t2 - t) <= 30 for t2, n2, d2, c2, _ in seen)
+        for t, n, d, c, _ in seen
+    ]
+    assert on_another_npu(seen, seen, 30) == want
