@@ -80,7 +80,9 @@ def bearer_middleware(
 
 class _JunkLog:
     """aiohttp's request-handler logger: a request it could not parse (an ``HttpProcessingError``)
-    is counted and logged once a minute with the count; everything else goes to aiohttp's logger."""
+    is counted and logged once a minute with the count; a client that closed its connection
+    mid-request (``ConnectionResetError``, e.g. during a body) is counted as ``client_gone`` and
+    logged the same way, without a traceback; everything else goes to aiohttp's logger."""
 
     def __init__(self, rejected: Counter) -> None:
         self._rejected = rejected
@@ -94,6 +96,12 @@ class _JunkLog:
                 "http_malformed",
                 "http request malformed",
                 error=" ".join(f"{type(exc_info).__name__}: {exc_info}".split())[:200],
+            )
+            return
+        if isinstance(exc_info, ConnectionResetError):  # the client left mid-request: nothing to answer
+            self._rejected.labels("http", "client_gone").inc()
+            self._ratelog.log(
+                logging.INFO, "http_client_gone", "http client went away", error=str(exc_info)[:200]
             )
             return
         self._inner.exception(msg, *args, exc_info=exc_info, **kw)

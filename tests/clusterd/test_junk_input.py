@@ -13,6 +13,7 @@ import logging
 
 import grpc
 import pytest
+from support import until
 
 JUNK = b"\xff\xff\xff\xff"  # a field number 0 / truncated varint: never a valid message
 
@@ -92,3 +93,16 @@ async def test_malformed_http_gets_400_counted_and_no_traceback(cd, caplog):
     assert not [r for r in caplog.records if r.exc_info]
     ok = await raw_http(cd.http.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     assert ok.startswith(b"HTTP/1.1 200")  # the server is fine
+
+
+async def test_a_client_gone_mid_body_is_counted_without_a_traceback(cd, caplog):
+    """Closing the connection during a POST body logged aiohttp's ERROR traceback (tryout finding)."""
+    caplog.set_level(logging.DEBUG)
+    r, w = await asyncio.open_connection("127.0.0.1", cd.http.port)
+    w.write(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" + b"{" * 100)
+    await w.drain()
+    w.close()  # 99,900 bytes short
+    await w.wait_closed()
+    assert await until(lambda: rejected(cd, "http", "client_gone") == 1)
+    assert [r.getMessage() for r in caplog.records if "http client went away" in r.getMessage()]
+    assert not [r for r in caplog.records if r.exc_info]
