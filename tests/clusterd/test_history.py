@@ -170,3 +170,26 @@ async def test_history_rows_the_store_refused_are_written_once_it_takes_them(tmp
         assert any("history written after retries" in r.getMessage() for r in caplog.records)
     finally:
         await cd.stop()
+
+
+async def test_a_bad_limit_is_a_clear_400_and_the_cli_refuses_it_as_usage(tmp_path, capsys):
+    """``limit=abc`` answered Python's int() text; ``history --limit 0`` went to the server and
+    exited 5 where ``--limit abc`` exited 2 (tryout findings)."""
+    import asyncio
+
+    from support import http_call, make_clusterd
+
+    from faultmesh.cli import main as cli_main
+
+    cd = await make_clusterd(tmp_path)
+    try:
+        for bad in ("abc", "0", "-3", "100001"):
+            url = f"http://127.0.0.1:{cd.http.port}/v1/events?limit={bad}"
+            st, body = await asyncio.to_thread(http_call, "GET", url)
+            assert st == 400 and body == {"error": f"limit must be an integer 1..100000, got '{bad}'"}, body
+    finally:
+        await cd.stop()
+    for bad in ("abc", "0"):
+        with pytest.raises(SystemExit) as e:
+            cli_main(["history", "--limit", bad, "--http", "127.0.0.1:1"])
+        assert e.value.code == 2 and "--limit" in capsys.readouterr().err

@@ -62,9 +62,10 @@ class EventsApi:
         q = request.query
         try:
             since = parse_since(q["since"]) if q.get("since") else 0
-            limit = int(q.get("limit", "1000"))
+            text = q.get("limit", "1000")
+            limit = int(text) if text.strip().isdigit() else 0
             if not 0 < limit <= MAX_LIMIT:
-                raise ValueError(f"limit must be 1..{MAX_LIMIT}")
+                raise ValueError(f"limit must be an integer 1..{MAX_LIMIT}, got {text[:40]!r}")
         except ValueError as e:
             return json_response({"error": str(e)}, status=400)
         rows = await self.store.query_events(q.get("node") or None, q.get("code") or None, since, limit)
