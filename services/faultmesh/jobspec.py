@@ -279,12 +279,18 @@ def _str(d: dict[str, Any], names: tuple[str, ...], default: str = "") -> str:
     return str(v)
 
 
+def _whole(v: Any) -> int:
+    """An integer from a YAML/JSON value: an int, a whole float or a decimal string. Raises
+    ``ValueError`` for a boolean (``true`` is no rank 1) or a fraction, ``TypeError`` for None."""
+    if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+        raise ValueError(v)
+    return int(v)
+
+
 def _int(d: dict[str, Any], names: tuple[str, ...], default: int, lo: int, hi: int) -> int:
     v = _pick(d, *names, default=default)
     try:
-        if isinstance(v, bool):
-            raise ValueError
-        n = int(v)
+        n = _whole(v)
     except (TypeError, ValueError):
         raise JobSpecError(f"{names[0]} must be an integer ({lo}..{hi})") from None
     if not lo <= n <= hi:
@@ -362,9 +368,9 @@ def parse_job(d: Any) -> Job:
         if not isinstance(r, dict):
             raise JobSpecError(f"ranks[{i}] must be an object with rank, node, device")
         try:
-            rank = int(_pick(r, "rank", "rankId", "rank_id"))
-            dev = int(_pick(r, "device", "deviceId", "device_id"))
-            spid = int(_pick(r, "superPodId", "super_pod_id", default=-1))
+            rank = _whole(_pick(r, "rank", "rankId", "rank_id"))
+            dev = _whole(_pick(r, "device", "deviceId", "device_id"))
+            spid = _whole(_pick(r, "superPodId", "super_pod_id", default=-1))
         except (TypeError, ValueError):
             raise JobSpecError(f"ranks[{i}]: rank, device and superPodId must be integers") from None
         node = _pick(r, "node", "nodeName")

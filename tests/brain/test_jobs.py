@@ -46,6 +46,9 @@ def test_spec_defaults_and_strategy_order():
             "two ranks",
         ),
         ({"ranks": [{"rank": "x", "node": "a", "device": 0}]}, "integers"),
+        ({"ranks": [{"rank": True, "node": "a", "device": False}]}, "integers"),  # not rank 1, device 0
+        ({"ranks": [{"rank": 1.5, "node": "a", "device": 0}]}, "integers"),
+        ({"mindioWaitMindxTime": True}, "mindioWaitMindxTime must be an integer"),
         ({"ranks": "all"}, "list"),
         ({"ranks": [{"rank": 0, "node": "a", "device": 0, "deviceIp": "300.1.1.1"}]}, "deviceIp"),
         ({"pods": [{"node": "a", "podIp": "not-an-ip"}]}, r"pods\[0\]: podIp"),
