@@ -43,6 +43,12 @@ async def test_mutating_requests_need_the_token_when_one_is_configured(tmp_path)
             ) as r:
                 assert r.status == 200
             assert sim.devs[1].codes == [0x80E18008]
+            wide = {**body, "code": "FFFFFFFFFF"}  # no DCMI event id: refused, nothing injected (tryout)
+            async with s.post(
+                f"{base}/sim/fault", json=wide, headers={"Authorization": "Bearer s3cret"}
+            ) as r:
+                assert r.status == 400 and "does not fit 32 bits" in (await r.json())["error"]
+            assert sim.devs[1].codes == [0x80E18008]
             await until(  # settled before the stop
                 lambda: (d := app.state.devices.get(("NPU", 1))) is not None and d.health == "UnHealthy"
             )
