@@ -121,7 +121,7 @@ def install_uvloop() -> bool:
 
 def run(main: Callable[[asyncio.Event], Awaitable[int | None]], fast_loop: bool = True) -> int:
     """Run ``main(stop_event)`` on uvloop (when available and ``fast_loop``; else on asyncio's own
-    loop); SIGTERM/SIGINT set ``stop_event``.
+    loop); SIGTERM/SIGINT set ``stop_event`` and log "stop requested" (signal=...) once.
 
     The agents pass ``fast_loop=False``: a loop that wakes a few times a minute gains nothing from
     uvloop, which costs an idle agent 2.6 MiB resident (issue 18); ClusterD keeps it.
@@ -134,9 +134,15 @@ def run(main: Callable[[asyncio.Event], Awaitable[int | None]], fast_loop: bool 
     async def _runner() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def on_signal(sig: signal.Signals) -> None:
+            if not stop.is_set():  # one line per stop, however many signals follow
+                event(log, logging.INFO, "stop requested", signal=sig.name)
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
+                loop.add_signal_handler(sig, on_signal, sig)
         rc = await main(stop)
         return int(rc or 0)
 

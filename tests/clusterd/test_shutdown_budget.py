@@ -83,6 +83,7 @@ async def test_clusterd_under_load_stops_within_its_budget(clusterd_process):
     assert took < CHART_GRACE_S, f"clusterd took {took:.1f}s to stop"
     log = cd.log_text()
     assert "clusterd stopped" in log
+    assert log.count("stop requested signal=SIGTERM") == 1  # the operator sees why it stops
 
 
 async def test_stage_budgets_are_capped_by_the_total_budget(clusterd_process):
