@@ -102,7 +102,8 @@ class SlowNodeHttp:
     async def _http_get(self, request: web.Request) -> web.Response:
         js = self._find(request.match_info["job"])
         if js is None:
-            return json_response({"error": "job not found"}, 404)
+            job = request.match_info["job"]
+            return json_response({"error": f"job {job!r} has no slow-node detection enabled"}, 404)
         return json_response(self.status(js))
 
     def status(self, js: JobState, brief: bool = False) -> dict[str, Any]:

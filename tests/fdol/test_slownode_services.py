@@ -142,7 +142,10 @@ def test_stall_detected_reported_recovered_and_disabled(stack, tmp_path):
     assert r.returncode == 0 and "job1" in r.stdout
     r = cli(cd, "slownode", "disable", "--job", "job1")
     assert r.returncode == 0, r.stderr
-    assert http(cd.http, "GET", "/v1/slownode/job1")[0] == 404
+    assert http(cd.http, "GET", "/v1/slownode/job1") == (
+        404,
+        {"error": "job 'job1' has no slow-node detection enabled"},
+    )
     assert not [f for f in cd.get_json("/v1/faults") if f["code"] == "110001010"]
     assert json.loads(switch.read_text())["Step"] == "off"  # stop all
     wait_for(lambda: nodes[1].get_json("/v1/slownode") == [], 10, "noded to stop the job")
