@@ -89,8 +89,10 @@ async def test_fault_count_bounds_answer_409(stub):
     assert code == 409
 
 
-async def test_unknown_resource_answers_410_not_409(stub):
+async def test_unknown_resource_answers_410_not_409(stub, caplog):
     assert await send(stub, request(resource="nobody")) == (410, "limiter work by resource failed")
+    # the reference's text for clients; the log says why (tryout finding)
+    assert any('resource=nobody why="unknown resource"' in r.getMessage() for r in caplog.records)
 
 
 async def test_resource_bucket_allows_a_burst_of_100_then_410(stub):

@@ -285,9 +285,12 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
             await self.ctx.center.apply(ups, [], "public")
         return len(ups)
 
-    def _reject(self, reason: str, code: int, info: str) -> pubfault_pb2.RespStatus:
+    def _reject(self, reason: str, code: int, info: str, **why: str) -> pubfault_pb2.RespStatus:
+        """Count, log (once a minute per reason, with ``why``'s fields) and answer ``code`` / ``info``
+        (the reference's text, which clients match)."""
         self.ctx.metrics.reject("pubfault", reason)
-        self._ratelog.warning(reason, "public fault rejected", code=code, info=info)
+        key = f"{reason}:{why.get('why', '')}"  # an unknown resource is not hidden behind a rate limit
+        self._ratelog.warning(key, "public fault rejected", code=code, info=info, **why)
         return pubfault_pb2.RespStatus(code=code, info=info)
 
     async def SendPublicFault(self, request, context):  # noqa: N802
@@ -299,7 +302,11 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
         docstring for the codes of the returned status."""
         bucket = self._buckets.get(request.resource)
         if bucket is None or not bucket.take():
-            return self._reject("rate_or_resource", 410, "limiter work by resource failed")
+            why = "unknown resource" if bucket is None else "rate limit"
+            resource = request.resource[:64]
+            return self._reject(
+                "rate_or_resource", 410, "limiter work by resource failed", resource=resource, why=why
+            )
         try:
             validate_request(request, self.table)
         except RequestInvalid as e:
