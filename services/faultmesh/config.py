@@ -85,6 +85,10 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) ->
     an env / YAML value of a flag with ``choices`` must be one of them, as on the command line)."""
     if not any(a.dest == "config" for a in parser._actions):
         parser.add_argument("--config", help="YAML file whose keys are flag names (env FAULTMESH_CONFIG)")
+    if "--version" not in parser._option_string_actions:  # every daemon: "clusterd 0.1.0"
+        from faultmesh.metrics import version
+
+        parser.add_argument("--version", action="version", version=f"{parser.prog} {version()}")
     pre, _ = parser.parse_known_args(argv)
     file_values: dict[str, Any] = {}
     cfg_path = getattr(pre, "config", None) or os.environ.get(env_name("config"))

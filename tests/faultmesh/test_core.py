@@ -211,3 +211,13 @@ def test_a_job_of_max_ranks_with_every_rank_field_fits_the_body_limit():
     assert len(text) <= MAX_BODY_BYTES
     (job,) = parse_jobs_text(text)
     assert len(job.ranks) == MAX_RANKS and job.rank_of("node-06249", 15).rank == MAX_RANKS - 1
+
+
+def test_every_daemon_answers_version(capsys):
+    """``clusterd --version`` / ``noded`` / ``deviced`` failed with 'unrecognized arguments' (tryout)."""
+    from faultmesh.metrics import version
+
+    p = argparse.ArgumentParser(prog="noded")
+    with pytest.raises(SystemExit) as e:
+        config.parse(p, ["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"noded {version()}\n"
