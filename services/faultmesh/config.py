@@ -80,11 +80,25 @@ def _load_yaml(path: str) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
+class DefaultsHelp(argparse.HelpFormatter):
+    """Help that shows each option's default (``(default: 30.0)``) unless it has none (None, False,
+    an empty string) or its help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default in (None, False, "", argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse ``argv`` with env and YAML fallbacks. Exits with status 2 on a bad value (argparse style;
     an env / YAML value of a flag with ``choices`` must be one of them, as on the command line)."""
     if not any(a.dest == "config" for a in parser._actions):
         parser.add_argument("--config", help="YAML file whose keys are flag names (env FAULTMESH_CONFIG)")
+    if parser.formatter_class is argparse.HelpFormatter:  # a daemon's --help shows its defaults
+        parser.formatter_class = DefaultsHelp
     if "--version" not in parser._option_string_actions:  # every daemon: "clusterd 0.1.0"
         from faultmesh.metrics import version
 

@@ -221,3 +221,17 @@ def test_every_daemon_answers_version(capsys):
     with pytest.raises(SystemExit) as e:
         config.parse(p, ["--version"])
     assert e.value.code == 0 and capsys.readouterr().out == f"noded {version()}\n"
+
+
+def test_daemon_help_shows_the_defaults(capsys):
+    """A daemon's --help gave no defaults (--agent-stale-after-s, --drain-s; tryout finding)."""
+    p = argparse.ArgumentParser(prog="clusterd")
+    p.add_argument("--agent-stale-after-s", type=float, default=30.0, help="silent this long is stale (s)")
+    p.add_argument("--node-sn", help="the serial number (default: read from the BMC)")
+    p.add_argument("--kube", action="store_true", help="Kubernetes mode")
+    with pytest.raises(SystemExit):
+        config.parse(p, ["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "silent this long is stale (s) (default: 30.0)" in out
+    assert "(default: read from the BMC)" in out and "(default: None)" not in out
+    assert "Kubernetes mode (default" not in out
