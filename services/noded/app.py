@@ -204,8 +204,17 @@ class NodeD:
             clusterd=self.args.clusterd,
             bmc=f"{self.bmc.client.host}:{self.bmc.client.port}" if self.bmc_configured else "-",
             http=f"{self.http.host}:{self.http.port}",
-            sources=",".join(src.name for src, _ in self.started),
+            sources=",".join(self._source_label(src) for src, _ in self.started),
         )
+
+    def _source_label(self, src) -> str:
+        """A started source's name on the start line, with what it runs without: ``bmc(no host)``
+        without ``--bmc-host``, ``pingmesh(hccs off)`` without an HCCS backend."""
+        if src is self.bmc and not self.bmc_configured:
+            return f"{src.name}(no host)"
+        if getattr(src, "backend_name", None) == "off":
+            return f"{src.name}(hccs off)"
+        return src.name
 
     async def stop(self) -> None:
         """Staged stop within ``--stop-budget`` s: sources, agent drain, HTTP, pool (module doc)."""

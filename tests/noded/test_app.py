@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import urllib.request
 
@@ -92,7 +93,8 @@ def test_bmc_host_without_password_is_a_clear_error(monkeypatch):
         NodeD(parse("--node-name", "n1", "--bmc-host", "127.0.0.1"))
 
 
-async def test_control_messages_reach_sources_through_clusterd(tmp_path):
+async def test_control_messages_reach_sources_through_clusterd(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="noded")
     cd = await make_clusterd(tmp_path)
     FakeSource.seen = []
     args = parse(
@@ -111,6 +113,8 @@ async def test_control_messages_reach_sources_through_clusterd(tmp_path):
         await nd.start()
         fake = nd.sources[1]
         assert fake.started
+        started = [r.getMessage() for r in caplog.records if r.getMessage().startswith("noded started")]
+        assert 'sources="bmc(no host),fake"' in started[0], started  # no BMC host: said so (tryout)
         await asyncio.wait_for(nd.agent.connected.wait(), 10)
         await nd.agent.wait_synced(10)
         assert await cd.agents.send("node-c", "noded", pingmesh_config=agent_pb2.PingmeshConfig())
