@@ -305,10 +305,14 @@ def up_stopped(proc) -> None:
 
 
 # -- the agent stream, raw (tests/clusterd) -----------------------------------------------------------
-async def agent_stream(port: int, messages, quiet_s: float = 1.0) -> tuple[list, bool]:
+async def agent_stream(
+    port: int, messages, quiet_s: float = 1.0, ack_wait_s: float = 15.0
+) -> tuple[list, bool]:
     """Send ``messages`` (``AgentMessage``) on one ``AgentStream/Connect`` to clusterd's gRPC port;
-    returns (the ``ControlMessage`` replies read until the server is quiet for ``quiet_s`` seconds,
-    whether the server ended the stream)."""
+    returns (the ``ControlMessage`` replies, whether the server ended the stream). Replies are read
+    until the server ends the stream, or is quiet for ``quiet_s`` seconds once an ack came for every
+    Snapshot and Delta sent (``ack_wait_s`` while one is still owed: a loaded box may take over a
+    second between two acks)."""
     import asyncio
 
     import grpc
@@ -317,13 +321,15 @@ async def agent_stream(port: int, messages, quiet_s: float = 1.0) -> tuple[list,
 
     out = []
     ended = False
+    owed = sum(m.WhichOneof("body") in ("snapshot", "delta") for m in messages)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
         call = agent_pb2_grpc.AgentStreamStub(ch).Connect()
         for m in messages:
             await call.write(m)
         while True:
+            acked = sum(r.WhichOneof("body") == "ack" for r in out)
             try:
-                msg = await asyncio.wait_for(call.read(), quiet_s)
+                msg = await asyncio.wait_for(call.read(), quiet_s if acked >= owed else ack_wait_s)
             except TimeoutError:
                 break
             if msg is grpc.aio.EOF:

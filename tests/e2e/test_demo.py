@@ -26,6 +26,7 @@ pytest.importorskip("torch", reason="needs the faultmesh[torch] extra (torch==2.
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.torch,
+    pytest.mark.serial,  # `make test` runs it alone after the parallel part
     pytest.mark.skipif(
         bool(os.environ.get("PYTEST_XDIST_WORKER")),
         reason="timing test: must not share the 2 cores with parallel test workers",

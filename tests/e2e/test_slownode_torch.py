@@ -56,6 +56,7 @@ from support import ClusterdProcess, free_port, wait_http  # noqa: E402
 pytestmark = [
     pytest.mark.torch,
     pytest.mark.slow,
+    pytest.mark.serial,  # `make test` runs it alone after the parallel part
     pytest.mark.skipif(
         bool(os.environ.get("PYTEST_XDIST_WORKER")),
         reason="timing test: must not share the 2 cores with parallel test workers",
