@@ -145,3 +145,31 @@ async def test_a_failing_step_marks_only_its_own_rows_wrong():
     await asyncio.gather(sc._at(0, bad), sc._at(0.05, good))
     assert [(r.fault, r.verdict) for r in sc.rows] == [("bad", WRONG), ("good", RIGHT)]
     assert "KeyError('boom')" in sc.rows[0].note
+
+
+def test_free_ports_are_never_handed_out_twice(monkeypatch):
+    """The OS gave the same port to two bind-to-0 calls in a row, and the demo gave a BMC
+    simulator's control port to server-2's noded too (it exited with 'address already in use')."""
+    from faultmesh.demo import procs
+
+    ports = iter([41803, 41803, 41804])
+
+    class Sock:
+        def __init__(self, *a):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+        def bind(self, addr):
+            pass
+
+        def getsockname(self):
+            return ("127.0.0.1", next(ports))
+
+    monkeypatch.setattr(procs.socket, "socket", Sock)
+    monkeypatch.setattr(procs, "_GIVEN", set())
+    assert [procs.free_port(), procs.free_port()] == [41803, 41804]

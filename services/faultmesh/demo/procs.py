@@ -47,18 +47,30 @@ def _parent_death_signal():
     return preexec
 
 
+_GIVEN: set[tuple[int, int]] = set()  # (socket type, port) handed out by this process
+
+
+def _free(kind: int) -> int:
+    """A port of socket type ``kind`` on 127.0.0.1 that was free a moment ago and that this process
+    has not handed out before: the OS may give the same port to two bind-to-0 calls in a row once
+    the first socket is closed (the demo once gave a BMC simulator's control port to a noded)."""
+    while True:
+        with socket.socket(socket.AF_INET, kind) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if (kind, port) not in _GIVEN:
+            _GIVEN.add((kind, port))
+            return port
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago and is not one handed out already."""
+    return _free(socket.SOCK_STREAM)
 
 
 def free_udp_port() -> int:
-    """A UDP port on 127.0.0.1 that was free a moment ago (for the IPMI simulator)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A UDP port on 127.0.0.1 that was free a moment ago (for the IPMI simulator), not handed out already."""
+    return _free(socket.SOCK_DGRAM)
 
 
 @dataclass
