@@ -460,7 +460,11 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 ups, rms, refused = self._owned(s, ups, rms) if ups or rms else (ups, rms, 0)
                 if s.closed:
                     return
-                fut = self.center.submit(ups, rms, origin=s.agent) if ups or rms else None
+                fut = (
+                    self.center.submit(ups, rms, origin=s.agent, lane=(s.node, s.agent))
+                    if ups or rms
+                    else None
+                )
                 item = Pending(kind, body, fut, refused)
         except AgentInputError as e:
             reason = str(e).split(":", 1)[0]
