@@ -195,7 +195,10 @@ class FaultCenter(FaultIndex):
         rms = removals if type(removals) is list else list(removals)
         keep = frozenset(keep_sources) if keep_sources else _NONE
         op = _Op(ups, rms, replace_scope, origin, fut, keep, mark)
-        self._queue.put(op, lane if lane is not None else replace_scope or SHARED, len(ups) + len(rms) + 1)
+        rows = len(ups) + len(rms) + 1  # a replace also removes (up to) what its scope holds now
+        if replace_scope is not None:
+            rows += len(self._by_scope.get(replace_scope, ()))
+        self._queue.put(op, lane if lane is not None else replace_scope or SHARED, rows)
         return fut
 
     def check_mark(self, node: str, origin: str) -> asyncio.Future[bytes | None]:

@@ -123,3 +123,29 @@ async def test_an_agent_streams_burst_shares_commits_fairly_with_another_stream(
         for call in calls:
             call.cancel()
         await ch.close()
+
+
+async def test_a_replace_counts_the_rows_it_removes_so_a_big_resync_is_a_batch_of_its_own(tmp_path):
+    store = Store(tmp_path)
+    await store.open()
+    center = FaultCenter(store, CollectorRegistry(), max_rows=512)
+    writer = asyncio.create_task(center.run())
+    real, commits = store.write_faults, []
+
+    async def write(upserts=(), removals=(), marks=None):
+        upserts, removals = list(upserts), list(removals)
+        commits.append((len(upserts), len(removals)))
+        await real(upserts, removals, marks)
+
+    try:
+        await center.replace_origin("big", "deviced", [_fault("big", i) for i in range(600)])
+        store.write_faults = write
+        # an agent restart: its empty snapshot removes the 600 faults its scope holds
+        gone = center.submit([], (), ("big", "deviced"), "deviced")
+        other = center.submit([_fault("calm", 1)], origin="noded", lane=("calm", "noded"))
+        await asyncio.wait_for(asyncio.gather(gone, other), 20)
+    finally:
+        writer.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+        await store.close()
+    assert commits == [(0, 600), (1, 0)]  # 601 rows: over the budget, the next op waits for its own
