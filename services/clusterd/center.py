@@ -30,7 +30,8 @@ Scope marks (issue 18, :mod:`clusterd.ingest.agents`' unchanged resync): a repla
 scope, persisted in the same transaction as the faults the op left; any later change to a key of
 that scope (another snapshot, a delta, an expiry, a key taken by another origin) drops the mark in
 its own transaction. So a mark is only ever held for the state its op left. :meth:`check_mark`
-reads one in queue order (after every op submitted before it).
+reads one in queue order (after every op submitted before it on that scope's lane: the agent
+stream's own, which its snapshots, deltas and expiry use too).
 """
 
 from __future__ import annotations
