@@ -3,7 +3,8 @@
 Source: issue 2 "Fault center"; design.md "Fault model"; clusterd.md §2.4 (health mapping).
 
 Writers (agent stream, PubFault, FD-OL, ...) submit operations; one writer task applies them in
-order, commits each batch to the :class:`~clusterd.store.Store` in one transaction (group commit),
+batches, fair across writers (:mod:`clusterd.lanes`: each agent stream is its own lane, taken
+round-robin, so a storming stream delays itself; in order within a lane), commits each batch to the :class:`~clusterd.store.Store` in one transaction (group commit),
 then resolves the callers and offers the batch to every subscriber. So an operation that returned
 is durable, the in-memory view equals the file, and concurrent writers never interleave
 half-applied changes. When the commit fails (write lock held past the busy timeout, full disk,
@@ -29,7 +30,8 @@ Scope marks (issue 18, :mod:`clusterd.ingest.agents`' unchanged resync): a repla
 scope, persisted in the same transaction as the faults the op left; any later change to a key of
 that scope (another snapshot, a delta, an expiry, a key taken by another origin) drops the mark in
 its own transaction. So a mark is only ever held for the state its op left. :meth:`check_mark`
-reads one in queue order (after every op submitted before it).
+reads one in queue order (after every op submitted before it on that scope's lane: the agent
+stream's own, which its snapshots, deltas and expiry use too).
 """
 
 from __future__ import annotations
@@ -37,16 +39,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter as Tally
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from clusterd.pieces import NodeChanges
+from clusterd.faultindex import FaultIndex
+from clusterd.lanes import SHARED, FairQueue
 from clusterd.scopemarks import ScopeMarks
 from clusterd.store import Store
 from faultmesh.faultinfo import short_name
-from faultmesh.levels import HEALTHY, level_health, level_severity, worst_health
 from faultmesh.log import event
 from faultmesh.model import Fault, FaultKey, now_ms
 from faultmesh.sink import SinkMetrics, SinkWorker
@@ -88,29 +90,23 @@ class _Op(NamedTuple):
     read_mark: tuple[str, str] | None = None  # a check_mark op: this scope's mark is the result
 
 
-class FaultCenter:
+class FaultCenter(FaultIndex):
     """Active faults in memory, persisted in ``store``. Start with :meth:`load`, then run :meth:`run` as a task."""
 
-    def __init__(self, store: Store, registry: CollectorRegistry, max_batch: int = 512) -> None:
+    def __init__(
+        self, store: Store, registry: CollectorRegistry, max_batch: int = 512, max_rows: int = 512
+    ) -> None:
         self._store = store
-        self._faults: dict[FaultKey, Fault] = {}
-        self._origin: dict[FaultKey, str] = {}
-        self._by_scope: dict[tuple[str, str], set[FaultKey]] = {}
-        self._by_node: dict[str, dict[FaultKey, Fault]] = {}  # node -> its faults
-        self._origin_n: dict[str, int] = {}  # origin -> its records
-        self._groups: dict[str, dict[tuple[str, str], int]] = {}  # origin -> (node, source) -> records
-        self._level_counts: dict[str, int] = {}
-        self._health: dict[str, tuple[str, str]] = {}  # node -> (health, worst level), while unchanged
-        self._code_nodes: dict[str, dict[str, int]] = {}  # code -> node -> its records of that code
+        super().__init__()
         self._gauged_levels: set[str] = set()
-        self.node_changes = NodeChanges()  # every node whose faults changed (scrape caches, issue 18)
         self._sinks: list[SinkWorker[Change]] = []
         self._sink_tasks: list[asyncio.Task] = []
         self._spawn: Callable[..., asyncio.Task] | None = None
         self._sink_metrics = SinkMetrics(registry)
         self._marks = ScopeMarks()  # scope -> mark (module docstring)
-        self._queue: asyncio.Queue[_Op] = asyncio.Queue()
-        self._max_batch = max_batch
+        self._queue: FairQueue[_Op] = FairQueue()
+        self._max_batch = max_batch  # operations per commit at most
+        self._max_rows = max_rows  # rows (upserts + removals) per commit at most, one op never split
         self.active = Gauge("faultmesh_faults_active", "Active faults by level", ["level"], registry=registry)
         self.changes = Counter(
             "faultmesh_fault_changes_total", "Fault center changes", ["kind"], registry=registry
@@ -184,32 +180,34 @@ class FaultCenter:
         origin: str = "",
         keep_sources: Iterable[str] = (),
         mark: bytes | None = None,
+        lane: Hashable | None = None,
     ) -> asyncio.Future[list[Change]]:
         """Queue one operation without waiting (the agent stream pipelines its messages): the
         returned future gets the operation's changes once its batch is committed, or
         :class:`StoreWriteError` (nothing applied). Operations are applied, and their futures
-        resolved, in submission order. ``replace_scope`` (node, origin): also remove that scope's
-        keys not in ``upserts`` (except those of ``keep_sources``), as :meth:`replace_origin`, and
-        makes ``mark`` the scope's mark (module docstring)."""
+        resolved, in submission order within their ``lane`` (an agent stream's (node, agent); None:
+        the ``replace_scope``'s, else the one the components share) and round-robin across lanes
+        (:mod:`clusterd.lanes`), so what concerns one agent's scope keeps its order. ``replace_scope``
+        (node, origin): also remove that scope's keys not in ``upserts`` (except those of
+        ``keep_sources``), as :meth:`replace_origin`, and makes ``mark`` the scope's mark (module
+        docstring)."""
         fut = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(
-            _Op(
-                upserts if type(upserts) is list else list(upserts),
-                removals if type(removals) is list else list(removals),
-                replace_scope,
-                origin,
-                fut,
-                frozenset(keep_sources) if keep_sources else _NONE,
-                mark,
-            )
-        )
+        ups = upserts if type(upserts) is list else list(upserts)
+        rms = removals if type(removals) is list else list(removals)
+        keep = frozenset(keep_sources) if keep_sources else _NONE
+        op = _Op(ups, rms, replace_scope, origin, fut, keep, mark)
+        rows = len(ups) + len(rms) + 1  # a replace also removes (up to) what its scope holds now
+        if replace_scope is not None:
+            rows += len(self._by_scope.get(replace_scope, ()))
+        self._queue.put(op, lane if lane is not None else replace_scope or SHARED, rows)
         return fut
 
     def check_mark(self, node: str, origin: str) -> asyncio.Future[bytes | None]:
-        """The mark of scope (node, origin) once every op submitted before is applied and committed
-        (None: none held); :class:`StoreWriteError` when that batch's commit failed."""
+        """The mark of scope (node, origin) once every op submitted before on that scope's lane is
+        applied and committed (None: none held); :class:`StoreWriteError` when that batch's commit
+        failed."""
         fut = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Op([], [], None, "", fut, _NONE, None, (node, origin)))
+        self._queue.put(_Op([], [], None, "", fut, _NONE, None, (node, origin)), (node, origin))
         return fut
 
     async def _submit(
@@ -244,13 +242,11 @@ class FaultCenter:
         return await self._submit(faults, (), (node, source), source)
 
     async def run(self) -> None:
-        """The writer loop: applies queued operations in order, one commit per batch. Runs until
-        cancelled (its owner, ClusterD's TaskOwner, cancels it on shutdown)."""
+        """The writer loop: applies queued operations in batches (in order per lane, round-robin
+        across lanes, at most ``max_batch`` ops and ``max_rows`` rows), one commit per batch. Runs
+        until cancelled (its owner, ClusterD's TaskOwner, cancels it on shutdown)."""
         while True:
-            ops = [await self._queue.get()]
-            while len(ops) < self._max_batch and not self._queue.empty():
-                ops.append(self._queue.get_nowait())
-            await self._apply_batch(ops)
+            await self._apply_batch(await self._queue.get(self._max_batch, self._max_rows))
 
     async def _apply_batch(self, ops: list[_Op]) -> None:
         per_op: list[list[Change]] = []
@@ -347,161 +343,12 @@ class FaultCenter:
             for w in self._sinks:
                 w.offer(all_changes)  # never waits: each subscriber runs in its own task
 
-    def _undo(self, undo: dict[FaultKey, tuple[Fault | None, str | None]]) -> None:
-        """Put memory back as it was before a batch whose commit failed (memory == file again)."""
-        for key, (fault, origin) in undo.items():
-            self._drop(key)
-            if fault is not None:
-                self._put(fault, origin or fault.source)
-
-    def _put(self, f: Fault, origin: str, key: FaultKey | None = None) -> None:
-        key = key or f.key
-        old = self._faults.get(key)
-        if old is not None:
-            self._index_drop(old, key)
-        old_origin = self._origin.get(key)
-        if old_origin != origin:
-            if old_origin is not None:
-                self._by_scope.get((f.node, old_origin), set()).discard(key)
-                self._count_drop(key, old_origin)
-            self._origin_n[origin] = self._origin_n.get(origin, 0) + 1
-            groups = self._groups.setdefault(origin, {})
-            groups[(f.node, f.source)] = groups.get((f.node, f.source), 0) + 1
-            self._origin[key] = origin
-            self._by_scope.setdefault((f.node, origin), set()).add(key)
-        self._faults[key] = f
-        self._index_add(f, key)
-
-    def _drop(self, key: FaultKey) -> Fault | None:
-        f = self._faults.pop(key, None)
-        if f is not None:
-            self._index_drop(f, key)
-        origin = self._origin.pop(key, None)
-        if origin is not None:
-            self._count_drop(key, origin)
-            scope = self._by_scope.get((key.node, origin))
-            if scope is not None:
-                scope.discard(key)
-                if not scope:
-                    del self._by_scope[(key.node, origin)]
-        return f
-
-    def _count_drop(self, key: FaultKey, origin: str) -> None:
-        n = self._origin_n.get(origin, 0) - 1
-        if n > 0:
-            self._origin_n[origin] = n
-        else:
-            self._origin_n.pop(origin, None)
-        groups = self._groups.get(origin, {})
-        g = groups.get((key.node, key.source), 0) - 1
-        if g > 0:
-            groups[(key.node, key.source)] = g
-        else:
-            groups.pop((key.node, key.source), None)
-
-    def _index_add(self, f: Fault, key: FaultKey) -> None:
-        self._level_counts[f.level] = self._level_counts.get(f.level, 0) + 1
-        node = self._by_node.setdefault(f.node, {})
-        node[key] = f
-        self._health.pop(f.node, None)
-        self.node_changes.mark(f.node)
-        nodes = self._code_nodes.setdefault(f.code, {})
-        nodes[f.node] = nodes.get(f.node, 0) + 1
-
-    def _index_drop(self, f: Fault, key: FaultKey) -> None:
-        n = self._level_counts.get(f.level, 0) - 1
-        if n > 0:
-            self._level_counts[f.level] = n
-        else:
-            self._level_counts.pop(f.level, None)
-        node = self._by_node.get(f.node)
-        if node is not None:
-            node.pop(key, None)
-            if not node:
-                del self._by_node[f.node]
-        self._health.pop(f.node, None)
-        self.node_changes.mark(f.node)
-        nodes = self._code_nodes.get(f.code)
-        if nodes is not None:
-            k = nodes.get(f.node, 0) - 1
-            if k > 0:
-                nodes[f.node] = k
-            else:
-                nodes.pop(f.node, None)
-                if not nodes:
-                    del self._code_nodes[f.code]
-
     def _update_gauges(self) -> None:
         for level in list(self._gauged_levels - self._level_counts.keys()):
             self.active.remove(level)
         for level, n in self._level_counts.items():
             self.active.labels(level).set(n)
         self._gauged_levels = set(self._level_counts)
-
-    # -- reads -----------------------------------------------------------------------------------
-    def faults(self, node: str | None = None) -> list[Fault]:
-        """Active faults (optionally of one node), sorted by node, device, code, source."""
-        items = self._faults.values() if node is None else self._by_node.get(node, {}).values()
-        return sorted(items, key=lambda f: (f.node, f.device_type, f.device_id, f.code, f.source))
-
-    def faults_of_node(self, node: str) -> list[Fault]:
-        """Active faults of ``node`` (unsorted; cost follows that node's faults)."""
-        return list(self._by_node.get(node, {}).values())
-
-    def fault_count(self, node: str) -> int:
-        """How many active faults ``node`` has (O(1), read-only: the node list's count)."""
-        return len(self._by_node.get(node, ()))
-
-    def faults_of_origin(self, origin: str) -> list[Fault]:
-        """Every active fault owned by ``origin`` (unsorted; cost follows that origin's faults)."""
-        return [self._faults[k] for (_, o), keys in self._by_scope.items() if o == origin for k in keys]
-
-    def count_of_origin(self, origin: str) -> int:
-        """How many records ``origin`` owns (O(1))."""
-        return self._origin_n.get(origin, 0)
-
-    def groups_of_origin(self, origin: str) -> int:
-        """How many distinct (node, source) pairs ``origin`` owns (O(1)); for PubFault one pair is
-        one reference cache item: one influence entry of one faultId on one node."""
-        return len(self._groups.get(origin, ()))
-
-    def has_group(self, origin: str, node: str, source: str) -> bool:
-        """True when ``origin`` owns at least one record of ``source`` on ``node``."""
-        return (node, source) in self._groups.get(origin, {})
-
-    def __len__(self) -> int:
-        return len(self._faults)
-
-    def get(self, key: FaultKey) -> Fault | None:
-        """The active fault with ``key``, or None."""
-        return self._faults.get(key)
-
-    def origin(self, key: FaultKey) -> str | None:
-        """Who owns the fault with ``key``."""
-        return self._origin.get(key)
-
-    def node_names(self) -> set[str]:
-        """Every node that has at least one active fault."""
-        return set(self._by_node)
-
-    def nodes_with_code(self, code: str) -> set[str]:
-        """Every node with at least one active fault of ``code`` (a maintained index: cost follows
-        those nodes, not all faults)."""
-        return set(self._code_nodes.get(code, ()))
-
-    def node_health(self, node: str) -> tuple[str, str]:
-        """(health, worst level) of ``node`` from its faults: Healthy / SubHealthy / UnHealthy.
-        Computed once per change of the node's faults (kept until the next), so a scrape of every
-        node costs a lookup per node (issue 18)."""
-        got = self._health.get(node)
-        if got is not None:
-            return got
-        faults = self._by_node.get(node)
-        if not faults:
-            return HEALTHY, ""
-        worst = max(faults.values(), key=lambda f: level_severity(f.level)).level
-        got = self._health[node] = (worst_health(level_health(f.level) for f in faults.values()), worst)
-        return got
 
 
 def _with_times(f: Fault, first_seen_ms: int, last_seen_ms: int) -> Fault:

@@ -93,9 +93,13 @@ def check_fault(node: str, m: agent_pb2.Fault) -> Fault:
         raise AgentInputError("bad_fault: first/last seen time out of range")
     if assertion and assertion not in ASSERTIONS:
         raise AgentInputError(f"bad_fault: assertion {assertion!r}")
-    attrs = dict(m.attributes) if len(m.attributes) else {}
-    if len(attrs) > 64 or any(len(k) > MAX_FIELD_LEN or len(v) > 4096 for k, v in attrs.items()):
-        raise AgentInputError("bad_fault: too many or too long attributes")
+    attrs = m.attributes
+    if attrs:  # most faults carry none: no copy, no generator
+        attrs = dict(attrs)
+        if len(attrs) > 64 or any(len(k) > MAX_FIELD_LEN or len(v) > 4096 for k, v in attrs.items()):
+            raise AgentInputError("bad_fault: too many or too long attributes")
+    else:
+        attrs = {}
     # built here from the fields read once (faultmesh.wire.fault_from_pb reads them all again)
     return Fault(source, node, device_type, device_id, code, level, assertion or "occur", first, last, attrs)
 

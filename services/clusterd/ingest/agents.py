@@ -61,6 +61,7 @@ from clusterd.ingest.agentinput import (
     seq_error,
     valid_hello,
 )
+from clusterd.ingest.liveness import Liveness
 from clusterd.ingest.resync import (
     apply_claim,
     claim_error,
@@ -89,7 +90,7 @@ RESYNC_ERROR = "resync"
 Callback = Callable[..., Awaitable[Any] | Any]
 
 
-class AgentHub(agent_pb2_grpc.AgentStreamServicer):
+class AgentHub(Liveness, agent_pb2_grpc.AgentStreamServicer):
     """The agent-stream endpoint and the registry of connected agents."""
 
     def __init__(
@@ -306,68 +307,6 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             self._reject("foreign_origin", node=s.node, agent=s.agent, refused=refused)
         return keep_ups, keep_rms, refused
 
-    async def watch_liveness(self) -> None:
-        """Mark a connected agent stale when nothing (not even its heartbeat) arrived for
-        ``stale_after_s``; its faults stay, the node view and ``faultmesh_agent_stale`` say so.
-        Checks 10 times per deadline (at most once per second); also drops the agents gone for
-        ``expire_after_s`` (:meth:`expire`, 10 times per expiry time, at most once a minute).
-        Runs until cancelled."""
-        period = max(0.05, min(1.0, self.stale_after_s / 10))
-        expire_every = max(0.05, min(60.0, self.expire_after_s / 10))
-        next_expiry = time.monotonic() + expire_every
-        while True:
-            await asyncio.sleep(min(period, expire_every))
-            if time.monotonic() >= next_expiry:
-                next_expiry = time.monotonic() + expire_every
-                await self.expire()
-            now = time.time()
-            for s in list(self.sessions.values()):
-                if not s.stale and not s.closed and now - s.last_seen > self.stale_after_s:
-                    s.stale = True
-                    self.nodes.set_stale(s.node, s.agent, "NoHeartbeat", int(s.last_seen * 1000))
-                    event(
-                        log,
-                        logging.WARNING,
-                        "agent stale",
-                        node=s.node,
-                        agent=s.agent,
-                        silent_s=round(now - s.last_seen, 1),
-                    )
-
-    async def expire(self) -> int:
-        """Drop every agent with no stream for more than ``expire_after_s`` (clock: its last Hello or
-        stream end, never before this ClusterD started): its faults on that node
-        (:meth:`FaultCenter.replace_origin` with nothing), its stale and pending marks, and with the
-        node's last agent the node entry itself, so the node leaves ``/v1/nodes``, the web view and
-        the per-node metrics. As in the reference when a node's ConfigMap goes away, a vanished node
-        takes its faults with it; faults of other origins (public faults) stay. A reconnect is a
-        fresh start: Hello and snapshot rebuild the entry. A failed state write is retried on the
-        next round. Logged "agent expired", counted in ``faultmesh_agents_expired_total``.
-        Returns how many agents were dropped."""
-        n = 0
-        for node, agent in self.nodes.expired_agents(self.expire_after_s, self.sessions):
-            try:
-                changes = await self.center.replace_origin(node, agent, [])
-            except Exception as e:  # state write failed: keep everything, try again next round
-                event(log, logging.ERROR, "agent expiry failed", node=node, agent=agent, error=repr(e))
-                continue
-            if (node, agent) in self.sessions:  # it came back meanwhile: its snapshot rules
-                continue
-            dropped = self.nodes.forget_agent(node, agent)
-            self.expired.inc()
-            n += 1
-            event(
-                log,
-                logging.WARNING,
-                "agent expired",
-                node=node,
-                agent=agent,
-                faults_dropped=len(changes),
-                node_dropped=dropped,
-                after_s=self.expire_after_s,
-            )
-        return n
-
     def _count(self, agent: str) -> None:
         self.connected_gauge.labels(agent).set(self._per_agent.get(agent, 0))
 
@@ -460,7 +399,11 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 ups, rms, refused = self._owned(s, ups, rms) if ups or rms else (ups, rms, 0)
                 if s.closed:
                     return
-                fut = self.center.submit(ups, rms, origin=s.agent) if ups or rms else None
+                fut = (
+                    self.center.submit(ups, rms, origin=s.agent, lane=(s.node, s.agent))
+                    if ups or rms
+                    else None
+                )
                 item = Pending(kind, body, fut, refused)
         except AgentInputError as e:
             reason = str(e).split(":", 1)[0]
