@@ -11,7 +11,12 @@ Retention is bounded in time and rows: every ``--history-prune-s`` the rows olde
 ``--history-retention-s`` and all but the newest ``--history-max-rows`` are deleted. When the
 subscriber falls behind and is resynced, the changes it lost are rebuilt by comparing the snapshot
 with what it last knew (occur for new keys, update for changed ones, recover for gone ones), so the
-history has no silent gap; their timestamps are the resync time.
+history has no silent gap.
+
+A row's time is when the change happened where the fault says so: an occur carries the fault's
+first-seen time (the agent's; a fault that occurred while clusterd was down is listed at its real
+time, not at the reconnect), an update or a recover the time clusterd committed it. Rows are listed
+in the order clusterd received them.
 
 A failed write (disk full, I/O error) keeps the rows and writes them, in order, before the next
 batch and every ``RETRY_S`` until the store takes them (``history write failed`` once, then
@@ -49,6 +54,14 @@ MAX_PENDING = 100_000  # rows kept for a retry at most (the oldest beyond are dr
 def device_name(f: Fault) -> str:
     """``NPU-3`` for a device, ``Node`` for the node itself (device_id -1)."""
     return f.device_type if f.device_id < 0 else f"{f.device_type}-{f.device_id}"
+
+
+def _when(received_ms: int, kind: str, f: Fault) -> int:
+    """A history row's time (ms): an occur's first-seen time when it is known and not in the
+    future, else ``received_ms`` (module docstring)."""
+    if kind == OCCUR and 0 < f.first_seen_ms <= received_ms:
+        return f.first_seen_ms
+    return received_ms
 
 
 class HistoryComponent:
@@ -117,7 +130,7 @@ class HistoryComponent:
                 self._known.pop(c.fault.key, None)
             else:
                 self._known[c.fault.key] = c.fault
-        await self._record([(ts, c.kind, c.fault) for c in changes])
+        await self._record([(_when(ts, c.kind, c.fault), c.kind, c.fault) for c in changes])
 
     async def resync(self, faults: list[Fault]) -> None:
         """Rebuild the changes lost in an overflow from the snapshot ``faults``."""
@@ -127,7 +140,7 @@ class HistoryComponent:
         for k, f in now.items():
             old = self._known.get(k)
             if old is None:
-                rows.append((ts, OCCUR, f))
+                rows.append((_when(ts, OCCUR, f), OCCUR, f))
             elif not old.same_content(f):
                 rows.append((ts, UPDATE, f))
         rows.extend((ts, RECOVER, f) for k, f in self._known.items() if k not in now)

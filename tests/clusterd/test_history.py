@@ -193,3 +193,24 @@ async def test_a_bad_limit_is_a_clear_400_and_the_cli_refuses_it_as_usage(tmp_pa
         with pytest.raises(SystemExit) as e:
             cli_main(["history", "--limit", bad, "--http", "127.0.0.1:1"])
         assert e.value.code == 2 and "--limit" in capsys.readouterr().err
+
+
+async def test_a_fault_that_occurred_while_clusterd_was_down_is_listed_at_its_own_time(tmp_path):
+    """history listed an outage's fault at the reconnect (21:32:59) where /v1/faults said it was
+    first seen at 21:32:45 (tryout finding): an occur row carries the fault's first-seen time."""
+    cd = await make_clusterd(tmp_path)
+    try:
+        seen = now_ms() - 600_000  # ten minutes before clusterd heard of it
+        await cd.center.upsert(
+            Fault("deviced", "node-9", "NPU", 1, "80E18008", "RestartNPU", first_seen_ms=seen)
+        )
+        await cd.center.upsert(Fault("deviced", "node-9", "NPU", 2, "80E18008", "RestartNPU"))  # no time: now
+
+        async def two():
+            return len((await _events(cd, node="node-9"))[1]) == 2
+
+        await _until(two)
+        rows = {r["device_id"]: r["ts_ms"] for r in (await _events(cd, node="node-9"))[1]}
+        assert rows[1] == seen and now_ms() - rows[2] < 60_000
+    finally:
+        await cd.stop()
