@@ -379,16 +379,20 @@ class _Worker:
         while time.perf_counter() < end:
             loop += 1
             call = _stream(ch)
+
+            async def send(msg: bytes, call=call) -> None:
+                nonlocal sent
+                await call.write(msg)
+                sent += 1  # counted as written, also when a later read times out
+
             try:
-                await call.write(hello_bytes(node, "noded", boot_id=f"storm-boot-{loop}"))
-                await call.write(snap)
+                await send(hello_bytes(node, "noded", boot_id=f"storm-boot-{loop}"))
+                await send(snap)
                 await asyncio.wait_for(call.read(), 10)
-                sent += 2
                 kind = i % 4
                 if kind == 1:  # replay, then a gap: clusterd answers a resync error
                     for seq in (2, 2, 9):
-                        await call.write(delta(seq))
-                    sent += 3
+                        await send(delta(seq))
                     for _ in range(3):
                         raw = await asyncio.wait_for(call.read(), 10)
                         if raw is grpc.aio.EOF or _ack_seq(raw)[1]:
@@ -396,8 +400,7 @@ class _Worker:
                 elif kind in (2, 3):  # a burst of changes / the same faults restated
                     n = 64 if kind == 2 else 32
                     for seq in range(2, n + 2):
-                        await call.write(delta(seq, seq % len(pre) if kind == 2 else 0))
-                    sent += n
+                        await send(delta(seq, seq % len(pre) if kind == 2 else 0))
                     for _ in range(n):
                         await asyncio.wait_for(call.read(), 10)
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError, TimeoutError):
