@@ -40,6 +40,7 @@ from __future__ import annotations
 import statistics
 from bisect import bisect_right
 from collections import deque
+from itertools import islice
 
 from .detect import TimeDetector, homogenize
 from .featconf import FeatConf
@@ -396,7 +397,8 @@ class NodeDetector:
         senders, slow IO ranks, ``rise`` per rank, the ranks of a slow host or []).
 
         - slow host: every local rank (> 1) slow on its TP launch (``zp_host``); its ranks are not
-          slow IO ranks;
+          slow IO ranks. Not from a host-only producer (:meth:`_host_is_device`): its ``zp_host``
+          is its ``zp_device``, read already by the TP-domain rule;
         - slow IO: the data-loader detector is slow and the rise costs ``ioShare`` of the step (a
           loader twice as slow that takes 1 % of the step is not what slows the job);
         - ``rise``: ``{"<rank>": {"zp": .., "host": ..}}``, the recent TP wait (``zp``) and TP
@@ -412,13 +414,20 @@ class NodeDetector:
             st, zp, zh, pp, dl = by_rank[r]  # TIME_COLUMNS order
             if pp.slow:
                 sends.append(r)
-            host_all = host_all and zh.slow
+            host_all = host_all and zh.slow and not self._host_is_device(r)
             if dl.slow:
                 step = st.recent()
                 if step > 0 and dl.recent() - dl.mean >= share * step:
                     io.append(r)
         host = list(ranks) if host_all else []
         return sends, [r for r in io if not host_all], self._rises(ranks), host
+
+    def _host_is_device(self, rank: int) -> bool:
+        """True when the rank's last ``timeWindowSteps`` steps carry the same TP time on the host
+        as on the device, step for step (a CPU job, e.g. gloo: host and device timestamps are the
+        same clock and the same ranges, so there is no separate host side to find slow)."""
+        tail = islice(reversed(self.history[rank]), self.conf.time_window)
+        return all(m.zp_host == m.zp_device for m in tail)
 
     def _rises(self, ranks: list[int]) -> dict[str, dict[str, float | None]]:
         """``rise`` of :meth:`_per_rank` (a plain loop: for 2 x 8 windows of 8 values a Python sort

@@ -393,3 +393,24 @@ def test_tracker_keeps_profiling_on_while_a_straggler_is_suspected():
     assert kinds(t.on_round(sus)) == [] and t.heavy and t.heavy_reason == "suspect"  # no flapping
     assert kinds(t.on_round(slow())) == [] and t.slow_rounds == 1  # consecutive count restarted
     assert kinds(t.on_round(NOT)) == ["heavy_off"]
+
+
+FM = parse_featconf(
+    {"jobName": "j", "normalNumber": 8, "nConsecAnomaliesSignifySlow": 2, "degradationPercentage": 0.3}
+)
+
+
+def _fm_host_round(zp, zph):
+    n = node(FM)
+    n.round()
+    for s in range(8, 8 + FM.time_window):
+        n.add(m(0, s, st=150, zp=zp, zph=zph))
+        n.add(m(1, s, st=150, zp=zp, zph=zph))
+    return n.round()
+
+
+def test_host_only_producer_reports_no_slow_host():
+    """A CPU job's TP time on the host is its TP time on the device, step for step: both rising
+    is no slow host (the TP-domain rule reads that series); the host side rising alone is one."""
+    assert _fm_host_round(zp=20, zph=20)["slowHostNodes"] == []
+    assert _fm_host_round(zp=10, zph=20)["slowHostNodes"] == ["10.0.0.1"]
