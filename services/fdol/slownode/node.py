@@ -401,10 +401,11 @@ class NodeDetector:
           is its ``zp_device``, read already by the TP-domain rule;
         - slow IO: the data-loader detector is slow and the rise costs ``ioShare`` of the step (a
           loader twice as slow that takes 1 % of the step is not what slows the job);
-        - ``rise``: ``{"<rank>": {"zp": .., "host": ..}}``, the recent TP wait (``zp``) and TP
-          launch (``host``) over their baselines (window median / mean; None before the
-          baseline): the cluster compares a slow TP domain's or host's rise with the other ranks'
-          (a box-wide load swing raises every rank's)."""
+        - ``rise``: ``{"<rank>": {"zp": .., "zpSpread": .., "host": .., "hostSpread": ..}}``, the
+          recent TP wait (``zp``) and TP launch (``host``) over their baselines (window median /
+          mean; None before the baseline) and the baselines' relative spread (std / mean): the
+          cluster compares a slow TP domain's or host's rise with the other ranks' (a box-wide
+          load swing raises every rank's), with two nodes beyond ``nSigma`` spreads."""
         sends: list[int] = []
         io: list[int] = []
         host_all = len(ranks) > 1
@@ -437,8 +438,10 @@ class NodeDetector:
             v = []
             for d in self._by_rank[r][1:3]:  # zp_device, zp_host
                 x = d.recent()
-                v.append(round(x / d.mean, 4) if d.ready and d.mean > 0 and x > 0 else None)
-            out[str(r)] = {"zp": v[0], "host": v[1]}
+                ok = d.ready and d.mean > 0
+                v.append(round(x / d.mean, 4) if ok and x > 0 else None)
+                v.append(round(d.std / d.mean, 4) if ok else None)
+            out[str(r)] = {"zp": v[0], "zpSpread": v[1], "host": v[2], "hostSpread": v[3]}
         return out
 
     def _forward(self, ranks: list[int], skip: set[int]) -> tuple[list[int], float | None]:
