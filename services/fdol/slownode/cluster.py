@@ -24,7 +24,9 @@ Fixes of reference quirks / faultmesh additions (named on purpose):
   entity's, and that list is emptied (the reference named every PP pair and every rank);
   a slow TP domain or slow host is kept only when its TP wait (launch) rose ``margin`` (the
   ``degradationPercentage``) more than the median of the other ranks' (node reports' ``rise``):
-  a load swing of a shared box raises every rank's.
+  a load swing of a shared box raises every rank's. With two nodes also ``nSigma`` times the
+  ranks' relative baseline spread of that time (``zpSpread`` / ``hostSpread``), as the whole-node
+  rule below: when a shared box's load changes one "node"'s collectives slow first.
 - *a whole node slower* (rules ``faultmesh``): a node whose forward time rose ``nodeRise`` over its
   own baseline and over the median of the other nodes' rises, not explained by a slow card, TP
   domain or host of its own, has all its ranks added to ``slowCalculateRanks`` (``slowNodeRanks``).
@@ -135,15 +137,21 @@ def _slow_node_ranks(
     return out
 
 
-def _rises(reports: list[dict], key: str) -> dict[int, float]:
-    """{rank: rise} of ``key`` (``zp`` | ``host``) from the node reports' ``rise``."""
+def _rises(reports: list[dict], key: str) -> tuple[dict[int, float], float | None]:
+    """({rank: rise} of ``key`` (``zp`` | ``host``) from the node reports' ``rise``, the largest
+    relative baseline spread ``<key>Spread`` over those ranks; None when a rank lacks one)."""
     out: dict[int, float] = {}
+    spread: float | None = 0.0
     for rep in reports:
         for r, v in (rep.get("rise") or {}).items():
             x = v.get(key) if isinstance(v, dict) else None
             if isinstance(x, int | float) and x > 0 and str(r).isdigit():
                 out[int(r)] = float(x)
-    return out
+                sp = v.get(key + "Spread")
+                spread = (
+                    max(spread, float(sp)) if isinstance(sp, int | float) and spread is not None else None
+                )
+    return out, spread
 
 
 def _stands_out(ranks: list[int], rises: dict[int, float], margin: float) -> bool:
@@ -154,6 +162,15 @@ def _stands_out(ranks: list[int], rises: dict[int, float], margin: float) -> boo
     if not others or not mine:
         return True
     return min(mine) >= (1 + margin) * others[len(others) // 2]
+
+
+def _margin(reports: list[dict], spread: float | None, margin: float, n_sigma: float) -> float | None:
+    """The margin a slow TP domain or host must rise over the other ranks: ``margin``, and with two
+    nodes (the other node is the only baseline) at least ``n_sigma`` baseline spreads, as the
+    whole-node rule; None (keep nothing) when two nodes' spread is unknown."""
+    if len(reports) != 2:
+        return margin
+    return None if spread is None else max(margin, n_sigma * spread)
 
 
 def merge_cluster(
@@ -198,12 +215,14 @@ def merge_cluster(
     node_ranks: list[int] = []
     if rules == "faultmesh":
         if domains:
-            zp = _rises(all_reports, "zp")
-            domains = [d for d in domains if _stands_out(list(d), zp, margin)]
+            zp, sp = _rises(all_reports, "zp")
+            need = _margin(all_reports, sp, margin, n_sigma)
+            domains = [d for d in domains if need is not None and _stands_out(list(d), zp, need)]
         if hosts:
-            hr = _rises(all_reports, "host")
+            hr, sp = _rises(all_reports, "host")
+            need = _margin(all_reports, sp, margin, n_sigma)
             node_of = {n.get("nodeRank"): n.get("ranks") or [] for n in all_reports}
-            hosts = [h for h in hosts if _stands_out(list(node_of.get(h, [])), hr, margin)]
+            hosts = [h for h in hosts if need is not None and _stands_out(list(node_of.get(h, [])), hr, need)]
         n_ranks = sum(len(r.get("ranks") or ()) for r in all_reports)
         n_senders = sum(len(g) - 1 for g in pp_groups)
         for key, named, total in (

@@ -40,6 +40,7 @@ from __future__ import annotations
 import statistics
 from bisect import bisect_right
 from collections import deque
+from itertools import islice
 
 from .detect import TimeDetector, homogenize
 from .featconf import FeatConf
@@ -396,13 +397,15 @@ class NodeDetector:
         senders, slow IO ranks, ``rise`` per rank, the ranks of a slow host or []).
 
         - slow host: every local rank (> 1) slow on its TP launch (``zp_host``); its ranks are not
-          slow IO ranks;
+          slow IO ranks. Not from a host-only producer (:meth:`_host_is_device`): its ``zp_host``
+          is its ``zp_device``, read already by the TP-domain rule;
         - slow IO: the data-loader detector is slow and the rise costs ``ioShare`` of the step (a
           loader twice as slow that takes 1 % of the step is not what slows the job);
-        - ``rise``: ``{"<rank>": {"zp": .., "host": ..}}``, the recent TP wait (``zp``) and TP
-          launch (``host``) over their baselines (window median / mean; None before the
-          baseline): the cluster compares a slow TP domain's or host's rise with the other ranks'
-          (a box-wide load swing raises every rank's)."""
+        - ``rise``: ``{"<rank>": {"zp": .., "zpSpread": .., "host": .., "hostSpread": ..}}``, the
+          recent TP wait (``zp``) and TP launch (``host``) over their baselines (window median /
+          mean; None before the baseline) and the baselines' relative spread (std / mean): the
+          cluster compares a slow TP domain's or host's rise with the other ranks' (a box-wide
+          load swing raises every rank's), with two nodes beyond ``nSigma`` spreads."""
         sends: list[int] = []
         io: list[int] = []
         host_all = len(ranks) > 1
@@ -412,13 +415,20 @@ class NodeDetector:
             st, zp, zh, pp, dl = by_rank[r]  # TIME_COLUMNS order
             if pp.slow:
                 sends.append(r)
-            host_all = host_all and zh.slow
+            host_all = host_all and zh.slow and not self._host_is_device(r)
             if dl.slow:
                 step = st.recent()
                 if step > 0 and dl.recent() - dl.mean >= share * step:
                     io.append(r)
         host = list(ranks) if host_all else []
         return sends, [r for r in io if not host_all], self._rises(ranks), host
+
+    def _host_is_device(self, rank: int) -> bool:
+        """True when the rank's last ``timeWindowSteps`` steps carry the same TP time on the host
+        as on the device, step for step (a CPU job, e.g. gloo: host and device timestamps are the
+        same clock and the same ranges, so there is no separate host side to find slow)."""
+        tail = islice(reversed(self.history[rank]), self.conf.time_window)
+        return all(m.zp_host == m.zp_device for m in tail)
 
     def _rises(self, ranks: list[int]) -> dict[str, dict[str, float | None]]:
         """``rise`` of :meth:`_per_rank` (a plain loop: for 2 x 8 windows of 8 values a Python sort
@@ -428,8 +438,10 @@ class NodeDetector:
             v = []
             for d in self._by_rank[r][1:3]:  # zp_device, zp_host
                 x = d.recent()
-                v.append(round(x / d.mean, 4) if d.ready and d.mean > 0 and x > 0 else None)
-            out[str(r)] = {"zp": v[0], "host": v[1]}
+                ok = d.ready and d.mean > 0
+                v.append(round(x / d.mean, 4) if ok and x > 0 else None)
+                v.append(round(d.std / d.mean, 4) if ok else None)
+            out[str(r)] = {"zp": v[0], "zpSpread": v[1], "host": v[2], "hostSpread": v[3]}
         return out
 
     def _forward(self, ranks: list[int], skip: set[int]) -> tuple[list[int], float | None]:

@@ -393,3 +393,48 @@ def test_tracker_keeps_profiling_on_while_a_straggler_is_suspected():
     assert kinds(t.on_round(sus)) == [] and t.heavy and t.heavy_reason == "suspect"  # no flapping
     assert kinds(t.on_round(slow())) == [] and t.slow_rounds == 1  # consecutive count restarted
     assert kinds(t.on_round(NOT)) == ["heavy_off"]
+
+
+FM = parse_featconf(
+    {"jobName": "j", "normalNumber": 8, "nConsecAnomaliesSignifySlow": 2, "degradationPercentage": 0.3}
+)
+
+
+def _fm_host_round(zp, zph):
+    n = node(FM)
+    n.round()
+    for s in range(8, 8 + FM.time_window):
+        n.add(m(0, s, st=150, zp=zp, zph=zph))
+        n.add(m(1, s, st=150, zp=zp, zph=zph))
+    return n.round()
+
+
+def test_host_only_producer_reports_no_slow_host():
+    """A CPU job's TP time on the host is its TP time on the device, step for step: both rising
+    is no slow host (the TP-domain rule reads that series); the host side rising alone is one."""
+    assert _fm_host_round(zp=20, zph=20)["slowHostNodes"] == []
+    assert _fm_host_round(zp=10, zph=20)["slowHostNodes"] == ["10.0.0.1"]
+
+
+def test_two_nodes_slow_tp_domain_must_clear_nsigma_of_its_noise():
+    """With two nodes the other is the only baseline: node a's TP waits rising x1.5 against node b's
+    x1.0 is a slow domain on quiet nodes (spread 1 %), but inside 3 spreads of a noisy pair
+    (spread 20 %: a shared box's load change slows one "node"'s collectives first)."""
+
+    def merged(spread):
+        def rep(name, ranks, rise, slow):
+            return {
+                "isSlow": int(slow),
+                "nodeRank": name,
+                "ranks": ranks,
+                "slowCommunicationDomains": [ranks] if slow else [],
+                "rise": {
+                    str(r): {"zp": rise, "zpSpread": spread, "host": 1.0, "hostSpread": spread} for r in ranks
+                },
+            }
+
+        a, b = rep("a", [0, 1], 1.5, True), rep("b", [2, 3], 1.0, False)
+        return merge_cluster("j", "cl", [a, b], [a, b], groups=([[0, 1], [2, 3]], []))
+
+    assert merged(0.01)["slowCommunicationDomains"] == [[0, 1]]
+    assert merged(0.2)["slowCommunicationDomains"] == []
