@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib
 import logging
 import os
@@ -395,6 +396,19 @@ def start_error(e: Exception, args) -> str:
     return str(e) if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
 
 
+GC_THRESHOLDS = (20_000, 20, 100)
+"""clusterd's cyclic-GC thresholds (CPython's defaults: 700, 10, 10). With the default, a clusterd
+holding 1000 agents' faults ran a full (generation 2) collection every ~2 s of ingest, each 300-450 ms
+with the loop stopped: the ack p99 at half rate was those pauses (bench/ingest.py, 1000 agents x
+10 upserts: p99 326 -> 49 ms and 15.6k -> 21.7k deltas per server core-second, same box, same hour).
+Garbage is freed by reference counting as before; only cycles wait longer."""
+
+
+def tune_gc() -> None:
+    """Set :data:`GC_THRESHOLDS` for this process (the daemon only; not for in-process tests)."""
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console script ``clusterd``."""
     args = config.parse(build_parser(), argv)
@@ -405,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         event(log, logging.ERROR, "clusterd failed to start", error=f"--state-dir {args.state_dir}: {e}")
         return 1
 
+    tune_gc()
     if kha.enabled(args):  # one of several replicas: follower until it holds the Lease
         return runtime.run(
             lambda stop: kha.run_replica(args, lambda st, el: ClusterD(args, store=st, elector=el), stop)
@@ -422,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
             event(log, logging.ERROR, "clusterd failed to start", error=start_error(e, args))
             await cd.stop()
             return 1
+        gc.freeze()  # the restored state and the loaded code: never scanned by the cyclic GC again
         await stop.wait()
         await cd.stop()
         return 0
