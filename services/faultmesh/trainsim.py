@@ -105,6 +105,7 @@ class TrainSim:
         self.metadata = (("authorization", f"Bearer {token}"),) if token else None
         self.on_event = on_event
         self.reconnect = reconnect
+        self._inited = False  # Init answered 0 once (TaskD's manager never calls it again)
         self.events: list[dict[str, Any]] = []
         self._changed = asyncio.Event()
         self._stop = asyncio.Event()
@@ -146,16 +147,21 @@ class TrainSim:
     async def connect(self) -> None:
         """Open the channel, Init and Register. Raises :class:`TrainSimError` on a non-zero code
         (and ``grpc.aio.AioRpcError``, e.g. UNAVAILABLE from a clusterd follower); after a failure
-        the channel is closed, so the next attempt starts with Init again."""
+        the channel is closed. Role ``taskd`` skips Init once one succeeded (see :meth:`run`)."""
         self._channel = grpc.aio.insecure_channel(self.target)
         self.stub = recover_pb2_grpc.RecoverStub(self._channel)
         info = recover_pb2.ClientInfo(jobId=self.job_id, role=self.role)
+        # TaskD's Go manager (role taskd; manager.go subscribeProcessManageSignal) calls Init once per
+        # process and on every later reconnect only Register; MindIO's client Inits each time
+        calls = ("Register",) if self.role == "taskd" and self._inited else ("Init", "Register")
         try:
-            for name in ("Init", "Register"):
+            for name in calls:
                 st = await getattr(self.stub, name)(info, metadata=self.metadata, timeout=10)
                 self._record(name.lower(), code=st.code, info=st.info)
                 if st.code != 0:
                     raise TrainSimError(f"{name}: code {st.code}: {st.info}")
+                if name == "Init":
+                    self._inited = True
         except BaseException:
             await self.close()
             raise
@@ -164,7 +170,8 @@ class TrainSim:
         """Connect (if needed), subscribe to the three streams and answer until stopped.
 
         With ``reconnect`` (TaskD's behaviour) a lost stream (ClusterD restarted or unreachable)
-        is followed by Init, Register and new subscriptions, with back-off up to 5 s."""
+        is followed by Register (role ``taskd``: TaskD's manager Inits once per process; other roles
+        Init again, as MindIO's client does) and new subscriptions, with back-off up to 5 s."""
         backoff = Backoff(0.5, 5.0)
         try:
             while not self._stop.is_set():

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("clusterd.brain")
 
+INIT_NS = "recover_init"  # store namespace: job ids a Recover Init accepted (value: true)
 ISOLATE_SOURCE = "brain:stress-test"
 ISOLATE_CODE = "StressTestIsolate"
 
@@ -205,10 +207,23 @@ class BrainComponent(FaultIntake):
             (profiling_pb2_grpc.add_TrainingDataTraceServicer_to_server, self.datatrace),
         ]
 
+    async def mark_initialised(self, job_id: str) -> None:
+        """Record a successful Recover Init for ``job_id``: stored first, then in memory (raises the
+        store's error when it refuses; nothing changed then)."""
+        await self.ctx.store.kv_put(INIT_NS, job_id, True)
+        self.initialised.add(job_id)
+
     async def start(self) -> None:
         for f in self.ctx.center.faults():  # restored by ClusterD before components start
             self._node_faults.setdefault(f.node, {})[f.key] = f
         n = await self.jobs.load()
+        # Init survives a restart (the Go TaskD manager calls Init once per process and then only
+        # Register on every reconnect): the job ids Init accepted, of jobs still known
+        inited = await self.ctx.store.kv_items(INIT_NS)
+        self.initialised = {j for j in inited if self.jobs.get(j) is not None}
+        for gone in set(inited) - self.initialised:  # jobs deleted since: their Init goes now
+            with contextlib.suppress(Exception):  # else at the next start
+                await self.ctx.store.kv_delete(INIT_NS, gone)
         await self.decision_log.load()
         await self.platform.load()
         event(log, logging.INFO, "brain started", jobs=n)
@@ -441,7 +456,7 @@ class BrainComponent(FaultIntake):
         self._sent_nodes[job.id] = nodes
         self.job_svc.broadcast(job, "delete" if deleted else "add")  # the reference: add / delete only
         self.config_svc.publish(job)  # a MindIE member changed or left: its global rank table
-        if deleted:
+        if deleted:  # an Init is kept (the reference's initJob): Register then answers 402
             self.retry_reports.drop(job.id)
             self.platform.drop(job.id)
             ctl = self.controllers.pop(job.id, None)

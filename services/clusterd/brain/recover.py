@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 
 import grpc
 
@@ -61,7 +62,10 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
                 403,
                 f"job(uid={jid}) process-recover-enable and subhealthy hotswtich not open:<nil>",
             )
-        self.b.initialised.add(jid)
+        try:
+            await self.b.mark_initialised(jid)
+        except (sqlite3.Error, OSError) as e:  # not stored: not initialised; the client retries Init
+            return self._reject("state_write", 500, f"job(uid={jid}) init failed: state write failed: {e}")
         event(log, logging.INFO, "role[%s] init success" % (request.role or "-"), job=jid)
         return _st(0, f"job(uid={jid}) init success")
 
