@@ -15,7 +15,8 @@ history has no silent gap.
 
 A row's time is when the change happened where the fault says so: an occur carries the fault's
 first-seen time (the agent's; a fault that occurred while clusterd was down is listed at its real
-time, not at the reconnect), an update or a recover the time clusterd committed it. Rows are listed
+time, not at the reconnect; one first seen before the retention window keeps the commit time, so
+its row is not pruned at once), an update or a recover the time clusterd committed it. Rows are listed
 in the order clusterd received them.
 
 A failed write (disk full, I/O error) keeps the rows and writes them, in order, before the next
@@ -56,10 +57,11 @@ def device_name(f: Fault) -> str:
     return f.device_type if f.device_id < 0 else f"{f.device_type}-{f.device_id}"
 
 
-def _when(received_ms: int, kind: str, f: Fault) -> int:
-    """A history row's time (ms): an occur's first-seen time when it is known and not in the
-    future, else ``received_ms`` (module docstring)."""
-    if kind == OCCUR and 0 < f.first_seen_ms <= received_ms:
+def _when(received_ms: int, kind: str, f: Fault, retention_ms: int) -> int:
+    """A history row's time (ms): an occur's first-seen time when it is known, not in the future
+    and within the retention (an older one would be pruned at once: the row keeps ``received_ms``),
+    else ``received_ms`` (module docstring)."""
+    if kind == OCCUR and received_ms - retention_ms < f.first_seen_ms <= received_ms:
         return f.first_seen_ms
     return received_ms
 
@@ -130,7 +132,9 @@ class HistoryComponent:
                 self._known.pop(c.fault.key, None)
             else:
                 self._known[c.fault.key] = c.fault
-        await self._record([(_when(ts, c.kind, c.fault), c.kind, c.fault) for c in changes])
+        await self._record(
+            [(_when(ts, c.kind, c.fault, self.retention_ms), c.kind, c.fault) for c in changes]
+        )
 
     async def resync(self, faults: list[Fault]) -> None:
         """Rebuild the changes lost in an overflow from the snapshot ``faults``."""
@@ -140,7 +144,7 @@ class HistoryComponent:
         for k, f in now.items():
             old = self._known.get(k)
             if old is None:
-                rows.append((_when(ts, OCCUR, f), OCCUR, f))
+                rows.append((_when(ts, OCCUR, f, self.retention_ms), OCCUR, f))
             elif not old.same_content(f):
                 rows.append((ts, UPDATE, f))
         rows.extend((ts, RECOVER, f) for k, f in self._known.items() if k not in now)

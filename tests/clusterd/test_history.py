@@ -205,12 +205,16 @@ async def test_a_fault_that_occurred_while_clusterd_was_down_is_listed_at_its_ow
             Fault("deviced", "node-9", "NPU", 1, "80E18008", "RestartNPU", first_seen_ms=seen)
         )
         await cd.center.upsert(Fault("deviced", "node-9", "NPU", 2, "80E18008", "RestartNPU"))  # no time: now
+        month = now_ms() - 30 * 86_400_000  # before the 7-day retention: it would be pruned at once
+        await cd.center.upsert(
+            Fault("deviced", "node-9", "NPU", 4, "80E18008", "RestartNPU", first_seen_ms=month)
+        )
 
-        async def two():
-            return len((await _events(cd, node="node-9"))[1]) == 2
+        async def three():
+            return len((await _events(cd, node="node-9"))[1]) == 3
 
-        await _until(two)
+        await _until(three)
         rows = {r["device_id"]: r["ts_ms"] for r in (await _events(cd, node="node-9"))[1]}
-        assert rows[1] == seen and now_ms() - rows[2] < 60_000
+        assert rows[1] == seen and now_ms() - rows[2] < 60_000 and now_ms() - rows[4] < 60_000
     finally:
         await cd.stop()
