@@ -234,14 +234,17 @@ class ChangeWatch:
 
 
 async def eventually(pred, timeout_s: float = 15.0, what: str = "condition", every_s: float = 0.05):
-    """Await until ``pred()`` is truthy (checked every ``every_s``); returns its value. Raises
-    ``AssertionError`` naming ``what`` after ``timeout_s``."""
+    """Await until ``pred()`` (sync, or returning an awaitable) is truthy, checked every ``every_s``;
+    returns its value. Raises ``AssertionError`` naming ``what`` after ``timeout_s``."""
     import asyncio
+    import inspect
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while loop.time() < deadline:
         got = pred()
+        if inspect.isawaitable(got):
+            got = await got
         if got:
             return got
         await asyncio.sleep(every_s)

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 
-import pytest
 from support import make_clusterd
 
 from faultmesh import gojson
@@ -24,20 +21,6 @@ def device_info_cm(
     code = check if check is not None else gojson.check_code(gojson.canon_device_info(inner))
     doc = {"DeviceInfo": inner, "SuperPodID": -2, "ServerIndex": -2, "CheckCode": code, **extra}
     return {"DeviceInfoCfg": json.dumps(doc)}
-
-
-async def until(pred, timeout_s: float = 10.0, what: str = "condition"):
-    """Await ``pred()`` (sync or async) to return a truthy value; fail after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        res = pred()
-        if asyncio.iscoroutine(res):
-            res = await res
-        if res:
-            return res
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def job_pod(

@@ -10,10 +10,9 @@ import hashlib
 import json
 
 import pytest
-from kube.kubekit import until
 from kube.test_kube_formats import NODE_INFO_CHECK, NODE_INFO_JSON
 from prometheus_client import CollectorRegistry
-from support import free_port
+from support import eventually, free_port
 
 from deviced.app import DeviceD
 from deviced.app import build_parser as deviced_parser
@@ -63,7 +62,9 @@ async def test_noded_publishes_the_reference_node_info(k8s, kcd):
                 f("Disk", 1, "02000007", "SeparateFault"),
             ],
         )
-        cm = await until(lambda: get_cm(api, "mindx-dl", "mindx-dl-nodeinfo-node-1"), what="node-info CM")
+        cm = await eventually(
+            lambda: get_cm(api, "mindx-dl", "mindx-dl-nodeinfo-node-1"), what="node-info CM"
+        )
         assert cm["metadata"]["labels"] == {"mx-consumer-cim": "true"}
         assert set(cm["data"]) == {"NodeInfo", "updateTime"}
         # byte for byte the reference NodeD's document of this state (noded.md §4's worked example)
@@ -72,7 +73,7 @@ async def test_noded_publishes_the_reference_node_info(k8s, kcd):
             == '{"NodeInfo":' + NODE_INFO_JSON + ',"CheckCode":"' + NODE_INFO_CHECK + '"}'
         )
         # clusterd's reference-format consumer accepts it (CheckCode verified)
-        await until(lambda: kube_faults(kcd, "node-1", "kube:nodeinfo"), what="consumed")
+        await eventually(lambda: kube_faults(kcd, "node-1", "kube:nodeinfo"), what="consumed")
         assert kube_faults(kcd, "node-1", "kube:nodeinfo") == [
             ("Disk", 1, "02000007", "SeparateFault"),
             ("Disk", 1, "2C000031", "SeparateFault"),
@@ -80,7 +81,7 @@ async def test_noded_publishes_the_reference_node_info(k8s, kcd):
         ]
         # healthy again: the ConfigMap is deleted (as the reference does), clusterd clears the faults
         nd.state.replace_source(SOURCE_OEM, [])
-        await until(
+        await eventually(
             lambda: not kube_faults(kcd, "node-1", "kube:nodeinfo"), what="cleared after the CM was deleted"
         )
         assert await get_cm(api, "mindx-dl", "mindx-dl-nodeinfo-node-1") is None
@@ -121,14 +122,14 @@ async def test_deviced_publishes_the_reference_device_info(k8s, kcd):
     app = DeviceD(args, sim)
     await app.start()
     try:
-        await until(lambda: app.started, what="deviced started")
+        await eventually(lambda: app.started, what="deviced started")
         sim.inject(2, 0x80E18008)
 
         async def faulty():
             cm = await get_cm(api, "kube-system", "mindx-dl-deviceinfo-node-2")
             return cm if cm and 'Unhealthy":"Ascend910-2' in cm["data"].get("DeviceInfoCfg", "") else None
 
-        cm = await until(faulty, what="device-info CM with the fault")
+        cm = await eventually(faulty, what="device-info CM with the fault")
         assert cm["metadata"]["labels"] == {"mx-consumer-cim": "true"}
         data = cm["data"]
         assert set(data) == {
@@ -140,7 +141,7 @@ async def test_deviced_publishes_the_reference_device_info(k8s, kcd):
         ]["80E18008"]["fault_time"]
         assert data["DeviceInfoCfg"] == _reference_device_info_cfg(cfg["DeviceInfo"]["UpdateTime"], fault_ms)
         assert data["ManuallySeparateNPU"] == "" and data["UpgradeFaultReason"] == "{}"
-        await until(lambda: kube_faults(kcd, "node-2", "kube:deviceinfo"), what="consumed by clusterd")
+        await eventually(lambda: kube_faults(kcd, "node-2", "kube:deviceinfo"), what="consumed by clusterd")
         assert kube_faults(kcd, "node-2", "kube:deviceinfo") == [("NPU", 2, "80E18008", "RestartNPU")]
     finally:
         await app.stop()
@@ -237,7 +238,9 @@ async def test_run_loop_writes_within_a_second(k8s):
     task = asyncio.get_running_loop().create_task(p.run())
     try:
         p.offer({"k": "v"})
-        cm = await until(lambda: get_cm(api, "mindx-dl", "mindx-dl-nodeinfo-x"), timeout_s=2, what="written")
+        cm = await eventually(
+            lambda: get_cm(api, "mindx-dl", "mindx-dl-nodeinfo-x"), timeout_s=2, what="written"
+        )
         assert cm["data"] == {"k": "v"}
     finally:
         task.cancel()

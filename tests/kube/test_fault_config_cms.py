@@ -10,8 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from kube.kubekit import until
-from support import free_port
+from support import eventually, free_port
 
 from deviced.app import DeviceD
 from deviced.app import build_parser as deviced_parser
@@ -70,37 +69,43 @@ async def test_fault_config_configmap_changes_a_level_live_and_bad_ones_keep_the
     app = DeviceD(args, sim)
     await app.start()
     try:
-        await until(lambda: app.started and app.fault_cm.synced.is_set(), what="deviced started")
+        await eventually(lambda: app.started and app.fault_cm.synced.is_set(), what="deviced started")
         sim.inject(2, 0x80E18008)
-        await until(lambda: level_at_clusterd(kcd, "node-2", 2, "80E18008") == "RestartNPU", what="default")
+        await eventually(
+            lambda: level_at_clusterd(kcd, "node-2", 2, "80E18008") == "RestartNPU", what="default"
+        )
         # the operator's override moves 80E18008 to SeparateNPU: live, up to clusterd
         table = {"SeparateNPUCodes": ["80E18008"], "RestartNPUCodes": ["80E18005"]}
         await put_cm(
             api, "kube-system", FAULT_CM, {"faultCode.json": json.dumps(table), "PollInterval": "60"}
         )
-        await until(lambda: level_at_clusterd(kcd, "node-2", 2, "80E18008") == "SeparateNPU", what="override")
+        await eventually(
+            lambda: level_at_clusterd(kcd, "node-2", 2, "80E18008") == "SeparateNPU", what="override"
+        )
         assert app.state.devices[("NPU", 2)].level == "SeparateNPU"
         # a truncated table, an unknown key, a wrong PollInterval: each refused and counted, the
         # override in force stays
         bad = {"faultCode.json": json.dumps(table)[:25], "faultCodes.json": "{}", "PollInterval": "5"}
         await put_cm(api, "kube-system", FAULT_CM, bad)
-        await until(lambda: failures(app, "faultCode.json") == 1, what="truncated table counted")
+        await eventually(lambda: failures(app, "faultCode.json") == 1, what="truncated table counted")
         assert failures(app, "unknown-key") == 1 and failures(app, "PollInterval") == 1
         assert app.engine.table.listed_level(0x80E18008).name == "SeparateNPU"
         # wrong types (a list, a number as a table) and an unknown level name
         await put_cm(api, "kube-system", FAULT_CM, {"faultCode.json": json.dumps({"SeparateNPUCodez": []})})
-        await until(lambda: failures(app, "faultCode.json") == 2, what="unknown level name counted")
+        await eventually(lambda: failures(app, "faultCode.json") == 2, what="unknown level name counted")
         await put_cm(api, "kube-system", FAULT_CM, {"faultCode.json": json.dumps(["80E18008"])})
-        await until(lambda: failures(app, "faultCode.json") == 3, what="wrong shape counted")
+        await eventually(lambda: failures(app, "faultCode.json") == 3, what="wrong shape counted")
         # a huge table is refused before it is parsed
         huge = json.dumps({"SeparateNPUCodes": ["80E18008"] * 30_000})
         await put_cm(api, "kube-system", FAULT_CM, {"faultCode.json": huge})
-        await until(lambda: failures(app, "faultCode.json") == 4, what="huge table counted")
+        await eventually(lambda: failures(app, "faultCode.json") == 4, what="huge table counted")
         assert app.engine.table.listed_level(0x80E18008).name == "SeparateNPU"
         assert level_at_clusterd(kcd, "node-2", 2, "80E18008") == "SeparateNPU"
         # the ConfigMap goes: the table is faultmesh's default again
         await api.delete_config_map("kube-system", FAULT_CM)
-        await until(lambda: level_at_clusterd(kcd, "node-2", 2, "80E18008") == "RestartNPU", what="reverted")
+        await eventually(
+            lambda: level_at_clusterd(kcd, "node-2", 2, "80E18008") == "RestartNPU", what="reverted"
+        )
         assert app.reloader.overrides == {}
     finally:
         await app.stop()
@@ -127,7 +132,7 @@ async def test_fault_config_override_of_the_customization_and_switch_tables(k8s,
     app = DeviceD(args, sim)
     await app.start()
     try:
-        await until(lambda: app.started and app.fault_cm.synced.is_set(), what="deviced started")
+        await eventually(lambda: app.started and app.fault_cm.synced.is_set(), what="deviced started")
         assert app.engine.table.listed_level(0x80E18005).name == "SubHealthFault"
         assert app.engine.custom.frequency_rule(0x80E18005).times == 1
         codes.write_text(json.dumps({"RestartNPUCodes": ["80E18005"]}))  # under the override: ignored
@@ -135,20 +140,22 @@ async def test_fault_config_override_of_the_customization_and_switch_tables(k8s,
         assert app.engine.table.listed_level(0x80E18005).name == "SubHealthFault"
         # the key goes: the file's table comes back; the customization key goes: the default
         await put_cm(api, "kube-system", FAULT_CM, {"PollInterval": "300"})
-        await until(lambda: app.engine.table.listed_level(0x80E18005).name == "RestartNPU", what="file back")
+        await eventually(
+            lambda: app.engine.table.listed_level(0x80E18005).name == "RestartNPU", what="file back"
+        )
         default = Customization.load().frequency_rule(0x80E18005)
         assert app.engine.custom.frequency_rule(0x80E18005) == default and default.times != 1
         assert failures(app, "PollInterval") == 0 and app.reloader.overrides == {}
         # a switch table override
         sw = {"SubHealthFaultCodes": ["[0x00f1ff09,155914,cpu,na]"]}
         await put_cm(api, "kube-system", FAULT_CM, {"SwitchFaultCode.json": json.dumps(sw)})
-        await until(
+        await eventually(
             lambda: app.switch_state.table.level("[0x00f1ff09,155914,cpu,na]") == "SubHealthFault",
             what="switch override",
         )
         # a value of the wrong type (kmock keeps what it is given) is refused, the table stays
         await put_cm(api, "kube-system", FAULT_CM, {"SwitchFaultCode.json": 17})
-        await until(lambda: failures(app, "SwitchFaultCode.json") == 1, what="wrong type counted")
+        await eventually(lambda: failures(app, "SwitchFaultCode.json") == 1, what="wrong type counted")
         assert app.switch_state.table.level("[0x00f1ff09,155914,cpu,na]") == "SubHealthFault"
     finally:
         await app.stop()
@@ -190,30 +197,30 @@ async def test_node_fault_config_configmap_changes_a_level_live(k8s, kcd, tmp_pa
     nd = NodeD(args)
     await nd.start()
     try:
-        await until(lambda: nd.fault_cm.synced.is_set(), what="noded following its ConfigMap")
+        await eventually(lambda: nd.fault_cm.synced.is_set(), what="noded following its ConfigMap")
         await asyncio.to_thread(sim.add_alarm, "0800004B", "Memory", 3)
-        await until(
+        await eventually(
             lambda: noded_level_at_clusterd(kcd, "node-1", "0800004B") == "PreSeparateFault", what="default"
         )
         table = {"FaultTypeCode": {"SeparateFaultCodes": ["0800004B"], "NotHandleFaultCodes": ["0100000D"]}}
         await put_cm(api, "mindx-dl", NODE_CM, {"NodeDConfiguration.json": json.dumps(table)})
-        await until(
+        await eventually(
             lambda: noded_level_at_clusterd(kcd, "node-1", "0800004B") == "SeparateFault", what="override"
         )
         assert level_reloads(nd, "ok") == 1
         # refused, counted, the override stays
         twice = {"FaultTypeCode": {"SeparateFaultCodes": ["0800004B"], "NotHandleFaultCodes": ["0800004b"]}}
         await put_cm(api, "mindx-dl", NODE_CM, {"NodeDConfiguration.json": json.dumps(twice)})
-        await until(lambda: level_reloads(nd, "invalid") == 1, what="code in two levels refused")
+        await eventually(lambda: level_reloads(nd, "invalid") == 1, what="code in two levels refused")
         await put_cm(api, "mindx-dl", NODE_CM, {"NodeDConfiguration.json": json.dumps(table)[:30], "x": "1"})
-        await until(lambda: level_reloads(nd, "invalid") == 2, what="truncated JSON refused")
+        await eventually(lambda: level_reloads(nd, "invalid") == 2, what="truncated JSON refused")
         assert level_reloads(nd, "unknown-key") == 1
         await put_cm(api, "mindx-dl", NODE_CM, {"NodeDConfiguration.json": ["0800004B"]})
-        await until(lambda: level_reloads(nd, "invalid") == 3, what="wrong type refused")
+        await eventually(lambda: level_reloads(nd, "invalid") == 3, what="wrong type refused")
         assert nd.bmc.watcher.table.classify("0800004B")[0].name == "SeparateFault"
         # deleted: the last table stays
         await api.delete_config_map("mindx-dl", NODE_CM)
-        await until(lambda: nd.fault_cm.watcher.objects == {}, what="delete seen")
+        await eventually(lambda: nd.fault_cm.watcher.objects == {}, what="delete seen")
         assert nd.bmc.watcher.table.classify("0800004B")[0].name == "SeparateFault"
         assert noded_level_at_clusterd(kcd, "node-1", "0800004B") == "SeparateFault"
     finally:

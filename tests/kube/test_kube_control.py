@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 
-from kube.kubekit import job_pod, until
+from kube.kubekit import job_pod
 from kube.test_fault_config_cms import put_cm
+from support import eventually
 
 from clusterd.brain.datatrace import switch_path
 from faultmesh.kube import KubeError
@@ -50,7 +51,9 @@ async def put_labelled(api, ns: str, name: str, data: dict, labels: dict) -> Non
 async def start_job(api, cd) -> None:
     for p in (job_pod("llama-worker-0", "node-1", 0, [0, 1]), job_pod("llama-worker-1", "node-2", 1, [0, 1])):
         await api._call("create pod", api.core.create_namespaced_pod, NS, p)
-    await until(lambda: cd.jobs.get(UID) is not None and len(cd.jobs.get(UID).ranks) == 4, what="job known")
+    await eventually(
+        lambda: cd.jobs.get(UID) is not None and len(cd.jobs.get(UID).ranks) == 4, what="job known"
+    )
 
 
 LABEL = {"fd-ol-slow-node": "true"}
@@ -60,25 +63,25 @@ async def test_ras_feature_slownode_configmap_starts_and_stops_detection(k8s, kc
     emu, api = k8s
     sn = component(kcd, "slownode")
     kube = component(kcd, "kube")
-    await until(lambda: kube.control.slownode_synced.is_set(), what="first list")
+    await eventually(lambda: kube.control.slownode_synced.is_set(), what="first list")
     # applied before the job exists: it waits, and starts once the pods make the job known
     name, data = slownode_cm(featconf())
     await put_labelled(api, "mindx-dl", name, data, LABEL)
-    await until(lambda: kube.control.pending, what="waiting for its job")
+    await eventually(lambda: kube.control.pending, what="waiting for its job")
     assert sn.jobs == {}
     await start_job(api, kcd)
-    js = await until(lambda: sn.jobs.get("llama"), what="detection started")
+    js = await eventually(lambda: sn.jobs.get("llama"), what="detection started")
     assert js.source == "kube" and js.placement == {0: "node-1", 1: "node-1", 2: "node-2", 3: "node-2"}
     assert (js.conf.job_namespace, js.conf.n_seconds) == (NS, 30.0)
     # a changed threshold applies; SlowNode 0 stops it; 1 starts it again
     await put_labelled(api, "mindx-dl", name, {"FeatConf": featconf(nSigma=2)}, LABEL)
-    await until(
+    await eventually(
         lambda: sn.jobs.get("llama") is not None and sn.jobs["llama"].conf.n_sigma == 2.0, what="updated"
     )
     await put_labelled(api, "mindx-dl", name, {"FeatConf": featconf(SlowNode=0)}, LABEL)
-    await until(lambda: "llama" not in sn.jobs, what="stopped by SlowNode 0")
+    await eventually(lambda: "llama" not in sn.jobs, what="stopped by SlowNode 0")
     await put_labelled(api, "mindx-dl", name, {"FeatConf": featconf(slowNode=1)}, LABEL)  # any key case
-    await until(lambda: "llama" in sn.jobs, what="started again")
+    await eventually(lambda: "llama" in sn.jobs, what="started again")
     # bad versions are refused and counted; the detection in force stays
     bad = [
         ({"FeatConf": featconf()[:40]}, "slownode_bad_featconf"),  # truncated
@@ -92,16 +95,16 @@ async def test_ras_feature_slownode_configmap_starts_and_stops_detection(k8s, kc
     for data, reason in bad:
         before = rejected(kcd, reason)
         await put_labelled(api, "mindx-dl", name, data, LABEL)
-        await until(lambda r=reason, b=before: rejected(kcd, r) > b, what=f"{reason} counted")
+        await eventually(lambda r=reason, b=before: rejected(kcd, r) > b, what=f"{reason} counted")
         assert "llama" in sn.jobs and sn.jobs["llama"].conf.n_sigma == 3.0
     assert rejected(kcd, "slownode_no_featconf") == 1  # the last one also has no FeatConf key
     # without the label it is not a control ConfigMap: the detection stops as on delete
     await api.patch_config_map("mindx-dl", name, {"metadata": {"labels": {"fd-ol-slow-node": None}}})
-    await until(lambda: "llama" not in sn.jobs, what="stopped when unlabelled")
+    await eventually(lambda: "llama" not in sn.jobs, what="stopped when unlabelled")
     await put_labelled(api, "mindx-dl", name, {"FeatConf": featconf()}, LABEL)
-    await until(lambda: "llama" in sn.jobs, what="started")
+    await eventually(lambda: "llama" in sn.jobs, what="started")
     await api.delete_config_map("mindx-dl", name)
-    await until(lambda: "llama" not in sn.jobs, what="stopped by delete")
+    await eventually(lambda: "llama" not in sn.jobs, what="stopped by delete")
 
 
 SWITCH = {
@@ -119,7 +122,7 @@ async def test_data_trace_configmap_switches_tracing(k8s, kcd):
     label = {"reset": "true"}
     await put_labelled(api, NS, "data-trace-llama", {"profilingSwitch": json.dumps(SWITCH)}, label)
     dt = kcd.brain.datatrace
-    await until(lambda: dt.get_switch(f"{NS}/llama"), what="switch set")
+    await eventually(lambda: dt.get_switch(f"{NS}/llama"), what="switch set")
     assert await dt.get_switch(f"{NS}/llama") == SWITCH
     # the same effect as ModifyTrainingDataTraceSwitch: the switch file the containers mount
     path = switch_path(dt.root, NS, "llama")
@@ -128,7 +131,7 @@ async def test_data_trace_configmap_switches_tracing(k8s, kcd):
     on = {**SWITCH, "CommunicationOperator": "on"}
     del on["DataLoader"]
     await put_labelled(api, NS, "data-trace-llama", {"profilingSwitch": json.dumps(on)}, label)
-    await until(lambda: json.loads(path.read_text())["CommunicationOperator"] == "on", what="edited")
+    await eventually(lambda: json.loads(path.read_text())["CommunicationOperator"] == "on", what="edited")
     assert json.loads(path.read_text()) == {**on, "DataLoader": ""}
     # bad versions: refused, counted, the switch stays
     for data, reason in [
@@ -140,11 +143,11 @@ async def test_data_trace_configmap_switches_tracing(k8s, kcd):
     ]:
         before = rejected(kcd, reason)
         await put_labelled(api, NS, "data-trace-llama", data, label)
-        await until(lambda r=reason, b=before: rejected(kcd, r) > b, what=f"{reason} counted")
+        await eventually(lambda r=reason, b=before: rejected(kcd, r) > b, what=f"{reason} counted")
         assert json.loads(path.read_text()) == {**on, "DataLoader": ""}
     # a data-trace ConfigMap of a job clusterd does not know waits for it (nothing written)
     await put_labelled(api, NS, "data-trace-other", {"profilingSwitch": json.dumps(SWITCH)}, label)
-    await until(
+    await eventually(
         lambda: ("datatrace", f"{NS}/data-trace-other") in component(kcd, "kube").control.pending, what="wait"
     )
     assert await dt.get_switch(f"{NS}/other") is None
@@ -169,7 +172,7 @@ async def test_fault_job_info_written_for_an_a3_job_and_cleared(k8s, kcd):
     fault = {"rank": 1, "node": "node-1", "device_id": 1, "code": "80E18008", "level": "RestartNPU"}
     assert control.on_decision in kcd.brain.decision_log.listeners
     control.on_decision(UID, {"decision": "stop-train", "faults": [fault]})
-    data = await until(lambda: fault_job_info(api), what="fault-job-info written")
+    data = await eventually(lambda: fault_job_info(api), what="fault-job-info written")
     value = data[UID]
     doc = json.loads(value)
     t = doc["7"]["FaultTimes"]
@@ -180,25 +183,25 @@ async def test_fault_job_info_written_for_an_a3_job_and_cleared(k8s, kcd):
     )
     # recovered: removed (after the release delay)
     control.on_decision(UID, {"decision": "recover-success"})
-    await until(lambda: fault_job_info_has(api, UID, False), what="cleared after recover")
+    await eventually(lambda: fault_job_info_has(api, UID, False), what="cleared after recover")
     # a job outside any super pod (not A3): nothing written
     control.topology = lambda node: None
     done = control.processed
     control.on_decision(UID, {"decision": "stop-train", "faults": [fault]})
-    await until(lambda: control.processed > done, what="decision handled")
+    await eventually(lambda: control.processed > done, what="decision handled")
     assert await fault_job_info_has(api, UID, False)
     control.topology = lambda node: (7, sdids[node])
     control.on_decision(
         UID, {"decision": "pre-exit", "faults": [fault, {**fault, "node": "node-2", "rank": 2}]}
     )
-    data = await until(lambda: fault_job_info_has(api, UID, True), what="written again")
+    data = await eventually(lambda: fault_job_info_has(api, UID, True), what="written again")
     doc = json.loads(data[UID])["7"]
     assert doc["FaultNodes"] == {"node-1": {}, "node-2": {}} and doc["NodeNames"] is None
     assert doc["SdIds"] == ["10", "11", "12", "13", "20", "21", "22", "23"]
     # the job goes: its entry goes
     for p in ("llama-worker-0", "llama-worker-1"):
         await api._call("delete pod", api.core.delete_namespaced_pod, p, NS)
-    await until(lambda: fault_job_info_has(api, UID, False), what="cleared with the job")
+    await eventually(lambda: fault_job_info_has(api, UID, False), what="cleared with the job")
 
 
 async def fault_job_info_has(api, job_id: str, present: bool):
@@ -224,13 +227,13 @@ async def test_a_slownode_job_whose_configmap_went_during_a_restart_stops(k8s, t
     try:
         await start_job(api, cd)
         await put_labelled(api, "mindx-dl", "ras-feature-slownode-llama", {"FeatConf": featconf()}, LABEL)
-        await until(lambda: "llama" in component(cd, "slownode").jobs, what="detection started")
+        await eventually(lambda: "llama" in component(cd, "slownode").jobs, what="detection started")
     finally:
         await cd.stop()
     await api.delete_config_map("mindx-dl", "ras-feature-slownode-llama")
     cd = await kube_clusterd(tmp_path, api.url)
     try:
-        await until(lambda: component(cd, "kube").control.slownode_synced.is_set(), what="first list")
+        await eventually(lambda: component(cd, "kube").control.slownode_synced.is_set(), what="first list")
         assert "llama" not in component(cd, "slownode").jobs  # resumed from the store, then stopped
     finally:
         await cd.stop()
@@ -248,21 +251,21 @@ async def test_an_applied_data_trace_configmap_does_not_undo_a_later_grpc_change
         await put_labelled(
             api, NS, "data-trace-llama", {"profilingSwitch": json.dumps(SWITCH)}, {"reset": "true"}
         )
-        await until(lambda: cd.brain.datatrace.get_switch(f"{NS}/llama"), what="switch set")
+        await eventually(lambda: cd.brain.datatrace.get_switch(f"{NS}/llama"), what="switch set")
         await cd.brain.datatrace.set_switch(f"{NS}/llama", grpc_switch)  # as ModifyTrainingDataTraceSwitch
     finally:
         await cd.stop()
     cd = await kube_clusterd(tmp_path, api.url)
     try:
         control = component(cd, "kube").control
-        await until(lambda: control.handled["datatrace"] >= 1 and not control.pending, what="handled")
+        await eventually(lambda: control.handled["datatrace"] >= 1 and not control.pending, what="handled")
         assert await cd.brain.datatrace.get_switch(f"{NS}/llama") == grpc_switch
         # an edit of the ConfigMap applies again
         edited = {**SWITCH, "FP": "off"}
         await put_labelled(
             api, NS, "data-trace-llama", {"profilingSwitch": json.dumps(edited)}, {"reset": "true"}
         )
-        await until(lambda: control.handled["datatrace"] >= 2, what="edit handled")
+        await eventually(lambda: control.handled["datatrace"] >= 2, what="edit handled")
         assert await cd.brain.datatrace.get_switch(f"{NS}/llama") == edited
     finally:
         await cd.stop()
@@ -280,9 +283,9 @@ async def test_fault_job_info_written_before_a_restart_is_cleared_on_recovery(k8
         await start_job(api, cd)
         control = component(cd, "kube").control
         control.release_s = 0.05
-        await until(lambda: UID in control.written, what="read back at start")
+        await eventually(lambda: UID in control.written, what="read back at start")
         control.on_decision(UID, {"decision": "recover-success"})
-        data = await until(lambda: fault_job_info_has(api, UID, False), what="cleared after recover")
+        data = await eventually(lambda: fault_job_info_has(api, UID, False), what="cleared after recover")
         assert (await fault_job_info(api)) == {"other-job": "{}"} and data
         await control.refresh()  # the hourly refresh: entries of jobs clusterd does not know go
         assert await fault_job_info(api) == {}

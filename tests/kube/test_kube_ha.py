@@ -22,10 +22,10 @@ import urllib.request
 import grpc
 import kmock
 import pytest
-from kube.kubekit import kube_clusterd, until
+from kube.kubekit import kube_clusterd
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-from support import ClusterdProcess, public_request
+from support import ClusterdProcess, eventually, public_request
 
 from clusterd.kube import hastate
 from clusterd.kube.hastate import KubeState, MirroredStore, StateMetrics, StateWriteError, encode, pack
@@ -215,17 +215,19 @@ async def test_leader_killed_follower_leads_with_acked_state(k8s, tmp_path):
         watches[n : n + 2] << (
             {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}},
         )
-        await until(lambda: metric(a, "faultmesh_kube_lease_errors_total", status="429"), what="429 counted")
+        await eventually(
+            lambda: metric(a, "faultmesh_kube_lease_errors_total", status="429"), what="429 counted"
+        )
 
         with Senders([b.grpc, a.grpc]) as senders:
-            await until(lambda: len(senders.acked) >= 20, timeout_s=30, what="public faults acked")
+            await eventually(lambda: len(senders.acked) >= 20, timeout_s=30, what="public faults acked")
             assert senders.refusals  # the follower turned senders away
             assert await metric(a, "faultmesh_clusterd_leader") == 1
             a.kill9()
             t_kill = time.monotonic()
-            await until(lambda: _ready(b), timeout_s=30, what="follower leads")
+            await eventually(lambda: _ready(b), timeout_s=30, what="follower leads")
             took = time.monotonic() - t_kill
-            await until(lambda: len(senders.acked) >= 40, timeout_s=30, what="new leader acks")
+            await eventually(lambda: len(senders.acked) >= 40, timeout_s=30, what="new leader acks")
         assert took < 15, f"the follower took {took:.1f} s to lead"
 
         missing = senders.acked - await public_ids(b)
@@ -242,7 +244,7 @@ async def test_leader_killed_follower_leads_with_acked_state(k8s, tmp_path):
         assert await metric(b, "faultmesh_clusterd_leader") == 1
         assert await metric(b, "faultmesh_kube_watch_restarts_total", why="expired") >= 1
         # The agent reconnected to the new leader and its snapshot is back.
-        await until(
+        await eventually(
             lambda: _has_code(b, "node-1", "00000001"),
             timeout_s=20,
             what="agent snapshot at the new leader",
@@ -416,7 +418,7 @@ async def test_a_follower_clusterd_refuses_and_trainsim_reaches_it_once_it_leads
     cd1 = await kube_clusterd(tmp_path / "a", api.url, *elect)
     cd2 = sim = task = None
     try:
-        await until(lambda: cd1.gate.following() is False, what="first replica leads")
+        await eventually(lambda: cd1.gate.following() is False, what="first replica leads")
         cd2 = await kube_clusterd(tmp_path / "b", api.url, *elect)
         assert cd2.gate.following()
         target = f"127.0.0.1:{cd2.grpc_port}"
@@ -437,14 +439,14 @@ async def test_a_follower_clusterd_refuses_and_trainsim_reaches_it_once_it_leads
         # TaskD's client (trainsim, reconnecting) is refused by the follower and retries ...
         sim = TrainSim(target, "job-ha", reconnect=True)
         task = asyncio.create_task(sim.run())
-        await until(lambda: any(ev["event"] == "reconnect-failed" for ev in sim.events), what="refused")
+        await eventually(lambda: any(ev["event"] == "reconnect-failed" for ev in sim.events), what="refused")
         assert not any(ev["event"] == "register" for ev in sim.events)
         # ... and registers once that replica leads (the leader stopped: the Lease is released).
         await cd1.stop()
         cd1 = None
-        await until(lambda: not cd2.gate.following(), timeout_s=15, what="second replica leads")
+        await eventually(lambda: not cd2.gate.following(), timeout_s=15, what="second replica leads")
         assert (await http("POST", f"{base}/v1/jobs", [JOB]))[0] == 200
-        await until(
+        await eventually(
             lambda: any(ev["event"] == "register" and ev.get("code") == 0 for ev in sim.events),
             timeout_s=15,
             what="trainsim registered at the new leader",

@@ -9,7 +9,8 @@ import json
 import time
 
 from brain.brainkit import Sims
-from kube.kubekit import job_pod, until
+from kube.kubekit import job_pod
+from support import eventually
 
 from clusterd.brain.faultview import RankFault
 from clusterd.kube import podgroups as pgs
@@ -100,7 +101,7 @@ async def test_podgroup_settings_and_the_handoff_writes(k8s, kcd):
         job = kcd.jobs.get(UID)
         return job if job is not None and len(job.ranks) == 4 and job.process_recover_enable == "on" else None
 
-    job = await until(configured, what="job with the PodGroup's settings")
+    job = await eventually(configured, what="job with the PodGroup's settings")
     assert job.recover_strategy == ("retry", "recover")
     assert (job.fault_scheduling, job.sub_healthy_strategy) == ("grace", "graceExit")
     assert "job-rescheduling" in job.rescheduling()
@@ -110,7 +111,7 @@ async def test_podgroup_settings_and_the_handoff_writes(k8s, kcd):
     await api.patch_custom(
         pgs.GROUP, pgs.VERSION, NS, pgs.PLURAL, "llama-pg", {"metadata": {"annotations": {"wait-reschedule-timeout": "90"}}}
     )  # fmt: skip
-    job = await until(
+    job = await eventually(
         lambda: (j := kcd.jobs.get(UID)) is not None and j.extra.get("wait-reschedule-timeout") == "90" and j,
         what="job with the new wait-reschedule-timeout",
     )
@@ -126,14 +127,14 @@ async def test_podgroup_settings_and_the_handoff_writes(k8s, kcd):
         doc = await reset_json(api)
         return doc if doc.get("FaultFlushing") else None
 
-    doc = await until(flushing, what="FaultFlushing=true")
+    doc = await eventually(flushing, what="FaultFlushing=true")
     assert [r["RankId"] for r in doc["RankList"]] == [0, 1, 2, 3]  # every rank of each fault pod
     assert {r["Status"] for r in doc["RankList"]} == {"fault"}
     r1 = next(r for r in doc["RankList"] if r["RankId"] == 1)
     assert (r1["ErrorCodeHex"], r1["FaultLevel"], r1["Policy"]) == ("80E18008", "RestartNPU", "reset")
     assert doc["RetryTime"] == 0 and doc["RestartFaultProcess"] is False
     # the pod of the rank the training side reported: fault-type=software
-    await until(
+    await eventually(
         lambda: _eq(pod_labels(api, "llama-worker-1"), "fault-type", "software"), what="fault pod labelled"
     )
     assert "fault-type" not in await pod_labels(api, "llama-worker-0")
@@ -144,23 +145,23 @@ async def test_podgroup_settings_and_the_handoff_writes(k8s, kcd):
         doc = await reset_json(api)
         return doc if doc.get("RetryTime") == 1 else None
 
-    doc = await until(restarted, what="RetryTime+1")
+    doc = await eventually(restarted, what="RetryTime+1")
     assert doc["RestartFaultProcess"] is True
-    await until(lambda: _is(pg_label(api), "pause"), what="process-recover-enable=pause")
+    await eventually(lambda: _is(pg_label(api), "pause"), what="process-recover-enable=pause")
     await api.patch_custom(
         pgs.GROUP, pgs.VERSION, NS, pgs.PLURAL, "llama-pg", {"status": {"phase": "Running"}}
     )
-    await until(lambda: _is(pg_label(api), "on"), what="process-recover-enable=on again")
+    await eventually(lambda: _is(pg_label(api), "on"), what="process-recover-enable=on again")
 
     async def cleared():
         doc = await reset_json(api)
         return doc if not doc["RankList"] and not doc["RestartFaultProcess"] else None
 
-    doc = await until(cleared, what="reset config cleared")
+    doc = await eventually(cleared, what="reset config cleared")
     assert doc["RetryTime"] == 1 and doc["FaultFlushing"] is False
     # a success removes the fault-pod labels
     kcd.brain.decide(UID, "recovery", "recover-success", "training side reported status 0")
-    await until(lambda: _absent(pod_labels(api, "llama-worker-1"), "fault-type"), what="label removed")
+    await eventually(lambda: _absent(pod_labels(api, "llama-worker-1"), "fault-type"), what="label removed")
 
 
 async def test_absent_reset_config_is_counted_not_created(k8s, kcd):
@@ -168,7 +169,7 @@ async def test_absent_reset_config_is_counted_not_created(k8s, kcd):
     await api._call(
         "create pod", api.core.create_namespaced_pod, NS, job_pod("llama-worker-0", "node-1", 0, [0])
     )
-    await until(lambda: kcd.jobs.get(UID), what="job")
+    await eventually(lambda: kcd.jobs.get(UID), what="job")
     now = int(time.time() * 1000)
     kcd.brain.decide(
         UID,
@@ -177,7 +178,7 @@ async def test_absent_reset_config_is_counted_not_created(k8s, kcd):
         "hw",
         faults=[RankFault(0, "node-1", 0, 0, "80E18008", "RestartNPU", "1", now)],
     )
-    await until(
+    await eventually(
         lambda: kcd.registry.get_sample_value(
             "faultmesh_kube_writes_total", {"kind": "reset_config", "result": "absent"}
         ),
@@ -230,16 +231,18 @@ async def test_platform_mode_annotations_live_on_the_podgroup(k8s, kcd):
     await api._call(
         "create pod", api.core.create_namespaced_pod, NS, job_pod("llama-worker-0", "node-1", 0, [0])
     )
-    await until(lambda: kcd.jobs.get(UID), what="job")
+    await eventually(lambda: kcd.jobs.get(UID), what="job")
     plat = kcd.brain.platform
-    await until(lambda: plat.get(UID).get("ProcessRecoverStrategy") == "recover", what="platform mode seen")
+    await eventually(
+        lambda: plat.get(UID).get("ProcessRecoverStrategy") == "recover", what="platform mode seen"
+    )
     assert await plat.patch(UID, {"ProcessConfirmFault": "0:1"})
     assert plat.get(UID)["ProcessConfirmFault"] == "0:1"  # seen at once by the flow's next poll
-    await until(
+    await eventually(
         lambda: _eq(pg_annotations(api), "ProcessConfirmFault", "0:1"), what="confirm on the PodGroup"
     )
     kcd.brain.decide(UID, "recovery", "recover-success", "status 0")  # CheckRecoverResult -> the annotation
-    await until(
+    await eventually(
         lambda: _eq(pg_annotations(api), "ProcessRecoverStatus", "recover-success"),
         what="ProcessRecoverStatus",
     )
@@ -251,7 +254,7 @@ async def test_in_place_split_sets_restart_fault_process(k8s, kcd):
     await api._call(
         "create pod", api.core.create_namespaced_pod, NS, job_pod("llama-worker-0", "node-1", 0, [0])
     )
-    await until(lambda: kcd.jobs.get(UID), what="job")
+    await eventually(lambda: kcd.jobs.get(UID), what="job")
     await create_reset_cm(api)
     kcd.brain.decide(UID, "recovery", "in-place-split", "split", restart_process_pods=[0], restart_pods=[])
 
@@ -259,7 +262,7 @@ async def test_in_place_split_sets_restart_fault_process(k8s, kcd):
         doc = await reset_json(api)
         return doc if doc.get("RestartFaultProcess") else None
 
-    await until(flagged, what="RestartFaultProcess=true")
+    await eventually(flagged, what="RestartFaultProcess=true")
 
 
 async def test_in_place_split_rank_list_keeps_in_place_pods_own_ranks(k8s, kcd):
@@ -268,7 +271,7 @@ async def test_in_place_split_rank_list_keeps_in_place_pods_own_ranks(k8s, kcd):
     emu, api = k8s
     for p in (job_pod("llama-worker-0", "node-1", 0, [0, 1]), job_pod("llama-worker-1", "node-2", 1, [0, 1])):
         await api._call("create pod", api.core.create_namespaced_pod, NS, p)
-    await until(lambda: (j := kcd.jobs.get(UID)) is not None and len(j.ranks) == 4, what="job")
+    await eventually(lambda: (j := kcd.jobs.get(UID)) is not None and len(j.ranks) == 4, what="job")
     await create_reset_cm(api)
     now = int(time.time() * 1000)
     faults = [
@@ -283,7 +286,7 @@ async def test_in_place_split_rank_list_keeps_in_place_pods_own_ranks(k8s, kcd):
         doc = await reset_json(api)
         return doc if doc.get("RestartFaultProcess") and doc["RankList"] else None
 
-    doc = await until(written, what="RankList written")
+    doc = await eventually(written, what="RankList written")
     assert [(r["RankId"], r["ErrorCodeHex"]) for r in doc["RankList"]] == [
         (0, "80E01801"),
         (2, "80E18008"),
@@ -302,12 +305,14 @@ async def test_retry_report_labels_the_fault_pod_retry_fault(k8s, kcd):
     )  # fmt: skip
     for p in (job_pod("llama-worker-0", "node-1", 0, [0, 1]), job_pod("llama-worker-1", "node-2", 1, [0, 1])):
         await api._call("create pod", api.core.create_namespaced_pod, NS, p)
-    await until(lambda: (j := kcd.jobs.get(UID)) is not None and j.process_recover_enable == "on", what="job")
+    await eventually(
+        lambda: (j := kcd.jobs.get(UID)) is not None and j.process_recover_enable == "on", what="job"
+    )
     sims = Sims(f"127.0.0.1:{kcd.grpc_port}")
     try:
         sim = await sims.start(UID, stop="silent")  # the retry flow stays at stopTrain: the label stays
         assert await sim.report_process_fault([("2", "0")]) == 0  # rank 2: node-2's pod, a UCE retry
-        await until(
+        await eventually(
             lambda: _eq(pod_labels(api, "llama-worker-1"), "fault-type", "retry-fault"),
             what="retry-fault pod label",
         )

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import time
 
-from kube.kubekit import kube_clusterd, until
+from kube.kubekit import kube_clusterd
+from support import eventually
 
 from faultmesh.kube import KubeError
 from faultmesh.lease import LeaseElector
@@ -39,7 +40,7 @@ async def test_only_the_leader_writes_and_a_stopped_leader_hands_over(k8s, tmp_p
     cd1 = await kube_clusterd(tmp_path / "a", api.url, *ELECT)
     cd2 = None
     try:
-        await until(lambda: kube(cd1).elector.leading.is_set(), what="first replica leads")
+        await eventually(lambda: kube(cd1).elector.leading.is_set(), what="first replica leads")
         cd2 = await kube_clusterd(tmp_path / "b", api.url, *ELECT)
         await cd2.center.upsert(
             Fault("noded", "node-2", "CPU", 0, "00000001", "SeparateFault"), origin="noded"
@@ -47,15 +48,15 @@ async def test_only_the_leader_writes_and_a_stopped_leader_hands_over(k8s, tmp_p
         await cd1.center.upsert(
             Fault("noded", "node-1", "CPU", 0, "00000001", "SeparateFault"), origin="noded"
         )
-        await until(lambda: _has(node_cm(api), "mindx-dl-nodeinfo-node-1"), what="leader publishes")
+        await eventually(lambda: _has(node_cm(api), "mindx-dl-nodeinfo-node-1"), what="leader publishes")
         assert not kube(cd2).elector.leading.is_set()
         assert "mindx-dl-nodeinfo-node-2" not in await node_cm(api)  # the follower wrote nothing
         t0 = time.monotonic()
         await cd1.stop()
         cd1 = None
-        await until(lambda: kube(cd2).elector.leading.is_set(), timeout_s=15, what="follower leads")
+        await eventually(lambda: kube(cd2).elector.leading.is_set(), timeout_s=15, what="follower leads")
         assert time.monotonic() - t0 < 15
-        await until(lambda: _has(node_cm(api), "mindx-dl-nodeinfo-node-2"), what="new leader publishes")
+        await eventually(lambda: _has(node_cm(api), "mindx-dl-nodeinfo-node-2"), what="new leader publishes")
     finally:
         for cd in (cd1, cd2):
             if cd is not None:

@@ -13,8 +13,8 @@ import json
 import time
 
 import pytest
-from kube.kubekit import device_info_cm, job_pod, kube_clusterd, node_info_cm, until
-from support import make_clusterd
+from kube.kubekit import device_info_cm, job_pod, kube_clusterd, node_info_cm
+from support import eventually, make_clusterd
 
 from faultmesh.kube import KubeError
 from faultmesh.model import Fault
@@ -69,7 +69,7 @@ async def test_publishes_cluster_info_and_writes_only_on_change(k8s, kcd):
     await kcd.center.upsert(
         Fault("noded", "node-2", "Memory", 3, "0800004B", "SeparateFault"), origin="noded"
     )
-    dev = await until(lambda: published(api, "cluster-info-device-0"), what="device shard")
+    dev = await eventually(lambda: published(api, "cluster-info-device-0"), what="device shard")
     entry = dev["mindx-dl-deviceinfo-node-1"]
     assert entry["CmName"] == "mindx-dl-deviceinfo-node-1"
     assert entry["DeviceList"]["huawei.com/Ascend910-Unhealthy"] == "Ascend910-2"
@@ -77,7 +77,7 @@ async def test_publishes_cluster_info_and_writes_only_on_change(k8s, kcd):
     assert [(f["npu_name"], f["fault_code"], f["fault_level"]) for f in faults] == [
         ("Ascend910-2", "80E18008", "RestartNPU")
     ]
-    node_cm = await until(lambda: published(api, "cluster-info-node-cm"), what="node cm")
+    node_cm = await eventually(lambda: published(api, "cluster-info-node-cm"), what="node cm")
     assert node_cm["mindx-dl-nodeinfo-node-2"]["NodeStatus"] == "UnHealthy"
     assert node_cm["mindx-dl-nodeinfo-node-2"]["FaultDevList"] == [
         {"DeviceType": "Memory", "DeviceId": 3, "FaultCode": ["0800004B"], "FaultLevel": "SeparateFault"}
@@ -111,7 +111,7 @@ async def test_publishes_cluster_info_and_writes_only_on_change(k8s, kcd):
             else None
         )
 
-    dev2 = await until(changed, what="device shard update")
+    dev2 = await eventually(changed, what="device shard update")
     assert dev2["mindx-dl-deviceinfo-node-1"]["UpdateTime"] > update_time
     assert (await published(api, "cluster-info-node-cm"))["mindx-dl-nodeinfo-node-2"]["UpdateTime"] == (
         node_cm["mindx-dl-nodeinfo-node-2"]["UpdateTime"]
@@ -136,7 +136,7 @@ async def test_sharding_grows_and_surplus_shards_are_emptied(k8s, tmp_path):
                 i += 1
             return out if sum(len(s) for s in out) == 40 else None
 
-        shards = await until(all_shards, what="40 nodes over 4+ shards")
+        shards = await eventually(all_shards, what="40 nodes over 4+ shards")
         assert len(shards) >= 4
         merged = {k: v for s in shards for k, v in s.items()}
         assert sorted(merged) == [f"mindx-dl-deviceinfo-node-{i:03d}" for i in range(40)]
@@ -147,7 +147,7 @@ async def test_sharding_grows_and_surplus_shards_are_emptied(k8s, tmp_path):
         assert min(shards[0]) == "mindx-dl-deviceinfo-node-000"
         # Fewer faults -> fewer shards; the surplus ones are emptied, not left stale.
         await cd.center.apply([], [f.key for f in faults if f.node != "node-000"], "deviced")
-        await until(
+        await eventually(
             lambda: _is_empty(published(api, f"cluster-info-device-{len(shards) - 1}")), what="emptied shard"
         )
         assert list(await published(api, "cluster-info-device-0")) == ["mindx-dl-deviceinfo-node-000"]
@@ -164,28 +164,28 @@ async def test_consumes_reference_node_info_with_check_code(k8s, kcd):
         "NodeStatus": "UnHealthy",
     }
     await create_cm(api, "mindx-dl", "mindx-dl-nodeinfo-node-1", node_info_cm(info))
-    f = await until(
+    f = await eventually(
         lambda: [f for f in kcd.center.faults("node-1") if f.source == "kube:nodeinfo"], what="node fault"
     )
     assert [(x.device_type, x.device_id, x.code, x.level) for x in f] == [
         ("Disk", 1, "2C000031", "SeparateFault")
     ]
-    node_cm = await until(lambda: published(api, "cluster-info-node-cm"), what="node cm")
+    node_cm = await eventually(lambda: published(api, "cluster-info-node-cm"), what="node cm")
     assert node_cm["mindx-dl-nodeinfo-node-1"]["NodeStatus"] == "UnHealthy"
     # A bad CheckCode is rejected and counted; the previous faults stay.
     await api.patch_config_map(
         "mindx-dl", "mindx-dl-nodeinfo-node-1", {"data": node_info_cm(info, check="0" * 64)}
     )
-    await until(lambda: rejected(kcd, "bad_checkcode") >= 1, what="bad_checkcode counted")
+    await eventually(lambda: rejected(kcd, "bad_checkcode") >= 1, what="bad_checkcode counted")
     assert [x.code for x in kcd.center.faults("node-1") if x.source == "kube:nodeinfo"] == ["2C000031"]
     # Bad JSON is rejected too.
     await api.patch_config_map("mindx-dl", "mindx-dl-nodeinfo-node-1", {"data": {"NodeInfo": "{oops"}})
-    await until(lambda: rejected(kcd, "bad_json") >= 1, what="bad_json counted")
+    await eventually(lambda: rejected(kcd, "bad_json") >= 1, what="bad_json counted")
     # Deleting the ConfigMap clears its faults.
     await api._call(
         "delete configmap", api.core.delete_namespaced_config_map, "mindx-dl-nodeinfo-node-1", "mindx-dl"
     )
-    await until(
+    await eventually(
         lambda: not [x for x in kcd.center.faults("node-1") if x.source == "kube:nodeinfo"], what="cleared"
     )
 
@@ -199,10 +199,10 @@ async def test_unknown_node_is_rejected_until_the_node_appears(k8s, kcd):
         "NodeStatus": "PreSeparate",
     }
     await create_cm(api, "mindx-dl", "mindx-dl-nodeinfo-node-9", node_info_cm(info))
-    await until(lambda: rejected(kcd, "unknown_node") >= 1, what="unknown_node counted")
+    await eventually(lambda: rejected(kcd, "unknown_node") >= 1, what="unknown_node counted")
     assert kcd.center.faults("node-9") == []
     await api.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-9"}})
-    await until(lambda: kcd.center.faults("node-9"), what="applied after the node appeared")
+    await eventually(lambda: kcd.center.faults("node-9"), what="applied after the node appeared")
 
 
 async def test_consumes_reference_device_info_and_republishes_it(k8s, kcd):
@@ -228,17 +228,17 @@ async def test_consumes_reference_device_info_and_republishes_it(k8s, kcd):
         "huawei.com/Ascend910-Fault": json.dumps(fault),
     }
     await create_cm(api, "kube-system", "mindx-dl-deviceinfo-node-2", device_info_cm(dl))
-    f = await until(lambda: kcd.center.faults("node-2"), what="device fault")
+    f = await eventually(lambda: kcd.center.faults("node-2"), what="device fault")
     assert [(x.device_id, x.code, x.level, x.first_seen_ms) for x in f] == [
         (2, "80E18008", "RestartNPU", 1767000000123)
     ]
-    dev = await until(lambda: published(api, "cluster-info-device-0"), what="device shard")
+    dev = await eventually(lambda: published(api, "cluster-info-device-0"), what="device shard")
     out = dev["mindx-dl-deviceinfo-node-2"]["DeviceList"]
     assert out["huawei.com/Ascend910"] == "Ascend910-0,Ascend910-1,Ascend910-3"
     assert out["huawei.com/Ascend910-Unhealthy"] == "Ascend910-2"
     assert json.loads(out["huawei.com/Ascend910-Fault"])[0]["fault_code"] == "80E18008"
     await create_cm(api, "kube-system", "mindx-dl-deviceinfo-node-1", device_info_cm(dl, check="1" * 64))
-    await until(lambda: rejected(kcd, "bad_checkcode") >= 1, what="bad device CheckCode counted")
+    await eventually(lambda: rejected(kcd, "bad_checkcode") >= 1, what="bad device CheckCode counted")
     assert kcd.center.faults("node-1") == []
 
 
@@ -269,7 +269,7 @@ async def test_public_fault_config_map_goes_through_pubfault_validation(k8s, kcd
         {"PublicFault": json.dumps(req)},
         labels={"mc-consumer-publicfault": "true"},
     )
-    f = await until(
+    f = await eventually(
         lambda: [x for x in kcd.center.faults("node-1") if x.source.startswith("public:")], what="public"
     )
     assert sorted((x.device_id, x.code, x.level) for x in f) == [
@@ -284,7 +284,7 @@ async def test_public_fault_config_map_goes_through_pubfault_validation(k8s, kcd
         {"PublicFault": json.dumps(bad)},
         labels={"mc-consumer-publicfault": "true"},
     )
-    await until(lambda: rejected(kcd, "publicfault_409") >= 1, what="409 counted")
+    await eventually(lambda: rejected(kcd, "publicfault_409") >= 1, what="409 counted")
 
 
 async def test_isolated_node_is_annotated_and_cleared_on_recovery(k8s, kcd):
@@ -296,10 +296,10 @@ async def test_isolated_node_is_annotated_and_cleared_on_recovery(k8s, kcd):
         node = await api._call("get node", api.core.read_node, "node-1")
         return (node["metadata"].get("annotations") or {}).get("NodeHealthyStatus")
 
-    assert await until(annotation, what="annotation") == "UnHealthy"
+    assert await eventually(annotation, what="annotation") == "UnHealthy"
     assert kcd.registry.get_sample_value("faultmesh_node_unhealthy", {"node": "node-1"}) == 1
     await kcd.center.remove(fault.key)
-    await until(lambda: _none(annotation), what="annotation removed")
+    await eventually(lambda: _none(annotation), what="annotation removed")
     assert kcd.registry.get_sample_value("faultmesh_node_unhealthy", {"node": "node-1"}) is None
 
 
@@ -330,7 +330,7 @@ async def _retried(api, kcd) -> None:
         dev = await published(api, "cluster-info-device-0")
         return dev if dev and "80E18008" in json.dumps(dev.get("mindx-dl-deviceinfo-node-2")) else None
 
-    dev = await until(with_fault, what="the fault in the device shard despite errors")
+    dev = await eventually(with_fault, what="the fault in the device shard despite errors")
     assert "mindx-dl-deviceinfo-node-2" in dev
     errors = kcd.registry.get_sample_value(
         "faultmesh_kube_writes_total", {"kind": "configmap", "result": "error"}
@@ -387,14 +387,18 @@ async def test_expired_watch_is_relisted_without_losing_events(k8s, tmp_path):
     cd = await start_kcd(api, tmp_path)
     try:
         for w in ("nodeinfo", "deviceinfo", "publicfault"):
-            await until(lambda w=w: restarts(cd, w, "expired") >= 1, what=f"{w} relisted after 410")
-        await until(lambda: restarts(cd, "slownode", "expired") + restarts(cd, "datatrace", "expired") >= 2)
+            await eventually(lambda w=w: restarts(cd, w, "expired") >= 1, what=f"{w} relisted after 410")
+        await eventually(
+            lambda: restarts(cd, "slownode", "expired") + restarts(cd, "datatrace", "expired") >= 2
+        )
         # Present before the expiry and created after it: both consumed.
-        await until(
+        await eventually(
             lambda: [f for f in cd.center.faults("node-2") if f.source == "kube:nodeinfo"], what="listed"
         )
         await create_cm(api, "mindx-dl", "mindx-dl-nodeinfo-node-1", node_info_cm(FAN_FAULT))
-        await until(lambda: [f for f in cd.center.faults("node-1") if f.code == "0D000001"], what="watched")
+        await eventually(
+            lambda: [f for f in cd.center.faults("node-1") if f.code == "0D000001"], what="watched"
+        )
     finally:
         await cd.stop()
 
@@ -418,13 +422,15 @@ async def test_dropped_watches_and_failing_lists_recover(k8s, tmp_path):
             "datatrace",
             "pingmesh",
         )
-        await until(
+        await eventually(
             lambda: sum(restarts(cd, w, "ended") for w in watches) >= 7, what="dropped watches resumed"
         )
-        await until(lambda: sum(restarts(cd, w, "error") for w in watches) >= 2, what="failed lists retried")
+        await eventually(
+            lambda: sum(restarts(cd, w, "error") for w in watches) >= 2, what="failed lists retried"
+        )
         assert restarts(cd, "nodes", "error") >= 1
         await create_cm(api, "mindx-dl", "mindx-dl-nodeinfo-node-1", node_info_cm(FAN_FAULT))
-        await until(
+        await eventually(
             lambda: [f for f in cd.center.faults("node-1") if f.code == "0D000001"], what="fault after errors"
         )
     finally:
@@ -444,7 +450,7 @@ async def test_jobs_are_discovered_from_pods(k8s, kcd):
         job = kcd.jobs.get("uid-job-1")
         return job if job is not None and len(job.ranks) == 4 else None
 
-    job = await until(full_job, what="job with both pods")
+    job = await eventually(full_job, what="job with both pods")
     assert (job.namespace, job.name, job.status) == ("train", "llama", "running")
     assert [(r.rank, r.node, r.device_id) for r in job.ranks] == [
         (0, "node-1", 0),
@@ -457,12 +463,12 @@ async def test_jobs_are_discovered_from_pods(k8s, kcd):
     bad = job_pod("other-0", "node-1", 0, [0], uid="uid-job-2", job="other")
     bad["metadata"]["annotations"]["hccl/rankIndex"] = "zero"
     await api._call("create pod", api.core.create_namespaced_pod, "train", bad)
-    await until(lambda: rejected(kcd, "bad_job_pods") >= 1, what="bad pod counted")
+    await eventually(lambda: rejected(kcd, "bad_job_pods") >= 1, what="bad pod counted")
     assert kcd.jobs.get("uid-job-2") is None
     # All pods gone -> the job is removed from the registry.
     for p in pods:
         await api._call("delete pod", api.core.delete_namespaced_pod, p["metadata"]["name"], "train")
-    await until(lambda: kcd.jobs.get("uid-job-1") is None, what="job removed")
+    await eventually(lambda: kcd.jobs.get("uid-job-1") is None, what="job removed")
 
 
 async def test_missing_cluster_config_fails_start_with_a_clear_error(tmp_path):
@@ -505,15 +511,15 @@ async def test_restart_does_not_rewrite_unchanged_cluster_info(k8s, tmp_path):
         await cd.center.upsert(
             Fault("noded", "node-2", "CPU", 0, "00000001", "SeparateFault"), origin="noded"
         )
-        first = await until(lambda: published(api, "cluster-info-node-cm"), what="first publication")
-        dev = await until(lambda: published(api, "cluster-info-device-0"), what="device shard")
+        first = await eventually(lambda: published(api, "cluster-info-node-cm"), what="first publication")
+        dev = await eventually(lambda: published(api, "cluster-info-device-0"), what="device shard")
     finally:
         await cd.stop()
     await asyncio.sleep(1.1)  # a rewrite would now carry a newer UpdateTime
     cd2 = await make_clusterd(tmp_path, *args)  # same state dir: the faults come back from SQLite
     try:
         comp = kube(cd2)
-        await until(
+        await eventually(
             lambda: comp.publisher._written and not comp.publisher._dirty.is_set(),
             what="second clusterd settled",
         )
@@ -564,7 +570,9 @@ async def test_clusterd_config_cm_sets_the_manual_separation_policy_live(k8s, kc
     key = "manually_separate_policy.conf"
     policy = "enabled: true\nseparate: {fault_window_hours: 2, fault_threshold: 5}\nrelease: {fault_free_hours: -1}\n"
     await create_cm(api, "cluster-system", "clusterd-config-cm", {key: policy}, labels={})
-    await until(lambda: kcd.separation.policy == Policy(True, 2, 5, -1), what="policy from the ConfigMap")
+    await eventually(
+        lambda: kcd.separation.policy == Policy(True, 2, 5, -1), what="policy from the ConfigMap"
+    )
     await api.patch_config_map(
         "cluster-system", "clusterd-config-cm", {"data": {key: "separate: {fault_window_hours: 0}\n"}}
     )
@@ -573,7 +581,7 @@ async def test_clusterd_config_cm_sets_the_manual_separation_policy_live(k8s, kc
         labels = {"file": "clusterd-config-cm"}
         return kcd.registry.get_sample_value("faultmesh_config_rejected_total", labels) or 0
 
-    await until(lambda: rejected_policies() == 1, what="bad policy rejected")
+    await eventually(lambda: rejected_policies() == 1, what="bad policy rejected")
     assert kcd.separation.policy == Policy(True, 2, 5, -1)
 
 
@@ -588,7 +596,7 @@ async def test_publish_holdoff_keeps_the_published_view_until_it_ends(k8s, tmp_p
         await cd.center.upsert(
             Fault("deviced", "node-1", "NPU", 2, "80E18008", "RestartNPU"), origin="deviced"
         )
-        await until(lambda: kube(cd).publisher.held, what="hold-off")
+        await eventually(lambda: kube(cd).publisher.held, what="hold-off")
         assert await published(api, "cluster-info-device-0") is None  # nothing written while held
     finally:
         await cd.stop()

@@ -3,7 +3,8 @@ occur/recover, the optional NoSchedule taint and its circuit breaker -- on kmock
 
 from __future__ import annotations
 
-from kube.kubekit import kube_clusterd, until
+from kube.kubekit import kube_clusterd
+from support import eventually
 
 from clusterd.kube.signals import conditions_of
 from faultmesh.model import Fault
@@ -28,11 +29,11 @@ async def test_fault_raises_a_condition_and_an_event_and_recovery_clears_them(k8
         c = await conditions(api, "node-1")
         return c if c.get("NPUHealthy", {}).get("status") == "False" else None
 
-    c = await until(npu_down, what="NPUHealthy=False")
+    c = await eventually(npu_down, what="NPUHealthy=False")
     assert c["NPUHealthy"]["reason"] == "RestartNPU"
     assert c["NPUHealthy"]["message"] == "NPU 2 80E18008 RestartNPU"
     assert c["NodeHardwareHealthy"]["status"] == "True" and c["SlowNode"]["status"] == "False"
-    evs = await until(lambda: events(api, "node-1"), what="occur event")
+    evs = await eventually(lambda: events(api, "node-1"), what="occur event")
     assert evs[0]["reason"] == "FaultOccurred" and evs[0]["type"] == "Warning"
     assert "80E18008" in evs[0]["message"] and evs[0]["involvedObject"]["kind"] == "Node"
     # a slow node and a node hardware fault raise their own conditions
@@ -48,7 +49,7 @@ async def test_fault_raises_a_condition_and_an_event_and_recovery_clears_them(k8
         ok = c.get("SlowNode", {}).get("status") == "True" and c["NodeHardwareHealthy"]["status"] == "False"
         return c if ok else None
 
-    c = await until(all_three, what="SlowNode and NodeHardwareHealthy")
+    c = await eventually(all_three, what="SlowNode and NodeHardwareHealthy")
     assert c["NodeHardwareHealthy"]["reason"] == "SeparateFault"
     # recovery: conditions back, a recover event
     await kcd.center.apply([], [npu.key], "deviced")
@@ -57,9 +58,9 @@ async def test_fault_raises_a_condition_and_an_event_and_recovery_clears_them(k8
         c = await conditions(api, "node-1")
         return c if c["NPUHealthy"]["status"] == "True" else None
 
-    c = await until(npu_up, what="NPUHealthy=True")
+    c = await eventually(npu_up, what="NPUHealthy=True")
     assert c["NPUHealthy"]["reason"] == "NoFault"
-    await until(lambda: _has(events(api, "node-1"), "FaultRecovered"), what="recover event")
+    await eventually(lambda: _has(events(api, "node-1"), "FaultRecovered"), what="recover event")
 
 
 async def _has(evs_coro, reason):
@@ -85,7 +86,7 @@ async def test_taint_is_off_by_default_and_the_breaker_limits_it(k8s, tmp_path):
     cd = await kube_clusterd(tmp_path / "a", api.url)
     try:
         await cd.center.upsert(Fault("deviced", "n-0", "NPU", 0, "80E18008", "SeparateNPU"), origin="deviced")
-        await until(lambda: _cond_status(api, "n-0", "NPUHealthy", "False"), what="condition")
+        await eventually(lambda: _cond_status(api, "n-0", "NPUHealthy", "False"), what="condition")
         assert not ((await api.get_node("n-0")).get("spec") or {}).get("taints")
     finally:
         await cd.stop()
@@ -103,8 +104,8 @@ async def test_taint_is_off_by_default_and_the_breaker_limits_it(k8s, tmp_path):
                     out.append(n)
             return out
 
-        await until(lambda: _len_is(tainted(), 2), what="two tainted")
-        await until(
+        await eventually(lambda: _len_is(tainted(), 2), what="two tainted")
+        await eventually(
             lambda: cd.registry.get_sample_value("faultmesh_kube_taint_breaker_open") == 1,
             what="breaker open",
         )
@@ -114,7 +115,9 @@ async def test_taint_is_off_by_default_and_the_breaker_limits_it(k8s, tmp_path):
         await cd.center.apply(
             [], [Fault("deviced", first, "NPU", 0, "80E18008", "SeparateNPU").key], "deviced"
         )
-        await until(lambda: _tainted_set_changed(tainted(), first), what="taint moved to the held-back node")
+        await eventually(
+            lambda: _tainted_set_changed(tainted(), first), what="taint moved to the held-back node"
+        )
         assert len(await tainted()) == 2
     finally:
         await cd.stop()

@@ -9,7 +9,7 @@ import json
 import types
 
 import pytest
-from kube.kubekit import until
+from support import eventually
 
 from faultmesh.kube import KubeError
 from faultmesh.model import Fault
@@ -40,10 +40,12 @@ async def test_configmaps_configure_pingmesh_and_bad_ones_keep_the_last_good(k8s
         "roce": '{"activate":"off","task_interval":1}',
     }
     await api.create_config_map(NS, cm("pingmesh-config", good))
-    await until(lambda: sn.activation("0") and sn.activation("0").task_interval == 2, what="config applied")
+    await eventually(
+        lambda: sn.activation("0") and sn.activation("0").task_interval == 2, what="config applied"
+    )
     sp = topo.build_super_pod(7, ["node-1", "node-2"], npus_per_node=4)
     await api.create_config_map(NS, cm("super-pod-7", {"superPodDevice": json.dumps(sp.to_json_obj())}))
-    await until(lambda: "7" in sn.pods, what="topology applied")
+    await eventually(lambda: "7" in sn.pods, what="topology applied")
     assert set(sn.pods["7"].sp.nodes) == {"node-1", "node-2"}
     # not ours: another label, another name
     await api.create_config_map(NS, cm("pingmesh-config-x", good))
@@ -55,13 +57,13 @@ async def test_configmaps_configure_pingmesh_and_bad_ones_keep_the_last_good(k8s
         {"global": "x" * 600_000},  # more than MAX_DATA_BYTES
     ]):  # fmt: skip
         await api.patch_config_map(NS, "pingmesh-config", {"data": data})
-        await until(lambda i=i: rejected(kcd) >= base + i + 1, what=f"bad config {i} rejected")
+        await eventually(lambda i=i: rejected(kcd) >= base + i + 1, what=f"bad config {i} rejected")
     assert sn.activation("0").task_interval == 2  # the last good config stays
     bad_sp = topo.build_super_pod(8, ["node-1"], npus_per_node=4)  # SuperPodID 8 in super-pod-7
     await api.patch_config_map(
         NS, "super-pod-7", {"data": {"superPodDevice": json.dumps(bad_sp.to_json_obj())}}
     )
-    await until(lambda: rejected(kcd) >= base + 5, what="wrong super pod rejected")
+    await eventually(lambda: rejected(kcd) >= base + 5, what="wrong super pod rejected")
     await api.delete_config_map(NS, "pingmesh-config")  # deletes are ignored, as in the reference
     assert "7" in sn.pods and "8" not in sn.pods and sn.activation("0").task_interval == 2
 
@@ -69,7 +71,7 @@ async def test_configmaps_configure_pingmesh_and_bad_ones_keep_the_last_good(k8s
 async def test_pingmesh_fault_configmap_occur_then_recover(k8s, kcd):
     _, api = k8s
     sn = slownet(kcd)
-    await until(lambda: sn.kube is not None and sn.kube.api is not None, what="kube side started")
+    await eventually(lambda: sn.kube is not None and sn.kube.api is not None, what="kube side started")
     kube, sn.kube = sn.kube, None  # the component's own period must not write between the steps below
     card = Fault("slownet", "node-1", "NPU", 3, "220001001", "SeparateNPU", "occur", 1000, 2000)
     await kube.sync_faults({card.key: card})
