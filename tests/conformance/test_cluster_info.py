@@ -17,9 +17,8 @@ import json
 
 import pytest
 from kube.conftest import k8s, kcd  # noqa: F401 (fixtures)
-from kube.kubekit import until
 from kube.test_kube_mode import published
-from support import free_port
+from support import eventually, free_port
 
 from deviced.app import DeviceD
 from deviced.app import build_parser as deviced_parser
@@ -49,7 +48,7 @@ async def test_super_pod_id_and_server_index_come_from_faultmesh_deviced(k8s, kc
             e = ((await published(api, "cluster-info-device-0")) or {}).get("mindx-dl-deviceinfo-node-2")
             return e if e and e["SuperPodID"] != -2 else None
 
-        e = await until(entry, what="node-2 with its super pod")
+        e = await eventually(entry, what="node-2 with its super pod")
         # before issue 14 both were -2 although deviced reported them
         assert (e["SuperPodID"], e["ServerIndex"], e["RackID"]) == (2, 5, -2)
     finally:
@@ -62,14 +61,14 @@ async def test_switch_fault_codes_are_the_reference_json_records(k8s, kcd):  # n
     app = deviced(kcd, sim)
     await app.start()
     try:
-        await until(lambda: app.started, what="deviced started")
+        await eventually(lambda: app.started, what="deviced started")
         # [0x00f1fef5,155914,npu,na] is RestartRequest in the default SwitchFaultCode.json
         sim.switch.fire(0x00F1FEF5, 155914, 1, 7, 0, 3, 2, 1)
 
         async def entry():
             return ((await published(api, "cluster-info-switch-0")) or {}).get("mindx-dl-switchinfo-node-2")
 
-        e = await until(entry, what="node-2's switch entry")
+        e = await eventually(entry, what="node-2's switch entry")
         (item,) = e["FaultCode"]
         rec = json.loads(item)
         assert list(rec) == [

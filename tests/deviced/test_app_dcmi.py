@@ -11,7 +11,7 @@ import time
 import aiohttp
 import pytest
 from native.ctl import Ctl
-from support import free_port
+from support import eventually, free_port
 
 from deviced.app import DeviceD, build_parser
 from deviced.backends import DcmiBackend
@@ -47,15 +47,6 @@ def make_app(native_libs, tmp_path, *extra: str) -> DeviceD:
     return app
 
 
-async def until(pred, timeout_s: float = 8.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def fault_codes(app, source="dcmi"):
     return {(k.device_id, k.code): f.level for k, f in app.state.faults.items() if k.source == source}
 
@@ -66,7 +57,7 @@ async def running(native_libs, tmp_path, ctl, request):
     ctl.set_phy(5, 13)  # logic 5 is physical chip 13: faults are reported by physical id
     app = make_app(native_libs, tmp_path, *extra)
     await app.start()
-    await until(lambda: app.cycles >= 1, what="first cycle")
+    await eventually(lambda: app.cycles >= 1, what="first cycle")
     yield app
     await app.stop()
 
@@ -75,14 +66,14 @@ async def test_callback_from_c_thread_reaches_agent_state(running, ctl):
     app = running
     assert app.subscribed
     assert ctl.fire(5, 0x80E18008, 1, 2, 1, 0) == 0  # logic 5 = card 1 device 1, from a C thread
-    await until(lambda: (13, "80E18008") in fault_codes(app), what="occur")
+    await eventually(lambda: (13, "80E18008") in fault_codes(app), what="occur")
     assert fault_codes(app)[(13, "80E18008")] == "RestartNPU"
     f = next(f for f in app.state.faults.values() if f.code == "80E18008")
     assert f.attributes["logic_id"] == "5"
     dev = app.state.devices[("NPU", 5)]  # DeviceState: logic id + phy id
     assert (dev.health, dev.level, dev.phy_id) == ("UnHealthy", "RestartNPU", 13)
     assert ctl.fire(5, 0x80E18008, 0, 2, 1, 0) == 0
-    await until(lambda: (13, "80E18008") not in fault_codes(app), what="recover")
+    await eventually(lambda: (13, "80E18008") not in fault_codes(app), what="recover")
     assert app.state.devices[("NPU", 5)].health == "Healthy"
     assert app.callbacks == 2 and app.callback_drops == 0
 
@@ -90,10 +81,10 @@ async def test_callback_from_c_thread_reaches_agent_state(running, ctl):
 async def test_card_drop_from_health_minus_8012(running, ctl):
     app = running
     ctl.set_rc(b"dcmi_get_device_health", 2, -8012)
-    await until(lambda: (2, "40F84E00") in fault_codes(app), timeout_s=6, what="card drop")
+    await eventually(lambda: (2, "40F84E00") in fault_codes(app), timeout_s=6, what="card drop")
     assert fault_codes(app)[(2, "40F84E00")] == "RestartNPU"
     ctl.set_rc(b"dcmi_get_device_health", 2, 0)
-    await until(lambda: (2, "40F84E00") not in fault_codes(app), timeout_s=6, what="card back")
+    await eventually(lambda: (2, "40F84E00") not in fault_codes(app), timeout_s=6, what="card back")
 
 
 async def test_subscription_failure_falls_back_to_polling(native_libs, tmp_path, ctl):
@@ -102,12 +93,12 @@ async def test_subscription_failure_falls_back_to_polling(native_libs, tmp_path,
     app = make_app(native_libs, tmp_path)
     await app.start()
     try:
-        await until(lambda: (1, "80C98009") in fault_codes(app), what="polled code")
+        await eventually(lambda: (1, "80C98009") in fault_codes(app), what="polled code")
         assert not app.subscribed and app.engine.subscribe_failed
         assert ctl.calls(b"dcmi_subscribe_fault_event") == 3
         assert fault_codes(app)[(1, "80C98009")] == "RestartRequest"
         ctl.set_codes(1, [])
-        await until(lambda: (1, "80C98009") not in fault_codes(app), what="polled recover")
+        await eventually(lambda: (1, "80C98009") not in fault_codes(app), what="polled recover")
     finally:
         await app.stop()
 
@@ -128,7 +119,7 @@ async def test_burst_of_100k_callbacks_is_bounded_and_state_converges(running, c
             await asyncio.sleep(0.05)
     assert await storm == 100_000
     assert answered >= 1
-    await until(lambda: app.callbacks == 100_000, timeout_s=30, what="all callbacks seen")
+    await eventually(lambda: app.callbacks == 100_000, timeout_s=30, what="all callbacks seen")
     accepted = 100_000 - app.callback_drops  # token bucket: 1000 burst + 1000/min refill
     assert 1000 <= accepted <= 1000 + (time.monotonic() - t0) * 1000 / 60 + 1
 
@@ -146,7 +137,7 @@ async def test_burst_of_100k_callbacks_is_bounded_and_state_converges(running, c
         return active == want
 
     try:
-        await until(converged, timeout_s=30, what="state == last event per (device, code)")
+        await eventually(converged, timeout_s=30, what="state == last event per (device, code)")
     except AssertionError:
         raise AssertionError(f"extra, missing: {converged.diff}; stats {dict(app.engine.stats)}") from None
     async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{app.http.port}/metrics") as r:
@@ -158,38 +149,40 @@ async def test_burst_of_100k_callbacks_is_bounded_and_state_converges(running, c
 async def test_hanging_probe_call_times_out_and_loop_stays_responsive(running, ctl):
     app = running
     ctl.set_hang(b"dcmi_get_device_network_health", 1500)
-    await until(
+    await eventually(
         lambda: app.call_errors[("network_health", "timeout")] >= 1, timeout_s=6, what="probe timeout"
     )
     ctl.set_hang(b"dcmi_get_device_network_health", 0)
     ctl.fire(0, 0x80E18008, 1, 2, 1, 0)
-    await until(lambda: (0, "80E18008") in fault_codes(app), what="event while probe hung")
+    await eventually(lambda: (0, "80E18008") in fault_codes(app), what="event while probe hung")
 
 
 async def test_gateway_probe_abnormal_marks_network_fault(running, ctl):
     app = running
     ctl.set_network(3, 3)  # UNREACH
-    await until(lambda: (3, "181078603") in fault_codes(app), what="probe fault")
+    await eventually(lambda: (3, "181078603") in fault_codes(app), what="probe fault")
     f = next(f for k, f in app.state.faults.items() if k.code == "181078603")
     assert f.level == "NotHandleFault" and f.attributes["signal"] == "gateway-probe"
     assert app.state.devices[("NPU", 3)].network_health == "Healthy"  # < 20 s
     ctl.set_network(3, 6)  # INIT counts as healthy
-    await until(lambda: (3, "181078603") not in fault_codes(app), what="probe recover")
+    await eventually(lambda: (3, "181078603") not in fault_codes(app), what="probe recover")
 
 
 async def test_switch_faults_graded_from_table(running, ctl):
     app = running
-    await until(lambda: app.switch_subscribed, what="switch subscription")
+    await eventually(lambda: app.switch_subscribed, what="switch subscription")
     assert ctl.lq_fire(17, 155914, 1, 0, 2, 7, 2, 1, 1) == 0  # [0x00000011,155914,npu,na] unlisted
     assert ctl.lq_fire(0x00F1FEF5, 155914, 1, 0, 2, 7, 2, 1, 1) == 0  # RestartRequest
-    await until(lambda: (2, "[0x00f1fef5,155914,npu,na]") in fault_codes(app, "lingqu"), what="switch fault")
+    await eventually(
+        lambda: (2, "[0x00f1fef5,155914,npu,na]") in fault_codes(app, "lingqu"), what="switch fault"
+    )
     assert fault_codes(app, "lingqu") == {
         (2, "[0x00f1fef5,155914,npu,na]"): "RestartRequest",
         (2, "[0x00000011,155914,npu,na]"): "NotHandle",  # unlisted: reported, marked unknown
     }
     assert ctl.lq_fire(0x00F1FEF5, 155914, 1, 0, 2, 7, 2, 0, 1) == 0
     assert ctl.lq_fire(17, 155914, 1, 0, 2, 7, 2, 0, 1) == 0
-    await until(lambda: not fault_codes(app, "lingqu"), what="switch recover")
+    await eventually(lambda: not fault_codes(app, "lingqu"), what="switch recover")
 
 
 async def test_reset_config_and_hot_reset(native_libs, tmp_path, ctl):
@@ -199,7 +192,7 @@ async def test_reset_config_and_hot_reset(native_libs, tmp_path, ctl):
     )
     await app.start()
     try:
-        await until(lambda: app.cycles >= 1, what="first cycle")
+        await eventually(lambda: app.cycles >= 1, what="first cycle")
         job = agent_pb2.JobInfo(
             job_id="j1",
             name="llama",
@@ -212,7 +205,7 @@ async def test_reset_config_and_hot_reset(native_libs, tmp_path, ctl):
         ctl.set_boot(2, 16, 300)
         ctl.fire(2, 0x80E18008, 1, 2, 1, 0)
         path = rdir / "ai.reset-config-llama" / "reset.json"
-        await until(lambda: path.exists() and "80E18008" in path.read_text(), what="reset.json")
+        await eventually(lambda: path.exists() and "80E18008" in path.read_text(), what="reset.json")
         doc = json.loads(path.read_text())
         assert doc["RankList"] == [
             {
@@ -224,9 +217,9 @@ async def test_reset_config_and_hot_reset(native_libs, tmp_path, ctl):
         await asyncio.sleep(1.2)
         assert ctl.resets(2) == 0  # processes still on the chip
         ctl.set_procs(2, 0)
-        await until(lambda: ctl.resets(2) == 1, timeout_s=8, what="hot reset")
-        await until(lambda: (2, "80E18008") not in fault_codes(app), timeout_s=8, what="codes re-polled")
-        await until(
+        await eventually(lambda: ctl.resets(2) == 1, timeout_s=8, what="hot reset")
+        await eventually(lambda: (2, "80E18008") not in fault_codes(app), timeout_s=8, what="codes re-polled")
+        await eventually(
             lambda: json.loads(path.read_text())["RankList"][0]["Status"] == "recovered", what="recovered"
         )
         await app.on_control(
@@ -243,7 +236,7 @@ async def test_failed_hot_reset_escalates_to_separate(native_libs, tmp_path, ctl
     await app.start()
     try:
         ctl.fire(6, 0x80E18008, 1, 2, 1, 0)
-        await until(
+        await eventually(
             lambda: (
                 app.state.devices.get(("NPU", 6)) is not None
                 and app.state.devices[("NPU", 6)].level == "SeparateNPU"
@@ -266,13 +259,13 @@ async def test_missing_library_is_reported_and_retried(native_libs, tmp_path, ct
     app.init_retry_s = 0.1
     await app.start()
     try:
-        await until(lambda: "DCMIUnavailable" in app.state.conditions, what="condition")
+        await eventually(lambda: "DCMIUnavailable" in app.state.conditions, what="condition")
         cond = app.state.conditions["DCMIUnavailable"]
         assert cond.active and cond.reason == "library missing" and "libdcmi.so" in cond.message
         assert not app.started
         lib.parent.mkdir()
         shutil.copy(native_libs.dcmi, lib)  # the driver gets installed
-        await until(lambda: app.started and app.cycles >= 1, what="devices after install")
+        await eventually(lambda: app.started and app.cycles >= 1, what="devices after install")
         assert not app.state.conditions["DCMIUnavailable"].active
         assert len(app.state.devices) == 8
     finally:
@@ -321,10 +314,10 @@ async def first_report_of(app, ctl, key) -> tuple[int, int]:
     app.cycle.publish = spy
     c0 = app.cycle.cycles
     app.cycle.wake()
-    await until(lambda: app.cycle.cycles > c0, what="a full cycle")
+    await eventually(lambda: app.cycle.cycles > c0, what="a full cycle")
     c1, f1 = app.cycle.cycles, app.cycle.fast_cycles
     assert ctl.fire(5, 0x80E18008, 1, 2, 1, 0) == 0
-    await until(lambda: bool(seen), what="the fault reported")
+    await eventually(lambda: bool(seen), what="the fault reported")
     return seen[0][0] - c1, seen[0][1] - f1
 
 
@@ -334,7 +327,7 @@ async def test_callback_fault_reported_by_fast_cycle(native_libs, tmp_path, ctl,
     app = make_app(native_libs, tmp_path, *(() if fast else ("--no-fast-fault-path",)))
     await app.start()
     try:
-        await until(lambda: app.cycles >= 1, what="first cycle")
+        await eventually(lambda: app.cycles >= 1, what="first cycle")
         full, quick = await first_report_of(app, ctl, (13, "80E18008"))
         if fast:
             assert (full, quick) == (0, 1), "reported before the next full cycle, by one fast cycle"
@@ -345,6 +338,6 @@ async def test_callback_fault_reported_by_fast_cycle(native_libs, tmp_path, ctl,
         assert ctl.fire(5, 0x80E18008, 0, 2, 1, 0) == 0
         await asyncio.sleep(0.3)
         assert (13, "80E18008") in fault_codes(app)
-        await until(lambda: (13, "80E18008") not in fault_codes(app), what="recover")
+        await eventually(lambda: (13, "80E18008") not in fault_codes(app), what="recover")
     finally:
         await app.stop()
