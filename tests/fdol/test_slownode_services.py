@@ -135,7 +135,12 @@ def test_stall_detected_reported_recovered_and_disabled(stack, tmp_path):
     assert nb and all(ip == "node-b" and ranks == "2" for ip, ranks in nb)
     assert not NODE_PHRASE.findall(nodes[0].log_text())  # node-a hosts no slow rank
     log = cd.log_text()
-    assert "start heavy profiling" in log and "stop heavy profiling" in log
+    # communication profiling off once the baseline is in, on again for the slow rounds, off after
+    # the report; on a loaded box the slowdown may come while the initial (all on) phase still
+    # runs: then it stays on until the report, with nothing to start
+    if not all(h["heavy"] for h in hist[: confirm + 1]):
+        assert "start heavy profiling" in log, [(h["round"], h["heavy"]) for h in hist]
+    assert "stop heavy profiling" in log
     noded_view = nodes[1].get_json("/v1/slownode")
     assert noded_view[0]["jobId"] == "job1" and noded_view[0]["badInput"] == {}
     r = cli(cd, "slownode", "status")
