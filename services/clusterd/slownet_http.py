@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from faultmesh.config import load_document
+from faultmesh.config import MAX_YAML_BYTES, load_document, parse_untrusted
 from faultmesh.httpd import json_response
 from fdol.slownet import config as pmconfig
 from fdol.slownet import topology as topo
@@ -68,7 +68,8 @@ class SlowNetHttp:
 
     async def _http_config(self, request: web.Request) -> web.Response:
         try:
-            cfg = pmconfig.parse_config(load_document(await request.read()))
+            raw = await request.read()
+            cfg = pmconfig.parse_config(await parse_untrusted(load_document, raw, MAX_YAML_BYTES))
             await self.set_config(cfg, "http")
         except ValueError as e:
             self.m_inputs.labels("config").inc()

@@ -44,9 +44,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
-import yaml
 
 from faultmesh import faultfilter
+from faultmesh.config import YamlTooLarge, load_yaml
 
 # clusterd.md §7.1: kept strategy values and their priority.
 STRATEGY_PRIORITY = {
@@ -439,19 +439,23 @@ def _ip(d: dict[str, Any], names: tuple[str, ...], where: str) -> str:
         raise JobSpecError(f"{where}: {names[0]} {str(v)[:64]!r} is not an IP address") from None
 
 
-def parse_jobs_text(text: str) -> list[Job]:
+def parse_jobs_text(text: str, max_yaml_bytes: int | None = None) -> list[Job]:
     """Parse a JSON or YAML document (one job, a list, ``{"jobs": [...]}`` or several YAML documents).
 
     JSON is read by orjson (a 20k-rank job file: milliseconds, where PyYAML takes seconds); other
-    text by PyYAML. Raises :class:`JobSpecError` naming the job index and the problem.
+    text by PyYAML (:func:`faultmesh.config.load_yaml`), refused over ``max_yaml_bytes`` (network
+    input: ``config.MAX_YAML_BYTES``). Raises :class:`JobSpecError` naming the job index and the
+    problem.
     """
     try:
         docs = [d for d in (orjson.loads(text),) if d is not None]
     except (orjson.JSONDecodeError, TypeError):
         try:
-            docs = [d for d in yaml.safe_load_all(text) if d is not None]
-        except (yaml.YAMLError, RecursionError) as e:
-            raise JobSpecError(f"not JSON or YAML: {str(e)[:200] or 'nested too deeply'}") from None
+            docs = [d for d in load_yaml(text, many=True, max_bytes=max_yaml_bytes) if d is not None]
+        except YamlTooLarge as e:
+            raise JobSpecError(str(e)) from None
+        except ValueError as e:
+            raise JobSpecError(f"not JSON or YAML: {str(e).removeprefix('not YAML/JSON: ')}") from None
     items: list[Any] = []
     for d in docs:
         if isinstance(d, dict) and "jobs" in d:
