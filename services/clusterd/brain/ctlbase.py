@@ -73,6 +73,7 @@ class ControllerBase:
         self._stream_gen = 0
         self._reports: dict[str, asyncio.Queue] = {}
         self._expect: set[str] = set()
+        self._slots_closed: asyncio.Future | None = None  # done when the slots close (reset, flow end)
         self.notify_switch: asyncio.Queue | None = None  # SwitchRankList to the training side
         self.notify_stress: asyncio.Queue | None = None  # StressTestRankParams to the training side
         self.om_kind = ""  # "nic" | "stress" while an O&M flow runs
@@ -200,7 +201,11 @@ class ControllerBase:
             self._expect.add(k)
 
     async def report(self, kind: str, msg: Any) -> int:
-        """Hand a client report to the flow. Returns 0, or 504 when the slot stays busy for 1 s.
+        """Hand a client report to the flow: put it in the kind's 1-slot channel. Returns 0 once it
+        is in the slot; while the slot is full the call *waits* (the reference's Report RPCs block
+        on the channel send, fault_recover_service.go) until the flow takes the report before it,
+        599 when the controller resets or the flow ends meanwhile (the reference's closed channel:
+        "chan closed"), 504 after ``report_s`` (faultmesh's bound; the reference waits for ever).
 
         A report the flow does not wait for is dropped ("order mix", clusterd.md §7.2)."""
         if kind not in self._expect:
@@ -209,11 +214,32 @@ class ControllerBase:
                 log, logging.INFO, "report dropped: order mix", job=self.job_id, report=kind, state=self.state
             )
             return 0
+        q = self._slot(kind)
+        if not q.full():
+            q.put_nowait(msg)
+            return 0
+        if self._slots_closed is None or self._slots_closed.done():
+            self._slots_closed = asyncio.get_running_loop().create_future()
+        closed = self._slots_closed
+        put = asyncio.ensure_future(q.put(msg))
         try:
-            await wait_for(self._slot(kind).put(msg), 1.0)
-        except TimeoutError:
-            return 504
-        return 0
+            await asyncio.wait({put, closed}, timeout=self.t.report_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not put.done():
+                put.cancel()
+        if put.done() and not put.cancelled():
+            return 0
+        if closed.done():
+            event(log, logging.INFO, "blocked report dropped: controller reset", job=self.job_id, report=kind)
+            return 599
+        event(log, logging.WARNING, "report dropped: slot busy", job=self.job_id, report=kind)
+        return 504
+
+    def _close_slots(self) -> None:
+        """Answer every report blocked on a full slot with 599 (the reference closes the channels)."""
+        if self._slots_closed is not None and not self._slots_closed.done():
+            self._slots_closed.set_result(None)
+        self._slots_closed = None
 
     async def wait(
         self, *kinds: str, timeout_s: float | None = None, keep: bool = False
@@ -267,6 +293,7 @@ class ControllerBase:
             self.brain.decide(self.job_id, name, "reset", f"handler error: {e!r}")
         finally:
             self._expect.clear()
+            self._close_slots()  # the reference's handleFinish -> reset
             self.hidden_nodes.clear()
             self.cached_faults.clear()  # the reference's reset after every flow
             self.restart_proc_pods = set()
@@ -287,6 +314,7 @@ class ControllerBase:
             self.brain.decide(self.job_id, self.flow_name or "controller", "reset", reason)
         self._flow = None
         self._expect.clear()
+        self._close_slots()
         self.hidden_nodes.clear()
         self.cached_faults.clear()
         self.restart_proc_pods = set()
@@ -294,6 +322,7 @@ class ControllerBase:
         self.plat_strategy = ""
         self._finish_om(f"om failed, {reason}")
         self.om_kind = ""
+        self.uuid = ""
         self.set_state(INIT)
 
     async def close(self) -> None:
