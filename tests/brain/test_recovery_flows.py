@@ -10,6 +10,7 @@ from brain.brainkit import (
     JOB,
     apply,
     decisions,
+    expect_stop_train_dropped,
     npu_fault,
     signals,
     stuck_at_stop_complete,
@@ -402,3 +403,6 @@ async def test_operator_reset_clears_a_stuck_flow_and_can_reevaluate(cd, sims):
     async with asyncio.timeout(5):
         while decisions(cd).count("pre-exit") < 2:
             await asyncio.sleep(0.02)
+    # the real TaskD forwarded the reset flow's stopTrain and saw no globalFault / changeStrategy
+    # since: it drops the new flow's stopTrain (docs/compatibility.md, Operator undo)
+    await expect_stop_train_dropped(sims.running[-1][0])
