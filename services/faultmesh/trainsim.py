@@ -35,7 +35,9 @@ misbehave) where ClusterD sends what they would reject or misread:
 - ``changeStrategy``: retry / recover / dump / downgrade / upgrade need faultRanks; recover,
   recover-in-place (restart workers), dump, downgrade and exit need nodeRankIds (TaskD restarts,
   exits or sends ExitAgent only to those pods);
-- ``globalFault`` / ``changeStrategy`` must carry the uuid of the flow's stopTrain / saveAndExit.
+- ``globalFault`` / ``changeStrategy`` must carry the uuid of the flow's stopTrain / saveAndExit
+  (a check of ClusterD's own consistency, the reference reusing the flow's uuid: neither client
+  passes a uuid on to MindIO; TaskD looks only at preExitProcess uuids).
 
 What reaches MindIO depends on the client the ``role`` stands for (both read for issue "the same
 codes, payloads, order and timing"):
@@ -448,6 +450,8 @@ class TrainSim:
         st = sig.signalType
         if st == "changeStrategy":
             self._disarm_mindio()
+        if st in ("stopTrain", "saveAndExit", "hot-switch"):
+            self._flow_uuid = sig.uuid  # ClusterD's flow, also when the client drops the signal
         if self._client_drops(sig):
             return
         ranks = list(sig.faultRanks)

@@ -268,6 +268,33 @@ async def test_fault_during_flow_joins_cached_faults(cd, sims):
     assert pre[-1]["actions"] == ["pre exit process"] and pre[-1]["nodeRankIds"] == ["0"]
 
 
+async def test_after_a_fault_during_a_flow_taskd_drops_the_next_stop_train_until_fault_retry(cd, sims):
+    # TaskD's stop-train plugin (stop_train.go): the mid-flow preExitProcess released its token
+    # without forgetting the stopTrain it forwarded, so the flow's globalFault / changeStrategy did
+    # not clear it and the next flow's stopTrain is dropped; that flow's ReportStopComplete timeout
+    # ends in FaultClear / FaultRetry, whose changeStrategy exit clears the plugin (the reference
+    # ClusterD's flow does the same: docs/compatibility.md)
+    await apply(cd)
+    sim = await sims.start(delay_s=0.2)
+    await cd.center.upsert(npu_fault())
+    await sim.wait_for(lambda ev: sim.signals("stopTrain"))
+    await cd.center.upsert(npu_fault(node="node-a", dev=1))  # during the flow: preExitProcess
+    await wait_decision(cd, "recover-success")
+    await wait_idle(cd)
+    await cd.center.upsert(npu_fault(node="node-a", dev=0, code="80E18403"))  # the next flow
+    d = await wait_decision(cd, "fault-clear")
+    assert "stop complete not reported" in d["reason"]
+    await expect_stop_train_dropped(sim)
+    await wait_decision(cd, "fault-retry")
+    await wait_idle(cd)
+    n = len(sim.signals("stopTrain"))
+    await cd.center.upsert(npu_fault(node="node-b", dev=1, code="80E18404"))  # forwarded again
+    async with asyncio.timeout(10):
+        while decisions(cd).count("recover-success") < 2:
+            await asyncio.sleep(0.02)
+    assert len(sim.signals("stopTrain")) == n + 1 and sim.errors == []
+
+
 async def test_recovery_endpoint_lists_decisions(cd, sims):
     import urllib.request
 

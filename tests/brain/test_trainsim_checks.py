@@ -147,7 +147,7 @@ async def test_taskd_forwards_stop_train_once_until_global_fault_or_change_strat
     assert stub.names() == ["ReportStopComplete"]
     assert 'stop-train plugin already forwarded stopTrain["stop_train"]' in sim.errors[0]
     sim.errors.clear()
-    await sim._answer(sig(*GF, [("2", "1"), ("3", "1")], ["1"]))  # releases and forgets
+    await sim._answer(sig(*GF, [("2", "1"), ("3", "1")], ["1"], uuid="U2"))  # releases, forgets
     await sim._answer(sig(*STOP, [("2", "1")], uuid="U3"))
     await sim._answer(sig("stopTrain", ["pause_train"], uuid="U4"))  # other actions: another key
     assert stub.names() == [
