@@ -61,7 +61,8 @@ codes, payloads, order and timing"):
   answered non-zero is sent once more after a Register; ReportRecoverStatus carries no
   isolateRankIds.
 
-Neither checks a signal's jobId against its own on TaskD's side: only the Python client does.
+TaskD's Go manager never looks at a signal's jobId (it does not even pass it on); only the Python
+client compares it with its own.
 
 With ``mindio_wait_s`` (MINDIO_WAIT_MINDX_TIME), a flow that sends no ``changeStrategy`` within
 that time after the stop is an error too (MindIO's controller gives up and the job fails).
