@@ -117,3 +117,20 @@ async def test_a_report_still_waiting_after_the_report_timeout_gets_504(cd, stub
     r = await stub.ReportStopComplete(pb.StopCompleteRequest(jobId=JOB))
     assert (r.code, r.info) == (504, "report queue busy")
     assert asyncio.get_running_loop().time() - t0 >= 1.9
+
+
+async def test_two_reports_waited_for_together_are_both_kept(cd, stub):
+    # a flow waiting on two kinds at once (stress result or a 406 status; NIC result or status): the
+    # reference selects one channel and the other report stays in its slot. Both already queued
+    # used to complete both getters, and the one not returned was lost (a stress result lost: the
+    # test then timed out).
+    await registered(cd, stub)
+    ctl = cd.brain.controllers[JOB]
+    ctl.expect("stress", "status")
+    st = pb.RecoverStatusRequest(jobId=JOB, status=pb.Status(code=406))
+    assert (await stub.ReportRecoverStatus(st)).code == 0
+    assert (await stub.ReplyStressTestResult(pb.StressTestResult(jobId=JOB))).code == 0
+    first = await ctl.wait("stress", "status", timeout_s=1, keep=True)
+    second = await ctl.wait("stress", "status", timeout_s=1)
+    assert first is not None and second is not None
+    assert {first[0], second[0]} == {"stress", "status"}

@@ -74,6 +74,7 @@ class ControllerBase:
         self._reports: dict[str, asyncio.Queue] = {}
         self._expect: set[str] = set()
         self._slots_closed: asyncio.Future | None = None  # done when the slots close (reset, flow end)
+        self._report_in = asyncio.Event()  # set whenever a report lands in a slot
         self.notify_switch: asyncio.Queue | None = None  # SwitchRankList to the training side
         self.notify_stress: asyncio.Queue | None = None  # StressTestRankParams to the training side
         self.om_kind = ""  # "nic" | "stress" while an O&M flow runs
@@ -217,6 +218,7 @@ class ControllerBase:
         q = self._slot(kind)
         if not q.full():
             q.put_nowait(msg)
+            self._report_in.set()
             return 0
         if self._slots_closed is None or self._slots_closed.done():
             self._slots_closed = asyncio.get_running_loop().create_future()
@@ -228,6 +230,7 @@ class ControllerBase:
             if not put.done():
                 put.cancel()
         if put.done() and not put.cancelled():
+            self._report_in.set()
             return 0
         if closed.done():
             event(log, logging.INFO, "blocked report dropped: controller reset", job=self.job_id, report=kind)
@@ -244,23 +247,29 @@ class ControllerBase:
     async def wait(
         self, *kinds: str, timeout_s: float | None = None, keep: bool = False
     ) -> tuple[str, Any] | None:
-        """Wait for the first report of ``kinds`` (already expected). None on timeout. ``keep``:
-        still expect ``kinds`` afterwards (a wait polled in steps)."""
+        """Wait for the first report of ``kinds`` (already expected): ``(kind, report)``, None on
+        timeout (``timeout_s``, default ``report_s``). Takes one report only, the first kind listed
+        when several are queued; the others stay in their slots (the reference's select on the
+        channels). ``keep``: still expect ``kinds`` afterwards (a wait polled in steps)."""
         timeout_s = self.t.report_s if timeout_s is None else timeout_s
-        getters = {asyncio.ensure_future(self._slot(k).get()): k for k in kinds}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         try:
-            done, _ = await asyncio.wait(getters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            while True:
+                for k in kinds:
+                    q = self._slot(k)
+                    if not q.empty():
+                        return k, q.get_nowait()
+                left = deadline - loop.time()
+                if left <= 0:
+                    return None
+                self._report_in.clear()
+                with contextlib.suppress(TimeoutError):
+                    await wait_for(self._report_in.wait(), left)
         finally:
-            for g in getters:
-                if not g.done():
-                    g.cancel()
-        if not keep:
-            for k in kinds:
-                self._expect.discard(k)
-        if not done:
-            return None
-        g = next(iter(done))
-        return getters[g], g.result()
+            if not keep:
+                for k in kinds:
+                    self._expect.discard(k)
 
     # -- flow management ---------------------------------------------------------------------------
     def busy(self) -> bool:
