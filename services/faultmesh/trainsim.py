@@ -49,7 +49,9 @@ codes, payloads, order and timing"):
   until it sees a ``globalFault`` or ``changeStrategy`` while it holds the stream token (a
   ``preExitProcess`` releases the token without forgetting); a repeated ``stopTrain`` is dropped,
   and so is a ``preExitProcess`` whose uuid is the last one's. killMaster ends the job, so the next
-  TaskD starts afresh. Report answers' codes are ignored (manager.go reportRecoverStatus and the
+  TaskD starts afresh. It keeps only the latest ClusterD command and its plugins read it once a
+  second: a command followed within that tick (less 0.2 s of jitter) by another, with no answer of
+  TaskD's between, may never reach MindIO (an error here). Report answers' codes are ignored (manager.go reportRecoverStatus and the
   others retry only on a gRPC error); ReportRecoverStatus always carries the fault ranks as
   isolateRankIds.
 - any other role: the Python gRPC client (taskd/python/toolkit/recover_module/recover_manager.py,
@@ -90,6 +92,9 @@ from faultmesh.runtime import wait_for
 SILENT = "silent"
 STOP_CODES = {"ok": 0, "fail": 499, "notready": 404}
 GO_TASKD = "taskd"  # the role of TaskD's Go manager; any other role is the Python client
+TASKD_TICK_S = 1.0  # TaskD's manager reads the latest ClusterD command once a second (manager.go Process)
+TICK_JITTER_S = 0.2  # arrival jitter allowed on top (two signals sent a tick apart may arrive closer)
+MGR_SIGNALS = ("keep-alive", "pauseStartAgent", "continueStartAgent")  # not a ClusterD command
 PY_ACTIONS = ("save_and_exit", "stop_train", "on_global_rank", "change_strategy")  # its action_func_map
 
 
@@ -162,6 +167,10 @@ class TrainSim:
         self._stop_token = False
         self._stop_sent: set[str] = set()
         self._stop_last_uuid = ""
+        # TaskD's 1 s tick: when the last ClusterD command came, and whether TaskD answered since
+        self._last_cmd: tuple[str, float] | None = None
+        self._answered_since = True
+        self.taskd_tick_s = TASKD_TICK_S  # 0: the tick check is off (unit tests of other checks)
 
     # -- events ------------------------------------------------------------------------------------
     def _record(self, kind: str, **data: Any) -> None:
@@ -340,6 +349,7 @@ class TrainSim:
                 return self._fail(sig, f"faultRanks {bad} are not numbers: TaskD drops them (strconv.Atoi)")
             if not actions:
                 return self._fail(sig, "no actions: MindIO's controller acts per action, on none")
+            self._check_tick(sig)
             return self._stop_plugin_drops(sig)
         # the Python client, recover_manager.py __signal_pipe_line, in its order
         if st == "killMaster":
@@ -357,6 +367,25 @@ class TrainSim:
         if not set(actions) & set(PY_ACTIONS):
             return self._fail(sig, f"actions {actions}: none is registered in MindIO's client")
         return False
+
+    def _check_tick(self, sig) -> None:
+        """TaskD's manager keeps only the latest ClusterD command (storage ClusterInfos.Command)
+        and its plugins read it once per 1 s tick: a command followed within the tick by another,
+        with no answer of TaskD's between (an answer means a tick saw it), may never reach MindIO.
+        Records an error then; the signal itself is still answered."""
+        if sig.signalType in MGR_SIGNALS:
+            return
+        now = time.monotonic()
+        last, self._last_cmd = self._last_cmd, (sig.signalType, now)
+        answered, self._answered_since = self._answered_since, False
+        if last is not None and not answered and now - last[1] < self.taskd_tick_s - TICK_JITTER_S:
+            msg = (
+                f"{sig.signalType} came {now - last[1]:.3f}s after {last[0]} with no answer between:"
+                f" TaskD's manager reads one ClusterD command per {self.taskd_tick_s:g}s tick,"
+                f" {last[0]} may never reach MindIO"
+            )
+            self.errors.append(msg)
+            self._record("client-error", error=msg)
 
     def _stop_plugin_drops(self, sig) -> bool:
         """TaskD's stop-train plugin (stop_train.go Predicate, Handle, then PullMsg) on ``sig``:
@@ -522,6 +551,7 @@ class TrainSim:
         """One report as the client sends it; returns the (last) answer's code. TaskD's Go manager
         acts on no code; the Python client (recover_manager.py report_*) answers a non-zero code
         with Register and the report once more."""
+        self._answered_since = True
         r = await getattr(self.stub, rpc)(request, metadata=self.metadata)
         if r.code != 0 and self.role != GO_TASKD:
             self._record("report-again", rpc=rpc, code=r.code, info=r.info)
@@ -557,6 +587,7 @@ class TrainSim:
                 if self.o.switch == SILENT:
                     continue
                 await self._delay()
+                self._answered_since = True
                 r = await self.stub.ReplySwitchNicResult(
                     recover_pb2.SwitchResult(jobId=self.job_id, result=self.o.switch == "ok"),
                     metadata=self.metadata,
@@ -583,6 +614,7 @@ class TrainSim:
                             for op in ops
                         }
                     )
+                self._answered_since = True
                 r = await self.stub.ReplyStressTestResult(
                     recover_pb2.StressTestResult(jobId=self.job_id, stressResult=res), metadata=self.metadata
                 )

@@ -119,6 +119,7 @@ class FakeStub:
 def wired(role: str = "taskd", code: int = 0, **kw) -> tuple[TrainSim, FakeStub]:
     sim = TrainSim("127.0.0.1:1", "j", role=role, ranks_per_pod=2, **kw)
     sim.stub = FakeStub(code)
+    sim.taskd_tick_s = 0.0  # these tests send signals back to back (the tick: its own test)
     return sim, sim.stub
 
 
@@ -228,3 +229,20 @@ async def test_python_client_stream_breaks_on_a_rank_int_cannot_parse():
     sim, _ = wired()  # TaskD's Go manager: the same rank is only dropped
     await sim._answer(sig(*STOP, [("r2", "1")]))
     assert "not numbers" in sim.errors[0]
+
+
+async def test_taskd_two_commands_within_its_tick_with_no_answer_between_is_an_error():
+    # manager.go Process: one snapshot a second; storage ClusterInfos.Command holds only the latest
+    # ClusterD command, so the earlier of two commands less than a tick apart may never be seen
+    sim, stub = wired()
+    sim.taskd_tick_s = 1.0
+    await sim._answer(sig("hot-switch", ["hot switch"], [("2", "1")]))  # answered by nothing
+    await sim._answer(sig("hot-switch", ["new pod running"], [("2", "1")]))
+    assert "hot-switch came" in sim.errors[0] and "may never reach MindIO" in sim.errors[0]
+    sim.errors.clear()
+    await sim._answer(sig("pauseStartAgent", ["pause_start_agent"]))  # handled at once, no command
+    assert sim.errors == []
+    sim._last_cmd = ("stopTrain", sim._last_cmd[1] - 1.0)  # a tick ago
+    await sim._answer(sig(*STOP, [("2", "1")], uuid="U2"))
+    await sim._answer(sig(*GF, [("2", "1"), ("3", "1")], ["1"], uuid="U2"))  # after an answer
+    assert sim.errors == [] and stub.names()[-2:] == ["ReportStopComplete", "ReportRecoverStrategy"]

@@ -25,6 +25,8 @@ log = logging.getLogger("clusterd.brain")
 
 INIT = "INIT"
 KEEP_ALIVE = "keep-alive"
+# signals TaskD's manager handles at once (manager.go: role MgrRole), not as its latest ClusterD command
+MGR_SIGNALS = ("pauseStartAgent", "continueStartAgent")
 
 
 def new_uuid() -> str:
@@ -40,6 +42,7 @@ class Timeouts:
     keepalive_s: float = 5.0
     flush_s: float = 1.0  # WaitFaultFlushFinished
     send_s: float = 5.0  # a signal must reach the stream (enqueue 1 s + 3 tries)
+    command_gap_s: float = 1.0  # TaskD's manager reads its latest ClusterD command once a second
     hot_switch_wait_s: float = 60.0  # backup pod running
     scale_wait_s: float = 270.0  # elastic training: resources back
     kill_s: float = 60.0  # killMaster enqueue
@@ -75,6 +78,9 @@ class ControllerBase:
         self._expect: set[str] = set()
         self._slots_closed: asyncio.Future | None = None  # done when the slots close (reset, flow end)
         self._report_in = asyncio.Event()  # set whenever a report lands in a slot
+        self._cmd_lock = asyncio.Lock()  # one signal at a time (the reference's 1-slot signal channel)
+        self._last_cmd_t: float | None = None  # when the last command signal was written
+        self._answered = asyncio.Event()  # the client reported since that signal
         self.notify_switch: asyncio.Queue | None = None  # SwitchRankList to the training side
         self.notify_stress: asyncio.Queue | None = None  # StressTestRankParams to the training side
         self.om_kind = ""  # "nic" | "stress" while an O&M flow runs
@@ -139,7 +145,42 @@ class ControllerBase:
     ) -> bool:
         """Send one ProcessManageSignal on the stream; True once it was written (False: no stream,
         queue busy for ``send_s``). ``new_id`` makes a new flow uuid (stopTrain, pause); ``own_id``
-        gives this signal alone a fresh uuid (preExitProcess), the flow's uuid stays."""
+        gives this signal alone a fresh uuid (preExitProcess), the flow's uuid stays.
+
+        Signals go out one at a time, and a command (every type but pauseStartAgent /
+        continueStartAgent) waits until ``command_gap_s`` after the previous one unless the client
+        reported in between: TaskD's Go manager keeps only its latest ClusterD command and reads it
+        once a second (manager.go Process, storage ClusterInfos.Command), so the earlier of two
+        commands sent closer would never reach MindIO (faultmesh's own pacing, docs/compatibility.md)."""
+        async with self._cmd_lock:
+            if signal_type not in MGR_SIGNALS:
+                await self._pace()
+            ok = await self._send_signal(
+                signal_type, actions, fault_ranks, change_strategy, sig_timeout, node_rank_ids, extra,
+                new_id, own_id,
+            )  # fmt: skip
+            if ok and signal_type not in MGR_SIGNALS:
+                self._last_cmd_t = time.monotonic()
+                self._answered.clear()
+            return ok
+
+    async def _pace(self) -> None:
+        if self._last_cmd_t is None or self._answered.is_set():
+            return
+        left = self._last_cmd_t + self.t.command_gap_s - time.monotonic()
+        if left > 0:
+            with contextlib.suppress(TimeoutError):
+                await wait_for(self._answered.wait(), left)
+
+    def client_answered(self) -> None:
+        """The training side reported something (a Report*, Reply*, ReportProcessFault): its
+        manager has read the last command, the next one need not wait (:meth:`signal`)."""
+        self._answered.set()
+
+    async def _send_signal(
+        self, signal_type, actions, fault_ranks, change_strategy, sig_timeout, node_rank_ids, extra,
+        new_id, own_id,
+    ) -> bool:  # fmt: skip
         if new_id or not self.uuid:
             self.uuid = new_uuid()
         uuid = new_uuid() if own_id else self.uuid
@@ -209,6 +250,7 @@ class ControllerBase:
         "chan closed"), 504 after ``report_s`` (faultmesh's bound; the reference waits for ever).
 
         A report the flow does not wait for is dropped ("order mix", clusterd.md §7.2)."""
+        self.client_answered()
         if kind not in self._expect:
             self.brain.count_rejected("order_mix")
             event(

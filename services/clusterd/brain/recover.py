@@ -131,6 +131,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         ctl = self._ctl(request.jobId)
         if ctl is None:
             return self._reject("unregistered", 400, f"jobId={request.jobId} not registed")
+        ctl.client_answered()
         await self.b.process_fault(request.jobId, list(request.faultRanks))
         return _st(0, "receive ReportProcessFault")
 
