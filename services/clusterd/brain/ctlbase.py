@@ -117,7 +117,8 @@ class ControllerBase:
                 try:
                     item = await wait_for(q.get(), self.t.keepalive_s)
                 except TimeoutError:
-                    yield recover_pb2.ProcessManageSignal(jobId=job_id, signalType=KEEP_ALIVE)
+                    # the reference's keepAlive carries the controller's current uuid ("" between flows)
+                    yield recover_pb2.ProcessManageSignal(uuid=self.uuid, jobId=job_id, signalType=KEEP_ALIVE)
                     continue
                 if item is None:
                     return
