@@ -81,6 +81,10 @@ class ControllerBase:
         self._cmd_lock = asyncio.Lock()  # one signal at a time (the reference's 1-slot signal channel)
         self._last_cmd_t: float | None = None  # when the last command signal was written
         self._answered = asyncio.Event()  # the client reported since that signal
+        # TaskD's stop-train plugin holds the last stopTrain until a globalFault / changeStrategy
+        # (stop_train.go); a preExitProcess meanwhile would make it drop the next stopTrain
+        self._stop_released = asyncio.Event()
+        self._stop_released.set()
         self.notify_switch: asyncio.Queue | None = None  # SwitchRankList to the training side
         self.notify_stress: asyncio.Queue | None = None  # StressTestRankParams to the training side
         self.om_kind = ""  # "nic" | "stress" while an O&M flow runs
@@ -163,7 +167,17 @@ class ControllerBase:
             if ok and signal_type not in MGR_SIGNALS:
                 self._last_cmd_t = time.monotonic()
                 self._answered.clear()
+            if ok and signal_type == "stopTrain":
+                self._stop_released.clear()
+            elif ok and signal_type in ("globalFault", "changeStrategy", "killMaster"):
+                self._stop_released.set()
             return ok
+
+    async def stop_train_released(self) -> None:
+        """Wait (up to ``report_s``) until TaskD's stop-train plugin lets go of the flow's stopTrain:
+        a globalFault / changeStrategy (or killMaster) sent since, or the flow's end."""
+        with contextlib.suppress(TimeoutError):
+            await wait_for(self._stop_released.wait(), self.t.report_s)
 
     async def _pace(self) -> None:
         if self._last_cmd_t is None or self._answered.is_set():
@@ -346,6 +360,7 @@ class ControllerBase:
         finally:
             self._expect.clear()
             self._close_slots()  # the reference's handleFinish -> reset
+            self._stop_released.set()
             self.hidden_nodes.clear()
             self.cached_faults.clear()  # the reference's reset after every flow
             self.restart_proc_pods = set()
@@ -367,6 +382,7 @@ class ControllerBase:
         self._flow = None
         self._expect.clear()
         self._close_slots()
+        self._stop_released.set()
         self.hidden_nodes.clear()
         self.cached_faults.clear()
         self.restart_proc_pods = set()
