@@ -35,7 +35,36 @@ misbehave) where ClusterD sends what they would reject or misread:
 - ``changeStrategy``: retry / recover / dump / downgrade / upgrade need faultRanks; recover,
   recover-in-place (restart workers), dump, downgrade and exit need nodeRankIds (TaskD restarts,
   exits or sends ExitAgent only to those pods);
-- ``globalFault`` / ``changeStrategy`` must carry the uuid of the flow's stopTrain / saveAndExit.
+- ``globalFault`` / ``changeStrategy`` must carry the uuid of the flow's stopTrain / saveAndExit
+  (a check of ClusterD's own consistency, the reference reusing the flow's uuid: neither client
+  passes a uuid on to MindIO; TaskD looks only at preExitProcess uuids).
+
+What reaches MindIO depends on the client the ``role`` stands for (both read for issue "the same
+codes, payloads, order and timing"):
+
+- role ``taskd`` (the default): TaskD's Go manager (taskd/go/framework_backend/manager). It turns
+  faultRanks into a rank -> type map with Go's ``strconv.Atoi`` (utils GetFaultRanksMapByList): a
+  rank whose id or type is not a number is dropped (an error here). Its stop-train plugin
+  (plugins/stoptrain/stop_train.go) forwards a ``stopTrain`` only once per signal type + actions
+  until it sees a ``globalFault`` or ``changeStrategy`` while it holds the stream token (a
+  ``preExitProcess`` releases the token without forgetting); a repeated ``stopTrain`` is dropped,
+  and so is a ``preExitProcess`` whose uuid is the last one's. killMaster ends the job, so the next
+  TaskD starts afresh. It keeps only the latest ClusterD command and its plugins read it once a
+  second: a command followed within that tick (less 0.2 s of jitter) by another, with no answer of
+  TaskD's between, may never reach MindIO (an error here). Report answers' codes are ignored (manager.go reportRecoverStatus and the
+  others retry only on a gRPC error); ReportRecoverStatus always carries the fault ranks as
+  isolateRankIds.
+- any other role: the Python gRPC client (taskd/python/toolkit/recover_module/recover_manager.py,
+  role "master agent" upstream) that drives MindIO's controller directly. It drops (an error here)
+  a signal without actions and one whose jobId is not its own; a rankId or faultType that
+  ``int()`` cannot parse raises out of its stream loop, which then subscribes again (Init,
+  Register, a new stream: ClusterD resets the flow); it acts only on save_and_exit, stop_train,
+  on_global_rank and change_strategy (a signal with none of them is an error here). A report
+  answered non-zero is sent once more after a Register; ReportRecoverStatus carries no
+  isolateRankIds.
+
+TaskD's Go manager never looks at a signal's jobId (it does not even pass it on); only the Python
+client compares it with its own.
 
 With ``mindio_wait_s`` (MINDIO_WAIT_MINDX_TIME), a flow that sends no ``changeStrategy`` within
 that time after the stop is an error too (MindIO's controller gives up and the job fails).
@@ -48,6 +77,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,6 +91,23 @@ from faultmesh.runtime import wait_for
 
 SILENT = "silent"
 STOP_CODES = {"ok": 0, "fail": 499, "notready": 404}
+GO_TASKD = "taskd"  # the role of TaskD's Go manager; any other role is the Python client
+TASKD_TICK_S = 1.0  # TaskD's manager reads the latest ClusterD command once a second (manager.go Process)
+TICK_JITTER_S = 0.2  # arrival jitter allowed on top (two signals sent a tick apart may arrive closer)
+MGR_SIGNALS = ("keep-alive", "pauseStartAgent", "continueStartAgent")  # not a ClusterD command
+PY_ACTIONS = ("save_and_exit", "stop_train", "on_global_rank", "change_strategy")  # its action_func_map
+
+
+def go_atoi(s: str) -> int | None:
+    """Go's ``strconv.Atoi``: an optional sign, then ASCII digits only; None where it errs."""
+    digits = s[1:] if s[:1] in ("+", "-") else s
+    if not digits or not all("0" <= c <= "9" for c in digits):
+        return None
+    return int(s)
+
+
+class ClientStreamBroken(Exception):
+    """The Python client's signal loop raised (``int()`` of a rank): it subscribes again."""
 
 
 @dataclass
@@ -116,6 +163,14 @@ class TrainSim:
         self.errors: list[str] = []  # what the real TaskD / MindIO would reject or misread
         self._flow_uuid = ""  # the uuid of the flow's stopTrain / saveAndExit / hot-switch
         self._mindio_watch: asyncio.Task | None = None  # MINDIO_WAIT_MINDX_TIME after the stop
+        # TaskD's stop-train plugin: holds the stream token, what it forwarded, the last preExit uuid
+        self._stop_token = False
+        self._stop_sent: set[str] = set()
+        self._stop_last_uuid = ""
+        # TaskD's 1 s tick: when the last ClusterD command came, and whether TaskD answered since
+        self._last_cmd: tuple[str, float] | None = None
+        self._answered_since = True
+        self.taskd_tick_s = TASKD_TICK_S  # 0: the tick check is off (unit tests of other checks)
 
     # -- events ------------------------------------------------------------------------------------
     def _record(self, kind: str, **data: Any) -> None:
@@ -254,6 +309,9 @@ class TrainSim:
                 if sig.signalType == "killMaster" and self.o.exit_on_kill:
                     self.stop()
                     return
+        except ClientStreamBroken as e:
+            call.cancel()
+            self._record("stream-ended", code="CLIENT", details=str(e))
         except grpc.aio.AioRpcError as e:
             self._record("stream-ended", code=e.code().name, details=e.details())
         else:
@@ -272,6 +330,91 @@ class TrainSim:
         self.errors.append(msg)
         self._record("client-error", error=msg)
         return True
+
+    def _client_drops(self, sig) -> bool:
+        """What the client does with ``sig`` before MindIO sees it (module docstring): True when it
+        is not answered (an error recorded). Raises :class:`ClientStreamBroken` where the Python
+        client's stream loop raises."""
+        st, actions = sig.signalType, list(sig.actions)
+        if self.role == GO_TASKD:
+            if st == "killMaster":  # the job ends: the next TaskD starts with a fresh plugin
+                self._stop_token, self._stop_sent, self._stop_last_uuid = False, set(), ""
+                return False
+            bad = [
+                (f.rankId, f.faultType)
+                for f in sig.faultRanks
+                if go_atoi(f.rankId) is None or go_atoi(f.faultType) is None
+            ]
+            if bad:
+                return self._fail(sig, f"faultRanks {bad} are not numbers: TaskD drops them (strconv.Atoi)")
+            if not actions:
+                return self._fail(sig, "no actions: MindIO's controller acts per action, on none")
+            self._check_tick(sig)
+            return self._stop_plugin_drops(sig)
+        # the Python client, recover_manager.py __signal_pipe_line, in its order
+        if st == "killMaster":
+            return False
+        if not actions:
+            return self._fail(sig, "no actions: MindIO's client ignores the signal")
+        if sig.jobId != self.job_id:
+            return self._fail(sig, f"jobId {sig.jobId!r} is not {self.job_id!r}: MindIO's client discards it")
+        try:
+            for f in sig.faultRanks:
+                int(f.rankId), int(f.faultType)
+        except ValueError as e:
+            self._fail(sig, f"faultRanks not parsed by int() ({e}): MindIO's client subscribes again")
+            raise ClientStreamBroken(str(e)) from None
+        if not set(actions) & set(PY_ACTIONS):
+            return self._fail(sig, f"actions {actions}: none is registered in MindIO's client")
+        return False
+
+    def _check_tick(self, sig) -> None:
+        """TaskD's manager keeps only the latest ClusterD command (storage ClusterInfos.Command)
+        and its plugins read it once per 1 s tick: a command followed within the tick by another,
+        with no answer of TaskD's between (an answer means a tick saw it), may never reach MindIO.
+        Records an error then; the signal itself is still answered."""
+        if sig.signalType in MGR_SIGNALS:
+            return
+        now = time.monotonic()
+        last, self._last_cmd = self._last_cmd, (sig.signalType, now)
+        answered, self._answered_since = self._answered_since, False
+        if last is not None and not answered and now - last[1] < self.taskd_tick_s - TICK_JITTER_S:
+            msg = (
+                f"{sig.signalType} came {now - last[1]:.3f}s after {last[0]} with no answer between:"
+                f" TaskD's manager reads one ClusterD command per {self.taskd_tick_s:g}s tick,"
+                f" {last[0]} may never reach MindIO"
+            )
+            self.errors.append(msg)
+            self._record("client-error", error=msg)
+
+    def _stop_plugin_drops(self, sig) -> bool:
+        """TaskD's stop-train plugin (stop_train.go Predicate, Handle, then PullMsg) on ``sig``:
+        True when it drops a ``stopTrain`` or ``preExitProcess`` the flow needs answered."""
+        st = sig.signalType
+        if not self._stop_token:
+            if st == "preExitProcess" and sig.uuid == self._stop_last_uuid:
+                return self._fail(sig, "the last preExitProcess's uuid: TaskD's stop-train plugin ignores it")
+            if st not in ("stopTrain", "preExitProcess"):
+                return False  # not the plugin's: another plugin forwards it
+            self._stop_token = True
+        if st in ("globalFault", "changeStrategy"):  # release the token, forget what was sent
+            self._stop_token = False
+            self._stop_sent.clear()
+        elif st == "preExitProcess":  # release the token (what was sent is kept), forward
+            self._stop_token = False
+            self._stop_last_uuid = sig.uuid
+            return False
+        key = st + json.dumps(list(sig.actions), separators=(",", ":"))  # HasSendMessages' key
+        if key in self._stop_sent:
+            if st == "stopTrain":
+                return self._fail(
+                    sig,
+                    f"TaskD's stop-train plugin already forwarded {key} and saw no globalFault /"
+                    " changeStrategy since: dropped, no ReportStopComplete",
+                )
+            return False
+        self._stop_sent.add(key)
+        return False
 
     def _pods_of(self, ranks) -> set[str]:
         return {str(int(f.rankId) // self.ranks_per_pod) for f in ranks if f.rankId.isdigit()}
@@ -337,6 +480,10 @@ class TrainSim:
         st = sig.signalType
         if st == "changeStrategy":
             self._disarm_mindio()
+        if st in ("stopTrain", "saveAndExit", "hot-switch"):
+            self._flow_uuid = sig.uuid  # ClusterD's flow, also when the client drops the signal
+        if self._client_drops(sig):
+            return
         ranks = list(sig.faultRanks)
         if ranks:
             self._fault_ranks = ranks
@@ -353,13 +500,13 @@ class TrainSim:
                 return
             await self._delay()
             code = STOP_CODES.get(self.o.stop, 0)
-            r = await self.stub.ReportStopComplete(
+            got = await self._send(
+                "ReportStopComplete",
                 recover_pb2.StopCompleteRequest(
                     jobId=self.job_id, status=recover_pb2.Status(code=code), faultRanks=ranks
                 ),
-                metadata=self.metadata,
             )
-            self._record("reply", rpc="ReportStopComplete", sent=code, code=r.code)
+            self._record("reply", rpc="ReportStopComplete", sent=code, code=got)
             if code == 0:
                 self._arm_mindio()
         elif st == "globalFault" or (st == "hot-switch" and "new pod running" in sig.actions):
@@ -374,49 +521,63 @@ class TrainSim:
             if code == SILENT:
                 return
             await self._delay()
-            isolate = [f.rankId for f in self._fault_ranks] if code == 201 else []
-            r = await self.stub.ReportRecoverStatus(
+            # TaskD's Go manager sends MindIO's fault ranks as isolateRankIds with every status
+            # (manager.go reportRecoverStatus); the Python client never sets them
+            isolate = [f.rankId for f in self._fault_ranks] if self.role == GO_TASKD else []
+            got = await self._send(
+                "ReportRecoverStatus",
                 recover_pb2.RecoverStatusRequest(
                     jobId=self.job_id,
                     status=recover_pb2.Status(code=int(code)),
                     strategy=strategy,
                     isolateRankIds=isolate,
                 ),
-                metadata=self.metadata,
             )
-            self._record("reply", rpc="ReportRecoverStatus", strategy=strategy, sent=int(code), code=r.code)
+            self._record("reply", rpc="ReportRecoverStatus", strategy=strategy, sent=int(code), code=got)
 
     async def _report_strategy(self, ranks) -> None:
         if self.o.strategies is None:
             return
         await self._delay()
-        r = await self.stub.ReportRecoverStrategy(
+        got = await self._send(
+            "ReportRecoverStrategy",
             recover_pb2.RecoverStrategyRequest(
                 jobId=self.job_id, faultRanks=ranks, strategies=self.o.strategies
             ),
-            metadata=self.metadata,
         )
-        self._record("reply", rpc="ReportRecoverStrategy", strategies=list(self.o.strategies), code=r.code)
+        self._record("reply", rpc="ReportRecoverStrategy", strategies=list(self.o.strategies), code=got)
+
+    async def _send(self, rpc: str, request) -> int:
+        """One report as the client sends it; returns the (last) answer's code. TaskD's Go manager
+        acts on no code; the Python client (recover_manager.py report_*) answers a non-zero code
+        with Register and the report once more."""
+        self._answered_since = True
+        r = await getattr(self.stub, rpc)(request, metadata=self.metadata)
+        if r.code != 0 and self.role != GO_TASKD:
+            self._record("report-again", rpc=rpc, code=r.code, info=r.info)
+            await self.stub.Register(
+                recover_pb2.ClientInfo(jobId=self.job_id, role=self.role), metadata=self.metadata
+            )
+            r = await getattr(self.stub, rpc)(request, metadata=self.metadata)
+        return r.code
 
     async def report_status(self, code: int, strategy: str = "") -> int:
         """Send a ReportRecoverStatus by hand (e.g. 406: a fault during an O&M flow)."""
-        r = await self.stub.ReportRecoverStatus(
+        return await self._send(
+            "ReportRecoverStatus",
             recover_pb2.RecoverStatusRequest(
                 jobId=self.job_id, status=recover_pb2.Status(code=code), strategy=strategy
             ),
-            metadata=self.metadata,
         )
-        return r.code
 
     async def report_process_fault(self, ranks: list[tuple[str, str]]) -> int:
         """ReportProcessFault with [(rankId, faultType)]."""
-        r = await self.stub.ReportProcessFault(
+        return await self._send(
+            "ReportProcessFault",
             recover_pb2.ProcessFaultRequest(
                 jobId=self.job_id, faultRanks=[recover_pb2.FaultRank(rankId=a, faultType=b) for a, b in ranks]
             ),
-            metadata=self.metadata,
         )
-        return r.code
 
     async def _notify_switch(self) -> None:
         info = recover_pb2.ClientInfo(jobId=self.job_id, role=self.role)
@@ -426,6 +587,7 @@ class TrainSim:
                 if self.o.switch == SILENT:
                     continue
                 await self._delay()
+                self._answered_since = True
                 r = await self.stub.ReplySwitchNicResult(
                     recover_pb2.SwitchResult(jobId=self.job_id, result=self.o.switch == "ok"),
                     metadata=self.metadata,
@@ -452,6 +614,7 @@ class TrainSim:
                             for op in ops
                         }
                     )
+                self._answered_since = True
                 r = await self.stub.ReplyStressTestResult(
                     recover_pb2.StressTestResult(jobId=self.job_id, stressResult=res), metadata=self.metadata
                 )

@@ -199,6 +199,15 @@ async def stuck_at_stop_complete(cd, sims):
     return cd.brain.controllers[JOB]
 
 
+async def expect_stop_train_dropped(sim: TrainSim, timeout_s: float = 5.0) -> None:
+    """Wait until ``sim`` (as TaskD) drops a ``stopTrain``: its stop-train plugin still holds the
+    previous flow's stopTrain (trainsim module docstring, stop_train.go). Asserts that this is the
+    sim's only error and clears it (the test expects it)."""
+    await sim.wait_for(lambda ev: sim.errors, timeout_s)
+    assert all("stop-train plugin already forwarded" in e for e in sim.errors), sim.errors
+    sim.errors.clear()
+
+
 async def vanish_in(cd, sim, state: str, job_id: str = JOB):
     """The training side disappears while the controller is in ``state``: the controller must reset
     to INIT with no flow left. Returns the controller."""

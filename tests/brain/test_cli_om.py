@@ -153,7 +153,7 @@ async def test_cli_bad_flags_and_unreachable(cd):
 
 async def test_cli_jobs_reset_needs_the_token_and_clears_a_stuck_flow(tmp_path):
     """``faultmesh jobs reset JOB [--reevaluate]``: the operator undo through the authenticated API."""
-    from brain.brainkit import FAST, Sims, decisions, stuck_at_stop_complete
+    from brain.brainkit import FAST, Sims, decisions, expect_stop_train_dropped, stuck_at_stop_complete
     from support import make_clusterd
 
     token = tmp_path / "token"
@@ -184,6 +184,7 @@ async def test_cli_jobs_reset_needs_the_token_and_clears_a_stuck_flow(tmp_path):
         async with asyncio.timeout(5):  # the still-active fault acts again as new
             while decisions(cd).count("pre-exit") <= pre_exits:
                 await asyncio.sleep(0.02)
+        await expect_stop_train_dropped(sims.running[-1][0])  # TaskD: see test_recovery_flows
         rc, out, err = await run_cli(cd, "jobs", "reset", "no-such-job", "--token-file", str(token))
         assert rc == 4 and "not found or not registered" in err
     finally:

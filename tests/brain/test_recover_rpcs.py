@@ -71,11 +71,66 @@ async def test_unregistered_job_fault_is_still_decided(cd):
     await asyncio.sleep(0.05)
 
 
-async def test_report_504_when_the_slot_stays_busy(cd, stub):
+async def _slot_filled(cd, stub):
+    """Registered, a flow expecting a stop report that it has not taken yet, the slot full."""
     await registered(cd, stub)
     ctl = cd.brain.controllers[JOB]
-    ctl.expect("stop")  # a flow waits for a stop report but does not take it
-    req = pb.StopCompleteRequest(jobId=JOB)
-    assert (await stub.ReportStopComplete(req)).code == 0  # fills the 1-slot channel
-    r = await stub.ReportStopComplete(req)
+    ctl.uuid = "U1"
+    ctl.expect("stop")
+    first = pb.StopCompleteRequest(jobId=JOB, status=pb.Status(code=0, info="first"))
+    assert (await stub.ReportStopComplete(first)).code == 0  # into the 1-slot channel
+    return ctl
+
+
+async def test_a_report_on_a_busy_slot_waits_for_the_flow(cd, stub):
+    # fault_recover_service.go ReportStopComplete: `controller.reportStopCompleteChan <- request`, a
+    # blocking send on a 1-slot channel. TaskD's Go manager ignores the answer's code
+    # (manager.go reportStopComplete), so answering 504 instead of waiting lost the report.
+    ctl = await _slot_filled(cd, stub)
+    second = asyncio.ensure_future(
+        stub.ReportStopComplete(pb.StopCompleteRequest(jobId=JOB, status=pb.Status(code=0, info="second")))
+    )
+    await asyncio.sleep(1.3)  # longer than the old 1 s bound
+    assert not second.done()
+    _, rep = await ctl.wait("stop")
+    assert rep.status.info == "first"
+    r = await asyncio.wait_for(second, 2)
+    assert (r.code, r.info) == (0, f"jobId={JOB}, uuid=U1, receive ReportStopComplete")
+    assert ctl._slot("stop").get_nowait().status.info == "second"  # delivered, not dropped
+
+
+async def test_a_waiting_report_gets_599_when_the_controller_resets(cd, stub):
+    # the reference's reset closes the channels: the blocked send panics, catchAndSetExceptionInfo
+    # answers 599 ServerInnerError "jobId=%s, uuid=%s, chan closed" (the uuid after the reset: "")
+    ctl = await _slot_filled(cd, stub)
+    second = asyncio.ensure_future(stub.ReportStopComplete(pb.StopCompleteRequest(jobId=JOB)))
+    await asyncio.sleep(0.2)
+    await ctl.reset("test")
+    r = await asyncio.wait_for(second, 2)
+    assert (r.code, r.info) == (599, f"jobId={JOB}, uuid=, chan closed")
+
+
+async def test_a_report_still_waiting_after_the_report_timeout_gets_504(cd, stub):
+    # faultmesh's own bound (every wait has one): --report-timeout-s (2 s in these tests)
+    await _slot_filled(cd, stub)
+    t0 = asyncio.get_running_loop().time()
+    r = await stub.ReportStopComplete(pb.StopCompleteRequest(jobId=JOB))
     assert (r.code, r.info) == (504, "report queue busy")
+    assert asyncio.get_running_loop().time() - t0 >= 1.9
+
+
+async def test_two_reports_waited_for_together_are_both_kept(cd, stub):
+    # a flow waiting on two kinds at once (stress result or a 406 status; NIC result or status): the
+    # reference selects one channel and the other report stays in its slot. Both already queued
+    # used to complete both getters, and the one not returned was lost (a stress result lost: the
+    # test then timed out).
+    await registered(cd, stub)
+    ctl = cd.brain.controllers[JOB]
+    ctl.expect("stress", "status")
+    st = pb.RecoverStatusRequest(jobId=JOB, status=pb.Status(code=406))
+    assert (await stub.ReportRecoverStatus(st)).code == 0
+    assert (await stub.ReplyStressTestResult(pb.StressTestResult(jobId=JOB))).code == 0
+    first = await ctl.wait("stress", "status", timeout_s=1, keep=True)
+    second = await ctl.wait("stress", "status", timeout_s=1)
+    assert first is not None and second is not None
+    assert {first[0], second[0]} == {"stress", "status"}

@@ -10,6 +10,7 @@ from brain.brainkit import (
     JOB,
     apply,
     decisions,
+    expect_stop_train_dropped,
     npu_fault,
     signals,
     stuck_at_stop_complete,
@@ -267,6 +268,30 @@ async def test_fault_during_flow_joins_cached_faults(cd, sims):
     assert pre[-1]["actions"] == ["pre exit process"] and pre[-1]["nodeRankIds"] == ["0"]
 
 
+async def test_a_fault_during_a_flow_sends_its_pre_exit_after_the_global_fault(cd, sims):
+    # TaskD's stop-train plugin (stop_train.go) holds the flow's stopTrain until a globalFault /
+    # changeStrategy; a preExitProcess before that releases it without forgetting, and TaskD then
+    # drops the *next* flow's stopTrain (trainsim's check; the reference sends the preExit at once
+    # and its next flow waits 15 min for ReportStopComplete). faultmesh holds the mid-flow preExit
+    # until the globalFault is out, and the next flow's stopTrain reaches TaskD.
+    await apply(cd)
+    sim = await sims.start(delay_s=0.2)
+    await cd.center.upsert(npu_fault())
+    await sim.wait_for(lambda ev: sim.signals("stopTrain"))
+    await cd.center.upsert(npu_fault(node="node-a", dev=1))  # during the flow
+    await wait_decision(cd, "recover-success")
+    await wait_idle(cd)
+    order = [s[0] for s in signals(sim)]
+    assert order[:3] == ["preExitProcess", "stopTrain", "globalFault"]
+    assert order.index("preExitProcess", 1) > order.index("globalFault")
+    await cd.center.upsert(npu_fault(node="node-a", dev=0, code="80E18403"))  # the next flow
+    async with asyncio.timeout(10):
+        while decisions(cd).count("recover-success") < 2:
+            await asyncio.sleep(0.02)
+    assert len(sim.signals("stopTrain")) == 2 and "fault-clear" not in decisions(cd)
+    assert sim.errors == []
+
+
 async def test_recovery_endpoint_lists_decisions(cd, sims):
     import urllib.request
 
@@ -402,3 +427,6 @@ async def test_operator_reset_clears_a_stuck_flow_and_can_reevaluate(cd, sims):
     async with asyncio.timeout(5):
         while decisions(cd).count("pre-exit") < 2:
             await asyncio.sleep(0.02)
+    # the real TaskD forwarded the reset flow's stopTrain and saw no globalFault / changeStrategy
+    # since: it drops the new flow's stopTrain (docs/compatibility.md, Operator undo)
+    await expect_stop_train_dropped(sims.running[-1][0])

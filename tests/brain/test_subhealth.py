@@ -45,6 +45,10 @@ async def test_hot_switch_moves_the_pod_to_a_backup(cd, sims):
         ("hot-switch", ("new pod running",), ""),
         ("changeStrategy", ("change_strategy",), "migration"),
     ]
+    # the backup is ready at once, but TaskD answers nothing to "hot switch": "new pod running"
+    # waits for TaskD's 1 s tick (--command-gap-s), else the first never reaches MindIO
+    hs = sim.signals("hot-switch")
+    assert hs[1]["t"] - hs[0]["t"] >= 0.9
     job = cd.jobs.get(JOB)
     assert sorted({r.node for r in job.ranks}) == ["node-a", "node-c"]
     assert job.sub_healthy_strategy == "hotSwitch"

@@ -18,6 +18,8 @@ tests/brain/test_om_flows.py.
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 from brain.brainkit import JOB, apply, npu_fault, wait_decision, wait_idle
@@ -144,6 +146,20 @@ async def test_a_stale_report_after_the_flow_ended_changes_nothing(cd, stub, sim
         assert status(await getattr(stub, rpc)(req)) == (0, f"jobId={JOB}, uuid=, receive {rpc}")
     assert ctl.state == "INIT" and not ctl.busy() and len(cd.brain.decisions[JOB]) == n
     assert sim.errors == []
+
+
+async def test_keep_alive_carries_the_controllers_uuid(cd, stub):
+    # controller.go selectKeepAlive: {Uuid: ctl.uuid, JobId, SignalType: "keep-alive"} every
+    # keepAliveSecond (0.3 s in these tests)
+    await registered(cd, stub)
+    call = stub.SubscribeProcessManageSignal(ci())
+    first = await asyncio.wait_for(call.read(), 2)
+    assert (first.signalType, first.jobId, first.uuid) == ("keep-alive", JOB, "")
+    uuid = "18C0FFEE-" + "a" * 32
+    cd.brain.controllers[JOB].uuid = uuid  # a flow's uuid
+    seen = [await asyncio.wait_for(call.read(), 2) for _ in range(3)]  # one may predate the change
+    assert {s.signalType for s in seen} == {"keep-alive"} and seen[-1].uuid == uuid
+    call.cancel()
 
 
 async def test_health_check(stub):

@@ -89,6 +89,12 @@ class BrainComponent(FaultIntake):
         )
         g.add_argument("--signal-send-s", type=float, default=5.0, help="a signal must reach its stream (s)")
         g.add_argument(
+            "--command-gap-s",
+            type=float,
+            default=1.0,
+            help="least time between two signals with no client report between (TaskD's 1 s tick; s)",
+        )
+        g.add_argument(
             "--fault-retry-s", type=float, default=65.0, help="FaultRetry: wait for the job to run again (s)"
         )
         g.add_argument(
@@ -146,6 +152,7 @@ class BrainComponent(FaultIntake):
             hot_switch_wait_s=a.hot_switch_wait_s,
             scale_wait_s=a.scale_wait_s,
             send_s=a.signal_send_s,
+            command_gap_s=a.command_gap_s,
             fault_retry_s=a.fault_retry_s,
             hccl_route_s=a.hccl_route_s,
             poll_s=min(1.0, max(0.01, a.report_timeout_s / 10)),

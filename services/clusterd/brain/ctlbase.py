@@ -25,6 +25,8 @@ log = logging.getLogger("clusterd.brain")
 
 INIT = "INIT"
 KEEP_ALIVE = "keep-alive"
+# signals TaskD's manager handles at once (manager.go: role MgrRole), not as its latest ClusterD command
+MGR_SIGNALS = ("pauseStartAgent", "continueStartAgent")
 
 
 def new_uuid() -> str:
@@ -40,6 +42,7 @@ class Timeouts:
     keepalive_s: float = 5.0
     flush_s: float = 1.0  # WaitFaultFlushFinished
     send_s: float = 5.0  # a signal must reach the stream (enqueue 1 s + 3 tries)
+    command_gap_s: float = 1.0  # TaskD's manager reads its latest ClusterD command once a second
     hot_switch_wait_s: float = 60.0  # backup pod running
     scale_wait_s: float = 270.0  # elastic training: resources back
     kill_s: float = 60.0  # killMaster enqueue
@@ -73,6 +76,15 @@ class ControllerBase:
         self._stream_gen = 0
         self._reports: dict[str, asyncio.Queue] = {}
         self._expect: set[str] = set()
+        self._slots_closed: asyncio.Future | None = None  # done when the slots close (reset, flow end)
+        self._report_in = asyncio.Event()  # set whenever a report lands in a slot
+        self._cmd_lock = asyncio.Lock()  # one signal at a time (the reference's 1-slot signal channel)
+        self._last_cmd_t: float | None = None  # when the last command signal was written
+        self._answered = asyncio.Event()  # the client reported since that signal
+        # TaskD's stop-train plugin holds the last stopTrain until a globalFault / changeStrategy
+        # (stop_train.go); a preExitProcess meanwhile would make it drop the next stopTrain
+        self._stop_released = asyncio.Event()
+        self._stop_released.set()
         self.notify_switch: asyncio.Queue | None = None  # SwitchRankList to the training side
         self.notify_stress: asyncio.Queue | None = None  # StressTestRankParams to the training side
         self.om_kind = ""  # "nic" | "stress" while an O&M flow runs
@@ -109,7 +121,8 @@ class ControllerBase:
                 try:
                     item = await wait_for(q.get(), self.t.keepalive_s)
                 except TimeoutError:
-                    yield recover_pb2.ProcessManageSignal(jobId=job_id, signalType=KEEP_ALIVE)
+                    # the reference's keepAlive carries the controller's current uuid ("" between flows)
+                    yield recover_pb2.ProcessManageSignal(uuid=self.uuid, jobId=job_id, signalType=KEEP_ALIVE)
                     continue
                 if item is None:
                     return
@@ -137,7 +150,52 @@ class ControllerBase:
     ) -> bool:
         """Send one ProcessManageSignal on the stream; True once it was written (False: no stream,
         queue busy for ``send_s``). ``new_id`` makes a new flow uuid (stopTrain, pause); ``own_id``
-        gives this signal alone a fresh uuid (preExitProcess), the flow's uuid stays."""
+        gives this signal alone a fresh uuid (preExitProcess), the flow's uuid stays.
+
+        Signals go out one at a time, and a command (every type but pauseStartAgent /
+        continueStartAgent) waits until ``command_gap_s`` after the previous one unless the client
+        reported in between: TaskD's Go manager keeps only its latest ClusterD command and reads it
+        once a second (manager.go Process, storage ClusterInfos.Command), so the earlier of two
+        commands sent closer would never reach MindIO (faultmesh's own pacing, docs/compatibility.md)."""
+        async with self._cmd_lock:
+            if signal_type not in MGR_SIGNALS:
+                await self._pace()
+            ok = await self._send_signal(
+                signal_type, actions, fault_ranks, change_strategy, sig_timeout, node_rank_ids, extra,
+                new_id, own_id,
+            )  # fmt: skip
+            if ok and signal_type not in MGR_SIGNALS:
+                self._last_cmd_t = time.monotonic()
+                self._answered.clear()
+            if ok and signal_type == "stopTrain":
+                self._stop_released.clear()
+            elif ok and signal_type in ("globalFault", "changeStrategy", "killMaster"):
+                self._stop_released.set()
+            return ok
+
+    async def stop_train_released(self) -> None:
+        """Wait (up to ``report_s``) until TaskD's stop-train plugin lets go of the flow's stopTrain:
+        a globalFault / changeStrategy (or killMaster) sent since, or the flow's end."""
+        with contextlib.suppress(TimeoutError):
+            await wait_for(self._stop_released.wait(), self.t.report_s)
+
+    async def _pace(self) -> None:
+        if self._last_cmd_t is None or self._answered.is_set():
+            return
+        left = self._last_cmd_t + self.t.command_gap_s - time.monotonic()
+        if left > 0:
+            with contextlib.suppress(TimeoutError):
+                await wait_for(self._answered.wait(), left)
+
+    def client_answered(self) -> None:
+        """The training side reported something (a Report*, Reply*, ReportProcessFault): its
+        manager has read the last command, the next one need not wait (:meth:`signal`)."""
+        self._answered.set()
+
+    async def _send_signal(
+        self, signal_type, actions, fault_ranks, change_strategy, sig_timeout, node_rank_ids, extra,
+        new_id, own_id,
+    ) -> bool:  # fmt: skip
         if new_id or not self.uuid:
             self.uuid = new_uuid()
         uuid = new_uuid() if own_id else self.uuid
@@ -200,41 +258,75 @@ class ControllerBase:
             self._expect.add(k)
 
     async def report(self, kind: str, msg: Any) -> int:
-        """Hand a client report to the flow. Returns 0, or 504 when the slot stays busy for 1 s.
+        """Hand a client report to the flow: put it in the kind's 1-slot channel. Returns 0 once it
+        is in the slot; while the slot is full the call *waits* (the reference's Report RPCs block
+        on the channel send, fault_recover_service.go) until the flow takes the report before it,
+        599 when the controller resets or the flow ends meanwhile (the reference's closed channel:
+        "chan closed"), 504 after ``report_s`` (faultmesh's bound; the reference waits for ever).
 
         A report the flow does not wait for is dropped ("order mix", clusterd.md §7.2)."""
+        self.client_answered()
         if kind not in self._expect:
             self.brain.count_rejected("order_mix")
             event(
                 log, logging.INFO, "report dropped: order mix", job=self.job_id, report=kind, state=self.state
             )
             return 0
+        q = self._slot(kind)
+        if not q.full():
+            q.put_nowait(msg)
+            self._report_in.set()
+            return 0
+        if self._slots_closed is None or self._slots_closed.done():
+            self._slots_closed = asyncio.get_running_loop().create_future()
+        closed = self._slots_closed
+        put = asyncio.ensure_future(q.put(msg))
         try:
-            await wait_for(self._slot(kind).put(msg), 1.0)
-        except TimeoutError:
-            return 504
-        return 0
+            await asyncio.wait({put, closed}, timeout=self.t.report_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not put.done():
+                put.cancel()
+        if put.done() and not put.cancelled():
+            self._report_in.set()
+            return 0
+        if closed.done():
+            event(log, logging.INFO, "blocked report dropped: controller reset", job=self.job_id, report=kind)
+            return 599
+        event(log, logging.WARNING, "report dropped: slot busy", job=self.job_id, report=kind)
+        return 504
+
+    def _close_slots(self) -> None:
+        """Answer every report blocked on a full slot with 599 (the reference closes the channels)."""
+        if self._slots_closed is not None and not self._slots_closed.done():
+            self._slots_closed.set_result(None)
+        self._slots_closed = None
 
     async def wait(
         self, *kinds: str, timeout_s: float | None = None, keep: bool = False
     ) -> tuple[str, Any] | None:
-        """Wait for the first report of ``kinds`` (already expected). None on timeout. ``keep``:
-        still expect ``kinds`` afterwards (a wait polled in steps)."""
+        """Wait for the first report of ``kinds`` (already expected): ``(kind, report)``, None on
+        timeout (``timeout_s``, default ``report_s``). Takes one report only, the first kind listed
+        when several are queued; the others stay in their slots (the reference's select on the
+        channels). ``keep``: still expect ``kinds`` afterwards (a wait polled in steps)."""
         timeout_s = self.t.report_s if timeout_s is None else timeout_s
-        getters = {asyncio.ensure_future(self._slot(k).get()): k for k in kinds}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         try:
-            done, _ = await asyncio.wait(getters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            while True:
+                for k in kinds:
+                    q = self._slot(k)
+                    if not q.empty():
+                        return k, q.get_nowait()
+                left = deadline - loop.time()
+                if left <= 0:
+                    return None
+                self._report_in.clear()
+                with contextlib.suppress(TimeoutError):
+                    await wait_for(self._report_in.wait(), left)
         finally:
-            for g in getters:
-                if not g.done():
-                    g.cancel()
-        if not keep:
-            for k in kinds:
-                self._expect.discard(k)
-        if not done:
-            return None
-        g = next(iter(done))
-        return getters[g], g.result()
+            if not keep:
+                for k in kinds:
+                    self._expect.discard(k)
 
     # -- flow management ---------------------------------------------------------------------------
     def busy(self) -> bool:
@@ -267,6 +359,8 @@ class ControllerBase:
             self.brain.decide(self.job_id, name, "reset", f"handler error: {e!r}")
         finally:
             self._expect.clear()
+            self._close_slots()  # the reference's handleFinish -> reset
+            self._stop_released.set()
             self.hidden_nodes.clear()
             self.cached_faults.clear()  # the reference's reset after every flow
             self.restart_proc_pods = set()
@@ -287,6 +381,8 @@ class ControllerBase:
             self.brain.decide(self.job_id, self.flow_name or "controller", "reset", reason)
         self._flow = None
         self._expect.clear()
+        self._close_slots()
+        self._stop_released.set()
         self.hidden_nodes.clear()
         self.cached_faults.clear()
         self.restart_proc_pods = set()
@@ -294,6 +390,7 @@ class ControllerBase:
         self.plat_strategy = ""
         self._finish_om(f"om failed, {reason}")
         self.om_kind = ""
+        self.uuid = ""
         self.set_state(INIT)
 
     async def close(self) -> None:

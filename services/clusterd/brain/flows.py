@@ -111,7 +111,13 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
     async def pre_exit(self, faults: list[RankFault], reason: str = "new fault while recovering") -> bool:
         """``preExitProcess`` ["pre exit process"]: all ranks as type "1", nodeRankIds = their pod
         ranks, a new uuid (clusterd.md §7.2). TaskD stops those workers and reports them with
-        ReportProcessFault, which starts (or joins) the recovery."""
+        ReportProcessFault, which starts (or joins) the recovery.
+
+        While the flow's stopTrain is held by TaskD's stop-train plugin (sent, no globalFault /
+        changeStrategy yet) the signal waits for that: sent in between, it makes the plugin let go
+        without forgetting the stopTrain, and TaskD drops the next flow's stopTrain (stop_train.go;
+        faultmesh's own order, docs/compatibility.md). The fault has joined the flow's faults."""
+        await self.stop_train_released()
         normal = [_normal(f) for f in faults]
         ok = await self.signal(
             "preExitProcess", ["pre exit process"], normal, node_rank_ids=self._pod_ranks(normal), own_id=True

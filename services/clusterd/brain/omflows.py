@@ -107,17 +107,21 @@ class OmFlows(ControllerBase):
             deadline = time.monotonic() + self.t.report_s
             result = None
             while True:
-                r = await self.wait("stress", "status", timeout_s=max(0.0, deadline - time.monotonic()))
+                # keep: a status does not end the wait, and a result queued meanwhile stays (expect()
+                # would clear its slot)
+                left = max(0.0, deadline - time.monotonic())
+                r = await self.wait("stress", "status", timeout_s=left, keep=True)
                 if r is None:
                     break
                 if r[0] == "status":
                     if r[1].status.code == 406:
                         fault_during = True
                         self._finish_om("recv fault, when stressing test")
-                    self.expect("stress", "status")
                     continue
                 result = r[1]
                 break
+            self._expect.discard("stress")
+            self._expect.discard("status")
             self.hidden_nodes = set()
             await self.signal("continueStartAgent", ["continue_start_agent"])
             if result is None:

@@ -2,8 +2,10 @@
 
 Codes: 0 OK · 400 UnRegistry · 402 JobNotExist · 403 ProcessRecoverEnableOff · 408 UnInit · 411
 OMIsRunning · 413 OMParamInvalid · 500 OutOfMaxServeJobs · 502 OperatePodGroupError (the job
-cannot be resolved) · 504 SignalQueueBusy. Streams of an unknown/unregistered job end with a gRPC
-error (status UNKNOWN, as a Go handler's error shows). Info strings are the reference's
+cannot be resolved) · 504 SignalQueueBusy (a report slot still full after ``report_s``) · 599
+ServerInnerError (a report waiting on a full slot when the controller reset: "chan closed").
+Streams of an unknown/unregistered job end with a gRPC error (status UNKNOWN, as a Go handler's
+error shows). Info strings are the reference's
 (component/clusterd/pkg/application/recover/fault_recover_service.go), its "registed" spelling too.
 """
 
@@ -101,14 +103,19 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         ctl = self._ctl(jid)
         if ctl is None:
             return self._reject("unregistered", 400, f"jobId={jid} not registed")
+        rpc = REPORT_RPCS.get(kind)  # om_service.go's replies answer "reply success"
+        # the info's uuid is the one of the call's start (the reference formats it before the send)
+        info = f"jobId={jid}, uuid={ctl.uuid}, receive {rpc}" if rpc else "reply success"
         code = await ctl.report(kind, request)
+        if code == 599:  # catchAndSetExceptionInfo: the send hit a channel closed by a reset
+            return _st(599, f"jobId={jid}, uuid={ctl.uuid}, chan closed")
         if code != 0:
             return _st(code, "report queue busy")
-        rpc = REPORT_RPCS.get(kind)  # om_service.go's replies answer "reply success"
-        return _st(0, f"jobId={jid}, uuid={ctl.uuid}, receive {rpc}" if rpc else "reply success")
+        return _st(0, info)
 
     async def ReportStopComplete(self, request, context):  # noqa: N802
-        """400 not registered · 0 (504 when the report slot stays busy)."""
+        """400 not registered · 0 once queued: a full slot makes the call wait for the flow (599 on a
+        reset meanwhile, 504 after ``report_s``; :meth:`ControllerBase.report`)."""
         return await self._report("stop", request.jobId, request, context)
 
     async def ReportRecoverStrategy(self, request, context):  # noqa: N802
@@ -124,6 +131,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         ctl = self._ctl(request.jobId)
         if ctl is None:
             return self._reject("unregistered", 400, f"jobId={request.jobId} not registed")
+        ctl.client_answered()
         await self.b.process_fault(request.jobId, list(request.faultRanks))
         return _st(0, "receive ReportProcessFault")
 
