@@ -27,7 +27,8 @@ with these deliberate differences, each a gap of the reference:
   the time detectors and of a node's forward rise), ``nodeRise`` (0.08, a whole node's forward
   rise over its peers; with two nodes also ``nSigma`` times the nodes' forward noise), ``ioShare`` (0.05, a slow data loader must cost this
   share of the step), ``confirmGapRounds`` (1, clean rounds tolerated inside a confirmation),
-  ``gapSpread`` (1.0) and ``computeExcess`` (0.05) — the gap-excess rule,
+  ``gapSpread`` (1.0), ``computeExcess`` (0.05), ``gapLongWindowSteps`` (160, 0: off) and
+  ``gapLongSpread`` (0.5) — the gap-excess rule,
   :class:`fdol.slownode.peers.GapDetector` —;
 - ``commProfiling``: ``always`` or ``onDemand`` (the reference's heavy/light switching); default
   ``always`` with rules ``faultmesh`` (wait asymmetry needs the TP collectives), else ``onDemand``.
@@ -78,6 +79,8 @@ class FeatConf:
     confirm_gap: int = 1
     gap_spread: float = 1.0
     compute_excess: float = 0.05
+    gap_long_window: int = 160
+    gap_long_spread: float = 0.5
     comm_profiling: str = ""
     rank_ids: tuple[int, ...] = field(default=())
     unknown_keys: tuple[str, ...] = field(default=(), compare=False)
@@ -139,6 +142,8 @@ _KEYS: dict[str, tuple[str, str, Any]] = {
     "confirmGapRounds": ("confirm_gap", "int", 1),
     "gapSpread": ("gap_spread", "float", 1.0),
     "computeExcess": ("compute_excess", "float", 0.05),
+    "gapLongWindowSteps": ("gap_long_window", "int", 160),
+    "gapLongSpread": ("gap_long_spread", "float", 0.5),
     "commProfiling": ("comm_profiling", "str", ""),
 }
 COMM_PROFILING = ("", "always", "onDemand")
@@ -239,6 +244,8 @@ def _validate(c: FeatConf) -> None:
         (c.comm_profiling in COMM_PROFILING, "commProfiling must be always or onDemand"),
         (c.confirm_gap >= 0, "confirmGapRounds must be >= 0"),
         (c.gap_spread >= 0, "gapSpread must be >= 0"),
+        (c.gap_long_window >= 0, "gapLongWindowSteps must be >= 0"),
+        (c.gap_long_spread >= 0, "gapLongSpread must be >= 0"),
         (c.compute_excess > 0, "computeExcess must be > 0"),
     ]
     for ok, msg in checks:

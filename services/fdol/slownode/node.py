@@ -116,7 +116,10 @@ class NodeDetector:
         from .peers import GapDetector, PeerDetector  # numpy: only where detection runs (issue 18)
 
         self.peers = PeerDetector(conf.peer_window, conf.wait_asymmetry, conf.late_share, conf.wait_z)
-        self.gaps = GapDetector(conf.peer_window, conf.gap_spread, conf.compute_excess, conf.wait_z)
+        self.gaps = GapDetector(
+            conf.peer_window, conf.gap_spread, conf.compute_excess, conf.wait_z,
+            conf.gap_long_window, conf.gap_long_spread,
+        )  # fmt: skip
         self.pattern = PatternDetector(conf.pattern_window, conf.compute_ratio, conf.wait_ratio)
         self._base_buf: dict[int, list[float]] = {r: [] for r in self.ranks}
         self.compute_baseline: dict[int, float] = {}

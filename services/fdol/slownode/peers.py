@@ -261,10 +261,18 @@ def _iqm_iqr(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def judge_excess(
-    x: np.ndarray, per_step: Sequence[int], short: int, spread: float, floor: float, z: float
+    x: np.ndarray,
+    per_step: Sequence[int],
+    short: int,
+    spread: float,
+    floor: float,
+    z: float,
+    long_means: np.ndarray | None = None,
+    long_spread: float = 0.0,
 ) -> tuple[list[int], list[float]]:
-    """``x``: [members, valid ops] excess (:func:`_excess`), chronological; ``per_step``: valid ops
-    per step. See :class:`GapDetector`."""
+    """``x``: [members, valid ops] excess (:func:`_excess`) of the window, chronological;
+    ``per_step``: valid ops per step of it; ``long_means``: [members, steps] each step's mean excess
+    over the long horizon (None: not judged). See :class:`GapDetector`."""
     n, total = x.shape
     if total < MIN_OPS:
         return [], [0.0] * n
@@ -276,6 +284,12 @@ def judge_excess(
     if MIN_OPS <= m < total:
         thr = max(floor, spread * s, z * s / math.sqrt(m))
         out = [max(a, b) for a, b in zip(out, (_iqm_iqr(x[:, -m:])[0] / thr).tolist(), strict=True)]
+    if long_means is not None and long_spread > 0:
+        k = long_means.shape[1]
+        q = k // 4
+        long_iqm = np.sort(long_means, axis=1)[:, q : k - q].mean(axis=1)
+        thr = max(floor, long_spread * s)
+        out = [max(a, b) for a, b in zip(out, (long_iqm / thr).tolist(), strict=True)]
     return [i for i in range(n) if out[i] >= 1], [round(v, 3) for v in out]
 
 
@@ -301,18 +315,40 @@ class GapDetector:
     within 40 steps names it), at ``spread`` 1.0 to 1.3; 4 of 32 at 0.8. On a cluster (per-op noise
     2 %) the floor decides, so +10 % cards are found within the short window.
 
-    Each step's ``d`` is computed once (kept per group, float32, in a ring while in the window):
-    a round costs the new steps and one sort of the window (and one of the short window).
+    The long horizon (``gapLongWindowSteps``, 160; 0: off): the interquartile mean over the last
+    ``long_window`` steps of each step's mean ``d`` reaches ``max(floor, long_spread * s)``
+    (``gapLongSpread``, 0.25). A scheduler regime that keeps a healthy member behind lasts tens of
+    steps, a slow card every step: on the real PyTorch job on the 2-core box (+20 % compute on one
+    rank, 2 and 4 ranks, 400 steps, box load 3-9) healthy members' 160-step excess stayed within
+    0.019-0.035 (0.13-0.18 over 40 steps: as much as the 40-step threshold) while the slow rank's
+    never fell below 0.079 (2 ranks, s 0.16) / 0.108 (4 ranks, s 0.28); over 40 steps its excess
+    was 0.13-0.15, under the one-spread threshold. It names such a card about ``long_window`` steps
+    after onset; the windows above stay the fast path.
+
+    Each step's ``d`` is computed once (kept per group, float32, in a ring while in the horizon):
+    a round costs the new steps and one sort of the window (and one of the short window, and one
+    of the long horizon's per-step means).
     """
 
-    def __init__(self, window: int = 40, spread: float = 1.0, floor: float = 0.05, z: float = 4.0) -> None:
+    def __init__(
+        self,
+        window: int = 40,
+        spread: float = 1.0,
+        floor: float = 0.05,
+        z: float = 4.0,
+        long_window: int = 160,
+        long_spread: float = 0.5,
+    ) -> None:
         self.window = window
         self.short = max(2, window // 4)
         self.spread = spread
         self.floor = floor
         self.z = z
-        # group -> (last step judged, valid ops per judged step, the [members, ops] excess of those steps)
-        self._state: dict[tuple[int, ...], tuple[int, tuple[int, ...], _Ring]] = {}
+        self.long_window = long_window if long_spread > 0 and long_window > window else 0
+        self.long_spread = long_spread
+        # group -> (last step judged, valid ops per judged step, the [members, ops] excess of those
+        # steps, the [members, steps] per-step mean excess of the long horizon, its step count)
+        self._state: dict[tuple[int, ...], tuple[int, tuple[int, ...], _Ring, _Ring, int]] = {}
 
     def evaluate(
         self, groups: Iterable[Sequence[int]], history: dict[int, Sequence[StepMetrics]]
@@ -323,7 +359,7 @@ class GapDetector:
         flagged: list[int] = []
         scores: dict[int, float] = {}
         judged: list[tuple[int, ...]] = []
-        state: dict[tuple[int, ...], tuple[int, tuple[int, ...], _Ring]] = {}
+        state: dict[tuple[int, ...], tuple[int, tuple[int, ...], _Ring, _Ring, int]] = {}
         for group in groups:
             key = tuple(sorted(group))
             if len(key) < 2:
@@ -334,7 +370,11 @@ class GapDetector:
             judged.append(key)  # gaps recorded: this rule decides (nobody until its window is full)
             if len(st[1]) < self.window:
                 continue
-            hits, sc = judge_excess(st[2].view(), st[1], self.short, self.spread, self.floor, self.z)
+            full = self.long_window and st[4] >= self.long_window  # the long horizon is full
+            hits, sc = judge_excess(
+                st[2].view(), st[1], self.short, self.spread, self.floor, self.z,
+                st[3].view() if full else None, self.long_spread,
+            )  # fmt: skip
             flagged += [key[i] for i in hits]
             scores.update(zip(key, sc, strict=True))
         self._state = state
@@ -342,10 +382,13 @@ class GapDetector:
 
     def _update(
         self, key: tuple[int, ...], history: dict[int, Sequence[StepMetrics]]
-    ) -> tuple[int, tuple[int, ...], _Ring]:
+    ) -> tuple[int, tuple[int, ...], _Ring, _Ring, int]:
         """The group's judged steps plus those every member got since (each member's steps come in
-        order, so a step below every member's last is final), the last ``window`` kept."""
-        done, counts, ring = self._state.get(key) or (-1, (), _Ring(len(key)))
+        order, so a step below every member's last is final), the last ``window`` kept (and the
+        per-step means of the last ``long_window``)."""
+        done, counts, ring, means, n_means = self._state.get(key) or (
+            -1, (), _Ring(len(key)), _Ring(len(key)), 0
+        )  # fmt: skip
         news = []
         lim = self.window + 8
         for r in key:
@@ -355,7 +398,7 @@ class GapDetector:
                     break
                 new.append(m)
             if not new:
-                return done, counts, ring  # a member without new steps: nothing new is final
+                return done, counts, ring, means, n_means  # a member without new steps: nothing is final
             new.reverse()
             news.append(new)
         top = min(new[-1].step for new in news)
@@ -367,7 +410,7 @@ class GapDetector:
         if all([m.step for m in new] == steps for new in news[1:]):
             shape = {len(m.tp_gaps) for new in news for m in new}
             if shape == {0}:
-                return top, counts, ring  # no gaps recorded (one TP collective per step, or none)
+                return top, counts, ring, means, n_means  # no gaps (one TP collective per step, or none)
             if len(shape) == 1:  # the usual case: one conversion, one pass
                 o = shape.pop()
                 flat = chain.from_iterable(m.tp_gaps for new in news for m in new)
@@ -389,7 +432,18 @@ class GapDetector:
         if added:
             counts = (counts + tuple(added))[-self.window :]
             ring.push(cols, sum(counts))
-        return top, counts, ring
+            if self.long_window and all(added):
+                new_ops = cols[0] if len(cols) == 1 else np.concatenate(cols, axis=1)
+                if len(set(added)) == 1:  # the usual case: the same ops in every step
+                    step_means = new_ops.reshape(len(key), len(added), added[0]).mean(axis=2)
+                else:
+                    starts = np.cumsum((0, *added[:-1]))
+                    step_means = np.add.reduceat(new_ops, starts, axis=1) / np.asarray(added, np.float32)
+                means.push([step_means], self.long_window)
+                n_means = min(self.long_window, n_means + len(added))
+            elif self.long_window:  # a step without a valid op: the horizon starts again
+                means, n_means = _Ring(len(key)), 0
+        return top, counts, ring, means, n_means
 
 
 class _Ring:
