@@ -409,9 +409,23 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def check_tls_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage error (exit 2, naming the missing flag) unless ``--tls-cert`` and ``--tls-key`` come
+    together; ``--tls-ca`` (mTLS) needs them. Without this a lone ``--tls-cert`` failed at bind with
+    a TypeError (exit 1) and a lone ``--tls-key`` / ``--tls-ca`` served plaintext."""
+    if args.tls_cert and not args.tls_key:
+        parser.error("--tls-cert needs --tls-key (the PEM private key of the certificate)")
+    if args.tls_key and not args.tls_cert:
+        parser.error("--tls-key needs --tls-cert (the PEM server certificate)")
+    if args.tls_ca and not args.tls_cert:
+        parser.error("--tls-ca (client certificates, mTLS) needs --tls-cert and --tls-key")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console script ``clusterd``."""
-    args = config.parse(build_parser(), argv)
+    parser = build_parser()
+    args = config.parse(parser, argv)
+    check_tls_flags(parser, args)
     fmlog.setup_from_args(args)
     try:
         Path(args.state_dir).mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +45,52 @@ positive_float = _number(float, 0.0, True, "positive number")
 non_negative_float = _number(float, 0.0, False, "number >= 0")
 """argparse ``type=`` checks for counts, rates and periods: a value that would make the daemon
 refuse every client (``--max-connections 0``, ``--unary-qps -1``) is a usage error at start."""
+
+
+PORT_MAX = 65535
+_PORT_SUFFIX = re.compile(r":(-?[0-9]+)$")
+
+
+def check_port(port: int | str) -> int:
+    """``port`` as an int in 0..65535 (the same words as the CLI's "Port out of range 0-65535").
+    Raises ``ValueError``: the socket layer would take 99999 modulo 65536 (gRPC listened on 34463)."""
+    try:
+        n = int(port)
+    except (TypeError, ValueError):
+        raise ValueError(f"port {str(port)[:32]!r} is not a number") from None
+    if not 0 <= n <= PORT_MAX:
+        raise ValueError(f"Port out of range 0-{PORT_MAX}: {n}")
+    return n
+
+
+def check_address(text: str) -> str:
+    """A ``host:port`` (``[v6]:port``, or a gRPC target such as ``dns:///host:port``) whose port, when
+    it ends in one, is in 0..65535. Returns ``text``; raises ``ValueError`` (:func:`check_port`)."""
+    m = _PORT_SUFFIX.search(text)
+    if m and not text.endswith("]"):
+        check_port(m.group(1))
+    return text
+
+
+ADDRESS_DESTS = ("clusterd",)
+"""Flags checked by :func:`parse` as addresses besides every ``--*-addr`` (``--grpc-addr``,
+``--http-addr``, ``--sim-control-addr``): the agents' ``--clusterd host:port``. Every ``--*-port``
+int flag (``--bmc-port``) is checked as a port."""
+
+
+def _check_addresses(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Usage error (exit 2, naming the flag) for an address or port flag whose port is out of range."""
+    for action in parser._actions:
+        dest, value = action.dest, getattr(args, action.dest, None)
+        if not action.option_strings or value is None or isinstance(value, bool):
+            continue
+        try:
+            if dest.endswith("_addr") or dest in ADDRESS_DESTS:
+                check_address(str(value))
+            elif dest.endswith("_port") and isinstance(value, int):
+                check_port(value)
+        except ValueError as e:
+            parser.error(f"argument {action.option_strings[0]}: {str(value)[:200]!r}: {e}")
 
 
 def env_name(dest: str) -> str:
@@ -139,7 +186,8 @@ class DefaultsHelp(argparse.HelpFormatter):
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parse ``argv`` with env and YAML fallbacks. Exits with status 2 on a bad value (argparse style;
-    an env / YAML value of a flag with ``choices`` must be one of them, as on the command line)."""
+    an env / YAML value of a flag with ``choices`` must be one of them, as on the command line; a
+    port out of 0..65535 in an address or port flag, whatever its source: :func:`_check_addresses`)."""
     if not any(a.dest == "config" for a in parser._actions):
         parser.add_argument("--config", help="YAML file whose keys are flag names (env FAULTMESH_CONFIG)")
     if parser.formatter_class is argparse.HelpFormatter:  # a daemon's --help shows its defaults
@@ -210,7 +258,9 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) ->
                 parser.error(f"bad value for {dest} from env/config: {raw!r} (use one of {allowed})")
         defaults[dest] = val
     parser.set_defaults(**defaults)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    _check_addresses(parser, args)
+    return args
 
 
 class BadSecretFile(OSError):

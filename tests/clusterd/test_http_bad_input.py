@@ -10,7 +10,15 @@ BAD_UTF8 = b'\xff\xfe{"id":1}'
 
 
 @pytest.mark.parametrize(
-    "path", ["/v1/jobs", "/v1/pingmesh/topology", "/v1/pingmesh/config", "/v1/slownode/jobs"]
+    "path",
+    [
+        "/v1/jobs",
+        "/v1/pingmesh/topology",
+        "/v1/pingmesh/config",
+        "/v1/slownode/jobs",
+        "/v1/release/npu",
+        "/v1/release/node",
+    ],
 )
 @pytest.mark.parametrize("body", [DEEP, BAD_UTF8, b"{not json", b"\x00" * 1000])
 async def test_bad_bodies_get_400(cd, path, body):

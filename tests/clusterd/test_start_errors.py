@@ -56,3 +56,27 @@ def test_start_failures_are_one_line(tmp_path, setup, flags, code, expect):
     rc, out = run(tmp_path, *flags)
     assert rc == code and expect in out, out
     assert "Traceback" not in out, out
+
+
+@pytest.mark.parametrize(
+    "flags, expect",
+    [
+        (("--tls-cert", "cert.pem"), "error: --tls-cert needs --tls-key"),
+        (("--tls-key", "key.pem"), "error: --tls-key needs --tls-cert"),
+        (
+            ("--tls-ca", "ca.pem"),
+            "error: --tls-ca (client certificates, mTLS) needs --tls-cert and --tls-key",
+        ),
+    ],
+)
+def test_tls_flags_without_their_pair_are_a_usage_error(tmp_path, flags, expect):
+    # tryout: --tls-cert without --tls-key died at bind with a TypeError (exit 1); a lone --tls-key or
+    # --tls-ca was ignored and gRPC served plaintext
+    for name in ("cert.pem", "key.pem", "ca.pem"):
+        (tmp_path / name).write_text("-----BEGIN CERTIFICATE-----\n")
+    try:
+        rc, out = run(tmp_path, "--state-dir", "st", *flags)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"clusterd started with {flags}: {e.stderr!r}")
+    assert rc == 2 and expect in out, out
+    assert "Traceback" not in out, out

@@ -24,7 +24,10 @@ answers 0, a request that would go over either cap is refused whole before anyth
 409 ``check public fault info failed, error: public fault cache full: ...``. Faults go to the fault center (source ``public:<resource>:<faultId>``, one record per
 device id) and so survive restarts with their first-seen time. The table file is re-read within
 1 s of a change; a valid new table re-levels the active public faults (:meth:`PubFaultComponent.relevel`,
-issue 20), a broken one is rejected and the old one kept.
+issue 20), a broken one (not JSON, an unknown key such as a misspelt ``SeperateNPUCodes``, a code
+that is not 9 digits: :class:`PublicFaultTable`) is rejected with its reason, logged and counted
+(``faultmesh_rejected_requests_total{service="pubfault",reason="table_rejected"}``) and the old one
+kept; at start it stops clusterd with the reason (exit 1, as every file named by a flag).
 
 Intake is one plain method, :meth:`PubFaultComponent.intake`; the gRPC servicer method
 ``SendPublicFault`` and Kubernetes mode (public-fault ConfigMaps) both call it. The bearer token
@@ -81,35 +84,62 @@ class TableError(ValueError):
     """A public fault table that cannot be used (the message says why)."""
 
 
-class PublicFaultTable:
-    """The public fault table in the reference's publicFaultConfiguration.json format.
+MAX_TABLE_BYTES = 4 * 1024 * 1024  # as deviced's and noded's tables; the reference's default is < 1 KiB
+TOP_KEYS = ("publicFaultCode", "publicFaultResource")
+CODE_RE = re.compile(r"^[0-9]{9}$")  # reference §5: 9 digits (type, level, "00", origin, number)
 
-    ``levels``: code -> level name; ``resources``: allowed senders. Raises :class:`TableError`.
+
+def _check_keys(obj: dict, known: tuple[str, ...], where: str) -> None:
+    """Refuse a table with a key outside ``known``: a misspelt level name (``SeperateNPUCodes``)
+    would silently drop its codes. The same rule as deviced's and noded's tables."""
+    unknown = sorted(set(obj) - set(known))
+    if unknown:
+        raise TableError(f"{where}: unknown key {unknown[0][:80]!r} (known: {', '.join(known)})")
+
+
+class PublicFaultTable:
+    """The public fault table in the reference's publicFaultConfiguration.json format
+    (clusterd.md §5 "Configuration").
+
+    ``levels``: code -> level name; ``resources``: allowed senders. A key outside the reference's
+    schema (top level ``publicFaultCode`` / ``publicFaultResource``; level lists
+    ``NotHandleFaultCodes``, ``SubHealthFaultCodes``, ``SeparateNPUCodes``, ``PreSeparateNPUCodes``),
+    a level list that is not a list (null is empty), a code that is not 9 digits or an empty resource
+    refuses the whole table: raises :class:`TableError` naming the key and why.
     """
 
-    def __init__(self, data: dict[str, Any]) -> None:
+    def __init__(self, data: dict[str, Any], where: str = "<table>") -> None:
         if not isinstance(data, dict):
-            raise TableError("table must be a JSON object")
+            raise TableError(f"{where}: table must be a JSON object")
+        _check_keys(data, TOP_KEYS, where)
         codes = data.get("publicFaultCode")
         resources = data.get("publicFaultResource")
         if not isinstance(codes, dict) or not isinstance(resources, list):
-            raise TableError("publicFaultCode (object) and publicFaultResource (list) are required")
+            raise TableError(f"{where}: publicFaultCode (object) and publicFaultResource (list) are required")
+        _check_keys(codes, tuple(k for k, _ in LEVEL_KEYS), f"{where}: publicFaultCode")
         self.levels: dict[str, str] = {}
         for key, level in reversed(LEVEL_KEYS):  # later (more severe) lists win
-            items = codes.get(key, [])
-            if not isinstance(items, list) or not all(isinstance(c, str) for c in items):
-                raise TableError(f"{key} must be a list of strings")
+            items = codes.get(key)
+            if items is None:
+                items = []
+            if not isinstance(items, list):
+                raise TableError(f"{where}: {key} must be a list of code strings, not {type(items).__name__}")
             for c in items:
+                if not isinstance(c, str) or not CODE_RE.match(c):
+                    raise TableError(f"{where}: {key}: fault code {str(c)[:32]!r} is not 9 digits")
                 self.levels[c] = level
         if not all(isinstance(r, str) and r for r in resources):
-            raise TableError("publicFaultResource must hold non-empty strings")
+            raise TableError(f"{where}: publicFaultResource must hold non-empty strings")
         self.resources: tuple[str, ...] = tuple(dict.fromkeys(resources))
 
     @classmethod
     def load(cls, path: str | Path) -> PublicFaultTable:
         """Read and validate a table file. Raises :class:`TableError` (or ``OSError``)."""
+        size = Path(path).stat().st_size
+        if size > MAX_TABLE_BYTES:
+            raise TableError(f"{path}: {size} bytes, larger than {MAX_TABLE_BYTES}")
         try:
-            return cls(orjson.loads(Path(path).read_bytes()))
+            return cls(orjson.loads(Path(path).read_bytes()), str(path))
         except orjson.JSONDecodeError as e:
             raise TableError(f"{path}: not JSON: {e}") from e
 
@@ -245,6 +275,7 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
         try:
             table = PublicFaultTable.load(self.path)
         except (TableError, OSError) as e:
+            self.ctx.metrics.reject("pubfault", "table_rejected")
             event(
                 log,
                 logging.ERROR,
