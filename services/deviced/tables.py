@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from faultmesh.faultrules import DurationTable, RelationTable, RuleTableError
+from faultmesh.faultrules import DurationTable, RelationTable, RuleTableError, unknown_key
 from faultmesh.levels import NpuLevel
 from faultmesh.log import event
 
@@ -107,10 +107,9 @@ def _read_json(path: str | Path | None, default_name: str) -> tuple[Any, str]:
 
 
 def _check_keys(obj: dict, known: Iterable[str], name: str) -> None:
-    """Refuse a table with a key outside ``known`` (a misspelt level name would drop its codes)."""
-    unknown = sorted(set(obj) - set(known))
-    if unknown:
-        raise TableError(f"{name}: unknown key {unknown[0]!r} (known: {', '.join(known)})")
+    """Refuse a table with a key outside ``known`` (:func:`faultmesh.faultrules.unknown_key`)."""
+    if bad := unknown_key(obj, list(known), name):
+        raise TableError(bad)
 
 
 def _code_list(obj: dict, key: str, name: str) -> list[Any]:

@@ -24,6 +24,17 @@ from faultmesh.log import event
 
 log = logging.getLogger("faultmesh.faultrules")
 
+
+def unknown_key(obj: dict, known, where: str) -> str:
+    """The refusal of a fault table holding a key outside ``known`` ("" when none): a misspelt level
+    name (``SeperateNPUCodes``) would silently drop its codes, so deviced's, noded's and clusterd's
+    tables refuse the whole file (docs/fault-tables.md); the caller raises its own error with it."""
+    unknown = sorted(set(obj) - set(known))
+    if not unknown:
+        return ""
+    return f"{where}: unknown key {unknown[0][:80]!r} (known: {', '.join(known)})"
+
+
 _CHIP_RE = re.compile(r"^(?:0x)?[0-9a-f]{1,16}$", re.IGNORECASE)
 _SWITCH_RE = re.compile(r"^\[0x[0-9a-f]{8},(\d+|na|),(cpu|npu|l2|na),na\]$", re.IGNORECASE)
 DURATION_TYPES = ("faultDevice", "faultSwitch")

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
+from faultmesh.faultrules import unknown_key
 from faultmesh.files import FileWatch, stamp
 from faultmesh.levels import NODE_STATUS_BY_LEVEL, NodeLevel
 from faultmesh.log import event
@@ -87,11 +88,8 @@ class LevelTable:
         if not isinstance(doc, dict) or not isinstance(doc.get("FaultTypeCode"), dict):
             raise LevelTableError(f"{where}: missing object FaultTypeCode")
         groups = doc["FaultTypeCode"]
-        unknown = sorted(set(groups) - set(LEVEL_KEYS))
-        if unknown:
-            raise LevelTableError(
-                f"{where}: FaultTypeCode: unknown key {unknown[0]!r} (known: {', '.join(LEVEL_KEYS)})"
-            )
+        if bad := unknown_key(groups, list(LEVEL_KEYS), f"{where}: FaultTypeCode"):
+            raise LevelTableError(bad)
         levels: dict[str, NodeLevel] = {}
         for key, level in LEVEL_KEYS.items():
             codes = groups.get(key, [])

@@ -50,6 +50,7 @@ import orjson
 from clusterd.center import StoreWriteError
 from faultmesh._pb import pubfault_pb2, pubfault_pb2_grpc
 from faultmesh.config import positive_float
+from faultmesh.faultrules import unknown_key
 from faultmesh.files import FileWatch
 from faultmesh.log import RateLimitedLog, event
 from faultmesh.model import ONCE, RECOVER, Fault, FaultKey, now_ms
@@ -90,11 +91,9 @@ CODE_RE = re.compile(r"^[0-9]{9}$")  # reference §5: 9 digits (type, level, "00
 
 
 def _check_keys(obj: dict, known: tuple[str, ...], where: str) -> None:
-    """Refuse a table with a key outside ``known``: a misspelt level name (``SeperateNPUCodes``)
-    would silently drop its codes. The same rule as deviced's and noded's tables."""
-    unknown = sorted(set(obj) - set(known))
-    if unknown:
-        raise TableError(f"{where}: unknown key {unknown[0][:80]!r} (known: {', '.join(known)})")
+    """Refuse a table with a key outside ``known`` (:func:`faultmesh.faultrules.unknown_key`)."""
+    if bad := unknown_key(obj, known, where):
+        raise TableError(bad)
 
 
 class PublicFaultTable:
