@@ -22,6 +22,52 @@ TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+
+
+MAX_MS = 2**63 - 1  # SQLite's integer range
+
+
+def parse_since(text: str, now: int | None = None) -> int:
+    """``since`` as ms since the epoch. Accepts a duration back from now (``90s``, ``30m``, ``12h``,
+    ``2d``, ``1w``), an ISO 8601 / RFC 3339 time (``2026-12-01T08:00:00+00:00``; no offset = local
+    time), or ms since the epoch. Raises ``ValueError`` with the accepted forms. Used by clusterd's
+    ``GET /v1/events`` and to check ``faultmesh history --since`` before asking it."""
+    from datetime import datetime
+
+    text = text.strip()
+    if now is None:
+        from faultmesh.model import now_ms
+
+        now = now_ms()
+    try:
+        m = _AGO.match(text)
+        if m:
+            v = now - int(float(m.group(1)) * _UNITS[m.group(2)] * 1000)
+        elif text.isdigit():
+            v = int(text)
+        else:
+            v = int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+    except (ValueError, OverflowError):
+        raise ValueError(
+            f"since {text[:64]!r}: use a duration (30m, 12h, 2d), an RFC 3339 time or ms since the epoch"
+        ) from None
+    if v > MAX_MS:
+        raise ValueError(f"since {text[:64]!r} is out of range (at most {MAX_MS} ms since the epoch)")
+    return max(0, v)  # before the epoch: everything kept
+
+
+def since_arg(text: str) -> str:
+    """argparse type of a ``--since`` value: ``text`` when :func:`parse_since` reads it (the server
+    resolves it against its own clock), else ``argparse.ArgumentTypeError`` (exit 2)."""
+    try:
+        parse_since(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 class ConfigError(ValueError):
     """A config file or env value that cannot be used (message names the key)."""
 

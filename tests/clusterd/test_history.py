@@ -132,7 +132,7 @@ async def _has(cd, n):
 def test_since_out_of_range_is_a_clear_error():
     """``since`` beyond SQLite's integer range or an overflowing duration: ValueError (HTTP 400),
     not a 500 from the store; a duration reaching before the epoch means everything kept."""
-    from clusterd.http.events import parse_since
+    from faultmesh.config import parse_since
 
     for text in ("999999999999999999999999999", "1e400h"):
         with pytest.raises(ValueError, match="since"):

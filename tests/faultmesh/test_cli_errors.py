@@ -266,3 +266,11 @@ def test_an_address_that_is_not_one_is_usage(capsys):
         assert rc == EXIT_USAGE and f"bad address {addr!r}" in err and why in err, (addr, err)
     rc, err = cli(capsys, "pubfault", "send", "--timeout-s", "-1", "--code", "010001001", "--node", "n1")
     assert rc == EXIT_USAGE and "'-1' is not a positive number" in err
+
+
+def test_history_since_is_checked_before_asking(capsys):
+    # tryout: 'history --since forever' was rc 3 with clusterd down and rc 5 with it up
+    rc, err = cli(capsys, "history", "--since", "forever", "--http", "127.0.0.1:1")
+    assert rc == EXIT_USAGE and "use a duration (30m, 12h, 2d)" in err
+    rc, _ = cli(capsys, "history", "--since", "2d", "--http", "127.0.0.1:1")
+    assert rc == EXIT_UNREACHABLE  # a good value goes on to the (absent) server

@@ -1,6 +1,6 @@
 """``GET /v1/events``: the fault history (:mod:`clusterd.history`), read-only.
 
-Query: ``node``, ``code`` (exact), ``since`` (see :func:`parse_since`; default: everything kept),
+Query: ``node``, ``code`` (exact), ``since`` (see :func:`faultmesh.config.parse_since`; default: everything kept),
 ``limit`` (the newest N, default 1000, at most 100000). Answers a JSON list, oldest first, of
 ``{ts_ms, kind, node, device_type, device_id, code, source, level, assertion, attributes}``;
 a bad ``since`` or ``limit`` is 400 with ``{"error": ...}``.
@@ -8,44 +8,13 @@ a bad ``since`` or ``limit`` is 400 with ``{"error": ...}``.
 
 from __future__ import annotations
 
-import re
-from datetime import datetime
-
 from aiohttp import web
 
 from clusterd.store import Store
+from faultmesh.config import parse_since
 from faultmesh.httpd import json_response
-from faultmesh.model import now_ms
 
 MAX_LIMIT = 100_000
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_AGO = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
-
-
-MAX_MS = 2**63 - 1  # SQLite's integer range
-
-
-def parse_since(text: str, now: int | None = None) -> int:
-    """``since`` as ms since the epoch. Accepts a duration back from now (``90s``, ``30m``, ``12h``,
-    ``2d``, ``1w``), an ISO 8601 / RFC 3339 time (``2026-12-01T08:00:00+00:00``; no offset = local
-    time), or ms since the epoch. Raises ``ValueError`` with the accepted forms."""
-    text = text.strip()
-    now = now_ms() if now is None else now
-    try:
-        m = _AGO.match(text)
-        if m:
-            v = now - int(float(m.group(1)) * _UNITS[m.group(2)] * 1000)
-        elif text.isdigit():
-            v = int(text)
-        else:
-            v = int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
-    except (ValueError, OverflowError):
-        raise ValueError(
-            f"since {text[:64]!r}: use a duration (30m, 12h, 2d), an RFC 3339 time or ms since the epoch"
-        ) from None
-    if v > MAX_MS:
-        raise ValueError(f"since {text[:64]!r} is out of range (at most {MAX_MS} ms since the epoch)")
-    return max(0, v)  # before the epoch: everything kept
 
 
 class EventsApi:

@@ -7,7 +7,7 @@ import time
 import urllib.parse
 
 from faultmesh.cli.common import add_server_flags, emit, http_json, run
-from faultmesh.config import positive_int
+from faultmesh.config import positive_int, since_arg
 
 
 def _ts(ms: int) -> str:
@@ -40,6 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_server_flags(p)
     p.add_argument("--node", help="only this node")
     p.add_argument("--code", help="only this fault code")
-    p.add_argument("--since", help="a duration back from now (30m, 12h, 2d), an RFC 3339 time or epoch ms")
+    p.add_argument(
+        "--since",
+        type=since_arg,
+        help="a duration back from now (30m, 12h, 2d), an RFC 3339 time or epoch ms",
+    )
     p.add_argument("--limit", type=positive_int, default=1000, help="the newest N changes (default 1000)")
     p.set_defaults(func=cmd_history)
