@@ -11,17 +11,8 @@ import os
 from deviced import faultconfig
 from deviced.sinks import kube_deviceinfo
 from faultmesh.agent import add_clusterd_arguments
+from faultmesh.config import number_in
 from faultmesh.log import add_log_arguments
-
-
-def _range(lo: float, hi: float, typ=int):
-    def conv(s: str):
-        v = typ(s)
-        if not lo <= v <= hi:
-            raise argparse.ArgumentTypeError(f"{v} outside {lo}..{hi}")
-        return v
-
-    return conv
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--fault-duration-file", help="faultDuration.json (relation-fault deadlines; default: faultmesh's)"
     )
-    p.add_argument("--list-watch-period", type=_range(3, 1800), default=5, help="s, 3..1800")
+    p.add_argument("--list-watch-period", type=number_in(int, 3, 1800), default=5, help="s, 3..1800")
     p.add_argument(
         "--table-reload-interval",
         type=float,

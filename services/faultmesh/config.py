@@ -93,6 +93,32 @@ non_negative_float = _number(float, 0.0, False, "number >= 0")
 refuse every client (``--max-connections 0``, ``--unary-qps -1``) is a usage error at start."""
 
 
+def number_in(kind: type, lo: float, hi: float):
+    """argparse ``type=`` check of a ``kind`` (int or float) in ``lo..hi``, both included (e.g. the
+    demo's ``--bmc-poll`` 1..600 s, which noded would refuse only after the stack started)."""
+    what = f"{'integer' if kind is int else 'number'} in {lo:g}..{hi:g}"
+    base = _number(kind, lo, False, what)
+
+    def check(text: Any) -> Any:
+        v = base(text)
+        if v > hi:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {what}")
+        return v
+
+    check.__name__ = base.__name__
+    return check
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def log_level_arg(text: str) -> str:
+    """argparse ``type=`` check of a log level (any case) -> the upper-case name."""
+    if str(text).upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(LOG_LEVELS)}")
+    return str(text).upper()
+
+
 PORT_MAX = 65535
 _PORT_SUFFIX = re.compile(r":(-?[0-9]+)$")
 

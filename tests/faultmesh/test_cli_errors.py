@@ -274,3 +274,31 @@ def test_history_since_is_checked_before_asking(capsys):
     assert rc == EXIT_USAGE and "use a duration (30m, 12h, 2d)" in err
     rc, _ = cli(capsys, "history", "--since", "2d", "--http", "127.0.0.1:1")
     assert rc == EXIT_UNREACHABLE  # a good value goes on to the (absent) server
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--link-recover", "-5"],  # tryout: ran 96 s, then the escalation row was MISSING
+        ["--link-down", "0"],
+        ["--bmc-poll", "0"],
+        ["--list-watch", "2"],
+        ["--slow-after-steps", "-1"],
+        ["--log-level", "LOUD"],
+    ],
+)
+def test_demo_bad_intervals_are_usage_before_anything_starts(capsys, tmp_path: Path, argv):
+    from faultmesh.demo.__main__ import main as demo_main
+
+    with pytest.raises(SystemExit) as e:
+        demo_main(["--run-dir", str(tmp_path / "r"), *argv])
+    assert e.value.code == EXIT_USAGE
+    assert argv[0] in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()  # nothing was started
+
+
+def test_up_bad_poll_and_log_level_are_usage(capsys, tmp_path: Path):
+    # tryout: 'up --bmc-poll 0' / '--log-level LOUD' started the stack and failed 12 s later, rc 1
+    for argv in (["--bmc-poll", "0"], ["--log-level", "LOUD"], ["--list-watch", "9999"]):
+        rc, err = cli(capsys, "up", "--run-dir", str(tmp_path / "r"), *argv)
+        assert rc == EXIT_USAGE and argv[0] in err, err

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from faultmesh.cli.common import UsageError, run
-from faultmesh.config import non_negative_float
+from faultmesh.config import log_level_arg, non_negative_float, number_in, positive_float
 from faultmesh.log import FORMATS
 from faultmesh.runtime import wait_for
 
@@ -191,8 +191,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", help="folder for logs and state (default: /tmp/faultmesh-up-<date>-<time>)")
     p.add_argument("--servers", type=int, default=4, help="simulated servers")
     p.add_argument("--npus", type=int, default=16, help="simulated NPUs per server (multiple of 8)")
-    p.add_argument("--bmc-poll", type=float, default=2.0, help="noded's BMC poll period (s)")
-    p.add_argument("--list-watch", type=int, default=3, help="deviced's list-watch period (s)")
+    p.add_argument(
+        "--bmc-poll", type=number_in(float, 1, 600), default=2.0, help="noded's BMC poll period (s)"
+    )
+    p.add_argument(
+        "--list-watch", type=number_in(int, 3, 1800), default=3, help="deviced's list-watch period (s)"
+    )
     p.add_argument(
         "--pingmesh-period",
         type=non_negative_float,
@@ -204,14 +208,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="also start the example PyTorch job (4 CPU ranks, needs faultmesh[torch]) with slow-node detection",
     )
-    p.add_argument("--log-level", default="INFO", help="log level of the started processes")
+    p.add_argument(
+        "--log-level", type=log_level_arg, default="INFO", help="log level of the started processes"
+    )
     p.add_argument(
         "--log-format", choices=FORMATS, default="text", help="log format of the started processes"
     )
     p.add_argument(
-        "--restart-initial-s", type=float, default=1.0, help="first restart delay of a crashed process (s)"
+        "--restart-initial-s",
+        type=positive_float,
+        default=1.0,
+        help="first restart delay of a crashed process (s)",
     )
-    p.add_argument("--restart-max-s", type=float, default=30.0, help="longest restart delay (s)")
+    p.add_argument("--restart-max-s", type=positive_float, default=30.0, help="longest restart delay (s)")
     p.add_argument(
         "--restart-healthy-s", type=float, default=60.0, help="a run this long resets the restart delay (s)"
     )

@@ -15,7 +15,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from faultmesh.config import non_negative_float
+from faultmesh.config import log_level_arg, non_negative_float, number_in, positive_float, positive_int
 from faultmesh.demo.report import MISSING, Clock, all_right, table
 from faultmesh.demo.scenario import Scenario, Timing
 from faultmesh.demo.stack import Stack, StackConfig, StackError
@@ -30,14 +30,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--servers", type=int, default=4, help="simulated servers (the scenario needs 4)")
     p.add_argument("--npus", type=int, default=16, help="simulated NPUs per server (multiple of 8)")
-    p.add_argument("--bmc-poll", type=float, default=2.0, help="noded's BMC poll period (s, 1..600)")
-    p.add_argument("--list-watch", type=int, default=3, help="deviced's list-watch period (s, 3..1800)")
     p.add_argument(
-        "--detect-timeout", type=float, default=30.0, help="how long a step waits for clusterd (s)"
+        "--bmc-poll", type=number_in(float, 1, 600), default=2.0, help="noded's BMC poll period (s, 1..600)"
     )
-    p.add_argument("--link-down", type=float, default=25.0, help="how long the link stays down (s)")
     p.add_argument(
-        "--link-recover", type=float, default=60.0, help="81078603 RecoverTimeout given to deviced (s)"
+        "--list-watch",
+        type=number_in(int, 3, 1800),
+        default=3,
+        help="deviced's list-watch period (s, 3..1800)",
+    )
+    p.add_argument(
+        "--detect-timeout", type=positive_float, default=30.0, help="how long a step waits for clusterd (s)"
+    )
+    p.add_argument("--link-down", type=positive_float, default=25.0, help="how long the link stays down (s)")
+    p.add_argument(
+        "--link-recover",
+        type=positive_float,
+        default=60.0,
+        help="81078603 RecoverTimeout given to deviced (s)",
     )
     p.add_argument(
         "--pingmesh-period",
@@ -45,9 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="pingmesh collection and slow-network detection period (s); 0 = 10 x task_interval",
     )
-    p.add_argument("--slownode-round", type=float, default=1.0, help="FD-OL nSecondsDoOneDetection (s)")
     p.add_argument(
-        "--slow-after-steps", type=int, default=60, help="clean training steps before rank 2 is slowed"
+        "--slownode-round", type=positive_float, default=1.0, help="FD-OL nSecondsDoOneDetection (s)"
+    )
+    p.add_argument(
+        "--slow-after-steps",
+        type=positive_int,
+        default=60,
+        help="clean training steps before rank 2 is slowed",
     )
     p.add_argument(
         "--slow-mode",
@@ -56,9 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="how rank 2 is slowed by 40%%: a stall (sleep) or extra CPU work (compute)",
     )
     p.add_argument(
-        "--report-timeout", type=float, default=60.0, help="clusterd's wait for each training-side report (s)"
+        "--report-timeout",
+        type=positive_float,
+        default=60.0,
+        help="clusterd's wait for each training-side report (s)",
     )
-    p.add_argument("--log-level", default="INFO", help="log level of the started processes")
+    p.add_argument(
+        "--log-level", type=log_level_arg, default="INFO", help="log level of the started processes"
+    )
     return p
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from faultmesh import config
+from faultmesh.config import number_in
 from faultmesh.levels import NodeLevel
 from faultmesh.log import RateLimitedLog, event
 from faultmesh.model import now_ms
@@ -68,16 +69,6 @@ DEFAULT_SEL_TABLE = "sel_events.json"
 LOGOUT_TIMEOUT_S = 3.0
 OEM_RETRY_S = 600.0  # after a fallback to the SEL, try the OEM alarms again this often
 TRANSIENT_STRIKES = 3  # transient completion codes in a row before falling back
-
-
-def _interval(lo: float, hi: float):
-    def parse(v: str) -> float:
-        x = float(v)
-        if not lo <= x <= hi:
-            raise argparse.ArgumentTypeError(f"must be within {lo:g}..{hi:g}")
-        return x
-
-    return parse
 
 
 def read_password(cfg: Any) -> str:
@@ -128,14 +119,14 @@ class Bmc(PolledSource):
             help="auto: Huawei iBMC OEM alarms when the BMC is Huawei, else the SEL",
         )
         p.add_argument(
-            "--bmc-timeout", type=_interval(0.5, 600), default=15.0, help="timeout of one BMC poll (s)"
+            "--bmc-timeout", type=number_in(float, 0.5, 600), default=15.0, help="timeout of one BMC poll (s)"
         )
         p.add_argument(
-            "--poll-interval", type=_interval(1, 600), default=60.0, help="BMC poll period (s), 1..600"
+            "--poll-interval", type=number_in(float, 1, 600), default=60.0, help="BMC poll period (s), 1..600"
         )
         p.add_argument(
             "--bmc-call-timeout-max",
-            type=_interval(0.5, 600),
+            type=number_in(float, 0.5, 600),
             default=5.0,
             help="timeout of one IPMI call, at most (s; the call timeout is min(this, --bmc-timeout))",
         )
