@@ -302,3 +302,17 @@ def test_up_bad_poll_and_log_level_are_usage(capsys, tmp_path: Path):
     for argv in (["--bmc-poll", "0"], ["--log-level", "LOUD"], ["--list-watch", "9999"]):
         rc, err = cli(capsys, "up", "--run-dir", str(tmp_path / "r"), *argv)
         assert rc == EXIT_USAGE and argv[0] in err, err
+
+
+def test_a_missing_job_names_the_command_that_needs_it(capsys):
+    # tryout: 'jobs reset' without a job said 'faultmesh job ACTION JOB'; 'slownode disable' took
+    # only --job while 'slownode status' takes the job as an argument
+    for argv, said in (
+        (["jobs", "reset"], "faultmesh jobs reset JOB"),
+        (["job", "get"], "faultmesh job get JOB"),
+        (["slownode", "disable"], "faultmesh slownode disable JOB"),
+    ):
+        rc, err = cli(capsys, *argv, "--http", "127.0.0.1:1")
+        assert rc == EXIT_USAGE and said in err, err
+    rc, _ = cli(capsys, "slownode", "disable", "job1", "--http", "127.0.0.1:1")
+    assert rc == EXIT_UNREACHABLE  # the job as an argument goes on to the (absent) server

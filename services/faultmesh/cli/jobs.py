@@ -97,7 +97,9 @@ def cmd_apply(args: argparse.Namespace) -> int:
 def _job(args: argparse.Namespace) -> str:
     job = args.job_flag or args.id
     if not job:
-        raise UsageError("name the job: faultmesh job ACTION JOB (or --job JOB)")
+        jobs_cmd, job_cmd = getattr(args, "jobs_command", None), getattr(args, "job_command", None)
+        cmd = f"jobs {jobs_cmd}" if jobs_cmd else f"job {job_cmd or 'ACTION'}"
+        raise UsageError(f"name the job: faultmesh {cmd} JOB (or --job JOB)")
     return job
 
 

@@ -65,10 +65,18 @@ def cmd_enable(args: argparse.Namespace) -> int:
     return 0
 
 
+def _named_job(args: argparse.Namespace, action: str) -> str:
+    """The job of ``slownode ACTION JOB`` or ``--job JOB``; :class:`UsageError` (exit 2) without."""
+    job = args.job or args.job_pos
+    if not job:
+        raise UsageError(f"name the job: faultmesh slownode {action} JOB (or --job JOB)")
+    return job
+
+
 @run
 def cmd_disable(args: argparse.Namespace) -> int:
     """Stop slow-node detection of a job."""
-    data = http_json(args, "POST", f"/v1/slownode/{args.job}/disable", {})
+    data = http_json(args, "POST", f"/v1/slownode/{_named_job(args, 'disable')}/disable", {})
     emit(args, data, [(data.get("jobId"), data.get("enabled"))], ("JOB", "ENABLED"))
     return 0
 
@@ -147,7 +155,8 @@ def register(sub) -> None:
     add_server_flags(e)
     e.set_defaults(func=cmd_enable)
     d = s.add_parser("disable", help="stop detection of a job")
-    d.add_argument("--job", required=True, help="job name or id")
+    d.add_argument("job_pos", nargs="?", metavar="JOB", help="job name or id (or --job)")
+    d.add_argument("--job", help="job name or id")
     add_server_flags(d)
     d.set_defaults(func=cmd_disable)
     st = s.add_parser("status", help="detection state and latest results")
