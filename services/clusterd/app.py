@@ -42,8 +42,8 @@ from clusterd.api.grpcserver import (
     DecodeGuardInterceptor,
     RateLimitInterceptor,
     add_health_and_reflection,
+    bind_grpc,
     mark_serving,
-    server_credentials,
     server_options,
 )
 from clusterd.api.pubfault import PubFaultComponent
@@ -323,16 +323,7 @@ class ClusterD:
                     mod = importlib.import_module(base.__module__.replace("_grpc", ""))
                     names.extend(s.full_name for s in mod.DESCRIPTOR.services_by_name.values())
         self._served = add_health_and_reflection(server, self.health, names)
-        try:
-            if args.tls_cert:
-                creds = server_credentials(args.tls_cert, args.tls_key, args.tls_ca)
-                self.grpc_port = server.add_secure_port(args.grpc_addr, creds)
-            else:
-                self.grpc_port = server.add_insecure_port(args.grpc_addr)
-        except RuntimeError as e:  # grpcio raises this when the port is taken
-            raise OSError(f"cannot bind gRPC address {args.grpc_addr}: {e}") from None
-        if not self.grpc_port:
-            raise OSError(f"cannot bind gRPC address {args.grpc_addr}")
+        self.grpc_port = bind_grpc(server, args.grpc_addr, args.tls_cert, args.tls_key, args.tls_ca)
         await server.start()
         self._server = server
         await mark_serving(self.health, self._served)

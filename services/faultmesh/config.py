@@ -109,16 +109,6 @@ def number_in(kind: type, lo: float, hi: float):
     return check
 
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-
-
-def log_level_arg(text: str) -> str:
-    """argparse ``type=`` check of a log level (any case) -> the upper-case name."""
-    if str(text).upper() not in LOG_LEVELS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(LOG_LEVELS)}")
-    return str(text).upper()
-
-
 PORT_MAX = 65535
 _PORT_SUFFIX = re.compile(r":(-?[0-9]+)$")
 

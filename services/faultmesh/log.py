@@ -17,6 +17,7 @@ Timestamps are RFC 3339 with the local zone's offset, in milliseconds.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import logging.handlers
@@ -137,6 +138,14 @@ def setup(
         root.addHandler(fh)
     logging.getLogger("grpc").setLevel(logging.WARNING)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def log_level_arg(text: str) -> str:
+    """argparse ``type=`` check of a log level (any case) -> its upper-case name (:data:`LEVELS`):
+    for commands that pass it on to the processes they start (``faultmesh up``, the demo)."""
+    if str(text).upper() not in LEVELS:
+        raise argparse.ArgumentTypeError(f"{text!r}: use one of {', '.join(LEVELS)}")
+    return str(text).upper()
 
 
 def add_log_arguments(parser, file_help: str = "also log to this file (rotated at 20 MiB, 5 kept)") -> None:

@@ -80,3 +80,19 @@ def test_tls_flags_without_their_pair_are_a_usage_error(tmp_path, flags, expect)
         pytest.fail(f"clusterd started with {flags}: {e.stderr!r}")
     assert rc == 2 and expect in out, out
     assert "Traceback" not in out, out
+
+
+def test_a_taken_grpc_port_says_so(tmp_path):
+    # tryout: the bind error never said 'address already in use'
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        (tmp_path / "st").mkdir()
+        rc, out = run(tmp_path, "--state-dir", "st", "--grpc-addr", f"127.0.0.1:{port}")
+    assert (
+        rc == 1 and f"cannot bind gRPC address 127.0.0.1:{port}: [Errno 98] Address already in use" in out
+    ), out
+    assert "Traceback" not in out, out

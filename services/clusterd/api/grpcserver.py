@@ -197,6 +197,47 @@ def server_credentials(cert: str, key: str, ca: str | None) -> grpc.ServerCreden
     )
 
 
+def bind_grpc(server: grpc.aio.Server, addr: str, cert: str | None, key: str | None, ca: str | None) -> int:
+    """Add ``addr`` (host:port, port 0: the OS picks) to ``server``, TLS when ``cert`` is set; the
+    bound port. Raises ``OSError("cannot bind gRPC address ADDR: REASON")``: gRPC itself says only
+    that the port could not be added, so the reason is the OS's own answer to a plain bind of the
+    same address (``[Errno 98] Address already in use``), else an unreadable certificate or key."""
+    err: Exception | None = None
+    try:
+        port = (
+            server.add_secure_port(addr, server_credentials(cert, key, ca))
+            if cert
+            else server.add_insecure_port(addr)
+        )
+    except RuntimeError as e:  # grpcio raises this when the port is taken
+        port, err = 0, e
+    if port:
+        return port
+    reason = _bind_reason(addr)
+    if not reason and cert:  # the address binds: gRPC refused the credentials
+        reason = f"gRPC refused the TLS certificate / key ({cert}, {key}): not a PEM certificate and its key?"
+    raise OSError(f"cannot bind gRPC address {addr}: {reason or err or 'not available'}")
+
+
+def _bind_reason(addr: str) -> str:
+    """The OS's error for a TCP bind of ``addr`` ("" when it binds, or the address is not host:port)."""
+    import socket
+
+    host, _, port = addr.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except (ValueError, OSError) as e:
+        return str(e)
+    fam, _, _, _, sa = infos[0]
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(sa)
+        except OSError as e:
+            return str(e)
+    return ""
+
+
 # -- health and reflection (issue 17 "gRPC") ---------------------------------------------------------
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 _V1_FILE = "grpc/reflection/v1/reflection.proto"

@@ -37,7 +37,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from clusterd.api.grpcserver import server_credentials, server_options
+from clusterd.api.grpcserver import bind_grpc, server_options
 from clusterd.kube import leader as kleader
 from clusterd.kube.gate import FollowerGate
 from clusterd.kube.hastate import KubeState, MirroredStore, StateMetrics, StateWriteError
@@ -112,19 +112,10 @@ class Standby:
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
-            if a.tls_cert:
-                port = server.add_secure_port(
-                    a.grpc_addr, server_credentials(a.tls_cert, a.tls_key, a.tls_ca)
-                )
-            else:
-                port = server.add_insecure_port(a.grpc_addr)
-        except RuntimeError as e:
-            port, err = 0, e
-        else:
-            err = None
-        if not port:
+            bind_grpc(server, a.grpc_addr, a.tls_cert, a.tls_key, a.tls_ca)
+        except OSError:
             await self.http.stop()
-            raise OSError(f"cannot bind gRPC address {a.grpc_addr}: {err or 'in use'}")
+            raise
         await server.start()
         await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         self.server = server

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from faultmesh.cli.common import UsageError, run
-from faultmesh.config import log_level_arg, non_negative_float, number_in, positive_float
-from faultmesh.log import FORMATS
+from faultmesh.config import non_negative_float, number_in, positive_float
+from faultmesh.log import FORMATS, log_level_arg
 from faultmesh.runtime import wait_for
 
 

@@ -15,10 +15,11 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from faultmesh.config import log_level_arg, non_negative_float, number_in, positive_float, positive_int
+from faultmesh.config import non_negative_float, number_in, positive_float, positive_int
 from faultmesh.demo.report import MISSING, Clock, all_right, table
 from faultmesh.demo.scenario import Scenario, Timing
 from faultmesh.demo.stack import Stack, StackConfig, StackError
+from faultmesh.log import log_level_arg
 
 
 def build_parser() -> argparse.ArgumentParser:
