@@ -141,6 +141,9 @@ async def test_unknown_job_is_not_found_and_the_rate_limit_is_rejected(capsys, t
         assert rc == EXIT_NOT_FOUND and "not exist" in err
         rc, err = await _cli_async(capsys, "trace", "get", "--job", "default/nojob", *at)
         assert rc == EXIT_NOT_FOUND and "failed to found configmap" in err
+        # tryout: 'trace on' of an unknown job was 'UNKNOWN: notify subscribe failed', rc 1
+        rc, err = await _cli_async(capsys, "trace", "on", "--job", "default/nojob", *at)
+        assert rc == EXIT_NOT_FOUND and "notify subscribe failed" in err
     finally:
         await cd.stop()
     cd = await make_clusterd(tmp_path / "limited", "--unary-qps", "0.5")  # burst 0.5: every call refused

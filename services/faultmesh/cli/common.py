@@ -71,6 +71,7 @@ class Rejected(CliError):
 NOT_FOUND_TEXT = (
     "not exist",  # recover O&M: "job:<id> not exist"; faultsvc: "jobId=<id> does not exist"
     "failed to found",  # datatrace: "failed to found configmap:[ns/data-trace-job]"
+    "notify subscribe failed",  # datatrace Modify of a job clusterd does not know (the reference's)
     "one of jobName, pgName, ns is empty",  # recover Init of a job clusterd does not know
     "not found",
 )
