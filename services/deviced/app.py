@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import logging
 import time
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry
 
@@ -61,6 +62,7 @@ from faultmesh import config, runtime
 from faultmesh import log as fmlog
 from faultmesh.agent import AgentClient, AgentState, agent_options, channel_credentials
 from faultmesh.dcmi.loader import DcmiError
+from faultmesh.faultrules import DurationTable, RelationTable
 from faultmesh.httplite import HttpServer
 from faultmesh.log import event
 from faultmesh.metrics import daemon_registry
@@ -77,17 +79,41 @@ STOP_TASKS_S = 3.0
 DRAIN_S = 2.0
 
 
+class Tables(NamedTuple):
+    """deviced's fault tables as loaded from the files its flags name (faultmesh's defaults)."""
+
+    codes: FaultCodeTable
+    customization: Customization
+    switch: SwitchFaultTable
+    relations: RelationTable
+    duration: DurationTable
+
+
+def load_tables(args: argparse.Namespace) -> Tables:
+    """Every table of ``args`` (``--fault-code-file`` ...). Raises :class:`TableError`."""
+    return Tables(
+        FaultCodeTable.load(args.fault_code_file),
+        Customization.load(args.fault_customization_file),
+        SwitchFaultTable.load(args.switch_fault_code_file),
+        load_relations(args.relation_fault_file),
+        load_fault_duration(args.fault_duration_file),
+    )
+
+
 class DeviceD:
     """One deviced process, wired (see module docstring). ``backend`` is an ``NpuBackend`` (None:
     loaded, and retried, at start); ``clock`` (ms) is the engine's, injectable."""
 
-    def __init__(self, args: argparse.Namespace, backend: NpuBackend | None, clock=now_ms) -> None:
+    def __init__(
+        self, args: argparse.Namespace, backend: NpuBackend | None, clock=now_ms, tables: Tables | None = None
+    ) -> None:
+        t = tables or load_tables(args)
         self.args = args
         self.node_name = args.node_name
         self.registry = daemon_registry("deviced")
         self.engine = FaultEngine(
-            FaultCodeTable.load(args.fault_code_file),
-            Customization.load(args.fault_customization_file),
+            t.codes,
+            t.customization,
             clock=clock,
             recover_delay_ms=int(args.recover_delay_s * 1000),
             poll_fallback_ms=int(args.poll_fallback_s * 1000),
@@ -95,11 +121,11 @@ class DeviceD:
             max_codes=args.max_codes_per_chip,
         )
         self.engine.on_reason_change = self._on_reason_change
-        self.switch_state = SwitchState(SwitchFaultTable.load(args.switch_fault_code_file))
+        self.switch_state = SwitchState(t.switch)
         self.io = ChipIO(args, backend)
         self.relations = RelationRules(
-            load_relations(args.relation_fault_file),
-            load_fault_duration(args.fault_duration_file),
+            t.relations,
+            t.duration,
             self.switch_state,
             a3=lambda: any(sp >= 0 for sp, _ in self.io.spod.values()),
         )
@@ -391,11 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         backend = None
     try:
-        FaultCodeTable.load(args.fault_code_file)
-        Customization.load(args.fault_customization_file)
-        SwitchFaultTable.load(args.switch_fault_code_file)
-        load_relations(args.relation_fault_file)
-        load_fault_duration(args.fault_duration_file)
+        tables = load_tables(args)  # once: a bad entry is warned about once
     except TableError as e:
         event(log, logging.ERROR, "fault table unusable", error=str(e))
         return 2
@@ -404,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_device_info:
             return await print_device_info(args, backend)
         try:
-            app = DeviceD(args, backend)
+            app = DeviceD(args, backend, tables=tables)
         except (OSError, TableError) as e:  # unreadable TLS files, tables changed since the check
             event(log, logging.ERROR, "deviced failed to start", error=str(e))
             return 1

@@ -5,6 +5,7 @@ is dropped with its reason; a live reload keeps the last good table and counts t
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from support import free_port, until
@@ -139,3 +140,34 @@ async def test_live_override_and_rejected_reload_keeps_last_good(tmp_path):
         await until(lambda: app.relations.relations.rules == [])
     finally:
         await app.stop()
+
+
+def test_a_skipped_table_entry_is_logged_once_at_start(tmp_path):
+    # tryout: deviced's main checked the tables (exit 2 on a bad file) and then loaded them again,
+    # so every skipped entry was warned about twice
+    import subprocess
+    import sys
+    import time
+
+    table = json.loads((Path(__file__).parents[2] / "services/deviced/data/faultCode.json").read_text())
+    key = next(k for k, v in table.items() if isinstance(v, list))
+    table[key] = [*table[key], "zz-bad"]
+    (tmp_path / "fc.json").write_text(json.dumps(table))
+    log = tmp_path / "deviced.log"
+    with open(log, "wb") as fh:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "deviced", "--node-name", "n1", "--backend", "sim", "--clusterd",
+             f"127.0.0.1:{free_port()}", "--http-addr", f"127.0.0.1:{free_port()}",
+             "--fault-code-file", str(tmp_path / "fc.json")],
+            stdout=fh, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 20
+            while "clusterd stream down" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.1)  # started: past the table loads
+        finally:
+            p.terminate()
+            p.wait(20)
+    text = log.read_text()
+    assert "clusterd stream down" in text, text
+    assert text.count("fault code skipped") == 1 and "value=zz-bad" in text, text
