@@ -319,3 +319,12 @@ def test_a_missing_job_names_the_command_that_needs_it(capsys):
         assert rc == EXIT_USAGE and said in err, err
     rc, _ = cli(capsys, "slownode", "disable", "job1", "--http", "127.0.0.1:1")
     assert rc == EXIT_UNREACHABLE  # the job as an argument goes on to the (absent) server
+
+
+def test_an_empty_address_env_means_the_default(capsys, monkeypatch):
+    # tryout: FAULTMESH_HTTP_ADDR= gave a 'no host' error instead of the default address
+    monkeypatch.setenv("FAULTMESH_HTTP_ADDR", "")
+    rc, err = cli(capsys, "faults")
+    # unreachable on 127.0.0.1:8080 (or answered, if something there is a clusterd): not a usage error
+    assert rc in (0, EXIT_UNREACHABLE) and "no host" not in err, err
+    assert rc == 0 or "127.0.0.1:8080" in err, err

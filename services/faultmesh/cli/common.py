@@ -94,12 +94,12 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     """``--http`` (ClusterD HTTP address), ``--grpc`` (gRPC address), ``--token-file``, ``-o``."""
     p.add_argument(
         "--http",
-        default=os.environ.get("FAULTMESH_HTTP_ADDR", "127.0.0.1:8080"),
+        default=os.environ.get("FAULTMESH_HTTP_ADDR") or "127.0.0.1:8080",  # empty: unset
         help="ClusterD HTTP address (env FAULTMESH_HTTP_ADDR)",
     )
     p.add_argument(
         "--grpc",
-        default=os.environ.get("FAULTMESH_GRPC_ADDR", "127.0.0.1:8899"),
+        default=os.environ.get("FAULTMESH_GRPC_ADDR") or "127.0.0.1:8899",
         help="ClusterD gRPC address (env FAULTMESH_GRPC_ADDR)",
     )
     p.add_argument(

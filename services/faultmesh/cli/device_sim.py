@@ -57,7 +57,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("device-sim", help="drive deviced's simulated chips (sim backend)")
     p.add_argument(
         "--sim",
-        default=os.environ.get("FAULTMESH_SIM_ADDR", "127.0.0.1:8090"),
+        default=os.environ.get("FAULTMESH_SIM_ADDR") or "127.0.0.1:8090",
         help="deviced --sim-control-addr (env FAULTMESH_SIM_ADDR)",
     )
     p.add_argument(
