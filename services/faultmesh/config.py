@@ -93,6 +93,17 @@ non_negative_float = _number(float, 0.0, False, "number >= 0")
 refuse every client (``--max-connections 0``, ``--unary-qps -1``) is a usage error at start."""
 
 
+def bool_arg(text: str) -> bool:
+    """argparse ``type=`` check of a yes/no value (:data:`TRUE_WORDS` / :data:`FALSE_WORDS`, any
+    case); anything else is a usage error, not false."""
+    word = str(text).strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS and word:
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r}: use true or false")
+
+
 def number_in(kind: type, lo: float, hi: float):
     """argparse ``type=`` check of a ``kind`` (int or float) in ``lo..hi``, both included (e.g. the
     demo's ``--bmc-poll`` 1..600 s, which noded would refuse only after the stack started)."""

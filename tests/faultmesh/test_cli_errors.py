@@ -328,3 +328,10 @@ def test_an_empty_address_env_means_the_default(capsys, monkeypatch):
     # unreachable on 127.0.0.1:8080 (or answered, if something there is a clusterd): not a usage error
     assert rc in (0, EXIT_UNREACHABLE) and "no host" not in err, err
     assert rc == 0 or "127.0.0.1:8080" in err, err
+
+
+@pytest.mark.parametrize("argv", [["--drop", "maybe"], ["--delay", "-3"]])
+def test_bmc_sim_behave_bad_values_are_usage(capsys, argv):
+    # tryout: '--drop maybe' was taken as false, '--delay -3' accepted
+    rc, err = cli(capsys, "bmc-sim", "behave", *argv, "--control", "127.0.0.1:1")
+    assert rc == EXIT_USAGE and argv[0] in err, err

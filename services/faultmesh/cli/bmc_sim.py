@@ -19,6 +19,7 @@ import os
 import sys
 
 from faultmesh.cli.common import CliError, request_json, run
+from faultmesh.config import bool_arg, non_negative_float
 from faultmesh.log import add_log_arguments
 
 # Named SEL events for ``inject --sel NAME``: (sensor type, event type, offset), IPMI 2.0 table 42-3.
@@ -191,9 +192,7 @@ def register(subparsers) -> None:
 
     beh = verbs.add_parser("behave", help="make the BMC slow, silent or answer badly")
     control(beh)
-    beh.add_argument("--delay", type=float, help="seconds before each reply")
-    beh.add_argument(
-        "--drop", type=lambda s: s.lower() in ("1", "true", "yes", "on"), help="true: never answer"
-    )
+    beh.add_argument("--delay", type=non_negative_float, help="seconds before each reply")
+    beh.add_argument("--drop", type=bool_arg, help="true: never answer")
     beh.add_argument("--oem", choices=("ok", "unsupported", "short", "ragged", "absurd", "count"))
     beh.set_defaults(func=cmd_behave)
