@@ -133,7 +133,7 @@ async def test_cli_trace_on_off_get(cd, tmp_path):
     rc, out, err = await run_cli(cd, "trace", "on", "llama")
     assert rc == 2 and "is not NAMESPACE/JOB" in err
     rc, out, err = await run_cli(cd, "trace", "on", "default/nope")
-    assert rc == 1 and "notify subscribe failed" in err
+    assert rc == 4 and "notify subscribe failed" in err  # an unknown job: not found
     rc, out, err = await run_cli(cd, "trace", "get", "default/never-set")
     assert rc == 4 and "failed to found configmap" in err
     rc, out, err = await run_cli(cd, "trace", "on", "default/llama", "--set", "FP=maybe")
