@@ -11,6 +11,7 @@ import argparse
 import difflib
 import os
 import re
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -214,19 +215,20 @@ def load_document(data: str | bytes, max_bytes: int | None = None) -> Any:
     return load_yaml(data, max_bytes=max_bytes)
 
 
-_parse_gate = None
+_parse_gates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> its gate
 
 
 async def parse_untrusted(fn, *args: Any) -> Any:
-    """``fn(*args)`` in a worker thread, one at a time per process: the parse of a document from the
-    network (a job spec, a pingmesh config) never stalls the event loop, and many large bodies at
+    """``fn(*args)`` in a worker thread, one at a time per event loop: the parse of a document from
+    the network (a job spec, a pingmesh config) never stalls the loop, and many large bodies at
     once cost the memory of one parse, not of one per request."""
     import asyncio
 
-    global _parse_gate
-    if _parse_gate is None:
-        _parse_gate = asyncio.Semaphore(1)
-    async with _parse_gate:
+    loop = asyncio.get_running_loop()
+    gate = _parse_gates.get(loop)
+    if gate is None:
+        gate = _parse_gates[loop] = asyncio.Semaphore(1)  # an asyncio primitive serves one loop
+    async with gate:
         return await asyncio.to_thread(fn, *args)
 
 
