@@ -78,6 +78,8 @@ SOURCE = "fd-online"
 CODE_SLOW = "110001010"
 CODE_RECOVERED = "100001011"
 STORE_NS = "slownode.jobs"
+# the keys of a node result that name ranks of that node only (fdol.slownode.node results)
+LOCAL_RANK_KEYS = ("slowCalculateRanks", "slowSendRanks", "slowIORanks", "suspectRanks")
 
 
 class SlowNodeComponent(SlowNodeHttp):
@@ -372,6 +374,28 @@ class SlowNodeComponent(SlowNodeHttp):
             return
         if node not in js.placement.values():
             self.m_reports.labels("foreign_node").inc()
+            return
+        try:
+            named = {int(r) for k in LOCAL_RANK_KEYS for r in res.get(k) or ()}
+        except (TypeError, ValueError) as e:
+            self.m_reports.labels("bad").inc()
+            self.ctx.metrics.reject("slownode", "bad_report")
+            event(
+                log, logging.WARNING, "slownode report rejected", node=node, job=report.job_id, error=repr(e)
+            )
+            return
+        if foreign := named.difference(js.ranks_on(node)):  # computed for an older placement
+            self.m_reports.labels("foreign_rank").inc()
+            self.ctx.metrics.reject("slownode", "foreign_rank")
+            event(
+                log,
+                logging.WARNING,
+                "slownode report rejected",
+                node=node,
+                job=report.job_id,
+                reason="ranks not placed on this node",
+                ranks=go_ints(sorted(foreign)),
+            )
             return
         self.m_reports.labels("slow" if res.get("isSlow") == 1 else "normal").inc()
         res["reportedMs"] = report.timestamp_ms or now_ms()

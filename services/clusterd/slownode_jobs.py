@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import orjson
@@ -94,4 +95,12 @@ class JobState:
         return sorted(set(self.placement.values()))
 
     def ranks_on(self, node: str) -> list[int]:
-        return sorted(r for r, n in self.placement.items() if n == node)
+        """The ranks placed on ``node``, ascending ([] for a node without ranks of the job)."""
+        return self._by_node.get(node, [])
+
+    @cached_property
+    def _by_node(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for r, n in sorted(self.placement.items()):
+            out.setdefault(n, []).append(r)
+        return out

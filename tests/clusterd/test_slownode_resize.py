@@ -1,0 +1,68 @@
+"""A slow-node job that changes size (issue 16 "Bad input"): the job is re-enabled with the new
+placement, and a node result still naming ranks that node no longer hosts (computed before the
+change reached it) names nobody: it is rejected, counted and logged, while a result for the ranks
+the node hosts now is taken."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import orjson
+from support import agent_stream, http_call, make_clusterd
+
+from faultmesh._pb import agent_pb2
+
+OLD = {str(r): ("node-a" if r < 8 else "node-b") for r in range(16)}  # 16 ranks, 8 per node
+NEW = {str(r): ("node-a" if r < 4 else "node-b") for r in range(8)}  # shrunk to 8: 4 per node
+
+
+def conf(ranks: dict) -> dict:
+    return {"jobName": "j1", "jobNamespace": "default", "normalNumber": 20, "nSecondsDoOneDetection": 1,
+            "cardOneNode": 16, "SlowNode": 1, "ranks": ranks}  # fmt: skip
+
+
+def result(slow: list[int]) -> dict:
+    return {"isSlow": 1 if slow else 0, "slowCalculateRanks": slow, "slowCommunicationDomains": [],
+            "slowSendRanks": [], "slowHostNodes": [], "slowIORanks": [], "suspectRanks": [],
+            "lastStep": 100, "baselineReady": True}  # fmt: skip
+
+
+def report(seq: int, slow: list[int]) -> agent_pb2.AgentMessage:
+    body = {"slownode_j1": {"10.0.0.1": result(slow)}}
+    rep = agent_pb2.SlowNodeReport(job_id="j1", node="node-a", result_json=orjson.dumps(body), timestamp_ms=1)
+    return agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=seq, slownode_reports=[rep]))
+
+
+def reports(cd, res: str) -> float:
+    return cd.registry.get_sample_value("faultmesh_slownode_reports_total", {"result": res}) or 0.0
+
+
+async def call(cd, method: str, path: str, body=None):
+    return await asyncio.to_thread(http_call, method, f"http://127.0.0.1:{cd.http.port}{path}", body)
+
+
+async def test_a_result_for_ranks_of_the_old_size_names_nobody_and_is_counted(tmp_path, caplog):
+    cd = await make_clusterd(tmp_path)
+    try:
+        assert (await call(cd, "POST", "/v1/slownode/jobs", conf(OLD)))[0] == 200
+        assert (await call(cd, "POST", "/v1/slownode/jobs", conf(NEW)))[0] == 200
+        st, body = await call(cd, "GET", "/v1/slownode/j1")
+        assert st == 200 and body["ranks"] == NEW, body
+        hello = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="node-a", agent="noded"))
+        snap = agent_pb2.AgentMessage(snapshot=agent_pb2.Snapshot(seq=1))
+        with caplog.at_level(logging.WARNING, logger="clusterd"):
+            await agent_stream(cd.grpc_port, [hello, snap, report(2, [6])])  # rank 6: node-b's now
+        assert reports(cd, "foreign_rank") == 1
+        assert any(
+            "slownode report rejected" in r.getMessage() and "6" in r.getMessage() for r in caplog.records
+        )
+        st, body = await call(cd, "GET", "/v1/slownode/j1")
+        assert body["nodeResults"] == {} and not body["slowRanks"], body
+        await agent_stream(cd.grpc_port, [hello, agent_pb2.AgentMessage(snapshot=agent_pb2.Snapshot(seq=3)),
+                                          report(4, [2])])  # fmt: skip
+        assert reports(cd, "slow") == 1
+        st, body = await call(cd, "GET", "/v1/slownode/j1")
+        assert body["nodeResults"]["node-a"]["slowCalculateRanks"] == [2], body
+    finally:
+        await cd.stop()
