@@ -9,9 +9,13 @@ caches, :mod:`clusterd.pieces`). Only the writer of :class:`~clusterd.center.Fau
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from clusterd.pieces import NodeChanges
 from faultmesh.levels import HEALTHY, level_health, level_severity, worst_health
 from faultmesh.model import Fault, FaultKey
+
+_EMPTY: frozenset = frozenset()
 
 
 class FaultIndex:
@@ -141,6 +145,15 @@ class FaultIndex:
     def faults_of_origin(self, origin: str) -> list[Fault]:
         """Every active fault owned by ``origin`` (unsorted; cost follows that origin's faults)."""
         return [self._faults[k] for (_, o), keys in self._by_scope.items() if o == origin for k in keys]
+
+    def scope_count_with(
+        self, node: str, origin: str, add: Iterable[FaultKey], remove: Iterable[FaultKey] = ()
+    ) -> int:
+        """How many records scope (``node``, ``origin``) would hold with the keys ``add`` put and
+        ``remove`` dropped (cost follows the keys given, not what the scope holds)."""
+        held = self._by_scope.get((node, origin), _EMPTY)
+        gone = {k for k in remove if k in held}
+        return len(held) - len(gone) + len({k for k in add if k not in held or k in gone})
 
     def count_of_origin(self, origin: str) -> int:
         """How many records ``origin`` owns (O(1))."""

@@ -52,6 +52,30 @@ async def test_faults_per_message_at_the_limit_and_over_it(cd, monkeypatch):
     assert sorted(f.device_id for f in cd.center.faults("node-1")) == [0, 1, 2, 9]
 
 
+async def test_faults_per_node_count_what_the_agent_would_hold_there(cd, monkeypatch):
+    """A Delta that would leave more than MAX_FAULTS_PER_NODE faults of the agent on its node is
+    refused (restating held faults and removing some to make room are fine); so is a Snapshot over
+    it. What was refused is not stored."""
+    monkeypatch.setattr(agents_mod, "MAX_FAULTS_PER_NODE", 4)
+    rm = agent_pb2.FaultKey(source="bmc-oem", device_type="CPU", device_id=0, code=f"{0:08X}")
+    acks = await raw_stream(
+        cd.grpc_port,
+        [
+            _hello(),
+            agent_pb2.AgentMessage(snapshot=agent_pb2.Snapshot(seq=1, faults=[_f(i) for i in range(3)])),
+            agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=2, upserts=[_f(0), _f(1), _f(3)])),  # 4: ok
+            agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=3, upserts=[_f(5)])),  # 5: refused
+            agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=4, upserts=[_f(5)], removals=[rm])),  # 4
+            agent_pb2.AgentMessage(snapshot=agent_pb2.Snapshot(seq=5, faults=[_f(i) for i in range(5)])),
+        ],
+    )
+    errs = _errors(acks)
+    assert errs[1] == errs[2] == errs[4] == "", errs
+    assert errs[3] == "too_many_faults: node node-1 would hold 5 faults, limit 4 per agent", errs
+    assert errs[5] == "too_many_faults: 5 faults for node node-1, limit 4 per agent", errs
+    assert sorted(f.device_id for f in cd.center.faults("node-1")) == [1, 2, 3, 5]
+
+
 async def test_conditions_per_node_count_what_the_node_would_hold(cd):
     first = [agent_pb2.Condition(type=f"c{i}", active=True) for i in range(64)]
     acks = await raw_stream(

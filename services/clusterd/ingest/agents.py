@@ -79,6 +79,9 @@ from faultmesh.wire import key_from_pb
 log = logging.getLogger("clusterd.agents")
 
 MAX_FAULTS_PER_MESSAGE = 100_000
+# Faults one agent may hold on one node (a deviced's fault table x 16 NPUs plus its switch and
+# network codes is ~13k): a Snapshot or Delta that would leave more is refused (too_many_faults).
+MAX_FAULTS_PER_NODE = 65_536
 # Ack.error prefix of a message that was valid but not stored (state write failed): the agent must
 # not count it as acked; ClusterD then ends the stream and the agent resends all by snapshot.
 INTERNAL_ERROR = "internal"
@@ -372,6 +375,10 @@ class AgentHub(Liveness, agent_pb2_grpc.AgentStreamServicer):
                 raise AgentInputError(
                     f"too_many_faults: {n} faults in one message, limit {MAX_FAULTS_PER_MESSAGE}"
                 )
+            if kind == "snapshot" and n > MAX_FAULTS_PER_NODE:
+                raise AgentInputError(
+                    f"too_many_faults: {n} faults for node {s.node}, limit {MAX_FAULTS_PER_NODE} per agent"
+                )
             if kind == "snapshot":
                 check_state(self.nodes, s.node, body.conditions, body.devices, body.node_status, replace=True)
                 pending = pending_sources(body.pending_sources)
@@ -397,6 +404,14 @@ class AgentHub(Liveness, agent_pb2_grpc.AgentStreamServicer):
                 ups = [check_fault(s.node, m) for m in body.upserts]
                 rms = [key_from_pb(k, s.node) for k in body.removals]
                 ups, rms, refused = self._owned(s, ups, rms) if ups or rms else (ups, rms, 0)
+                if (
+                    ups
+                    and (held := self.center.scope_count_with(s.node, s.agent, [f.key for f in ups], rms))
+                    > MAX_FAULTS_PER_NODE
+                ):
+                    raise AgentInputError(
+                        f"too_many_faults: node {s.node} would hold {held} faults, limit {MAX_FAULTS_PER_NODE} per agent"
+                    )
                 if s.closed:
                     return
                 fut = (
