@@ -404,10 +404,7 @@ def check_tls_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     """Usage error (exit 2, naming the missing flag) unless ``--tls-cert`` and ``--tls-key`` come
     together; ``--tls-ca`` (mTLS) needs them. Without this a lone ``--tls-cert`` failed at bind with
     a TypeError (exit 1) and a lone ``--tls-key`` / ``--tls-ca`` served plaintext."""
-    if args.tls_cert and not args.tls_key:
-        parser.error("--tls-cert needs --tls-key (the PEM private key of the certificate)")
-    if args.tls_key and not args.tls_cert:
-        parser.error("--tls-key needs --tls-cert (the PEM server certificate)")
+    config.check_tls_pair(parser, args, "the PEM server certificate")  # as the agents' client pair
     if args.tls_ca and not args.tls_cert:
         parser.error("--tls-ca (client certificates, mTLS) needs --tls-cert and --tls-key")
 

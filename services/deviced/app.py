@@ -60,7 +60,13 @@ from deviced.tables import (
 )
 from faultmesh import config, runtime
 from faultmesh import log as fmlog
-from faultmesh.agent import AgentClient, AgentState, agent_options, channel_credentials
+from faultmesh.agent import (
+    AgentClient,
+    AgentState,
+    agent_options,
+    channel_credentials,
+    check_clusterd_arguments,
+)
 from faultmesh.dcmi.loader import DcmiError
 from faultmesh.faultrules import DurationTable, RelationTable
 from faultmesh.httplite import HttpServer
@@ -397,7 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     """Console script ``deviced``."""
     import socket
 
-    args = config.parse(build_parser(), argv)
+    parser = build_parser()
+    args = config.parse(parser, argv)
+    check_clusterd_arguments(parser, args)
     fmlog.setup_from_args(args)
     if not args.node_name:
         args.node_name = socket.gethostname()

@@ -52,6 +52,7 @@ from faultmesh.agentconf import (  # noqa: F401 - re-exported: the agents import
     agent_options,
     channel_credentials,
     channel_options,
+    check_clusterd_arguments,
 )
 from faultmesh.agentstate import (  # noqa: F401 - re-exported: the agents import them from here
     DIGEST_SIZE,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import grpc
 
+from faultmesh.config import check_tls_pair
+
 KEEPALIVE_S = 60.0  # gRPC keepalive ping after this long idle (clusterd.md §1)
 KEEPALIVE_TIMEOUT_S = 5.0  # ... and its ack timeout
 HEARTBEAT_S = 10.0  # an empty Delta after this long without a message: ClusterD's liveness signal
@@ -83,6 +85,13 @@ def add_clusterd_arguments(parser) -> None:
         help="send an empty delta after this long without a message (s; 0: off); keep it well under "
         "ClusterD's --agent-stale-after-s",
     )
+
+
+def check_clusterd_arguments(parser, args) -> None:
+    """Usage error (exit 2, naming the missing flag) unless ``--clusterd-tls-cert`` and
+    ``--clusterd-tls-key`` come together (:func:`faultmesh.config.check_tls_pair`, clusterd's own
+    check of its pair); call it after :func:`faultmesh.config.parse`."""
+    check_tls_pair(parser, args, "the PEM client certificate")
 
 
 def channel_credentials(args) -> grpc.ChannelCredentials | None:

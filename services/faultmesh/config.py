@@ -146,6 +146,19 @@ def check_address(text: str) -> str:
     return text
 
 
+def check_tls_pair(parser: argparse.ArgumentParser, args: argparse.Namespace, cert_what: str) -> None:
+    """Usage error (exit 2, naming the missing flag) unless ``args.tls_cert`` and ``args.tls_key``
+    come together: clusterd's server pair and the agents' client pair. The flags are named as the
+    parser spells them (``--tls-cert``; an agent's ``--clusterd-tls-cert/--tls-cert``);
+    ``cert_what`` says what the certificate is (``the PEM server certificate``)."""
+    flags = {a.dest: "/".join(a.option_strings) for a in parser._actions if a.option_strings}
+    cert, key = flags["tls_cert"], flags["tls_key"]
+    if args.tls_cert and not args.tls_key:
+        parser.error(f"{cert} needs {key} (the PEM private key of the certificate)")
+    if args.tls_key and not args.tls_cert:
+        parser.error(f"{key} needs {cert} ({cert_what})")
+
+
 ADDRESS_DESTS = ("clusterd",)
 """Flags checked by :func:`parse` as addresses besides every ``--*-addr`` (``--grpc-addr``,
 ``--http-addr``, ``--sim-control-addr``): the agents' ``--clusterd host:port``. Every ``--*-port``

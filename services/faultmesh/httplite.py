@@ -34,7 +34,7 @@ import h11
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
-from faultmesh.config import MAX_BODY_BYTES
+from faultmesh.config import MAX_BODY_BYTES, check_port
 from faultmesh.log import RateLimitedLog
 from faultmesh.runtime import wait_for
 
@@ -58,12 +58,18 @@ _REASONS = {int(s): s.phrase.encode() for s in HTTPStatus}
 
 
 def parse_addr(addr: str, default_port: int = 0) -> tuple[str, int]:
-    """``"127.0.0.1:8080"`` -> ``("127.0.0.1", 8080)``; ``"[::1]:80"`` works. Raises ``ValueError``."""
+    """``"127.0.0.1:8080"`` -> ``("127.0.0.1", 8080)``; ``"[::1]:80"`` works; port 0 (listen on any
+    free port) too. Raises ``ValueError`` naming ``addr`` for a port that is not a number or not in
+    0..65535 (:func:`faultmesh.config.check_port`; the socket layer would refuse it later, or wrap it)."""
     host, sep, port = addr.rpartition(":")
     if not sep:
         return addr, default_port
     host = host.strip("[]")
-    return host or "127.0.0.1", int(port)
+    try:
+        n = check_port(port)
+    except ValueError as e:
+        raise ValueError(f"bad address {addr[:64]!r}: {e}") from None
+    return host or "127.0.0.1", n
 
 
 def token_check(token: str) -> Callable[[str | None], bool]:

@@ -12,6 +12,7 @@ import time
 
 from faultmesh import config, runtime
 from faultmesh import log as fmlog
+from faultmesh.agent import check_clusterd_arguments
 from faultmesh.log import event
 from faultmesh.runtime import wait_for
 from noded import nodeinfo
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``noded``. Returns the exit status (2 on bad flags or configuration)."""
     parser = build_parser()
     args = config.parse(parser, argv)
+    check_clusterd_arguments(parser, args)
     fmlog.setup_from_args(args)
     if not args.node_name:
         parser.error("--node-name (or env NODE_NAME) is required")

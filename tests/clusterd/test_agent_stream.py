@@ -126,6 +126,19 @@ async def test_stream_without_hello_is_refused(cd):
         await raw_stream(cd.grpc_port, [agent_pb2.AgentMessage(snapshot=agent_pb2.Snapshot(seq=1))])
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert cd.rejected.labels("agent", "no_hello")._value.get() == 1
+    assert e.value.details() == "first message must be Hello with a node"
+
+
+@pytest.mark.parametrize("node", ["", "node 1", "n" * 254, "node/1"])
+async def test_hello_with_an_invalid_node_name_says_the_rule(cd, node):
+    # tryout: it said "first message must be Hello with a node", as for a stream without a Hello
+    hello = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=node, agent="noded"))
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await raw_stream(cd.grpc_port, [hello])
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == f"Hello: node must match [A-Za-z0-9._-]{{1,253}}, got {node[:64]!r}"
+    assert cd.rejected.labels("agent", "no_hello")._value.get() == 1  # the reason stays no_hello
+    assert cd.agents.connected() == []
 
 
 async def test_bad_faults_are_rejected_with_a_reason_and_do_not_touch_state(cd):

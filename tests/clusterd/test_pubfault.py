@@ -89,10 +89,14 @@ async def test_fault_count_bounds_answer_409(stub):
     assert code == 409
 
 
-async def test_unknown_resource_answers_410_not_409(stub, caplog):
-    assert await send(stub, request(resource="nobody")) == (410, "limiter work by resource failed")
-    # the reference's text for clients; the log says why (tryout finding)
-    assert any('resource=nobody why="unknown resource"' in r.getMessage() for r in caplog.records)
+@pytest.mark.parametrize("resource, logged", [("nobody", "resource=nobody"), ("", 'resource=""')])
+async def test_unknown_resource_answers_410_not_409(stub, caplog, resource, logged):
+    # an empty resource too: the reference (LimitByResource before any request check) answers 410
+    # with this text, not 409 "invalid resource"; the log says why (tryout findings)
+    assert await send(stub, request(resource=resource)) == (410, "limiter work by resource failed")
+    assert any(f'{logged} why="unknown resource"' in r.getMessage() for r in caplog.records), [
+        r.getMessage() for r in caplog.records
+    ]
 
 
 async def test_resource_bucket_allows_a_burst_of_100_then_410(stub):

@@ -63,7 +63,7 @@ def test_up_with_job_prints_cli_commands_that_work(tmp_path):
         rest, _ = proc.communicate(timeout=60)
     finally:
         up_stopped(proc)
-    assert proc.returncode == 0, "".join(lines) + rest
+    assert proc.returncode == 130, "".join(lines) + rest  # Ctrl-C
     assert up_pids(run_dir) == []
 
 

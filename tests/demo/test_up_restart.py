@@ -45,6 +45,6 @@ def test_a_crashed_agent_is_restarted(tmp_path):
         rest, _ = proc.communicate(timeout=40)
     finally:
         up_stopped(proc)
-    assert proc.returncode == 0, "".join(lines) + rest
+    assert proc.returncode == 130, "".join(lines) + rest  # Ctrl-C
     assert "stopped 4 processes" in rest  # clusterd, bmc-sim, noded (the restarted one), deviced
     assert up_pids(run_dir, "noded") == []

@@ -128,6 +128,18 @@ async def test_outputs_not_found_and_rejected_against_clusterd(tmp_path, capsys,
         assert (
             yaml.safe_load(y.stdout) == json.loads(j.stdout) and json.loads(j.stdout)[0]["code"] == "80E18402"
         )
+        r = await fm("faults", *http, "--node", "nosuch")  # tryout: was exit 0 with an empty table
+        assert r.returncode == EXIT_NOT_FOUND and r.stdout == "", (r.returncode, r.stdout)
+        assert r.stderr.count("\n") == 1 and "node nosuch not known" in r.stderr, r.stderr
+        r = await fm("faults", *http, "--node", "node-1", "-o", "json")
+        assert r.returncode == 0 and [f["node"] for f in json.loads(r.stdout)] == ["node-1"]
+        r = await fm(
+            "pubfault", "send", "--grpc", f"127.0.0.1:{cd.grpc_port}", "--resource", "", "--code", "010001001",
+            "--node", "node-1", "--token-file", str(token),
+        )  # fmt: skip
+        # the reference's 410 text, then what it means (tryout: the text alone did not say)
+        assert r.returncode == EXIT_REJECTED and "410: limiter work by resource failed" in r.stderr, r.stderr
+        assert "--resource '' is not in clusterd's public fault table" in r.stderr, r.stderr
         r = await fm("job", "get", "nope", *http)
         assert r.returncode == EXIT_NOT_FOUND and "job nope not found" in r.stderr
         assert (await fm("job", "get", "--job", "nope", *http)).returncode == EXIT_NOT_FOUND

@@ -23,3 +23,21 @@ def test_metric_names_in_the_docs_exist_in_the_code():
             if name not in declared and name.removesuffix("_total") not in declared:
                 missing.append(f"{doc.relative_to(ROOT)}: {name}")
     assert not missing, "metric names the code does not declare:\n" + "\n".join(missing)
+
+
+def test_metrics_doc_lists_every_pubfault_rejection_reason():
+    """docs/metrics.md lists every ``reason`` the PubFault intake counts under ``service="pubfault"``,
+    and no other (tryout: ``table_rejected`` was missing, and with it the whole list)."""
+    src = (ROOT / "services/clusterd/api/pubfault.py").read_text(encoding="utf-8")
+    counted = set(re.findall(r'reject\("pubfault", "([a-z_]+)"\)', src))
+    counted |= set(re.findall(r'self\._reject\(\s*"([a-z_]+)"', src))
+    auth = (ROOT / "services/clusterd/auth.py").read_text(encoding="utf-8")
+    if '"/PubFault/SendPublicFault": "pubfault"' in auth:  # the token check counts it as unauthenticated
+        counted.add("unauthenticated")
+    assert {"rate_or_resource", "table_rejected", "store_error"} <= counted  # the patterns still find them
+    doc = (ROOT / "docs/metrics.md").read_text(encoding="utf-8")
+    head = '`faultmesh_rejected_requests_total{service="pubfault"}` reasons'
+    assert head in doc
+    para = doc.split(head, 1)[1].split("\n\n", 1)[0]
+    listed = set(re.findall(r"`([a-z_]+)`(?= \()", para))
+    assert listed == counted, f"missing: {sorted(counted - listed)}, not counted: {sorted(listed - counted)}"

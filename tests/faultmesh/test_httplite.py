@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from faultmesh.httplite import HttpServer, json_response
+from faultmesh.httplite import HttpServer, json_response, parse_addr
 
 
 @pytest.fixture
@@ -86,3 +86,21 @@ async def test_junk_is_a_counted_400_and_keep_alive_serves_several_requests(serv
     await s.stop()  # the idle keep-alive connection is closed, its task ends
     assert await r.read() == b""
     w.close()
+
+
+def test_parse_addr_refuses_a_port_out_of_range_naming_the_address():
+    """tryout: 127.0.0.1:99999 was taken as port 99999 and failed (or wrapped) only at bind time."""
+    assert parse_addr("127.0.0.1:8080") == ("127.0.0.1", 8080)
+    assert parse_addr("[::1]:65535") == ("::1", 65535)
+    assert parse_addr(":0") == ("127.0.0.1", 0)  # any free port, as the tests listen
+    for addr, words in (
+        ("127.0.0.1:65536", "Port out of range 0-65535: 65536"),
+        ("127.0.0.1:-1", "Port out of range 0-65535: -1"),
+        ("127.0.0.1:http", "port 'http' is not a number"),
+        ("127.0.0.1:", "port '' is not a number"),
+    ):
+        with pytest.raises(ValueError) as e:
+            parse_addr(addr)
+        assert str(e.value) == f"bad address {addr!r}: {words}"
+    with pytest.raises(ValueError, match="Port out of range"):
+        HttpServer("127.0.0.1:99999", CollectorRegistry())

@@ -214,6 +214,11 @@ class AgentHub(Liveness, agent_pb2_grpc.AgentStreamServicer):
         bad = valid_hello(first.hello) if first.WhichOneof("body") == "hello" else "no_hello"
         if bad == "no_hello":
             self._reject("no_hello")
+            if first.WhichOneof("body") == "hello":  # a Hello, with a node name that is not one
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"Hello: node must match [A-Za-z0-9._-]{{1,253}}, got {first.hello.node[:64]!r}",
+                )
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be Hello with a node")
         if bad:
             self._reject("bad_hello")

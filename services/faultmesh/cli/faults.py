@@ -24,9 +24,11 @@ def _short(name: str) -> str:
 
 @run
 def cmd_faults(args: argparse.Namespace) -> int:
-    """Print the active faults (GET /v1/faults)."""
+    """Print the active faults (GET /v1/faults); a ``--node`` clusterd does not know is exit 4."""
     q = {k: v for k, v in (("node", args.node), ("level", args.level), ("source", args.source)) if v}
     data = http_json(args, "GET", "/v1/faults" + ("?" + urllib.parse.urlencode(q) if q else ""))
+    if args.node and not data:  # no faults, or no such node: GET /v1/nodes/<name> tells (404: exit 4)
+        http_json(args, "GET", "/v1/nodes/" + urllib.parse.quote(args.node, safe=""))
     rows = [
         (
             f["node"],

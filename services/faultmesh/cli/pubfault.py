@@ -52,9 +52,11 @@ def cmd_send(args: argparse.Namespace) -> int:
     req = build_request(args)
     resp = call(args, pubfault_pb2_grpc.PubFaultStub, "SendPublicFault", req, timeout_s=args.timeout_s)
     if resp.code != 0:
-        hint = (
-            " (clusterd's log line 'public fault dropped' names the failed rule)" if resp.code == 409 else ""
-        )
+        hint = {
+            409: " (clusterd's log line 'public fault dropped' names the failed rule)",
+            410: f" (--resource {args.resource!r} is not in clusterd's public fault table, or it went over"
+            " its rate limit: clusterd's log line 'public fault rejected' says which)",
+        }.get(resp.code, "")
         raise server_error(f"clusterd answered {resp.code}: {resp.info}{hint}", Rejected)
     emit(
         args,

@@ -2,7 +2,8 @@
 
 Starts clusterd and, per simulated server, a BMC simulator, noded and deviced (sim backend) on
 127.0.0.1 (plus pingmesh on the fabric simulator when installed), prints every address and the
-commands to inject faults, and runs until Ctrl-C (or SIGTERM), which stops every process by PID.
+commands to inject faults, and runs until Ctrl-C (or SIGTERM), which stops every process by PID
+and exits 130 (as ``faultmesh demo``); 1 when the stack did not start.
 A process that crashes is reported and restarted with backoff (the rest of the stack keeps running).
 
 ``--with-job`` also starts the demo's example training job: the real 4-rank PyTorch CPU job
@@ -62,6 +63,7 @@ async def _up(args: argparse.Namespace) -> int:
             print(_howto(stack, job=args.with_job))
             clock.say("stack running; Ctrl-C stops every process")
             await _supervise(stack, stop, clock.say, args)
+            status = 130  # stopped by Ctrl-C or SIGTERM, as `faultmesh demo` exits
         else:
             start.cancel()
             status = 130
@@ -172,7 +174,7 @@ def _howto(stack, job: bool = False) -> str:
 
 @run
 def cmd_up(args: argparse.Namespace) -> int:
-    """Run the local stack until Ctrl-C."""
+    """Run the local stack until Ctrl-C (then exit 130)."""
     if args.servers < 1 or args.npus < 8 or args.npus % 8:
         raise UsageError("--servers must be >= 1 and --npus a multiple of 8")
     if args.with_job and args.servers < 2:
