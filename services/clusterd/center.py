@@ -68,6 +68,11 @@ class StoreWriteError(RuntimeError):
     must not ack it; the message carries the store's own error (``state write failed: <error>``)."""
 
 
+class ScopeFull(ValueError):
+    """An operation refused, nothing of it applied, because its scope would hold more faults than
+    the cap it was submitted with (:meth:`FaultCenter.submit` ``cap``); the message says how many."""
+
+
 class Change(NamedTuple):
     """One change of the fault center: kind is ``occur`` / ``update`` / ``recover``."""
 
@@ -88,6 +93,7 @@ class _Op(NamedTuple):
     keep_sources: frozenset[str] = frozenset()  # replace_scope: sources whose keys stay (pending)
     mark: bytes | None = None  # replace_scope: the scope's new mark (None: dropped)
     read_mark: tuple[str, str] | None = None  # a check_mark op: this scope's mark is the result
+    cap: tuple[tuple[str, str], int] | None = None  # (scope, most faults it may hold after the op)
 
 
 class FaultCenter(FaultIndex):
@@ -181,6 +187,7 @@ class FaultCenter(FaultIndex):
         keep_sources: Iterable[str] = (),
         mark: bytes | None = None,
         lane: Hashable | None = None,
+        cap: tuple[tuple[str, str], int] | None = None,
     ) -> asyncio.Future[list[Change]]:
         """Queue one operation without waiting (the agent stream pipelines its messages): the
         returned future gets the operation's changes once its batch is committed, or
@@ -190,12 +197,14 @@ class FaultCenter(FaultIndex):
         (:mod:`clusterd.lanes`), so what concerns one agent's scope keeps its order. ``replace_scope``
         (node, origin): also remove that scope's keys not in ``upserts`` (except those of
         ``keep_sources``), as :meth:`replace_origin`, and makes ``mark`` the scope's mark (module
-        docstring)."""
+        docstring). ``cap`` ((node, origin), n): refuse the operation with :class:`ScopeFull`,
+        applying nothing, when that scope would hold more than n faults after it (judged on the
+        state the operations before it on the lane left)."""
         fut = asyncio.get_running_loop().create_future()
         ups = upserts if type(upserts) is list else list(upserts)
         rms = removals if type(removals) is list else list(removals)
         keep = frozenset(keep_sources) if keep_sources else _NONE
-        op = _Op(ups, rms, replace_scope, origin, fut, keep, mark)
+        op = _Op(ups, rms, replace_scope, origin, fut, keep, mark, None, cap)
         rows = len(ups) + len(rms) + 1  # a replace also removes (up to) what its scope holds now
         if replace_scope is not None:
             rows += len(self._by_scope.get(replace_scope, ()))
@@ -258,6 +267,15 @@ class FaultCenter(FaultIndex):
             if op.read_mark is not None:
                 per_op.append(marks.get(op.read_mark))  # type: ignore[arg-type]
                 continue
+            if op.cap is not None:
+                (node, origin), most = op.cap
+                n = self.scope_count_with(node, origin, [f.key for f in op.upserts], op.removals)
+                if n > most:
+                    op.future.set_exception(
+                        ScopeFull(f"node {node} would hold {n} faults, limit {most} per agent")
+                    )
+                    per_op.append([])
+                    continue
             changes: list[Change] = []
             touched: set[tuple[str, str | None]] = set()
             now = now_ms()

@@ -50,7 +50,7 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from clusterd.center import FaultCenter
+from clusterd.center import FaultCenter, ScopeFull
 from clusterd.ingest.agentinput import (
     AgentInputError,
     check_fault,
@@ -409,18 +409,16 @@ class AgentHub(Liveness, agent_pb2_grpc.AgentStreamServicer):
                 ups = [check_fault(s.node, m) for m in body.upserts]
                 rms = [key_from_pb(k, s.node) for k in body.removals]
                 ups, rms, refused = self._owned(s, ups, rms) if ups or rms else (ups, rms, 0)
-                if (
-                    ups
-                    and (held := self.center.scope_count_with(s.node, s.agent, [f.key for f in ups], rms))
-                    > MAX_FAULTS_PER_NODE
-                ):
-                    raise AgentInputError(
-                        f"too_many_faults: node {s.node} would hold {held} faults, limit {MAX_FAULTS_PER_NODE} per agent"
-                    )
                 if s.closed:
                     return
                 fut = (
-                    self.center.submit(ups, rms, origin=s.agent, lane=(s.node, s.agent))
+                    self.center.submit(
+                        ups,
+                        rms,
+                        origin=s.agent,
+                        lane=(s.node, s.agent),
+                        cap=((s.node, s.agent), MAX_FAULTS_PER_NODE) if ups else None,
+                    )  # fmt: skip
                     if ups or rms
                     else None
                 )
@@ -451,6 +449,11 @@ class AgentHub(Liveness, agent_pb2_grpc.AgentStreamServicer):
         if p.fut is not None:
             try:
                 result = await p.fut
+            except ScopeFull as e:  # refused, nothing applied: like a refusal of the reader's checks
+                self._reject("too_many_faults", node=s.node, agent=s.agent, detail=f"too_many_faults: {e}")
+                return agent_pb2.ControlMessage(
+                    ack=agent_pb2.Ack(seq=body.seq, error=f"too_many_faults: {e}")
+                )
             except Exception as e:  # state write failed: nothing applied; the agent resyncs
                 s.closed = True  # the reader applies nothing more; the writer ends the stream
                 event(
