@@ -33,7 +33,10 @@ Non-fault state (Hello identity, node status, conditions, device states) goes to
 (:class:`clusterd.auth.TokenInterceptor`).
 
 Bad input (no Hello, a message too large, faults of another node, absurd values: the limits of
-:mod:`clusterd.ingest.agentinput`) is rejected with an Ack carrying the error, counted in ``faultmesh_rejected_requests_total{service="agent",reason}``.
+:mod:`clusterd.ingest.agentinput`; more than :data:`MAX_FAULTS_PER_MESSAGE` faults in one message,
+or a node left with more than :data:`MAX_FAULTS_PER_NODE` faults of one agent, judged by the fault
+center's writer) is rejected with an Ack carrying the error, counted in
+``faultmesh_rejected_requests_total{service="agent",reason}``.
 A valid message whose state write failed is acked with ``internal: state write failed: <error>``
 and the stream is ended, so the agent reconnects and resends its whole state as a snapshot.
 """
