@@ -129,7 +129,7 @@ async def test_stream_without_hello_is_refused(cd):
     assert e.value.details() == "first message must be Hello with a node"
 
 
-@pytest.mark.parametrize("node", ["", "node 1", "n" * 254, "node/1"])
+@pytest.mark.parametrize("node", ["", "node 1", "n" * 254, "node/1", "nöde-1"])
 async def test_hello_with_an_invalid_node_name_says_the_rule(cd, node):
     # tryout: it said "first message must be Hello with a node", as for a stream without a Hello
     hello = agent_pb2.AgentMessage(hello=agent_pb2.Hello(node=node, agent="noded"))

@@ -113,7 +113,7 @@ def pending_sources(sources) -> frozenset[str]:
 
 def valid_hello(h: agent_pb2.Hello) -> str:
     """The reason Hello ``h`` is refused (``no_hello``: bad node name, ``bad_hello``), "" if none."""
-    if not (0 < len(h.node) <= 253 and all(c.isalnum() or c in "-._" for c in h.node)):
+    if not (0 < len(h.node) <= 253 and h.node.isascii() and all(c.isalnum() or c in "-._" for c in h.node)):
         return "no_hello"
     if not AGENT_RE.match(h.agent or "agent") or len(h.node_ip) > 64 or len(h.node_sn) > 128:
         return "bad_hello"
