@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import sys
 import tempfile
 import time
@@ -116,7 +117,9 @@ async def _phase(streams: list[_Stream], msgs: list) -> float:
 
 
 async def run(n: int, rounds: int, profile: str | None, phases: tuple = PHASES) -> dict[str, float]:
-    from clusterd.app import ClusterD, _load_component_classes, build_parser
+    from clusterd.app import ClusterD, _load_component_classes, build_parser, tune_gc
+
+    tune_gc()  # the daemon's GC settings (clusterd.app.main), so the figures are the daemon's
 
     msgs = _messages(n)
     res: dict[str, list[float]] = {f"{w}_{p}": [] for w in ("cd", "echo") for p in PHASES}
@@ -130,6 +133,7 @@ async def run(n: int, rounds: int, profile: str | None, phases: tuple = PHASES) 
             )
             cd = ClusterD(args, classes)
             await cd.start()
+            gc.freeze()  # as the daemon after start
             try:
                 for who, connect in (("cd", cd.agents.Connect), ("echo", _echo)):
                     streams = [_Stream() for _ in range(n)]
