@@ -69,8 +69,12 @@ class StoreWriteError(RuntimeError):
 
 
 class ScopeFull(ValueError):
-    """An operation refused, nothing of it applied, because its scope would hold more faults than
-    the cap it was submitted with (:meth:`FaultCenter.submit` ``cap``); the message says how many."""
+    """An operation refused, nothing of it applied, because its scope would hold ``held`` faults,
+    more than the ``cap`` it was submitted with (:meth:`FaultCenter.submit`)."""
+
+    def __init__(self, scope: tuple[str, str], held: int, cap: int) -> None:
+        super().__init__(f"scope {scope} would hold {held} faults, limit {cap}")
+        self.scope, self.held, self.cap = scope, held, cap
 
 
 class Change(NamedTuple):
@@ -267,15 +271,15 @@ class FaultCenter(FaultIndex):
             if op.read_mark is not None:
                 per_op.append(marks.get(op.read_mark))  # type: ignore[arg-type]
                 continue
-            if op.cap is not None:
-                (node, origin), most = op.cap
-                n = self.scope_count_with(node, origin, [f.key for f in op.upserts], op.removals)
-                if n > most:
-                    op.future.set_exception(
-                        ScopeFull(f"node {node} would hold {n} faults, limit {most} per agent")
-                    )
-                    per_op.append([])
-                    continue
+            if op.cap is not None:  # the keys are looked at only near the cap (an upper bound first)
+                scope, most = op.cap
+                held = len(self._by_scope.get(scope, ()))
+                if held + len(op.upserts) > most:
+                    n = self.scope_count_with(*scope, [f.key for f in op.upserts], op.removals)
+                    if n > most:
+                        op.future.set_exception(ScopeFull(scope, n, most))
+                        per_op.append([])
+                        continue
             changes: list[Change] = []
             touched: set[tuple[str, str | None]] = set()
             now = now_ms()

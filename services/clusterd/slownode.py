@@ -365,6 +365,7 @@ class SlowNodeComponent(SlowNodeHttp):
             (res,) = inner.values()
             if not isinstance(res, dict):
                 raise TypeError("result is not an object")
+            named = {int(r) for k in LOCAL_RANK_KEYS for r in res.get(k) or ()}  # ranks it names
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
             self.m_reports.labels("bad").inc()
             self.ctx.metrics.reject("slownode", "bad_report")
@@ -372,17 +373,8 @@ class SlowNodeComponent(SlowNodeHttp):
                 log, logging.WARNING, "slownode report rejected", node=node, job=report.job_id, error=repr(e)
             )
             return
-        if node not in js.placement.values():
+        if not js.ranks_on(node):
             self.m_reports.labels("foreign_node").inc()
-            return
-        try:
-            named = {int(r) for k in LOCAL_RANK_KEYS for r in res.get(k) or ()}
-        except (TypeError, ValueError) as e:
-            self.m_reports.labels("bad").inc()
-            self.ctx.metrics.reject("slownode", "bad_report")
-            event(
-                log, logging.WARNING, "slownode report rejected", node=node, job=report.job_id, error=repr(e)
-            )
             return
         if foreign := named.difference(js.ranks_on(node)):  # computed for an older placement
             self.m_reports.labels("foreign_rank").inc()

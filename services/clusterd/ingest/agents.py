@@ -453,10 +453,9 @@ class AgentHub(Liveness, agent_pb2_grpc.AgentStreamServicer):
             try:
                 result = await p.fut
             except ScopeFull as e:  # refused, nothing applied: like a refusal of the reader's checks
-                self._reject("too_many_faults", node=s.node, agent=s.agent, detail=f"too_many_faults: {e}")
-                return agent_pb2.ControlMessage(
-                    ack=agent_pb2.Ack(seq=body.seq, error=f"too_many_faults: {e}")
-                )
+                why = f"too_many_faults: node {s.node} would hold {e.held} faults, limit {e.cap} per agent"
+                self._reject("too_many_faults", node=s.node, agent=s.agent, detail=why)
+                return agent_pb2.ControlMessage(ack=agent_pb2.Ack(seq=body.seq, error=why))
             except Exception as e:  # state write failed: nothing applied; the agent resyncs
                 s.closed = True  # the reader applies nothing more; the writer ends the stream
                 event(
