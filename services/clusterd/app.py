@@ -249,7 +249,7 @@ class ClusterD:
             public_faults=self.pubfault.intake,
             jobs=self.brain.jobs,
             policy=self.separation.set_policy_text,
-            decisions=self.brain.decision_log.listeners.append,
+            decisions=self.brain.decision_log.subscribe,
             reports=self.brain.report_listeners.append,
             elector=elector,
         )

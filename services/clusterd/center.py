@@ -51,7 +51,7 @@ from clusterd.store import Store
 from faultmesh.faultinfo import short_name
 from faultmesh.log import event
 from faultmesh.model import Fault, FaultKey, now_ms
-from faultmesh.sink import SinkMetrics, SinkWorker
+from faultmesh.sink import SinkMetrics, SinkSet, SinkWorker
 
 log = logging.getLogger("clusterd.center")
 
@@ -109,10 +109,7 @@ class FaultCenter(FaultIndex):
         self._store = store
         super().__init__()
         self._gauged_levels: set[str] = set()
-        self._sinks: list[SinkWorker[Change]] = []
-        self._sink_tasks: list[asyncio.Task] = []
-        self._spawn: Callable[..., asyncio.Task] | None = None
-        self._sink_metrics = SinkMetrics(registry)
+        self._sinks: SinkSet[Change] = SinkSet(SinkMetrics.of(registry), snapshot=self.faults)
         self._marks = ScopeMarks()  # scope -> mark (module docstring)
         self._queue: FairQueue[_Op] = FairQueue()
         self._max_batch = max_batch  # operations per commit at most
@@ -148,38 +145,19 @@ class FaultCenter(FaultIndex):
         dropped and ``resync(faults)`` gets every active fault (without ``resync`` the lost batches
         are only counted: ``faultmesh_sink_overflows_total{sink=name}``). Returns the worker; it
         runs once :meth:`start_sinks` was called (at once when it was)."""
-        w: SinkWorker[Change] = SinkWorker(
-            name, publish, resync=resync, snapshot=self.faults, maxsize=maxsize, metrics=self._sink_metrics
-        )
-        self._sinks.append(w)
-        if self._spawn is not None:
-            self._sink_tasks.append(self._spawn(w.run(), name=f"sink-{name}"))
-        return w
+        return self._sinks.add(name, publish, resync=resync, maxsize=maxsize)
 
     def start_sinks(self, spawn: Callable[..., asyncio.Task]) -> None:
         """Start every subscriber's task with ``spawn(coro, name=...)`` (ClusterD's TaskOwner)."""
-        self._spawn = spawn
-        for w in self._sinks:
-            self._sink_tasks.append(spawn(w.run(), name=f"sink-{w.name}"))
+        self._sinks.start(spawn)
 
     async def drain_sinks(self, budget_s: float) -> bool:
         """Wait up to ``budget_s`` s in all until every subscriber caught up. True when all did."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + budget_s
-        ok = True
-        for w in self._sinks:
-            if not await w.drain(max(0.0, deadline - loop.time())):
-                event(log, logging.WARNING, "sink not drained", sink=w.name, pending=w.pending())
-                ok = False
-        return ok
+        return await self._sinks.drain(budget_s)
 
     async def stop_sinks(self) -> None:
         """Cancel the subscribers' tasks (after :meth:`drain_sinks`)."""
-        for t in self._sink_tasks:
-            t.cancel()
-        if self._sink_tasks:
-            await asyncio.wait(self._sink_tasks, timeout=1.0)
-        self._sink_tasks.clear()
+        await self._sinks.stop()
 
     # -- writes ----------------------------------------------------------------------------------
     def submit(
@@ -362,8 +340,7 @@ class FaultCenter(FaultIndex):
             for kind, n in Tally(c.kind for c in all_changes).items():  # a labels() lookup per kind
                 self.changes.labels(kind).inc(n)
             self._update_gauges()
-            for w in self._sinks:
-                w.offer(all_changes)  # never waits: each subscriber runs in its own task
+            self._sinks.offer(all_changes)  # never waits: each subscriber runs in its own task
 
     def _update_gauges(self) -> None:
         for level in list(self._gauged_levels - self._level_counts.keys()):

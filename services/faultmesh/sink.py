@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -22,7 +23,7 @@ from faultmesh.log import event
 C = TypeVar("C")
 log = logging.getLogger("faultmesh.sink")
 
-__all__ = ["FaultSink", "SinkMetrics", "SinkWorker"]
+__all__ = ["FaultSink", "SinkMetrics", "SinkSet", "SinkWorker"]
 
 
 _RESYNC: Any = object()  # queued in place of a dropped backlog
@@ -39,7 +40,18 @@ class FaultSink(Protocol[C]):
 
 
 class SinkMetrics:
-    """``faultmesh_sink_overflows_total{sink}`` and ``faultmesh_sink_errors_total{sink}``."""
+    """``faultmesh_sink_overflows_total{sink}`` and ``faultmesh_sink_errors_total{sink}``. One per
+    registry: use :meth:`of` (the counters can be registered only once)."""
+
+    _by_registry: weakref.WeakKeyDictionary[CollectorRegistry, SinkMetrics] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, registry: CollectorRegistry) -> SinkMetrics:
+        """The sink counters of ``registry`` (made on first use, shared by every producer after)."""
+        m = cls._by_registry.get(registry)
+        if m is None:
+            m = cls._by_registry[registry] = cls(registry)
+        return m
 
     def __init__(self, registry: CollectorRegistry | None) -> None:
         self.overflows = Counter(
@@ -137,3 +149,69 @@ class SinkWorker(Generic[C]):
         except TimeoutError:
             return False
         return True
+
+
+class SinkSet(Generic[C]):
+    """The subscribers of one producer (the fault center's changes, the brain's decisions): one
+    :class:`SinkWorker` per subscriber, all fed by :meth:`offer`, which never waits.
+
+    ``metrics``: shared :class:`SinkMetrics`; ``snapshot()``: what a subscriber's ``resync`` gets
+    after an overflow (None: an overflow is only counted). Subscribers added before :meth:`start`
+    begin with it, later ones at once.
+    """
+
+    def __init__(self, metrics: SinkMetrics, snapshot: Callable[[], Any] | None = None) -> None:
+        self._metrics = metrics
+        self._snapshot = snapshot
+        self.workers: list[SinkWorker[C]] = []
+        self._tasks: list[asyncio.Task] = []
+        self._spawn: Callable[..., asyncio.Task] | None = None
+
+    def add(
+        self,
+        name: str,
+        publish: Callable[[Sequence[C]], Awaitable[None] | None],
+        *,
+        resync: Callable[[Any], Awaitable[None] | None] | None = None,
+        maxsize: int = 1024,
+    ) -> SinkWorker[C]:
+        """Add one subscriber; returns its worker."""
+        snapshot = self._snapshot if resync is not None else None
+        w: SinkWorker[C] = SinkWorker(
+            name, publish, resync=resync, snapshot=snapshot, maxsize=maxsize, metrics=self._metrics
+        )
+        self.workers.append(w)
+        if self._spawn is not None:
+            self._tasks.append(self._spawn(w.run(), name=f"sink-{name}"))
+        return w
+
+    def start(self, spawn: Callable[..., asyncio.Task]) -> None:
+        """Start every subscriber's task with ``spawn(coro, name=...)`` (the daemon's TaskOwner)."""
+        self._spawn = spawn
+        for w in self.workers:
+            self._tasks.append(spawn(w.run(), name=f"sink-{w.name}"))
+
+    def offer(self, batch: Sequence[C]) -> None:
+        """Hand ``batch`` to every subscriber (never waits, never runs a subscriber)."""
+        for w in self.workers:
+            w.offer(batch)
+
+    async def drain(self, budget_s: float) -> bool:
+        """Wait up to ``budget_s`` s in all until every subscriber caught up. True when all did;
+        each one still behind is logged (``sink not drained``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget_s
+        ok = True
+        for w in self.workers:
+            if not await w.drain(max(0.0, deadline - loop.time())):
+                event(log, logging.WARNING, "sink not drained", sink=w.name, pending=w.pending())
+                ok = False
+        return ok
+
+    async def stop(self) -> None:
+        """Cancel the subscribers' tasks (after :meth:`drain`); waits at most 1 s for them."""
+        for t in self._tasks:
+            t.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=1.0)
+        self._tasks.clear()

@@ -178,7 +178,7 @@ class BrainComponent(FaultIntake):
         # known ranks (the Kubernetes hand-off's fault-pod labels); must not wait
         self.report_listeners: list[Callable[[str, list[RankFault], str], None]] = []
         self.platform = PlatformAnnotations(ctx.store, ctx.tasks.spawn)  # platform mode's annotations
-        self.decision_log.listeners.append(self.platform.on_decision)
+        self.decision_log.subscribe(self.platform.on_decision, "decisions-platform")
         self.m_signals = Counter(
             "faultmesh_brain_signals_total",
             "ProcessManageSignals delivered by type",
@@ -232,6 +232,7 @@ class BrainComponent(FaultIntake):
             with contextlib.suppress(Exception):  # else at the next start
                 await self.ctx.store.kv_delete(INIT_NS, gone)
         await self.decision_log.load()
+        self.decision_log.start()
         await self.platform.load()
         event(log, logging.INFO, "brain started", jobs=n)
 
@@ -241,7 +242,7 @@ class BrainComponent(FaultIntake):
         self._rechecks.clear()
         for ctl in list(self.controllers.values()):
             await ctl.close()
-        await self.decision_log.flush(5.0)  # the last decisions are kept
+        await self.decision_log.close(5.0)  # the last decisions are kept and handed on
 
     # -- helpers used by controllers and servicers --------------------------------------------------
     def spawn(self, coro, name: str) -> asyncio.Task:
