@@ -50,14 +50,14 @@ from clusterd.scopemarks import ScopeMarks
 from clusterd.store import Store
 from faultmesh.faultinfo import short_name
 from faultmesh.log import event
-from faultmesh.model import Fault, FaultKey, now_ms
+from faultmesh.model import Change, ChangeKind, Fault, FaultKey, now_ms
 from faultmesh.sink import SinkMetrics, SinkSet, SinkWorker
 
 log = logging.getLogger("clusterd.center")
 
-OCCUR = "occur"
-UPDATE = "update"
-RECOVER = "recover"
+OCCUR = ChangeKind.OCCUR
+UPDATE = ChangeKind.UPDATE
+RECOVER = ChangeKind.RECOVER
 
 
 _NONE: frozenset[str] = frozenset()
@@ -75,13 +75,6 @@ class ScopeFull(ValueError):
     def __init__(self, scope: tuple[str, str], held: int, cap: int) -> None:
         super().__init__(f"scope {scope} would hold {held} faults, limit {cap}")
         self.scope, self.held, self.cap = scope, held, cap
-
-
-class Change(NamedTuple):
-    """One change of the fault center: kind is ``occur`` / ``update`` / ``recover``."""
-
-    kind: str
-    fault: Fault
 
 
 Publish = Callable[[Sequence[Change]], Awaitable[None] | None]

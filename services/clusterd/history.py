@@ -37,12 +37,12 @@ from collections.abc import Sequence
 
 from prometheus_client import Counter
 
-from clusterd.center import OCCUR, RECOVER, UPDATE, Change
+from clusterd.center import OCCUR, RECOVER, UPDATE
 from clusterd.context import ClusterContext
 from clusterd.http.events import EventsApi
 from faultmesh.config import positive_int
 from faultmesh.log import event
-from faultmesh.model import Fault, FaultKey, now_ms
+from faultmesh.model import Change, Fault, FaultKey, now_ms
 
 log = logging.getLogger("clusterd.history")
 

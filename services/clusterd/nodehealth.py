@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from clusterd.nodes import HEALTH_STATES, SLOW_NODE_CODE, NodeRegistry, NodeState
+from clusterd.nodes import HEALTH_STATES, SLOW_NODE_CODE, NodeRegistry, with_status
 from clusterd.pieces import ChangeReader, SortedPieces
 from faultmesh.levels import UNHEALTHY
 
@@ -51,15 +51,6 @@ def _esc(v: str) -> str:
     if "\\" in v or "\n" in v or '"' in v:
         return v.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
     return v
-
-
-def with_status(health: tuple[str, str], st: NodeState | None) -> tuple[str, str]:
-    """:meth:`NodeRegistry.health`'s rule over the fault center's ``(health, worst level)`` of a node
-    and its already-fetched state: UnHealthy when any reporter says so. For the per-node loops of
-    a scrape (no registry call, no tuple, per node)."""
-    if st is not None and st.status and UNHEALTHY in st.status.values():
-        return UNHEALTHY, health[1]
-    return health
 
 
 def _head(name: str) -> bytes:

@@ -115,6 +115,15 @@ class NodeHealth(NamedTuple):
     worst_level: str
 
 
+def with_status(health: tuple[str, str], st: NodeState | None) -> tuple[str, str]:
+    """The one node-health rule: over the fault center's ``(health, worst level)`` of a node (the
+    worst of its faults' health) and the node's state, UnHealthy when any reporter's node status
+    says so. Cheap enough for the per-node loops of a scrape."""
+    if st is not None and st.status and UNHEALTHY in st.status.values():
+        return UNHEALTHY, health[1]
+    return health
+
+
 class NodeRegistry:
     """Every node ClusterD heard of, with one :meth:`health`. Load with :meth:`load`, run :meth:`run`."""
 
@@ -364,18 +373,13 @@ class NodeRegistry:
         return st.status.get(prefer) or st.status.get(AGENT, "")
 
     def health(self, node: str) -> NodeHealth:
-        """The node's health: the worst of its faults' health, UnHealthy when any reporter says so."""
-        health, worst = self._center.node_health(node)
-        st = self._nodes.get(node)
-        if st is not None and UNHEALTHY in st.status.values():
-            health = UNHEALTHY
-        return NodeHealth(health, worst)
+        """The node's health (:func:`with_status`)."""
+        return NodeHealth(*with_status(self._center.node_health(node), self._nodes.get(node)))
 
     def unhealthy(self) -> set[str]:
         """Every UnHealthy node (by :meth:`health`)."""
-        bad = {n for n, st in self._nodes.items() if UNHEALTHY in st.status.values()}
-        bad |= {n for n in self._center.node_names() if self._center.node_health(n)[0] == UNHEALTHY}
-        return bad
+        candidates = {n for n, st in self._nodes.items() if st.status} | self._center.node_names()
+        return {n for n in candidates if self.health(n).health == UNHEALTHY}
 
     def info(self, node: str) -> dict[str, Any]:
         """The node's state as a JSON-shaped dict (node_ip, node_sn, boot_id, node_status, conditions,

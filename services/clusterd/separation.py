@@ -59,13 +59,13 @@ from aiohttp import web
 from prometheus_client import Counter, Gauge
 
 from clusterd.brain.component import ISOLATE_SOURCE
-from clusterd.center import OCCUR, Change
+from clusterd.center import OCCUR
 from clusterd.context import ClusterContext
 from faultmesh._pb import agent_pb2
 from faultmesh.files import FileWatch
 from faultmesh.httpd import json_response
 from faultmesh.log import event
-from faultmesh.model import Fault, now_ms
+from faultmesh.model import Change, Fault, now_ms
 
 log = logging.getLogger("clusterd.separation")
 

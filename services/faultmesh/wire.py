@@ -1,4 +1,5 @@
-"""Model <-> protobuf for the agent stream (faultmesh.v1). The only place that maps Fault records."""
+"""Model <-> protobuf for the agent stream (faultmesh.v1). Encoding lives here; a wire fault is decoded
+only where it is validated, :func:`clusterd.ingest.agentinput.check_fault` (one decoder, issue 28)."""
 
 from __future__ import annotations
 
@@ -19,22 +20,6 @@ def fault_to_pb(f: Fault) -> agent_pb2.Fault:
         first_seen_ms=f.first_seen_ms,
         last_seen_ms=f.last_seen_ms,
         attributes=f.attributes,
-    )
-
-
-def fault_from_pb(m: agent_pb2.Fault, node: str | None = None) -> Fault:
-    """agent_pb2.Fault -> Fault; ``node`` (the stream's node) overrides the message's node."""
-    return Fault(
-        source=m.source,
-        node=node if node is not None else m.node,
-        device_type=m.device_type,
-        device_id=m.device_id,
-        code=m.code,
-        level=m.level,
-        assertion=m.assertion or "occur",
-        first_seen_ms=m.first_seen_ms,
-        last_seen_ms=m.last_seen_ms,
-        attributes=dict(m.attributes),
     )
 
 

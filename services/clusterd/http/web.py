@@ -30,12 +30,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from clusterd.center import Change, FaultCenter
+from clusterd.center import FaultCenter
 from clusterd.ingest.agents import AgentHub
 from clusterd.nodes import NodeRegistry
 from faultmesh import faultinfo
 from faultmesh.httpd import json_response
 from faultmesh.levels import level_health, level_severity, worst_health
+from faultmesh.model import Change
 from faultmesh.runtime import wait_for
 
 STATIC = resources.files("clusterd").joinpath("web")

@@ -100,7 +100,7 @@ def check_fault(node: str, m: agent_pb2.Fault) -> Fault:
             raise AgentInputError("bad_fault: too many or too long attributes")
     else:
         attrs = {}
-    # built here from the fields read once (faultmesh.wire.fault_from_pb reads them all again)
+    # the one decoder of a wire fault (faultmesh.wire encodes): every field read once
     return Fault(source, node, device_type, device_id, code, level, assertion or "occur", first, last, attrs)
 
 
