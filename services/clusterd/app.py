@@ -64,7 +64,7 @@ from clusterd.kube.handoff import PodGroupPlatform
 from clusterd.nodehealth import NodeHealthCollector
 from clusterd.nodes import NodeRegistry
 from clusterd.separation import ManualSeparation
-from clusterd.slownet import SlowNetComponent
+from clusterd.slownet.component import SlowNetComponent
 from clusterd.slownode import SlowNodeComponent
 from clusterd.store import Store
 from faultmesh import config, runtime

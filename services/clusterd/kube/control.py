@@ -89,7 +89,7 @@ def add_arguments(g) -> None:
 
 
 def slownet_topology(slownet) -> Topology:
-    """The super-pod topology known to :class:`clusterd.slownet.SlowNetComponent` (its super pods'
+    """The super-pod topology known to :class:`clusterd.slownet.component.SlowNetComponent` (its super pods'
     nodes and phy id -> SDID maps) as a :data:`Topology`."""
 
     def of(node: str) -> tuple[int, list[int]] | None:

@@ -10,9 +10,9 @@ Inputs:
   them; re-read when changed) or ``POST /v1/pingmesh/topology`` (body: the reference JSON);
 - pingmesh-config from ``--slownet-config`` (ConfigMap YAML or JSON) or ``POST /v1/pingmesh/config``;
 - with ``--kube``, the ``pingmesh-config`` and ``super-pod-<id>`` ConfigMaps, and clusterd writes
-  ``pingmesh-fault-<node>`` (:mod:`clusterd.slownet_kube`);
+  ``pingmesh-fault-<node>`` (:mod:`clusterd.slownet.kube`);
 - the RoCE parameter plane between super pods, built from the topologies' ``RoceIP`` when the
-  config has a ``roce`` entry (:mod:`clusterd.slownet_roce`).
+  config has a ``roce`` entry (:mod:`clusterd.slownet.roce`).
 Both are kept in the state store (namespace ``slownet``) and survive restarts. A bad input is
 rejected (HTTP 400 / logged and counted) and the previous one stays. POSTs need the bearer token
 when clusterd has ``--token-file``.
@@ -41,12 +41,13 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from clusterd.detectors import fdol_edge as edge
 from clusterd.detectors.fdol_edge import SOURCE
-from clusterd.slownet_http import AGENT, SlowNetHttp
-from clusterd.slownet_inputs import SlowNetInputs
-from clusterd.slownet_kube import PingmeshConfigMaps
-from clusterd.slownet_roce import SlowNetRoce
+from clusterd.slownet.http import SlowNetHttp
+from clusterd.slownet.inputs import InputFiles
+from clusterd.slownet.kube import PingmeshConfigMaps
+from clusterd.slownet.roce import rebuild_plane, roce_list_pb
+from clusterd.slownet.state import AGENT, PodState, SlowNetState
 from faultmesh._pb import agent_pb2
-from faultmesh.files import FileWatch, Stamp
+from faultmesh.config import load_document
 from faultmesh.log import event
 from faultmesh.model import Fault, FaultKey
 from faultmesh.runtime import wait_for
@@ -54,7 +55,6 @@ from fdol.slownet import config as pmconfig
 from fdol.slownet import pinglist as pl
 from fdol.slownet import roce
 from fdol.slownet import topology as topo
-from fdol.slownet.analyzer import AnalyzerParams, SuperPodAnalyzer
 from fdol.slownet.window import PingRow
 
 if TYPE_CHECKING:
@@ -67,26 +67,11 @@ ANALYSIS_TIMEOUT_S = 60.0
 TICK_S = 0.25
 
 
-class _Pod:
-    """One super pod: topology, ping list, analyzer, pending rows, timing."""
-
-    def __init__(self, sp: topo.SuperPod, pairs: list[pl.PingPair], params: AnalyzerParams) -> None:
-        self.sp = sp
-        self.pairs = pairs
-        self.by_node = pl.by_node(pairs)
-        self.analyzer = SuperPodAnalyzer(sp, pairs, params)
-        self.pending: list[PingRow] = []
-        self.last_period: int | None = None
-        self.first_period: int | None = None
-        self.status: dict[str, Any] = edge.status_json(self.analyzer.status())
-        self.last_analysis_ms = 0
-        self.analysis_s = 0.0
-        self.faults: list[Fault] = []  # fault records of the last analysis (read on the loop)
-        self.active = True
-
-
-class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
-    """The clusterd slow-network component (module doc)."""
+class SlowNetComponent:
+    """The clusterd slow-network component (module doc): owns the :class:`SlowNetState`, the input
+    files, the analysis loop and the fault records; the HTTP views
+    (:class:`~clusterd.slownet.http.SlowNetHttp`) and the ConfigMaps
+    (:class:`~clusterd.slownet.kube.PingmeshConfigMaps`) get only the callables they use."""
 
     name = "slownet"
 
@@ -137,15 +122,11 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
         self.ctx = ctx
         self.kube_component = kube
         self.args = ctx.config
-        self.pods: dict[str, _Pod] = {}
-        self.config: dict[str, pmconfig.Activation] = {}
-        self.node_pod: dict[str, str] = {}
+        self.state = SlowNetState(ctx.config)
         self.current: dict[FaultKey, Fault] = {}
         self._restored: set[FaultKey] = set()
-        self._watches: dict[str, FileWatch] = {}  # input file -> its change detector
+        self._files = InputFiles(ctx.config)
         self._workers: dict[str, asyncio.Future] = {}
-        self._csv_stamp: dict[str, Stamp] = {}  # CSV file -> (mtime_ns, size) last read
-        self._csv_newest: dict[str, int] = {}  # ping_result_<idx> series -> newest row ts taken (ms)
         self.kube: PingmeshConfigMaps | None = None
         reg = ctx.metrics.registry
         self.m_rows = Counter(
@@ -165,41 +146,20 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
         )
         ctx.agents.on_connect(self._on_connect)
         ctx.agents.on_ping_results(self._on_rows)
-        r = ctx.http.app.router
-        r.add_get("/v1/pingmesh", self._http_all)
-        r.add_get("/v1/pingmesh/{spid}", self._http_one)
-        r.add_post("/v1/pingmesh/topology", self._http_topology)
-        r.add_post("/v1/pingmesh/config", self._http_config)
+        self.http = SlowNetHttp(
+            self.state, ctx.agents.connected, self.set_topology, self.set_config, self.m_inputs
+        )
+        self.http.add_routes(ctx.http.app.router)
 
-    # -- parameters -------------------------------------------------------------------------------
+    # the state, as the Kubernetes control ConfigMaps and tests read it
+    pods = property(lambda self: self.state.pods)
+    config = property(lambda self: self.state.config)
+    node_pod = property(lambda self: self.state.node_pod)
+    roce_plane = property(lambda self: self.state.roce_plane)
+
     def activation(self, spid: str) -> pmconfig.Activation | None:
         """The pingmesh-config entry of a super pod (None: not configured)."""
-        return pmconfig.for_super_pod(self.config, spid)
-
-    def period_s(self, spid: str) -> float:
-        """Detection period of a super pod (s)."""
-        if self.args.slownet_period_s > 0:
-            return self.args.slownet_period_s
-        act = self.activation(spid)
-        return float(act.period_s if act else 10)
-
-    def grace_s(self, spid: str) -> float:
-        """Wait after a period's end before analysing it (s)."""
-        if self.args.slownet_grace_s >= 0:
-            return self.args.slownet_grace_s
-        return max(self.period_s(spid) / 2, 6.0)
-
-    def _params(self, spid: str) -> AnalyzerParams:
-        a = self.args
-        return AnalyzerParams(
-            period_ms=int(self.period_s(spid) * 1000),
-            min_baseline=a.slownet_min_baseline,
-            loss_abs_pct=a.slownet_loss_abs_pct if a.slownet_loss_abs_pct > 0 else None,
-            delay_abs=a.slownet_delay_abs if a.slownet_delay_abs > 0 else None,
-            recover_periods=a.slownet_recover_periods,
-            stale_periods=a.slownet_stale_periods,
-            suppress_s=a.slownet_suppress_s,
-        )
+        return self.state.activation(spid)
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -207,14 +167,14 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
         stored = await self.ctx.store.kv_items(NS)
         if "config" in stored:
             with contextlib.suppress(ValueError):
-                self.config = pmconfig.parse_config(stored["config"])
+                self.state.config = pmconfig.parse_config(stored["config"])
         for key, value in sorted(stored.items()):
             if key.startswith("topology:"):
                 try:
-                    self._install(topo.parse_super_pod(value))
+                    self.state.install(topo.parse_super_pod(value))
                 except ValueError as e:
                     event(log, logging.WARNING, "stored topology dropped", key=key, error=str(e))
-        self._rebuild_roce()
+        rebuild_plane(self.state)
         self.current = {f.key: f for f in self.ctx.center.faults() if f.source == SOURCE}
         self._restored = set(self.current)
         await self._poll_files()
@@ -222,7 +182,10 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
             await self._push_pod(spid)
         self.ctx.tasks.spawn(self._loop(), name="slownet")
         if getattr(self.args, "kube", False):  # the pingmesh control ConfigMaps (issue 15)
-            self.kube = PingmeshConfigMaps(self, self.kube_component)
+            self.kube = PingmeshConfigMaps(
+                self.args, self.ctx.tasks.spawn, self.set_config, self.set_topology, self.m_inputs,
+                self.kube_component,
+            )  # fmt: skip
             await self.kube.start()
         event(
             log, logging.INFO, "slownet started", super_pods=len(self.pods), restored_faults=len(self.current)
@@ -235,36 +198,11 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
             await self.kube.stop()
 
     # -- inputs -----------------------------------------------------------------------------------
-    def _install(self, sp: topo.SuperPod) -> _Pod:
-        pairs = pl.generate(sp, intra=self.args.slownet_intra)
-        pod = self.pods.get(sp.super_pod_id)
-        if pod is None:
-            pod = _Pod(sp, pairs, self._params(sp.super_pod_id))
-            self.pods[sp.super_pod_id] = pod
-        else:
-            pod.sp, pod.pairs, pod.by_node = sp, pairs, pl.by_node(pairs)
-            pod.analyzer.set_topology(sp, pairs)
-        for node, spid in list(self.node_pod.items()):
-            if spid == sp.super_pod_id and node not in sp.nodes:
-                del self.node_pod[node]
-        for node in sp.nodes:
-            self.node_pod[node] = sp.super_pod_id
-        return pod
-
     async def set_topology(self, sp: topo.SuperPod, origin: str) -> None:
         """Use a (validated) topology: store it, regenerate the ping lists, push them."""
-        if sp.super_pod_id == roce.PLANE_ID:
-            raise ValueError("super pod id 'roce' is the RoCE plane's")
-        for other in self.pods.values():
-            if other.sp.super_pod_id == roce.PLANE_ID:
-                continue  # the RoCE plane's nodes are the super pods' own
-            clash = set(other.sp.nodes) & set(sp.nodes)
-            if other.sp.super_pod_id != sp.super_pod_id and clash:
-                raise ValueError(
-                    f"nodes {sorted(clash)[:3]} already belong to super pod {other.sp.super_pod_id}"
-                )
-        self._install(sp)
-        self._rebuild_roce()
+        self.state.check_new_topology(sp)
+        self.state.install(sp)
+        rebuild_plane(self.state)
         await self.ctx.store.kv_put(NS, f"topology:{sp.super_pod_id}", sp.to_json_obj())
         event(log, logging.INFO, "slownet topology applied", origin=origin, super_pod=sp.super_pod_id,
               nodes=len(sp.nodes), npus=sp.npu_count, paths=len(self.pods[sp.super_pod_id].pairs))  # fmt: skip
@@ -274,17 +212,17 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
 
     async def set_config(self, cfg: dict[str, pmconfig.Activation], origin: str) -> None:
         """Use a (validated) pingmesh-config: store it, rebuild analyzers whose period changed, push."""
-        self.config = cfg
+        self.state.config = cfg
         await self.ctx.store.kv_put(NS, "config", pmconfig.to_json_obj(cfg))
         for spid, pod in self.pods.items():
-            params = self._params(spid)
+            params = self.state.params(spid)
             if params.period_ms != pod.analyzer.params.period_ms:
-                self.pods[spid] = _Pod(pod.sp, pod.pairs, params)
+                self.pods[spid] = PodState(pod.sp, pod.pairs, params)
                 # a new window: keep this pod's faults until the analysis has warmed up again
                 self._restored |= {
                     k for k, f in self.current.items() if f.attributes.get("superPodId") == spid
                 }
-        self._rebuild_roce()
+        rebuild_plane(self.state)
         event(log, logging.INFO, "slownet config applied", origin=origin, keys=",".join(sorted(cfg)))
         for spid in list(self.pods):
             await self._push_pod(spid)
@@ -292,7 +230,7 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
     async def _poll_csv(self) -> None:
         if not self.args.slownet_csv_root:
             return
-        found = await self._in_thread("csv", self._scan_csv, sorted(self.pods))
+        found = await self._in_thread("csv", self._files.scan_csv, sorted(self.pods))
         for spid, (rows, bad) in found.items():
             if bad:
                 self.m_rows.labels("csv_bad_line").inc(bad)
@@ -300,6 +238,28 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
             if pod is not None and rows:
                 plane = self.roce_plane if spid == roce.PLANE_ID else None
                 pod.pending.extend(plane.to_plane_row(r.row()) if plane else r.row() for r in rows)
+
+    async def _poll_files(self) -> None:
+        cfg, topos = await self._in_thread("files", self._files.scan_files)
+        if cfg is not None:
+            path, text = cfg
+            try:
+                if isinstance(text, OSError):
+                    raise text
+                await self.set_config(pmconfig.parse_config(load_document(text)), f"file:{path}")
+            except (OSError, ValueError) as e:
+                self.m_inputs.labels("config").inc()
+                event(log, logging.WARNING, "slownet input rejected", kind="config", file=path, error=str(e))
+        for path, text in topos:
+            try:
+                if isinstance(text, OSError):
+                    raise text
+                await self.set_topology(topo.parse_super_pod(text), f"file:{path}")
+            except (OSError, ValueError) as e:
+                self.m_inputs.labels("topology").inc()
+                event(
+                    log, logging.WARNING, "slownet input rejected", kind="topology", file=path, error=str(e)
+                )
 
     # -- agents -----------------------------------------------------------------------------------
     async def _push_node(self, spid: str, node: str) -> bool:
@@ -323,6 +283,12 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
                 sent += 1
         event(log, logging.INFO, "slownet lists pushed", super_pod=spid, nodes=sent)
 
+    async def _push_roce(self, node: str) -> bool:
+        m = roce_list_pb(self.state, node)
+        if m is None:
+            return True
+        return await self.ctx.agents.send(node, AGENT, ping_list=m)
+
     async def _on_connect(self, node: str, agent: str) -> None:
         spid = self.node_pod.get(node)
         if agent == AGENT and spid is not None:
@@ -343,7 +309,7 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
             pod.pending.append(row)
 
     # -- analysis ---------------------------------------------------------------------------------
-    def _analyze_blocking(self, pod: _Pod, rows: list[PingRow], periods: list[int], now_ms: int) -> dict:
+    def _analyze_blocking(self, pod: PodState, rows: list[PingRow], periods: list[int], now_ms: int) -> dict:
         t0 = time.perf_counter()
         counts = pod.analyzer.ingest(rows, now_ms)
         reports = [pod.analyzer.analyze(k, now_s=now_ms / 1000) for k in periods]
@@ -361,13 +327,13 @@ class SlowNetComponent(SlowNetInputs, SlowNetHttp, SlowNetRoce):
         """Analyse every super pod whose next period is due (the loop calls this; tests may too)."""
         now_ms = now_ms if now_ms is not None else time.time_ns() // 1_000_000
         for spid, pod in list(self.pods.items()):
-            act = self.activation(spid)
+            act = self.state.activation(spid)
             pod.active = bool(act and act.activate)
             if not pod.active:
                 pod.faults = []  # pingmesh off: nothing is measured, nothing stays raised
                 continue
             p_ms = pod.analyzer.params.period_ms
-            latest = (now_ms - int(self.grace_s(spid) * 1000)) // p_ms - 1
+            latest = (now_ms - int(self.state.grace_s(spid) * 1000)) // p_ms - 1
             if pod.last_period is not None and latest <= pod.last_period:
                 continue
             start = (

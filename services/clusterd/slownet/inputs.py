@@ -1,24 +1,26 @@
 """Slow-network detection: the file inputs (``--slownet-config``, ``--slownet-topology``, the result
 CSVs under ``--slownet-csv-root``), polled with the core's change detectors (see
-:mod:`clusterd.slownet`); a mixin of :class:`clusterd.slownet.SlowNetComponent`."""
+:mod:`clusterd.slownet`). :class:`InputFiles` reads what changed (blocking, in a worker thread);
+:class:`clusterd.slownet.component.SlowNetComponent` applies it."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
-from faultmesh.config import load_document
-from faultmesh.files import FileWatch, stamp
-from faultmesh.log import event
-from fdol.slownet import config as pmconfig
-from fdol.slownet import topology as topo
+from faultmesh.files import FileWatch, Stamp, stamp
 from fdol.slownet.csvfile import PingRecord, read_csv_rows
 
-log = logging.getLogger("clusterd.slownet")
 
+class InputFiles:
+    """The change detectors of the input files named by ``args`` (``--slownet-config``,
+    ``--slownet-topology``, ``--slownet-csv-root``). Its scans block: run them in a worker thread,
+    one at a time."""
 
-class SlowNetInputs:
-    """Polls the input files of the component (``args``, ``set_config``, ``set_topology``, ``pods``)."""
+    def __init__(self, args) -> None:
+        self.args = args
+        self._watches: dict[str, FileWatch] = {}  # input file -> its change detector
+        self._csv_stamp: dict[str, Stamp] = {}  # CSV file -> (mtime_ns, size) last read
+        self._csv_newest: dict[str, int] = {}  # ping_result_<idx> series -> newest row ts taken (ms)
 
     def _file_changed(self, path: Path) -> bool:
         """True when ``path`` exists and its content changed since the last look (core FileWatch)."""
@@ -27,7 +29,7 @@ class SlowNetInputs:
             w = self._watches[str(path)] = FileWatch(path)
         return w.changed() and path.exists()
 
-    def _scan_files(self) -> tuple[tuple[str, str | OSError] | None, list[tuple[str, str | OSError]]]:
+    def scan_files(self) -> tuple[tuple[str, str | OSError] | None, list[tuple[str, str | OSError]]]:
         """Blocking: read the input files that changed -> (config (path, text|error), [(path, text|error)])."""
 
         def read(p: Path) -> str | OSError:
@@ -50,29 +52,7 @@ class SlowNetInputs:
             topos = [(str(f), read(f)) for f in files if self._file_changed(f)]
         return cfg, topos
 
-    async def _poll_files(self) -> None:
-        cfg, topos = await self._in_thread("files", self._scan_files)
-        if cfg is not None:
-            path, text = cfg
-            try:
-                if isinstance(text, OSError):
-                    raise text
-                await self.set_config(pmconfig.parse_config(load_document(text)), f"file:{path}")
-            except (OSError, ValueError) as e:
-                self.m_inputs.labels("config").inc()
-                event(log, logging.WARNING, "slownet input rejected", kind="config", file=path, error=str(e))
-        for path, text in topos:
-            try:
-                if isinstance(text, OSError):
-                    raise text
-                await self.set_topology(topo.parse_super_pod(text), f"file:{path}")
-            except (OSError, ValueError) as e:
-                self.m_inputs.labels("topology").inc()
-                event(
-                    log, logging.WARNING, "slownet input rejected", kind="topology", file=path, error=str(e)
-                )
-
-    def _scan_csv(self, spids: list[str]) -> dict[str, tuple[list[PingRecord], int]]:
+    def scan_csv(self, spids: list[str]) -> dict[str, tuple[list[PingRecord], int]]:
         """Blocking: new rows of the changed result CSVs per super pod -> {spid: (rows, bad lines)}.
         Per ``ping_result_<idx>`` (its .csv and .csv-bak), rows not newer than the newest row already
         taken are skipped, so a rollover or a re-read never counts a row twice."""

@@ -42,7 +42,11 @@ from fdol.slownet import config as pmconfig
 from fdol.slownet import topology as topo
 
 if TYPE_CHECKING:
-    from clusterd.slownet import SlowNetComponent
+    from collections.abc import Awaitable, Callable
+
+    from prometheus_client import Counter
+
+    from fdol.slownet.topology import SuperPod
 
 log = logging.getLogger("clusterd.slownet")
 
@@ -86,8 +90,24 @@ class PingmeshConfigMaps:
     ``pingmesh-fault-<node>`` ConfigMaps; ``stop()`` closes the client (the watch task is owned by the
     component's task owner)."""
 
-    def __init__(self, comp: SlowNetComponent, kube: Any = None) -> None:
-        self.comp = comp
+    def __init__(
+        self,
+        args: Any,
+        spawn: Callable[..., asyncio.Task],
+        set_config: Callable[[dict[str, pmconfig.Activation], str], Awaitable[None]],
+        set_topology: Callable[[SuperPod, str], Awaitable[None]],
+        rejected: Counter,
+        kube: Any = None,
+    ) -> None:
+        """``args``: the ``--kube*`` flags; ``spawn``: the task owner's; ``set_config`` /
+        ``set_topology``: apply a ConfigMap's input (``ValueError``: refused, counted in
+        ``rejected{kind=configmap}``); ``kube``: clusterd's Kubernetes component (``elector``,
+        ``metrics``), None without one."""
+        self.args = args
+        self._spawn = spawn
+        self._set_config = set_config
+        self._set_topology = set_topology
+        self._rejected = rejected
         self.kube = kube  # clusterd's Kubernetes component: with leader election, only the leader writes
         self.api: KubeApi | None = None
         self._client = None
@@ -98,7 +118,7 @@ class PingmeshConfigMaps:
 
     async def start(self) -> None:
         """Open the API client and start the watch (raises ``OSError`` without a configuration)."""
-        a = self.comp.args
+        a = self.args
         self._client = await make_api_client(getattr(a, "kube_api", None), getattr(a, "kubeconfig", None))
         self.api = KubeApi(self._client, timeout_s=getattr(a, "kube_timeout_s", 10.0))
         m = getattr(self.kube, "metrics", None)  # the Kubernetes component's watch metrics, when there
@@ -107,7 +127,7 @@ class PingmeshConfigMaps:
             on_error=(lambda e: m.api_errors.labels("watch pingmesh", str(e.status)).inc()) if m else None,
             on_restart=(lambda why: m.restarts.labels("pingmesh", why).inc()) if m else None,
         )  # fmt: skip
-        self._watch_task = self.comp.ctx.tasks.spawn(self.watch.run(), name="slownet-configmaps")
+        self._watch_task = self._spawn(self.watch.run(), name="slownet-configmaps")
 
     async def stop(self) -> None:
         """Stop the watch (bounded, 5 s), then close the API client (a watch still running on a
@@ -126,7 +146,7 @@ class PingmeshConfigMaps:
         return name == CONFIG_NAME or name.startswith(TOPOLOGY_PREFIX)
 
     def _reject(self, name: str, error: str) -> None:
-        self.comp.m_inputs.labels("configmap").inc()
+        self._rejected.labels("configmap").inc()
         event(log, logging.WARNING, "slownet input rejected", kind="configmap", configmap=name, error=error)
 
     async def _on_cm(self, op: str, obj: dict) -> None:
@@ -141,7 +161,7 @@ class PingmeshConfigMaps:
             if size > MAX_DATA_BYTES:
                 raise ValueError(f"data of {size} bytes (more than {MAX_DATA_BYTES})")
             if name == CONFIG_NAME:
-                await self.comp.set_config(pmconfig.parse_config(data), f"configmap:{name}")
+                await self._set_config(pmconfig.parse_config(data), f"configmap:{name}")
             else:
                 spid = name[len(TOPOLOGY_PREFIX) :]
                 if "superPodDevice" not in data:
@@ -149,7 +169,7 @@ class PingmeshConfigMaps:
                 sp = topo.parse_super_pod(data["superPodDevice"])
                 if sp.super_pod_id != spid:
                     raise ValueError(f"SuperPodID {sp.super_pod_id} in ConfigMap {name}")
-                await self.comp.set_topology(sp, f"configmap:{name}")
+                await self._set_topology(sp, f"configmap:{name}")
         except ValueError as e:
             self._reject(name, str(e)[:300])
 
@@ -181,7 +201,7 @@ class PingmeshConfigMaps:
                     NAMESPACE, FAULT_PREFIX + node, {"PublicFault": json.dumps(doc)}, FAULT_LABELS
                 )
             except KubeError as e:
-                self.comp.m_inputs.labels("configmap_write").inc()
+                self._rejected.labels("configmap_write").inc()
                 event(log, logging.WARNING, "pingmesh fault configmap not written", node=node, error=str(e))
                 continue
             self.written[node] = body
