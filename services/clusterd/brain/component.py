@@ -166,7 +166,6 @@ class BrainComponent(FaultIntake):
         self.initialised: set[str] = set()
         self.decision_log = DecisionLog(ctx.store, reg, ctx.tasks.spawn)
         self.decisions = self.decision_log.decisions
-        self._node_faults: dict[str, dict] = {}  # node -> {FaultKey: Fault}, kept from center changes
         self._sent_nodes: dict[str, set[str]] = {}  # job -> nodes that got its JobInfo
         self._subhealth_seen: dict[str, set[tuple[int, str]]] = {}
         self._unregistered_seen: dict[str, set[tuple[int, str]]] = {}
@@ -195,7 +194,9 @@ class BrainComponent(FaultIntake):
             lambda: sum(1 for c in self.controllers.values() if c.busy())
         )
         self.recover = RecoverServicer(self)
-        self.fault = FaultServicer(self)
+        self.fault = FaultServicer(
+            self.jobs, ctx.center, ctx.nodes.info, self.hidden_nodes, self.count_rejected
+        )  # subscribes to the fault center and the job registry itself
         self.job_svc = JobServicer(self)
         self.config_svc = ConfigServicer(self)
         self.datatrace = DataTrace(self, a.data_trace_dir or f"{a.state_dir}/datatrace-config")
@@ -221,8 +222,6 @@ class BrainComponent(FaultIntake):
         self.initialised.add(job_id)
 
     async def start(self) -> None:
-        for f in self.ctx.center.faults():  # restored by ClusterD before components start
-            self._node_faults.setdefault(f.node, {})[f.key] = f
         n = await self.jobs.load()
         # Init survives a restart (the Go TaskD manager calls Init once per process and then only
         # Register on every reconnect): the job ids Init accepted, of jobs still known
@@ -296,8 +295,12 @@ class BrainComponent(FaultIntake):
         mid = job.mindie_job_id
         if not mid or not self.fault.pubs:
             return False
-        ids = {mid} | {j.id for j in self.fault.service_jobs(mid)}
-        return any(jid in ids for jid, _role in self.fault.pubs)
+        return self.fault.subscribed({mid} | {j.id for j in self.fault.service_jobs(mid)})
+
+    def hidden_nodes(self, job_id: str) -> set[str]:
+        """The nodes whose stress-test codes the job's views hide (its controller's, while one runs)."""
+        ctl = self.controllers.get(job_id)
+        return ctl.hidden_nodes if ctl else set()
 
     def _recheck_at(self, job_id: str, at_ms: int, now: int) -> None:
         """Evaluate ``job_id`` again at ``at_ms`` (one timer per job, the earliest wins)."""
@@ -324,8 +327,8 @@ class BrainComponent(FaultIntake):
             event(log, logging.ERROR, "job fault evaluation failed", job=job_id, error=repr(e))
 
     def faults_of_node(self, node: str) -> list[Fault]:
-        """Active faults of ``node`` from the brain's node index of the fault center (O(faults on node))."""
-        return list(self._node_faults.get(node, {}).values())
+        """Active faults of ``node`` (the fault center's node index; O(faults on node))."""
+        return self.ctx.center.faults_of_node(node)
 
     def rank_faults_for(self, job, ranks: list[int]) -> list[RankFault]:
         """Type-"1" RankFaults for ``ranks`` (O&M failures turn ranks into faults, §4)."""
@@ -418,29 +421,16 @@ class BrainComponent(FaultIntake):
 
     # -- fault intake ------------------------------------------------------------------------------
     def _resync_faults(self, faults: list[Fault]) -> None:
-        """The brain's subscription fell behind: rebuild its node index from every active fault and
-        evaluate every job (new (rank, code) pairs still act once)."""
-        self._node_faults = {}
-        for f in faults:
-            self._node_faults.setdefault(f.node, {})[f.key] = f
+        """The brain's subscription fell behind: evaluate every job (new (rank, code) pairs still act
+        once)."""
         jobs = list(self.jobs.all())
         for job in jobs:
             try:
                 self.evaluate(job)
             except Exception as e:
                 event(log, logging.ERROR, "job fault evaluation failed", job=job.id, error=repr(e))
-        self.fault.publish(jobs)
 
     def _on_fault_changes(self, changes) -> None:
-        for kind, f in changes:
-            if kind == "recover":
-                per = self._node_faults.get(f.node)
-                if per is not None:
-                    per.pop(f.key, None)
-                    if not per:
-                        del self._node_faults[f.node]
-            else:
-                self._node_faults.setdefault(f.node, {})[f.key] = f
         nodes = {c.fault.node for c in changes}
         jobs = {j.id: j for n in nodes for j in self.jobs.jobs_on_node(n)}
         for job in jobs.values():
@@ -448,7 +438,6 @@ class BrainComponent(FaultIntake):
                 self.evaluate(job)
             except Exception as e:
                 event(log, logging.ERROR, "job fault evaluation failed", job=job.id, error=repr(e))
-        self.fault.publish(jobs.values())
 
     # -- job changes -------------------------------------------------------------------------------
     async def _on_job_change(self, job, deleted: bool) -> None:
@@ -472,7 +461,6 @@ class BrainComponent(FaultIntake):
                 await ctl.close()
         else:
             self.evaluate(job)
-            self.fault.publish([job])
 
     def _job_info(self, job, deleted: bool = False) -> agent_pb2.JobInfo:
         return agent_pb2.JobInfo(

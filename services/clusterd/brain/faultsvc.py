@@ -26,6 +26,8 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import orjson
@@ -36,6 +38,11 @@ from clusterd.brain.registrations import Registrations, caller_of
 from faultmesh._pb import fault_pb2, fault_pb2_grpc
 from faultmesh.log import event
 from faultmesh.ratelimit import TokenBucket
+
+if TYPE_CHECKING:
+    from clusterd.brain.jobs import JobRegistry
+    from clusterd.center import FaultCenter
+    from faultmesh.model import Change, Fault
 
 log = logging.getLogger("clusterd.brain.fault")
 
@@ -78,15 +85,52 @@ class _Publisher:
 
 
 class FaultServicer(fault_pb2_grpc.FaultServicer):
-    """fault.Fault on top of the brain's job registry and fault center (module docstring)."""
+    """fault.Fault (module docstring) over the job registry ``jobs`` and the fault center
+    ``center``, to which it subscribes itself (its own sink ``fault-service``: a change of a job's
+    nodes pushes that job's view); ``node_info(node)`` gives a node's IP and SN,
+    ``hidden_nodes(job_id)`` the nodes whose stress-test codes the job's view hides, and
+    ``reject(reason)`` counts a refused request."""
 
-    def __init__(self, brain) -> None:
-        self.b = brain
+    def __init__(
+        self,
+        jobs: JobRegistry,
+        center: FaultCenter,
+        node_info: Callable[[str], dict[str, Any]],
+        hidden_nodes: Callable[[str], set[str]],
+        reject: Callable[[str], None],
+    ) -> None:
+        self.jobs = jobs
+        self.center = center
+        self.node_info = node_info
+        self.hidden_nodes = hidden_nodes
+        self.reject = reject
         self.pubs: dict[tuple[str, str], _Publisher] = {}
         self.regs = Registrations(self._drop)
         self._bucket = TokenBucket(10.0, 10.0)
         self._waiting = 0
         self._cluster_cache: tuple[float, fault_pb2.FaultMsgSignal] | None = None
+        center.subscribe("fault-service", self._on_changes, resync=self._on_resync)
+        jobs.listen(self._on_job)
+
+    # -- inputs ------------------------------------------------------------------------------------
+    def _on_changes(self, changes: Sequence[Change]) -> None:
+        """Fault-center subscriber: push the view of every job on a changed node."""
+        nodes = {c.fault.node for c in changes}
+        self.publish({j.id: j for n in nodes for j in self.jobs.jobs_on_node(n)}.values())
+
+    def _on_resync(self, faults: list[Fault]) -> None:
+        """Fell behind the fault center: push every job's view (unchanged ones are not sent)."""
+        self.publish(self.jobs.all())
+
+    def _on_job(self, job, deleted: bool) -> None:
+        """Job-registry listener: a new or changed job's view."""
+        if not deleted:
+            self.publish([job])
+
+    def subscribed(self, ids: Iterable[str]) -> bool:
+        """True when a publisher is registered for any of the job ids ``ids``."""
+        want = set(ids)
+        return any(jid in want for jid, _role in self.pubs)
 
     def _drop(self, key: tuple[str, str]) -> None:
         """End and forget the publisher of ``key`` (expired or replaced)."""
@@ -107,8 +151,7 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
         devs: set[tuple[str, int]] = set()
         nodes: dict[str, None] = {}
         for job in jobs:
-            ctl = self.b.controllers.get(job.id)
-            hidden |= ctl.hidden_nodes if ctl else set()
+            hidden |= self.hidden_nodes(job.id)
             devs.update((r.node, r.device_id) for r in job.ranks)
             nodes.update(dict.fromkeys(job.nodes()))
 
@@ -117,20 +160,20 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
                 return False
             return f.device_type != "NPU" or f.device_id < 0 or (node, f.device_id) in devs
 
-        return node_fault_infos(nodes, self.b.faults_of_node, self.b.ctx.nodes.info, on_job)
+        return node_fault_infos(nodes, self.center.faults_of_node, self.node_info, on_job)
 
     def service_jobs(self, mindie_id: str, app: str = "") -> list:
         """The jobs of MindIE service ``mindie_id`` (of app type ``app`` when given)."""
-        return [j for j in mindie.members(self.b.jobs.all(), mindie_id) if not app or j.app == app]
+        return [j for j in mindie.members(self.jobs.all(), mindie_id) if not app or j.app == app]
 
     def cluster_nodes(self) -> list[dict]:
         """Every node with faults, sorted by node IP (then name)."""
-        info = self.b.ctx.nodes.info
-        nodes = sorted(self.b.ctx.center.node_names(), key=lambda n: (info(n).get("node_ip", ""), n))
-        return node_fault_infos(nodes, self.b.faults_of_node, info)
+        info = self.node_info
+        nodes = sorted(self.center.node_names(), key=lambda n: (info(n).get("node_ip", ""), n))
+        return node_fault_infos(nodes, self.center.faults_of_node, info)
 
     # -- publishing --------------------------------------------------------------------------------
-    def publish(self, jobs) -> None:
+    def publish(self, jobs: Iterable) -> None:
         """Push the current view of ``jobs`` to their (and the cluster's) subscribers if it changed."""
         if not self.pubs:
             return
@@ -160,26 +203,26 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
             try:
                 p.queue.put_nowait(sig)
             except asyncio.QueueFull:
-                self.b.count_rejected("fault_publisher_full")
+                self.reject("fault_publisher_full")
 
     # -- RPCs --------------------------------------------------------------------------------------
     async def Register(self, request, context):  # noqa: N802
         """See the module docstring."""
         if not request.role:
-            self.b.count_rejected("fault_empty_role")
+            self.reject("fault_empty_role")
             await context.abort(grpc.StatusCode.UNKNOWN, "role is empty")
         jid = request.jobId or CLUSTER
         self.regs.prune()
         ids = {k[0] for k in self.pubs}
         if jid not in ids and len(ids) >= MAX_JOB_IDS:
-            self.b.count_rejected("fault_max_jobs")
+            self.reject("fault_max_jobs")
             return fault_pb2.Status(code=500, info=f"more than {MAX_JOB_IDS} jobs subscribed")
-        if jid != CLUSTER and self.b.jobs.get(jid) is None and not self.service_jobs(jid, request.role):
-            self.b.count_rejected("fault_unknown_job")
+        if jid != CLUSTER and self.jobs.get(jid) is None and not self.service_jobs(jid, request.role):
+            self.reject("fault_unknown_job")
             await context.abort(grpc.StatusCode.UNKNOWN, f"code 402: jobId={jid} does not exist")
         key, caller = (jid, request.role), caller_of(context)
         if self.regs.full(key, caller):
-            self.b.count_rejected("fault_max_per_caller")
+            self.reject("fault_max_per_caller")
             return fault_pb2.Status(
                 code=500, info=f"more than {self.regs.max_per_caller} publishers of {caller}"
             )
@@ -195,11 +238,11 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
         self.regs.prune()
         pub = self.pubs.get((jid, request.role))
         if pub is None or pub.closed:
-            self.b.count_rejected("fault_unregistered")
+            self.reject("fault_unregistered")
             await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={jid} role={request.role} not registered")
         if jid == CLUSTER:
-            self._initial(pub, [(j.id, [j]) for j in self.b.jobs.all()])
-        elif (job := self.b.jobs.get(jid)) is not None:
+            self._initial(pub, [(j.id, [j]) for j in self.jobs.all()])
+        elif (job := self.jobs.get(jid)) is not None:
             self._initial(pub, [(jid, [job])])
         else:  # a MindIE service
             self._initial(pub, [(jid, self.service_jobs(jid))])
@@ -242,7 +285,7 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
     async def GetFaultMsgSignal(self, request, context):  # noqa: N802
         """See the module docstring."""
         if not await self._admit():
-            self.b.count_rejected("fault_rate")
+            self.reject("fault_rate")
             await context.abort(grpc.StatusCode.UNKNOWN, "code 429: request rate limited")
         jid = request.jobId
         if not jid:
@@ -253,11 +296,11 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
                 code=200, info="all info returned", faultSignal=self._cluster_cache[1]
             )
         if not 8 <= len(jid) <= 128 or CJK_RE.search(jid):
-            self.b.count_rejected("fault_bad_job_id")
+            self.reject("fault_bad_job_id")
             await context.abort(
                 grpc.StatusCode.UNKNOWN, "code 409: jobId must be 8..128 characters without CJK"
             )
-        job = self.b.jobs.get(jid)
+        job = self.jobs.get(jid)
         if job is None:
             return fault_pb2.FaultQueryResult(code=200, info=f"jobId={jid} not found")
         return fault_pb2.FaultQueryResult(
