@@ -36,17 +36,15 @@ KNOWN_REACHES = {  # file under services/ -> reaches through a held brain/app
     "clusterd/brain/http.py": 24,
     "clusterd/brain/recover.py": 23,
     "clusterd/brain/omflows.py": 21,
-    "clusterd/brain/jobsvc.py": 20,
     "clusterd/brain/platform.py": 10,
     "clusterd/app.py": 9,
-    "clusterd/brain/datatrace.py": 8,
     "clusterd/brain/reschedule.py": 7,
     "clusterd/brain/ctlbase.py": 7,
     "clusterd/brain/inplace.py": 3,
 }
 KNOWN_BUILT_WITH_SELF = {  # file -> constructions of a project class handed the builder itself
     "clusterd/auth.py": 1,  # TokenAuth's gRPC interceptor over the TokenAuth itself (one object)
-    "clusterd/brain/component.py": 6,  # Recover, Job, Config servicers, DataTrace, JobsHttp, every Controller
+    "clusterd/brain/component.py": 3,  # RecoverServicer, JobsHttp, every Controller
 }
 KNOWN_LONG = {  # file -> lines (data tables are exempt: DATA_TABLES)
     "deviced/engine.py": 535,

@@ -197,9 +197,12 @@ class BrainComponent(FaultIntake):
         self.fault = FaultServicer(
             self.jobs, ctx.center, ctx.nodes.info, self.hidden_nodes, self.count_rejected
         )  # subscribes to the fault center and the job registry itself
-        self.job_svc = JobServicer(self)
-        self.config_svc = ConfigServicer(self)
-        self.datatrace = DataTrace(self, a.data_trace_dir or f"{a.state_dir}/datatrace-config")
+        self.job_svc = JobServicer(self.jobs, ctx.nodes.info, self.count_rejected)
+        self.config_svc = ConfigServicer(self.jobs, ctx.nodes.info, self.spawn, self.count_rejected)
+        self.datatrace = DataTrace(
+            self.jobs, ctx.store, ctx.agents.send, self.count_rejected,
+            a.data_trace_dir or f"{a.state_dir}/datatrace-config",
+        )  # fmt: skip
         ctx.center.subscribe("brain", self._on_fault_changes, resync=self._resync_faults)
         ctx.agents.on_connect(self._on_agent_connect)
         self.jobs.listen(self._on_job_change)

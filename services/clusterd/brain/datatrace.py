@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 import orjson
@@ -27,6 +29,10 @@ import orjson
 from faultmesh._pb import agent_pb2, profiling_pb2, profiling_pb2_grpc
 from faultmesh.files import atomic_write
 from faultmesh.log import event
+
+if TYPE_CHECKING:
+    from clusterd.brain.jobs import JobRegistry
+    from clusterd.store import Store
 
 log = logging.getLogger("clusterd.brain.datatrace")
 
@@ -61,12 +67,24 @@ def switch_path(root: str | Path, namespace: str, name: str) -> Path:
 
 
 class DataTrace(profiling_pb2_grpc.TrainingDataTraceServicer):
-    """The switch store, file writer and the TrainingDataTrace servicer."""
+    """The switch store, file writer and the TrainingDataTrace servicer: over the job registry
+    ``jobs`` and the ``store``; ``send(node, agent, **message)`` reaches an agent,
+    ``reject(reason)`` counts a refused request; switch files under ``root``."""
 
     NS = "datatrace"
 
-    def __init__(self, brain, root: str) -> None:
-        self.b = brain
+    def __init__(
+        self,
+        jobs: JobRegistry,
+        store: Store,
+        send: Callable[..., Awaitable[bool]],
+        reject: Callable[[str], None],
+        root: str,
+    ) -> None:
+        self.jobs = jobs
+        self.store = store
+        self.send = send
+        self.reject = reject
         self.root = root
         self.pubs: dict[str, asyncio.Queue] = {}  # job id -> subscriber queue
         self._lock = asyncio.Lock()
@@ -79,7 +97,7 @@ class DataTrace(profiling_pb2_grpc.TrainingDataTraceServicer):
         if parsed is None:
             raise DataTraceError(300, BAD_NAME)
         ns, name = parsed
-        job = self.b.jobs.by_ns_name(ns, name)
+        job = self.jobs.by_ns_name(ns, name)
         if job is None:
             raise DataTraceError(500, "notify subscribe failed")
         value = {f: str(switch.get(f, "") or "") for f in FIELDS}
@@ -89,7 +107,7 @@ class DataTrace(profiling_pb2_grpc.TrainingDataTraceServicer):
             except OSError as e:
                 event(log, logging.ERROR, "data-trace file write failed", job=job_ns_name, error=e)
                 raise DataTraceWriteError(500, f"failed to write profilingSwitch: {e}") from None
-            await self.b.ctx.store.kv_put(self.NS, job_ns_name, value)
+            await self.store.kv_put(self.NS, job_ns_name, value)
         q = self.pubs.get(job.id)
         if q is not None:
             res = profiling_pb2.DataStatusRes(
@@ -100,15 +118,15 @@ class DataTrace(profiling_pb2_grpc.TrainingDataTraceServicer):
             try:
                 q.put_nowait(res)
             except asyncio.QueueFull:
-                self.b.count_rejected("datatrace_subscriber_full")
+                self.reject("datatrace_subscriber_full")
         msg = switch_message(job_ns_name, value)
         for node in job.nodes():
-            await self.b.ctx.agents.send(node, "noded", data_trace=msg)
+            await self.send(node, "noded", data_trace=msg)
         event(log, logging.INFO, "data-trace switch changed", job=job_ns_name, **value)
 
     async def get_switch(self, job_ns_name: str) -> dict[str, str] | None:
         """The stored switch of ``namespace/jobName`` or None."""
-        return await self.b.ctx.store.kv_get(self.NS, job_ns_name)
+        return await self.store.kv_get(self.NS, job_ns_name)
 
     # -- RPCs --------------------------------------------------------------------------------------
     async def ModifyTrainingDataTraceSwitch(self, request, context):  # noqa: N802
@@ -117,7 +135,7 @@ class DataTrace(profiling_pb2_grpc.TrainingDataTraceServicer):
         try:
             await self.set_switch(request.jobNsName, {f: getattr(sw, f) for f in FIELDS})
         except DataTraceError as e:
-            self.b.count_rejected(f"datatrace_{e.code}")
+            self.reject(f"datatrace_{e.code}")
             await context.abort(grpc.StatusCode.UNKNOWN, str(e))
         return profiling_pb2.DataTypeRes(
             message="successfully changed profiling marker enable status", code=200
@@ -154,8 +172,8 @@ class DataTrace(profiling_pb2_grpc.TrainingDataTraceServicer):
     async def SubscribeDataTraceSwitch(self, request, context):  # noqa: N802
         """Stream of later switch changes of jobId (no snapshot first)."""
         jid = request.jobId
-        if self.b.jobs.get(jid) is None or (jid not in self.pubs and len(self.pubs) >= MAX_PUBLISHERS):
-            self.b.count_rejected("datatrace_unregistered")
+        if self.jobs.get(jid) is None or (jid not in self.pubs and len(self.pubs) >= MAX_PUBLISHERS):
+            self.reject("datatrace_unregistered")
             await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={jid} not registered")
         old = self.pubs.get(jid)
         if old is not None:  # the older stream ends

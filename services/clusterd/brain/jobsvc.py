@@ -34,6 +34,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import orjson
@@ -43,6 +44,9 @@ from clusterd.brain.registrations import Registrations, caller_of
 from faultmesh._pb import config_pb2, config_pb2_grpc, job_pb2, job_pb2_grpc
 from faultmesh.log import event
 from faultmesh.ratelimit import TokenBucket
+
+if TYPE_CHECKING:
+    from clusterd.brain.jobs import JobRegistry
 
 log = logging.getLogger("clusterd.brain.job")
 
@@ -119,30 +123,35 @@ def report_time() -> str:
 
 
 class JobServicer(job_pb2_grpc.JobServicer):
-    """job.Job (module docstring)."""
+    """job.Job (module docstring) over the job registry ``jobs``; ``node_info(node)`` gives a
+    node's IP, ``reject(reason)`` counts a refused request."""
 
-    def __init__(self, brain) -> None:
-        self.b = brain
+    def __init__(
+        self, jobs: JobRegistry, node_info: Callable[[str], dict[str, Any]], reject: Callable[[str], None]
+    ) -> None:
+        self.jobs = jobs
+        self.node_info = node_info
+        self.reject = reject
         self.clients: dict[str, str] = {}  # clientId -> role
         self.subs: dict[str, tuple[str, asyncio.Queue]] = {}  # clientId -> (role, queue)
         self._limiter = TokenBucket(20.0, 20.0)
         self.regs = Registrations(lambda cid: self.clients.pop(cid, None))
 
     def _node_ip(self, node: str) -> str:
-        return self.b.ctx.nodes.info(node).get("node_ip", "")
+        return self.node_info(node).get("node_ip", "")
 
     async def Register(self, request, context):  # noqa: N802
         """See the module docstring."""
         if request.role not in ROLES:
-            self.b.count_rejected("job_bad_role")
+            self.reject("job_bad_role")
             await context.abort(grpc.StatusCode.UNKNOWN, f"code 400: role {request.role!r} not allowed")
         self.regs.prune()
         if len(self.clients) >= MAX_CLIENTS:
-            self.b.count_rejected("job_max_clients")
+            self.reject("job_max_clients")
             return job_pb2.Status(code=429, info=f"more than {MAX_CLIENTS} clients")
         caller = caller_of(context)
         if self.regs.full(None, caller):
-            self.b.count_rejected("job_max_per_caller")
+            self.reject("job_max_per_caller")
             return job_pb2.Status(code=429, info=f"more than {self.regs.max_per_caller} clients of {caller}")
         cid = str(uuid.uuid4())
         self.clients[cid] = request.role
@@ -162,23 +171,23 @@ class JobServicer(job_pb2_grpc.JobServicer):
             try:
                 q.put_nowait(item)
             except asyncio.QueueFull:
-                self.b.count_rejected("job_client_full")
+                self.reject("job_client_full")
 
     async def _subscribe(self, request, context, kind: str):
         cid = request.clientId
         self.regs.prune()
         role = self.clients.get(cid)
         if role is None or role != request.role:
-            self.b.count_rejected("job_unregistered")
+            self.reject("job_unregistered")
             await context.abort(
                 grpc.StatusCode.UNKNOWN, f"clientId {cid!r} with role {request.role!r} not registered"
             )
         if not self._limiter.take():
-            self.b.count_rejected("job_rate")
+            self.reject("job_rate")
             await context.abort(grpc.StatusCode.UNKNOWN, "subscribe rate limited")
         active = sum(1 for c in self.subs if self.clients.get(c) == role)
         if cid not in self.subs and active >= MAX_SUBS_PER_ROLE:
-            self.b.count_rejected("job_max_subs")
+            self.reject("job_max_subs")
             await context.abort(
                 grpc.StatusCode.UNKNOWN, f"more than {MAX_SUBS_PER_ROLE} subscriptions of role {role}"
             )
@@ -205,7 +214,7 @@ class JobServicer(job_pb2_grpc.JobServicer):
         """Every job first (batches of <= 40000 NPUs), then one-element updates."""
         cid, q = await self._subscribe(request, context, "list")
         try:
-            jobs = self.b.jobs.all()
+            jobs = self.jobs.all()
             batch: list = []
             npus = 0
             for job in jobs:
@@ -236,10 +245,20 @@ RANKTABLE_BUFFER = 1000
 
 
 class ConfigServicer(config_pb2_grpc.ConfigServicer):
-    """config.Config (module docstring)."""
+    """config.Config (module docstring) over the job registry ``jobs``; ``node_info(node)`` gives a
+    node's IP, ``spawn(coro, name)`` runs an owned task, ``reject(reason)`` counts a refused request."""
 
-    def __init__(self, brain) -> None:
-        self.b = brain
+    def __init__(
+        self,
+        jobs: JobRegistry,
+        node_info: Callable[[str], dict[str, Any]],
+        spawn: Callable[..., asyncio.Task],
+        reject: Callable[[str], None],
+    ) -> None:
+        self.jobs = jobs
+        self.node_info = node_info
+        self.spawn = spawn
+        self.reject = reject
         self.pubs: dict[str, asyncio.Queue] = {}  # MindIE job id -> its publisher's queue
         self._now: set[str] = set()  # job ids with an immediate regeneration pending (a burst is one)
         self.regs = Registrations(self._drop)
@@ -252,7 +271,7 @@ class ConfigServicer(config_pb2_grpc.ConfigServicer):
             _end(q)
 
     def _known(self, mid: str) -> bool:
-        return any(j.mindie_job_id == mid or j.id == mid for j in self.b.jobs.all())
+        return any(j.mindie_job_id == mid or j.id == mid for j in self.jobs.all())
 
     def _unknown_full(self) -> bool:
         if len(self._unknown) < MAX_UNKNOWN_JOB_REGS:
@@ -269,13 +288,13 @@ class ConfigServicer(config_pb2_grpc.ConfigServicer):
         self.regs.prune()
         caller = caller_of(context)
         if self.regs.full(mid, caller):
-            self.b.count_rejected("config_max_per_caller")
+            self.reject("config_max_per_caller")
             return config_pb2.Status(
                 code=429, info=f"more than {self.regs.max_per_caller} registrations of {caller}"
             )
         unknown = not self._known(mid)
         if unknown and mid not in self._unknown and self._unknown_full():
-            self.b.count_rejected("config_unknown_jobs")
+            self.reject("config_unknown_jobs")
             return config_pb2.Status(
                 code=429, info=f"more than {MAX_UNKNOWN_JOB_REGS} registrations for jobs that do not exist"
             )
@@ -291,7 +310,7 @@ class ConfigServicer(config_pb2_grpc.ConfigServicer):
         mid = job.mindie_job_id
         if mid and mid not in self._now:
             self._now.add(mid)
-            self.b.spawn(self._generate(mid, 0), name=f"ranktable-{mid}")
+            self.spawn(self._generate(mid, 0), name=f"ranktable-{mid}")
 
     async def _generate(self, mid: str, failures: int) -> None:
         """The reference's queue item: ``failures`` = its NumRequeues; delays 2 s x 2^(n-1)."""
@@ -310,37 +329,37 @@ class ConfigServicer(config_pb2_grpc.ConfigServicer):
 
     def _push(self, mid: str) -> bool:
         try:
-            table = mindie.global_rank_table(self.b.jobs.all(), mid, self._node_ip)
+            table = mindie.global_rank_table(self.jobs.all(), mid, self._node_ip)
         except mindie.NotReady as e:
-            self.b.count_rejected("ranktable_not_ready")
+            self.reject("ranktable_not_ready")
             event(log, logging.INFO, "global rank table not ready", jobId=mid, reason=str(e))
             return False
         q = self.pubs.get(mid)
         if q is None:
-            self.b.count_rejected("config_unregistered")
+            self.reject("config_unregistered")
             event(log, logging.WARNING, "push global rank table failed: job not registered", jobId=mid)
             return False
         try:
             q.put_nowait(config_pb2.RankTableStream(jobId=mid, rankTable=orjson.dumps(table).decode()))
         except asyncio.QueueFull:
-            self.b.count_rejected("config_subscriber_full")
+            self.reject("config_subscriber_full")
             return False
         event(log, logging.INFO, "ranktable changed", jobId=mid)
         return True
 
     def _node_ip(self, node: str) -> str:
-        return self.b.ctx.nodes.info(node).get("node_ip", "")
+        return self.node_info(node).get("node_ip", "")
 
     async def SubscribeRankTable(self, request, context):  # noqa: N802
         """Queued and new global rank tables of the jobId; gRPC error without Register."""
         self.regs.prune()
         q = self.pubs.get(request.jobId)
         if q is None:
-            self.b.count_rejected("config_unregistered")
+            self.reject("config_unregistered")
             await context.abort(
                 grpc.StatusCode.UNKNOWN, f"jobId={request.jobId} not registered, role={request.role}"
             )
-        self.b.spawn(self._generate(request.jobId, 1), name=f"ranktable-{request.jobId}")
+        self.spawn(self._generate(request.jobId, 1), name=f"ranktable-{request.jobId}")
         self.regs.opened(request.jobId)  # an open stream never expires
         try:
             while (item := await q.get()) is not None:
