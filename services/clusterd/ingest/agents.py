@@ -62,8 +62,8 @@ from clusterd.ingest.agentinput import (
     device_view,
     pending_sources,
     seq_error,
-    valid_hello,
 )
+from clusterd.ingest.hello import hello_refusal
 from clusterd.ingest.liveness import Liveness
 from clusterd.ingest.resync import (
     apply_claim,
@@ -214,20 +214,10 @@ class AgentHub(Liveness, agent_pb2_grpc.AgentStreamServicer):
         except (StopAsyncIteration, TimeoutError):
             self._reject("no_hello")
             return
-        bad = valid_hello(first.hello) if first.WhichOneof("body") == "hello" else "no_hello"
-        if bad == "no_hello":
-            self._reject("no_hello")
-            if first.WhichOneof("body") == "hello":  # a Hello, with a node name that is not one
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"Hello: node must match [A-Za-z0-9._-]{{1,253}}, got {first.hello.node[:64]!r}",
-                )
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be Hello with a node")
-        if bad:
-            self._reject("bad_hello")
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "Hello: agent must match [a-z][a-z0-9_-]{0,31}"
-            )
+        refusal = hello_refusal(first)
+        if refusal is not None:
+            self._reject(refusal[0])
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refusal[1])
         h = first.hello
         agent = h.agent or "agent"
         session = AgentSession(h.node, agent, h.boot_id, h.node_ip, h.node_sn, context.peer())
