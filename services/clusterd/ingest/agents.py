@@ -30,7 +30,8 @@ does what its snapshot would, without the faults; any other is acked ``DIGEST_MI
 
 Non-fault state (Hello identity, node status, conditions, device states) goes to the
 :class:`~clusterd.nodes.NodeRegistry`. The bearer token is checked before this servicer runs
-(:class:`clusterd.auth.TokenInterceptor`).
+(:class:`clusterd.auth.TokenInterceptor`): a refused stream is answered UNAUTHENTICATED before it
+is accepted; an accepted one gets its response headers at once, before its Hello is read (issue 35).
 
 Bad input (no Hello, a message too large, faults of another node, absurd values: the limits of
 :mod:`clusterd.ingest.agentinput`; more than :data:`MAX_FAULTS_PER_MESSAGE` faults in one message,
@@ -209,6 +210,10 @@ class AgentHub(Liveness, agent_pb2_grpc.AgentStreamServicer):
         :data:`MAX_IN_FLIGHT` messages): many messages of a stream share one commit, and each is
         acked here once its commit returned, never before.
         """
+        # Accepted (the token interceptor let it through): the response headers go out now, before
+        # the Hello is read. The agent waits for them before it writes (faultmesh.agent.open_stream),
+        # so a refusal (a trailers-only answer) never races its first message (issue 35).
+        await context.send_initial_metadata(())
         try:
             first = await wait_for(anext(request_iterator), 30.0)
         except (StopAsyncIteration, TimeoutError):
