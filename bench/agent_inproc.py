@@ -53,6 +53,9 @@ class _Context:
     def peer(self) -> str:
         return self._peer
 
+    async def send_initial_metadata(self, metadata) -> None:
+        pass
+
     async def abort(self, code, details):
         raise RuntimeError(f"aborted: {code} {details}")
 

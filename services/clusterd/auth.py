@@ -14,6 +14,13 @@ nothing is checked. Two enforcement points, both built from one :class:`TokenAut
   need the metadata, else status ``UNAUTHENTICATED`` ``bearer token required``, counted with the
   service label of that table. Read-only queries (GetFaultMsgSignal, HealthCheck, ...) are open, as
   in the reference.
+
+The refusal is decided here, before the method runs: a refused call is answered with its status
+alone (trailers-only, nothing read). For the agent stream that is the whole of telling a refusal
+from an acceptance: an accepted stream sends its response headers first
+(:meth:`clusterd.ingest.agents.AgentHub.Connect`) and the agent writes only after them
+(:func:`faultmesh.agent.open_stream`); a client that writes before them can be told INTERNAL
+"Internal error from Core" by grpcio instead of UNAUTHENTICATED (its failed write wins, issue 35).
 """
 
 from __future__ import annotations

@@ -28,6 +28,12 @@ Timings (issue 3): a change is sent at once unless a report went out less than
 ``resend_every_s`` (1800 s); reconnects back off exponentially up to ``backoff_max_s``. Liveness
 (issue 20): an empty Delta goes out after ``heartbeat_s`` (10 s) without a message, so ClusterD can
 mark a hung agent stale; gRPC keepalive pings every ``keepalive_s`` (60 s, ack within 5 s).
+
+Opening (issue 35): nothing is written before ClusterD accepted the stream (:func:`open_stream`), so
+a refusal reaches the agent with ClusterD's own status. A token refusal (UNAUTHENTICATED) is logged
+``clusterd refused the token`` once per attempt (one per backoff cycle), counted in
+``faultmesh_agent_token_refused_total``, and :meth:`AgentClient.readiness` (the agent's ``/readyz``
+text) says so until a stream is up.
 """
 
 from __future__ import annotations
@@ -71,6 +77,9 @@ NOT_STORED_PREFIX = "internal:"
 # Ack.error prefix of a message ClusterD refused for its seq (clusterd.ingest.agents RESYNC_ERROR: a
 # gap, a replay, out of order): not applied, so not acked; the next session resends all by snapshot.
 RESYNC_PREFIX = "resync:"
+# How long a new stream waits for ClusterD's response headers (its acceptance) before the Hello goes
+# out anyway: an older ClusterD sends them only with its first answer (s).
+ACCEPT_TIMEOUT_S = 5.0
 
 ControlHandler = Callable[[agent_pb2.ControlMessage], Awaitable[None]]
 
@@ -91,6 +100,11 @@ class AgentMetrics:
         self.controls = Counter(
             "faultmesh_agent_control_messages_total", "Control messages received", ["kind"], registry=registry
         )
+        self.token_refused = Counter(
+            "faultmesh_agent_token_refused_total",
+            "Agent stream attempts ClusterD refused for the bearer token (UNAUTHENTICATED)",
+            registry=registry,
+        )
 
 
 def split_targets(target: str) -> list[str]:
@@ -99,6 +113,28 @@ def split_targets(target: str) -> list[str]:
     if target.split(":", 1)[0] in ("dns", "ipv4", "ipv6", "unix", "unix-abstract", "xds"):
         return [target]
     return [t.strip() for t in target.split(",") if t.strip()] or [target]
+
+
+async def open_stream(
+    channel: grpc.aio.Channel, metadata, accept_timeout_s: float = ACCEPT_TIMEOUT_S
+) -> grpc.aio.StreamStreamCall:
+    """Open ``faultmesh.v1.AgentStream/Connect`` on ``channel`` (``metadata``: the bearer token pair,
+    or None) and return the call once ClusterD accepted it: its response headers arrived, which
+    :meth:`clusterd.ingest.agents.AgentHub.Connect` sends before reading anything.
+
+    Raises ``grpc.aio.AioRpcError`` with ClusterD's status when it refused the stream
+    (UNAUTHENTICATED for the token, UNAVAILABLE from a follower or an unreachable ClusterD): a refusal
+    is a trailers-only answer, and a message written into a stream that is being refused makes
+    grpcio's client report INTERNAL "Internal error from Core" instead of that status (issue 35).
+    After ``accept_timeout_s`` (s) without headers (an older ClusterD) the call is returned as it is.
+    """
+    call = agent_pb2_grpc.AgentStreamStub(channel).Connect(metadata=metadata)
+    with contextlib.suppress(TimeoutError):
+        await wait_for(call.initial_metadata(), accept_timeout_s)
+        if call.done():
+            await call.read()  # raises the refusal's status
+            raise ConnectionError("clusterd closed the stream")
+    return call
 
 
 class AgentClient:
@@ -110,6 +146,7 @@ class AgentClient:
 
     ``state`` is the agent's :class:`AgentState`; mutate it and the client sends deltas.
     ``credentials`` (grpc.ChannelCredentials) enables TLS; ``token`` is sent as a bearer token.
+    ``accept_timeout_s``: how long a new stream waits for ClusterD's acceptance (:func:`open_stream`).
     ``resync_by_digest`` (default True): each session opens with the digest claim and sends the full
     Snapshot only when ClusterD does not answer ``DIGEST_MATCH`` within ``ack_timeout_s`` (module
     docstring); False: always the full Snapshot.
@@ -136,6 +173,7 @@ class AgentClient:
         keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S,
         heartbeat_s: float = HEARTBEAT_S,
         resync_by_digest: bool = True,
+        accept_timeout_s: float = ACCEPT_TIMEOUT_S,
     ) -> None:
         self.targets = split_targets(target)
         self.target = self.targets[0]
@@ -160,6 +198,8 @@ class AgentClient:
         self.channel_options = channel_options(keepalive_s, keepalive_timeout_s)
         self.heartbeat_s = heartbeat_s
         self.resync_by_digest = resync_by_digest
+        self.accept_timeout_s = accept_timeout_s
+        self.down_reason = "connecting"  # why no stream is up ("" while one is): readiness()
         self._claim: tuple[int, asyncio.Future] | None = None  # (seq, answer) of the digest claim
         self._digest_peer = False  # the last claim was answered: the next one rides on the Hello
         self.seq = 0
@@ -171,6 +211,12 @@ class AgentClient:
         self._stopping = False
         self._last_report = 0.0
         self._last_sent = 0.0  # monotonic time of the last message written (heartbeat clock)
+
+    def readiness(self) -> str:
+        """The stream's part of the agent's ``/readyz`` text: ``clusterd=up``, or ``clusterd=down
+        (<why>)`` (``connecting``, ``clusterd refused the token: bearer token does not match``,
+        ``UNAVAILABLE: <detail>``, ...)."""
+        return "clusterd=up" if self.connected.is_set() else f"clusterd=down ({self.down_reason})"
 
     def _wake(self) -> None:
         self.synced.clear()
@@ -208,28 +254,40 @@ class AgentClient:
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as e:
-                event(
-                    log,
-                    logging.WARNING,
-                    "clusterd stream down",
-                    target=self.target,
-                    code=e.code().name,
-                    detail=e.details(),
-                )
+                self._stream_down(e)
             except Exception as e:  # a bug must not end the agent: log and reconnect
+                self.down_reason = repr(e)[:200]
                 event(log, logging.ERROR, "clusterd stream error", target=self.target, error=repr(e))
             finally:
                 self.connected.clear()
                 self.metrics.connected.set(0)
+                self.down_reason = self.down_reason or "clusterd closed the stream"
             backoff.success_after(time.monotonic() - started)  # a session that stayed up 30 s
             self.target = self.targets[(self.targets.index(self.target) + 1) % len(self.targets)]
             await asyncio.sleep(backoff.next_delay())
 
+    def _stream_down(self, e: grpc.aio.AioRpcError) -> None:
+        """Log, count and remember (for :meth:`readiness`) why the stream ended or was refused."""
+        code, detail = e.code(), e.details() or ""
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            self.metrics.token_refused.inc()
+            self.down_reason = f"clusterd refused the token: {detail}"
+            event(
+                log,
+                logging.WARNING,
+                "clusterd refused the token",
+                target=self.target,
+                token="set" if self.token else "none",
+                detail=detail,
+            )
+            return
+        self.down_reason = f"{code.name}: {detail}"[:200]
+        event(log, logging.WARNING, "clusterd stream down", target=self.target, code=code.name, detail=detail)
+
     async def _session(self) -> None:
         metadata = (("authorization", f"Bearer {self.token}"),) if self.token else None
         async with self._channel() as channel:
-            stub = agent_pb2_grpc.AgentStreamStub(channel)
-            call = stub.Connect(metadata=metadata)
+            call = await open_stream(channel, metadata, self.accept_timeout_s)
             reader = asyncio.create_task(self._read(call), name="agent-read")
             try:
                 await self._first_snapshot(call, reader)
@@ -239,6 +297,7 @@ class AgentClient:
                     await reader
                 raise
             last_snapshot = self._last_sent = time.monotonic()
+            self.down_reason = ""
             self.connected.set()
             self.metrics.connected.set(1)
             event(

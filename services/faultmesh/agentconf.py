@@ -90,8 +90,17 @@ def add_clusterd_arguments(parser) -> None:
 def check_clusterd_arguments(parser, args) -> None:
     """Usage error (exit 2, naming the missing flag) unless ``--clusterd-tls-cert`` and
     ``--clusterd-tls-key`` come together (:func:`faultmesh.config.check_tls_pair`, clusterd's own
-    check of its pair); call it after :func:`faultmesh.config.parse`."""
+    check of its pair), and unless the pair comes with ``--clusterd-tls-ca``: TLS is on only with a
+    CA (:func:`channel_credentials`), so a client pair without one went plaintext without a word
+    (the chart passes the CA alone, never the pair without it). Call it after
+    :func:`faultmesh.config.parse`."""
     check_tls_pair(parser, args, "the PEM client certificate")
+    if args.tls_cert and not args.tls_ca:
+        flags = {a.dest: "/".join(a.option_strings) for a in parser._actions if a.option_strings}
+        parser.error(
+            f"{flags['tls_cert']} needs {flags['tls_ca']} (the PEM CA of ClusterD's certificate): "
+            "without it the stream to ClusterD would be plaintext"
+        )
 
 
 def channel_credentials(args) -> grpc.ChannelCredentials | None:

@@ -298,7 +298,7 @@ class NodeD:
             self.agent.hello.node_sn = sn
 
     def _ready(self) -> tuple[bool, str]:
-        parts = ["clusterd=" + ("up" if self.agent.connected.is_set() else "down")]
+        parts = [self.agent.readiness()]  # clusterd=up, or clusterd=down (why)
         if self.bmc is not None and self.bmc_configured:
             parts.append(
                 "bmc="

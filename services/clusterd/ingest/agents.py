@@ -30,7 +30,8 @@ does what its snapshot would, without the faults; any other is acked ``DIGEST_MI
 
 Non-fault state (Hello identity, node status, conditions, device states) goes to the
 :class:`~clusterd.nodes.NodeRegistry`. The bearer token is checked before this servicer runs
-(:class:`clusterd.auth.TokenInterceptor`).
+(:class:`clusterd.auth.TokenInterceptor`): a refused stream is answered UNAUTHENTICATED before it
+is accepted; an accepted one gets its response headers at once, before its Hello is read (issue 35).
 
 Bad input (no Hello, a message too large, faults of another node, absurd values: the limits of
 :mod:`clusterd.ingest.agentinput`; more than :data:`MAX_FAULTS_PER_MESSAGE` faults in one message,
@@ -62,8 +63,8 @@ from clusterd.ingest.agentinput import (
     device_view,
     pending_sources,
     seq_error,
-    valid_hello,
 )
+from clusterd.ingest.hello import hello_refusal
 from clusterd.ingest.liveness import Liveness
 from clusterd.ingest.resync import (
     apply_claim,
@@ -209,25 +210,19 @@ class AgentHub(Liveness, agent_pb2_grpc.AgentStreamServicer):
         :data:`MAX_IN_FLIGHT` messages): many messages of a stream share one commit, and each is
         acked here once its commit returned, never before.
         """
+        # Accepted (the token interceptor let it through): the response headers go out now, before
+        # the Hello is read. The agent waits for them before it writes (faultmesh.agent.open_stream),
+        # so a refusal (a trailers-only answer) never races its first message (issue 35).
+        await context.send_initial_metadata(())
         try:
             first = await wait_for(anext(request_iterator), 30.0)
         except (StopAsyncIteration, TimeoutError):
             self._reject("no_hello")
             return
-        bad = valid_hello(first.hello) if first.WhichOneof("body") == "hello" else "no_hello"
-        if bad == "no_hello":
-            self._reject("no_hello")
-            if first.WhichOneof("body") == "hello":  # a Hello, with a node name that is not one
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"Hello: node must match [A-Za-z0-9._-]{{1,253}}, got {first.hello.node[:64]!r}",
-                )
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "first message must be Hello with a node")
-        if bad:
-            self._reject("bad_hello")
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "Hello: agent must match [a-z][a-z0-9_-]{0,31}"
-            )
+        refusal = hello_refusal(first)
+        if refusal is not None:
+            self._reject(refusal[0])
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refusal[1])
         h = first.hello
         agent = h.agent or "agent"
         session = AgentSession(h.node, agent, h.boot_id, h.node_ip, h.node_sn, context.peer())
