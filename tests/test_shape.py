@@ -51,7 +51,6 @@ KNOWN_LONG = {  # file -> lines (data tables are exempt: DATA_TABLES)
     "faultmesh/kube.py": 509,
     "faultmesh/trainsim.py": 621,
     "clusterd/slownode.py": 540,
-    "clusterd/ingest/agents.py": 504,
     "clusterd/brain/ctlbase.py": 524,
     "clusterd/brain/component.py": 515,
     "noded/sources/bmc.py": 504,

@@ -308,7 +308,10 @@ class DeviceD:
 
     # ---------------------------------------------------------------- lifecycle
     def _ready(self) -> tuple[bool, str]:
-        return (True, "ok") if self.started else (False, "devices not listed yet")
+        """Ready once the devices are listed; the text says whether clusterd is reached and why not
+        (``clusterd=down (clusterd refused the token: ...)``), as noded's."""
+        link = self.agent.readiness()
+        return (True, f"ok {link}") if self.started else (False, f"devices not listed yet {link}")
 
     async def init_backend(self) -> None:
         """Load / init the backend and list the chips (retried with backoff, DCMIUnavailable

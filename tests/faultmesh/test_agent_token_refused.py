@@ -15,6 +15,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from support import make_clusterd
 
+from deviced.app import DeviceD
+from deviced.app import build_parser as deviced_parser
+from deviced.backends import SimBackend
 from faultmesh import config
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
 from faultmesh.agent import AgentClient
@@ -138,3 +141,21 @@ async def test_an_older_clusterd_without_early_headers_is_served_after_the_accep
     finally:
         await agent.stop()
         await server.stop(None)
+
+
+async def test_deviced_readyz_says_the_token_was_refused(cd, tmp_path):
+    (tmp_path / "wrong").write_text("not-the-token\n")
+    args = deviced_parser().parse_args(
+        ["--node-name", "node-d", "--backend", "sim", "--clusterd", f"127.0.0.1:{cd.grpc_port}",
+         "--probe-interval", "0", "--http-addr", "127.0.0.1:0", "--clusterd-token-file", str(tmp_path / "wrong")]
+    )  # fmt: skip
+    dd = DeviceD(args, SimBackend(1, 2))
+    await dd.start()
+    try:
+        await _until(lambda: dd.agent.metrics.token_refused._value.get() >= 1)
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{dd.http.port}/readyz") as r:
+                ready = await r.text()
+        assert "clusterd=down (clusterd refused the token: bearer token does not match)" in ready
+    finally:
+        await dd.stop()
