@@ -34,7 +34,6 @@ KNOWN_STITCHED = {
 KNOWN_REACHES = {  # file under services/ -> reaches through a held brain/app
     "clusterd/brain/flows.py": 25,
     "clusterd/brain/http.py": 24,
-    "clusterd/brain/recover.py": 23,
     "clusterd/brain/omflows.py": 21,
     "clusterd/brain/platform.py": 10,
     "clusterd/app.py": 9,
@@ -44,7 +43,7 @@ KNOWN_REACHES = {  # file under services/ -> reaches through a held brain/app
 }
 KNOWN_BUILT_WITH_SELF = {  # file -> constructions of a project class handed the builder itself
     "clusterd/auth.py": 1,  # TokenAuth's gRPC interceptor over the TokenAuth itself (one object)
-    "clusterd/brain/component.py": 3,  # RecoverServicer, JobsHttp, every Controller
+    "clusterd/brain/component.py": 2,  # JobsHttp, every Controller
 }
 KNOWN_LONG = {  # file -> lines (data tables are exempt: DATA_TABLES)
     "deviced/engine.py": 535,
@@ -52,7 +51,6 @@ KNOWN_LONG = {  # file -> lines (data tables are exempt: DATA_TABLES)
     "faultmesh/trainsim.py": 621,
     "clusterd/slownode.py": 540,
     "clusterd/brain/ctlbase.py": 524,
-    "clusterd/brain/component.py": 515,
     "noded/sources/bmc.py": 504,
     "noded/pingmesh/component.py": 532,
     "fdol/slownode/cluster.py": 558,

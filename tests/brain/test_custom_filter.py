@@ -39,13 +39,16 @@ def test_job_apply_refuses_a_bad_entry_and_kube_mode_drops_it_with_a_reason():
 
 
 async def add_young(cd, f: Fault) -> None:
-    """Store ``f`` first seen now and wait until the brain's node index holds it."""
+    """Store ``f`` first seen now and wait until the brain's subscription took it and the clock moved
+    past its first-seen millisecond (a window of 0 s hides a fault during that millisecond, as the
+    reference's ``durationMs > timeout``)."""
     now = now_ms()
     await cd.center.upsert(
         Fault(f.source, f.node, f.device_type, f.device_id, f.code, f.level, "occur", now, now)
     )
+    assert await cd.center.drain_sinks(5.0), "the fault center's subscribers did not catch up"
     for _ in range(200):
-        if any(x.code == f.code for x in cd.brain.faults_of_node(f.node)):
+        if any(x.code == f.code for x in cd.brain.faults_of_node(f.node)) and now_ms() > now:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"the brain never saw {f.code}")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -47,6 +46,7 @@ from clusterd.brain.jobs import JobRegistry
 from clusterd.brain.jobsvc import ConfigServicer, JobServicer
 from clusterd.brain.platform import PlatformAnnotations
 from clusterd.brain.recover import RecoverServicer
+from clusterd.brain.registry import RecoveryRegistry
 from clusterd.brain.retryproc import RetryReports
 from faultmesh._pb import (
     agent_pb2,
@@ -65,7 +65,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("clusterd.brain")
 
-INIT_NS = "recover_init"  # store namespace: job ids a Recover Init accepted (value: true)
 ISOLATE_SOURCE = "brain:stress-test"
 ISOLATE_CODE = "StressTestIsolate"
 
@@ -162,8 +161,7 @@ class BrainComponent(FaultIntake):
             job_wait_scale=a.job_wait_scale,
         )
         self.jobs = JobRegistry(ctx.store)
-        self.controllers: dict[str, Controller] = {}
-        self.initialised: set[str] = set()
+        self.registry = RecoveryRegistry(ctx.store, self.jobs, self._new_controller)
         self.decision_log = DecisionLog(ctx.store, reg, ctx.tasks.spawn)
         self.decisions = self.decision_log.decisions
         self._sent_nodes: dict[str, set[str]] = {}  # job -> nodes that got its JobInfo
@@ -193,7 +191,10 @@ class BrainComponent(FaultIntake):
         Gauge("faultmesh_brain_busy_jobs", "Jobs whose controller runs a flow", registry=reg).set_function(
             lambda: sum(1 for c in self.controllers.values() if c.busy())
         )
-        self.recover = RecoverServicer(self)
+        self.recover = RecoverServicer(
+            self.jobs, self.registry, self.decide, self.process_fault, self.super_pod_id,
+            self.count_rejected, self.timeouts.report_s,
+        )  # fmt: skip
         self.fault = FaultServicer(
             self.jobs, ctx.center, ctx.nodes.info, self.hidden_nodes, self.count_rejected
         )  # subscribes to the fault center and the job registry itself
@@ -218,21 +219,13 @@ class BrainComponent(FaultIntake):
             (profiling_pb2_grpc.add_TrainingDataTraceServicer_to_server, self.datatrace),
         ]
 
-    async def mark_initialised(self, job_id: str) -> None:
-        """Record a successful Recover Init for ``job_id``: stored first, then in memory (raises the
-        store's error when it refuses; nothing changed then)."""
-        await self.ctx.store.kv_put(INIT_NS, job_id, True)
-        self.initialised.add(job_id)
+    # the registry's, as the fault intake and tests read them
+    controllers = property(lambda self: self.registry.controllers)
+    initialised = property(lambda self: self.registry.initialised)
 
     async def start(self) -> None:
         n = await self.jobs.load()
-        # Init survives a restart (the Go TaskD manager calls Init once per process and then only
-        # Register on every reconnect): the job ids Init accepted, of jobs still known
-        inited = await self.ctx.store.kv_items(INIT_NS)
-        self.initialised = {j for j in inited if self.jobs.get(j) is not None}
-        for gone in set(inited) - self.initialised:  # jobs deleted since: their Init goes now
-            with contextlib.suppress(Exception):  # else at the next start
-                await self.ctx.store.kv_delete(INIT_NS, gone)
+        await self.registry.load()  # Init survives a restart, of jobs still known
         await self.decision_log.load()
         self.decision_log.start()
         await self.platform.load()
@@ -242,8 +235,7 @@ class BrainComponent(FaultIntake):
         for h in self._rechecks.values():
             h.cancel()
         self._rechecks.clear()
-        for ctl in list(self.controllers.values()):
-            await ctl.close()
+        await self.registry.close()
         await self.decision_log.close(5.0)  # the last decisions are kept and handed on
 
     # -- helpers used by controllers and servicers --------------------------------------------------
@@ -404,16 +396,12 @@ class BrainComponent(FaultIntake):
         ]
         await self.ctx.center.apply(ups, [], ISOLATE_SOURCE)
 
-    async def register_job(self, job_id: str) -> Controller:
-        """Register: process-recover-enable=on and a new controller."""
-        job = self.jobs.get(job_id)
-        if job is not None and job.process_recover_enable != "on":
-            await self.jobs.update(job_id, process_recover_enable="on")
+    def _new_controller(self, job_id: str) -> Controller:
+        """A registered job's controller: the faults it already has count as seen."""
         ctl = Controller(self, job_id, self.timeouts)
         job = self.jobs.get(job_id)
         if job is not None:
             ctl.seen_fault_keys = {(f.rank, f.code) for f in self.rank_faults(job)}
-        self.controllers[job_id] = ctl
         event(log, logging.INFO, "recover client registered", job=job_id)
         return ctl
 
@@ -459,9 +447,7 @@ class BrainComponent(FaultIntake):
         if deleted:  # an Init is kept (the reference's initJob): Register then answers 402
             self.retry_reports.drop(job.id)
             self.platform.drop(job.id)
-            ctl = self.controllers.pop(job.id, None)
-            if ctl is not None:
-                await ctl.close()
+            await self.registry.drop(job.id)
         else:
             self.evaluate(job)
 

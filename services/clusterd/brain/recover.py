@@ -14,12 +14,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from faultmesh._pb import recover_pb2, recover_pb2_grpc
 from faultmesh.log import event
 from faultmesh.runtime import wait_for
+
+if TYPE_CHECKING:
+    from clusterd.brain.jobs import JobRegistry
+    from clusterd.brain.registry import RecoveryRegistry
 
 log = logging.getLogger("clusterd.brain.recover")
 
@@ -39,13 +45,31 @@ def _st(code: int, info: str) -> recover_pb2.Status:
 
 
 class RecoverServicer(recover_pb2_grpc.RecoverServicer):
-    """Recover RPCs on top of the brain (``brain.controllers`` holds one Controller per job)."""
+    """Recover RPCs over the job registry ``jobs`` and the recovery ``registry`` (Inits and one
+    controller per registered job); ``decide(job, flow, decision, reason)`` records a decision,
+    ``process_fault(job, ranks)`` takes a ReportProcessFault, ``super_pod_id(job, node)`` places a
+    node, ``reject(reason)`` counts a refused request, ``report_s`` is the report timeout (s)."""
 
-    def __init__(self, brain) -> None:
-        self.b = brain
+    def __init__(
+        self,
+        jobs: JobRegistry,
+        registry: RecoveryRegistry,
+        decide: Callable[..., Any],
+        process_fault: Callable[[str, list], Awaitable[Any]],
+        super_pod_id: Callable[[Any, str], int],
+        reject: Callable[[str], None],
+        report_s: float,
+    ) -> None:
+        self.jobs = jobs
+        self.registry = registry
+        self.decide = decide
+        self.process_fault = process_fault
+        self.super_pod_id = super_pod_id
+        self.reject = reject
+        self.report_s = report_s
 
     def _reject(self, reason: str, code: int, info: str) -> recover_pb2.Status:
-        self.b.count_rejected(reason)
+        self.reject(reason)
         event(log, logging.INFO, "recover request rejected", code=code, info=info)
         return _st(code, info)
 
@@ -53,9 +77,9 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
     async def Init(self, request, context):  # noqa: N802
         """0 (also when already initialised) · 502 unknown job · 403 process recovery off."""
         jid = request.jobId
-        if jid in self.b.initialised:
+        if jid in self.registry.initialised:
             return _st(0, f"job(uid={jid}) init success")  # fault_recover_service.go Init
-        job = self.b.jobs.get(jid)
+        job = self.jobs.get(jid)
         if job is None:
             return self._reject("unknown_job", 502, f"job(uid={jid}) one of jobName, pgName, ns is empty")
         if job.process_recover_enable != "on" and job.sub_healthy_strategy != "hotSwitch":
@@ -65,7 +89,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
                 f"job(uid={jid}) process-recover-enable and subhealthy hotswtich not open:<nil>",
             )
         try:
-            await self.b.mark_initialised(jid)
+            await self.registry.mark_initialised(jid)
         except (sqlite3.Error, OSError) as e:  # not stored: not initialised; the client retries Init
             return self._reject("state_write", 500, f"job(uid={jid}) init failed: state write failed: {e}")
         event(log, logging.INFO, "role[%s] init success" % (request.role or "-"), job=jid)
@@ -74,25 +98,25 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
     async def Register(self, request, context):  # noqa: N802
         """0 (also when already registered) · 408 not initialised · 402 unknown job · 500 too many jobs."""
         jid = request.jobId
-        if jid in self.b.controllers:
+        if jid in self.registry.controllers:
             return _st(0, "register success")
-        if jid not in self.b.initialised:
+        if jid not in self.registry.initialised:
             return self._reject("uninit", 408, f"jobId={jid} not inited")
-        if self.b.jobs.get(jid) is None:
+        if self.jobs.get(jid) is None:
             return self._reject("unknown_job", 402, f"jobId={jid} not exist, reuse registry")
-        if len(self.b.controllers) >= MAX_SERVED_JOBS:
+        if len(self.registry.controllers) >= MAX_SERVED_JOBS:
             return self._reject("max_jobs", 500, f"out of max serve jobs, reuse registry for jobId={jid}")
-        await self.b.register_job(jid)
+        await self.registry.register(jid)
         return _st(0, "register success")
 
     def _ctl(self, jid: str):
-        return self.b.controllers.get(jid)
+        return self.registry.controllers.get(jid)
 
     async def SubscribeProcessManageSignal(self, request, context):  # noqa: N802
         """Stream of ProcessManageSignal (keep-alive every 5 s); gRPC error when not registered."""
         ctl = self._ctl(request.jobId)
         if ctl is None:
-            self.b.count_rejected("unregistered")
+            self.reject("unregistered")
             await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={request.jobId} not registed")
         event(log, logging.INFO, "signal subscription", job=request.jobId, role=request.role)
         async for sig in ctl.stream(request.jobId):
@@ -132,7 +156,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         if ctl is None:
             return self._reject("unregistered", 400, f"jobId={request.jobId} not registed")
         ctl.client_answered()
-        await self.b.process_fault(request.jobId, list(request.faultRanks))
+        await self.process_fault(request.jobId, list(request.faultRanks))
         return _st(0, "receive ReportProcessFault")
 
     async def HealthCheck(self, request, context):  # noqa: N802
@@ -141,10 +165,10 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
 
     # -- NIC switch (§4.1) -------------------------------------------------------------------------
     def _job_checks(self, jid: str) -> str | None:
-        job = self.b.jobs.get(jid)
+        job = self.jobs.get(jid)
         if job is None:
             return f"job:{jid} not exist"
-        if jid not in self.b.controllers:
+        if jid not in self.registry.controllers:
             return f"job:{jid} is not registered"
         if job.status != "running":
             return f"job:{jid} is not running"
@@ -158,7 +182,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
             why = "nicOps is empty"
         ranks: list[str] = []
         ops: list[bool] = []
-        job = self.b.jobs.get(jid)
+        job = self.jobs.get(jid)
         if why is None:
             for node in sorted(request.nicOps):
                 dl = request.nicOps[node]
@@ -179,7 +203,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
                 if len(set(dl.dev)) != len(dl.dev):  # faultmesh's own check (the reference has none)
                     why = f"node:{node} devices should not repeat"
                     break
-                if self.b.super_pod_id(job, node) < 0:
+                if self.super_pod_id(job, node) < 0:
                     why = f"node:{node} should operate in superPodID"
                     break
                 for d, o in zip(dl.dev, dl.op, strict=True):
@@ -192,21 +216,21 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
             return self._reject("om_running", 411, f"jobId={jid} nic is swtiching, or job recovering")
         ctl.start_om("nic")  # visible at once to SubscribeSwitchNicSignal
         ctl.start_flow("switch-nic", lambda: ctl.nic_switch(ranks, ops))
-        self.b.decide(jid, "switch-nic", "start", f"ranks {','.join(ranks)} op {ops}")
+        self.decide(jid, "switch-nic", "start", f"ranks {','.join(ranks)} op {ops}")
         return _st(0, "switching operation was successfully distributed")
 
     async def _om_reply(self, jid: str, kind: str, context):
         ctl = self._ctl(jid)
         if ctl is None:
-            self.b.count_rejected("unregistered")
+            self.reject("unregistered")
             await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={jid} not registed")
         if ctl.om_reply is None or (ctl.om_kind != kind and not ctl.om_reply.done()):
-            self.b.count_rejected("no_om")
+            self.reject("no_om")
             what = "is not swtiching nic" if kind == "nic" else "is not stress test"
             await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={jid} {what}")
         fut = ctl.om_reply
         try:
-            msg = await wait_for(asyncio.shield(fut), self.b.timeouts.report_s * 4 + 60)
+            msg = await wait_for(asyncio.shield(fut), self.report_s * 4 + 60)
         except TimeoutError:
             msg = "om failed, no result"
         if ctl.om_reply is fut:
@@ -236,11 +260,11 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
     async def StressTest(self, request, context):  # noqa: N802
         """413 invalid · 411 a flow runs · 0."""
         jid = request.jobID
-        job = self.b.jobs.get(jid)
+        job = self.jobs.get(jid)
         why = None
         if job is None:
             why = f"job:{jid} not exist"
-        elif jid not in self.b.controllers:
+        elif jid not in self.registry.controllers:
             why = f"job:{jid} is not registered"
         params: dict[str, dict[str, list[int]]] = {}
         if why is None:
@@ -272,7 +296,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
             return self._reject("om_running", 411, f"jobId={jid} om is running, or job recovering")
         ctl.start_om("stress")
         ctl.start_flow("stress-test", lambda: ctl.stress_test(params))
-        self.b.decide(jid, "stress-test", "start", f"nodes {sorted(params)}")
+        self.decide(jid, "stress-test", "start", f"nodes {sorted(params)}")
         return _st(0, "stress test operation was successfully distributed")
 
     async def SubscribeStressTestResponse(self, request, context):  # noqa: N802
