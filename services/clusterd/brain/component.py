@@ -207,7 +207,10 @@ class BrainComponent(FaultIntake):
         ctx.center.subscribe("brain", self._on_fault_changes, resync=self._resync_faults)
         ctx.agents.on_connect(self._on_agent_connect)
         self.jobs.listen(self._on_job_change)
-        JobsHttp(self).add_routes(ctx.http.app.router)
+        JobsHttp(
+            self.jobs, self.registry, self.decision_log, self.platform, self.job_view, self.decide,
+            self.evaluate, self.count_rejected,
+        ).add_routes(ctx.http.app.router)  # fmt: skip
 
     def servicers(self) -> list[tuple[Any, Any]]:
         """(add_to_server, servicer) pairs: Recover, Fault, Job, Config, TrainingDataTrace."""

@@ -8,6 +8,8 @@ mutating ones is checked by :mod:`clusterd.auth`'s middleware.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -17,14 +19,41 @@ from faultmesh.config import MAX_YAML_BYTES, parse_untrusted
 from faultmesh.httpd import json_response
 from faultmesh.log import event
 
+if TYPE_CHECKING:
+    from clusterd.brain.decisions import DecisionLog
+    from clusterd.brain.jobs import JobRegistry
+    from clusterd.brain.platform import PlatformAnnotations
+    from clusterd.brain.registry import RecoveryRegistry
+
 log = logging.getLogger("clusterd.brain")
 
 
 class JobsHttp:
-    """The job routes over one brain component ``b`` (its jobs, controllers and decisions)."""
+    """The job routes over the job registry ``jobs``, the recovery ``registry`` (controllers),
+    the ``decisions`` log and the ``platform`` annotations; ``job_view(job, detail)`` renders a job
+    with its health and faults, ``decide(job_id, flow, decision, reason)`` records a decision,
+    ``evaluate(job)`` looks at a job's faults again, ``reject(reason)``
+    counts a refused request."""
 
-    def __init__(self, brain) -> None:
-        self.b = brain
+    def __init__(
+        self,
+        jobs: JobRegistry,
+        registry: RecoveryRegistry,
+        decisions: DecisionLog,
+        platform: PlatformAnnotations,
+        job_view: Callable[..., dict[str, Any]],
+        decide: Callable[..., Any],
+        evaluate: Callable[[Any], Any],
+        reject: Callable[[str], None],
+    ) -> None:
+        self.jobs = jobs
+        self.registry = registry
+        self.decisions = decisions
+        self.platform = platform
+        self.job_view = job_view
+        self.decide = decide
+        self.evaluate = evaluate
+        self.reject = reject
 
     def add_routes(self, r: web.UrlDispatcher) -> None:
         """Register the routes of the module docstring."""
@@ -38,19 +67,19 @@ class JobsHttp:
         r.add_post("/v1/jobs/{id}/platform", self._http_platform_set)
 
     async def _http_list(self, request: web.Request) -> web.Response:
-        return json_response([self.b.job_view(j) for j in self.b.jobs.all()])
+        return json_response([self.job_view(j) for j in self.jobs.all()])
 
     async def _http_apply(self, request: web.Request) -> web.Response:
         try:
             raw = (await request.read()).decode("utf-8")
         except UnicodeDecodeError:
-            self.b.count_rejected("bad_job_spec")
+            self.reject("bad_job_spec")
             return json_response({"error": "body is not valid UTF-8"}, status=400)
         try:
             jobs = await parse_untrusted(parse_jobs_text, raw, MAX_YAML_BYTES)  # off the loop, one at a time
-            results = await self.b.jobs.apply(jobs)
+            results = await self.jobs.apply(jobs)
         except JobSpecError as e:
-            self.b.count_rejected("bad_job_spec")
+            self.reject("bad_job_spec")
             return json_response({"error": str(e)}, status=400)
         out = []
         for job, what in results:
@@ -59,13 +88,13 @@ class JobsHttp:
         return json_response(out)
 
     async def _http_get(self, request: web.Request) -> web.Response:
-        job = self.b.jobs.get(request.match_info["id"])
+        job = self.jobs.get(request.match_info["id"])
         if job is None:
             return json_response({"error": f"job {request.match_info['id']} not found"}, status=404)
-        return json_response(self.b.job_view(job, detail=True))
+        return json_response(self.job_view(job, detail=True))
 
     async def _http_delete(self, request: web.Request) -> web.Response:
-        job = await self.b.jobs.delete(request.match_info["id"])
+        job = await self.jobs.delete(request.match_info["id"])
         if job is None:
             return json_response({"error": f"job {request.match_info['id']} not found"}, status=404)
         event(log, logging.INFO, "job deleted", job=job.id, name=job.ns_name)
@@ -73,10 +102,10 @@ class JobsHttp:
 
     async def _http_recovery(self, request: web.Request) -> web.Response:
         jid = request.match_info["id"]
-        job = self.b.jobs.get(jid)
-        if job is None and jid not in self.b.decisions:
+        job = self.jobs.get(jid)
+        if job is None and jid not in self.decisions.decisions:
             return json_response({"error": f"job {jid} not found"}, status=404)
-        ctl = self.b.controllers.get(jid)
+        ctl = self.registry.get(jid)
         return json_response(
             {
                 "job_id": jid,
@@ -87,7 +116,7 @@ class JobsHttp:
                 "strategies": job.strategies() if job else [],
                 "sub_healthy_strategy": job.sub_healthy_strategy if job else "",
                 "cached_faults": [f.as_dict() for f in ctl.cached_faults.values()] if ctl else [],
-                "decisions": list(self.b.decisions.get(jid, ())),
+                "decisions": list(self.decisions.decisions.get(jid, ())),
             }
         )
 
@@ -97,8 +126,8 @@ class JobsHttp:
         the job's current faults are looked at again as new (they may start a new flow).
         404 unknown or unregistered job."""
         jid = request.match_info["id"]
-        ctl = self.b.controllers.get(jid)
-        job = self.b.jobs.get(jid)
+        ctl = self.registry.get(jid)
+        job = self.jobs.get(jid)
         if ctl is None or job is None:
             return json_response({"error": f"job {jid} not found or not registered"}, status=404)
         try:
@@ -108,34 +137,34 @@ class JobsHttp:
         was = ctl.state
         await ctl.reset("operator reset")
         if job.process_recover_enable == "pause":
-            await self.b.jobs.update(jid, process_recover_enable="on")
-        self.b.decide(jid, "operator", "operator-reset", f"recovery state cleared (was {was})")
+            await self.jobs.update(jid, process_recover_enable="on")
+        self.decide(jid, "operator", "operator-reset", f"recovery state cleared (was {was})")
         if isinstance(body, dict) and body.get("reevaluate"):
             ctl.seen_fault_keys = set()
-            self.b.evaluate(self.b.jobs.get(jid))
+            self.evaluate(self.jobs.get(jid))
         event(log, logging.INFO, "recovery reset by operator", job=jid, state=was)
         return json_response({"job_id": jid, "result": "reset", "was": was, "state": ctl.state})
 
     async def _http_platform(self, request: web.Request) -> web.Response:
         """Platform mode's annotations of a job (:mod:`clusterd.brain.platform`). 404 unknown job."""
         jid = request.match_info["id"]
-        if self.b.jobs.get(jid) is None:
+        if self.jobs.get(jid) is None:
             return json_response({"error": f"job {jid} not found"}, status=404)
-        return json_response(self.b.platform.get(jid))
+        return json_response(self.platform.get(jid))
 
     async def _http_platform_set(self, request: web.Request) -> web.Response:
         """The AI platform sets annotations: body ``{key: value | null}``. 400 bad body or key,
         404 unknown job; answers the annotations after the change."""
         jid = request.match_info["id"]
-        if self.b.jobs.get(jid) is None:
+        if self.jobs.get(jid) is None:
             return json_response({"error": f"job {jid} not found"}, status=404)
         try:
             body = orjson.loads(await request.read() or b"{}")
             if not isinstance(body, dict):
                 raise ValueError("body must be a JSON object {key: value | null}")
-            await self.b.platform.patch(jid, body)
+            await self.platform.patch(jid, body)
         except ValueError as e:  # orjson.JSONDecodeError is a ValueError
-            self.b.count_rejected("bad_platform_annotation")
+            self.reject("bad_platform_annotation")
             return json_response({"error": str(e)}, status=400)
         event(log, logging.INFO, "platform annotations set", job=jid, keys=",".join(sorted(body)))
-        return json_response(self.b.platform.get(jid))
+        return json_response(self.platform.get(jid))
