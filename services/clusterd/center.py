@@ -91,6 +91,7 @@ class _Op(NamedTuple):
     mark: bytes | None = None  # replace_scope: the scope's new mark (None: dropped)
     read_mark: tuple[str, str] | None = None  # a check_mark op: this scope's mark is the result
     cap: tuple[tuple[str, str], int] | None = None  # (scope, most faults it may hold after the op)
+    guard: Callable[[FaultIndex], Exception | None] | None = None  # refuses the op when it returns one
 
 
 class FaultCenter(FaultIndex):
@@ -163,6 +164,7 @@ class FaultCenter(FaultIndex):
         mark: bytes | None = None,
         lane: Hashable | None = None,
         cap: tuple[tuple[str, str], int] | None = None,
+        guard: Callable[[FaultIndex], Exception | None] | None = None,
     ) -> asyncio.Future[list[Change]]:
         """Queue one operation without waiting (the agent stream pipelines its messages): the
         returned future gets the operation's changes once its batch is committed, or
@@ -174,12 +176,14 @@ class FaultCenter(FaultIndex):
         ``keep_sources``), as :meth:`replace_origin`, and makes ``mark`` the scope's mark (module
         docstring). ``cap`` ((node, origin), n): refuse the operation with :class:`ScopeFull`,
         applying nothing, when that scope would hold more than n faults after it (judged on the
-        state the operations before it on the lane left)."""
+        state the operations before it on the lane left). ``guard(index)``: called by the writer on
+        that same state; an exception it returns is the operation's result, nothing applied (the
+        public-fault cache caps)."""
         fut = asyncio.get_running_loop().create_future()
         ups = upserts if type(upserts) is list else list(upserts)
         rms = removals if type(removals) is list else list(removals)
         keep = frozenset(keep_sources) if keep_sources else _NONE
-        op = _Op(ups, rms, replace_scope, origin, fut, keep, mark, None, cap)
+        op = _Op(ups, rms, replace_scope, origin, fut, keep, mark, None, cap, guard)
         rows = len(ups) + len(rms) + 1  # a replace also removes (up to) what its scope holds now
         if replace_scope is not None:
             rows += len(self._by_scope.get(replace_scope, ()))
@@ -195,9 +199,9 @@ class FaultCenter(FaultIndex):
         return fut
 
     async def _submit(
-        self, upserts, removals=(), replace_scope=None, origin: str = "", keep_sources=frozenset()
+        self, upserts, removals=(), replace_scope=None, origin: str = "", keep_sources=frozenset(), guard=None
     ) -> list[Change]:
-        return await self.submit(upserts, removals, replace_scope, origin, keep_sources)
+        return await self.submit(upserts, removals, replace_scope, origin, keep_sources, guard=guard)
 
     async def upsert(self, fault: Fault, origin: str | None = None) -> list[Change]:
         """Add or update one fault; first-seen is kept from an existing record. Durable on return."""
@@ -208,10 +212,15 @@ class FaultCenter(FaultIndex):
         return await self._submit([], [key])
 
     async def apply(
-        self, upserts: Iterable[Fault], removals: Iterable[FaultKey], origin: str
+        self,
+        upserts: Iterable[Fault],
+        removals: Iterable[FaultKey],
+        origin: str,
+        guard: Callable[[FaultIndex], Exception | None] | None = None,
     ) -> list[Change]:
-        """Apply several upserts and removals of one owner atomically. Durable on return."""
-        return await self._submit(upserts, removals, origin=origin)
+        """Apply several upserts and removals of one owner atomically. Durable on return. Raises
+        what ``guard`` returns (:meth:`submit`), nothing applied."""
+        return await self._submit(upserts, removals, origin=origin, guard=guard)
 
     async def replace_origin(
         self, node: str, origin: str, faults: Iterable[Fault], keep_sources: Iterable[str] = ()
@@ -251,6 +260,10 @@ class FaultCenter(FaultIndex):
                         op.future.set_exception(ScopeFull(scope, n, most))
                         per_op.append([])
                         continue
+            if op.guard is not None and (refused := op.guard(self)) is not None:
+                op.future.set_exception(refused)
+                per_op.append([])
+                continue
             changes: list[Change] = []
             touched: set[tuple[str, str | None]] = set()
             now = now_ms()

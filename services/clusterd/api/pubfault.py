@@ -20,8 +20,13 @@ fault 5 s after it was added (a recover before its occur removes a later occur a
 50 000 items, counted as the reference does (one per influence entry: node + resource + faultId) over
 public faults only, and at most 50 000 device records (faultmesh stores one per device id; the
 reference has no such bound). Unlike the reference, which drops adds over the cap silently and
-answers 0, a request that would go over either cap is refused whole before anything is applied:
-409 ``check public fault info failed, error: public fault cache full: ...``. Faults go to the fault center (source ``public:<resource>:<faultId>``, one record per
+answers 0, a request that would go over either cap is refused whole, nothing applied: 409 ``check
+public fault info failed, error: public fault cache full: ...``; the fault center's writer judges it
+on the exact state the operations before it left (:func:`clusterd.api.pubrules.over_cap`), as it
+judges the agents' per-node cap, so concurrent requests cannot pass it together. A delete deadline is
+stored with its fault (attribute ``expires_ms``) and kept on a heap: the sweeper removes what is due
+(after a restart too) without scanning every public fault; a recover that came before its occur is
+stored (namespace ``pubfault_pending``) and survives a restart. Faults go to the fault center (source ``public:<resource>:<faultId>``, one record per
 device id) and so survive restarts with their first-seen time. The table file is re-read within
 1 s of a change; a valid new table re-levels the active public faults (:meth:`PubFaultComponent.relevel`,
 issue 20), a broken one (not JSON, an unknown key such as a misspelt ``SeperateNPUCodes``, a code
@@ -38,19 +43,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 import logging
-import re
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from clusterd.api.pubrules import (  # re-exported: the table and its default are read by others
+    DEFAULT_TABLE,
+    MAX_ITEMS,
+    CacheFull,
+    PublicFaultTable,
+    RequestInvalid,
+    TableError,
+    over_cap,
+    validate_fault,
+    validate_request,
+)
 from clusterd.center import StoreWriteError
+from clusterd.faultindex import FaultIndex
 from faultmesh._pb import pubfault_pb2, pubfault_pb2_grpc
 from faultmesh.config import positive_float
-from faultmesh.faultrules import unknown_key
 from faultmesh.files import FileWatch
 from faultmesh.log import RateLimitedLog, event
 from faultmesh.model import ONCE, RECOVER, Fault, FaultKey, now_ms
@@ -61,145 +76,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("clusterd.pubfault")
 
-DEFAULT_TABLE = Path(__file__).parent.parent / "tables" / "publicFaultConfiguration.json"
-ID_RE = re.compile(r"^[a-zA-Z0-9\-_.]{8,128}$")
-DESC_RE = re.compile(r"^[\S ]{0,512}$")
-NODE_RE = re.compile(r"^[a-z0-9]([a-z0-9\-.]{0,251}[a-z0-9])?$")
-MIN_TIME_MS = 1735689600000  # 2025-01-01T00:00:00Z
-FAULT_TYPES = ("NPU", "Node", "Network", "Storage")
-ASSERTIONS = ("occur", "recover", "once")
-MAX_ITEMS = 50_000  # reference cache cap: one item per (node, resource + faultId)
-MAX_RECORDS = 50_000  # faultmesh: one record per device id; bounded too (memory, event-loop time)
+PENDING_NS = "pubfault_pending"  # store namespace: recovers that came before their occur
 DELETE_DELAY_MS = 5_000
 SUCCESS = (0, "public fault send successfully")
 SERVER_INNER_ERROR = 599  # reference code ServerInnerError: the state write failed, nothing applied
-LEVEL_KEYS = (  # lookup precedence: Separate > PreSeparate > SubHealth > NotHandle
-    ("SeparateNPUCodes", "SeparateNPU"),
-    ("PreSeparateNPUCodes", "PreSeparateNPU"),
-    ("SubHealthFaultCodes", "SubHealthFault"),
-    ("NotHandleFaultCodes", "NotHandleFault"),
-)
-
-
-class TableError(ValueError):
-    """A public fault table that cannot be used (the message says why)."""
-
-
-MAX_TABLE_BYTES = 4 * 1024 * 1024  # as deviced's and noded's tables; the reference's default is < 1 KiB
-TOP_KEYS = ("publicFaultCode", "publicFaultResource")
-CODE_RE = re.compile(r"^[0-9]{9}$")  # reference §5: 9 digits (type, level, "00", origin, number)
-
-
-def _check_keys(obj: dict, known: tuple[str, ...], where: str) -> None:
-    """Refuse a table with a key outside ``known`` (:func:`faultmesh.faultrules.unknown_key`)."""
-    if bad := unknown_key(obj, known, where):
-        raise TableError(bad)
-
-
-class PublicFaultTable:
-    """The public fault table in the reference's publicFaultConfiguration.json format
-    (clusterd.md §5 "Configuration").
-
-    ``levels``: code -> level name; ``resources``: allowed senders. A key outside the reference's
-    schema (top level ``publicFaultCode`` / ``publicFaultResource``; level lists
-    ``NotHandleFaultCodes``, ``SubHealthFaultCodes``, ``SeparateNPUCodes``, ``PreSeparateNPUCodes``),
-    a level list that is not a list (null is empty), a code that is not 9 digits or an empty resource
-    refuses the whole table: raises :class:`TableError` naming the key and why.
-    """
-
-    def __init__(self, data: dict[str, Any], where: str = "<table>") -> None:
-        if not isinstance(data, dict):
-            raise TableError(f"{where}: table must be a JSON object")
-        _check_keys(data, TOP_KEYS, where)
-        codes = data.get("publicFaultCode")
-        resources = data.get("publicFaultResource")
-        if not isinstance(codes, dict) or not isinstance(resources, list):
-            raise TableError(f"{where}: publicFaultCode (object) and publicFaultResource (list) are required")
-        _check_keys(codes, tuple(k for k, _ in LEVEL_KEYS), f"{where}: publicFaultCode")
-        self.levels: dict[str, str] = {}
-        for key, level in reversed(LEVEL_KEYS):  # later (more severe) lists win
-            items = codes.get(key)
-            if items is None:
-                items = []
-            if not isinstance(items, list):
-                raise TableError(f"{where}: {key} must be a list of code strings, not {type(items).__name__}")
-            for c in items:
-                if not isinstance(c, str) or not CODE_RE.match(c):
-                    raise TableError(f"{where}: {key}: fault code {str(c)[:32]!r} is not 9 digits")
-                self.levels[c] = level
-        if not all(isinstance(r, str) and r for r in resources):
-            raise TableError(f"{where}: publicFaultResource must hold non-empty strings")
-        self.resources: tuple[str, ...] = tuple(dict.fromkeys(resources))
-
-    @classmethod
-    def load(cls, path: str | Path) -> PublicFaultTable:
-        """Read and validate a table file. Raises :class:`TableError` (or ``OSError``)."""
-        size = Path(path).stat().st_size
-        if size > MAX_TABLE_BYTES:
-            raise TableError(f"{path}: {size} bytes, larger than {MAX_TABLE_BYTES}")
-        try:
-            return cls(orjson.loads(Path(path).read_bytes()), str(path))
-        except orjson.JSONDecodeError as e:
-            raise TableError(f"{path}: not JSON: {e}") from e
-
-
-class RequestInvalid(ValueError):
-    """A request-level validation failure (code 409)."""
-
-
-def _time_ok(ms: int) -> bool:
-    return len(str(ms)) == 13 and ms >= MIN_TIME_MS
-
-
-def validate_request(req: pubfault_pb2.PublicFaultRequest, table: PublicFaultTable) -> None:
-    """Request-level rules of §5 step 2. Raises :class:`RequestInvalid` with the reason."""
-    if not ID_RE.match(req.id):
-        raise RequestInvalid(f"id {req.id[:140]!r} does not match {ID_RE.pattern}")
-    if not _time_ok(req.timestamp):
-        raise RequestInvalid(f"timestamp {req.timestamp} is not 13 digits of ms since 2025-01-01")
-    if req.version != "1.0":
-        raise RequestInvalid(f"version {req.version[:16]!r} is not 1.0")
-    if req.resource not in table.resources:
-        raise RequestInvalid(f"resource {req.resource[:64]!r} is not allowed")
-    if not 1 <= len(req.faults) <= 100:
-        raise RequestInvalid(f"faults must hold 1..100 items, got {len(req.faults)}")
-
-
-def validate_fault(
-    f: pubfault_pb2.Fault, table: PublicFaultTable, sn_to_node: dict[str, str]
-) -> list[tuple[str, list[int]]]:
-    """Fault-level rules of §5 step 3. Returns [(node, device_ids)]. Raises ``ValueError`` with the reason."""
-    if not ID_RE.match(f.faultId):
-        raise ValueError("faultId is invalid")
-    if f.faultType not in FAULT_TYPES:
-        raise ValueError(f"faultType {f.faultType[:32]!r} is invalid")
-    if len(f.faultCode) != 9 or f.faultCode not in table.levels:
-        raise ValueError(f"faultCode {f.faultCode[:32]!r} is not in the public fault table")
-    if not _time_ok(f.faultTime):
-        raise ValueError(f"faultTime {f.faultTime} is invalid")
-    if f.assertion not in ASSERTIONS:
-        raise ValueError(f"assertion {f.assertion[:32]!r} is invalid")
-    if len(f.faultLocation) > 10 or any(len(k) > 16 or len(v) > 128 for k, v in f.faultLocation.items()):
-        raise ValueError("faultLocation has too many or too long entries")
-    if not DESC_RE.match(f.description):
-        raise ValueError("description is too long or has control characters")
-    if not 1 <= len(f.influence) <= 1000:
-        raise ValueError(f"influence must hold 1..1000 entries, got {len(f.influence)}")
-    out = []
-    for inf in f.influence:
-        node = inf.nodeName
-        if node:
-            if not NODE_RE.match(node):
-                raise ValueError(f"nodeName {node[:64]!r} is invalid")
-        else:
-            node = sn_to_node.get(inf.nodeSN, "")
-            if not inf.nodeSN or not node:
-                raise ValueError(f"nodeSN {inf.nodeSN[:64]!r} resolves to no node")
-        ids = list(inf.deviceIds)
-        if not 1 <= len(ids) <= 32 or len(set(ids)) != len(ids) or any(not 0 <= d <= 31 for d in ids):
-            raise ValueError("deviceIds must hold 1..32 distinct ids in [0, 31]")
-        out.append((node, ids))
-    return out
 
 
 class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
@@ -249,11 +129,11 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
         self._watch.changed()  # the table just loaded is the baseline
         self._bucket_args = (a.public_fault_qps, a.public_fault_burst)
         self._buckets = {r: TokenBucket(*self._bucket_args) for r in self.table.resources}
-        self._pending_recover: dict[
-            tuple[str, str, str], float
-        ] = {}  # (node, resource, faultId) -> deadline s
+        # a recover before its occur: (node, resource, faultId) -> deadline (ms since the epoch);
+        # stored (namespace PENDING_NS), so it survives a restart
+        self._pending_recover: dict[tuple[str, str, str], int] = {}
+        self._expiry: list[tuple[int, FaultKey]] = []  # heap of (expires_ms, key) of public faults
         self._ratelog = RateLimitedLog(log)
-        self._reserved = (0, 0)  # (items, records) of requests being applied: counted against the caps
         self.delete_delay_ms = int(getattr(a, "public_fault_delete_delay_s", DELETE_DELAY_MS / 1000) * 1000)
         self.max_items = getattr(a, "public_fault_max_items", MAX_ITEMS)
 
@@ -262,6 +142,12 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
         return [(pubfault_pb2_grpc.add_PubFaultServicer_to_server, self)]
 
     async def start(self) -> None:
+        """Restore the pending recovers and the delete deadlines, start the sweeper."""
+        for key, deadline in (await self.ctx.store.kv_items(PENDING_NS)).items():
+            parts = key.split("\t")
+            if len(parts) == 3 and isinstance(deadline, int):
+                self._pending_recover[(parts[0], parts[1], parts[2])] = deadline
+        self._watch_expiry(self.ctx.center.faults_of_origin("public"))
         self.ctx.tasks.spawn(self._sweeper(), name="pubfault-sweeper")
 
     async def stop(self) -> None:
@@ -355,67 +241,39 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
             accepted.append((f, targets))
         if not accepted:
             return self._reject("no_valid_fault", 409, "there is no valid fault")
-        over, reserve = self._over_cap(request.resource, accepted)
-        if over:
-            return self._reject("cache_full", 409, f"check public fault info failed, error: {over}")
-        r = self._reserved
-        self._reserved = (r[0] + reserve[0], r[1] + reserve[1])
         try:
             await self._apply(request.resource, accepted)
+        except CacheFull as e:  # judged by the fault center's writer: nothing was applied
+            return self._reject("cache_full", 409, f"check public fault info failed, error: {e}")
         except StoreWriteError as e:  # nothing was applied: the sender must retry (never answered 0)
             return self._reject("store_error", SERVER_INNER_ERROR, str(e))
-        finally:
-            r = self._reserved
-            self._reserved = (r[0] - reserve[0], r[1] - reserve[1])
         return pubfault_pb2.RespStatus(code=SUCCESS[0], info=SUCCESS[1])
 
-    def _over_cap(self, resource: str, accepted) -> tuple[str, tuple[int, int]]:
-        """(why the request would take the public faults over a cap or "", (items, records) it may
-        add: reserved while it is being applied). Counted before
-        anything is applied and over public faults only (agents' faults do not use the cap).
+    def _cap_guard(self, resource: str, accepted):
+        """The fault-center writer's check of a request against the caps: returns
+        ``guard(index)`` -> :class:`CacheFull` when the request would take the public faults over a
+        cap, else None. The writer calls it on the exact state the operations before it left, so
+        concurrent requests cannot pass the cap together (module docstring). Counted over public
+        faults only (agents' faults do not use the cap).
 
         Items are counted as the reference counts its cache: one per (node, resource + faultId),
         i.e. per influence entry (``MAX_ITEMS``). faultmesh stores one record per device id, so the
         records are bounded too (``MAX_RECORDS``)."""
-        center = self.ctx.center
-        items_now = center.groups_of_origin("public") + self._reserved[0]
-        records_now = center.count_of_origin("public") + self._reserved[1]
-        adds = [(f, t) for f, t in accepted if f.assertion != RECOVER]
-        most_items = sum(len(t) for _, t in adds)
-        most_records = sum(len(ids) for _, t in adds for _, ids in t)
-        if items_now + most_items <= self.max_items and records_now + most_records <= MAX_RECORDS:
-            return "", (most_items, most_records)  # cannot exceed: no need to count exactly
-        groups: set[tuple[str, str]] = set()
-        records: set[FaultKey] = set()
-        for f, targets in adds:
-            source = f"public:{resource}:{f.faultId}"
-            for node, ids in targets:
-                if not center.has_group("public", node, source):
-                    groups.add((node, source))
-                records.update(
-                    k
-                    for k in (FaultKey(node, f.faultType, d, f.faultCode, source) for d in ids)
-                    if center.get(k) is None
-                )
-        if items_now + len(groups) > self.max_items:
-            why = (
-                f"public fault cache full: the request adds {len(groups)} items to {items_now}, "
-                f"limit {self.max_items} (one item per influence entry); nothing was applied"
-            )
-            return why, (0, 0)
-        if records_now + len(records) > MAX_RECORDS:
-            why = (
-                f"public fault cache full: the request adds {len(records)} device faults to "
-                f"{records_now}, limit {MAX_RECORDS}; nothing was applied"
-            )
-            return why, (0, 0)
-        return "", (len(groups), len(records))
+        max_items = self.max_items
+
+        def guard(index: FaultIndex) -> CacheFull | None:
+            why = over_cap(index, resource, accepted, max_items)
+            return CacheFull(why) if why else None
+
+        return guard
 
     async def _apply(self, resource: str, accepted) -> None:
         """Turn accepted faults into one atomic fault-center change (durable when this returns)."""
         center = self.ctx.center
         now = now_ms()
         upserts: list[Fault] = []
+        pending: dict[tuple[str, str, str], int] = {}  # recovers before their occur, to store
+        consumed: list[tuple[str, str, str]] = []  # stored pending recovers an occur takes up
         for f, targets in accepted:
             source = f"public:{resource}:{f.faultId}"
             level = self.table.levels[f.faultCode]
@@ -424,9 +282,7 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                 present = [center.get(k) for k in keys]
                 if f.assertion == RECOVER:
                     if not any(present):
-                        self._pending_recover[(node, resource, f.faultId)] = (
-                            time.monotonic() + self.delete_delay_ms / 1000
-                        )
+                        pending[(node, resource, f.faultId)] = now + self.delete_delay_ms
                         continue
                     ups = []
                     for p in present:
@@ -451,9 +307,12 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                     ).decode()
                 if f.assertion == ONCE:
                     attrs["expires_ms"] = str(now + self.delete_delay_ms)
-                deadline = self._pending_recover.pop((node, resource, f.faultId), None)
+                key3 = (node, resource, f.faultId)
+                deadline = pending.pop(key3, None)  # a recover earlier in this same request
+                if deadline is None and (deadline := self._pending_recover.get(key3)) is not None:
+                    consumed.append(key3)
                 if deadline is not None:
-                    attrs["expires_ms"] = str(now + max(0, int((deadline - time.monotonic()) * 1000)))
+                    attrs["expires_ms"] = str(max(now, deadline))
                 upserts.extend(
                     Fault(
                         source=source,
@@ -471,25 +330,67 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
                     if p is None
                 )
         if upserts:
-            await center.apply(upserts, [], "public")
+            await center.apply(upserts, [], "public", guard=self._cap_guard(resource, accepted))
+            self._watch_expiry(upserts)
+        for k in consumed:
+            self._pending_recover.pop(k, None)
+            await self._forget_pending(k)
+        for k, deadline in pending.items():  # stored, so a restart within its 5 s keeps it
+            self._pending_recover[k] = deadline
+            try:
+                await self.ctx.store.kv_put(PENDING_NS, "\t".join(k), deadline)
+            except Exception as e:  # kept in memory: only a restart before its deadline loses it
+                self.ctx.metrics.reject("pubfault", "pending_not_stored")
+                event(log, logging.ERROR, "pending public recover not stored", key="/".join(k), error=repr(e))
+
+    async def _forget_pending(self, key: tuple[str, str, str]) -> None:
+        """Drop a stored pending recover (a failure is logged: it expires at the next start)."""
+        try:
+            await self.ctx.store.kv_delete(PENDING_NS, "\t".join(key))
+        except Exception as e:
+            event(
+                log, logging.WARNING, "pending public recover not dropped", key="/".join(key), error=repr(e)
+            )
+
+    def _watch_expiry(self, faults) -> None:
+        """Queue the delete deadlines (``expires_ms``) of ``faults`` for the sweeper."""
+        for f in faults:
+            due = int(f.attributes.get("expires_ms", "0") or 0)
+            if due > 0:
+                heapq.heappush(self._expiry, (due, f.key))
 
     async def _sweeper(self) -> None:
-        """Every 1 s: remove public faults whose delete time passed; reload the table if it changed."""
+        """Every 1 s: reload the table if it changed; remove the public faults whose stored delete
+        time passed (from the deadline heap: the cost follows the faults due, not every public
+        fault); drop the pending recovers whose time passed."""
         while True:
             await asyncio.sleep(1.0)
             try:
                 if self._reload_if_changed():
                     await self.relevel()
-                now = now_ms()
-                due = [
-                    f.key
-                    for f in self.ctx.center.faults_of_origin("public")
-                    if 0 < int(f.attributes.get("expires_ms", "0") or 0) <= now
-                ]
-                if due:
-                    await self.ctx.center.apply([], due, "public")
-                t = time.monotonic()
-                for k in [k for k, d in self._pending_recover.items() if d <= t]:
-                    del self._pending_recover[k]
+                await self.expire(now_ms())
             except Exception as e:
                 event(log, logging.ERROR, "public fault sweep failed", error=repr(e))
+
+    async def expire(self, now: int) -> int:
+        """Remove the public faults whose ``expires_ms`` is at most ``now`` (ms) and forget the
+        pending recovers due by then. Returns how many faults were removed. Raises
+        :class:`StoreWriteError` (the deadlines stay queued: the next sweep retries)."""
+        center = self.ctx.center
+        due: dict[FaultKey, int] = {}
+        while self._expiry and self._expiry[0][0] <= now:
+            at, key = heapq.heappop(self._expiry)
+            f = center.get(key)  # still there, still due (a re-added fault has its own entry)
+            if f is not None and 0 < int(f.attributes.get("expires_ms", "0") or 0) <= now:
+                due[key] = at
+        if due:
+            try:
+                await center.apply([], list(due), "public")
+            except Exception:
+                for key, at in due.items():
+                    heapq.heappush(self._expiry, (at, key))
+                raise
+        for k in [k for k, d in self._pending_recover.items() if d <= now]:
+            del self._pending_recover[k]
+            await self._forget_pending(k)
+        return len(due)

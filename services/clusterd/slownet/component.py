@@ -161,6 +161,10 @@ class SlowNetComponent:
         """The pingmesh-config entry of a super pod (None: not configured)."""
         return self.state.activation(spid)
 
+    def roce_list_pb(self, node: str):
+        """The RoCE ``PingList`` of a probing node (None when it does not probe)."""
+        return roce_list_pb(self.state, node)
+
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
         """Restore stored inputs and faults, read input files, push lists, start the period loop."""
@@ -284,7 +288,7 @@ class SlowNetComponent:
         event(log, logging.INFO, "slownet lists pushed", super_pod=spid, nodes=sent)
 
     async def _push_roce(self, node: str) -> bool:
-        m = roce_list_pb(self.state, node)
+        m = self.roce_list_pb(node)
         if m is None:
             return True
         return await self.ctx.agents.send(node, AGENT, ping_list=m)
