@@ -84,6 +84,7 @@ __all__ = [
 log = logging.getLogger("deviced.engine")
 
 RECOVER_DELAY_MS = 1_000  # §1.1: the driver's error list lags the recover event
+RESTART_GRACE_MS = 10_000  # a code active before a restart and missing since is held this long
 SUBSCRIBE_TO_POLL_MS = 5 * 60_000  # §1.1: unhealthy for more than 5 min -> mend by polling
 HBM_DOUBLE_BIT = 0x80E01801
 AIC_BUS_CODES = frozenset({0x80C98009, 0x80CB8009})
@@ -93,7 +94,9 @@ MAX_EVENT_MEMORY = 2048  # per-chip last-event entries before inactive codes are
 
 class FaultEngine:
     """Per-chip fault state (see module docstring). The timings are ms (``recover_delay_ms`` 1 s,
-    ``poll_fallback_ms`` 5 min, ``hbm_pair_window_ms`` 5 s) and ``max_codes`` (512) caps a chip's
+    ``poll_fallback_ms`` 5 min, ``hbm_pair_window_ms`` 5 s, ``restart_grace_ms`` 10 s: how long a code
+    restored from the state file may be missing before it counts as recovered while deviced was
+    down, see :func:`deviced.rules.restore_code`) and ``max_codes`` (512) caps a chip's
     active codes; deviced's flags set them (issue 20). ``stats`` counts events by outcome;
     ``levels_by_event`` counts handled events by (origin, level); ``subscribed`` is True while fault
     events come by subscription, ``subscribe_failed`` once it was given up (mend by polling)."""
@@ -109,6 +112,7 @@ class FaultEngine:
         poll_fallback_ms: int = SUBSCRIBE_TO_POLL_MS,
         hbm_pair_window_ms: int = HBM_PAIR_WINDOW_MS,
         max_codes: int = MAX_CODES_PER_DEVICE,
+        restart_grace_ms: int = RESTART_GRACE_MS,
     ) -> None:
         self.table = table
         self.custom = custom
@@ -117,6 +121,8 @@ class FaultEngine:
         self.poll_fallback_ms = poll_fallback_ms
         self.hbm_pair_window_ms = hbm_pair_window_ms
         self.max_codes = max_codes
+        self.restart_grace_ms = restart_grace_ms
+        self.restore_until_ms = 0  # end of the restart grace (engine ms); 0: none running
         self.devices: dict[int, Device] = {}
         self.subscribed = False
         self.subscribe_failed = False
@@ -143,6 +149,8 @@ class FaultEngine:
     def next_due_ms(self) -> int | None:
         """When the earliest queued event or stage deadline falls due (engine ms), or None."""
         due = [t for t in (s.next_due_ms() for s in self.stages) if t is not None]
+        if self.restore_until_ms > self.now():
+            due.append(self.restore_until_ms)
         if self._pending:
             due.append(self._pending[0][0])
         return min(due) if due else None
@@ -271,7 +279,7 @@ class FaultEngine:
         if d.link_raised:
             codes.append(LINK_DOWN)
         live = {c for c in codes if c and c not in (RESET_FINISHED, GATEWAY_PROBE)}
-        rules.settle_restored(d, live, now)
+        held = rules.restored_held(d, live, now < self.restore_until_ms)
         # what the cache holds once the events queued before the read are applied, in order
         expected = {c for c, st in d.codes().items() if not st.once}
         queued = sorted(((e.time_ms, seq, uid), e) for _, seq, uid, e in self._pending if e.logic == logic)
@@ -285,6 +293,7 @@ class FaultEngine:
             elif ev.assertion == RECOVER:
                 expected.discard(ev.code)
         expected.discard(GATEWAY_PROBE)
+        expected -= held
         n = 0
         for c in sorted(live - expected):
             n += self.submit(DeviceEvent(logic, c, OCCUR, 0, now, "poll"), order)
@@ -389,6 +398,7 @@ class FaultEngine:
         """
         now = self.now()
         changed: set[int] = set()
+        rules.end_restart_grace(self, now)
         due = 0
         while due < len(self._pending) and self._pending[due][0] <= now:
             due += 1

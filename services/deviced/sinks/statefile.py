@@ -1,4 +1,6 @@
-"""The ``--state-file``: escalations (ManuallySeparateNPU, failed resets) kept across restarts.
+"""The ``--state-file``: escalations (ManuallySeparateNPU, failed resets), frequency counters and the
+active codes with their first-seen times, kept across restarts (issue 30: a restart is invisible to
+the rules, see :func:`deviced.rules.restore_code`).
 
 The engine exports / imports the document (:func:`deviced.rules.export_state`); this sink reads it
 once after the chips are listed and rewrites it atomically (:func:`faultmesh.files.atomic_write`)
