@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("deviced.engine")
 
 PERSISTED_KINDS = (FREQUENCY, HOT_RESET_FAILED)
+RESTART_GRACE_MS = 10_000  # a code active before a restart and missing since is held this long
 
 
 def update_manual(d: Device) -> None:
@@ -135,6 +136,11 @@ def restored_held(d: Device, live: set[int], holding: bool) -> set[int]:
         else:
             held.add(code)
     return held
+
+
+def grace_due(eng: FaultEngine) -> int | None:
+    """When the running restart grace ends (engine ms), or None."""
+    return eng.restore_until_ms if eng.restore_until_ms > eng.now() else None
 
 
 def end_restart_grace(eng: FaultEngine, now: int) -> int:
