@@ -158,6 +158,8 @@ def end_restart_grace(eng: FaultEngine, now: int) -> int:
             elif st.restored:
                 st.restored = False
                 n += eng.submit(DeviceEvent(d.ids.logic, code, RECOVER, None, now, "restart"))
+                event(log, logging.INFO, "fault recovered while deviced was down", logic_id=d.ids.logic,
+                      code=eng.table.spelling(code))  # fmt: skip
     if not left:
         eng.restore_until_ms = 0
     return n

@@ -6,6 +6,7 @@ nobody reports within the restart grace recovered while deviced was down, and co
 from __future__ import annotations
 
 import json
+import logging
 
 from deviced.engine import OCCUR, RECOVER, DeviceEvent, FaultEngine
 from deviced.tables import LINK_DOWN, Customization, FaultCodeTable
@@ -89,7 +90,8 @@ def test_first_poll_misses_it_and_the_first_callback_brings_it_back():
     assert e.stats["rereport_after_restart"] == 1 and e.stats["events_restart"] == 0
 
 
-def test_a_recover_while_down_counts_once_and_a_later_occur_is_the_second():
+def test_a_recover_while_down_counts_once_and_a_later_occur_is_the_second(caplog):
+    caplog.set_level(logging.INFO, logger="deviced.engine")
     clock = Clock()
     e, t1 = with_fault_on_npu5(clock)
     advance(e, clock, 60 * S)
@@ -99,6 +101,7 @@ def test_a_recover_while_down_counts_once_and_a_later_occur_is_the_second():
     d = e.devices[5]
     assert HBM not in d.chip and d.health == "Healthy"
     assert e.stats["events_restart"] == 1  # one recover
+    assert caplog.text.count("fault recovered while deviced was down") == 1
     assert d.frequency[HBM].last_recover_ms > d.frequency[HBM].last_fault_ms == t1
     # a second restart now finds nothing active: no recover again
     e = started(clock, e.export_state())
