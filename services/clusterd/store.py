@@ -5,11 +5,11 @@ the agents last said about each node, one JSON row per node, :mod:`clusterd.node
 (namespaced JSON values for components: jobs, data-trace switches, slow-node jobs, ...),
 ``separations`` (manually separated NPUs, :mod:`clusterd.separation`) and ``scope_marks`` (an
 agent's last snapshot digest and node view per (node, origin), :mod:`clusterd.scopemarks`: written
-only in the transaction of the faults it describes). Every table
-is created with ``CREATE TABLE IF NOT EXISTS``, so a state file of an older version gains the new
-tables on open and keeps its rows. Every write commits before the
-caller acknowledges its sender, so an acked fault survives ``kill -9`` (WAL, synchronous=NORMAL:
-durable against process death; ``--fsync full`` also against power loss).
+only in the transaction of the faults it describes); plus the fault history. The schema and its
+version live in :mod:`clusterd.storeschema`: an older state dir is migrated on open (one
+transaction), one from a newer release is refused. Every write commits before the caller
+acknowledges its sender, so an acked fault survives ``kill -9`` (WAL, synchronous=NORMAL: durable
+against process death; ``--fsync full`` also against power loss).
 
 All SQLite calls run in one dedicated writer thread (SQLite connections are single-threaded and a
 commit may block), never on the event loop. Methods raise ``sqlite3.Error`` on I/O failure.
@@ -29,46 +29,10 @@ from typing import Any
 
 import orjson
 
+from clusterd.storeschema import SCHEMA_VERSION, StateSchemaError, prepare, refuse_newer
 from faultmesh.model import Fault, FaultKey
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS faults (
-  node TEXT NOT NULL, device_type TEXT NOT NULL, device_id INTEGER NOT NULL,
-  code TEXT NOT NULL, source TEXT NOT NULL,
-  level TEXT NOT NULL, assertion TEXT NOT NULL,
-  first_seen_ms INTEGER NOT NULL, last_seen_ms INTEGER NOT NULL, attributes TEXT NOT NULL,
-  origin TEXT NOT NULL,
-  PRIMARY KEY (node, device_type, device_id, code, source)
-);
-CREATE TABLE IF NOT EXISTS nodes (
-  node TEXT NOT NULL PRIMARY KEY, state TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS kv (
-  ns TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
-  PRIMARY KEY (ns, key)
-);
-CREATE TABLE IF NOT EXISTS scope_marks (
-  node TEXT NOT NULL, origin TEXT NOT NULL, mark BLOB NOT NULL,
-  PRIMARY KEY (node, origin)
-);
-CREATE TABLE IF NOT EXISTS separations (
-  node TEXT NOT NULL, device_id INTEGER NOT NULL, codes TEXT NOT NULL,
-  separated_ms INTEGER NOT NULL, last_fault_ms INTEGER NOT NULL,
-  PRIMARY KEY (node, device_id)
-);
-"""
-
-EVENTS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS fault_events (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, ts_ms INTEGER NOT NULL, kind TEXT NOT NULL,
-  node TEXT NOT NULL, device_type TEXT NOT NULL, device_id INTEGER NOT NULL,
-  code TEXT NOT NULL, source TEXT NOT NULL, level TEXT NOT NULL, assertion TEXT NOT NULL,
-  attributes TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS fault_events_node_ts ON fault_events (node, ts_ms);
-CREATE INDEX IF NOT EXISTS fault_events_ts ON fault_events (ts_ms);
-"""
-"""Fault history (:mod:`clusterd.history`): one row per occur / update / recover, oldest pruned."""
+__all__ = ["SCHEMA_VERSION", "StateDirBusy", "StateSchemaError", "Store"]
 
 
 def _rollback(db: sqlite3.Connection) -> None:
@@ -138,11 +102,19 @@ class Store:
 
     def _connect(self) -> None:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            refuse_newer(db, self.path)  # before any write: a newer release's database stays untouched
+        except BaseException:
+            db.close()
+            raise
         db.execute("PRAGMA journal_mode=WAL")
         db.execute(f"PRAGMA synchronous={'FULL' if self._fsync_full else 'NORMAL'}")
         db.execute(f"PRAGMA busy_timeout={self._busy_timeout_ms}")
-        db.executescript(SCHEMA)
-        db.executescript(EVENTS_SCHEMA)
+        try:
+            prepare(db, self.path)  # schema version: create, migrate, or refuse (clusterd.storeschema)
+        except BaseException:
+            db.close()
+            raise
         self._db = db
 
     @property
@@ -151,7 +123,8 @@ class Store:
         return self._db is not None
 
     async def open(self) -> None:
-        """Create the folder and schema if needed. Raises ``sqlite3.Error`` / ``OSError``."""
+        """Create the folder and schema if needed, migrate an older schema. Raises ``sqlite3.Error`` /
+        ``OSError`` (:class:`StateDirBusy`, :class:`clusterd.storeschema.StateSchemaError`)."""
         await self._run(self._open)
 
     async def close(self) -> None:

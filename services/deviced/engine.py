@@ -93,7 +93,8 @@ MAX_EVENT_MEMORY = 2048  # per-chip last-event entries before inactive codes are
 
 class FaultEngine:
     """Per-chip fault state (see module docstring). The timings are ms (``recover_delay_ms`` 1 s,
-    ``poll_fallback_ms`` 5 min, ``hbm_pair_window_ms`` 5 s) and ``max_codes`` (512) caps a chip's
+    ``poll_fallback_ms`` 5 min, ``hbm_pair_window_ms`` 5 s, ``restart_grace_ms`` 10 s: see
+    :func:`deviced.rules.restore_code`) and ``max_codes`` (512) caps a chip's
     active codes; deviced's flags set them (issue 20). ``stats`` counts events by outcome;
     ``levels_by_event`` counts handled events by (origin, level); ``subscribed`` is True while fault
     events come by subscription, ``subscribe_failed`` once it was given up (mend by polling)."""
@@ -109,6 +110,7 @@ class FaultEngine:
         poll_fallback_ms: int = SUBSCRIBE_TO_POLL_MS,
         hbm_pair_window_ms: int = HBM_PAIR_WINDOW_MS,
         max_codes: int = MAX_CODES_PER_DEVICE,
+        restart_grace_ms: int = rules.RESTART_GRACE_MS,
     ) -> None:
         self.table = table
         self.custom = custom
@@ -117,6 +119,8 @@ class FaultEngine:
         self.poll_fallback_ms = poll_fallback_ms
         self.hbm_pair_window_ms = hbm_pair_window_ms
         self.max_codes = max_codes
+        self.restart_grace_ms = restart_grace_ms
+        self.restore_until_ms = 0  # end of the restart grace (engine ms); 0: none running
         self.devices: dict[int, Device] = {}
         self.subscribed = False
         self.subscribe_failed = False
@@ -142,7 +146,7 @@ class FaultEngine:
 
     def next_due_ms(self) -> int | None:
         """When the earliest queued event or stage deadline falls due (engine ms), or None."""
-        due = [t for t in (s.next_due_ms() for s in self.stages) if t is not None]
+        due = [t for t in (*(s.next_due_ms() for s in self.stages), rules.grace_due(self)) if t is not None]
         if self._pending:
             due.append(self._pending[0][0])
         return min(due) if due else None
@@ -271,7 +275,7 @@ class FaultEngine:
         if d.link_raised:
             codes.append(LINK_DOWN)
         live = {c for c in codes if c and c not in (RESET_FINISHED, GATEWAY_PROBE)}
-        rules.settle_restored(d, live, now)
+        held = rules.restored_held(d, live, now < self.restore_until_ms)
         # what the cache holds once the events queued before the read are applied, in order
         expected = {c for c, st in d.codes().items() if not st.once}
         queued = sorted(((e.time_ms, seq, uid), e) for _, seq, uid, e in self._pending if e.logic == logic)
@@ -284,7 +288,7 @@ class FaultEngine:
                 expected.add(ev.code)
             elif ev.assertion == RECOVER:
                 expected.discard(ev.code)
-        expected.discard(GATEWAY_PROBE)
+        expected -= held | {GATEWAY_PROBE}
         n = 0
         for c in sorted(live - expected):
             n += self.submit(DeviceEvent(logic, c, OCCUR, 0, now, "poll"), order)
@@ -389,6 +393,7 @@ class FaultEngine:
         """
         now = self.now()
         changed: set[int] = set()
+        rules.end_restart_grace(self, now)
         due = 0
         while due < len(self._pending) and self._pending[due][0] <= now:
             due += 1
@@ -426,13 +431,13 @@ class FaultEngine:
         for logic, d in self.devices.items():
             if rules.run_duration(self, d, now) | rules.run_frequency(self, d, now, self._clear_freq):
                 changed.add(logic)
-            if self._levels(d):
+            if rules.compute_levels(self, d):
                 changed.add(logic)
         for stage in self.stages:
             for logic in stage.run(self, now):
                 if logic in self.devices:
                     changed.add(logic)
-                    self._levels(self.devices[logic])
+                    rules.compute_levels(self, self.devices[logic])
         # end of cycle: once codes leave, fired frequency counters clear (§1.2 step 8)
         for logic, d in self.devices.items():
             gone = False
@@ -442,7 +447,7 @@ class FaultEngine:
                     gone = True
             if gone:
                 changed.add(logic)
-                self._levels(d)
+                rules.compute_levels(self, d)
             if len(d.last_event_ms) > MAX_EVENT_MEMORY:  # bounded memory under a flood of distinct codes
                 live = d.codes()
                 d.last_event_ms = {c: o for c, o in d.last_event_ms.items() if c in live}
@@ -486,7 +491,7 @@ class FaultEngine:
             if code in d.frequency:
                 d.frequency[code].times.clear()
         d.manually_separated = False
-        self._levels(d)
+        rules.compute_levels(self, d)
         return bool(keys)
 
     def reload(self, table: FaultCodeTable | None = None, custom: Customization | None = None) -> int:
@@ -500,7 +505,7 @@ class FaultEngine:
         n = 0
         for d in self.devices.values():
             n += rules.relevel(self, d, custom)
-            self._levels(d)
+            rules.compute_levels(self, d)
         return n
 
     def export_state(self) -> dict:
@@ -515,7 +520,7 @@ class FaultEngine:
     def refresh(self, logic: int) -> bool:
         """Recompute one chip's levels and health now. True when they changed."""
         d = self.devices.get(logic)
-        return d is not None and self._levels(d)
+        return d is not None and rules.compute_levels(self, d)
 
     # -- §3 levels ----------------------------------------------------------------------------
     def code_level(self, d: Device, code: int) -> NpuLevel:
@@ -526,10 +531,3 @@ class FaultEngine:
             if c == code and r.level > base:
                 base = r.level
         return base
-
-    def _levels(self, d: Device) -> bool:
-        return rules.compute_levels(self, d)
-
-    def worst_level(self, d: Device) -> NpuLevel | None:
-        """The worse of the chip and network levels (None: no fault)."""
-        return d.worst_level()

@@ -1,8 +1,9 @@
 """deviced's own metrics (issue 4 "Ops"), exported at scrape time from the engine and the sources:
 ``faultmesh_deviced_events{source,level}``, ``..._event_outcomes{outcome}``,
 ``..._callback_drops{kind}`` (chip: token bucket; switch: queue full), ``..._callbacks``,
-``..._unknown_event_types``, ``..._dcmi_errors{call,reason}``; plus the cycle's
-``faultmesh_deviced_poll_duration_seconds`` histogram and ``faultmesh_deviced_subscribed``."""
+``..._unknown_event_types``, ``..._dcmi_errors{call,reason}``, ``..._state_file_rejected{reason}``;
+plus the cycle's ``faultmesh_deviced_poll_duration_seconds`` histogram and
+``faultmesh_deviced_subscribed``."""
 
 from __future__ import annotations
 
@@ -59,6 +60,14 @@ class DevicedCollector(Collector):
         for (call, reason), n in sorted(app.io.call_errors.items()):
             errs.add_metric([call, reason], n)
         yield errs
+        rej = CounterMetricFamily(
+            "faultmesh_deviced_state_file_rejected",
+            "State files rejected at start (deviced started with empty rule state), by reason",
+            labels=["reason"],
+        )
+        for reason, n in sorted(getattr(getattr(app, "state_file", None), "rejected", {}).items()):
+            rej.add_metric([reason], n)
+        yield rej
         bad = CounterMetricFamily(
             "faultmesh_deviced_table_reload_failures",
             "Table reloads rejected (the last good table stays), by table",

@@ -23,10 +23,11 @@ from deviced.state import (
     CodeState,
     Device,
     DeviceEvent,
+    DurationState,
     FrequencyState,
     UpgradeReason,
 )
-from deviced.tables import NETWORK_CODES_ALL
+from deviced.tables import GATEWAY_PROBE, LINK_DOWN, NETWORK_CODES_ALL
 from faultmesh.levels import NpuLevel
 from faultmesh.log import event
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("deviced.engine")
 
 PERSISTED_KINDS = (FREQUENCY, HOT_RESET_FAILED)
+RESTART_GRACE_MS = 10_000  # a code active before a restart and missing since is held this long
 
 
 def update_manual(d: Device) -> None:
@@ -47,10 +49,10 @@ def update_manual(d: Device) -> None:
 # -- one event, §3 levels -------------------------------------------------------------------------
 def apply_event(eng: FaultEngine, d: Device, ev: DeviceEvent) -> None:
     """Apply one due event to the chip's code cache (occur / once / recover) and feed the frequency
-    counter with DISTINCT occurrences only: an occur of a code the chip does not carry (nor carried
-    when the state file was written, see :func:`import_state`). A duplicate occur of a still-active
-    fault is counted in ``stats["duplicate_occur"]`` and changes no rule (faultmesh's deliberate
-    difference from the reference, which counts every notice: docs/compatibility.md)."""
+    counter with DISTINCT occurrences only: an occur of a code the chip does not carry. A duplicate
+    occur of a still-active fault (or of one restored from the state file, :func:`restore_code`) is
+    counted in ``stats["duplicate_occur"]`` and changes no rule (faultmesh's deliberate difference
+    from the reference, which counts every notice: docs/compatibility.md)."""
     store = d.network if ev.code in NETWORK_CODES_ALL else d.chip
     has_duration = eng.custom.duration_rule(ev.code) is not None
     freq_rule = eng.custom.frequency_rule(ev.code)
@@ -65,15 +67,14 @@ def apply_event(eng: FaultEngine, d: Device, ev: DeviceEvent) -> None:
             d.alarm_ms = ev.time_ms
         else:
             eng.stats["duplicate_occur"] += 1
+            if cur.restored:  # the first report since the restart of a fault active before it
+                cur.restored = False
+                eng.stats["rereport_after_restart"] += 1
             cur.dup_ms = ev.time_ms
             if ev.severity is not None:
                 cur.severity = ev.severity
             cur.once = cur.once and ev.assertion == ONCE
         if freq_rule is not None and not has_duration:
-            if distinct and ev.code in d.restored_active:
-                distinct = False  # the re-report of a fault active before the restart
-                eng.stats["rereport_after_restart"] += 1
-            d.restored_active.discard(ev.code)
             if distinct:
                 _count(eng, d, ev.code, ev.time_ms)
             if ev.assertion == ONCE:  # a one-off notice ends at once
@@ -85,7 +86,6 @@ def apply_event(eng: FaultEngine, d: Device, ev: DeviceEvent) -> None:
     else:
         if store.pop(ev.code, None) is None:
             eng.stats["recover_without_occur"] += 1
-        d.restored_active.discard(ev.code)
         if freq_rule is not None and not has_duration:
             d.frequency.setdefault(ev.code, FrequencyState()).last_recover_ms = ev.time_ms
         eng.levels_by_event[(ev.origin, "Recover")] += 1
@@ -122,15 +122,47 @@ def stale_recover(eng: FaultEngine, d: Device, ev: DeviceEvent) -> None:
     _count(eng, d, ev.code, cur.dup_ms)
 
 
-def settle_restored(d: Device, live: set[int], now: int) -> None:
-    """The first poll after a restart: a code active at the last save that the chip no longer
-    carries recovered while deviced was down (at ``now``, ms); one it still carries stays the same
-    occurrence (its re-report is not counted)."""
-    for code in [c for c in d.restored_active if c not in live]:
-        d.restored_active.discard(code)
-        fs = d.frequency.get(code)
-        if fs is not None and fs.last_recover_ms < fs.last_fault_ms:
-            fs.last_recover_ms = now
+def restored_held(d: Device, live: set[int], holding: bool) -> set[int]:
+    """A poll of ``d`` read the ``live`` codes: each restored code it shows is seen again (the same
+    occurrence: no event, its first-seen time kept); one it lacks is held (no recover) while
+    ``holding`` (the restart grace runs), else left to the poll's recover, which counts once.
+    Returns the held codes."""
+    held = set()
+    for code, st in d.codes().items():
+        if not st.restored:
+            continue
+        if code in live or not holding:
+            st.restored = False
+        else:
+            held.add(code)
+    return held
+
+
+def grace_due(eng: FaultEngine) -> int | None:
+    """When the running restart grace ends (engine ms), or None."""
+    return eng.restore_until_ms if eng.restore_until_ms > eng.now() else None
+
+
+def end_restart_grace(eng: FaultEngine, now: int) -> int:
+    """Once the restart grace is over (``eng.restore_until_ms`` <= ``now``, ms): each restored code of
+    a polled chip that no poll nor callback showed since the restart recovered while deviced was down;
+    queue its recover (at ``now``; the frequency rule sees one recover). A chip not polled yet keeps
+    them until it is. Returns the recovers queued."""
+    if not eng.restore_until_ms or now < eng.restore_until_ms:
+        return 0
+    n, left = 0, False
+    for d in eng.devices.values():
+        for code, st in d.codes().items():
+            if st.restored and d.reinit:
+                left = True
+            elif st.restored:
+                st.restored = False
+                n += eng.submit(DeviceEvent(d.ids.logic, code, RECOVER, None, now, "restart"))
+                event(log, logging.INFO, "fault recovered while deviced was down", logic_id=d.ids.logic,
+                      code=eng.table.spelling(code))  # fmt: skip
+    if not left:
+        eng.restore_until_ms = 0
+    return n
 
 
 def compute_levels(eng: FaultEngine, d: Device) -> bool:
@@ -230,9 +262,8 @@ def _duration_flip(eng: FaultEngine, d: Device, code: int, level: NpuLevel, t: i
     name = eng.table.spelling(code)
     if timed_out:
         eng.set_reason(d, UpgradeReason(code, level, DURATION, t))
-        if fs is not None and code in d.restored_active:
-            d.restored_active.discard(code)  # timed out before the restart: the same occurrence
-            eng.stats["rereport_after_restart"] += 1
+        if fs is not None and fs.last_fault_ms == t:
+            eng.stats["rereport_after_restart"] += 1  # re-derived after a restart: the same timeout
         elif fs is not None:
             fs.times.append(t)
             fs.last_fault_ms = t
@@ -323,10 +354,25 @@ def relevel(eng: FaultEngine, d: Device, custom: Customization) -> int:
 
 
 # -- persistence (the reference keeps UpgradeFaultReason in its ConfigMap, §4.2, §10) ----------------
+STATE_VERSION = 2  # 2: + the active codes ("active"); 1 is still read
+
+
+def persisted_codes(d: Device) -> dict[str, dict]:
+    """The active codes of ``d`` a restart must treat as the same occurrence: every driver code (not a
+    one-off notice, not the gateway probe's synthetic code, not a link down only hccn_tool saw), as
+    ``{"<code>": {"first_seen_ms": ms, "severity": int | None}}``."""
+    return {
+        str(code): {"first_seen_ms": st.first_seen_ms, "severity": st.severity}
+        for code, st in d.codes().items()
+        if not st.once and code != GATEWAY_PROBE and not (code == LINK_DOWN and d.link_raised)
+    }
+
+
 def export_state(devices: dict[int, Device]) -> dict:
-    """Escalations that must survive a restart, keyed by physical id: FaultFrequency and
-    HotResetFailed reasons plus frequency counters. Duration reasons are re-derived from live codes.
-    Shape: ``{"version": 1, "devices": {"<phy>": {"reasons": [...], "frequency": {...}}}}``."""
+    """What must survive a restart, keyed by physical id: FaultFrequency and HotResetFailed reasons,
+    frequency counters and the active codes (:func:`persisted_codes`). Duration reasons are
+    re-derived from the active codes' first-seen times. Shape: ``{"version": 2, "devices": {"<phy>":
+    {"reasons": [...], "frequency": {...}, "active": {...}}}}``."""
     out = {}
     for d in devices.values():
         reasons = [
@@ -343,23 +389,45 @@ def export_state(devices: dict[int, Device]) -> dict:
             for code, fs in d.frequency.items()
             if fs.times or (code, FREQUENCY) in d.reasons or fs.last_recover_ms < fs.last_fault_ms
         }
-        if reasons or freq:
+        active = persisted_codes(d)
+        if reasons or freq or active:
             out[str(d.ids.phy)] = {
                 "reasons": sorted(reasons, key=lambda r: (r["code"], r["kind"])),
                 "frequency": freq,
+                "active": active,
             }
-    return {"version": 1, "devices": out}
+    return {"version": STATE_VERSION, "devices": out}
+
+
+def restore_code(eng: FaultEngine, d: Device, code: int, first_seen_ms: int, severity: int | None) -> bool:
+    """Put ``code``, active when the state file was written, back on ``d`` as ``restored``: it is
+    reported with its first-seen time and level, its re-report (first poll, first callback) is the
+    same occurrence, and it recovers only when no poll nor callback shows it within the restart
+    grace (:func:`restored_held`, :func:`expire_restored`). A duration rule's queue restarts from
+    ``first_seen_ms``, so a timeout is re-derived at the same time (not counted again). False when
+    the chip already carries the code or is full."""
+    store = d.network if code in NETWORK_CODES_ALL else d.chip
+    if code in d.codes() or len(d.chip) + len(d.network) >= eng.max_codes:
+        return False
+    store[code] = CodeState(first_seen_ms, severity, restored=True)
+    d.alarm_ms = max(d.alarm_ms, first_seen_ms)
+    if eng.custom.duration_rule(code) is not None:
+        d.duration.setdefault(code, DurationState()).queue.append((first_seen_ms, OCCUR))
+    return True
 
 
 def import_state(eng: FaultEngine, data: dict) -> int:
     """Restore :func:`export_state` output into ``eng`` (unknown chips and bad entries skipped and
     counted in ``restore_skipped``). FaultFrequency reasons are re-levelled to the current rule or
-    dropped when the rule is gone. A code not recovered before the restart is kept active in
-    ``Device.restored_active``: its re-report after the restart is the same occurrence, and the first
-    poll (:func:`settle_restored`) marks it recovered when the chip no longer carries it. Importing
-    the same document again changes nothing. Returns the reasons restored."""
+    dropped when the rule is gone. The active codes come back marked restored (:func:`restore_code`;
+    a version-1 document, which has none, restores the frequency codes not recovered before the
+    restart). Importing the same document again changes nothing. Returns the reasons restored.
+    Raises ``ValueError`` when the document's shape is not a state file's."""
+    if not isinstance(data.get("devices") or {}, dict):
+        raise ValueError("devices is not a JSON object")
     by_phy = {d.ids.phy: d for d in eng.devices.values()}
     now = eng.now()
+    version = data.get("version")
     n = 0
     for phy_s, entry in (data.get("devices") or {}).items():
         try:
@@ -369,7 +437,13 @@ def import_state(eng: FaultEngine, data: dict) -> int:
         if d is None or not isinstance(entry, dict):
             eng.stats["restore_skipped"] += 1
             continue
-        for code_s, fs in (entry.get("frequency") or {}).items():
+        for code_s, a in _items(entry.get("active")):
+            try:
+                sev = a.get("severity")
+                restore_code(eng, d, int(code_s), int(a["first_seen_ms"]), None if sev is None else int(sev))
+            except (KeyError, TypeError, ValueError, AttributeError):
+                eng.stats["restore_skipped"] += 1
+        for code_s, fs in _items(entry.get("frequency")):
             try:
                 st = FrequencyState(
                     [int(t) for t in fs.get("times", [])],
@@ -382,14 +456,19 @@ def import_state(eng: FaultEngine, data: dict) -> int:
                 continue
             if eng.custom.frequency_rule(code) is None:
                 continue
-            if st.last_recover_ms < st.last_fault_ms and code not in d.codes():
-                d.restored_active.add(code)
+            if (
+                version == 1 and st.last_recover_ms < st.last_fault_ms
+            ):  # version 1: first seen ~ the counted time
+                dur = eng.custom.duration_rule(code)
+                restore_code(
+                    eng, d, code, st.last_fault_ms - (dur.fault_timeout_s * 1000 if dur else 0), None
+                )
             d.frequency[code] = st
-        for r in entry.get("reasons") or []:
+        for r in entry.get("reasons") if isinstance(entry.get("reasons"), list) else []:
             try:
                 code, kind, t = int(r["code"]), str(r["kind"]), int(r["time_ms"])
                 level = NpuLevel.parse(str(r["level"]))
-            except (KeyError, TypeError, ValueError):
+            except (KeyError, TypeError, ValueError, AttributeError):
                 eng.stats["restore_skipped"] += 1
                 continue
             if kind == FREQUENCY:
@@ -404,4 +483,11 @@ def import_state(eng: FaultEngine, data: dict) -> int:
             n += 1
         update_manual(d)
         eng.refresh(d.ids.logic)
+    if any(st.restored for d in eng.devices.values() for st in d.codes().values()):
+        eng.restore_until_ms = now + eng.restart_grace_ms
     return n
+
+
+def _items(obj: object) -> list[tuple[str, dict]]:
+    """The entries of a JSON object member (anything else: none)."""
+    return list(obj.items()) if isinstance(obj, dict) else []

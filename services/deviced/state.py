@@ -39,12 +39,14 @@ class DeviceEvent:
 @dataclass
 class CodeState:
     """An active code on a chip: first-seen time (ms), last severity, ``once`` (lives one cycle),
-    ``dup_ms`` (the latest duplicate occur's time, ms; 0: none)."""
+    ``dup_ms`` (the latest duplicate occur's time, ms; 0: none), ``restored`` (active when the state
+    file was written and not seen again since the restart: see :func:`deviced.rules.restore_code`)."""
 
     first_seen_ms: int
     severity: int | None
     once: bool = False
     dup_ms: int = 0  # the latest duplicate occur (not a new occurrence), 0: none
+    restored: bool = False
 
 
 @dataclass
@@ -82,8 +84,8 @@ class Device:
 
     ``card_dropped`` (health -8012 seen), ``probe_bad`` (gateway probe abnormal), ``link_raised``
     (a link down found by hccn_tool, not in the driver's list) are the synthetic signals the sources
-    feed; ``resetting`` is set while a hot reset runs; ``restored_active`` holds the frequency-rule
-    codes that were active when the state file was written (see :func:`deviced.rules.import_state`).
+    feed; ``resetting`` is set while a hot reset runs. Codes active when the state file was written
+    come back in ``chip`` / ``network`` marked ``restored`` (see :func:`deviced.rules.import_state`).
     """
 
     ids: DeviceIds
@@ -108,9 +110,6 @@ class Device:
     last_event_ms: dict[int, tuple[int, float, int]] = field(
         default_factory=dict
     )  # code -> (time, seq) last applied
-    # codes active (counted, not recovered) when the state file was written: their first report
-    # after a restart is the same occurrence; the first poll settles the rest as recovered
-    restored_active: set[int] = field(default_factory=set)
 
     def codes(self) -> dict[int, CodeState]:
         """Chip and network codes together."""

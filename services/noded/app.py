@@ -326,6 +326,7 @@ class NodeD:
                         "device_id": f.device_id,
                         "code": f.code,
                         "level": f.level,
+                        "first_seen_ms": f.first_seen_ms,
                         "attributes": f.attributes,
                     }
                     for f in self.state.faults.values()

@@ -20,7 +20,9 @@ class NodedMetrics:
     - ``faultmesh_noded_sel_records_total{result}``: SEL records read (mapped, unmapped, oem, unknown_type);
     - ``faultmesh_noded_level_table_reloads_total{result}``: ok / invalid / missing;
     - ``faultmesh_noded_storage_reads_total{monitor,result}``: DPC/DTFS status file reads (ok or a reason);
-    - ``faultmesh_noded_node_status{status}``: 1 for the current node status.
+    - ``faultmesh_noded_node_status{status}``: 1 for the current node status;
+    - ``faultmesh_noded_state_file_rejected_total{reason}``: ``--bmc-state-file`` files rejected at
+      start (unreadable, corrupt, not-an-object, bad-shape): noded started with no kept times.
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -63,6 +65,12 @@ class NodedMetrics:
             "faultmesh_noded_storage_reads_total",
             "DPC/DTFS status file reads",
             ["monitor", "result"],
+            registry=registry,
+        )
+        self.state_file_rejected = Counter(
+            "faultmesh_noded_state_file_rejected_total",
+            "State files rejected at start (noded started with empty state)",
+            ["reason"],
             registry=registry,
         )
         self.node_status = Gauge(

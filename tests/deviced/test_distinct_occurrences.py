@@ -153,14 +153,20 @@ def test_restart_with_state_file_and_the_fault_still_on_the_chip(clock):
 
 
 def test_restart_after_the_fault_went_away_while_down(clock):
+    """Gone at the first poll and not reported within the restart grace: it recovered while deviced
+    was down (one recover), and the next occur is the second occurrence."""
     e = make(clock)
     occur(e, 3, 0x80E18008)
     e.cycle()
     e = restart(e, clock)
     for i in range(len(IDS)):
-        e.apply_poll(i, [])  # gone while deviced was down: it recovered
+        e.apply_poll(i, [])  # gone while deviced was down
     e.cycle()
-    step(e, clock, 5 * S)
+    assert e.devices[3].level == NpuLevel.RestartNPU  # held during the grace: no recover yet
+    step(e, clock, e.restart_grace_ms + S)
+    assert 0x80E18008 not in e.devices[3].chip and e.devices[3].level is None
+    fs = e.devices[3].frequency[0x80E18008]
+    assert fs.last_recover_ms >= fs.last_fault_ms and len(fs.times) == 1
     occur(e, 3, 0x80E18008)  # a new occurrence: the second in 24 h
     e.cycle()
     assert e.devices[3].manually_separated

@@ -21,6 +21,8 @@ import re
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
 from typing import NamedTuple
 
 from faultmesh.levels import NodeLevel
@@ -356,3 +358,18 @@ class SelFaultTracker:
             elif key not in self.active:
                 self.active[key] = (rule, rec.timestamp)
         return counts
+
+
+DEFAULT_SEL_TABLE = "sel_events.json"
+
+
+def load_sel_table(path: str | None) -> SelEventTable:
+    """The SEL event table from ``path`` (``--sel-events-file``), else noded's own. Raises
+    ``ValueError`` for an invalid table and ``OSError`` for an unreadable file."""
+    raw = (
+        Path(path).read_bytes() if path else resources.files("noded").joinpath(DEFAULT_SEL_TABLE).read_bytes()
+    )
+    try:
+        return SelEventTable.from_json(raw)
+    except SelTableError as e:
+        raise ValueError(f"SEL event table: {e}") from None

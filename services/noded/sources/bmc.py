@@ -35,8 +35,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 from faultmesh import config
@@ -47,6 +45,7 @@ from faultmesh.model import now_ms
 from faultmesh.retry import Backoff
 from faultmesh.runtime import BlockingTimeout
 from faultmesh.source import PolledSource, SourceContext
+from faultmesh.statefile import JsonStateFile
 from noded.bmc import faults, oem, sel
 from noded.bmc.client import (
     HUAWEI_MANUFACTURER_ID,
@@ -57,6 +56,8 @@ from noded.bmc.client import (
     BmcError,
 )
 from noded.bmc.faults import SOURCE_OEM, SOURCE_SEL, PollResult
+from noded.bmc.firstseen import FirstSeen
+from noded.bmc.sel import load_sel_table
 from noded.levels import LevelTable, LevelTableWatcher, node_status
 from noded.metrics import NodedMetrics
 
@@ -65,7 +66,6 @@ log = logging.getLogger("noded.bmc")
 COND_UNREACHABLE = "BMCUnreachable"
 COND_UNSUPPORTED = "BMCUnsupported"
 MODES = ("auto", "oem", "sel")
-DEFAULT_SEL_TABLE = "sel_events.json"
 LOGOUT_TIMEOUT_S = 3.0
 OEM_RETRY_S = 600.0  # after a fallback to the SEL, try the OEM alarms again this often
 TRANSIENT_STRIKES = 3  # transient completion codes in a row before falling back
@@ -78,18 +78,6 @@ def read_password(cfg: Any) -> str:
     if not pw:
         raise ValueError("a BMC host needs --bmc-password-file or env FAULTMESH_BMC_PASSWORD")
     return pw
-
-
-def load_sel_table(path: str | None) -> sel.SelEventTable:
-    """The SEL event table from ``path`` (``--sel-events-file``), else noded's own. Raises
-    ``ValueError`` for an invalid table and ``OSError`` for an unreadable file."""
-    raw = (
-        Path(path).read_bytes() if path else resources.files("noded").joinpath(DEFAULT_SEL_TABLE).read_bytes()
-    )
-    try:
-        return sel.SelEventTable.from_json(raw)
-    except sel.SelTableError as e:
-        raise ValueError(f"SEL event table: {e}") from None
 
 
 class Bmc(PolledSource):
@@ -140,6 +128,7 @@ class Bmc(PolledSource):
             "--levels-check-interval", type=float, default=5.0, help="how often to look for a new table (s)"
         )
         p.add_argument("--sel-events-file", help="SEL event -> fault table (JSON), default: noded's own")
+        p.add_argument("--bmc-state-file", help="keeps BMC faults' first-seen times across restarts")
 
     @classmethod
     def from_config(cls, cfg: Any, metrics: NodedMetrics) -> Bmc:
@@ -169,6 +158,8 @@ class Bmc(PolledSource):
             backoff_base_s=cfg.backoff_base,
         )
         src.watcher = watcher
+        rejected = metrics.state_file_rejected
+        src.first_seen = FirstSeen(JsonStateFile(cfg.bmc_state_file, log, lambda r: rejected.labels(r).inc()))
         src.levels_check_interval_s = cfg.levels_check_interval
         watcher.on_change = src._levels_changed
         return src
@@ -219,6 +210,7 @@ class Bmc(PolledSource):
         self.tracker = sel.SelFaultTracker()
         self._known_unknown: set[tuple[str, str, int, str]] = set()
         self._ratelog = RateLimitedLog(log, period_s=300.0, clock=clock)
+        self.first_seen = FirstSeen(JsonStateFile(None, log))  # --bmc-state-file (see noded.bmc.firstseen)
 
     @property
     def state(self):
@@ -232,6 +224,7 @@ class Bmc(PolledSource):
         a BMC report the node Healthy with ``BMCUnreachable``/``NotConfigured``."""
         self.ctx = ctx
         ctx.bind_loop()
+        self.first_seen.load()
         if self.client is None:
             ctx.state.set_node_status("Healthy")
             ctx.set_condition(COND_UNREACHABLE, True, "NotConfigured", "noded runs without --bmc-host")
@@ -456,6 +449,7 @@ class Bmc(PolledSource):
             if res.cursor is not None:
                 self.cursor = res.cursor
         self.publish()
+        self.first_seen.polled(f for k, f in self.state.faults.items() if k.source in self.fault_sources)
         if self.ctx is not None:
             self.ctx.mark_ready(*self.fault_sources)
         self.polled.set()
@@ -466,8 +460,8 @@ class Bmc(PolledSource):
         current table; also called when the level table changes)."""
         table = self.levels()
         now, node = self.wall_ms(), self.state.node
-        oem_faults = faults.oem_faults(self.alarms, table, node, now)
-        sel_faults = faults.sel_faults(self.tracker, table, node, now)
+        oem_faults = self.first_seen.apply(faults.oem_faults(self.alarms, table, node, now))
+        sel_faults = self.first_seen.apply(faults.sel_faults(self.tracker, table, node, now))
         for f in oem_faults:
             if f.attributes.get("unknown") and f.key not in self.state.faults:
                 k = (f.device_type, f.code, f.device_id, f.source)
