@@ -32,7 +32,7 @@ from faultmesh.levels import NpuLevel
 from faultmesh.log import event
 
 if TYPE_CHECKING:
-    from deviced.engine import FaultEngine
+    from deviced.rulehost import RuleHost
     from deviced.tables import Customization
 
 log = logging.getLogger("deviced.engine")
@@ -47,7 +47,7 @@ def update_manual(d: Device) -> None:
 
 
 # -- one event, §3 levels -------------------------------------------------------------------------
-def apply_event(eng: FaultEngine, d: Device, ev: DeviceEvent) -> None:
+def apply_event(eng: RuleHost, d: Device, ev: DeviceEvent) -> None:
     """Apply one due event to the chip's code cache (occur / once / recover) and feed the frequency
     counter with DISTINCT occurrences only: an occur of a code the chip does not carry. A duplicate
     occur of a still-active fault (or of one restored from the state file, :func:`restore_code`) is
@@ -91,7 +91,7 @@ def apply_event(eng: FaultEngine, d: Device, ev: DeviceEvent) -> None:
         eng.levels_by_event[(ev.origin, "Recover")] += 1
 
 
-def _count(eng: FaultEngine, d: Device, code: int, t: int) -> None:
+def _count(eng: RuleHost, d: Device, code: int, t: int) -> None:
     """One distinct occurrence of ``code`` at ``t`` (ms) for its frequency rule."""
     fs = d.frequency.setdefault(code, FrequencyState())
     fs.times.append(t)
@@ -106,7 +106,7 @@ def _count(eng: FaultEngine, d: Device, code: int, t: int) -> None:
     )
 
 
-def stale_recover(eng: FaultEngine, d: Device, ev: DeviceEvent) -> None:
+def stale_recover(eng: RuleHost, d: Device, ev: DeviceEvent) -> None:
     """A recover that fell due after a newer occur of its code (the 1 s recover delay): the cache
     keeps the code, but the fault did recover in between, so the duplicate occur after the recover
     was a distinct occurrence: count it now (frequency rules without a duration rule)."""
@@ -138,12 +138,12 @@ def restored_held(d: Device, live: set[int], holding: bool) -> set[int]:
     return held
 
 
-def grace_due(eng: FaultEngine) -> int | None:
+def grace_due(eng: RuleHost) -> int | None:
     """When the running restart grace ends (engine ms), or None."""
     return eng.restore_until_ms if eng.restore_until_ms > eng.now() else None
 
 
-def end_restart_grace(eng: FaultEngine, now: int) -> int:
+def end_restart_grace(eng: RuleHost, now: int) -> int:
     """Once the restart grace is over (``eng.restore_until_ms`` <= ``now``, ms): each restored code of
     a polled chip that no poll nor callback showed since the restart recovered while deviced was down;
     queue its recover (at ``now``; the frequency rule sees one recover). A chip not polled yet keeps
@@ -165,7 +165,7 @@ def end_restart_grace(eng: FaultEngine, now: int) -> int:
     return n
 
 
-def compute_levels(eng: FaultEngine, d: Device) -> bool:
+def compute_levels(eng: RuleHost, d: Device) -> bool:
     """§3: recompute the chip's level, network level, Health and NetworkHealth. True when any changed."""
     chip = [eng.code_level(d, c) for c in d.chip]
     net = [eng.code_level(d, c) for c in d.network]
@@ -200,7 +200,7 @@ def compute_levels(eng: FaultEngine, d: Device) -> bool:
 
 
 # -- §4.3 duration ----------------------------------------------------------------------------------
-def run_duration(eng: FaultEngine, d: Device, now: int) -> bool:
+def run_duration(eng: RuleHost, d: Device, now: int) -> bool:
     """Walk each (code, chip) duration queue up to ``now`` (ms); flips raise or drop the
     FaultDuration reason. Returns True when a reason changed."""
     changed = False
@@ -257,7 +257,7 @@ def run_duration(eng: FaultEngine, d: Device, now: int) -> bool:
     return changed
 
 
-def _duration_flip(eng: FaultEngine, d: Device, code: int, level: NpuLevel, t: int, timed_out: bool) -> None:
+def _duration_flip(eng: RuleHost, d: Device, code: int, level: NpuLevel, t: int, timed_out: bool) -> None:
     fs = d.frequency.setdefault(code, FrequencyState()) if eng.custom.frequency_rule(code) else None
     name = eng.table.spelling(code)
     if timed_out:
@@ -283,7 +283,7 @@ def _duration_flip(eng: FaultEngine, d: Device, code: int, level: NpuLevel, t: i
 
 
 # -- §4.2 frequency ---------------------------------------------------------------------------------
-def run_frequency(eng: FaultEngine, d: Device, now: int, fired: dict[int, int]) -> bool:
+def run_frequency(eng: RuleHost, d: Device, now: int, fired: dict[int, int]) -> bool:
     """Count occurrences in each rule's window, raise / release FaultFrequency reasons. A rule that
     fired this cycle is recorded in ``fired`` (logic -> code): its counter clears at cycle end."""
     changed = False
@@ -335,7 +335,7 @@ def run_frequency(eng: FaultEngine, d: Device, now: int, fired: dict[int, int]) 
     return changed
 
 
-def relevel(eng: FaultEngine, d: Device, custom: Customization) -> int:
+def relevel(eng: RuleHost, d: Device, custom: Customization) -> int:
     """§4.2 "Re-applying the config": re-level each escalation to its rule's new FaultHandling, or
     drop it when the rule is gone. Returns the number of reasons changed."""
     n = 0
@@ -399,7 +399,7 @@ def export_state(devices: dict[int, Device]) -> dict:
     return {"version": STATE_VERSION, "devices": out}
 
 
-def restore_code(eng: FaultEngine, d: Device, code: int, first_seen_ms: int, severity: int | None) -> bool:
+def restore_code(eng: RuleHost, d: Device, code: int, first_seen_ms: int, severity: int | None) -> bool:
     """Put ``code``, active when the state file was written, back on ``d`` as ``restored``: it is
     reported with its first-seen time and level, its re-report (first poll, first callback) is the
     same occurrence, and it recovers only when no poll nor callback shows it within the restart
@@ -416,7 +416,7 @@ def restore_code(eng: FaultEngine, d: Device, code: int, first_seen_ms: int, sev
     return True
 
 
-def import_state(eng: FaultEngine, data: dict) -> int:
+def import_state(eng: RuleHost, data: dict) -> int:
     """Restore :func:`export_state` output into ``eng`` (unknown chips and bad entries skipped and
     counted in ``restore_skipped``). FaultFrequency reasons are re-levelled to the current rule or
     dropped when the rule is gone. The active codes come back marked restored (:func:`restore_code`;

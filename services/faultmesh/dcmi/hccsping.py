@@ -11,7 +11,7 @@ task_interval 1..60 s. Delays of -1 mean the destination did not answer.
 
 Two backends implement :class:`HccspingBackend` (blocking calls; noded runs them through its
 BlockingPool): :class:`DcmiHccsping` (ctypes on ``libdcmi.so``, via :class:`faultmesh.dcmi.api.Dcmi`)
-and ``noded.pingmesh.fabric.SimHccsping`` (pure Python, on the fabric simulator).
+and ``noded.pingmesh.simbackend.SimHccsping`` (pure Python, on the fabric simulator).
 """
 
 from __future__ import annotations

@@ -184,7 +184,8 @@ class Pingmesh(RoceRounds, PushSource):
         if kind == "sim":
             if not self.args.pingmesh_fabric:
                 raise ValueError("--pingmesh-backend sim needs --pingmesh-fabric FILE")
-            from noded.pingmesh.fabric import Fabric, SimHccsping
+            from noded.pingmesh.fabric import Fabric
+            from noded.pingmesh.simbackend import SimHccsping
 
             fabric = await self.ctx.run_blocking(CALL_TIMEOUT_S, Fabric.from_file, self.args.pingmesh_fabric)
             backend = SimHccsping(fabric, self.node)

@@ -432,6 +432,4 @@ def read_spec(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
-from noded.pingmesh.simbackend import SimHccsping  # noqa: E402  (re-exported: the backend on this fabric)
-
-__all__ = ["FAULT_KINDS", "REAL_JITTER", "Fabric", "FabricError", "SimHccsping", "mean_noise", "read_spec"]
+__all__ = ["FAULT_KINDS", "REAL_JITTER", "Fabric", "FabricError", "mean_noise", "read_spec"]

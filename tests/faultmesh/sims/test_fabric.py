@@ -8,7 +8,7 @@ import pytest
 
 from faultmesh.dcmi.hccsping import HccspingParamError, PingOp
 from faultmesh.sims import fabric as fab
-from noded.pingmesh.fabric import SimHccsping
+from noded.pingmesh.simbackend import SimHccsping
 
 NODES = ["node-0", "node-1", "node-2"]
 
