@@ -53,8 +53,8 @@ async def test_per_fault_series_on_metrics(tmp_path):
 
         got = await scrape()
         assert got == {
-            'faultmesh_active_fault{code="0800004B",device="-1",device_type="Node",level="SeparateFault",node="node-1"}': 1,
-            'faultmesh_active_fault{code="80E18402",device="3",device_type="NPU",level="SubHealthFault",node="node-2"}': 2,
+            'faultmesh_active_fault{node="node-1",device_type="Node",device="-1",code="0800004B",level="SeparateFault"}': 1,
+            'faultmesh_active_fault{node="node-2",device_type="NPU",device="3",code="80E18402",level="SubHealthFault"}': 2,
             "faultmesh_active_fault_series_dropped": 0,
         }
         await cd.center.remove(Fault("noded", "node-1", "Node", -1, "0800004B", "SeparateFault").key)
@@ -65,16 +65,30 @@ async def test_per_fault_series_on_metrics(tmp_path):
 
 
 def test_per_fault_series_cap_keeps_the_worst_and_counts_the_rest():
+    """Past the cap the worst levels are written (then node order) and the rest counted; a change
+    re-renders only its node, and a recovered fault's series goes (the next scrape)."""
+    import re
+
     from clusterd.faultindex import FaultIndex
     from clusterd.faultseries import FaultSeriesCollector
+
+    def scrape(c) -> tuple[list[str], float]:
+        text = c.text().decode()
+        nodes = re.findall(r'^faultmesh_active_fault\{node="([^"]+)"', text, re.M)
+        return nodes, float(re.search(r"^faultmesh_active_fault_series_dropped (\S+)$", text, re.M)[1])
 
     index = FaultIndex()
     for i in range(5):
         index._put(Fault("deviced", f"node-{i}", "NPU", 0, "80E18402", "SubHealthFault"), "deviced")
     index._put(Fault("deviced", "node-9", "NPU", 1, "80E01801", "SeparateNPU"), "deviced")
-    rows, dropped = FaultSeriesCollector(index, cap=3).rows()
-    assert dropped == 3
-    assert [labels[0] for labels, _ in rows] == ["node-0", "node-1", "node-9"]
+    c = FaultSeriesCollector(index, cap=3)
+    assert scrape(c) == (["node-9", "node-0", "node-1"], 3.0)
+    index._put(Fault("deviced", "node-3", "NPU", 2, "80E01801", "SeparateNPU"), "deviced")
+    assert scrape(c) == (["node-3", "node-9", "node-0"], 4.0)
+    index._drop(Fault("deviced", "node-9", "NPU", 1, "80E01801", "SeparateNPU").key)
+    index._drop(Fault("deviced", "node-0", "NPU", 0, "80E18402", "SubHealthFault").key)
+    assert scrape(c) == (["node-3", "node-1", "node-2"], 2.0)
+    assert scrape(FaultSeriesCollector(index)) == (["node-3", "node-1", "node-2", "node-3", "node-4"], 0.0)
 
 
 def test_docs_state_the_per_fault_series_cap():
