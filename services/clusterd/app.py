@@ -51,6 +51,7 @@ from clusterd.auth import PROTECTED, TokenAuth
 from clusterd.brain.component import BrainComponent
 from clusterd.center import FaultCenter
 from clusterd.context import ClusterContext, Metrics
+from clusterd.faultseries import FaultSeriesCollector
 from clusterd.history import HistoryComponent
 from clusterd.http.nodes import NodeApi
 from clusterd.http.statewrite import state_write_middleware
@@ -205,6 +206,7 @@ class ClusterD:
         nodes = NodeRegistry(store, center)
         node_health = NodeHealthCollector(nodes, center)
         registry.register(node_health)
+        fault_series = FaultSeriesCollector(center)  # issue 31: per-fault series, text read at scrape
         self._ready = False
         self.gate = FollowerGate(lambda: kube.elector, lambda s, r: rejected.labels(s, r).inc())
         http = HttpServer(
@@ -212,7 +214,7 @@ class ClusterD:
             registry,
             ready=lambda: self.gate.ready(self._ready, "ready" if self._ready else "starting"),
             rejected=rejected,
-            metrics=lambda: node_health.exposition(registry),
+            metrics=lambda: node_health.exposition(registry) + fault_series.text(),
         )
         auth = TokenAuth.from_file(args.token_file, rejected)
         http.app.middlewares.append(self.gate.http_middleware())  # followers refuse (issue 15 HA)

@@ -196,11 +196,12 @@ def meaning(code: str) -> Meaning | None:
 
 @lru_cache(maxsize=4096)
 def short_name(code: str) -> str:
-    """The short English name of ``code`` (``Meaning.name``), or "" when the code is unknown or is
-    not a chip / switch code (``ManuallySeparateNPU``, node or public codes without a meaning).
+    """The short English name of ``code`` (``Meaning.name``; for a public code a shipped table lists
+    and faultmesh does not describe, its :func:`public_code_structure`), or "" when the code is
+    unknown or is not a chip / switch code (``ManuallySeparateNPU``, node codes without a meaning).
     Never raises; cached (the fault lists of ``/v1/faults`` and ``faultmesh faults`` use it)."""
     try:
-        m = meaning(code)
+        m = meaning(code) or (public_code_structure(code) if levels(canonical_code(code)) else None)
     except ValueError:
         return ""
     return m.name if m is not None else ""
@@ -280,7 +281,7 @@ def explain(code: str) -> Explanation:
     return Explanation(
         canon,
         is_switch_code(canon),
-        meaning(canon) or _sel_meaning(key),
+        meaning(canon) or _sel_meaning(key) or (public_code_structure(canon) if lv else None),
         lv,
         freq,
         dur,
@@ -304,3 +305,39 @@ def _sel_meaning(key: str | int) -> Meaning | None:
                 source="noded/sel_events.json",
             )
     return None
+
+
+# The 9-digit public fault code convention (reference clusterd.md, publicFaultConfiguration docs):
+# digit 1 the fault type, digit 2 the default level, digits 3-4 "00", digit 5 who defined it,
+# digits 6-9 a number.
+_PUBLIC_TYPE = {"0": "chip", "1": "node", "2": "network", "3": "storage"}
+_PUBLIC_LEVEL = {"0": "NotHandleFault", "1": "SubHealthFault", "2": "SeparateNPU"}
+_PUBLIC_ORIGIN = {"0": "release-defined", "1": "user-defined"}
+
+
+def public_code_structure(code: str) -> Meaning | None:
+    """What the structure of a 9-digit public fault code says (issue 31: 020001001, which the demo
+    sends, showed "no description shipped"): its type, default level and who defined it, named as
+    decoded, never as a meaning the reference does not give. None for any other code.
+
+    ``"020001001"`` -> name ``chip public fault no. 1001``, module ``public fault: chip,
+    release-defined (the reference gives no meaning)``, impact ``default level SeparateNPU ...``."""
+    c = code.strip()
+    if (
+        len(c) != 9
+        or not c.isdigit()
+        or c[0] not in _PUBLIC_TYPE
+        or c[1] not in _PUBLIC_LEVEL
+        or c[2:4] != "00"
+        or c[4] not in _PUBLIC_ORIGIN
+    ):
+        return None
+    kind = _PUBLIC_TYPE[c[0]]
+    return Meaning(
+        c,
+        f"public fault: {kind}, {_PUBLIC_ORIGIN[c[4]]} (the reference gives no meaning)",
+        f"{kind} public fault no. {c[5:]}",
+        f"default level {_PUBLIC_LEVEL[c[1]]} (the table's level applies)",
+        "by level",
+        source="decoded from the code: the 9-digit public fault code convention (reference clusterd.md)",
+    )

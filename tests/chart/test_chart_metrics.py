@@ -54,14 +54,25 @@ def test_every_series_has_the_faultmesh_prefix(scrapes):
 
 
 def test_alert_rules_use_exported_series(scrapes):
+    """Every rule reads exported series, directly or through the recording rules it names
+    (``faultmesh:<metric>:<op>``, issue 31's held series), and every recording rule it names exists."""
     names = exported(scrapes)
-    rules = yaml.safe_load(RULES.read_text())
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            used = set(re.findall(r"\b(faultmesh_[a-z_]+)", rule["expr"]))
-            assert used or re.match(r"max by \(job, instance\) \(up\{", rule["expr"]), rule["alert"]
-            missing = used - names
-            assert not missing, f"{rule['alert']} uses metrics no daemon exports: {missing}"
+    rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+    records = {r["record"]: r for r in rules if "record" in r}
+
+    def used(rule: dict, seen: frozenset = frozenset()) -> set[str]:
+        out = set(re.findall(r"\b(faultmesh_[a-z_]+)", rule["expr"]))
+        for rec in set(re.findall(r"\b(faultmesh:[a-z_]+:[a-z_]+)", rule["expr"])) - seen:
+            assert rec in records, f"{rule.get('alert') or rule['record']} names an unknown record {rec}"
+            out |= used(records[rec], seen | {rec})
+        return out
+
+    for rule in rules:
+        got = used(rule)
+        name = rule.get("alert") or rule["record"]
+        assert got or re.match(r"max by \(job, instance\) \(up\{", rule["expr"]), name
+        missing = got - names
+        assert not missing, f"{name} uses metrics no daemon exports: {missing}"
 
 
 def test_docs_name_every_exported_series(scrapes):

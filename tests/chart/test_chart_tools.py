@@ -45,6 +45,7 @@ def _yamllint(paths: list[Path]) -> subprocess.CompletedProcess:
 
 def test_yamllint_values_chart_and_rules():
     files = [CHART / "Chart.yaml", CHART / "values.yaml", RULES, *sorted(VALUES_DIR.glob("*.yaml"))]
+    files.append(CHART / "files" / "alertmanager-inhibit.yaml")
     res = _yamllint(files)
     assert res.returncode == 0, res.stdout + res.stderr
 
@@ -73,7 +74,7 @@ def test_promtool_check_rules_raw_and_rendered(chart, tmp_path):
     promtool = _promtool()
     res = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS: 12 rules found" in res.stdout
+    assert "SUCCESS: 18 rules found" in res.stdout
     rule = find(render_objects(chart, load_values("full.yaml")), "PrometheusRule", "")
     rendered = tmp_path / "rendered-rules.yaml"
     rendered.write_text(yaml.safe_dump(rule["spec"]))

@@ -19,6 +19,7 @@ from support import make_clusterd
 from faultmesh._pb import agent_pb2
 from faultmesh.model import Fault
 from fdol.slownet import topology as topo
+from fdol.slownet.localize import FT_LOSS, OBJ_NPU, Alarm
 
 needs_chromium = pytest.mark.skipif(
     chromium() is None, reason="chromium not installed (apt-get install chromium; .ci/run installs it)"
@@ -55,29 +56,15 @@ async def _seed(cd):
             n, devices=[{"device_type": "NPU", "device_id": d, "health": "Healthy"} for d in range(8)]
         )
     await cd.center.upsert(Fault("deviced", "node-3", "NPU", 5, "80E18402", "SubHealthFault"))
-    ranks = [{"rank": r, "node": n, "device": r % 4} for r, n in ((int(k), v) for k, v in PLACEMENT.items())]
-    await _post(cd, "/v1/jobs", [{"id": "job-web", "name": "bert", "namespace": "default", "ranks": ranks}])
+    # a SubHealth slow-node fault on node-2 itself: its node-level cell stays the SubHealthy colour
+    # when an NPU fault makes node-2 UnHealthy (issue 31: it was drawn red)
+    await cd.center.upsert(Fault("fd-online", "node-2", "Node", -1, "110001010", "SubHealthFault"))
+    await _slow_job(cd, "job-web", "bert", pattern=True)
     cd.brain.decision_log.record("job-web", "recover", "stop-train", "fault on rank 5", "Stopping")
-    cd.brain.decision_log.record("job-web", "recover", "recovered", "rank 5 restarted", "Running")
-    conf = {"jobName": "bert", "jobNamespace": "default", "jobId": "job-web", "normalNumber": 20, "nSigma": 3,
-            "degradationPercentage": 0.3, "nConsecAnomaliesSignifySlow": 3, "nSecondsDoOneDetection": 3600,
-            "clusterMeanDistance": 1.3, "cardOneNode": 16, "SlowNode": 1, "patternWindowSteps": 20}  # fmt: skip
-    st = await _post(cd, "/v1/slownode/jobs", {**conf, "ranks": PLACEMENT})
-    sn = next(c for c in cd.components if c.name == "slownode")
-    js = sn.jobs[st["jobId"]]
-    for node in ("node-1", "node-2"):
-        mine = [r for r, n in PLACEMENT.items() if n == node]
-        pattern = {
-            r: [1.0 + (0.45 if r == "6" else 0.02 * int(r) % 3), 0.3 if r != "6" else 0.05] for r in mine
-        }
-        res = {"isSlow": int(node == "node-2"), "degradationLevel": "45.0%", "jobId": js.conf.job_id,
-               "nodeRank": node, "slowCalculateRanks": [6] if node == "node-2" else [],
-               "slowCommunicationDomains": [], "slowSendRanks": [], "slowHostNodes": [], "slowIORanks": [],
-               "suspectRanks": [], "lastStep": 120, "baselineReady": True, "pattern": pattern}  # fmt: skip
-        body = orjson.dumps({f"slownode_{js.conf.job_id}": {node: res}})
-        sn._on_report(node, agent_pb2.SlowNodeReport(job_id=js.conf.job_id, result_json=body))
-    await sn.run_round(js)
+    cd.brain.decision_log.record("job-web", "recover", "recover-success", "rank 5 restarted", "INIT")
+    await _slow_job(cd, "job-np", "gpt", pattern=False)
     sp = topo.build_super_pod(0, NODES, npus_per_node=8)
+    src, dst = topo.make_sdid(2, 3), topo.make_sdid(4, 1)  # node-2 NPU 3, node-4 NPU 1 (servers 1..4)
     await _post(cd, "/v1/pingmesh/topology", sp.to_json_obj())
     pod = next(c for c in cd.components if c.name == "slownet").pods["0"]
     loss = {("node-2", "node-4"): 0.6, ("node-4", "node-2"): 0.35}
@@ -95,6 +82,45 @@ async def _seed(cd):
             for d in NODES
         ]  # fmt: skip
     }
+    link = Alarm("link", "0", str(src), OBJ_NPU, str(dst), OBJ_NPU, FT_LOSS, 2, "node-2", phy=3,
+                 peer_node="node-4", peer_phy=1, avg_loss=0.6)  # fmt: skip
+    pod.status["alarms"] = [
+        {**link.to_dict(), "firstSeenMs": 1_700_000_000_000, "lastSeenMs": 1_700_000_060_000}
+    ]
+
+
+async def _slow_job(cd, job_id: str, name: str, pattern: bool) -> None:
+    """A job on node-1 and node-2 with slow-node detection and one round of node results (rank 6
+    slow on node-2); with ``pattern`` the results carry per-rank compute / wait ratios."""
+    ranks = [{"rank": r, "node": n, "device": r % 4} for r, n in ((int(k), v) for k, v in PLACEMENT.items())]
+    await _post(cd, "/v1/jobs", [{"id": job_id, "name": name, "namespace": "default", "ranks": ranks}])
+    conf = {"jobName": name, "jobNamespace": "default", "jobId": job_id, "normalNumber": 20, "nSigma": 3,
+            "degradationPercentage": 0.3, "nConsecAnomaliesSignifySlow": 3, "nSecondsDoOneDetection": 3600,
+            "clusterMeanDistance": 1.3, "cardOneNode": 16, "SlowNode": 1, "patternWindowSteps": 20}  # fmt: skip
+    st = await _post(cd, "/v1/slownode/jobs", {**conf, "ranks": PLACEMENT})
+    sn = next(c for c in cd.components if c.name == "slownode")
+    js = sn.jobs[st["jobId"]]
+    for node in ("node-1", "node-2"):
+        mine = [r for r, n in PLACEMENT.items() if n == node]
+        res = {"isSlow": int(node == "node-2"), "degradationLevel": "45.0%", "jobId": js.conf.job_id,
+               "nodeRank": node, "slowCalculateRanks": [6] if node == "node-2" else [],
+               "slowCommunicationDomains": [], "slowSendRanks": [], "slowHostNodes": [], "slowIORanks": [],
+               "suspectRanks": [], "lastStep": 120, "baselineReady": True}  # fmt: skip
+        if pattern:
+            res["pattern"] = {
+                r: [1.0 + (0.45 if r == "6" else 0.02 * int(r) % 3), 0.3 if r != "6" else 0.05] for r in mine
+            }
+        body = orjson.dumps({f"slownode_{js.conf.job_id}": {node: res}})
+        sn._on_report(node, agent_pb2.SlowNodeReport(job_id=js.conf.job_id, result_json=body))
+    await sn.run_round(js)
+
+
+def _bg(selector: str) -> str:
+    """JS: the computed background colour of ``selector`` (what a person sees, not a class name)."""
+    return f"getComputedStyle(document.querySelector({json.dumps(selector)})).backgroundColor"
+
+
+SUB, BAD = "rgb(232, 176, 35)", "rgb(217, 65, 46)"  # style.css --sub, --unhealthy
 
 
 @needs_chromium
@@ -123,25 +149,56 @@ async def test_pages_in_chromium(tmp_path):
                 await page.evaluate("document.querySelector('[data-node=node-2]').dataset.health")
                 == "UnHealthy"
             )
+            assert await page.evaluate(_bg('[data-node=node-2] [data-npu="3"]')) == BAD
+            assert await page.evaluate(_bg("[data-node=node-2] [data-cell=node]")) == SUB  # its own level
+            assert await page.evaluate(_bg('[data-node=node-3] [data-npu="5"]')) == SUB
             await _shot(page, tmp_path, "grid-with-fault")
-
             await page.goto(base + "/ui/node/node-2")
             text = await page.evaluate("document.getElementById('faults').innerText")
             assert "80E18008" in text and "RestartNPU" in text and "no description shipped" not in text
             assert "occur" in await page.evaluate("document.getElementById('history').innerText")
             await _shot(page, tmp_path, "node")
+            # the jobs list, reached from the cluster page
+            await page.goto(base + "/")
+            await page.evaluate("document.getElementById('jobs-link').click()")
+            await page.wait_for("document.body.dataset.ready === '1' && !!document.getElementById('jobs')")
+            jobs = await page.evaluate("document.getElementById('jobs').innerText")
+            assert "bert" in jobs and "gpt" in jobs and "INIT" not in jobs, jobs
+            await page.evaluate(
+                "[...document.querySelectorAll('#jobs a')].find(a => a.innerText === 'bert').click()"
+            )
+            await page.wait_for(
+                "location.pathname === '/ui/job/job-web' && document.body.dataset.ready === '1'"
+            )
 
-            await page.goto(base + "/ui/job/job-web")
             assert await page.evaluate("document.querySelectorAll('#slowplot svg rect').length") >= 16
+            rec = await page.evaluate("document.getElementById('recovery').innerText")
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{base}/v1/jobs/job-web/recovery") as r:
+                    api = await r.json()
+            last = api["decisions"][-1]  # the brain's latest (the RestartNPU fault above adds one)
+            assert not api["registered"] and "recover-success" in [d["decision"] for d in api["decisions"]]
+            assert rec.startswith(
+                f"recovery: no Recover client registered, last decision: {last['flow']} {last['decision']}"
+            )
+            assert "INIT" not in rec, rec
+            results = await page.evaluate("document.getElementById('noderesults').innerText")
+            assert "node-2\tyes\t45.0%\t120\tready\t6" in results, results
             assert "stop-train" in await page.evaluate("document.getElementById('decisions').innerText")
             assert await page.evaluate("document.querySelectorAll('#ranks td.cell').length") == 8
             await _shot(page, tmp_path, "job")
+            await page.goto(base + "/ui/job/job-np")  # rounds done, no per-rank ratios: say why
+            why = await page.evaluate("document.getElementById('slowplot-none').innerText")
+            assert "pattern detector" in why and '"faultmesh"' in why, why
+            assert "node-2" in await page.evaluate("document.getElementById('noderesults').innerText")
 
             await page.goto(base + "/ui/pingmesh")
             cells = await page.evaluate(
                 "[...document.querySelectorAll('.heat rect[data-src]')].map(r => [r.dataset.src, r.dataset.dst, r.dataset.value])"
             )
             assert len(cells) == 16 and ["node-2", "node-4", "0.6"] in cells
+            alarms = await page.evaluate("document.querySelector('table.alarms').innerText")
+            assert "node-2 NPU 3 \u2192 node-4 NPU 1" in alarms and "link loss" in alarms, alarms
             await _shot(page, tmp_path, "pingmesh")
             assert page.errors == []
             await asyncio.sleep(0)  # the open event stream ends with clusterd's stop below

@@ -80,19 +80,36 @@ def test_one_job_spelling_with_hidden_aliases(capsys):
 def test_bad_level_is_rejected_with_the_allowed_values(capsys):
     r = inproc(capsys, "faults", "--level", "Bogus")
     assert r.returncode == EXIT_USAGE
-    assert "invalid choice: 'Bogus'" in r.stderr and "RestartNPU" in r.stderr and "SubHealthFault" in r.stderr
+    assert "unknown level 'Bogus'" in r.stderr and "RestartNPU" in r.stderr and "SubHealthFault" in r.stderr
+    assert "did you mean" not in r.stderr
+    r = inproc(capsys, "faults", "--level", "RestrtNPU")  # issue 31: did-you-mean
+    assert r.returncode == EXIT_USAGE and "(did you mean 'RestartNPU'" in r.stderr, r.stderr
+    assert build_parser().parse_args(["faults", "--level", "subhealthfault"]).level == "SubHealthFault"
+
+
+def test_explain_names_the_code_format(capsys):
+    """issue 31: `explain 80E1800` (7 digits) was read as an unknown code; a code is 8 hex digits
+    (9 for a public fault code)."""
+    r = inproc(capsys, "explain", "80E1800")
+    assert r.returncode == EXIT_USAGE and r.stdout == ""
+    assert "CODE must be 8 hex digits" in r.stderr and "'80E1800'" in r.stderr, r.stderr
+    assert inproc(capsys, "explain", "0x80E18008").returncode == 0
+    assert inproc(capsys, "explain", "020001002").returncode == 0
 
 
 def test_unreachable_is_exit_3_without_python_reprs(capsys):
     fm = functools.partial(inproc, capsys)
     for argv in (
         ["faults", "--http", "127.0.0.1:1"],
-        ["pubfault", "send", "--grpc", "127.0.0.1:1", "--code", "010001001", "--node", "n"],
+        ["pubfault", "send", "--grpc", "127.0.0.1:1", "--code", "010001001", "--node", "n", "--new-node"],
+        ["pubfault", "send", "--http", "127.0.0.1:1", "--code", "010001001", "--node", "n"],  # the node check
     ):
         r = fm(*argv)
         assert r.returncode == EXIT_UNREACHABLE, (argv, r.stderr)
         assert "Error(" not in r.stderr and "URLError" not in r.stderr, r.stderr
     assert "Connection refused" in fm("faults", "--http", "127.0.0.1:1").stderr
+    r = fm("pubfault", "send", "--http", "127.0.0.1:1", "--code", "010001001", "--node", "n")
+    assert "--new-node skips the check" in r.stderr, r.stderr
 
 
 def test_table_is_aligned_without_borders(capsys):
@@ -130,12 +147,12 @@ async def test_outputs_not_found_and_rejected_against_clusterd(tmp_path, capsys,
         )
         r = await fm("faults", *http, "--node", "nosuch")  # tryout: was exit 0 with an empty table
         assert r.returncode == EXIT_NOT_FOUND and r.stdout == "", (r.returncode, r.stdout)
-        assert r.stderr.count("\n") == 1 and "node nosuch not known" in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1 and "clusterd does not know node 'nosuch'" in r.stderr, r.stderr
         r = await fm("faults", *http, "--node", "node-1", "-o", "json")
         assert r.returncode == 0 and [f["node"] for f in json.loads(r.stdout)] == ["node-1"]
         r = await fm(
-            "pubfault", "send", "--grpc", f"127.0.0.1:{cd.grpc_port}", "--resource", "", "--code", "010001001",
-            "--node", "node-1", "--token-file", str(token),
+            "pubfault", "send", *http, "--grpc", f"127.0.0.1:{cd.grpc_port}", "--resource", "", "--code",
+            "010001001", "--node", "node-1", "--token-file", str(token),
         )  # fmt: skip
         # the reference's 410 text, then what it means (tryout: the text alone did not say)
         assert r.returncode == EXIT_REJECTED and "410: limiter work by resource failed" in r.stderr, r.stderr
@@ -187,3 +204,48 @@ def test_stress_test_exits_1_when_an_op_failed_even_though_clusterd_says_finish(
     assert not finished_clean(failed)
     assert finished_clean(clean)
     assert not finished_clean("stress test find fault, isolate node:['node-a'],result:{}")
+
+
+async def test_cli_checks_node_names_codes_and_levels(tmp_path, capsys):
+    """issue 31: a typo'd node in `pubfault send` is refused (exit 4) with the closest known names
+    and makes no node; --new-node sends it; `history --node` and `nodes --node` of an unknown node
+    are exit 4 like `faults --node`; a code outside the public table gets the closest codes."""
+
+    async def fm(*args: str) -> subprocess.CompletedProcess:
+        rc = await asyncio.to_thread(main, list(args))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(list(args), rc, out, err)
+
+    cd = await make_clusterd(tmp_path)
+    http = ["--http", f"127.0.0.1:{cd.http.port}"]
+    send = ["pubfault", "send", *http, "--grpc", f"127.0.0.1:{cd.grpc_port}", "--code", "020001001"]
+    try:
+        cd.nodes.hello("server-1", "10.0.0.1", "SN-1", "boot")
+        cd.nodes.hello("server-2", "10.0.0.2", "SN-2", "boot")
+        r = await fm(*send, "--node", "srever-1")
+        assert r.returncode == EXIT_NOT_FOUND, (r.returncode, r.stderr)
+        assert "clusterd does not know node 'srever-1' (did you mean 'server-1'" in r.stderr, r.stderr
+        assert "--new-node" in r.stderr and r.stdout == ""
+        names = [n["name"] for n in json.loads((await fm("nodes", *http, "-o", "json")).stdout)]
+        assert names == ["server-1", "server-2"]  # the typo made no node
+        r = await fm(*send, "--node", "server-1", "-o", "json")
+        assert r.returncode == 0 and json.loads(r.stdout)["code"] == 0, r.stderr
+        r = await fm(*send, "--node", "server-3", "--new-node")
+        assert r.returncode == 0, r.stderr
+        r = await fm("nodes", *http, "--node", "server-3", "-o", "json")
+        assert r.returncode == 0 and [n["name"] for n in json.loads(r.stdout)] == ["server-3"], r.stderr
+        r = await fm("nodes", *http, "--node", "server-1")
+        assert r.returncode == 0 and r.stdout.splitlines()[1].split()[0] == "server-1"
+        assert len(r.stdout.splitlines()) == 2
+        r = await fm("nodes", *http, "--node", "server-9")
+        assert r.returncode == EXIT_NOT_FOUND and "clusterd does not know node 'server-9'" in r.stderr
+        r = await fm("history", *http, "--node", "server-9")  # tryout: exit 0 with an empty table
+        assert r.returncode == EXIT_NOT_FOUND and "did you mean" in r.stderr and r.stdout == "", r.stderr
+        assert (await fm("history", *http, "--node", "server-2")).returncode == 0  # known, nothing kept
+        r = await fm("history", *http, "--node", "server-1", "-o", "json")
+        assert r.returncode == 0 and {e["code"] for e in json.loads(r.stdout)} == {"020001001"}
+        r = await fm(*send[:-1], "010001009", "--node", "server-1")  # not in the public fault table
+        assert r.returncode == EXIT_REJECTED and "is not in faultmesh's public fault table" in r.stderr
+        assert "'010001004'" in r.stderr.split("did you mean", 1)[1], r.stderr
+    finally:
+        await cd.stop()

@@ -161,7 +161,7 @@ async def test_pubfault_to_a_silent_address_is_unreachable(capsys):
     try:
         rc, err = await _cli_async(
             capsys, "pubfault", "send", "--grpc", f"127.0.0.1:{port}", "--timeout-s", "0.5",
-            "--code", "010001001", "--node", "n",
+            "--code", "010001001", "--node", "n", "--new-node",
         )  # fmt: skip
         assert rc == EXIT_UNREACHABLE and "no answer in time" in err
     finally:
@@ -180,8 +180,9 @@ def test_pubfault_code_and_devices_are_checked_before_sending(capsys):
         )
         assert rc == EXIT_USAGE and "[0, 31]" in err, devices
     rc, err = cli(
-        capsys, "pubfault", "send", *grpc_addr, "--code", "0A0001001", "--node", "n", "--devices", "0,31"
-    )
+        capsys, "pubfault", "send", *grpc_addr, "--code", "0A0001001", "--node", "n", "--devices", "0,31",
+        "--new-node",
+    )  # fmt: skip
     assert rc == EXIT_UNREACHABLE  # valid: it was sent (to nobody)
 
 
@@ -191,9 +192,9 @@ def test_release_npu_without_phy_id_is_usage(capsys):
 
 
 def test_unknown_flag_after_a_command_shows_that_commands_usage(capsys):
-    rc, err = cli(capsys, "nodes", "--node", "x")
+    rc, err = cli(capsys, "nodes", "--device", "x")
     assert rc == EXIT_USAGE and err.startswith("usage: faultmesh nodes ")
-    assert "faultmesh nodes: error: unrecognized arguments: --node x" in err
+    assert "faultmesh nodes: error: unrecognized arguments: --device x" in err
     rc, err = cli(capsys, "release", "npu", "--node", "x")
     assert rc == EXIT_USAGE and err.startswith("usage: faultmesh release npu ") and "NODE/PHYID" in err
     rc, err = cli(capsys, "--bogus")  # no command: the top-level usage

@@ -102,3 +102,20 @@ def test_meaning_lookup_by_value():
     with pytest.raises(ValueError):
         faultinfo.meaning("nope")
     assert faultinfo.level_handling("RestartNPU")[1] == "复位芯片"
+
+
+def test_public_code_without_meaning_is_decoded_not_invented(capsys):
+    """issue 31: 020001001, which the demo sends, showed "no description shipped". The 9-digit
+    public code convention (reference clusterd.md) gives its type, default level and origin; the
+    name says the reference gives no meaning. A code no table lists stays unknown."""
+    assert main(["explain", "020001001"]) == 0
+    out = capsys.readouterr().out
+    assert "name:      chip public fault no. 1001" in out
+    assert "public fault: chip, release-defined (the reference gives no meaning)" in out
+    assert "default level SeparateNPU" in out and "9-digit public fault code convention" in out
+    assert faultinfo.short_name("020001001") == "chip public fault no. 1001"
+    assert faultinfo.public_code_structure("110001022").module.startswith("public fault: node")
+    assert faultinfo.public_code_structure("0800004B") is None  # a node code: no structure known
+    assert main(["explain", "020001009"]) == 1  # well-formed, in no table: not made known by decoding
+    capsys.readouterr()
+    assert faultinfo.short_name("020001009") == ""

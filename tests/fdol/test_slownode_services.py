@@ -113,6 +113,10 @@ def test_stall_detected_reported_recovered_and_disabled(stack, tmp_path):
         assert json.loads(r.stdout)["slowRanks"] == [2]
         r = cli(cd, "slownode", "status", "job1")
         assert r.returncode == 0 and "slow ranks" in r.stdout and "[2]" in r.stdout and "node-b" in r.stdout
+        # issue 31: the confirmed state and the latest round are named apart ("degraded True" beside
+        # "cluster degradation 0.0%" read as a contradiction)
+        assert "degradation confirmed" in r.stdout and "yes (until 5 consecutive clean rounds)" in r.stdout
+        assert "latest round degradation" in r.stdout
         # clusterd restarts while the job is degraded: it resumes in that state
         cd.stop()
         cd.start()

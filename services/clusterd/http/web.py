@@ -5,6 +5,7 @@ the view from the path; no build step, charts are small hand-written SVG):
 
 - ``GET /``: the cluster as a grid of nodes x NPUs coloured by health / worst level, live;
 - ``GET /ui/node/<name>``: the node's faults with their meaning, agents, conditions, history;
+- ``GET /ui/jobs``: every job with its health, faults and recovery state, each linked to its page;
 - ``GET /ui/job/<id>``: ranks on nodes, recovery decisions as a timeline, slow-node rounds and the
   per-rank compute / wait ratio plot (from the node results' ``pattern``) when the job has them;
 - ``GET /ui/pingmesh``: each super pod's node-to-node link matrix as a heat map (loss rate).
@@ -70,7 +71,7 @@ class WebUi:
     def add_routes(self, app: web.Application) -> None:
         """Register the routes of the module docstring and close open streams on shutdown."""
         r = app.router
-        for path in ("/", "/ui/node/{name}", "/ui/job/{id}", "/ui/pingmesh"):
+        for path in ("/", "/ui/node/{name}", "/ui/jobs", "/ui/job/{id}", "/ui/pingmesh"):
             r.add_get(path, self._page)
         r.add_get("/ui/static/{file}", self._file)
         r.add_get("/v1/grid", self._grid)
@@ -88,9 +89,12 @@ class WebUi:
     # -- JSON ---------------------------------------------------------------------------------------
     def grid(self) -> dict[str, Any]:
         """``{"npus": [ids], "nodes": [{name, health, worst_level, faults, agents, node_faults,
-        npus: {id: {level, health, faults}}}]}``: every node known from faults, agents or the
-        registry, each NPU with its worst active fault (level "" and health Healthy when none; a
-        device the agent reported unhealthy keeps that health)."""
+        node_level, node_level_health, npus: {id: {level, health, faults}}}]}``: every node known
+        from faults, agents or the registry, each NPU with its worst active fault (level "" and
+        health Healthy when none; a device the agent reported unhealthy keeps that health);
+        ``node_level`` / ``node_level_health``: the worst level of the faults that are not on an NPU
+        and the health it maps to (issue 31: the node-level cell is coloured by that, not by the
+        node's health, which NPU faults also raise)."""
         connected: dict[str, list[str]] = {}
         for n, a in self.agents.connected():
             connected.setdefault(n, []).append(a)
@@ -104,9 +108,13 @@ class WebUi:
                 if d.get("device_type") == "NPU" and isinstance(d.get("device_id"), int):
                     npus[d["device_id"]] = {"level": "", "health": d.get("health") or "Healthy", "faults": 0}
             node_faults = 0
+            node_level, node_healths = "", []
             for f in self.center.faults_of_node(name):
                 if f.device_type != "NPU" or f.device_id < 0:
                     node_faults += 1
+                    node_healths.append(level_health(f.level))
+                    if not node_level or level_severity(f.level) > level_severity(node_level):
+                        node_level = f.level
                     continue
                 cell = npus.setdefault(f.device_id, {"level": "", "health": "Healthy", "faults": 0})
                 cell["faults"] += 1
@@ -122,6 +130,8 @@ class WebUi:
                     "worst_level": worst,
                     "faults": len(self.center.faults_of_node(name)),
                     "node_faults": node_faults,
+                    "node_level": node_level,
+                    "node_level_health": worst_health(node_healths),
                     "agents": sorted(connected.get(name, [])),
                     "npus": {str(k): v for k, v in sorted(npus.items())},
                 }

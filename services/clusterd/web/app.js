@@ -40,6 +40,10 @@ function live() {
   es.addEventListener("change", kick);
   es.addEventListener("resync", kick);
   es.onerror = () => { badge.className = "live off"; };
+  // a page left for another (or kept in the back-forward cache) gives its stream back: a browser
+  // holds 6 connections per host, and open streams of pages left behind starved the next page's fetches
+  window.addEventListener("pagehide", () => es.close());
+  window.addEventListener("pageshow", e => { if (e.persisted) location.reload(); });  // back: fresh data, new stream
 }
 function fail(e) { show(h("p", { class: "error" }, String(e.message || e))); }
 
@@ -57,7 +61,8 @@ async function gridPage() {
   const rows = g.nodes.map(n => h("tr", { "data-node": n.name, "data-health": n.health },
     h("td", { class: "name" }, h("a", { href: `/ui/node/${encodeURIComponent(n.name)}` }, n.name)),
     h("td", {}, pill(n.health)),
-    h("td", { class: `cell ${n.node_faults ? "h-" + n.health : "lv-none"}`, title: n.worst_level || "no node fault" }, n.node_faults || ""),
+    h("td", { class: `cell ${n.node_faults ? "h-" + n.node_level_health : "lv-none"}`, "data-cell": "node", "data-level": n.node_level || "",
+      title: n.node_level || "no node fault" }, n.node_faults || ""),
     g.npus.map(i => {
       const c = n.npus[String(i)];
       if (!c) return h("td", { class: "cell lv-none", title: "not reported" }, "");
@@ -69,6 +74,7 @@ async function gridPage() {
     Object.entries(HEALTH_COLOR).map(([k, c]) => h("span", {}, h("i", { style: `background:${c}` }), k)),
     h("span", {}, h("i", { style: "background:var(--none)" }), "not reported"), " cell number: active faults");
   show(h("h1", {}, "Cluster"), cards,
+    h("p", {}, h("a", { href: "/ui/jobs", id: "jobs-link" }, "jobs"), ": which job runs where, its health and recovery"),
     g.nodes.length ? h("table", { class: "grid", id: "grid" }, head, rows) : h("p", { class: "muted" }, "no node known yet"), legend);
 }
 
@@ -106,6 +112,26 @@ async function nodePage(name) {
       : h("p", { class: "muted" }, "nothing happened on this node (within the kept history)"));
 }
 
+// -- jobs ----------------------------------------------------------------------------------------------
+// What the brain is doing for a job: INIT is the reference's idle state (no flow running), shown
+// with the last decision, not as a raw state name (issue 31: "recovery state INIT" after success).
+function recoveryText(state, registered, flow, last) {
+  const lastTxt = last ? `, last decision: ${last.flow} ${last.decision} (${ts(last.time_ms)})` : "";
+  if (!registered) return `no Recover client registered${lastTxt}`;
+  if (!state || state === "INIT") return `idle, no recovery running${lastTxt}`;
+  return `recovering: ${flow || "flow"} at ${state}`;
+}
+
+async function jobsPage() {
+  document.title = "faultmesh: jobs";
+  const jobs = await getJSON("/v1/jobs");
+  show(h("h1", {}, "Jobs"),
+    jobs.length ? table(["job", "namespace", "health", "ranks", "faults", "recovery", "strategies"],
+      jobs.map(j => [h("a", { href: `/ui/job/${encodeURIComponent(j.id)}` }, j.name), j.namespace, pill(j.health),
+        j.ranks.length, j.fault_count, recoveryText(j.state, j.registered, "", null), (j.strategies || []).join(", ")]), { id: "jobs" })
+      : h("p", { class: "muted" }, "no job known (faultmesh job apply, or a Recover client's Register)"));
+}
+
 // -- one job -----------------------------------------------------------------------------------------
 async function jobPage(id) {
   document.title = `faultmesh: job ${id}`;
@@ -124,7 +150,9 @@ async function jobPage(id) {
       return h("td", { class: `cell ${r ? "h-" + (c ? c.health : "Healthy") : "lv-none"}`, title: c ? c.level : "" }, r ? r.rank : "");
     })));
   const parts = [h("h1", {}, `Job ${job.name} `, pill(job.health)),
-    h("p", { class: "muted" }, `${job.namespace}/${job.name} id ${job.id}, ${job.ranks.length} ranks, recovery state ${rec.state || "-"}, strategies ${(job.strategies || []).join(", ")}`),
+    h("p", { class: "muted" }, `${job.namespace}/${job.name} id ${job.id}, ${job.ranks.length} ranks, strategies ${(job.strategies || []).join(", ") || "-"} `,
+      h("a", { href: "/ui/jobs" }, "all jobs")),
+    h("p", { id: "recovery" }, "recovery: " + recoveryText(rec.state, rec.registered, rec.flow, (rec.decisions || []).slice(-1)[0])),
     h("h2", {}, "Ranks on nodes (cell: rank, colour: NPU health)"),
     h("table", { class: "grid", id: "ranks" }, h("tr", {}, h("th", {}, "node"), devs.map(d => h("th", {}, `NPU ${d}`))), rankRows),
     h("h2", {}, "Recovery decisions")];
@@ -149,7 +177,18 @@ async function jobPage(id) {
         { name: "compute / median", color: "#5b8def", values: ranks.map(r => pattern[r][0]) },
         { name: "wait / median", color: "#e8b023", values: ranks.map(r => pattern[r][1]) }],
         { title: "per-rank step time: compute and wait against the job's median (1.0 = median)", ref: 1, mark: slow, min_max: 1.2 })));
-    } else parts.push(h("p", { class: "muted" }, "no per-rank step data reported yet"));
+    } else {
+      const conf = st.featConf || {};
+      const why = Object.keys(st.nodeResults || {}).length === 0 ? "no node has reported a result yet"
+        : (conf.rules && conf.rules !== "pattern") || conf.patternDetector === false
+          ? `per-rank compute / wait ratios come from the pattern detector, which this job's rules ("${conf.rules || "?"}") do not run`
+          : "the nodes' results carry no per-rank ratios yet (the pattern window is still filling)";
+      parts.push(h("p", { class: "muted", id: "slowplot-none" }, why));
+    }
+    const results = Object.entries(st.nodeResults || {}).sort();
+    if (results.length) parts.push(table(["node", "slow", "degradation", "last step", "baseline", "slow compute ranks", "detected by"],
+      results.map(([node, r]) => [node, r.isSlow ? "yes" : "no", r.degradationLevel || "", r.lastStep ?? "", r.baselineReady ? "ready" : "learning",
+        (r.slowCalculateRanks || []).join(","), (r.detectedBy || []).join(",")]), { id: "noderesults" }));
     const rounds = (st.history || []).slice(-40);
     if (rounds.length) parts.push(table(["round", "time", "slow", "slow ranks", "actions"],
       rounds.slice().reverse().map(r => [r.round, ts(r.ms), r.isSlow ? "yes" : "no", (r.slowCalculateRanks || []).join(","), (r.actions || []).join(",")])));
@@ -158,6 +197,16 @@ async function jobPage(id) {
 }
 
 // -- pingmesh ------------------------------------------------------------------------------------------
+// Where an alarm lies, from the API's node / phyId / peerNode / peerPhyId / plane (issue 31: the
+// page read a.phy, which the API does not send, and showed "node/").
+function where(a) {
+  const end = (node, phy) => (phy === null || phy === undefined) ? (node || "") : `${node || "?"} NPU ${phy}`;
+  let w = end(a.node, a.phyId);
+  if (a.peerNode || (a.peerPhyId !== null && a.peerPhyId !== undefined)) w += ` \u2192 ${end(a.peerNode, a.peerPhyId)}`;
+  if (a.plane !== null && a.plane !== undefined) w += ` (plane ${a.plane})`;
+  return w || (a.nodes || []).join(", ");
+}
+
 async function pingmeshPage() {
   document.title = "faultmesh: pingmesh";
   const pm = await getJSON("/v1/pingmesh");
@@ -172,8 +221,9 @@ async function pingmeshPage() {
     parts.push(m.length ? h("div", { class: "heat", "data-superpod": sp.superPodId }, heatMap(names, names, (r, c) => {
       const v = val[`${r}|${c}`]; return v === undefined ? null : v; }))
       : h("p", { class: "muted" }, "no period analysed yet"));
-    if ((sp.alarms || []).length) parts.push(table(["kind", "where", "scope", "since"],
-      sp.alarms.map(a => [a.kind, `${a.node || ""}/${a.phy ?? ""}`, a.scope || a.code || "", ts(a.firstSeenMs)])));
+    const rows = (sp.alarms || []).map(a => [`${a.kind} ${a.faultTypeName || ""}`.trim(), where(a), a.scope || "", ts(a.firstSeenMs)])
+      .concat((sp.unreachableCards || []).map(c => ["unreachable card", where(c), "", ts(c.firstSeenMs)]));
+    if (rows.length) parts.push(table(["kind", "where", "scope", "since"], rows, { class: "alarms", "data-superpod": sp.superPodId }));
   }
   show(...parts);
 }
@@ -184,6 +234,7 @@ async function pingmeshPage() {
   let m;
   if ((m = p.match(/^\/ui\/node\/(.+)$/))) refresh = () => nodePage(decodeURIComponent(m[1]));
   else if ((m = p.match(/^\/ui\/job\/(.+)$/))) refresh = () => jobPage(decodeURIComponent(m[1]));
+  else if (p === "/ui/jobs") refresh = jobsPage;
   else if (p === "/ui/pingmesh") refresh = pingmeshPage;
   else refresh = gridPage;
   refresh().then(() => { document.body.dataset.ready = "1"; }).catch(e => { fail(e); document.body.dataset.ready = "1"; });

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 
 from faultmesh import faultinfo
@@ -26,6 +27,10 @@ occurs: deviced gives an unlisted chip code a level from the event severity, nod
 
   faultmesh explain --typical    the reference's typical faults by plane and module
 """
+
+# The codes a table can list (issue 31: `explain 80E1800`, 7 digits, read as an unknown code):
+# chip and node codes are 8 hex digits, public fault codes 9.
+CODE_FORMAT = re.compile(r"^(?:0[xX])?[0-9A-Fa-f]{8}$|^[0-9A-Fa-f]{9}$")
 
 UNKNOWN_NOTE = (
     "no shipped table lists this code. When it occurs it is still reported, marked unknown and "
@@ -114,6 +119,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return 0
     if not args.code:
         sys.stderr.write("error: give a CODE (or --typical)\n")
+        return 2
+    if not args.code.strip().startswith("[") and not CODE_FORMAT.match(args.code.strip()):
+        sys.stderr.write(
+            f"error: CODE must be 8 hex digits (80E18008, 0x80E18008), a 9-digit public fault code "
+            f"(020001002) or a switch code string ([0x08520003,na,L2,na]); got {args.code[:64]!r}\n"
+        )
         return 2
     try:
         ex = faultinfo.explain(args.code)

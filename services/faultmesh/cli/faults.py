@@ -7,6 +7,7 @@ import time
 import urllib.parse
 
 from faultmesh.cli.common import add_server_flags, emit, http_json, run
+from faultmesh.cli.suggest import get_node, level_arg
 from faultmesh.levels import KNOWN_LEVELS
 
 
@@ -28,7 +29,7 @@ def cmd_faults(args: argparse.Namespace) -> int:
     q = {k: v for k, v in (("node", args.node), ("level", args.level), ("source", args.source)) if v}
     data = http_json(args, "GET", "/v1/faults" + ("?" + urllib.parse.urlencode(q) if q else ""))
     if args.node and not data:  # no faults, or no such node: GET /v1/nodes/<name> tells (404: exit 4)
-        http_json(args, "GET", "/v1/nodes/" + urllib.parse.quote(args.node, safe=""))
+        get_node(args, args.node)
     rows = [
         (
             f["node"],
@@ -64,8 +65,13 @@ def cmd_faults(args: argparse.Namespace) -> int:
 
 @run
 def cmd_nodes(args: argparse.Namespace) -> int:
-    """Print every known node with its health (GET /v1/nodes)."""
-    data = http_json(args, "GET", "/v1/nodes")
+    """Print every known node with its health (GET /v1/nodes), or only ``--node`` (GET
+    /v1/nodes/<name>; one clusterd does not know is exit 4)."""
+    if args.node:
+        one = get_node(args, args.node)
+        data = [{k: v for k, v in one.items() if k not in ("fault_list", "devices")}]
+    else:
+        data = http_json(args, "GET", "/v1/nodes")
     rows = [
         (
             n["name"],
@@ -110,10 +116,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_server_flags(p)
     p.add_argument("--node", help="only this node")
     p.add_argument(
-        "--level", choices=sorted(KNOWN_LEVELS), metavar="LEVEL", help="only this level: %(choices)s"
+        "--level", type=level_arg, metavar="LEVEL", help=f"only this level: {', '.join(sorted(KNOWN_LEVELS))}"
     )
     p.add_argument("--source", help="only this source (deviced, noded, public, fd-online, ...)")
     p.set_defaults(func=cmd_faults)
     p = sub.add_parser("nodes", help="list nodes and their health")
     add_server_flags(p)
+    p.add_argument("--node", help="only this node (exit 4 when clusterd does not know it)")
     p.set_defaults(func=cmd_nodes)

@@ -7,6 +7,7 @@ import time
 import urllib.parse
 
 from faultmesh.cli.common import add_server_flags, emit, http_json, run
+from faultmesh.cli.suggest import get_node
 from faultmesh.config import positive_int, since_arg
 
 
@@ -20,10 +21,13 @@ def _device(e: dict) -> str:
 
 @run
 def cmd_history(args: argparse.Namespace) -> int:
-    """Print fault changes (occur / update / recover), oldest first."""
+    """Print fault changes (occur / update / recover), oldest first. A ``--node`` with no change
+    kept that clusterd does not know either is exit 4 (like ``faults --node``)."""
     q = {k: v for k, v in (("node", args.node), ("code", args.code), ("since", args.since)) if v}
     q["limit"] = str(args.limit)
     data = http_json(args, "GET", "/v1/events?" + urllib.parse.urlencode(q))
+    if args.node and not data:  # nothing kept, or no such node: exit 4 like `faults --node`
+        get_node(args, args.node)
     rows = [
         (_ts(e["ts_ms"]), e["kind"], e["node"], _device(e), e["code"], e["level"], e["source"]) for e in data
     ]
@@ -38,7 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Fault changes kept by clusterd (--history-retention-s, --history-max-rows), oldest first.",
     )
     add_server_flags(p)
-    p.add_argument("--node", help="only this node")
+    p.add_argument(
+        "--node", help="only this node (exit 4 when clusterd has kept nothing of it and does not know it)"
+    )
     p.add_argument("--code", help="only this fault code")
     p.add_argument(
         "--since",

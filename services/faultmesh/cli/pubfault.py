@@ -1,4 +1,10 @@
-"""``faultmesh pubfault send``: send one public fault to ClusterD over ``/PubFault/SendPublicFault``."""
+"""``faultmesh pubfault send``: send one public fault to ClusterD over ``/PubFault/SendPublicFault``.
+
+A node clusterd has never seen needs ``--new-node`` (issue 31: a typo such as ``srever-1`` made a
+node that stayed UnHealthy): the CLI asks clusterd's HTTP API first and refuses with exit 4 and the
+closest known names. clusterd itself keeps the reference's behaviour for every other client (a
+public fault may name any node).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,8 @@ import uuid
 
 from faultmesh._pb import pubfault_pb2, pubfault_pb2_grpc
 from faultmesh.cli._grpc import call
-from faultmesh.cli.common import Rejected, UsageError, add_server_flags, emit, run, server_error
+from faultmesh.cli.common import Rejected, Unreachable, UsageError, add_server_flags, emit, run, server_error
+from faultmesh.cli.suggest import did_you_mean, get_node, public_codes
 from faultmesh.config import positive_float
 
 CODE_RE = re.compile(r"^[0-9A-Fa-f]{9}$")  # the fault rule of clusterd.api.pubfault: 9 characters
@@ -50,6 +57,11 @@ def build_request(args: argparse.Namespace) -> pubfault_pb2.PublicFaultRequest:
 def cmd_send(args: argparse.Namespace) -> int:
     """Send one public fault; prints the response code and info. Exit 1 unless code 0."""
     req = build_request(args)
+    if not args.new_node:
+        try:
+            get_node(args, args.node, hint="; --new-node sends a fault for a node it has not seen yet")
+        except Unreachable as e:
+            raise Unreachable(f"{e} (checking --node needs it; --new-node skips the check)") from None
     resp = call(args, pubfault_pb2_grpc.PubFaultStub, "SendPublicFault", req, timeout_s=args.timeout_s)
     if resp.code != 0:
         hint = {
@@ -57,6 +69,10 @@ def cmd_send(args: argparse.Namespace) -> int:
             410: f" (--resource {args.resource!r} is not in clusterd's public fault table, or it went over"
             " its rate limit: clusterd's log line 'public fault rejected' says which)",
         }.get(resp.code, "")
+        if resp.code == 409 and args.code not in public_codes():
+            hint += f"; --code {args.code} is not in faultmesh's public fault table" + did_you_mean(
+                args.code, public_codes()
+            )
         raise server_error(f"clusterd answered {resp.code}: {resp.info}{hint}", Rejected)
     emit(
         args,
@@ -75,7 +91,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_server_flags(q)
     q.add_argument("--resource", default="CCAE", help="sender (must be in the public fault table)")
     q.add_argument("--code", required=True, help="public fault code: 9 hex digits, e.g. 010001001")
-    q.add_argument("--node", required=True)
+    q.add_argument("--node", required=True, help="the node (one clusterd knows, unless --new-node)")
+    q.add_argument(
+        "--new-node",
+        action="store_true",
+        help="send even though clusterd has never seen --node (a node that joins with this fault)",
+    )
     q.add_argument("--devices", default="0", help="comma list of device ids in [0, 31] (default: 0)")
     q.add_argument("--type", default="NPU", choices=("NPU", "Node", "Network", "Storage"))
     q.add_argument("--assertion", default="occur", choices=("occur", "recover", "once"))

@@ -115,12 +115,15 @@ def cmd_status(args: argparse.Namespace) -> int:
             ("job", f"{d['namespace']}/{d['jobName']} (id {d['jobId']})"),
             ("rounds", d["rounds"]),
             ("heavy profiling", f"{d['heavyProfiling']} {d.get('heavyReason', '')}".strip()),
-            ("degraded", d["degraded"]),
+            # issue 31: "degraded True" beside "cluster degradation 0.0%" read as a contradiction;
+            # one is the confirmed state (kept until as many clean rounds as confirmed it), the
+            # other the latest round alone
+            ("degradation confirmed", _confirmed(d)),
             ("slow ranks", _ranks(d["slowRanks"])),
-            ("cluster isSlow", c.get("isSlow", "")),
-            ("cluster degradation", c.get("degradationLevel", "")),
-            ("cluster slowCalculateRanks", _ranks(c.get("slowCalculateRanks"))),
-            ("cluster suspectRanks", _ranks(c.get("suspectRanks"))),
+            ("latest round isSlow", c.get("isSlow", "")),
+            ("latest round degradation", c.get("degradationLevel", "")),
+            ("latest round slowCalculateRanks", _ranks(c.get("slowCalculateRanks"))),
+            ("latest round suspectRanks", _ranks(c.get("suspectRanks"))),
         ],
         ("FIELD", "VALUE"),
     )
@@ -138,6 +141,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     print()
     print_table(rows, ("NODE", "SLOW", "DEGRADATION", "SLOW RANKS", "SUSPECTS", "LAST STEP"))
     return 0
+
+
+def _confirmed(d: dict) -> str:
+    """``no``, or ``yes`` with what ends it: the tracker keeps a confirmed degradation until
+    ``nConsecSlowRoundsToConfirm`` consecutive clean rounds (fdol.slownode.cluster, recovery
+    hysteresis), so a clean latest round does not clear it."""
+    if not d["degraded"]:
+        return "no"
+    n = (d.get("featConf") or {}).get("nConsecSlowRoundsToConfirm")
+    return f"yes (until {n} consecutive clean rounds)" if n else "yes"
 
 
 def register(sub) -> None:
