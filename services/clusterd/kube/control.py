@@ -47,11 +47,14 @@ from typing import Any
 
 import orjson
 
+from clusterd.brain.datatrace import DataTraceError
 from clusterd.kube.metrics import KubeMetrics
+from clusterd.slownode_jobs import EnableError, unwrap_configmap
 from faultmesh.kube import KubeApi, KubeError
 from faultmesh.kubecm import config_map_values
 from faultmesh.log import event
 from faultmesh.runtime import wait_for
+from fdol.slownode.featconf import FeatConfError, parse_featconf
 
 log = logging.getLogger("clusterd.kube")
 
@@ -145,8 +148,6 @@ def fault_job_info(job, fault_nodes: set[str], topology: Topology, now_s: int) -
 
 def _featconf_job(obj: dict) -> str | None:
     """The job id a ras-feature-slownode ConfigMap names (None when it names none)."""
-    from fdol.slownode.featconf import FeatConfError, parse_featconf
-
     text = (obj.get("data") or {}).get(FEATCONF_KEY)
     try:
         return parse_featconf(orjson.loads(text)).job_id if isinstance(text, str) else None
@@ -248,9 +249,6 @@ class ControlMaps:
         await self._handle("slownode", self._on_slownode, op, obj)
 
     async def _on_slownode(self, op: str, obj: dict, where: str) -> None:
-        from clusterd.slownode_jobs import EnableError, unwrap_configmap
-        from fdol.slownode.featconf import FeatConfError, parse_featconf
-
         key = ("slownode", where)
         sn = self.slownode
         if op == "delete":
@@ -314,8 +312,6 @@ class ControlMaps:
         await self._handle("datatrace", self._on_datatrace, op, obj)
 
     async def _on_datatrace(self, op: str, obj: dict, where: str) -> None:
-        from clusterd.brain.datatrace import DataTraceError
-
         ns, name = _name(obj)
         key = ("datatrace", where)
         if op == "delete":
