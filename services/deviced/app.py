@@ -96,10 +96,19 @@ class Tables(NamedTuple):
 
 
 def load_tables(args: argparse.Namespace) -> Tables:
-    """Every table of ``args`` (``--fault-code-file`` ...). Raises :class:`TableError`."""
+    """Every table of ``args`` (``--fault-code-file`` ...; with ``--backend nvml`` the NVIDIA table
+    gives the codes and rules unless those files are named). Raises :class:`TableError`."""
+    codes, custom = None, None
+    if getattr(args, "backend", "") == "nvml":
+        from deviced.nvml_table import NvidiaTable
+
+        nv = NvidiaTable.load(args.nvml_fault_table)
+        codes, custom = nv.codes, nv.custom
     return Tables(
-        FaultCodeTable.load(args.fault_code_file),
-        Customization.load(args.fault_customization_file),
+        FaultCodeTable.load(args.fault_code_file) if codes is None or args.fault_code_file else codes,
+        Customization.load(args.fault_customization_file)
+        if custom is None or args.fault_customization_file
+        else custom,
         SwitchFaultTable.load(args.switch_fault_code_file),
         load_relations(args.relation_fault_file),
         load_fault_duration(args.fault_duration_file),

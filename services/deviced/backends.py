@@ -1,4 +1,5 @@
-"""deviced backends: the ctypes DCMI binding (``dcmi`` v1 and v2) and a pure-Python simulator (``sim``).
+"""deviced backends: the ctypes DCMI binding (``dcmi`` v1 and v2), a pure-Python simulator (``sim``) and
+NVIDIA GPUs through NVML (``nvml``, :mod:`deviced.nvml`).
 
 All satisfy :class:`NpuBackend` (the Protocol the sources are written against) and expose the same
 blocking methods, called by the app through a ``BlockingPool`` (never on the
@@ -75,10 +76,15 @@ class NpuBackend(Protocol):
 
 
 def make_backend(args: argparse.Namespace) -> NpuBackend:
-    """Build the backend of ``--backend`` (sim, or dcmi by ``--dcmi-api``). Raises ``DcmiError``
-    (e.g. LibraryMissing) for dcmi."""
+    """Build the backend of ``--backend`` (sim; nvml: :class:`deviced.nvml.NvmlBackend`; or dcmi by
+    ``--dcmi-api``). Raises ``DcmiError`` (e.g. LibraryMissing) for dcmi and nvml."""
     if args.backend == "sim":
         return SimBackend(args.sim_cards, args.sim_devices_per_card)
+    if args.backend == "nvml":
+        from deviced.nvml import NvmlBackend  # imports nvidia-ml-py only for this backend
+        from deviced.nvml_table import NvidiaTable
+
+        return NvmlBackend(NvidiaTable.load(args.nvml_fault_table), args.nvml_lib)
     return open_dcmi_backend(
         args.dcmi_api,
         args.dcmi_lib,
