@@ -235,6 +235,10 @@ class NvmlBackend:
             if ev is not None:
                 self.events += 1
                 cb(ev)
+        try:
+            self._opt(nv.nvmlEventSetFree, evset)
+        except NvmlError:
+            pass
 
     def _decode(self, data: Any) -> DevFaultEvent | None:
         """One NVML event -> a DevFaultEvent of the XID's code (None: not an XID of a known GPU)."""
@@ -261,12 +265,13 @@ class NvmlBackend:
             f"xid {xid}",
         )  # fmt: skip
 
-    def close(self) -> None:
-        """Stop the event thread (it ends within one wait) and free the event set."""
+    def close(self, join_s: float = 0.0) -> None:
+        """Stop the event thread: it ends within one wait (500 ms) and frees the event set; waits up to
+        ``join_s`` s for that (0: returns at once, safe on the event loop)."""
         self._stop.set()
         t = self._thread
-        if t is not None:
-            t.join(EVENT_WAIT_MS / 1000 * 4)
+        if t is not None and join_s > 0:
+            t.join(join_s)
         self._thread = None
 
     # -- polled health ---------------------------------------------------------------------------

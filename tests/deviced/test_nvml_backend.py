@@ -30,7 +30,7 @@ def rig(tmp_path, monkeypatch):
     b = NvmlBackend(TABLE, str(lib / LIB_NAME))
     b.init()
     yield ctl, b
-    b.close()
+    b.close(join_s=2.0)
 
 
 def conds(b, i):
@@ -62,6 +62,9 @@ def test_xid_events_carry_code_and_clear_kind(rig):
     ]
     assert b.unknown_xids == {70000: 1, 4242: 1}
     assert b.error_codes(b.devices()[3]) == [xid_code(79)]
+    thread = b._thread
+    b.close(join_s=2.0)
+    assert not thread.is_alive()  # the event thread ends within one wait
 
 
 def test_each_condition_from_its_reading(rig):
