@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--http-addr", default="127.0.0.1:0", help="metrics/health HTTP address")
     p.add_argument("--sim-control-addr", help="sim backend: separate HTTP address of the control API")
+    p.add_argument(
+        "--sim-vendor",
+        choices=("ascend", "nvidia"),
+        default="ascend",
+        help="sim backend: nvidia = simulated GPUs with the NVIDIA fault table (XID / NVML codes)",
+    )
     p.add_argument("--sim-cards", type=int, default=1)
     p.add_argument("--sim-devices-per-card", type=int, default=8)
     p.add_argument("--fault-code-file", help="faultCode.json (default: faultmesh's table)")

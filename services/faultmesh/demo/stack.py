@@ -34,10 +34,13 @@ class StackConfig:
     (``npus // 8`` cards of 8); ``bmc_poll_s``: noded's BMC poll period (s, 1..600);
     ``list_watch_s``: deviced's list-watch period (s, 3..1800); ``report_interval_s``: agents'
     minimum report interval (s); ``pingmesh_interval_s``: pingmesh task_interval (s, 1..60);
-    ``extra``: free-form per-program extra argv (``{"clusterd": [...], "noded": [...]}``).
+    ``extra``: free-form per-program extra argv (``{"clusterd": [...], "noded": [...]}``);
+    ``gpu_servers``: simulated NVIDIA GPU servers beside them (``gpu-server-1`` ..., 8 GPUs each; their
+    deviced runs ``--backend sim --sim-vendor nvidia``, the NVIDIA fault table; issue 33).
     """
 
     servers: int = 4
+    gpu_servers: int = 0
     npus: int = 16
     bmc_poll_s: float = 2.0
     list_watch_s: int = 3
@@ -60,6 +63,7 @@ class Server:
     bmc_control: str
     noded_http: str
     deviced_http: str
+    gpu: bool = False  # a simulated NVIDIA GPU server (deviced --sim-vendor nvidia)
 
 
 class StackError(RuntimeError):
@@ -199,15 +203,18 @@ class Stack:
         await self.wait_ready(cd, f"http://{self.http}/readyz")
         self.say(f"clusterd ready: gRPC {self.grpc}, HTTP http://{self.http} (pid {cd.pid})")
 
-        for i in range(1, cfg.servers + 1):
+        names = [f"server-{i}" for i in range(1, cfg.servers + 1)]
+        names += [f"gpu-server-{i}" for i in range(1, cfg.gpu_servers + 1)]
+        for i, name in enumerate(names, 1):
             self.servers.append(
                 Server(
-                    name=f"server-{i}",
+                    name=name,
                     index=i,
                     bmc_port=free_udp_port(),
                     bmc_control=f"127.0.0.1:{free_port()}",
                     noded_http=f"127.0.0.1:{free_port()}",
                     deviced_http=f"127.0.0.1:{free_port()}",
+                    gpu=name.startswith("gpu-"),
                 )
             )
         # bmc simulators first (noded polls them), all at once
@@ -269,10 +276,11 @@ class Stack:
                 self.grpc,
                 "--backend",
                 "sim",
+                *(["--sim-vendor", "nvidia"] if s.gpu else []),
                 "--sim-cards",
-                str(max(1, cfg.npus // 8)),
+                str(1 if s.gpu else max(1, cfg.npus // 8)),
                 "--sim-devices-per-card",
-                str(min(8, cfg.npus)),
+                str(8 if s.gpu else min(8, cfg.npus)),
                 "--list-watch-period",
                 str(cfg.list_watch_s),
                 "--http-addr",
@@ -289,8 +297,9 @@ class Stack:
         await asyncio.gather(*(self.wait_ready(c, url, 90) for c, url in agents))
         await self.wait_agents()
         self.started_at = time.time()
+        gpus = f", {cfg.gpu_servers} GPU servers (8 simulated NVIDIA GPUs each)" if cfg.gpu_servers else ""
         self.say(
-            f"{cfg.servers} servers up: noded + deviced each, {cfg.npus} simulated NPUs per server, "
+            f"{cfg.servers} servers up: noded + deviced each, {cfg.npus} simulated NPUs per server{gpus}, "
             "all connected to clusterd"
         )
 
