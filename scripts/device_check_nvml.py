@@ -13,6 +13,10 @@ registration; nothing named nvmlDeviceSet* / nvmlDeviceReset* is called anywhere
    subscription arms (events supported).
 2. End to end: a local clusterd and ``deviced --backend nvml`` reporting to it for ``--seconds`` (30):
    the node and its GPUs in clusterd, the faults it holds, deviced's subscription and source gauges.
+3. The profiler on the GPU: a short single-GPU PyTorch loop (matmuls, 20 steps) with
+   ``Profiler(device_timer=EventTimer.cuda())``; FD-OL's reader parses the records and the step /
+   forward durations from CUDA events are printed beside the host ones. Skipped (said so) when torch
+   has no CUDA. It allocates ~100 MB on GPU 0 and changes no setting.
 
 Bounded: every step has a timeout, the whole run stays well under 10 minutes. Exit 0 when both steps
 worked (faults on the GPUs are printed, not failures), 1 otherwise.
@@ -95,7 +99,7 @@ def step2(seconds: float) -> bool:
     logs.mkdir(parents=True, exist_ok=True)
     py = sys.executable
     cd = subprocess.Popen([py, "-m", "clusterd", "--grpc-addr", f"127.0.0.1:{grpc}", "--http-addr",
-                           f"127.0.0.1:{api}", "--state-dir", str(logs / "state")],
+                           f"127.0.0.1:{api}", "--state-dir", str(logs / f"state-{int(time.time())}")],
                           stdout=open(logs / "clusterd.log", "wb"), stderr=subprocess.STDOUT, env=env)  # fmt: skip
     dvp = subprocess.Popen([py, "-m", "deviced", "--node-name", "gpu-check", "--clusterd", f"127.0.0.1:{grpc}",
                             "--backend", "nvml", "--http-addr", f"127.0.0.1:{dv}", "--list-watch-period", "3"],
@@ -137,6 +141,47 @@ def step2(seconds: float) -> bool:
     return ok
 
 
+def step3(tmp: Path) -> bool | None:
+    """A single-GPU loop with CUDA-event timing; FD-OL parses its records. None when skipped."""
+    try:
+        import torch
+    except ImportError:
+        print("skipped: torch is not installed")
+        return None
+    if not torch.cuda.is_available():
+        print(f"skipped: torch {torch.__version__} sees no CUDA device")
+        return None
+    from faultmesh.profiler import Profiler
+    from faultmesh.profiler.device import EventTimer
+    from fdol.slownode.metrics import StepAssembler
+    from fdol.slownode.reader import JobReader
+
+    p = Profiler(0, base_dir=tmp, task_id="gpu-check", flush_interval_s=0, device_timer=EventTimer.cuda())
+    x = torch.randn(4096, 4096, device="cuda")
+    for s in range(20):
+        with p.step(s):
+            with p.forward():
+                for _ in range(8):
+                    y = x @ x
+    torch.cuda.synchronize()
+    p.close()
+    jr = JobReader(tmp / "gpu-check", [0])
+    recs = jr.poll()[0]
+    steps = (a := StepAssembler(0, lambda: jr.groups(0))).feed(recs) + a.flush()
+    fwd = {}
+    for r in recs:
+        if r.name == "forward" or r.id in fwd:
+            fwd.setdefault(r.id, {})[(r.flag, r.source_kind)] = r.ts
+    print(
+        f"records {len(recs)} (bad {sum(jr.bad.values())}); steps parsed {len(steps)}; y={float(y[0, 0]):.1f}"
+    )
+    for m in steps[-3:]:
+        print(
+            f"  step {m.step}: device step_time {m.step_time / 1e6:.2f} ms, host forward {m.compute / 1e6:.2f} ms"
+        )
+    return len(steps) >= 19 and sum(jr.bad.values()) == 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=30.0, help="how long deviced reports (s)")
@@ -149,8 +194,11 @@ def main() -> int:
     ok1 = step1(args.event_wait)
     print("== step 2: deviced --backend nvml -> local clusterd")
     ok2 = step2(args.seconds)
-    print(f"== device check {'PASSED' if ok1 and ok2 else 'FAILED'}")
-    return 0 if ok1 and ok2 else 1
+    print("== step 3: the profiler with CUDA-event timing on GPU 0")
+    ok3 = step3(Path(os.environ.get("OUT", "/tmp")) / "device_check_profiling")
+    ok = ok1 and ok2 and ok3 is not False
+    print(f"== device check {'PASSED' if ok else 'FAILED'}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
