@@ -31,7 +31,7 @@ def test_up_with_a_gpu_server_shows_faults_of_both_vendors(tmp_path):
     lines: list[str] = []
     try:
         out = read_until(proc, lines, "stack running", 100)
-        assert "1 GPU servers (8 simulated NVIDIA GPUs each)" in out
+        assert "1 GPU servers (deviced, 8 simulated NVIDIA GPUs each)" in out
         http = re.search(r"clusterd HTTP views : http://([0-9.:]+)/v1/faults", out).group(1)
         gpu_sim = re.search(r"device-sim --sim ([0-9.:]+) fault 3 4E560000004F", out).group(1)
         npu_sim = re.search(r"device-sim --sim ([0-9.:]+) fault 0 80E18008", out).group(1)

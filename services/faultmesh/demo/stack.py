@@ -35,8 +35,9 @@ class StackConfig:
     ``list_watch_s``: deviced's list-watch period (s, 3..1800); ``report_interval_s``: agents'
     minimum report interval (s); ``pingmesh_interval_s``: pingmesh task_interval (s, 1..60);
     ``extra``: free-form per-program extra argv (``{"clusterd": [...], "noded": [...]}``);
-    ``gpu_servers``: simulated NVIDIA GPU servers beside them (``gpu-server-1`` ..., 8 GPUs each; their
-    deviced runs ``--backend sim --sim-vendor nvidia``, the NVIDIA fault table; issue 33).
+    ``gpu_servers``: simulated NVIDIA GPU servers beside them (``gpu-server-1`` ..., 8 GPUs each): a
+    deviced only, ``--backend sim --sim-vendor nvidia`` with the NVIDIA fault table (issue 33); its
+    extra argv is ``extra["deviced-gpu"]``.
     """
 
     servers: int = 4
@@ -219,7 +220,7 @@ class Stack:
             )
         # bmc simulators first (noded polls them), all at once
         sims = []
-        for s in self.servers:
+        for s in [s for s in self.servers if not s.gpu]:  # a GPU server runs deviced only
             argv = python_argv(
                 "faultmesh",
                 "bmc-sim",
@@ -265,9 +266,10 @@ class Stack:
                 *[a.replace("{node}", s.name) for a in noded_extra],
                 *cfg.extra.get("noded", []),
             )
-            agents.append(
-                (await self.procs.start(f"noded-{s.index}", noded), f"http://{s.noded_http}/healthz")
-            )
+            if not s.gpu:  # a GPU server runs deviced only (no BMC, not in the NPU pingmesh fabric)
+                agents.append(
+                    (await self.procs.start(f"noded-{s.index}", noded), f"http://{s.noded_http}/healthz")
+                )
             deviced = python_argv(
                 "deviced",
                 "--node-name",
@@ -289,7 +291,7 @@ class Stack:
                 cfg.log_level,
                 "--log-format",
                 cfg.log_format,
-                *cfg.extra.get("deviced", []),
+                *cfg.extra.get("deviced-gpu" if s.gpu else "deviced", []),
             )
             agents.append(
                 (await self.procs.start(f"deviced-{s.index}", deviced), f"http://{s.deviced_http}/healthz")
@@ -297,7 +299,11 @@ class Stack:
         await asyncio.gather(*(self.wait_ready(c, url, 90) for c, url in agents))
         await self.wait_agents()
         self.started_at = time.time()
-        gpus = f", {cfg.gpu_servers} GPU servers (8 simulated NVIDIA GPUs each)" if cfg.gpu_servers else ""
+        gpus = (
+            f", {cfg.gpu_servers} GPU servers (deviced, 8 simulated NVIDIA GPUs each)"
+            if cfg.gpu_servers
+            else ""
+        )
         self.say(
             f"{cfg.servers} servers up: noded + deviced each, {cfg.npus} simulated NPUs per server{gpus}, "
             "all connected to clusterd"
@@ -348,14 +354,14 @@ class Stack:
 
     async def wait_agents(self, timeout_s: float = 60.0) -> None:
         """Wait until clusterd's ``/v1/nodes`` shows noded and deviced connected for every server."""
-        want = {s.name for s in self.servers}
+        want = {s.name: {"deviced"} if s.gpu else {"noded", "deviced"} for s in self.servers}
         deadline = time.monotonic() + timeout_s
         seen: dict[str, list[str]] = {}
         while time.monotonic() < deadline:
             try:
                 nodes = await self.clusterd_json("/v1/nodes")
                 seen = {n["name"]: n.get("agents", []) for n in nodes}
-                if all({"noded", "deviced"} <= set(seen.get(n, [])) for n in want):
+                if all(agents <= set(seen.get(n, [])) for n, agents in want.items()):
                     return
             except (aiohttp.ClientError, TimeoutError, OSError, StackError):
                 pass
