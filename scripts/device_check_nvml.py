@@ -119,6 +119,9 @@ def step2(seconds: float) -> bool:
         metrics = get(f"http://127.0.0.1:{dv}/metrics")
         faults = [f for f in json.loads(get(f"http://127.0.0.1:{api}/v1/faults")) if f["node"] == "gpu-check"]
         print(f"deviced: subscribed={devs['subscribed']} GPUs={len(devs['devices'])}")
+        for g in json.loads(get(f"http://127.0.0.1:{dv}/v1/gpus"))["gpus"]:
+            print(f"  /v1/gpus {g['index']}: {g['uuid']} {g['pci_bus_id']} lost={g['lost']} "
+                  f"xid_events_armed={g['xid_events_armed']}")  # fmt: skip
         for d in devs["devices"]:
             print(f"  GPU {d['logic_id']}: health={d['health']} level={d['level'] or '-'} "
                   f"codes={[c['code'] + ':' + c['level'] for c in d['codes']]}")  # fmt: skip

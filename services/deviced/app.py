@@ -49,6 +49,7 @@ from deviced.sinks.kube_deviceinfo import KubeDeviceInfo
 from deviced.sinks.resetcfg import ResetConfigWriter, chips_of
 from deviced.sinks.statefile import StateFile
 from deviced.sources.lingqu import SWITCH_QUEUE_MAX
+from deviced.sources.nvml import add_gpu_route
 from deviced.switch import SwitchState
 from deviced.tables import (
     Customization,
@@ -202,6 +203,8 @@ class DeviceD:
         )
         self.http = HttpServer(args.http_addr, self.registry, ready=self._ready, token=token)
         add_routes(self.http.app, self.engine, self.node_name)
+        if args.backend == "nvml":
+            add_gpu_route(self.http.app, self.io, self.node_name)
         self.registry.register(DevicedCollector(self))
 
     def _source(self, cls):

@@ -80,6 +80,11 @@ def test_xid79_lost_gpu_hang_and_storm_reach_clusterd(tmp_path, libdir):
         wait_for(lambda: metric(dv_port, "faultmesh_deviced_subscribed") == 1.0, what="XID subscription")
         wait_for(lambda: metric(dv_port, "faultmesh_source_up", '{source="nvml"}') == 1.0, what="nvml up")
         wait_for(lambda: "gpu-node" in str(http_call("GET", f"{api}/v1/nodes")[1]), what="node in clusterd")
+        status, gpus = http_call("GET", f"http://127.0.0.1:{dv_port}/v1/gpus")  # the GPUs' identity
+        assert status == 200 and len(gpus["gpus"]) == 8 and gpus["driver_version"] == "550.0-faultmesh-test"
+        g3 = gpus["gpus"][3]
+        assert g3["uuid"].startswith("GPU-") and g3["pci_bus_id"] == "00000000:1B:00.0" and g3["serial"]
+        assert g3["nvlinks"] == [0, 1, 2, 3] and g3["xid_events_armed"] and not g3["lost"]
         # XID 79 on GPU 3: the GPU fell off the bus, every call for it answers GPU_IS_LOST
         ctl.gpu(3).lost = 1
         t0 = time.monotonic()
@@ -91,6 +96,7 @@ def test_xid79_lost_gpu_hang_and_storm_reach_clusterd(tmp_path, libdir):
         assert got[(3, X79)]["level"] == "SeparateNPU" and got[(3, X79)]["source"] == "dcmi"
         lost = wait_for(lambda: faults().get((3, LOST)), what="gpu-lost condition")
         assert lost["level"] == "SeparateNPU"
+        assert http_call("GET", f"http://127.0.0.1:{dv_port}/v1/gpus")[1]["gpus"][3]["lost"] is True
         assert not any(dev != 3 for dev, _ in faults())  # the other GPUs stay clean
         # the GPU comes back (reset): XID 79 and gpu-lost recover
         ctl.gpu(3).lost = 0

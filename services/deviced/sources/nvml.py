@@ -8,6 +8,10 @@ timeout of ``--dcmi-timeout`` s). A timeout or an NVML error marks the source do
 in its thread no new poll starts (so hung calls cannot eat the pool), and the source stays down. The
 event thread's liveness is checked too: a wait that has not come back for 10 s marks the source down.
 XID events themselves come by the chip subscription (:class:`deviced.sources.chip.ChipEvents`).
+
+:func:`add_gpu_route` adds deviced's read-only ``GET /v1/gpus``: each GPU's identity (UUID, serial,
+PCI bus id, name, NVLinks active at start), whether it is lost, its last readings, and whether its
+XID events are armed.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from deviced.chipio import CALL_ERRORS
 from deviced.engine import OCCUR, RECOVER, DeviceEvent
 from deviced.nvml import EVENT_WAIT_MS
 from deviced.sources.base import DeviceSource
+from faultmesh.httplite import App, Request, Response, json_response
 from faultmesh.log import event
 from faultmesh.source import PushSource, Support
 
@@ -92,3 +97,33 @@ class NvmlHealth(DeviceSource, PushSource):
         self._set_up(ok, why)
         if changed:
             self.deps.wake_urgent()
+
+
+def gpu_views(io, node: str) -> dict:
+    """The ``GET /v1/gpus`` document of ``io.backend`` (an NvmlBackend, or None before it loaded)."""
+    b = io.backend
+    gpus = []
+    for i, info in sorted(getattr(b, "info", {}).items()):
+        gpus.append(
+            {
+                "index": i,
+                "uuid": info.uuid,
+                "serial": info.serial,
+                "pci_bus_id": info.pci_bus_id,
+                "name": info.name,
+                "nvlinks": list(info.nvlinks),
+                "lost": i in b.lost,
+                "xid_events_armed": i in b.events_armed,
+                "readings": dict(b.readings.get(i, {})),
+            }
+        )
+    return {"node": node, "driver_version": getattr(b, "driver_version", ""), "gpus": gpus}
+
+
+def add_gpu_route(app: App, io, node: str) -> None:
+    """Add ``GET /v1/gpus`` (read only; see module docstring)."""
+
+    async def gpus(_request: Request) -> Response:
+        return json_response(gpu_views(io, node))
+
+    app.router.add_get("/v1/gpus", gpus)
