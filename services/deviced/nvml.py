@@ -280,7 +280,8 @@ class NvmlBackend:
         because the GPU answered again after being lost). Raises :class:`NvmlError` for a failure
         other than a lost GPU (which is the condition ``gpu-lost``)."""
         i = ids.logic
-        self.in_flight += 1
+        with self._lock:
+            self.in_flight += 1
         try:
             try:
                 r = self._read(i, self.handles[i])
@@ -297,7 +298,8 @@ class NvmlBackend:
                 event(log, logging.INFO, "nvml gpu answers again", gpu=i, cleared=len(cleared))
             return self._judge(i, r), cleared
         finally:
-            self.in_flight -= 1
+            with self._lock:
+                self.in_flight -= 1
 
     def _read(self, i: int, h: Any) -> dict[str, Any]:
         nv, opt = self.nv, self._opt
