@@ -100,7 +100,8 @@ def load_tables(args: argparse.Namespace) -> Tables:
     """Every table of ``args`` (``--fault-code-file`` ...; with ``--backend nvml`` the NVIDIA table
     gives the codes and rules unless those files are named). Raises :class:`TableError`."""
     codes, custom = None, None
-    if getattr(args, "backend", "") == "nvml" or getattr(args, "sim_vendor", "") == "nvidia":
+    backend = getattr(args, "backend", "")
+    if backend == "nvml" or (backend == "sim" and getattr(args, "sim_vendor", "") == "nvidia"):
         from deviced.nvml_table import NvidiaTable
 
         nv = NvidiaTable.load(args.nvml_fault_table)
