@@ -176,6 +176,30 @@ def http_call(method: str, url: str, body=None) -> tuple[int, object]:
         return 0, None
 
 
+def start_logged(args: list[str], log: Path, env: dict[str, str] | None = None):
+    """Start a daemon process with stdout+stderr into ``log`` (unbuffered; ``env`` added to ours)."""
+    import subprocess
+
+    f = open(log, "wb")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(
+        args, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    )
+
+
+def stop_proc(p) -> None:
+    """SIGTERM a process started by :func:`start_logged` by its PID; SIGKILL after 10 s."""
+    import signal
+    import subprocess
+
+    if p.poll() is None:
+        os.kill(p.pid, signal.SIGTERM)
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait(5)
+
+
 def wait_for(pred, what: str, timeout_s: float = 20.0):
     """Poll ``pred()`` every 100 ms until it returns something truthy, and return that."""
     import time

@@ -49,6 +49,7 @@ from deviced.sinks.kube_deviceinfo import KubeDeviceInfo
 from deviced.sinks.resetcfg import ResetConfigWriter, chips_of
 from deviced.sinks.statefile import StateFile
 from deviced.sources.lingqu import SWITCH_QUEUE_MAX
+from deviced.sources.nvml import add_gpu_route
 from deviced.switch import SwitchState
 from deviced.tables import (
     Customization,
@@ -96,10 +97,20 @@ class Tables(NamedTuple):
 
 
 def load_tables(args: argparse.Namespace) -> Tables:
-    """Every table of ``args`` (``--fault-code-file`` ...). Raises :class:`TableError`."""
+    """Every table of ``args`` (``--fault-code-file`` ...; with ``--backend nvml`` the NVIDIA table
+    gives the codes and rules unless those files are named). Raises :class:`TableError`."""
+    codes, custom = None, None
+    backend = getattr(args, "backend", "")
+    if backend == "nvml" or (backend == "sim" and getattr(args, "sim_vendor", "") == "nvidia"):
+        from deviced.nvml_table import NvidiaTable
+
+        nv = NvidiaTable.load(args.nvml_fault_table)
+        codes, custom = nv.codes, nv.custom
     return Tables(
-        FaultCodeTable.load(args.fault_code_file),
-        Customization.load(args.fault_customization_file),
+        FaultCodeTable.load(args.fault_code_file) if codes is None or args.fault_code_file else codes,
+        Customization.load(args.fault_customization_file)
+        if custom is None or args.fault_customization_file
+        else custom,
         SwitchFaultTable.load(args.switch_fault_code_file),
         load_relations(args.relation_fault_file),
         load_fault_duration(args.fault_duration_file),
@@ -193,6 +204,8 @@ class DeviceD:
         )
         self.http = HttpServer(args.http_addr, self.registry, ready=self._ready, token=token)
         add_routes(self.http.app, self.engine, self.node_name)
+        if args.backend == "nvml":
+            add_gpu_route(self.http.app, self.io, self.node_name)
         self.registry.register(DevicedCollector(self))
 
     def _source(self, cls):

@@ -1,4 +1,5 @@
-"""deviced backends: the ctypes DCMI binding (``dcmi`` v1 and v2) and a pure-Python simulator (``sim``).
+"""deviced backends: the ctypes DCMI binding (``dcmi`` v1 and v2), a pure-Python simulator (``sim``) and
+NVIDIA GPUs through NVML (``nvml``, :mod:`deviced.nvml`).
 
 All satisfy :class:`NpuBackend` (the Protocol the sources are written against) and expose the same
 blocking methods, called by the app through a ``BlockingPool`` (never on the
@@ -75,10 +76,17 @@ class NpuBackend(Protocol):
 
 
 def make_backend(args: argparse.Namespace) -> NpuBackend:
-    """Build the backend of ``--backend`` (sim, or dcmi by ``--dcmi-api``). Raises ``DcmiError``
-    (e.g. LibraryMissing) for dcmi."""
+    """Build the backend of ``--backend`` (sim; nvml: :class:`deviced.nvml.NvmlBackend`; or dcmi by
+    ``--dcmi-api``). Raises ``DcmiError`` (e.g. LibraryMissing) for dcmi and nvml."""
     if args.backend == "sim":
+        if getattr(args, "sim_vendor", "ascend") == "nvidia":  # a simulated GPU node (mixed fleet)
+            return SimBackend(args.sim_cards, args.sim_devices_per_card, chip="H100", wide_codes=True)
         return SimBackend(args.sim_cards, args.sim_devices_per_card)
+    if args.backend == "nvml":
+        from deviced.nvml import NvmlBackend  # imports nvidia-ml-py only for this backend
+        from deviced.nvml_table import NvidiaTable
+
+        return NvmlBackend(NvidiaTable.load(args.nvml_fault_table), args.nvml_lib)
     return open_dcmi_backend(
         args.dcmi_api,
         args.dcmi_lib,
@@ -307,16 +315,25 @@ class SimSwitch:
 class SimBackend:
     """A pure-Python node of ``cards`` × ``per_card`` chips (logic = card*per_card + dev, phy = logic).
 
-    Driven by :mod:`deviced.simapi` (HTTP) or directly: :meth:`inject`, :meth:`link`, :meth:`probe`,
+    ``wide_codes`` (``--sim-vendor nvidia``): a simulated GPU node, whose codes are the NVIDIA table's
+    48-bit XID / NVML codes (e.g. 4E560000004F = XID 79). Driven by :mod:`deviced.simapi` (HTTP) or directly: :meth:`inject`, :meth:`link`, :meth:`probe`,
     :meth:`card`, :meth:`set_procs`. Events are delivered to the subscriber from a separate thread, like
     the driver's callbacks.
     """
 
     name = "sim"
 
-    def __init__(self, cards: int = 1, per_card: int = 8, chip: str = "910B3", reset_boot_s: float = 0.2):
+    def __init__(
+        self,
+        cards: int = 1,
+        per_card: int = 8,
+        chip: str = "910B3",
+        reset_boot_s: float = 0.2,
+        wide_codes: bool = False,
+    ):
         self._lock = threading.Lock()
         self.chip = chip
+        self.wide_codes = wide_codes  # codes over 32 bits (the NVIDIA table's XID / NVML codes)
         self.reset_boot_s = reset_boot_s
         self.devs = {
             c * per_card + d: SimDevice(DeviceIds(c * per_card + d, c * per_card + d, c, d))

@@ -113,6 +113,10 @@ class ChipIO:
             return None
 
     def shutdown(self) -> None:
-        """Stop both pools (a hung call's thread is abandoned)."""
+        """Stop both pools (a hung call's thread is abandoned) and the backend's own thread, if any
+        (the nvml event thread)."""
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
         self.pool.shutdown()
         self.probe_pool.shutdown()

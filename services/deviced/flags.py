@@ -26,7 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="this node's name (env NODE_NAME, else hostname)",
     )
     add_clusterd_arguments(p)
-    p.add_argument("--backend", choices=("dcmi", "sim"), default="dcmi")
+    p.add_argument("--backend", choices=("dcmi", "sim", "nvml"), default="dcmi", help="nvml: NVIDIA GPUs")
+    p.add_argument("--nvml-lib", help="nvml: path of libnvidia-ml.so.1 (default: nvidia-ml-py's own lookup)")
+    p.add_argument("--nvml-fault-table", help="nvml: nvidiaFaultTable.json (default: faultmesh's table)")
+    p.add_argument("--nvml-poll-interval", type=float, default=5.0, help="nvml: s between GPU health polls")
     p.add_argument("--dcmi-lib", help="path of libdcmi.so (default: the driver lib dirs)")
     p.add_argument(
         "--dcmi-api",
@@ -45,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--http-addr", default="127.0.0.1:0", help="metrics/health HTTP address")
     p.add_argument("--sim-control-addr", help="sim backend: separate HTTP address of the control API")
+    p.add_argument(
+        "--sim-vendor",
+        choices=("ascend", "nvidia"),
+        default="ascend",
+        help="sim backend: nvidia = simulated GPUs with the NVIDIA fault table (XID / NVML codes)",
+    )
     p.add_argument("--sim-cards", type=int, default=1)
     p.add_argument("--sim-devices-per-card", type=int, default=8)
     p.add_argument("--fault-code-file", help="faultCode.json (default: faultmesh's table)")

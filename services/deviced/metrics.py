@@ -54,6 +54,11 @@ class DevicedCollector(Collector):
         dcmi = getattr(app.io.backend, "dcmi", None)
         unk.add_metric([], getattr(dcmi, "unknown_events", 0))
         yield unk
+        xids = CounterMetricFamily(
+            "faultmesh_deviced_nvml_unknown_xids", "NVIDIA XID events not in the fault table (default level)"
+        )
+        xids.add_metric([], sum(getattr(app.io.backend, "unknown_xids", {}).values()))
+        yield xids
         errs = CounterMetricFamily(
             "faultmesh_deviced_dcmi_errors", "Failed DCMI calls", labels=["call", "reason"]
         )

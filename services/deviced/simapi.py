@@ -69,7 +69,7 @@ def add_routes(app: App, sim: SimBackend) -> None:
     async def fault(body):
         dev = _device(sim, body)
         code = parse_code(str(body.get("code", "")))
-        if code > 0xFFFFFFFF:  # a DCMI event id is an unsigned 32-bit int (dcmi_dms_fault_event.event_id)
+        if code > 0xFFFFFFFF and not getattr(sim, "wide_codes", False):  # a DCMI event id is 32 bits
             raise BadRequest(f"fault code {body.get('code')!r} does not fit 32 bits (a DCMI event id)")
         assertion = ASSERTIONS[str(body.get("assertion", "occur"))]
         severity = int(body.get("severity", 2))

@@ -1,7 +1,7 @@
 """Contract of deviced's sources (issue 12): for every entry of ``deviced.sources.SOURCES`` and each of
 its simulators — the sim backend (deviced.backends.SimBackend, driven like deviced/simapi.py) and the
 compiled test libraries (tests/native/dcmi_test_lib.c and lingqu_test_lib.c through the real ctypes
-binding) — the source starts, a fault raised in the simulator reaches the agent state, its recovery
+binding; nvml_test_lib.c through nvidia-ml-py for the nvml source) — the source starts, a fault raised in the simulator reaches the agent state, its recovery
 clears it, and the source stops leaving no task behind.
 
 Only the source under test runs: its own tasks (started by ``start(ctx)``) and its cycle hook, then
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from native.build import build_libs
 from native.ctl import Ctl
+from native.nvml_ctl import LIB_NAME, NvmlCtl, build_nvml
 from support import free_port
 
 from deviced.app import DeviceD, build_parser
@@ -44,6 +45,13 @@ class Rig:
         if kind == "sim":
             self.sim = SimBackend(1, 8)
             self.backend = self.sim
+        elif kind == "nvml-test-lib":  # deviced --backend nvml over tests/native/nvml_test_lib.c
+            from deviced.nvml import NvmlBackend
+
+            self.nvml = NvmlCtl.create(tmp / "nvml.ctl", ngpu=4)
+            os.environ.update(self.nvml.env())
+            self.backend = NvmlBackend(lib_path=str(libs / LIB_NAME))
+            self.flags = ["--nvml-poll-interval", "0"]
         else:
             self.ctl = Ctl(libs)
             self.ctl.reset(2, 4)
@@ -51,7 +59,7 @@ class Rig:
             self.backend = DcmiBackend(str(libs.dcmi), str(libs.lingqu), hccn_tool=str(tool))
 
     def close(self) -> None:
-        if self.kind != "sim":
+        if self.kind == "dcmi-test-lib":
             self.ctl.reset(2, 4)
             self.ctl.lq_reset()
 
@@ -81,6 +89,8 @@ class Rig:
                 self.sim.probe(3, 0 if up else 3)
             else:
                 self.ctl.set_network(3, 0 if up else 3)
+        elif source == "nvml":  # the NVML test library: a row remap pending on GPU 1
+            self.nvml.gpu(1).remap_pending = 0 if up else 1
         elif source == "lingqu":
             if sim:
                 self.sim.switch.fire(0x00F1FEF5, 155914, 1, 0, 2, 7, 2, 0 if up else 1)
@@ -96,6 +106,7 @@ EXPECT = {  # source name -> (agent-state source, device id, code) of the fault 
     "link-check": ("dcmi", 2, "81078603"),
     "gateway-probe": ("dcmi", 3, "181078603"),
     "lingqu": ("lingqu", 2, SWITCH_CODE),
+    "nvml": ("dcmi", 1, "4E5600010005"),  # remap-pending of the NVIDIA table
 }
 
 
@@ -121,13 +132,28 @@ async def until(pred, step, timeout_s: float = 10.0, what: str = "condition") ->
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.mark.parametrize("kind", ["sim", "dcmi-test-lib"])
+@pytest.fixture(scope="module")
+def nvml_lib():
+    pytest.importorskip("pynvml")
+    try:
+        return build_nvml()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+
+
+BACKEND = {"sim": "sim", "dcmi-test-lib": "dcmi", "nvml-test-lib": "nvml"}
+LIBS = {"dcmi-test-lib": "libs", "nvml-test-lib": "nvml_lib"}
+
+
+@pytest.mark.parametrize("kind", ["sim", "dcmi-test-lib", "nvml-test-lib"])
 @pytest.mark.parametrize("cls", SOURCES, ids=[c.name for c in SOURCES])
 async def test_source_start_raise_recover_stop(cls, kind, tmp_path, request):
-    libs = request.getfixturevalue("libs") if kind != "sim" else None
+    if (cls.name == "nvml") != (kind == "nvml-test-lib"):
+        pytest.skip("the nvml source runs with --backend nvml only, and alone there")
+    libs = request.getfixturevalue(LIBS[kind]) if kind in LIBS else None
     rig = Rig(kind, tmp_path, libs)
     args = build_parser().parse_args(
-        ["--node-name", "n", "--backend", "sim" if kind == "sim" else "dcmi", "--clusterd", f"127.0.0.1:{free_port()}",
+        ["--node-name", "n", "--backend", BACKEND[kind], "--clusterd", f"127.0.0.1:{free_port()}",
          "--probe-interval", "0.1", "--link-check-interval", "0.05", *rig.flags]
     )  # fmt: skip
     app = DeviceD(args, rig.backend)

@@ -5,16 +5,14 @@ clusterd restart (resync by snapshot)."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from support import free_port, http_call
+from support import free_port, http_call, start_logged, stop_proc
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -24,21 +22,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def start(args: list[str], log: Path) -> subprocess.Popen:
-    f = open(log, "wb")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        args, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
-
-
-def stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        os.kill(p.pid, signal.SIGTERM)
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            os.kill(p.pid, signal.SIGKILL)
-            p.wait(5)
+start, stop = start_logged, stop_proc
 
 
 class HTTPError(OSError):

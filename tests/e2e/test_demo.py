@@ -1,6 +1,7 @@
 """``make demo`` as an end-to-end test (issue 9): the same scenario, with shorter intervals set by flags.
 
-The demo starts clusterd, 4 x (bmc-sim, noded, deviced sim) with pingmesh on a 4 x 16-NPU super pod,
+The demo starts clusterd, 4 x (bmc-sim, noded, deviced sim) with pingmesh on a 4 x 16-NPU super pod and
+one simulated NVIDIA GPU server (deviced sim with the NVIDIA table),
 a real 4-rank PyTorch CPU job and ``faultmesh trainsim``; injects every fault of the scenario and
 exits 0 only when each one was detected and localized right. This test checks what a user sees:
 the exit status, every summary row RIGHT, the log folder named at the end, and that no process the
@@ -46,6 +47,7 @@ CI_FLAGS = [
 EXPECTED_ROWS = [
     "iBMC memory alarm 0800004B, server-2 Memory 3",
     "NPU fault 80E18008 (RestartNPU), server-1 NPU 0",
+    "GPU XID 79 (SeparateNPU), gpu-server-1 GPU 3",
     "NPU link down 81078603, server-3 NPU 4",
     "link still down after 20 s (escalation)",
     "link up again after 25 s (recovery)",

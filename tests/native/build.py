@@ -1,5 +1,6 @@
 """Build the test DCMI libraries with gcc: every ``tests/native/*.c`` into one ``libdcmi.so``, except
-``lingqu*.c`` files, which build ``liblingqu-dcmi.so``.
+``lingqu*.c`` files, which build ``liblingqu-dcmi.so``, and ``nvml*.c`` (the NVML double, built by
+``tests/native/nvml_ctl.py``).
 
 The output directory is keyed by a hash of the sources and flags (``$TMPDIR/faultmesh-native-<hash>``),
 so a session builds at most once and parallel sessions share the result (build in a temp dir, then an
@@ -42,7 +43,7 @@ class NativeLibs(NamedTuple):
 def _sources() -> tuple[list[Path], list[Path]]:
     files = sorted(HERE.glob("*.c"))
     lingqu = [f for f in files if f.name.startswith("lingqu")]
-    dcmi = [f for f in files if f not in lingqu]
+    dcmi = [f for f in files if f not in lingqu and not f.name.startswith("nvml")]
     return dcmi, lingqu
 
 

@@ -9,14 +9,16 @@
   duration rule of the engine).
 - :class:`GatewayProbe` — the gateway probe every ``--probe-interval`` s (2.5), 1 s per call.
 - :class:`LingquSwitch` — lingqu switch subscription and full queries (§7).
+- :class:`NvmlHealth` — NVIDIA GPU conditions polled through NVML (``--backend nvml`` only, issue 33).
 """
 
 from deviced.sources.base import Deps, DeviceSource
 from deviced.sources.chip import CardDrop, ChipEvents
 from deviced.sources.lingqu import LingquSwitch
 from deviced.sources.network import GatewayProbe, LinkCheck
+from deviced.sources.nvml import NvmlHealth
 
-SOURCES = (CardDrop, ChipEvents, LinkCheck, GatewayProbe, LingquSwitch)
+SOURCES = (CardDrop, ChipEvents, LinkCheck, GatewayProbe, LingquSwitch, NvmlHealth)
 
 __all__ = [
     "SOURCES",
@@ -27,4 +29,5 @@ __all__ = [
     "GatewayProbe",
     "LingquSwitch",
     "LinkCheck",
+    "NvmlHealth",
 ]

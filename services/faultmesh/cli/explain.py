@@ -15,6 +15,7 @@ import re
 import sys
 
 from faultmesh import faultinfo
+from faultmesh.cli import explain_nvidia
 
 EPILOG = """\
 CODE is a chip/node/public fault code in hex (80E18008, 0x80e18008, 020001002) or a switch fault
@@ -26,6 +27,7 @@ occurs: deviced gives an unlisted chip code a level from the event severity, nod
 2 the code is malformed.
 
   faultmesh explain --typical    the reference's typical faults by plane and module
+  faultmesh explain xid 79       an NVIDIA XID (deviced --backend nvml); also: nvml gpu-lost
 """
 
 # The codes a table can list (issue 31: `explain 80E1800`, 7 digits, read as an unknown code):
@@ -117,6 +119,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
             print(f"[{r['plane']}] {r['module']}: {r['fault']}")
             print(f"    impact: {r['impact']}; handling: {r['handling']}")
         return 0
+    words = [w for w in (args.code, getattr(args, "arg", None)) if w]
+    if explain_nvidia.wants(words):
+        return explain_nvidia.cmd(words, args.json)
     if not args.code:
         sys.stderr.write("error: give a CODE (or --typical)\n")
         return 2
@@ -150,6 +155,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("code", nargs="?", metavar="CODE", help="fault code (hex, or a switch code string)")
+    p.add_argument("arg", nargs="?", metavar="ARG", help="after 'xid' / 'nvml': the XID or NVML condition")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--typical", action="store_true", help="list the reference's typical faults")
     p.set_defaults(func=cmd_explain)

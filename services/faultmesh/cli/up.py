@@ -37,6 +37,7 @@ async def _up(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     cfg = StackConfig(
         servers=args.servers,
+        gpu_servers=args.gpu_servers,
         npus=args.npus,
         bmc_poll_s=args.bmc_poll,
         list_watch_s=args.list_watch,
@@ -156,6 +157,12 @@ def _howto(stack, job: bool = False) -> str:
         f"  faultmesh pubfault send {at} --grpc {stack.grpc} --code 020001001 --node {s1.name} --devices 5",
         f"  faultmesh history --node {s1.name} {at}",
     ]
+    gpu = next((s for s in stack.servers if s.gpu), None)
+    if gpu is not None:  # a mixed fleet: XID 79 (4E560000004F) on GPU 3 of the simulated GPU server
+        lines += [
+            f"  faultmesh device-sim --sim {gpu.deviced_http} fault 3 4E560000004F   # XID 79 on {gpu.name} GPU 3",
+            "  faultmesh explain xid 79",
+        ]
     if stack.fabric_file is not None:
         lines.append(
             f"  python -m faultmesh.sims.fabric inject {stack.fabric_file} lossy_link "
@@ -193,6 +200,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", help="folder for logs and state (default: /tmp/faultmesh-up-<date>-<time>)")
     p.add_argument("--servers", type=int, default=4, help="simulated servers")
     p.add_argument("--npus", type=int, default=16, help="simulated NPUs per server (multiple of 8)")
+    p.add_argument(
+        "--gpu-servers",
+        type=number_in(int, 0, 64),
+        default=0,
+        help="simulated NVIDIA GPU servers beside them",
+    )
     p.add_argument(
         "--bmc-poll", type=number_in(float, 1, 600), default=2.0, help="noded's BMC poll period (s)"
     )

@@ -32,6 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--servers", type=int, default=4, help="simulated servers (the scenario needs 4)")
     p.add_argument("--npus", type=int, default=16, help="simulated NPUs per server (multiple of 8)")
     p.add_argument(
+        "--gpu-servers",
+        type=number_in(int, 0, 8),
+        default=1,
+        help="simulated NVIDIA GPU servers beside them (a mixed fleet; 0 = NPU only)",
+    )
+    p.add_argument(
         "--bmc-poll", type=number_in(float, 1, 600), default=2.0, help="noded's BMC poll period (s, 1..600)"
     )
     p.add_argument(
@@ -89,6 +95,7 @@ def demo_config(args: argparse.Namespace, run_dir: Path) -> StackConfig:
     custom.write_text(json.dumps(link_rule_table(args.link_recover), indent=2) + "\n")
     cfg = StackConfig(
         servers=args.servers,
+        gpu_servers=args.gpu_servers,
         npus=args.npus,
         bmc_poll_s=args.bmc_poll,
         list_watch_s=args.list_watch,
@@ -178,14 +185,16 @@ def where_text(stack: Stack, demo: bool = True) -> str:
     ]
     for s in stack.servers:
         lines.append(
-            f"  {s.name:<19} : noded http://{s.noded_http}/metrics, deviced http://{s.deviced_http}/metrics,"
+            f"  {s.name:<19} : deviced http://{s.deviced_http}/metrics (simulated NVIDIA GPUs)"
+            if s.gpu
+            else f"  {s.name:<19} : noded http://{s.noded_http}/metrics, deviced http://{s.deviced_http}/metrics,"
             f" bmc-sim control http://{s.bmc_control}/state"
         )
     lines.append(f"  log lines           : {stack.log_dir}/<process>.log (one file per process), e.g.")
     lines.append(f"                        grep 'recovery decision' {stack.log_dir}/clusterd.log")
     lines.append(
         f"                        grep 'FD-OL SLOWNODE' {stack.log_dir}/clusterd.log"
-        f" {stack.log_dir}/noded-{stack.servers[-1].index if stack.servers else 1}.log"
+        f" {stack.log_dir}/noded-{stack.cfg.servers or 1}.log"
     )
     lines.append(f"                        grep 'slow network fault' {stack.log_dir}/clusterd.log")
     lines.append(f"  logs folder         : {stack.log_dir}" + (" (this output: demo.log)" if demo else ""))

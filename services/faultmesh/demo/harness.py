@@ -116,9 +116,9 @@ class Harness:
 
     def rank_server(self, rank: int):
         """The server of ``rank`` (:data:`PLACEMENT`; on a stack of fewer than 4 servers, ranks 2,3
-        go to the last one)."""
+        go to the last one; GPU servers never host it)."""
         srv = PLACEMENT[rank][0]
-        return self.stack.server(min(srv, len(self.stack.servers)))
+        return self.stack.server(min(srv, self.stack.cfg.servers))
 
     def job_spec(self) -> dict:
         """The job as ``faultmesh job apply`` takes it (clusterd.brain.jobs format)."""

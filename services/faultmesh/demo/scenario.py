@@ -54,6 +54,30 @@ class Scenario(Harness):
         if not ok:
             row.note = f"expected Memory 3, PreSeparateFault, node SubHealthy; got {_brief(f)}, node {health}"
 
+    async def _sim_chip_fault(self, s, row, dev: int, code: str, kind: str, level: str) -> bool:
+        """Raise ``code`` on chip ``dev`` of server ``s`` through its deviced's sim API and judge
+        clusterd's view: that chip, ``level``, the node UnHealthy. Returns True when clusterd showed it."""
+        row.injected = time.time()
+        try:
+            await self.stack.post_json(
+                f"http://{s.deviced_http}/sim/fault", {"device": dev, "code": code, "assertion": "occur"}
+            )
+        except StackError as e:
+            row.verdict, row.note = NOT_AVAILABLE, f"deviced sim control API: {e}"
+            return False
+        f = await self.detect(
+            row, lambda f: f["node"] == s.name and f["code"].upper() == code, f"{code} on {s.name}"
+        )
+        if f is None:
+            return False
+        health = await self.node_health(s.name)
+        row.decided = f"{f['level']}; {s.name} {health}"
+        ok = int(f["device_id"]) == dev and f["level"] == level and health == "UnHealthy"
+        row.verdict = RIGHT if ok else WRONG
+        if not ok:
+            row.note = f"expected {kind} {dev} {level}, node UnHealthy; got {_brief(f)}, node {health}"
+        return True
+
     async def step_npu_fault(self) -> None:
         """RestartNPU-level chip fault 80E18008 on server 1 NPU 0, through deviced's sim backend."""
         s = self.stack.server(1)
@@ -63,28 +87,8 @@ class Scenario(Harness):
             f"STEP NPU fault on {s.name}: the DCMI sim raises 80E18008 on NPU {dev} "
             f"(same as: faultmesh device-sim --sim {s.deviced_http} fault {dev} 80E18008)"
         )
-        row.injected = time.time()
-        try:
-            await self.stack.post_json(
-                f"http://{s.deviced_http}/sim/fault",
-                {"device": dev, "code": "80E18008", "assertion": "occur"},
-            )
-        except StackError as e:
-            row.verdict, row.note = NOT_AVAILABLE, f"deviced sim control API: {e}"
+        if not await self._sim_chip_fault(s, row, dev, "80E18008", "NPU", "RestartNPU"):
             return
-        f = await self.detect(
-            row,
-            lambda f: f["node"] == s.name and f["code"].upper() == "80E18008",
-            f"80E18008 on {s.name}",
-        )
-        if f is None:
-            return
-        health = await self.node_health(s.name)
-        row.decided = f"{f['level']}; {s.name} {health}"
-        ok = int(f["device_id"]) == dev and f["level"] == "RestartNPU" and health == "UnHealthy"
-        row.verdict = RIGHT if ok else WRONG
-        if not ok:
-            row.note = f"expected NPU {dev} RestartNPU, node UnHealthy; got {_brief(f)}, node {health}"
         if self.trainsim is None:
             return
         # rank 0 of the job runs on this NPU: clusterd must decide a recovery and the job recover
@@ -102,6 +106,23 @@ class Scenario(Harness):
             row.note = (
                 row.note + "; " if row.note else ""
             ) + f"expected the job to recover from rank 0's fault, got {chain}"
+
+    async def step_gpu_xid(self) -> None:
+        """XID 79 (GPU fallen off the bus) on GPU 3 of the simulated NVIDIA GPU server (issue 33): its
+        deviced uses the NVIDIA fault table, so clusterd holds 4E560000004F at SeparateNPU beside the
+        NPU faults."""
+        s = next((s for s in self.stack.servers if s.gpu), None)
+        dev, code = 3, "4E560000004F"
+        row = self.row(f"GPU XID 79 (SeparateNPU), {s.name if s else 'gpu-server-1'} GPU {dev}")
+        if s is None:
+            row.verdict, row.note = NOT_AVAILABLE, "no GPU server in this stack (--gpu-servers 0)"
+            return
+        self.say(
+            f"STEP GPU fault on {s.name}: the simulated GPU raises XID 79 on GPU {dev} "
+            f"(same as: faultmesh device-sim --sim {s.deviced_http} fault {dev} {code}; "
+            "faultmesh explain xid 79)"
+        )
+        await self._sim_chip_fault(s, row, dev, code, "GPU", "SeparateNPU")
 
     async def step_link_down(self) -> None:
         """A link down on server 3 NPU 4 for ``link_down_s``: NotHandleFault at once, PreSeparateNPU
@@ -381,6 +402,7 @@ class Scenario(Harness):
             plan = [
                 (0.0, self.step_bmc_memory),
                 (2.0, self.step_npu_fault),
+                (3.0, self.step_gpu_xid),
                 (4.0, self.step_link_down),
                 (6.0, self.step_public_fault),
                 (8.0, self.step_lossy_link),

@@ -34,10 +34,14 @@ class StackConfig:
     (``npus // 8`` cards of 8); ``bmc_poll_s``: noded's BMC poll period (s, 1..600);
     ``list_watch_s``: deviced's list-watch period (s, 3..1800); ``report_interval_s``: agents'
     minimum report interval (s); ``pingmesh_interval_s``: pingmesh task_interval (s, 1..60);
-    ``extra``: free-form per-program extra argv (``{"clusterd": [...], "noded": [...]}``).
+    ``extra``: free-form per-program extra argv (``{"clusterd": [...], "noded": [...]}``);
+    ``gpu_servers``: simulated NVIDIA GPU servers beside them (``gpu-server-1`` ..., 8 GPUs each): a
+    deviced only, ``--backend sim --sim-vendor nvidia`` with the NVIDIA fault table (issue 33); its
+    extra argv is ``extra["deviced-gpu"]``.
     """
 
     servers: int = 4
+    gpu_servers: int = 0
     npus: int = 16
     bmc_poll_s: float = 2.0
     list_watch_s: int = 3
@@ -60,6 +64,7 @@ class Server:
     bmc_control: str
     noded_http: str
     deviced_http: str
+    gpu: bool = False  # a simulated NVIDIA GPU server (deviced --sim-vendor nvidia)
 
 
 class StackError(RuntimeError):
@@ -199,20 +204,23 @@ class Stack:
         await self.wait_ready(cd, f"http://{self.http}/readyz")
         self.say(f"clusterd ready: gRPC {self.grpc}, HTTP http://{self.http} (pid {cd.pid})")
 
-        for i in range(1, cfg.servers + 1):
+        names = [f"server-{i}" for i in range(1, cfg.servers + 1)]
+        names += [f"gpu-server-{i}" for i in range(1, cfg.gpu_servers + 1)]
+        for i, name in enumerate(names, 1):
             self.servers.append(
                 Server(
-                    name=f"server-{i}",
+                    name=name,
                     index=i,
                     bmc_port=free_udp_port(),
                     bmc_control=f"127.0.0.1:{free_port()}",
                     noded_http=f"127.0.0.1:{free_port()}",
                     deviced_http=f"127.0.0.1:{free_port()}",
+                    gpu=name.startswith("gpu-"),
                 )
             )
         # bmc simulators first (noded polls them), all at once
         sims = []
-        for s in self.servers:
+        for s in [s for s in self.servers if not s.gpu]:  # a GPU server runs deviced only
             argv = python_argv(
                 "faultmesh",
                 "bmc-sim",
@@ -258,9 +266,10 @@ class Stack:
                 *[a.replace("{node}", s.name) for a in noded_extra],
                 *cfg.extra.get("noded", []),
             )
-            agents.append(
-                (await self.procs.start(f"noded-{s.index}", noded), f"http://{s.noded_http}/healthz")
-            )
+            if not s.gpu:  # a GPU server runs deviced only (no BMC, not in the NPU pingmesh fabric)
+                agents.append(
+                    (await self.procs.start(f"noded-{s.index}", noded), f"http://{s.noded_http}/healthz")
+                )
             deviced = python_argv(
                 "deviced",
                 "--node-name",
@@ -269,10 +278,11 @@ class Stack:
                 self.grpc,
                 "--backend",
                 "sim",
+                *(["--sim-vendor", "nvidia"] if s.gpu else []),
                 "--sim-cards",
-                str(max(1, cfg.npus // 8)),
+                str(1 if s.gpu else max(1, cfg.npus // 8)),
                 "--sim-devices-per-card",
-                str(min(8, cfg.npus)),
+                str(8 if s.gpu else min(8, cfg.npus)),
                 "--list-watch-period",
                 str(cfg.list_watch_s),
                 "--http-addr",
@@ -281,7 +291,7 @@ class Stack:
                 cfg.log_level,
                 "--log-format",
                 cfg.log_format,
-                *cfg.extra.get("deviced", []),
+                *cfg.extra.get("deviced-gpu" if s.gpu else "deviced", []),
             )
             agents.append(
                 (await self.procs.start(f"deviced-{s.index}", deviced), f"http://{s.deviced_http}/healthz")
@@ -289,8 +299,13 @@ class Stack:
         await asyncio.gather(*(self.wait_ready(c, url, 90) for c, url in agents))
         await self.wait_agents()
         self.started_at = time.time()
+        gpus = (
+            f", {cfg.gpu_servers} GPU servers (deviced, 8 simulated NVIDIA GPUs each)"
+            if cfg.gpu_servers
+            else ""
+        )
         self.say(
-            f"{cfg.servers} servers up: noded + deviced each, {cfg.npus} simulated NPUs per server, "
+            f"{cfg.servers} servers up: noded + deviced each, {cfg.npus} simulated NPUs per server{gpus}, "
             "all connected to clusterd"
         )
 
@@ -339,14 +354,14 @@ class Stack:
 
     async def wait_agents(self, timeout_s: float = 60.0) -> None:
         """Wait until clusterd's ``/v1/nodes`` shows noded and deviced connected for every server."""
-        want = {s.name for s in self.servers}
+        want = {s.name: {"deviced"} if s.gpu else {"noded", "deviced"} for s in self.servers}
         deadline = time.monotonic() + timeout_s
         seen: dict[str, list[str]] = {}
         while time.monotonic() < deadline:
             try:
                 nodes = await self.clusterd_json("/v1/nodes")
                 seen = {n["name"]: n.get("agents", []) for n in nodes}
-                if all({"noded", "deviced"} <= set(seen.get(n, [])) for n in want):
+                if all(agents <= set(seen.get(n, [])) for n, agents in want.items()):
                     return
             except (aiohttp.ClientError, TimeoutError, OSError, StackError):
                 pass

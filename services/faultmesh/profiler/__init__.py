@@ -22,8 +22,10 @@ Behaviour:
   newest exceeds ``max_file_bytes`` (10 MiB).
 - Records: step, forward and communication ranges write 4 records (host and device start/end, flags
   16/32); dataloader and save_checkpoint 2 host records (flags 2/4). Only the first record of an Id
-  carries Name/Domain. Device timestamps are the host ones: this producer sees the host only (on a
-  CPU job they are the same thing; on GPU the device time of async kernels is not measured). A
+  carries Name/Domain. Device timestamps are the host ones unless a ``device_timer`` is given: on a
+  CPU job they are the same thing; on a GPU job ``device_timer=EventTimer.cuda()``
+  (:mod:`faultmesh.profiler.device`) times step, forward and collective ranges with CUDA events,
+  written at a later step boundary once the events completed (issue 33). A
   blocking collective's host range is the whole call, not its launch: gloo's launch time is
   bimodal (~0.1 ms, or several ms when the woken worker thread preempts the caller), and as
   ZP_host it made the slow-host rule follow the box's scheduling (measured on the 4-rank job at
@@ -51,6 +53,7 @@ from pathlib import Path
 
 import orjson
 
+from faultmesh.profiler.device import EventTimer
 from fdol.slownode.records import (
     FLAG_DEVICE_END,
     FLAG_DEVICE_START,
@@ -70,7 +73,7 @@ __all__ = ["Profiler"]
 class _Range:
     """Context manager of one marker range (reusable per call; cheap)."""
 
-    __slots__ = ("_p", "_name", "_domain", "_device", "_rid", "_t0", "_on")
+    __slots__ = ("_p", "_name", "_domain", "_device", "_rid", "_t0", "_on", "_ev0")
 
     def __init__(self, p: Profiler, name: str, domain: str, device: bool, on: bool) -> None:
         self._p = p
@@ -82,12 +85,21 @@ class _Range:
     def __enter__(self) -> _Range:
         if self._on:
             self._rid = next(self._p._ids)
+            timer = self._p.device_timer
+            if timer is not None and self._device:
+                self._ev0 = timer.record()
             self._t0 = time.time_ns()
         return self
 
     def __exit__(self, *exc) -> None:
         if self._on:
-            self._p._emit_range(self._rid, self._name, self._domain, self._t0, time.time_ns(), self._device)
+            t1 = time.time_ns()
+            timer = self._p.device_timer
+            if timer is not None and self._device:
+                item = (self._rid, self._name, self._domain, self._t0, t1, self._ev0, timer.record())
+                if timer.add(item):
+                    return  # written with its device times once the events completed
+            self._p._emit_range(self._rid, self._name, self._domain, self._t0, t1, self._device)
 
 
 class Profiler:
@@ -104,8 +116,10 @@ class Profiler:
         switch_poll_s: float = 1.0,
         max_file_bytes: int = MAX_FILE_BYTES,
         max_buffered: int = 200_000,
+        device_timer: EventTimer | None = None,
     ) -> None:
         self.rank = rank
+        self.device_timer = device_timer
         base = Path(base_dir or os.environ.get("FAULTMESH_PROFILING_DIR") or DEFAULT_BASE)
         tid = task_id or os.environ.get("MINDX_TASK_ID") or f"default_task_id_{int(time.time())}"
         self.rank_dir = base / tid / str(rank)
@@ -156,6 +170,8 @@ class Profiler:
     def step(self, n: int) -> _Range:
         """Range of training step ``n`` (marker ``step <n>``); also polls the switch and flushes."""
         self.poll_switch()
+        if self.device_timer is not None:
+            self.emit_device_ranges()
         if time.monotonic() - self._last_flush >= self.flush_interval_s:
             self.flush()
         return _Range(self, f"step {n}", "default", True, self.default_on)
@@ -187,7 +203,28 @@ class Profiler:
         ).decode()
         return _Range(self, name, "communication", True, True)
 
-    def _emit_range(self, rid: int, name: str, domain: str, t0: int, t1: int, device: bool) -> None:
+    def emit_device_ranges(self, wait: bool = False) -> int:
+        """Write the device ranges whose CUDA events completed (``wait``: all, synchronizing); returns
+        how many. :meth:`step` and :meth:`close` call it."""
+        timer = self.device_timer
+        if timer is None:
+            return 0
+        done = timer.drain(wait)
+        for rid, name, domain, t0, t1, d0, d1 in done:
+            self._emit_range(rid, name, domain, t0, t1, True, d0, d1)
+        return len(done)
+
+    def _emit_range(
+        self,
+        rid: int,
+        name: str,
+        domain: str,
+        t0: int,
+        t1: int,
+        device: bool,
+        d0: int | None = None,
+        d1: int | None = None,
+    ) -> None:
         # One bytes template per record (same JSON as orjson would write for the reference's field
         # order); Name/Domain are JSON-encoded once per range. ~4x cheaper than a dict per record.
         obj = b'"MsptiObjectId":{"Pt":{"ProcessId":%d,"ThreadId":%d},"Ds":{"DeviceId":0,"StreamId":0}},' % (
@@ -200,8 +237,8 @@ class Profiler:
         if device:
             lines = [
                 head % (FLAG_DEVICE_START, SOURCE_HOST, t0, rid) + obj + first,
-                head % (FLAG_DEVICE_START, SOURCE_DEVICE, t0, rid) + obj + rest,
-                head % (FLAG_DEVICE_END, SOURCE_DEVICE, t1, rid) + obj + rest,
+                head % (FLAG_DEVICE_START, SOURCE_DEVICE, t0 if d0 is None else d0, rid) + obj + rest,
+                head % (FLAG_DEVICE_END, SOURCE_DEVICE, t1 if d1 is None else d1, rid) + obj + rest,
                 head % (FLAG_DEVICE_END, SOURCE_HOST, t1, rid) + obj + rest,
             ]
         else:
@@ -278,7 +315,8 @@ class Profiler:
             return False
 
     def close(self) -> None:
-        """Flush what is buffered."""
+        """Write the pending device ranges (waiting for their events), then flush what is buffered."""
+        self.emit_device_ranges(wait=True)
         self.flush()
 
     @contextlib.contextmanager
