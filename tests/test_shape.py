@@ -19,11 +19,6 @@ from test_layering import FIRST_PARTY, SERVICES, imports, module_name
 # -- what is left to undo (issue 28); shrink these, never grow them -------------------------------
 KNOWN_CYCLES: set[frozenset[str]] = set()
 KNOWN_STITCHED = {
-    "deviced.sources.chip.CardDrop",
-    "deviced.sources.chip.ChipEvents",
-    "deviced.sources.lingqu.LingquSwitch",
-    "deviced.sources.network.LinkCheck",
-    "deviced.sources.network.GatewayProbe",
     "clusterd.brain.controller.Controller",
     "clusterd.brain.flows.RecoveryFlows",
     "noded.pingmesh.component.Pingmesh",

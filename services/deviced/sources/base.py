@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from deviced.chipio import ChipIO
 from deviced.engine import FaultEngine
@@ -33,16 +34,14 @@ class Deps:
     wake_urgent: Callable[[], None]
 
 
-class DeviceSource:
-    """Mixin of deviced's sources: keeps :class:`Deps` and adds the per-cycle hook."""
+class DeviceSource(Protocol):
+    """What deviced's wiring reads of a source besides :class:`faultmesh.source.Source`: its
+    ``fault_sources`` (``()``: the engine's sink reports and readies dcmi / lingqu, not the source)
+    and its per-cycle hook ``on_cycle()``, run inside the cycle before ``engine.cycle()``; it must
+    not raise for a failed backend call (count it and skip the chip). A source gets its
+    :class:`Deps` in its constructor; it subclasses only ``PushSource`` or ``PolledSource``."""
 
-    name = "device"
-    fault_sources: tuple[str, ...] = ()  # the engine's sink reports (and readies) dcmi / lingqu
+    name: str
+    fault_sources: tuple[str, ...] | None
 
-    def __init__(self, deps: Deps) -> None:
-        self.deps = deps
-        super().__init__()
-
-    async def on_cycle(self) -> None:
-        """Run inside the cycle (before ``engine.cycle()``); default: nothing. Must not raise for a
-        failed backend call (count it and skip the chip)."""
+    async def on_cycle(self) -> None: ...

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from deviced.chipio import CALL_ERRORS
 from deviced.engine import DeviceEvent
-from deviced.sources.base import DeviceSource
+from deviced.sources.base import Deps
 from faultmesh import log as fmlog
 from faultmesh.dcmi.api import DevFaultEvent
 from faultmesh.log import event
@@ -49,11 +49,16 @@ async def subscribe_tries(
     return None
 
 
-class CardDrop(DeviceSource, PushSource):
+class CardDrop(PushSource):
     """Health -8012 of each chip, read every cycle while events come by subscription (while polling,
     the mend poll reads health with the codes): 40F84E00 occurs / recovers in the engine."""
 
     name = "card-drop"
+    fault_sources = ()  # the engine's sink reports (and readies) dcmi / lingqu
+
+    def __init__(self, deps: Deps) -> None:
+        super().__init__()
+        self.deps = deps
 
     async def on_cycle(self) -> None:
         """One health read per chip (skipped unless subscribed)."""
@@ -66,7 +71,7 @@ class CardDrop(DeviceSource, PushSource):
                 eng.set_card_drop(logic, dropped)
 
 
-class ChipEvents(DeviceSource, PushSource):
+class ChipEvents(PushSource):
     """DCMI fault events: subscription + C bridge (see module docstring), and mend polling each cycle
     (re-init chips, all chips once the subscription failed, chips unhealthy > 5 min; §1.1).
 
@@ -74,9 +79,11 @@ class ChipEvents(DeviceSource, PushSource):
     accepted (event, monotonic ns) while ``track_latency`` is set (the storm bench)."""
 
     name = "chip-events"
+    fault_sources = ()  # the engine's sink reports (and readies) dcmi / lingqu
 
-    def __init__(self, deps) -> None:
-        super().__init__(deps)
+    def __init__(self, deps: Deps) -> None:
+        super().__init__()
+        self.deps = deps
         self.subscribe_retry_s = 1.0
         self.callbacks = 0
         self.callback_drops = 0

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterable
 
 from deviced.chipio import CALL_ERRORS
-from deviced.sources.base import DeviceSource
+from deviced.sources.base import Deps
 from deviced.sources.chip import subscribe_tries
 from faultmesh.dcmi.lingqu import SwitchEvent
 from faultmesh.log import event
@@ -23,15 +23,17 @@ log = logging.getLogger("deviced")
 SWITCH_QUEUE_MAX = 10_000  # queued switch events; beyond, a full query replaces them
 
 
-class LingquSwitch(DeviceSource, PolledSource):
+class LingquSwitch(PolledSource):
     """The lingqu switch source (see module docstring). ``queue`` holds events not yet applied,
     ``resync_pending`` is set after an overflow, ``switch_drops`` counts dropped events and
     ``subscribed`` says whether the subscription is up."""
 
     name = "lingqu"
+    fault_sources = ()  # the engine's sink reports (and readies) dcmi / lingqu
 
-    def __init__(self, deps) -> None:
-        super().__init__(deps)
+    def __init__(self, deps: Deps) -> None:
+        super().__init__()
+        self.deps = deps
         self.interval_s = float(deps.args.switch_query_interval)
         self.jitter = 0.0
         self.subscribed = False

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterable
 
 from deviced.chipio import CALL_ERRORS
-from deviced.sources.base import DeviceSource
+from deviced.sources.base import Deps
 from faultmesh.dcmi.structs import network_probe_healthy
 from faultmesh.log import event
 from faultmesh.model import Fault
@@ -18,15 +18,17 @@ from faultmesh.source import PolledSource, PushSource, Support
 log = logging.getLogger("deviced")
 
 
-class LinkCheck(DeviceSource, PushSource):
+class LinkCheck(PushSource):
     """hccn_tool link state for chips that have no network code, at most once per
     ``--link-check-interval`` s per chip, run in the cycle: DOWN raises 81078603 (which then runs the
     20 s rule); UP recovers the 81078603 this check raised. ``monotonic`` (s) is injectable."""
 
     name = "link-check"
+    fault_sources = ()  # the engine's sink reports (and readies) dcmi / lingqu
 
-    def __init__(self, deps) -> None:
-        super().__init__(deps)
+    def __init__(self, deps: Deps) -> None:
+        super().__init__()
+        self.deps = deps
         self.monotonic = time.monotonic
         self.checked: dict[int, float] = {}
 
@@ -61,15 +63,17 @@ class LinkCheck(DeviceSource, PushSource):
                 event(log, logging.WARNING, "link down found by hccn_tool", logic_id=logic, phy_id=ids.phy)
 
 
-class GatewayProbe(DeviceSource, PolledSource):
+class GatewayProbe(PolledSource):
     """The gateway probe (``network_health``) of every chip every ``--probe-interval`` s (2.5), 1 s
     timeout per call in the probe's own pool; a changed result raises / recovers the synthetic
     GATEWAY_PROBE code in the engine (feeding the 20 s rule)."""
 
     name = "gateway-probe"
+    fault_sources = ()  # the engine's sink reports (and readies) dcmi / lingqu
 
-    def __init__(self, deps) -> None:
-        super().__init__(deps)
+    def __init__(self, deps: Deps) -> None:
+        super().__init__()
+        self.deps = deps
         self.interval_s = max(0.05, float(deps.args.probe_interval))
         self.jitter = 0.0
         self.timeout_s = 60.0  # a pass over all chips; each call has its own 1 s timeout
@@ -98,3 +102,6 @@ class GatewayProbe(DeviceSource, PolledSource):
 
     def publish(self, faults: Iterable[Fault]) -> None:
         """Nothing to publish: the engine holds the probe state and the cycle reports it."""
+
+    async def on_cycle(self) -> None:
+        """No per-cycle work: this source runs on its own poll."""

@@ -22,7 +22,7 @@ import time
 from deviced.chipio import CALL_ERRORS
 from deviced.engine import OCCUR, RECOVER, DeviceEvent
 from deviced.nvml import EVENT_WAIT_MS
-from deviced.sources.base import DeviceSource
+from deviced.sources.base import Deps
 from faultmesh.httplite import App, Request, Response, json_response
 from faultmesh.log import event
 from faultmesh.source import PushSource, Support
@@ -32,13 +32,15 @@ log = logging.getLogger("deviced")
 WAIT_STUCK_S = 10.0  # an event wait (500 ms) not back after this is a hung NVML
 
 
-class NvmlHealth(DeviceSource, PushSource):
+class NvmlHealth(PushSource):
     """The NVML condition poll (see module docstring). ``polls`` / ``failures`` count rounds."""
 
     name = "nvml"
+    fault_sources = ()  # the engine's sink reports (and readies) dcmi / lingqu
 
-    def __init__(self, deps) -> None:
-        super().__init__(deps)
+    def __init__(self, deps: Deps) -> None:
+        super().__init__()
+        self.deps = deps
         self.monotonic = time.monotonic
         self.polls = 0
         self.failures = 0
