@@ -164,16 +164,6 @@ def build_parser(classes: list[type] | None = None) -> argparse.ArgumentParser:
     return p
 
 
-class _Budget:
-    """What is left of the shutdown budget: ``take(stage_s)`` -> min(stage_s, left) seconds."""
-
-    def __init__(self, total_s: float) -> None:
-        self._deadline = time.monotonic() + total_s
-
-    def take(self, stage_s: float) -> float:
-        return max(0.0, min(stage_s, self._deadline - time.monotonic()))
-
-
 class ClusterD:
     """One ClusterD process (see the module docstring).
 
@@ -348,7 +338,7 @@ class ClusterD:
         """Staged shutdown within ``--shutdown-budget-s`` (see the module docstring)."""
         ctx, args = self.ctx, self.ctx.config
         t0 = time.monotonic()
-        budget = _Budget(args.shutdown_budget_s)
+        budget = runtime.StopBudget(args.shutdown_budget_s)  # the agents' staged_stop budget too
         self._ready = False
         self.up.set(0)
         # 1. stop accepting

@@ -74,7 +74,7 @@ from faultmesh.httplite import HttpServer
 from faultmesh.log import event
 from faultmesh.metrics import daemon_registry
 from faultmesh.model import now_ms
-from faultmesh.runtime import TaskOwner, wait_for
+from faultmesh.runtime import Stage, StopBudget, TaskOwner, staged_stop, wait_for
 from faultmesh.source import SourceContext, SourceMetrics, start_sources, stop_sources
 
 __all__ = ["SWITCH_QUEUE_MAX", "DeviceD", "build_parser", "main", "make_backend", "print_device_info"]
@@ -84,6 +84,7 @@ log = logging.getLogger("deviced")
 STOP_SOURCES_S = 4.0  # shutdown budget (s) of each stage; all together < the agents' 15 s grace
 STOP_TASKS_S = 3.0
 DRAIN_S = 2.0
+STOP_BUDGET_S = 13.0  # the whole staged stop, inside the agents' 15 s grace
 
 
 class Tables(NamedTuple):
@@ -377,18 +378,28 @@ class DeviceD:
         if self._startup_task is not None:
             self._startup_task.cancel()
             await asyncio.wait([self._startup_task], timeout=STOP_TASKS_S)
-        await stop_sources(self._started_sources, STOP_SOURCES_S)
-        self._started_sources = []
-        await self.tasks.close(STOP_TASKS_S)
-        if self.started:
-            self.report()
-        await self.agent.stop(drain_s=DRAIN_S)
+        started, self._started_sources = self._started_sources, []
+
+        async def final_report(t: float) -> None:
+            if self.started:
+                self.report()
+
+        async def save_state(t: float) -> None:
+            self.state_file.save()
+
+        stages: list[Stage] = [
+            # stop_sources keeps its own budget: the stage's bound (1 s more) is only a backstop
+            ("sources", lambda t: stop_sources(started, max(0.1, t - 1.0)), STOP_SOURCES_S + 1.0),
+            ("tasks", lambda t: self.tasks.close(max(0.1, t - 1.0)), STOP_TASKS_S + 1.0),
+            ("report", final_report, 1.0),
+            ("agent", lambda t: self.agent.stop(drain_s=max(0.1, t - 1.0)), DRAIN_S + 1.0),
+        ]
         if self.kube_sink is not None:
-            await self.kube_sink.stop(DRAIN_S)
+            stages.append(("kube", lambda t: self.kube_sink.stop(max(0.1, t - 1.0)), DRAIN_S + 1.0))
         if self.fault_cm is not None:
-            await self.fault_cm.stop()
-        self.state_file.save()
-        await self.http.stop()
+            stages.append(("kube-fault-config", lambda t: self.fault_cm.stop(), 3.0))
+        stages += [("state-file", save_state, 2.0), ("http", lambda t: self.http.stop(), 2.0)]
+        await staged_stop("deviced", stages, StopBudget(STOP_BUDGET_S), log)
         self.io.shutdown()
         event(log, logging.INFO, "deviced stopped", node=self.node_name)
 

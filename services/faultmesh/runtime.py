@@ -147,3 +147,35 @@ def run(main: Callable[[asyncio.Event], Awaitable[int | None]], fast_loop: bool 
         return int(rc or 0)
 
     return asyncio.run(_runner())
+
+
+class StopBudget:
+    """What is left of a daemon's shutdown budget: ``take(stage_s)`` -> min(stage_s, left) s (0 once
+    spent)."""
+
+    def __init__(self, total_s: float) -> None:
+        self._deadline = asyncio.get_running_loop().time() + total_s
+
+    def take(self, stage_s: float) -> float:
+        """Seconds a stage capped at ``stage_s`` may use now."""
+        return max(0.0, min(stage_s, self._deadline - asyncio.get_running_loop().time()))
+
+
+Stage = tuple[str, Callable[[float], Awaitable[Any]], float]  # (name, step(seconds it may use), cap s)
+
+
+async def staged_stop(who: str, stages: list[Stage], budget: StopBudget, logger: logging.Logger) -> None:
+    """The one staged stop of the daemons (docs/architecture.md "Shutdown"): run each stage in order,
+    each ``step(t)`` given and bounded by ``t`` = its cap or what is left of ``budget`` (at least
+    0.1 s, so a late stage still gets a try). A stage that overruns is logged ("stop overran", with
+    ``who`` and the stage) and the next one runs; one that raises is logged ("stop stage failed")
+    and the next one runs: a stop never ends half-way."""
+    for name, step, cap in stages:
+        t = max(0.1, budget.take(cap))
+        try:
+            async with asyncio.timeout(t):
+                await step(t)
+        except TimeoutError:
+            event(logger, logging.WARNING, "stop overran", daemon=who, stage=name, budget_s=round(t, 2))
+        except Exception as e:
+            event(logger, logging.ERROR, "stop stage failed", daemon=who, stage=name, error=repr(e))

@@ -24,11 +24,9 @@ the agent stream (``--stop-drain-budget``), close HTTP, shut the pool down.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import os
-import time
 
 from faultmesh import config
 from faultmesh.agent import (
@@ -41,7 +39,7 @@ from faultmesh.agent import (
 from faultmesh.httplite import HttpServer, Request, Response, json_response
 from faultmesh.log import add_log_arguments, event
 from faultmesh.metrics import daemon_registry
-from faultmesh.runtime import BlockingPool, wait_for
+from faultmesh.runtime import BlockingPool, Stage, StopBudget, staged_stop, wait_for
 from faultmesh.source import SourceContext, SourceMetrics, start_sources, stop_sources
 from noded import faultconfig, nodeinfo, sources
 from noded.metrics import NodedMetrics
@@ -219,24 +217,18 @@ class NodeD:
     async def stop(self) -> None:
         """Staged stop within ``--stop-budget`` s: sources, agent drain, HTTP, pool (module doc)."""
         a = self.args
-        deadline = time.monotonic() + a.stop_budget
-
-        def left(cap: float) -> float:
-            return max(0.1, min(cap, deadline - time.monotonic()))
-
-        await stop_sources(self.started, left(a.stop_sources_budget))
-        self.started = []
-        for stage, coro, cap in (
-            ("agent", self.agent.stop(drain_s=left(a.stop_drain_budget)), a.stop_drain_budget + 1.0),
-            ("http", self.http.stop(), a.stop_budget),
-            *((("kube", self.kube_sink.stop(left(2.0)), 3.0),) if self.kube_sink is not None else ()),
-            *((("kube-fault-config", self.fault_cm.stop(), 3.0),) if self.fault_cm is not None else ()),
-        ):
-            try:
-                async with asyncio.timeout(left(cap)):
-                    await coro
-            except TimeoutError:
-                event(log, logging.WARNING, "noded stop overran", stage=stage)
+        started, self.started = self.started, []
+        stages: list[Stage] = [
+            # stop_sources keeps its own budget (t - 1 s): the stage's bound is only a backstop
+            ("sources", lambda t: stop_sources(started, max(0.1, t - 1.0)), a.stop_sources_budget + 1.0),
+            ("agent", lambda t: self.agent.stop(drain_s=max(0.1, t - 1.0)), a.stop_drain_budget + 1.0),
+            ("http", lambda t: self.http.stop(), a.stop_budget),
+        ]
+        if self.kube_sink is not None:
+            stages.append(("kube", lambda t: self.kube_sink.stop(max(0.1, t - 1.0)), 3.0))
+        if self.fault_cm is not None:
+            stages.append(("kube-fault-config", lambda t: self.fault_cm.stop(), 3.0))
+        await staged_stop("noded", stages, StopBudget(a.stop_budget), log)
         self.blocking.shutdown()
         event(log, logging.INFO, "noded stopped", node=self.node_name)
 
