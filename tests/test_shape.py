@@ -27,7 +27,7 @@ KNOWN_REACHES = {  # file under services/ -> reaches through a held brain/app
     "clusterd/brain/flows.py": 25,
     "clusterd/brain/omflows.py": 21,
     "clusterd/brain/platform.py": 10,
-    "clusterd/app.py": 9,
+    "clusterd/app.py": 4,  # the wiring: the brain's data-trace hook and views handed to slow-node and kube
     "clusterd/brain/reschedule.py": 7,
     "clusterd/brain/ctlbase.py": 7,
     "clusterd/brain/inplace.py": 3,

@@ -49,6 +49,8 @@ from clusterd.api.grpcserver import (
 from clusterd.api.pubfault import PubFaultComponent
 from clusterd.auth import PROTECTED, TokenAuth
 from clusterd.brain.component import BrainComponent
+from clusterd.brain.decisions import DecisionLog
+from clusterd.brain.jobs import JobRegistry
 from clusterd.center import FaultCenter
 from clusterd.context import ClusterContext, Metrics
 from clusterd.faultseries import FaultSeriesCollector
@@ -233,23 +235,26 @@ class ClusterD:
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         ctx = self.ctx
         self.pubfault = PubFaultComponent(ctx)
-        self.brain = BrainComponent(ctx)
         self.separation = ManualSeparation(ctx)
         self.separation.add_routes(http.app.router)
+        jobs = JobRegistry(ctx.store)
+        decisions = DecisionLog(ctx.store, registry, ctx.tasks.spawn)
+        reports: list = []  # the brain's ReportProcessFault listeners (the Kubernetes hand-off)
         kube = KubeComponent(
             ctx,
             public_faults=self.pubfault.intake,
-            jobs=self.brain.jobs,
+            jobs=jobs,
             policy=self.separation.set_policy_text,
-            decisions=self.brain.decision_log.subscribe,
-            reports=self.brain.report_listeners.append,
+            decisions=decisions.subscribe,
+            reports=reports.append,
             elector=elector,
         )
-        if kube.enabled and kube.handoff is not None and ctx.config.kube_podgroups == "on":
-            self.brain.platform.backend = PodGroupPlatform(kube.handoff)  # platform mode on PodGroups
+        podgroups = kube.enabled and kube.handoff is not None and ctx.config.kube_podgroups == "on"
+        platform = PodGroupPlatform(kube.handoff) if podgroups else None  # platform mode on PodGroups
+        self.brain = BrainComponent(ctx, jobs, decisions, reports, platform_backend=platform)
         slownode = SlowNodeComponent(
             ctx,
-            jobs=self.brain.jobs,
+            jobs=jobs,
             set_data_trace=self.brain.set_data_trace,
             data_trace_root=self.brain.datatrace.root,
         )

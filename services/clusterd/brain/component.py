@@ -140,7 +140,17 @@ class BrainComponent(FaultIntake):
             "(default <state-dir>/datatrace-config; the reference uses /user/cluster-info/datatrace-config)",
         )
 
-    def __init__(self, ctx: ClusterContext) -> None:
+    def __init__(
+        self,
+        ctx: ClusterContext,
+        jobs: JobRegistry,
+        decisions: DecisionLog,
+        report_listeners: list[Callable[[str, list[RankFault], str], None]],
+        platform_backend: Any = None,
+    ) -> None:
+        """``jobs``, ``decisions``: built by the wiring (Kubernetes subscribes before the brain exists);
+        ``report_listeners(job id, rank faults, reason)``: each ReportProcessFault with known ranks, must
+        not wait; ``platform_backend``: platform mode's annotations on PodGroups (None: the store)."""
         self.ctx = ctx
         a = ctx.config
         reg = ctx.metrics.registry
@@ -160,9 +170,9 @@ class BrainComponent(FaultIntake):
             platform_s=a.platform_wait_s,
             job_wait_scale=a.job_wait_scale,
         )
-        self.jobs = JobRegistry(ctx.store)
+        self.jobs = jobs
         self.registry = RecoveryRegistry(ctx.store, self.jobs, self._new_controller)
-        self.decision_log = DecisionLog(ctx.store, reg, ctx.tasks.spawn)
+        self.decision_log = decisions
         self.decisions = self.decision_log.decisions
         self._sent_nodes: dict[str, set[str]] = {}  # job -> nodes that got its JobInfo
         self._subhealth_seen: dict[str, set[tuple[int, str]]] = {}
@@ -171,17 +181,11 @@ class BrainComponent(FaultIntake):
             hide_ms=int(a.retry_hide_s * 1000), complete_ms=int(a.retry_complete_window_s * 1000)
         )
         self._rechecks: dict[str, asyncio.TimerHandle] = {}  # job -> re-evaluation when a hide ends
-        # called with (job id, reported rank faults, fault reason) on each ReportProcessFault with
-        # known ranks (the Kubernetes hand-off's fault-pod labels); must not wait
-        self.report_listeners: list[Callable[[str, list[RankFault], str], None]] = []
-        self.platform = PlatformAnnotations(ctx.store, ctx.tasks.spawn)  # platform mode's annotations
+        self.report_listeners = report_listeners
+        self.platform = PlatformAnnotations(ctx.store, ctx.tasks.spawn, platform_backend)
         self.decision_log.subscribe(self.platform.on_decision, "decisions-platform")
-        self.m_signals = Counter(
-            "faultmesh_brain_signals_total",
-            "ProcessManageSignals delivered by type",
-            ["signal"],
-            registry=reg,
-        )
+        self.m_signals = Counter("faultmesh_brain_signals_total", "ProcessManageSignals delivered by type",
+                                 ["signal"], registry=reg)  # fmt: skip
         Gauge("faultmesh_brain_jobs", "Jobs in the registry", registry=reg).set_function(
             lambda: len(self.jobs)
         )

@@ -84,13 +84,14 @@ def string_to_faults(text: str) -> list[tuple[str, str]]:
 class PlatformAnnotations:
     """Standalone store of the platform annotations: job id -> {key: value}, persisted in the
     ClusterD store (namespace ``platform``). A Kubernetes backend with the same ``get`` / ``patch``
-    (the PodGroup's annotations) may replace it (:attr:`backend`)."""
+    (the PodGroup's annotations) is used instead when given (``backend``: an object with
+    ``get(job_id)`` and ``async patch(job_id, changes)``)."""
 
-    def __init__(self, store, spawn) -> None:
+    def __init__(self, store, spawn, backend=None) -> None:
         self._store = store
         self._spawn = spawn
         self._ann: dict[str, dict[str, str]] = {}
-        self.backend = None  # Kubernetes mode: an object with get(job_id) and async patch(job_id, changes)
+        self.backend = backend
 
     async def load(self) -> None:
         """Read the persisted annotations (after a restart)."""
