@@ -37,6 +37,20 @@ def wait_http(url: str, timeout_s: float = 20.0) -> None:
         time.sleep(0.1)
 
 
+def stop_process(p, timeout_s: float = 10.0) -> None:
+    """Stop the ``subprocess.Popen`` ``p`` by its PID: SIGTERM, SIGKILL after ``timeout_s``."""
+    import signal
+    import subprocess
+
+    if p.poll() is None:
+        os.kill(p.pid, signal.SIGTERM)
+        try:
+            p.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait(5)
+
+
 class ClusterdProcess:
     """A real ``clusterd`` subprocess on free loopback ports (``grpc``, ``http`` = host:port)."""
 

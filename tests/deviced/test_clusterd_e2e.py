@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from support import free_port, http_call
+from support import stop_process as stop
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -29,16 +29,6 @@ def start(args: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(
         args, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
     )
-
-
-def stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        os.kill(p.pid, signal.SIGTERM)
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            os.kill(p.pid, signal.SIGKILL)
-            p.wait(5)
 
 
 class HTTPError(OSError):
