@@ -78,7 +78,7 @@ def test_agents_daemonset_defaults(chart):
         assert mounts["driver"].get("readOnly") is True, c["name"]
         env = {e["name"]: e for e in c["env"]}
         assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-        assert env["HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+        assert env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"  # --node-ip
         assert "--node-name=$(NODE_NAME)" in c["args"]
         assert "--clusterd=clusterd-grpc-svc.faultmesh.svc:8899" in c["args"]
         # Live-updated ConfigMaps must not use subPath (kubelet never refreshes subPath mounts).
@@ -86,7 +86,7 @@ def test_agents_daemonset_defaults(chart):
             if m["name"] in ("fault-tables", "pingmesh-config"):
                 assert "subPath" not in m
     noded = _container(objs, "DaemonSet", "-agents", "noded")
-    assert "--http-addr=$(HOST_IP):11255" in noded["args"]
+    assert "--http-addr=$(NODE_IP):11255" in noded["args"]
     deviced = _container(objs, "DaemonSet", "-agents", "deviced")
     assert "--backend=dcmi" in deviced["args"]
     assert {m["name"] for m in deviced["volumeMounts"]} >= {"dev", "driver", "reset-config"}
@@ -106,9 +106,9 @@ def test_bmc_credentials_come_from_a_secret_never_argv(chart):
         "key": "username",
     }
     assert secret["stringData"]["password"] == "not-a-real-password"
-    # An existing Secret is used as is and the chart creates none.
+    # An existing Secret is used as is and the chart creates none (only the generated token's).
     objs = render_objects(chart, load_values("minimal.yaml"))
-    assert not [o for o in objs if o["kind"] == "Secret"]
+    assert [o["metadata"]["name"] for o in objs if o["kind"] == "Secret"] == ["fm-faultmesh-token"]
     pod = find(objs, "DaemonSet", "-agents")["spec"]["template"]["spec"]
     bmc = next(v for v in pod["volumes"] if v["name"] == "bmc")
     assert bmc["secret"]["secretName"] == "bmc-credentials"
@@ -232,8 +232,18 @@ def test_rbac_with_job_namespaces_and_agent_kube_mode(chart):
         "list",
         "watch",
     }  # no cluster-wide write
+    # the job hand-off's patches (reset-config, fault-type pod label, PodGroup) only in the job namespaces
+    assert {v for _, res, v in granted if res in ("pods", "podgroups")} == {"get", "list", "watch"}
     roles = _roles(objs, "-clusterd")
-    assert roles["train"] == roles["research"] == {("", "configmaps", "patch")}
+    assert (
+        roles["train"]
+        == roles["research"]
+        == {
+            ("", "configmaps", "patch"),
+            ("", "pods", "patch"),
+            ("scheduling.volcano.sh", "podgroups", "patch"),
+        }
+    )
     c = _container(objs, "Deployment", "-clusterd", "clusterd")
     assert {"--kube-taint=on", "--kube-taint-max-share=0.05", "--kube-podgroups=on"} <= set(c["args"])
     # agents: their own ServiceAccount, ConfigMap rights in mindx-dl (noded) and kube-system (deviced) only
@@ -311,7 +321,7 @@ def test_tls_and_token_mounts(chart):
     c = _container(objs, "Deployment", "-clusterd", "clusterd")
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["FAULTMESH_TLS_CERT"] == "/etc/faultmesh/tls/tls.crt"
-    assert env["FAULTMESH_TOKEN_FILE"] == "/etc/faultmesh/token/token"
+    assert "--token-file=/etc/faultmesh/token/token" in c["args"]
     assert "--kube-publicfault-namespace=faultmesh" in c["args"]
     for name in ("noded", "deviced"):
         ac = _container(objs, "DaemonSet", "-agents", name)
@@ -381,7 +391,7 @@ def test_tls_without_secret_name_fails_render(helm, chart):
 
 FAKE_DOWNWARD = {
     "NODE_NAME": "node-1",
-    "HOST_IP": "10.0.0.1",
+    "NODE_IP": "10.0.0.1",
     "POD_IP": "10.1.0.2",
     "FAULTMESH_BMC_USER": "admin",
 }
