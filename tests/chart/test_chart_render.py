@@ -6,12 +6,20 @@ what an operator relies on: privileges, mounts, flags, RBAC, sizing, schema erro
 from __future__ import annotations
 
 import json
-import os
-import re
 
 import pytest
 import yaml
-from chart.chartkit import CHART, NAMESPACE, VALUES_FILES, find, load_values, render_objects, render_text
+from chart.chartkit import (
+    CHART,
+    NAMESPACE,
+    VALUES_FILES,
+    find,
+    load_values,
+    parse_container,
+    pod_containers,
+    render_objects,
+    render_text,
+)
 
 KUBE_VERSIONS = ("1.28.0", "1.33.0")
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}  # no bundled schema; checked by the tests below
@@ -389,61 +397,12 @@ def test_tls_without_secret_name_fails_render(helm, chart):
         render_text(chart, {"tls": {"enabled": True}})
 
 
-FAKE_DOWNWARD = {
-    "NODE_NAME": "node-1",
-    "NODE_IP": "10.0.0.1",
-    "POD_IP": "10.1.0.2",
-    "FAULTMESH_BMC_USER": "admin",
-}
-
-
-def _expand(text: str, env: dict[str, str]) -> str:
-    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), text)
-
-
-def _parser(command: str):
-    if command == "clusterd":
-        from clusterd.app import _load_component_classes, build_parser
-
-        return build_parser(_load_component_classes())
-    if command == "noded":
-        from noded.app import build_parser
-
-        return build_parser()
-    from deviced.app import build_parser
-
-    return build_parser()
-
-
 @pytest.mark.parametrize("values_name", ["default", *VALUES_FILES])
 def test_rendered_command_lines_parse_with_the_daemons_parsers(chart, values_name, tmp_path, monkeypatch):
-    """Every flag and FAULTMESH_* variable the chart sets is one the daemon really has, with a valid value."""
-    from faultmesh import config
-
+    """Every flag the chart sets is one the daemon really has, with a valid value (the variables:
+    test_chart_contract.py)."""
     objs = render_objects(chart, load_values(values_name))
-    cfg = find(objs, "ConfigMap", "faultmesh-config")["data"]
-    parsed = {}
-    for kind, suffix in (("DaemonSet", "-agents"), ("Deployment", "-clusterd")):
-        if not [o for o in objs if o["kind"] == kind]:
-            continue
-        for c in find(objs, kind, suffix)["spec"]["template"]["spec"]["containers"]:
-            env = dict(FAKE_DOWNWARD)
-            for e in c.get("env", []):
-                if "value" in e:
-                    env[e["name"]] = _expand(e["value"], env)
-            for name in [k for k in os.environ if k.startswith("FAULTMESH_")]:
-                monkeypatch.delenv(name)
-            for name, value in env.items():
-                if name.startswith("FAULTMESH_"):
-                    monkeypatch.setenv(name, value)
-            conf = tmp_path / f"{c['name']}.yaml"
-            conf.write_text(cfg[f"{c['name']}.yaml"])
-            monkeypatch.setenv("FAULTMESH_CONFIG", str(conf))
-            args = [_expand(a, env) for a in c["args"]]
-            try:
-                parsed[c["name"]] = config.parse(_parser(c["command"][0]), args)
-            except SystemExit:
-                pytest.fail(f"{c['name']} rejects its command line {args} / env {sorted(env)}")
+    parsed = {c["name"]: parse_container(objs, c, monkeypatch, tmp_path)[1] for _, c in pod_containers(objs)}
     if "noded" in parsed:
         n = parsed["noded"]
         assert n.node_name == "node-1" and n.http_addr == "10.0.0.1:11255"
