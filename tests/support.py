@@ -186,15 +186,16 @@ def start_logged(args: list[str], log: Path, env: dict[str, str] | None = None):
     )
 
 
-def stop_proc(p) -> None:
-    """SIGTERM a process started by :func:`start_logged` by its PID; SIGKILL after 10 s."""
+def stop_proc(p, timeout_s: float = 10.0) -> None:
+    """Stop the ``subprocess.Popen`` ``p`` (e.g. from :func:`start_logged`) by its PID: SIGTERM,
+    SIGKILL after ``timeout_s``."""
     import signal
     import subprocess
 
     if p.poll() is None:
         os.kill(p.pid, signal.SIGTERM)
         try:
-            p.wait(10)
+            p.wait(timeout_s)
         except subprocess.TimeoutExpired:
             os.kill(p.pid, signal.SIGKILL)
             p.wait(5)

@@ -195,7 +195,7 @@ class ClusterD:
             args.state_dir, fsync_full=args.fsync_full, busy_timeout_ms=args.state_busy_timeout_ms
         )  # HA (clusterd.kube.ha): a MirroredStore, and the replica's Lease elector
         center = FaultCenter(store, registry)
-        nodes = NodeRegistry(store, center)
+        nodes = NodeRegistry(store, center, registry=registry)
         node_health = NodeHealthCollector(nodes, center)
         registry.register(node_health)
         fault_series = FaultSeriesCollector(center)  # issue 31: per-fault series, text read at scrape

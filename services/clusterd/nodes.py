@@ -21,10 +21,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from prometheus_client import CollectorRegistry, Counter
+
 from clusterd.center import FaultCenter
 from clusterd.store import Store
 from faultmesh.levels import HEALTHY, SUB_HEALTHY, UNHEALTHY
-from faultmesh.log import RateLimitedLog
+from faultmesh.log import RateLimitedLog, event
 
 log = logging.getLogger("clusterd.nodes")
 
@@ -125,9 +127,16 @@ def with_status(health: tuple[str, str], st: NodeState | None) -> tuple[str, str
 
 
 class NodeRegistry:
-    """Every node ClusterD heard of, with one :meth:`health`. Load with :meth:`load`, run :meth:`run`."""
+    """Every node ClusterD heard of, with one :meth:`health`. Load with :meth:`load`, run :meth:`run`.
+    ``registry``: where ``faultmesh_node_ip_changes_total`` is counted (a private one when None)."""
 
-    def __init__(self, store: Store, center: FaultCenter, flush_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        center: FaultCenter,
+        flush_s: float = 1.0,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self._store = store
         self._center = center
         self._changes = center.node_changes  # what the scrape caches re-render (clusterd.pieces)
@@ -139,6 +148,11 @@ class NodeRegistry:
         self.clock = time.time  # epoch seconds of the expiry clocks (tests move it)
         self._ratelog = RateLimitedLog(log)  # a full disk fails every flush: one line a minute
         self._started_ms = int(self.clock() * 1000)  # no expiry clock starts before this process
+        self.ip_changes = Counter(
+            "faultmesh_node_ip_changes_total",
+            "Hellos that changed a node's known IP (two agents of one node disagreeing, or the node moved)",
+            registry=registry or CollectorRegistry(),
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def load(self) -> int:
@@ -188,9 +202,20 @@ class NodeRegistry:
         return st
 
     # -- writes ----------------------------------------------------------------------------------
-    def hello(self, node: str, node_ip: str, node_sn: str, boot_id: str) -> NodeState:
-        """An agent said hello from ``node``: record its identity. Returns the node's state."""
+    def hello(self, node: str, node_ip: str, node_sn: str, boot_id: str, agent: str = "") -> NodeState:
+        """``agent`` said hello from ``node``: record its identity. Returns the node's state.
+
+        An empty ``node_ip`` or ``node_sn`` keeps the known one (an agent that was not told, such as
+        deviced beside a noded that reads the SN from the BMC). A different IP replaces the known
+        one (the later Hello wins: the node may have moved), logged as ``node ip changed`` with the
+        old and new value and counted in ``faultmesh_node_ip_changes_total`` (issue 29)."""
         st = self._nodes.get(node) or self._new(node)
+        node_ip, node_sn = node_ip or st.node_ip, node_sn or st.node_sn
+        if st.node_ip and node_ip != st.node_ip:
+            self.ip_changes.inc()
+            event(
+                log, logging.WARNING, "node ip changed", node=node, agent=agent, old=st.node_ip, new=node_ip
+            )
         if (st.node_ip, st.node_sn, st.boot_id) != (node_ip, node_sn, boot_id):
             st.node_ip, st.node_sn, st.boot_id = node_ip, node_sn, boot_id
             self._touch(node)  # a reconnect with the same identity writes nothing

@@ -5,9 +5,18 @@ Split out of :mod:`faultmesh.agent` (which re-exports every name here). Liveness
 agent's gRPC keepalive is ``--clusterd-keepalive-s`` / ``--clusterd-keepalive-timeout-s`` (60 / 5 s,
 clusterd.md §1) and ``--clusterd-heartbeat-s`` (10 s) is how long the stream may stay silent before
 an empty Delta goes out, ClusterD's liveness signal (its ``--agent-stale-after-s``).
+
+Node identity (issue 29): ``--node-ip`` (env ``NODE_IP``, the chart fills it from the Downward API
+``status.hostIP``; the older ``XDL_IP`` is read when ``NODE_IP`` is not set) goes in the Hello and
+shows in ClusterD's ``/v1/nodes``; it must be an IPv4 or IPv6 address (else exit 2 naming the flag).
+``--clusterd-backoff-max`` (10 s) is the longest wait between reconnects, on both agents.
 """
 
 from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
 
 import grpc
 
@@ -16,6 +25,8 @@ from faultmesh.config import check_tls_pair
 KEEPALIVE_S = 60.0  # gRPC keepalive ping after this long idle (clusterd.md §1)
 KEEPALIVE_TIMEOUT_S = 5.0  # ... and its ack timeout
 HEARTBEAT_S = 10.0  # an empty Delta after this long without a message: ClusterD's liveness signal
+BACKOFF_MAX_S = 10.0  # the longest wait between reconnects to ClusterD
+NODE_IP_ENV = ("NODE_IP", "XDL_IP")  # --node-ip's environment, first set wins (XDL_IP: the older name)
 
 
 def channel_options(keepalive_s: float = KEEPALIVE_S, keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S):
@@ -33,21 +44,49 @@ def channel_options(keepalive_s: float = KEEPALIVE_S, keepalive_timeout_s: float
 CHANNEL_OPTIONS = channel_options()
 
 
-def agent_options(args) -> dict[str, float]:
-    """The :class:`AgentClient` liveness keywords from the flags of :func:`add_clusterd_arguments`."""
+def agent_options(args) -> dict[str, float | str]:
+    """The :class:`AgentClient` keywords from the flags of :func:`add_clusterd_arguments`: liveness
+    (keepalive, heartbeat), ``backoff_max_s`` and the Hello's ``node_ip`` ("" when unknown)."""
     return {
         "keepalive_s": getattr(args, "clusterd_keepalive_s", KEEPALIVE_S),
         "keepalive_timeout_s": getattr(args, "clusterd_keepalive_timeout_s", KEEPALIVE_TIMEOUT_S),
         "heartbeat_s": getattr(args, "clusterd_heartbeat_s", HEARTBEAT_S),
+        "backoff_max_s": getattr(args, "clusterd_backoff_max", BACKOFF_MAX_S),
+        "node_ip": getattr(args, "node_ip", None) or "",
     }
 
 
+def ip_address_arg(text: str) -> str:
+    """argparse ``type=`` check of ``--node-ip``: an IPv4 or IPv6 address (stdlib ``ipaddress``),
+    returned in its compressed form (``10.0.0.1``, ``fd00::1``). Raises
+    ``argparse.ArgumentTypeError`` (exit 2 naming the flag) for anything else, a host name included:
+    ClusterD puts the value where the reference expects an IP (job summary ``host_ip``)."""
+    try:
+        return str(ipaddress.ip_address(str(text).strip()))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{str(text)[:64]!r} is not an IP address (env {' or '.join(NODE_IP_ENV)} counts too)"
+        ) from None
+
+
+def env_node_ip() -> str | None:
+    """The node IP from the environment: ``NODE_IP``, else ``XDL_IP``; None when neither is set."""
+    return next((v for v in (os.environ.get(k, "").strip() for k in NODE_IP_ENV) if v), None)
+
+
 def add_clusterd_arguments(parser) -> None:
-    """The agent's ClusterD flags, shared by NodeD and deviced: ``--clusterd host:port``,
+    """The agent's ClusterD flags, shared by NodeD and deviced: ``--node-ip`` (the Hello's node IP,
+    default env ``NODE_IP`` then ``XDL_IP``; :func:`ip_address_arg`), ``--clusterd host:port``,
     ``--clusterd-tls-ca/--tls-ca``, ``--clusterd-tls-cert/--tls-cert``, ``--clusterd-tls-key/--tls-key``
     (PEM files; a CA turns TLS on, cert + key add mTLS), ``--clusterd-token-file/--token-file`` and
     the liveness flags ``--clusterd-keepalive-s`` (60), ``--clusterd-keepalive-timeout-s`` (5),
-    ``--clusterd-heartbeat-s`` (10; see :func:`agent_options`)."""
+    ``--clusterd-heartbeat-s`` (10) and ``--clusterd-backoff-max`` (10; see :func:`agent_options`)."""
+    parser.add_argument(
+        "--node-ip",
+        type=ip_address_arg,
+        default=env_node_ip(),
+        help="this node's IP address, sent to ClusterD and shown in /v1/nodes (env NODE_IP, else XDL_IP)",
+    )
     parser.add_argument(
         "--clusterd", default="127.0.0.1:8899", help="ClusterD agent-stream address host:port"
     )
@@ -84,6 +123,12 @@ def add_clusterd_arguments(parser) -> None:
         default=HEARTBEAT_S,
         help="send an empty delta after this long without a message (s; 0: off); keep it well under "
         "ClusterD's --agent-stale-after-s",
+    )
+    parser.add_argument(
+        "--clusterd-backoff-max",
+        type=float,
+        default=BACKOFF_MAX_S,
+        help="longest wait between reconnects to ClusterD (s)",
     )
 
 

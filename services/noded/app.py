@@ -72,9 +72,6 @@ def build_parser(source_classes: tuple[type, ...] = sources.SOURCES) -> argparse
     p.add_argument("--min-report-interval", type=float, default=5.0, help="at most one report per this (s)")
     p.add_argument("--resend-every", type=float, default=1800.0, help="re-send unchanged state every (s)")
     p.add_argument(
-        "--clusterd-backoff-max", type=float, default=10.0, help="longest wait between reconnects (s)"
-    )
-    p.add_argument(
         "--blocking-workers", type=int, default=2, help="threads for blocking calls (pyghmi, DCMI)"
     )
     p.add_argument(
@@ -118,7 +115,6 @@ class NodeD:
             self.node_name,
             "noded",
             state=self.state,
-            node_ip=os.environ.get("XDL_IP", ""),
             node_sn=args.node_sn or "",
             on_control=self.on_control,
             credentials=channel_credentials(args),
@@ -126,7 +122,6 @@ class NodeD:
             registry=self.registry,
             min_report_interval_s=args.min_report_interval,
             resend_every_s=args.resend_every,
-            backoff_max_s=args.clusterd_backoff_max,
             **agent_options(args),
         )
         self.sources: list = []

@@ -6,12 +6,20 @@ what an operator relies on: privileges, mounts, flags, RBAC, sizing, schema erro
 from __future__ import annotations
 
 import json
-import os
-import re
 
 import pytest
 import yaml
-from chart.chartkit import CHART, NAMESPACE, VALUES_FILES, find, load_values, render_objects, render_text
+from chart.chartkit import (
+    CHART,
+    NAMESPACE,
+    VALUES_FILES,
+    find,
+    load_values,
+    parse_container,
+    pod_containers,
+    render_objects,
+    render_text,
+)
 
 KUBE_VERSIONS = ("1.28.0", "1.33.0")
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}  # no bundled schema; checked by the tests below
@@ -78,7 +86,7 @@ def test_agents_daemonset_defaults(chart):
         assert mounts["driver"].get("readOnly") is True, c["name"]
         env = {e["name"]: e for e in c["env"]}
         assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-        assert env["HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+        assert env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"  # --node-ip
         assert "--node-name=$(NODE_NAME)" in c["args"]
         assert "--clusterd=clusterd-grpc-svc.faultmesh.svc:8899" in c["args"]
         # Live-updated ConfigMaps must not use subPath (kubelet never refreshes subPath mounts).
@@ -86,7 +94,7 @@ def test_agents_daemonset_defaults(chart):
             if m["name"] in ("fault-tables", "pingmesh-config"):
                 assert "subPath" not in m
     noded = _container(objs, "DaemonSet", "-agents", "noded")
-    assert "--http-addr=$(HOST_IP):11255" in noded["args"]
+    assert "--http-addr=$(NODE_IP):11255" in noded["args"]
     deviced = _container(objs, "DaemonSet", "-agents", "deviced")
     assert "--backend=dcmi" in deviced["args"]
     assert {m["name"] for m in deviced["volumeMounts"]} >= {"dev", "driver", "reset-config"}
@@ -106,9 +114,9 @@ def test_bmc_credentials_come_from_a_secret_never_argv(chart):
         "key": "username",
     }
     assert secret["stringData"]["password"] == "not-a-real-password"
-    # An existing Secret is used as is and the chart creates none.
+    # An existing Secret is used as is and the chart creates none (only the generated token's).
     objs = render_objects(chart, load_values("minimal.yaml"))
-    assert not [o for o in objs if o["kind"] == "Secret"]
+    assert [o["metadata"]["name"] for o in objs if o["kind"] == "Secret"] == ["fm-faultmesh-token"]
     pod = find(objs, "DaemonSet", "-agents")["spec"]["template"]["spec"]
     bmc = next(v for v in pod["volumes"] if v["name"] == "bmc")
     assert bmc["secret"]["secretName"] == "bmc-credentials"
@@ -232,8 +240,18 @@ def test_rbac_with_job_namespaces_and_agent_kube_mode(chart):
         "list",
         "watch",
     }  # no cluster-wide write
+    # the job hand-off's patches (reset-config, fault-type pod label, PodGroup) only in the job namespaces
+    assert {v for _, res, v in granted if res in ("pods", "podgroups")} == {"get", "list", "watch"}
     roles = _roles(objs, "-clusterd")
-    assert roles["train"] == roles["research"] == {("", "configmaps", "patch")}
+    assert (
+        roles["train"]
+        == roles["research"]
+        == {
+            ("", "configmaps", "patch"),
+            ("", "pods", "patch"),
+            ("scheduling.volcano.sh", "podgroups", "patch"),
+        }
+    )
     c = _container(objs, "Deployment", "-clusterd", "clusterd")
     assert {"--kube-taint=on", "--kube-taint-max-share=0.05", "--kube-podgroups=on"} <= set(c["args"])
     # agents: their own ServiceAccount, ConfigMap rights in mindx-dl (noded) and kube-system (deviced) only
@@ -311,7 +329,7 @@ def test_tls_and_token_mounts(chart):
     c = _container(objs, "Deployment", "-clusterd", "clusterd")
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["FAULTMESH_TLS_CERT"] == "/etc/faultmesh/tls/tls.crt"
-    assert env["FAULTMESH_TOKEN_FILE"] == "/etc/faultmesh/token/token"
+    assert "--token-file=/etc/faultmesh/token/token" in c["args"]
     assert "--kube-publicfault-namespace=faultmesh" in c["args"]
     for name in ("noded", "deviced"):
         ac = _container(objs, "DaemonSet", "-agents", name)
@@ -379,61 +397,12 @@ def test_tls_without_secret_name_fails_render(helm, chart):
         render_text(chart, {"tls": {"enabled": True}})
 
 
-FAKE_DOWNWARD = {
-    "NODE_NAME": "node-1",
-    "HOST_IP": "10.0.0.1",
-    "POD_IP": "10.1.0.2",
-    "FAULTMESH_BMC_USER": "admin",
-}
-
-
-def _expand(text: str, env: dict[str, str]) -> str:
-    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), text)
-
-
-def _parser(command: str):
-    if command == "clusterd":
-        from clusterd.app import _load_component_classes, build_parser
-
-        return build_parser(_load_component_classes())
-    if command == "noded":
-        from noded.app import build_parser
-
-        return build_parser()
-    from deviced.app import build_parser
-
-    return build_parser()
-
-
 @pytest.mark.parametrize("values_name", ["default", *VALUES_FILES])
 def test_rendered_command_lines_parse_with_the_daemons_parsers(chart, values_name, tmp_path, monkeypatch):
-    """Every flag and FAULTMESH_* variable the chart sets is one the daemon really has, with a valid value."""
-    from faultmesh import config
-
+    """Every flag the chart sets is one the daemon really has, with a valid value (the variables:
+    test_chart_contract.py)."""
     objs = render_objects(chart, load_values(values_name))
-    cfg = find(objs, "ConfigMap", "faultmesh-config")["data"]
-    parsed = {}
-    for kind, suffix in (("DaemonSet", "-agents"), ("Deployment", "-clusterd")):
-        if not [o for o in objs if o["kind"] == kind]:
-            continue
-        for c in find(objs, kind, suffix)["spec"]["template"]["spec"]["containers"]:
-            env = dict(FAKE_DOWNWARD)
-            for e in c.get("env", []):
-                if "value" in e:
-                    env[e["name"]] = _expand(e["value"], env)
-            for name in [k for k in os.environ if k.startswith("FAULTMESH_")]:
-                monkeypatch.delenv(name)
-            for name, value in env.items():
-                if name.startswith("FAULTMESH_"):
-                    monkeypatch.setenv(name, value)
-            conf = tmp_path / f"{c['name']}.yaml"
-            conf.write_text(cfg[f"{c['name']}.yaml"])
-            monkeypatch.setenv("FAULTMESH_CONFIG", str(conf))
-            args = [_expand(a, env) for a in c["args"]]
-            try:
-                parsed[c["name"]] = config.parse(_parser(c["command"][0]), args)
-            except SystemExit:
-                pytest.fail(f"{c['name']} rejects its command line {args} / env {sorted(env)}")
+    parsed = {c["name"]: parse_container(objs, c, monkeypatch, tmp_path)[1] for _, c in pod_containers(objs)}
     if "noded" in parsed:
         n = parsed["noded"]
         assert n.node_name == "node-1" and n.http_addr == "10.0.0.1:11255"

@@ -31,3 +31,19 @@ def test_flags_reach_the_engine():
         2000,
         64,
     )
+
+
+def test_reconnect_backoff_is_a_flag_as_on_noded():
+    """issue 29: ``--clusterd-backoff-max`` (10 s) bounds the wait between reconnects on deviced as
+    on noded; and ``--node-ip`` goes into the Hello of both."""
+    from noded.app import NodeD
+    from noded.app import build_parser as noded_parser
+
+    dev = DeviceD(build_parser().parse_args(BASE), SimBackend(1, 1)).agent
+    assert (dev.backoff_max_s, dev.hello.node_ip) == (10.0, "")
+    argv = ["--clusterd-backoff-max", "2.5", "--node-ip", "10.0.0.5"]
+    dev = DeviceD(build_parser().parse_args([*BASE, *argv]), SimBackend(1, 1)).agent
+    nod = NodeD(noded_parser().parse_args(["--node-name", "n", "--clusterd", "127.0.0.1:1", *argv])).agent
+    assert (
+        (dev.backoff_max_s, dev.hello.node_ip) == (nod.backoff_max_s, nod.hello.node_ip) == (2.5, "10.0.0.5")
+    )

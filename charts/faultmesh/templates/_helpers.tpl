@@ -56,6 +56,17 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
+{{/* The Secret (key `token`) of the bearer token between the components: clusterd.tokenSecret,
+else the one the chart generates (security.generateToken, with clusterd in this release); "" when
+no token is used. */}}
+{{- define "faultmesh.tokenSecretName" -}}
+{{- if .Values.clusterd.tokenSecret -}}
+{{- .Values.clusterd.tokenSecret -}}
+{{- else if and .Values.security.generateToken .Values.clusterd.enabled -}}
+{{- printf "%s-token" (include "faultmesh.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "faultmesh.bmcSecretName" -}}
 {{- default (printf "%s-bmc" (include "faultmesh.fullname" .)) .Values.noded.bmc.existingSecret -}}
 {{- end -}}

@@ -232,7 +232,7 @@ class AgentHub(Liveness, agent_pb2_grpc.AgentStreamServicer):
         if old is None:
             self._per_agent[agent] = self._per_agent.get(agent, 0) + 1
         self.sessions[(h.node, agent)] = session
-        self.nodes.hello(h.node, h.node_ip, h.node_sn, h.boot_id)
+        self.nodes.hello(h.node, h.node_ip, h.node_sn, h.boot_id, agent)
         self.nodes.agent_seen(h.node, agent)
         self.nodes.set_stale(h.node, agent, None)
         self._count(agent)

@@ -1,7 +1,8 @@
 """``faultmesh bmc-sim``: run the BMC simulator, and drive it at run time.
 
 - ``faultmesh bmc-sim --port P --user U --password-file F [--control-port C] [--alarms N]`` serves
-  an IPMI 2.0 lanplus BMC on 127.0.0.1:P (UDP) and its control API on 127.0.0.1:C (TCP).
+  an IPMI 2.0 lanplus BMC on 127.0.0.1:P (UDP) and its control API on 127.0.0.1:C (TCP);
+  ``--address`` / ``--control-address`` bind them elsewhere (another host's noded, multi-host tests).
 - ``faultmesh bmc-sim inject --control 127.0.0.1:C --code 0800004B --device-type Memory --device-id 3``
   adds an iBMC alarm; ``--sel memory-ecc`` (or ``--sensor-type/--offset``) appends a SEL event.
 - ``faultmesh bmc-sim clear --control ... [--code X] [--sel]`` removes alarms or clears the SEL.
@@ -61,7 +62,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     setup_from_args(args)
     try:
         serve(
-            args.port, args.user, password, args.control_port, args.address, args.alarms, serial=args.serial
+            args.port,
+            args.user,
+            password,
+            args.control_port,
+            args.address,
+            args.alarms,
+            serial=args.serial,
+            control_address=args.control_address,
         )
     except OSError as e:
         raise CliError(f"cannot bind: {e}") from None
@@ -144,16 +152,25 @@ def cmd_behave(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     """Add ``bmc-sim`` (serve) with the ``inject``, ``clear``, ``status`` and ``behave`` verbs."""
-    p = subparsers.add_parser("bmc-sim", help="IPMI BMC simulator (Huawei OEM alarms, SEL) for noded")
+    # allow_abbrev=False: the verbs' --control must not read as a prefix of --control-port/-address
+    p = subparsers.add_parser(
+        "bmc-sim", help="IPMI BMC simulator (Huawei OEM alarms, SEL) for noded", allow_abbrev=False
+    )
     p.add_argument("--port", type=int, default=None, help="UDP port to serve IPMI on (0 = any free port)")
-    p.add_argument("--address", default="127.0.0.1")
+    p.add_argument("--address", default="127.0.0.1", help="address IPMI (UDP) listens on")
     p.add_argument("--user", default=os.environ.get("FAULTMESH_BMC_USER", "admin"))
     p.add_argument(
         "--password-file",
         default=os.environ.get("FAULTMESH_BMC_PASSWORD_FILE"),
         help="file holding the password (or env FAULTMESH_BMC_PASSWORD)",
     )
-    p.add_argument("--control-port", type=int, default=0, help="TCP port of the control API on 127.0.0.1")
+    p.add_argument("--control-port", type=int, default=0, help="TCP port of the control API")
+    p.add_argument(
+        "--control-address",
+        default="127.0.0.1",
+        help="address the control API listens on (it has no authentication: beyond loopback only on a lab "
+        "network, e.g. to inject from another host)",
+    )
     p.add_argument("--alarms", type=int, default=0, help="start with this many alarms (bench)")
     p.add_argument("--serial", default="", help="serial number answered to OEM 0x30 0x90")
     add_log_arguments(p, file_help="also log to this file")

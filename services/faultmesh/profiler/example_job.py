@@ -32,6 +32,14 @@ time every ``--progress-every`` steps and ``finished after N steps``. This is th
 the project: the demo, the real-torch test and bench/slownode_torch.py all run it.
 
 Usage: ``python -m faultmesh.profiler.example_job --base-dir D --task-id J --switch F --steps 150``.
+
+Across hosts it runs the way torchrun launches a job (:func:`rendezvous`): with ``RANK`` and
+``WORLD_SIZE`` in the environment (torchrun sets them, with ``LOCAL_RANK``, ``MASTER_ADDR`` and
+``MASTER_PORT``) the process is that one rank and spawns nothing, ``--ranks`` is ``WORLD_SIZE``;
+e.g. on each of two hosts ``python -m torch.distributed.run --nnodes 2 --node-rank <0|1>
+--nproc-per-node 2 --master-addr <host 0's IP> --master-port 29500 -m faultmesh.profiler.example_job
+...``. Without them it spawns ``--ranks`` processes itself, meeting at ``MASTER_ADDR`` (127.0.0.1)
+``MASTER_PORT`` (a free port) -- the single-host default.
 """
 
 from __future__ import annotations
@@ -44,12 +52,53 @@ import statistics
 import sys
 import time
 import warnings
+from typing import NamedTuple
 
 
-def _free_port() -> int:
+def _free_port(addr: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((addr, 0))
         return s.getsockname()[1]
+
+
+class Rendezvous(NamedTuple):
+    """Where the ranks meet (gloo's TCP store at ``master_addr:master_port``), and this process's
+    ``rank`` of ``world_size`` (``local_rank`` on its host) when a launcher started it; ``rank`` is
+    None when the job spawns its ranks itself."""
+
+    master_addr: str
+    master_port: int
+    rank: int | None = None
+    world_size: int | None = None
+    local_rank: int | None = None
+
+
+def rendezvous(env=os.environ) -> Rendezvous:
+    """The torchrun environment: ``MASTER_ADDR`` (default 127.0.0.1), ``MASTER_PORT`` (default: a
+    free port, single host only), ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (all three or none:
+    launched by torchrun or by hand on each host). Raises ``ValueError`` naming the variable."""
+
+    def number(name: str, lo: int, hi: int) -> int | None:
+        text = env.get(name, "").strip()
+        if not text:
+            return None
+        if not text.isdigit() or not lo <= int(text) <= hi:
+            raise ValueError(f"{name}={text[:32]!r}: expected an integer in {lo}..{hi}")
+        return int(text)
+
+    addr = env.get("MASTER_ADDR", "").strip() or "127.0.0.1"
+    port = number("MASTER_PORT", 1, 65535)
+    world = number("WORLD_SIZE", 1, 1 << 20)
+    rank = number("RANK", 0, 1 << 20)
+    if rank is None or world is None:
+        if rank is not None or world is not None:
+            raise ValueError("RANK and WORLD_SIZE come together (as torchrun sets them)")
+        return Rendezvous(addr, port or _free_port(addr))
+    if rank >= world:
+        raise ValueError(f"RANK={rank} is not below WORLD_SIZE={world}")
+    if port is None:
+        raise ValueError("MASTER_PORT is needed with RANK and WORLD_SIZE: every rank dials the same one")
+    return Rendezvous(addr, port, rank, world, number("LOCAL_RANK", 0, world - 1) or 0)
 
 
 def _say(rank: int, msg: str) -> None:
@@ -114,7 +163,7 @@ class _Pace:
         }
 
 
-def _worker(rank: int, args: argparse.Namespace, port: int) -> None:  # noqa: C901 - one training loop
+def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # noqa: C901 - one training loop
     os.environ["OMP_NUM_THREADS"] = "1"
     warnings.filterwarnings("ignore")
     import torch
@@ -125,7 +174,8 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:  # noqa: C9
 
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.ranks)
+    init = f"tcp://{rdzv.master_addr}:{rdzv.master_port}"
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=args.ranks)
     prof = Profiler(
         rank,
         base_dir=args.base_dir,
@@ -348,13 +398,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the job; returns 0 when every rank finished."""
-    args = build_parser().parse_args(argv)
+    """Run the job (this one rank when launched by torchrun, else ``--ranks`` spawned processes);
+    returns 0 when the ranks finished, exits 2 on a bad torchrun variable."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rdzv = rendezvous()
+    except ValueError as e:
+        parser.error(str(e))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     warnings.filterwarnings("ignore")
+    if rdzv.rank is not None:  # launched: this process is one rank of WORLD_SIZE
+        args.ranks = rdzv.world_size
+        _worker(rdzv.rank, args, rdzv)
+        return 0
     import torch.multiprocessing as mp
 
-    mp.spawn(_worker, args=(args, _free_port()), nprocs=args.ranks, join=True)
+    mp.spawn(_worker, args=(args, rdzv), nprocs=args.ranks, join=True)
     return 0
 
 

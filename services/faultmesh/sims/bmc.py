@@ -6,7 +6,9 @@ command (netfn 0x30 cmd 0x94, paged as reference noded.md §1), the serial-numbe
 (0x30 0x90, ``--serial``), and the SEL (Get SEL Info, Get SEL
 Allocation Info, Reserve, Get/Add/Delete Entry, Clear, Get/Set SEL Time).
 
-Run time control (a small JSON HTTP API on 127.0.0.1, ``--control-port``; :mod:`faultmesh.sims.bmc_control`):
+Run time control (a small JSON HTTP API on ``--control-address`` (127.0.0.1) ``--control-port``;
+:mod:`faultmesh.sims.bmc_control`; no authentication, so bind it beyond loopback only on a lab
+network, as for a multi-host test where the injecting host is not the BMC's):
 
 - ``GET /state`` -> alarms, SEL size, behaviour;
 - ``POST /alarms`` ``{"code": "0800004B", "device_type": "Memory"|1, "device_id": 3, "severity": 2,
@@ -411,10 +413,13 @@ def serve(
     preload_alarms: int = 0,
     ready_out=sys.stdout,
     serial: str = "",
+    control_address: str = "127.0.0.1",
 ) -> None:
     """Run the simulator until the process ends. Prints one ready line:
-    ``bmc-sim listening on 127.0.0.1:<udp port> control 127.0.0.1:<tcp port>``.
-    ``preload_alarms`` > 0 starts with that many alarms (for the overhead bench).
+    ``bmc-sim listening on <address>:<udp port> control <control_address>:<tcp port>``.
+    ``address`` / ``control_address``: where IPMI (UDP) / the control API (TCP) listen.
+    ``preload_alarms`` > 0 starts with that many alarms (for the overhead bench). Raises ``OSError``
+    when a port cannot be bound.
     """
     state = SimState()
     if serial:
@@ -423,11 +428,11 @@ def serve(
         state.add_alarms("08000001", 0x08, 0, 2, preload_alarms)
     sim_bmc, ipmisession = _patched_classes()
     bmc = sim_bmc({user: password}, state, port=port, address=address)
-    httpd = ThreadingHTTPServer(("127.0.0.1", control_port), make_control_handler(state))
+    httpd = ThreadingHTTPServer((control_address, control_port), make_control_handler(state))
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, name="bmc-sim-control", daemon=True).start()
     ready_out.write(
-        f"bmc-sim listening on {address}:{bmc.port} control 127.0.0.1:{httpd.server_address[1]}\n"
+        f"bmc-sim listening on {address}:{bmc.port} control {control_address}:{httpd.server_address[1]}\n"
     )
     ready_out.flush()
     event(log, logging.INFO, "bmc-sim started", port=bmc.port, control=httpd.server_address[1], user=user)
