@@ -124,6 +124,13 @@ def build_parser(classes: list[type] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--tls-ca", help="PEM CA: clients must present a certificate it signed (mTLS)")
     p.add_argument("--token-file", help="bearer token that mutating RPCs and agents must send")
+    p.add_argument(
+        "--token-scope",
+        choices=("all", "agents"),
+        default="all",
+        help="gRPC methods that need --token-file's token: all mutating ones, or only the agent stream "
+        "and PubFault (the reference's TaskD/MindIO/platform clients send no token); HTTP writes always",
+    )
     p.add_argument("--drain-s", type=float, default=5.0, help="grace period for streams on shutdown (s)")
     p.add_argument(
         "--component-stop-s", type=float, default=10.0, help="shutdown: budget of all component stops (s)"
@@ -208,7 +215,7 @@ class ClusterD:
             rejected=rejected,
             metrics=lambda: node_health.exposition(registry) + fault_series.text(),
         )
-        auth = TokenAuth.from_file(args.token_file, rejected)
+        auth = TokenAuth.from_file(args.token_file, rejected, args.token_scope)
         http.app.middlewares.append(self.gate.http_middleware())  # followers refuse (issue 15 HA)
         http.app.middlewares.append(auth.http_middleware())
         http.app.middlewares.append(state_write_middleware(center.store_errors))  # 503, counted

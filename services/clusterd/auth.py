@@ -13,7 +13,10 @@ nothing is checked. Two enforcement points, both built from one :class:`TokenAut
   state, and a token-less Register must not end an authenticated subscriber's stream, issue 19 #8)
   need the metadata, else status ``UNAUTHENTICATED`` ``bearer token required``, counted with the
   service label of that table. Read-only queries (GetFaultMsgSignal, HealthCheck, ...) are open, as
-  in the reference.
+  in the reference. With ``--token-scope agents`` only the agent stream and PubFault need it
+  (:data:`AGENT_SCOPE`): the reference's job-side clients (TaskD, MindIO, Elastic Agent, AI platforms)
+  send no token, so a deployment that must serve them unchanged guards the rest by network policy
+  (the chart's default, docs/deploy.md).
 
 The refusal is decided here, before the method runs: a refused call is answered with its status
 alone (trailers-only, nothing read). For the agent stream that is the whole of telling a refusal
@@ -60,20 +63,27 @@ PROTECTED: dict[str, str] = {
     **{f"/{m}": "brain" for m in SUBSCRIPTION_METHODS},
 }
 """gRPC method path -> service label of the rejected-requests counter."""
+AGENT_SCOPE: dict[str, str] = {m: svc for m, svc in PROTECTED.items() if svc in ("agent", "pubfault")}
+"""``--token-scope agents``: only the agent stream and PubFault need the token (the reference's TaskD,
+MindIO, Elastic Agent and platform clients send none); HTTP writes always do."""
+SCOPES = {"all": PROTECTED, "agents": AGENT_SCOPE}
 
 
 class TokenAuth:
     """The configured token (None: open). ``rejected`` is ``faultmesh_rejected_requests_total``."""
 
-    def __init__(self, token: str | None, rejected: Counter) -> None:
+    def __init__(self, token: str | None, rejected: Counter, scope: str = "all") -> None:
+        """``scope``: which gRPC methods need the token (:data:`SCOPES`: ``all`` = :data:`PROTECTED`,
+        ``agents`` = :data:`AGENT_SCOPE`). Raises ``KeyError`` for another scope."""
         self._expect = f"Bearer {token}" if token else None
         self.rejected = rejected
+        self.protected = SCOPES[scope]
         self._ratelog = RateLimitedLog(log)
 
     @classmethod
-    def from_file(cls, path: str | None, rejected: Counter) -> TokenAuth:
+    def from_file(cls, path: str | None, rejected: Counter, scope: str = "all") -> TokenAuth:
         """Read ``--token-file`` (None or "" -> open). Raises ``OSError`` when unreadable."""
-        return cls(read_secret(path, what="--token-file") if path else None, rejected)
+        return cls(read_secret(path, what="--token-file") if path else None, rejected, scope)
 
     @property
     def enabled(self) -> bool:
@@ -105,7 +115,7 @@ class TokenAuth:
 
     def interceptor(self) -> TokenInterceptor:
         """The gRPC server interceptor of this token."""
-        return TokenInterceptor(self)
+        return TokenInterceptor(self, self.protected)
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
