@@ -128,3 +128,25 @@ async def test_switch_goes_to_the_jobs_noded(cd):
         )
     finally:
         await client.stop()
+
+
+async def test_a_noded_that_connects_later_gets_the_stored_switch(cd):
+    """A switch set while the job's noded was away (restarted, rolled, newly placed) reaches it when it
+    connects, so its host file is written (issue 29)."""
+    await apply(cd)
+    await cd.brain.set_data_trace("default/llama", {"Step": "on", "FP": "off"})
+    got = []
+
+    async def on_control(msg):
+        if msg.WhichOneof("body") == "data_trace":
+            got.append(msg.data_trace)
+
+    client = AgentClient(f"127.0.0.1:{cd.grpc_port}", "node-b", "noded", on_control=on_control)
+    await client.start()
+    try:
+        async with asyncio.timeout(5):
+            while not got:
+                await asyncio.sleep(0.02)
+        assert (got[0].job_ns_name, got[0].step, got[0].fp) == ("default/llama", "on", "off")
+    finally:
+        await client.stop()

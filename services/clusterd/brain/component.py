@@ -210,6 +210,7 @@ class BrainComponent(FaultIntake):
         )  # fmt: skip
         ctx.center.subscribe("brain", self._on_fault_changes, resync=self._resync_faults)
         ctx.agents.on_connect(self._on_agent_connect)
+        ctx.agents.on_connect(self.datatrace.on_agent_connect)
         self.jobs.listen(self._on_job_change)
         JobsHttp(
             self.jobs, self.registry, self.decision_log, self.platform, self.job_view, self.decide,

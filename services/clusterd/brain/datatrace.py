@@ -124,6 +124,17 @@ class DataTrace(profiling_pb2_grpc.TrainingDataTraceServicer):
             await self.send(node, "noded", data_trace=msg)
         event(log, logging.INFO, "data-trace switch changed", job=job_ns_name, **value)
 
+    async def on_agent_connect(self, node: str, agent: str) -> None:
+        """A noded (re)connected: send it the stored switch of every job with ranks on its node, so
+        a restarted or newly placed noded rewrites the host files it missed (issue 29)."""
+        if agent != "noded":
+            return
+        for job in self.jobs.jobs_on_node(node):
+            job_ns_name = f"{job.namespace}/{job.name}"
+            value = await self.store.kv_get(self.NS, job_ns_name)
+            if isinstance(value, dict):
+                await self.send(node, "noded", data_trace=switch_message(job_ns_name, value))
+
     async def get_switch(self, job_ns_name: str) -> dict[str, str] | None:
         """The stored switch of ``namespace/jobName`` or None."""
         return await self.store.kv_get(self.NS, job_ns_name)
