@@ -136,3 +136,21 @@ async def test_subscribe_rate_limit(cd, jstub):
         ).read()
     assert "rate limited" in e.value.details()
     first.cancel()
+
+
+def test_summary_server_ips_prefer_the_pods_host_ip_then_the_nodes():
+    """FD-OL reads the servers' addresses from HcclJson ``host_ip`` and ``masterAddr`` (issue 29): the
+    pod's ``hostIp`` where the job declares it (as the reference reads the pod), else the node's IP."""
+    from clusterd.brain.jobs import parse_job
+
+    reported = {"node-a": "10.0.0.1", "node-b": "10.0.0.2"}
+    ranks = [{"rank": 0, "node": "node-a", "deviceId": 0}, {"rank": 1, "node": "node-b", "deviceId": 0}]
+    job = parse_job({"id": "job-ip", "name": "ip", "ranks": ranks,
+                     "pods": [{"node": "node-a", "podIp": "172.16.0.9", "hostIp": "192.168.9.9"}]})  # fmt: skip
+    sig = jobsvc.summary(job, "add", lambda n: reported.get(n, ""))
+    table = json.loads(sig.HcclJson)
+    assert [(s["server_name"], s["host_ip"], s["server_id"]) for s in table["server_list"]] == [
+        ("node-a", "192.168.9.9", "192.168.9.9"),
+        ("node-b", "10.0.0.2", "10.0.0.2"),
+    ]
+    assert sig.masterAddr == "192.168.9.9"

@@ -73,11 +73,12 @@ def summary_status(job, operator: str) -> str:
 
 
 def summary_rank_table(job, node_ip: Callable[[str], str]) -> dict:
-    """The HcclJson of a summary (the reference's RankTable): ``server_id`` and ``host_ip`` are the
-    node's IP (FD-OL reads the servers' IPs from it), ``server_name`` the node, status ``complete``."""
+    """The HcclJson of a summary (the reference's RankTable): ``server_id`` and ``host_ip`` are the host
+    IP (:func:`clusterd.brain.mindie.host_ip`: the pod's ``hostIp``, else the node's; FD-OL reads the
+    servers' IPs from it), ``server_name`` the node, status ``complete``."""
     servers = []
     for node in job.nodes():
-        ip = node_ip(node)
+        ip = mindie.host_ip(job, node, node_ip)
         servers.append(
             {
                 "server_id": ip or node,
@@ -111,7 +112,7 @@ def summary(job, operator: str, node_ip: Callable[[str], str] = lambda node: "")
         total="1",
         HcclJson=table,
         deleteTime=str(end_s) if ended else "",
-        masterAddr=node_ip(job.nodes()[0]) if job.ranks else "",
+        masterAddr=mindie.host_ip(job, job.nodes()[0], node_ip) if job.ranks else "",
         operator=operator,
         sid=job.id,
     )

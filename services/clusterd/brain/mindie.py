@@ -21,8 +21,8 @@ Shape (``PdDeployModeRankTable``, Go field order)::
       # cross node (an instance with more pods): one group per instance, ids 2, 3, ...
       {"group_id": "2", "deploy_server", "server_count", "server_list": [...], "super_pod_list"?}]}
 
-faultmesh builds the server tables from the registry's jobs (their ranks; ``server_id`` = the node's
-IP from its agents' hello, else the pod's ``hostIp``; ``server_ip`` = the pod's ``podIp`` when known;
+faultmesh builds the server tables from the registry's jobs (their ranks; ``server_id`` = the
+pod's ``hostIp`` on that node, else the IP its agents report; ``server_ip`` = the pod's ``podIp`` when known;
 ``deploy_server`` = the job's ``deployServer``, else its number of servers). Not ready (the reference
 retries) while: no server job, no server job with ranks, no coordinator or controller job, one of
 their pods without a host or pod IP.
@@ -47,9 +47,11 @@ class NotReady(Exception):
     """The global rank table cannot be built yet (the message says why, as the reference logs it)."""
 
 
-def _host_ip(job: Job, node: str, node_ip: Callable[[str], str]) -> str:
+def host_ip(job: Job, node: str, node_ip: Callable[[str], str]) -> str:
+    """The host IP of ``job``'s server on ``node``: its pod's ``hostIp`` where the job declares one (the
+    reference reads it from the pod), else the IP the node's agents report (``node_ip``), else ""."""
     pod = next((p for p in job.pods if p.node == node), None)
-    return node_ip(node) or (pod.host_ip if pod else "")
+    return (pod.host_ip if pod is not None else "") or node_ip(node)
 
 
 def _pod_ip(job: Job, node: str) -> str:
@@ -68,7 +70,7 @@ def _server(job: Job, node: str, node_ip: Callable[[str], str]) -> dict[str, Any
         }
         for i, r in enumerate(job.ranks_on(node))
     ]
-    out: dict[str, Any] = {"device": devices, "server_id": _host_ip(job, node, node_ip) or node}
+    out: dict[str, Any] = {"device": devices, "server_id": host_ip(job, node, node_ip) or node}
     if pod_ip := _pod_ip(job, node):
         out["server_ip"] = pod_ip
     return out
@@ -79,7 +81,7 @@ def _super_pods(job: Job, node_ip: Callable[[str], str]) -> list[dict[str, Any]]
     for node in job.nodes():
         spids = {r.super_pod_id for r in job.ranks_on(node) if r.super_pod_id >= 0}
         for spid in spids:
-            by_pod.setdefault(spid, []).append(_host_ip(job, node, node_ip) or node)
+            by_pod.setdefault(spid, []).append(host_ip(job, node, node_ip) or node)
     return [
         {"super_pod_id": str(spid), "server_list": [{"server_id": s} for s in servers]}
         for spid, servers in sorted(by_pod.items())
@@ -95,7 +97,7 @@ def _ip_group(group_id: str, job: Job | None, what: str, node_ip: Callable[[str]
         raise NotReady(f"{what} server pod num is 0")
     servers = []
     for node, pod_ip in pods:
-        host = _host_ip(job, node, node_ip)
+        host = host_ip(job, node, node_ip)
         if not host or not pod_ip:
             raise NotReady(f"{what} server pod is not scheduled")
         servers.append({"server_id": host, "server_ip": pod_ip})
