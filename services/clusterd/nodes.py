@@ -142,6 +142,7 @@ class NodeRegistry:
         self._changes = center.node_changes  # what the scrape caches re-render (clusterd.pieces)
         self._nodes: dict[str, NodeState] = {}
         self._dirty: set[str] = set()
+        self._flush_lock = asyncio.Lock()
         self._gone: set[str] = set()  # forgotten nodes whose stored row is still to delete
         self._wake = asyncio.Event()
         self.flush_s = flush_s
@@ -164,19 +165,23 @@ class NodeRegistry:
 
     async def flush(self) -> None:
         """Write the nodes changed since the last flush and delete the rows of forgotten ones.
-        Raises ``sqlite3.Error`` (what was not written is retried by the next flush)."""
-        if not self._dirty and not self._gone:
-            return
-        names, self._dirty = self._dirty, set()
-        gone, self._gone = self._gone, set()
-        try:
-            await self._store.write_nodes({n: self._nodes[n].to_json() for n in names if n in self._nodes})
-            if gone:
-                await self._store.delete_nodes(sorted(gone - set(self._nodes)))
-        except BaseException:
-            self._dirty |= names
-            self._gone |= gone - set(self._nodes)
-            raise
+        Raises ``sqlite3.Error`` (what was not written is retried by the next flush). One flush at a
+        time: the writer loop's and the shutdown's may overlap, and a node row written by one after the
+        other deleted it would bring a forgotten node back at the next start."""
+        async with self._flush_lock:
+            if not self._dirty and not self._gone:
+                return
+            names, self._dirty = self._dirty, set()
+            gone, self._gone = self._gone, set()
+            try:
+                rows = {n: self._nodes[n].to_json() for n in names if n in self._nodes}
+                await self._store.write_nodes(rows)
+                if gone:
+                    await self._store.delete_nodes(sorted(gone - set(self._nodes)))
+            except BaseException:
+                self._dirty |= names
+                self._gone |= gone - set(self._nodes)
+                raise
 
     async def run(self) -> None:
         """Flush changes at most once per ``flush_s`` until cancelled (a failed write is retried)."""
