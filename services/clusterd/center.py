@@ -40,6 +40,7 @@ import asyncio
 import logging
 from collections import Counter as Tally
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -92,6 +93,7 @@ class _Op(NamedTuple):
     read_mark: tuple[str, str] | None = None  # a check_mark op: this scope's mark is the result
     cap: tuple[tuple[str, str], int] | None = None  # (scope, most faults it may hold after the op)
     guard: Callable[[FaultIndex], Exception | None] | None = None  # refuses the op when it returns one
+    note: dict[str, str] | None = None  # added to the attributes of its recover changes (who / why)
 
 
 class FaultCenter(FaultIndex):
@@ -165,6 +167,7 @@ class FaultCenter(FaultIndex):
         lane: Hashable | None = None,
         cap: tuple[tuple[str, str], int] | None = None,
         guard: Callable[[FaultIndex], Exception | None] | None = None,
+        note: dict[str, str] | None = None,
     ) -> asyncio.Future[list[Change]]:
         """Queue one operation without waiting (the agent stream pipelines its messages): the
         returned future gets the operation's changes once its batch is committed, or
@@ -183,7 +186,7 @@ class FaultCenter(FaultIndex):
         ups = upserts if type(upserts) is list else list(upserts)
         rms = removals if type(removals) is list else list(removals)
         keep = frozenset(keep_sources) if keep_sources else _NONE
-        op = _Op(ups, rms, replace_scope, origin, fut, keep, mark, None, cap, guard)
+        op = _Op(ups, rms, replace_scope, origin, fut, keep, mark, None, cap, guard, note)
         rows = len(ups) + len(rms) + 1  # a replace also removes (up to) what its scope holds now
         if replace_scope is not None:
             rows += len(self._by_scope.get(replace_scope, ()))
@@ -199,9 +202,18 @@ class FaultCenter(FaultIndex):
         return fut
 
     async def _submit(
-        self, upserts, removals=(), replace_scope=None, origin: str = "", keep_sources=frozenset(), guard=None
+        self,
+        upserts,
+        removals=(),
+        replace_scope=None,
+        origin="",
+        keep_sources=frozenset(),
+        guard=None,
+        note=None,
     ) -> list[Change]:
-        return await self.submit(upserts, removals, replace_scope, origin, keep_sources, guard=guard)
+        return await self.submit(
+            upserts, removals, replace_scope, origin, keep_sources, guard=guard, note=note
+        )
 
     async def upsert(self, fault: Fault, origin: str | None = None) -> list[Change]:
         """Add or update one fault; first-seen is kept from an existing record. Durable on return."""
@@ -217,10 +229,13 @@ class FaultCenter(FaultIndex):
         removals: Iterable[FaultKey],
         origin: str,
         guard: Callable[[FaultIndex], Exception | None] | None = None,
+        note: dict[str, str] | None = None,
     ) -> list[Change]:
         """Apply several upserts and removals of one owner atomically. Durable on return. Raises
-        what ``guard`` returns (:meth:`submit`), nothing applied."""
-        return await self._submit(upserts, removals, origin=origin, guard=guard)
+        what ``guard`` returns (:meth:`submit`), nothing applied. ``note``: attributes added to the
+        fault records of its recover changes (who released it and why, for the history); the
+        removed faults are gone, the note lives only in the changes."""
+        return await self._submit(upserts, removals, origin=origin, guard=guard, note=note)
 
     async def replace_origin(
         self, node: str, origin: str, faults: Iterable[Fault], keep_sources: Iterable[str] = ()
@@ -306,6 +321,8 @@ class FaultCenter(FaultIndex):
                 old = self._drop(key)
                 if old is not None:
                     undo.setdefault(key, (old, prev_origin))
+                    if op.note:
+                        old = replace(old, attributes={**old.attributes, **op.note})
                     changes.append(Change(RECOVER, old))
                     dirty[key] = None
                     touched.add((key.node, prev_origin))

@@ -58,6 +58,7 @@ import yaml
 from aiohttp import web
 from prometheus_client import Counter, Gauge
 
+from clusterd.audit import operator_note
 from clusterd.brain.component import ISOLATE_SOURCE
 from clusterd.center import OCCUR
 from clusterd.context import ClusterContext
@@ -367,18 +368,21 @@ class ManualSeparation:
         return s
 
     # -- release --------------------------------------------------------------------------------
-    async def release_npu(self, node: str, dev: int, by: str = "operator") -> list[str]:
+    async def release_npu(
+        self, node: str, dev: int, by: str = "operator", note: dict[str, str] | None = None
+    ) -> list[str]:
         """Release NPU ``dev`` (physical id) of ``node``. Returns who released it: ``clusterd`` (this
         policy's separation) and, for an operator, ``deviced`` when the node's deviced holds its own
         ManuallySeparateNPU escalation (frequency rule) and the release was sent to it on the agent
-        stream. Raises :class:`AgentUnavailable` when that deviced is not connected."""
+        stream. ``note`` (:func:`clusterd.audit.operator_note`: who, from where, why) goes into the history's recover
+        row and the log line. Raises :class:`AgentUnavailable` when that deviced is not connected."""
         out = []
         s = self.separated.pop((node, dev), None)
         if s is not None:
             for key in [k for k in self.counts if k[:2] == (node, dev)]:
                 del self.counts[key]
             await self.ctx.store.delete_separation(node, dev)
-            await self.ctx.center.apply([], [s.fault().key], SOURCE)
+            await self.ctx.center.apply([], [s.fault().key], SOURCE, note=note)
             self.stats[f"released_{by}"] += 1
             out.append("clusterd")
         if by == "operator" and any(
@@ -397,12 +401,15 @@ class ManualSeparation:
                 device_id=dev,
                 by=by,
                 at=",".join(out),
+                **(note or {}),
             )
         return out
 
-    async def release_node(self, node: str, by: str = "operator") -> list[dict[str, Any]]:
+    async def release_node(
+        self, node: str, by: str = "operator", note: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
         """Release every separated NPU of ``node`` (this policy's and deviced's) and its stress-test
-        isolation; returns what was released."""
+        isolation; returns what was released (``note``: as :meth:`release_npu`)."""
         devs = {k[1] for k in self.separated if k[0] == node}
         devs |= {
             f.device_id
@@ -411,13 +418,21 @@ class ManualSeparation:
         }
         out: list[dict[str, Any]] = []
         for dev in sorted(devs):
-            for who in await self.release_npu(node, dev, by):
+            for who in await self.release_npu(node, dev, by, note):
                 out.append({"node": node, "device_id": dev, "code": CODE, "by": who})
         iso = [f.key for f in self.ctx.center.faults_of_node(node) if f.source == ISOLATE_SOURCE]
         if iso:
-            await self.ctx.center.apply([], iso, ISOLATE_SOURCE)
+            await self.ctx.center.apply([], iso, ISOLATE_SOURCE, note=note)
             out += [{"node": node, "device_id": k.device_id, "code": k.code, "by": "clusterd"} for k in iso]
-            event(log, logging.INFO, "node isolation released", node=node, by=by, faults=len(iso))
+            event(
+                log,
+                logging.INFO,
+                "node isolation released",
+                node=node,
+                by=by,
+                faults=len(iso),
+                **(note or {}),
+            )
         return out
 
     # -- HTTP -----------------------------------------------------------------------------------
@@ -443,7 +458,9 @@ class ManualSeparation:
         if isinstance(dev, bool) or not isinstance(dev, int) or dev < 0:
             return json_response({"error": "device_id (physical id, integer >= 0) required"}, status=400)
         try:
-            who = await self.release_npu(body["node"], dev)
+            who = await self.release_npu(
+                body["node"], dev, note=operator_note(request, body, self.ctx.auth.enabled)
+            )
         except AgentUnavailable as e:
             return json_response({"error": str(e)}, status=503)
         if not who:
@@ -455,7 +472,9 @@ class ManualSeparation:
     async def _http_release_node(self, request: web.Request) -> web.Response:
         body = await self._body(request)
         try:
-            released = await self.release_node(body["node"])
+            released = await self.release_node(
+                body["node"], note=operator_note(request, body, self.ctx.auth.enabled)
+            )
         except AgentUnavailable as e:
             return json_response({"error": str(e)}, status=503)
         if not released:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from deviced.engine import HOT_RESET_FAILED, FaultEngine, UpgradeReason
+from deviced.state import DURATION, FREQUENCY
 from deviced.switch import SwitchState
 from deviced.tables import GATEWAY_PROBE, NETWORK_CODES_ALL
 from faultmesh._pb import agent_pb2
@@ -47,9 +48,9 @@ def chip_faults(engine: FaultEngine, node: str) -> list[Fault]:
                 attrs["unknown"] = "true"
             if code == GATEWAY_PROBE:
                 attrs["signal"] = "gateway-probe"
-            ups = [r.kind for (c, _k), r in d.reasons.items() if c == code]
+            ups = [r for (c, _k), r in d.reasons.items() if c == code]
             if ups:
-                attrs["upgrade"] = ",".join(sorted(ups))
+                attrs.update(why_raised(engine, code, ups))
             out.append(
                 Fault(
                     source=SOURCE,
@@ -81,12 +82,32 @@ def chip_faults(engine: FaultEngine, node: str) -> list[Fault]:
                     last_seen_ms=now,
                     attributes={
                         "logic_id": str(logic),
-                        "upgrade": ",".join(sorted(r.kind for r in rs)),
+                        **why_raised(engine, code, rs),
                         "recovered": "true",
                         "plane": plane(code),
                     },
                 )
             )
+    return out
+
+
+def why_raised(engine: FaultEngine, code: int, reasons: list[UpgradeReason]) -> dict[str, str]:
+    """The attributes that say why a rule raised ``code``'s level on a chip (issue 31): ``upgrade``
+    (the kinds, e.g. ``FaultFrequency``), ``upgrade_rule`` (each rule in words: "3 times in 86400 s
+    -> ManuallySeparateNPU", "lasting over 20 s -> PreSeparateNPU") and ``upgrade_occurrences_ms``
+    (the occurrence times, ms since the epoch, that the frequency rule counted)."""
+    out = {"upgrade": ",".join(sorted(r.kind for r in reasons))}
+    rules = []
+    for r in sorted(reasons, key=lambda r: r.kind):
+        if r.kind == FREQUENCY and (rule := engine.custom.frequency_rule(code)) is not None:
+            rules.append(f"{r.kind}: {rule.times} times in {rule.window_s} s -> {r.level.name}")
+            if r.occurrences:
+                out["upgrade_occurrences_ms"] = ",".join(str(t) for t in r.occurrences)
+        elif r.kind == DURATION and (rule := engine.custom.duration_rule(code)) is not None:
+            rules.append(f"{r.kind}: lasting over {rule.fault_timeout_s} s -> {r.level.name}")
+        else:
+            rules.append(f"{r.kind} -> {r.level.name}")
+    out["upgrade_rule"] = "; ".join(rules)
     return out
 
 

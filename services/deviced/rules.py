@@ -306,7 +306,7 @@ def run_frequency(eng: RuleHost, d: Device, now: int, fired: dict[int, int]) -> 
                     times=len(fs.times),
                     fault_level=rule.level.name,
                 )
-            eng.set_reason(d, UpgradeReason(code, rule.level, FREQUENCY, fs.last_fault_ms))
+            eng.set_reason(d, UpgradeReason(code, rule.level, FREQUENCY, fs.last_fault_ms, tuple(fs.times)))
             fired[d.ids.logic] = code
             changed = True
         elif (

@@ -70,12 +70,14 @@ class FrequencyState:
 @dataclass
 class UpgradeReason:
     """An escalation kept for a chip: ``code``, ``level``, ``kind`` (FaultFrequency / FaultDuration /
-    HotResetFailed), ``time_ms``."""
+    HotResetFailed), ``time_ms``; ``occurrences``: the occurrence times (ms) a frequency rule counted
+    when it fired (why the chip was raised, issue 31; not kept in the state file)."""
 
     code: int
     level: NpuLevel
     kind: str
     time_ms: int
+    occurrences: tuple[int, ...] = ()
 
 
 @dataclass

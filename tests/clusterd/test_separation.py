@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import aiohttp
 import pytest
@@ -239,3 +240,41 @@ def test_software_fault_index_answers_as_the_pairwise_scan(rows):
         for t, n, d, c, _ in seen
     ]
     assert on_another_npu(seen, seen, 30) == want
+
+
+async def test_the_history_says_who_released_and_why(tmp_path, capsys, caplog):
+    caplog.set_level(logging.INFO, logger="clusterd.separation")
+    cd, clock, _, _ = await start(tmp_path)
+    try:
+        await separate_by_policy(cd, clock, "node-7", 5)
+        http = ["--http", f"127.0.0.1:{cd.http.port}", "--token-file", str(tmp_path / "token")]
+        rc = await asyncio.to_thread(
+            cli_main,
+            ["release", "npu", "node-7/5", "--by", "alice", "--reason", "card swapped, RMA 4711", *http],
+        )
+        assert rc == 0
+        await cd.center.drain_sinks(5.0)
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{cd.http.port}/v1/events?node=node-7&code={CODE}") as r:
+                events = await r.json()
+        [rec] = [e for e in events if e["kind"] == "recover"]
+        a = rec["attributes"]
+        assert (a["released_by"], a["release_reason"], a["release_auth"]) == (
+            "alice",
+            "card swapped, RMA 4711",
+            "token",
+        )
+        assert a["release_addr"] == "127.0.0.1"
+        assert "npu separation released" in caplog.text and "released_by=alice" in caplog.text
+        capsys.readouterr()
+        rc = await asyncio.to_thread(cli_main, ["history", "--node", "node-7", "--code", CODE, *http])
+        assert rc == 0
+        out = capsys.readouterr().out
+        assert "WHY" in out.splitlines()[0] and "released by alice: card swapped, RMA 4711" in out
+        hdr = {"Authorization": f"Bearer {TOKEN}"}
+        async with aiohttp.ClientSession() as s:
+            body = {"node": "node-7", "device_id": 5, "reason": "x" * 600}
+            async with s.post(f"http://127.0.0.1:{cd.http.port}/v1/release/npu", json=body, headers=hdr) as r:
+                assert r.status == 400 and "reason" in json.loads(await r.text())["error"]
+    finally:
+        await cd.stop()

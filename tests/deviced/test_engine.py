@@ -382,3 +382,29 @@ def test_aic_bus_fault_not_held_without_hbm_duration_rule(eng):
     ev(eng, 0, 0x80C98009, OCCUR)
     eng.cycle()
     assert 0x80C98009 in eng.devices[0].chip
+
+
+def test_a_rule_raised_level_says_which_rule_and_which_occurrences(clock):
+    """Why a chip was separated (issue 31): the fault record names the rule in words and the
+    occurrence times it counted, not only ``upgrade=FaultFrequency``."""
+    from deviced.faults import chip_faults
+
+    custom = Customization.from_obj(
+        {"FaultFrequency": [{"EventId": ["80E18005"], "TimeWindow": 3600, "Times": 3,
+                             "FaultHandling": "SeparateNPU", "ReleaseTimeWindow": 600}]}
+    )  # fmt: skip
+    e = FaultEngine(FaultCodeTable.load(), custom, clock=clock)
+    e.set_devices([DeviceIds(0, 0, 0, 0)])
+    seen = []
+    for i in range(3):
+        seen.append(clock())
+        e.submit(DeviceEvent(0, 0x80E18005, OCCUR, 2, clock()))
+        e.cycle()
+        if i < 2:
+            e.submit(DeviceEvent(0, 0x80E18005, RECOVER, 2, clock()))
+            step(e, clock, 2 * S)
+    [f] = [f for f in chip_faults(e, "node-1") if f.code == "80E18005"]
+    assert f.level == "SeparateNPU"
+    assert f.attributes["upgrade"] == "FaultFrequency"
+    assert f.attributes["upgrade_rule"] == "FaultFrequency: 3 times in 3600 s -> SeparateNPU"
+    assert f.attributes["upgrade_occurrences_ms"] == ",".join(str(t) for t in seen)

@@ -26,6 +26,17 @@ function table(headers, rows, attrs) {
   return h("table", attrs || {}, h("tr", {}, headers.map(x => h("th", {}, x))),
     rows.map(r => h("tr", {}, r.map(c => h("td", {}, c)))));
 }
+// why a change happened (as `faultmesh history`'s WHY): who released it and why, or the rule that raised it
+function why(e) {
+  const a = e.attributes || {};
+  if (a.released_by) return `released by ${a.released_by}` + (a.release_reason ? `: ${a.release_reason}` : "");
+  if (a.upgrade_rule) {
+    const n = (a.upgrade_occurrences_ms || "").split(",").filter(x => x).length;
+    return a.upgrade_rule + (n ? ` (${n} occurrences)` : "");
+  }
+  return "";
+}
+
 function device(f) { return f.device_id < 0 ? f.device_type : `${f.device_type}-${f.device_id}`; }
 function show(...nodes) { const m = document.getElementById("main"); m.replaceChildren(...nodes); }
 
@@ -107,8 +118,8 @@ async function nodePage(name) {
     h("h2", {}, "History"),
     events.length ? h("div", {}, timeline(events.slice(-30).map(e => ({ t: e.ts_ms, color: kindColor[e.kind],
       label: `${e.kind} ${device(e)} ${e.code} ${e.level}` }))),
-      table(["time", "change", "device", "code", "level", "source"],
-        events.slice().reverse().map(e => [ts(e.ts_ms), e.kind, device(e), e.code, e.level, e.source]), { id: "history" }))
+      table(["time", "change", "device", "code", "level", "source", "why"],
+        events.slice().reverse().map(e => [ts(e.ts_ms), e.kind, device(e), e.code, e.level, e.source, why(e)]), { id: "history" }))
       : h("p", { class: "muted" }, "nothing happened on this node (within the kept history)"));
 }
 

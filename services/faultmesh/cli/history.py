@@ -19,6 +19,20 @@ def _device(e: dict) -> str:
     return e["device_type"] if e["device_id"] < 0 else f"{e['device_type']}-{e['device_id']}"
 
 
+def why(e: dict) -> str:
+    """Why a change happened, from its attributes: the rule that raised a level (``upgrade_rule``,
+    with how many occurrences it counted) or who released a separation and why (``released_by``,
+    ``release_reason``); "" for a plain change."""
+    a = e.get("attributes") or {}
+    if a.get("released_by"):
+        reason = a.get("release_reason", "")
+        return f"released by {a['released_by']}" + (f": {reason}" if reason else "")
+    if a.get("upgrade_rule"):
+        n = len([t for t in a.get("upgrade_occurrences_ms", "").split(",") if t])
+        return a["upgrade_rule"] + (f" ({n} occurrences)" if n else "")
+    return ""
+
+
 @run
 def cmd_history(args: argparse.Namespace) -> int:
     """Print fault changes (occur / update / recover), oldest first. A ``--node`` with no change
@@ -29,9 +43,10 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.node and not data:  # nothing kept, or no such node: exit 4 like `faults --node`
         get_node(args, args.node)
     rows = [
-        (_ts(e["ts_ms"]), e["kind"], e["node"], _device(e), e["code"], e["level"], e["source"]) for e in data
+        (_ts(e["ts_ms"]), e["kind"], e["node"], _device(e), e["code"], e["level"], e["source"], why(e))
+        for e in data
     ]
-    emit(args, data, rows, ("TIME", "CHANGE", "NODE", "DEVICE", "CODE", "LEVEL", "SOURCE"))
+    emit(args, data, rows, ("TIME", "CHANGE", "NODE", "DEVICE", "CODE", "LEVEL", "SOURCE", "WHY"))
     return 0
 
 

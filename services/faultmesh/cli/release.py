@@ -7,6 +7,7 @@ See :mod:`clusterd.separation`."""
 from __future__ import annotations
 
 import argparse
+import getpass
 
 from faultmesh.cli.common import UsageError, add_server_flags, emit, http_json, run
 
@@ -24,17 +25,38 @@ def _released(args: argparse.Namespace, data) -> int:
     return 0
 
 
+def _who(args: argparse.Namespace) -> dict[str, str]:
+    """Who releases and why, as the history keeps it (``--by``, default the login name; ``--reason``)."""
+    out = {"by": args.by or _login()}
+    if args.reason:
+        out["reason"] = args.reason
+    return out
+
+
+def _login() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name (a container without a passwd entry)
+        return "operator"
+
+
 @run
 def cmd_npu(args: argparse.Namespace) -> int:
     """Release one manually separated NPU (POST /v1/release/npu)."""
     node, phy = _npu(args.npu)
-    return _released(args, http_json(args, "POST", "/v1/release/npu", {"node": node, "device_id": phy}))
+    body = {"node": node, "device_id": phy, **_who(args)}
+    return _released(args, http_json(args, "POST", "/v1/release/npu", body))
 
 
 @run
 def cmd_node(args: argparse.Namespace) -> int:
     """Release a node's separated NPUs and its stress-test isolation (POST /v1/release/node)."""
-    return _released(args, http_json(args, "POST", "/v1/release/node", {"node": args.node}))
+    return _released(args, http_json(args, "POST", "/v1/release/node", {"node": args.node, **_who(args)}))
+
+
+def _add_who(q: argparse.ArgumentParser) -> None:
+    q.add_argument("--reason", help="why (kept in the fault history: faultmesh history, /v1/events)")
+    q.add_argument("--by", help="who releases (default: your login name; kept in the history)")
 
 
 @run
@@ -53,10 +75,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = rs.add_parser("npu", help="release one NPU: NODE/PHYID")
     add_server_flags(q)
     q.add_argument("npu", metavar="NODE/PHYID")
+    _add_who(q)
     q.set_defaults(func=cmd_npu)
     q = rs.add_parser("node", help="release every separated NPU of NODE and its stress-test isolation")
     add_server_flags(q)
     q.add_argument("node", metavar="NODE")
+    _add_who(q)
     q.set_defaults(func=cmd_node)
     q = rs.add_parser("list", help="list the manually separated NPUs")
     add_server_flags(q)
