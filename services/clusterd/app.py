@@ -38,6 +38,7 @@ import grpc
 from grpc_health.v1 import health
 from prometheus_client import Counter, Gauge
 
+from clusterd import breaker
 from clusterd.api.grpcserver import (
     DecodeGuardInterceptor,
     RateLimitInterceptor,
@@ -51,6 +52,7 @@ from clusterd.auth import PROTECTED, TokenAuth
 from clusterd.brain.component import BrainComponent
 from clusterd.brain.decisions import DecisionLog
 from clusterd.brain.jobs import JobRegistry
+from clusterd.breaker import IsolationBreaker
 from clusterd.center import FaultCenter
 from clusterd.context import ClusterContext, Metrics
 from clusterd.faultseries import FaultSeriesCollector
@@ -123,6 +125,7 @@ def build_parser(classes: list[type] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", help="PEM server certificate: enables TLS on gRPC")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--tls-ca", help="PEM CA: clients must present a certificate it signed (mTLS)")
+    breaker.add_arguments(p)
     p.add_argument("--token-file", help="bearer token that mutating RPCs and agents must send")
     p.add_argument(
         "--token-scope",
@@ -242,7 +245,12 @@ class ClusterD:
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         ctx = self.ctx
         self.pubfault = PubFaultComponent(ctx)
-        self.separation = ManualSeparation(ctx)
+        self.breaker = IsolationBreaker(
+            args.isolation_max_share, args.isolation_window_s, lambda: len(nodes.names()), registry,
+            token_checked=auth.enabled,
+        )  # fmt: skip
+        self.breaker.add_routes(http.app.router)
+        self.separation = ManualSeparation(ctx, self.breaker)
         self.separation.add_routes(http.app.router)
         jobs = JobRegistry(ctx.store)
         decisions = DecisionLog(ctx.store, registry, ctx.tasks.spawn)
@@ -255,6 +263,7 @@ class ClusterD:
             decisions=decisions.subscribe,
             reports=reports.append,
             elector=elector,
+            breaker=self.breaker,
         )
         podgroups = kube.enabled and kube.handoff is not None and ctx.config.kube_podgroups == "on"
         platform = PodGroupPlatform(kube.handoff) if podgroups else None  # platform mode on PodGroups

@@ -60,6 +60,7 @@ from prometheus_client import Counter, Gauge
 
 from clusterd.audit import operator_note
 from clusterd.brain.component import ISOLATE_SOURCE
+from clusterd.breaker import IsolationBreaker
 from clusterd.center import OCCUR
 from clusterd.context import ClusterContext
 from faultmesh._pb import agent_pb2
@@ -214,8 +215,10 @@ class ManualSeparation:
             help="s between policy ticks (reference 15)",
         )
 
-    def __init__(self, ctx: ClusterContext, clock=now_ms) -> None:
+    def __init__(self, ctx: ClusterContext, breaker: IsolationBreaker | None = None, clock=now_ms) -> None:
+        """``breaker``: asked before an NPU's node is newly isolated (:mod:`clusterd.breaker`)."""
         self.ctx = ctx
+        self.breaker = breaker
         self.clock = clock
         self.path = getattr(ctx.config, "manual_separation_policy", None)
         self.check_s = getattr(ctx.config, "manual_separation_check_s", 15.0)
@@ -343,6 +346,8 @@ class ManualSeparation:
             self.stats["counted"] += 1
             n = self.policy.threshold
             if len(times) >= n and times[-1] - times[-n] < window:
+                if self.breaker is not None and not self.breaker.admit(node, "separation"):
+                    continue  # held: the count stays, the next occurrence asks again
                 del self.counts[(node, dev, code)]
                 await self.separate(node, dev, code, now)
         if self.policy.free_hours != -1:

@@ -74,7 +74,7 @@ def test_promtool_check_rules_raw_and_rendered(chart, tmp_path):
     promtool = _promtool()
     res = subprocess.run([promtool, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS: 18 rules found" in res.stdout
+    assert "SUCCESS: 19 rules found" in res.stdout
     rule = find(render_objects(chart, load_values("full.yaml")), "PrometheusRule", "")
     rendered = tmp_path / "rendered-rules.yaml"
     rendered.write_text(yaml.safe_dump(rule["spec"]))

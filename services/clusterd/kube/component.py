@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from clusterd.brain.jobs import JobRegistry
+from clusterd.breaker import IsolationBreaker
 from clusterd.kube import control as kcontrol
 from clusterd.kube import formats, podgroups
 from clusterd.kube import jobs as kjobs
@@ -150,6 +151,7 @@ class KubeComponent:
         decisions: Callable[[Callable[[str, dict], None]], None] | None = None,
         reports: Callable[[Callable[[str, list, str], None]], None] | None = None,
         elector: LeaseElector | None = None,
+        breaker: IsolationBreaker | None = None,
     ) -> None:
         self.ctx = ctx
         self.policy = policy
@@ -159,8 +161,10 @@ class KubeComponent:
         self.annotator = NodeAnnotator(ctx.nodes, self.metrics, self._known_node)
         self.consumer = KubeConsumer(a, ctx.center, ctx.nodes, self.metrics, public_faults, self._mark)
         self.publisher = ClusterInfoPublisher(
-            a, ctx.center, ctx.nodes, self.consumer.device_docs, self.metrics, self.annotator.due.set
+            a, ctx.center, ctx.nodes, self.consumer.device_docs, self.metrics, self.annotator.due.set, breaker
         )
+        if breaker is not None:
+            breaker.on_release.append(self.publisher.on_breaker_release)
         self.signals = NodeSignals(
             a, ctx.center, ctx.nodes, self.metrics, self._known_node, self._node_count, self._node_taints,
             ctx.metrics.registry,

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import orjson
 
+from clusterd.breaker import IsolationBreaker
 from clusterd.center import FaultCenter
 from clusterd.kube import formats
 from clusterd.kube.consumer import NODEINFO_REPORTER
@@ -35,6 +36,16 @@ log = logging.getLogger("clusterd.kube")
 
 VOLCANO_LABEL = ("mx-consumer-volcano", "true")
 MANAGED_BY = ("app.kubernetes.io/managed-by", "faultmesh-clusterd")
+
+
+def _isolates(entries: dict[str, dict]) -> bool:
+    """Do a node's cluster-info entries take capacity away: an NPU in an ``-Unhealthy`` list, or the
+    node's status UnHealthy (what Volcano schedules by)?"""
+    dev = entries.get("device")
+    if dev is not None and any(k.endswith("-Unhealthy") and v for k, v in dev.get("DeviceList", {}).items()):
+        return True
+    node = entries.get("node")
+    return node is not None and node.get("NodeStatus") == "UnHealthy"
 
 
 HA_HOLDOFF_S = 15.0  # a new leader: the agents reconnect within their 10 s backoff cap
@@ -70,8 +81,11 @@ class ClusterInfoPublisher:
         device_docs: dict[str, formats.DeviceInfoDoc],
         metrics: KubeMetrics,
         after_publish: Callable[[], None],
+        breaker: IsolationBreaker | None = None,
     ) -> None:
+        """``breaker``: asked before a node is newly published as isolated (:mod:`clusterd.breaker`)."""
         self.args = args
+        self.breaker = breaker
         self.center = center
         self.nodes = nodes
         self.device_docs = device_docs
@@ -140,19 +154,34 @@ class ClusterInfoPublisher:
             "switch": bool(switch or (doc and doc.switch_info)),
             "node": bool(node_faults or agent_status not in ("", "Healthy")),
         }
-        for kind, cache in self._parts.items():
+        built: dict[str, dict] = {}
+        for kind in self._parts:
             if not present[kind]:
+                continue
+            if kind == "device":
+                built[kind] = formats.build_device_entry(node, type_name, npu, devs, doc)
+            elif kind == "switch":
+                built[kind] = formats.build_switch_entry(node, switch, doc.switch_info if doc else None)
+            else:
+                built[kind] = formats.build_node_entry(node, node_faults, agent_status)
+        if self.breaker is not None:
+            if not _isolates(built):
+                self.breaker.forget(node)
+            elif not self.breaker.admit(node, "cluster-info"):
+                return  # held (clusterd.breaker): Volcano keeps seeing what was published before
+        for kind, cache in self._parts.items():
+            entry = built.get(kind)
+            if entry is None:
                 if node in cache:
                     self._entries.pop(cache.pop(node)[0], None)
                 continue
-            if kind == "device":
-                entry = formats.build_device_entry(node, type_name, npu, devs, doc)
-            elif kind == "switch":
-                entry = formats.build_switch_entry(node, switch, doc.switch_info if doc else None)
-            else:
-                entry = formats.build_node_entry(node, node_faults, agent_status)
             key = entry["CmName"]
             cache[node] = (key, formats.entry_part(key, self._stamp(key, entry, now_s)))
+
+    def on_breaker_release(self, nodes: list[str]) -> None:
+        """The isolation breaker was released: publish the nodes it held."""
+        for node in nodes:
+            self.mark(node)
 
     async def refresh(self, full: bool = False) -> None:
         """Recompute the entries of the nodes that changed (all nodes when ``full``), yielding to the

@@ -1,7 +1,8 @@
 """``faultmesh release npu NODE/PHY`` and ``faultmesh release node NODE``: an operator releases a
 manually separated NPU, or every separated NPU of a node plus its stress-test isolation, through
 clusterd's authenticated HTTP API (``POST /v1/release/npu`` / ``/v1/release/node``; the bearer token
-from ``--token-file`` or ``FAULTMESH_TOKEN``). ``faultmesh release list`` shows the separated NPUs.
+from ``--token-file`` or ``FAULTMESH_TOKEN``). ``faultmesh release list`` shows the separated NPUs; ``faultmesh release breaker`` releases the
+isolation circuit breaker (:mod:`clusterd.breaker`).
 See :mod:`clusterd.separation`."""
 
 from __future__ import annotations
@@ -60,6 +61,18 @@ def _add_who(q: argparse.ArgumentParser) -> None:
 
 
 @run
+def cmd_breaker(args: argparse.Namespace) -> int:
+    """Release the isolation circuit breaker (POST /v1/release/breaker): the nodes it held are
+    isolated now. Check the faults first (``faultmesh faults``)."""
+    data = http_json(args, "POST", "/v1/release/breaker", _who(args))
+    rows = [(n, "held isolation released") for n in data["released"]]
+    if not rows and not data["was_open"]:
+        rows = [("-", "the breaker was not open")]
+    emit(args, data, rows, ("NODE", "RESULT"))
+    return 0
+
+
+@run
 def cmd_list(args: argparse.Namespace) -> int:
     """List the manually separated NPUs (GET /v1/separations)."""
     data = http_json(args, "GET", "/v1/separations")
@@ -82,6 +95,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("node", metavar="NODE")
     _add_who(q)
     q.set_defaults(func=cmd_node)
+    q = rs.add_parser("breaker", help="release the isolation circuit breaker: the nodes it held are isolated")
+    add_server_flags(q)
+    _add_who(q)
+    q.set_defaults(func=cmd_breaker)
     q = rs.add_parser("list", help="list the manually separated NPUs")
     add_server_flags(q)
     q.set_defaults(func=cmd_list)
