@@ -29,7 +29,7 @@ from support import ClusterdProcess, eventually, public_request
 
 from clusterd.kube import hastate
 from clusterd.kube.hastate import KubeState, MirroredStore, StateMetrics, StateWriteError, encode, pack
-from faultmesh._pb import profiling_pb2, profiling_pb2_grpc, pubfault_pb2_grpc
+from faultmesh._pb import profiling_pb2, profiling_pb2_grpc, pubfault_pb2_grpc, recover_pb2, recover_pb2_grpc
 from faultmesh.agent import AgentClient, AgentState, split_targets
 from faultmesh.kube import KubeApi
 from faultmesh.model import Fault
@@ -199,6 +199,10 @@ async def test_leader_killed_follower_leads_with_acked_state(k8s, tmp_path):
                     jobNsName="default/llama", profilingSwitch=profiling_pb2.ProfilingSwitch(Step="on")
                 )
             )
+            init = await recover_pb2_grpc.RecoverStub(ch).Init(
+                recover_pb2.ClientInfo(jobId="job-ha", role="taskd")
+            )
+        assert init.code == 0
         state = AgentState("node-1")
         state.upsert(Fault("noded", "node-1", "CPU", 0, "00000001", "SeparateFault"))
         agent = AgentClient(f"{b.grpc},{a.grpc}", "node-1", "noded", state=state, backoff_max_s=1.0)
@@ -240,7 +244,12 @@ async def test_leader_killed_follower_leads_with_acked_state(k8s, tmp_path):
             r = await profiling_pb2_grpc.TrainingDataTraceStub(ch).GetTrainingDataTraceSwitch(
                 profiling_pb2.DataStatusReq(jobNsName="default/llama")
             )
+            # TaskD's manager does not call Init again after a reconnect: its Init survived the failover
+            reg = await recover_pb2_grpc.RecoverStub(ch).Register(
+                recover_pb2.ClientInfo(jobId="job-ha", role="taskd")
+            )
         assert r.profilingSwitch.Step == "on"
+        assert reg.code == 0, reg.info
         assert await metric(b, "faultmesh_clusterd_leader") == 1
         assert await metric(b, "faultmesh_kube_watch_restarts_total", why="expired") >= 1
         # The agent reconnected to the new leader and its snapshot is back.

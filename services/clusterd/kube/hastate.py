@@ -7,7 +7,9 @@ write-through mirror of the durable state that agents cannot re-send:
 - the fault center's records of origin ``public`` (PubFault RPCs and public-fault ConfigMaps);
 - the key-value namespaces of :data:`MIRRORED_NS`: the job registry with each job's recovery state
   (``jobs``), pod-derived jobs (``kube-jobs``), data-trace switches (``datatrace``), slow-node jobs
-  (``slownode.jobs``) and the slow-net configuration (``slownet``);
+  (``slownode.jobs``), the slow-net configuration (``slownet``), the jobs whose Recover Init was
+  accepted (``recover_init``: TaskD's manager calls Init once per process, then only Register) and the
+  public recovers that came before their occur (``pubfault_pending``);
 - the manual separations (:mod:`clusterd.separation`).
 
 Agent faults and node states are not mirrored: each agent re-sends its snapshot to the new leader.
@@ -84,7 +86,9 @@ SUM_KEY = "sha256"
 MAX_RAW_BYTES = 64 << 20  # a document that inflates beyond this is rejected (not a gzip bomb)
 LABELS = {"app.kubernetes.io/managed-by": "faultmesh", "app.kubernetes.io/component": "clusterd-state"}
 MIRRORED_ORIGINS = frozenset({"public"})
-MIRRORED_NS = frozenset({"jobs", "kube-jobs", "datatrace", "slownode.jobs", "slownet"})
+MIRRORED_NS = frozenset(
+    {"jobs", "kube-jobs", "datatrace", "slownode.jobs", "slownet", "recover_init", "pubfault_pending"}
+)
 DEFAULT_MAX_BYTES = 900_000
 _MISSING = object()
 
