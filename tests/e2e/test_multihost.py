@@ -1,0 +1,217 @@
+"""Three hosts as network namespaces (issue 29): clusterd on one, noded + deviced on two others, across a
+bridge on a private 10.x subnet. Every node shows its IP (--node-ip) in /v1/nodes; an NPU fault on a
+host reaches clusterd; a host cut off from the network is marked stale, keeps its last faults, and after
+the link is back clusterd equals its agents' truth (a fault raised meanwhile arrives); clusterd killed
+with -9 and restarted converges to both hosts' faults.
+
+Runs where the test may create network namespaces (root with ``ip``: CI); elsewhere it skips with the
+reason. All traffic stays inside the namespaces (the root namespace only owns the bridge); the
+namespaces and links are removed on exit, and any left by a run that was killed are removed first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support import wait_for
+
+PREFIX = "fmh"  # every netns / link of these tests starts with it (stale ones are removed)
+BIN = Path(sys.executable).parent
+SUBNET = "10.231.77"
+HOSTS = ("h1", "h2", "h3")
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True, timeout=20)
+
+
+def _can_make_namespaces() -> str:
+    """ "" when this run may create network namespaces, else why not."""
+    if shutil.which("ip") is None:
+        return "no ip(8)"
+    if os.geteuid() != 0:
+        return "not root: network namespaces need CAP_SYS_ADMIN"
+    probe = f"{PREFIX}probe{os.getpid()}"
+    if _ip("netns", "add", probe, check=False).returncode != 0:
+        return "ip netns add refused (no namespaces in this container)"
+    _ip("netns", "del", probe, check=False)
+    return ""
+
+
+WHY_NOT = _can_make_namespaces()
+pytestmark = [pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT), pytest.mark.timeout(240)]
+
+
+def _remove_stale() -> None:
+    """Namespaces and links of this test left by a run that was killed."""
+    for line in _ip("netns", "list", check=False).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if name.startswith(PREFIX):
+            _ip("netns", "del", name, check=False)
+    for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if name.startswith(PREFIX):
+            _ip("link", "del", name, check=False)
+
+
+class Net:
+    """The bridge, the three namespaces and the processes started in them."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tag = f"{PREFIX}{os.getpid() % 10000}"
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen] = []
+        self.ns = {h: f"{self.tag}{h}" for h in HOSTS}
+        self.addr = {h: f"{SUBNET}.{i}" for i, h in enumerate(HOSTS, start=1)}
+
+    def up(self) -> None:
+        br = f"{self.tag}br"
+        _ip("link", "add", br, "type", "bridge")
+        _ip("link", "set", br, "up")
+        for i, h in enumerate(HOSTS, start=1):
+            ns, inner, outer = self.ns[h], f"{self.tag}v{i}", f"{self.tag}p{i}"
+            _ip("netns", "add", ns)
+            _ip("link", "add", inner, "type", "veth", "peer", "name", outer)
+            _ip("link", "set", inner, "netns", ns)
+            _ip("link", "set", outer, "master", br)
+            _ip("link", "set", outer, "up")
+            _ip("-n", ns, "addr", "add", f"{self.addr[h]}/24", "dev", inner)
+            _ip("-n", ns, "link", "set", inner, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+
+    def down(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        for ns in self.ns.values():
+            _ip("netns", "del", ns, check=False)
+        _ip("link", "del", f"{self.tag}br", check=False)
+
+    def link(self, host: str, state: str) -> None:
+        """Cut (``down``) or heal (``up``) ``host``'s cable (its bridge port)."""
+        _ip("link", "set", f"{self.tag}p{HOSTS.index(host) + 1}", state)
+
+    def start(self, host: str, name: str, *argv: str) -> subprocess.Popen:
+        log = open(self.tmp / f"{host}-{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        p = subprocess.Popen(
+            ["ip", "netns", "exec", self.ns[host], *argv], stdout=log, stderr=subprocess.STDOUT, env=env
+        )
+        self.procs.append(p)
+        return p
+
+    def run(self, host: str, *argv: str) -> str:
+        """Run a command inside ``host`` and return its output (raises on failure)."""
+        out = subprocess.run(
+            ["ip", "netns", "exec", self.ns[host], *argv], capture_output=True, text=True, timeout=30
+        )
+        if out.returncode != 0:
+            raise AssertionError(f"{argv} in {host}: {out.stdout} {out.stderr}")
+        return out.stdout
+
+    def get(self, path: str):
+        """GET clusterd's HTTP API (bound on h1's loopback) from inside h1."""
+        code = (
+            "import sys,urllib.request;print(urllib.request.urlopen(sys.argv[1],timeout=3).read().decode())"
+        )
+        try:
+            return json.loads(self.run("h1", sys.executable, "-c", code, f"http://127.0.0.1:8080{path}"))
+        except (AssertionError, ValueError):  # not up yet, or not JSON
+            return None
+
+
+@pytest.fixture
+def net(tmp_path):
+    _remove_stale()
+    n = Net(tmp_path)
+    try:
+        n.up()
+        yield n
+    finally:
+        n.down()
+
+
+def start_clusterd(net: Net) -> subprocess.Popen:
+    return net.start(
+        "h1", "clusterd", str(BIN / "clusterd"), "--grpc-addr", f"{net.addr['h1']}:8899",
+        "--http-addr", "127.0.0.1:8080", "--state-dir", str(net.tmp / "state"), "--agent-stale-after-s", "6",
+    )  # fmt: skip
+
+
+def start_agents(net: Net, host: str) -> None:
+    node, ip, cd = f"server-{host}", net.addr[host], f"{net.addr['h1']}:8899"
+    net.start(
+        host, "deviced", str(BIN / "deviced"), "--node-name", node, "--node-ip", ip, "--backend", "sim",
+        "--clusterd", cd, "--http-addr", "127.0.0.1:0", "--sim-control-addr", "127.0.0.1:8090",
+        "--probe-interval", "0", "--clusterd-backoff-max", "2",
+    )  # fmt: skip
+    net.start(
+        host, "noded", str(BIN / "noded"), "--node-name", node, "--node-ip", ip, "--clusterd", cd,
+        "--http-addr", "127.0.0.1:11255", "--pingmesh-backend", "off", "--clusterd-backoff-max", "2",
+    )  # fmt: skip
+
+
+def fault(net: Net, host: str, device: int, code: str) -> None:
+    net.run(host, str(BIN / "faultmesh"), "device-sim", "--sim", "127.0.0.1:8090", "fault", str(device), code)
+
+
+def has(net: Net, node: str, device: int, code: str) -> bool:
+    faults = net.get("/v1/faults") or []
+    return any(f["node"] == node and f["device_id"] == device and f["code"] == code for f in faults)
+
+
+def test_three_hosts_identity_faults_partition_and_restart(net):
+    cd = start_clusterd(net)
+    wait_for(lambda: net.get("/v1/nodes") is not None, "clusterd up", 30)
+    for h in ("h2", "h3"):
+        start_agents(net, h)
+
+    def ips():
+        nodes = {n["name"]: n for n in (net.get("/v1/nodes") or [])}
+        got = {h: nodes.get(f"server-{h}", {}).get("node_ip") for h in ("h2", "h3")}
+        return got if got == {"h2": net.addr["h2"], "h3": net.addr["h3"]} else None
+
+    wait_for(ips, "every node's IP in /v1/nodes", 60)
+
+    t0 = time.monotonic()
+    fault(net, "h2", 3, "80E18008")
+    wait_for(lambda: has(net, "server-h2", 3, "80E18008"), "h2's NPU fault at clusterd", 20)
+    assert time.monotonic() - t0 < 20
+
+    # h3 cut off: marked stale, its last faults kept; a fault raised meanwhile arrives after healing
+    fault(net, "h3", 1, "80E18008")
+    wait_for(lambda: has(net, "server-h3", 1, "80E18008"), "h3's first fault", 20)
+    net.link("h3", "down")
+
+    def stale():
+        nodes = {n["name"]: n for n in (net.get("/v1/nodes") or [])}
+        return bool(nodes.get("server-h3", {}).get("stale_agents"))
+
+    wait_for(stale, "h3's agents marked stale", 40)
+    assert has(net, "server-h3", 1, "80E18008")  # kept while h3 is unreachable
+    fault(net, "h3", 4, "80E18008")
+    time.sleep(1.0)
+    assert not has(net, "server-h3", 4, "80E18008")  # nothing crosses a cut cable
+    net.link("h3", "up")
+    wait_for(lambda: has(net, "server-h3", 4, "80E18008"), "h3's fault after healing", 40)
+
+    # clusterd killed -9 and started again: both hosts' faults come back
+    cd.send_signal(signal.SIGKILL)
+    cd.wait(10)
+    start_clusterd(net)
+    wait_for(
+        lambda: all(
+            has(net, n, d, "80E18008") for n, d in (("server-h2", 3), ("server-h3", 1), ("server-h3", 4))
+        ),
+        "the faults of both hosts after the restart",
+        60,
+    )
