@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -50,15 +51,29 @@ WHY_NOT = _can_make_namespaces()
 pytestmark = [pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT), pytest.mark.timeout(240)]
 
 
+def _stale(name: str) -> bool:
+    """Is ``name`` one of ours whose run (the pid in its name) is gone?"""
+    m = re.match(rf"{PREFIX}(\d+)", name)
+    if m is None:
+        return False
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def _remove_stale() -> None:
-    """Namespaces and links of this test left by a run that was killed."""
+    """Namespaces and links of this test left by a run that was killed (a live run's are kept)."""
     for line in _ip("netns", "list", check=False).stdout.splitlines():
         name = line.split()[0] if line.split() else ""
-        if name.startswith(PREFIX):
+        if _stale(name):
             _ip("netns", "del", name, check=False)
     for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
         name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
-        if name.startswith(PREFIX):
+        if _stale(name):
             _ip("link", "del", name, check=False)
 
 
@@ -66,7 +81,7 @@ class Net:
     """The bridge, the three namespaces and the processes started in them."""
 
     def __init__(self, tmp: Path) -> None:
-        self.tag = f"{PREFIX}{os.getpid() % 10000}"
+        self.tag = f"{PREFIX}{os.getpid()}"  # interface names stay within 15 characters
         self.tmp = tmp
         self.procs: list[subprocess.Popen] = []
         self.ns = {h: f"{self.tag}{h}" for h in HOSTS}
