@@ -82,14 +82,16 @@ class FaultIntake:
                 normal = [f for f in joined if f.fault_type == "1" and f.pod_rank >= 0]
                 if normal and ctl.flow_name == "recovery":
                     # §7.2: the training side may exit the new fault pods at once (all ranks type "1")
-                    self.spawn(ctl.pre_exit(normal), f"pre-exit-{job.id}")
+                    self.spawn(ctl.pre_exit(normal, self.jobs), f"pre-exit-{job.id}")
                 return
             if pre_exit and any(f.pod_rank >= 0 for f in joined):
                 # §7.2: the reference does not stop the job itself: preExitProcess tells TaskD to stop
                 # the fault ranks' workers; TaskD's ReportProcessFault then starts the recovery.
                 self.spawn(
                     ctl.pre_exit(
-                        joined, "hardware fault on the job's ranks; waiting for TaskD's ReportProcessFault"
+                        joined,
+                        self.jobs,
+                        "hardware fault on the job's ranks; waiting for TaskD's ReportProcessFault",
                     ),
                     f"pre-exit-{job.id}",
                 )
