@@ -49,6 +49,8 @@ async def test_hot_switch_moves_the_pod_to_a_backup(cd, sims):
     # waits for TaskD's 1 s tick (--command-gap-s), else the first never reaches MindIO
     hs = sim.signals("hot-switch")
     assert hs[1]["t"] - hs[0]["t"] >= 0.9
+    # notifyPrepareHotSwitch: every rank of the fault pod (node-b: ranks 2, 3), all type "1"
+    assert hs[0]["faultRanks"] == [("2", "1"), ("3", "1")] and hs[0]["nodeRankIds"] == []
     job = cd.jobs.get(JOB)
     assert sorted({r.node for r in job.ranks}) == ["node-a", "node-c"]
     assert job.sub_healthy_strategy == "hotSwitch"
