@@ -14,7 +14,7 @@ globalFault            ReportRecoverStrategy with ``strategies`` (and the fault 
 changeStrategy X       ReportRecoverStatus with ``status[X]`` (default 0); none for ``exit``
 saveAndExit            ReportRecoverStatus with ``status["dump"]``
 hot-switch             on ``new pod running``: ReportRecoverStrategy with ``strategies``
-faultNodesExit         ReportRecoverStatus 0
+faultNodesExit         ReportRecoverStatus 0 (a pod that exited at the globalFault: an error)
 killMaster             recorded; the simulator stops when ``exit_on_kill``
 SwitchRankList         ReplySwitchNicResult(result = ``switch`` == ok)
 StressTestRankParams   ReplyStressTestResult, each op ``stress_codes.get(rank, stress_code)``
@@ -164,6 +164,7 @@ class TrainSim:
         self.ranks_per_pod = ranks_per_pod  # NPUs per pod (0: unknown, the pod checks are skipped)
         self.errors: list[str] = []  # what the real TaskD / MindIO would reject or misread
         self._flow_uuid = ""  # the uuid of the flow's stopTrain / saveAndExit / hot-switch
+        self._exited: set[str] = set()  # pods told to exit at the flow's globalFault (fault_nodes_exit)
         self._mindio_watch: asyncio.Task | None = None  # MINDIO_WAIT_MINDX_TIME after the stop
         # TaskD's stop-train plugin: holds the stream token, what it forwarded, the last preExit uuid
         self._stop_token, self._stop_sent, self._stop_last_uuid = False, set(), ""
@@ -424,7 +425,7 @@ class TrainSim:
         st, cs, actions = sig.signalType, sig.changeStrategy, set(sig.actions)
         ranks, pods = list(sig.faultRanks), set(sig.nodeRankIds)
         if st in ("stopTrain", "saveAndExit", "hot-switch"):  # each begins a flow (pause too)
-            self._flow_uuid = sig.uuid
+            self._flow_uuid, self._exited = sig.uuid, set()
         elif st in ("globalFault", "changeStrategy") and self._flow_uuid and sig.uuid != self._flow_uuid:
             return self._fail(sig, f"uuid {sig.uuid} is not the flow's {self._flow_uuid}")
         if st == "preExitProcess":
@@ -434,12 +435,15 @@ class TrainSim:
                 return self._fail(sig, f"fault ranks on pods {sorted(self._pods_of(ranks) - pods)} not named")
         exiting = actions & {"fault_nodes_exit", "fault_nodes_restart"}
         if st == "globalFault" and exiting:
+            self._exited = pods if "fault_nodes_exit" in exiting else set()
             # fault_nodes_exit with no nodeRankIds is right when every fault pod restarts its
             # processes in place (TaskD exits no agent); MindIO still needs the fault ranks
             if not ranks or ("fault_nodes_restart" in exiting and not pods):
                 return self._fail(sig, f"{sorted(exiting)} without nodeRankIds / faultRanks")
             if lost := self._left_out(ranks, pods):
                 return self._fail(sig, f"ranks {lost} exit with their pod but are not in faultRanks")
+        if st == "faultNodesExit" and (gone := sorted(pods & self._exited, key=lambda p: (len(p), p))):
+            return self._fail(sig, f"pods {gone} exited at the globalFault already: TaskD exits them twice")
         if st == "hot-switch" and "hot switch" in actions:  # MindIO waits for every rank of the pod
             if lost := self._left_out(ranks, self._pods_of(ranks)):
                 return self._fail(sig, f"ranks {lost} of the switched pod are not in faultRanks")

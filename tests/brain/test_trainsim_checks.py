@@ -257,3 +257,18 @@ def test_hot_switch_without_every_rank_of_the_pod_is_an_error(sim):
     assert not sim._rejected(sig("hot-switch", ["hot switch"], [("2", "1"), ("3", "1")]))
     assert not sim._rejected(sig("hot-switch", ["new pod running"], [("2", "1")]))  # only "hot switch"
     assert sim.errors == []
+
+
+def test_fault_nodes_exit_of_a_pod_that_exited_at_the_global_fault_is_an_error(sim):
+    # elastic scale-in: the fault pods exit at the globalFault; faultNodesExit names only the other
+    # isolated pods (handleCheckScaleStrategyRecoverResult -> RemoveDuplicateNodeRanks)
+    assert not sim._rejected(sig("stopTrain", ["stop_train"], [("2", "1")]))
+    gf = sig("globalFault", ["on_global_rank", "fault_nodes_exit"], [("2", "1"), ("3", "1")], pods=["1"])
+    assert not sim._rejected(gf)
+    assert sim._rejected(sig("faultNodesExit", ["fault_nodes_exit"], pods=["1", "2"]))
+    assert "pods ['1'] exited at the globalFault already" in sim.errors[0]
+    sim.errors.clear()
+    assert not sim._rejected(sig("faultNodesExit", ["fault_nodes_exit"], pods=["2"]))
+    assert not sim._rejected(sig("stopTrain", ["stop_train"], [("2", "1")], uuid="18C0FFEF-" + "0" * 32))
+    assert not sim._rejected(sig("faultNodesExit", ["fault_nodes_exit"], pods=["1"]))  # a new flow
+    assert sim.errors == []

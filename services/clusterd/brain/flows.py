@@ -353,9 +353,12 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
                 node = job.node_of_rank(int(rid)) if job and rid.isdigit() else None
                 if node is not None:
                     isolate.append(str(job.pod_rank(node)))
+            # handleCheckScaleStrategyRecoverResult -> RemoveDuplicateNodeRanks: the fault pods
+            # exited at the globalFault already; only the pods MindIO isolates besides them exit now
+            exited = set(self._pod_ranks(self.faults()))
             self.expect("status")
             await self.signal(
-                "faultNodesExit", ["fault_nodes_exit"], node_rank_ids=sorted(set(isolate), key=int)
+                "faultNodesExit", ["fault_nodes_exit"], node_rank_ids=sorted(set(isolate) - exited, key=int)
             )
             r = await self.wait("status")
             if r is None:
