@@ -2,7 +2,7 @@
 
 See :mod:`clusterd.brain.controller` for the whole picture; the flows live in
 :mod:`clusterd.brain.flows` (fault recovery) and :mod:`clusterd.brain.omflows` (NIC switch, stress
-test, hot switch, grace exit).
+test, hot switch).
 """
 
 from __future__ import annotations

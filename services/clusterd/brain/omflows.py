@@ -1,5 +1,5 @@
-"""O&M flows of the per-job controller (clusterd.md §7.3-7.5): NIC switch, stress test,
-sub-health hot switch and grace exit.
+"""O&M flows of the per-job controller (clusterd.md §7.3-7.5): NIC switch, stress test and
+sub-health hot switch (graceExit is a preExitProcess, then the recovery flow's dump).
 """
 
 from __future__ import annotations
@@ -232,8 +232,3 @@ class OmFlows(ControllerBase):
             await self.kill_job(flow, f"hot switch failed: {why}; job-level rescheduling")
         await self.brain.move_ranks(self.job_id, mapping)
         self.brain.decide(self.job_id, flow, "hot-switch-success", f"pods moved {mapping}")
-
-    async def grace_exit(self, faults: list[RankFault]) -> None:
-        """graceExit: a dying-gasp save (``saveAndExit``), then exit."""
-        self.add_faults(faults)
-        await self.dump_and_exit("grace-exit", "saveAndExit")
