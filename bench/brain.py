@@ -173,7 +173,11 @@ async def fan_out(cd, subscribers: int, rounds: int) -> list[float]:
 async def main(args) -> None:
     logging.disable(logging.INFO)
     with tempfile.TemporaryDirectory() as tmp:
-        cd = await make_clusterd(Path(tmp), "--keepalive-s", "5", "--fault-flush-s", "0.01")
+        # --pre-exit-wait-s 0: the brain's own latency, not the reference's 10 s wait of an idle
+        # controller for TaskD's own report (docs/compatibility.md "The preExit wait")
+        cd = await make_clusterd(
+            Path(tmp), "--keepalive-s", "5", "--fault-flush-s", "0.01", "--pre-exit-wait-s", "0"
+        )
         try:
             await cd.jobs.apply([job()])
             t = time.perf_counter()

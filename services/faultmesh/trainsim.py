@@ -14,7 +14,7 @@ globalFault            ReportRecoverStrategy with ``strategies`` (and the fault 
 changeStrategy X       ReportRecoverStatus with ``status[X]`` (default 0); none for ``exit``
 saveAndExit            ReportRecoverStatus with ``status["dump"]``
 hot-switch             on ``new pod running``: ReportRecoverStrategy with ``strategies``
-faultNodesExit         ReportRecoverStatus 0
+faultNodesExit         ReportRecoverStatus 0 (a pod that exited at the globalFault: an error)
 killMaster             recorded; the simulator stops when ``exit_on_kill``
 SwitchRankList         ReplySwitchNicResult(result = ``switch`` == ok)
 StressTestRankParams   ReplyStressTestResult, each op ``stress_codes.get(rank, stress_code)``
@@ -30,6 +30,8 @@ misbehave) where ClusterD sends what they would reject or misread:
   name every rank of the pods in nodeRankIds (MindIO's on_global_rank would treat a rank killed
   with its pod as healthy) — checked when ``ranks_per_pod`` is known; ``fault_nodes_exit`` with no
   nodeRankIds is valid (recover-in-place: every fault pod restarts its processes, no agent exits);
+- ``hot-switch`` "hot switch": faultRanks name every rank of the fault pod (MindIO waits for them
+  in the backup pod and rebuilds their communication groups; notifyPrepareHotSwitch);
 - ``changeStrategy`` with ``fault_nodes_restart``: every pod in nodeRankIds has a fault rank
   (TaskD restarts the workers of those ranks);
 - ``changeStrategy``: retry / recover / dump / downgrade / upgrade need faultRanks; recover,
@@ -162,11 +164,10 @@ class TrainSim:
         self.ranks_per_pod = ranks_per_pod  # NPUs per pod (0: unknown, the pod checks are skipped)
         self.errors: list[str] = []  # what the real TaskD / MindIO would reject or misread
         self._flow_uuid = ""  # the uuid of the flow's stopTrain / saveAndExit / hot-switch
+        self._exited: set[str] = set()  # pods told to exit at the flow's globalFault (fault_nodes_exit)
         self._mindio_watch: asyncio.Task | None = None  # MINDIO_WAIT_MINDX_TIME after the stop
         # TaskD's stop-train plugin: holds the stream token, what it forwarded, the last preExit uuid
-        self._stop_token = False
-        self._stop_sent: set[str] = set()
-        self._stop_last_uuid = ""
+        self._stop_token, self._stop_sent, self._stop_last_uuid = False, set(), ""
         # TaskD's 1 s tick: when the last ClusterD command came, and whether TaskD answered since
         self._last_cmd: tuple[str, float] | None = None
         self._answered_since = True
@@ -182,11 +183,8 @@ class TrainSim:
 
     def signals(self, signal_type: str | None = None) -> list[dict[str, Any]]:
         """Received signals (keep-alive excluded), optionally of one type."""
-        return [
-            e
-            for e in self.events
-            if e["event"] == "signal" and (signal_type is None or e["signalType"] == signal_type)
-        ]
+        return [e for e in self.events
+                if e["event"] == "signal" and signal_type in (None, e["signalType"])]  # fmt: skip
 
     async def wait_for(self, pred: Callable[[list[dict[str, Any]]], Any], timeout_s: float = 10.0) -> Any:
         """Wait until ``pred(events)`` is truthy; returns it. Raises ``TimeoutError``."""
@@ -340,11 +338,8 @@ class TrainSim:
             if st == "killMaster":  # the job ends: the next TaskD starts with a fresh plugin
                 self._stop_token, self._stop_sent, self._stop_last_uuid = False, set(), ""
                 return False
-            bad = [
-                (f.rankId, f.faultType)
-                for f in sig.faultRanks
-                if go_atoi(f.rankId) is None or go_atoi(f.faultType) is None
-            ]
+            bad = [(f.rankId, f.faultType) for f in sig.faultRanks
+                   if go_atoi(f.rankId) is None or go_atoi(f.faultType) is None]  # fmt: skip
             if bad:
                 return self._fail(sig, f"faultRanks {bad} are not numbers: TaskD drops them (strconv.Atoi)")
             if not actions:
@@ -419,12 +414,18 @@ class TrainSim:
     def _pods_of(self, ranks) -> set[str]:
         return {str(int(f.rankId) // self.ranks_per_pod) for f in ranks if f.rankId.isdigit()}
 
+    def _left_out(self, ranks, pods) -> list[str]:
+        """The ranks of ``pods`` not in ``ranks`` (none checked while ``ranks_per_pod`` is unknown)."""
+        named, n = {f.rankId for f in ranks}, self.ranks_per_pod
+        return sorted((str(r) for p in pods if p.isdigit() and n for r in range(int(p) * n, (int(p) + 1) * n)
+                       if str(r) not in named), key=int)  # fmt: skip
+
     def _rejected(self, sig) -> bool:
         """TaskD's / MindIO's view of ``sig`` (module docstring). True when it is not answered."""
         st, cs, actions = sig.signalType, sig.changeStrategy, set(sig.actions)
         ranks, pods = list(sig.faultRanks), set(sig.nodeRankIds)
         if st in ("stopTrain", "saveAndExit", "hot-switch"):  # each begins a flow (pause too)
-            self._flow_uuid = sig.uuid
+            self._flow_uuid, self._exited = sig.uuid, set()
         elif st in ("globalFault", "changeStrategy") and self._flow_uuid and sig.uuid != self._flow_uuid:
             return self._fail(sig, f"uuid {sig.uuid} is not the flow's {self._flow_uuid}")
         if st == "preExitProcess":
@@ -434,19 +435,18 @@ class TrainSim:
                 return self._fail(sig, f"fault ranks on pods {sorted(self._pods_of(ranks) - pods)} not named")
         exiting = actions & {"fault_nodes_exit", "fault_nodes_restart"}
         if st == "globalFault" and exiting:
+            self._exited = pods if "fault_nodes_exit" in exiting else set()
             # fault_nodes_exit with no nodeRankIds is right when every fault pod restarts its
             # processes in place (TaskD exits no agent); MindIO still needs the fault ranks
             if not ranks or ("fault_nodes_restart" in exiting and not pods):
                 return self._fail(sig, f"{sorted(exiting)} without nodeRankIds / faultRanks")
-            if self.ranks_per_pod:
-                named = {f.rankId for f in ranks}
-                lost = sorted(
-                    (str(r) for p in pods if p.isdigit()
-                     for r in range(int(p) * self.ranks_per_pod, (int(p) + 1) * self.ranks_per_pod)
-                     if str(r) not in named), key=int,
-                )  # fmt: skip
-                if lost:
-                    return self._fail(sig, f"ranks {lost} exit with their pod but are not in faultRanks")
+            if lost := self._left_out(ranks, pods):
+                return self._fail(sig, f"ranks {lost} exit with their pod but are not in faultRanks")
+        if st == "faultNodesExit" and (gone := sorted(pods & self._exited, key=lambda p: (len(p), p))):
+            return self._fail(sig, f"pods {gone} exited at the globalFault already: TaskD exits them twice")
+        if st == "hot-switch" and "hot switch" in actions:  # MindIO waits for every rank of the pod
+            if lost := self._left_out(ranks, self._pods_of(ranks)):
+                return self._fail(sig, f"ranks {lost} of the switched pod are not in faultRanks")
         if st == "changeStrategy":
             if cs in ("retry", "recover", "dump", "downgrade", "upgrade") and not ranks:
                 return self._fail(sig, "empty faultRanks: MindIO recovers no rank")

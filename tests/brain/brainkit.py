@@ -19,6 +19,7 @@ FAST = (
     "--fault-retry-s", "1.0",
     "--hccl-route-s", "0.01",
     "--in-place-wait-s", "0.6",
+    "--pre-exit-wait-s", "0.2",
     "--platform-wait-s", "1.5",
     "--job-wait-scale", "0.01",
     "--retry-hide-s", "0.2",

@@ -132,11 +132,30 @@ async def test_elastic_training_scale_in_then_out(cd, sims):
     await cd.center.upsert(npu_fault())
     await wait_decision(cd, "scale-in-success")
     fne = sim.signals("faultNodesExit")[0]
-    assert fne["nodeRankIds"] == ["1"]
+    # MindIO isolates only the fault ranks: their pod (1) exited at the globalFault, none is left
+    # (controller.go handleCheckScaleStrategyRecoverResult -> RemoveDuplicateNodeRanks)
+    assert sim.signals("globalFault")[0]["nodeRankIds"] == ["1"] and fne["nodeRankIds"] == []
     assert json.loads(sim.signals("changeStrategy")[0]["extraParams"]) == {"scale-in-strategy": "DP"}
     await cd.center.remove(npu_fault().key)  # resources are back
     await wait_decision(cd, "scale-out-success")
     assert json.loads(sim.signals("changeStrategy")[-1]["extraParams"]) == {"scale-out-strategy": "DP"}
+
+
+async def test_scale_in_exits_only_the_isolated_pods_that_are_no_fault_pods(cd, sims):
+    # the reference's TestRemoveDuplicateNodeRanksWithDuplicates in a flow: MindIO isolates the
+    # fault pod's DP group (ranks 2-5: pods 1 and 2); pod 1 exited at the globalFault already
+    three = [{"rank": r, "node": f"node-{n}", "device": r % 2} for r, n in enumerate("aabbdd")]
+    await apply(cd, ranks=three, **{"recover-strategy": "elastic-training"})
+    sim = await sims.start(strategies=["downgrade", "exit"], status={"downgrade": "silent"})
+    await cd.center.upsert(npu_fault())
+    await sim.wait_for(lambda ev: sim.signals("changeStrategy"))
+    rep = pb.RecoverStatusRequest(
+        jobId=JOB, status=pb.Status(code=201), strategy="downgrade", isolateRankIds=["2", "3", "4", "5"]
+    )
+    assert await sim._send("ReportRecoverStatus", rep) == 0
+    await wait_decision(cd, "scale-in-success")
+    assert sim.signals("globalFault")[0]["nodeRankIds"] == ["1"]
+    assert [s["nodeRankIds"] for s in sim.signals("faultNodesExit")] == [["2"]]
 
 
 async def test_new_fault_during_scale_in_running_restarts_with_stop_train(cd, sims):

@@ -28,10 +28,29 @@ async def test_grace_exit_saves_then_exits(cd, sims):
     sim = await sims.start()
     await cd.center.upsert(sub())
     await wait_decision(cd, "exit-completed", timeout_s=5)
-    assert [s[0] for s in signals(sim)] == ["saveAndExit", "changeStrategy"]
+    # the reference (notifyFaultInfoForJob -> sendPreExitSignal, then shouldDumpWhenOccurFault):
+    # preExitProcess for the fault rank; the dump only after TaskD's ReportProcessFault
+    assert [s[0] for s in signals(sim)] == ["preExitProcess", "saveAndExit", "changeStrategy"]
+    pre = sim.signals("preExitProcess")[0]
+    assert (pre["faultRanks"], pre["nodeRankIds"]) == ([("2", "1")], ["1"])
+    report = next(i for i, e in enumerate(sim.events) if e.get("rpc") == "ReportProcessFault")
+    save = next(i for i, e in enumerate(sim.events) if e.get("signalType") == "saveAndExit")
+    assert report < save
     assert sim.signals("saveAndExit")[0]["faultRanks"] == [("2", "1")]
     assert sim.signals("changeStrategy")[0]["extraParams"] == "dump_exit"
-    assert decisions(cd) == ["save-and-exit", "dump-success", "exit-completed"]
+    assert decisions(cd) == ["pre-exit", "stop-train", "dump", "dump-success", "exit-completed"]
+
+
+async def test_grace_exit_without_taskds_report_does_not_dump(cd, sims):
+    # TaskD never reports the stopped rank: no recovery flow starts, so no dump (the reference
+    # dumps only on the FaultOccurEvent of ReportProcessFault)
+    await apply(cd, subHealthyStrategy="graceExit", recover_strategy="dump")
+    sim = await sims.start(process_fault="silent")
+    await cd.center.upsert(sub())
+    await wait_decision(cd, "pre-exit")
+    await sim.wait_for(lambda ev: sim.signals("preExitProcess"))
+    assert not cd.brain.controllers[JOB].busy() and decisions(cd) == ["pre-exit"]
+    assert [s[0] for s in signals(sim)] == ["preExitProcess"]
 
 
 async def test_hot_switch_moves_the_pod_to_a_backup(cd, sims):
@@ -49,6 +68,8 @@ async def test_hot_switch_moves_the_pod_to_a_backup(cd, sims):
     # waits for TaskD's 1 s tick (--command-gap-s), else the first never reaches MindIO
     hs = sim.signals("hot-switch")
     assert hs[1]["t"] - hs[0]["t"] >= 0.9
+    # notifyPrepareHotSwitch: every rank of the fault pod (node-b: ranks 2, 3), all type "1"
+    assert hs[0]["faultRanks"] == [("2", "1"), ("3", "1")] and hs[0]["nodeRankIds"] == []
     job = cd.jobs.get(JOB)
     assert sorted({r.node for r in job.ranks}) == ["node-a", "node-c"]
     assert job.sub_healthy_strategy == "hotSwitch"
@@ -135,7 +156,7 @@ async def test_grace_exit_dump_failure_still_exits(cd, sims):
     sim = await sims.start(status={"dump": 499})
     await cd.center.upsert(sub())
     await wait_decision(cd, "exit-completed", timeout_s=5)
-    assert decisions(cd) == ["save-and-exit", "dump-failed", "exit-completed"]
+    assert decisions(cd) == ["pre-exit", "stop-train", "dump", "dump-failed", "exit-completed"]
     assert sim.signals("changeStrategy")[-1]["extraParams"] == "dump_exit"
 
 

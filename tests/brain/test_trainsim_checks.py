@@ -236,7 +236,7 @@ async def test_taskd_two_commands_within_its_tick_with_no_answer_between_is_an_e
     # ClusterD command, so the earlier of two commands less than a tick apart may never be seen
     sim, stub = wired()
     sim.taskd_tick_s = 1.0
-    await sim._answer(sig("hot-switch", ["hot switch"], [("2", "1")]))  # answered by nothing
+    await sim._answer(sig("hot-switch", ["hot switch"], [("2", "1"), ("3", "1")]))  # answered by nothing
     await sim._answer(sig("hot-switch", ["new pod running"], [("2", "1")]))
     assert "hot-switch came" in sim.errors[0] and "may never reach MindIO" in sim.errors[0]
     sim.errors.clear()
@@ -246,3 +246,29 @@ async def test_taskd_two_commands_within_its_tick_with_no_answer_between_is_an_e
     await sim._answer(sig(*STOP, [("2", "1")], uuid="U2"))
     await sim._answer(sig(*GF, [("2", "1"), ("3", "1")], ["1"], uuid="U2"))  # after an answer
     assert sim.errors == [] and stub.names()[-2:] == ["ReportStopComplete", "ReportRecoverStrategy"]
+
+
+def test_hot_switch_without_every_rank_of_the_pod_is_an_error(sim):
+    # MindIO waits in the backup pod for every rank of the switched pod (notifyPrepareHotSwitch ->
+    # normalFaultAssociateSameNodeRank): rank 3 shares pod 1 with the fault rank 2
+    assert sim._rejected(sig("hot-switch", ["hot switch"], [("2", "1")]))
+    assert "ranks ['3'] of the switched pod" in sim.errors[0]
+    sim.errors.clear()
+    assert not sim._rejected(sig("hot-switch", ["hot switch"], [("2", "1"), ("3", "1")]))
+    assert not sim._rejected(sig("hot-switch", ["new pod running"], [("2", "1")]))  # only "hot switch"
+    assert sim.errors == []
+
+
+def test_fault_nodes_exit_of_a_pod_that_exited_at_the_global_fault_is_an_error(sim):
+    # elastic scale-in: the fault pods exit at the globalFault; faultNodesExit names only the other
+    # isolated pods (handleCheckScaleStrategyRecoverResult -> RemoveDuplicateNodeRanks)
+    assert not sim._rejected(sig("stopTrain", ["stop_train"], [("2", "1")]))
+    gf = sig("globalFault", ["on_global_rank", "fault_nodes_exit"], [("2", "1"), ("3", "1")], pods=["1"])
+    assert not sim._rejected(gf)
+    assert sim._rejected(sig("faultNodesExit", ["fault_nodes_exit"], pods=["1", "2"]))
+    assert "pods ['1'] exited at the globalFault already" in sim.errors[0]
+    sim.errors.clear()
+    assert not sim._rejected(sig("faultNodesExit", ["fault_nodes_exit"], pods=["2"]))
+    assert not sim._rejected(sig("stopTrain", ["stop_train"], [("2", "1")], uuid="18C0FFEF-" + "0" * 32))
+    assert not sim._rejected(sig("faultNodesExit", ["fault_nodes_exit"], pods=["1"]))  # a new flow
+    assert sim.errors == []

@@ -109,6 +109,9 @@ class BrainComponent(FaultIntake):
             help="recover-in-place: wait for the fault pods' faults to vanish (s)",
         )
         g.add_argument(
+            "--pre-exit-wait-s", type=float, default=10.0, help="idle job: preExit waits for a flow (s)"
+        )
+        g.add_argument(
             "--platform-wait-s",
             type=float,
             default=300.0,
@@ -167,6 +170,7 @@ class BrainComponent(FaultIntake):
             poll_s=min(1.0, max(0.01, a.report_timeout_s / 10)),
             subscriber_wait_s=min(10.0, a.report_timeout_s),
             in_place_wait_s=a.in_place_wait_s,
+            pre_exit_wait_s=a.pre_exit_wait_s,
             platform_s=a.platform_wait_s,
             job_wait_scale=a.job_wait_scale,
         )

@@ -2,7 +2,7 @@
 
 See :mod:`clusterd.brain.controller` for the whole picture; the flows live in
 :mod:`clusterd.brain.flows` (fault recovery) and :mod:`clusterd.brain.omflows` (NIC switch, stress
-test, hot switch, grace exit).
+test, hot switch).
 """
 
 from __future__ import annotations
@@ -52,9 +52,8 @@ class Timeouts:
     subscriber_wait_s: float = 10.0  # an O&M notify stream (SubscribeNotifySwitch / ExecStressTest)
     in_place_wait_s: float = 15.0  # recover-in-place: the pods' faults must vanish (5 x 3 s)
     platform_s: float = 300.0  # platform mode: each wait for the AI platform (ProcessControlTimeout)
-    job_wait_scale: float = (
-        1.0  # multiplies the job's own waits (wait-reschedule-timeout, MINDIO_WAIT_MINDX_TIME)
-    )
+    pre_exit_wait_s: float = 10.0  # preExitProcess waits while INIT (sleepForStateChange, 10 x 1 s)
+    job_wait_scale: float = 1.0  # x the job's own waits (wait-reschedule-timeout, MINDIO_WAIT_MINDX_TIME)
 
 
 class FlowEnd(Exception):
@@ -99,6 +98,7 @@ class ControllerBase:
         self.restart_proc_pods: set[int] = set()  # recover-in-place: pods that restart processes only
         self.in_place_dropped = False  # in-place was possible, another strategy restarts every pod
         self.plat_strategy = ""  # platform mode: the AI platform's ProcessRecoverStrategy
+        self.flow_began = asyncio.Event()  # set (and replaced) when a flow starts: the state leaves INIT
 
     # -- subscription and signals ------------------------------------------------------------------
     @property
@@ -158,6 +158,8 @@ class ControllerBase:
         once a second (manager.go Process, storage ClusterInfos.Command), so the earlier of two
         commands sent closer would never reach MindIO (faultmesh's own pacing, docs/compatibility.md)."""
         async with self._cmd_lock:
+            if signal_type == "stopTrain":  # before any wait: a preExitProcess now waits for the release
+                self._stop_released.clear()
             if signal_type not in MGR_SIGNALS:
                 await self._pace()
             ok = await self._send_signal(
@@ -167,9 +169,7 @@ class ControllerBase:
             if ok and signal_type not in MGR_SIGNALS:
                 self._last_cmd_t = time.monotonic()
                 self._answered.clear()
-            if ok and signal_type == "stopTrain":
-                self._stop_released.clear()
-            elif ok and signal_type in ("globalFault", "changeStrategy", "killMaster"):
+            if ok and signal_type in ("globalFault", "changeStrategy", "killMaster"):
                 self._stop_released.set()
             return ok
 
@@ -344,7 +344,9 @@ class ControllerBase:
         if self.busy() or self.state != INIT:
             return False
         self.flow_name = name
+        began, self.flow_began = self.flow_began, asyncio.Event()
         self._flow = self.brain.spawn(self._run_flow(name, coro_fn), f"flow-{name}-{self.job_id}")
+        began.set()
         return True
 
     async def _run_flow(self, name: str, coro_fn) -> None:
@@ -363,8 +365,7 @@ class ControllerBase:
             self._stop_released.set()
             self.hidden_nodes.clear()
             self.cached_faults.clear()  # the reference's reset after every flow
-            self.restart_proc_pods = set()
-            self.in_place_dropped = False
+            self.restart_proc_pods, self.in_place_dropped = set(), False
             self.plat_strategy = ""
             self.uuid = ""
             self.om_kind = ""
@@ -385,8 +386,7 @@ class ControllerBase:
         self._stop_released.set()
         self.hidden_nodes.clear()
         self.cached_faults.clear()
-        self.restart_proc_pods = set()
-        self.in_place_dropped = False
+        self.restart_proc_pods, self.in_place_dropped = set(), False
         self.plat_strategy = ""
         self._finish_om(f"om failed, {reason}")
         self.om_kind = ""

@@ -5,16 +5,18 @@ the reports, choose a strategy (:mod:`.strategy`) and run it, dump-and-exit, ela
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from types import SimpleNamespace
 
 from clusterd.brain import strategy as strat
-from clusterd.brain.ctlbase import FlowEnd, _normal
+from clusterd.brain.ctlbase import INIT, FlowEnd, _normal
 from clusterd.brain.faultview import RankFault
 from clusterd.brain.inplace import InPlaceSteps
 from clusterd.brain.platform import PlatformSteps
 from clusterd.brain.reschedule import RescheduleSteps
+from faultmesh.runtime import wait_for
 
 log = logging.getLogger("clusterd.brain")
 
@@ -108,21 +110,38 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
                 return
             retried = True
 
-    async def pre_exit(self, faults: list[RankFault], reason: str = "new fault while recovering") -> bool:
+    async def pre_exit(
+        self, faults: list[RankFault], jobs, reason: str = "new fault while recovering"
+    ) -> bool:
         """``preExitProcess`` ["pre exit process"]: all ranks as type "1", nodeRankIds = their pod
         ranks, a new uuid (clusterd.md §7.2). TaskD stops those workers and reports them with
         ReportProcessFault, which starts (or joins) the recovery.
+
+        As the reference's sendPreExitSignal: while the controller is still INIT it first waits up
+        to ``pre_exit_wait_s`` (10 s, sleepForStateChange) for a flow to start (TaskD's own
+        ReportProcessFault when the workers died); then a fault pod replaced since the fault (its
+        pod rank now on another node of ``jobs``' job: the reference's pod UID check) is left out;
+        when none is left nothing is sent (decision ``pre-exit-skipped``; False).
 
         While the flow's stopTrain is held by TaskD's stop-train plugin (sent, no globalFault /
         changeStrategy yet) the signal waits for that: sent in between, it makes the plugin let go
         without forgetting the stopTrain, and TaskD drops the next flow's stopTrain (stop_train.go;
         faultmesh's own order, docs/compatibility.md). The fault has joined the flow's faults."""
+        if self.state == INIT and not self.busy():
+            with contextlib.suppress(TimeoutError):
+                await wait_for(self.flow_began.wait(), self.t.pre_exit_wait_s)
+        job = jobs.get(self.job_id)
+        kept = [f for f in faults if job is not None and job.pod_rank(f.node) == f.pod_rank]
+        decide = self.brain.decide
+        if not kept:
+            decide(self.job_id, "recovery", "pre-exit-skipped", "every fault pod was replaced", faults=faults)
+            return False
         await self.stop_train_released()
-        normal = [_normal(f) for f in faults]
+        normal = [_normal(f) for f in kept]
         ok = await self.signal(
             "preExitProcess", ["pre exit process"], normal, node_rank_ids=self._pod_ranks(normal), own_id=True
         )
-        self.brain.decide(
+        decide(
             self.job_id, "recovery", "pre-exit", reason if ok else "preExitProcess not delivered", faults=normal,
         )  # fmt: skip
         return ok
@@ -334,9 +353,12 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
                 node = job.node_of_rank(int(rid)) if job and rid.isdigit() else None
                 if node is not None:
                     isolate.append(str(job.pod_rank(node)))
+            # handleCheckScaleStrategyRecoverResult -> RemoveDuplicateNodeRanks: the fault pods
+            # exited at the globalFault already; only the pods MindIO isolates besides them exit now
+            exited = set(self._pod_ranks(self.faults()))
             self.expect("status")
             await self.signal(
-                "faultNodesExit", ["fault_nodes_exit"], node_rank_ids=sorted(set(isolate), key=int)
+                "faultNodesExit", ["fault_nodes_exit"], node_rank_ids=sorted(set(isolate) - exited, key=int)
             )
             r = await self.wait("status")
             if r is None:

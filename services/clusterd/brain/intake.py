@@ -9,7 +9,8 @@ look act. Every new fault is cached on the controller (the reference's saveCache
   (:meth:`FaultIntake.process_fault`);
 - only step-retry faults (UCE "0" / HCCL "2") with retry configured -> the recovery starts at once
   (``stopTrain``);
-- sub-health faults -> the job's subHealthyStrategy (hotSwitch / graceExit / ignore).
+- sub-health faults -> the job's subHealthyStrategy (hotSwitch / graceExit / ignore); graceExit
+  sends ``preExitProcess`` and TaskD's ``ReportProcessFault`` starts the dump.
 """
 
 from __future__ import annotations
@@ -82,14 +83,16 @@ class FaultIntake:
                 normal = [f for f in joined if f.fault_type == "1" and f.pod_rank >= 0]
                 if normal and ctl.flow_name == "recovery":
                     # §7.2: the training side may exit the new fault pods at once (all ranks type "1")
-                    self.spawn(ctl.pre_exit(normal), f"pre-exit-{job.id}")
+                    self.spawn(ctl.pre_exit(normal, self.jobs), f"pre-exit-{job.id}")
                 return
             if pre_exit and any(f.pod_rank >= 0 for f in joined):
                 # §7.2: the reference does not stop the job itself: preExitProcess tells TaskD to stop
                 # the fault ranks' workers; TaskD's ReportProcessFault then starts the recovery.
                 self.spawn(
                     ctl.pre_exit(
-                        joined, "hardware fault on the job's ranks; waiting for TaskD's ReportProcessFault"
+                        joined,
+                        self.jobs,
+                        "hardware fault on the job's ranks; waiting for TaskD's ReportProcessFault",
                     ),
                     f"pre-exit-{job.id}",
                 )
@@ -132,17 +135,16 @@ class FaultIntake:
                     faults=faults,
                 )  # fmt: skip
                 return
-            if ctl.busy():
+            if ctl.busy() and ctl.flow_name != "recovery":
                 self.decide(job.id, "grace-exit", "ignore", f"controller busy ({ctl.state})", faults=faults)
                 return
-            self.decide(
-                job.id,
-                "grace-exit",
-                "save-and-exit",
-                "sub-health fault, subHealthyStrategy=graceExit",
-                faults=faults,
+            # notifyFaultInfoForJob -> sendPreExitSignal: TaskD stops the fault rank's workers; its
+            # ReportProcessFault starts the recovery, which dumps (shouldDumpWhenOccurFault: dump only)
+            ctl.add_faults(faults)
+            why = (
+                "sub-health fault, subHealthyStrategy=graceExit: the dump follows TaskD's ReportProcessFault"
             )
-            ctl.start_flow("grace-exit", lambda: ctl.grace_exit(faults))
+            self.spawn(ctl.pre_exit(faults, self.jobs, why), f"pre-exit-{job.id}")
         else:
             self.decide(
                 job.id, "sub-health", "ignore", "subHealthyStrategy=ignore: training continues", faults=faults

@@ -1,5 +1,5 @@
-"""O&M flows of the per-job controller (clusterd.md §7.3-7.5): NIC switch, stress test,
-sub-health hot switch and grace exit.
+"""O&M flows of the per-job controller (clusterd.md §7.3-7.5): NIC switch, stress test and
+sub-health hot switch (graceExit is a preExitProcess, then the recovery flow's dump).
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import replace
 
 from clusterd.brain.ctlbase import (
     ControllerBase,
@@ -187,7 +188,14 @@ class OmFlows(ControllerBase):
         job = self.brain.jobs.get(self.job_id)
         fault_nodes = sorted({f.node for f in faults})
         self.set_state("NotifyHotSwitch")
-        if not await self.signal("hot-switch", ["hot switch"], faults, new_id=True):
+        # notifyPrepareHotSwitch: every rank of the fault pod, type "1" (normalFaultAssociateSameNodeRank);
+        # MindIO waits for each of them in the backup pod and rebuilds their communication groups
+        pod_ranks = [
+            replace(f, rank=r.rank, device_id=r.device_id, fault_type="1")
+            for f in {f.node: f for f in faults}.values()
+            for r in (job.ranks_on(f.node) if job else ())
+        ]
+        if not await self.signal("hot-switch", ["hot switch"], pod_ranks or faults, new_id=True):
             await self.brain.degrade(self.job_id, flow, "hot-switch signal not delivered")
             raise FlowEnd
         self.set_state("WaitNewPodRunning")
@@ -224,8 +232,3 @@ class OmFlows(ControllerBase):
             await self.kill_job(flow, f"hot switch failed: {why}; job-level rescheduling")
         await self.brain.move_ranks(self.job_id, mapping)
         self.brain.decide(self.job_id, flow, "hot-switch-success", f"pods moved {mapping}")
-
-    async def grace_exit(self, faults: list[RankFault]) -> None:
-        """graceExit: a dying-gasp save (``saveAndExit``), then exit."""
-        self.add_faults(faults)
-        await self.dump_and_exit("grace-exit", "saveAndExit")
