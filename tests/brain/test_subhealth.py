@@ -27,7 +27,7 @@ async def test_grace_exit_saves_then_exits(cd, sims):
     await apply(cd, subHealthyStrategy="graceExit", recover_strategy="dump")
     sim = await sims.start()
     await cd.center.upsert(sub())
-    await wait_decision(cd, "exit-completed", timeout_s=5)
+    await wait_decision(cd, "exit-completed", timeout_s=30)  # three paced signals: ~3 s, more on a loaded box
     # the reference (notifyFaultInfoForJob -> sendPreExitSignal, then shouldDumpWhenOccurFault):
     # preExitProcess for the fault rank; the dump only after TaskD's ReportProcessFault
     assert [s[0] for s in signals(sim)] == ["preExitProcess", "saveAndExit", "changeStrategy"]

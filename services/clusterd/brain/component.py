@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Counter, Gauge
 
 from clusterd.brain import customfilter
-from clusterd.brain.controller import Controller, Timeouts
+from clusterd.brain.controller import Controller, timeouts_from
 from clusterd.brain.datatrace import DataTrace, DataTraceError
 from clusterd.brain.decisions import DecisionLog
 from clusterd.brain.faultsvc import FaultServicer
@@ -157,23 +157,7 @@ class BrainComponent(FaultIntake):
         self.ctx = ctx
         a = ctx.config
         reg = ctx.metrics.registry
-        self.timeouts = Timeouts(
-            report_s=a.report_timeout_s,
-            keepalive_s=a.keepalive_s,
-            flush_s=a.fault_flush_s,
-            hot_switch_wait_s=a.hot_switch_wait_s,
-            scale_wait_s=a.scale_wait_s,
-            send_s=a.signal_send_s,
-            command_gap_s=a.command_gap_s,
-            fault_retry_s=a.fault_retry_s,
-            hccl_route_s=a.hccl_route_s,
-            poll_s=min(1.0, max(0.01, a.report_timeout_s / 10)),
-            subscriber_wait_s=min(10.0, a.report_timeout_s),
-            in_place_wait_s=a.in_place_wait_s,
-            pre_exit_wait_s=a.pre_exit_wait_s,
-            platform_s=a.platform_wait_s,
-            job_wait_scale=a.job_wait_scale,
-        )
+        self.timeouts = timeouts_from(a)
         self.jobs = jobs
         self.registry = RecoveryRegistry(ctx.store, self.jobs, self._new_controller)
         self.decision_log = decisions
