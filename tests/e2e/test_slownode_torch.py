@@ -19,24 +19,35 @@ between the per-operation barriers and arrives last (waits least) at them; its s
   also counts for the tracker, so an earlier confirmation is within the bound).
 - Slow compute: the job with 2 ranks (one TP pair, both on node-a, one core each); from step 30
   rank 1 does +20 % compute in every segment (CPU work calibrated in thread CPU time): the same,
-  only rank 1 named, found by the gap rule's long horizon (160 steps). Asserted on the achieved
-  CPU ratio.
+  only rank 1 named, found by the gap rule's long horizon (160 steps).
 - Data-loader stall: from step 30 rank 1's data loader sleeps 0.4 x its compute time; the cluster
   result names rank 1, and only it, in ``slowIORanks``, and no slow compute rank is reported (its
   TP partner waits for it at the first barrier of the step only, which the wait rule skips).
 - Clean: the same job without slowdown logs nothing and raises no fault.
 
-Timing-sensitive: skipped on parallel runners (pytest-xdist) and on an overloaded box (load average
-> 2.5 per CPU, or clean steps > 270 ms: 1.75 x the ~155 ms of an idle box, the margin the 87 ms /
-150 ms limit had before the per-layer all-reduces) — ../shared/reference/torch-real-input.md §6;
-``FAULTMESH_TIMING_TESTS=force`` runs it anyway. The box's 4 ranks share 2 cores: the scheduler keeps
-one member of a TP pair behind for tens of steps at times, which is why the wait rule judges 40-step
-windows (fdol/slownode/peers.py).
+The stall and slow-compute tests make the condition they need (issue 36): what the box gave is
+measured while the job runs -- the slow rank's compute between its TP collectives (wall time, what
+the gap rule judges) against its TP peer's, from the job's live per-step rows -- and the injected
+factor is raised through the job's ``--factor-file`` until that ratio reaches 1 + 0.9 x the
+nominal slowdown (x1.18 for +20 %: on a loaded box the same CPU work came out as x1.03-x1.14 of
+the peer's); only then is a miss a failure. A run that cannot reach it within its budget is tried
+once more and then skipped with the achieved figures of both runs (``pytest -rs`` shows them).
+Measured while the gap rule was disabled (its flagged cards emptied in fdol/slownode/node.py, then
+reverted), both fail with "missed: the slowdown was achieved, not named".
+
+Timing-sensitive: skipped on parallel runners (pytest-xdist), and when the job's steps run slower
+than 270 ms (1.75 x the ~155 ms of the 4-rank job on an idle 2-core box: other work on the box
+dominates its timing) -- ../shared/reference/torch-real-input.md §6. The data-loader and clean
+tests, whose condition cannot be made, also skip on a load average above 2.5 per CPU;
+``FAULTMESH_TIMING_TESTS=force`` runs them anyway. The box's 4 ranks share 2 cores: the scheduler
+keeps one member of a TP pair behind for tens of steps at times, which is why the wait rule judges
+40-step windows (fdol/slownode/peers.py).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import statistics
@@ -52,7 +63,7 @@ pytest.importorskip(
     "torch", reason="needs the faultmesh[torch] extra: pip install -e '.[torch]' (torch==2.13.0)"
 )
 
-from support import ClusterdProcess, free_port, wait_http  # noqa: E402
+from support import ClusterdProcess, free_port, wait_for, wait_http  # noqa: E402
 
 pytestmark = [
     pytest.mark.torch,
@@ -155,69 +166,181 @@ def stack(tmp_path_factory):
         cd.stop()
 
 
-def _run_job(
-    tmp: Path,
-    prof: Path,
-    dt: Path,
-    job: str,
-    mode: str,
-    steps: int,
-    stop_when=None,
-    slow_rank: int = 2,
-    factor: float = 0.4,
-    ranks: int = 4,
-) -> dict[int, dict]:
-    summary = tmp / f"summary-{job}"
-    stop_file = tmp / f"stop-{job}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "faultmesh.profiler.example_job",
-        "--base-dir",
-        str(prof),
-        "--task-id",
-        job,
-        "--switch",
-        str(dt / f"default.data-trace-{job}" / "profilingSwitch"),
-        "--steps",
-        str(steps),
-        "--slow-mode",
-        mode,
-        "--slow-rank",
-        str(slow_rank),
-        "--slow-from",
-        str(SLOW_FROM),
-        "--factor",
-        str(factor),
-        "--flush-s",
-        "0.5",
-        "--switch-poll-s",
-        "0.5",
-        "--stop-file",
-        str(stop_file),
-        "--summary",
-        str(summary),
-        "--ranks",
-        str(ranks),
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    with open(tmp / f"job-{job}.log", "ab") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
-        try:
-            deadline = time.monotonic() + 360
-            while proc.poll() is None:
-                if stop_when is not None and not stop_file.exists() and stop_when():
-                    time.sleep(1.0)  # a few more rounds to see nothing else gets reported
-                    stop_file.touch()
-                if time.monotonic() > deadline:
-                    raise AssertionError("the torch job did not finish in 360 s")
-                time.sleep(0.2)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
-    assert proc.returncode == 0, (tmp / f"job-{job}.log").read_text()[-3000:]
-    return {r: json.loads((summary / f"rank{r}.json").read_text()) for r in range(ranks)}
+class _Job:
+    """The example job running under the test: ``tmp/job-<job>.log``, live per-step rows in
+    ``tmp/summary-<job>/rank<r>.steps.jsonl``, stopped (every rank after the same step) by
+    touching ``tmp/stop-<job>``; its slow rank re-reads ``tmp/factor-<job>``."""
+
+    def __init__(self, tmp: Path, prof: Path, dt: Path, job: str, mode: str, steps: int, **kw) -> None:
+        self.tmp, self.job = tmp, job
+        self.summary = tmp / f"summary-{job}"
+        self.stop_file = tmp / f"stop-{job}"
+        self.factor_file = tmp / f"factor-{job}"
+        self.log = tmp / f"job-{job}.log"
+        self.ranks = kw.get("ranks", 4)
+        self.cmd = [
+            sys.executable,
+            "-m",
+            "faultmesh.profiler.example_job",
+            "--base-dir", str(prof),
+            "--task-id", job,
+            "--switch", str(dt / f"default.data-trace-{job}" / "profilingSwitch"),
+            "--steps", str(steps),
+            "--slow-mode", mode,
+            "--slow-rank", str(kw.get("slow_rank", 2)),
+            "--slow-from", str(SLOW_FROM),
+            "--factor", str(kw.get("factor", 0.4)),
+            "--factor-file", str(self.factor_file),
+            "--flush-s", "0.5",
+            "--switch-poll-s", "0.5",
+            "--stop-file", str(self.stop_file),
+            "--summary", str(self.summary),
+            "--ranks", str(self.ranks),
+        ]  # fmt: skip
+
+    def run(self, stop_when=None, budget_s: float = 360.0) -> dict[int, dict]:
+        """Run until the job ends, ``stop_when()`` (polled every 0.2 s) says stop, or ``budget_s``
+        (then it is stopped too: a loaded box runs fewer steps, the caller judges what it got);
+        -> {rank: summary}. Fails only when the job fails or does not stop when told."""
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+        with open(self.log, "ab") as fh:
+            proc = subprocess.Popen(self.cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+            try:
+                deadline = time.monotonic() + budget_s
+                while proc.poll() is None and not self.stop_file.exists():
+                    if time.monotonic() > deadline or (stop_when is not None and stop_when()):
+                        self.stop_file.touch()
+                    time.sleep(0.2)
+                proc.wait(60)  # told to stop: every rank leaves after the next step
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"the torch job did not stop within 60 s of {self.stop_file}") from None
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(10)
+        assert proc.returncode == 0, self.log.read_text()[-3000:]
+        return {r: json.loads((self.summary / f"rank{r}.json").read_text()) for r in range(self.ranks)}
+
+
+LONG_STEPS = 160  # the gap rule's long horizon (gapLongWindowSteps): it names a +20 % card that late
+ACHIEVE_STEPS = 50  # steps a factor runs before its achieved slowdown is judged
+SETTLE_STEPS = 5  # steps after a factor change left out of its measure
+HOLD_STEPS = LONG_STEPS + 150  # achieved this long (the long horizon + >= 7 s of rounds), not named: missed
+ATTEMPT_S = 150.0  # per attempt: the time the slowdown has to be achieved and held
+
+
+def _iqm(xs: list[float]) -> float:
+    """Interquartile mean (the mean of the middle half), the gap rule's own location estimate."""
+    xs = sorted(xs)
+    q = len(xs) // 4
+    return statistics.fmean(xs[q : len(xs) - q])
+
+
+class _Slowdown:
+    """The slowdown the box gave, measured while the job runs, and raised until it is reached.
+
+    Achieved = rank ``slow``'s compute between its TP collectives (``gap``: wall ms, the slowdown
+    included -- what the gap rule judges) over its TP peer's: the interquartile mean of the
+    per-step log ratios, as a ratio. Every poll reads the new rows (``rank<r>.steps.jsonl``) and
+    measures the current factor over every step it ran (less ``SETTLE_STEPS``): once that is
+    ``ACHIEVE_STEPS`` or more, at ``target`` or above it is *held* (``held_since``: its first
+    step), below it the factor is raised in proportion to the shortfall (x1.15 to x1.6 a time, at
+    most ``max_factor``) through the job's factor file. A factor measured over all its steps
+    rather than the last few: the scheduler keeps one rank behind for tens of steps at times, and
+    a short window would chase that. ``changes``: "step N: xR at F -> G" per raise."""
+
+    def __init__(self, job: _Job, slow: int, peer: int, factor: float, target: float, max_factor: float):
+        self.job, self.slow, self.peer = job, slow, peer
+        self.factor, self.target, self.max_factor = factor, target, max_factor
+        self.rows: dict[int, dict[int, dict]] = {slow: {}, peer: {}}
+        self._tail = {slow: b"", peer: b""}
+        self._off = {slow: 0, peer: 0}
+        self.held_since: int | None = None
+        self.last: float | None = None  # the current factor's achieved ratio
+        self.changes: list[str] = []
+
+    def _read(self) -> None:
+        for r in (self.slow, self.peer):
+            path = self.job.summary / f"rank{r}.steps.jsonl"
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self._off[r])
+                    data = self._tail[r] + f.read()
+                    self._off[r] = f.tell()
+            except FileNotFoundError:
+                continue
+            *lines, self._tail[r] = data.split(b"\n")  # a half-written last line waits for the next read
+            for ln in lines:
+                row = json.loads(ln)
+                self.rows[r][row["step_no"]] = row
+
+    def ratio(self, steps: list[int], key: str = "gap") -> float:
+        """Achieved ratio (slow / peer) of ``key`` over ``steps``."""
+        a, b = self.rows[self.slow], self.rows[self.peer]
+        return math.exp(_iqm([math.log(a[n][key] / b[n][key]) for n in steps]))
+
+    def slow_steps(self, factor: float | None = None) -> list[int]:
+        """Steps both ranks ran with the slowdown on (at ``factor`` only, when given), in order."""
+        a, b = self.rows[self.slow], self.rows[self.peer]
+        return sorted(
+            n
+            for n, row in a.items()
+            if row["slow"] and n in b and (factor is None or math.isclose(row["factor"], factor))
+        )
+
+    def poll(self) -> None:
+        """Read the new rows; measure the current factor; raise it when short of the target."""
+        self._read()
+        steps = self.slow_steps(self.factor)[SETTLE_STEPS:]
+        if len(steps) < ACHIEVE_STEPS:
+            return
+        self.last = r = self.ratio(steps)
+        if r >= self.target:
+            if self.held_since is None:
+                self.held_since = steps[0]
+            return
+        self.held_since = None
+        if self.factor >= self.max_factor:
+            return
+        gain = min(1.6, max(1.15, (self.target - 1) / max(r - 1, 0.01)))
+        new = round(min(self.max_factor, self.factor * gain), 3)
+        self.changes.append(f"step {steps[-1]}: x{r:.2f} at {self.factor:.0%} -> {new:.0%}")
+        tmp = self.job.factor_file.with_suffix(".tmp")
+        tmp.write_text(f"{new}\n")
+        os.replace(tmp, self.job.factor_file)  # the job never reads half a number
+        self.factor = new
+
+    def held(self) -> int:
+        """Steps the target has held for (0: not reached now)."""
+        if self.held_since is None:
+            return 0
+        return max(self.rows[self.slow]) - self.held_since
+
+    def figures(self, until: int | None = None) -> str:
+        """What was achieved over the last ``LONG_STEPS`` slow steps (before step ``until``)."""
+        steps = [n for n in self.slow_steps() if until is None or n < until][-LONG_STEPS:]
+        if not steps:
+            return "no slow step ran"
+        return (
+            f"rank {self.slow} / rank {self.peer} over steps {steps[0]}-{steps[-1]}: compute between "
+            f"TP collectives x{self.ratio(steps):.2f} wall, x{self.ratio(steps, 'gap_cpu'):.2f} CPU "
+            f"(target x{self.target:.2f}); factor {self.factor:.0%} "
+            f"(x{self.last or 0:.2f} over its steps; raised: {'; '.join(self.changes) or 'never'}); "
+            f"held {self.held()} steps"
+        )
+
+
+def _run_job(tmp: Path, prof: Path, dt: Path, job: str, mode: str, steps: int, stop_when=None, **kw):
+    """-> {rank: summary} of one run of the job (:class:`_Job`)."""
+    return _Job(tmp, prof, dt, job, mode, steps, **kw).run(stop_when)
+
+
+def _rounds_later(cd, job: str, n: int = 2) -> bool:
+    """Wait (up to 20 s) until clusterd judged ``job`` ``n`` more rounds: what it says then is
+    also in the log. -> True (always: a stop condition)."""
+    first = _http(cd.http, "GET", f"/v1/slownode/{job}")["rounds"]
+    wait_for(lambda: _http(cd.http, "GET", f"/v1/slownode/{job}")["rounds"] >= first + n, "rounds", 20)
+    return True
 
 
 def _require_quiet_box() -> None:
@@ -243,10 +366,6 @@ def _require_normal_steps(rows) -> None:
         pytest.skip(
             f"box overloaded during the run: median step {med:.0f} ms (quiet box: ~{QUIET_STEP_MS} ms)"
         )
-
-
-def _median(rows, key, lo, hi):
-    return statistics.median(r[key] for r in rows if lo <= r["step_no"] < hi)
 
 
 def _assert_named_alone(cd, job: str, rank: int, node: str) -> None:
@@ -288,69 +407,79 @@ def _assert_named_alone(cd, job: str, rank: int, node: str) -> None:
     ]
 
 
-def test_stall_rank2_detected(stack):
+def _step_ms(rows) -> float:
+    return statistics.median(r["period"] for r in rows)
+
+
+def _slowdown_named(stack, job: str, mode: str, node: str, *, slow: int, peer: int, factor: float, **kw):
+    """Run the job with rank ``slow`` slowed (``mode``, ``factor``) and assert clusterd names it
+    alone on ``node`` (:func:`_assert_named_alone`), once the box gave the slowdown.
+
+    The condition is made, not assumed (issue 36): :class:`_Slowdown` measures rank ``slow``'s
+    compute between TP collectives against its peer's while the job runs and raises the factor
+    (up to 3 x) until the ratio reaches 1 + 0.9 x ``factor``. Named: asserted. The ratio held for
+    ``HOLD_STEPS`` steps and nobody named: fails (missed). Neither within ``ATTEMPT_S`` (or steps
+    slower than ``MAX_STEP_MS``): one more attempt (a new job name), then a skip that carries the
+    achieved figures of both."""
     tmp, cd, prof, dt = stack
-    _require_quiet_box()
-    job = "torch-stall"
-    _http(cd.http, "POST", "/v1/slownode/jobs", _featconf(job))
-    summ = _run_job(
-        tmp,
-        prof,
-        dt,
-        job,
-        "sleep",
-        400,
-        stop_when=lambda: any(m[0] == job for m in PHRASE.findall(cd.log_text())),
+    tried: list[str] = []
+    for attempt in (1, 2):
+        name = job if attempt == 1 else f"{job}-retry"
+        _http(cd.http, "POST", "/v1/slownode/jobs", _featconf(name, kw.get("placement", PLACEMENT)))
+        run = _Job(
+            tmp, prof, dt, name, mode, 100_000, slow_rank=slow, factor=factor, ranks=kw.get("ranks", 4)
+        )
+        ctl = _Slowdown(run, slow, peer, factor, target=1 + 0.9 * factor, max_factor=3 * factor)
+        named_at: list[int] = []
+
+        def stop(name=name, ctl=ctl, named_at=named_at) -> bool:
+            ctl.poll()
+            if any(m[0] == name for m in PHRASE.findall(cd.log_text())):
+                named_at.append(max(ctl.rows[ctl.slow], default=-1))
+                return _rounds_later(cd, name)  # and see that nothing else gets reported
+            return ctl.held() >= HOLD_STEPS
+
+        summ = run.run(stop, budget_s=ATTEMPT_S)
+        ctl.poll()
+        step_ms = _step_ms(summ[0]["rows"])
+        usable = step_ms <= MAX_STEP_MS or os.environ.get("FAULTMESH_TIMING_TESTS") == "force"
+        figures = ctl.figures(until=named_at[0] if named_at else None)
+        print(f"{name}: {figures}; median step {step_ms:.0f} ms; named at step {named_at or 'never'}")
+        if usable and named_at:
+            assert ctl.slow_steps(), f"rank {slow} named before its slowdown began"
+            _assert_named_alone(cd, name, slow, node)
+            _http(cd.http, "POST", f"/v1/slownode/{name}/disable", {})
+            return
+        assert not (usable and ctl.held() >= HOLD_STEPS), (
+            f"missed: the slowdown was achieved, not named: {figures}"
+        )
+        _http(cd.http, "POST", f"/v1/slownode/{name}/disable", {})
+        tried.append(f"attempt {attempt}: {figures}; median step {step_ms:.0f} ms (limit {MAX_STEP_MS})")
+    pytest.skip(
+        f"the box did not give rank {slow} the slowdown within {ATTEMPT_S:.0f} s: " + " | ".join(tried)
     )
-    rows = {r: s["rows"] for r, s in summ.items()}
-    _require_normal_steps(rows[0])
-    last = min(len(v) for v in rows.values())
-
-    # What the stall did, for the record (no precondition: with the TP all-reduce inside the forward
-    # range and 4 ranks on 2 cores, neither the step time nor rank 2's compute phase rises reliably --
-    # while rank 2 sleeps the others get its core, and it then waits least at each TP collective).
-    step_rise = _median(rows[0], "period", SLOW_FROM, last) / _median(rows[0], "period", 0, SLOW_FROM)
-    print(f"stall: step time x{step_rise:.2f}, steps run {last}")
-    _assert_named_alone(cd, job, 2, "node-b")
-    _http(cd.http, "POST", f"/v1/slownode/{job}/disable", {})
 
 
+@pytest.mark.timeout(600)
+def test_stall_rank2_detected(stack):
+    # rank 2 sleeps 0.4 x each compute segment: its gaps against its TP peer's (rank 3) reach
+    # x1.36 at least (raised if the box's scheduling ate part of it); 4 ranks share the 2 cores.
+    # No load-average gate: the achieved slowdown is measured (_slowdown_named).
+    _slowdown_named(stack, "torch-stall", "sleep", "node-b", slow=2, peer=3, factor=0.4)
+
+
+@pytest.mark.timeout(600)
 def test_compute_rank1_plus20_detected(stack):
     # two ranks, one TP pair on node-a, each on its own core as each rank has its own NPU on a real
     # node: with the 4-rank job's 4 processes on 2 cores the scheduler's sharing hid the +20 %
     # (rank 2's gap excess 0.11-0.14 against a per-operation spread of 0.26-0.43); here the gap
     # rule's long horizon (gapLongWindowSteps, 160) names it: healthy members' 160-step excess
-    # 0.019-0.035 against the slow rank's 0.08-0.15 in the recorded runs (fdol/slownode/peers.py)
-    tmp, cd, prof, dt = stack
-    _require_quiet_box()
-    job = "torch-compute"
-    _http(cd.http, "POST", "/v1/slownode/jobs", _featconf(job, PAIR))
-    summ = _run_job(
-        tmp,
-        prof,
-        dt,
-        job,
-        "compute",
-        500,
-        stop_when=lambda: any(m[0] == job for m in PHRASE.findall(cd.log_text())),
-        slow_rank=1,
-        factor=0.2,
-        ranks=2,
+    # 0.019-0.035 against the slow rank's 0.08-0.15 in the recorded runs (fdol/slownode/peers.py).
+    # The +20 % of CPU work reached x1.09-x1.19 of the peer's compute on the box (issue 36): the
+    # factor is raised until rank 1's gaps are x1.18 its peer's (no load-average gate).
+    _slowdown_named(
+        stack, "torch-compute", "compute", "node-a", slow=1, peer=0, factor=0.2, ranks=2, placement=PAIR
     )
-    rows = {r: s["rows"] for r, s in summ.items()}
-    _require_normal_steps(rows[0])
-    last = min(len(v) for v in rows.values())
-    # What was achieved: rank 1's compute CPU against rank 0's, after vs before.
-    after = {r: _median(rows[r], "compute_cpu", SLOW_FROM, last) for r in range(2)}
-    before = {r: _median(rows[r], "compute_cpu", 0, SLOW_FROM) for r in range(2)}
-    step_rise = _median(rows[0], "period", SLOW_FROM, last) / _median(rows[0], "period", 0, SLOW_FROM)
-    print(
-        f"achieved: rank-1 compute CPU ratio {before[1] / before[0]:.2f} -> {after[1] / after[0]:.2f}, "
-        f"step time x{step_rise:.2f}, steps run {last}"
-    )
-    assert after[1] / after[0] > 1.1, "the slowdown was not achieved; box overloaded?"
-    _assert_named_alone(cd, job, 1, "node-a")
-    _http(cd.http, "POST", f"/v1/slownode/{job}/disable", {})
 
 
 def test_dataloader_stall_rank1_named(stack):
@@ -365,7 +494,7 @@ def test_dataloader_stall_rank1_named(stack):
         io = (st.get("cluster") or {}).get("slowIORanks") or []
         if io:
             named.append(io)
-        return len(named) >= 5
+        return len(named) >= 5 and _rounds_later(cd, job)  # and see that nothing else gets reported
 
     summ = _run_job(tmp, prof, dt, job, "dataloader", 300, stop_when=io_named, slow_rank=1)
     _require_normal_steps(summ[0]["rows"])
@@ -384,7 +513,7 @@ def test_clean_run_logs_nothing(stack):
     summ = _run_job(tmp, prof, dt, job, "none", 150)
     _require_normal_steps(summ[0]["rows"])
     assert all(len(s["rows"]) == 150 for s in summ.values())
-    time.sleep(1.5)  # the last rounds
+    _rounds_later(cd, job, 3)  # the last records judged
     status = _http(cd.http, "GET", f"/v1/slownode/{job}")
     assert status["rounds"] >= 5, status
     assert not [m for m in PHRASE.findall(cd.log_text()) if m[0] == job]
