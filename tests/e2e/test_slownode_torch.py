@@ -335,6 +335,23 @@ def _run_job(tmp: Path, prof: Path, dt: Path, job: str, mode: str, steps: int, s
     return _Job(tmp, prof, dt, job, mode, steps, **kw).run(stop_when)
 
 
+def _judged_to(cd, job: str, step: int) -> None:
+    """Wait (up to 30 s) until every node's latest result for ``job`` reached ``step`` and a
+    cluster round ran after the newest of them (rounds run only on new results)."""
+
+    def done() -> bool:
+        st = _http(cd.http, "GET", f"/v1/slownode/{job}")
+        res = st["nodeResults"].values()
+        return (
+            len(res) == 2
+            and all((r.get("lastStep") or -1) >= step for r in res)
+            and bool(st["history"])
+            and st["history"][-1]["ms"] >= max(r["reportedMs"] for r in res)
+        )
+
+    wait_for(done, f"a cluster round over node results of {job} up to step {step}", 30)
+
+
 def _rounds_later(cd, job: str, n: int = 2) -> bool:
     """Wait (up to 20 s) until clusterd judged ``job`` ``n`` more rounds: what it says then is
     also in the log. -> True (always: a stop condition)."""
@@ -513,7 +530,7 @@ def test_clean_run_logs_nothing(stack):
     summ = _run_job(tmp, prof, dt, job, "none", 150)
     _require_normal_steps(summ[0]["rows"])
     assert all(len(s["rows"]) == 150 for s in summ.values())
-    _rounds_later(cd, job, 3)  # the last records judged
+    _judged_to(cd, job, 150 - 2)  # the last step whose records noded judges (the 149th: none after it)
     status = _http(cd.http, "GET", f"/v1/slownode/{job}")
     assert status["rounds"] >= 5, status
     assert not [m for m in PHRASE.findall(cd.log_text()) if m[0] == job]
