@@ -35,13 +35,14 @@ once more and then skipped with the achieved figures of both runs (``pytest -rs`
 Measured while the gap rule was disabled (its flagged cards emptied in fdol/slownode/node.py, then
 reverted), both fail with "missed: the slowdown was achieved, not named".
 
-Timing-sensitive: skipped on parallel runners (pytest-xdist), and when the job's steps run slower
-than 270 ms (1.75 x the ~155 ms of the 4-rank job on an idle 2-core box: other work on the box
-dominates its timing) -- ../shared/reference/torch-real-input.md §6. The data-loader and clean
-tests, whose condition cannot be made, also skip on a load average above 2.5 per CPU;
-``FAULTMESH_TIMING_TESTS=force`` runs them anyway. The box's 4 ranks share 2 cores: the scheduler
-keeps one member of a TP pair behind for tens of steps at times, which is why the wait rule judges
-40-step windows (fdol/slownode/peers.py).
+Timing-sensitive: skipped on parallel runners (pytest-xdist), and when the job's own steps ran
+slower than 270 ms (1.75 x the ~155 ms of the 4-rank job on an idle 2-core box: other work on the
+box dominates its timing; ``FAULTMESH_TIMING_TESTS=force`` runs them anyway) --
+../shared/reference/torch-real-input.md §6. No load-average gate any more (issue 36): the 1-minute
+average lags (work that ended up to a minute before still counts) and says nothing of this run,
+and the data-loader and clean tests passed at load 4.6-12.8 with it forced off (5 and 4 runs). The box's 4 ranks
+share 2 cores: the scheduler keeps one member of a TP pair behind for tens of steps at times,
+which is why the wait rule judges 40-step windows (fdol/slownode/peers.py).
 """
 
 from __future__ import annotations
@@ -360,17 +361,6 @@ def _rounds_later(cd, job: str, n: int = 2) -> bool:
     return True
 
 
-def _require_quiet_box() -> None:
-    """Skip when other work saturates the machine: the test measures timing (torch-real-input.md §6)."""
-    if os.environ.get("FAULTMESH_TIMING_TESTS") == "force":
-        return
-    load = os.getloadavg()[0]
-    if load > 2.5 * (os.cpu_count() or 1):
-        pytest.skip(
-            f"box overloaded (load average {load:.1f} on {os.cpu_count()} CPUs): timing test not meaningful"
-        )
-
-
 QUIET_STEP_MS = 155  # median step of the job on an idle 2-core box (per-layer TP all-reduces)
 MAX_STEP_MS = 270  # 1.75 x: above, other work on the box dominates the job's timing
 
@@ -485,8 +475,7 @@ def _slowdown_named(stack, job: str, mode: str, node: str, *, slow: int, peer: i
 @pytest.mark.timeout(600)
 def test_stall_rank2_detected(stack):
     # rank 2 sleeps 0.4 x each compute segment: its gaps against its TP peer's (rank 3) reach
-    # x1.36 at least (raised if the box's scheduling ate part of it); 4 ranks share the 2 cores.
-    # No load-average gate: the achieved slowdown is measured (_slowdown_named).
+    # x1.36 at least (raised if the box's scheduling ate part of it); 4 ranks share the 2 cores
     _slowdown_named(stack, "torch-stall", "sleep", "node-b", slow=2, peer=3, factor=0.4)
 
 
@@ -498,7 +487,7 @@ def test_compute_rank1_plus20_detected(stack):
     # rule's long horizon (gapLongWindowSteps, 160) names it: healthy members' 160-step excess
     # 0.019-0.035 against the slow rank's 0.08-0.15 in the recorded runs (fdol/slownode/peers.py).
     # The +20 % of CPU work reached x1.09-x1.19 of the peer's compute on the box (issue 36): the
-    # factor is raised until rank 1's gaps are x1.18 its peer's (no load-average gate).
+    # factor is raised until rank 1's gaps are x1.18 its peer's.
     _slowdown_named(
         stack, "torch-compute", "compute", "node-a", slow=1, peer=0, factor=0.2, ranks=2, placement=PAIR
     )
@@ -506,7 +495,6 @@ def test_compute_rank1_plus20_detected(stack):
 
 def test_dataloader_stall_rank1_named(stack):
     tmp, cd, prof, dt = stack
-    _require_quiet_box()
     job = "torch-loader"
     _http(cd.http, "POST", "/v1/slownode/jobs", _featconf(job))
     named: list[list[int]] = []
@@ -529,7 +517,6 @@ def test_dataloader_stall_rank1_named(stack):
 
 def test_clean_run_logs_nothing(stack):
     tmp, cd, prof, dt = stack
-    _require_quiet_box()
     job = "torch-clean"
     _http(cd.http, "POST", "/v1/slownode/jobs", _featconf(job))
     summ = _run_job(tmp, prof, dt, job, "none", 150)
