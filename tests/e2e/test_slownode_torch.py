@@ -229,6 +229,7 @@ SETTLE_STEPS = 5  # steps after a factor change left out of its measure
 HOLD_STEPS = LONG_STEPS + 150  # achieved this long (the long horizon + >= 7 s of rounds), not named: missed
 ATTEMPT_S = 150.0  # per attempt: the time the slowdown has to be achieved and held
 WINDOW_STEPS = 40  # the gap rule's window (and the wait rule's)
+NOISE_SPREADS = 0.75  # the slowdown must stand out of the per-op noise: gapLongSpread (0.5) x 1.5
 BOX_STRAGGLER = 1.2  # a healthy rank this much slower than its TP peer over a window: a box-made slow card
 
 
@@ -278,13 +279,19 @@ class _Slowdown:
 
     Achieved = rank ``slow``'s compute between its TP collectives (``gap``: wall ms, the slowdown
     included -- what the gap rule judges) over its TP peer's: the interquartile mean of the
-    per-step log ratios, as a ratio. Every poll reads the new rows (``rank<r>.steps.jsonl``) and
-    measures the current factor over every step it ran (less ``SETTLE_STEPS``): once that is
-    ``ACHIEVE_STEPS`` or more, at ``target`` or above it is *held* (``held_since``: its first
-    step), below it the factor is raised in proportion to the shortfall (x1.15 to x1.6 a time, at
-    most ``max_factor``) through the job's factor file. A factor measured over all its steps
-    rather than the last few: the scheduler keeps one rank behind for tens of steps at times, and
-    a short window would chase that. ``changes``: "step N: xR at F -> G" per raise."""
+    per-step log ratios, as a ratio. Needed: ``target``, or more where the box's own noise demands
+    it -- ``exp(NOISE_SPREADS x`` the per-operation spread :meth:`noise` ``)``: the gap rule's long
+    horizon names a card whose excess reaches ``gapLongSpread`` (0.5) spreads (fdol.md §7
+    defaults; fdol/slownode/peers.py), and a card that does not stand out of the noise is not
+    the condition a detection test can ask for (measured on the 2-core box at load 5-8: 0.10-0.47;
+    the detector's rounds judge the spread of their last 40 steps, hence the margin x1.5). Every poll reads the new rows
+    (``rank<r>.steps.jsonl``) and measures the current factor over every step it ran (less
+    ``SETTLE_STEPS``): once that is ``ACHIEVE_STEPS`` or more, at the need or above it is *held*
+    (``held_since``: its first step), below it the factor is raised in proportion to the
+    shortfall (x1.15 to x1.6 a time, at most ``max_factor``) through the job's factor file. A
+    factor measured over all its steps rather than the last few: the scheduler keeps one rank
+    behind for tens of steps at times, and a short window would chase that. ``changes``:
+    "step N: xR (need xN) at F -> G" per raise."""
 
     def __init__(self, job: _Job, slow: int, peer: int, factor: float, target: float, max_factor: float):
         self.job, self.slow, self.peer = job, slow, peer
@@ -294,7 +301,10 @@ class _Slowdown:
         self._off = dict.fromkeys(self.rows, 0)
         self.held_since: int | None = None
         self.last: float | None = None  # the current factor's achieved ratio
+        self.spread = 0.0  # and the box's per-operation noise then (:meth:`noise`)
+        self.need = target  # and the ratio it must reach: target, or more on a noisy box
         self.changes: list[str] = []
+        self.polls = 0
 
     def _read(self) -> None:
         for r in self.rows:
@@ -315,6 +325,19 @@ class _Slowdown:
         """Achieved ratio (slow / peer) of ``key`` over ``steps`` (:func:`_pair_ratio`)."""
         return _pair_ratio(self.rows, self.slow, self.peer, steps, key)
 
+    def noise(self, steps: list[int]) -> float:
+        """The box's per-operation noise over ``steps``: the robust spread (interquartile range /
+        1.349) of the per-operation log gap ratios slow / peer (each step's ``gaps``)."""
+        a, b = self.rows[self.slow], self.rows[self.peer]
+        d = [
+            math.log(x / y)
+            for n in steps
+            for x, y in zip(a[n]["gaps"], b[n]["gaps"], strict=False)
+            if x > 0 < y
+        ]
+        q = statistics.quantiles(d, n=4)
+        return (q[2] - q[0]) / 1.349
+
     def slow_steps(self, factor: float | None = None) -> list[int]:
         """Steps both ranks ran with the slowdown on (at ``factor`` only, when given), in order."""
         a, b = self.rows[self.slow], self.rows[self.peer]
@@ -326,21 +349,26 @@ class _Slowdown:
 
     def poll(self) -> None:
         """Read the new rows; measure the current factor; raise it when short of the target."""
+        self.polls += 1
         self._read()
         steps = self.slow_steps(self.factor)[SETTLE_STEPS:]
         if len(steps) < ACHIEVE_STEPS:
             return
         self.last = r = self.ratio(steps)
-        if r >= self.target:
+        self.spread = self.noise(steps)
+        self.need = need = max(self.target, math.exp(NOISE_SPREADS * self.spread))
+        if r >= need:
             if self.held_since is None:
                 self.held_since = steps[0]
             return
         self.held_since = None
         if self.factor >= self.max_factor:
             return
-        gain = min(1.6, max(1.15, (self.target - 1) / max(r - 1, 0.01)))
+        gain = min(1.6, max(1.15, (need - 1) / max(r - 1, 0.01)))
         new = round(min(self.max_factor, self.factor * gain), 3)
-        self.changes.append(f"step {steps[-1]}: x{r:.3f} at {self.factor:.0%} -> {new:.0%}")
+        self.changes.append(
+            f"step {steps[-1]}: x{r:.3f} (need x{need:.2f}) at {self.factor:.0%} -> {new:.0%}"
+        )
         tmp = self.job.factor_file.with_suffix(".tmp")
         tmp.write_text(f"{new}\n")
         os.replace(tmp, self.job.factor_file)  # the job never reads half a number
@@ -364,7 +392,8 @@ class _Slowdown:
         return (
             f"rank {self.slow} / rank {self.peer} over steps {steps[0]}-{steps[-1]}: compute between "
             f"TP collectives x{self.ratio(steps):.2f} wall, x{self.ratio(steps, 'gap_cpu'):.2f} CPU "
-            f"(target x{self.target:.2f}); factor {self.factor:.0%} "
+            f"(target x{self.target:.2f}, need x{self.need:.2f}: per-op noise {self.spread:.2f}); "
+            f"factor {self.factor:.0%} "
             f"(x{self.last or 0:.2f} over its steps; raised: {'; '.join(self.changes) or 'never'}); "
             f"held {self.held()} steps"
         )
@@ -484,8 +513,13 @@ def _slowdown_named(stack, job: str, mode: str, node: str, *, slow: int, peer: i
                 named_at.append(max(ctl.rows[ctl.slow], default=-1))  # the newest step then
             return bool(named_at)
 
-        def stop(name=name, ctl=ctl, named=named) -> bool:
+        scores: list[float] = []  # the gap rule's score of the slow rank (>= 1 flags), about once a second
+
+        def stop(name=name, ctl=ctl, named=named, scores=scores) -> bool:
             ctl.poll()
+            if len(scores) * 5 <= ctl.polls:
+                res = _http(cd.http, "GET", f"/v1/slownode/{name}")["nodeResults"].get(node) or {}
+                scores.append((res.get("gapExcess") or {}).get(str(slow), 0.0))
             if named():
                 return _rounds_later(cd, name)  # and see that nothing else gets reported
             return ctl.held() >= HOLD_STEPS
@@ -496,6 +530,8 @@ def _slowdown_named(stack, job: str, mode: str, node: str, *, slow: int, peer: i
         step_ms = _step_ms(summ[0]["rows"])
         usable = step_ms <= MAX_STEP_MS or os.environ.get("FAULTMESH_TIMING_TESTS") == "force"
         figures = ctl.figures(until=named_at[0] if named_at else None)
+        figures += f"; gap rule score of rank {slow} (>= 1 flags): max {max(scores, default=0):.2f}, "
+        figures += f"last {[round(x, 2) for x in scores[-8:]]}"
         print(f"{name}: {figures}; median step {step_ms:.0f} ms; named at step {named_at or 'never'}")
         others = _named(cd, name) - {slow}
         box = ctl.box_stragglers(named_at[0]) if named_at else {}

@@ -27,7 +27,8 @@ Each step records ``step <n>`` / ``dataloader`` / ``forward`` (forward + backwar
 and the collectives through the instrumented ``torch.distributed``; ``parallel_group.json`` is
 written after warm-up. With ``--summary DIR`` each rank writes ``rank<r>.json`` with per-step
 phase times (ms: compute, compute_cpu, gap and gap_cpu -- the compute between TP collectives, the
-slowdown included, which the gap rule judges --, tp_ar, dp_ar, period; ``slow``, ``factor``) and
+slowdown included, which the gap rule judges; ``gaps`` the same per segment --, tp_ar, dp_ar,
+period; ``slow``, ``factor``) and
 the per-segment slowdowns (``segments``) so tests assert what was achieved; each step's row is
 also appended to ``rank<r>.steps.jsonl`` as it ends, so a test can measure the achieved slowdown
 while the job runs and raise it through ``--factor-file`` (the slow rank re-reads the factor when
@@ -72,8 +73,9 @@ class _Pace:
     sleep worth ``factor`` x its median wall time (``sleep``: a stall); :meth:`set_factor` rescales
     both at run time (``--factor-file``). Afterwards :meth:`end` applies the slowdown of ``mode``
     (``none`` | ``compute`` | ``sleep``; others: none). Every segment's wall and CPU time, the
-    slowdown included, add up in ``gap_ns`` / ``gap_cpu_ns`` (reset by :meth:`new_step`): the
-    per-step compute between collectives that the gap rule judges."""
+    slowdown included, add up in ``gap_ns`` / ``gap_cpu_ns`` and the wall times are kept in order
+    in ``gaps_ns`` (reset by :meth:`new_step`): the compute between collectives that the gap rule
+    judges, per step and per operation."""
 
     def __init__(self, torch, x, w) -> None:  # noqa: ANN001 - torch is imported in the worker
         self._torch, self._x, self._w = torch, x, w
@@ -88,10 +90,12 @@ class _Pace:
         self.sleep_s: dict[str, float] = {}
         self.per_extra_cpu_ms = 0.0
         self.gap_ns = self.gap_cpu_ns = 0
+        self.gaps_ns: list[int] = []
 
     def new_step(self) -> None:
         """A step starts: its gap sums restart."""
         self.gap_ns = self.gap_cpu_ns = 0
+        self.gaps_ns = []
 
     def start(self) -> None:
         """A segment starts (after a TP collective, or at the forward range's start)."""
@@ -110,6 +114,7 @@ class _Pace:
             self._seen.setdefault(seg, []).append((wall, cpu))
         self.gap_ns += wall
         self.gap_cpu_ns += cpu
+        self.gaps_ns.append(wall)
 
     def calibrate(self, factor: float, skip: int) -> None:
         """Per-segment slowdowns from the recorded warm-up (its first ``skip`` steps left out)."""
@@ -290,6 +295,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int) -> None:  # noqa: C9
             "compute_cpu": (cc1 - cc0) / 1e6,
             "gap": pace.gap_ns / 1e6,
             "gap_cpu": pace.gap_cpu_ns / 1e6,
+            "gaps": [round(g / 1e6, 3) for g in pace.gaps_ns],
             "tp_ar": (t_tp - c1) / 1e6,
             "dp_ar": (t_dp - t_tp) / 1e6,
             "step": (t1 - t0) / 1e6,
