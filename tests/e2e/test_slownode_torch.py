@@ -28,12 +28,15 @@ between the per-operation barriers and arrives last (waits least) at them; its s
 The stall and slow-compute tests make the condition they need (issue 36): what the box gave is
 measured while the job runs -- the slow rank's compute between its TP collectives (wall time, what
 the gap rule judges) against its TP peer's, from the job's live per-step rows -- and the injected
-factor is raised through the job's ``--factor-file`` until that ratio reaches 1 + 0.9 x the
-nominal slowdown (x1.18 for +20 %: on a loaded box the same CPU work came out as x1.03-x1.14 of
-the peer's); only then is a miss a failure. A run that cannot reach it within its budget is tried
-once more and then skipped with the achieved figures of both runs (``pytest -rs`` shows them).
-Measured while the gap rule was disabled (its flagged cards emptied in fdol/slownode/node.py, then
-reverted), both fail with "missed: the slowdown was achieved, not named".
+factor is raised through the job's ``--factor-file`` (up to 4 x) until that ratio reaches 1 + 0.9 x
+the nominal slowdown (x1.18 for +20 %: on a loaded box the same CPU work came out as x0.92-x1.17 of
+the peer's), or more where the box's own per-operation noise would hide it (:class:`_Slowdown`);
+only a run that held it for 410 steps unnamed fails. A run that cannot reach it within 150 s, or
+whose extra named rank the box itself slowed as much (:func:`_box_stragglers`), is tried once
+more and then skipped with the figures of both (``pytest -rs`` shows them). With the gap rule
+disabled (its flagged cards emptied in fdol/slownode/node.py, then reverted) both fail with
+"missed: the slowdown was achieved, not named" (load 8-9: stall x1.72 held 412 steps, compute
+x1.56 held 413 steps, their gap scores 1.5-2.4).
 
 Timing-sensitive: skipped on parallel runners (pytest-xdist), and when the job's own steps ran
 slower than 270 ms (1.75 x the ~155 ms of the 4-rank job on an idle 2-core box: other work on the
