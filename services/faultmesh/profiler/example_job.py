@@ -8,7 +8,7 @@ fewer when ``--stop-file`` appears (the stop flag rides in the global all-reduce
 stops after the same step). From step ``--slow-from`` (``-1``: never by step), or once the file
 ``--slow-file`` exists (how the demo triggers it at run time), rank ``--slow-rank`` is slowed
 down, in every compute segment (the compute between two TP collectives) by ``--factor`` x that
-segment's median over the warm-up (measured while every rank runs; :class:`_Pace`):
+segment's median over the warm-up (measured while every rank runs; :class:`~faultmesh.profiler.slowdown.Pace`):
 
 - ``--slow-mode compute``: extra ``tanh(x @ W)`` products worth ``--factor`` x the segment's
   *thread CPU time* (a card that runs every kernel slower: forward and backward alike);
@@ -26,8 +26,13 @@ that arrives last at each per-operation barrier and computes longer between them
 Each step records ``step <n>`` / ``dataloader`` / ``forward`` (forward + backward + the slowdown)
 and the collectives through the instrumented ``torch.distributed``; ``parallel_group.json`` is
 written after warm-up. With ``--summary DIR`` each rank writes ``rank<r>.json`` with per-step
-phase times (ms: compute, compute_cpu, tp_ar, dp_ar, period; ``slow``) and the per-segment
-slowdowns (``segments``) so tests assert what was achieved. Rank 0 prints ``warm-up done``, ``slowdown on at step N`` (the slow rank), the median step
+phase times (ms: compute, compute_cpu, gap and gap_cpu -- the compute between TP collectives, the
+slowdown included, which the gap rule judges; ``gaps`` the same per segment --, tp_ar, dp_ar,
+period; ``slow``, ``factor``) and
+the per-segment slowdowns (``segments``) so tests assert what was achieved; each step's row is
+also appended to ``rank<r>.steps.jsonl`` as it ends, so a test can measure the achieved slowdown
+while the job runs and raise it through ``--factor-file`` (the slow rank re-reads the factor when
+the file changes, :class:`~faultmesh.profiler.slowdown.FactorFile`). Rank 0 prints ``warm-up done``, ``slowdown on at step N`` (the slow rank), the median step
 time every ``--progress-every`` steps and ``finished after N steps``. This is the one training job of
 the project: the demo, the real-torch test and bench/slownode_torch.py all run it.
 
@@ -53,6 +58,8 @@ import sys
 import time
 import warnings
 from typing import NamedTuple
+
+from faultmesh.profiler.slowdown import FactorFile, Pace
 
 
 def _free_port(addr: str = "127.0.0.1") -> int:
@@ -106,63 +113,6 @@ def _say(rank: int, msg: str) -> None:
     sys.stdout.flush()
 
 
-class _Pace:
-    """The compute segments of a step -- the compute between two TP collectives: ``f<i>`` layer
-    i's forward, ``b<i>`` its backward (``all``: forward + backward, without ``--tp-in-forward``)
-    -- and the slowdown of each.
-
-    During warm-up (``recording``) :meth:`end` keeps each segment's wall and thread CPU time (ns);
-    :meth:`calibrate` then sets per segment the extra ``tanh(x @ W)`` products worth ``factor`` x
-    its median CPU time (``compute``: a card that runs every kernel ``factor`` slower) and the
-    sleep worth ``factor`` x its median wall time (``sleep``: a stall). Afterwards :meth:`end`
-    applies the slowdown of ``mode`` (``none`` | ``compute`` | ``sleep``; others: none)."""
-
-    def __init__(self, torch, x, w) -> None:  # noqa: ANN001 - torch is imported in the worker
-        self._torch, self._x, self._w = torch, x, w
-        self.recording = False
-        self.mode = "none"
-        self.loader_sleep_s = 0.0
-        self._t0 = self._c0 = 0
-        self._seen: dict[str, list[tuple[int, int]]] = {}
-        self.n_extra: dict[str, int] = {}
-        self.sleep_s: dict[str, float] = {}
-        self.per_extra_cpu_ms = 0.0
-
-    def start(self) -> None:
-        """A segment starts (after a TP collective, or at the forward range's start)."""
-        self._t0, self._c0 = time.perf_counter_ns(), time.thread_time_ns()
-
-    def end(self, seg: str) -> None:
-        """Segment ``seg`` ends: record it (warm-up) or add its slowdown."""
-        if self.recording:
-            now, cpu = time.perf_counter_ns(), time.thread_time_ns()
-            self._seen.setdefault(seg, []).append((now - self._t0, cpu - self._c0))
-        elif self.mode == "compute":
-            for _ in range(self.n_extra.get(seg, 0)):
-                self._torch.tanh(self._x @ self._w)
-        elif self.mode == "sleep":
-            time.sleep(self.sleep_s.get(seg, 0.0))
-
-    def calibrate(self, factor: float, skip: int) -> None:
-        """Per-segment slowdowns from the recorded warm-up (its first ``skip`` steps left out)."""
-        cpu0 = time.thread_time_ns()
-        for _ in range(20):
-            self._torch.tanh(self._x @ self._w)
-        self.per_extra_cpu_ms = (time.thread_time_ns() - cpu0) / 20 / 1e6
-        for seg, xs in self._seen.items():
-            xs = xs[skip:] or xs
-            wall_ms = statistics.median(w for w, _ in xs) / 1e6
-            cpu_ms = statistics.median(c for _, c in xs) / 1e6
-            self.n_extra[seg] = round(factor * cpu_ms / max(self.per_extra_cpu_ms, 1e-6))
-            self.sleep_s[seg] = factor * wall_ms / 1000
-
-    def summary(self) -> dict[str, dict[str, float]]:
-        """{segment: {"extra": products, "sleep_ms": ms}}."""
-        return {
-            s: {"extra": n, "sleep_ms": round(self.sleep_s[s] * 1000, 3)} for s, n in self.n_extra.items()
-        }
-
-
 def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # noqa: C901 - one training loop
     os.environ["OMP_NUM_THREADS"] = "1"
     warnings.filterwarnings("ignore")
@@ -208,7 +158,7 @@ def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # n
     stop_flag = torch.zeros(1)
 
     tp_x = torch.zeros(args.tp_elems)
-    pace = _Pace(torch, extra_x, extra_w)
+    pace = Pace(torch, extra_x, extra_w)
 
     def tp_all_reduce(seg: str, tag: float) -> None:
         # The end of one compute segment: the slowdown of that segment, then the TP collective.
@@ -239,6 +189,7 @@ def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # n
             if pace.loader_sleep_s:
                 time.sleep(pace.loader_sleep_s)
         c0, cc0 = time.perf_counter_ns(), time.thread_time_ns()
+        pace.new_step()
         with prof.forward():
             pace.start()
             for p in params:
@@ -278,6 +229,9 @@ def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # n
         return {
             "compute": (c1 - c0) / 1e6,
             "compute_cpu": (cc1 - cc0) / 1e6,
+            "gap": pace.gap_ns / 1e6,
+            "gap_cpu": pace.gap_cpu_ns / 1e6,
+            "gaps": [round(g / 1e6, 3) for g in pace.gaps_ns],
             "tp_ar": (t_tp - c1) / 1e6,
             "dp_ar": (t_dp - t_tp) / 1e6,
             "step": (t1 - t0) / 1e6,
@@ -300,6 +254,11 @@ def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # n
         _say(rank, f"warm-up done: compute {med_wall:.1f} ms wall / {med_cpu:.1f} ms CPU per step; training")
     rows = []
     slow_on = False
+    factor_file = FactorFile(args.factor_file if rank == args.slow_rank else "")
+    live = None
+    if args.summary:  # each step as it ends, so a test can measure the achieved slowdown live
+        os.makedirs(args.summary, exist_ok=True)
+        live = open(os.path.join(args.summary, f"rank{rank}.steps.jsonl"), "w", buffering=1)  # noqa: SIM115
     window: list[float] = []
     last = time.perf_counter_ns()
     for n in range(args.steps):
@@ -319,8 +278,19 @@ def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # n
                 }[args.slow_mode]
                 _say(
                     rank,
-                    f"slowdown on at step {n}: {args.slow_mode}, {args.factor:.0%} of compute ({what} per step)",
+                    f"slowdown on at step {n}: {args.slow_mode}, {pace.factor:.0%} of compute ({what} per step)",
                 )
+        new_factor = factor_file.poll()
+        if new_factor is not None and new_factor != pace.factor:
+            pace.set_factor(new_factor)
+            n_extra = sum(pace.n_extra.values())
+            sleep_s = sum(pace.sleep_s.values())
+            factor_loader_s = new_factor * med_wall / 1000
+            _say(
+                rank,
+                f"slowdown factor now {new_factor:.0%} at step {n} ({n_extra} extra products, "
+                f"sleep {sleep_s * 1000:.1f} ms per step when on)",
+            )
         slow = slow_on
         pace.mode = args.slow_mode if slow else "none"
         pace.loader_sleep_s = factor_loader_s if slow and args.slow_mode == "dataloader" else 0.0
@@ -331,8 +301,11 @@ def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # n
         row["step_no"] = n
         row["t_ms"] = time.time_ns() // 1_000_000
         row["slow"] = slow
+        row["factor"] = pace.factor if slow else 0.0
         last = now
         rows.append(row)
+        if live is not None:
+            live.write(json.dumps(row) + "\n")
         window.append(row["period"])
         if rank == 0 and args.progress_every and len(window) >= args.progress_every:
             _say(
@@ -340,9 +313,10 @@ def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # n
             )
             window = []
     prof.close()
+    if live is not None:
+        live.close()
     dist.barrier()
     if args.summary:
-        os.makedirs(args.summary, exist_ok=True)
         with open(os.path.join(args.summary, f"rank{rank}.json"), "w") as f:
             json.dump(
                 {
@@ -380,6 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slow-file", default="", help="slow down once this file exists (the demo's trigger)")
     p.add_argument("--slow-mode", choices=("none", "sleep", "compute", "dataloader"), default="none")
     p.add_argument("--factor", type=float, default=0.4)
+    p.add_argument(
+        "--factor-file",
+        default="",
+        help="the slow rank re-reads its slowdown factor from this file once a step when it changes",
+    )
     p.add_argument(
         "--tp-in-forward",
         action=argparse.BooleanOptionalAction,
