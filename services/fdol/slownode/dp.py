@@ -1,0 +1,133 @@
+"""faultmesh's slow-card rules on data-parallel collectives, for ranks without a TP group (issue 34).
+
+Pure data-parallel and FSDP jobs (the most common PyTorch training jobs) have no TP group, so the
+TP rules of :mod:`.peers` see nothing. Their ranks meet at every data-parallel collective instead:
+DDP's gradient all-reduce buckets, FSDP's per-layer all-gathers and reduce-scatters. A card that
+computes slower issues each of them later than its peers (FALCON / Greyhound ATC'25, Holmes and
+Minder NSDI'25 localize slow GPUs the same way). The parse stage records, per collective, when the
+rank arrived (``StepMetrics.dp_starts``: its start from the step's start; :mod:`.metrics`).
+
+Rule (arrival lag), per data-parallel group intersected with the node's ranks (>= 2 members), over
+the last ``peerWindowSteps`` steps where every member has the same number of such collectives:
+per collective, a member's lag is log(own arrival) - the median of the other members' log
+arrivals: how much longer it took, relative to its peers, to get from the step's start to that
+collective. A member is *flagged* when the median of its lags over the window's collectives, or
+over the last ``peerWindowSteps // 4`` steps', reaches ``dpLagExcess`` (0.03).
+
+Why the median of a relative lag, and not who arrives last (the TP sign test) or the compute gap
+before each collective (the TP gap rule):
+
+- collectives run on their own stream and overlap the compute, so a member that is ahead queues
+  its next collective behind the one that waits for the late member: its gaps read 0 and its waits
+  carry the late member's delay, not its own time; its arrivals stay its own until it is held up;
+- in a healthy job the same card is the last to arrive nearly every time: cards of one model
+  differ by a few percent in sustained speed (Sinha et al. SC'22) and the lag accumulates over the
+  backward. Who is last says nothing without how much: the relative lag does (it is its speed
+  difference to its peers). 0.03 sits between a healthy fleet's spread (cards beyond 2.5 % of
+  their peers are screened out by acceptance tests) and the +5 % straggler the issue names;
+- the median needs the lag in most of the collectives over the window: a step with an OS hiccup,
+  or mixture-of-experts routing that makes a few random ranks late in one layer and step and
+  others in the next (the expert all-to-alls realign the members within each layer), do not move
+  it.
+
+Steps where the members recorded different numbers of collectives (a missing record) are left
+out and counted (``missing_collectives``); a member that stopped reporting is left out of its
+group (the node counts ``rank_stopped``): no verdict on missing data, never a confirmation.
+
+The groups: the rank's ``dp`` groups, else (a job that labels none, e.g. plain DDP) the default
+group. Ranks of a multi-member local TP group are judged by the TP rules only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import islice
+
+from .metrics import StepMetrics
+from .reader import Group
+from .records import BadInput
+
+
+def local_dp_groups(groups: dict[str, Group], local: Sequence[int], in_tp: set[int]) -> list[list[int]]:
+    """The detection groups of the data-parallel rule: each ``dp`` group (else each default group)
+    intersected with the ``local`` ranks not in ``in_tp``, those with >= 2 members, deduplicated,
+    sorted."""
+    free = set(local) - in_tp
+    out: list[list[int]] = []
+    for kind in ("dp", "default_group"):
+        for g in groups.values():
+            if g.group_name == kind and len(g.global_ranks) > 1:
+                inter = sorted(free.intersection(g.global_ranks))
+                if len(inter) > 1 and inter not in out:
+                    out.append(inter)
+        if out:
+            break
+    return sorted(out)
+
+
+class ArrivalLagDetector:
+    """The arrival-lag rule (module doc). ``window``: steps judged (``peerWindowSteps``);
+    ``excess``: the least median relative lag that flags (``dpLagExcess``); ``bad``: counts
+    ``missing_collectives`` (steps left out because members recorded different numbers)."""
+
+    def __init__(self, window: int = 40, excess: float = 0.03, bad: BadInput | None = None) -> None:
+        self.window = window
+        self.short = max(2, window // 4)
+        self.excess = excess
+        self.bad = bad if bad is not None else BadInput()
+        self._counted: dict[tuple[int, ...], int] = {}  # group -> last step checked for missing records
+
+    def evaluate(
+        self, groups: Sequence[Sequence[int]], history: dict[int, Sequence[StepMetrics]]
+    ) -> tuple[list[int], dict[int, float]]:
+        """-> (flagged ranks, {rank: score: its median lag over ``excess``, the larger of the window
+        and the short window; >= 1 flags})."""
+        import numpy as np  # numpy: only where detection runs (issue 18)
+
+        from .peers import _excess_rows
+
+        flagged: list[int] = []
+        scores: dict[int, float] = {}
+        for group in groups:
+            key = tuple(sorted(group))
+            rows = self._aligned(key, history)
+            if len(rows) < self.window:
+                continue
+            arr = np.asarray(rows, dtype=np.float32)  # [steps, members, ops]
+            k = arr.shape[2]
+            lag = _excess_rows(arr.transpose(1, 0, 2).reshape(len(key), -1))  # [members, valid ops]
+            if lag.shape[1] < 2 * k:
+                continue
+            short = lag[:, -min(lag.shape[1], self.short * k) :]
+            score = np.maximum(np.median(lag, axis=1), np.median(short, axis=1)) / self.excess
+            for r, v in zip(key, score.tolist(), strict=True):
+                scores[r] = round(v, 3)
+                if v >= 1:
+                    flagged.append(r)
+        return sorted(flagged), scores
+
+    def _aligned(self, key: tuple[int, ...], history: dict[int, Sequence[StepMetrics]]) -> list[list[tuple]]:
+        """The last ``window`` steps (chronological) every member has with the same non-zero number
+        of arrivals: per step [member][op]; steps where the members' numbers differ are counted
+        once (``missing_collectives``)."""
+        by_step: dict[int, dict[int, tuple[int, ...]]] = {}
+        for r in key:
+            for m in islice(reversed(history.get(r, ())), self.window + 8):
+                by_step.setdefault(m.step, {})[r] = m.dp_starts
+        seen = self._counted.get(key, -1)
+        out = []
+        missing = 0
+        for st in sorted(by_step):
+            vec = by_step[st]
+            if len(vec) < len(key):
+                continue  # a member without this step (stopped, or not read yet): no verdict on it
+            lens = {len(v) for v in vec.values()}
+            if len(lens) == 1 and 0 not in lens:
+                out.append([vec[r] for r in key])
+            elif lens != {0} and st > seen:
+                missing += 1
+        if by_step:
+            self._counted[key] = max(seen, max(by_step))
+        if missing:
+            self.bad.add("missing_collectives", missing)
+        return out[-self.window :]
