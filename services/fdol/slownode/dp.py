@@ -30,6 +30,14 @@ before each collective (the TP gap rule):
   others in the next (the expert all-to-alls realign the members within each layer), do not move
   it.
 
+Mixture-of-experts jobs (expert parallel, ``exp`` groups): the expert all-to-alls block the compute
+and release their group together, so the lag since the step's start is diluted in every layer;
+there the same median rule judges each rank's own compute between its all-to-alls
+(``StepMetrics.ep_gaps``: log(own gap) - the median of the other members' log gaps, per EP group
+intersected with the node's ranks). Token routing makes a few random ranks compute their experts
+longer in each layer and step (FasterMoE PPoPP'22, Tutel MLSys'23): in a minority of the
+operations, which the median ignores; a slow card is slower in all of them.
+
 Steps where the members recorded different numbers of collectives (a missing record) are left
 out and counted (``missing_collectives``); a member that stopped reporting is left out of its
 group (the node counts ``rank_stopped``): no verdict on missing data, never a confirmation.
@@ -48,13 +56,18 @@ from .reader import Group
 from .records import BadInput
 
 
-def local_dp_groups(groups: dict[str, Group], local: Sequence[int], in_tp: set[int]) -> list[list[int]]:
-    """The detection groups of the data-parallel rule: each ``dp`` group (else each default group)
-    intersected with the ``local`` ranks not in ``in_tp``, those with >= 2 members, deduplicated,
-    sorted."""
+def local_dp_groups(
+    groups: dict[str, Group],
+    local: Sequence[int],
+    in_tp: set[int],
+    kinds: Sequence[str] = ("dp", "default_group"),
+) -> list[list[int]]:
+    """The detection groups of the rule: each group of the first of ``kinds`` that has any (``dp``,
+    else the default group; ``("exp",)``: the expert-parallel groups) intersected with the
+    ``local`` ranks not in ``in_tp``, those with >= 2 members, deduplicated, sorted."""
     free = set(local) - in_tp
     out: list[list[int]] = []
-    for kind in ("dp", "default_group"):
+    for kind in kinds:
         for g in groups.values():
             if g.group_name == kind and len(g.global_ranks) > 1:
                 inter = sorted(free.intersection(g.global_ranks))
@@ -66,11 +79,16 @@ def local_dp_groups(groups: dict[str, Group], local: Sequence[int], in_tp: set[i
 
 
 class ArrivalLagDetector:
-    """The arrival-lag rule (module doc). ``window``: steps judged (``peerWindowSteps``);
+    """The median-lag rule (module doc). ``window``: steps judged (``peerWindowSteps``);
     ``excess``: the least median relative lag that flags (``dpLagExcess``); ``bad``: counts
-    ``missing_collectives`` (steps left out because members recorded different numbers)."""
+    ``missing_collectives`` (steps left out because members recorded different numbers);
+    ``evidence``: the StepMetrics field judged (``dp_starts``: arrivals since the step's start;
+    ``ep_gaps``: compute between the expert all-to-alls)."""
 
-    def __init__(self, window: int = 40, excess: float = 0.03, bad: BadInput | None = None) -> None:
+    def __init__(
+        self, window: int = 40, excess: float = 0.03, bad: BadInput | None = None, evidence: str = "dp_starts"
+    ) -> None:
+        self.evidence = evidence
         self.window = window
         self.short = max(2, window // 4)
         self.excess = excess
@@ -113,7 +131,7 @@ class ArrivalLagDetector:
         by_step: dict[int, dict[int, tuple[int, ...]]] = {}
         for r in key:
             for m in islice(reversed(history.get(r, ())), self.window + 8):
-                by_step.setdefault(m.step, {})[r] = m.dp_starts
+                by_step.setdefault(m.step, {})[r] = getattr(m, self.evidence)
         seen = self._counted.get(key, -1)
         out = []
         missing = 0
@@ -131,3 +149,34 @@ class ArrivalLagDetector:
         if missing:
             self.bad.add("missing_collectives", missing)
         return out[-self.window :]
+
+
+class DataParallelRules:
+    """The rule on the data-parallel collectives (``dp_starts``) and on the expert all-to-alls
+    (``ep_gaps``) of the node's ranks without a TP group, with the keys ``peerWindowSteps`` and
+    ``dpLagExcess``; ``bad`` counts ``missing_collectives``."""
+
+    def __init__(self, window: int, excess: float, bad: BadInput) -> None:
+        self.dp = ArrivalLagDetector(window, excess, bad)
+        self.ep = ArrivalLagDetector(window, excess, bad, "ep_gaps")
+
+    @staticmethod
+    def groups(
+        groups: dict[str, Group], local: Sequence[int], in_tp: set[int]
+    ) -> tuple[list[list[int]], ...]:
+        """(data-parallel groups, expert-parallel groups) of the ``local`` ranks not in ``in_tp``."""
+        return local_dp_groups(groups, local, in_tp), local_dp_groups(groups, local, in_tp, ("exp",))
+
+    def evaluate(
+        self, groups: tuple[list[list[int]], ...], live: set[int], history: dict[int, Sequence[StepMetrics]]
+    ) -> tuple[list[int], dict[int, float]]:
+        """-> (flagged ranks, {rank: its highest score}); ``groups`` from :meth:`groups`, members not
+        in ``live`` (stopped reporting) left out."""
+        cards: set[int] = set()
+        scores: dict[int, float] = {}
+        for det, gs in zip((self.dp, self.ep), groups, strict=True):
+            flagged, sc = det.evaluate([x for g in gs if len(x := [r for r in g if r in live]) > 1], history)
+            cards.update(flagged)
+            for r, v in sc.items():
+                scores[r] = max(v, scores.get(r, v))
+        return sorted(cards), scores

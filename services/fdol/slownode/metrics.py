@@ -31,7 +31,12 @@ whose Name is a JSON object) and, when a step is complete, emits one :class:`Ste
   their durations (the waits), the gap before each from the end of the previous one, and each
   one's start from the step's start (the rank's arrival; the same clock: device, else host; ns).
   The rank that computes slowest arrives last at each of them and waits least (FALCON ATC'25,
-  Holmes / Minder NSDI'25).
+  Holmes / Minder NSDI'25);
+- ``ep_gaps`` (faultmesh, issue 34): for a rank without a TP group in an expert-parallel (``exp``)
+  group, the gap before each of its expert all-to-alls (dispatch / combine; the most frequent of
+  all-to-all, all-gather, reduce-scatter on that group, the step's first left out) from the end of
+  the previous one: the all-to-alls block the compute and release the group together, so the gap
+  is the rank's own compute of that part of the layer (attention, or its experts).
 
 Missing values are 0 (the detectors ignore 0). Memory is bounded: open ranges, the Name/Domain
 cache and buffered ranges are capped; evictions are counted.
@@ -102,6 +107,7 @@ class StepMetrics:
     dp_ops: tuple[int, ...] = ()
     dp_gaps: tuple[int, ...] = ()
     dp_starts: tuple[int, ...] = ()
+    ep_gaps: tuple[int, ...] = ()
 
     def get(self, column: str) -> int:
         """Value of ``column`` (one of :data:`COLUMNS`)."""
@@ -387,7 +393,11 @@ class StepAssembler:
             dp = rank_group(groups, self.rank, "default_group")
         if dp is not None:
             mine = [c for c in in_step if c.group == dp and c.count > self.traffic]
-            m.dp_ops, m.dp_gaps, m.dp_starts = _dp_evidence(mine, hs, ds)
+            m.dp_ops, m.dp_gaps, m.dp_starts = _per_op(mine, hs, ds, DP_OPS)
+        ep = None if tp is not None else rank_group(groups, self.rank, "exp")
+        if ep is not None:
+            mine = [c for c in in_step if c.group == ep and c.count > self.traffic]
+            m.ep_gaps = _per_op(mine, hs, ds, EP_OPS)[1]
         if pp is not None:
             sends = [c for c in in_step if c.group == pp and "send" in c.op]
             sends.sort(key=lambda c: (c.device or c.host)[0])  # type: ignore[index]
@@ -434,16 +444,17 @@ def _after_first(
 
 
 DP_OPS = ("allreduce", "reducescatter", "allgather")
+EP_OPS = ("alltoall", "allgather", "reducescatter")
 
 
-def _dp_evidence(comms: list[_Comm], hs: int, ds: int) -> tuple[tuple[int, ...], ...]:
-    """(``dp_ops``, ``dp_gaps``, ``dp_starts``) of a step from its collectives on the DP group
-    (module doc; ``hs`` / ``ds``: the step's host / device start, ns): the most frequent of
-    :data:`DP_OPS` (ties: the first), in start order, without the first; device clock, else host;
-    a gap is 0 when the op started before the previous one ended (queued)."""
+def _per_op(comms: list[_Comm], hs: int, ds: int, kinds: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+    """(durations, gaps, starts) of a step's collectives on one group (``dp_*``, ``ep_gaps``:
+    module doc; ``hs`` / ``ds``: the step's host / device start, ns): the most frequent of the op
+    ``kinds`` (ties: the first), in start order, without the first; device clock, else host; a gap
+    is 0 when the op started before the previous one ended (queued)."""
     by_type: dict[str, list[_Comm]] = {}
     for c in comms:
-        for op in DP_OPS:
+        for op in kinds:
             if op in c.op:
                 by_type.setdefault(op, []).append(c)
                 break

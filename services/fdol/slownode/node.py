@@ -21,7 +21,7 @@ links (PP send slower than history), slow host (every local rank slow on ZP_host
 (dataloader slower than history). Independently, the pattern detector (:mod:`.pattern`) flags
 compute stragglers that step time does not show; its ranks join ``slowCalculateRanks`` and make
 the result slow (``detectedBy`` says which rule fired). With faultmesh's rules, ranks without a
-TP group are judged on their data-parallel collectives (:mod:`.dp`).
+TP group are judged on their data-parallel collectives and expert all-to-alls (:mod:`.dp`).
 
 Fixes of reference quirks (named on purpose), in addition to those of :mod:`.detect`:
 - *slow IO*: computed on its own (the reference computed it only when the host was slow and then
@@ -44,7 +44,7 @@ from collections import deque
 from itertools import islice
 
 from .detect import TimeDetector, homogenize
-from .dp import ArrivalLagDetector, local_dp_groups
+from .dp import DataParallelRules
 from .featconf import FeatConf
 from .metrics import StepMetrics
 from .pattern import PatternDetector, compute_value
@@ -117,7 +117,7 @@ class NodeDetector:
             conf.peer_window, conf.gap_spread, conf.compute_excess, conf.wait_z,
             conf.gap_long_window, conf.gap_long_spread,
         )  # fmt: skip
-        self.dp = ArrivalLagDetector(conf.peer_window, conf.dp_lag_excess, self.bad)
+        self.dp = DataParallelRules(conf.peer_window, conf.dp_lag_excess, self.bad)
         self.pattern = PatternDetector(conf.pattern_window, conf.compute_ratio, conf.wait_ratio)
         self._base_buf: dict[int, list[float]] = {r: [] for r in self.ranks}
         self.compute_baseline: dict[int, float] = {}
@@ -161,7 +161,7 @@ class NodeDetector:
                 if g.group_name in ("cp", "exp") and len(g.global_ranks) > 1
             ]
             in_tp = {r for g in tp for r in g}
-            dp = local_dp_groups(self._groups, self.ranks, in_tp)
+            dp = DataParallelRules.groups(self._groups, self.ranks, in_tp)
             self._derived = (tp or [[r] for r in self.ranks], pg, na, dp)
         return self._derived
 
@@ -328,9 +328,8 @@ class NodeDetector:
         cards, shares = self.peers.evaluate(
             [g for g in multi if tuple(sorted(g)) not in judged], self.history
         )
-        live = set(with_data)  # data-parallel collectives where no TP group (:mod:`.dp`)
-        dp_groups = [x for g in self._derive()[3] if len(x := [r for r in g if r in live]) > 1]
-        dp_cards, dp_lag = self.dp.evaluate(dp_groups, self.history)
+        # data-parallel collectives / expert all-to-alls where no TP group (:mod:`.dp`)
+        dp_cards, dp_lag = self.dp.evaluate(self._derive()[3], set(with_data), self.history)
         cards = sorted(set(cards) | set(gap_cards) | set(dp_cards))  # gaps where measured, waits elsewhere
         by_rank = self._by_rank
         domains = [

@@ -43,6 +43,22 @@ def test_parse_records_each_data_parallel_collective_the_slow_card_arrives_last(
             assert min(range(8), key=lambda r, k=k: ms[r].dp_ops[k]) == 5
 
 
+def test_parse_records_the_compute_between_expert_all_to_alls(tmp_path):
+    """MoE (expert parallel over the node): 4 all-to-alls a layer, 8 layers forward and backward;
+    the gap before each is the rank's own compute since the group left the previous one: the
+    +25 % card's is the longest in most of them, whatever the routing skew."""
+    sim = DPSim(DPLayout(8, "ddp", moe=True), DPConf(seed=4), Fault("card", 2, 1.25, onset=0))
+    sim.write_groups(tmp_path)
+    sim.write_steps(tmp_path, 6)
+    steps, bad = load_steps(tmp_path, list(range(8)))
+    assert not bad
+    for s in range(1, 5):
+        ms = [steps[r][s] for r in range(8)]
+        assert all(len(m.ep_gaps) == 31 and len(m.dp_starts) == 3 for m in ms)
+        longest = [max(range(8), key=lambda r, k=k: ms[r].ep_gaps[k]) for k in range(31)]
+        assert longest.count(2) > 31 // 2
+
+
 def test_local_groups_dp_label_first_default_group_else_and_tp_members_left_to_the_tp_rules():
     dflt = {"0": Group("0", "default_group", tuple(range(16)))}
     assert local_dp_groups(dflt, range(8), set()) == [list(range(8))]
@@ -50,6 +66,9 @@ def test_local_groups_dp_label_first_default_group_else_and_tp_members_left_to_t
     assert local_dp_groups(labelled, range(8), set()) == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert local_dp_groups(labelled, range(8), {0, 2, 1, 3}) == [[4, 6], [5, 7]]
     assert local_dp_groups(dflt, [3], set()) == []  # one local rank: nobody to compare with
+    ep = {**dflt, "ep_2": Group("ep_2", "exp", tuple(range(8)))}
+    assert local_dp_groups(ep, range(8), set(), ("exp",)) == [list(range(8))]
+    assert local_dp_groups(dflt, range(8), set(), ("exp",)) == []
 
 
 def _history(n, steps, slow=None, factor=1.1, ops=6, seed=0, skip=()):
@@ -113,9 +132,15 @@ def test_a_plus_20_percent_card_in_a_job_without_tp_group_is_named(name, want):
     assert detect(make_sim(name, 16, 1), steps_of(sim, 1 << 30), FM)[0] == want
 
 
-def test_healthy_data_parallel_job_names_nobody():
-    sim = make_sim("ddp_healthy", 16, 1)
-    assert detect(make_sim("ddp_healthy", 16, 1), steps_of(sim, 1 << 30), FM)[0] == "quiet"
+@pytest.mark.parametrize("name", ["ddp_healthy", "moe_fsdp_skew"])
+def test_healthy_data_parallel_job_and_moe_routing_skew_name_nobody(name):
+    sim = make_sim(name, 16, 1)
+    assert detect(make_sim(name, 16, 1), steps_of(sim, 1 << 30), FM)[0] == "quiet"
+
+
+def test_a_plus_25_percent_card_among_moe_routing_skew_is_named_and_only_it():
+    sim = make_sim("moe_ddp_skew_card+25%", 16, 0)
+    assert detect(make_sim("moe_ddp_skew_card+25%", 16, 0), steps_of(sim, 1 << 30), FM)[0] == "correct"
 
 
 def test_dp_lag_excess_key():
