@@ -64,10 +64,18 @@ def local_dp_groups(
 ) -> list[list[int]]:
     """The detection groups of the rule: each group of the first of ``kinds`` that has any (``dp``,
     else the default group; ``("exp",)``: the expert-parallel groups) intersected with the
-    ``local`` ranks not in ``in_tp``, those with >= 2 members, deduplicated, sorted."""
+    ``local`` ranks not in ``in_tp``, those with >= 2 members, deduplicated, sorted. The default
+    group leaves out the ranks of PP groups (it would compare different pipeline stages)."""
     free = set(local) - in_tp
     out: list[list[int]] = []
     for kind in kinds:
+        if kind == "default_group":
+            free -= {
+                r
+                for g in groups.values()
+                if g.group_name == "pp" and len(g.global_ranks) > 1
+                for r in g.global_ranks
+            }
         for g in groups.values():
             if g.group_name == kind and len(g.global_ranks) > 1:
                 inter = sorted(free.intersection(g.global_ranks))

@@ -25,7 +25,7 @@ whose Name is a JSON object) and, when a step is complete, emits one :class:`Ste
   it to its start (the same clock: device, else host; ns; 0 when they overlap): the rank's own
   compute of that layer, which its TP peers' waits do not blur (the gap-excess rule compares them);
 - ``dp_ops`` / ``dp_gaps`` / ``dp_starts`` (faultmesh, issue 34): for a rank without a TP group,
-  its data-parallel collectives: on its ``dp`` group, else (a plain DDP / FSDP job) on the default
+  its data-parallel collectives: on its ``dp`` group, else (a plain DDP / FSDP job: no PP group) on the default
   group, the op type (all-reduce, reduce-scatter or all-gather: gradient buckets, FSDP shards) that
   occurs most in the step, in start order, except the step's first (it absorbs a late data load):
   their durations (the waits), the gap before each from the end of the previous one, and each
@@ -389,7 +389,7 @@ class StepAssembler:
             m.zp_device = _mean([(c.device or c.host)[1] - (c.device or c.host)[0] for c in chosen])  # type: ignore[index]
             m.zp_host = _mean([c.host[1] - c.host[0] for c in chosen if c.host is not None])
         dp = None if tp is not None else rank_group(groups, self.rank, "dp")
-        if tp is None and dp is None:
+        if tp is None and dp is None and pp is None:  # a plain DP job (not a pipeline's stages)
             dp = rank_group(groups, self.rank, "default_group")
         if dp is not None:
             mine = [c for c in in_step if c.group == dp and c.count > self.traffic]

@@ -66,6 +66,8 @@ def test_local_groups_dp_label_first_default_group_else_and_tp_members_left_to_t
     assert local_dp_groups(labelled, range(8), set()) == [[0, 2, 4, 6], [1, 3, 5, 7]]
     assert local_dp_groups(labelled, range(8), {0, 2, 1, 3}) == [[4, 6], [5, 7]]
     assert local_dp_groups(dflt, [3], set()) == []  # one local rank: nobody to compare with
+    staged = {**dflt, "pp_3": Group("pp_3", "pp", (0, 8)), "pp_4": Group("pp_4", "pp", (1, 9))}
+    assert local_dp_groups(staged, range(8), set()) == [[2, 3, 4, 5, 6, 7]]  # stages not mixed
     ep = {**dflt, "ep_2": Group("ep_2", "exp", tuple(range(8)))}
     assert local_dp_groups(ep, range(8), set(), ("exp",)) == [list(range(8))]
     assert local_dp_groups(dflt, range(8), set(), ("exp",)) == []
