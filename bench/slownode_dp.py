@@ -18,8 +18,10 @@ wrong, missed, false alarm). Seconds to confirm: rounds from the onset round to 
 x ``ROUND_S`` (30 s: the reference's ``nSecondsDoOneDetection``), i.e. as if a round held 30 s of
 steps; the bench compresses a round to ``ROUND_STEPS`` steps.
 
-Usage: ``python bench/slownode_dp.py [--seeds 2] [--seed-base 0] [--sizes 8,16,32]
-[--only ddp_card+20%,...]``. Last line: the summary.
+Usage: ``python bench/slownode_dp.py [--seeds 2] [--seed-base 0] [--sizes 8,16,32] [--noise 1.0]
+[--moe-p 0.2] [--card-sd 0.01] [--only ddp_card+20%,...]``; ``--noise`` / ``--moe-p`` /
+``--card-sd`` check the rules on other noise levels, routing skews and speed spreads of the
+cards than the modelled ones. Last line: the summary.
 """
 
 from __future__ import annotations
@@ -56,13 +58,25 @@ SCENARIOS: dict[str, tuple[str, bool, str, float]] = {
 }
 
 
-def make_sim(name: str, n: int, seed: int) -> DPSim:
-    """The scenario's job of ``n`` ranks (the culprit drawn from the seed)."""
+NOISE_FIELDS = ("op_noise", "step_noise", "hiccup_ms")
+
+
+def make_sim(
+    name: str, n: int, seed: int, noise: float = 1.0, moe_p: float | None = None, card_sd: float | None = None
+) -> DPSim:
+    """The scenario's job of ``n`` ranks (the culprit drawn from the seed); ``noise`` scales
+    :data:`NOISE_FIELDS` of its DPConf (per-layer and per-step noise, hiccups); ``moe_p``: the
+    share of hot ranks per MoE layer and step, ``card_sd``: the cards' speed spread (None:
+    DPConf's)."""
     mode, moe, kind, factor = SCENARIOS[name]
     target = random.Random(seed * 31 + n).randrange(n)
-    sim = DPSim(
-        DPLayout(n, mode, moe), DPConf(seed=seed * 1009 + n), Fault(kind, target, factor, onset=ONSET)
-    )
+    conf = DPConf(seed=seed * 1009 + n)
+    conf = DPConf(**{**conf.__dict__, **{k: getattr(conf, k) * noise for k in NOISE_FIELDS}})
+    if moe_p is not None:
+        conf.moe_p = moe_p
+    if card_sd is not None:
+        conf.card_sd = card_sd
+    sim = DPSim(DPLayout(n, mode, moe), conf, Fault(kind, target, factor, onset=ONSET))
     sim.n_steps = STEPS  # type: ignore[attr-defined]
     return sim
 
@@ -73,13 +87,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed-base", type=int, default=0)
     ap.add_argument("--sizes", default="8,16,32")
     ap.add_argument("--only", default="", help="comma-separated scenarios (default: all)")
+    ap.add_argument(
+        "--noise", type=float, default=1.0, help="scale of the simulator's noise (1: as modelled)"
+    )
+    ap.add_argument("--moe-p", type=float, default=None, help="share of hot ranks per MoE layer and step")
+    ap.add_argument(
+        "--card-sd", type=float, default=None, help="the cards' speed spread (standard deviation)"
+    )
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.sizes.split(",")]
     seeds = range(args.seed_base, args.seed_base + args.seeds)
     confs = {"faultmesh": parse_featconf(FAULTMESH), "reference": parse_featconf(REFERENCE)}
     only = set(args.only.split(",")) - {""}
     t_start = time.perf_counter()
-    print(f"seeds {seeds.start}..{seeds.stop - 1}, sizes {args.sizes}, a round = {ROUND_S} s")
+    print(
+        f"seeds {seeds.start}..{seeds.stop - 1}, sizes {args.sizes}, noise x{args.noise:g}, "
+        f"moe_p {args.moe_p if args.moe_p is not None else DPConf.moe_p}, "
+        f"card_sd {args.card_sd if args.card_sd is not None else DPConf.card_sd}, a round = {ROUND_S} s"
+    )
     print(
         f"{'scenario':24} {'runs':>4} | "
         + " | ".join(f"{k[:9]:>9} prec recall FA  s_med s_max" for k in confs)
@@ -92,10 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         runs = 0
         for n in sizes:
             for seed in seeds:
-                steps = steps_of(make_sim(name, n, seed), file_max=1 << 30)
+                steps = steps_of(
+                    make_sim(name, n, seed, args.noise, args.moe_p, args.card_sd), file_max=1 << 30
+                )
                 runs += 1
                 for k, conf in confs.items():
-                    tallies[k].add(*detect(make_sim(name, n, seed), steps, conf))
+                    tallies[k].add(
+                        *detect(make_sim(name, n, seed, args.noise, args.moe_p, args.card_sd), steps, conf)
+                    )
         cells = []
         for k, t in tallies.items():
             secs = [d * ROUND_S for d in t.delays]

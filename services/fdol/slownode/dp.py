@@ -23,8 +23,9 @@ before each collective (the TP gap rule):
 - in a healthy job the same card is the last to arrive nearly every time: cards of one model
   differ by a few percent in sustained speed (Sinha et al. SC'22) and the lag accumulates over the
   backward. Who is last says nothing without how much: the relative lag does (it is its speed
-  difference to its peers). 0.03 sits between a healthy fleet's spread (cards beyond 2.5 % of
-  their peers are screened out by acceptance tests) and the +5 % straggler the issue names;
+  difference to its peers). 0.03 sits between a healthy fleet's spread and the +5 % straggler
+  the issue names; the spread is the one bench/trainsim_dp.py models (1 % standard deviation,
+  cards beyond 2.5 % screened out by acceptance tests), not one measured on a fleet;
 - the median needs the lag in most of the collectives over the window: a step with an OS hiccup,
   or mixture-of-experts routing that makes a few random ranks late in one layer and step and
   others in the next (the expert all-to-alls realign the members within each layer), do not move
@@ -42,8 +43,9 @@ Steps where the members recorded different numbers of collectives (a missing rec
 out and counted (``missing_collectives``); a member that stopped reporting is left out of its
 group (the node counts ``rank_stopped``): no verdict on missing data, never a confirmation.
 
-The groups: the rank's ``dp`` groups, else (a job that labels none, e.g. plain DDP) the default
-group. Ranks of a multi-member local TP group are judged by the TP rules only.
+The groups: the rank's ``dp`` groups, else (a job that labels none, e.g. plain DDP, and has no
+PP groups) the default group. Ranks of a multi-member local TP group are judged by the TP rules
+only.
 """
 
 from __future__ import annotations
