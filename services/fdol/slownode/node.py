@@ -117,7 +117,7 @@ class NodeDetector:
             conf.peer_window, conf.gap_spread, conf.compute_excess, conf.wait_z,
             conf.gap_long_window, conf.gap_long_spread,
         )  # fmt: skip
-        self.dp = DataParallelRules(conf.peer_window, conf.dp_lag_excess, self.bad)
+        self.dp = DataParallelRules(conf.peer_window, conf.dp_lag_excess, self.bad, conf.dp_lag_spread)
         self.pattern = PatternDetector(conf.pattern_window, conf.compute_ratio, conf.wait_ratio)
         self._base_buf: dict[int, list[float]] = {r: [] for r in self.ranks}
         self.compute_baseline: dict[int, float] = {}

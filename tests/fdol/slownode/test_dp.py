@@ -101,6 +101,21 @@ def test_a_rank_lagging_its_peers_by_ten_percent_is_flagged_and_healthy_ranks_ar
     assert det.evaluate([[0, 1, 2, 3]], _history(4, 39, slow=2))[0] == []  # the window is not full
 
 
+def test_a_lag_within_the_peers_own_spread_is_not_named_one_beyond_it_is():
+    """Eight cards whose speeds differ by -5 to +6 %: the slowest lags by more than the 3 % floor
+    but not beyond 3 robust spreads of the members' lags; a +25 % card does."""
+    speeds = [0.95, 0.97, 0.985, 1.0, 1.0, 1.01, 1.02, 1.06]
+    hist = _history(8, 40)
+    for r, sp in enumerate(speeds):
+        for m in hist[r]:
+            m.dp_starts = tuple(int(x * sp) for x in m.dp_starts)
+    assert ArrivalLagDetector(excess=0.03, spread=0).evaluate([range(8)], hist)[0] == [7]
+    assert ArrivalLagDetector(excess=0.03, spread=3.0).evaluate([range(8)], hist)[0] == []
+    for m in hist[3]:
+        m.dp_starts = tuple(int(x * 1.25) for x in m.dp_starts)
+    assert ArrivalLagDetector(excess=0.03, spread=3.0).evaluate([range(8)], hist)[0] == [3]
+
+
 def test_steps_with_missing_collectives_are_left_out_counted_never_a_verdict():
     bad = BadInput()
     det = ArrivalLagDetector(window=40, excess=0.03, bad=bad)
@@ -147,5 +162,8 @@ def test_a_plus_25_percent_card_among_moe_routing_skew_is_named_and_only_it():
 
 def test_dp_lag_excess_key():
     assert parse_featconf({"jobName": "j", "dpLagExcess": 0.05}).dp_lag_excess == 0.05
+    assert parse_featconf({"jobName": "j", "dpLagSpread": 0}).dp_lag_spread == 0
     with pytest.raises(FeatConfError):
         parse_featconf({"jobName": "j", "dpLagExcess": 0})
+    with pytest.raises(FeatConfError):
+        parse_featconf({"jobName": "j", "dpLagSpread": -1})
