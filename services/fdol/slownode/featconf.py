@@ -29,7 +29,9 @@ with these deliberate differences, each a gap of the reference:
   share of the step), ``confirmGapRounds`` (1, clean rounds tolerated inside a confirmation),
   ``gapSpread`` (1.0), ``computeExcess`` (0.05), ``gapLongWindowSteps`` (160, 0: off) and
   ``gapLongSpread`` (0.5) — the gap-excess rule,
-  :class:`fdol.slownode.peers.GapDetector` —;
+  :class:`fdol.slownode.peers.GapDetector` —, ``dpLagExcess`` (0.03) and ``dpLagSpread`` (3.0,
+  0: off) — the lag rule on data-parallel collectives and expert all-to-alls for ranks without a
+  TP group, :mod:`fdol.slownode.dp`;
 - ``commProfiling``: ``always`` or ``onDemand`` (the reference's heavy/light switching); default
   ``always`` with rules ``faultmesh`` (wait asymmetry needs the TP collectives), else ``onDemand``.
 """
@@ -81,6 +83,8 @@ class FeatConf:
     compute_excess: float = 0.05
     gap_long_window: int = 160
     gap_long_spread: float = 0.5
+    dp_lag_excess: float = 0.03
+    dp_lag_spread: float = 3.0
     comm_profiling: str = ""
     rank_ids: tuple[int, ...] = field(default=())
     unknown_keys: tuple[str, ...] = field(default=(), compare=False)
@@ -144,6 +148,8 @@ _KEYS: dict[str, tuple[str, str, Any]] = {
     "computeExcess": ("compute_excess", "float", 0.05),
     "gapLongWindowSteps": ("gap_long_window", "int", 160),
     "gapLongSpread": ("gap_long_spread", "float", 0.5),
+    "dpLagExcess": ("dp_lag_excess", "float", 0.03),
+    "dpLagSpread": ("dp_lag_spread", "float", 3.0),
     "commProfiling": ("comm_profiling", "str", ""),
 }
 COMM_PROFILING = ("", "always", "onDemand")
@@ -247,6 +253,8 @@ def _validate(c: FeatConf) -> None:
         (c.gap_long_window >= 0, "gapLongWindowSteps must be >= 0"),
         (c.gap_long_spread >= 0, "gapLongSpread must be >= 0"),
         (c.compute_excess > 0, "computeExcess must be > 0"),
+        (0 < c.dp_lag_excess < 1, "dpLagExcess must be in (0, 1)"),
+        (c.dp_lag_spread >= 0, "dpLagSpread must be >= 0"),
     ]
     for ok, msg in checks:
         if not ok:

@@ -23,7 +23,20 @@ whose Name is a JSON object) and, when a step is complete, emits one :class:`Ste
   compares;
 - ``tp_gaps`` (faultmesh): for each of ``tp_ops``, the time from the end of the TP collective before
   it to its start (the same clock: device, else host; ns; 0 when they overlap): the rank's own
-  compute of that layer, which its TP peers' waits do not blur (the gap-excess rule compares them).
+  compute of that layer, which its TP peers' waits do not blur (the gap-excess rule compares them);
+- ``dp_ops`` / ``dp_gaps`` / ``dp_starts`` (faultmesh, issue 34): for a rank without a TP group,
+  its data-parallel collectives: on its ``dp`` group, else (a plain DDP / FSDP job: no PP group) on the default
+  group, the op type (all-reduce, reduce-scatter or all-gather: gradient buckets, FSDP shards) that
+  occurs most in the step, in start order, except the step's first (it absorbs a late data load):
+  their durations (the waits), the gap before each from the end of the previous one, and each
+  one's start from the step's start (the rank's arrival; the same clock: device, else host; ns).
+  The rank that computes slowest arrives last at each of them and waits least (FALCON ATC'25,
+  Holmes / Minder NSDI'25);
+- ``ep_gaps`` (faultmesh, issue 34): for a rank without a TP group in an expert-parallel (``exp``)
+  group, the gap before each of its expert all-to-alls (dispatch / combine; the most frequent of
+  all-to-all, all-gather, reduce-scatter on that group, the step's first left out) from the end of
+  the previous one: the all-to-alls block the compute and release the group together, so the gap
+  is the rank's own compute of that part of the layer (attention, or its experts).
 
 Missing values are 0 (the detectors ignore 0). Memory is bounded: open ranges, the Name/Domain
 cache and buffered ranges are capped; evictions are counted.
@@ -91,6 +104,10 @@ class StepMetrics:
     comm_wait: int = 0
     tp_ops: tuple[int, ...] = ()
     tp_gaps: tuple[int, ...] = ()
+    dp_ops: tuple[int, ...] = ()
+    dp_gaps: tuple[int, ...] = ()
+    dp_starts: tuple[int, ...] = ()
+    ep_gaps: tuple[int, ...] = ()
 
     def get(self, column: str) -> int:
         """Value of ``column`` (one of :data:`COLUMNS`)."""
@@ -138,7 +155,8 @@ def _suffix_key(name: str) -> tuple[int, str]:
 
 
 def rank_group(groups: dict[str, Group] | None, rank: int, kind: str) -> str | None:
-    """Comm name of ``rank``'s group of ``kind`` (tp|pp) with > 1 ranks: the first by numeric suffix."""
+    """Comm name of ``rank``'s group of ``kind`` (tp|pp|dp|default_group) with > 1 ranks: the first
+    by numeric suffix."""
     if not groups:
         return None
     keys = [
@@ -370,6 +388,16 @@ class StepAssembler:
             chosen = chosen[:3]
             m.zp_device = _mean([(c.device or c.host)[1] - (c.device or c.host)[0] for c in chosen])  # type: ignore[index]
             m.zp_host = _mean([c.host[1] - c.host[0] for c in chosen if c.host is not None])
+        dp = None if tp is not None else rank_group(groups, self.rank, "dp")
+        if tp is None and dp is None and pp is None:  # a plain DP job (not a pipeline's stages)
+            dp = rank_group(groups, self.rank, "default_group")
+        if dp is not None:
+            mine = [c for c in in_step if c.group == dp and c.count > self.traffic]
+            m.dp_ops, m.dp_gaps, m.dp_starts = _per_op(mine, hs, ds, DP_OPS)
+        ep = None if tp is not None else rank_group(groups, self.rank, "exp")
+        if ep is not None:
+            mine = [c for c in in_step if c.group == ep and c.count > self.traffic]
+            m.ep_gaps = _per_op(mine, hs, ds, EP_OPS)[1]
         if pp is not None:
             sends = [c for c in in_step if c.group == pp and "send" in c.op]
             sends.sort(key=lambda c: (c.device or c.host)[0])  # type: ignore[index]
@@ -413,6 +441,30 @@ def _after_first(
             a, b = (c.device, prev.device) if c.device and prev.device else (c.host, prev.host)
             gaps.append(max(0, a[0] - b[1]) if a and b else 0)
     return tuple(out), tuple(gaps)
+
+
+DP_OPS = ("allreduce", "reducescatter", "allgather")
+EP_OPS = ("alltoall", "allgather", "reducescatter")
+
+
+def _per_op(comms: list[_Comm], hs: int, ds: int, kinds: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+    """(durations, gaps, starts) of a step's collectives on one group (``dp_*``, ``ep_gaps``:
+    module doc; ``hs`` / ``ds``: the step's host / device start, ns): the most frequent of the op
+    ``kinds`` (ties: the first), in start order, without the first; device clock, else host; a gap
+    is 0 when the op started before the previous one ended (queued)."""
+    by_type: dict[str, list[_Comm]] = {}
+    for c in comms:
+        for op in kinds:
+            if op in c.op:
+                by_type.setdefault(op, []).append(c)
+                break
+    if not by_type:
+        return (), (), ()
+    chosen = max(by_type.values(), key=len)
+    spans = sorted((c.device, ds) if c.device else (c.host, hs) for c in chosen)  # type: ignore[misc]
+    ops = tuple(e - s for (s, e), _ in spans[1:])
+    gaps = tuple(max(0, s - pe) for ((s, _), _), ((_, pe), _) in zip(spans[1:], spans, strict=False))
+    return ops, gaps, tuple(max(0, s - base) for (s, _), base in spans[1:])
 
 
 def _step_number(name: str) -> int | None:

@@ -20,7 +20,8 @@ local rank), slow TP domains (every member slow on ZP_device against its own his
 links (PP send slower than history), slow host (every local rank slow on ZP_host), slow IO
 (dataloader slower than history). Independently, the pattern detector (:mod:`.pattern`) flags
 compute stragglers that step time does not show; its ranks join ``slowCalculateRanks`` and make
-the result slow (``detectedBy`` says which rule fired).
+the result slow (``detectedBy`` says which rule fired). With faultmesh's rules, ranks without a
+TP group are judged on their data-parallel collectives and expert all-to-alls (:mod:`.dp`).
 
 Fixes of reference quirks (named on purpose), in addition to those of :mod:`.detect`:
 - *slow IO*: computed on its own (the reference computed it only when the host was slow and then
@@ -43,6 +44,7 @@ from collections import deque
 from itertools import islice
 
 from .detect import TimeDetector, homogenize
+from .dp import DataParallelRules
 from .featconf import FeatConf
 from .metrics import StepMetrics
 from .pattern import PatternDetector, compute_value
@@ -101,13 +103,8 @@ class NodeDetector:
         self.faultmesh = conf.rules == "faultmesh"
         cap = 200 if self.faultmesh else 0
         win = conf.time_window if self.faultmesh else 0
-        self.detectors = {
-            (r, c): TimeDetector(
-                conf.normal_number, conf.n_sigma, conf.degradation_percentage, conf.n_consec, cap, win
-            )
-            for r in self.ranks
-            for c in TIME_COLUMNS
-        }
+        targs = (conf.normal_number, conf.n_sigma, conf.degradation_percentage, conf.n_consec, cap, win)
+        self.detectors = {(r, c): TimeDetector(*targs) for r in self.ranks for c in TIME_COLUMNS}
         self._by_rank = {r: tuple(self.detectors[(r, c)] for c in TIME_COLUMNS) for r in self.ranks}
         # each rank's forward time of its last ``timeWindowSteps`` steps, as the suspects / the
         # node's forward rise read it (0: not measured)
@@ -120,6 +117,7 @@ class NodeDetector:
             conf.peer_window, conf.gap_spread, conf.compute_excess, conf.wait_z,
             conf.gap_long_window, conf.gap_long_spread,
         )  # fmt: skip
+        self.dp = DataParallelRules(conf.peer_window, conf.dp_lag_excess, self.bad, conf.dp_lag_spread)
         self.pattern = PatternDetector(conf.pattern_window, conf.compute_ratio, conf.wait_ratio)
         self._base_buf: dict[int, list[float]] = {r: [] for r in self.ranks}
         self.compute_baseline: dict[int, float] = {}
@@ -152,21 +150,24 @@ class NodeDetector:
                     inter = sorted(local.intersection(g.global_ranks))
                     if inter and inter not in tp:
                         tp.append(inter)
-            pg = {
+            pg = {  # the data-parallel groups (whole-job lists) are kept out of the reports
                 k: {"group_name": g.group_name, "global_ranks": list(g.global_ranks)}
                 for k, g in self._groups.items()
+                if g.group_name not in ("dp", "default_group")
             }
             na = [
                 g.comm_name
                 for g in self._groups.values()
                 if g.group_name in ("cp", "exp") and len(g.global_ranks) > 1
             ]
-            self._derived = (tp or [[r] for r in self.ranks], pg, na)
+            in_tp = {r for g in tp for r in g}
+            dp = DataParallelRules.groups(self._groups, self.ranks, in_tp)
+            self._derived = (tp or [[r] for r in self.ranks], pg, na, dp)
         return self._derived
 
     def set_rank_groups(self, per_rank: dict[int, dict[str, Group]]) -> None:
         """Merge the local ranks' parallel groups (tp/pp kept, §2 "group merge")."""
-        merged = merge_groups(list(per_rank.values()), kinds=("tp", "pp", "cp", "exp"))
+        merged = merge_groups(list(per_rank.values()), kinds=("tp", "pp", "cp", "exp", "dp", "default_group"))
         self.groups = merged
 
     def add(self, m: StepMetrics) -> None:
@@ -309,7 +310,7 @@ class NodeDetector:
         res["lastStep"] = low
         res["ranks"] = self.ranks
         res["baselineReady"] = self.baseline_ready()
-        _, pg, na = self._derive()
+        _, pg, na, _ = self._derive()
         res["parallelGroups"] = pg  # shared between rounds while the groups stay (read-only)
         res["notApplicable"] = list(na)
         return res
@@ -327,7 +328,9 @@ class NodeDetector:
         cards, shares = self.peers.evaluate(
             [g for g in multi if tuple(sorted(g)) not in judged], self.history
         )
-        cards = sorted(set(cards) | set(gap_cards))  # gaps where measured, wait asymmetry elsewhere
+        # data-parallel collectives / expert all-to-alls where no TP group (:mod:`.dp`)
+        dp_cards, dp_lag = self.dp.evaluate(self._derive()[3], set(with_data), self.history)
+        cards = sorted(set(cards) | set(gap_cards) | set(dp_cards))  # gaps where measured, waits elsewhere
         by_rank = self._by_rank
         domains = [
             g
@@ -341,7 +344,8 @@ class NodeDetector:
         cards = [r for r in cards if r not in io]  # its late data arrives last at the TP barrier
         for name, hit in (
             ("gapExcess", [r for r in cards if r in gap_cards]),
-            ("waitAsymmetry", [r for r in cards if r not in gap_cards]),
+            ("waitAsymmetry", [r for r in cards if r not in gap_cards and r not in dp_cards]),
+            ("dpArrivalLag", [r for r in cards if r in dp_cards]),
             ("tpDomain", domains),
             ("ppSend", sends),
         ):
@@ -368,6 +372,7 @@ class NodeDetector:
         res["suspectRanks"] = suspects
         res["lateShare"] = {str(r): v for r, v in shares.items()}
         res["gapExcess"] = {str(r): v for r, v in gap_scores.items()}
+        res["dpLag"] = {str(r): v for r, v in dp_lag.items()}
         res["rise"] = rise
         res["explained"] = bool(cards or domains or host or sends)
         res["detectedBy"] = fired

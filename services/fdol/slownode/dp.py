@@ -1,0 +1,210 @@
+"""faultmesh's slow-card rules on data-parallel collectives, for ranks without a TP group (issue 34).
+
+Pure data-parallel and FSDP jobs (the most common PyTorch training jobs) have no TP group, so the
+TP rules of :mod:`.peers` see nothing. Their ranks meet at every data-parallel collective instead:
+DDP's gradient all-reduce buckets, FSDP's per-layer all-gathers and reduce-scatters. A card that
+computes slower issues each of them later than its peers (FALCON / Greyhound ATC'25, Holmes and
+Minder NSDI'25 localize slow GPUs the same way). The parse stage records, per collective, when the
+rank arrived (``StepMetrics.dp_starts``: its start from the step's start; :mod:`.metrics`).
+
+Rule (arrival lag), per data-parallel group intersected with the node's ranks (>= 2 members), over
+the last ``peerWindowSteps`` steps where every member has the same number of such collectives:
+per collective, a member's lag is log(own arrival) - the median of the other members' log
+arrivals: how much longer it took, relative to its peers, to get from the step's start to that
+collective. A member is *flagged* when the median of its lags over the window's collectives, or
+over the last ``peerWindowSteps // 4`` steps', reaches ``dpLagExcess`` (0.03) and, in a group of
+>= 4 members, ``dpLagSpread`` (3.0) robust spreads of the members' window medians (1.4826 x
+their median absolute deviation): slow relative to how much its own peers differ.
+
+Why the median of a relative lag, and not who arrives last (the TP sign test) or the compute gap
+before each collective (the TP gap rule):
+
+- collectives run on their own stream and overlap the compute, so a member that is ahead queues
+  its next collective behind the one that waits for the late member: its gaps read 0 and its waits
+  carry the late member's delay, not its own time; its arrivals stay its own until it is held up;
+- in a healthy job the same card is the last to arrive nearly every time: cards of one model
+  differ by a few percent in sustained speed (Sinha et al. SC'22) and the lag accumulates over the
+  backward. Who is last says nothing without how much: the relative lag does (it is its speed
+  difference to its peers). 0.03 sits between a healthy fleet's spread and the +5 % straggler
+  the issue names, for the spread bench/trainsim_dp.py models (1 % standard deviation, cards
+  beyond 2.5 % screened out by acceptance tests), not one measured on a fleet; where the cards
+  differ more (bench/slownode_dp.py --card-sd 0.02: up to 5 %) the innately slowest one passed it
+  in 10 of 20 culprit-free jobs, and the spread term keeps it quiet (0 of 20) -- a +5 % card is
+  then within the fleet's own spread and not named, a +20 % one is;
+- the median needs the lag in most of the collectives over the window: a step with an OS hiccup,
+  or mixture-of-experts routing that makes a few random ranks late in one layer and step and
+  others in the next (the expert all-to-alls realign the members within each layer), do not move
+  it.
+
+Mixture-of-experts jobs (expert parallel, ``exp`` groups): the expert all-to-alls block the compute
+and release their group together, so the lag since the step's start is diluted in every layer;
+there the same median rule judges each rank's own compute between its all-to-alls
+(``StepMetrics.ep_gaps``: log(own gap) - the median of the other members' log gaps, per EP group
+intersected with the node's ranks). Token routing makes a few random ranks compute their experts
+longer in each layer and step (FasterMoE PPoPP'22, Tutel MLSys'23): in a minority of the
+operations, which the median ignores; a slow card is slower in all of them.
+
+Steps where the members recorded different numbers of collectives (a missing record) are left
+out and counted (``missing_collectives``); a member that stopped reporting is left out of its
+group (the node counts ``rank_stopped``): no verdict on missing data, never a confirmation.
+
+The groups: the rank's ``dp`` groups, else (a job that labels none, e.g. plain DDP, and has no
+PP groups) the default group. Ranks of a multi-member local TP group are judged by the TP rules
+only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import islice
+
+from .metrics import StepMetrics
+from .reader import Group
+from .records import BadInput
+
+
+def local_dp_groups(
+    groups: dict[str, Group],
+    local: Sequence[int],
+    in_tp: set[int],
+    kinds: Sequence[str] = ("dp", "default_group"),
+) -> list[list[int]]:
+    """The detection groups of the rule: each group of the first of ``kinds`` that has any (``dp``,
+    else the default group; ``("exp",)``: the expert-parallel groups) intersected with the
+    ``local`` ranks not in ``in_tp``, those with >= 2 members, deduplicated, sorted. The default
+    group leaves out the ranks of PP groups (it would compare different pipeline stages)."""
+    free = set(local) - in_tp
+    out: list[list[int]] = []
+    for kind in kinds:
+        if kind == "default_group":
+            free -= {
+                r
+                for g in groups.values()
+                if g.group_name == "pp" and len(g.global_ranks) > 1
+                for r in g.global_ranks
+            }
+        for g in groups.values():
+            if g.group_name == kind and len(g.global_ranks) > 1:
+                inter = sorted(free.intersection(g.global_ranks))
+                if len(inter) > 1 and inter not in out:
+                    out.append(inter)
+        if out:
+            break
+    return sorted(out)
+
+
+MIN_SPREAD_MEMBERS = 4  # members below which the group's own spread is not estimated
+
+
+class ArrivalLagDetector:
+    """The median-lag rule (module doc). ``window``: steps judged (``peerWindowSteps``);
+    ``excess``: the least median relative lag that flags (``dpLagExcess``); ``bad``: counts
+    ``missing_collectives`` (steps left out because members recorded different numbers);
+    ``evidence``: the StepMetrics field judged (``dp_starts``: arrivals since the step's start;
+    ``ep_gaps``: compute between the expert all-to-alls); ``spread``: ``dpLagSpread`` (0: off)."""
+
+    def __init__(
+        self,
+        window: int = 40,
+        excess: float = 0.03,
+        bad: BadInput | None = None,
+        evidence: str = "dp_starts",
+        spread: float = 3.0,
+    ) -> None:
+        self.spread = spread
+        self.evidence = evidence
+        self.window = window
+        self.short = max(2, window // 4)
+        self.excess = excess
+        self.bad = bad if bad is not None else BadInput()
+        self._counted: dict[tuple[int, ...], int] = {}  # group -> last step checked for missing records
+
+    def evaluate(
+        self, groups: Sequence[Sequence[int]], history: dict[int, Sequence[StepMetrics]]
+    ) -> tuple[list[int], dict[int, float]]:
+        """-> (flagged ranks, {rank: score: its median lag over ``excess``, the larger of the window
+        and the short window; >= 1 flags})."""
+        import numpy as np  # numpy: only where detection runs (issue 18)
+
+        from .peers import _excess_rows
+
+        flagged: list[int] = []
+        scores: dict[int, float] = {}
+        for group in groups:
+            key = tuple(sorted(group))
+            rows = self._aligned(key, history)
+            if len(rows) < self.window:
+                continue
+            arr = np.asarray(rows, dtype=np.float32)  # [steps, members, ops]
+            k = arr.shape[2]
+            lag = _excess_rows(arr.transpose(1, 0, 2).reshape(len(key), -1))  # [members, valid ops]
+            if lag.shape[1] < 2 * k:
+                continue
+            short = lag[:, -min(lag.shape[1], self.short * k) :]
+            med = np.median(lag, axis=1)
+            thr = self.excess
+            if self.spread > 0 and len(key) >= MIN_SPREAD_MEMBERS:  # the members' own spread of speed
+                thr = max(thr, self.spread * 1.4826 * float(np.median(np.abs(med - np.median(med)))))
+            score = np.maximum(med, np.median(short, axis=1)) / thr
+            for r, v in zip(key, score.tolist(), strict=True):
+                scores[r] = round(v, 3)
+                if v >= 1:
+                    flagged.append(r)
+        return sorted(flagged), scores
+
+    def _aligned(self, key: tuple[int, ...], history: dict[int, Sequence[StepMetrics]]) -> list[list[tuple]]:
+        """The last ``window`` steps (chronological) every member has with the same non-zero number
+        of arrivals: per step [member][op]; steps where the members' numbers differ are counted
+        once (``missing_collectives``)."""
+        by_step: dict[int, dict[int, tuple[int, ...]]] = {}
+        for r in key:
+            for m in islice(reversed(history.get(r, ())), self.window + 8):
+                by_step.setdefault(m.step, {})[r] = getattr(m, self.evidence)
+        seen = self._counted.get(key, -1)
+        out = []
+        missing = 0
+        for st in sorted(by_step):
+            vec = by_step[st]
+            if len(vec) < len(key):
+                continue  # a member without this step (stopped, or not read yet): no verdict on it
+            lens = {len(v) for v in vec.values()}
+            if len(lens) == 1 and 0 not in lens:
+                out.append([vec[r] for r in key])
+            elif lens != {0} and st > seen:
+                missing += 1
+        if by_step:
+            self._counted[key] = max(seen, max(by_step))
+        if missing:
+            self.bad.add("missing_collectives", missing)
+        return out[-self.window :]
+
+
+class DataParallelRules:
+    """The rule on the data-parallel collectives (``dp_starts``) and on the expert all-to-alls
+    (``ep_gaps``) of the node's ranks without a TP group, with the keys ``peerWindowSteps``,
+    ``dpLagExcess`` and ``dpLagSpread``; ``bad`` counts ``missing_collectives``."""
+
+    def __init__(self, window: int, excess: float, bad: BadInput, spread: float = 3.0) -> None:
+        self.dp = ArrivalLagDetector(window, excess, bad, spread=spread)
+        self.ep = ArrivalLagDetector(window, excess, bad, "ep_gaps", spread)
+
+    @staticmethod
+    def groups(
+        groups: dict[str, Group], local: Sequence[int], in_tp: set[int]
+    ) -> tuple[list[list[int]], ...]:
+        """(data-parallel groups, expert-parallel groups) of the ``local`` ranks not in ``in_tp``."""
+        return local_dp_groups(groups, local, in_tp), local_dp_groups(groups, local, in_tp, ("exp",))
+
+    def evaluate(
+        self, groups: tuple[list[list[int]], ...], live: set[int], history: dict[int, Sequence[StepMetrics]]
+    ) -> tuple[list[int], dict[int, float]]:
+        """-> (flagged ranks, {rank: its highest score}); ``groups`` from :meth:`groups`, members not
+        in ``live`` (stopped reporting) left out."""
+        cards: set[int] = set()
+        scores: dict[int, float] = {}
+        for det, gs in zip((self.dp, self.ep), groups, strict=True):
+            flagged, sc = det.evaluate([x for g in gs if len(x := [r for r in g if r in live]) > 1], history)
+            cards.update(flagged)
+            for r, v in sc.items():
+                scores[r] = max(v, scores.get(r, v))
+        return sorted(cards), scores
