@@ -126,7 +126,7 @@ class ArrivalLagDetector:
         and the short window; >= 1 flags})."""
         import numpy as np  # numpy: only where detection runs (issue 18)
 
-        from .peers import _excess_rows
+        from .peers import excess_rows
 
         flagged: list[int] = []
         scores: dict[int, float] = {}
@@ -137,7 +137,7 @@ class ArrivalLagDetector:
                 continue
             arr = np.asarray(rows, dtype=np.float32)  # [steps, members, ops]
             k = arr.shape[2]
-            lag = _excess_rows(arr.transpose(1, 0, 2).reshape(len(key), -1))  # [members, valid ops]
+            lag = excess_rows(arr.transpose(1, 0, 2).reshape(len(key), -1))  # [members, valid ops]
             if lag.shape[1] < 2 * k:
                 continue
             short = lag[:, -min(lag.shape[1], self.short * k) :]

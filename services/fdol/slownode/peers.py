@@ -217,10 +217,10 @@ def _excess(gaps: np.ndarray) -> np.ndarray:
     """[steps, ops, members] gaps (ns, 0 = not measured) -> [members, valid ops]: own log gap minus
     the median of the other members' log gaps of the same operation (ops with a 0 are left out)."""
     n = gaps.shape[2]
-    return _excess_rows(gaps.reshape(-1, n).T)
+    return excess_rows(gaps.reshape(-1, n).T)
 
 
-def _excess_rows(gaps: np.ndarray) -> np.ndarray:
+def excess_rows(gaps: np.ndarray) -> np.ndarray:
     """:func:`_excess` of [members, ops] gaps (chronological ops) -> [members, valid ops] float32
     (log-gap differences of a few %: float32 keeps 7 digits and halves the memory each round
     reads)."""
@@ -415,7 +415,7 @@ class GapDetector:
                 o = shape.pop()
                 flat = chain.from_iterable(m.tp_gaps for new in news for m in new)
                 arr = np.fromiter(flat, np.float32, len(key) * len(steps) * o).reshape(len(key), -1)
-                cols.append(_excess_rows(arr))
+                cols.append(excess_rows(arr))
                 if arr.min() > 0:
                     added = [o] * len(steps)
                 else:  # ops with an unmeasured gap are left out: count the rest per step
@@ -426,7 +426,7 @@ class GapDetector:
             row = [b.get(st) for b in by_step]
             lens = {len(m.tp_gaps) if m is not None else 0 for m in row}
             if len(lens) == 1 and 0 not in lens:
-                d = _excess_rows(np.asarray([m.tp_gaps for m in row if m is not None], dtype=np.float32))
+                d = excess_rows(np.asarray([m.tp_gaps for m in row if m is not None], dtype=np.float32))
                 cols.append(d)
                 added.append(d.shape[1])
         if added:
