@@ -426,23 +426,24 @@ def serve(
         state.serial = state.initial_serial = serial
     if preload_alarms > 0:
         state.add_alarms("08000001", 0x08, 0, 2, preload_alarms)
-    sim_bmc, ipmisession = _patched_classes()
-    bmc = sim_bmc({user: password}, state, port=port, address=address)
-    httpd = ThreadingHTTPServer((control_address, control_port), make_control_handler(state))
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, name="bmc-sim-control", daemon=True).start()
-    ready_out.write(
-        f"bmc-sim listening on {address}:{bmc.port} control {control_address}:{httpd.server_address[1]}\n"
-    )
-    ready_out.flush()
-    event(log, logging.INFO, "bmc-sim started", port=bmc.port, control=httpd.server_address[1], user=user)
     if threading.current_thread() is threading.main_thread():  # SIGTERM: a clean exit 0, as the daemons
+        # installed before the ready line: a SIGTERM right after it must not find the default action
 
         def _term(signum, frame):
             raise SystemExit(0)
 
         signal.signal(signal.SIGTERM, _term)
-    try:
+    sim_bmc, ipmisession = _patched_classes()
+    bmc = sim_bmc({user: password}, state, port=port, address=address)
+    httpd = ThreadingHTTPServer((control_address, control_port), make_control_handler(state))
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, name="bmc-sim-control", daemon=True).start()
+    try:  # from the ready line on, a SIGTERM ends in the clean stop below
+        ready_out.write(
+            f"bmc-sim listening on {address}:{bmc.port} control {control_address}:{httpd.server_address[1]}\n"
+        )
+        ready_out.flush()
+        event(log, logging.INFO, "bmc-sim started", port=bmc.port, control=httpd.server_address[1], user=user)
         while True:  # fix (2): an exception in pyghmi's loop must not end the simulator
             try:
                 # A short wait: pyghmi's _io_wait can miss the wake-up for a packet grabbed just
