@@ -111,10 +111,9 @@ class SlowNodeComponent(SlowNodeHttp):
         set_data_trace: Callable[[str, dict[str, str]], Awaitable[None]] | None = None,
         data_trace_root: str | None = None,
     ) -> None:
-        """``jobs``: the brain's job registry (placement, and whether the brain owns a job's data
-        trace); ``set_data_trace``: the brain's hook for the jobs it knows; ``data_trace_root``: the
-        folder of the switch files this component writes itself (default
-        ``<state dir>/datatrace-config``)."""
+        """``jobs``: the brain's job registry (placement; does the brain own a job's data trace);
+        ``set_data_trace``: the brain's hook for the jobs it knows; ``data_trace_root``: the folder of
+        the switch files this component writes itself (default ``<state dir>/datatrace-config``)."""
         self.ctx = ctx
         self.registry = jobs
         self._brain_data_trace = set_data_trace
@@ -123,18 +122,16 @@ class SlowNodeComponent(SlowNodeHttp):
         self._watch: DirWatch | None = None
         self._watch_jobs: dict[str, str] = {}  # file name -> job id
         self._lock = asyncio.Lock()
+        self._stops: dict[str, dict[str, JobState]] = {}  # node -> stopped jobs it was not told of yet
         reg = ctx.metrics.registry
-        self.m_reports = Counter(
-            "faultmesh_slownode_reports_total", "Node slow-node results received", ["result"], registry=reg
-        )
-        self.m_rounds = Counter(
-            "faultmesh_slownode_cluster_rounds_total", "Cluster detection rounds", ["slow"], registry=reg
-        )
+        self.m_reports = Counter("faultmesh_slownode_reports_total", "Node slow-node results received",
+                                 ["result"], registry=reg)  # fmt: skip
+        self.m_rounds = Counter("faultmesh_slownode_cluster_rounds_total", "Cluster detection rounds",
+                                ["slow"], registry=reg)  # fmt: skip
         self.m_jobs = Gauge("faultmesh_slownode_jobs", "Jobs with slow-node detection enabled", registry=reg)
         self.m_degraded = Gauge("faultmesh_slownode_degraded_jobs", "Jobs confirmed slow", registry=reg)
-        self.m_files = Counter(
-            "faultmesh_slownode_watch_files_total", "Watched FeatConf files", ["result"], registry=reg
-        )
+        self.m_files = Counter("faultmesh_slownode_watch_files_total", "Watched FeatConf files",
+                               ["result"], registry=reg)  # fmt: skip
         r = ctx.http.app.router
         r.add_get("/v1/slownode", self._http_list)
         r.add_post("/v1/slownode/jobs", self._http_enable)
@@ -315,8 +312,9 @@ class SlowNodeComponent(SlowNodeHttp):
             return
         if js.task is not None:
             js.task.cancel()
-        for node in js.nodes():
-            await self._send_job(js, node, False)
+        for node in js.nodes():  # a node away now is told when it is back (_on_connect)
+            if not await self._send_job(js, node, False):
+                self._stops.setdefault(node, {})[job_id] = js
         if not keep_store:
             try:
                 await self.set_data_trace(js.ns_name, ALL_OFF, js.nodes())
@@ -341,6 +339,9 @@ class SlowNodeComponent(SlowNodeHttp):
     async def _on_connect(self, node: str, agent: str) -> None:
         if agent != "noded":
             return
+        for job_id, js in list(self._stops.pop(node, {}).items()):
+            if job_id not in self.jobs:  # still stopped: the noded may still run it
+                await self._send_job(js, node, False)
         for js in list(self.jobs.values()):
             if node in js.placement.values():
                 await self._send_job(js, node, True)

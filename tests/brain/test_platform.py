@@ -142,6 +142,8 @@ async def test_rank_table_not_ready_chooses_exit(cd, sims):
         await cd.center.upsert(npu_fault())
         await wait_decision(cd, "exit-completed")
     assert decisions(cd)[-3:] == ["rank-table-not-ready", "exit", "exit-completed"]
+    # the signal is queued on TaskD's stream when the decision is recorded; the stand-in reads it after
+    await sim.wait_for(lambda ev: sim.signals("changeStrategy"), timeout_s=10)
     assert [s["changeStrategy"] for s in sim.signals("changeStrategy")] == ["exit"]
     async with asyncio.timeout(5):
         while (await annotations(cd))[1].get("ProcessRecoverStatus") != "exit-completed":

@@ -12,6 +12,7 @@ import orjson
 from support import agent_stream, http_call, make_clusterd
 
 from faultmesh._pb import agent_pb2
+from faultmesh.agent import AgentClient
 
 OLD = {str(r): ("node-a" if r < 8 else "node-b") for r in range(16)}  # 16 ranks, 8 per node
 NEW = {str(r): ("node-a" if r < 4 else "node-b") for r in range(8)}  # shrunk to 8: 4 per node
@@ -64,5 +65,32 @@ async def test_a_result_for_ranks_of_the_old_size_names_nobody_and_is_counted(tm
         assert reports(cd, "slow") == 1
         st, body = await call(cd, "GET", "/v1/slownode/j1")
         assert body["nodeResults"]["node-a"]["slowCalculateRanks"] == [2], body
+    finally:
+        await cd.stop()
+
+
+async def test_a_noded_away_when_a_job_is_disabled_is_told_when_it_is_back(tmp_path):
+    """The disable's stop message cannot reach a noded that is reconnecting (a clusterd restart, a
+    network blip); it is sent when that noded connects, so the node stops the job (make test saw a
+    noded keep running a disabled job after a clusterd restart)."""
+    cd = await make_clusterd(tmp_path)
+    got: list = []
+
+    async def on_control(msg):
+        if msg.WhichOneof("body") == "slownode_job":
+            got.append((msg.slownode_job.job_id, msg.slownode_job.enable))
+
+    try:
+        assert (await call(cd, "POST", "/v1/slownode/jobs", conf(NEW)))[0] == 200
+        assert (await call(cd, "DELETE", "/v1/slownode/j1"))[0] == 200  # node-a is not connected
+        client = AgentClient(f"127.0.0.1:{cd.grpc_port}", "node-a", "noded", on_control=on_control)
+        await client.start()
+        try:
+            async with asyncio.timeout(10):
+                while ("j1", False) not in got:
+                    await asyncio.sleep(0.02)
+            assert ("j1", True) not in got  # the disabled job is not started again
+        finally:
+            await client.stop()
     finally:
         await cd.stop()
