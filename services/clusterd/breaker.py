@@ -9,7 +9,8 @@ newly isolated; past that the breaker opens: further isolations are held (the pa
 published state; the faults are still recorded and shown by every view), logged once per opening
 (``isolation breaker open``), and ``faultmesh_isolation_breaker_open`` = 1 (alert
 ``FaultmeshIsolationBreakerOpen`` in the chart), ``faultmesh_isolation_held_nodes`` counts the held nodes.
-A node that stops being isolated is forgotten (its hold ends). An operator who has checked the faults
+A node that stops being isolated is forgotten (its hold ends; with none held the breaker is closed).
+A node already published isolated when ClusterD starts keeps its isolation (:meth:`adopt`). An operator who has checked the faults
 releases the breaker (``faultmesh release breaker --reason ...``, ``POST /v1/release/breaker``, the
 bearer token): the held nodes are admitted and the window starts over. The default share 1.0 turns
 it off; the chart sets 0.2 (a bad fault-table push or agent release raises one code on every node at
@@ -73,11 +74,10 @@ class IsolationBreaker:
         self.clock = clock
         self._recent: deque[tuple[float, str]] = deque()  # (admitted at, node) within the window
         self.isolated: set[str] = set()  # nodes admitted as isolated (until forgotten)
-        self.held: dict[str, set[str]] = {}  # node -> paths holding it back
-        self.open = False
-        self.m_open = Gauge(
+        self.held: dict[str, set[str]] = {}  # node -> paths holding it back; open while not empty
+        Gauge(
             "faultmesh_isolation_breaker_open", "1 while isolations are held", registry=registry
-        )
+        ).set_function(lambda: int(self.open))
         Gauge(
             "faultmesh_isolation_held_nodes", "Nodes whose isolation is held", registry=registry
         ).set_function(lambda: len(self.held))
@@ -88,6 +88,22 @@ class IsolationBreaker:
             registry=registry,
         )
 
+    @property
+    def enabled(self) -> bool:
+        """False with a share of 1.0 (every isolation admitted, nothing to track)."""
+        return self.share < 1.0
+
+    @property
+    def open(self) -> bool:
+        """True while isolations are held."""
+        return bool(self.held)
+
+    def adopt(self, node: str) -> None:
+        """``node`` was isolated before this process started (published so, or stored): it stays
+        isolated without taking room in the window (a restart must not release what was isolated)."""
+        self.isolated.add(node)
+        self.held.pop(node, None)
+
     def limit(self) -> int:
         """How many nodes may be newly isolated within the window (at least 1)."""
         return max(1, int(self.share * max(1, self._total())))
@@ -95,7 +111,7 @@ class IsolationBreaker:
     def admit(self, node: str, path: str) -> bool:
         """May ``path`` isolate ``node`` now? True when it already is, or the window has room; else the
         isolation is held (counted, and the breaker opens)."""
-        if self.share >= 1.0 or node in self.isolated:
+        if not self.enabled or node in self.isolated:
             return True
         now = self.clock()
         while self._recent and self._recent[0][0] <= now - self.window_s:
@@ -104,13 +120,12 @@ class IsolationBreaker:
             self._recent.append((now, node))
             self.isolated.add(node)
             return True
+        opening = not self.held
         paths = self.held.setdefault(node, set())
         if path not in paths:
             paths.add(path)
             self.m_held.labels(path).inc()
-        if not self.open:
-            self.open = True
-            self.m_open.set(1)
+        if opening:
             event(log, logging.ERROR, "isolation breaker open", node=node, path=path, limit=self.limit(),
                   window_s=self.window_s, known_nodes=self._total())  # fmt: skip
         return False
@@ -127,8 +142,6 @@ class IsolationBreaker:
         self.isolated.update(nodes)
         self.held.clear()
         self._recent.clear()
-        self.open = False
-        self.m_open.set(0)
         event(log, logging.WARNING, "isolation breaker released", nodes=len(nodes), **note)
         return nodes
 

@@ -78,6 +78,16 @@ async def test_a_bad_push_holds_at_the_share_and_a_release_lets_the_rest_through
         assert cd.registry.get_sample_value("faultmesh_isolation_breaker_open") == 0
     finally:
         await cd.stop()
+    # a restart keeps what was published isolated: the four are adopted, none is held or unpublished
+    cd = await kube_clusterd(tmp_path, api.url, "--isolation-max-share", "0.5", "--isolation-window-s", "600")
+    try:
+        for n in NODES:
+            cd.nodes.hello(n, "", f"SN-{n}", "boot")
+        await eventually(lambda: set(NODES) <= cd.breaker.isolated, what="the four adopted after the restart")
+        assert await unhealthy_nodes(api) == set(NODES)
+        assert cd.registry.get_sample_value("faultmesh_isolation_breaker_open") == 0 and cd.breaker.held == {}
+    finally:
+        await cd.stop()
 
 
 def test_the_window_frees_room_and_a_recovered_node_is_forgotten():

@@ -164,9 +164,12 @@ class ClusterInfoPublisher:
                 built[kind] = formats.build_switch_entry(node, switch, doc.switch_info if doc else None)
             else:
                 built[kind] = formats.build_node_entry(node, node_faults, agent_status)
-        if self.breaker is not None:
+        if self.breaker is not None and self.breaker.enabled:
+            before = {k: e for k, b in built.items() if (e := self._entries.get(b["CmName"])) is not None}
             if not _isolates(built):
                 self.breaker.forget(node)
+            elif _isolates(before):
+                self.breaker.adopt(node)  # published isolated already (before a restart too)
             elif not self.breaker.admit(node, "cluster-info"):
                 return  # held (clusterd.breaker): Volcano keeps seeing what was published before
         for kind, cache in self._parts.items():
