@@ -114,7 +114,10 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
 
     # -- inputs ------------------------------------------------------------------------------------
     def _on_changes(self, changes: Sequence[Change]) -> None:
-        """Fault-center subscriber: push the view of every job on a changed node."""
+        """Fault-center subscriber: push the view of every job on a changed node (nothing to do, and
+        no job lookup per batch, while no platform subscribes)."""
+        if not self.pubs:
+            return
         nodes = {c.fault.node for c in changes}
         self.publish({j.id: j for n in nodes for j in self.jobs.jobs_on_node(n)}.values())
 
