@@ -51,7 +51,19 @@ class AgentSession:
     connected_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.time)
     last_seq: int = 0
+    # condition types and (device_type, device_id) keys this stream's accepted messages add to its
+    # node since its last complete snapshot: counted against the limits before they are applied
+    sent: tuple[set, set] = field(default_factory=lambda: (set(), set()))
     control_seq: int = 0
     acked_control: int = 0
     closed: bool = False
     stale: bool = False  # nothing arrived for the hub's stale_after_s (a hung agent)
+
+    def note_sent(self, body, replace: bool) -> None:
+        """Count the conditions and devices of an accepted Snapshot/Delta ``body`` in :attr:`sent`;
+        ``replace``: a complete snapshot (it becomes the whole set)."""
+        if replace:
+            self.sent[0].clear()
+            self.sent[1].clear()
+        self.sent[0].update(c.type for c in body.conditions)
+        self.sent[1].update((d.device_type, d.device_id) for d in body.devices)
