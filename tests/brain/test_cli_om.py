@@ -64,7 +64,10 @@ async def test_trainsim_process_answers_a_hardware_fault(cd, tmp_path):
             "globalFault",
             "changeStrategy",
         ]
-        assert any(e["event"] == "reply" and e["rpc"] == "ReportRecoverStatus" for e in sim.lines)
+        # clusterd decides on the report before its reply reaches the sim (and its stdout)
+        await sim.wait(
+            lambda: any(e["event"] == "reply" and e["rpc"] == "ReportRecoverStatus" for e in sim.lines)
+        )
     rc, out, err = await run_cli(cd, "job", "recovery", JOB)
     assert rc == 0 and "recover-success" in out and "DECISION" in out
 
