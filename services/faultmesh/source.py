@@ -92,6 +92,7 @@ class SourceContext:
     """What one source may use (issue 12). Built by the service's wiring, one per source.
 
     ``name`` (the source name, its metrics label and config key), ``node`` (this node's name),
+    ``node_ip`` (this node's IP from ``--node-ip`` / env ``NODE_IP`` / ``XDL_IP``; "" when unknown),
     ``state`` (the agent state; use :meth:`set_faults` / :meth:`set_condition`), ``tasks`` (owned
     tasks of this source, cancelled by :meth:`close`), ``pool`` (bounded blocking pool), ``config``
     (the source's own section: any object, typically an argparse Namespace or a dataclass),
@@ -106,6 +107,7 @@ class SourceContext:
     config: Any = None
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     metrics: SourceMetrics | None = None
+    node_ip: str = ""
     routes: list[tuple[str, str, Callable]] = field(default_factory=list)
     controls: dict[str, ControlHandler] = field(default_factory=dict)
     tasks: TaskOwner = field(init=False)

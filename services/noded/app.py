@@ -160,6 +160,7 @@ class NodeD:
             config=self._sections.get(id(src)),
             registry=self.registry,
             metrics=self.source_metrics,
+            node_ip=self.args.node_ip or "",
         )
 
     @property

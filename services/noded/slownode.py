@@ -15,7 +15,8 @@ run on the event loop): tail ``<--profiling-dir>/<job id>/<rank>/`` of each loca
 (:class:`~fdol.slownode.node.NodeDetector`). A result (there is none when no new step arrived) goes
 to ClusterD through ``ctx.state.add_slownode_report`` as ``{"slownode_<jobId>": {"<nodeIp>": result}}``;
 a slow one also logs ``[FD-OL SLOWNODE]job(name=<job>, namespace=<ns>, jobId=<id>) detected node:
-<nodeIp> is degradation, slow rank ids: [3]``. ``nodeIp`` is env ``XDL_IP`` or the node name.
+<nodeIp> is degradation, slow rank ids: [3]``. ``nodeIp`` is ``--node-ip`` (env ``NODE_IP``, else
+``XDL_IP``, as the reference's) or the node name.
 
 ``GET /v1/slownode`` on noded's HTTP server (a route of the source's context) lists the jobs with their latest node result and the
 bad-input counters per reason.
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,7 +116,7 @@ class SlowNode(PushSource):
         """Take the context: metrics, route ``GET /v1/slownode``, control kinds ``slownode_job`` /
         ``data_trace``. Jobs start on control messages."""
         await super().start(ctx)
-        self.node_ip = os.environ.get("XDL_IP") or ctx.node
+        self.node_ip = ctx.node_ip or ctx.node  # FD-OL's nodeIp: --node-ip (env NODE_IP, XDL_IP)
         self.m_bad = Counter(
             "faultmesh_slownode_bad_input_total",
             "Rejected profiling input by reason",

@@ -77,6 +77,7 @@ class Run:
             config=self.section,
             registry=self.registry,
             metrics=SourceMetrics(self.registry),
+            node_ip=args.node_ip or "",
         )
         self.started: list = []
 
@@ -202,8 +203,8 @@ async def pingmesh(tmp_path: Path) -> None:
 async def slownode(tmp_path: Path) -> None:
     prof = tmp_path / "profiling"
     prof.mkdir()
-    run = Run(sources.SlowNode, ["--profiling-dir", str(prof)])
-    node_ip = os.environ.get("XDL_IP") or NODE
+    node_ip = "10.0.0.5"  # FD-OL names the node by its IP (the flag, as the chart passes it)
+    run = Run(sources.SlowNode, ["--profiling-dir", str(prof), "--node-ip", node_ip])
     featconf = {
         "jobName": "job1", "jobNamespace": "default", "jobId": "job1", "normalNumber": 20, "nSigma": 3,
         "degradationPercentage": 0.3, "nConsecAnomaliesSignifySlow": 3, "nSecondsDoOneDetection": 0.3,
