@@ -140,3 +140,18 @@ async def test_devices_per_node_count_what_the_node_would_hold(cd, monkeypatch):
     errs = _errors(acks)
     assert errs[1] == errs[2] == errs[3] == "" and errs[4].startswith("bad_state")
     assert len(cd.agents.node_info("node-1")["devices"]) == 3
+
+
+async def test_devices_of_messages_still_committing_count_toward_the_limit(cd, monkeypatch):
+    # each delta carries a fault too: it is applied to the node only once its fault is durable, and
+    # the next message is read meanwhile (pipelined); the 4th device must be refused all the same
+    monkeypatch.setattr(agentinput, "MAX_DEVICES", 3)
+
+    def delta(seq: int, *ids: int) -> agent_pb2.AgentMessage:
+        devices = [agent_pb2.DeviceState(device_type="NPU", device_id=i, health="Healthy") for i in ids]
+        return agent_pb2.AgentMessage(delta=agent_pb2.Delta(seq=seq, devices=devices, upserts=[_f(seq)]))
+
+    acks = await raw_stream(cd.grpc_port, [_hello(), delta(1, 0, 1), delta(2, 2), delta(3, 3), delta(4, 1)])
+    errs = _errors(acks)
+    assert errs[1] == errs[2] == errs[4] == "" and errs[3].startswith("bad_state")
+    assert len(cd.agents.node_info("node-1")["devices"]) == 3

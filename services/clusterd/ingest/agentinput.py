@@ -48,10 +48,19 @@ def seq_error(last_seq: int, kind: str, seq: int) -> str:
 
 
 def check_state(
-    nodes: NodeRegistry, node: str, conditions, devices, node_status: str, replace: bool = False
+    nodes: NodeRegistry,
+    node: str,
+    conditions,
+    devices,
+    node_status: str,
+    replace: bool = False,
+    sent: tuple[set, set] | None = None,
 ) -> None:
     """Node status, conditions and device states of one message to ``node``; ``replace``: a snapshot
-    (they become the whole set), else merged into what the node holds. Raises AgentInputError."""
+    (they become the whole set), else merged into what the node holds. ``sent``: the condition
+    types and (device_type, device_id) keys the stream's earlier accepted messages add, counted
+    with the registry's (those still committing are not in it yet: messages are pipelined).
+    Raises AgentInputError."""
     if len(node_status) > 32:
         raise AgentInputError("bad_state: node_status longer than 32 chars")
     if not conditions and not devices:  # most deltas: nothing to count
@@ -60,14 +69,17 @@ def check_state(
         raise AgentInputError(f"bad_state: more than {MAX_CONDITIONS} conditions on one node")
     if len(devices) > MAX_DEVICES:
         raise AgentInputError(f"bad_state: more than {MAX_DEVICES} devices on one node")
-    st = nodes.get(node)
-    if not replace and st is not None:  # what the node would hold after this message
+    if not replace:  # what the node would hold after this message
         # (a snapshot replaces: it holds at most what it sends, counted above)
-        if conditions and len(set(st.conditions).union(c.type for c in conditions)) > MAX_CONDITIONS:
-            raise AgentInputError(f"bad_state: more than {MAX_CONDITIONS} conditions on one node")
+        st = nodes.get(node)
+        sent_conditions, sent_devices = sent or ((), ())
+        if conditions:
+            held_c = set(st.conditions) if st is not None else set()
+            if len(held_c.union(sent_conditions, (c.type for c in conditions))) > MAX_CONDITIONS:
+                raise AgentInputError(f"bad_state: more than {MAX_CONDITIONS} conditions on one node")
         if devices:
-            held = {(d.get("device_type"), d.get("device_id")) for d in st.devices.values()}
-            if len(held.union((d.device_type, d.device_id) for d in devices)) > MAX_DEVICES:
+            held = {(d.get("device_type"), d.get("device_id")) for d in st.devices.values()} if st else set()
+            if len(held.union(sent_devices, ((d.device_type, d.device_id) for d in devices))) > MAX_DEVICES:
                 raise AgentInputError(f"bad_state: more than {MAX_DEVICES} devices on one node")
     for c in conditions:
         if not c.type or len(c.type) > 64 or len(c.reason) > 256 or len(c.message) > 1024:

@@ -403,7 +403,7 @@ class AgentHub(Liveness, agent_pb2_grpc.AgentStreamServicer):
                     raise AgentInputError(bad)
                 item = Pending("claim", body, self.center.check_mark(s.node, s.agent))
             else:
-                check_state(self.nodes, s.node, body.conditions, body.devices, body.node_status)
+                check_state(self.nodes, s.node, body.conditions, body.devices, body.node_status, sent=s.sent)
                 ups = [check_fault(s.node, m) for m in body.upserts]
                 rms = [key_from_pb(k, s.node) for k in body.removals]
                 ups, rms, refused = self._owned(s, ups, rms) if ups or rms else (ups, rms, 0)
@@ -429,6 +429,11 @@ class AgentHub(Liveness, agent_pb2_grpc.AgentStreamServicer):
                 self._snap_mismatch.inc()
             self._ack(s, body.seq, str(e), agent_pb2.DIGEST_MISMATCH if claim else 0)
             return
+        if kind == "snapshot" and not item.pending:  # complete: it becomes the whole set
+            s.sent[0].clear()
+            s.sent[1].clear()
+        s.sent[0].update(c.type for c in body.conditions)
+        s.sent[1].update((d.device_type, d.device_id) for d in body.devices)
         # pipelined: the next message is read while this one commits; the writer acks in order
         while s.in_flight >= MAX_IN_FLIGHT:
             s.room.clear()

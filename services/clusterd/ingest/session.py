@@ -51,6 +51,9 @@ class AgentSession:
     connected_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.time)
     last_seq: int = 0
+    # condition types and (device_type, device_id) keys this stream's accepted messages add to its
+    # node since its last complete snapshot: counted against the limits before they are applied
+    sent: tuple[set, set] = field(default_factory=lambda: (set(), set()))
     control_seq: int = 0
     acked_control: int = 0
     closed: bool = False
