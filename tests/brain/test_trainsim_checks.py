@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from faultmesh._pb import recover_pb2 as pb
-from faultmesh.trainsim import TrainSim
+from fmtools.trainsim import TrainSim
 
 U = "18C0FFEE-" + "0" * 32
 
@@ -220,7 +220,7 @@ async def test_python_client_drops_foreign_empty_and_unregistered_signals():
 
 async def test_python_client_stream_breaks_on_a_rank_int_cannot_parse():
     # int(item.rankId) raises out of __listen_signal: start_subscribe Inits, Registers, subscribes again
-    from faultmesh.trainsim import ClientStreamBroken
+    from fmtools.trainsim import ClientStreamBroken
 
     py, stub = wired(role="master agent")
     with pytest.raises(ClientStreamBroken):
