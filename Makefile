@@ -38,7 +38,7 @@ protos: venv
 	$(BIN)/python scripts/gen_protos.py
 
 demo: venv
-	$(BIN)/python -m faultmesh.demo $(DEMO_ARGS)
+	$(BIN)/python -m fmtools.demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

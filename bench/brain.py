@@ -38,7 +38,7 @@ from support import make_clusterd  # noqa: E402
 from clusterd.brain.jobs import parse_job  # noqa: E402
 from faultmesh._pb import fault_pb2, fault_pb2_grpc  # noqa: E402
 from faultmesh.model import Fault  # noqa: E402
-from faultmesh.trainsim import Outcomes, TrainSim  # noqa: E402
+from fmtools.trainsim import Outcomes, TrainSim  # noqa: E402
 
 JOB = "bench-job-0001"
 

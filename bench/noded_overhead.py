@@ -143,7 +143,7 @@ def main() -> int:
             [
                 py,
                 "-c",
-                "import sys; from faultmesh.cli import main; sys.exit(main())",
+                "import sys; from fmtools.cli import main; sys.exit(main())",
                 "bmc-sim",
                 "--port",
                 "0",

@@ -41,11 +41,11 @@ import time
 
 import numpy as np
 
-from faultmesh.sims.fabric import Fabric, ground_truth
 from fdol.slownet import pinglist, roce
 from fdol.slownet.analyzer import AnalyzerParams, SuperPodAnalyzer
 from fdol.slownet.topology import build_super_pod
 from fdol.slownet.window import PingRow
+from fmtools.sims.fabric import Fabric, ground_truth
 from noded.pingmesh.rocefabric import RoceFabric
 
 P_MS = 10_000

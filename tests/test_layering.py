@@ -3,7 +3,8 @@
 - core (``faultmesh`` except the top floor) imports no service, no fdol and nothing of the top floor;
 - fdol is a pure library: it imports nothing of faultmesh and no service;
 - a service (noded, deviced, clusterd) imports core and fdol, never another service or the top floor;
-- the top floor (CLI, simulators, demo, trainsim, the training-side profiler) may import anything;
+- the top floor (``fmtools``: CLI, simulators, demo, trainsim; the training-side profiler and
+  ``python -m faultmesh``) may import anything;
 - and fdol needs nothing outside the standard library but numpy.
 
 Every import is read from the source (module level and inside functions), so a lazy import counts.
@@ -18,15 +19,8 @@ from pathlib import Path
 import pytest
 
 SERVICES = Path(__file__).resolve().parents[1] / "services"
-FIRST_PARTY = ("faultmesh", "fdol", "noded", "deviced", "clusterd")
-TOP = (
-    "faultmesh.__main__",
-    "faultmesh.cli",
-    "faultmesh.demo",
-    "faultmesh.sims",
-    "faultmesh.trainsim",
-    "faultmesh.profiler",
-)
+FIRST_PARTY = ("faultmesh", "fmtools", "fdol", "noded", "deviced", "clusterd")
+TOP = ("fmtools", "faultmesh.__main__", "faultmesh.profiler")
 SERVICE_NAMES = ("noded", "deviced", "clusterd")
 
 

@@ -1,7 +1,8 @@
 """The shape of the services (issue 28): no import cycle inside a service, no class stitched from two of
 the project's own classes, no component of clusterd reaching through a held brain or app
 (``self.brain.``, ``self.b.``, ``self.app.``) or built with one, no file of services/ over 500 lines
-but data tables.
+but data tables, and a ground floor that holds only the core: no module of ``faultmesh`` imports the
+tools package ``fmtools`` (CLI, demo, simulators, trainsim), so no daemon loads them.
 
 The restructure lands in steps. What is still to undo is listed below, exactly: a new breach fails,
 and so does a listed one that is gone (take it off the list, so it cannot come back). Counts may only
@@ -39,12 +40,13 @@ KNOWN_BUILT_WITH_SELF = {  # file -> constructions of a project class handed the
 KNOWN_LONG = {  # file -> lines (data tables are exempt: DATA_TABLES)
     "deviced/engine.py": 533,
     "faultmesh/kube.py": 509,
-    "faultmesh/trainsim.py": 621,
     "clusterd/slownode.py": 541,  # +1: a stop a noded missed while away is sent on its return
     "clusterd/brain/ctlbase.py": 524,
     "noded/pingmesh/component.py": 533,  # +1: SimHccsping from its own module (the fabric cycle)
     "fdol/slownode/cluster.py": 558,
 }
+TOOLS = "fmtools"  # the top floor's own package
+TOOLS_ENTRY = "faultmesh/__main__.py"  # ``python -m faultmesh``: run, never imported; loads the CLI lazily
 DATA_TABLES = {"deviced/tables.py", "clusterd/kube/formats.py"}  # mostly literal tables
 MAX_LINES = 500
 REACH = re.compile(r"\bself\.(?:b|brain|app)\.")
@@ -157,6 +159,16 @@ def built_with_self(tree: ast.Module) -> int:
     )
 
 
+def tool_imports(tree: ast.Module) -> list[int]:
+    """Lines of ``tree`` that import the tools package (at module level or inside a function)."""
+    return sorted(
+        n.lineno
+        for n in ast.walk(tree)
+        if (isinstance(n, ast.Import) and any(a.name.split(".")[0] == TOOLS for a in n.names))
+        or (isinstance(n, ast.ImportFrom) and not n.level and (n.module or "").split(".")[0] == TOOLS)
+    )
+
+
 def rel(path: Path) -> str:
     return path.relative_to(SERVICES).as_posix()
 
@@ -210,6 +222,20 @@ def test_files_stay_short():
     assert gone == set(), "a listed file is short now: take it off KNOWN_LONG"
 
 
+def test_the_core_never_imports_the_tools():
+    """The ground floor holds only the core (issue 28): what every daemon imports loads no CLI, demo,
+    simulator or trainsim; the one exception is the ``python -m faultmesh`` entry."""
+    found = {
+        f"{rel(path)}:{line}"
+        for path in (SERVICES / "faultmesh").rglob("*.py")
+        if "_pb" not in path.parts and rel(path) != TOOLS_ENTRY
+        for line in tool_imports(ast.parse(path.read_text()))
+    }
+    assert found == set(), "the core imports the tools package"
+    assert tool_imports(ast.parse((SERVICES / TOOLS_ENTRY).read_text())), "the entry no longer runs the CLI"
+    assert not any(p.stem in ("cli", "demo", "sims", "trainsim") for p in (SERVICES / "faultmesh").iterdir())
+
+
 def test_the_checks_catch_each_breach():
     graph = {"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}, "a.w": {"a.x"}}
     assert cycles(graph) == {frozenset({"a.x", "a.y", "a.z"})}
@@ -219,6 +245,10 @@ def test_the_checks_catch_each_breach():
     )
     assert stitched(tree, "m") == {"m.C"}
     assert built_with_self(tree) == 1
+    tools = ast.parse(
+        "import fmtools.cli\ndef f():\n    from fmtools import demo\nfrom faultmesh import fmtools_x\n"
+    )
+    assert tool_imports(tools) == [1, 3]
     assert REACH.findall("self.brain.jobs; self.b.x; self.app.y; self.bx.z") == [
         "self.brain.",
         "self.b.",

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 
 from faultmesh.model import Fault
-from faultmesh.trainsim import Outcomes, TrainSim
+from fmtools.trainsim import Outcomes, TrainSim
 
 JOB = "job-0001-uid"
 FAST = (

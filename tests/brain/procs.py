@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CLI = [sys.executable, "-c", "import sys; from faultmesh.cli import main; sys.exit(main())"]
+CLI = [sys.executable, "-c", "import sys; from fmtools.cli import main; sys.exit(main())"]
 
 
 async def run(argv: list[str], timeout_s: float = 60.0, env: dict | None = None, cwd: str | None = None):

@@ -243,7 +243,7 @@ def _cli(cd, *argv, stdin=None):
         [
             sys.executable,
             "-c",
-            "import sys; from faultmesh.cli import main; sys.exit(main())",
+            "import sys; from fmtools.cli import main; sys.exit(main())",
             *argv,
             "--http",
             f"{cd.http.host}:{cd.http.port}",

@@ -382,7 +382,7 @@ async def test_trainsim_reregisters_after_a_clusterd_restart(tmp_path):
     from brain.brainkit import FAST
     from support import free_port, make_clusterd
 
-    from faultmesh.trainsim import TrainSim
+    from fmtools.trainsim import TrainSim
 
     port = free_port()
     cd = await make_clusterd(tmp_path, *FAST, "--grpc-addr", f"127.0.0.1:{port}")

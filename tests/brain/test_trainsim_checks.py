@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from faultmesh._pb import recover_pb2 as pb
-from faultmesh.trainsim import TrainSim
+from fmtools.trainsim import TrainSim
 
 U = "18C0FFEE-" + "0" * 32
 
@@ -36,45 +36,45 @@ def test_recover_in_place_with_empty_fault_ranks_is_an_error(sim):
         strategy="recover",
         extra="recover-in-place",
     )
-    assert sim._rejected(s)
+    assert sim.checks.rejected(s)
     assert "empty faultRanks" in sim.errors[0]
     assert sim.events[-1]["event"] == "client-error"
 
 
 def test_recover_in_place_without_pods_restarts_no_worker(sim):
     s = sig("changeStrategy", ["change_strategy", "fault_nodes_restart"], [("2", "1")], strategy="recover")
-    assert sim._rejected(s) and "restarts no worker" in sim.errors[0]
+    assert sim.checks.rejected(s) and "restarts no worker" in sim.errors[0]
 
 
 def test_exit_without_node_rank_ids_sends_no_exit_agent(sim):
-    assert sim._rejected(sig("changeStrategy", ["change_strategy"], strategy="exit", extra="dump_exit"))
+    assert sim.checks.rejected(sig("changeStrategy", ["change_strategy"], strategy="exit", extra="dump_exit"))
     assert "exits no agent" in sim.errors[0]
 
 
 def test_global_fault_must_name_every_rank_of_an_exiting_pod(sim):
     s = sig("globalFault", ["on_global_rank", "fault_nodes_exit"], [("3", "1")], pods=["1"])
-    assert sim._rejected(s) and "ranks ['2'] exit with their pod" in sim.errors[0]
+    assert sim.checks.rejected(s) and "ranks ['2'] exit with their pod" in sim.errors[0]
     ok = sig("globalFault", ["on_global_rank", "fault_nodes_exit"], [("2", "1"), ("3", "1")], pods=["1"])
-    assert not sim._rejected(ok)
+    assert not sim.checks.rejected(ok)
 
 
 def test_pre_exit_must_name_the_fault_pods(sim):
-    assert sim._rejected(sig("preExitProcess", ["pre exit process"], [("2", "1")]))
-    assert sim._rejected(sig("preExitProcess", ["pre exit process"], [("2", "1")], pods=["0"]))
-    assert not sim._rejected(sig("preExitProcess", ["pre exit process"], [("2", "1")], pods=["1"]))
+    assert sim.checks.rejected(sig("preExitProcess", ["pre exit process"], [("2", "1")]))
+    assert sim.checks.rejected(sig("preExitProcess", ["pre exit process"], [("2", "1")], pods=["0"]))
+    assert not sim.checks.rejected(sig("preExitProcess", ["pre exit process"], [("2", "1")], pods=["1"]))
 
 
 def test_signals_of_a_flow_share_the_stop_train_uuid(sim):
-    assert not sim._rejected(sig("stopTrain", ["stop_train"], [("2", "1")]))
+    assert not sim.checks.rejected(sig("stopTrain", ["stop_train"], [("2", "1")]))
     other = sig("globalFault", ["on_global_rank"], [("2", "0")], uuid="OTHER-" + "1" * 32)
-    assert sim._rejected(other) and "not the flow's" in sim.errors[0]
+    assert sim.checks.rejected(other) and "not the flow's" in sim.errors[0]
 
 
 def test_retry_and_a_good_recover_pass(sim):
-    assert not sim._rejected(
+    assert not sim.checks.rejected(
         sig("changeStrategy", ["change_strategy"], [("2", "0")], ["1"], strategy="retry")
     )
-    assert not sim._rejected(
+    assert not sim.checks.rejected(
         sig("changeStrategy", ["change_strategy"], [("2", "1"), ("3", "1")], ["1"], strategy="recover")
     )
     assert sim.errors == []
@@ -82,9 +82,9 @@ def test_retry_and_a_good_recover_pass(sim):
 
 def test_in_place_global_fault_may_exit_no_pod_but_needs_the_ranks(sim):
     # recover-in-place, every fault pod restarts its processes: fault_nodes_exit names no pod
-    assert not sim._rejected(sig("globalFault", ["on_global_rank", "fault_nodes_exit"], [("2", "1")]))
-    assert sim._rejected(sig("globalFault", ["on_global_rank", "fault_nodes_exit"]))
-    assert sim._rejected(sig("globalFault", ["on_global_rank", "fault_nodes_restart"], [("2", "1")]))
+    assert not sim.checks.rejected(sig("globalFault", ["on_global_rank", "fault_nodes_exit"], [("2", "1")]))
+    assert sim.checks.rejected(sig("globalFault", ["on_global_rank", "fault_nodes_exit"]))
+    assert sim.checks.rejected(sig("globalFault", ["on_global_rank", "fault_nodes_restart"], [("2", "1")]))
 
 
 def test_in_place_restart_of_a_pod_without_a_fault_rank_is_an_error(sim):
@@ -92,7 +92,7 @@ def test_in_place_restart_of_a_pod_without_a_fault_rank_is_an_error(sim):
         "changeStrategy", ["change_strategy", "fault_nodes_restart"], [("2", "1")], ["0", "1"],
         strategy="recover", extra="recover-in-place",
     )  # fmt: skip
-    assert sim._rejected(s) and "pods ['0'] restart workers but have no fault rank" in sim.errors[0]
+    assert sim.checks.rejected(s) and "pods ['0'] restart workers but have no fault rank" in sim.errors[0]
 
 
 # -- the client in front of MindIO: TaskD's Go manager (role taskd) or the Python client --------------
@@ -119,7 +119,7 @@ class FakeStub:
 def wired(role: str = "taskd", code: int = 0, **kw) -> tuple[TrainSim, FakeStub]:
     sim = TrainSim("127.0.0.1:1", "j", role=role, ranks_per_pod=2, **kw)
     sim.stub = FakeStub(code)
-    sim.taskd_tick_s = 0.0  # these tests send signals back to back (the tick: its own test)
+    sim.checks.taskd_tick_s = 0.0  # these tests send signals back to back (the tick: its own test)
     return sim, sim.stub
 
 
@@ -220,7 +220,7 @@ async def test_python_client_drops_foreign_empty_and_unregistered_signals():
 
 async def test_python_client_stream_breaks_on_a_rank_int_cannot_parse():
     # int(item.rankId) raises out of __listen_signal: start_subscribe Inits, Registers, subscribes again
-    from faultmesh.trainsim import ClientStreamBroken
+    from fmtools.trainsim import ClientStreamBroken
 
     py, stub = wired(role="master agent")
     with pytest.raises(ClientStreamBroken):
@@ -235,14 +235,14 @@ async def test_taskd_two_commands_within_its_tick_with_no_answer_between_is_an_e
     # manager.go Process: one snapshot a second; storage ClusterInfos.Command holds only the latest
     # ClusterD command, so the earlier of two commands less than a tick apart may never be seen
     sim, stub = wired()
-    sim.taskd_tick_s = 1.0
+    sim.checks.taskd_tick_s = 1.0
     await sim._answer(sig("hot-switch", ["hot switch"], [("2", "1"), ("3", "1")]))  # answered by nothing
     await sim._answer(sig("hot-switch", ["new pod running"], [("2", "1")]))
     assert "hot-switch came" in sim.errors[0] and "may never reach MindIO" in sim.errors[0]
     sim.errors.clear()
     await sim._answer(sig("pauseStartAgent", ["pause_start_agent"]))  # handled at once, no command
     assert sim.errors == []
-    sim._last_cmd = ("stopTrain", sim._last_cmd[1] - 1.0)  # a tick ago
+    sim.checks.last_cmd = ("stopTrain", sim.checks.last_cmd[1] - 1.0)  # a tick ago
     await sim._answer(sig(*STOP, [("2", "1")], uuid="U2"))
     await sim._answer(sig(*GF, [("2", "1"), ("3", "1")], ["1"], uuid="U2"))  # after an answer
     assert sim.errors == [] and stub.names()[-2:] == ["ReportStopComplete", "ReportRecoverStrategy"]
@@ -251,24 +251,26 @@ async def test_taskd_two_commands_within_its_tick_with_no_answer_between_is_an_e
 def test_hot_switch_without_every_rank_of_the_pod_is_an_error(sim):
     # MindIO waits in the backup pod for every rank of the switched pod (notifyPrepareHotSwitch ->
     # normalFaultAssociateSameNodeRank): rank 3 shares pod 1 with the fault rank 2
-    assert sim._rejected(sig("hot-switch", ["hot switch"], [("2", "1")]))
+    assert sim.checks.rejected(sig("hot-switch", ["hot switch"], [("2", "1")]))
     assert "ranks ['3'] of the switched pod" in sim.errors[0]
     sim.errors.clear()
-    assert not sim._rejected(sig("hot-switch", ["hot switch"], [("2", "1"), ("3", "1")]))
-    assert not sim._rejected(sig("hot-switch", ["new pod running"], [("2", "1")]))  # only "hot switch"
+    assert not sim.checks.rejected(sig("hot-switch", ["hot switch"], [("2", "1"), ("3", "1")]))
+    assert not sim.checks.rejected(sig("hot-switch", ["new pod running"], [("2", "1")]))  # only "hot switch"
     assert sim.errors == []
 
 
 def test_fault_nodes_exit_of_a_pod_that_exited_at_the_global_fault_is_an_error(sim):
     # elastic scale-in: the fault pods exit at the globalFault; faultNodesExit names only the other
     # isolated pods (handleCheckScaleStrategyRecoverResult -> RemoveDuplicateNodeRanks)
-    assert not sim._rejected(sig("stopTrain", ["stop_train"], [("2", "1")]))
+    assert not sim.checks.rejected(sig("stopTrain", ["stop_train"], [("2", "1")]))
     gf = sig("globalFault", ["on_global_rank", "fault_nodes_exit"], [("2", "1"), ("3", "1")], pods=["1"])
-    assert not sim._rejected(gf)
-    assert sim._rejected(sig("faultNodesExit", ["fault_nodes_exit"], pods=["1", "2"]))
+    assert not sim.checks.rejected(gf)
+    assert sim.checks.rejected(sig("faultNodesExit", ["fault_nodes_exit"], pods=["1", "2"]))
     assert "pods ['1'] exited at the globalFault already" in sim.errors[0]
     sim.errors.clear()
-    assert not sim._rejected(sig("faultNodesExit", ["fault_nodes_exit"], pods=["2"]))
-    assert not sim._rejected(sig("stopTrain", ["stop_train"], [("2", "1")], uuid="18C0FFEF-" + "0" * 32))
-    assert not sim._rejected(sig("faultNodesExit", ["fault_nodes_exit"], pods=["1"]))  # a new flow
+    assert not sim.checks.rejected(sig("faultNodesExit", ["fault_nodes_exit"], pods=["2"]))
+    assert not sim.checks.rejected(
+        sig("stopTrain", ["stop_train"], [("2", "1")], uuid="18C0FFEF-" + "0" * 32)
+    )
+    assert not sim.checks.rejected(sig("faultNodesExit", ["fault_nodes_exit"], pods=["1"]))  # a new flow
     assert sim.errors == []

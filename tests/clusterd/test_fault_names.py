@@ -9,9 +9,9 @@ import re
 
 import aiohttp
 
-from faultmesh.cli import main as cli_main
 from faultmesh.faultinfo import short_name
 from faultmesh.model import Fault
+from fmtools.cli import main as cli_main
 
 
 def test_short_name_never_raises():

@@ -179,7 +179,7 @@ async def test_a_bad_limit_is_a_clear_400_and_the_cli_refuses_it_as_usage(tmp_pa
 
     from support import http_call, make_clusterd
 
-    from faultmesh.cli import main as cli_main
+    from fmtools.cli import main as cli_main
 
     cd = await make_clusterd(tmp_path)
     try:

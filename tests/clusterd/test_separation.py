@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from support import make_clusterd
 
 from clusterd.separation import CODE, SOURCE, Policy, PolicyError
-from faultmesh.cli import main as cli_main
 from faultmesh.model import Fault
+from fmtools.cli import main as cli_main
 
 S = 1000
 TOKEN = "s3cret-token"

@@ -42,7 +42,7 @@ for _d in (_TESTS / "noded", _TESTS / "fdol"):  # noded_support (bmc-sim), slown
 from noded_support import BmcSim  # noqa: E402
 from slownode_support import SyntheticJob  # noqa: E402
 
-from faultmesh.sims import fabric as fab  # noqa: E402
+from fmtools.sims import fabric as fab  # noqa: E402
 
 NODE = "node-0"
 STOP_BUDGET_S = 3.0

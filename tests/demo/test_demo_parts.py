@@ -8,10 +8,10 @@ import json
 import os
 import sys
 
-from faultmesh.demo.__main__ import build_parser, link_rule_table
-from faultmesh.demo.procs import ProcessGroup
-from faultmesh.demo.report import MISSING, NOT_AVAILABLE, RIGHT, WRONG, Clock, Row, all_right, table
-from faultmesh.demo.scenario import _link_ends, _stress_brief
+from fmtools.demo.__main__ import build_parser, link_rule_table
+from fmtools.demo.procs import ProcessGroup
+from fmtools.demo.report import MISSING, NOT_AVAILABLE, RIGHT, WRONG, Clock, Row, all_right, table
+from fmtools.demo.scenario import _link_ends, _stress_brief
 
 
 def test_summary_fails_on_anything_but_right():
@@ -97,7 +97,7 @@ async def test_children_die_with_a_killed_orchestrator(tmp_path):
     pid_file = tmp_path / "child.pid"
     code = (
         "import asyncio, pathlib, sys, time\n"
-        "from faultmesh.demo.procs import ProcessGroup\n"
+        "from fmtools.demo.procs import ProcessGroup\n"
         "async def main():\n"
         f"    g = ProcessGroup(pathlib.Path({str(tmp_path / 'logs')!r}))\n"
         "    c = await g.start('sleeper', [sys.executable, '-c', 'import time; time.sleep(300)'])\n"
@@ -128,7 +128,7 @@ async def test_children_die_with_a_killed_orchestrator(tmp_path):
 
 
 async def test_a_failing_step_marks_only_its_own_rows_wrong():
-    from faultmesh.demo.scenario import Scenario, Timing
+    from fmtools.demo.scenario import Scenario, Timing
 
     sc = Scenario(stack=None, clock=Clock(), timing=Timing())  # the steps below do not touch the stack
 
@@ -150,7 +150,7 @@ async def test_a_failing_step_marks_only_its_own_rows_wrong():
 def test_free_ports_are_never_handed_out_twice(monkeypatch):
     """The OS gave the same port to two bind-to-0 calls in a row, and the demo gave a BMC
     simulator's control port to server-2's noded too (it exited with 'address already in use')."""
-    from faultmesh.demo import procs
+    from fmtools.demo import procs
 
     ports = iter([41803, 41803, 41804])
 

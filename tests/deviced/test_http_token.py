@@ -13,7 +13,7 @@ from support import free_port, until
 from deviced import simapi
 from deviced.app import DeviceD, build_parser
 from deviced.backends import SimBackend
-from faultmesh.cli import main
+from fmtools.cli import main
 
 
 async def test_mutating_requests_need_the_token_when_one_is_configured(tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from deviced.nvml_table import NvidiaTable, xid_code
-from faultmesh.cli import main
+from fmtools.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

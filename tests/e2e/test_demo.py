@@ -61,7 +61,7 @@ EXPECTED_ROWS = [
 
 def _demo(run_dir: Path, *flags: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "faultmesh.demo", "--run-dir", str(run_dir), *flags],
+        [sys.executable, "-m", "fmtools.demo", "--run-dir", str(run_dir), *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

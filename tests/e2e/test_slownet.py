@@ -14,8 +14,8 @@ import urllib.request
 import pytest
 from support import ClusterdProcess, free_port, wait_http
 
-from faultmesh.cli import main as cli_main
-from faultmesh.sims import fabric as fab
+from fmtools.cli import main as cli_main
+from fmtools.sims import fabric as fab
 
 NODES = ["node-0", "node-1"]
 

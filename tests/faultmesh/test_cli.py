@@ -16,9 +16,9 @@ from pathlib import Path
 import yaml
 from support import make_clusterd
 
-from faultmesh.cli import build_parser, main
-from faultmesh.cli.common import EXIT_NOT_FOUND, EXIT_REJECTED, EXIT_UNREACHABLE, EXIT_USAGE, print_table
 from faultmesh.model import Fault
+from fmtools.cli import build_parser, main
+from fmtools.cli.common import EXIT_NOT_FOUND, EXIT_REJECTED, EXIT_UNREACHABLE, EXIT_USAGE, print_table
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -175,7 +175,7 @@ async def test_outputs_not_found_and_rejected_against_clusterd(tmp_path, capsys,
 
 
 def test_stress_test_outcome_reads_as_rows():
-    from faultmesh.cli.stress_test import result_rows
+    from fmtools.cli.stress_test import result_rows
 
     msg = (
         "stress test find fault, isolate node:['node-b'],result:"
@@ -195,7 +195,7 @@ def test_stress_test_exits_1_when_an_op_failed_even_though_clusterd_says_finish(
     """Code "1" (test failed, training goes on) comes back as ``stress test finish`` (clusterd.md
     §4.2); the command's exit status is 1 unless every op answered "0" (tryout finding: rc 0 and
     ``"ok": true`` with every op failed)."""
-    from faultmesh.cli.stress_test import finished_clean
+    from fmtools.cli.stress_test import finished_clean
 
     failed = (
         'stress test finish,result:{"node-a":{"0":{"rankResult":{"0":{"code":"1","result":"aic fail"}}}}}'

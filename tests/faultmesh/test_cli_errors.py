@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from support import make_clusterd
 
-from faultmesh.cli import main
-from faultmesh.cli.common import EXIT_NOT_FOUND, EXIT_REJECTED, EXIT_UNREACHABLE, EXIT_USAGE
+from fmtools.cli import main
+from fmtools.cli.common import EXIT_NOT_FOUND, EXIT_REJECTED, EXIT_UNREACHABLE, EXIT_USAGE
 
 
 def cli(capsys, *argv: str) -> tuple[int, str]:
@@ -76,7 +76,7 @@ def test_up_bad_run_dir_and_sizes_are_usage(capsys, tmp_path: Path):
 
 
 def test_demo_bad_run_dir_is_usage(capsys, tmp_path: Path):
-    from faultmesh.demo.__main__ import main as demo_main
+    from fmtools.demo.__main__ import main as demo_main
 
     blocker = tmp_path / "file"
     blocker.write_text("")
@@ -249,7 +249,7 @@ async def test_faults_at_a_grpc_port_or_a_foreign_web_server_is_a_short_clear_er
 
 
 def test_every_token_file_flag_reads_the_same_env(capsys, monkeypatch, tmp_path):
-    from faultmesh.cli import build_parser
+    from fmtools.cli import build_parser
 
     tok = tmp_path / "tok"
     monkeypatch.setenv("FAULTMESH_TOKEN_FILE", str(tok))
@@ -292,7 +292,7 @@ def test_history_since_is_checked_before_asking(capsys):
     ],
 )
 def test_demo_bad_intervals_are_usage_before_anything_starts(capsys, tmp_path: Path, argv):
-    from faultmesh.demo.__main__ import main as demo_main
+    from fmtools.demo.__main__ import main as demo_main
 
     with pytest.raises(SystemExit) as e:
         demo_main(["--run-dir", str(tmp_path / "r"), *argv])

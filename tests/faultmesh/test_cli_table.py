@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from faultmesh.cli.common import print_table
+from fmtools.cli.common import print_table
 
 
 def rich_text(rows, headers) -> str:

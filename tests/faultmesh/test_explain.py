@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from faultmesh import faultinfo
-from faultmesh.cli import main
+from fmtools.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -63,7 +63,7 @@ def stack(tmp_path):
 
 def cli(cd, *args):
     """Run ``faultmesh <args> --http <clusterd>`` as a user would."""
-    code = "import sys; from faultmesh.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from fmtools.cli import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run(
         [sys.executable, "-c", code, *args, "--http", cd.http], capture_output=True, text=True, timeout=30
     )

@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry
 from support import eventually
 
 from clusterd.breaker import IsolationBreaker
-from faultmesh.cli import main as cli_main
 from faultmesh.kube import KubeError
 from faultmesh.model import Fault
+from fmtools.cli import main as cli_main
 
 pytest.importorskip("kmock", reason="kmock not installed (pip install '.[dev]')")
 

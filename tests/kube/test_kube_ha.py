@@ -33,7 +33,7 @@ from faultmesh._pb import profiling_pb2, profiling_pb2_grpc, pubfault_pb2_grpc, 
 from faultmesh.agent import AgentClient, AgentState, split_targets
 from faultmesh.kube import KubeApi
 from faultmesh.model import Fault
-from faultmesh.trainsim import TrainSim
+from fmtools.trainsim import TrainSim
 
 NS = "faultmesh"
 STATE_CM = "faultmesh-clusterd-state"

@@ -42,7 +42,7 @@ class BmcSim:
         cmd = [
             sys.executable,
             "-c",
-            "import sys; from faultmesh.cli import main; sys.exit(main())",
+            "import sys; from fmtools.cli import main; sys.exit(main())",
             "bmc-sim",
             "--port",
             str(port),

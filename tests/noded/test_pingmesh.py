@@ -14,10 +14,10 @@ from faultmesh._pb import agent_pb2
 from faultmesh.agent import AgentState
 from faultmesh.dcmi.hccsping import HccspingInfo
 from faultmesh.runtime import BlockingPool
-from faultmesh.sims import fabric as fab
 from faultmesh.source import SourceContext
 from fdol.slownet import config as pmconfig
 from fdol.slownet import pinglist
+from fmtools.sims import fabric as fab
 from noded.pingmesh import Pingmesh
 from noded.pingmesh import results as res
 

@@ -6,5 +6,5 @@
   code/level table used for BMCs without the OEM command.
 - :mod:`noded.bmc.client`: a thread-safe blocking wrapper around pyghmi's IPMI 2.0 lanplus client.
 
-The simulator ``faultmesh bmc-sim`` (top floor) is :mod:`faultmesh.sims.bmc`; it uses these codecs.
+The simulator ``faultmesh bmc-sim`` (top floor) is :mod:`fmtools.sims.bmc`; it uses these codecs.
 """

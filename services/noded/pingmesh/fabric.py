@@ -1,7 +1,7 @@
 """The simulated HCCS fabric as noded's pingmesh sees it: the fabric file read back, probes through
 it, and a pure-Python hccsping backend on top (``--pingmesh-backend sim``; issue 6 "Fabric simulator").
 
-The file is written by the simulator proper (:mod:`faultmesh.sims.fabric`: ``init``, ``inject``,
+The file is written by the simulator proper (:mod:`fmtools.sims.fabric`: ``init``, ``inject``,
 ``clear``, ground truth); every noded of a super pod opens the same file with
 :meth:`Fabric.from_file`, which re-reads it when its content changes (checked at most every
 ``reload_s`` = 0.2 s), so a fault injected into the file changes what every noded measures on its

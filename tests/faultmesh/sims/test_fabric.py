@@ -7,7 +7,7 @@ import json
 import pytest
 
 from faultmesh.dcmi.hccsping import HccspingParamError, PingOp
-from faultmesh.sims import fabric as fab
+from fmtools.sims import fabric as fab
 from noded.pingmesh.simbackend import SimHccsping
 
 NODES = ["node-0", "node-1", "node-2"]

@@ -111,7 +111,7 @@ def test_pyghmi_client_wrong_password(bmc_sim):
 
 
 def test_bmc_sim_cli_verbs(bmc_sim):
-    from faultmesh.cli import main
+    from fmtools.cli import main
 
     assert (
         main(
