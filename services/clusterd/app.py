@@ -39,6 +39,7 @@ from grpc_health.v1 import health
 from prometheus_client import Counter, Gauge
 
 from clusterd import breaker
+from clusterd.acks import AckBook
 from clusterd.api.grpcserver import (
     DecodeGuardInterceptor,
     RateLimitInterceptor,
@@ -216,7 +217,7 @@ class ClusterD:
             registry,
             ready=lambda: self.gate.ready(self._ready, "ready" if self._ready else "starting"),
             rejected=rejected,
-            metrics=lambda: node_health.exposition(registry) + fault_series.text(),
+            metrics=lambda: node_health.exposition(registry) + fault_series.text() + self.acks.series_text(),
         )
         auth = TokenAuth.from_file(args.token_file, rejected, args.token_scope)
         http.app.middlewares.append(self.gate.http_middleware())  # followers refuse (issue 15 HA)
@@ -240,8 +241,10 @@ class ClusterD:
             metrics=Metrics(registry, rejected),
             auth=auth,
         )
-        NodeApi(center, nodes, self.ctx.agents).add_routes(http.app.router)
-        WebUi(center, nodes, self.ctx.agents).add_routes(http.app)
+        self.acks = AckBook(self.ctx)  # issue 31: operator acknowledgements (stored, shown, expiring)
+        self.acks.add_routes(http.app.router)
+        NodeApi(center, nodes, self.ctx.agents, self.acks.ack_of).add_routes(http.app.router)
+        WebUi(center, nodes, self.ctx.agents, self.acks.ack_of).add_routes(http.app)
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         ctx = self.ctx
         self.pubfault = PubFaultComponent(ctx)
@@ -276,7 +279,7 @@ class ClusterD:
         )
         slownet = SlowNetComponent(ctx, kube)  # kube: its leader election gates slownet's ConfigMap writes
         kube.control.attach(slownode, self.brain.datatrace, slownet_topology(slownet))  # control ConfigMaps
-        self.components = [self.pubfault, kube, self.brain, self.separation, slownode, slownet]
+        self.components = [self.pubfault, kube, self.brain, self.separation, slownode, slownet, self.acks]
         self._kube_control = kube.control
         self.components.append(HistoryComponent(ctx))
         self.grpc_port = 0

@@ -7,6 +7,7 @@ import time
 import urllib.parse
 
 from faultmesh.cli.common import add_server_flags, emit, http_json, run
+from faultmesh.cli.release import ack_text
 from faultmesh.cli.suggest import get_node, level_arg
 from faultmesh.levels import KNOWN_LEVELS
 
@@ -41,6 +42,7 @@ def cmd_faults(args: argparse.Namespace) -> int:
             f["source"],
             _ts(f["first_seen_ms"]),
             _ts(f["last_seen_ms"]),
+            ack_text(f["ack"]) if f.get("ack") else "",
             f["assertion"],
             ",".join(f"{k}={v}" for k, v in sorted(f["attributes"].items())),
         )
@@ -56,6 +58,7 @@ def cmd_faults(args: argparse.Namespace) -> int:
         "SOURCE",
         "FIRST SEEN",
         "LAST SEEN",
+        "ACKNOWLEDGED",
         "ASSERTION",
         "ATTRIBUTES",
     )
