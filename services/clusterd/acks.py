@@ -46,7 +46,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from clusterd.audit import ACK_KEYS, bad_request, operator_note
+from clusterd.audit import ACK_KEYS, bad_request, operator_note, operator_row, record
 from clusterd.context import ClusterContext
 from clusterd.history import device_name
 from clusterd.nodehealth import _esc
@@ -59,7 +59,6 @@ from faultmesh.runtime import wait_for
 log = logging.getLogger("clusterd.acks")
 
 NS = "acks"
-SOURCE = "operator"
 MAX_FOR_S = 7 * 86400
 """The longest acknowledgement (s): a week; a longer one would be a silence nobody remembers."""
 MAX_ACKS = 1000
@@ -203,13 +202,10 @@ class AckBook:
 
     async def _history(self, kind: str, a: Ack, faults: list[Fault], extra: dict[str, str]) -> None:
         """One history row per covered fault (one for the acknowledgement itself when none is active)."""
-        now = self.clock()
+        note = a.note() | extra
         dtype, dev = _device_of(a.device)
-        rows = [
-            Fault(SOURCE, a.node, f.device_type, f.device_id, f.code, f.level, attributes=a.note() | extra)
-            for f in faults
-        ] or [Fault(SOURCE, a.node, dtype, dev, a.code, "", attributes=a.note() | extra)]
-        await self.ctx.store.append_events([(now, kind, f) for f in rows])
+        rows = [operator_row(a.node, f.device_type, f.device_id, f.code, f.level, note) for f in faults]
+        await record(self.ctx.store, kind, rows or [operator_row(a.node, dtype, dev, a.code, "", note)])
 
     async def add(self, a: Ack) -> list[Fault]:
         """Acknowledge: store, then keep ``a`` (replacing one of the same node, device and code).

@@ -250,7 +250,7 @@ class ClusterD:
         self.pubfault = PubFaultComponent(ctx)
         self.breaker = IsolationBreaker(
             args.isolation_max_share, args.isolation_window_s, lambda: len(nodes.names()), registry,
-            token_checked=auth.enabled,
+            token_checked=auth.enabled, store=store,
         )  # fmt: skip
         self.breaker.add_routes(http.app.router)
         self.separation = ManualSeparation(ctx, self.breaker)

@@ -3,16 +3,22 @@ isolated node, an acknowledgement of a fault) leaves in the fault history's rows
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
 from aiohttp import web
+
+from clusterd.store import Store
+from faultmesh.model import Fault, now_ms
 
 RELEASE_KEYS = ("released_by", "release_auth", "release_addr", "release_reason")
 """The note's keys of a release: who, how authenticated, from where, why."""
 ACK_KEYS = ("acked_by", "ack_auth", "ack_addr", "ack_reason")
 """The note's keys of an acknowledgement (:mod:`clusterd.acks`)."""
 MAX_BY, MAX_REASON = 64, 512
+OPERATOR = "operator"
+"""The source of the history rows an operator action writes itself."""
 
 
 def bad_request(message: str) -> web.HTTPBadRequest:
@@ -40,3 +46,19 @@ def operator_note(
             raise bad_request(f"{key} must be a printable string of at most {most} characters")
         out[name] = v
     return out
+
+
+def operator_row(
+    node: str, device_type: str, device_id: int, code: str, level: str, note: dict[str, str]
+) -> Fault:
+    """A history row of an operator action on (node, device, code) that no fault change carries (a
+    release deviced applies, the breaker's release): source :data:`OPERATOR`, ``note`` as attributes."""
+    return Fault(OPERATOR, node, device_type, device_id, code, level, attributes=dict(note))
+
+
+async def record(store: Store, kind: str, rows: Iterable[Fault]) -> None:
+    """Append ``rows`` to the fault history as ``kind`` (``release``, ``ack``, ``unack``) at the
+    present time (``GET /v1/events``, ``faultmesh history``). Raises ``sqlite3.Error`` when the
+    store refuses them (the HTTP middleware answers 503)."""
+    now = now_ms()
+    await store.append_events([(now, kind, f) for f in rows])

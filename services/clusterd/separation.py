@@ -57,7 +57,7 @@ import yaml
 from aiohttp import web
 from prometheus_client import Counter, Gauge
 
-from clusterd.audit import operator_note
+from clusterd.audit import operator_note, operator_row, record
 from clusterd.brain.component import ISOLATE_SOURCE
 from clusterd.breaker import IsolationBreaker
 from clusterd.center import OCCUR
@@ -91,6 +91,7 @@ class Separation:
     codes: set[str] = field(default_factory=set)
     separated_ms: int = 0
     last_fault_ms: int = 0
+    why: dict[str, str] = field(default_factory=dict)  # upgrade_rule / upgrade_occurrences_ms
 
     def fault(self) -> Fault:
         """The fault-center record of this separation."""
@@ -103,7 +104,7 @@ class Separation:
             level=LEVEL,
             first_seen_ms=self.separated_ms,
             last_seen_ms=self.separated_ms,
-            attributes={"codes": ",".join(sorted(self.codes)), "manually_separated": "true"},
+            attributes={"codes": ",".join(sorted(self.codes)), "manually_separated": "true", **self.why},
         )
 
 
@@ -158,8 +159,12 @@ class ManualSeparation:
             self.separated[(node, dev)] = Separation(
                 node, dev, set(filter(None, codes.split(","))), sep_ms, last_ms
             )
+        restored = {f.key: f for f in self.ctx.center.faults_of_origin(SOURCE)}
+        for s in self.separated.values():  # the rule and occurrences that separated it (not in the table)
+            old = restored.get(s.fault().key)
+            s.why = {k: v for k, v in old.attributes.items() if k.startswith("upgrade_")} if old else {}
         keep = {s.fault().key for s in self.separated.values()}
-        stale = [f.key for f in self.ctx.center.faults_of_origin(SOURCE) if f.key not in keep]
+        stale = [k for k in restored if k not in keep]
         await self.ctx.center.apply([s.fault() for s in self.separated.values()], stale, SOURCE)
         self.ctx.center.subscribe(self.name, self.on_changes, maxsize=1024)
         self.ctx.tasks.spawn(self._loop(), name="manual-separation")
@@ -261,20 +266,30 @@ class ManualSeparation:
                 if self.breaker is not None and not self.breaker.admit(node, "separation"):
                     continue  # held: the count stays, the next occurrence asks again
                 del self.counts[(node, dev, code)]
-                await self.separate(node, dev, code, now)
+                await self.separate(node, dev, code, now, times[-n:])
         if self.policy.free_hours != -1:
             free = self.policy.free_hours * HOUR_MS
             for (node, dev), s in list(self.separated.items()):
                 if now - max(s.separated_ms, s.last_fault_ms) > free:
                     await self.release_npu(node, dev, by="fault-free")
 
-    async def separate(self, node: str, dev: int, code: str, now: int | None = None) -> Separation:
-        """Separate NPU ``dev`` (physical id) of ``node`` for ``code``; stored, then in the fault center."""
+    async def separate(
+        self, node: str, dev: int, code: str, now: int | None = None, times: list[int] | None = None
+    ) -> Separation:
+        """Separate NPU ``dev`` (physical id) of ``node`` for ``code``; stored, then in the fault center.
+        ``times`` (ms): the counted occurrences that did it, kept with the rule in the fault's
+        ``upgrade_rule`` / ``upgrade_occurrences_ms`` attributes (as deviced's rules name theirs: the
+        history's WHY, issue 31)."""
         now = self.clock() if now is None else now
         s = self.separated.get((node, dev))
         if s is None:
             s = self.separated[(node, dev)] = Separation(node, dev, set(), now, now)
         s.codes.add(code)
+        p = self.policy
+        s.why = {
+            "upgrade_rule": f"manual separation policy: {code} {p.threshold} times in {p.window_hours} h -> {LEVEL}",
+            "upgrade_occurrences_ms": ",".join(str(t) for t in times or ()),
+        }
         await self.ctx.store.put_separation(
             node, dev, ",".join(sorted(s.codes)), s.separated_ms, s.last_fault_ms
         )
@@ -309,6 +324,8 @@ class ManualSeparation:
             if not await self.ctx.agents.send(node, "deviced", release=agent_pb2.ReleaseDevice(phy_id=dev)):
                 raise AgentUnavailable(f"deviced on {node} is not connected: its ManuallySeparateNPU stays")
             out.append("deviced")
+            if note:  # deviced's own recover carries no note: who and why get a history row here
+                await record(self.ctx.store, "release", [operator_row(node, "NPU", dev, CODE, LEVEL, note)])
         if out:
             event(
                 log,
