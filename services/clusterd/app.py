@@ -59,6 +59,7 @@ from clusterd.context import ClusterContext, Metrics
 from clusterd.faultseries import FaultSeriesCollector
 from clusterd.history import HistoryComponent
 from clusterd.http.nodes import NodeApi
+from clusterd.http.nodeview import NodeView
 from clusterd.http.statewrite import state_write_middleware
 from clusterd.http.web import WebUi
 from clusterd.ingest.agents import AgentHub
@@ -243,7 +244,8 @@ class ClusterD:
         )
         self.acks = AckBook(self.ctx)  # issue 31: operator acknowledgements (stored, shown, expiring)
         self.acks.add_routes(http.app.router)
-        NodeApi(center, nodes, self.ctx.agents, self.acks.ack_of).add_routes(http.app.router)
+        node_api = NodeApi(center, nodes, self.ctx.agents, self.acks.ack_of)
+        node_api.add_routes(http.app.router)
         WebUi(center, nodes, self.ctx.agents, self.acks.ack_of).add_routes(http.app)
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         ctx = self.ctx
@@ -256,6 +258,7 @@ class ClusterD:
         self.separation = ManualSeparation(ctx, self.breaker)
         self.separation.add_routes(http.app.router)
         jobs = JobRegistry(ctx.store)
+        NodeView(node_api, ctx.store, jobs.jobs_on_node).add_routes(http.app.router)  # the web's node page
         decisions = DecisionLog(ctx.store, registry, ctx.tasks.spawn)
         reports: list = []  # the brain's ReportProcessFault listeners (the Kubernetes hand-off)
         kube = KubeComponent(

@@ -132,14 +132,22 @@ class NodeApi:
     async def list_nodes(self, request: web.Request) -> web.Response:
         return web.Response(body=self.list_body(), content_type="application/json")
 
-    async def node(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
+    def node_body(self, name: str) -> dict[str, Any] | None:
+        """The ``/v1/nodes/<name>`` object (:meth:`summary` plus ``fault_list`` and ``devices``), or
+        None when clusterd does not know ``name``."""
         if name not in self.nodes and name not in self.center.node_names():
-            return json_response({"error": f"node {name} not known"}, status=404)
+            return None
         body = self.summary(name)
         body["fault_list"] = [self.fault_json(f) for f in self.center.faults(name)]
         st = self.nodes.get(name)
         body["devices"] = list(st.devices.values()) if st else []
+        return body
+
+    async def node(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        body = self.node_body(name)
+        if body is None:
+            return json_response({"error": f"node {name} not known"}, status=404)
         return json_response(body)
 
 
