@@ -24,12 +24,13 @@ deadline or an operator's removal.
 
 HTTP (writes need the bearer token when one is configured: :mod:`clusterd.auth`):
 
-- ``POST /v1/acks`` ``{"node", "code", "device"?, "for_s", "reason", "by"?}`` -> ``{"ack": {...},
-  "faults": N}``; 400 for a missing reason, ``for_s`` not in (0, 7 days], a bad field; 404 when
+- ``POST /v1/acks`` ``{"node", "code", "device"?, "for_s", "reason", "by"?}`` (or ``"fault_id"``
+  instead of node, code and device: every active fault of that public fault id, one acknowledgement
+  per device) -> ``{"ack": {...}, "acks": [...], "faults": N}``; 400 for a missing reason, ``for_s`` not in (0, 7 days], a bad field; 404 when
   the node has no active fault with that code (on that device), naming the codes it has; 409 past
   :data:`MAX_ACKS`.
-- ``POST /v1/acks/remove`` ``{"node", "code", "device"?, "reason"?, "by"?}`` -> ``{"removed": {...}}``
-  or 404.
+- ``POST /v1/acks/remove`` ``{"node", "code", "device"?, "reason"?, "by"?}`` (or ``"fault_id"``) ->
+  ``{"removed": {...}, "all_removed": [...]}`` or 404.
 - ``GET /v1/acks``: the acknowledgements in force, by node, code, device.
 
 faultmesh addition: the reference (ClusterD, MindCluster) has no acknowledgement.
@@ -281,27 +282,44 @@ class AckBook:
         return (head + "".join(sorted(lines))).encode()
 
     # -- HTTP -----------------------------------------------------------------------------------------
-    async def _target(self, request: web.Request) -> tuple[dict[str, Any], str, str, str]:
-        """The body and its node, code and device; 400 when malformed."""
+    async def _targets(self, request: web.Request) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
+        """The body and the (node, code, device) it names: its ``node``, ``code`` and ``device``, or
+        every active fault of its ``fault_id`` (a public fault's id: attribute ``faultId``; one per
+        device it was sent for). 400 when malformed, 404 for a fault id no active fault has."""
         try:
             body = orjson.loads(await request.read())
         except ValueError:
             raise bad_request("body must be JSON") from None
         if not isinstance(body, dict):
             raise bad_request("body must be a JSON object")
+        by_id = "fault_id" in body
         out = []
-        for key, need in (("node", True), ("code", True), ("device", False)):
+        for key, need in (("fault_id", by_id), ("node", not by_id), ("code", not by_id), ("device", False)):
             v = body.get(key, "")
             if not isinstance(v, str) or (need and not v) or len(v) > 253 or (v and not v.isprintable()):
                 raise bad_request(
                     f"{key}: a printable string of at most 253 characters" + (" is required" if need else "")
                 )
             out.append(v)
-        node, code, device = out
-        return body, node, code, device
+        fault_id, node, code, device = out
+        if not by_id:
+            return body, [(node, code, device)]
+        found = sorted(
+            {
+                (f.node, f.code, device_name(f))
+                for f in self.ctx.center.faults()
+                if f.attributes.get("faultId") == fault_id
+            }
+        )
+        if not found:
+            raise web.HTTPNotFound(
+                text=orjson.dumps({"error": f"no active fault has the id {fault_id!r}"}).decode(),
+                content_type="application/json",
+            )
+        return body, found
 
     async def _http_add(self, request: web.Request) -> web.Response:
-        body, node, code, device = await self._target(request)
+        body, targets = await self._targets(request)
         note = operator_note(request, body, self.ctx.auth.enabled, ACK_KEYS)
         if not note.get("ack_reason"):
             raise bad_request("reason is required: say why the fault is acknowledged")
@@ -311,31 +329,41 @@ class AckBook:
                 f"for_s: the acknowledgement's length in seconds, more than 0 and at most {MAX_FOR_S} (7 days)"
             )
         now = self.clock()
-        a = Ack(node, code, device, *(note[k] for k in ACK_KEYS), now, now + int(for_s * 1000))
-        try:
-            faults = await self.add(a)
-        except LookupError as e:
-            return json_response({"error": str(e)}, status=404)
-        except OverflowError as e:
-            return json_response({"error": str(e)}, status=409)
-        return json_response({"ack": asdict(a), "faults": len(faults)})
+        acks, faults = [], 0
+        for node, code, device in targets:
+            a = Ack(node, code, device, *(note[k] for k in ACK_KEYS), now, now + int(for_s * 1000))
+            try:
+                faults += len(await self.add(a))
+            except LookupError as e:
+                return json_response({"error": str(e)}, status=404)
+            except OverflowError as e:
+                return json_response({"error": str(e)}, status=409)
+            acks.append(asdict(a))
+        return json_response({"ack": acks[0], "acks": acks, "faults": faults})
+
+    def _in_force(self, node: str, code: str, device: str) -> str | None:
+        """The key of the acknowledgement in force of (node, code in any case, device), or None."""
+        now = self.clock()
+        for k, x in self._acks.items():
+            if (x.node, x.code.upper(), x.device) == (node, code.upper(), device) and x.until_ms > now:
+                return k
+        return None
 
     async def _http_remove(self, request: web.Request) -> web.Response:
-        body, node, code, device = await self._target(request)
+        body, targets = await self._targets(request)
         note = operator_note(request, body, self.ctx.auth.enabled, ACK_KEYS)
-        key = Ack(node, code, device, "", "", "", "", 0, 0).key
-        a = self._acks.get(key)
-        if a is None:
-            for k, x in self._acks.items():  # the code in another spelling (case)
-                if (x.node, x.code.upper(), x.device) == (node, code.upper(), device):
-                    key, a = k, x
-        if a is None or a.until_ms <= self.clock():
+        ended = {k.removeprefix("ack_").removeprefix("acked_"): v for k, v in note.items()}
+        removed = []
+        for node, code, device in targets:
+            key = self._in_force(node, code, device)
+            a = await self.remove(key, "removed", ended) if key is not None else None
+            if a is not None:
+                removed.append(asdict(a))
+        if not removed:
+            node, code, device = targets[0]
             where = node + (f" {device}" if device else "")
             return json_response({"error": f"no acknowledgement of {code} on {where} in force"}, status=404)
-        await self.remove(
-            key, "removed", {k.removeprefix("ack_").removeprefix("acked_"): v for k, v in note.items()}
-        )
-        return json_response({"removed": asdict(a)})
+        return json_response({"removed": removed[0], "all_removed": removed})
 
     async def _http_list(self, _request: web.Request) -> web.Response:
         return json_response([asdict(a) for a in self.active()])

@@ -51,7 +51,10 @@ async def post(cd, path: str, body: dict, token: str | None = TOKEN) -> tuple[in
 
 def cli(cd, tmp_path, *argv: str) -> int:
     http = ["--http", f"127.0.0.1:{cd.http.port}", "--token-file", str(tmp_path / "token")]
-    return cli_main([*argv, *http])
+    try:
+        return cli_main([*argv, *http])
+    except SystemExit as e:  # argparse's usage error
+        return int(e.code)
 
 
 async def test_acknowledge_shows_everywhere_and_survives_a_restart(tmp_path, capsys):
@@ -161,11 +164,7 @@ async def test_refused_without_token_and_bad_input(acd, tmp_path, capsys):
     assert status == 404 and "its active codes: 80E18008" in answer["error"]
 
     def run(*argv: str) -> tuple[int, str]:
-        try:
-            rc = cli(cd, tmp_path, *argv)
-        except SystemExit as e:  # argparse's usage error
-            rc = int(e.code)
-        return rc, capsys.readouterr().err
+        return cli(cd, tmp_path, *argv), capsys.readouterr().err
 
     base = ("ack", "server-1", CODE)
     rc, err = await asyncio.to_thread(run, *base, "--for", "2h")
@@ -180,3 +179,43 @@ async def test_refused_without_token_and_bad_input(acd, tmp_path, capsys):
     rc, err = await asyncio.to_thread(run, "unack", "server-1", CODE)
     assert rc == 4 and "no acknowledgement" in err
     assert await get(cd, "/v1/acks") == []
+
+
+async def test_acknowledge_a_public_fault_by_its_id(acd, tmp_path, capsys):
+    """A public fault sent for two NPUs is acknowledged (and un-acknowledged) by its fault id."""
+    cd = acd
+    for dev in (0, 1):
+        f = Fault(
+            "public:CCAE:f-77",
+            "node-9",
+            "NPU",
+            dev,
+            "010001001",
+            "NotHandleFault",
+            attributes={"faultId": "f-77"},
+        )
+        await cd.center.upsert(f, origin="public")
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        rc = cli(cd, tmp_path, *argv)
+        got = capsys.readouterr()
+        return rc, got.out, got.err
+
+    rc, out, _ = await asyncio.to_thread(
+        run, "ack", "--fault-id", "f-77", "--for", "1h", "--reason", "vendor case"
+    )
+    assert rc == 0 and "NPU-0" in out and "NPU-1" in out
+    faults = await get(cd, "/v1/faults?node=node-9")
+    assert sorted(f["ack"]["device"] for f in faults) == ["NPU-0", "NPU-1"]
+    assert {f["ack"]["reason"] for f in faults} == {"vendor case"}
+    rc, _, err = await asyncio.to_thread(run, "ack", "--fault-id", "f-78", "--for", "1h", "--reason", "r")
+    assert rc == 4 and "no active fault has the id 'f-78'" in err
+    rc, _, err = await asyncio.to_thread(
+        run, "ack", "node-9", "--fault-id", "f-77", "--for", "1h", "--reason", "r"
+    )
+    assert rc == 2 and "not both" in err
+    rc, _, err = await asyncio.to_thread(run, "ack", "node-9", "--for", "1h", "--reason", "r")
+    assert rc == 2 and "NODE and CODE are required" in err
+    rc, out, _ = await asyncio.to_thread(run, "unack", "--fault-id", "f-77", "--reason", "closed")
+    assert rc == 0 and out.count("acknowledgement removed") == 2
+    assert all(f["ack"] is None for f in await get(cd, "/v1/faults?node=node-9"))

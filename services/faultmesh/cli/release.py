@@ -103,6 +103,13 @@ def for_arg(text: str) -> float:
 
 
 def _ack_body(args: argparse.Namespace) -> dict:
+    """NODE CODE [--device], or --fault-id (exit 2 unless exactly one of them is given)."""
+    if args.fault_id:
+        if args.node or args.code or args.device:
+            raise UsageError("give NODE CODE [--device] or --fault-id, not both")
+        return {"fault_id": args.fault_id, **_who(args)}
+    if not (args.node and args.code):
+        raise UsageError("NODE and CODE are required (or --fault-id ID of a public fault)")
     return {"node": args.node, "code": args.code, "device": args.device or "", **_who(args)}
 
 
@@ -111,7 +118,8 @@ def _ack_call(args: argparse.Namespace, path: str, body: dict) -> dict:
     try:
         return http_json(args, "POST", path, body)
     except NotFound:
-        get_node(args, args.node)  # raises "clusterd does not know node ... (did you mean ...?)"
+        if args.node:
+            get_node(args, args.node)  # raises "clusterd does not know node ... (did you mean ...?)"
         raise
 
 
@@ -125,9 +133,10 @@ def ack_text(a: dict) -> str:
 def cmd_ack(args: argparse.Namespace) -> int:
     """Acknowledge a node's active fault for ``--for`` with ``--reason`` (POST /v1/acks)."""
     data = _ack_call(args, "/v1/acks", {**_ack_body(args), "for_s": args.for_s})
-    a = data["ack"]
-    emit(args, data, [(a["node"], a["device"] or "*", a["code"], data["faults"], ack_text(a))],
-         ("NODE", "DEVICE", "CODE", "FAULTS", "ACKNOWLEDGED"))  # fmt: skip
+    rows = [
+        (a["node"], a["device"] or "*", a["code"], ack_text(a)) for a in data.get("acks") or [data["ack"]]
+    ]
+    emit(args, data, rows, ("NODE", "DEVICE", "CODE", "ACKNOWLEDGED"))
     return 0
 
 
@@ -135,9 +144,9 @@ def cmd_ack(args: argparse.Namespace) -> int:
 def cmd_unack(args: argparse.Namespace) -> int:
     """End an acknowledgement before its time (POST /v1/acks/remove)."""
     data = _ack_call(args, "/v1/acks/remove", _ack_body(args))
-    a = data["removed"]
-    emit(args, data, [(a["node"], a["device"] or "*", a["code"], "acknowledgement removed")],
-         ("NODE", "DEVICE", "CODE", "RESULT"))  # fmt: skip
+    rows = [(a["node"], a["device"] or "*", a["code"], "acknowledgement removed")
+            for a in data.get("all_removed") or [data["removed"]]]  # fmt: skip
+    emit(args, data, rows, ("NODE", "DEVICE", "CODE", "RESULT"))
     return 0
 
 
@@ -148,9 +157,12 @@ def _register_ack(sub: argparse._SubParsersAction) -> None:
     ):
         q = sub.add_parser(name, help=help_, description=help_ + " (the fault keeps its level and recovery)")
         add_server_flags(q)
-        q.add_argument("node", metavar="NODE")
-        q.add_argument("code", metavar="CODE", help="the fault code (faultmesh faults --node NODE)")
+        q.add_argument("node", metavar="NODE", nargs="?")
+        q.add_argument(
+            "code", metavar="CODE", nargs="?", help="the fault code (faultmesh faults --node NODE)"
+        )
         q.add_argument("--device", help="only this device (NPU-3, Node; default: every device with CODE)")
+        q.add_argument("--fault-id", help="instead of NODE CODE: every active fault of this public fault id")
         q.add_argument("--by", help="who (default: your login name; kept in the history)")
         if name == "ack":
             q.add_argument(
