@@ -162,6 +162,9 @@ async def test_pages_in_chromium(tmp_path):
             title = await page.evaluate(f"document.querySelector({json.dumps(cell)}).title")
             assert title.startswith("80E18008 ") and ": RestartNPU (" in title, title
             assert "acknowledged by ops" in title, title
+            outline = f"getComputedStyle(document.querySelector({json.dumps(cell)})).outlineStyle"
+            assert await page.evaluate(outline) == "dashed"  # every fault of the cell acknowledged
+            assert await page.evaluate(outline.replace('"3"', '"5"').replace("node-2", "node-3")) != "dashed"
             assert "110001010" in await page.evaluate(
                 "document.querySelector('[data-node=node-2] [data-cell=node]').title"
             )

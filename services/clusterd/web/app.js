@@ -55,6 +55,8 @@ function cellAttrs(codes, fallback) {
   const text = cellText(codes, fallback);
   return codes && codes.length ? { title: text, "aria-label": text, tabindex: "0" } : { title: text };
 }
+// " acked" when every fault of a cell is acknowledged (drawn with a dashed frame)
+function ackedClass(codes) { return codes && codes.length && codes.every(c => c.acked) ? " acked" : ""; }
 function device(f) { return f.device_id < 0 ? f.device_type : `${f.device_type}-${f.device_id}`; }
 function show(...nodes) { const m = document.getElementById("main"); m.replaceChildren(...nodes); }
 
@@ -90,18 +92,19 @@ async function gridPage() {
   const rows = g.nodes.map(n => h("tr", { "data-node": n.name, "data-health": n.health },
     h("td", { class: "name" }, h("a", { href: `/ui/node/${encodeURIComponent(n.name)}` }, n.name)),
     h("td", {}, pill(n.health)),
-    h("td", { class: `cell ${n.node_faults ? "h-" + n.node_level_health : "lv-none"}`, "data-cell": "node", "data-level": n.node_level || "",
+    h("td", { class: `cell ${n.node_faults ? "h-" + n.node_level_health : "lv-none"}${ackedClass(n.node_codes)}`, "data-cell": "node", "data-level": n.node_level || "",
       ...cellAttrs(n.node_codes, "no node fault") }, n.node_faults || ""),
     g.npus.map(i => {
       const c = n.npus[String(i)];
       if (!c) return h("td", { class: "cell lv-none", title: "not reported" }, "");
       const cls = c.faults || c.health !== "Healthy" ? `h-${c.health}` : "h-Healthy";
-      return h("td", { class: `cell ${cls}`, "data-npu": i, "data-level": c.level, ...cellAttrs(c.codes, c.level || c.health) }, c.faults || "");
+      return h("td", { class: `cell ${cls}${ackedClass(c.codes)}`, "data-npu": i, "data-level": c.level, ...cellAttrs(c.codes, c.level || c.health) }, c.faults || "");
     }),
     h("td", {}, n.agents.join(", "))));
   const legend = h("p", { class: "legend muted" },
     Object.entries(HEALTH_COLOR).map(([k, c]) => h("span", {}, h("i", { style: `background:${c}` }), k)),
-    h("span", {}, h("i", { style: "background:var(--none)" }), "not reported"), " cell number: active faults");
+    h("span", {}, h("i", { style: "background:var(--none)" }), "not reported"),
+    h("span", {}, h("i", { class: "acked-key" }), "acknowledged"), " cell number: active faults");
   show(h("h1", {}, "Cluster"), cards,
     h("p", {}, h("a", { href: "/ui/jobs", id: "jobs-link" }, "jobs"), ": which job runs where, its health and recovery"),
     g.nodes.length ? h("table", { class: "grid", id: "grid" }, head, rows) : h("p", { class: "muted" }, "no node known yet"), legend);
