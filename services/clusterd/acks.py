@@ -65,6 +65,7 @@ MAX_FOR_S = 7 * 86400
 MAX_ACKS = 1000
 """Acknowledgements in force at most (a request past it is 409)."""
 MAX_WAIT_S = 60.0  # the expiry loop wakes at least this often (a deadline wakes it earlier)
+RETRY_S = 5.0  # after a failed expiry (the store refused), the loop waits this long before the next try
 SERIES = "faultmesh_fault_acknowledged"
 
 AckOf = Callable[[Fault], "dict[str, Any] | None"]
@@ -262,8 +263,9 @@ class AckBook:
                 pass
             try:
                 await self.expire()
-            except Exception as e:  # a failed store write: the next pass tries again
-                event(log, logging.ERROR, "acknowledgement expiry failed", error=repr(e))
+            except Exception as e:  # a failed store write: tried again after RETRY_S (views already
+                event(log, logging.ERROR, "acknowledgement expiry failed", error=repr(e))  # read it as ended)
+                await asyncio.sleep(RETRY_S)
 
     # -- metrics --------------------------------------------------------------------------------------
     def series_text(self) -> bytes:

@@ -219,3 +219,39 @@ async def test_acknowledge_a_public_fault_by_its_id(acd, tmp_path, capsys):
     rc, out, _ = await asyncio.to_thread(run, "unack", "--fault-id", "f-77", "--reason", "closed")
     assert rc == 0 and out.count("acknowledgement removed") == 2
     assert all(f["ack"] is None for f in await get(cd, "/v1/faults?node=node-9"))
+
+
+async def test_expiry_survives_a_refusing_store(acd, caplog, monkeypatch):
+    """A store that refuses the expiry's delete: logged, tried again after RETRY_S (not in a tight
+    loop), and the acknowledgement ends once the store takes it; the views end it at its deadline."""
+    import logging
+    import sqlite3
+
+    from clusterd import acks
+
+    cd = acd
+    caplog.set_level(logging.ERROR, logger="clusterd.acks")
+    monkeypatch.setattr(acks, "RETRY_S", 0.3)
+    await cd.center.upsert(npu_fault("server-3", 2), origin="deviced")
+    real = cd.store.kv_delete
+
+    async def refuse(ns, key):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(cd.store, "kv_delete", refuse)
+    status, body = await post(cd, "/v1/acks", {"node": "server-3", "code": CODE, "for_s": 0.2, "reason": "r"})
+    assert status == 200
+    await eventually(lambda: caplog.text.count("acknowledgement expiry failed") >= 2, 10, "two failed tries")
+    [f] = await get(cd, "/v1/faults?node=server-3")
+    assert f["ack"] is None  # past its deadline: not shown as acknowledged while the store refuses
+    started = asyncio.get_running_loop().time()
+    await asyncio.sleep(0.9)  # a tight loop would log ~18 times in this window (0.05 s passes)
+    tries = caplog.text.count("acknowledgement expiry failed")
+    assert tries <= 2 + int((asyncio.get_running_loop().time() - started) / 0.3) + 1, tries
+    monkeypatch.setattr(cd.store, "kv_delete", real)
+
+    async def ended():
+        return [e for e in await get(cd, "/v1/events?node=server-3") if e["kind"] == "unack"]
+
+    await eventually(ended, 10, "the expiry once the store takes it")
+    assert cd.acks.active() == [] and await cd.store.kv_items("acks") == {}
