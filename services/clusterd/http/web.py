@@ -4,14 +4,18 @@ Pages (one HTML shell, ``web/page.html``, with ``web/app.js`` and ``web/style.cs
 the view from the path; no build step, charts are small hand-written SVG):
 
 - ``GET /``: the cluster as a grid of nodes x NPUs coloured by health / worst level, live;
-- ``GET /ui/node/<name>``: the node's faults with their meaning, agents, conditions, history;
+- ``GET /ui/node/<name>``: the node's faults with their meaning, handling and acknowledgement, the
+  jobs they touch (linked), agents, conditions, history; from one fetch of ``GET
+  /v1/nodes/<name>/view`` (:mod:`clusterd.http.nodeview`);
 - ``GET /ui/jobs``: every job with its health, faults and recovery state, each linked to its page;
 - ``GET /ui/job/<id>``: ranks on nodes, recovery decisions as a timeline, slow-node rounds and the
   per-rank compute / wait ratio plot (from the node results' ``pattern``) when the job has them;
 - ``GET /ui/pingmesh``: each super pod's node-to-node link matrix as a heat map (loss rate).
 - ``GET /ui/static/<file>``: the shipped files (package data ``clusterd/web``).
 
-JSON used only by the pages: ``GET /v1/grid`` (see :meth:`WebUi.grid`), ``GET /v1/faultinfo/<code>``
+Every page marks itself rendered with ``body[data-ready="1"]`` (the Chromium tests wait on it).
+JSON used only by the pages: ``GET /v1/grid`` (see :meth:`WebUi.grid`: a cell's faults are its
+hover and focus text), ``GET /v1/faultinfo/<code>``
 (:func:`faultmesh.faultinfo.explain` as JSON, 400 for a malformed code) and ``GET /v1/stream``, a
 server-sent-events stream of the fault center: one ``change`` event per committed batch (data: a
 JSON list of ``{kind, node, device_type, device_id, code, level}``), a ``: keepalive`` comment every
