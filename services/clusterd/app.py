@@ -39,6 +39,7 @@ from grpc_health.v1 import health
 from prometheus_client import Counter, Gauge
 
 from clusterd import breaker
+from clusterd.acks import AckBook
 from clusterd.api.grpcserver import (
     DecodeGuardInterceptor,
     RateLimitInterceptor,
@@ -58,6 +59,7 @@ from clusterd.context import ClusterContext, Metrics
 from clusterd.faultseries import FaultSeriesCollector
 from clusterd.history import HistoryComponent
 from clusterd.http.nodes import NodeApi
+from clusterd.http.nodeview import NodeView
 from clusterd.http.statewrite import state_write_middleware
 from clusterd.http.web import WebUi
 from clusterd.ingest.agents import AgentHub
@@ -216,7 +218,7 @@ class ClusterD:
             registry,
             ready=lambda: self.gate.ready(self._ready, "ready" if self._ready else "starting"),
             rejected=rejected,
-            metrics=lambda: node_health.exposition(registry) + fault_series.text(),
+            metrics=lambda: node_health.exposition(registry) + fault_series.text() + self.acks.series_text(),
         )
         auth = TokenAuth.from_file(args.token_file, rejected, args.token_scope)
         http.app.middlewares.append(self.gate.http_middleware())  # followers refuse (issue 15 HA)
@@ -240,19 +242,23 @@ class ClusterD:
             metrics=Metrics(registry, rejected),
             auth=auth,
         )
-        NodeApi(center, nodes, self.ctx.agents).add_routes(http.app.router)
-        WebUi(center, nodes, self.ctx.agents).add_routes(http.app)
+        self.acks = AckBook(self.ctx)  # issue 31: operator acknowledgements (stored, shown, expiring)
+        self.acks.add_routes(http.app.router)
+        node_api = NodeApi(center, nodes, self.ctx.agents, self.acks.ack_of)
+        node_api.add_routes(http.app.router)
+        WebUi(center, nodes, self.ctx.agents, self.acks.ack_of).add_routes(http.app)
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         ctx = self.ctx
         self.pubfault = PubFaultComponent(ctx)
         self.breaker = IsolationBreaker(
             args.isolation_max_share, args.isolation_window_s, lambda: len(nodes.names()), registry,
-            token_checked=auth.enabled,
+            token_checked=auth.enabled, store=store,
         )  # fmt: skip
         self.breaker.add_routes(http.app.router)
         self.separation = ManualSeparation(ctx, self.breaker)
         self.separation.add_routes(http.app.router)
         jobs = JobRegistry(ctx.store)
+        NodeView(node_api, ctx.store, jobs.jobs_on_node).add_routes(http.app.router)  # the web's node page
         decisions = DecisionLog(ctx.store, registry, ctx.tasks.spawn)
         reports: list = []  # the brain's ReportProcessFault listeners (the Kubernetes hand-off)
         kube = KubeComponent(
@@ -276,7 +282,7 @@ class ClusterD:
         )
         slownet = SlowNetComponent(ctx, kube)  # kube: its leader election gates slownet's ConfigMap writes
         kube.control.attach(slownode, self.brain.datatrace, slownet_topology(slownet))  # control ConfigMaps
-        self.components = [self.pubfault, kube, self.brain, self.separation, slownode, slownet]
+        self.components = [self.pubfault, kube, self.brain, self.separation, slownode, slownet, self.acks]
         self._kube_control = kube.control
         self.components.append(HistoryComponent(ctx))
         self.grpc_port = 0

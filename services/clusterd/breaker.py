@@ -29,12 +29,16 @@ import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from clusterd.audit import operator_note
+from clusterd.audit import operator_note, operator_row, record
+from clusterd.store import Store
 from faultmesh.config import number_in
 from faultmesh.httpd import json_response
 from faultmesh.log import event
 
 log = logging.getLogger("clusterd.breaker")
+
+RELEASE_CODE = "IsolationBreaker"
+"""The code of the history row a breaker release writes per released node."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class IsolationBreaker:
     """See the module docstring. ``total()``: the nodes ClusterD knows; ``token_checked``: HTTP writes
     carry ClusterD's bearer token (for the release's note); ``clock``: monotonic s. ``on_release``:
-    callables given the released nodes (the paths re-evaluate them)."""
+    callables given the released nodes (the paths re-evaluate them); ``store``: where a release
+    writes one fault-history row per released node (kind ``release``, code :data:`RELEASE_CODE`, the
+    note as attributes: who, from where, why), none when None."""
 
     def __init__(
         self,
@@ -65,8 +71,10 @@ class IsolationBreaker:
         registry: CollectorRegistry,
         token_checked: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        store: Store | None = None,
     ) -> None:
         self.share = share
+        self.store = store
         self.token_checked = token_checked
         self.on_release: list[Callable[[list[str]], None]] = []
         self.window_s = window_s
@@ -155,9 +163,14 @@ class IsolationBreaker:
         if not isinstance(body, dict):
             return json_response({"error": "body must be a JSON object"}, status=400)
         was = self.open
-        nodes = self.release(operator_note(request, body, self.token_checked))
+        note = operator_note(request, body, self.token_checked)
+        nodes = self.release(note)
         for fn in self.on_release:
             fn(nodes)
+        if self.store is not None:  # who and why in each released node's history (issue 31)
+            await record(
+                self.store, "release", [operator_row(n, "Node", -1, RELEASE_CODE, "", note) for n in nodes]
+            )
         return json_response({"released": nodes, "was_open": was})
 
     def status(self) -> dict:

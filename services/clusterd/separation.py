@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import collections
 import logging
 from dataclasses import dataclass, field
@@ -58,11 +57,12 @@ import yaml
 from aiohttp import web
 from prometheus_client import Counter, Gauge
 
-from clusterd.audit import operator_note
+from clusterd.audit import operator_note, operator_row, record
 from clusterd.brain.component import ISOLATE_SOURCE
 from clusterd.breaker import IsolationBreaker
 from clusterd.center import OCCUR
 from clusterd.context import ClusterContext
+from clusterd.separationpolicy import MAX_POLICY_BYTES, Policy, PolicyError, on_another_npu
 from faultmesh._pb import agent_pb2
 from faultmesh.files import FileWatch
 from faultmesh.httpd import json_response
@@ -75,72 +75,11 @@ SOURCE = "clusterd:manual-separation"
 CODE = LEVEL = "ManuallySeparateNPU"
 SOFTWARE_WINDOW_MS = 30_000
 NOT_COUNTED = frozenset({"NotHandleFault", "SubHealthFault", "NotHandle"})
-MAX_POLICY_BYTES = 64 * 1024
 HOUR_MS = 3_600_000
 
 
 class AgentUnavailable(RuntimeError):
     """The node's deviced, which holds the NPU's own separation, is not connected."""
-
-
-class PolicyError(ValueError):
-    """A policy file that is rejected (the message names the file, the key and why)."""
-
-
-def _int_in(obj: dict, key: str, lo: int, hi: int, name: str, where: str, extra: tuple[int, ...] = ()) -> int:
-    v = obj.get(key)
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise PolicyError(f"{name}: {where}.{key}: {v!r} is not an integer")
-    if not (lo <= v <= hi or v in extra):
-        allowed = f"{lo}..{hi}" + "".join(f" or {e}" for e in extra)
-        raise PolicyError(f"{name}: {where}.{key}: {v} outside {allowed}")
-    return v
-
-
-@dataclass(frozen=True)
-class Policy:
-    """The manual-separation policy (module docstring); defaults are the reference's shipped ones."""
-
-    enabled: bool = True
-    window_hours: int = 24
-    threshold: int = 3
-    free_hours: int = 48
-
-    @classmethod
-    def from_obj(cls, obj: Any, name: str = "manually_separate_policy.conf") -> Policy:
-        """Validate a parsed YAML document. Raises :class:`PolicyError` naming the key and why."""
-        if not isinstance(obj, dict):
-            raise PolicyError(f"{name}: top level must be a mapping")
-        enabled = obj.get("enabled", True)
-        if not isinstance(enabled, bool):
-            raise PolicyError(f"{name}: enabled: {enabled!r} is not true/false")
-        sep, rel = obj.get("separate", {}), obj.get("release", {})
-        for key, v in (("separate", sep), ("release", rel)):
-            if not isinstance(v, dict):
-                raise PolicyError(f"{name}: {key}: must be a mapping")
-        d = cls()
-        return cls(
-            enabled,
-            _int_in(
-                {"fault_window_hours": d.window_hours, **sep}, "fault_window_hours", 1, 720, name, "separate"
-            ),
-            _int_in({"fault_threshold": d.threshold, **sep}, "fault_threshold", 1, 50, name, "separate"),
-            _int_in(
-                {"fault_free_hours": d.free_hours, **rel}, "fault_free_hours", 1, 240, name, "release", (-1,)
-            ),
-        )
-
-    @classmethod
-    def load(cls, path: str | Path) -> Policy:
-        """Read and validate a policy file (at most 64 KiB). Raises :class:`PolicyError`."""
-        p = Path(path)
-        try:
-            if p.stat().st_size > MAX_POLICY_BYTES:
-                raise PolicyError(f"{p}: larger than {MAX_POLICY_BYTES} bytes")
-            obj = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-            raise PolicyError(f"{p}: cannot read: {e}") from None
-        return cls.from_obj(obj, str(p))
 
 
 @dataclass
@@ -152,6 +91,7 @@ class Separation:
     codes: set[str] = field(default_factory=set)
     separated_ms: int = 0
     last_fault_ms: int = 0
+    why: dict[str, str] = field(default_factory=dict)  # upgrade_rule / upgrade_occurrences_ms
 
     def fault(self) -> Fault:
         """The fault-center record of this separation."""
@@ -164,35 +104,8 @@ class Separation:
             level=LEVEL,
             first_seen_ms=self.separated_ms,
             last_seen_ms=self.separated_ms,
-            attributes={"codes": ",".join(sorted(self.codes)), "manually_separated": "true"},
+            attributes={"codes": ",".join(sorted(self.codes)), "manually_separated": "true", **self.why},
         )
-
-
-def on_another_npu(seen: list[tuple], faults: list[tuple], window_ms: int) -> list[bool]:
-    """For each of ``faults`` (``(t_ms, node, device, code, ...)``): did ``seen`` (same shape) hold
-    the same code on another (node, device) within ``window_ms`` of it (the software-fault test of
-    the module docstring)? O((n + k) log n) for n seen and k faults: per code, the times sorted and,
-    for each position, where the next other device starts (a burst of 20k faults took a scan of
-    every pair, ~20 s with the event loop blocked; tryout finding)."""
-    by_code: dict[str, list[tuple[int, tuple[str, int]]]] = collections.defaultdict(list)
-    for e in seen:
-        by_code[e[3]].append((e[0], (e[1], e[2])))
-    index: dict[str, tuple[list[int], list[tuple[str, int]], list[int]]] = {}
-    for code, rows in by_code.items():
-        rows.sort()
-        times = [t for t, _ in rows]
-        devs = [d for _, d in rows]
-        nxt = [len(rows)] * len(rows)  # nxt[i]: first j > i whose device differs from devs[i]
-        for i in range(len(rows) - 2, -1, -1):
-            nxt[i] = i + 1 if devs[i + 1] != devs[i] else nxt[i + 1]
-        index[code] = (times, devs, nxt)
-    out = []
-    for t, node, dev, code, *_ in faults:
-        times, devs, nxt = index.get(code, ([], [], []))
-        lo = bisect.bisect_left(times, t - window_ms)
-        hi = bisect.bisect_right(times, t + window_ms)
-        out.append(lo < hi and (devs[lo] != (node, dev) or nxt[lo] < hi))
-    return out
 
 
 class ManualSeparation:
@@ -246,8 +159,12 @@ class ManualSeparation:
             self.separated[(node, dev)] = Separation(
                 node, dev, set(filter(None, codes.split(","))), sep_ms, last_ms
             )
+        restored = {f.key: f for f in self.ctx.center.faults_of_origin(SOURCE)}
+        for s in self.separated.values():  # the rule and occurrences that separated it (not in the table)
+            old = restored.get(s.fault().key)
+            s.why = {k: v for k, v in old.attributes.items() if k.startswith("upgrade_")} if old else {}
         keep = {s.fault().key for s in self.separated.values()}
-        stale = [f.key for f in self.ctx.center.faults_of_origin(SOURCE) if f.key not in keep]
+        stale = [k for k in restored if k not in keep]
         await self.ctx.center.apply([s.fault() for s in self.separated.values()], stale, SOURCE)
         self.ctx.center.subscribe(self.name, self.on_changes, maxsize=1024)
         self.ctx.tasks.spawn(self._loop(), name="manual-separation")
@@ -349,20 +266,30 @@ class ManualSeparation:
                 if self.breaker is not None and not self.breaker.admit(node, "separation"):
                     continue  # held: the count stays, the next occurrence asks again
                 del self.counts[(node, dev, code)]
-                await self.separate(node, dev, code, now)
+                await self.separate(node, dev, code, now, times[-n:])
         if self.policy.free_hours != -1:
             free = self.policy.free_hours * HOUR_MS
             for (node, dev), s in list(self.separated.items()):
                 if now - max(s.separated_ms, s.last_fault_ms) > free:
                     await self.release_npu(node, dev, by="fault-free")
 
-    async def separate(self, node: str, dev: int, code: str, now: int | None = None) -> Separation:
-        """Separate NPU ``dev`` (physical id) of ``node`` for ``code``; stored, then in the fault center."""
+    async def separate(
+        self, node: str, dev: int, code: str, now: int | None = None, times: list[int] | None = None
+    ) -> Separation:
+        """Separate NPU ``dev`` (physical id) of ``node`` for ``code``; stored, then in the fault center.
+        ``times`` (ms): the counted occurrences that did it, kept with the rule in the fault's
+        ``upgrade_rule`` / ``upgrade_occurrences_ms`` attributes (as deviced's rules name theirs: the
+        history's WHY, issue 31)."""
         now = self.clock() if now is None else now
         s = self.separated.get((node, dev))
         if s is None:
             s = self.separated[(node, dev)] = Separation(node, dev, set(), now, now)
         s.codes.add(code)
+        p = self.policy
+        s.why = {
+            "upgrade_rule": f"manual separation policy: {code} {p.threshold} times in {p.window_hours} h -> {LEVEL}",
+            "upgrade_occurrences_ms": ",".join(str(t) for t in times or ()),
+        }
         await self.ctx.store.put_separation(
             node, dev, ",".join(sorted(s.codes)), s.separated_ms, s.last_fault_ms
         )
@@ -397,6 +324,8 @@ class ManualSeparation:
             if not await self.ctx.agents.send(node, "deviced", release=agent_pb2.ReleaseDevice(phy_id=dev)):
                 raise AgentUnavailable(f"deviced on {node} is not connected: its ManuallySeparateNPU stays")
             out.append("deviced")
+            if note:  # deviced's own recover carries no note: who and why get a history row here
+                await record(self.ctx.store, "release", [operator_row(node, "NPU", dev, CODE, LEVEL, note)])
         if out:
             event(
                 log,

@@ -59,6 +59,17 @@ def parse_since(text: str, now: int | None = None) -> int:
     return max(0, v)  # before the epoch: everything kept
 
 
+def parse_duration_s(text: str) -> float:
+    """A duration (``90s``, ``30m``, ``2h``, ``1d``, ``1w``, or plain seconds ``7200``) in seconds.
+    Raises ``ValueError`` naming the accepted forms (a duration <= 0 is the caller's to refuse)."""
+    t = text.strip()
+    m = _AGO.match(t)
+    try:
+        return float(m.group(1)) * _UNITS[m.group(2)] if m else float(t)
+    except ValueError:
+        raise ValueError(f"duration {text[:64]!r}: use 90s, 30m, 2h, 1d, 1w or seconds") from None
+
+
 def since_arg(text: str) -> str:
     """argparse type of a ``--since`` value: ``text`` when :func:`parse_since` reads it (the server
     resolves it against its own clock), else ``argparse.ArgumentTypeError`` (exit 2)."""

@@ -36,6 +36,7 @@ from faultmesh.faultrules import (
     canonical_code,
     is_switch_code,
 )
+from faultmesh.ibmc import DEVICE_TYPES, UNKNOWN_TYPE
 
 _SERVICES_ROOT = Path(__file__).resolve().parent.parent
 
@@ -196,12 +197,12 @@ def meaning(code: str) -> Meaning | None:
 
 @lru_cache(maxsize=4096)
 def short_name(code: str) -> str:
-    """The short English name of ``code`` (``Meaning.name``; for a public code a shipped table lists
-    and faultmesh does not describe, its :func:`public_code_structure`), or "" when the code is
+    """The short English name of ``code`` (``Meaning.name``; for a code a shipped table lists and
+    faultmesh does not describe, what its structure says: :func:`decoded`), or "" when the code is
     unknown or is not a chip / switch code (``ManuallySeparateNPU``, node codes without a meaning).
     Never raises; cached (the fault lists of ``/v1/faults`` and ``faultmesh faults`` use it)."""
     try:
-        m = meaning(code) or (public_code_structure(code) if levels(canonical_code(code)) else None)
+        m = meaning(code) or decoded(canonical_code(code), levels(canonical_code(code)))
     except ValueError:
         return ""
     return m.name if m is not None else ""
@@ -281,7 +282,7 @@ def explain(code: str) -> Explanation:
     return Explanation(
         canon,
         is_switch_code(canon),
-        meaning(canon) or _sel_meaning(key) or (public_code_structure(canon) if lv else None),
+        meaning(canon) or _sel_meaning(key) or decoded(canon, lv),
         lv,
         freq,
         dur,
@@ -341,3 +342,40 @@ def public_code_structure(code: str) -> Meaning | None:
         "by level",
         source="decoded from the code: the 9-digit public fault code convention (reference clusterd.md)",
     )
+
+
+def bmc_code_structure(code: str) -> Meaning | None:
+    """What the structure of an iBMC alarm code says (issue 31: 0800004B, which the demo raises, had
+    no description): its top byte read as the iBMC component type (:data:`faultmesh.ibmc.DEVICE_TYPES`)
+    and the rest as the event number, named as decoded. The reference documents neither a meaning
+    nor a layout of these codes; reading the top byte as the component is an observation (the top
+    bytes of the codes its NodeDConfiguration.json lists follow that table: 0x02 disk, 0x08 PCIe
+    card, 0x2C system; reference noded.md §1), so the text says so. None for a code that is not 8 hex
+    digits or whose top byte the table does not name.
+
+    ``"0800004B"`` -> name ``iBMC alarm 0x004B, top byte 0x08 (PCIe Card)``."""
+    c = code.strip().upper()
+    if len(c) != 8 or any(ch not in "0123456789ABCDEF" for ch in c):
+        return None
+    kind = DEVICE_TYPES.get(int(c[:2], 16))
+    if kind is None or kind == UNKNOWN_TYPE:
+        return None
+    return Meaning(
+        c,
+        f"node hardware, iBMC component type {kind} by the code's top byte (the reference gives no meaning)",
+        f"iBMC alarm 0x{c[4:]}, top byte 0x{c[:2]} ({kind})",
+        "the level's (the alarm's own device type and index name the part; check it in the iBMC's alarm list)",
+        "by level",
+        source="decoded from the code: top byte as the iBMC device-type table (an observation, reference noded.md §1)",
+    )
+
+
+def decoded(code: str, table_levels: list[TableLevel]) -> Meaning | None:
+    """What ``code``'s structure says when no meaning is shipped, only for a code a shipped table
+    lists (``table_levels``, :func:`levels`): a 9-digit public code (:func:`public_code_structure`)
+    or a code of noded's iBMC table (:func:`bmc_code_structure`); else None."""
+    if not table_levels:
+        return None
+    if any(t.table == "NodeDConfiguration.json" for t in table_levels):
+        return bmc_code_structure(code)
+    return public_code_structure(code)

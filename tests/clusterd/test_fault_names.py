@@ -42,3 +42,35 @@ async def test_faults_api_and_cli_carry_the_name(cd, capsys):
     assert ["node-1", "NPU", "2", "80E18008", "HBM error on the chip", "RestartNPU"] in [r[:6] for r in rows]
     assert await asyncio.to_thread(cli_main, ["faults", *http, "-o", "json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["name"] == "HBM error on the chip"
+
+
+async def test_a_long_name_is_cut_after_a_whole_word(cd, capsys):
+    """issue 31: the NAME column cut names mid-word; the table cuts after a whole word, -o wide shows
+    the whole name."""
+    full = "task hang: AI Core, memory, traffic and CPU time all idle for the detection window"
+    assert short_name("200001002") == full
+    f = Fault(
+        source="public",
+        node="node-1",
+        device_type="NPU",
+        device_id=0,
+        code="200001002",
+        level="SubHealthFault",
+    )
+    await cd.center.upsert(f, origin="public")
+    http = ["--http", f"127.0.0.1:{cd.http.port}"]
+    assert await asyncio.to_thread(cli_main, ["faults", *http]) == 0
+    [row] = [re.split(r"\s{2,}", ln) for ln in capsys.readouterr().out.splitlines()[1:]]
+    assert row[4] == "task hang: AI Core, memory…", row
+    assert {w.strip(",:") for w in row[4].rstrip("…").split()} <= {w.strip(",:") for w in full.split()}
+    assert await asyncio.to_thread(cli_main, ["faults", *http, "-o", "wide"]) == 0
+    [row] = [re.split(r"\s{2,}", ln) for ln in capsys.readouterr().out.splitlines()[1:]]
+    assert row[4] == full
+
+
+def test_short_cuts_words_whole():
+    from fmtools.cli.faults import short
+
+    assert short("uncorrectable (multi-bit ECC) on-chip memory error") == "uncorrectable (multi-bit ECC)…"
+    assert short("x" * 40) == "x" * 31 + "…"
+    assert short("HBM error on the chip") == "HBM error on the chip"

@@ -120,7 +120,16 @@ async def test_separation_survives_restart_and_cli_release(tmp_path):
     cd2 = await make_clusterd(tmp_path, *args)
     try:
         assert list(cd2.separation.separated) == [("node-7", 5)]
-        assert cd2.center.faults_of_origin(SOURCE)[0].device_id == 5
+        [sep] = cd2.center.faults_of_origin(SOURCE)
+        assert sep.device_id == 5
+        # the rule and its occurrences are kept across the restart (no update row either)
+        assert (
+            sep.attributes["upgrade_rule"]
+            == "manual separation policy: 80E18008 2 times in 1 h -> ManuallySeparateNPU"
+        )
+        assert len(sep.attributes["upgrade_occurrences_ms"].split(",")) == 2
+        events = await cd2.store.query_events("node-7", CODE)
+        assert [e["kind"] for e in events] == ["occur"]
         http = ["--http", f"127.0.0.1:{cd2.http.port}", "--token-file", str(tmp_path / "token")]
         rc = await asyncio.to_thread(cli_main, ["release", "npu", "node-7/5", *http])
         assert rc == 0
@@ -278,3 +287,44 @@ async def test_the_history_says_who_released_and_why(tmp_path, capsys, caplog):
                 assert r.status == 400 and "reason" in json.loads(await r.text())["error"]
     finally:
         await cd.stop()
+
+
+async def test_history_names_the_policy_rule_and_who_released_a_deviced_chip(
+    env, tmp_path, capsys, monkeypatch
+):
+    """issue 31: the occur row of a policy separation names the rule and its occurrences; releasing a
+    chip deviced separated (its own frequency rule) records who, from where and why in a history row
+    of its own (deviced's recover carries no note). The connected deviced is a stand-in that records
+    the release it is sent."""
+    cd, clock, _, _ = env
+    await separate_by_policy(cd, clock, "node-2", 4)
+    await cd.center.drain_sinks(5.0)
+    http = ["--http", f"127.0.0.1:{cd.http.port}", "--token-file", str(tmp_path / "token")]
+    rc = await asyncio.to_thread(cli_main, ["history", "--node", "node-2", "--code", CODE, *http])
+    out = capsys.readouterr().out
+    assert (
+        rc == 0
+        and "manual separation policy: 80E18008 2 times in 1 h -> ManuallySeparateNPU (2 occurrences)" in out
+    )
+
+    sent = []
+
+    async def deviced_stand_in(node, agent, **msg):
+        sent.append((node, agent, msg["release"].phy_id))
+        return True
+
+    monkeypatch.setattr(cd.agents, "send", deviced_stand_in)
+    held = Fault(source="dcmi", node="node-3", device_type="NPU", device_id=2, code=CODE, level=CODE)
+    await cd.center.upsert(held, origin="deviced")
+    rc = await asyncio.to_thread(
+        cli_main, ["release", "npu", "node-3/2", "--by", "alice", "--reason", "chip reseated", *http]
+    )
+    assert rc == 0 and sent == [("node-3", "deviced", 2)]
+    [row] = [e for e in await cd.store.query_events("node-3") if e["kind"] == "release"]
+    a = row["attributes"]
+    assert (row["device_id"], a["released_by"], a["release_reason"], a["release_auth"], a["release_addr"]) == (
+        2, "alice", "chip reseated", "token", "127.0.0.1"
+    )  # fmt: skip
+    capsys.readouterr()
+    rc = await asyncio.to_thread(cli_main, ["history", "--node", "node-3", *http])
+    assert rc == 0 and "released by alice: chip reseated" in capsys.readouterr().out

@@ -153,10 +153,55 @@ async def test_pages_in_chromium(tmp_path):
             assert await page.evaluate(_bg("[data-node=node-2] [data-cell=node]")) == SUB  # its own level
             assert await page.evaluate(_bg('[data-node=node-3] [data-npu="5"]')) == SUB
             await _shot(page, tmp_path, "grid-with-fault")
+            ack = {"node": "node-2", "code": "80E18008", "for_s": 3600, "by": "ops", "reason": "swap booked"}
+            await _post(cd, "/v1/acks", ack)
+            # a cell's faults on hover (title) and on keyboard focus (its label drawn below it)
+            await page.goto(base + "/?again")
+            await page.wait_for("location.search === '?again' && !!document.getElementById('grid')")
+            cell = '[data-node=node-2] [data-npu="3"]'
+            title = await page.evaluate(f"document.querySelector({json.dumps(cell)}).title")
+            assert title.startswith("80E18008 ") and ": RestartNPU (" in title, title
+            assert "acknowledged by ops" in title, title
+            outline = f"getComputedStyle(document.querySelector({json.dumps(cell)})).outlineStyle"
+            assert await page.evaluate(outline) == "dashed"  # every fault of the cell acknowledged
+            assert await page.evaluate(outline.replace('"3"', '"5"').replace("node-2", "node-3")) != "dashed"
+            assert "110001010" in await page.evaluate(
+                "document.querySelector('[data-node=node-2] [data-cell=node]').title"
+            )
+            await page.send("Emulation.setFocusEmulationEnabled", enabled=True)  # headless: no window focus
+            await page.evaluate(f"document.querySelector({json.dumps(cell)}).focus()")
+            shown = await page.evaluate(
+                f"getComputedStyle(document.querySelector({json.dumps(cell)}), '::after').content"
+            )
+            assert "80E18008" in shown and "RestartNPU" in shown, shown
+            await _shot(page, tmp_path, "grid-cell-focused")
             await page.goto(base + "/ui/node/node-2")
+            await page.wait_for(
+                "location.pathname === '/ui/node/node-2' && !!document.getElementById('node-jobs')"
+            )
             text = await page.evaluate("document.getElementById('faults').innerText")
             assert "80E18008" in text and "RestartNPU" in text and "no description shipped" not in text
-            assert "occur" in await page.evaluate("document.getElementById('history').innerText")
+            row = await page.evaluate(
+                "[...document.querySelectorAll('#faults tr.acked')].map(r => r.innerText)"
+            )
+            assert (
+                len(row) == 1 and "80E18008" in row[0] and "ops until" in row[0] and "swap booked" in row[0]
+            ), row
+            history = await page.evaluate("document.getElementById('history').innerText")
+            assert "occur" in history and "acknowledged by ops until" in history
+            # the jobs its faults touch: ranks 4-7 on node-2 (device = rank % 4), every one reached by
+            # the node-level 110001010, rank 7 (NPU 3) by 80E18008 too; each job linked to its page
+            jobs = await page.evaluate("document.getElementById('node-jobs').innerText")
+            assert "bert" in jobs and "gpt" in jobs, jobs
+            assert "rank 7 (NPU 3): 110001010, 80E18008" in jobs and "rank 4 (NPU 0): 110001010" in jobs, jobs
+            links = await page.evaluate("[...document.querySelectorAll('#node-jobs a')].map(a => a.pathname)")
+            assert sorted(links) == ["/ui/job/job-np", "/ui/job/job-web"]
+            # rendered from one fetch
+            fetched = await page.evaluate(
+                "[...new Set(performance.getEntriesByType('resource').filter(e => e.initiatorType === 'fetch')"
+                ".map(e => new URL(e.name).pathname))]"
+            )
+            assert fetched == ["/v1/nodes/node-2/view"], fetched
             await _shot(page, tmp_path, "node")
             # the jobs list, reached from the cluster page
             await page.goto(base + "/")

@@ -115,7 +115,23 @@ def test_public_code_without_meaning_is_decoded_not_invented(capsys):
     assert "default level SeparateNPU" in out and "9-digit public fault code convention" in out
     assert faultinfo.short_name("020001001") == "chip public fault no. 1001"
     assert faultinfo.public_code_structure("110001022").module.startswith("public fault: node")
-    assert faultinfo.public_code_structure("0800004B") is None  # a node code: no structure known
+    assert faultinfo.public_code_structure("0800004B") is None  # a node code: decoded otherwise (below)
     assert main(["explain", "020001009"]) == 1  # well-formed, in no table: not made known by decoding
     capsys.readouterr()
     assert faultinfo.short_name("020001009") == ""
+
+
+def test_ibmc_code_without_meaning_is_decoded_by_its_top_byte(capsys):
+    """issue 31: 0800004B, which the demo raises, had no description. Neither the reference nor its
+    documents give one; its top byte read as the iBMC component type (as the reference's configured
+    codes' top bytes follow the iBMC device-type table, an observation) names it, and the text says
+    it is decoded, not a meaning. A code no table lists, or whose top byte is not a component, stays
+    without one."""
+    assert main(["explain", "0800004B"]) == 0
+    out = capsys.readouterr().out
+    assert "name:      iBMC alarm 0x004B, top byte 0x08 (PCIe Card)" in out
+    assert "the reference gives no meaning" in out and "an observation" in out
+    assert faultinfo.short_name("0800004B") == "iBMC alarm 0x004B, top byte 0x08 (PCIe Card)"
+    assert faultinfo.short_name("2C000031") == "iBMC alarm 0x0031, top byte 0x2C (System)"
+    assert faultinfo.short_name("6200000C") == ""  # listed, but 0x62 names no component
+    assert faultinfo.short_name("08001234") == ""  # well-formed, in no table

@@ -18,6 +18,7 @@ from clusterd.breaker import IsolationBreaker
 from faultmesh.kube import KubeError
 from faultmesh.model import Fault
 from fmtools.cli import main as cli_main
+from fmtools.cli.history import why
 
 pytest.importorskip("kmock", reason="kmock not installed (pip install '.[dev]')")
 
@@ -69,6 +70,10 @@ async def test_a_bad_push_holds_at_the_share_and_a_release_lets_the_rest_through
         )
         assert rc == 0
         assert cd.breaker.held == {} and not cd.breaker.open
+        for node in set(NODES) - first:  # who and why in each released node's history (issue 31)
+            [row] = [e for e in await cd.store.query_events(node) if e["kind"] == "release"]
+            assert row["code"] == "IsolationBreaker" and "released by" in why(row)
+            assert row["attributes"]["release_reason"] == "checked the faults"
 
         async def all_four():
             got = await unhealthy_nodes(api)

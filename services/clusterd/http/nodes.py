@@ -1,7 +1,8 @@
 """ClusterD's read API over HTTP (issue 2): ``GET /v1/faults``, ``GET /v1/nodes``, ``GET /v1/nodes/<name>``.
 
 ``/v1/faults`` takes optional ``node``, ``level`` and ``source`` query filters and returns a JSON list of
-fault objects (see :func:`clusterd.center.fault_dict`). ``/v1/nodes`` lists every node known from
+fault objects (see :func:`clusterd.center.fault_dict`; ``ack``: the operator's acknowledgement that
+covers it, :mod:`clusterd.acks`, or null). ``/v1/nodes`` lists every node known from
 faults or agents with its health (Healthy / SubHealthy / UnHealthy, clusterd.md §2.4, from
 :meth:`clusterd.nodes.NodeRegistry.health`), worst level, fault count, connected agents,
 conditions and ``pending_sources`` (``agent/source`` not polled yet since that agent started: its
@@ -16,12 +17,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from clusterd.acks import AckOf, no_ack
 from clusterd.center import FaultCenter, fault_dict
 from clusterd.ingest.agents import AgentHub
 from clusterd.nodes import NodeRegistry
 from clusterd.pieces import ChangeReader, SortedPieces
 from faultmesh.httpd import json_response
 from faultmesh.levels import KNOWN_LEVELS
+from faultmesh.model import Fault
 
 _OPTS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS  # as json_response writes
 
@@ -33,8 +36,13 @@ def _dumps(obj: Any) -> bytes:
 class NodeApi:
     """The fault and node routes over the fault center, node registry and agent hub."""
 
-    def __init__(self, center: FaultCenter, nodes: NodeRegistry, agents: AgentHub) -> None:
+    def __init__(
+        self, center: FaultCenter, nodes: NodeRegistry, agents: AgentHub, ack_of: AckOf = no_ack
+    ) -> None:
+        """``ack_of``: the acknowledgement in force that covers a fault, or None
+        (:meth:`clusterd.acks.AckBook.ack_of`); listed as the fault's ``ack``."""
         self.center = center
+        self.ack_of = ack_of
         self.nodes = nodes
         self.agents = agents
         self._changed: ChangeReader | None = None  # from the first list_body() on
@@ -89,7 +97,13 @@ class NodeApi:
             items = [f for f in items if f.level == q["level"]]
         if "source" in q:
             items = [f for f in items if f.source == q["source"] or f.source.startswith(q["source"] + ":")]
-        return json_response([fault_dict(f) for f in items])
+        return json_response([self.fault_json(f) for f in items])
+
+    def fault_json(self, f: Fault) -> dict[str, Any]:
+        """:func:`clusterd.center.fault_dict` plus ``ack``: the acknowledgement that covers it, or null."""
+        d = fault_dict(f)
+        d["ack"] = self.ack_of(f)
+        return d
 
     def _render(self, name: str) -> None:
         """Put ``name``'s summary JSON in the list, or drop it when no longer known."""
@@ -118,14 +132,22 @@ class NodeApi:
     async def list_nodes(self, request: web.Request) -> web.Response:
         return web.Response(body=self.list_body(), content_type="application/json")
 
-    async def node(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
+    def node_body(self, name: str) -> dict[str, Any] | None:
+        """The ``/v1/nodes/<name>`` object (:meth:`summary` plus ``fault_list`` and ``devices``), or
+        None when clusterd does not know ``name``."""
         if name not in self.nodes and name not in self.center.node_names():
-            return json_response({"error": f"node {name} not known"}, status=404)
+            return None
         body = self.summary(name)
-        body["fault_list"] = [fault_dict(f) for f in self.center.faults(name)]
+        body["fault_list"] = [self.fault_json(f) for f in self.center.faults(name)]
         st = self.nodes.get(name)
         body["devices"] = list(st.devices.values()) if st else []
+        return body
+
+    async def node(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        body = self.node_body(name)
+        if body is None:
+            return json_response({"error": f"node {name} not known"}, status=404)
         return json_response(body)
 
 

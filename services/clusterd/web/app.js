@@ -29,6 +29,11 @@ function table(headers, rows, attrs) {
 // why a change happened (as `faultmesh history`'s WHY): who released it and why, or the rule that raised it
 function why(e) {
   const a = e.attributes || {};
+  if (a.acked_by) {
+    if (e.kind === "ack") return `acknowledged by ${a.acked_by} until ${ts(Number(a.ack_until_ms))}: ${a.ack_reason || ""}`;
+    if (a.ack_ended === "removed") return `acknowledgement removed by ${a.ended_by || "operator"}` + (a.ended_reason ? `: ${a.ended_reason}` : "");
+    return `acknowledgement expired (by ${a.acked_by}: ${a.ack_reason || ""})`;
+  }
   if (a.released_by) return `released by ${a.released_by}` + (a.release_reason ? `: ${a.release_reason}` : "");
   if (a.upgrade_rule) {
     const n = (a.upgrade_occurrences_ms || "").split(",").filter(x => x).length;
@@ -37,6 +42,21 @@ function why(e) {
   return "";
 }
 
+// who acknowledged a fault, until when and why ("" when nobody did)
+function ackText(a) { return a ? `${a.by} until ${ts(a.until_ms)}: ${a.reason}` : ""; }
+// a grid cell's hover / focus text: each fault's code, name, level and what that level does
+function cellText(codes, fallback) {
+  if (!codes || !codes.length) return fallback;
+  return codes.map(c => `${c.code}${c.name ? " " + c.name : ""}: ${c.level}` + (c.handling ? ` (${c.handling})` : "") +
+    (c.acked ? `, acknowledged by ${c.acked}` : "")).join("\n");
+}
+// the attributes of a cell that has faults: focusable, its text as title and accessible label
+function cellAttrs(codes, fallback) {
+  const text = cellText(codes, fallback);
+  return codes && codes.length ? { title: text, "aria-label": text, tabindex: "0" } : { title: text };
+}
+// " acked" when every fault of a cell is acknowledged (drawn with a dashed frame)
+function ackedClass(codes) { return codes && codes.length && codes.every(c => c.acked) ? " acked" : ""; }
 function device(f) { return f.device_id < 0 ? f.device_type : `${f.device_type}-${f.device_id}`; }
 function show(...nodes) { const m = document.getElementById("main"); m.replaceChildren(...nodes); }
 
@@ -72,18 +92,19 @@ async function gridPage() {
   const rows = g.nodes.map(n => h("tr", { "data-node": n.name, "data-health": n.health },
     h("td", { class: "name" }, h("a", { href: `/ui/node/${encodeURIComponent(n.name)}` }, n.name)),
     h("td", {}, pill(n.health)),
-    h("td", { class: `cell ${n.node_faults ? "h-" + n.node_level_health : "lv-none"}`, "data-cell": "node", "data-level": n.node_level || "",
-      title: n.node_level || "no node fault" }, n.node_faults || ""),
+    h("td", { class: `cell ${n.node_faults ? "h-" + n.node_level_health : "lv-none"}${ackedClass(n.node_codes)}`, "data-cell": "node", "data-level": n.node_level || "",
+      ...cellAttrs(n.node_codes, "no node fault") }, n.node_faults || ""),
     g.npus.map(i => {
       const c = n.npus[String(i)];
       if (!c) return h("td", { class: "cell lv-none", title: "not reported" }, "");
       const cls = c.faults || c.health !== "Healthy" ? `h-${c.health}` : "h-Healthy";
-      return h("td", { class: `cell ${cls}`, "data-npu": i, "data-level": c.level, title: c.level || c.health }, c.faults || "");
+      return h("td", { class: `cell ${cls}${ackedClass(c.codes)}`, "data-npu": i, "data-level": c.level, ...cellAttrs(c.codes, c.level || c.health) }, c.faults || "");
     }),
     h("td", {}, n.agents.join(", "))));
   const legend = h("p", { class: "legend muted" },
     Object.entries(HEALTH_COLOR).map(([k, c]) => h("span", {}, h("i", { style: `background:${c}` }), k)),
-    h("span", {}, h("i", { style: "background:var(--none)" }), "not reported"), " cell number: active faults");
+    h("span", {}, h("i", { style: "background:var(--none)" }), "not reported"),
+    h("span", {}, h("i", { class: "acked-key" }), "acknowledged"), " cell number: active faults");
   show(h("h1", {}, "Cluster"), cards,
     h("p", {}, h("a", { href: "/ui/jobs", id: "jobs-link" }, "jobs"), ": which job runs where, its health and recovery"),
     g.nodes.length ? h("table", { class: "grid", id: "grid" }, head, rows) : h("p", { class: "muted" }, "no node known yet"), legend);
@@ -92,13 +113,12 @@ async function gridPage() {
 // -- one node ----------------------------------------------------------------------------------------
 async function nodePage(name) {
   document.title = `faultmesh: ${name}`;
-  const n = await getJSON(`/v1/nodes/${encodeURIComponent(name)}`);
-  const codes = [...new Set(n.fault_list.map(f => f.code))];
-  const info = {};
-  await Promise.all(codes.map(async c => { try { info[c] = await getJSON(`/v1/faultinfo/${encodeURIComponent(c)}`); } catch (e) { info[c] = null; } }));
-  const meaning = c => (info[c] && info[c].meaning) ? `${info[c].meaning.name}: ${info[c].meaning.impact}` : "no description shipped";
-  const events = await getJSON(`/v1/events?node=${encodeURIComponent(name)}&limit=200`);
-  const kindColor = { occur: "var(--unhealthy)", update: "var(--sub)", recover: "var(--healthy)" };
+  const v = await getJSON(`/v1/nodes/${encodeURIComponent(name)}/view`);  // one fetch: node, meanings, history, jobs
+  const n = v.node, events = v.events;
+  const meaning = c => v.meanings[c] ? `${v.meanings[c].name}: ${v.meanings[c].impact}` : "no description shipped";
+  const kindColor = { occur: "var(--unhealthy)", update: "var(--sub)", recover: "var(--healthy)", ack: "var(--info)", unack: "var(--info)", release: "var(--healthy)" };
+  const jobRows = v.jobs.map(j => [h("a", { href: `/ui/job/${encodeURIComponent(j.id)}` }, j.name), j.namespace, j.ranks.join(", "),
+    j.touched.length ? j.touched.map(t => `rank ${t.rank} (NPU ${t.device_id}): ${t.codes.join(", ")}`).join("; ") : "not touched by a fault"]);
   show(
     h("h1", {}, `Node ${name} `, pill(n.health)),
     h("div", { class: "cards" },
@@ -107,9 +127,12 @@ async function nodePage(name) {
       h("div", { class: "card" }, h("b", {}, n.agents.length), `agents: ${n.agents.join(", ") || "none connected"}`),
       h("div", { class: "card" }, h("b", {}, n.node_ip || "-"), "node IP")),
     h("h2", {}, "Active faults"),
-    n.fault_list.length ? table(["device", "code", "level", "source", "meaning", "since"],
-      n.fault_list.map(f => [device(f), f.code, f.level, f.source, meaning(f.code), ts(f.first_seen_ms)]), { id: "faults" })
+    n.fault_list.length ? table(["device", "code", "level", "source", "meaning", "what the level does", "acknowledged", "since"],
+      n.fault_list.map(f => [device(f), f.code, f.level, f.source, meaning(f.code), v.handling[f.level] || "", ackText(f.ack), ts(f.first_seen_ms)]), { id: "faults" })
       : h("p", { class: "muted" }, "no active fault"),
+    h("h2", {}, "Jobs on this node"),
+    jobRows.length ? table(["job", "namespace", "ranks here", "touched by"], jobRows, { id: "node-jobs" })
+      : h("p", { class: "muted", id: "node-jobs-none" }, "no job has a rank on this node"),
     h("h2", {}, "Conditions"),
     n.conditions.length ? table(["type", "reason", "message"], n.conditions.map(c => [c.type, c.reason || "", c.message || ""]))
       : h("p", { class: "muted" }, "none (BMC and other sources report here when they fail)"),
@@ -121,6 +144,9 @@ async function nodePage(name) {
       table(["time", "change", "device", "code", "level", "source", "why"],
         events.slice().reverse().map(e => [ts(e.ts_ms), e.kind, device(e), e.code, e.level, e.source, why(e)]), { id: "history" }))
       : h("p", { class: "muted" }, "nothing happened on this node (within the kept history)"));
+  // an acknowledged fault's row is marked (the table keeps the fault list's order)
+  const rows = document.querySelectorAll("#faults tr");
+  n.fault_list.forEach((f, i) => { if (f.ack && rows[i + 1]) rows[i + 1].classList.add("acked"); });
 }
 
 // -- jobs ----------------------------------------------------------------------------------------------

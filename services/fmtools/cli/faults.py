@@ -8,6 +8,7 @@ import urllib.parse
 
 from faultmesh.levels import KNOWN_LEVELS
 from fmtools.cli.common import add_server_flags, emit, http_json, run
+from fmtools.cli.release import ack_text
 from fmtools.cli.suggest import get_node, level_arg
 
 
@@ -18,9 +19,17 @@ def _ts(ms: int) -> str:
 NAME_WIDTH = 32
 
 
-def _short(name: str) -> str:
-    """A fault name cut to :data:`NAME_WIDTH` characters for the table (JSON keeps it whole)."""
-    return name if len(name) <= NAME_WIDTH else name[: NAME_WIDTH - 1] + "…"
+def short(name: str, width: int = NAME_WIDTH) -> str:
+    """A fault name in at most ``width`` characters for the table, cut after a whole word and marked
+    ``…`` (issue 31: names were cut mid-word); a first word longer than half the width is cut
+    within it. ``-o wide``, JSON and YAML keep the name whole."""
+    if len(name) <= width:
+        return name
+    cut = name[: width - 1]
+    space = cut.rfind(" ") if name[width - 1] != " " else width - 1
+    if space >= width // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:(-") + "…"
 
 
 @run
@@ -36,11 +45,12 @@ def cmd_faults(args: argparse.Namespace) -> int:
             f["device_type"],
             f["device_id"],
             f["code"],
-            _short(f.get("name", "")),
+            f.get("name", "") if args.output == "wide" else short(f.get("name", "")),
             f["level"],
             f["source"],
             _ts(f["first_seen_ms"]),
             _ts(f["last_seen_ms"]),
+            ack_text(f["ack"]) if f.get("ack") else "",
             f["assertion"],
             ",".join(f"{k}={v}" for k, v in sorted(f["attributes"].items())),
         )
@@ -56,6 +66,7 @@ def cmd_faults(args: argparse.Namespace) -> int:
         "SOURCE",
         "FIRST SEEN",
         "LAST SEEN",
+        "ACKNOWLEDGED",
         "ASSERTION",
         "ATTRIBUTES",
     )

@@ -24,6 +24,8 @@ def why(e: dict) -> str:
     with how many occurrences it counted) or who released a separation and why (``released_by``,
     ``release_reason``); "" for a plain change."""
     a = e.get("attributes") or {}
+    if a.get("acked_by"):
+        return _ack_why(e["kind"], a)
     if a.get("released_by"):
         reason = a.get("release_reason", "")
         return f"released by {a['released_by']}" + (f": {reason}" if reason else "")
@@ -31,6 +33,17 @@ def why(e: dict) -> str:
         n = len([t for t in a.get("upgrade_occurrences_ms", "").split(",") if t])
         return a["upgrade_rule"] + (f" ({n} occurrences)" if n else "")
     return ""
+
+
+def _ack_why(kind: str, a: dict) -> str:
+    """An acknowledgement's row (:mod:`clusterd.acks`): who, until when, why; or how it ended."""
+    if kind == "ack":
+        until = _ts(int(a.get("ack_until_ms") or 0))
+        return f"acknowledged by {a['acked_by']} until {until}: {a.get('ack_reason', '')}"
+    if a.get("ack_ended") == "removed":
+        by, reason = a.get("ended_by", "operator"), a.get("ended_reason", "")
+        return f"acknowledgement removed by {by}" + (f": {reason}" if reason else "")
+    return f"acknowledgement expired (by {a['acked_by']}: {a.get('ack_reason', '')})"
 
 
 @run

@@ -3,14 +3,24 @@ manually separated NPU, or every separated NPU of a node plus its stress-test is
 clusterd's authenticated HTTP API (``POST /v1/release/npu`` / ``/v1/release/node``; the bearer token
 from ``--token-file`` or ``FAULTMESH_TOKEN``). ``faultmesh release list`` shows the separated NPUs; ``faultmesh release breaker`` releases the
 isolation circuit breaker (:mod:`clusterd.breaker`).
-See :mod:`clusterd.separation`."""
+See :mod:`clusterd.separation`.
+
+``faultmesh ack NODE CODE --reason WHY --for 2h [--device NPU-3]`` acknowledges a node's active
+fault (every device with that code, or one), ``faultmesh unack NODE CODE`` ends it
+(:mod:`clusterd.acks`: ``POST /v1/acks``, ``/v1/acks/remove``); both are operator actions with who
+and why, so they live beside the releases."""
 
 from __future__ import annotations
 
 import argparse
 import getpass
+import time
 
-from fmtools.cli.common import UsageError, add_server_flags, emit, http_json, run
+from faultmesh.config import parse_duration_s
+from fmtools.cli.common import NotFound, UsageError, add_server_flags, emit, http_json, run
+from fmtools.cli.suggest import get_node
+
+MAX_ACK_S = 7 * 86400  # clusterd.acks.MAX_FOR_S (the server checks it too)
 
 
 def _npu(text: str) -> tuple[str, int]:
@@ -81,6 +91,90 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def for_arg(text: str) -> float:
+    """argparse type of ``--for``: a duration (2h, 30m, 1d) more than 0 and at most 7 days, in s."""
+    try:
+        v = parse_duration_s(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not 0 < v <= MAX_ACK_S:
+        raise argparse.ArgumentTypeError(f"{text!r}: an acknowledgement lasts more than 0 s and at most 7d")
+    return v
+
+
+def _ack_body(args: argparse.Namespace) -> dict:
+    """NODE CODE [--device], or --fault-id (exit 2 unless exactly one of them is given)."""
+    if args.fault_id:
+        if args.node or args.code or args.device:
+            raise UsageError("give NODE CODE [--device] or --fault-id, not both")
+        return {"fault_id": args.fault_id, **_who(args)}
+    if not (args.node and args.code):
+        raise UsageError("NODE and CODE are required (or --fault-id ID of a public fault)")
+    return {"node": args.node, "code": args.code, "device": args.device or "", **_who(args)}
+
+
+def _ack_call(args: argparse.Namespace, path: str, body: dict) -> dict:
+    """POST ``body``; a 404 for a node clusterd has never seen says so with the closest names."""
+    try:
+        return http_json(args, "POST", path, body)
+    except NotFound:
+        if args.node:
+            get_node(args, args.node)  # raises "clusterd does not know node ... (did you mean ...?)"
+        raise
+
+
+def ack_text(a: dict) -> str:
+    """``alice until 2026-12-06 10:42:00: reason`` for a table cell."""
+    until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a["until_ms"] / 1000))
+    return f"{a['by']} until {until}" + (f": {a['reason']}" if a.get("reason") else "")
+
+
+@run
+def cmd_ack(args: argparse.Namespace) -> int:
+    """Acknowledge a node's active fault for ``--for`` with ``--reason`` (POST /v1/acks)."""
+    data = _ack_call(args, "/v1/acks", {**_ack_body(args), "for_s": args.for_s})
+    rows = [
+        (a["node"], a["device"] or "*", a["code"], ack_text(a)) for a in data.get("acks") or [data["ack"]]
+    ]
+    emit(args, data, rows, ("NODE", "DEVICE", "CODE", "ACKNOWLEDGED"))
+    return 0
+
+
+@run
+def cmd_unack(args: argparse.Namespace) -> int:
+    """End an acknowledgement before its time (POST /v1/acks/remove)."""
+    data = _ack_call(args, "/v1/acks/remove", _ack_body(args))
+    rows = [(a["node"], a["device"] or "*", a["code"], "acknowledgement removed")
+            for a in data.get("all_removed") or [data["removed"]]]  # fmt: skip
+    emit(args, data, rows, ("NODE", "DEVICE", "CODE", "RESULT"))
+    return 0
+
+
+def _register_ack(sub: argparse._SubParsersAction) -> None:
+    for name, fn, help_ in (
+        ("ack", cmd_ack, "acknowledge an active fault: alerts may leave it out until --for ends"),
+        ("unack", cmd_unack, "end an acknowledgement before its time"),
+    ):
+        q = sub.add_parser(name, help=help_, description=help_ + " (the fault keeps its level and recovery)")
+        add_server_flags(q)
+        q.add_argument("node", metavar="NODE", nargs="?")
+        q.add_argument(
+            "code", metavar="CODE", nargs="?", help="the fault code (faultmesh faults --node NODE)"
+        )
+        q.add_argument("--device", help="only this device (NPU-3, Node; default: every device with CODE)")
+        q.add_argument("--fault-id", help="instead of NODE CODE: every active fault of this public fault id")
+        q.add_argument("--by", help="who (default: your login name; kept in the history)")
+        if name == "ack":
+            q.add_argument(
+                "--reason", required=True, help="why (required; shown with the fault and in the history)"
+            )
+            q.add_argument("--for", dest="for_s", type=for_arg, required=True, metavar="DURATION",
+                           help="how long: 30m, 2h, 1d (at most 7d); it ends by itself then")  # fmt: skip
+        else:
+            q.add_argument("--reason", help="why (kept in the history)")
+        q.set_defaults(func=fn)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("release", help="release a manually separated NPU or an isolated node")
     rs = p.add_subparsers(dest="what", metavar="WHAT")
@@ -102,3 +196,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = rs.add_parser("list", help="list the manually separated NPUs")
     add_server_flags(q)
     q.set_defaults(func=cmd_list)
+    _register_ack(sub)
