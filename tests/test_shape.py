@@ -40,7 +40,6 @@ KNOWN_LONG = {  # file -> lines (data tables are exempt: DATA_TABLES)
     "deviced/engine.py": 533,
     "faultmesh/kube.py": 509,
     "faultmesh/trainsim.py": 621,
-    "clusterd/slownode.py": 541,  # +1: a stop a noded missed while away is sent on its return
     "clusterd/brain/ctlbase.py": 524,
     "noded/pingmesh/component.py": 533,  # +1: SimHccsping from its own module (the fabric cycle)
     "fdol/slownode/cluster.py": 558,

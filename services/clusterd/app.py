@@ -70,7 +70,7 @@ from clusterd.nodehealth import NodeHealthCollector
 from clusterd.nodes import NodeRegistry
 from clusterd.separation import ManualSeparation
 from clusterd.slownet.component import SlowNetComponent
-from clusterd.slownode import SlowNodeComponent
+from clusterd.slownode.component import SlowNodeComponent
 from clusterd.store import Store
 from faultmesh import config, runtime
 from faultmesh import log as fmlog

@@ -7,7 +7,7 @@ and ``fault-job-info`` (issue 15; reference fdol.md §3, §7; clusterd.md §3, �
   deleted -> it stops. The job's placement comes from the job registry (pods / PodGroups, or
   ``POST /v1/jobs``); a FeatConf for a job not known yet waits (``pending``) and starts when the
   job appears, as the reference waits for the job summary. Detection is
-  :class:`clusterd.slownode.SlowNodeComponent`'s (source ``kube``); after the first list a ``kube``
+  :class:`clusterd.slownode.component.SlowNodeComponent`'s (source ``kube``); after the first list a ``kube``
   job whose ConfigMap is gone is stopped.
 - ``data-trace-<job>`` (label ``reset=true``, the job's namespace; key ``profilingSwitch`` = JSON
   ``{"CommunicationOperator", "Step", "SaveCheckpoint", "FP", "DataLoader"}``): each new version
@@ -49,7 +49,7 @@ import orjson
 
 from clusterd.brain.datatrace import DataTraceError
 from clusterd.kube.metrics import KubeMetrics
-from clusterd.slownode_jobs import EnableError, unwrap_configmap
+from clusterd.slownode.jobs import EnableError, unwrap_configmap
 from faultmesh.kube import KubeApi, KubeError
 from faultmesh.kubecm import config_map_values
 from faultmesh.log import event
