@@ -21,7 +21,6 @@ KNOWN_CYCLES: set[frozenset[str]] = set()
 KNOWN_STITCHED = {
     "clusterd.brain.controller.Controller",
     "clusterd.brain.flows.RecoveryFlows",
-    "noded.pingmesh.component.Pingmesh",
 }
 KNOWN_REACHES = {  # file under services/ -> reaches through a held brain/app
     "clusterd/brain/flows.py": 25,
@@ -41,7 +40,6 @@ KNOWN_LONG = {  # file -> lines (data tables are exempt: DATA_TABLES)
     "faultmesh/kube.py": 509,
     "faultmesh/trainsim.py": 621,
     "clusterd/brain/ctlbase.py": 524,
-    "noded/pingmesh/component.py": 533,  # +1: SimHccsping from its own module (the fabric cycle)
     "fdol/slownode/cluster.py": 558,
 }
 DATA_TABLES = {"deviced/tables.py", "clusterd/kube/formats.py"}  # mostly literal tables
