@@ -18,7 +18,7 @@ Job control:
 
 Detection: node results arrive through ``agents.on_slownode_report``; every
 ``nSecondsDoOneDetection`` the job's :class:`~fdol.slownode.cluster.ClusterDetector` merges those that
-changed and :class:`~fdol.slownode.cluster.DegradationTracker` decides. Actions:
+changed and :class:`~fdol.slownode.degradation.DegradationTracker` decides. Actions:
 communication profiling on/off through the data-trace switch
 (:class:`~clusterd.slownode.datatrace.DataTraceSwitch`) (initial phase on; first slow round on;
 off after confirmation or when rounds are clean), after ``nConsecSlowRoundsToConfirm`` (5) slow rounds
@@ -65,7 +65,8 @@ from faultmesh.jobspec import INT32_MAX
 from faultmesh.log import event
 from faultmesh.model import now_ms
 from faultmesh.runtime import wait_for
-from fdol.slownode.cluster import ClusterDetector, DegradationTracker
+from fdol.slownode.cluster import ClusterDetector
+from fdol.slownode.degradation import DegradationTracker
 from fdol.slownode.featconf import FeatConf, FeatConfError, parse_featconf
 from fdol.slownode.switch import ALL_OFF, HEAVY, LIGHT
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import orjson
 
-from fdol.slownode.cluster import ClusterDetector, DegradationTracker
+from fdol.slownode.cluster import ClusterDetector
+from fdol.slownode.degradation import DegradationTracker
 from fdol.slownode.featconf import FeatConf
 
 MAX_ROUNDS_KEPT = 100
