@@ -23,7 +23,7 @@ One part per concern, wired here:
 - **control ConfigMaps** (``ras-feature-slownode-*``, ``data-trace-<job>``) and ``fault-job-info``:
   :mod:`.control`.
 
-Watches re-list on 410 Gone and after errors, so no change is lost (:class:`faultmesh.kube.ListWatcher`).
+Watches re-list on 410 Gone and after errors, so no change is lost (:class:`faultmesh.kubewatch.ListWatcher`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ from clusterd.kube.podgroups import PodGroups
 from clusterd.kube.podjobs import PodJobs
 from clusterd.kube.publisher import ClusterInfoPublisher
 from clusterd.kube.signals import NodeSignals
-from faultmesh.kube import KubeApi, ListWatcher, make_api_client
+from faultmesh.kube import KubeApi, make_api_client
+from faultmesh.kubewatch import ListWatcher
 from faultmesh.lease import LeaseElector
 from faultmesh.log import event
 from faultmesh.runtime import wait_for
