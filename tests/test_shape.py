@@ -22,7 +22,6 @@ KNOWN_CYCLES: set[frozenset[str]] = set()
 KNOWN_STITCHED = {
     "clusterd.brain.controller.Controller",
     "clusterd.brain.flows.RecoveryFlows",
-    "noded.pingmesh.component.Pingmesh",
 }
 KNOWN_REACHES = {  # file under services/ -> reaches through a held brain/app
     "clusterd/brain/flows.py": 25,
@@ -38,12 +37,7 @@ KNOWN_BUILT_WITH_SELF = {  # file -> constructions of a project class handed the
     "clusterd/brain/component.py": 1,  # every Controller
 }
 KNOWN_LONG = {  # file -> lines (data tables are exempt: DATA_TABLES)
-    "deviced/engine.py": 533,
-    "faultmesh/kube.py": 509,
-    "clusterd/slownode.py": 541,  # +1: a stop a noded missed while away is sent on its return
     "clusterd/brain/ctlbase.py": 524,
-    "noded/pingmesh/component.py": 533,  # +1: SimHccsping from its own module (the fabric cycle)
-    "fdol/slownode/cluster.py": 558,
 }
 TOOLS = "fmtools"  # the top floor's own package
 TOOLS_ENTRY = "faultmesh/__main__.py"  # ``python -m faultmesh``: run, never imported; loads the CLI lazily

@@ -9,7 +9,9 @@ center, node registry, agent hub, tasks, HTTP, metrics, auth, config) and the co
 plus the peers each needs, in this order: PubFault, Kubernetes mode (gets the PubFault intake,
 the brain's job registry and the manual-separation policy intake), brain, manual separation (:mod:`clusterd.separation`), slow node (gets
 the job registry and the brain's data-trace hook),
-slow net. Start order: state file -> fault center and node registry (restored) -> components ->
+slow net, the Kubernetes control ConfigMaps (:class:`~clusterd.kube.control.ControlMaps`: built with the
+Kubernetes component, the slow-node component, the brain's data trace and the slow-net topology;
+started after them, so the slow-node jobs resumed from the store are known). Start order: state file -> fault center and node registry (restored) -> components ->
 HTTP -> gRPC.
 
 Shutdown is staged, each stage with a budget from the command line, in all at most
@@ -65,14 +67,15 @@ from clusterd.http.web import WebUi
 from clusterd.ingest.agents import AgentHub
 from clusterd.kube import KubeComponent
 from clusterd.kube import ha as kha
-from clusterd.kube.control import slownet_topology
+from clusterd.kube.control import ControlMaps
+from clusterd.kube.faultjobinfo import slownet_topology
 from clusterd.kube.gate import FollowerGate
 from clusterd.kube.handoff import PodGroupPlatform
 from clusterd.nodehealth import NodeHealthCollector
 from clusterd.nodes import NodeRegistry
 from clusterd.separation import ManualSeparation
 from clusterd.slownet.component import SlowNetComponent
-from clusterd.slownode import SlowNodeComponent
+from clusterd.slownode.component import SlowNodeComponent
 from clusterd.store import Store
 from faultmesh import config, runtime
 from faultmesh import log as fmlog
@@ -281,9 +284,15 @@ class ClusterD:
             data_trace_root=self.brain.datatrace.root,
         )
         slownet = SlowNetComponent(ctx, kube)  # kube: its leader election gates slownet's ConfigMap writes
-        kube.control.attach(slownode, self.brain.datatrace, slownet_topology(slownet))  # control ConfigMaps
-        self.components = [self.pubfault, kube, self.brain, self.separation, slownode, slownet, self.acks]
-        self._kube_control = kube.control
+        control = ControlMaps(  # the control ConfigMaps and fault-job-info: started after kube and slownode
+            args, kube, jobs, ctx.store, kube.metrics, ctx.tasks.spawn,
+            slownode=slownode, data_trace=self.brain.datatrace, topology=slownet_topology(slownet),
+        )  # fmt: skip
+        if kube.enabled:
+            decisions.subscribe(control.on_decision)
+        self.components = [
+            self.pubfault, kube, self.brain, self.separation, slownode, slownet, control, self.acks,
+        ]  # fmt: skip
         self.components.append(HistoryComponent(ctx))
         self.grpc_port = 0
         self._server: grpc.aio.Server | None = None
@@ -319,7 +328,6 @@ class ClusterD:
         ctx.center.start_sinks(ctx.tasks.spawn)
         for c in self.components:
             await c.start()
-        self._kube_control.consumers_started.set()  # slow-node jobs resumed: stale ones may stop now
         await ctx.http.start()
         server = grpc.aio.server(
             options=server_options(

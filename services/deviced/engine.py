@@ -10,7 +10,8 @@ Everything is driven by an injected clock (``clock() -> ms``) so tests can walk 
 Sources: reference deviced.md §1.1 (callback handling, 1 s recover delay, mend rules, card drop),
 §2 (network codes, 20 s / 60 s link-down rule), §3 (levels, precedence, Health / NetworkHealth),
 §4.2 (frequency), §4.3 (duration, incl. the HBM/AIC pairing when 80E01801 has a duration rule); the
-frequency and duration rules themselves are in :mod:`deviced.rules`.
+frequency and duration rules themselves are in :mod:`deviced.rules`, the events waiting for their
+due time (recover delay, HBM pairing) in :class:`deviced.eventqueue.EventQueue`.
 faultmesh differences (design.md): the gateway probe feeds the
 20 s rule through the synthetic network code ``GATEWAY_PROBE``; unknown codes are kept, marked
 ``unknown`` and counted; each code's own level is the max of its table level and its own escalations.
@@ -26,27 +27,22 @@ Typical use (the deviced cycle does this)::
 
 from __future__ import annotations
 
-import bisect
 import collections
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from deviced import rules
+from deviced.eventqueue import EventQueue
 from deviced.state import (
-    ASSERTION_NAMES,
-    DURATION,
-    FREQUENCY,
     HOT_RESET_FAILED,
     MAX_CODES_PER_DEVICE,
     OCCUR,
     ONCE,
     RECOVER,
-    CodeState,
     Device,
     DeviceEvent,
     DurationState,
-    FrequencyState,
     UpgradeReason,
 )
 from deviced.tables import (
@@ -64,20 +60,15 @@ from faultmesh.log import event
 from faultmesh.model import now_ms
 
 __all__ = [
-    "ASSERTION_NAMES",
-    "DURATION",
-    "FREQUENCY",
     "HOT_RESET_FAILED",
     "MAX_CODES_PER_DEVICE",
     "OCCUR",
     "ONCE",
     "RECOVER",
-    "CodeState",
     "Device",
     "DeviceEvent",
     "DurationState",
     "FaultEngine",
-    "FrequencyState",
     "UpgradeReason",
 ]
 
@@ -126,10 +117,7 @@ class FaultEngine:
         self.subscribe_failed = False
         self.stats: collections.Counter[str] = collections.Counter()
         self.levels_by_event: collections.Counter[tuple[str, str]] = collections.Counter()
-        # (due_ms, arrival order, unique id, event), sorted; poll events share the order of their read
-        self._pending: list[tuple[int, float, int, DeviceEvent]] = []
-        self._uid = 0
-        self._seq = 0
+        self._queue = EventQueue()  # events waiting for their due time
         self._clear_freq: dict[int, int] = {}
         self.on_reason_change: Callable[[Device, UpgradeReason, bool], None] | None = None
         self.stages: list[Any] = []
@@ -146,10 +134,8 @@ class FaultEngine:
 
     def next_due_ms(self) -> int | None:
         """When the earliest queued event or stage deadline falls due (engine ms), or None."""
-        due = [t for t in (*(s.next_due_ms() for s in self.stages), rules.grace_due(self)) if t is not None]
-        if self._pending:
-            due.append(self._pending[0][0])
-        return min(due) if due else None
+        due = (*(s.next_due_ms() for s in self.stages), rules.grace_due(self), self._queue.first_due())
+        return min((t for t in due if t is not None), default=None)
 
     # -- devices ------------------------------------------------------------------------------
     def set_devices(self, ids: Iterable[DeviceIds]) -> None:
@@ -187,7 +173,7 @@ class FaultEngine:
         d = self.devices.get(logic)
         if d is not None:
             d.reinit = False
-        return self.now(), self._seq + 0.5
+        return self.now(), self._queue.mark()
 
     def submit(self, ev: DeviceEvent, order: float | None = None) -> bool:
         """Queue one event. Returns False (counted) for event id 0, an unknown chip or a bad assertion.
@@ -216,9 +202,7 @@ class FaultEngine:
                 d.hbm_times.append(ev.time_ms)
             elif ev.code in AIC_BUS_CODES and ev.assertion != RECOVER:
                 due = max(due, ev.time_ms + self.hbm_pair_window_ms)  # held back, decided when due
-        self._seq += 1
-        self._uid += 1
-        bisect.insort(self._pending, (due, self._seq if order is None else order, self._uid, ev))
+        self._queue.push(due, ev, order)
         self.stats[f"events_{ev.origin}"] += 1
         return True
 
@@ -277,18 +261,7 @@ class FaultEngine:
         live = {c for c in codes if c and c not in (RESET_FINISHED, GATEWAY_PROBE)}
         held = rules.restored_held(d, live, now < self.restore_until_ms)
         # what the cache holds once the events queued before the read are applied, in order
-        expected = {c for c, st in d.codes().items() if not st.once}
-        queued = sorted(((e.time_ms, seq, uid), e) for _, seq, uid, e in self._pending if e.logic == logic)
-        last = dict(d.last_event_ms)
-        for key, ev in (x for x in queued if x[0][:2] <= (now, order)):
-            if ev.code in last and key < last[ev.code]:
-                continue  # will be skipped as stale by cycle(): it does not change the cache
-            last[ev.code] = key
-            if ev.assertion == OCCUR:
-                expected.add(ev.code)
-            elif ev.assertion == RECOVER:
-                expected.discard(ev.code)
-        expected -= held | {GATEWAY_PROBE}
+        expected = self._queue.active_after(d, logic, (now, order)) - held - {GATEWAY_PROBE}
         n = 0
         for c in sorted(live - expected):
             n += self.submit(DeviceEvent(logic, c, OCCUR, 0, now, "poll"), order)
@@ -394,12 +367,7 @@ class FaultEngine:
         now = self.now()
         changed: set[int] = set()
         rules.end_restart_grace(self, now)
-        due = 0
-        while due < len(self._pending) and self._pending[due][0] <= now:
-            due += 1
-        # order by event time, then by arrival (events of one callback batch share a ms stamp)
-        batch = sorted(((e.time_ms, seq, uid), e) for _, seq, uid, e in self._pending[:due])
-        del self._pending[:due]
+        batch = self._queue.take_due(now)
         per_dev_queue: dict[tuple[int, int], list[tuple[int, int]]] = collections.defaultdict(list)
         for order, ev in batch:
             d = self.devices.get(ev.logic)
@@ -440,17 +408,9 @@ class FaultEngine:
                     rules.compute_levels(self, self.devices[logic])
         # end of cycle: once codes leave, fired frequency counters clear (§1.2 step 8)
         for logic, d in self.devices.items():
-            gone = False
-            for store in (d.chip, d.network):
-                for c in [c for c, s in store.items() if s.once]:
-                    del store[c]
-                    gone = True
-            if gone:
+            if d.end_cycle(MAX_EVENT_MEMORY):
                 changed.add(logic)
                 rules.compute_levels(self, d)
-            if len(d.last_event_ms) > MAX_EVENT_MEMORY:  # bounded memory under a flood of distinct codes
-                live = d.codes()
-                d.last_event_ms = {c: o for c, o in d.last_event_ms.items() if c in live}
         for logic, code in self._clear_freq.items():
             d = self.devices.get(logic)
             if d is not None and code in d.frequency:

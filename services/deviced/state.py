@@ -121,3 +121,17 @@ class Device:
         """The worse of the chip and network levels (None: no fault)."""
         levels = [x for x in (self.level, self.network_level) if x is not None]
         return max(levels) if levels else None
+
+    def end_cycle(self, max_event_memory: int) -> bool:
+        """End of an engine cycle: the once codes leave (True when one did), and past
+        ``max_event_memory`` last-event entries those of inactive codes are forgotten (bounded memory
+        under a flood of distinct codes)."""
+        gone = False
+        for store in (self.chip, self.network):
+            for c in [c for c, s in store.items() if s.once]:
+                del store[c]
+                gone = True
+        if len(self.last_event_ms) > max_event_memory:
+            live = self.codes()
+            self.last_event_ms = {c: o for c, o in self.last_event_ms.items() if c in live}
+        return gone

@@ -34,7 +34,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from faultmesh.kube import KubeApi, KubeError, ListWatcher, make_api_client
+from faultmesh.kube import KubeApi, KubeError, make_api_client
+from faultmesh.kubewatch import ListWatcher
 from faultmesh.log import event
 from faultmesh.retry import Backoff
 from faultmesh.runtime import wait_for

@@ -62,12 +62,12 @@ LABEL = {"fd-ol-slow-node": "true"}
 async def test_ras_feature_slownode_configmap_starts_and_stops_detection(k8s, kcd):
     emu, api = k8s
     sn = component(kcd, "slownode")
-    kube = component(kcd, "kube")
-    await eventually(lambda: kube.control.slownode_synced.is_set(), what="first list")
+    control = component(kcd, "kube-control")  # the control ConfigMaps (clusterd.kube.control)
+    await eventually(lambda: control.slownode_synced.is_set(), what="first list")
     # applied before the job exists: it waits, and starts once the pods make the job known
     name, data = slownode_cm(featconf())
     await put_labelled(api, "mindx-dl", name, data, LABEL)
-    await eventually(lambda: kube.control.pending, what="waiting for its job")
+    await eventually(lambda: control.pending, what="waiting for its job")
     assert sn.jobs == {}
     await start_job(api, kcd)
     js = await eventually(lambda: sn.jobs.get("llama"), what="detection started")
@@ -148,7 +148,7 @@ async def test_data_trace_configmap_switches_tracing(k8s, kcd):
     # a data-trace ConfigMap of a job clusterd does not know waits for it (nothing written)
     await put_labelled(api, NS, "data-trace-other", {"profilingSwitch": json.dumps(SWITCH)}, label)
     await eventually(
-        lambda: ("datatrace", f"{NS}/data-trace-other") in component(kcd, "kube").control.pending, what="wait"
+        lambda: ("datatrace", f"{NS}/data-trace-other") in component(kcd, "kube-control").pending, what="wait"
     )
     assert await dt.get_switch(f"{NS}/other") is None
 
@@ -165,7 +165,7 @@ async def fault_job_info(api) -> dict | None:
 async def test_fault_job_info_written_for_an_a3_job_and_cleared(k8s, kcd):
     emu, api = k8s
     await start_job(api, kcd)
-    control = component(kcd, "kube").control
+    control = component(kcd, "kube-control")
     control.release_s = 0.05
     sdids = {"node-1": [10, 11, 12, 13], "node-2": [20, 21, 22, 23]}
     control.topology = lambda node: (7, sdids[node]) if node in sdids else None
@@ -233,7 +233,7 @@ async def test_a_slownode_job_whose_configmap_went_during_a_restart_stops(k8s, t
     await api.delete_config_map("mindx-dl", "ras-feature-slownode-llama")
     cd = await kube_clusterd(tmp_path, api.url)
     try:
-        await eventually(lambda: component(cd, "kube").control.slownode_synced.is_set(), what="first list")
+        await eventually(lambda: component(cd, "kube-control").slownode_synced.is_set(), what="first list")
         assert "llama" not in component(cd, "slownode").jobs  # resumed from the store, then stopped
     finally:
         await cd.stop()
@@ -257,7 +257,7 @@ async def test_an_applied_data_trace_configmap_does_not_undo_a_later_grpc_change
         await cd.stop()
     cd = await kube_clusterd(tmp_path, api.url)
     try:
-        control = component(cd, "kube").control
+        control = component(cd, "kube-control")
         await eventually(lambda: control.handled["datatrace"] >= 1 and not control.pending, what="handled")
         assert await cd.brain.datatrace.get_switch(f"{NS}/llama") == grpc_switch
         # an edit of the ConfigMap applies again
@@ -281,7 +281,7 @@ async def test_fault_job_info_written_before_a_restart_is_cleared_on_recovery(k8
     cd = await kube_clusterd(tmp_path, api.url)
     try:
         await start_job(api, cd)
-        control = component(cd, "kube").control
+        control = component(cd, "kube-control")
         control.release_s = 0.05
         await eventually(lambda: UID in control.written, what="read back at start")
         control.on_decision(UID, {"decision": "recover-success"})

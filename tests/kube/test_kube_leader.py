@@ -82,3 +82,51 @@ async def test_an_expired_lease_is_taken_over_and_a_live_one_is_not(k8s):
 
 async def _has(coro, key):
     return key in await coro
+
+
+async def test_a_writer_added_to_the_leadership_runs_while_leading_only():
+    """Leadership.add (the control ConfigMaps' fault-job-info writer joins after the Kubernetes
+    component started): added before a term it starts with the term; added during one it starts at
+    once; a lost Lease cancels both, and the next term runs both again."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from clusterd.kube.leader import Leadership
+
+    elector = SimpleNamespace(leading=asyncio.Event(), listeners=[])
+    running: dict[str, int] = {"early": 0, "late": 0}
+    started: list[str] = []
+
+    def writer(name):
+        async def run():
+            started.append(name)
+            running[name] += 1
+            try:
+                await asyncio.Event().wait()
+            finally:
+                running[name] -= 1
+
+        return run
+
+    lead = Leadership(
+        elector, [], lambda coro, name: asyncio.get_running_loop().create_task(coro), lambda: None
+    )
+    lead.add("early", writer("early"))
+    task = asyncio.get_running_loop().create_task(lead.run())
+    try:
+        await asyncio.sleep(0.05)
+        assert started == []  # not leading: nothing runs
+        elector.leading.set()
+        await eventually(lambda: running == {"early": 1, "late": 0}, what="the early writer runs")
+        lead.add("late", writer("late"))
+        await eventually(lambda: running == {"early": 1, "late": 1}, what="the late writer runs at once")
+        elector.leading.clear()
+        for listener in list(elector.listeners):
+            listener(False)
+        await eventually(lambda: running == {"early": 0, "late": 0}, what="both cancelled on loss")
+        elector.leading.set()
+        await eventually(lambda: running == {"early": 1, "late": 1}, what="both run in the next term")
+        assert sorted(started) == ["early", "early", "late", "late"]
+    finally:
+        task.cancel()
+        await asyncio.wait([task], timeout=5)

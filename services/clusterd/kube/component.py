@@ -23,7 +23,7 @@ One part per concern, wired here:
 - **control ConfigMaps** (``ras-feature-slownode-*``, ``data-trace-<job>``) and ``fault-job-info``:
   :mod:`.control`.
 
-Watches re-list on 410 Gone and after errors, so no change is lost (:class:`faultmesh.kube.ListWatcher`).
+Watches re-list on 410 Gone and after errors, so no change is lost (:class:`faultmesh.kubewatch.ListWatcher`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ from clusterd.kube.podgroups import PodGroups
 from clusterd.kube.podjobs import PodJobs
 from clusterd.kube.publisher import ClusterInfoPublisher
 from clusterd.kube.signals import NodeSignals
-from faultmesh.kube import KubeApi, ListWatcher, make_api_client
+from faultmesh.kube import KubeApi, make_api_client
+from faultmesh.kubewatch import ListWatcher
 from faultmesh.lease import LeaseElector
 from faultmesh.log import event
 from faultmesh.runtime import wait_for
@@ -176,11 +177,9 @@ class KubeComponent:
             if jobs is not None and self.pod_jobs is not None
             else None
         )
-        self.control = kcontrol.ControlMaps(a, jobs, ctx.store, self.metrics)  # attach() in the app
-        if self.enabled and decisions is not None:
-            decisions(self.control.on_decision)
         self._api_client = None
         self._tasks: list[asyncio.Task] = []
+        self._leadership: kleader.Leadership | None = None
         self.api: KubeApi | None = None
         self.nodes: ListWatcher | None = None
         self.pods: ListWatcher | None = None
@@ -207,20 +206,7 @@ class KubeComponent:
             self._api_client, timeout_s=self.args.kube_timeout_s
         )
         a = self.args
-        m = self.metrics
-
-        def watcher(name, kind, ns, selector, handler, accept):
-            return ListWatcher(
-                self.api,
-                kind,
-                ns or None,
-                selector,
-                handler,
-                accept,
-                watch_timeout_s=a.kube_watch_timeout_s,
-                on_error=lambda e, n=name: m.api_errors.labels(f"watch {n}", str(e.status)).inc(),
-                on_restart=lambda why, n=name: m.restarts.labels(n, why).inc(),
-            )
+        watcher = self.watcher
 
         def cm_named(label, prefix):
             return lambda o: has_label(o, label) and o["metadata"].get("name", "").startswith(prefix)
@@ -251,10 +237,6 @@ class KubeComponent:
                 )
             )  # fmt: skip
         spawn = self.ctx.tasks.spawn
-        self.control.api = self.api
-        control = [watcher(n, "configmaps", ns, sel, h, acc) for n, ns, sel, h, acc in self.control.watches()]
-        self.watchers += control
-        self._tasks.append(spawn(self.control.maintain(control[0]), name="kube-control"))
         if a.kube_jobs == "on" and self.pod_jobs is not None:
             self.pods = self.pod_jobs.pod_watch = watcher(
                 "pods", "pods", None, "", self.pod_jobs.on_pod, kjobs.is_job_pod
@@ -273,7 +255,6 @@ class KubeComponent:
             self._tasks.append(spawn(w.run(), name=f"kube-watch-{w.kind}-{w.namespace or 'all'}"))
         writers: list = [
             ("publisher", self.publisher.run), ("annotator", self.annotator.run), ("signals", self.signals.run),
-            ("fault-job-info", self.control.run),
         ]  # fmt: skip
         if self.handoff is not None and self.handoff.api is not None:
             writers.append(("handoff", self.handoff.run))
@@ -287,8 +268,8 @@ class KubeComponent:
                     lease_s=a.kube_lease_s,
                 )
                 self._tasks.append(spawn(self.elector.run(), name="kube-lease"))
-            lead = kleader.Leadership(self.elector, writers, spawn, self._elected)
-            self._tasks.append(spawn(lead.run(), name="kube-leadership"))
+            self._leadership = kleader.Leadership(self.elector, writers, spawn, self._elected)
+            self._tasks.append(spawn(self._leadership.run(), name="kube-leadership"))
         else:
             self._tasks += [spawn(w(), name=f"kube-{name}") for name, w in writers]
         event(
@@ -312,6 +293,27 @@ class KubeComponent:
         if self._api_client is not None:
             await self._api_client.close()
             self._api_client = None
+
+    # -- for the parts started after it (clusterd.kube.control) ----------------------------------------
+    def watcher(self, name: str, kind: str, ns: str | None, selector: str, handler, accept) -> ListWatcher:
+        """A :class:`ListWatcher` on this component's API (after :meth:`start`) with its watch
+        timeout and metrics (``api_errors{op="watch <name>"}``, ``restarts{<name>}``)."""
+        m = self.metrics
+        return ListWatcher(
+            self.api, kind, ns or None, selector, handler, accept,
+            watch_timeout_s=self.args.kube_watch_timeout_s,
+            on_error=lambda e: m.api_errors.labels(f"watch {name}", str(e.status)).inc(),
+            on_restart=lambda why: m.restarts.labels(name, why).inc(),
+        )  # fmt: skip
+
+    def run_led(self, name: str, writer) -> None:
+        """Run ``writer()`` (a coroutine factory) while this replica leads, as this component's own
+        writers: under the Lease with leader election, else at once; cancelled on :meth:`stop`.
+        Call after :meth:`start`."""
+        if self._leadership is not None:
+            self._leadership.add(name, writer)
+        else:
+            self._tasks.append(self.ctx.tasks.spawn(writer(), name=f"kube-{name}"))
 
     # -- wiring ----------------------------------------------------------------------------------
     async def _on_config(self, op: str, obj: dict) -> None:

@@ -23,7 +23,7 @@ from clusterd.kube import formats
 from clusterd.kube.metrics import KubeMetrics
 from clusterd.nodes import NodeRegistry
 from faultmesh._pb import pubfault_pb2
-from faultmesh.kube import ListWatcher
+from faultmesh.kubewatch import ListWatcher
 from faultmesh.log import event
 from faultmesh.model import now_ms
 from faultmesh.runtime import wait_for

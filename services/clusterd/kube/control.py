@@ -7,7 +7,7 @@ and ``fault-job-info`` (issue 15; reference fdol.md §3, §7; clusterd.md §3, �
   deleted -> it stops. The job's placement comes from the job registry (pods / PodGroups, or
   ``POST /v1/jobs``); a FeatConf for a job not known yet waits (``pending``) and starts when the
   job appears, as the reference waits for the job summary. Detection is
-  :class:`clusterd.slownode.SlowNodeComponent`'s (source ``kube``); after the first list a ``kube``
+  :class:`clusterd.slownode.component.SlowNodeComponent`'s (source ``kube``); after the first list a ``kube``
   job whose ConfigMap is gone is stopped.
 - ``data-trace-<job>`` (label ``reset=true``, the job's namespace; key ``profilingSwitch`` = JSON
   ``{"CommunicationOperator", "Step", "SaveCheckpoint", "FP", "DataLoader"}``): each new version
@@ -21,7 +21,7 @@ and ``fault-job-info`` (issue 15; reference fdol.md §3, §7; clusterd.md §3, �
   key = job id, value = Go JSON of ``{"<superPodId>": {"SdIds": [..], "FaultNodes": {"<node>":
   {}}, "NodeNames": [the job's other nodes in that super pod], "FaultTimes": <unix s>, "JobId":
   ".."}}``; written on a fault decision (``stop-train`` / ``pre-exit``) when every node of the job
-  is in a known super pod (topology: :func:`slownet_topology`), removed on ``recover-success``
+  is in a known super pod (topology: :func:`clusterd.kube.faultjobinfo.slownet_topology`), removed on ``recover-success``
   (after ``release_s``, the reference's 10 s), when the job is deleted, and hourly for jobs no
   longer known.
 
@@ -39,19 +39,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Protocol
 
 import orjson
 
 from clusterd.brain.datatrace import DataTraceError
+from clusterd.kube.faultjobinfo import Topology, fault_job_info, go_json
 from clusterd.kube.metrics import KubeMetrics
-from clusterd.slownode_jobs import EnableError, unwrap_configmap
+from clusterd.slownode.jobs import EnableError, unwrap_configmap
 from faultmesh.kube import KubeApi, KubeError
 from faultmesh.kubecm import config_map_values
+from faultmesh.kubewatch import Handler, ListWatcher
 from faultmesh.log import event
 from faultmesh.runtime import wait_for
 from fdol.slownode.featconf import FeatConfError, parse_featconf
@@ -74,7 +75,19 @@ RELEASE_S = 10.0  # the reference's ReleaseTimeOut before a recovered job's entr
 QUEUE_MAX = 10_000
 PENDING_RETRY_S = 2.0
 
-Topology = Callable[[str], tuple[int, list[int]] | None]  # node -> (super pod id, SDIDs) or None
+
+class KubeSession(Protocol):
+    """What the control ConfigMaps use of clusterd's Kubernetes component once it started
+    (:class:`clusterd.kube.component.KubeComponent`): ``enabled``, its ``api``, a ConfigMap
+    ``watcher`` with its metrics, and ``run_led`` (a writer run while this replica leads)."""
+
+    enabled: bool
+    api: KubeApi | None
+
+    def watcher(
+        self, name: str, kind: str, ns: str | None, selector: str, handler: Handler, accept
+    ) -> ListWatcher: ...
+    def run_led(self, name: str, writer: Callable[[], Awaitable[None]]) -> None: ...
 
 
 def add_arguments(g) -> None:
@@ -89,61 +102,6 @@ def add_arguments(g) -> None:
         default="cluster-system",
         help="namespace of fault-job-info (reference: cluster-system)",
     )
-
-
-def slownet_topology(slownet) -> Topology:
-    """The super-pod topology known to :class:`clusterd.slownet.component.SlowNetComponent` (its super pods'
-    nodes and phy id -> SDID maps) as a :data:`Topology`."""
-
-    def of(node: str) -> tuple[int, list[int]] | None:
-        spid = slownet.node_pod.get(node)
-        pod = slownet.pods.get(spid) if spid is not None else None
-        n = pod.sp.nodes.get(node) if pod is not None else None
-        if n is None:
-            return None
-        try:
-            return int(spid), [n.devices[p] for p in sorted(n.devices)]
-        except ValueError:
-            return None
-
-    return of
-
-
-def go_json(obj: Any) -> str:
-    """Compact JSON of ``obj`` in its dicts' order (Go's ``json.Marshal``: struct fields in
-    declaration order; the caller builds maps with their keys sorted)."""
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-
-
-def fault_job_info(job, fault_nodes: set[str], topology: Topology, now_s: int) -> dict | None:
-    """The reference's ``map[int]SuperPodFaultInfos`` of one job (see the module docstring), or
-    None when some node of the job is in no known super pod (not an A3 job) or no fault node is."""
-    where: dict[str, tuple[int, list[int]]] = {}
-    for node in job.nodes():
-        t = topology(node)
-        if t is None or t[0] < 0:
-            return None
-        where[node] = t
-    others: dict[int, list[str]] = collections.defaultdict(list)
-    sdids: dict[int, list[str]] = collections.defaultdict(list)
-    for node, (spid, ids) in sorted(where.items()):
-        if node in fault_nodes:
-            sdids[spid] += [str(i) for i in ids]
-        else:
-            others[spid].append(node)
-    if not sdids:
-        return None
-    faults = {n: {} for n in sorted(fault_nodes)}
-    return {  # map[int]: keys sorted as strings, as Go sorts map keys
-        str(spid): {
-            "SdIds": ids,
-            "FaultNodes": faults,
-            "NodeNames": others.get(spid) or None,
-            "FaultTimes": now_s,
-            "JobId": job.id,
-        }  # fmt: skip
-        for spid, ids in sorted(sdids.items(), key=lambda kv: str(kv[0]))
-    }
 
 
 def _featconf_job(obj: dict) -> str | None:
@@ -161,19 +119,30 @@ def _name(obj: dict) -> tuple[str, str]:
 
 
 class ControlMaps:
-    """See the module docstring. ``jobs``: the job registry; ``store``: the clusterd store (the
-    data-trace versions applied). :meth:`attach` gives the slow-node component, the brain's data trace and the
-    topology; until then those ConfigMaps wait in ``pending``."""
+    """See the module docstring; a component of clusterd, started after the Kubernetes component and
+    the slow-node one (whose jobs resumed from the store are then known). ``kube``: the Kubernetes
+    component (:class:`KubeSession`); ``jobs``: the job registry; ``store``: the clusterd store (the
+    data-trace versions applied); ``spawn``: the task owner's; ``slownode``: the slow-node component
+    (``enable`` / ``disable`` / ``resolve_placement`` / ``jobs``; None: those ConfigMaps wait in
+    ``pending``); ``data_trace``: the brain's :class:`clusterd.brain.datatrace.DataTrace`;
+    ``topology``: :data:`Topology`."""
 
-    def __init__(self, args, jobs, store, metrics: KubeMetrics) -> None:
+    name = "kube-control"
+
+    def __init__(
+        self, args, kube: KubeSession, jobs, store, metrics: KubeMetrics, spawn: Callable[..., asyncio.Task],
+        slownode=None, data_trace=None, topology: Topology | None = None,
+    ) -> None:  # fmt: skip
         self.args = args
+        self.kube = kube
         self.jobs = jobs
         self.store = store
         self.metrics = metrics
+        self._spawn = spawn
         self.api: KubeApi | None = None
-        self.slownode = None
-        self.data_trace = None
-        self.topology: Topology = lambda node: None
+        self.slownode = slownode
+        self.data_trace = data_trace
+        self.topology: Topology = topology or (lambda node: None)
         self.release_s = RELEASE_S
         self.pending: dict[tuple[str, str], tuple[str, dict]] = {}  # (kind, ns/name) -> (kind, obj)
         self._queue: collections.deque[tuple[str, str, dict | None]] = collections.deque(maxlen=QUEUE_MAX)
@@ -182,22 +151,34 @@ class ControlMaps:
         self._later: list[tuple[float, str]] = []  # (monotonic due, job id) of delayed removals
         self._applied_slownode: dict[str, str] = {}  # ns/name of a ConfigMap -> the job it enabled
         self.slownode_synced = asyncio.Event()
-        # set by the app once every component started: the slow-node jobs resumed from the store are
-        # known (the ConfigMaps may list before the slow-node component resumes them)
-        self.consumers_started = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
         self.handled: collections.Counter[str] = collections.Counter()  # versions handled, by kind
         self._retrying = False
         self.processed = 0  # fault-job-info decisions handled (tests)
         if jobs is not None:
             jobs.listen(self._on_job)
 
-    def attach(self, slownode=None, data_trace=None, topology: Topology | None = None) -> None:
-        """The consumers: ``slownode`` (enable / disable / resolve_placement / jobs), ``data_trace``
-        (:class:`clusterd.brain.datatrace.DataTrace`), ``topology`` (:data:`Topology`)."""
-        self.slownode = slownode
-        self.data_trace = data_trace
-        if topology is not None:
-            self.topology = topology
+    async def start(self) -> None:
+        """In Kubernetes mode: watch the control ConfigMaps, keep the slow-node jobs in step with them
+        (:meth:`maintain`) and write fault-job-info while this replica leads."""
+        if not self.kube.enabled or self.kube.api is None:
+            return
+        self.api = self.kube.api
+        watchers = [
+            self.kube.watcher(n, "configmaps", ns, sel, h, acc) for n, ns, sel, h, acc in self.watches()
+        ]
+        for w in watchers:
+            self._tasks.append(self._spawn(w.run(), name=f"kube-watch-{w.kind}-{w.namespace or 'all'}"))
+        self._tasks.append(self._spawn(self.maintain(watchers[0]), name="kube-control"))
+        self.kube.run_led("fault-job-info", self.run)
+
+    async def stop(self) -> None:
+        """Cancel the watches (bounded, 5 s) before the Kubernetes component closes its client."""
+        for t in self._tasks:
+            t.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+        self._tasks.clear()
 
     def watches(self) -> list[tuple[str, str | None, str, Callable[[str, dict], Awaitable[None]], Callable]]:
         """(name, namespace, label selector, handler, accept) of the ConfigMap watches."""
@@ -292,7 +273,6 @@ class ControlMaps:
         await watcher.synced.wait()
         sn = self.slownode
         if sn is not None:
-            await self.consumers_started.wait()
             backed = {_featconf_job(o) for o in watcher.objects.values()}
             for job_id, js in list(sn.jobs.items()):
                 if js.source == "kube" and job_id not in backed:

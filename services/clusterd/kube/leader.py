@@ -83,7 +83,14 @@ class Leadership:
         self.spawn = spawn
         self.on_elected = on_elected
         self._lost = asyncio.Event()
+        self._term: list[asyncio.Task] | None = None  # the writers of the current term
         elector.listeners.append(self._changed)
+
+    def add(self, name: str, writer: Writer) -> None:
+        """One more writer: from the next term, and at once when this replica leads now."""
+        self.writers.append((name, writer))
+        if self._term is not None:
+            self._term.append(self.spawn(writer(), name=f"kube-leader-{name}"))
 
     def _changed(self, leading: bool) -> None:
         if not leading:
@@ -96,10 +103,11 @@ class Leadership:
                 await self.elector.leading.wait()
                 self._lost.clear()
                 self.on_elected()
-                tasks = [self.spawn(w(), name=f"kube-leader-{name}") for name, w in self.writers]
+                tasks = self._term = [self.spawn(w(), name=f"kube-leader-{name}") for name, w in self.writers]
                 try:
                     await self._lost.wait()
                 finally:
+                    self._term = None
                     for t in tasks:
                         t.cancel()
                     await asyncio.wait(tasks, timeout=5)

@@ -16,7 +16,7 @@ from clusterd.kube import jobs as kjobs
 from clusterd.kube.metrics import KubeMetrics
 from clusterd.store import Store
 from faultmesh.jobspec import JobSpecError, parse_job
-from faultmesh.kube import ListWatcher
+from faultmesh.kubewatch import ListWatcher
 from faultmesh.log import event
 
 log = logging.getLogger("clusterd.kube")

@@ -35,7 +35,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from faultmesh.kube import KubeApi, KubeError, ListWatcher, make_api_client
+from faultmesh.kube import KubeApi, KubeError, make_api_client
+from faultmesh.kubewatch import ListWatcher
 from faultmesh.log import event
 from faultmesh.model import Fault
 from fdol.slownet import config as pmconfig

@@ -29,7 +29,7 @@ The operations of one step are not independent (one OS hiccup or one step's nois
 PyTorch job on a 2-core box (4 ranks sharing 2 cores, per-op waits spread 0.4x-2x between healthy
 members; the scheduler keeps a pair asymmetric for tens of steps) healthy members reached z 3.6
 over 40-step windows (4.4 on a box loaded 4x over its cores) while a +20 % compute rank held 3.1-7.7;
-the confirmation over several rounds (:class:`~fdol.slownode.cluster.DegradationTracker`) does
+the confirmation over several rounds (:class:`~fdol.slownode.degradation.DegradationTracker`) does
 the rest. On a real cluster (per-op noise of a few %) a +10 % card arrives last in nearly every
 operation, so the first rounds after onset already pass.
 """

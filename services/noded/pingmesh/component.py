@@ -13,16 +13,17 @@ rejected (the control message is acked with the error) while the previous one st
 - the ping list (``--pingmesh-ping-list-file``, else ``<net-root>/cluster/super-pod-<id>/
   ping_list_<serverIndex>.json`` when present; reference format).
 
-Tasks: for every chip that is in the topology's entry for this node and has destinations, the
-destinations on the same server (SDID server id) go to task 0 and the others to task 1 (at most 48
-each; the rest is dropped and counted). A job uid (sha256 over the address map, the config entry and
-the destinations) identifies the plan: an unchanged uid restarts nothing. On a new plan the previous
+Tasks: :func:`noded.pingmesh.plan.compute_plan` (per chip, task 0 for the destinations on the same
+server, task 1 for the others, at most 48 each; the rest is dropped and counted); its job uid
+identifies the plan: an unchanged uid restarts nothing. On a new plan the previous
 tasks are stopped (the first time: tasks 0 and 1 of every chip) and, when ``activate`` is on, the
 new ones started (packet size 1792, 10 packets, 10 ms apart, timeout 1, task_interval from the
 config). Every ``10 x task_interval`` s (``--pingmesh-collect-interval-s`` overrides) each task's state
 and info are read; a stopped task with no destinations (a chip reset) is restarted and that sample
 skipped. Rows go to ``<node>.log``, ``ping_result_<serverIndex>.csv`` and ClusterD
 (:mod:`noded.pingmesh.results`). All DCMI calls and file writes run in the bounded pool (``ctx.run_blocking``).
+The input files are read by :class:`noded.pingmesh.inputs.InputFiles`, the RoCE plane between super
+pods is probed by the owned :class:`noded.pingmesh.roceping.RoceRounds`.
 
 Backends (``--pingmesh-backend``): ``dcmi`` (ctypes, ``--pingmesh-dcmi-lib``), ``sim`` (the fabric
 simulator of ``--pingmesh-fabric FILE``, this node = ``--pingmesh-fabric-node`` or the node name),
@@ -36,9 +37,7 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import time
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import Counter, Gauge
@@ -46,7 +45,6 @@ from prometheus_client import Counter, Gauge
 from faultmesh._pb import agent_pb2
 from faultmesh.config import load_document
 from faultmesh.dcmi.hccsping import STATE_STOPPED, ChipInfo, HccspingParamError, PingOp
-from faultmesh.files import FileWatch, stamp
 from faultmesh.httplite import Request, Response, json_response
 from faultmesh.log import RateLimitedLog, event
 from faultmesh.runtime import wait_for
@@ -55,6 +53,8 @@ from fdol.slownet import config as pmconfig
 from fdol.slownet import pinglist as pl
 from fdol.slownet import topology as topo
 from noded.pingmesh import wire
+from noded.pingmesh.inputs import InputFiles
+from noded.pingmesh.plan import compute_plan, valid_addr
 from noded.pingmesh.results import ResultWriter, TaskSample, rows_from_samples
 from noded.pingmesh.roceping import ROCE, RocePinger, RoceRounds
 
@@ -62,16 +62,12 @@ log = logging.getLogger("noded.pingmesh")
 
 CALL_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0  # stopping the hccsping tasks at shutdown
-MAX_DESTS = 48
 
 
-def _valid_addr(a: str) -> bool:
-    return bool(a) and "," not in a and len(a) < 16
-
-
-class Pingmesh(RoceRounds, PushSource):
+class Pingmesh(PushSource):
     """The pingmesh source (module doc); fed by hccsping collections, file changes and control
-    messages. Build with :meth:`from_config`, then ``await start(ctx)``."""
+    messages. Build with :meth:`from_config`, then ``await start(ctx)``. Owns the RoCE rounds
+    (``roce_rounds``, from start) and their pinger (``roce``)."""
 
     name = "pingmesh"
     control_kinds = ("pingmesh_config", "topology", "ping_list")
@@ -130,11 +126,12 @@ class Pingmesh(RoceRounds, PushSource):
         self._first_stop = True
         self._changed = asyncio.Event()
         self._hccs = asyncio.Lock()  # one plan change or collection at a time on the hccsping tasks
-        self._watches: dict[str, FileWatch] = {}
+        self._files = InputFiles(config)
         self.last_collect_ms = 0
         self.rows_sent = 0
         self._ratelog = RateLimitedLog(log)
         self.roce: RocePinger | None = None  # the RoCE plane between super pods (noded.pingmesh.roceping)
+        self.roce_rounds: RoceRounds | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self, ctx: SourceContext) -> None:
@@ -156,6 +153,15 @@ class Pingmesh(RoceRounds, PushSource):
             "faultmesh_pingmesh_task_restarts_total", "stopped tasks restarted (chip reset)", registry=reg
         )
         self.roce = RocePinger(self.node, getattr(self.args, "pingmesh_roce_fabric", None))
+        self.roce_rounds = RoceRounds(
+            self.roce,
+            self.args,
+            ctx.run_blocking,
+            self.writer.write_csv,
+            self._emit,
+            self.m_errors,
+            self._ratelog,
+        )
         ctx.add_route("GET", "/v1/pingmesh", self._http_status)
         for kind in self.control_kinds:
             ctx.on_control(kind, self.on_control)
@@ -261,7 +267,7 @@ class Pingmesh(RoceRounds, PushSource):
             raise ValueError(f"ping list of super pod {m.super_pod_id}; this node is in {self.super_pod_id}")
         out: dict[int, set[str]] = {}
         for t in m.tasks:
-            bad = [a for a in t.dst_addrs if not _valid_addr(a)]
+            bad = [a for a in t.dst_addrs if not valid_addr(a)]
             if bad:
                 raise ValueError(f"bad destination address {bad[0]!r} for phy {t.src_phy_id}")
             out.setdefault(t.src_phy_id, set()).update(t.dst_addrs)
@@ -274,45 +280,13 @@ class Pingmesh(RoceRounds, PushSource):
               paths=sum(len(v) for v in lst.values()))  # fmt: skip
         self._changed.set()
 
-    def _changed_file(self, path: str | None) -> bool:
-        if not path:
-            return False
-        watch = self._watches.setdefault(path, FileWatch(path))
-        return watch.changed() and stamp(path) is not None  # a removed file keeps the last input
-
-    def _ping_list_path(self) -> str | None:
-        if self.args.pingmesh_ping_list_file:
-            return self.args.pingmesh_ping_list_file
-        if self.super_pod_id is None or self.server_index is None:
-            return None
-        root = Path(self.args.pingmesh_net_root or self.args.pingmesh_dir)
-        return str(
-            root / "cluster" / f"super-pod-{self.super_pod_id}" / f"ping_list_{self.server_index}.json"
-        )
-
-    def _read_changed_files(self) -> list[tuple[str, str, bytes | Exception]]:
-        """Blocking: [(kind, path, content or error)] for the input files that changed."""
-        a = self.args
-        out: list[tuple[str, str, bytes | Exception]] = []
-        for path, kind in (
-            (a.pingmesh_config_file, "config"),
-            (a.pingmesh_topology_file, "topology"),
-            (self._ping_list_path(), "ping_list"),
-        ):
-            if not self._changed_file(path):
-                continue
-            try:
-                if os.path.getsize(path) > 64 << 20:
-                    raise ValueError("file larger than 64 MiB")
-                out.append((kind, path, Path(path).read_bytes()))
-            except (OSError, ValueError) as e:
-                out.append((kind, path, e))
-        return out
-
     async def _poll_files(self) -> None:
         """Re-read input files that changed (read in the BlockingPool). Bad files are logged, counted
         and ignored."""
-        for kind, path, data in await self.ctx.run_blocking(CALL_TIMEOUT_S, self._read_changed_files):
+        scan = self._files.scan
+        for kind, path, data in await self.ctx.run_blocking(
+            CALL_TIMEOUT_S, scan, self.super_pod_id, self.server_index
+        ):
             try:
                 if isinstance(data, Exception):
                     raise data
@@ -322,7 +296,7 @@ class Pingmesh(RoceRounds, PushSource):
                     self.set_topology(topo.parse_super_pod(data), f"file:{path}")
                 else:
                     lst = pl.parse_reference_json(data)
-                    if any(not _valid_addr(x) for v in lst.values() for x in v):
+                    if any(not valid_addr(x) for v in lst.values() for x in v):
                         raise ValueError("bad destination address")
                     self._set_ping_list(lst, "", f"file:{path}")
             except (OSError, ValueError) as e:
@@ -331,39 +305,12 @@ class Pingmesh(RoceRounds, PushSource):
 
     # -- plan ------------------------------------------------------------------------------------
     def compute_plan(self) -> tuple[dict[tuple[int, int], tuple[str, ...]], str, pmconfig.Activation | None]:
-        """(tasks {(phy, task id): destinations}, job uid, activation) from the current inputs."""
-        if (
-            self.config is None
-            or self.topology is None
-            or self.ping_list is None
-            or self.super_pod_id is None
-        ):
-            return {}, "", None
-        act = pmconfig.for_super_pod(self.config, self.super_pod_id)
-        me = self.topology.nodes.get(self.node)
-        if act is None or me is None:
-            return {}, "", act
-        plan: dict[tuple[int, int], tuple[str, ...]] = {}
-        for phy, sdid in sorted(me.devices.items()):
-            if phy not in self.chips or phy not in self.ping_list:
-                continue
-            own_server = topo.sdid_server_id(sdid)
-            groups: dict[int, list[str]] = {0: [], 1: []}
-            for d in self.ping_list[phy]:
-                same = d.isdigit() and topo.sdid_server_id(int(d)) == own_server
-                groups[0 if same else 1].append(d)
-            for task, dsts in groups.items():
-                if len(dsts) > MAX_DESTS:
-                    self.m_errors.labels("too_many_destinations").inc()
-                    dsts = dsts[:MAX_DESTS]
-                if dsts:
-                    plan[(phy, task)] = tuple(dsts)
-        addr_map = {str(p): str(s) for p, s in sorted(me.devices.items())}
-        h = hashlib.sha256()
-        h.update(json.dumps(addr_map, sort_keys=True).encode())
-        h.update(json.dumps({"activate": act.activate, "task_interval": act.task_interval}).encode())
-        h.update(json.dumps(sorted((f"{p}/{t}", list(d)) for (p, t), d in plan.items())).encode())
-        return plan, h.hexdigest(), act
+        """(tasks {(phy, task id): destinations}, job uid, activation) from the current inputs
+        (:func:`noded.pingmesh.plan.compute_plan`; a cut task group is counted)."""
+        p = compute_plan(self.config, self.topology, self.ping_list, self.super_pod_id, self.node, self.chips)
+        if p.cut:
+            self.m_errors.labels("too_many_destinations").inc(p.cut)
+        return p.tasks, p.uid, p.activation
 
     def _stop_tasks(self, keys: list[tuple[int, int]]) -> None:
         for phy, task in keys:
@@ -451,10 +398,23 @@ class Pingmesh(RoceRounds, PushSource):
             rows = await self.ctx.run_blocking(CALL_TIMEOUT_S * 2, self._collect_blocking)
         self.last_collect_ms = time.time_ns() // 1_000_000
         if rows:
-            self.ctx.state.add_ping_results(rows)
-            self.m_rows.inc(len(rows))
-            self.rows_sent += len(rows)
+            self._emit(rows)
         return len(rows)
+
+    def _emit(self, rows: list[agent_pb2.PingResult]) -> None:
+        """Hand result rows to the agent state (streamed to ClusterD), counted."""
+        self.ctx.state.add_ping_results(rows)
+        self.m_rows.inc(len(rows))
+        self.rows_sent += len(rows)
+
+    async def collect_roce(self) -> int:
+        """One RoCE collection (tests call it directly; :class:`RoceRounds`). Returns rows produced."""
+        if self.roce_rounds is None:
+            return 0
+        return await self.roce_rounds.collect(self.config, self.super_pod_id, self.server_index)
+
+    def _roce_interval(self) -> float:
+        return self.roce_rounds.interval(self.config) if self.roce_rounds else self._interval()
 
     def _interval(self) -> float:
         if self.args.pingmesh_collect_interval_s > 0:

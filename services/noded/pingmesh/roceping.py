@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from faultmesh._pb import agent_pb2
 from faultmesh.files import FileWatch
@@ -28,6 +29,9 @@ from faultmesh.log import event
 from fdol.slownet import config as pmconfig
 
 if TYPE_CHECKING:
+    from prometheus_client import Counter
+
+    from faultmesh.log import RateLimitedLog
     from noded.pingmesh.rocefabric import RoceFabric
 
 log = logging.getLogger("noded.pingmesh")
@@ -113,36 +117,57 @@ class RocePinger:
 
 
 class RoceRounds:
-    """The RoCE collection rounds of :class:`noded.pingmesh.Pingmesh` (a mixin: ``roce``, ``config``,
-    ``ctx``, ``writer``, ``args``, metrics)."""
+    """The RoCE collection rounds of the pingmesh source, which owns one: ``pinger`` probes (in the
+    bounded pool, ``run_blocking``); ``write_csv(spid, server_index, rows, roce)``: the result
+    writer's; ``emit(rows)`` hands the rows to the agent state; ``errors``: the pingmesh failure
+    counter (``reason``), ``ratelog`` its rate-limited log; ``args``: the ``--pingmesh-*`` flags."""
 
-    async def collect_roce(self) -> int:
-        """One RoCE collection (tests call it directly). Returns rows produced."""
-        act = pmconfig.for_super_pod(self.config or {}, ROCE)
-        if self.roce is None or not (act and act.activate):
+    def __init__(
+        self,
+        pinger: RocePinger,
+        args,
+        run_blocking: Callable[..., Awaitable[Any]],
+        write_csv: Callable[..., Any],
+        emit: Callable[[list[agent_pb2.PingResult]], None],
+        errors: Counter,
+        ratelog: RateLimitedLog,
+    ) -> None:
+        self.pinger = pinger
+        self.args = args
+        self._run_blocking = run_blocking
+        self._write_csv = write_csv
+        self._emit = emit
+        self._errors = errors
+        self._ratelog = ratelog
+
+    async def collect(
+        self,
+        config: dict[str, pmconfig.Activation] | None,
+        super_pod_id: str | None,
+        server_index: int | None,
+    ) -> int:
+        """One RoCE collection under pingmesh-config ``config`` (nothing unless its ``roce`` entry is
+        on); the CSV is written once the super pod and server index are known. Returns rows produced."""
+        act = pmconfig.for_super_pod(config or {}, ROCE)
+        if not (act and act.activate):
             return 0
-        rows = await self.ctx.run_blocking(ROCE_CALL_TIMEOUT_S, self.roce.collect, PERIOD_ROUNDS)
-        if rows and self.super_pod_id is not None and self.server_index is not None:
+        rows = await self._run_blocking(ROCE_CALL_TIMEOUT_S, self.pinger.collect, PERIOD_ROUNDS)
+        if rows and super_pod_id is not None and server_index is not None:
             try:
-                await self.ctx.run_blocking(
-                    ROCE_CALL_TIMEOUT_S,
-                    self.writer.write_csv,
-                    self.super_pod_id,
-                    self.server_index,
-                    rows,
-                    True,
+                await self._run_blocking(
+                    ROCE_CALL_TIMEOUT_S, self._write_csv, super_pod_id, server_index, rows, True
                 )
             except OSError as e:
-                self.m_errors.labels("result_file").inc()
+                self._errors.labels("result_file").inc()
                 self._ratelog.warning("roce_file", "roce result file not written", error=str(e))
         if rows:
-            self.ctx.state.add_ping_results(rows)
-            self.m_rows.inc(len(rows))
-            self.rows_sent += len(rows)
+            self._emit(rows)
         return len(rows)
 
-    def _roce_interval(self) -> float:
+    def interval(self, config: dict[str, pmconfig.Activation] | None) -> float:
+        """Seconds between RoCE collections: ``--pingmesh-collect-interval-s``, else the ``roce``
+        entry's period, else the file poll interval."""
         if self.args.pingmesh_collect_interval_s > 0:
             return self.args.pingmesh_collect_interval_s
-        act = pmconfig.for_super_pod(self.config or {}, ROCE)
+        act = pmconfig.for_super_pod(config or {}, ROCE)
         return float(act.period_s) if act else self.args.pingmesh_file_poll_s

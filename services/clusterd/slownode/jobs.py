@@ -1,5 +1,5 @@
-"""Slow-node detection jobs: FeatConf helpers, placement parsing and the per-job state
-(see :mod:`clusterd.slownode`)."""
+"""Slow-node detection: the per-job state every part reads, the FeatConf helpers, placement parsing,
+the fault codes and the job status document (see :mod:`clusterd.slownode`)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,15 @@ from typing import Any
 
 import orjson
 
-from fdol.slownode.cluster import ClusterDetector, DegradationTracker
+from fdol.slownode.cluster import ClusterDetector
+from fdol.slownode.degradation import DegradationTracker
 from fdol.slownode.featconf import FeatConf
 
 MAX_ROUNDS_KEPT = 100
+SOURCE = "fd-online"  # the fault records' source
+CODE_SLOW = "110001010"  # SubHealthFault on a node hosting slow ranks
+CODE_RECOVERED = "100001011"  # NotHandleFault (once) when the job recovered
+AGENT = "noded"  # the agent that runs the node part
 
 
 def prefix(conf: FeatConf) -> str:
@@ -104,3 +109,32 @@ class JobState:
         for r, n in sorted(self.placement.items()):
             out.setdefault(n, []).append(r)
         return out
+
+
+def job_status(js: JobState, brief: bool = False) -> dict[str, Any]:
+    """The job's status document (``GET /v1/slownode/<job>``; ``brief``: the ``GET /v1/slownode``
+    entry, without FeatConf, placement, results and rounds)."""
+    t = js.tracker
+    d: dict[str, Any] = {
+        "jobId": js.conf.job_id,
+        "jobName": js.conf.job_name,
+        "namespace": js.conf.job_namespace,
+        "enabled": True,
+        "source": js.source,
+        "nodes": js.nodes(),
+        "heavyProfiling": t.heavy,
+        "heavyReason": t.heavy_reason,
+        "degraded": t.degraded,
+        "slowRanks": t.reported_ranks,
+        "consecutiveSlowRounds": t.slow_rounds,
+        "rounds": js.detector.rounds,
+        "enabledMs": js.enabled_ms,
+    }
+    if brief:
+        return d
+    d["featConf"] = js.conf.to_json()
+    d["ranks"] = {str(r): n for r, n in sorted(js.placement.items())}
+    d["cluster"] = js.latest
+    d["nodeResults"] = js.detector.reports
+    d["history"] = list(js.rounds)
+    return d
