@@ -45,6 +45,7 @@ def test_acked_fault_survives_kill_9_with_its_first_seen_time(clusterd_process, 
         "SEEN",
         "LAST",
         "SEEN",
+        "ACKNOWLEDGED",
     ]
     assert sum("010001001" in line for line in out.stdout.splitlines()) == 20
 

@@ -174,6 +174,11 @@ async def test_leader_killed_follower_leads_with_acked_state(k8s, tmp_path):
         status, why = await readyz(b)
         assert status == 503 and "follower" in str(why)
 
+        async def knows_leader() -> bool:  # until its first Lease read (2 s retry) it says "unknown"
+            return "leader: unknown" not in str((await readyz(b))[1])
+
+        await eventually(knows_leader, timeout_s=15, what="the follower to read the Lease")
+
         # The follower refuses: gRPC UNAVAILABLE naming the leader, mutating HTTP 503, reads answer.
         async with grpc.aio.insecure_channel(b.grpc) as ch:
             with pytest.raises(grpc.aio.AioRpcError) as e:
