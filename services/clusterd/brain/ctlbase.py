@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from clusterd.brain.faultview import RankFault
+from clusterd.brain.ports import ControllerPorts
 from faultmesh._pb import recover_pb2
 from faultmesh.log import event
 from faultmesh.runtime import wait_for
@@ -61,11 +62,11 @@ class FlowEnd(Exception):
 
 
 class ControllerBase:
-    """The state machine of one job: its stream, report slots, state and flow task. ``brain`` gives
-    job data and decisions. The flows are added by :class:`clusterd.brain.controller.Controller`."""
+    """The state machine of one job: its stream, report slots, state and flow task. ``ports`` gives
+    job data and takes decisions. The flows are added by :class:`clusterd.brain.controller.Controller`."""
 
-    def __init__(self, brain, job_id: str, timeouts: Timeouts) -> None:
-        self.brain = brain
+    def __init__(self, ports: ControllerPorts, job_id: str, timeouts: Timeouts) -> None:
+        self.ports = ports
         self.job_id = job_id
         self.t = timeouts
         self.state = INIT
@@ -227,7 +228,7 @@ class ControllerBase:
                 raise
             event(log, logging.WARNING, "signal not sent: stream busy", job=self.job_id, signal=signal_type)
             return False
-        self.brain.m_signals.labels(signal_type).inc()
+        self.ports.count_signal(signal_type)
         self.sent.append((signal_type, list(actions or []) + ([change_strategy] if change_strategy else [])))
         del self.sent[:-50]
         event(
@@ -267,7 +268,7 @@ class ControllerBase:
         A report the flow does not wait for is dropped ("order mix", clusterd.md §7.2)."""
         self.client_answered()
         if kind not in self._expect:
-            self.brain.count_rejected("order_mix")
+            self.ports.count_rejected("order_mix")
             event(
                 log, logging.INFO, "report dropped: order mix", job=self.job_id, report=kind, state=self.state
             )
@@ -345,7 +346,7 @@ class ControllerBase:
             return False
         self.flow_name = name
         began, self.flow_began = self.flow_began, asyncio.Event()
-        self._flow = self.brain.spawn(self._run_flow(name, coro_fn), f"flow-{name}-{self.job_id}")
+        self._flow = self.ports.spawn(self._run_flow(name, coro_fn), f"flow-{name}-{self.job_id}")
         began.set()
         return True
 
@@ -358,7 +359,7 @@ class ControllerBase:
             raise
         except Exception as e:  # a handler error resets the controller (§7.2)
             event(log, logging.ERROR, "recovery flow failed", job=self.job_id, flow=name, error=repr(e))
-            self.brain.decide(self.job_id, name, "reset", f"handler error: {e!r}")
+            self.ports.decide(self.job_id, name, "reset", f"handler error: {e!r}")
         finally:
             self._expect.clear()
             self._close_slots()  # the reference's handleFinish -> reset
@@ -379,7 +380,7 @@ class ControllerBase:
             flow.cancel()
             with contextlib.suppress(BaseException):
                 await wait_for(asyncio.shield(flow), 2.0)
-            self.brain.decide(self.job_id, self.flow_name or "controller", "reset", reason)
+            self.ports.decide(self.job_id, self.flow_name or "controller", "reset", reason)
         self._flow = None
         self._expect.clear()
         self._close_slots()
@@ -457,15 +458,14 @@ class ControllerBase:
     async def kill_job(self, flow: str, reason: str) -> None:
         """Signal ``killMaster`` (no actions), then end the flow (→ INIT). clusterd.md §7.3 step 8."""
         self.set_state("KillJob")
-        self.brain.decide(self.job_id, flow, "kill-job", reason)
+        self.ports.decide(self.job_id, flow, "kill-job", reason)
         ok = await self.signal("killMaster", [])
         if not ok:
             event(log, logging.WARNING, "killMaster not delivered", job=self.job_id)
         raise FlowEnd
 
     def _pod_ranks(self, faults) -> list[str]:
-        """The pod ranks (``nodeRankIds``) hosting ``faults``, as sorted strings (the reference's
-        GetNodeRankIdsByFaultRanks)."""
+        """Sorted pod ranks (``nodeRankIds``) hosting ``faults`` (GetNodeRankIdsByFaultRanks)."""
         return sorted({str(f.pod_rank) for f in faults if f.pod_rank >= 0}, key=int)
 
     # -- fault recovery (§7.3) ---------------------------------------------------------------------
@@ -486,7 +486,7 @@ class ControllerBase:
         reference's GetFaultRankIdsInSameNode, §7.3 step 3): the pods told to exit lose all their
         ranks, so MindIO must hear of all of them. Pods in ``keep`` (pod ranks restarting their
         processes in place) keep only their own fault ranks. Returns the cached faults."""
-        job = self.brain.jobs.get(self.job_id)
+        job = self.ports.jobs.get(self.job_id)
         for k, f in list(self.cached_faults.items()):
             self.cached_faults[k] = _normal(f)
         if job is not None:

@@ -29,7 +29,7 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
 
     async def recovery(self, trigger: str) -> None:
         """The main path of §7.3 for the cached faults (run inside a flow)."""
-        job = self.brain.jobs.get(self.job_id)
+        job = self.ports.jobs.get(self.job_id)
         if job is None:
             raise FlowEnd
         flow = "recovery"
@@ -42,7 +42,7 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
         else:
             dump_only = [s for s in configured if s != "exit"] == ["dump"]
         if dump_only:
-            self.brain.decide(self.job_id, flow, "dump", "dump is the only strategy", faults=faults)
+            self.ports.decide(self.job_id, flow, "dump", "dump is the only strategy", faults=faults)
             await self.dump_and_exit(flow, "saveAndExit")
             return
         self.set_state("NotifyStopTrain")
@@ -64,7 +64,7 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
         (§7.3 steps 3-6). A retry answered 405 comes back here with its faults made normal."""
         retried = False
         while True:
-            job = self.brain.jobs.get(self.job_id)
+            job = self.ports.jobs.get(self.job_id)
             configured = self.platform_configured(job.strategies() if job else [])
             faults = self.faults()
             self.set_state("WaitFaultFlushFinished")
@@ -132,7 +132,7 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
                 await wait_for(self.flow_began.wait(), self.t.pre_exit_wait_s)
         job = jobs.get(self.job_id)
         kept = [f for f in faults if job is not None and job.pod_rank(f.node) == f.pod_rank]
-        decide = self.brain.decide
+        decide = self.ports.decide
         if not kept:
             decide(self.job_id, "recovery", "pre-exit-skipped", "every fault pod was replaced", faults=faults)
             return False
@@ -147,7 +147,7 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
         return ok
 
     def _merge_reported(self, ranks) -> None:
-        job = self.brain.jobs.get(self.job_id)
+        job = self.ports.jobs.get(self.job_id)
         for fr in ranks:
             try:
                 rank = int(fr.rankId)
@@ -169,7 +169,7 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
         Returns "done", or "again" when a retry was answered 405 (RecoverableRetryError: back to
         globalFault with ``fault_nodes_exit``). A status that never comes or a changeStrategy that
         cannot be sent ends in FaultClear / FaultRetry (:meth:`fault_retry`)."""
-        job = self.brain.jobs.get(self.job_id)
+        job = self.ports.jobs.get(self.job_id)
         if job is None:
             raise FlowEnd
         allowed: tuple[str, ...] = strat.AFTER_FAILURE["retry"] if after_retry else strat.ORDER
@@ -211,7 +211,7 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
                 self.drop_in_place()  # every fault pod restarts as a pod
             if choice.strategy != "retry":  # retry not chosen: retry faults become normal faults
                 faults = self.expand_to_pods(keep=self.restart_proc_pods)
-            self.brain.decide(
+            self.ports.decide(
                 self.job_id, flow, choice.strategy, choice.reason, faults=faults, trigger=trigger,
                 reported=sorted(reported),
             )  # fmt: skip
@@ -231,7 +231,7 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
                 await self.fault_retry(flow, self._no_status)
             if code is None:
                 await self.fault_retry(flow, self._no_status)
-            self.brain.decide(self.job_id, flow, f"{choice.strategy}-failed", f"status code {code}")
+            self.ports.decide(self.job_id, flow, f"{choice.strategy}-failed", f"status code {code}")
             if choice.strategy == "retry":
                 if code == 405:
                     return "again"
@@ -267,7 +267,7 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
                 self._no_status = "changeStrategy exit not delivered"
                 return False, None
             self.set_state("CheckRecoverResult")
-            self.brain.decide(self.job_id, flow, "exit-completed", self._after_exit())
+            self.ports.decide(self.job_id, flow, "exit-completed", self._after_exit())
             return True, 0
         if s == "dump":  # dump_and_exit ends with exit either way: nothing left to fall back to
             await self.dump_and_exit(flow, "changeStrategy")
@@ -302,7 +302,7 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
         if s == "elastic-training":
             return await self._elastic(flow, rep)
         if code == 0:
-            self.brain.decide(self.job_id, flow, f"{s}-success", "training side reported status 0")
+            self.ports.decide(self.job_id, flow, f"{s}-success", "training side reported status 0")
             self.cached_faults.clear()
             return True, 0
         return False, code
@@ -312,13 +312,13 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
         exit`` dump_exit to the fault pods, wait up to ``fault_retry_s`` for the job to run, label
         back to ``on``. A job that does not run again is killed (killMaster). Ends the flow."""
         self.set_state("FaultClear")
-        self.brain.decide(self.job_id, flow, "fault-clear", reason)
+        self.ports.decide(self.job_id, flow, "fault-clear", reason)
         self.set_state("FaultRetry")
-        await self.brain.jobs.update(self.job_id, process_recover_enable="pause")
+        await self.ports.jobs.update(self.job_id, process_recover_enable="pause")
         await self._dump_exit()
         deadline = time.monotonic() + self.t.fault_retry_s
         while True:
-            job = self.brain.jobs.get(self.job_id)
+            job = self.ports.jobs.get(self.job_id)
             if job is None:
                 raise FlowEnd
             if job.status == "running":
@@ -326,8 +326,8 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
             if time.monotonic() >= deadline:
                 await self.kill_job(flow, f"job not running {self.t.fault_retry_s}s after FaultRetry")
             await asyncio.sleep(self.t.poll_s)
-        await self.brain.jobs.update(self.job_id, process_recover_enable="on")
-        self.brain.decide(
+        await self.ports.jobs.update(self.job_id, process_recover_enable="on")
+        self.ports.decide(
             self.job_id, flow, "fault-retry", "processes told to exit (dump_exit); the job runs again"
         )
         raise FlowEnd
@@ -348,7 +348,7 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
         """Elastic training (DP scale-in, then scale-out when the fault ranks are healthy again)."""
         if rep.status.code == 201:
             isolate = []
-            job = self.brain.jobs.get(self.job_id)
+            job = self.ports.jobs.get(self.job_id)
             for rid in rep.isolateRankIds:
                 node = job.node_of_rank(int(rid)) if job and rid.isdigit() else None
                 if node is not None:
@@ -367,22 +367,22 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
         if rep.status.code != 0:
             return False, rep.status.code
         self.set_state("ScaleInRunning")
-        self.brain.decide(self.job_id, flow, "scale-in-success", "training continues on fewer DP groups")
+        self.ports.decide(self.job_id, flow, "scale-in-success", "training continues on fewer DP groups")
         scaled = {k[0] for k in self.cached_faults}
         deadline = time.monotonic() + self.t.scale_wait_s
         while time.monotonic() < deadline:
             if {k[0] for k in self.cached_faults} - scaled:
                 # §7.3 elastic step 4: a new fault during ScaleInRunning -> NotifyStopTrain
-                self.brain.decide(
+                self.ports.decide(
                     self.job_id, flow, "stop-train", "new fault during ScaleInRunning", faults=self.faults()
                 )
                 await self.recovery("fault during scale-in")
                 raise FlowEnd
-            if not self.brain.current_faults(self.job_id, self.cached_faults):
+            if not self.current_faults(self.cached_faults):
                 break
             await asyncio.sleep(self.t.poll_s)
         else:
-            self.brain.decide(
+            self.ports.decide(
                 self.job_id, flow, "scale-in-kept", f"fault ranks not healthy within {self.t.scale_wait_s}s"
             )
             return True, 0
@@ -399,7 +399,7 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
         r = await self.wait("status")
         if r is None or r[1].status.code != 0:
             return False, None if r is None else r[1].status.code
-        self.brain.decide(self.job_id, flow, "scale-out-success", "fault ranks healthy again")
+        self.ports.decide(self.job_id, flow, "scale-out-success", "fault ranks healthy again")
         self.cached_faults.clear()
         return True, 0
 
@@ -422,23 +422,23 @@ class RecoveryFlows(InPlaceSteps, RescheduleSteps, PlatformSteps):
         self.set_state("WaitReportDumpStatus")
         r = await self.wait("status")
         if r is None:
-            self.brain.decide(
+            self.ports.decide(
                 self.job_id, flow, "dump-failed", f"dump status not reported in {self.t.report_s}s"
             )
             await self.fault_retry(flow, "dump timed out")
         success = r[1].status.code == 0
-        self.brain.decide(
+        self.ports.decide(
             self.job_id, flow, "dump-success" if success else "dump-failed", f"status {r[1].status.code}"
         )
         await self._dump_exit()
         self.set_state("CheckRecoverResult")
         # after_dump: ProcessRecoverStatus stays dump-success / dump-failed (the reference)
-        self.brain.decide(self.job_id, flow, "exit-completed", self._after_exit(), after_dump=True)
+        self.ports.decide(self.job_id, flow, "exit-completed", self._after_exit(), after_dump=True)
         self.cached_faults.clear()
         return success
 
     def _after_exit(self) -> str:
-        job = self.brain.jobs.get(self.job_id)
+        job = self.ports.jobs.get(self.job_id)
         if job and job.rescheduling():
             return (
                 f"processes exited; {'/'.join(job.rescheduling())} restarts the job away from the fault nodes"

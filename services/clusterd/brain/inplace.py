@@ -38,12 +38,12 @@ class InPlaceSteps(ControllerBase):
         return pods
 
     def _pods_with_faults(self, pods: set[int]) -> set[int]:
-        job = self.brain.jobs.get(self.job_id)
+        job = self.ports.jobs.get(self.job_id)
         if job is None:
             return set()
         return {
             f.pod_rank
-            for f in self.brain.rank_faults(job)
+            for f in self.ports.rank_faults(job)
             if f.pod_rank in pods and level_health(f.level) == UNHEALTHY
         }
 
@@ -65,7 +65,7 @@ class InPlaceSteps(ControllerBase):
         exit_pods = sorted(
             {f.pod_rank for f in self.cached_faults.values() if f.pod_rank >= 0} - self.restart_proc_pods
         )
-        self.brain.decide(
+        self.ports.decide(
             self.job_id, flow, "in-place-split",
             f"restart processes on pods {sorted(self.restart_proc_pods)}, restart pods {exit_pods}"
             + (f" (faults still present after {self.t.in_place_wait_s}s)" if left else ""),

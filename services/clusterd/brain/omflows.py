@@ -16,6 +16,8 @@ from clusterd.brain.ctlbase import (
 )
 from clusterd.brain.faultview import RankFault
 from faultmesh._pb import recover_pb2
+from faultmesh.levels import SUB_HEALTHY, UNHEALTHY, level_health
+from faultmesh.model import now_ms
 
 log = logging.getLogger("clusterd.brain")
 
@@ -47,14 +49,14 @@ class OmFlows(ControllerBase):
                 failed = f"unexpected recover status {r[1].status.code}"
             if failed:
                 self._finish_om(f"switch nic failed, {failed}")
-                self.brain.decide(self.job_id, flow, "stop-train", failed)
-                job = self.brain.jobs.get(self.job_id)
-                self.add_faults(self.brain.rank_faults_for(job, [int(x) for x in ranks]))
+                self.ports.decide(self.job_id, flow, "stop-train", failed)
+                job = self.ports.jobs.get(self.job_id)
+                self.add_faults(rank_faults_for(job, [int(x) for x in ranks]))
                 await self.recovery(flow)
                 return
             await self._continue(flow)
             self._finish_om("switch nic finish")
-            self.brain.decide(self.job_id, flow, "switch-nic-success", f"ranks {','.join(ranks)} switched")
+            self.ports.decide(self.job_id, flow, "switch-nic-success", f"ranks {','.join(ranks)} switched")
         finally:
             self._finish_om("om failed, switch nic interrupted")
 
@@ -127,10 +129,10 @@ class OmFlows(ControllerBase):
             await self.signal("continueStartAgent", ["continue_start_agent"])
             if result is None:
                 self._finish_om("stress test timeout")
-                self.brain.decide(self.job_id, flow, "stop-train", "stress test result not reported")
-                job = self.brain.jobs.get(self.job_id)
+                self.ports.decide(self.job_id, flow, "stop-train", "stress test result not reported")
+                job = self.ports.jobs.get(self.job_id)
                 ranks = [int(r) for n in params.values() for r in n]
-                self.add_faults(self.brain.rank_faults_for(job, ranks))
+                self.add_faults(rank_faults_for(job, ranks))
                 await self.recovery(flow)
                 return
             await self._stress_result(flow, params, result, fault_during)
@@ -139,7 +141,7 @@ class OmFlows(ControllerBase):
             self._finish_om("om failed, stress test interrupted")
 
     async def _stress_result(self, flow, params, result, fault_during: bool) -> None:
-        job = self.brain.jobs.get(self.job_id)
+        job = self.ports.jobs.get(self.job_id)
         isolate: set[str] = set()
         fault_ranks: list[int] = []
         table: dict[str, dict[str, dict[str, dict[str, dict[str, str]]]]] = {}
@@ -160,32 +162,32 @@ class OmFlows(ControllerBase):
         result_json = json.dumps(table, sort_keys=True, separators=(",", ":"))
         if isolate:
             self._finish_om(f"stress test find fault, isolate node:{sorted(isolate)},result:{result_json}")
-            self.brain.decide(self.job_id, flow, "isolate-node", f"stress test code 2 on {sorted(isolate)}")
-            await self.brain.isolate_nodes(self.job_id, sorted(isolate))
+            self.ports.decide(self.job_id, flow, "isolate-node", f"stress test code 2 on {sorted(isolate)}")
+            await self.ports.isolate_nodes(self.job_id, sorted(isolate))
             fault_ranks += [r.rank for n in isolate for r in job.ranks_on(n)]
         elif fault_ranks:
             self._finish_om(
                 f"stress test timeout fault, faultRank:{sorted(set(fault_ranks))},result:{result_json}"
             )
         if fault_ranks or isolate:
-            self.brain.decide(
+            self.ports.decide(
                 self.job_id, flow, "stop-train", f"stress test faults on ranks {sorted(set(fault_ranks))}"
             )
-            self.add_faults(self.brain.rank_faults_for(job, sorted(set(fault_ranks))))
+            self.add_faults(rank_faults_for(job, sorted(set(fault_ranks))))
             await self.recovery(flow)
             return
         self._finish_om(
             ("stress test failed, " if fault_during else "") + "stress test finish, result:" + result_json
         )
         await self._continue(flow)
-        self.brain.decide(self.job_id, flow, "stress-test-success", "all ops returned code 0/1")
+        self.ports.decide(self.job_id, flow, "stress-test-success", "all ops returned code 0/1")
 
     # -- sub-health (§7.3 "Hot switch", principles doc 亚健康热切) ------------------------------------
     async def hot_switch(self, faults: list[RankFault]) -> None:
         """Switch the sub-healthy pod to a backup node; any failure falls back to job-level
         rescheduling and degrades the job's subHealthyStrategy to ignore."""
         flow = "hot-switch"
-        job = self.brain.jobs.get(self.job_id)
+        job = self.ports.jobs.get(self.job_id)
         fault_nodes = sorted({f.node for f in faults})
         self.set_state("NotifyHotSwitch")
         # notifyPrepareHotSwitch: every rank of the fault pod, type "1" (normalFaultAssociateSameNodeRank);
@@ -196,21 +198,19 @@ class OmFlows(ControllerBase):
             for r in (job.ranks_on(f.node) if job else ())
         ]
         if not await self.signal("hot-switch", ["hot switch"], pod_ranks or faults, new_id=True):
-            await self.brain.degrade(self.job_id, flow, "hot-switch signal not delivered")
+            await self._degrade(flow, "hot-switch signal not delivered")
             raise FlowEnd
         self.set_state("WaitNewPodRunning")
         backup = None
         deadline = time.monotonic() + self.t.hot_switch_wait_s
         while True:
-            backup = self.brain.pick_backup(job, len(fault_nodes))
+            backup = self._pick_backup(job, len(fault_nodes))
             if backup or time.monotonic() >= deadline:
                 break
             await asyncio.sleep(min(self.t.poll_s, max(0.0, deadline - time.monotonic())))
         if not backup:
             await self.signal("hot-switch", ["stop switch"], faults)
-            await self.brain.degrade(
-                self.job_id, flow, "no backup node became ready (no healthy backupNodes)"
-            )
+            await self._degrade(flow, "no backup node became ready (no healthy backupNodes)")
             raise FlowEnd
         self.expect("strategy")
         await self.signal("hot-switch", ["new pod running"], faults)
@@ -218,7 +218,7 @@ class OmFlows(ControllerBase):
         r = await self.wait("strategy")
         if r is None or not [s for s in r[1].strategies if s != "exit"]:
             why = "pause not reported in time" if r is None else "training side can only exit"
-            await self.brain.degrade(self.job_id, flow, why)
+            await self._degrade(flow, why)
             await self.kill_job(flow, f"hot switch stopped: {why}; job-level rescheduling")
         self.set_state("NotifyMigration")
         mapping = dict(zip(fault_nodes, backup, strict=False))
@@ -228,7 +228,45 @@ class OmFlows(ControllerBase):
         r = await self.wait("status")
         if r is None or r[1].status.code != 0:
             why = "resume not reported in time" if r is None else f"resume failed ({r[1].status.code})"
-            await self.brain.degrade(self.job_id, flow, why)
+            await self._degrade(flow, why)
             await self.kill_job(flow, f"hot switch failed: {why}; job-level rescheduling")
-        await self.brain.move_ranks(self.job_id, mapping)
-        self.brain.decide(self.job_id, flow, "hot-switch-success", f"pods moved {mapping}")
+        await self._move_ranks(mapping)
+        self.ports.decide(self.job_id, flow, "hot-switch-success", f"pods moved {mapping}")
+
+    def _pick_backup(self, job, count: int) -> list[str] | None:
+        """``count`` backup nodes of ``job`` that have no SubHealthy/UnHealthy fault and host no rank."""
+        used = {r.node for j in self.ports.jobs.all() for r in j.ranks}
+        ok = [
+            n
+            for n in job.backup_nodes
+            if n not in used
+            and all(
+                level_health(f.level) not in (SUB_HEALTHY, UNHEALTHY) for f in self.ports.faults_of_node(n)
+            )
+        ]
+        return ok[:count] if len(ok) >= count else None
+
+    async def _degrade(self, flow: str, reason: str) -> None:
+        """Sub-health handling falls back: subHealthyStrategy becomes ``ignore`` (principles 亚健康热切)."""
+        await self.ports.jobs.update(self.job_id, sub_healthy_strategy="ignore")
+        self.ports.decide(self.job_id, flow, "degrade-to-ignore", reason)
+
+    async def _move_ranks(self, mapping: dict[str, str]) -> None:
+        """Move every rank on each old node to its new node (hot switch done)."""
+        job = self.ports.jobs.get(self.job_id)
+        if job is None:
+            return
+        ranks = tuple(replace(r, node=mapping.get(r.node, r.node)) for r in job.ranks)
+        await self.ports.jobs.update(self.job_id, ranks=ranks)
+
+
+def rank_faults_for(job, ranks: list[int]) -> list[RankFault]:
+    """Type-"1" RankFaults for ``ranks`` of ``job`` (O&M failures turn ranks into faults, §4)."""
+    if job is None:
+        return []
+    now = now_ms()
+    return [
+        RankFault(r.rank, r.node, r.device_id, job.pod_rank(r.node), "", "SeparateNPU", "1", now)
+        for r in job.ranks
+        if r.rank in ranks
+    ]

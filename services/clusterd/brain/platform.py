@@ -147,11 +147,11 @@ class PlatformSteps(ControllerBase):
 
     def platform_mode(self) -> bool:
         """True while the job's annotations hold ProcessRecoverStrategy."""
-        return STRATEGY_KEY in self.brain.platform.get(self.job_id)
+        return STRATEGY_KEY in self.ports.platform.get(self.job_id)
 
     def read_strategy(self, confirmed: bool) -> str | None:
         """The platform's strategy: retry / recover / dump (and exit once ``confirmed``), else None."""
-        value = self.brain.platform.get(self.job_id).get(STRATEGY_KEY, "").strip().strip(",")
+        value = self.ports.platform.get(self.job_id).get(STRATEGY_KEY, "").strip().strip(",")
         if value in PLATFORM_STRATEGIES or (confirmed and value == "exit"):
             return value
         return None
@@ -171,26 +171,26 @@ class PlatformSteps(ControllerBase):
         if s is None:
             await self.fault_retry(flow, f"platform strategy not set in {self.t.platform_s}s")
         self.plat_strategy = s
-        self.brain.decide(self.job_id, flow, "platform-strategy", f"ProcessRecoverStrategy={s}")
+        self.ports.decide(self.job_id, flow, "platform-strategy", f"ProcessRecoverStrategy={s}")
 
     async def confirm_faults(self, flow: str, ranks: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """writeConfirmFaultAndWaitPlatResultFault: ProcessConfirmFault = ``ranks``, wait for
         ProcessResultFault, re-read the strategy. Returns the merged ranks; an error ends in
         FaultClear / FaultRetry."""
         self.set_state("WaitPlatformResultFault")
-        ann = self.brain.platform.get(self.job_id)
+        ann = self.ports.platform.get(self.job_id)
         if ann.get(CONFIRM_KEY):
             await self.fault_retry(flow, "platform did not clear the previous ProcessConfirmFault")
-        await self.brain.platform.patch(self.job_id, {CONFIRM_KEY: faults_to_string(ranks)})
+        await self.ports.platform.patch(self.job_id, {CONFIRM_KEY: faults_to_string(ranks)})
 
         def result():
-            a = self.brain.platform.get(self.job_id)
+            a = self.ports.platform.get(self.job_id)
             return a.get(RESULT_KEY) if RESULT_KEY in a else None
 
         text = await self._poll(result, time.monotonic() + self.t.platform_s)
         if text is None:
             await self.fault_retry(flow, f"ProcessResultFault not set in {self.t.platform_s}s")
-        confirmed = string_to_faults(self.brain.platform.get(self.job_id).get(CONFIRM_KEY, ""))
+        confirmed = string_to_faults(self.ports.platform.get(self.job_id).get(CONFIRM_KEY, ""))
         merged = list(dict.fromkeys(string_to_faults(text) + confirmed))
         s = self.read_strategy(True)
         if s is None:
@@ -198,7 +198,7 @@ class PlatformSteps(ControllerBase):
                 flow, "platform strategy not retry/recover/dump/exit after the confirmation"
             )
         self.plat_strategy = s
-        self.brain.decide(
+        self.ports.decide(
             self.job_id,
             flow,
             "platform-confirmed",
@@ -212,13 +212,13 @@ class PlatformSteps(ControllerBase):
         self.set_state("WaitRankTableReady")
 
         def ready():
-            v = self.brain.platform.get(self.job_id).get(RANK_TABLE_KEY, "")
+            v = self.ports.platform.get(self.job_id).get(RANK_TABLE_KEY, "")
             return None if v == "" else v
 
         v = await self._poll(ready, time.monotonic() + self.t.platform_s)
         if v == "true":
             return True
-        self.brain.decide(
+        self.ports.decide(
             self.job_id, flow, "rank-table-not-ready",
             f"RankTableReady={v!r}" if v is not None else f"RankTableReady not set in {self.t.platform_s}s",
         )  # fmt: skip

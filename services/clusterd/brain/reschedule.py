@@ -26,6 +26,7 @@ import asyncio
 import time
 
 from clusterd.brain.ctlbase import ControllerBase
+from faultmesh.levels import UNHEALTHY, level_health
 
 WAIT_RESCHEDULE_KEY = "wait-reschedule-timeout"
 WAIT_RESCHEDULE_DEFAULT_S = 270
@@ -62,19 +63,29 @@ class RescheduleSteps(ControllerBase):
 
     def exit_pod_ranks(self) -> set[int]:
         """Ranks of the fault pods that restart as pods (not those restarting processes in place)."""
-        job = self.brain.jobs.get(self.job_id)
+        job = self.ports.jobs.get(self.job_id)
         if job is None:
             return set()
         pods = {f.pod_rank for f in self.cached_faults.values() if f.pod_rank >= 0} - self.restart_proc_pods
         return {r.rank for node in job.nodes() if job.pod_rank(node) in pods for r in job.ranks_on(node)}
 
+    def current_faults(self, cached) -> bool:
+        """True while any rank of ``cached`` (rank, code) keys still has an active UnHealthy fault."""
+        job = self.ports.jobs.get(self.job_id)
+        if job is None:
+            return False
+        ranks = {k[0] for k in cached}
+        return any(
+            f.rank in ranks and level_health(f.level) == UNHEALTHY for f in self.ports.rank_faults(job)
+        )
+
     def resources_back(self) -> bool:
         """The job runs and no rank of the exiting fault pods has an active UnHealthy fault."""
-        job = self.brain.jobs.get(self.job_id)
+        job = self.ports.jobs.get(self.job_id)
         if job is None or job.status != "running":
             return False
         ranks = self.exit_pod_ranks()
-        return not self.brain.current_faults(self.job_id, {(r, "") for r in ranks})
+        return not self.current_faults({(r, "") for r in ranks})
 
     def elastic_supported(self, job, reported) -> bool:
         """Elastic training configured, reported (``downgrade``) and pod rank 0 not faulty."""
@@ -89,12 +100,12 @@ class RescheduleSteps(ControllerBase):
         deadline = time.monotonic() + wait * self.t.job_wait_scale
         while not self.resources_back():
             if time.monotonic() >= deadline:
-                self.brain.decide(
+                self.ports.decide(
                     self.job_id, flow, "elastic-wait", f"fault pods not rescheduled within {wait}s: scale-in"
                 )
                 return False
             await asyncio.sleep(min(self.t.poll_s, max(0.0, deadline - time.monotonic())))
-        self.brain.decide(
+        self.ports.decide(
             self.job_id, flow, "elastic-wait", f"fault pods rescheduled within {wait}s: no scale-in"
         )
         return True
@@ -103,7 +114,7 @@ class RescheduleSteps(ControllerBase):
         """Wait for the strategy's ReportRecoverStatus (already expected) while watching the
         rescheduling (module docstring). Returns ("status", report), ("timeout", None) when no
         status came in ``report_s``, or ("reschedule-timeout", seconds)."""
-        job = self.brain.jobs.get(self.job_id)
+        job = self.ports.jobs.get(self.job_id)
         watch = (
             job is not None and strategy in ("recover", "recover-in-place") and bool(self.exit_pod_ranks())
         )
@@ -115,7 +126,7 @@ class RescheduleSteps(ControllerBase):
             if watch:
                 if self.resources_back():
                     watch = False
-                    self.brain.decide(
+                    self.ports.decide(
                         self.job_id,
                         "recovery",
                         "reschedule-success",
