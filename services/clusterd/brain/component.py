@@ -260,7 +260,7 @@ class BrainComponent(FaultIntake):
         plus the synthetic ranks of business-plane retry reports (:mod:`clusterd.brain.retryproc`).
         A fault the retry filter hides has the job evaluated again when its hide ends."""
         ctl = self.controllers.get(job.id)
-        hidden_nodes = ctl.hidden_nodes if ctl else set()
+        hidden_nodes = ctl.st.hidden_nodes if ctl else set()
         now = now_ms()
         filt = customfilter.windows(
             job, customfilter.needs_subscription(job) and self.mindie_controller_subscribed(job)
@@ -296,7 +296,7 @@ class BrainComponent(FaultIntake):
     def hidden_nodes(self, job_id: str) -> set[str]:
         """The nodes whose stress-test codes the job's views hide (its controller's, while one runs)."""
         ctl = self.controllers.get(job_id)
-        return ctl.hidden_nodes if ctl else set()
+        return ctl.st.hidden_nodes if ctl else set()
 
     def _recheck_at(self, job_id: str, at_ms: int, now: int) -> None:
         """Evaluate ``job_id`` again at ``at_ms`` (one timer per job, the earliest wins)."""
@@ -357,7 +357,7 @@ class BrainComponent(FaultIntake):
         ctl = Controller(self.ports, job_id, self.timeouts)
         job = self.jobs.get(job_id)
         if job is not None:
-            ctl.seen_fault_keys = {(f.rank, f.code) for f in self.rank_faults(job)}
+            ctl.st.seen_fault_keys = {(f.rank, f.code) for f in self.rank_faults(job)}
         event(log, logging.INFO, "recover client registered", job=job_id)
         return ctl
 
