@@ -21,9 +21,7 @@ KNOWN_CYCLES: set[frozenset[str]] = set()
 KNOWN_STITCHED = {
     "noded.pingmesh.component.Pingmesh",
 }
-KNOWN_REACHES = {  # file under services/ -> reaches through a held brain/app
-    "clusterd/app.py": 4,  # the wiring: the brain's data-trace hook and views handed to slow-node and kube
-}
+KNOWN_REACHES: dict[str, int] = {}  # file under services/ -> reaches through a held brain/app
 KNOWN_BUILT_WITH_SELF = {  # file -> constructions of a project class handed the builder itself
     "clusterd/auth.py": 1,  # TokenAuth's gRPC interceptor over the TokenAuth itself (one object)
 }

@@ -267,16 +267,17 @@ class ClusterD:
         )
         podgroups = kube.enabled and kube.handoff is not None and ctx.config.kube_podgroups == "on"
         platform = PodGroupPlatform(kube.handoff) if podgroups else None  # platform mode on PodGroups
-        self.brain = BrainComponent(ctx, jobs, decisions, reports, platform_backend=platform)
+        self.brain = brain = BrainComponent(ctx, jobs, decisions, reports, platform_backend=platform)
+        self.jobs = jobs
         slownode = SlowNodeComponent(
             ctx,
             jobs=jobs,
-            set_data_trace=self.brain.set_data_trace,
-            data_trace_root=self.brain.datatrace.root,
+            set_data_trace=brain.set_data_trace,
+            data_trace_root=brain.datatrace.root,
         )
         slownet = SlowNetComponent(ctx, kube)  # kube: its leader election gates slownet's ConfigMap writes
-        kube.control.attach(slownode, self.brain.datatrace, slownet_topology(slownet))  # control ConfigMaps
-        self.components = [self.pubfault, kube, self.brain, self.separation, slownode, slownet]
+        kube.control.attach(slownode, brain.datatrace, slownet_topology(slownet))  # control ConfigMaps
+        self.components = [self.pubfault, kube, brain, self.separation, slownode, slownet]
         self._kube_control = kube.control
         self.components.append(HistoryComponent(ctx))
         self.grpc_port = 0
@@ -292,7 +293,6 @@ class ClusterD:
     http = property(lambda self: self.ctx.http)
     registry = property(lambda self: self.ctx.metrics.registry)
     rejected = property(lambda self: self.ctx.metrics.rejected)
-    jobs = property(lambda self: self.brain.jobs)
 
     def _servicers(self) -> list[tuple]:
         out: list[tuple] = [(agent_pb2_grpc.add_AgentStreamServicer_to_server, self.ctx.agents)]
