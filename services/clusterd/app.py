@@ -277,7 +277,7 @@ class ClusterD:
         )
         slownet = SlowNetComponent(ctx, kube)  # kube: its leader election gates slownet's ConfigMap writes
         kube.control.attach(slownode, brain.datatrace, slownet_topology(slownet))  # control ConfigMaps
-        self.components = [self.pubfault, kube, brain, self.separation, slownode, slownet]
+        self.components = [self.pubfault, kube, self.brain, self.separation, slownode, slownet]
         self._kube_control = kube.control
         self.components.append(HistoryComponent(ctx))
         self.grpc_port = 0
