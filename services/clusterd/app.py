@@ -276,17 +276,18 @@ class ClusterD:
         )
         podgroups = kube.enabled and kube.handoff is not None and ctx.config.kube_podgroups == "on"
         platform = PodGroupPlatform(kube.handoff) if podgroups else None  # platform mode on PodGroups
-        self.brain = BrainComponent(ctx, jobs, decisions, reports, platform_backend=platform)
+        self.brain = brain = BrainComponent(ctx, jobs, decisions, reports, platform_backend=platform)
+        self.jobs = jobs
         slownode = SlowNodeComponent(
             ctx,
             jobs=jobs,
-            set_data_trace=self.brain.set_data_trace,
-            data_trace_root=self.brain.datatrace.root,
+            set_data_trace=brain.set_data_trace,
+            data_trace_root=brain.datatrace.root,
         )
         slownet = SlowNetComponent(ctx, kube)  # kube: its leader election gates slownet's ConfigMap writes
         control = ControlMaps(  # the control ConfigMaps and fault-job-info: started after kube and slownode
             args, kube, jobs, ctx.store, kube.metrics, ctx.tasks.spawn,
-            slownode=slownode, data_trace=self.brain.datatrace, topology=slownet_topology(slownet),
+            slownode=slownode, data_trace=brain.datatrace, topology=slownet_topology(slownet),
         )  # fmt: skip
         if kube.enabled:
             decisions.subscribe(control.on_decision)
@@ -307,7 +308,6 @@ class ClusterD:
     http = property(lambda self: self.ctx.http)
     registry = property(lambda self: self.ctx.metrics.registry)
     rejected = property(lambda self: self.ctx.metrics.rejected)
-    jobs = property(lambda self: self.brain.jobs)
 
     def _servicers(self) -> list[tuple]:
         out: list[tuple] = [(agent_pb2_grpc.add_AgentStreamServicer_to_server, self.ctx.agents)]

@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge
@@ -45,6 +44,7 @@ from clusterd.brain.intake import FaultIntake
 from clusterd.brain.jobs import JobRegistry
 from clusterd.brain.jobsvc import ConfigServicer, JobServicer
 from clusterd.brain.platform import PlatformAnnotations
+from clusterd.brain.ports import ControllerPorts
 from clusterd.brain.recover import RecoverServicer
 from clusterd.brain.registry import RecoveryRegistry
 from clusterd.brain.retryproc import RetryReports
@@ -56,7 +56,6 @@ from faultmesh._pb import (
     profiling_pb2_grpc,
     recover_pb2_grpc,
 )
-from faultmesh.levels import SUB_HEALTHY, UNHEALTHY, level_health
 from faultmesh.log import event
 from faultmesh.model import Fault, now_ms
 
@@ -183,6 +182,12 @@ class BrainComponent(FaultIntake):
         Gauge("faultmesh_brain_busy_jobs", "Jobs whose controller runs a flow", registry=reg).set_function(
             lambda: sum(1 for c in self.controllers.values() if c.busy())
         )
+        self.ports = ControllerPorts(  # what every controller gets of the outside
+            jobs=self.jobs, decide=self.decide, rank_faults=self.rank_faults,
+            faults_of_node=self.faults_of_node, isolate_nodes=self.isolate_nodes, platform=self.platform,
+            spawn=self.spawn, count_rejected=self.count_rejected,
+            count_signal=lambda signal_type: self.m_signals.labels(signal_type).inc(),
+        )  # fmt: skip
         self.recover = RecoverServicer(
             self.jobs, self.registry, self.decide, self.process_fault, self.super_pod_id,
             self.count_rejected, self.timeouts.report_s,
@@ -255,7 +260,7 @@ class BrainComponent(FaultIntake):
         plus the synthetic ranks of business-plane retry reports (:mod:`clusterd.brain.retryproc`).
         A fault the retry filter hides has the job evaluated again when its hide ends."""
         ctl = self.controllers.get(job.id)
-        hidden_nodes = ctl.hidden_nodes if ctl else set()
+        hidden_nodes = ctl.st.hidden_nodes if ctl else set()
         now = now_ms()
         filt = customfilter.windows(
             job, customfilter.needs_subscription(job) and self.mindie_controller_subscribed(job)
@@ -291,7 +296,7 @@ class BrainComponent(FaultIntake):
     def hidden_nodes(self, job_id: str) -> set[str]:
         """The nodes whose stress-test codes the job's views hide (its controller's, while one runs)."""
         ctl = self.controllers.get(job_id)
-        return ctl.hidden_nodes if ctl else set()
+        return ctl.st.hidden_nodes if ctl else set()
 
     def _recheck_at(self, job_id: str, at_ms: int, now: int) -> None:
         """Evaluate ``job_id`` again at ``at_ms`` (one timer per job, the earliest wins)."""
@@ -321,27 +326,6 @@ class BrainComponent(FaultIntake):
         """Active faults of ``node`` (the fault center's node index; O(faults on node))."""
         return self.ctx.center.faults_of_node(node)
 
-    def rank_faults_for(self, job, ranks: list[int]) -> list[RankFault]:
-        """Type-"1" RankFaults for ``ranks`` (O&M failures turn ranks into faults, §4)."""
-        if job is None:
-            return []
-        now = now_ms()
-        out = []
-        for r in job.ranks:
-            if r.rank in ranks:
-                out.append(
-                    RankFault(r.rank, r.node, r.device_id, job.pod_rank(r.node), "", "SeparateNPU", "1", now)
-                )
-        return out
-
-    def current_faults(self, job_id: str, cached) -> bool:
-        """True while any rank of ``cached`` (rank, code) keys still has an active fault."""
-        job = self.jobs.get(job_id)
-        if job is None:
-            return False
-        ranks = {k[0] for k in cached}
-        return any(f.rank in ranks and level_health(f.level) == UNHEALTHY for f in self.rank_faults(job))
-
     def super_pod_id(self, job, node: str) -> int:
         """SuperPoD id of ``node``: the job spec's ``superPodId``, else deviced's device state, else -1."""
         for r in job.ranks_on(node):
@@ -350,30 +334,6 @@ class BrainComponent(FaultIntake):
         st = self.ctx.nodes.get(node)
         ids = [d.get("super_pod_id", -1) for d in st.devices.values()] if st else []
         return max(ids) if ids else -1
-
-    def pick_backup(self, job, count: int) -> list[str] | None:
-        """``count`` backup nodes of ``job`` that have no SubHealthy/UnHealthy fault and host no rank."""
-        used = {r.node for j in self.jobs.all() for r in j.ranks}
-        ok = [
-            n
-            for n in job.backup_nodes
-            if n not in used
-            and all(level_health(f.level) not in (SUB_HEALTHY, UNHEALTHY) for f in self.faults_of_node(n))
-        ]
-        return ok[:count] if len(ok) >= count else None
-
-    async def degrade(self, job_id: str, flow: str, reason: str) -> None:
-        """Sub-health handling falls back: subHealthyStrategy becomes ``ignore`` (principles 亚健康热切)."""
-        await self.jobs.update(job_id, sub_healthy_strategy="ignore")
-        self.decide(job_id, flow, "degrade-to-ignore", reason)
-
-    async def move_ranks(self, job_id: str, mapping: dict[str, str]) -> None:
-        """Move every rank on each old node to its new node (hot switch done)."""
-        job = self.jobs.get(job_id)
-        if job is None:
-            return
-        ranks = tuple(replace(r, node=mapping.get(r.node, r.node)) for r in job.ranks)
-        await self.jobs.update(job_id, ranks=ranks)
 
     async def isolate_nodes(self, job_id: str, nodes: list[str]) -> None:
         """Mark nodes UnHealthy after a stress test found a fault (code "2"): a SeparateFault node
@@ -394,10 +354,10 @@ class BrainComponent(FaultIntake):
 
     def _new_controller(self, job_id: str) -> Controller:
         """A registered job's controller: the faults it already has count as seen."""
-        ctl = Controller(self, job_id, self.timeouts)
+        ctl = Controller(self.ports, job_id, self.timeouts)
         job = self.jobs.get(job_id)
         if job is not None:
-            ctl.seen_fault_keys = {(f.rank, f.code) for f in self.rank_faults(job)}
+            ctl.st.seen_fault_keys = {(f.rank, f.code) for f in self.rank_faults(job)}
         event(log, logging.INFO, "recover client registered", job=job_id)
         return ctl
 

@@ -110,7 +110,7 @@ class JobsHttp:
             {
                 "job_id": jid,
                 "state": ctl.state if ctl else "",
-                "flow": ctl.flow_name if ctl else "",
+                "flow": ctl.st.flow_name if ctl else "",
                 "registered": ctl is not None,
                 "subscribed": bool(ctl and ctl.subscribed),
                 "strategies": job.strategies() if job else [],
@@ -140,7 +140,7 @@ class JobsHttp:
             await self.jobs.update(jid, process_recover_enable="on")
         self.decide(jid, "operator", "operator-reset", f"recovery state cleared (was {was})")
         if isinstance(body, dict) and body.get("reevaluate"):
-            ctl.seen_fault_keys = set()
+            ctl.st.seen_fault_keys = set()
             self.evaluate(self.jobs.get(jid))
         event(log, logging.INFO, "recovery reset by operator", job=jid, state=was)
         return json_response({"job_id": jid, "result": "reset", "was": was, "state": ctl.state})

@@ -19,57 +19,62 @@ import asyncio
 import time
 
 from clusterd.brain import strategy as strat
-from clusterd.brain.ctlbase import ControllerBase
+from clusterd.brain.ctlcore import ControllerCore
 from faultmesh.levels import UNHEALTHY, level_health
 
 
-class InPlaceSteps(ControllerBase):
-    """The recover-in-place steps of :class:`clusterd.brain.controller.Controller`."""
+class InPlaceSteps:
+    """The recover-in-place steps of the recovery flow (module docstring); ``c`` the controller core."""
+
+    def __init__(self, c: ControllerCore) -> None:
+        self.c = c
+        self.st = c.st
 
     def in_place_candidates(self) -> set[int]:
         """Pod ranks whose cached faults all have an in-place level (module docstring)."""
         by_pod: dict[int, list] = {}
-        for f in self.cached_faults.values():
+        for f in self.st.cached_faults.values():
             by_pod.setdefault(f.pod_rank, []).append(f)
         pods = {p for p, fs in by_pod.items() if p >= 0 and all(f.level in strat.IN_PLACE_LEVELS for f in fs)}
-        software_only = all(not f.code for f in self.cached_faults.values())
+        software_only = all(not f.code for f in self.st.cached_faults.values())
         if software_only and len(by_pod) > 1:
             return set()  # the reference: several pods with only software faults cannot restart in place
         return pods
 
     def _pods_with_faults(self, pods: set[int]) -> set[int]:
-        job = self.brain.jobs.get(self.job_id)
+        job = self.c.job()
         if job is None:
             return set()
         return {
             f.pod_rank
-            for f in self.brain.rank_faults(job)
+            for f in self.c.ports.rank_faults(job)
             if f.pod_rank in pods and level_health(f.level) == UNHEALTHY
         }
 
     async def split_in_place(self, flow: str, configured: list[str]) -> None:
-        """Set :attr:`restart_proc_pods` (module docstring); records an ``in-place-split`` decision."""
-        self.restart_proc_pods = set()
+        """Set ``restart_proc_pods`` (module docstring); records an ``in-place-split`` decision."""
+        self.st.restart_proc_pods = set()
         if "recover-in-place" not in configured:
             return
         candidates = self.in_place_candidates()
         if not candidates:
             return
-        self.set_state("WaitFaultDisappear")
-        deadline = time.monotonic() + self.t.in_place_wait_s
+        self.c.set_state("WaitFaultDisappear")
+        deadline = time.monotonic() + self.c.t.in_place_wait_s
         left = self._pods_with_faults(candidates)
         while left and time.monotonic() < deadline:
-            await asyncio.sleep(min(self.t.poll_s, max(0.0, deadline - time.monotonic())))
+            await asyncio.sleep(min(self.c.t.poll_s, max(0.0, deadline - time.monotonic())))
             left = self._pods_with_faults(candidates)
-        self.restart_proc_pods = candidates - left
+        self.st.restart_proc_pods = candidates - left
         exit_pods = sorted(
-            {f.pod_rank for f in self.cached_faults.values() if f.pod_rank >= 0} - self.restart_proc_pods
+            {f.pod_rank for f in self.st.cached_faults.values() if f.pod_rank >= 0}
+            - self.st.restart_proc_pods
         )
-        self.brain.decide(
-            self.job_id, flow, "in-place-split",
-            f"restart processes on pods {sorted(self.restart_proc_pods)}, restart pods {exit_pods}"
-            + (f" (faults still present after {self.t.in_place_wait_s}s)" if left else ""),
-            faults=self.faults(), restart_process_pods=sorted(self.restart_proc_pods), restart_pods=exit_pods,
+        self.c.decide(
+            flow, "in-place-split",
+            f"restart processes on pods {sorted(self.st.restart_proc_pods)}, restart pods {exit_pods}"
+            + (f" (faults still present after {self.c.t.in_place_wait_s}s)" if left else ""),
+            faults=self.st.faults(), restart_process_pods=sorted(self.st.restart_proc_pods), restart_pods=exit_pods,
         )  # fmt: skip
 
     def in_place_actions(self, strategy: str) -> list[str]:
@@ -77,12 +82,12 @@ class InPlaceSteps(ControllerBase):
         after in-place was possible -> fault_nodes_exit (every fault pod restarts as a pod)."""
         if strategy == "recover-in-place":
             return ["change_strategy", "fault_nodes_restart"]
-        if self.in_place_dropped and strategy != "retry":
+        if self.st.in_place_dropped and strategy != "retry":
             return ["change_strategy", "fault_nodes_exit"]
         return ["change_strategy"]
 
     def drop_in_place(self) -> None:
         """Another strategy than recover-in-place: every fault pod restarts as a pod."""
-        if self.restart_proc_pods:
-            self.restart_proc_pods = set()
-            self.in_place_dropped = True
+        if self.st.restart_proc_pods:
+            self.st.restart_proc_pods = set()
+            self.st.in_place_dropped = True

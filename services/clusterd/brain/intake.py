@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import logging
 
-from clusterd.brain import controller as ctlmod
-from clusterd.brain.controller import Controller
+from clusterd.brain.controller import INIT, Controller
 from clusterd.brain.faultview import RECOVER_IGNORED_LEVELS, RankFault, job_health
 from clusterd.brain.platform import STRATEGY_KEY
 from clusterd.brain.retryproc import CODE_OF_TYPE, RETRY_TYPES
@@ -64,8 +63,8 @@ class FaultIntake:
                     faults=new,
                 )
             return
-        new = [f for f in faults if (f.rank, f.code) not in ctl.seen_fault_keys]
-        ctl.seen_fault_keys = keys
+        new = [f for f in faults if (f.rank, f.code) not in ctl.st.seen_fault_keys]
+        ctl.st.seen_fault_keys = keys
         if not new:
             return
         if health == UNHEALTHY:
@@ -77,19 +76,19 @@ class FaultIntake:
             # idle controller has not heard yet -> preExitProcess
             platform = STRATEGY_KEY in self.platform.get(job.id)
             pre_exit = "retry" not in job.strategies() or not only_retry or platform
-            ctl.add_faults(joined)  # the reference's saveCacheFault: every new fault is cached
+            ctl.st.add_faults(joined)  # the reference's saveCacheFault: every new fault is cached
             if ctl.busy():
-                event(log, logging.INFO, "fault joins the running flow", job=job.id, flow=ctl.flow_name)
+                event(log, logging.INFO, "fault joins the running flow", job=job.id, flow=ctl.st.flow_name)
                 normal = [f for f in joined if f.fault_type == "1" and f.pod_rank >= 0]
-                if normal and ctl.flow_name == "recovery":
+                if normal and ctl.st.flow_name == "recovery":
                     # §7.2: the training side may exit the new fault pods at once (all ranks type "1")
-                    self.spawn(ctl.pre_exit(normal, self.jobs), f"pre-exit-{job.id}")
+                    self.spawn(ctl.recovery.pre_exit(normal, self.jobs), f"pre-exit-{job.id}")
                 return
             if pre_exit and any(f.pod_rank >= 0 for f in joined):
                 # §7.2: the reference does not stop the job itself: preExitProcess tells TaskD to stop
                 # the fault ranks' workers; TaskD's ReportProcessFault then starts the recovery.
                 self.spawn(
-                    ctl.pre_exit(
+                    ctl.recovery.pre_exit(
                         joined,
                         self.jobs,
                         "hardware fault on the job's ranks; waiting for TaskD's ReportProcessFault",
@@ -99,7 +98,7 @@ class FaultIntake:
                 return
             # only the joined faults: a sub-health rank (a slow-node confirmation) is no stop-train rank
             self.decide(job.id, "recovery", "stop-train", "hardware fault on the job's ranks", faults=joined)
-            ctl.start_flow("recovery", lambda: ctl.recovery("fault"))
+            ctl.start_flow("recovery", lambda: ctl.recovery.run("fault"))
             return
         if health == SUB_HEALTHY:
             self._sub_health(job, ctl, [f for f in new if f.level == "SubHealthFault"])
@@ -117,7 +116,7 @@ class FaultIntake:
                 why = "the fault is on the master pod (pod rank 0)"
             elif len(pods) > MAX_HOT_SWITCH_PODS:
                 why = f"more than {MAX_HOT_SWITCH_PODS} fault pods"
-            elif ctl.busy() or ctl.state != ctlmod.INIT:
+            elif ctl.busy() or ctl.state != INIT:
                 why = f"controller busy ({ctl.state})"
             if why:
                 self.decide(job.id, "hot-switch", "ignore", why, faults=faults)
@@ -126,7 +125,7 @@ class FaultIntake:
             self.decide(
                 job.id, "hot-switch", "start", "sub-health fault, subHealthyStrategy=hotSwitch", faults=faults
             )
-            ctl.start_flow("hot-switch", lambda: ctl.hot_switch(faults))
+            ctl.start_flow("hot-switch", lambda: ctl.hot_switch.run(faults))
         elif s == "graceExit":
             if [x for x in job.strategies() if x != "exit"] != ["dump"]:
                 # the reference's skipHandleSubHealthyFaults: graceExit acts only for dump-only jobs
@@ -135,16 +134,16 @@ class FaultIntake:
                     faults=faults,
                 )  # fmt: skip
                 return
-            if ctl.busy() and ctl.flow_name != "recovery":
+            if ctl.busy() and ctl.st.flow_name != "recovery":
                 self.decide(job.id, "grace-exit", "ignore", f"controller busy ({ctl.state})", faults=faults)
                 return
             # notifyFaultInfoForJob -> sendPreExitSignal: TaskD stops the fault rank's workers; its
             # ReportProcessFault starts the recovery, which dumps (shouldDumpWhenOccurFault: dump only)
-            ctl.add_faults(faults)
+            ctl.st.add_faults(faults)
             why = (
                 "sub-health fault, subHealthyStrategy=graceExit: the dump follows TaskD's ReportProcessFault"
             )
-            self.spawn(ctl.pre_exit(faults, self.jobs, why), f"pre-exit-{job.id}")
+            self.spawn(ctl.recovery.pre_exit(faults, self.jobs, why), f"pre-exit-{job.id}")
         else:
             self.decide(
                 job.id, "sub-health", "ignore", "subHealthyStrategy=ignore: training continues", faults=faults
@@ -172,10 +171,10 @@ class FaultIntake:
             )
         if not faults:
             return
-        ctl.add_faults(faults, new_ranks_only=True)  # ranks the hardware intake cached keep their fault
+        ctl.st.add_faults(faults, new_ranks_only=True)  # ranks the hardware intake cached keep their fault
         # the reference labels the reported ranks' pods here (LabelFaultPod), "retry-fault" when every
         # cached fault is a retry type, else "software" (fault_recover_service.go getFaultReason)
-        reason = RETRY_FAULT if all(f.fault_type in RETRY_TYPES for f in ctl.faults()) else SOFTWARE_FAULT
+        reason = RETRY_FAULT if all(f.fault_type in RETRY_TYPES for f in ctl.st.faults()) else SOFTWARE_FAULT
         for fn in self.report_listeners:
             fn(job_id, faults, reason)
         if all(f.fault_type in RETRY_TYPES for f in faults):
@@ -184,7 +183,7 @@ class FaultIntake:
             # hardware intake (retry configured -> stopTrain, else preExitProcess)
             for f in faults:
                 self.retry_reports.report(job_id, f.rank, f.fault_type, now)
-                ctl.seen_fault_keys.discard((f.rank, CODE_OF_TYPE[f.fault_type]))
+                ctl.st.seen_fault_keys.discard((f.rank, CODE_OF_TYPE[f.fault_type]))
             event(log, logging.INFO, "retry report", job=job_id, ranks=",".join(str(f.rank) for f in faults))
             self.evaluate(job)
             return
@@ -192,6 +191,6 @@ class FaultIntake:
             return
         self.decide(
             job_id, "recovery", "stop-train", "the training side reported a process fault",
-            faults=ctl.faults(),
+            faults=ctl.st.faults(),
         )  # fmt: skip
-        ctl.start_flow("recovery", lambda: ctl.recovery("process-fault"))
+        ctl.start_flow("recovery", lambda: ctl.recovery.run("process-fault"))

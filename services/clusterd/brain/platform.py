@@ -37,7 +37,7 @@ import asyncio
 import logging
 import time
 
-from clusterd.brain.ctlbase import ControllerBase
+from clusterd.brain.ctlcore import ControllerCore
 from faultmesh.log import event
 
 log = logging.getLogger("clusterd.brain")
@@ -142,16 +142,22 @@ class PlatformAnnotations:
             self._spawn(self._store.kv_delete(NS, job_id), name=f"platform-drop-{job_id}")
 
 
-class PlatformSteps(ControllerBase):
-    """The platform-mode steps of :class:`clusterd.brain.controller.Controller` (module docstring)."""
+class PlatformSteps:
+    """The platform-mode steps of the recovery flow (module docstring); ``c`` the controller core.
+    A wait that fails ends the flow in FaultClear / FaultRetry."""
+
+    def __init__(self, c: ControllerCore) -> None:
+        self.c = c
+        self.st = c.st
+        self.job_id = c.job_id
 
     def platform_mode(self) -> bool:
         """True while the job's annotations hold ProcessRecoverStrategy."""
-        return STRATEGY_KEY in self.brain.platform.get(self.job_id)
+        return STRATEGY_KEY in self.c.ports.platform.get(self.job_id)
 
     def read_strategy(self, confirmed: bool) -> str | None:
         """The platform's strategy: retry / recover / dump (and exit once ``confirmed``), else None."""
-        value = self.brain.platform.get(self.job_id).get(STRATEGY_KEY, "").strip().strip(",")
+        value = self.c.ports.platform.get(self.job_id).get(STRATEGY_KEY, "").strip().strip(",")
         if value in PLATFORM_STRATEGIES or (confirmed and value == "exit"):
             return value
         return None
@@ -162,44 +168,43 @@ class PlatformSteps(ControllerBase):
             v = what()
             if v is not None or time.monotonic() >= until:
                 return v
-            await asyncio.sleep(min(POLL_S, self.t.poll_s, max(0.0, until - time.monotonic())))
+            await asyncio.sleep(min(POLL_S, self.c.t.poll_s, max(0.0, until - time.monotonic())))
 
     async def wait_platform_strategy(self, flow: str) -> None:
         """WaitPlatFormStrategyReady; a timeout ends in FaultClear / FaultRetry."""
-        self.set_state("WaitPlatformStrategy")
-        s = await self._poll(lambda: self.read_strategy(False), time.monotonic() + self.t.platform_s)
+        self.c.set_state("WaitPlatformStrategy")
+        s = await self._poll(lambda: self.read_strategy(False), time.monotonic() + self.c.t.platform_s)
         if s is None:
-            await self.fault_retry(flow, f"platform strategy not set in {self.t.platform_s}s")
-        self.plat_strategy = s
-        self.brain.decide(self.job_id, flow, "platform-strategy", f"ProcessRecoverStrategy={s}")
+            await self.c.fault_retry(flow, f"platform strategy not set in {self.c.t.platform_s}s")
+        self.st.plat_strategy = s
+        self.c.decide(flow, "platform-strategy", f"ProcessRecoverStrategy={s}")
 
     async def confirm_faults(self, flow: str, ranks: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """writeConfirmFaultAndWaitPlatResultFault: ProcessConfirmFault = ``ranks``, wait for
         ProcessResultFault, re-read the strategy. Returns the merged ranks; an error ends in
         FaultClear / FaultRetry."""
-        self.set_state("WaitPlatformResultFault")
-        ann = self.brain.platform.get(self.job_id)
+        self.c.set_state("WaitPlatformResultFault")
+        ann = self.c.ports.platform.get(self.job_id)
         if ann.get(CONFIRM_KEY):
-            await self.fault_retry(flow, "platform did not clear the previous ProcessConfirmFault")
-        await self.brain.platform.patch(self.job_id, {CONFIRM_KEY: faults_to_string(ranks)})
+            await self.c.fault_retry(flow, "platform did not clear the previous ProcessConfirmFault")
+        await self.c.ports.platform.patch(self.job_id, {CONFIRM_KEY: faults_to_string(ranks)})
 
         def result():
-            a = self.brain.platform.get(self.job_id)
+            a = self.c.ports.platform.get(self.job_id)
             return a.get(RESULT_KEY) if RESULT_KEY in a else None
 
-        text = await self._poll(result, time.monotonic() + self.t.platform_s)
+        text = await self._poll(result, time.monotonic() + self.c.t.platform_s)
         if text is None:
-            await self.fault_retry(flow, f"ProcessResultFault not set in {self.t.platform_s}s")
-        confirmed = string_to_faults(self.brain.platform.get(self.job_id).get(CONFIRM_KEY, ""))
+            await self.c.fault_retry(flow, f"ProcessResultFault not set in {self.c.t.platform_s}s")
+        confirmed = string_to_faults(self.c.ports.platform.get(self.job_id).get(CONFIRM_KEY, ""))
         merged = list(dict.fromkeys(string_to_faults(text) + confirmed))
         s = self.read_strategy(True)
         if s is None:
-            await self.fault_retry(
+            await self.c.fault_retry(
                 flow, "platform strategy not retry/recover/dump/exit after the confirmation"
             )
-        self.plat_strategy = s
-        self.brain.decide(
-            self.job_id,
+        self.st.plat_strategy = s
+        self.c.decide(
             flow,
             "platform-confirmed",
             f"ProcessResultFault={text!r}, ProcessRecoverStrategy={s}",
@@ -209,18 +214,18 @@ class PlatformSteps(ControllerBase):
     async def wait_rank_table(self, flow: str) -> bool:
         """WaitRankTableReady: True once RankTableReady is ``true``; another non-empty value or no
         value within ``platform_s`` -> False (the caller re-reads the strategy)."""
-        self.set_state("WaitRankTableReady")
+        self.c.set_state("WaitRankTableReady")
 
         def ready():
-            v = self.brain.platform.get(self.job_id).get(RANK_TABLE_KEY, "")
+            v = self.c.ports.platform.get(self.job_id).get(RANK_TABLE_KEY, "")
             return None if v == "" else v
 
-        v = await self._poll(ready, time.monotonic() + self.t.platform_s)
+        v = await self._poll(ready, time.monotonic() + self.c.t.platform_s)
         if v == "true":
             return True
-        self.brain.decide(
-            self.job_id, flow, "rank-table-not-ready",
-            f"RankTableReady={v!r}" if v is not None else f"RankTableReady not set in {self.t.platform_s}s",
+        self.c.decide(
+            flow, "rank-table-not-ready",
+            f"RankTableReady={v!r}" if v is not None else f"RankTableReady not set in {self.c.t.platform_s}s",
         )  # fmt: skip
         return False
 
@@ -228,4 +233,4 @@ class PlatformSteps(ControllerBase):
         """The strategies the platform allows: retry / recover / dump only when it chose that one."""
         if not self.platform_mode():
             return configured
-        return [s for s in configured if s not in PLATFORM_STRATEGIES or s == self.plat_strategy]
+        return [s for s in configured if s not in PLATFORM_STRATEGIES or s == self.st.plat_strategy]

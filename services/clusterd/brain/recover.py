@@ -130,7 +130,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         rpc = REPORT_RPCS.get(kind)  # om_service.go's replies answer "reply success"
         # the info's uuid is the one of the call's start (the reference formats it before the send)
         info = f"jobId={jid}, uuid={ctl.uuid}, receive {rpc}" if rpc else "reply success"
-        code = await ctl.report(kind, request)
+        code = await ctl.io.report(kind, request)
         if code == 599:  # catchAndSetExceptionInfo: the send hit a channel closed by a reset
             return _st(599, f"jobId={jid}, uuid={ctl.uuid}, chan closed")
         if code != 0:
@@ -139,7 +139,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
 
     async def ReportStopComplete(self, request, context):  # noqa: N802
         """400 not registered · 0 once queued: a full slot makes the call wait for the flow (599 on a
-        reset meanwhile, 504 after ``report_s``; :meth:`ControllerBase.report`)."""
+        reset meanwhile, 504 after ``report_s``; :meth:`clusterd.brain.channel.SignalChannel.report`)."""
         return await self._report("stop", request.jobId, request, context)
 
     async def ReportRecoverStrategy(self, request, context):  # noqa: N802
@@ -155,7 +155,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         ctl = self._ctl(request.jobId)
         if ctl is None:
             return self._reject("unregistered", 400, f"jobId={request.jobId} not registed")
-        ctl.client_answered()
+        ctl.io.client_answered()
         await self.process_fault(request.jobId, list(request.faultRanks))
         return _st(0, "receive ReportProcessFault")
 
@@ -215,7 +215,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         if ctl.busy() or ctl.state != "INIT":
             return self._reject("om_running", 411, f"jobId={jid} nic is swtiching, or job recovering")
         ctl.start_om("nic")  # visible at once to SubscribeSwitchNicSignal
-        ctl.start_flow("switch-nic", lambda: ctl.nic_switch(ranks, ops))
+        ctl.start_flow("switch-nic", lambda: ctl.om.nic_switch(ranks, ops))
         self.decide(jid, "switch-nic", "start", f"ranks {','.join(ranks)} op {ops}")
         return _st(0, "switching operation was successfully distributed")
 
@@ -224,17 +224,17 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         if ctl is None:
             self.reject("unregistered")
             await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={jid} not registed")
-        if ctl.om_reply is None or (ctl.om_kind != kind and not ctl.om_reply.done()):
+        if ctl.io.om_reply is None or (ctl.st.om_kind != kind and not ctl.io.om_reply.done()):
             self.reject("no_om")
             what = "is not swtiching nic" if kind == "nic" else "is not stress test"
             await context.abort(grpc.StatusCode.UNKNOWN, f"jobId={jid} {what}")
-        fut = ctl.om_reply
+        fut = ctl.io.om_reply
         try:
             msg = await wait_for(asyncio.shield(fut), self.report_s * 4 + 60)
         except TimeoutError:
             msg = "om failed, no result"
-        if ctl.om_reply is fut:
-            ctl.om_reply = None  # one message per operation
+        if ctl.io.om_reply is fut:
+            ctl.io.om_reply = None  # one message per operation
         return msg
 
     async def SubscribeSwitchNicSignal(self, request, context):  # noqa: N802
@@ -247,7 +247,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         ctl = self._ctl(request.jobId)
         if ctl is None:
             await context.abort(UNREGISTERED_NOTIFY[0], UNREGISTERED_NOTIFY[1].format(request.jobId))
-        async for m in ctl.notify_stream("nic"):
+        async for m in ctl.io.notify_stream("nic"):
             yield m
 
     async def ReplySwitchNicResult(self, request, context):  # noqa: N802
@@ -295,7 +295,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         if ctl.busy() or ctl.state != "INIT":
             return self._reject("om_running", 411, f"jobId={jid} om is running, or job recovering")
         ctl.start_om("stress")
-        ctl.start_flow("stress-test", lambda: ctl.stress_test(params))
+        ctl.start_flow("stress-test", lambda: ctl.om.stress_test(params))
         self.decide(jid, "stress-test", "start", f"nodes {sorted(params)}")
         return _st(0, "stress test operation was successfully distributed")
 
@@ -309,7 +309,7 @@ class RecoverServicer(recover_pb2_grpc.RecoverServicer):
         ctl = self._ctl(request.jobId)
         if ctl is None:
             await context.abort(UNREGISTERED_NOTIFY[0], UNREGISTERED_NOTIFY[1].format(request.jobId))
-        async for m in ctl.notify_stream("stress"):
+        async for m in ctl.io.notify_stream("stress"):
             yield m
 
     async def ReplyStressTestResult(self, request, context):  # noqa: N802

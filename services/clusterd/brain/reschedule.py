@@ -25,7 +25,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from clusterd.brain.ctlbase import ControllerBase
+from clusterd.brain.ctlcore import ControllerCore
+from faultmesh.levels import UNHEALTHY, level_health
 
 WAIT_RESCHEDULE_KEY = "wait-reschedule-timeout"
 WAIT_RESCHEDULE_DEFAULT_S = 270
@@ -55,68 +56,77 @@ def resource_wait_s(job) -> int:
     return MINDIO_DEFAULT_WAIT_S
 
 
-class RescheduleSteps(ControllerBase):
-    """The rescheduling waits of :class:`clusterd.brain.controller.Controller` (module docstring)."""
+class RescheduleSteps:
+    """The rescheduling waits of the recovery flow (module docstring); ``c`` the controller core."""
 
-    resched_started = 0.0  # monotonic time WaitReportRecoverStrategy began (the watcher's start)
+    def __init__(self, c: ControllerCore) -> None:
+        self.c = c
+        self.st = c.st
 
     def exit_pod_ranks(self) -> set[int]:
         """Ranks of the fault pods that restart as pods (not those restarting processes in place)."""
-        job = self.brain.jobs.get(self.job_id)
+        job = self.c.job()
         if job is None:
             return set()
-        pods = {f.pod_rank for f in self.cached_faults.values() if f.pod_rank >= 0} - self.restart_proc_pods
+        pods = {
+            f.pod_rank for f in self.st.cached_faults.values() if f.pod_rank >= 0
+        } - self.st.restart_proc_pods
         return {r.rank for node in job.nodes() if job.pod_rank(node) in pods for r in job.ranks_on(node)}
+
+    def current_faults(self, cached) -> bool:
+        """True while any rank of ``cached`` (rank, code) keys still has an active UnHealthy fault."""
+        job = self.c.job()
+        if job is None:
+            return False
+        ranks = {k[0] for k in cached}
+        return any(
+            f.rank in ranks and level_health(f.level) == UNHEALTHY for f in self.c.ports.rank_faults(job)
+        )
 
     def resources_back(self) -> bool:
         """The job runs and no rank of the exiting fault pods has an active UnHealthy fault."""
-        job = self.brain.jobs.get(self.job_id)
+        job = self.c.job()
         if job is None or job.status != "running":
             return False
         ranks = self.exit_pod_ranks()
-        return not self.brain.current_faults(self.job_id, {(r, "") for r in ranks})
+        return not self.current_faults({(r, "") for r in ranks})
 
     def elastic_supported(self, job, reported) -> bool:
         """Elastic training configured, reported (``downgrade``) and pod rank 0 not faulty."""
-        pod0 = any(f.pod_rank == 0 for f in self.cached_faults.values())
+        pod0 = any(f.pod_rank == 0 for f in self.st.cached_faults.values())
         return "elastic-training" in job.strategies() and "downgrade" in set(reported) and not pod0
 
     async def wait_resources(self, flow: str, job) -> bool:
         """whetherHasEnoughResource: wait up to MINDIO_WAIT_MINDX_TIME - 10 s for the resources.
         True when they came back (then no scale-in); records an ``elastic-wait`` decision."""
         wait = resource_wait_s(job)
-        self.set_state("WaitResources")
-        deadline = time.monotonic() + wait * self.t.job_wait_scale
+        self.c.set_state("WaitResources")
+        deadline = time.monotonic() + wait * self.c.t.job_wait_scale
         while not self.resources_back():
             if time.monotonic() >= deadline:
-                self.brain.decide(
-                    self.job_id, flow, "elastic-wait", f"fault pods not rescheduled within {wait}s: scale-in"
-                )
+                self.c.decide(flow, "elastic-wait", f"fault pods not rescheduled within {wait}s: scale-in")
                 return False
-            await asyncio.sleep(min(self.t.poll_s, max(0.0, deadline - time.monotonic())))
-        self.brain.decide(
-            self.job_id, flow, "elastic-wait", f"fault pods rescheduled within {wait}s: no scale-in"
-        )
+            await asyncio.sleep(min(self.c.t.poll_s, max(0.0, deadline - time.monotonic())))
+        self.c.decide(flow, "elastic-wait", f"fault pods rescheduled within {wait}s: no scale-in")
         return True
 
     async def wait_status_rescheduled(self, strategy: str):
         """Wait for the strategy's ReportRecoverStatus (already expected) while watching the
         rescheduling (module docstring). Returns ("status", report), ("timeout", None) when no
         status came in ``report_s``, or ("reschedule-timeout", seconds)."""
-        job = self.brain.jobs.get(self.job_id)
+        job = self.c.job()
         watch = (
             job is not None and strategy in ("recover", "recover-in-place") and bool(self.exit_pod_ranks())
         )
         wait = wait_reschedule_s(job) if job is not None else WAIT_RESCHEDULE_DEFAULT_S
-        resched_deadline = (self.resched_started or time.monotonic()) + wait * self.t.job_wait_scale
-        deadline = time.monotonic() + self.t.report_s
+        resched_deadline = (self.st.resched_started or time.monotonic()) + wait * self.c.t.job_wait_scale
+        deadline = time.monotonic() + self.c.t.report_s
         while True:
             now = time.monotonic()
             if watch:
                 if self.resources_back():
                     watch = False
-                    self.brain.decide(
-                        self.job_id,
+                    self.c.decide(
                         "recovery",
                         "reschedule-success",
                         "fault pods rescheduled; waiting for the status",
@@ -125,11 +135,11 @@ class RescheduleSteps(ControllerBase):
                     return "reschedule-timeout", wait
             step = deadline - now
             if watch:
-                step = min(step, self.t.poll_s, max(0.0, resched_deadline - now))
-            r = await self.wait("status", timeout_s=max(0.0, step), keep=True)
+                step = min(step, self.c.t.poll_s, max(0.0, resched_deadline - now))
+            r = await self.c.io.wait("status", timeout_s=max(0.0, step), keep=True)
             if r is not None:
-                self._expect.discard("status")
+                self.c.io.unexpect("status")
                 return "status", r[1]
             if time.monotonic() >= deadline:
-                self._expect.discard("status")
+                self.c.io.unexpect("status")
                 return "timeout", None

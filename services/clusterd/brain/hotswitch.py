@@ -1,0 +1,104 @@
+"""The sub-health hot switch of the per-job controller (clusterd.md §7.3 "Hot switch", principles doc
+亚健康热切; the reference's hotswitch handling).
+
+A sub-healthy pod moves to a backup node while training pauses: ``hot-switch`` ["hot switch"] with
+every rank of the fault pods, wait up to ``hot_switch_wait_s`` for healthy unused backup nodes,
+``hot-switch`` ["new pod running"], the training side's strategy report, ``changeStrategy migration``
+and its status; then the ranks move to the backup nodes. Any failure degrades the job's
+subHealthyStrategy to ``ignore`` (and kills the job for job-level rescheduling once it paused).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+from clusterd.brain.ctlcore import ControllerCore
+from clusterd.brain.ctlstate import FlowEnd
+from clusterd.brain.faultview import RankFault
+from faultmesh.levels import SUB_HEALTHY, UNHEALTHY, level_health
+
+
+class HotSwitchFlow:
+    """The hot switch flow (module docstring) over the controller core ``c``."""
+
+    def __init__(self, c: ControllerCore) -> None:
+        self.c = c
+        self.io = c.io
+
+    async def run(self, faults: list[RankFault]) -> None:
+        """Switch the sub-healthy pod to a backup node; any failure falls back to job-level
+        rescheduling and degrades the job's subHealthyStrategy to ignore."""
+        flow = "hot-switch"
+        job = self.c.job()
+        fault_nodes = sorted({f.node for f in faults})
+        self.c.set_state("NotifyHotSwitch")
+        # notifyPrepareHotSwitch: every rank of the fault pod, type "1" (normalFaultAssociateSameNodeRank);
+        # MindIO waits for each of them in the backup pod and rebuilds their communication groups
+        pod_ranks = [
+            replace(f, rank=r.rank, device_id=r.device_id, fault_type="1")
+            for f in {f.node: f for f in faults}.values()
+            for r in (job.ranks_on(f.node) if job else ())
+        ]
+        if not await self.io.signal("hot-switch", ["hot switch"], pod_ranks or faults, new_id=True):
+            await self._degrade(flow, "hot-switch signal not delivered")
+            raise FlowEnd
+        self.c.set_state("WaitNewPodRunning")
+        backup = None
+        deadline = time.monotonic() + self.c.t.hot_switch_wait_s
+        while True:
+            backup = self._pick_backup(job, len(fault_nodes))
+            if backup or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(min(self.c.t.poll_s, max(0.0, deadline - time.monotonic())))
+        if not backup:
+            await self.io.signal("hot-switch", ["stop switch"], faults)
+            await self._degrade(flow, "no backup node became ready (no healthy backupNodes)")
+            raise FlowEnd
+        self.io.expect("strategy")
+        await self.io.signal("hot-switch", ["new pod running"], faults)
+        self.c.set_state("WaitReportRecoverStrategy")
+        r = await self.io.wait("strategy")
+        if r is None or not [s for s in r[1].strategies if s != "exit"]:
+            why = "pause not reported in time" if r is None else "training side can only exit"
+            await self._degrade(flow, why)
+            await self.c.kill_job(flow, f"hot switch stopped: {why}; job-level rescheduling")
+        self.c.set_state("NotifyMigration")
+        mapping = dict(zip(fault_nodes, backup, strict=False))
+        self.io.expect("status")
+        await self.io.signal("changeStrategy", ["change_strategy"], faults, change_strategy="migration")
+        self.c.set_state("WaitReportMigrationStatus")
+        r = await self.io.wait("status")
+        if r is None or r[1].status.code != 0:
+            why = "resume not reported in time" if r is None else f"resume failed ({r[1].status.code})"
+            await self._degrade(flow, why)
+            await self.c.kill_job(flow, f"hot switch failed: {why}; job-level rescheduling")
+        await self._move_ranks(mapping)
+        self.c.decide(flow, "hot-switch-success", f"pods moved {mapping}")
+
+    def _pick_backup(self, job, count: int) -> list[str] | None:
+        """``count`` backup nodes of ``job`` that have no SubHealthy/UnHealthy fault and host no rank."""
+        used = {r.node for j in self.c.ports.jobs.all() for r in j.ranks}
+        ok = [
+            n
+            for n in job.backup_nodes
+            if n not in used
+            and all(
+                level_health(f.level) not in (SUB_HEALTHY, UNHEALTHY) for f in self.c.ports.faults_of_node(n)
+            )
+        ]
+        return ok[:count] if len(ok) >= count else None
+
+    async def _degrade(self, flow: str, reason: str) -> None:
+        """Sub-health handling falls back: subHealthyStrategy becomes ``ignore`` (principles 亚健康热切)."""
+        await self.c.ports.jobs.update(self.c.job_id, sub_healthy_strategy="ignore")
+        self.c.decide(flow, "degrade-to-ignore", reason)
+
+    async def _move_ranks(self, mapping: dict[str, str]) -> None:
+        """Move every rank on each old node to its new node (hot switch done)."""
+        job = self.c.job()
+        if job is None:
+            return
+        ranks = tuple(replace(r, node=mapping.get(r.node, r.node)) for r in job.ranks)
+        await self.c.ports.jobs.update(self.c.job_id, ranks=ranks)
