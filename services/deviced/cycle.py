@@ -20,17 +20,42 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 from prometheus_client import Histogram
 
 from deviced.engine import FaultEngine
-from deviced.hotreset import HotReset
 from faultmesh.log import event
 from faultmesh.runtime import wait_for
 
 log = logging.getLogger("deviced")
 
 FAST_COALESCE_S = 0.01  # a callback burst within 10 ms becomes one fast cycle
+
+
+class Action(Protocol):
+    """An action run after ``engine.cycle()``: the hot reset (:mod:`deviced.hotreset`), the graceful
+    tolerance (:mod:`deviced.grace`). ``busy``: the cycle must run every second."""
+
+    @property
+    def busy(self) -> bool: ...
+
+    async def step(self) -> None: ...
+
+
+class Actions:
+    """Several actions as one, stepped in order; busy when any is."""
+
+    def __init__(self, *actions: Action) -> None:
+        self.actions = actions
+
+    @property
+    def busy(self) -> bool:
+        return any(a.busy for a in self.actions)
+
+    async def step(self) -> None:
+        for a in self.actions:
+            await a.step()
 
 
 class Cycle:
@@ -41,7 +66,7 @@ class Cycle:
         self,
         engine: FaultEngine,
         hooks: Sequence[Callable[[], Awaitable[None]]],
-        hot_reset: HotReset,
+        hot_reset: Action,
         publish: Callable[[], None],
         poll_seconds: Histogram,
         period_s: float,
@@ -95,7 +120,7 @@ class Cycle:
         nxt = self.engine.next_due_ms()
         if nxt is not None:
             wait = min(wait, max(0.05, (nxt - self.engine.now()) / 1000))
-        if self.hot_reset.busy:  # hot-reset candidates: check the idle gate each second
+        if self.hot_reset.busy:  # hot-reset candidates (idle gate), a graceful-tolerance flow: each second
             wait = min(wait, 1.0)
         return wait
 

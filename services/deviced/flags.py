@@ -91,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSON file keeping escalations (ManuallySeparateNPU, failed resets) across restarts",
     )
     p.add_argument("--hot-reset", action="store_true", help="hot-reset idle RestartNPU/FreeRestartNPU chips")
+    p.add_argument(
+        "--grace-tolerance",
+        action="store_true",
+        help="graceful fault tolerance: the reset-config files drive TaskD through stop / reset / restart "
+        "of a job's chips, timed by faultCustomization.json's GraceTolerance (needs --reset-config-dir; "
+        "excludes --hot-reset)",
+    )
     p.add_argument("--hot-reset-idle", type=float, default=60.0, help="s a chip must be idle before a reset")
     p.add_argument("--hot-reset-boot-timeout", type=float, default=180.0, help="s to wait for boot")
     p.add_argument(
