@@ -105,9 +105,10 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 class GraceFlow:
     """The graceful-tolerance action (see module docstring), on with ``args.grace_tolerance``.
-    ``writer`` is the reset-config writer (None: the action does nothing); ``timers()`` gives the waits of a new episode
-    (default: the engine's current GraceTolerance); ``wake()`` asks for a cycle. ``episodes``,
-    ``recovered`` and ``failed`` count the flows."""
+    ``writer`` is the reset-config writer (None: the action does nothing); ``timers()`` gives the
+    waits of a new episode (default: the engine's current GraceTolerance, so a table reload applies
+    to the next episode); ``wake()`` asks for a cycle. ``episodes``, ``recovered`` and ``failed``
+    count the flows; ``in_reset`` maps each job in an episode (or failed one) to its ranks then."""
 
     def __init__(
         self,
@@ -160,9 +161,7 @@ class GraceFlow:
                 continue
             ranks = dict(job.ranks)
             if not self.write(job_id, ranks, policy, policy, "unrecovered", add_retry=True):
-                if (
-                    job.isolated
-                ):  # to be rescheduled: no episode until the job changes (a write error retries)
+                if job.isolated:  # to be rescheduled: none until the job changes (a write error retries)
                     self.in_reset[job_id] = ranks
                 continue
             self.in_reset[job_id] = ranks

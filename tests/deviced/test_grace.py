@@ -11,6 +11,7 @@ import logging
 import threading
 
 import pytest
+from prometheus_client import generate_latest
 from support import eventually, free_port
 from taskd_faultcheck import FaultCheck, read_reset_info
 
@@ -111,6 +112,8 @@ async def test_reset_episode_with_the_taskd_client(grace_app):
             assert all(sim.devs[c].procs == 1 for c in range(4))  # training runs again
         assert "stop (unrecovered) retry_time=2" in client.seen
         assert app.grace.failed == 0 and app.state.devices[("NPU", 2)].health == "Healthy"
+        scraped = generate_latest(app.registry).decode()
+        assert 'faultmesh_deviced_grace_episodes_total{result="recovered"} 2.0' in scraped
     finally:
         halt.set()
         runner.join(5)
