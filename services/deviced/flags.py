@@ -98,6 +98,27 @@ def build_parser() -> argparse.ArgumentParser:
         "of a job's chips, timed by faultCustomization.json's GraceTolerance (needs --reset-config-dir; "
         "excludes --hot-reset)",
     )
+    p.add_argument(
+        "--grace-processes-timeout-s",
+        type=float,
+        default=60.0,
+        help="graceful tolerance: s the job's processes get to leave its chips before it is isolated "
+        "(reference WaitProcessesToZeroTime)",
+    )
+    p.add_argument(
+        "--grace-error-clean-s",
+        type=float,
+        default=30.0,
+        help="graceful tolerance: s a RestartRequest fault gets to clear before the chip is reset "
+        "(reference WaitErrorCodeCleanTime)",
+    )
+    p.add_argument(
+        "--grace-npu-ready-s",
+        type=float,
+        default=30.0,
+        help="graceful tolerance: s after a reset before the recovered status is written "
+        "(reference WaitNpuReadyTime)",
+    )
     p.add_argument("--hot-reset-idle", type=float, default=60.0, help="s a chip must be idle before a reset")
     p.add_argument("--hot-reset-boot-timeout", type=float, default=180.0, help="s to wait for boot")
     p.add_argument(

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -68,9 +69,11 @@ FAILED = "failed"  # Status of a rank whose recovery failed (reference RecoverFa
 @dataclass(frozen=True)
 class GraceTimers:
     """The flow's waits (s). The first three are faultCustomization.json's GraceTolerance
-    (WaitProcessReadCMTime, WaitDeviceResetTime, WaitFaultSelfHealingTime); the rest are the
+    (WaitProcessReadCMTime, WaitDeviceResetTime, WaitFaultSelfHealingTime); the next three are the
     reference's constants (WaitProcessesToZeroTime 60, WaitErrorCodeCleanTime 30, WaitNpuReadyTime
-    30); ``poll_s`` is the 1 s polling interval; ``refresh_s`` bounds the wait for a re-poll."""
+    30; deviced's flags ``--grace-processes-timeout-s``, ``--grace-error-clean-s``,
+    ``--grace-npu-ready-s``); ``poll_s`` is the 1 s polling interval; ``refresh_s`` bounds the wait
+    for a re-poll."""
 
     read_cm_s: float = 30
     device_reset_s: float = 150
@@ -82,10 +85,20 @@ class GraceTimers:
     refresh_s: float = 15.0
 
     @classmethod
-    def of(cls, grace: GraceTolerance, refresh_s: float = 15.0) -> GraceTimers:
-        """The timers with ``grace``'s values (faultCustomization.json) and the constants."""
-        return cls(grace.wait_process_read_cm_s, grace.wait_device_reset_s, grace.wait_self_healing_s,
-                   refresh_s=refresh_s)  # fmt: skip
+    def of(cls, grace: GraceTolerance, args: argparse.Namespace | None = None) -> GraceTimers:
+        """The timers with ``grace``'s values (faultCustomization.json) and, from deviced's ``args``,
+        the constants' flags (``--grace-processes-timeout-s`` ...) and the re-poll bound (3 list-watch
+        periods); without ``args`` the reference's values."""
+        t = cls(grace.wait_process_read_cm_s, grace.wait_device_reset_s, grace.wait_self_healing_s)
+        if args is None:
+            return t
+        return dataclasses.replace(
+            t,
+            procs_zero_s=args.grace_processes_timeout_s,
+            error_clean_s=args.grace_error_clean_s,
+            npu_ready_s=args.grace_npu_ready_s,
+            refresh_s=3.0 * args.list_watch_period,
+        )
 
 
 class FlowFailed(Exception):
@@ -120,13 +133,12 @@ class GraceFlow:
         wake: Callable[[], None],
     ) -> None:
         self.on = bool(getattr(args, "grace_tolerance", False)) and writer is not None
-        refresh_s = 3.0 * args.list_watch_period  # the wait for a re-poll (reference: 3 list-watch periods)
         self.engine = engine
         self.io = io
         self.writer = writer
         self.tasks = tasks
         self.wake = wake
-        self.timers: Callable[[], GraceTimers] = lambda: GraceTimers.of(engine.custom.grace, refresh_s)
+        self.timers: Callable[[], GraceTimers] = lambda: GraceTimers.of(engine.custom.grace, args)
         self.in_reset: dict[str, dict[int, int]] = {}  # job id -> its ranks when the episode began
         self.running: set[str] = set()
         self.reset_times: dict[int, collections.deque[float]] = collections.defaultdict(collections.deque)
