@@ -138,6 +138,7 @@ class DeviceD:
             recover_delay_ms=int(args.recover_delay_s * 1000),
             poll_fallback_ms=int(args.poll_fallback_s * 1000),
             hbm_pair_window_ms=int(args.hbm_pair_window_s * 1000),
+            restart_grace_ms=int(args.restart_grace_s * 1000),
             max_codes=args.max_codes_per_chip,
         )
         self.engine.on_reason_change = self._on_reason_change
@@ -222,9 +223,7 @@ class DeviceD:
     subscribed = property(lambda self: self.engine.subscribed, doc="Fault events come by subscription.")
     switch_subscribed = property(lambda self: self.lingqu.subscribed, doc="The lingqu subscription is up.")
     callbacks = property(lambda self: self.chip.callbacks, doc="Chip callbacks received.")
-    callback_drops = property(
-        lambda self: self.chip.callback_drops, doc="Chip callbacks dropped (rate limit)."
-    )
+    callback_drops = property(lambda self: self.chip.callback_drops, doc="Callbacks dropped (rate limit).")
     switch_drops = property(lambda self: self.lingqu.switch_drops, doc="Switch events dropped (queue full).")
     resetting = property(lambda self: self.engine.resetting(), doc="Logic ids being hot-reset.")
 

@@ -142,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="AIC/AIV bus faults within this of an HBM double-bit fault are its consequence (s; §4.3)",
     )
+    p.add_argument(
+        "--restart-grace-s",
+        type=float,
+        default=10.0,
+        help="after a restart, a code the --state-file kept that no poll nor callback shows this long "
+        "recovered while deviced was down (s; a driver slow to list its codes needs more)",
+    )
     p.add_argument("--max-codes-per-chip", type=int, default=512, help="active codes kept per chip")
     p.add_argument("--print-device-info", action="store_true", help="print the device-info document and exit")
     add_log_arguments(p)
