@@ -140,7 +140,7 @@ class GraceFlow:
         self.wake = wake
         self.timers: Callable[[], GraceTimers] = lambda: GraceTimers.of(engine.custom.grace, args)
         self.in_reset: dict[str, dict[int, int]] = {}  # job id -> its ranks when the episode began
-        self.running: set[str] = set()
+        self.running: dict[str, asyncio.Task] = {}  # job id -> its episode
         self.reset_times: dict[int, collections.deque[float]] = collections.defaultdict(collections.deque)
         self.episodes = self.recovered = self.failed = 0
         self._cycled = asyncio.Event()  # set (and replaced) by each step(): a full cycle ran
@@ -161,6 +161,10 @@ class GraceFlow:
         cycled, self._cycled = self._cycled, asyncio.Event()
         cycled.set()
         jobs = self.writer.jobs
+        for job_id in [j for j in self.running if j not in jobs]:  # the job ended: so does its episode
+            self.running.pop(job_id).cancel()
+            self.in_reset.pop(job_id, None)
+            event(log, logging.WARNING, "grace tolerance cancelled", job=job_id, reason="job gone")
         for job_id in [j for j in self.in_reset if j not in self.running]:
             if job_id not in jobs or jobs[job_id].ranks != self.in_reset[job_id]:
                 del self.in_reset[job_id]  # the job ended or changed: a failed episode is over
@@ -177,11 +181,11 @@ class GraceFlow:
                     self.in_reset[job_id] = ranks
                 continue
             self.in_reset[job_id] = ranks
-            self.running.add(job_id)
             self.episodes += 1
             event(log, logging.WARNING, "grace tolerance start", job=job_id, policy=policy,
                   retry_time=job.retry_time, ranks=",".join(map(str, sorted(ranks))))  # fmt: skip
-            self.tasks.spawn(self._episode(job_id, ranks, policy, self.timers()), name=f"grace-{job_id}")
+            coro = self._episode(job_id, ranks, policy, self.timers())
+            self.running[job_id] = self.tasks.spawn(coro, name=f"grace-{job_id}")
 
     # ---------------------------------------------------------------- views of the chips
     def policies(self, ranks: dict[int, int]) -> dict[int, str]:
@@ -243,7 +247,8 @@ class GraceFlow:
                 log, logging.ERROR, "grace tolerance failed", job=job_id, initial_policy=policy, reason=str(e)
             )
         finally:
-            self.running.discard(job_id)
+            if self.running.get(job_id) is asyncio.current_task():
+                del self.running[job_id]
             self.wake()
 
     async def _restart_request(self, job_id: str, ranks: dict[int, int], t: GraceTimers) -> str:

@@ -185,6 +185,19 @@ async def test_processes_that_never_stop_isolate_the_job(grace_app):
     assert doc(folder)["RetryTime"] == 2 and len(doc(folder)["RankList"]) == 3
 
 
+async def test_a_job_that_ends_ends_its_episode(grace_app):
+    """The job leaves the node mid-episode: the episode is cancelled, its folder stays removed."""
+    app, sim, folder = grace_app
+    sim.set_procs(0, 1)  # the episode waits for these processes
+    sim.inject(0, RESTART_NPU)
+    await eventually(lambda: app.grace.busy, what="episode running")
+    await app.on_control(agent_pb2.ControlMessage(seq=2, job=agent_pb2.JobInfo(job_id="j1", deleted=True)))
+    await eventually(lambda: not app.grace.busy, what="episode cancelled")
+    for _ in range(2):
+        await app.run_cycle()
+    assert not folder.exists() and sim.devs[0].resets == 0 and app.grace.failed == 0
+
+
 async def test_timers_come_from_grace_tolerance(tmp_path):
     """The flow's waits are faultCustomization.json's GraceTolerance; the read-CM wait holds the
     episode open after its recovered write (here the table's 5 s, the smallest it allows)."""
