@@ -2,13 +2,15 @@
 
 The cycle runs within ~1 s of a wake-up (a callback batch, a probe change, a job update) and at
 least every ``--list-watch-period`` s (3..1800), sooner when a queued event (e.g. a delayed
-recover) falls due, and every second while a hot reset waits or runs; callback-triggered cycles
-are at most one per second. One cycle: each source's ``on_cycle`` in ``SOURCES`` order (card drop,
-mend polling, link check, switch events), ``engine.cycle()``, the hot-reset step, then the sinks.
+recover) falls due, and every second while an action is busy (a hot reset waits or runs, a
+graceful-tolerance episode runs); callback-triggered cycles are at most one per second. One cycle:
+each source's ``on_cycle`` in ``SOURCES`` order (card drop, mend polling, link check, switch
+events), ``engine.cycle()``, the actions' steps (:class:`Actions`: hot reset, graceful tolerance),
+then the sinks.
 
 The fast fault path (issue 18, ``--fast-fault-path``, on by default): a DCMI callback batch does not
 wait for that one-per-second gap. It runs a *fast cycle* after ``FAST_COALESCE_S`` (so a burst is one
-cycle): ``engine.cycle()`` and the sinks only, no source hooks (they call DCMI) and no hot-reset step,
+cycle): ``engine.cycle()`` and the sinks only, no source hooks (they call DCMI) and no action step,
 which stay on the full cycle that still follows within the second. The engine's rules are stamped
 with the events' own times, so frequency / duration / recover-delay timing is unchanged; only the
 report leaves sooner (the reference reports within ~1 s, deviced.md §1.2).

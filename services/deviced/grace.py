@@ -14,7 +14,8 @@ pre_retry_time``, the changed RankList), stops the training processes and restar
 rank reads ``recovered``. Then, by policy (the waits are the GraceTolerance values of
 faultCustomization.json and the reference's constants, :class:`GraceTimers`):
 
-- L2: the codes are re-polled each second for up to ``error_clean_s`` (30 s); cleared -> recovered.
+- L2: the codes are re-polled each second for up to ``error_clean_s`` (30 s); cleared -> recovered
+  (no reset, no wait for the processes: the training side restarts them when it reads recovered).
   Still there -> upgrade to reset: ``Policy reset`` (unrecovered, no wait), wait for the chips'
   processes to stop, reset, re-poll: clean -> recovered, else isolate / failed.
 - L3: wait for the processes to stop (``procs_zero_s``, 60 s), wait ``self_heal_s``
@@ -22,7 +23,8 @@ faultCustomization.json and the reference's constants, :class:`GraceTimers`):
 - L5: wait for the processes to stop, reset (boot polled up to ``device_reset_s``,
   WaitDeviceResetTime), re-poll: no chip needing a reset -> recovered, else isolate / failed.
 
-Processes still on the chips after ``procs_zero_s`` -> isolate / failed. A recovered write after a
+The reference's fixed waits are flags (``--grace-processes-timeout-s``, ``--grace-error-clean-s``,
+``--grace-npu-ready-s``). Processes still on the chips after ``procs_zero_s`` -> isolate / failed. A recovered write after a
 reset is preceded by ``npu_ready_s`` (WaitNpuReadyTime, 30 s); every status write but the "no wait"
 ones is followed by ``read_cm_s`` (WaitProcessReadCMTime) for the training side to read it. A
 recovered job leaves the flow (a later fault is a new episode: RetryTime + 1 again); a failed one
