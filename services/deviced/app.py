@@ -8,9 +8,9 @@
   :class:`deviced.chipio.ChipIO` (bounded pools, timeouts, counted errors; start with backoff);
 - the sources (:data:`deviced.sources.SOURCES`: card drop, chip events, link check, gateway probe,
   lingqu switch) only emit into the engine / switch state;
-- the cycle (:mod:`deviced.cycle`) runs the sources' hooks, the engine, the hot-reset action
-  (:mod:`deviced.hotreset`) and the sinks (:mod:`deviced.sinks`: agent state via
-  :mod:`deviced.faults`, reset-config files, state file);
+- the cycle (:mod:`deviced.cycle`) runs the sources' hooks, the engine, the actions (hot reset
+  :mod:`deviced.hotreset`, graceful tolerance :mod:`deviced.grace`) and the sinks (:mod:`deviced.sinks`:
+  agent state via :mod:`deviced.faults`, reset-config files, state file);
 - control messages (:mod:`deviced.control`), table reload (:mod:`deviced.reload`), HTTP
   (:mod:`deviced.http`) and metrics (:mod:`deviced.metrics`).
 
@@ -35,9 +35,11 @@ from deviced import sources as srcmod
 from deviced.backends import NpuBackend, make_backend
 from deviced.chipio import CALL_ERRORS, ChipIO
 from deviced.control import JobControl, release_device
-from deviced.cycle import Cycle
+from deviced.cycle import Actions, Cycle
 from deviced.engine import FaultEngine, UpgradeReason
 from deviced.flags import build_parser
+from deviced.grace import GraceFlow
+from deviced.grace import check_arguments as check_grace_arguments
 from deviced.hotreset import HotReset
 from deviced.http import add_routes
 from deviced.metrics import CycleMetrics, DevicedCollector
@@ -136,6 +138,7 @@ class DeviceD:
             recover_delay_ms=int(args.recover_delay_s * 1000),
             poll_fallback_ms=int(args.poll_fallback_s * 1000),
             hbm_pair_window_ms=int(args.hbm_pair_window_s * 1000),
+            restart_grace_ms=int(args.restart_grace_s * 1000),
             max_codes=args.max_codes_per_chip,
         )
         self.engine.on_reason_change = self._on_reason_change
@@ -156,11 +159,7 @@ class DeviceD:
         # sinks
         self.agent_sink = AgentStateSink(self.state, self.node_name, self.registry)
         self.agent_sink.expect()  # dcmi / lingqu pending until the first complete report
-        self.reset_writer = (
-            ResetConfigWriter(args.reset_config_dir, "hotReset" if args.hot_reset else "podReschedule")
-            if args.reset_config_dir
-            else None
-        )
+        self.reset_writer = ResetConfigWriter.from_args(args)
         self.state_file = StateFile(args.state_file, self.engine, self.io.call_errors)
         self.kube_sink = (
             KubeDeviceInfo(args, self.node_name, self.registry) if getattr(args, "kube", False) else None
@@ -176,10 +175,11 @@ class DeviceD:
         self.lingqu = self._source(srcmod.LingquSwitch)
         self.link_check = self._source(srcmod.LinkCheck)
         self.hot_reset = HotReset(args, self.engine, self.io, self.tasks, self._wake)
+        self.grace = GraceFlow(args, self.engine, self.io, self.reset_writer, self.tasks, self._wake)
         self.cycle = Cycle(
             self.engine,
             [s.on_cycle for s in self.sources],
-            self.hot_reset,
+            Actions(self.hot_reset, self.grace),
             self.report_and_save,
             self.metrics.poll_seconds,
             float(args.list_watch_period),
@@ -223,9 +223,7 @@ class DeviceD:
     subscribed = property(lambda self: self.engine.subscribed, doc="Fault events come by subscription.")
     switch_subscribed = property(lambda self: self.lingqu.subscribed, doc="The lingqu subscription is up.")
     callbacks = property(lambda self: self.chip.callbacks, doc="Chip callbacks received.")
-    callback_drops = property(
-        lambda self: self.chip.callback_drops, doc="Chip callbacks dropped (rate limit)."
-    )
+    callback_drops = property(lambda self: self.chip.callback_drops, doc="Callbacks dropped (rate limit).")
     switch_drops = property(lambda self: self.lingqu.switch_drops, doc="Switch events dropped (queue full).")
     resetting = property(lambda self: self.engine.resetting(), doc="Logic ids being hot-reset.")
 
@@ -433,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = config.parse(parser, argv)
     check_clusterd_arguments(parser, args)
+    check_grace_arguments(parser, args)
     fmlog.setup_from_args(args)
     if not args.node_name:
         args.node_name = socket.gethostname()

@@ -2,13 +2,15 @@
 
 The cycle runs within ~1 s of a wake-up (a callback batch, a probe change, a job update) and at
 least every ``--list-watch-period`` s (3..1800), sooner when a queued event (e.g. a delayed
-recover) falls due, and every second while a hot reset waits or runs; callback-triggered cycles
-are at most one per second. One cycle: each source's ``on_cycle`` in ``SOURCES`` order (card drop,
-mend polling, link check, switch events), ``engine.cycle()``, the hot-reset step, then the sinks.
+recover) falls due, and every second while an action is busy (a hot reset waits or runs, a
+graceful-tolerance episode runs); callback-triggered cycles are at most one per second. One cycle:
+each source's ``on_cycle`` in ``SOURCES`` order (card drop, mend polling, link check, switch
+events), ``engine.cycle()``, the actions' steps (:class:`Actions`: hot reset, graceful tolerance),
+then the sinks.
 
 The fast fault path (issue 18, ``--fast-fault-path``, on by default): a DCMI callback batch does not
 wait for that one-per-second gap. It runs a *fast cycle* after ``FAST_COALESCE_S`` (so a burst is one
-cycle): ``engine.cycle()`` and the sinks only, no source hooks (they call DCMI) and no hot-reset step,
+cycle): ``engine.cycle()`` and the sinks only, no source hooks (they call DCMI) and no action step,
 which stay on the full cycle that still follows within the second. The engine's rules are stamped
 with the events' own times, so frequency / duration / recover-delay timing is unchanged; only the
 report leaves sooner (the reference reports within ~1 s, deviced.md §1.2).
@@ -20,17 +22,42 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 from prometheus_client import Histogram
 
 from deviced.engine import FaultEngine
-from deviced.hotreset import HotReset
 from faultmesh.log import event
 from faultmesh.runtime import wait_for
 
 log = logging.getLogger("deviced")
 
 FAST_COALESCE_S = 0.01  # a callback burst within 10 ms becomes one fast cycle
+
+
+class Action(Protocol):
+    """An action run after ``engine.cycle()``: the hot reset (:mod:`deviced.hotreset`), the graceful
+    tolerance (:mod:`deviced.grace`). ``busy``: the cycle must run every second."""
+
+    @property
+    def busy(self) -> bool: ...
+
+    async def step(self) -> None: ...
+
+
+class Actions:
+    """Several actions as one, stepped in order; busy when any is."""
+
+    def __init__(self, *actions: Action) -> None:
+        self.actions = actions
+
+    @property
+    def busy(self) -> bool:
+        return any(a.busy for a in self.actions)
+
+    async def step(self) -> None:
+        for a in self.actions:
+            await a.step()
 
 
 class Cycle:
@@ -41,7 +68,7 @@ class Cycle:
         self,
         engine: FaultEngine,
         hooks: Sequence[Callable[[], Awaitable[None]]],
-        hot_reset: HotReset,
+        hot_reset: Action,
         publish: Callable[[], None],
         poll_seconds: Histogram,
         period_s: float,
@@ -95,7 +122,7 @@ class Cycle:
         nxt = self.engine.next_due_ms()
         if nxt is not None:
             wait = min(wait, max(0.05, (nxt - self.engine.now()) / 1000))
-        if self.hot_reset.busy:  # hot-reset candidates: check the idle gate each second
+        if self.hot_reset.busy:  # hot-reset candidates (idle gate), a graceful-tolerance flow: each second
             wait = min(wait, 1.0)
         return wait
 

@@ -91,6 +91,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSON file keeping escalations (ManuallySeparateNPU, failed resets) across restarts",
     )
     p.add_argument("--hot-reset", action="store_true", help="hot-reset idle RestartNPU/FreeRestartNPU chips")
+    p.add_argument(
+        "--grace-tolerance",
+        action="store_true",
+        help="graceful fault tolerance: the reset-config files drive TaskD through stop / reset / restart "
+        "of a job's chips, timed by faultCustomization.json's GraceTolerance (needs --reset-config-dir; "
+        "excludes --hot-reset)",
+    )
+    p.add_argument(
+        "--grace-processes-timeout-s",
+        type=float,
+        default=60.0,
+        help="graceful tolerance: s the job's processes get to leave its chips before it is isolated "
+        "(reference WaitProcessesToZeroTime)",
+    )
+    p.add_argument(
+        "--grace-error-clean-s",
+        type=float,
+        default=30.0,
+        help="graceful tolerance: s a RestartRequest fault gets to clear before the chip is reset "
+        "(reference WaitErrorCodeCleanTime)",
+    )
+    p.add_argument(
+        "--grace-npu-ready-s",
+        type=float,
+        default=30.0,
+        help="graceful tolerance: s after a reset before the recovered status is written "
+        "(reference WaitNpuReadyTime)",
+    )
     p.add_argument("--hot-reset-idle", type=float, default=60.0, help="s a chip must be idle before a reset")
     p.add_argument("--hot-reset-boot-timeout", type=float, default=180.0, help="s to wait for boot")
     p.add_argument(
@@ -113,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=5.0,
         help="AIC/AIV bus faults within this of an HBM double-bit fault are its consequence (s; §4.3)",
+    )
+    p.add_argument(
+        "--restart-grace-s",
+        type=float,
+        default=10.0,
+        help="after a restart, a code the --state-file kept that no poll nor callback shows this long "
+        "recovered while deviced was down (s; a driver slow to list its codes needs more)",
     )
     p.add_argument("--max-codes-per-chip", type=int, default=512, help="active codes kept per chip")
     p.add_argument("--print-device-info", action="store_true", help="print the device-info document and exit")

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from deviced.chipio import CALL_ERRORS, ChipIO
 from deviced.engine import FaultEngine
+from faultmesh.dcmi.api import DeviceIds
 from faultmesh.dcmi.loader import DeviceNotReady
 from faultmesh.dcmi.structs import BOOT_START_FINISH
 from faultmesh.levels import NpuLevel
@@ -31,6 +32,27 @@ log = logging.getLogger("deviced")
 HOT_RESET_LEVELS = (NpuLevel.RestartNPU, NpuLevel.FreeRestartNPU)
 RESET_BUDGET = 3  # resets per chip ...
 RESET_WINDOW_S = 6 * 3600  # ... per 6 h
+
+
+async def reset_and_boot(
+    io: ChipIO, ids: DeviceIds, boot_timeout_s: float, poll_s: float = 1.0, monotonic=time.monotonic
+) -> str:
+    """Reset one chip (the backend's ``reset``, 30 s call timeout) and poll its boot status every
+    ``poll_s`` s until it reports started (16), for up to ``boot_timeout_s`` s on ``monotonic``'s clock.
+    Returns '' once booted, else why not (the reset call failed, the boot did not finish in time)."""
+    try:
+        await io.call("reset", io.backend.reset, ids, timeout_s=30)
+    except CALL_ERRORS as e:
+        return f"reset call failed: {e}"
+    deadline = monotonic() + boot_timeout_s
+    while monotonic() < deadline:
+        await asyncio.sleep(poll_s)
+        try:
+            if await io.call("boot", io.backend.boot_status, ids) == BOOT_START_FINISH:
+                return ""
+        except CALL_ERRORS:
+            continue
+    return f"boot not finished in {boot_timeout_s:g}s"
 
 
 class HotReset:
@@ -142,23 +164,13 @@ class HotReset:
             if health == 0:
                 event(log, logging.INFO, "hot reset skipped", logic_id=logic, reason="chip healthy again")
                 return
-            try:
-                await io.call("reset", io.backend.reset, ids, timeout_s=30)
-            except CALL_ERRORS as e:
-                self.failed(logic, f"reset call failed: {e}")
+            why = await reset_and_boot(io, ids, self.args.hot_reset_boot_timeout, 1.0, self.monotonic)
+            if why:
+                self.failed(logic, why)
                 return
-            deadline = self.monotonic() + self.args.hot_reset_boot_timeout
-            while self.monotonic() < deadline:
-                await asyncio.sleep(1)
-                try:
-                    if await io.call("boot", io.backend.boot_status, ids) == BOOT_START_FINISH:
-                        booted = True
-                        self.idle_since.pop(logic, None)
-                        event(log, logging.INFO, "hot reset done", logic_id=logic, phy_id=ids.phy)
-                        return
-                except CALL_ERRORS:
-                    continue
-            self.failed(logic, "boot not finished in time")
+            booted = True
+            self.idle_since.pop(logic, None)
+            event(log, logging.INFO, "hot reset done", logic_id=logic, phy_id=ids.phy)
         finally:
             self.engine.reset_end(logic, booted)
             if booted:

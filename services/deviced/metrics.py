@@ -1,7 +1,8 @@
 """deviced's own metrics (issue 4 "Ops"), exported at scrape time from the engine and the sources:
 ``faultmesh_deviced_events{source,level}``, ``..._event_outcomes{outcome}``,
 ``..._callback_drops{kind}`` (chip: token bucket; switch: queue full), ``..._callbacks``,
-``..._unknown_event_types``, ``..._dcmi_errors{call,reason}``, ``..._state_file_rejected{reason}``;
+``..._unknown_event_types``, ``..._dcmi_errors{call,reason}``, ``..._state_file_rejected{reason}``,
+``..._grace_episodes{result}`` (graceful tolerance: started / recovered / failed);
 plus the cycle's ``faultmesh_deviced_poll_duration_seconds`` histogram and
 ``faultmesh_deviced_subscribed``."""
 
@@ -82,6 +83,20 @@ class DevicedCollector(Collector):
         for table, n in sorted(getattr(reloader, "failures", {}).items()):
             bad.add_metric([table], n)
         yield bad
+        grace = getattr(app, "grace", None)
+        if grace is not None and grace.on:
+            ep = CounterMetricFamily(
+                "faultmesh_deviced_grace_episodes",
+                "Graceful-tolerance episodes (--grace-tolerance), by result: started, recovered, failed",
+                labels=["result"],
+            )
+            for result, n in (
+                ("started", grace.episodes),
+                ("recovered", grace.recovered),
+                ("failed", grace.failed),
+            ):
+                ep.add_metric([result], n)
+            yield ep
 
 
 class CycleMetrics:

@@ -269,7 +269,7 @@ class Customization:
     frequency: dict[int, FrequencyRule] = field(default_factory=dict)
     duration: dict[int, DurationRule] = field(default_factory=dict)
     rejected: list[str] = field(default_factory=list)
-    ignored: list[str] = field(default_factory=list)  # valid settings that have no effect
+    ignored: list[str] = field(default_factory=list)  # GraceTolerance settings off the defaults
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> Customization:
@@ -295,23 +295,12 @@ class Customization:
                     setattr(out.grace, attr, v)
                 elif v is not None:
                     out._reject(name, f"GraceTolerance.{key}={v!r} outside {lo}..{hi}")
-            defaults = GraceTolerance()
+            defaults = GraceTolerance()  # settings other than the defaults (deviced.grace warns when unused)
             out.ignored = [
                 f"GraceTolerance.{key}={getattr(out.grace, attr)}"
                 for key, (attr, _lo, _hi) in _GRACE_RANGES.items()
                 if getattr(out.grace, attr) != getattr(defaults, attr)
             ]
-            if out.ignored:
-                event(
-                    log,
-                    logging.WARNING,
-                    "GraceTolerance has no effect",
-                    table=name,
-                    settings=",".join(out.ignored),
-                    reason="it feeds only the reference's graceful fault tolerance, sunset and never "
-                    "invoked (deviced.md §6); faultmesh's hot reset uses --hot-reset-boot-timeout and "
-                    "--hot-reset-idle",
-                )
         for i, r in enumerate(obj.get("FaultFrequency") or []):
             rule = out._frequency(r, f"FaultFrequency[{i}]", name)
             if rule is not None:

@@ -11,7 +11,11 @@ what each daemon reads or writes on the host by default is mounted into its cont
 - every absolute path the daemon's configuration holds (the rendered flags over the parser's
   defaults) and every driver directory the DCMI loader searches lies under a mount of that
   container; host directories come from a ``hostPath`` volume, and a path the daemon writes is not
-  mounted read-only.
+  mounted read-only;
+- each agent keeps its restart state (deviced ``--state-file``, noded ``--bmc-state-file``, issue 30)
+  on a ``hostPath``, which outlives the pod: a rollout that loses it makes an active fault a second
+  occurrence; deviced's restart grace (``--restart-grace-s``) and graceful tolerance
+  (``--grace-tolerance``) follow their values.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ WRITES = {
     "reset_config_dir",
     "node_info_file",
     "state_file",
+    "bmc_state_file",
     "slownode_data_trace_dir",
     "state_dir",
 }
@@ -56,6 +61,9 @@ HOST_DIRS = {
     "slownode_data_trace_dir",
 }
 """Path flags that name the host's files (shared with the driver or the training containers)."""
+
+RESTART_STATE = {"deviced": "state_file", "noded": "bmc_state_file"}
+"""Agent -> the path flag of the state it keeps across its restarts (issue 30)."""
 
 VALUES = ["default", *VALUES_FILES]
 
@@ -152,3 +160,46 @@ def test_the_contract_finds_what_it_is_for(chart, tmp_path, monkeypatch):
     assert not any(config.env_name(d) == "FAULTMESH_HOST_IP" for d in dests)
     assert _under(args.profiling_dir, noded["volumeMounts"]) is not None
     assert _under(args.profiling_dir, [m for m in noded["volumeMounts"] if m["name"] != "profiling"]) is None
+
+
+@pytest.mark.parametrize("values_name", VALUES)
+def test_each_agent_keeps_its_restart_state_on_the_host(chart, values_name, tmp_path, monkeypatch):
+    values = load_values(values_name)
+    objs = render_objects(chart, values)
+    agents = 0
+    for pod, c in pod_containers(objs):
+        dest = RESTART_STATE.get(c["command"][0])
+        if dest is None:
+            continue
+        _, args = parse_container(objs, c, monkeypatch, tmp_path)
+        path = getattr(args, dest)
+        assert path, f"{c['name']}: no --{dest.replace('_', '-')}: a restart would forget the active faults"
+        mount = _under(path, c["volumeMounts"])
+        assert mount is not None and not mount.get("readOnly"), f"{c['name']}: {path} not writable"
+        volume = {v["name"]: v for v in pod["volumes"]}[mount["name"]]
+        assert "hostPath" in volume, f"{c['name']}: {path} is on {volume}, lost with the pod"
+        assert path.startswith(
+            values.get("agents", {}).get("hostPaths", {}).get("state", "/var/lib/faultmesh")
+        )
+        if c["command"][0] == "deviced":
+            assert args.restart_grace_s == values.get("deviced", {}).get("restartGraceSeconds", 10)
+            assert args.grace_tolerance is values.get("deviced", {}).get("graceTolerance", False)
+        agents += 1
+    assert agents == 2  # every values file here runs both agents
+
+
+def test_deviced_restart_grace_and_graceful_tolerance_values(chart, tmp_path, monkeypatch):
+    """The values reach deviced's flags, and graceful tolerance renders a command line deviced
+    accepts (it needs --reset-config-dir and excludes --hot-reset: deviced.grace.check_arguments)."""
+    from deviced.grace import check_arguments
+
+    values = {"deviced": {"restartGraceSeconds": 25, "graceTolerance": True}}
+    objs = render_objects(chart, values)
+    c = next(c for _, c in pod_containers(objs) if c["name"] == "deviced")
+    parser, args = parse_container(objs, c, monkeypatch, tmp_path)
+    assert (args.restart_grace_s, args.grace_tolerance, args.reset_config_dir) == (
+        25,
+        True,
+        "/user/restore/reset",
+    )
+    check_arguments(parser, args)  # exits on a bad combination

@@ -20,11 +20,14 @@ def test_defaults_are_the_old_values():
         512,
     )
     assert (args.hot_reset_budget, args.hot_reset_window_s) == (3, 21600.0)
+    assert eng.restart_grace_ms == 10_000  # issue 30's restart grace
 
 
 def test_flags_reach_the_engine():
     argv = [*BASE, "--recover-delay-s", "0.2", "--poll-fallback-s", "60", "--hbm-pair-window-s", "2"]
+    argv += ["--restart-grace-s", "30"]
     eng = DeviceD(build_parser().parse_args([*argv, "--max-codes-per-chip", "64"]), SimBackend(1, 1)).engine
+    assert eng.restart_grace_ms == 30_000
     assert (eng.recover_delay_ms, eng.poll_fallback_ms, eng.hbm_pair_window_ms, eng.max_codes) == (
         200,
         60_000,
