@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from support import ClusterdProcess, eventually, public_request
 
-from clusterd.kube import hastate
+from clusterd.kube import cmdoc
 from clusterd.kube.hastate import KubeState, MirroredStore, StateMetrics, StateWriteError, encode, pack
 from faultmesh._pb import profiling_pb2, profiling_pb2_grpc, pubfault_pb2_grpc, recover_pb2, recover_pb2_grpc
 from faultmesh.agent import AgentClient, AgentState, split_targets
@@ -357,7 +357,7 @@ BLOB = GOOD["binaryData"]["state.json.gz"]
     ids=["missing-key", "not-base64", "truncated", "checksum", "bad-json", "version", "shape", "huge"],
 )  # fmt: skip
 async def test_a_corrupt_state_configmap_is_rejected_not_a_crash(k8s, tmp_path, monkeypatch, fields, reason):
-    monkeypatch.setattr(hastate, "MAX_RAW_BYTES", 64 << 10)
+    monkeypatch.setattr(cmdoc, "MAX_RAW_BYTES", 64 << 10)
     emu, api = k8s
     body = {
         "apiVersion": "v1",

@@ -40,6 +40,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from clusterd.api.grpcserver import bind_grpc, server_options
 from clusterd.kube import leader as kleader
 from clusterd.kube.gate import FollowerGate
+from clusterd.kube.hahistory import HistoryMetrics, HistoryMirror, HistoryStore
 from clusterd.kube.hastate import KubeState, MirroredStore, StateMetrics, StateWriteError
 from faultmesh.httpd import HttpServer, rejected_counter
 from faultmesh.kube import KubeApi, make_api_client
@@ -66,6 +67,7 @@ class HaMetrics:
     def __init__(self) -> None:
         self.registry = reg = CollectorRegistry()
         self.state = StateMetrics(reg)
+        self.history = HistoryMetrics(reg)
         self.leader = Gauge("faultmesh_clusterd_leader", "1 while this replica holds the Lease", registry=reg)
         self.lease_errors = Counter(
             "faultmesh_kube_lease_errors_total", "Failed Lease calls (retried)", ["status"], registry=reg
@@ -73,7 +75,15 @@ class HaMetrics:
 
     def _collectors(self) -> tuple:
         st = self.state
-        return st.writes, st.retries, st.rejected, st.bytes, self.leader, self.lease_errors
+        return (
+            st.writes,
+            st.retries,
+            st.rejected,
+            st.bytes,
+            self.leader,
+            self.lease_errors,
+            *self.history.collectors(),
+        )
 
     def register(self, registry: CollectorRegistry) -> None:
         for c in self._collectors():
@@ -196,10 +206,18 @@ async def _lead(args, make: MakeClusterD, api: KubeApi, elector: LeaseElector, m
         api, args.kube_lease_namespace, args.kube_state_name, elector.identity, elector.leading.is_set,
         metrics.state, max_bytes=args.kube_state_max_bytes, write_s=args.kube_state_write_s,
     )  # fmt: skip
+    history = HistoryMirror(
+        api, args.kube_lease_namespace, args.kube_history_name or f"{args.kube_state_name}-history",
+        elector.identity, elector.leading.is_set, metrics.history, max_bytes=args.kube_state_max_bytes,
+        write_s=args.kube_state_write_s, max_events=args.kube_history_max_events,
+        max_decisions=args.kube_history_max_decisions, window_s=args.kube_history_window_s,
+        interval_s=args.kube_history_write_interval_s,
+    )  # fmt: skip
     try:
-        store = MirroredStore(
-            state, args.state_dir, fsync_full=args.fsync_full, busy_timeout_ms=args.state_busy_timeout_ms
-        )
+        store: MirroredStore = HistoryStore(
+            state, history, args.state_dir, fsync_full=args.fsync_full,
+            busy_timeout_ms=args.state_busy_timeout_ms,
+        )  # fmt: skip
         cd = make(store, elector)
     except OSError as e:  # an unreadable token / TLS / table file named by a flag
         event(log, logging.ERROR, "clusterd failed to start", error=str(e))

@@ -13,8 +13,8 @@ write-through mirror of the durable state that agents cannot re-send:
 - the manual separations (:mod:`clusterd.separation`).
 
 Agent faults and node states are not mirrored: each agent re-sends its snapshot to the new leader.
-Not kept across a failover either: the fault history (``/v1/events``) and the brain's decision log
-(per-replica history).
+The fault history and the decision log have a mirror of their own, written after the fact
+(:mod:`clusterd.kube.hahistory`).
 
 **Document.** ConfigMap ``--kube-state-name`` (``faultmesh-clusterd-state``) in the Lease's namespace,
 label ``app.kubernetes.io/managed-by=faultmesh``. ``binaryData["state.json.gz"]`` is the gzip of
@@ -57,14 +57,9 @@ agents' snapshots. A single malformed record inside a valid document is skipped 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
-import gzip
-import hashlib
 import logging
 import time
-import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -72,6 +67,8 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from clusterd.kube.cmdoc import StateRejected, retry_reason, unpack
+from clusterd.kube.cmdoc import pack as pack_doc
 from clusterd.store import Store
 from faultmesh.kube import KubeApi, KubeError
 from faultmesh.log import event
@@ -82,8 +79,6 @@ log = logging.getLogger("clusterd.kube.ha")
 
 VERSION = 1
 BLOB_KEY = "state.json.gz"
-SUM_KEY = "sha256"
-MAX_RAW_BYTES = 64 << 20  # a document that inflates beyond this is rejected (not a gzip bomb)
 LABELS = {"app.kubernetes.io/managed-by": "faultmesh", "app.kubernetes.io/component": "clusterd-state"}
 MIRRORED_ORIGINS = frozenset({"public"})
 MIRRORED_NS = frozenset(
@@ -97,38 +92,23 @@ class StateWriteError(OSError):
     """A mirrored change could not be written to the state ConfigMap (the caller answers an error)."""
 
 
-class StateRejected(ValueError):
-    """A state ConfigMap that cannot be trusted; ``reason`` is the stable counted label."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-
-
 class StateMetrics:
-    """``faultmesh_kube_state_writes_total{result}``, ``faultmesh_kube_state_retries_total{reason}``,
-    ``faultmesh_kube_state_rejected_total{reason}``, ``faultmesh_kube_state_bytes``."""
+    """``<prefix>_writes_total{result}``, ``<prefix>_retries_total{reason}``,
+    ``<prefix>_rejected_total{reason}``, ``<prefix>_bytes`` (prefix ``faultmesh_kube_state``; the
+    history mirror's ``faultmesh_kube_history``) of the ConfigMap ``what``."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.writes = Counter(
-            "faultmesh_kube_state_writes_total",
-            "Writes of the HA state ConfigMap",
-            ["result"],
-            registry=registry,
+    def __init__(
+        self, registry: CollectorRegistry, prefix: str = "faultmesh_kube_state", what: str = "HA state"
+    ) -> None:
+        self.writes = Counter(f"{prefix}_writes_total", f"Writes of the {what} ConfigMap", ["result"],
+                              registry=registry)  # fmt: skip
+        self.retries = Counter(f"{prefix}_retries_total", f"Retried API calls on the {what} ConfigMap, by reason",
+                               ["reason"], registry=registry)  # fmt: skip
+        self.rejected = Counter(f"{prefix}_rejected_total", f"Rejected {what} documents and changes, by reason",
+                                ["reason"], registry=registry)  # fmt: skip
+        self.bytes = Gauge(
+            f"{prefix}_bytes", f"Size of the {what} document (encoded bytes)", registry=registry
         )
-        self.retries = Counter(
-            "faultmesh_kube_state_retries_total",
-            "Retried API calls on the HA state ConfigMap, by reason",
-            ["reason"],
-            registry=registry,
-        )
-        self.rejected = Counter(
-            "faultmesh_kube_state_rejected_total",
-            "Rejected HA state documents and changes, by reason",
-            ["reason"],
-            registry=registry,
-        )
-        self.bytes = Gauge("faultmesh_kube_state_bytes", "Size of state.json (bytes)", registry=registry)
 
 
 def fault_row(f: Fault, origin: str) -> list:
@@ -151,8 +131,7 @@ def row_fault(row: list) -> tuple[Fault, str]:
 
 def pack(body: bytes) -> dict[str, dict[str, str]]:
     """The ConfigMap fields (``data``, ``binaryData``) holding the JSON ``body``."""
-    blob = base64.b64encode(gzip.compress(body, compresslevel=1, mtime=0)).decode()
-    return {"data": {SUM_KEY: hashlib.sha256(body).hexdigest()}, "binaryData": {BLOB_KEY: blob}}
+    return pack_doc(body, BLOB_KEY)
 
 
 def encode(doc: Any) -> dict[str, dict[str, str]]:
@@ -161,28 +140,9 @@ def encode(doc: Any) -> dict[str, dict[str, str]]:
 
 
 def decode(cm: dict) -> dict:
-    """The document in the ConfigMap ``cm``. Raises :class:`StateRejected` (reasons ``missing key``,
-    ``bad encoding`` (not base64 / gzip, or cut short), ``too large``, ``checksum mismatch``,
-    ``bad JSON``, ``unknown version``, ``bad shape``)."""
-    blob = (cm.get("binaryData") or {}).get(BLOB_KEY)
-    digest = (cm.get("data") or {}).get(SUM_KEY)
-    if not isinstance(blob, str) or not isinstance(digest, str):
-        raise StateRejected("missing key", f"binaryData.{BLOB_KEY} and data.{SUM_KEY} are required")
-    try:
-        z = zlib.decompressobj(wbits=31)  # gzip
-        body = z.decompress(base64.b64decode(blob, validate=True), MAX_RAW_BYTES + 1)
-    except (binascii.Error, zlib.error, ValueError) as e:
-        raise StateRejected("bad encoding", str(e)) from None
-    if len(body) > MAX_RAW_BYTES:
-        raise StateRejected("too large", f"more than {MAX_RAW_BYTES} bytes uncompressed")
-    if not z.eof:
-        raise StateRejected("bad encoding", "the gzip stream is cut short (truncated)")
-    if hashlib.sha256(body).hexdigest() != digest.strip():
-        raise StateRejected("checksum mismatch", f"{len(body)} bytes (truncated or edited?)")
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        raise StateRejected("bad JSON", str(e)) from None
+    """The document in the ConfigMap ``cm``. Raises :class:`StateRejected` (the reasons of
+    :func:`clusterd.kube.cmdoc.unpack`, ``unknown version``, ``bad shape``)."""
+    doc = unpack(cm, BLOB_KEY)
     if not isinstance(doc, dict) or doc.get("version") != VERSION:
         raise StateRejected("unknown version", repr(doc.get("version") if isinstance(doc, dict) else doc))
     faults, kv, seps = doc.get("faults", []), doc.get("kv", {}), doc.get("separations", [])
@@ -193,27 +153,14 @@ def decode(cm: dict) -> dict:
     return {"version": VERSION, "faults": faults, "kv": kv, "separations": seps}
 
 
-def _reason(e: KubeError) -> str | None:
-    """The retry reason of an API error (None: not worth retrying)."""
-    if e.status == 409:
-        return "conflict"
-    if e.status == 404:
-        return "missing"
-    if e.status == 429:
-        return "throttled"
-    if e.status == 0:
-        return "timeout"
-    if e.status >= 500:
-        return "server"
-    return None
-
-
 class KubeState:
     """The in-memory copy of the state document and its write-through to the ConfigMap.
 
     ``leading()`` fences every write (a replica that lost the Lease writes nothing); ``max_bytes``
     bounds ``state.json``; a write retries for ``write_s`` seconds. See the module docstring.
     """
+
+    labels = LABELS  # of the ConfigMap written
 
     def __init__(
         self,
@@ -304,7 +251,7 @@ class KubeState:
         data = {k: str(v) for k, v in (cm.get("data") or {}).items()}
         data["rejected-reason"] = str(why)
         body = {"apiVersion": "v1", "kind": "ConfigMap", "data": data, "binaryData": cm.get("binaryData") or {},
-                "metadata": {"name": name, "namespace": self.namespace, "labels": LABELS}}  # fmt: skip
+                "metadata": {"name": name, "namespace": self.namespace, "labels": self.labels}}  # fmt: skip
         try:
             await self.api.patch_config_map(
                 self.namespace, name, {k: body[k] for k in ("data", "binaryData")}
@@ -349,7 +296,7 @@ class KubeState:
             raise
 
     async def _write(self, fields: dict[str, dict[str, str]]) -> None:
-        meta: dict[str, Any] = {"labels": LABELS, "annotations": {"faultmesh.io/writer": self.identity}}
+        meta: dict[str, Any] = {"labels": self.labels, "annotations": {"faultmesh.io/writer": self.identity}}
         if not self._exists:
             body = {"apiVersion": "v1", "kind": "ConfigMap", **fields,
                     "metadata": {"name": self.name, "namespace": self.namespace, **meta}}  # fmt: skip
@@ -376,7 +323,7 @@ class KubeState:
             try:
                 return await fn()
             except KubeError as e:
-                reason = _reason(e)
+                reason = retry_reason(e.status)
                 if reason is None:
                     raise StateWriteError(f"state {what} refused: {e}") from None
                 self.metrics.retries.labels(reason).inc()

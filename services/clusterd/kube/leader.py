@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from clusterd.kube import hahistory
 from faultmesh.lease import LeaseElector
 
 Writer = Callable[[], Coroutine[Any, Any, None]]
@@ -61,6 +62,7 @@ def add_arguments(g) -> None:
         default=10.0,
         help="how long a state ConfigMap write is retried before the change is refused (s)",
     )
+    hahistory.add_arguments(g)
 
 
 def identity() -> str:
