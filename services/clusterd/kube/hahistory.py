@@ -13,7 +13,7 @@ server never delays a fault, an acknowledgement or a decision: the offer never w
 
 **Window.** The newest ``--kube-history-max-events`` (20 000) history rows and the newest
 ``--kube-history-max-decisions`` (2 000) decisions, each no older than ``--kube-history-window-s``
-(24 h), whichever is smaller. At the default sizes the document is about 0.5 MB encoded
+(24 h), whichever is smaller. At the default sizes the document is about 570 kB encoded, 40 ms to encode
 (``bench/ha_history.py``); one that would exceed ``--kube-state-max-bytes`` (900 000) has its
 oldest quarter dropped until it fits, counted in ``faultmesh_kube_history_trimmed_total{kind}``.
 
