@@ -4,7 +4,8 @@ Two real ``clusterd --kube --kube-leader-elect on`` processes share a Lease and 
 agents and PubFault senders are connected through both addresses (as through a Service: the
 follower refuses, the client tries the next). The leader is killed with SIGKILL: the follower must
 lead within 15 s holding every acked public fault, the job and its recovery settings and the
-data-trace switch; before, it refused gRPC (UNAVAILABLE naming the leader) and mutating HTTP (503).
+data-trace switch, and every history row and decision of the old leader's last history-mirror write
+(issue 30); before, it refused gRPC (UNAVAILABLE naming the leader) and mutating HTTP (503).
 Then the state ConfigMap's bad input: API errors retried and counted, corrupt documents rejected.
 """
 
@@ -27,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from support import ClusterdProcess, eventually, public_request
 
-from clusterd.kube import cmdoc
+from clusterd.kube import cmdoc, hahistory
 from clusterd.kube.hastate import KubeState, MirroredStore, StateMetrics, StateWriteError, encode, pack
 from faultmesh._pb import profiling_pb2, profiling_pb2_grpc, pubfault_pb2_grpc, recover_pb2, recover_pb2_grpc
 from faultmesh.agent import AgentClient, AgentState, split_targets
@@ -155,6 +156,34 @@ async def _has_code(p: ClusterdProcess, node: str, code: str) -> bool:
     return status == 200 and any(f["code"] == code for f in faults)
 
 
+HISTORY_CM = f"{STATE_CM}-history"
+EVENT_KEYS = ("ts_ms", "kind", "node", "device_type", "device_id", "code", "source", "level", "assertion",
+              "attributes")  # fmt: skip
+
+
+def row_key(row: list) -> tuple:
+    return (*row[:-1], json.dumps(row[-1], sort_keys=True))
+
+
+async def history_doc(api) -> dict:
+    """The history mirror's document as the API server holds it."""
+    return hahistory.decode(await api.get_config_map(NS, HISTORY_CM))
+
+
+async def mirrored(api, public_occurs: int) -> bool:
+    """The history ConfigMap holds the agent's occur, ``public_occurs`` public ones and a decision."""
+    try:
+        doc = await history_doc(api)
+    except Exception:  # not written yet
+        return False
+    sources = [r[6] for r in doc["events"] if r[1] == "occur"]
+    return (
+        "noded" in sources
+        and sum(s.startswith("public") for s in sources) >= public_occurs
+        and bool(doc["decisions"])
+    )
+
+
 def replica(tmp_path, name: str, url: str) -> ClusterdProcess:
     flags = ["--kube", "--kube-api", url, "--kube-leader-elect", "on", "--kube-lease-namespace", NS,
              "--kube-lease-s", str(LEASE_S), "--kube-timeout-s", "4", "--kube-min-write-s", "0.05",
@@ -232,8 +261,11 @@ async def test_leader_killed_follower_leads_with_acked_state(k8s, tmp_path):
             await eventually(lambda: len(senders.acked) >= 20, timeout_s=30, what="public faults acked")
             assert senders.refusals  # the follower turned senders away
             assert await metric(a, "faultmesh_clusterd_leader") == 1
+            # mid-flow: the history mirror holds public occurs and the job's decisions, more coming
+            await eventually(lambda: mirrored(api, 10), timeout_s=30, what="history mirrored")
             a.kill9()
             t_kill = time.monotonic()
+            last = await history_doc(api)  # the old leader's last mirror write (b leads >= 8 s later)
             await eventually(lambda: _ready(b), timeout_s=30, what="follower leads")
             took = time.monotonic() - t_kill
             await eventually(lambda: len(senders.acked) >= 40, timeout_s=30, what="new leader acks")
@@ -257,6 +289,17 @@ async def test_leader_killed_follower_leads_with_acked_state(k8s, tmp_path):
         assert reg.code == 0, reg.info
         assert await metric(b, "faultmesh_clusterd_leader") == 1
         assert await metric(b, "faultmesh_kube_watch_restarts_total", why="expired") >= 1
+        # Failover keeps the record: every history row and decision of the old leader's last mirror
+        # write is in the new leader's /v1/events and decision log.
+        status, rows = await http("GET", b.url("/v1/events?limit=100000"))
+        assert status == 200, rows
+        have = {row_key([r[k] for k in EVENT_KEYS]) for r in rows}
+        lost = [r for r in last["events"] if row_key(r) not in have]
+        assert not lost, f"{len(lost)} of {len(last['events'])} history rows lost: {lost[:3]}"
+        decisions = (await http("GET", b.url("/v1/jobs/job-ha/recovery")))[1]["decisions"]
+        assert [rec for job, rec in last["decisions"] if job == "job-ha"] == decisions[
+            : len(last["decisions"])
+        ]
         # The agent reconnected to the new leader and its snapshot is back.
         await eventually(
             lambda: _has_code(b, "node-1", "00000001"),
