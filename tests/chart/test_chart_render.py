@@ -483,13 +483,15 @@ def test_clusterd_replicas_elect_a_leader(chart):
     named = {
         (r["resources"][0], v, tuple(r.get("resourceNames", ()))) for r in role["rules"] for v in r["verbs"]
     }
+    state = "faultmesh-clusterd-state"  # and the history mirror beside it (issue 30)
+    HA_CMS = (state, f"{state}-rejected", f"{state}-history", f"{state}-history-rejected")  # noqa: N806
     assert named == {
         ("leases", "create", ()),
         ("leases", "get", ("faultmesh-clusterd",)),
         ("leases", "patch", ("faultmesh-clusterd",)),
         ("configmaps", "create", ()),
-        ("configmaps", "get", ("faultmesh-clusterd-state", "faultmesh-clusterd-state-rejected")),
-        ("configmaps", "patch", ("faultmesh-clusterd-state", "faultmesh-clusterd-state-rejected")),
+        ("configmaps", "get", HA_CMS),
+        ("configmaps", "patch", HA_CMS),
     }
     assert not [
         o

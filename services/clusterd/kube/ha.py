@@ -10,8 +10,9 @@ Every replica runs :func:`run_replica`: a :class:`~faultmesh.lease.LeaseElector`
 - **leader**: once the Lease is held, the standby stops, a fresh SQLite file is filled from the
   state ConfigMap (:mod:`clusterd.kube.hastate`), and the full ClusterD starts on it with a
   :class:`~clusterd.kube.hastate.MirroredStore` (every durable change written to the ConfigMap
-  before it is acknowledged); the agents reconnect and send their snapshots. Only the leader runs
-  the Kubernetes writers (:mod:`clusterd.kube.leader`).
+  before it is acknowledged) and a history mirror (:mod:`clusterd.kube.hahistory`: the fault history
+  and the decision log, imported at election, written after the fact); the agents reconnect and send
+  their snapshots. Only the leader runs the Kubernetes writers (:mod:`clusterd.kube.leader`).
 - leadership lost (renewal failed past the renew deadline, or another holder): ClusterD stops
   (its gate refuses meanwhile) and the replica is a follower again.
 
