@@ -1,7 +1,8 @@
 """The isolation circuit breaker (issue 30): one guard for every path of ClusterD that takes capacity
 away from the scheduler — the cluster-info documents Volcano schedules by (a node published with an
-unhealthy NPU or an UnHealthy status, :mod:`clusterd.kube.publisher`) and the manual-separation policy
-(:mod:`clusterd.separation`). The node taints keep their own breaker (``--kube-taint-max-share``).
+unhealthy NPU or an UnHealthy status, :mod:`clusterd.kube.publisher`), the manual-separation policy
+(:mod:`clusterd.separation`) and the ``isolate`` ranks of a job's reset-config
+(:mod:`clusterd.kube.handoff`). The node taints keep their own breaker (``--kube-taint-max-share``).
 
 A path asks :meth:`IsolationBreaker.admit` before it newly isolates a node. Within any
 ``--isolation-window-s`` (600 s) at most ``--isolation-max-share`` of the nodes ClusterD knows may be

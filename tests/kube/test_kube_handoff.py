@@ -8,8 +8,9 @@ import hashlib
 import json
 import time
 
+import aiohttp
 from brain.brainkit import Sims
-from kube.kubekit import job_pod
+from kube.kubekit import job_pod, kube_clusterd
 from support import eventually
 
 from clusterd.brain.faultview import RankFault
@@ -319,3 +320,46 @@ async def test_retry_report_labels_the_fault_pod_retry_fault(k8s, kcd):
         assert "fault-type" not in await pod_labels(api, "llama-worker-0")
     finally:
         await sims.close()
+
+
+async def test_a_bad_push_isolates_through_reset_config_only_up_to_the_breakers_share(k8s, tmp_path):
+    """issue 30: a common code raised to SeparateNPU on every node makes the brain's fault list isolate
+    every node of the job; the reset-config RankList (Policy isolate) names at most the breaker's share
+    of the known nodes, the rest held (counted, path reset-config); a release writes them too."""
+    emu, api = k8s
+    nodes = [f"node-{i}" for i in range(4)]
+    cd = await kube_clusterd(tmp_path, api.url, "--isolation-max-share", "0.5", "--isolation-window-s", "600")
+    try:
+        for i, n in enumerate(nodes):
+            cd.nodes.hello(n, "", f"SN-{n}", "boot")
+            await api._call(
+                "create pod", api.core.create_namespaced_pod, NS, job_pod(f"llama-worker-{i}", n, i, [0])
+            )
+        await eventually(lambda: (j := cd.jobs.get(UID)) is not None and len(j.ranks) == 4, what="job")
+        await create_reset_cm(api)
+        now = int(time.time() * 1000)
+        bad = [RankFault(i, n, 0, i, "80E18008", "SeparateNPU", "1", now) for i, n in enumerate(nodes)]
+        cd.brain.decide(UID, "recovery", "stop-train", "table push: 80E18008 SeparateNPU", faults=bad)
+
+        async def ranks(want: int):
+            doc = await reset_json(api)
+            got = [r["RankId"] for r in doc["RankList"] if r["Policy"] == "isolate"]
+            return got if len(got) == want else None
+
+        assert await eventually(lambda: ranks(2), what="two nodes' ranks isolated") == [0, 1]
+        held = {"path": "reset-config"}
+        assert cd.registry.get_sample_value("faultmesh_isolations_held_total", held) == 2
+        assert cd.registry.get_sample_value("faultmesh_isolation_breaker_open") == 1
+        async with aiohttp.ClientSession() as s:
+            url = f"http://127.0.0.1:{cd.http.port}/v1/release/breaker"
+            async with s.post(url, json={"by": "alice", "reason": "checked: the chips are bad"}) as r:
+                assert r.status == 200 and (await r.json())["released"] == ["node-2", "node-3"]
+        assert await eventually(lambda: ranks(4), what="the held ranks written after the release") == [
+            0,
+            1,
+            2,
+            3,
+        ]
+        assert cd.registry.get_sample_value("faultmesh_isolation_breaker_open") == 0
+    finally:
+        await cd.stop()

@@ -16,8 +16,8 @@ One part per concern, wired here:
 - **jobs from pods** (``--kube-jobs on``) into the brain's job registry: :mod:`.podjobs`, with the
   recovery settings of their Volcano PodGroups (``--kube-podgroups on``): :mod:`.podgroups`;
 - **node signals** (conditions, events, optional taint): :mod:`.signals`;
-- **the rescheduling hand-off** (reset-config, PodGroup and pod labels) from the brain's decisions:
-  :mod:`.handoff`;
+- **the rescheduling hand-off** (reset-config, PodGroup and pod labels) from the brain's decisions,
+  its isolations through the isolation breaker: :mod:`.handoff`;
 - **leader election** (``--kube-leader-elect on``): only the Lease holder runs the writers above:
   :mod:`.leader`;
 - **control ConfigMaps** (``ras-feature-slownode-*``, ``data-trace-<job>``) and ``fault-job-info``:
@@ -173,10 +173,14 @@ class KubeComponent:
         self.podgroups = PodGroups(self.metrics, self._podgroup_changed)
         self.pod_jobs = PodJobs(jobs, ctx.store, self.metrics, self.podgroups) if jobs is not None else None
         self.handoff = (
-            HandOff(jobs, self.podgroups, self.pod_jobs.pods_of, self.metrics, ctx.tasks.spawn)
+            HandOff(
+                jobs, self.podgroups, self.pod_jobs.pods_of, self.metrics, ctx.tasks.spawn, breaker=breaker
+            )
             if jobs is not None and self.pod_jobs is not None
             else None
         )
+        if breaker is not None and self.handoff is not None:
+            breaker.on_release.append(self.handoff.on_breaker_release)
         self._api_client = None
         self._tasks: list[asyncio.Task] = []
         self._leadership: kleader.Leadership | None = None

@@ -26,6 +26,12 @@ Operator:
   reference's does (:meth:`HandOff.on_report`, a retry report included, which decides nothing by
   itself), and at a fault decision on reported ranks; a pod already carrying the value is not patched.
 
+A fault list that would isolate a node (Policy ``isolate``: PreSeparateNPU, SeparateNPU,
+ManuallySeparateNPU) first asks the isolation circuit breaker (:mod:`clusterd.breaker`, path
+``reset-config``, issue 30): the faults of a node it holds are left out of the RankList (the reset
+CM keeps what it said about that node; ``reset config isolation held`` is logged) and the decision is
+handled again when an operator releases the breaker.
+
 Writes run in one task, in decision order; each is retried (:func:`faultmesh.retry.retrying`) and
 then dropped with a logged, counted reason. Not done (left for later): ``fault-job-info`` (needs the
 fault SDIDs of A3 super pods) and the Operator's backup-pod annotations.
@@ -43,6 +49,7 @@ from collections.abc import Callable
 
 from clusterd.brain.jobs import JobRegistry
 from clusterd.brain.platform import KEYS as PLATFORM_KEYS
+from clusterd.breaker import IsolationBreaker
 from clusterd.kube import podgroups as pgs
 from clusterd.kube.metrics import KubeMetrics
 from faultmesh.kube import KubeApi, KubeError
@@ -121,7 +128,8 @@ def rank_list(job, faults: list[dict], in_place_pods: frozenset[int] = frozenset
 
 
 class HandOff:
-    """See the module docstring. ``pods_of(job_id)``: the job's pod objects; ``api`` is set at start."""
+    """See the module docstring. ``pods_of(job_id)``: the job's pod objects; ``api`` is set at start;
+    ``breaker``: asked before a RankList isolates a node (None: every isolation written)."""
 
     def __init__(
         self,
@@ -131,8 +139,11 @@ class HandOff:
         metrics: KubeMetrics,
         spawn: Callable[..., asyncio.Task],
         attempts: int = 5,
+        breaker: IsolationBreaker | None = None,
     ) -> None:
         self.jobs = jobs
+        self.breaker = breaker
+        self._held: dict[str, dict] = {}  # job id -> its last fault decision with a node held back
         self.podgroups = podgroups
         self.pods_of = pods_of
         self.metrics = metrics
@@ -161,6 +172,28 @@ class HandOff:
         self.on_decision(
             job_id, {"decision": REPORT, "faults": [f.as_dict() for f in faults], "reason": reason}
         )
+
+    def admitted(self, job_id: str, rec: dict, faults: list[dict]) -> list[dict]:
+        """``faults`` less those of the nodes whose isolation the breaker holds (module docstring)."""
+        if self.breaker is None or not self.breaker.enabled:
+            return faults
+        isolating = sorted({f["node"] for f in faults if POLICY.get(f.get("level", "")) == "isolate"})
+        held = {n for n in isolating if not self.breaker.admit(n, "reset-config")}
+        if not held:
+            self._held.pop(job_id, None)
+            return faults
+        self._held[job_id] = rec
+        event(log, logging.WARNING, "reset config isolation held", job=job_id, nodes=",".join(sorted(held)))
+        return [f for f in faults if f["node"] not in held]
+
+    def on_breaker_release(self, nodes: list[str]) -> None:
+        """The isolation breaker was released: handle again the decisions it held back on ``nodes``."""
+        released = set(nodes)
+        for job_id, rec in list(self._held.items()):
+            if any(f.get("node") in released for f in rec.get("faults") or ()):
+                del self._held[job_id]
+                self._queue.append((job_id, rec))
+                self._due.set()
 
     # -- the writes ------------------------------------------------------------------------------
     async def _call(self, what: str, fn) -> bool:
@@ -282,11 +315,14 @@ class HandOff:
         if d == REPORT:
             await self.label_pods(job, faults, rec.get("reason"))
         elif d in FAULT_DECISIONS and faults:
-            await self.write_reset(job, RankList=rank_list(job, faults), FaultFlushing=True)
-            await self.label_pods(job, faults)
+            faults = self.admitted(job_id, rec, faults)
+            if faults:  # else every node is held: nothing new to write
+                await self.write_reset(job, RankList=rank_list(job, faults), FaultFlushing=True)
+                await self.label_pods(job, faults)
         elif d == IN_PLACE_DECISION:  # WriteResetInfoToCM(allFaultRanks, restartFaultProcess, ...)
             in_place = frozenset(rec.get("restart_process_pods") or ())
             changes: dict = {"RestartFaultProcess": bool(in_place)}
+            faults = self.admitted(job_id, rec, faults) if faults else faults
             if faults:
                 changes["RankList"] = rank_list(job, faults, in_place)
             await self.write_reset(job, **changes)
@@ -303,6 +339,7 @@ class HandOff:
             await self.write_reset(job, RetryTime=retry + 1, RestartFaultProcess=True, FaultFlushing=False)
             self.spawn(self.fault_retry(job), name=f"kube-fault-retry-{job.id}")
         elif d in CLEAR_DECISIONS or d.endswith("-success"):
+            self._held.pop(job_id, None)
             await self.write_reset(job, RankList=[], FaultFlushing=False, RestartFaultProcess=False)
             await self.unlabel_pods(job_id)
 
