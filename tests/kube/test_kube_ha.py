@@ -297,9 +297,11 @@ async def test_leader_killed_follower_leads_with_acked_state(k8s, tmp_path):
         lost = [r for r in last["events"] if row_key(r) not in have]
         assert not lost, f"{len(lost)} of {len(last['events'])} history rows lost: {lost[:3]}"
         decisions = (await http("GET", b.url("/v1/jobs/job-ha/recovery")))[1]["decisions"]
-        assert [rec for job, rec in last["decisions"] if job == "job-ha"] == decisions[
-            : len(last["decisions"])
-        ]
+        mirrored_decisions = [rec for job, rec in last["decisions"] if job == "job-ha"]
+        assert mirrored_decisions == decisions[: len(mirrored_decisions)]
+        await eventually(  # and the new leader mirrors on (its own metrics on /metrics)
+            lambda: metric(b, "faultmesh_kube_history_writes_total", result="ok"), what="b's history write"
+        )
         # The agent reconnected to the new leader and its snapshot is back.
         await eventually(
             lambda: _has_code(b, "node-1", "00000001"),

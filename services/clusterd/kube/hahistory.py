@@ -281,7 +281,13 @@ class HistoryMirror(KubeState):
         while True:
             await self._dirty.wait()
             await asyncio.sleep(self.interval_s)  # coalesce: one write per interval at most
-            if await self.write_once():
+            try:
+                ok = await self.write_once()
+            except Exception as e:  # e.g. a record orjson cannot encode: the writer must go on
+                self.metrics.writes.labels("error").inc()
+                event(log, logging.ERROR, "history write failed", name=self.name, error=repr(e))
+                ok = False
+            if ok:
                 backoff.reset()
             else:
                 await asyncio.sleep(backoff.next_delay())
