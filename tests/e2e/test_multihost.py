@@ -1,8 +1,9 @@
 """Three hosts as network namespaces (issue 29): clusterd on one, noded + deviced on two others, across a
-bridge on a private 10.x subnet. Every node shows its IP (--node-ip) in /v1/nodes; an NPU fault on a
-host reaches clusterd; a host cut off from the network is marked stale, keeps its last faults, and after
-the link is back clusterd equals its agents' truth (a fault raised meanwhile arrives); clusterd killed
-with -9 and restarted converges to both hosts' faults.
+bridge on a private 10.x subnet. Every node shows its IP (--node-ip) in /v1/nodes; the job summary
+FD-OL reads (from another host) names the servers by those IPs; an NPU fault on a host reaches
+clusterd; a host cut off from the network is marked stale, keeps its last faults, and after the link
+is back clusterd equals its agents' truth (a fault raised meanwhile arrives); clusterd killed with -9
+and restarted converges to both hosts' faults.
 
 Runs where the test may create network namespaces (root with ``ip``: CI); elsewhere it skips with the
 reason. All traffic stays inside the namespaces (the root namespace only owns the bridge); the
@@ -184,6 +185,37 @@ def has(net: Net, node: str, device: int, code: str) -> bool:
     return any(f["node"] == node and f["device_id"] == device and f["code"] == code for f in faults)
 
 
+# FD-OL's side of the job summary, run on h2: Register as FdAgent and read the first batch of
+# SubscribeJobSummarySignalList over the network from clusterd on h1
+SUMMARY = """
+import json, sys, grpc
+from faultmesh._pb import job_pb2, job_pb2_grpc
+with grpc.insecure_channel(sys.argv[1]) as ch:
+    stub = job_pb2_grpc.JobStub(ch)
+    cid = stub.Register(job_pb2.ClientInfo(role="FdAgent"), timeout=10).clientId
+    call = stub.SubscribeJobSummarySignalList(job_pb2.ClientInfo(role="FdAgent", clientId=cid), timeout=10)
+    first = next(call)
+    call.cancel()
+    print(json.dumps([{"masterAddr": s.masterAddr, "servers": [(x["server_name"], x["host_ip"], x["server_id"])
+                       for x in json.loads(s.HcclJson)["server_list"]]} for s in first.jobSummarySignals]))
+"""
+
+
+def summary_has_the_hosts_ips(net: Net) -> None:
+    """A job across h2 and h3 (applied with the CLI on h1): the job summary FD-OL reads from another
+    host names each server by its host's IP (HcclJson host_ip / server_id, masterAddr = rank 0's)."""
+    ranks = [{"rank": r, "node": f"server-{h}", "device": d} for r, (h, d) in enumerate(
+        (("h2", 0), ("h2", 1), ("h3", 0), ("h3", 1)))]  # fmt: skip
+    job = {"id": "job-mh", "name": "mh", "namespace": "default", "status": "running", "ranks": ranks}
+    (net.tmp / "job.json").write_text(json.dumps(job))
+    apply = ["job", "apply", "-f", str(net.tmp / "job.json"), "--http", "127.0.0.1:8080"]
+    net.run("h1", str(BIN / "faultmesh"), *apply)
+    (net.tmp / "summary.py").write_text(SUMMARY)
+    out = json.loads(net.run("h2", sys.executable, str(net.tmp / "summary.py"), f"{net.addr['h1']}:8899"))
+    a2, a3 = net.addr["h2"], net.addr["h3"]
+    assert out == [{"masterAddr": a2, "servers": [["server-h2", a2, a2], ["server-h3", a3, a3]]}], out
+
+
 def test_three_hosts_identity_faults_partition_and_restart(net):
     cd = start_clusterd(net)
     wait_for(lambda: net.get("/v1/nodes") is not None, "clusterd up", 30)
@@ -196,6 +228,7 @@ def test_three_hosts_identity_faults_partition_and_restart(net):
         return got if got == {"h2": net.addr["h2"], "h3": net.addr["h3"]} else None
 
     wait_for(ips, "every node's IP in /v1/nodes", 60)
+    summary_has_the_hosts_ips(net)
 
     t0 = time.monotonic()
     fault(net, "h2", 3, "80E18008")
