@@ -1,6 +1,7 @@
 """Three hosts as network namespaces (issue 29): clusterd on one, noded + deviced on two others, across a
 bridge on a private 10.x subnet. Every node shows its IP (--node-ip) in /v1/nodes; the job summary
-FD-OL reads (from another host) names the servers by those IPs; an NPU fault on a host reaches
+FD-OL reads (from another host) names the servers by those IPs; the profiling switch set on the
+cluster host is written to the switch file on both training hosts; an NPU fault on a host reaches
 clusterd; a host cut off from the network is marked stale, keeps its last faults, and after the link
 is back clusterd equals its agents' truth (a fault raised meanwhile arrives); clusterd killed with -9
 and restarted converges to both hosts' faults.
@@ -173,6 +174,7 @@ def start_agents(net: Net, host: str) -> None:
     net.start(
         host, "noded", str(BIN / "noded"), "--node-name", node, "--node-ip", ip, "--clusterd", cd,
         "--http-addr", "127.0.0.1:11255", "--pingmesh-backend", "off", "--clusterd-backoff-max", "2",
+        "--slownode-data-trace-dir", str(net.tmp / f"{host}-datatrace"),
     )  # fmt: skip
 
 
@@ -216,6 +218,32 @@ def summary_has_the_hosts_ips(net: Net) -> None:
     assert out == [{"masterAddr": a2, "servers": [["server-h2", a2, a2], ["server-h3", a3, a3]]}], out
 
 
+def switch_reaches_both_hosts(net: Net) -> None:
+    """The profiling switch set with the CLI on h1 (ModifyTrainingDataTraceSwitch over h1's network
+    address) lands as each host's ``<ns>.data-trace-<job>/profilingSwitch`` file, written by that
+    host's noded (its ``--slownode-data-trace-dir``, the directory training containers mount)."""
+    trace = ["trace", "on", "default/mh", "--light", "--grpc", f"{net.addr['h1']}:8899"]
+    net.run("h1", str(BIN / "faultmesh"), *trace)
+    want = {
+        "CommunicationOperator": "off",
+        "Step": "on",
+        "SaveCheckpoint": "on",
+        "FP": "on",
+        "DataLoader": "on",
+    }
+
+    def written(host: str):
+        path = net.tmp / f"{host}-datatrace" / "default.data-trace-mh" / "profilingSwitch"
+        try:
+            return json.loads(path.read_text()) == want
+        except (OSError, ValueError):
+            return False
+
+    t0 = time.monotonic()
+    wait_for(lambda: written("h2") and written("h3"), "the switch file on h2 and h3", 20)
+    print(f"data-trace switch on both hosts in {time.monotonic() - t0:.2f} s")
+
+
 def test_three_hosts_identity_faults_partition_and_restart(net):
     cd = start_clusterd(net)
     wait_for(lambda: net.get("/v1/nodes") is not None, "clusterd up", 30)
@@ -229,6 +257,7 @@ def test_three_hosts_identity_faults_partition_and_restart(net):
 
     wait_for(ips, "every node's IP in /v1/nodes", 60)
     summary_has_the_hosts_ips(net)
+    switch_reaches_both_hosts(net)
 
     t0 = time.monotonic()
     fault(net, "h2", 3, "80E18008")
