@@ -43,3 +43,13 @@ def test_edge_values_are_taken(daemon):
     assert got == (0.5, 0.0, 0.5)
     args = PARSERS[daemon]().parse_args(["--node-name", "n", "--clusterd-backoff-max", "3600"])
     assert args.clusterd_backoff_max == 3600.0
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "601"])
+def test_noded_bmc_backoff_base_is_checked(capsys, value):
+    """noded's BMC retry ``--backoff-base`` (1 s, 0.1..600): 0 and -1 stopped noded with 'configuration
+    error' without the flag's name, NaN was taken (retry delays of NaN)."""
+    with pytest.raises(SystemExit) as e:
+        noded_parser().parse_args(["--node-name", "n", f"--backoff-base={value}"])
+    assert e.value.code == 2
+    assert f"error: argument --backoff-base: '{value}' is not a number in 0.1..600" in capsys.readouterr().err
