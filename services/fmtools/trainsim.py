@@ -87,9 +87,11 @@ class TrainSim:
         ranks_per_pod: int = 0,
         credentials: grpc.ChannelCredentials | None = None,
         backoff_max_s: float = 5.0,
+        channel_options: list[tuple[str, str]] | None = None,
     ) -> None:
         self.target = target
         self.credentials = credentials  # TLS to ClusterD's gRPC port (None: plaintext)
+        self.channel_options = channel_options or []  # e.g. the TLS target name override
         self.backoff_max_s = backoff_max_s  # the longest wait between reconnects (s, >= 0.5)
         self.job_id = job_id
         self.o = outcomes or Outcomes()
@@ -142,7 +144,7 @@ class TrainSim:
         (and ``grpc.aio.AioRpcError``, e.g. UNAVAILABLE from a clusterd follower); after a failure
         the channel is closed. Role ``taskd`` skips Init once one succeeded (see :meth:`run`)."""
         self._channel = (
-            grpc.aio.secure_channel(self.target, self.credentials)
+            grpc.aio.secure_channel(self.target, self.credentials, options=self.channel_options)
             if self.credentials
             else grpc.aio.insecure_channel(self.target)
         )

@@ -63,6 +63,20 @@ def test_trainsim_over_mtls_from_the_environment(capsys, mtls, monkeypatch):
     assert r.returncode == EXIT_NOT_FOUND and "Init: code 502" in r.stderr, r.stderr
 
 
+def test_server_name_checks_the_certificate_against_another_name(capsys, mtls):
+    """Dialled by IP (the certificate names only ``localhost``, as a port-forward's 127.0.0.1 is not
+    the Service's name) the TLS check fails; ``--grpc-tls-server-name localhost`` passes it."""
+    cd, pki, flags = mtls
+    by_ip = [*flags, "--grpc", cd.grpc]  # 127.0.0.1:port
+    tls = ["--grpc-tls-ca", str(pki["ca"]), "--grpc-tls-cert", str(pki["client.crt"])]
+    tls += ["--grpc-tls-key", str(pki["client.key"])]
+    r = _send(capsys, by_ip, *tls, node="ip-node")
+    assert r.returncode == EXIT_UNREACHABLE, r.stderr
+    r = _send(capsys, by_ip, *tls, "--grpc-tls-server-name", "localhost", node="ip-node")
+    assert r.returncode == 0, r.stderr
+    assert any(f["node"] == "ip-node" for f in cd.get_json("/v1/faults"))
+
+
 @pytest.mark.parametrize(
     "tls, expect",
     [
@@ -71,6 +85,7 @@ def test_trainsim_over_mtls_from_the_environment(capsys, mtls, monkeypatch):
         (["--grpc-tls-cert", "{crt}", "--grpc-tls-key", "{key}"], "--grpc-tls-cert needs --grpc-tls-ca"),
         (["--grpc-tls-ca", "{missing}"], "cannot read --grpc-tls-ca file"),
         (["--grpc-tls-ca", "{token}"], "holds no PEM block"),
+        (["--grpc-tls-server-name", "localhost"], "--grpc-tls-server-name needs --grpc-tls-ca"),
     ],
 )
 def test_flag_mistakes_are_usage_errors(capsys, tmp_path, mtls, tls, expect):

@@ -29,7 +29,8 @@ def credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
     (:func:`fmtools.cli.common.add_grpc_tls_flags`); None (plaintext) without ``--grpc-tls-ca``.
     Raises :class:`UsageError` (exit 2, naming the flag) for a certificate without its key or the
     other way round, a client pair without the CA (it would have gone plaintext without a word, as
-    the agents' check), a file that cannot be read or holds no PEM block."""
+    the agents' check), a server name without the CA, a file that cannot be read or holds no PEM
+    block."""
     ca, cert, key = (getattr(args, f"grpc_tls_{k}", None) for k in ("ca", "cert", "key"))
     if cert and not key:
         raise UsageError("--grpc-tls-cert needs --grpc-tls-key (the PEM private key of the certificate)")
@@ -40,6 +41,8 @@ def credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
             "--grpc-tls-cert needs --grpc-tls-ca (the PEM CA of ClusterD's certificate): "
             "without it the call would be plaintext"
         )
+    if getattr(args, "grpc_tls_server_name", None) and not ca:
+        raise UsageError("--grpc-tls-server-name needs --grpc-tls-ca (it names the server TLS checks)")
     if not ca:
         return None
     pem = {}
@@ -56,10 +59,18 @@ def credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
     )
 
 
+def options(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """gRPC channel options: ``--grpc-tls-server-name`` as the TLS target name override."""
+    name = getattr(args, "grpc_tls_server_name", None)
+    return [("grpc.ssl_target_name_override", name)] if name else []
+
+
 def channel(args: argparse.Namespace) -> grpc.Channel:
     """A channel to ClusterD at ``args.grpc``: TLS with :func:`credentials`, else plaintext."""
     creds = credentials(args)
-    return grpc.secure_channel(args.grpc, creds) if creds else grpc.insecure_channel(args.grpc)
+    if creds is None:
+        return grpc.insecure_channel(args.grpc)
+    return grpc.secure_channel(args.grpc, creds, options=options(args))
 
 
 def call(args: argparse.Namespace, stub_cls, method: str, request: Any, timeout_s: float = 10.0) -> Any:

@@ -116,15 +116,21 @@ def add_grpc_tls_flags(p: argparse.ArgumentParser) -> None:
     """TLS to ClusterD's gRPC port (its ``--tls-cert``; issue 29, between hosts): ``--grpc-tls-ca``
     (env FAULTMESH_GRPC_TLS_CA) turns TLS on; ``--grpc-tls-cert`` / ``--grpc-tls-key`` (env
     FAULTMESH_GRPC_TLS_CERT / _KEY) add a client certificate for a clusterd with ``--tls-ca``
-    (mTLS). Checked when a command dials (:func:`fmtools.cli._grpc.credentials`)."""
+    (mTLS); ``--grpc-tls-server-name`` checks the server's certificate against another name than
+    the dialled host. Checked when a command dials (:func:`fmtools.cli._grpc.credentials`)."""
     for what, help_ in (
         ("ca", "PEM CA of ClusterD's gRPC certificate: TLS on (env FAULTMESH_GRPC_TLS_CA)"),
         ("cert", "PEM client certificate for mTLS, with --grpc-tls-key (env FAULTMESH_GRPC_TLS_CERT)"),
         ("key", "PEM key of --grpc-tls-cert (env FAULTMESH_GRPC_TLS_KEY)"),
+        (
+            "server-name",
+            "check ClusterD's certificate against this name, not --grpc's host (e.g. the Service's "
+            "name through kubectl port-forward; env FAULTMESH_GRPC_TLS_SERVER_NAME)",
+        ),
     ):
         p.add_argument(
             f"--grpc-tls-{what}",
-            default=os.environ.get(f"FAULTMESH_GRPC_TLS_{what.upper()}") or None,
+            default=os.environ.get(f"FAULTMESH_GRPC_TLS_{what.upper().replace('-', '_')}") or None,
             help=help_,
         )
 

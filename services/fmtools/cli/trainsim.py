@@ -24,7 +24,7 @@ import grpc
 
 from faultmesh.agentconf import BACKOFF_MAX_LIMIT_S, BACKOFF_MIN_S
 from faultmesh.config import number_in
-from fmtools.cli._grpc import credentials
+from fmtools.cli._grpc import credentials, options
 from fmtools.cli.common import (
     Unreachable,
     UsageError,
@@ -108,6 +108,7 @@ def cmd_trainsim(args: argparse.Namespace) -> int:
             reconnect=not args.no_reconnect,
             ranks_per_pod=args.ranks_per_pod,
             credentials=credentials(args),
+            channel_options=options(args),
             backoff_max_s=args.reconnect_backoff_max,
         )
         loop = asyncio.get_running_loop()
