@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import datetime
+import ipaddress
 
 import pytest
 
 
-def make_pki(tmp_path):
-    """A CA, a server certificate for ``localhost`` and a client certificate (EC P-256, valid an hour)
-    under ``tmp_path``: paths keyed ``ca``, ``server.crt``, ``server.key``, ``client.crt``,
-    ``client.key``. Skips without the ``cryptography`` package."""
+def make_pki(tmp_path, server_ips: tuple[str, ...] = ()):
+    """A CA, a server certificate for ``localhost`` (and each of ``server_ips``) and a client
+    certificate (EC P-256, valid an hour) under ``tmp_path``: paths keyed ``ca``, ``server.crt``,
+    ``server.key``, ``client.crt``, ``client.key``. Skips without the ``cryptography`` package."""
     x509 = pytest.importorskip("cryptography.x509")
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -35,7 +36,11 @@ def make_pki(tmp_path):
             .not_valid_before(now).not_valid_after(now + datetime.timedelta(hours=1))
         )  # fmt: skip
         if name == "server":
-            b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            names = [
+                x509.DNSName("localhost"),
+                *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in server_ips),
+            ]
+            b = b.add_extension(x509.SubjectAlternativeName(names), critical=False)
         cert = b.sign(ca_key, hashes.SHA256())
         out[f"{name}.crt"] = tmp_path / f"{name}.crt"
         out[f"{name}.key"] = tmp_path / f"{name}.key"

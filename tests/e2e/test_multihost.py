@@ -1,5 +1,6 @@
 """Three hosts as network namespaces (issue 29): clusterd on one, noded + deviced on two others, across a
-bridge on a private 10.x subnet. Every node shows its IP (--node-ip) in /v1/nodes; the job summary
+bridge on a private 10.x subnet, secured as docs/deploy.md's recipe (TLS on clusterd's gRPC port with
+a certificate for its IP, one bearer token; the CLI with --grpc-tls-ca). Every node shows its IP (--node-ip) in /v1/nodes; the job summary
 FD-OL reads (from another host) names the servers by those IPs; the profiling switch set on the
 cluster host is written to the switch file on both training hosts; an NPU fault on a host reaches
 clusterd; a host cut off from the network is marked stale, keeps its last faults, and after the link
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pki import make_pki
 from support import wait_for
 
 PREFIX = "fmh"  # every netns / link of these tests starts with it (stale ones are removed)
@@ -88,6 +90,17 @@ class Net:
         self.procs: list[subprocess.Popen] = []
         self.ns = {h: f"{self.tag}{h}" for h in HOSTS}
         self.addr = {h: f"{SUBNET}.{i}" for i, h in enumerate(HOSTS, start=1)}
+        self.pki = make_pki(tmp, server_ips=(self.addr["h1"],))  # clusterd's certificate names h1's IP
+        self.token = tmp / "token"
+        self.token.write_text("multi-host-t0ken\n")
+        self.token.chmod(0o600)
+        self.agent_secure = [
+            "--clusterd-tls-ca",
+            str(self.pki["ca"]),
+            "--clusterd-token-file",
+            str(self.token),
+        ]
+        self.cli_secure = ["--grpc-tls-ca", str(self.pki["ca"]), "--token-file", str(self.token)]
 
     def up(self) -> None:
         br = f"{self.tag}br"
@@ -158,9 +171,13 @@ def net(tmp_path):
 
 
 def start_clusterd(net: Net) -> subprocess.Popen:
+    """clusterd on h1 as docs/deploy.md's recipe: TLS on gRPC (a certificate for h1's IP), the token
+    (scope ``agents``, the chart's default: FD-OL's job-side RPCs stay token-less)."""
     return net.start(
         "h1", "clusterd", str(BIN / "clusterd"), "--grpc-addr", f"{net.addr['h1']}:8899",
         "--http-addr", "127.0.0.1:8080", "--state-dir", str(net.tmp / "state"), "--agent-stale-after-s", "6",
+        "--tls-cert", str(net.pki["server.crt"]), "--tls-key", str(net.pki["server.key"]),
+        "--token-file", str(net.token), "--token-scope", "agents",
     )  # fmt: skip
 
 
@@ -169,17 +186,18 @@ def start_agents(net: Net, host: str) -> None:
     net.start(
         host, "deviced", str(BIN / "deviced"), "--node-name", node, "--node-ip", ip, "--backend", "sim",
         "--clusterd", cd, "--http-addr", "127.0.0.1:0", "--sim-control-addr", "127.0.0.1:8090",
-        "--probe-interval", "0", "--clusterd-backoff-max", "2",
+        "--probe-interval", "0", "--clusterd-backoff-max", "2", *net.agent_secure,
     )  # fmt: skip
     net.start(
         host, "noded", str(BIN / "noded"), "--node-name", node, "--node-ip", ip, "--clusterd", cd,
         "--http-addr", "127.0.0.1:11255", "--pingmesh-backend", "off", "--clusterd-backoff-max", "2",
-        "--slownode-data-trace-dir", str(net.tmp / f"{host}-datatrace"),
+        "--slownode-data-trace-dir", str(net.tmp / f"{host}-datatrace"), *net.agent_secure,
     )  # fmt: skip
 
 
 def fault(net: Net, host: str, device: int, code: str) -> None:
-    net.run(host, str(BIN / "faultmesh"), "device-sim", "--sim", "127.0.0.1:8090", "fault", str(device), code)
+    sim = ["device-sim", "--sim", "127.0.0.1:8090", "--token-file", str(net.token)]
+    net.run(host, str(BIN / "faultmesh"), *sim, "fault", str(device), code)
 
 
 def has(net: Net, node: str, device: int, code: str) -> bool:
@@ -187,12 +205,12 @@ def has(net: Net, node: str, device: int, code: str) -> bool:
     return any(f["node"] == node and f["device_id"] == device and f["code"] == code for f in faults)
 
 
-# FD-OL's side of the job summary, run on h2: Register as FdAgent and read the first batch of
-# SubscribeJobSummarySignalList over the network from clusterd on h1
+# FD-OL's side of the job summary, run on h2: Register as FdAgent (no token, as the reference's
+# client) and read the first batch of SubscribeJobSummarySignalList over TLS from clusterd on h1
 SUMMARY = """
 import json, sys, grpc
 from faultmesh._pb import job_pb2, job_pb2_grpc
-with grpc.insecure_channel(sys.argv[1]) as ch:
+with grpc.secure_channel(sys.argv[1], grpc.ssl_channel_credentials(open(sys.argv[2], "rb").read())) as ch:
     stub = job_pb2_grpc.JobStub(ch)
     cid = stub.Register(job_pb2.ClientInfo(role="FdAgent"), timeout=10).clientId
     call = stub.SubscribeJobSummarySignalList(job_pb2.ClientInfo(role="FdAgent", clientId=cid), timeout=10)
@@ -210,10 +228,11 @@ def summary_has_the_hosts_ips(net: Net) -> None:
         (("h2", 0), ("h2", 1), ("h3", 0), ("h3", 1)))]  # fmt: skip
     job = {"id": "job-mh", "name": "mh", "namespace": "default", "status": "running", "ranks": ranks}
     (net.tmp / "job.json").write_text(json.dumps(job))
-    apply = ["job", "apply", "-f", str(net.tmp / "job.json"), "--http", "127.0.0.1:8080"]
+    apply = ["job", "apply", "-f", str(net.tmp / "job.json"), "--http", "127.0.0.1:8080", *net.cli_secure]
     net.run("h1", str(BIN / "faultmesh"), *apply)
     (net.tmp / "summary.py").write_text(SUMMARY)
-    out = json.loads(net.run("h2", sys.executable, str(net.tmp / "summary.py"), f"{net.addr['h1']}:8899"))
+    summary = [str(net.tmp / "summary.py"), f"{net.addr['h1']}:8899", str(net.pki["ca"])]
+    out = json.loads(net.run("h2", sys.executable, *summary))
     a2, a3 = net.addr["h2"], net.addr["h3"]
     assert out == [{"masterAddr": a2, "servers": [["server-h2", a2, a2], ["server-h3", a3, a3]]}], out
 
@@ -222,7 +241,7 @@ def switch_reaches_both_hosts(net: Net) -> None:
     """The profiling switch set with the CLI on h1 (ModifyTrainingDataTraceSwitch over h1's network
     address) lands as each host's ``<ns>.data-trace-<job>/profilingSwitch`` file, written by that
     host's noded (its ``--slownode-data-trace-dir``, the directory training containers mount)."""
-    trace = ["trace", "on", "default/mh", "--light", "--grpc", f"{net.addr['h1']}:8899"]
+    trace = ["trace", "on", "default/mh", "--light", "--grpc", f"{net.addr['h1']}:8899", *net.cli_secure]
     net.run("h1", str(BIN / "faultmesh"), *trace)
     want = {
         "CommunicationOperator": "off",
