@@ -65,13 +65,19 @@ def ip_address_arg(text: str) -> str:
     """argparse ``type=`` check of ``--node-ip``: an IPv4 or IPv6 address (stdlib ``ipaddress``),
     returned in its compressed form (``10.0.0.1``, ``fd00::1``). Raises
     ``argparse.ArgumentTypeError`` (exit 2 naming the flag) for anything else, a host name included:
-    ClusterD puts the value where the reference expects an IP (job summary ``host_ip``)."""
+    ClusterD puts the value where the reference expects an IP (job summary ``host_ip``). The
+    unspecified address (``0.0.0.0``, ``::``, a listen address copied by mistake) and a multicast
+    one are refused too: no peer can reach a node there."""
     try:
-        return str(ipaddress.ip_address(str(text).strip()))
+        ip = ipaddress.ip_address(str(text).strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{str(text)[:64]!r} is not an IP address (env {' or '.join(NODE_IP_ENV)} counts too)"
         ) from None
+    if ip.is_unspecified or ip.is_multicast:
+        what = "the unspecified address" if ip.is_unspecified else "a multicast address"
+        raise argparse.ArgumentTypeError(f"{str(ip)!r} is {what}, not a node's: give the node's own IP")
+    return str(ip)
 
 
 def env_node_ip() -> str | None:
