@@ -1,11 +1,12 @@
 """Three hosts as network namespaces (issue 29): clusterd on one, noded + deviced on two others, across a
 bridge on a private 10.x subnet, secured as docs/deploy.md's recipe (TLS on clusterd's gRPC port with
-a certificate for its IP, one bearer token; the CLI with --grpc-tls-ca). Every node shows its IP (--node-ip) in /v1/nodes; the job summary
-FD-OL reads (from another host) names the servers by those IPs; the profiling switch set on the
-cluster host is written to the switch file on both training hosts; an NPU fault on a host reaches
-clusterd; a host cut off from the network is marked stale, keeps its last faults, and after the link
-is back clusterd equals its agents' truth (a fault raised meanwhile arrives); clusterd killed with -9
-and restarted converges to both hosts' faults.
+a certificate for its IP, one bearer token; the CLI with --grpc-tls-ca). Every node shows its IP
+(--node-ip) in /v1/nodes; the job summary FD-OL reads (from another host) names the servers by those
+IPs; the profiling switch set on the cluster host is written to the switch file on both training
+hosts; an NPU fault on a host reaches clusterd; a host cut off from the network is marked stale, keeps
+its last faults, and after the link is back clusterd equals its agents' truth (a fault raised
+meanwhile arrives); clusterd killed with -9 and restarted converges to both hosts' faults. The
+example training job runs across two of the hosts the torchrun way.
 
 Runs where the test may create network namespaces (root with ``ip``: CI); elsewhere it skips with the
 reason. All traffic stays inside the namespaces (the root namespace only owns the bridge); the
@@ -311,3 +312,30 @@ def test_three_hosts_identity_faults_partition_and_restart(net):
         "the faults of both hosts after the restart",
         60,
     )
+
+
+def test_example_job_across_two_hosts_the_torchrun_way(net):
+    """The example training job across h2 and h3 as torchrun launches one (issue 29): a
+    ``torch.distributed.run`` agent per host (``--nnodes 2``, 2 processes each) meeting at h2's
+    address; every process is the rank torchrun gives it and the 4 ranks train together over the
+    hosts' network (gloo, on the interface toward MASTER_ADDR: its default, the host name's address,
+    is loopback here as on a stock Debian host, and the job failed with 'connectFullMesh failed')."""
+    pytest.importorskip("torch", reason="torch not installed (pip install '.[torch]')")
+    summary = net.tmp / "summary"
+    procs = []
+    for node_rank, host in enumerate(("h2", "h3")):
+        procs.append(net.start(
+            host, "torchrun", sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+            "--node-rank", str(node_rank), "--nproc-per-node", "2", "--master-addr", net.addr["h2"],
+            "--master-port", "29500", "-m", "faultmesh.profiler.example_job", "--tp", "1", "--steps", "3",
+            "--warmup", "3", "--batch", "64", "--layers", "1", "--tp-elems", "16", "--slow-mode", "none",
+            "--base-dir", str(net.tmp / host), "--task-id", "job-1", "--summary", str(summary),
+        ))  # fmt: skip
+    for p in procs:
+        p.wait(200)
+    logs = {h: (net.tmp / f"{h}-torchrun.log").read_text(errors="replace")[-3000:] for h in ("h2", "h3")}
+    assert [p.returncode for p in procs] == [0, 0], logs
+    ranks = sorted(json.loads((summary / f"rank{r}.json").read_text())["rank"] for r in range(4))
+    assert ranks == [0, 1, 2, 3]
+    # each host's profiling records carry the global ranks torchrun gave its processes
+    assert {p.name for p in (net.tmp / "h3" / "job-1").iterdir()} == {"2", "3"}
