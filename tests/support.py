@@ -366,3 +366,18 @@ async def agent_stream(
             out.append(msg)
         call.cancel()
     return out, ended
+
+
+def cli_inproc(capsys, *args: str):
+    """``faultmesh ARGS`` run in-process (argparse's exits caught) -> ``subprocess.CompletedProcess``
+    with the exit code and what ``capsys`` captured, as a run of the command would report it."""
+    import subprocess
+
+    from fmtools.cli import main
+
+    try:
+        rc = main(list(args))
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), rc, out, err)

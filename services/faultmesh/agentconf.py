@@ -9,7 +9,10 @@ an empty Delta goes out, ClusterD's liveness signal (its ``--agent-stale-after-s
 Node identity (issue 29): ``--node-ip`` (env ``NODE_IP``, the chart fills it from the Downward API
 ``status.hostIP``; the older ``XDL_IP`` is read when ``NODE_IP`` is not set) goes in the Hello and
 shows in ClusterD's ``/v1/nodes``; it must be an IPv4 or IPv6 address (else exit 2 naming the flag).
-``--clusterd-backoff-max`` (10 s) is the longest wait between reconnects, on both agents.
+``--clusterd-backoff-max`` (10 s, 0.5..3600) is the longest wait between reconnects, on both agents.
+The liveness and backoff flags are range-checked at start (exit 2 naming the flag): a zero, negative
+or NaN value used to be taken silently (the backoff clamped to 0.5 s, a negative keepalive handed to
+gRPC).
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ import os
 
 import grpc
 
-from faultmesh.config import check_tls_pair
+from faultmesh.config import check_tls_pair, non_negative_float, number_in, positive_float
 
 KEEPALIVE_S = 60.0  # gRPC keepalive ping after this long idle (clusterd.md §1)
 KEEPALIVE_TIMEOUT_S = 5.0  # ... and its ack timeout
 HEARTBEAT_S = 10.0  # an empty Delta after this long without a message: ClusterD's liveness signal
 BACKOFF_MAX_S = 10.0  # the longest wait between reconnects to ClusterD
+BACKOFF_MIN_S = 0.5  # the first wait (faultmesh.agent's Backoff): the least --clusterd-backoff-max can be
+BACKOFF_MAX_LIMIT_S = 3600.0  # the most: an agent that waits longer misses whole fault episodes
 NODE_IP_ENV = ("NODE_IP", "XDL_IP")  # --node-ip's environment, first set wins (XDL_IP: the older name)
 
 
@@ -60,13 +65,19 @@ def ip_address_arg(text: str) -> str:
     """argparse ``type=`` check of ``--node-ip``: an IPv4 or IPv6 address (stdlib ``ipaddress``),
     returned in its compressed form (``10.0.0.1``, ``fd00::1``). Raises
     ``argparse.ArgumentTypeError`` (exit 2 naming the flag) for anything else, a host name included:
-    ClusterD puts the value where the reference expects an IP (job summary ``host_ip``)."""
+    ClusterD puts the value where the reference expects an IP (job summary ``host_ip``). The
+    unspecified address (``0.0.0.0``, ``::``, a listen address copied by mistake) and a multicast
+    one are refused too: no peer can reach a node there."""
     try:
-        return str(ipaddress.ip_address(str(text).strip()))
+        ip = ipaddress.ip_address(str(text).strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{str(text)[:64]!r} is not an IP address (env {' or '.join(NODE_IP_ENV)} counts too)"
         ) from None
+    if ip.is_unspecified or ip.is_multicast:
+        what = "the unspecified address" if ip.is_unspecified else "a multicast address"
+        raise argparse.ArgumentTypeError(f"{str(ip)!r} is {what}, not a node's: give the node's own IP")
+    return str(ip)
 
 
 def env_node_ip() -> str | None:
@@ -109,26 +120,29 @@ def add_clusterd_arguments(parser) -> None:
         help="bearer token file for the agent stream",
     )
     parser.add_argument(
-        "--clusterd-keepalive-s", type=float, default=KEEPALIVE_S, help="gRPC keepalive ping period (s)"
+        "--clusterd-keepalive-s",
+        type=positive_float,
+        default=KEEPALIVE_S,
+        help="gRPC keepalive ping period (s)",
     )
     parser.add_argument(
         "--clusterd-keepalive-timeout-s",
-        type=float,
+        type=positive_float,
         default=KEEPALIVE_TIMEOUT_S,
         help="gRPC keepalive ack timeout (s)",
     )
     parser.add_argument(
         "--clusterd-heartbeat-s",
-        type=float,
+        type=non_negative_float,
         default=HEARTBEAT_S,
         help="send an empty delta after this long without a message (s; 0: off); keep it well under "
         "ClusterD's --agent-stale-after-s",
     )
     parser.add_argument(
         "--clusterd-backoff-max",
-        type=float,
+        type=number_in(float, BACKOFF_MIN_S, BACKOFF_MAX_LIMIT_S),
         default=BACKOFF_MAX_S,
-        help="longest wait between reconnects to ClusterD (s)",
+        help=f"longest wait between reconnects to ClusterD (s, {BACKOFF_MIN_S:g}..{BACKOFF_MAX_LIMIT_S:g})",
     )
 
 

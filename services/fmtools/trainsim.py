@@ -85,8 +85,14 @@ class TrainSim:
         on_event: Callable[[dict[str, Any]], None] | None = None,
         reconnect: bool = False,
         ranks_per_pod: int = 0,
+        credentials: grpc.ChannelCredentials | None = None,
+        backoff_max_s: float = 5.0,
+        channel_options: list[tuple[str, str]] | None = None,
     ) -> None:
         self.target = target
+        self.credentials = credentials  # TLS to ClusterD's gRPC port (None: plaintext)
+        self.channel_options = channel_options or []  # e.g. the TLS target name override
+        self.backoff_max_s = backoff_max_s  # the longest wait between reconnects (s, >= 0.5)
         self.job_id = job_id
         self.o = outcomes or Outcomes()
         self.role = role
@@ -137,7 +143,11 @@ class TrainSim:
         """Open the channel, Init and Register. Raises :class:`TrainSimError` on a non-zero code
         (and ``grpc.aio.AioRpcError``, e.g. UNAVAILABLE from a clusterd follower); after a failure
         the channel is closed. Role ``taskd`` skips Init once one succeeded (see :meth:`run`)."""
-        self._channel = grpc.aio.insecure_channel(self.target)
+        self._channel = (
+            grpc.aio.secure_channel(self.target, self.credentials, options=self.channel_options)
+            if self.credentials
+            else grpc.aio.insecure_channel(self.target)
+        )
         self.stub = recover_pb2_grpc.RecoverStub(self._channel)
         info = recover_pb2.ClientInfo(jobId=self.job_id, role=self.role)
         # TaskD's Go manager (role taskd; manager.go subscribeProcessManageSignal) calls Init once per
@@ -160,8 +170,9 @@ class TrainSim:
 
         With ``reconnect`` (TaskD's behaviour) a lost stream (ClusterD restarted or unreachable)
         is followed by Register (role ``taskd``: TaskD's manager Inits once per process; other roles
-        Init again, as MindIO's client does) and new subscriptions, with back-off up to 5 s."""
-        backoff = Backoff(0.5, 5.0)
+        Init again, as MindIO's client does) and new subscriptions, with back-off up to
+        ``backoff_max_s`` (5 s)."""
+        backoff = Backoff(0.5, max(0.5, self.backoff_max_s))
         try:
             while not self._stop.is_set():
                 if self.stub is None:

@@ -160,3 +160,23 @@ def test_agents_get_their_node_ip_from_the_downward_api(chart):
     # minimal.yaml still says $(HOST_IP) in noded.bmc.host (the old name): it means the node IP
     noded = next(c for c in _pod(objs, "DaemonSet", "-agents")["containers"] if c["name"] == "noded")
     assert "--bmc-host=$(NODE_IP)" in noded["args"]
+
+
+def test_notes_name_the_cli_environment_it_reads(chart, monkeypatch):
+    """NOTES.txt's CLI set-up (the token; with ``tls.enabled`` the CA and the certificate's name for
+    gRPC commands through a port-forward) uses only variables the ``faultmesh`` CLI reads: each one
+    set here reaches the parsed flags of a gRPC command."""
+    from chart.chartkit import render_text
+
+    from fmtools.cli import build_parser
+
+    values = {"tls": {"enabled": True, "secretName": "fm-tls"}}
+    notes = next(t for p, t in render_text(chart, values).items() if p.endswith("NOTES.txt"))
+    names = sorted(set(re.findall(r"\bFAULTMESH_[A-Z_]+\b", notes)))
+    assert {"FAULTMESH_TOKEN_FILE", "FAULTMESH_GRPC_TLS_CA", "FAULTMESH_GRPC_TLS_SERVER_NAME"} <= set(names)
+    assert "secret fm-tls -o jsonpath='{.data.ca\\.crt}'" in notes
+    for name in names:
+        monkeypatch.setenv(name, f"value-of-{name}")
+    args = vars(build_parser().parse_args(["trace", "get", "default/job"]))
+    unread = [n for n in names if f"value-of-{n}" not in args.values()]
+    assert not unread, f"NOTES.txt names variables the CLI does not read: {unread}"

@@ -43,6 +43,20 @@ def test_a_node_ip_that_is_not_an_ip_is_a_usage_error_naming_the_flag():
         assert f"argument --node-ip: {bad!r} is not an IP address" in err
 
 
+def test_an_unspecified_or_multicast_node_ip_is_a_usage_error(capsys):
+    """``0.0.0.0`` (a listen address copied into --node-ip / NODE_IP) would go into the job summary's
+    host_ip where FD-OL and the training side dial it: refused at start as a non-IP is."""
+    for bad, what in (("0.0.0.0", "the unspecified address"), ("::", "the unspecified address"),
+                      ("224.0.0.1", "a multicast address")):  # fmt: skip
+        try:
+            noded_parser().parse_args(["--node-name", "n", "--node-ip", bad])
+        except SystemExit as e:
+            assert e.code == 2
+        else:
+            raise AssertionError(f"--node-ip {bad} taken")
+        assert f"argument --node-ip: {bad!r} is {what}, not a node's" in capsys.readouterr().err
+
+
 def test_node_ip_from_flag_env_and_the_older_xdl_ip(monkeypatch):
     monkeypatch.delenv("NODE_IP", raising=False)
     monkeypatch.delenv("FAULTMESH_NODE_IP", raising=False)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from support import cli_inproc as inproc
 from support import make_clusterd
 
 from faultmesh.model import Fault
@@ -33,16 +34,6 @@ def fm(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
         timeout=60,
         input=stdin,
     )
-
-
-def inproc(capsys, *args: str) -> subprocess.CompletedProcess:
-    """``faultmesh ARGS`` in-process (argparse's exits caught), as :func:`fm` reports it."""
-    try:
-        rc = main(list(args))
-    except SystemExit as e:
-        rc = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(list(args), rc, out, err)
 
 
 def test_version_on_the_cli_and_every_command(capsys):

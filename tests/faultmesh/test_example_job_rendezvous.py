@@ -14,7 +14,7 @@ import sys
 import pytest
 from support import free_port
 
-from faultmesh.profiler.example_job import Rendezvous, rendezvous
+from faultmesh.profiler.example_job import Rendezvous, gloo_interface, rendezvous
 
 JOB = [
     "-m", "faultmesh.profiler.example_job", "--tp", "1", "--steps", "3", "--warmup", "3", "--batch", "64",
@@ -40,6 +40,14 @@ def test_the_torchrun_environment_is_read():
     ):
         with pytest.raises(ValueError, match=word):
             rendezvous(env)
+
+
+def test_gloo_interface_is_none_on_one_host_or_an_unknown_master():
+    """Across hosts the job sets GLOO_SOCKET_IFNAME to the interface toward MASTER_ADDR (checked
+    with real hosts in tests/e2e/test_multihost.py); on one host, or when the master cannot be
+    resolved, gloo is left to its default."""
+    assert gloo_interface("127.0.0.1", 29500) is None
+    assert gloo_interface("no-such-host.invalid", 29500) is None
 
 
 def test_a_bad_torchrun_variable_is_a_usage_error(tmp_path):

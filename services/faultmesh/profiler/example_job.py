@@ -44,7 +44,8 @@ Across hosts it runs the way torchrun launches a job (:func:`rendezvous`): with 
 e.g. on each of two hosts ``python -m torch.distributed.run --nnodes 2 --node-rank <0|1>
 --nproc-per-node 2 --master-addr <host 0's IP> --master-port 29500 -m faultmesh.profiler.example_job
 ...``. Without them it spawns ``--ranks`` processes itself, meeting at ``MASTER_ADDR`` (127.0.0.1)
-``MASTER_PORT`` (a free port) -- the single-host default.
+``MASTER_PORT`` (a free port) -- the single-host default. Launched across hosts, gloo uses the
+interface that routes to ``MASTER_ADDR`` (:func:`gloo_interface`) unless ``GLOO_SOCKET_IFNAME`` says.
 """
 
 from __future__ import annotations
@@ -108,6 +109,41 @@ def rendezvous(env=os.environ) -> Rendezvous:
     return Rendezvous(addr, port, rank, world, number("LOCAL_RANK", 0, world - 1) or 0)
 
 
+SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
+
+
+def gloo_interface(master_addr: str, master_port: int) -> tuple[str, str] | None:
+    """(interface name, local IPv4 address) this host uses toward ``master_addr``, for
+    ``GLOO_SOCKET_IFNAME``: gloo binds the address the host name resolves to, which on a stock
+    Debian/Ubuntu ``/etc/hosts`` (``127.0.1.1 <hostname>``) or in a container is loopback, so ranks on
+    other hosts were told to dial 127.0.0.1 and the job failed (``Gloo connectFullMesh failed``).
+    None when that address is loopback (one host), not IPv4, or not found on an interface (Linux
+    only: ``SIOCGIFADDR``)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master_addr, master_port))  # UDP: picks the route, sends nothing
+            local = s.getsockname()[0]
+    except OSError:
+        return None
+    if local.startswith("127."):
+        return None
+    try:
+        import fcntl
+        import struct
+    except ImportError:  # not a POSIX host
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                req = struct.pack("256s", name.encode()[:15])
+                addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), SIOCGIFADDR, req)[20:24])
+            except OSError:  # no IPv4 address on it
+                continue
+            if addr == local:
+                return name, local
+    return None
+
+
 def _say(rank: int, msg: str) -> None:
     sys.stdout.write(f"{time.strftime('%H:%M:%S')} rank {rank}: {msg}\n")
     sys.stdout.flush()
@@ -125,6 +161,13 @@ def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # n
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     init = f"tcp://{rdzv.master_addr}:{rdzv.master_port}"
+    if rdzv.rank is not None and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        iface = gloo_interface(rdzv.master_addr, rdzv.master_port)
+        if iface is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = iface[0]
+            _say(
+                rank, f"gloo on {iface[0]} ({iface[1]}), the interface toward MASTER_ADDR {rdzv.master_addr}"
+            )
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=args.ranks)
     prof = Profiler(
         rank,

@@ -65,6 +65,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """``argv`` parsed by ``parser`` (:func:`build_parser`); exits 2 with the command's own usage line
+    for what no argument takes. An optional positional (``nargs="?"``) after a flag is filled too:
+    argparse fills those only from the words right after the positional before them, so
+    ``faultmesh trace on --light ns/job`` or ``faultmesh ack n1 --reason r CODE`` left the last word
+    'unrecognized'. Each still-empty one takes, in order, the next left-over word that is not a flag
+    (type and choices checked as argparse does)."""
+    args, extra = parser.parse_known_args(argv)
+    cmd = getattr(args, "_cli_parser", parser)
+    for action in cmd._actions:
+        if not extra or action.option_strings or action.nargs != "?":
+            continue
+        word = next((w for w in extra if not w.startswith("-")), None)
+        if word is None or getattr(args, action.dest, None) != action.default:
+            continue
+        try:
+            setattr(args, action.dest, cmd._get_values(action, [word]))
+        except argparse.ArgumentError as e:
+            cmd.error(str(e))
+        extra.remove(word)
+    if extra:  # an unknown flag after a command: that command's usage line, not the top-level one
+        cmd.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``faultmesh`` console script. Returns the exit status."""
     parser = build_parser()
@@ -74,9 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         argcomplete.autocomplete(parser)
     except ImportError:
         pass
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # an unknown flag after a command: that command's usage line, not the top-level one
-        getattr(args, "_cli_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    args = parse(parser, argv)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

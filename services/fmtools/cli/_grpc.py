@@ -1,4 +1,5 @@
-"""gRPC helpers for the operator CLI: a channel to ClusterD and errors as :class:`CliError`."""
+"""gRPC helpers for the operator CLI: a channel to ClusterD (plaintext, or TLS with
+``--grpc-tls-ca``) and errors as :class:`CliError`."""
 
 from __future__ import annotations
 
@@ -9,14 +10,74 @@ from typing import Any
 
 import grpc
 
-from fmtools.cli.common import CliError, NotFound, Rejected, Unreachable, server_error, token
+from fmtools.cli.common import (
+    CliError,
+    NotFound,
+    Rejected,
+    Unreachable,
+    UsageError,
+    read_text,
+    server_error,
+    token,
+)
+
+PEM_MAX_BYTES = 1 << 20
+
+
+def credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    """TLS credentials to ClusterD's gRPC port from ``--grpc-tls-ca/-cert/-key``
+    (:func:`fmtools.cli.common.add_grpc_tls_flags`); None (plaintext) without ``--grpc-tls-ca``.
+    Raises :class:`UsageError` (exit 2, naming the flag) for a certificate without its key or the
+    other way round, a client pair without the CA (it would have gone plaintext without a word, as
+    the agents' check), a server name without the CA, a file that cannot be read or holds no PEM
+    block."""
+    ca, cert, key = (getattr(args, f"grpc_tls_{k}", None) for k in ("ca", "cert", "key"))
+    if cert and not key:
+        raise UsageError("--grpc-tls-cert needs --grpc-tls-key (the PEM private key of the certificate)")
+    if key and not cert:
+        raise UsageError("--grpc-tls-key needs --grpc-tls-cert (the PEM client certificate)")
+    if cert and not ca:
+        raise UsageError(
+            "--grpc-tls-cert needs --grpc-tls-ca (the PEM CA of ClusterD's certificate): "
+            "without it the call would be plaintext"
+        )
+    if getattr(args, "grpc_tls_server_name", None) and not ca:
+        raise UsageError("--grpc-tls-server-name needs --grpc-tls-ca (it names the server TLS checks)")
+    if not ca:
+        return None
+    pem = {}
+    for flag, path in (("--grpc-tls-ca", ca), ("--grpc-tls-cert", cert), ("--grpc-tls-key", key)):
+        if path:
+            text = read_text(path, f"{flag} file", stdin=False, max_bytes=PEM_MAX_BYTES)
+            if "-----BEGIN " not in text:
+                raise UsageError(f"{flag} file {path} holds no PEM block")
+            pem[flag] = text.encode()
+    return grpc.ssl_channel_credentials(
+        root_certificates=pem["--grpc-tls-ca"],
+        private_key=pem.get("--grpc-tls-key"),
+        certificate_chain=pem.get("--grpc-tls-cert"),
+    )
+
+
+def options(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """gRPC channel options: ``--grpc-tls-server-name`` as the TLS target name override."""
+    name = getattr(args, "grpc_tls_server_name", None)
+    return [("grpc.ssl_target_name_override", name)] if name else []
+
+
+def channel(args: argparse.Namespace) -> grpc.Channel:
+    """A channel to ClusterD at ``args.grpc``: TLS with :func:`credentials`, else plaintext."""
+    creds = credentials(args)
+    if creds is None:
+        return grpc.insecure_channel(args.grpc)
+    return grpc.secure_channel(args.grpc, creds, options=options(args))
 
 
 def call(args: argparse.Namespace, stub_cls, method: str, request: Any, timeout_s: float = 10.0) -> Any:
     """Unary call ``method`` on ClusterD at ``args.grpc``; gRPC failures become :class:`CliError`."""
     tok = token(args)
     md = (("authorization", f"Bearer {tok}"),) if tok else None
-    with grpc.insecure_channel(args.grpc) as ch:
+    with channel(args) as ch:
         try:
             return getattr(stub_cls(ch), method)(request, timeout=timeout_s, metadata=md)
         except grpc.RpcError as e:
@@ -27,7 +88,7 @@ def first_of_stream(args: argparse.Namespace, stub_cls, method: str, request: An
     """The first message of server stream ``method`` (waits at most ``timeout_s``)."""
     tok = token(args)
     md = (("authorization", f"Bearer {tok}"),) if tok else None
-    with grpc.insecure_channel(args.grpc) as ch:
+    with channel(args) as ch:
         call = getattr(stub_cls(ch), method)(request, timeout=timeout_s, metadata=md)
         try:
             for msg in call:

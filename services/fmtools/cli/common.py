@@ -91,7 +91,8 @@ def server_error(message: str, default: type[CliError] = CliError) -> CliError:
 
 
 def add_server_flags(p: argparse.ArgumentParser) -> None:
-    """``--http`` (ClusterD HTTP address), ``--grpc`` (gRPC address), ``--token-file``, ``-o``."""
+    """``--http`` (ClusterD HTTP address), ``--grpc`` (gRPC address), ``--token-file``,
+    ``--grpc-tls-ca/-cert/-key`` (:func:`add_grpc_tls_flags`), ``-o``."""
     p.add_argument(
         "--http",
         default=os.environ.get("FAULTMESH_HTTP_ADDR") or "127.0.0.1:8080",  # empty: unset
@@ -107,7 +108,31 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("FAULTMESH_TOKEN_FILE"),
         help="bearer token file for mutating calls (env FAULTMESH_TOKEN_FILE)",
     )
+    add_grpc_tls_flags(p)
     add_output_flag(p)
+
+
+def add_grpc_tls_flags(p: argparse.ArgumentParser) -> None:
+    """TLS to ClusterD's gRPC port (its ``--tls-cert``; issue 29, between hosts): ``--grpc-tls-ca``
+    (env FAULTMESH_GRPC_TLS_CA) turns TLS on; ``--grpc-tls-cert`` / ``--grpc-tls-key`` (env
+    FAULTMESH_GRPC_TLS_CERT / _KEY) add a client certificate for a clusterd with ``--tls-ca``
+    (mTLS); ``--grpc-tls-server-name`` checks the server's certificate against another name than
+    the dialled host. Checked when a command dials (:func:`fmtools.cli._grpc.credentials`)."""
+    for what, help_ in (
+        ("ca", "PEM CA of ClusterD's gRPC certificate: TLS on (env FAULTMESH_GRPC_TLS_CA)"),
+        ("cert", "PEM client certificate for mTLS, with --grpc-tls-key (env FAULTMESH_GRPC_TLS_CERT)"),
+        ("key", "PEM key of --grpc-tls-cert (env FAULTMESH_GRPC_TLS_KEY)"),
+        (
+            "server-name",
+            "check ClusterD's certificate against this name, not --grpc's host (e.g. the Service's "
+            "name through kubectl port-forward; env FAULTMESH_GRPC_TLS_SERVER_NAME)",
+        ),
+    ):
+        p.add_argument(
+            f"--grpc-tls-{what}",
+            default=os.environ.get(f"FAULTMESH_GRPC_TLS_{what.upper().replace('-', '_')}") or None,
+            help=help_,
+        )
 
 
 def add_output_flag(p: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ client-error where the real TaskD / MindIO would break on what clusterd sent) on
     faultmesh trainsim --job JOB --stress-code 2       # stress test finds a fault: node isolated
     faultmesh trainsim --job JOB --stop silent         # never confirms a pause (timeout path)
     faultmesh trainsim --job JOB --ranks-per-pod 8     # also check globalFault names whole pods
+    faultmesh trainsim --job JOB --grpc 10.0.0.10:8899 --grpc-tls-ca ca.pem   # another host, TLS
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import sys
 
 import grpc
 
+from faultmesh.agentconf import BACKOFF_MAX_LIMIT_S, BACKOFF_MIN_S
+from faultmesh.config import number_in
+from fmtools.cli._grpc import credentials, options
 from fmtools.cli.common import (
     Unreachable,
     UsageError,
@@ -103,6 +107,9 @@ def cmd_trainsim(args: argparse.Namespace) -> int:
             on_event=emit,
             reconnect=not args.no_reconnect,
             ranks_per_pod=args.ranks_per_pod,
+            credentials=credentials(args),
+            channel_options=options(args),
+            backoff_max_s=args.reconnect_backoff_max,
         )
         loop = asyncio.get_running_loop()
         for s in (signal.SIGINT, signal.SIGTERM):
@@ -175,6 +182,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--no-reconnect",
         action="store_true",
         help="exit when the stream is lost (default: Init/Register again)",
+    )
+    p.add_argument(
+        "--reconnect-backoff-max",
+        type=number_in(float, BACKOFF_MIN_S, BACKOFF_MAX_LIMIT_S),
+        default=5.0,
+        help="longest wait between reconnects to ClusterD (s, default 5)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="also print keep-alive signals")
     p.set_defaults(func=cmd_trainsim)

@@ -119,7 +119,7 @@ class Bmc(PolledSource):
             help="timeout of one IPMI call, at most (s; the call timeout is min(this, --bmc-timeout))",
         )
         p.add_argument(
-            "--backoff-base", type=float, default=1.0, help="first retry delay after a BMC failure (s)"
+            "--backoff-base", type=number_in(float, 0.1, 600), default=1.0, help="first BMC retry delay (s)"
         )
         p.add_argument(
             "--levels-file", help="fault level table in NodeDConfiguration.json format (reloaded on change)"
