@@ -48,6 +48,7 @@ from clusterd.brain.ports import ControllerPorts
 from clusterd.brain.recover import RecoverServicer
 from clusterd.brain.registry import RecoveryRegistry
 from clusterd.brain.retryproc import RetryReports
+from clusterd.brain.states import IllegalTransitions
 from faultmesh._pb import (
     agent_pb2,
     config_pb2_grpc,
@@ -170,6 +171,7 @@ class BrainComponent:
         self.decision_log.subscribe(self.platform.on_decision, "decisions-platform")
         self.m_signals = Counter("faultmesh_brain_signals_total", "ProcessManageSignals delivered by type",
                                  ["signal"], registry=reg)  # fmt: skip
+        reg.register(IllegalTransitions())  # faultmesh_brain_illegal_transitions_total{from,to}
         Gauge("faultmesh_brain_jobs", "Jobs in the registry", registry=reg).set_function(
             lambda: len(self.jobs)
         )
