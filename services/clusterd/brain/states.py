@@ -68,6 +68,10 @@ CHOOSE = frozenset({WAIT_RESOURCES, WAIT_RANK_TABLE_READY, NOTIFY_DECIDED_STRATE
 """Where choosing a strategy leads: the elastic resource wait, platform mode's rank-table wait, the
 ``changeStrategy`` of the choice, or the dump."""
 
+AFTER_FAILURE = frozenset({NOTIFY_DECIDED_STRATEGY, NOTIFY_DUMP})
+"""Where choosing leads once recover, recover-in-place or elastic training failed: ``changeStrategy``
+exit (or the forced scale-in), or the dump (:data:`clusterd.brain.strategy.AFTER_FAILURE`)."""
+
 TRANSITIONS: dict[str, frozenset[str]] = {
     k: frozenset(v)
     for k, v in {
@@ -107,9 +111,11 @@ TRANSITIONS: dict[str, frozenset[str]] = {
             FAULT_CLEAR,
         },
         WAIT_REPORT_STEP_RETRY_STATUS: CHOOSE | {WAIT_FAULT_FLUSH_FINISHED, FAULT_CLEAR},  # 405: again
-        WAIT_REPORT_PROCESS_RECOVER_STATUS: CHOOSE | {FAULT_CLEAR},
-        WAIT_REPORT_SCALE_IN_ISOLATE_RANKS: CHOOSE | {SCALE_IN_RUNNING, FAULT_CLEAR},
-        SCALE_IN_RUNNING: CHOOSE | {NOTIFY_WAIT_FAULT_FLUSHING, FAULT_CLEAR},  # a new fault: again
+        # recover, recover-in-place and elastic training fall back to dump or exit only
+        # (strategy.AFTER_FAILURE); a recover the pods are not rescheduled for in time scales in
+        WAIT_REPORT_PROCESS_RECOVER_STATUS: AFTER_FAILURE | {FAULT_CLEAR},
+        WAIT_REPORT_SCALE_IN_ISOLATE_RANKS: AFTER_FAILURE | {SCALE_IN_RUNNING, FAULT_CLEAR},
+        SCALE_IN_RUNNING: AFTER_FAILURE | {NOTIFY_WAIT_FAULT_FLUSHING, FAULT_CLEAR},  # a new fault: again
         NOTIFY_DUMP: {WAIT_REPORT_DUMP_STATUS, FAULT_CLEAR},
         WAIT_REPORT_DUMP_STATUS: {CHECK_RECOVER_RESULT, FAULT_CLEAR},
         CHECK_RECOVER_RESULT: set(),
