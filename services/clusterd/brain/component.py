@@ -317,12 +317,8 @@ class BrainComponent:
     def _recheck(self, job_id: str) -> None:
         self._rechecks.pop(job_id, None)
         job = self.jobs.get(job_id)
-        if job is None:
-            return
-        try:
-            self.intake.evaluate(job)
-        except Exception as e:
-            event(log, logging.ERROR, "job fault evaluation failed", job=job_id, error=repr(e))
+        if job is not None:
+            self.intake.evaluate_each([job])
 
     def faults_of_node(self, node: str) -> list[Fault]:
         """Active faults of ``node`` (the fault center's node index; O(faults on node))."""
