@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import asyncio.runners
 import gc
+import sys
 import threading
 import time
 import weakref
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,21 @@ def clusterd_process(tmp_path):
     yield start
     for p in procs:
         p.stop()
+
+
+@pytest.fixture(autouse=True)
+def _controller_moves_legal():
+    """Fail a test during which a recovery controller of this process made a move its state table
+    does not allow (issue 28: :mod:`clusterd.brain.states` counts them, production only logs them).
+    Every flow a test drives is walked against the table this way."""
+    states = sys.modules.get("clusterd.brain.states")
+    before = Counter(states.ILLEGAL) if states is not None else Counter()
+    yield
+    states = sys.modules.get("clusterd.brain.states")
+    new = (Counter(states.ILLEGAL) - before) if states is not None else Counter()
+    if new:
+        moves = ", ".join(f"{a} -> {b} x{n}" for (a, b), n in sorted(new.items()))
+        pytest.fail(f"recovery controller moves the state table does not allow: {moves}", pytrace=False)
 
 
 # -- leak guard: a test that leaves tasks or threads behind fails (issue 12; anchors §7, HA verify_cleanup)

@@ -1,7 +1,7 @@
 """The shape of the services (issue 28): no import cycle inside a service, no class stitched from two of
-the project's own classes, no component of clusterd reaching through a held brain or app
-(``self.brain.``, ``self.b.``, ``self.app.``) or built with one, no file of services/ over 500 lines
-but data tables, and a ground floor that holds only the core: no module of ``faultmesh`` imports the
+the project's own classes nor over a mixin (one project class that is no declared base), no component
+of clusterd reaching through a held brain or app (``self.brain.``, ``self.b.``, ``self.app.``) or
+built with one, no file of services/ over 500 lines but data tables, and a ground floor that holds only the core: no module of ``faultmesh`` imports the
 tools package ``fmtools`` (CLI, demo, simulators, trainsim), so no daemon loads them.
 
 The restructure lands in steps. What is still to undo is listed below, exactly: a new breach fails,
@@ -20,6 +20,13 @@ from test_layering import FIRST_PARTY, SERVICES, imports, module_name
 # -- what is left to undo (issue 28); shrink these, never grow them -------------------------------
 KNOWN_CYCLES: set[frozenset[str]] = set()
 KNOWN_STITCHED: set[str] = set()
+KNOWN_INHERITED = {  # classes over one project class that is no declared base (a mixin's shape)
+    "clusterd.center.FaultCenter",  # over FaultIndex (the center's reads)
+    "clusterd.ingest.agents.AgentHub",  # over Liveness ("mixed into AgentHub")
+    "faultmesh.faultrules.DurationTable",  # over _Rejects
+    "faultmesh.faultrules.RelationTable",  # over _Rejects
+    "fmtools.demo.scenario.Scenario",  # over Harness
+}
 KNOWN_REACHES: dict[str, int] = {}  # file under services/ -> reaches through a held brain/app
 KNOWN_BUILT_WITH_SELF = {  # file -> constructions of a project class handed the builder itself
     "clusterd/auth.py": 1,  # TokenAuth's gRPC interceptor over the TokenAuth itself (one object)
@@ -28,6 +35,15 @@ KNOWN_LONG: dict[str, int] = {}  # file -> lines (data tables are exempt: DATA_T
 TOOLS = "fmtools"  # the top floor's own package
 TOOLS_ENTRY = "faultmesh/__main__.py"  # ``python -m faultmesh``: run, never imported; loads the CLI lazily
 DATA_TABLES = {"deviced/tables.py", "clusterd/kube/formats.py"}  # mostly literal tables
+DECLARED_BASES = {  # project classes made to be extended: a subclass is one of their kind, no mixin
+    "PushSource",  # faultmesh.source: the sources' contract
+    "PolledSource",
+    "StorageSource",  # noded: the storage monitors (Dpc, Dtfs set their kind)
+    "AgentConfigMapSink",  # faultmesh.kubecm: an agent's one ConfigMap
+    "HttpBase",  # faultmesh.httplite: both HTTP servers' settings
+    "Store",  # clusterd.store: MirroredStore is a Store
+    "FaultCodeTable",  # deviced.tables: NvidiaCodeTable is a fault code table
+}
 MAX_LINES = 500
 REACH = re.compile(r"\bself\.(?:b|brain|app)\.")
 
@@ -109,15 +125,20 @@ def cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
     return found
 
 
-def stitched(tree: ast.Module, mod: str) -> set[str]:
-    """Classes of ``tree`` with two or more bases that are the project's own classes."""
+def own_names(tree: ast.Module) -> set[str]:
+    """Names of ``tree`` that are the project's own: imported from a first-party module, or its classes."""
     own = {
         a.asname or a.name
         for n in ast.walk(tree)
         if isinstance(n, ast.ImportFrom) and n.module and n.module.split(".")[0] in FIRST_PARTY
         for a in n.names
     }
-    own |= {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+    return own | {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+
+
+def stitched(tree: ast.Module, mod: str) -> set[str]:
+    """Classes of ``tree`` with two or more bases that are the project's own classes."""
+    own = own_names(tree)
     out = set()
     for n in tree.body:
         if isinstance(n, ast.ClassDef):
@@ -125,6 +146,24 @@ def stitched(tree: ast.Module, mod: str) -> set[str]:
             if len(bases) >= 2:
                 out.add(f"{mod}.{n.name}")
     return out
+
+
+def inherited(tree: ast.Module, mod: str) -> set[str]:
+    """Classes of ``tree`` over a project class that is neither a declared base (DECLARED_BASES)
+    nor an exception (a name ending in ``Error``): a mixin's shape, a part that should be held."""
+    own = own_names(tree)
+    return {
+        f"{mod}.{n.name}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ClassDef)
+        and any(
+            isinstance(b, ast.Name)
+            and b.id in own
+            and b.id not in DECLARED_BASES
+            and not b.id.endswith("Error")
+            for b in n.bases
+        )
+    }
 
 
 def built_with_self(tree: ast.Module) -> int:
@@ -165,6 +204,16 @@ def test_no_class_stitched_from_two_project_classes():
         found |= stitched(ast.parse(path.read_text()), mod)
     assert found - KNOWN_STITCHED == set(), "new stitched class"
     assert KNOWN_STITCHED - found == set(), "a listed class is no longer stitched: take it off"
+
+
+def test_no_class_over_a_mixin():
+    """A class over one project class that is no declared base is a mixin's shape (issue 28: the
+    brain was ``BrainComponent(FaultIntake)``); the part should be a held object."""
+    found = set()
+    for mod, path in service_files().items():
+        found |= inherited(ast.parse(path.read_text()), mod)
+    assert found - KNOWN_INHERITED == set(), "new class over a project class that is no declared base"
+    assert KNOWN_INHERITED - found == set(), "a listed class no longer inherits: take it off"
 
 
 def test_no_reach_through_a_held_brain_or_app():
@@ -224,6 +273,13 @@ def test_the_checks_catch_each_breach():
         "class E:\n    def f(self):\n        return Servicer(self), helper(self), Other(self.x)\n"
     )
     assert stitched(tree, "m") == {"m.C"}
+    assert inherited(tree, "m") == {"m.C", "m.D"}
+    mixed = ast.parse(
+        "from clusterd.brain.intake import FaultIntake\nfrom faultmesh.source import PushSource\n"
+        "from faultmesh.kube import KubeError\nclass BrainComponent(FaultIntake): ...\n"
+        "class Src(PushSource): ...\nclass Gone(KubeError): ...\nclass Plain(dict): ...\n"
+    )
+    assert inherited(mixed, "m") == {"m.BrainComponent"}
     assert built_with_self(tree) == 1
     tools = ast.parse(
         "import fmtools.cli\ndef f():\n    from fmtools import demo\nfrom faultmesh import fmtools_x\n"

@@ -4,8 +4,9 @@ TrainingDataTrace services inside ClusterD (issue 7; clusterd.md §2-4, §6.4, �
 Built with the cluster context only. Its peers for other components, handed over by
 :mod:`clusterd.app`: ``jobs`` (:class:`~clusterd.brain.jobs.JobRegistry`: resolve a job's ranks ->
 (node, device)) and ``set_data_trace("ns/name", {"CommunicationOperator": "on", ...})`` (FD-OL's
-hook). Fault changes arrive through its own fault-center subscription (``brain``: own queue and
-task, resync = re-evaluate every job); what a new fault does is :mod:`clusterd.brain.intake`.
+hook). It owns the fault intake (:class:`~clusterd.brain.intake.FaultIntake`, a composed object
+with its own fault-center subscription ``brain``: own queue and task, resync = re-evaluate every
+job), which turns new job faults into the controllers' flows.
 
 HTTP:
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge
@@ -40,7 +40,7 @@ from clusterd.brain.faultview import (
     job_rank_faults,
 )
 from clusterd.brain.http import JobsHttp
-from clusterd.brain.intake import FaultIntake
+from clusterd.brain.intake import FaultIntake, ReportListener
 from clusterd.brain.jobs import JobRegistry
 from clusterd.brain.jobsvc import ConfigServicer, JobServicer
 from clusterd.brain.platform import PlatformAnnotations
@@ -48,6 +48,7 @@ from clusterd.brain.ports import ControllerPorts
 from clusterd.brain.recover import RecoverServicer
 from clusterd.brain.registry import RecoveryRegistry
 from clusterd.brain.retryproc import RetryReports
+from clusterd.brain.states import IllegalTransitions
 from faultmesh._pb import (
     agent_pb2,
     config_pb2_grpc,
@@ -68,7 +69,7 @@ ISOLATE_SOURCE = "brain:stress-test"
 ISOLATE_CODE = "StressTestIsolate"
 
 
-class BrainComponent(FaultIntake):
+class BrainComponent:
     """See the module docstring."""
 
     name = "brain"
@@ -147,7 +148,7 @@ class BrainComponent(FaultIntake):
         ctx: ClusterContext,
         jobs: JobRegistry,
         decisions: DecisionLog,
-        report_listeners: list[Callable[[str, list[RankFault], str], None]],
+        report_listeners: list[ReportListener],
         platform_backend: Any = None,
     ) -> None:
         """``jobs``, ``decisions``: built by the wiring (Kubernetes subscribes before the brain exists);
@@ -162,17 +163,15 @@ class BrainComponent(FaultIntake):
         self.decision_log = decisions
         self.decisions = self.decision_log.decisions
         self._sent_nodes: dict[str, set[str]] = {}  # job -> nodes that got its JobInfo
-        self._subhealth_seen: dict[str, set[tuple[int, str]]] = {}
-        self._unregistered_seen: dict[str, set[tuple[int, str]]] = {}
         self.retry_reports = RetryReports(  # business-plane retry reports (the retry processor)
             hide_ms=int(a.retry_hide_s * 1000), complete_ms=int(a.retry_complete_window_s * 1000)
         )
         self._rechecks: dict[str, asyncio.TimerHandle] = {}  # job -> re-evaluation when a hide ends
-        self.report_listeners = report_listeners
         self.platform = PlatformAnnotations(ctx.store, ctx.tasks.spawn, platform_backend)
         self.decision_log.subscribe(self.platform.on_decision, "decisions-platform")
         self.m_signals = Counter("faultmesh_brain_signals_total", "ProcessManageSignals delivered by type",
                                  ["signal"], registry=reg)  # fmt: skip
+        reg.register(IllegalTransitions())  # faultmesh_brain_illegal_transitions_total{from,to}
         Gauge("faultmesh_brain_jobs", "Jobs in the registry", registry=reg).set_function(
             lambda: len(self.jobs)
         )
@@ -188,26 +187,29 @@ class BrainComponent(FaultIntake):
             spawn=self.spawn, count_rejected=self.count_rejected,
             count_signal=lambda signal_type: self.m_signals.labels(signal_type).inc(),
         )  # fmt: skip
-        self.recover = RecoverServicer(
-            self.jobs, self.registry, self.decide, self.process_fault, self.super_pod_id,
-            self.count_rejected, self.timeouts.report_s,
-        )  # fmt: skip
         self.fault = FaultServicer(
             self.jobs, ctx.center, ctx.nodes.info, self.hidden_nodes, self.count_rejected
         )  # subscribes to the fault center and the job registry itself
+        self.intake = FaultIntake(  # new job faults -> the controllers; its own subscription ("brain")
+            ctx.center.subscribe, self.jobs, self.registry.get, self.decide, self.rank_faults,
+            self.platform.get, self.spawn, self.retry_reports, report_listeners,
+        )  # fmt: skip
+        self.recover = RecoverServicer(
+            self.jobs, self.registry, self.decide, self.intake.process_fault, self.super_pod_id,
+            self.count_rejected, self.timeouts.report_s,
+        )  # fmt: skip
         self.job_svc = JobServicer(self.jobs, ctx.nodes.info, self.count_rejected)
         self.config_svc = ConfigServicer(self.jobs, ctx.nodes.info, self.spawn, self.count_rejected)
         self.datatrace = DataTrace(
             self.jobs, ctx.store, ctx.agents.send, self.count_rejected,
             a.data_trace_dir or f"{a.state_dir}/datatrace-config",
         )  # fmt: skip
-        ctx.center.subscribe("brain", self._on_fault_changes, resync=self._resync_faults)
         ctx.agents.on_connect(self._on_agent_connect)
         ctx.agents.on_connect(self.datatrace.on_agent_connect)
         self.jobs.listen(self._on_job_change)
         JobsHttp(
             self.jobs, self.registry, self.decision_log, self.platform, self.job_view, self.decide,
-            self.evaluate, self.count_rejected,
+            self.intake.evaluate, self.count_rejected,
         ).add_routes(ctx.http.app.router)  # fmt: skip
 
     def servicers(self) -> list[tuple[Any, Any]]:
@@ -220,7 +222,7 @@ class BrainComponent(FaultIntake):
             (profiling_pb2_grpc.add_TrainingDataTraceServicer_to_server, self.datatrace),
         ]
 
-    # the registry's, as the fault intake and tests read them
+    # the registry's, as the gauges, views and tests read them
     controllers = property(lambda self: self.registry.controllers)
     initialised = property(lambda self: self.registry.initialised)
 
@@ -315,12 +317,8 @@ class BrainComponent(FaultIntake):
     def _recheck(self, job_id: str) -> None:
         self._rechecks.pop(job_id, None)
         job = self.jobs.get(job_id)
-        if job is None:
-            return
-        try:
-            self.evaluate(job)
-        except Exception as e:
-            event(log, logging.ERROR, "job fault evaluation failed", job=job_id, error=repr(e))
+        if job is not None:
+            self.intake.evaluate_each([job])
 
     def faults_of_node(self, node: str) -> list[Fault]:
         """Active faults of ``node`` (the fault center's node index; O(faults on node))."""
@@ -366,26 +364,6 @@ class BrainComponent(FaultIntake):
         name, 500 unknown job); a file write failure is a ``DataTraceWriteError``, also an ``OSError``."""
         await self.datatrace.set_switch(job_ns_name, switch)
 
-    # -- fault intake ------------------------------------------------------------------------------
-    def _resync_faults(self, faults: list[Fault]) -> None:
-        """The brain's subscription fell behind: evaluate every job (new (rank, code) pairs still act
-        once)."""
-        jobs = list(self.jobs.all())
-        for job in jobs:
-            try:
-                self.evaluate(job)
-            except Exception as e:
-                event(log, logging.ERROR, "job fault evaluation failed", job=job.id, error=repr(e))
-
-    def _on_fault_changes(self, changes) -> None:
-        nodes = {c.fault.node for c in changes}
-        jobs = {j.id: j for n in nodes for j in self.jobs.jobs_on_node(n)}
-        for job in jobs.values():
-            try:
-                self.evaluate(job)
-            except Exception as e:
-                event(log, logging.ERROR, "job fault evaluation failed", job=job.id, error=repr(e))
-
     # -- job changes -------------------------------------------------------------------------------
     async def _on_job_change(self, job, deleted: bool) -> None:
         old_nodes = self._sent_nodes.get(job.id, set())
@@ -405,7 +383,7 @@ class BrainComponent(FaultIntake):
             self.platform.drop(job.id)
             await self.registry.drop(job.id)
         else:
-            self.evaluate(job)
+            self.intake.evaluate(job)
 
     def _job_info(self, job, deleted: bool = False) -> agent_pb2.JobInfo:
         return agent_pb2.JobInfo(

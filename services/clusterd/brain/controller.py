@@ -5,6 +5,8 @@ One :class:`Controller` per registered job (Recover Register creates it), given 
 
 - ``st``: its state, one :class:`~clusterd.brain.ctlstate.ControllerState` (the reference's state
   names INIT, NotifyStopTrain, WaitReportStopComplete, ..., the flow, its uuid, the cached faults);
+  the state names and the moves allowed between them are one table, :mod:`clusterd.brain.states`,
+  and every move is judged against it (:meth:`ControllerState.set_state`);
 - ``io``: its :class:`~clusterd.brain.channel.SignalChannel` (the signal stream, report slots, O&M
   streams): a new subscription resets the controller and ends the older stream; when the stream
   ends the controller resets again;

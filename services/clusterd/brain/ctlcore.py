@@ -19,6 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from clusterd.brain import states
 from clusterd.brain.channel import SignalChannel
 from clusterd.brain.ctlstate import INIT, ControllerState, FlowEnd, Timeouts, pod_ranks
 from clusterd.brain.faultview import RankFault
@@ -46,7 +47,8 @@ class ControllerCore:
         return self.ports.jobs.get(self.job_id)
 
     def set_state(self, state: str) -> None:
-        """Move to ``state`` (the reference's state names)."""
+        """Move to ``state`` (a :mod:`clusterd.brain.states` constant), judged against the state
+        table (:meth:`ControllerState.set_state`)."""
         self.st.set_state(state)
 
     # -- the flow task ------------------------------------------------------------------------------
@@ -106,7 +108,7 @@ class ControllerCore:
 
     async def kill_job(self, flow: str, reason: str) -> None:
         """Signal ``killMaster`` (no actions), then end the flow (→ INIT). clusterd.md §7.3 step 8."""
-        self.set_state("KillJob")
+        self.set_state(states.KILL_JOB)
         self.decide(flow, "kill-job", reason)
         ok = await self.io.signal("killMaster", [])
         if not ok:
@@ -117,9 +119,9 @@ class ControllerCore:
         """FaultClear then FaultRetry (§7.3 step 7): process-recover-enable=pause, ``changeStrategy
         exit`` dump_exit to the fault pods, wait up to ``fault_retry_s`` for the job to run, label
         back to ``on``. A job that does not run again is killed (killMaster). Ends the flow."""
-        self.set_state("FaultClear")
+        self.set_state(states.FAULT_CLEAR)
         self.decide(flow, "fault-clear", reason)
-        self.set_state("FaultRetry")
+        self.set_state(states.FAULT_RETRY)
         await self.ports.jobs.update(self.job_id, process_recover_enable="pause")
         await self.dump_exit()
         deadline = time.monotonic() + self.t.fault_retry_s

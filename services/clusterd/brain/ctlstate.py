@@ -14,11 +14,12 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 
+from clusterd.brain import states
 from clusterd.brain.faultview import RankFault
+from clusterd.brain.states import INIT
 
 log = logging.getLogger("clusterd.brain")
 
-INIT = "INIT"
 KEEP_ALIVE = "keep-alive"
 
 
@@ -58,7 +59,7 @@ class ControllerState:
     """One job's controller state (module docstring). ``clear_flow`` empties what a flow owns."""
 
     job_id: str
-    state: str = INIT  # the reference's state name (INIT, NotifyStopTrain, WaitReportStopComplete, ...)
+    state: str = INIT  # the reference's state name (:mod:`clusterd.brain.states`); set with set_state
     flow_name: str = ""  # "recovery" | "switch-nic" | "stress-test" | "hot-switch" while a flow runs
     uuid: str = ""  # the flow's signal uuid ("" between flows)
     cached_faults: dict[tuple[int, str], RankFault] = field(default_factory=dict)  # (rank, code) ->
@@ -73,11 +74,16 @@ class ControllerState:
     om_kind: str = ""  # "nic" | "stress" while an O&M flow runs
     resched_started: float = 0.0  # monotonic time WaitReportRecoverStrategy began (the watcher's start)
 
-    def set_state(self, state: str) -> None:
-        """Move to ``state`` (logged at debug)."""
+    def set_state(self, state: str) -> bool:
+        """Move to ``state``: every state change of the controller goes through here. The move is
+        judged against the state table (:func:`clusterd.brain.states.check`): an illegal one is
+        logged (``controller illegal transition``) and counted, and still made. Returns whether it
+        was legal."""
+        ok = states.check(self.job_id, self.state, state)
         if state != self.state:
             log.debug("job=%s state %s -> %s", self.job_id, self.state, state)
         self.state = state
+        return ok
 
     def clear_flow(self) -> None:
         """Forget what the flow owned (the reference's reset after every flow); the state stays."""

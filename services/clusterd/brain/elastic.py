@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from clusterd.brain import states
 from clusterd.brain.ctlcore import ControllerCore
 from clusterd.brain.ctlstate import pod_ranks
 from clusterd.brain.reschedule import RescheduleSteps
@@ -54,7 +55,7 @@ class ElasticSteps:
             rep = r[1]
         if rep.status.code != 0:
             return False, rep.status.code
-        c.set_state("ScaleInRunning")
+        c.set_state(states.SCALE_IN_RUNNING)
         c.decide(flow, "scale-in-success", "training continues on fewer DP groups")
         scaled = {k[0] for k in self.st.cached_faults}
         deadline = time.monotonic() + c.t.scale_wait_s

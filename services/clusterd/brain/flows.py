@@ -15,6 +15,7 @@ import logging
 import time
 from types import SimpleNamespace
 
+from clusterd.brain import states
 from clusterd.brain import strategy as strat
 from clusterd.brain.ctlcore import ControllerCore
 from clusterd.brain.ctlstate import INIT, FlowEnd, normal, pod_ranks
@@ -51,7 +52,7 @@ class RecoveryFlow:
         flow = "recovery"
         configured = job.strategies()
         faults = self.st.faults()
-        self.c.set_state("NotifyWaitFaultFlushing")
+        self.c.set_state(states.NOTIFY_WAIT_FAULT_FLUSHING)
         if self.platform.platform_mode():  # the AI platform decides (platform mode)
             await self.platform.wait_platform_strategy(flow)
             dump_only = self.st.plat_strategy == "dump" and "dump" in configured
@@ -61,11 +62,11 @@ class RecoveryFlow:
             self.c.decide(flow, "dump", "dump is the only strategy", faults=faults)
             await self.dump_and_exit(flow, "saveAndExit")
             return
-        self.c.set_state("NotifyStopTrain")
+        self.c.set_state(states.NOTIFY_STOP_TRAIN)
         self.io.expect("stop")
         if not await self.io.signal("stopTrain", ["stop_train"], faults, new_id=True):
             await self.c.fault_retry(flow, "stopTrain not delivered")
-        self.c.set_state("WaitReportStopComplete")
+        self.c.set_state(states.WAIT_REPORT_STOP_COMPLETE)
         r = await self.io.wait("stop")
         if r is None:
             await self.c.fault_retry(flow, f"stop complete not reported in {self.c.t.report_s}s")
@@ -83,12 +84,12 @@ class RecoveryFlow:
             job = self.c.job()
             configured = self.platform.platform_configured(job.strategies() if job else [])
             faults = self.st.faults()
-            self.c.set_state("WaitFaultFlushFinished")
+            self.c.set_state(states.WAIT_FAULT_FLUSH_FINISHED)
             retry_types = bool(faults) and all(f.fault_type in ("0", "2") for f in faults)
             retry_only = retry_types and "retry" in configured and not retried
             if not (retry_only and all(f.fault_type == "0" for f in faults)):
                 await asyncio.sleep(self.c.t.flush_s)
-            self.c.set_state("NotifyGlobalFault")
+            self.c.set_state(states.NOTIFY_GLOBAL_FAULT)
             if retry_only and self.platform.platform_mode():
                 merged = await self.platform.confirm_faults(
                     flow, [(str(f.rank), f.fault_type) for f in faults]
@@ -106,7 +107,7 @@ class RecoveryFlow:
                     pairs = [(str(f.rank), "1") for f in self.st.faults()]
                     merged = await self.platform.confirm_faults(flow, pairs)
                     self._merge_reported([SimpleNamespace(rankId=r, faultType="1") for r, _ in merged])
-                self.c.set_state("NotifyGlobalFault")
+                self.c.set_state(states.NOTIFY_GLOBAL_FAULT)
                 self.io.expect("strategy")
                 faults = self.c.expand_to_pods(keep=self.st.restart_proc_pods)
                 exit_pods = [p for p in pod_ranks(faults) if int(p) not in self.st.restart_proc_pods]
@@ -117,7 +118,7 @@ class RecoveryFlow:
                 )
             if not ok:
                 await self.c.kill_job(flow, "globalFault not delivered")
-            self.c.set_state("WaitReportRecoverStrategy")
+            self.c.set_state(states.WAIT_REPORT_RECOVER_STRATEGY)
             self.st.resched_started = time.monotonic()  # the reference starts listenScheduleResult here
             r = await self.io.wait("strategy")
             if r is None:
@@ -286,7 +287,7 @@ class RecoveryFlow:
         when it was not sent or no status came; the state's ``no_status`` says which)."""
         s = choice.strategy
         if s == "exit":
-            self.c.set_state("NotifyDecidedStrategy")
+            self.c.set_state(states.NOTIFY_DECIDED_STRATEGY)
             faults, pods = self._strategy_signal(s)
             if not await self.io.signal(
                 "changeStrategy",
@@ -297,21 +298,21 @@ class RecoveryFlow:
             ):
                 self.st.no_status = "changeStrategy exit not delivered"
                 return False, None
-            self.c.set_state("CheckRecoverResult")
+            self.c.set_state(states.CHECK_RECOVER_RESULT)
             self.c.decide(flow, "exit-completed", self._after_exit())
             return True, 0
         if s == "dump":  # dump_and_exit ends with exit either way: nothing left to fall back to
             await self.dump_and_exit(flow, "changeStrategy")
             return True, 0
         state = {
-            "retry": "WaitReportStepRetryStatus",
-            "recover": "WaitReportProcessRecoverStatus",
-            "recover-in-place": "WaitReportProcessRecoverStatus",
-            "elastic-training": "WaitReportScaleInIsolateRanks",
+            "retry": states.WAIT_REPORT_STEP_RETRY_STATUS,
+            "recover": states.WAIT_REPORT_PROCESS_RECOVER_STATUS,
+            "recover-in-place": states.WAIT_REPORT_PROCESS_RECOVER_STATUS,
+            "elastic-training": states.WAIT_REPORT_SCALE_IN_ISOLATE_RANKS,
         }[s]
         if s == "retry" and any(f.fault_type == "2" for f in self.st.faults()):
             await asyncio.sleep(self.c.t.hccl_route_s)  # HCCL route convergence
-        self.c.set_state("NotifyDecidedStrategy")
+        self.c.set_state(states.NOTIFY_DECIDED_STRATEGY)
         self.io.expect("status")
         actions = self.in_place.in_place_actions(s)
         faults, pods = self._strategy_signal(s)
@@ -345,7 +346,7 @@ class RecoveryFlow:
     async def dump_and_exit(self, flow: str, how: str) -> bool:
         """Dump (``saveAndExit`` or ``changeStrategy dump``), then ``changeStrategy exit`` dump_exit.
         A dump signal that cannot be sent or a dump status that never comes -> FaultClear / FaultRetry."""
-        self.c.set_state("NotifyDump")
+        self.c.set_state(states.NOTIFY_DUMP)
         self.io.expect("status")
         faults = self.c.expand_to_pods() if how != "saveAndExit" else self.st.faults()
         pods = pod_ranks(faults)
@@ -358,7 +359,7 @@ class RecoveryFlow:
             )  # fmt: skip
         if not ok:
             await self.c.fault_retry(flow, "dump signal not delivered")
-        self.c.set_state("WaitReportDumpStatus")
+        self.c.set_state(states.WAIT_REPORT_DUMP_STATUS)
         r = await self.io.wait("status")
         if r is None:
             self.c.decide(flow, "dump-failed", f"dump status not reported in {self.c.t.report_s}s")
@@ -366,7 +367,7 @@ class RecoveryFlow:
         success = r[1].status.code == 0
         self.c.decide(flow, "dump-success" if success else "dump-failed", f"status {r[1].status.code}")
         await self.c.dump_exit()
-        self.c.set_state("CheckRecoverResult")
+        self.c.set_state(states.CHECK_RECOVER_RESULT)
         # after_dump: ProcessRecoverStatus stays dump-success / dump-failed (the reference)
         self.c.decide(flow, "exit-completed", self._after_exit(), after_dump=True)
         self.st.cached_faults.clear()

@@ -14,6 +14,7 @@ import asyncio
 import time
 from dataclasses import replace
 
+from clusterd.brain import states
 from clusterd.brain.ctlcore import ControllerCore
 from clusterd.brain.ctlstate import FlowEnd
 from clusterd.brain.faultview import RankFault
@@ -33,7 +34,7 @@ class HotSwitchFlow:
         flow = "hot-switch"
         job = self.c.job()
         fault_nodes = sorted({f.node for f in faults})
-        self.c.set_state("NotifyHotSwitch")
+        self.c.set_state(states.NOTIFY_HOT_SWITCH)
         # notifyPrepareHotSwitch: every rank of the fault pod, type "1" (normalFaultAssociateSameNodeRank);
         # MindIO waits for each of them in the backup pod and rebuilds their communication groups
         pod_ranks = [
@@ -44,7 +45,7 @@ class HotSwitchFlow:
         if not await self.io.signal("hot-switch", ["hot switch"], pod_ranks or faults, new_id=True):
             await self._degrade(flow, "hot-switch signal not delivered")
             raise FlowEnd
-        self.c.set_state("WaitNewPodRunning")
+        self.c.set_state(states.WAIT_NEW_POD_RUNNING)
         backup = None
         deadline = time.monotonic() + self.c.t.hot_switch_wait_s
         while True:
@@ -58,17 +59,17 @@ class HotSwitchFlow:
             raise FlowEnd
         self.io.expect("strategy")
         await self.io.signal("hot-switch", ["new pod running"], faults)
-        self.c.set_state("WaitReportRecoverStrategy")
+        self.c.set_state(states.WAIT_REPORT_RECOVER_STRATEGY)
         r = await self.io.wait("strategy")
         if r is None or not [s for s in r[1].strategies if s != "exit"]:
             why = "pause not reported in time" if r is None else "training side can only exit"
             await self._degrade(flow, why)
             await self.c.kill_job(flow, f"hot switch stopped: {why}; job-level rescheduling")
-        self.c.set_state("NotifyMigration")
+        self.c.set_state(states.NOTIFY_MIGRATION)
         mapping = dict(zip(fault_nodes, backup, strict=False))
         self.io.expect("status")
         await self.io.signal("changeStrategy", ["change_strategy"], faults, change_strategy="migration")
-        self.c.set_state("WaitReportMigrationStatus")
+        self.c.set_state(states.WAIT_REPORT_MIGRATION_STATUS)
         r = await self.io.wait("status")
         if r is None or r[1].status.code != 0:
             why = "resume not reported in time" if r is None else f"resume failed ({r[1].status.code})"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from clusterd.brain import states
 from clusterd.brain import strategy as strat
 from clusterd.brain.ctlcore import ControllerCore
 from faultmesh.levels import UNHEALTHY, level_health
@@ -59,7 +60,7 @@ class InPlaceSteps:
         candidates = self.in_place_candidates()
         if not candidates:
             return
-        self.c.set_state("WaitFaultDisappear")
+        self.c.set_state(states.WAIT_FAULT_DISAPPEAR)
         deadline = time.monotonic() + self.c.t.in_place_wait_s
         left = self._pods_with_faults(candidates)
         while left and time.monotonic() < deadline:

@@ -1,8 +1,15 @@
 """The brain's fault intake (clusterd.md §7.2): new job faults -> the recovery controller.
 
-A mixin of :class:`clusterd.brain.component.BrainComponent` (it uses the component's ``jobs``,
-``controllers``, ``decide``, ``spawn``, ``rank_faults``). Only (rank, code) pairs new since the last
-look act. Every new fault is cached on the controller (the reference's saveCacheFault); then:
+One object, :class:`FaultIntake`, owned by :class:`clusterd.brain.component.BrainComponent` and built
+with the narrow things it uses (issue 28: no mixin, nothing holds the brain): its own fault-center
+subscription (``brain``), the job registry, the controllers lookup, the decision sink, the job's
+rank-fault view, platform mode's annotations, the task spawner, the business-plane retry reports and
+the ReportProcessFault listeners. Faults of a node come from the fault center's one by-node index
+(:meth:`clusterd.faultindex.FaultIndex.faults_of_node`, through ``rank_faults``): the intake keeps
+no index of its own.
+
+Only (rank, code) pairs new since the last look act. Every new fault is cached on the controller (the
+reference's saveCacheFault); then:
 
 - a non-retry fault (or any fault when retry is not configured) -> ``preExitProcess`` to the fault
   pods; TaskD stops those workers and its ``ReportProcessFault`` starts the recovery
@@ -15,15 +22,20 @@ look act. Every new fault is cached on the controller (the reference's saveCache
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from clusterd.brain.controller import INIT, Controller
 from clusterd.brain.faultview import RECOVER_IGNORED_LEVELS, RankFault, job_health
+from clusterd.brain.jobs import Job, JobRegistry
 from clusterd.brain.platform import STRATEGY_KEY
-from clusterd.brain.retryproc import CODE_OF_TYPE, RETRY_TYPES
+from clusterd.brain.ports import DecisionSink
+from clusterd.brain.retryproc import CODE_OF_TYPE, RETRY_TYPES, RetryReports
 from faultmesh.levels import SUB_HEALTHY, UNHEALTHY, level_health
 from faultmesh.log import event
-from faultmesh.model import now_ms
+from faultmesh.model import Fault, now_ms
 
 RETRY_FAULT, SOFTWARE_FAULT = "retry-fault", "software"
 """The fault reasons of a ReportProcessFault (the reference's ``fault-type`` pod label values)."""
@@ -33,9 +45,63 @@ log = logging.getLogger("clusterd.brain")
 HOT_SWITCH_FRAMEWORKS = ("pytorch", "mindspore")
 MAX_HOT_SWITCH_PODS = 10
 
+ReportListener = Callable[[str, list[RankFault], str], None]
+"""``(job id, rank faults, reason)``: told of each ReportProcessFault with known ranks; must not wait."""
+
 
 class FaultIntake:
-    """Fault intake of the brain component (module docstring)."""
+    """The brain's fault intake (module docstring).
+
+    - ``subscribe(name, publish, resync=...)``: the fault center's subscription
+      (:meth:`clusterd.center.FaultCenter.subscribe`); the intake takes its own, ``brain``, at once;
+    - ``jobs``: the job registry (jobs on a node, ``update`` a job's sub-health strategy);
+    - ``controller_of(job_id)``: the job's recovery controller, None while not registered
+      (:meth:`clusterd.brain.registry.RecoveryRegistry.get`);
+    - ``decide``: the decision sink; ``rank_faults(job)``: the job's rank faults now, every filter
+      applied; ``platform(job_id)``: the job's platform-mode annotations;
+    - ``spawn(coro, name)``: a task owned by ClusterD; ``retry_reports``: the business-plane retry
+      reports; ``report_listeners``: told of each ReportProcessFault (:data:`ReportListener`).
+    """
+
+    def __init__(
+        self,
+        subscribe: Callable[..., Any],
+        jobs: JobRegistry,
+        controller_of: Callable[[str], Controller | None],
+        decide: DecisionSink,
+        rank_faults: Callable[[Job], list[RankFault]],
+        platform: Callable[[str], dict[str, str]],
+        spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task],
+        retry_reports: RetryReports,
+        report_listeners: list[ReportListener],
+    ) -> None:
+        self.jobs = jobs
+        self.controller_of = controller_of
+        self.decide = decide
+        self.rank_faults = rank_faults
+        self.platform = platform
+        self.spawn = spawn
+        self.retry_reports = retry_reports
+        self.report_listeners = report_listeners
+        self._unregistered_seen: dict[str, set[tuple[int, str]]] = {}  # job -> last look, no controller
+        subscribe("brain", self._on_fault_changes, resync=self._resync)
+
+    # -- the fault center's subscription -----------------------------------------------------------
+    def _resync(self, faults: list[Fault]) -> None:
+        """The subscription fell behind: evaluate every job (new (rank, code) pairs still act once)."""
+        self.evaluate_each(self.jobs.all())
+
+    def _on_fault_changes(self, changes) -> None:
+        nodes = {c.fault.node for c in changes}
+        self.evaluate_each({j.id: j for n in nodes for j in self.jobs.jobs_on_node(n)}.values())
+
+    def evaluate_each(self, jobs) -> None:
+        """:meth:`evaluate` each job; a failure is logged (``job fault evaluation failed``), the rest go on."""
+        for job in list(jobs):
+            try:
+                self.evaluate(job)
+            except Exception as e:
+                event(log, logging.ERROR, "job fault evaluation failed", job=job.id, error=repr(e))
 
     def evaluate(self, job) -> None:
         """Act on new faults of ``job`` (§7.2): recovery for UnHealthy, the sub-health strategy for
@@ -43,7 +109,7 @@ class FaultIntake:
         faults = [f for f in self.rank_faults(job) if f.level not in RECOVER_IGNORED_LEVELS]
         health = job_health(faults)
         keys = {(f.rank, f.code) for f in faults}
-        ctl = self.controllers.get(job.id)
+        ctl = self.controller_of(job.id)
         if ctl is None:
             seen = self._unregistered_seen.get(job.id, set())
             self._unregistered_seen[job.id] = keys
@@ -74,7 +140,7 @@ class FaultIntake:
             only_retry = all(f.fault_type in ("0", "2") for f in joined)
             # supportRetryStrategy: in platform mode only while the platform said retry, which an
             # idle controller has not heard yet -> preExitProcess
-            platform = STRATEGY_KEY in self.platform.get(job.id)
+            platform = STRATEGY_KEY in self.platform(job.id)
             pre_exit = "retry" not in job.strategies() or not only_retry or platform
             ctl.st.add_faults(joined)  # the reference's saveCacheFault: every new fault is cached
             if ctl.busy():
@@ -153,7 +219,7 @@ class FaultIntake:
         """ReportProcessFault: ranks with a type "1" start a recovery flow (``stopTrain``); when every
         rank is a retry type ("0" / "2") they become business-plane retry reports instead
         (:mod:`clusterd.brain.retryproc`). Unknown ranks are skipped."""
-        ctl = self.controllers.get(job_id)
+        ctl = self.controller_of(job_id)
         job = self.jobs.get(job_id)
         if ctl is None or job is None:
             return

@@ -11,6 +11,7 @@ import json
 import logging
 import time
 
+from clusterd.brain import states
 from clusterd.brain.ctlcore import ControllerCore
 from clusterd.brain.faultview import RankFault
 from clusterd.brain.flows import RecoveryFlow
@@ -35,13 +36,13 @@ class OmFlows:
         flow = "switch-nic"
         try:
             await self._pause(flow)
-            self.c.set_state("NotifySwitchNic")
+            self.c.set_state(states.NOTIFY_SWITCH_NIC)
             self.io.expect("switch", "status")
             msg = recover_pb2.SwitchRankList(rankID=ranks, op=ops, jobId=self.c.job_id)
             if not await self.io.push_notify("nic", msg):
                 self.io.finish_om("om failed, send signal failed")
                 await self.c.kill_job(flow, "SwitchRankList not delivered (no SubscribeNotifySwitch stream)")
-            self.c.set_state("WaitSwitchNicFinished")
+            self.c.set_state(states.WAIT_SWITCH_NIC_FINISHED)
             r = await self.io.wait("switch", "status")
             failed = None
             if r is None:
@@ -66,13 +67,13 @@ class OmFlows:
             self.io.finish_om("om failed, switch nic interrupted")
 
     async def _pause(self, flow: str) -> None:
-        self.c.set_state("NotifyPauseTrain")
+        self.c.set_state(states.NOTIFY_PAUSE_TRAIN)
         self.io.expect("stop")
         timeout = 900 if self.st.om_kind == "stress" else 0
         if not await self.io.signal("stopTrain", ["pause_train"], sig_timeout=timeout, new_id=True):
             self.io.finish_om("om failed, send signal failed")
             await self.c.kill_job(flow, "pause_train not delivered")
-        self.c.set_state("WaitReportPauseComplete")
+        self.c.set_state(states.WAIT_REPORT_PAUSE_COMPLETE)
         r = await self.io.wait("stop")
         if r is None:
             self.io.finish_om("pause train timeout")
@@ -82,12 +83,12 @@ class OmFlows:
             await self.c.kill_job(flow, "pause failed (499)")
 
     async def _continue(self, flow: str) -> None:
-        self.c.set_state("NotifyContinueTrain")
+        self.c.set_state(states.NOTIFY_CONTINUE_TRAIN)
         self.io.expect("status")
         if not await self.io.signal("changeStrategy", ["change_strategy"], change_strategy="continue"):
             self.io.finish_om("om failed, send signal failed")
             await self.c.kill_job(flow, "continue not delivered")
-        self.c.set_state("WaitContinueTrain")
+        self.c.set_state(states.WAIT_CONTINUE_TRAIN)
         r = await self.io.wait("status")
         if r is None or r[1].status.code == 499:
             self.io.finish_om("continue train failed" if r else "continue train timeout")
@@ -99,7 +100,7 @@ class OmFlows:
         flow = "stress-test"
         try:
             await self._pause(flow)
-            self.c.set_state("NotifyStressTest")
+            self.c.set_state(states.NOTIFY_STRESS_TEST)
             self.io.expect("stress", "status")
             flat = {
                 rank: recover_pb2.StressOpList(ops=ops) for n in params.values() for rank, ops in n.items()
@@ -108,7 +109,7 @@ class OmFlows:
             if not await self.io.push_notify("stress", msg):
                 self.io.finish_om("om failed, send signal failed")
                 await self.c.kill_job(flow, "StressTestRankParams not delivered")
-            self.c.set_state("WaitStressTestFinished")
+            self.c.set_state(states.WAIT_STRESS_TEST_FINISHED)
             self.st.hidden_nodes = set(params)
             await self.io.signal("pauseStartAgent", ["pause_start_agent"])
             fault_during = False

@@ -37,6 +37,7 @@ import asyncio
 import logging
 import time
 
+from clusterd.brain import states
 from clusterd.brain.ctlcore import ControllerCore
 from faultmesh.log import event
 
@@ -172,7 +173,7 @@ class PlatformSteps:
 
     async def wait_platform_strategy(self, flow: str) -> None:
         """WaitPlatFormStrategyReady; a timeout ends in FaultClear / FaultRetry."""
-        self.c.set_state("WaitPlatformStrategy")
+        self.c.set_state(states.WAIT_PLATFORM_STRATEGY)
         s = await self._poll(lambda: self.read_strategy(False), time.monotonic() + self.c.t.platform_s)
         if s is None:
             await self.c.fault_retry(flow, f"platform strategy not set in {self.c.t.platform_s}s")
@@ -183,7 +184,7 @@ class PlatformSteps:
         """writeConfirmFaultAndWaitPlatResultFault: ProcessConfirmFault = ``ranks``, wait for
         ProcessResultFault, re-read the strategy. Returns the merged ranks; an error ends in
         FaultClear / FaultRetry."""
-        self.c.set_state("WaitPlatformResultFault")
+        self.c.set_state(states.WAIT_PLATFORM_RESULT_FAULT)
         ann = self.c.ports.platform.get(self.job_id)
         if ann.get(CONFIRM_KEY):
             await self.c.fault_retry(flow, "platform did not clear the previous ProcessConfirmFault")
@@ -214,7 +215,7 @@ class PlatformSteps:
     async def wait_rank_table(self, flow: str) -> bool:
         """WaitRankTableReady: True once RankTableReady is ``true``; another non-empty value or no
         value within ``platform_s`` -> False (the caller re-reads the strategy)."""
-        self.c.set_state("WaitRankTableReady")
+        self.c.set_state(states.WAIT_RANK_TABLE_READY)
 
         def ready():
             v = self.c.ports.platform.get(self.job_id).get(RANK_TABLE_KEY, "")

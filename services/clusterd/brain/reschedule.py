@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from clusterd.brain import states
 from clusterd.brain.ctlcore import ControllerCore
 from faultmesh.levels import UNHEALTHY, level_health
 
@@ -100,7 +101,7 @@ class RescheduleSteps:
         """whetherHasEnoughResource: wait up to MINDIO_WAIT_MINDX_TIME - 10 s for the resources.
         True when they came back (then no scale-in); records an ``elastic-wait`` decision."""
         wait = resource_wait_s(job)
-        self.c.set_state("WaitResources")
+        self.c.set_state(states.WAIT_RESOURCES)
         deadline = time.monotonic() + wait * self.c.t.job_wait_scale
         while not self.resources_back():
             if time.monotonic() >= deadline:
