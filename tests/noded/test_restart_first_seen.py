@@ -87,7 +87,10 @@ def test_corrupt_state_file_starts_empty_once_counted(tmp_path, bmc_sim):
         assert nd.log_text().count("state file rejected, starting with empty state") == 1
         assert (tmp_path / "noded-bmc.json.corrupt").read_text().endswith(": 17")
         wait_for(lambda: json.loads(state_file.read_text())["faults"], what="a good file written again")
-        levels = [f["level"] for f in cd.get_json("/v1/faults") if f["code"] == CODE]
+        # noded's view and file come first; clusterd has it once the stream delivered it
+        levels = wait_for(
+            lambda: [f["level"] for f in cd.get_json("/v1/faults") if f["code"] == CODE], what="clusterd"
+        )
         assert levels == ["PreSeparateFault"]
     finally:
         nd.stop()
