@@ -42,6 +42,9 @@ DECLARED_BASES = {  # project classes made to be extended: a subclass is one of 
     "AgentConfigMapSink",  # faultmesh.kubecm: an agent's one ConfigMap
     "HttpBase",  # faultmesh.httplite: both HTTP servers' settings
     "Store",  # clusterd.store: MirroredStore is a Store
+    "MirroredStore",  # clusterd.kube.hastate: HistoryStore is the HA store that also feeds the history mirror
+    "KubeState",  # clusterd.kube.hastate: the fenced, retried ConfigMap document (HA state, history mirror)
+    "StateMetrics",  # clusterd.kube.hastate: one ConfigMap document's metrics (the history mirror adds two)
     "FaultCodeTable",  # deviced.tables: NvidiaCodeTable is a fault code table
 }
 MAX_LINES = 500

@@ -93,7 +93,11 @@ class HistoryMetrics(StateMetrics):
     what a failover now would lose)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        super().__init__(registry, "faultmesh_kube_history", "history mirror")
+        names = (
+            "faultmesh_kube_history_writes_total", "faultmesh_kube_history_retries_total",
+            "faultmesh_kube_history_rejected_total", "faultmesh_kube_history_bytes",
+        )  # fmt: skip
+        super().__init__(registry, names, "history mirror")
         self.trimmed = Counter("faultmesh_kube_history_trimmed_total",
                                "History mirror rows dropped to fit the ConfigMap bound", ["kind"],
                                registry=registry)  # fmt: skip

@@ -92,23 +92,31 @@ class StateWriteError(OSError):
     """A mirrored change could not be written to the state ConfigMap (the caller answers an error)."""
 
 
+# the HA state document's metrics: writes{result}, retries{reason}, rejected{reason}, encoded bytes
+STATE_METRICS = (
+    "faultmesh_kube_state_writes_total", "faultmesh_kube_state_retries_total",
+    "faultmesh_kube_state_rejected_total", "faultmesh_kube_state_bytes",
+)  # fmt: skip
+
+
 class StateMetrics:
-    """``<prefix>_writes_total{result}``, ``<prefix>_retries_total{reason}``,
-    ``<prefix>_rejected_total{reason}``, ``<prefix>_bytes`` (prefix ``faultmesh_kube_state``; the
-    history mirror's ``faultmesh_kube_history``) of the ConfigMap ``what``."""
+    """The metrics of one ConfigMap document ``what``, named by ``names`` (writes ``{result}``,
+    retries ``{reason}``, rejected ``{reason}``, bytes): :data:`STATE_METRICS` for the HA state, the
+    history mirror's ``faultmesh_kube_history_*`` (:mod:`clusterd.kube.hahistory`)."""
 
     def __init__(
-        self, registry: CollectorRegistry, prefix: str = "faultmesh_kube_state", what: str = "HA state"
+        self,
+        registry: CollectorRegistry,
+        names: tuple[str, str, str, str] = STATE_METRICS,
+        what: str = "HA state",
     ) -> None:
-        self.writes = Counter(f"{prefix}_writes_total", f"Writes of the {what} ConfigMap", ["result"],
-                              registry=registry)  # fmt: skip
-        self.retries = Counter(f"{prefix}_retries_total", f"Retried API calls on the {what} ConfigMap, by reason",
+        writes, retries, rejected, size = names
+        self.writes = Counter(writes, f"Writes of the {what} ConfigMap", ["result"], registry=registry)
+        self.retries = Counter(retries, f"Retried API calls on the {what} ConfigMap, by reason",
                                ["reason"], registry=registry)  # fmt: skip
-        self.rejected = Counter(f"{prefix}_rejected_total", f"Rejected {what} documents and changes, by reason",
+        self.rejected = Counter(rejected, f"Rejected {what} documents and changes, by reason",
                                 ["reason"], registry=registry)  # fmt: skip
-        self.bytes = Gauge(
-            f"{prefix}_bytes", f"Size of the {what} document (encoded bytes)", registry=registry
-        )
+        self.bytes = Gauge(size, f"Size of the {what} document (encoded bytes)", registry=registry)
 
 
 def fault_row(f: Fault, origin: str) -> list:
