@@ -42,6 +42,7 @@ import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import orjson
@@ -90,6 +91,16 @@ class KubeSession(Protocol):
     def run_led(self, name: str, writer: Callable[[], Awaitable[None]]) -> None: ...
 
 
+@dataclass(frozen=True)
+class ControlConfig:
+    """The control ConfigMaps' configuration section (:func:`faultmesh.config.section`):
+    ``kube_slownode_namespace`` ``--kube-slownode-namespace`` (ras-feature-slownode-*; empty: all),
+    ``kube_fault_job_info_namespace`` ``--kube-fault-job-info-namespace`` (fault-job-info)."""
+
+    kube_slownode_namespace: str
+    kube_fault_job_info_namespace: str
+
+
 def add_arguments(g) -> None:
     """The flags of this part (an argparse group)."""
     g.add_argument(
@@ -120,8 +131,8 @@ def _name(obj: dict) -> tuple[str, str]:
 
 class ControlMaps:
     """See the module docstring; a component of clusterd, started after the Kubernetes component and
-    the slow-node one (whose jobs resumed from the store are then known). ``kube``: the Kubernetes
-    component (:class:`KubeSession`); ``jobs``: the job registry; ``store``: the clusterd store (the
+    the slow-node one (whose jobs resumed from the store are then known). ``cfg``: its section
+    (:class:`ControlConfig`); ``kube``: the Kubernetes component (:class:`KubeSession`); ``jobs``: the job registry; ``store``: the clusterd store (the
     data-trace versions applied); ``spawn``: the task owner's; ``slownode``: the slow-node component
     (``enable`` / ``disable`` / ``resolve_placement`` / ``jobs``; None: those ConfigMaps wait in
     ``pending``); ``data_trace``: the brain's :class:`clusterd.brain.datatrace.DataTrace`;
@@ -130,10 +141,10 @@ class ControlMaps:
     name = "kube-control"
 
     def __init__(
-        self, args, kube: KubeSession, jobs, store, metrics: KubeMetrics, spawn: Callable[..., asyncio.Task],
-        slownode=None, data_trace=None, topology: Topology | None = None,
+        self, cfg: ControlConfig, kube: KubeSession, jobs, store, metrics: KubeMetrics,
+        spawn: Callable[..., asyncio.Task], slownode=None, data_trace=None, topology: Topology | None = None,
     ) -> None:  # fmt: skip
-        self.args = args
+        self.cfg = cfg
         self.kube = kube
         self.jobs = jobs
         self.store = store
@@ -193,7 +204,7 @@ class ControlMaps:
             return accept
 
         return [
-            ("slownode", self.args.kube_slownode_namespace or None, "=".join(SLOWNODE_LABEL), self.on_slownode,
+            ("slownode", self.cfg.kube_slownode_namespace or None, "=".join(SLOWNODE_LABEL), self.on_slownode,
              named(SLOWNODE_LABEL, SLOWNODE_PREFIX)),
             ("datatrace", None, "=".join(DATATRACE_LABEL), self.on_datatrace, named(DATATRACE_LABEL, DATATRACE_PREFIX)),
         ]  # fmt: skip
@@ -359,7 +370,7 @@ class ControlMaps:
 
     async def _patch(self, data: dict[str, str | None]) -> bool:
         assert self.api is not None
-        ns = self.args.kube_fault_job_info_namespace
+        ns = self.cfg.kube_fault_job_info_namespace
         try:
             try:
                 await self.api.patch_config_map(ns, FAULT_JOB_INFO, {"data": data})
@@ -408,7 +419,7 @@ class ControlMaps:
         so that they are cleared as this replica's own. Raises :class:`KubeError` (not 404)."""
         assert self.api is not None
         try:
-            cm = await self.api.get_config_map(self.args.kube_fault_job_info_namespace, FAULT_JOB_INFO)
+            cm = await self.api.get_config_map(self.cfg.kube_fault_job_info_namespace, FAULT_JOB_INFO)
         except KubeError as e:
             if e.status != 404:
                 raise
