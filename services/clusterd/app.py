@@ -70,6 +70,7 @@ from clusterd.http.web import WebUi
 from clusterd.ingest.agents import AgentHub
 from clusterd.kube import KubeComponent
 from clusterd.kube import ha as kha
+from clusterd.kube.cmchecks import ConfigMapChecks
 from clusterd.kube.config import KubeConfig
 from clusterd.kube.control import ControlConfig, ControlMaps
 from clusterd.kube.faultjobinfo import slownet_topology
@@ -82,6 +83,7 @@ from clusterd.separation import ManualSeparation, SeparationConfig
 from clusterd.slownet.component import SlowNetComponent
 from clusterd.slownet.state import SlowNetConfig
 from clusterd.slownode.component import SlowNodeComponent, SlowNodeConfig
+from clusterd.slownode.kube import SlowNodeConfigMaps
 from clusterd.store import Store
 from faultmesh import config, runtime
 from faultmesh import log as fmlog
@@ -95,14 +97,9 @@ from faultmesh.runtime import wait_for
 log = logging.getLogger("clusterd")
 
 COMPONENT_CLASSES: tuple[type, ...] = (
-    PubFaultComponent,
-    KubeComponent,
-    BrainComponent,
-    ManualSeparation,
-    SlowNodeComponent,
-    SlowNetComponent,
+    PubFaultComponent, KubeComponent, BrainComponent, ManualSeparation, SlowNodeComponent, SlowNetComponent,
     HistoryComponent,
-)
+)  # fmt: skip
 """Every component class, in start order (their flags join the command line)."""
 
 SECTIONS: tuple[type, ...] = (
@@ -307,9 +304,11 @@ class ClusterD:
         slownet = SlowNetComponent(  # the election gates slownet's ConfigMap writes
             ctx, config.section(SlowNetConfig, args), kube_cfg, election, kube.metrics
         )
+        control_cfg, checks = config.section(ControlConfig, args), ConfigMapChecks(kube.metrics)
         control = ControlMaps(  # the control ConfigMaps and fault-job-info: started after kube and slownode
-            config.section(ControlConfig, args), kube, jobs, ctx.store, kube.metrics, ctx.tasks.spawn,
-            slownode=slownode, data_trace=brain.datatrace, topology=slownet_topology(slownet),
+            control_cfg, kube, jobs, ctx.store, checks, ctx.tasks.spawn,
+            slownode=SlowNodeConfigMaps(slownode, checks, control_cfg.kube_slownode_namespace),
+            data_trace=brain.datatrace, topology=slownet_topology(slownet),
         )  # fmt: skip
         if kube.enabled:
             decisions.subscribe(control.on_decision)
