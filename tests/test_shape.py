@@ -29,7 +29,6 @@ KNOWN_CONFIG_GETATTR = {  # file -> reads of a flag with a default of its own: g
     "deviced/app.py": 3, "deviced/backends.py": 1, "deviced/grace.py": 2, "deviced/hotreset.py": 2,
     "deviced/reload.py": 2, "deviced/sinks/resetcfg.py": 1,
     "faultmesh/agentconf.py": 5, "faultmesh/kubecm.py": 2, "faultmesh/log.py": 1,
-    "noded/app.py": 1, "noded/pingmesh/component.py": 2, "noded/sources/bmc.py": 1, "noded/sources/storage.py": 2,
     "fmtools/cli/__init__.py": 1, "fmtools/cli/common.py": 5, "fmtools/cli/explain.py": 1, "fmtools/cli/jobs.py": 2,
 }  # fmt: skip
 KNOWN_NAMESPACE_PARAMS = {  # file -> constructors (``__init__``) given the parsed command line as ``args``

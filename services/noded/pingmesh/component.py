@@ -57,6 +57,7 @@ from noded.pingmesh.inputs import InputFiles
 from noded.pingmesh.plan import compute_plan, valid_addr
 from noded.pingmesh.results import ResultWriter, TaskSample, rows_from_samples
 from noded.pingmesh.roceping import ROCE, RocePinger, RoceRounds
+from noded.sections import PingmeshConfig
 
 log = logging.getLogger("noded.pingmesh")
 
@@ -70,6 +71,7 @@ class Pingmesh(PushSource):
     (``roce_rounds``, from start) and their pinger (``roce``)."""
 
     name = "pingmesh"
+    Config = PingmeshConfig  # its section (noded.sources.config_section)
     control_kinds = ("pingmesh_config", "topology", "ping_list")
 
     @staticmethod
@@ -103,11 +105,11 @@ class Pingmesh(PushSource):
         g.add_argument("--pingmesh-roce-fabric", help="simulated RoCE plane file (noded.pingmesh.rocefabric)")
 
     @classmethod
-    def from_config(cls, cfg, metrics=None) -> Pingmesh:
+    def from_config(cls, cfg: PingmeshConfig, metrics=None) -> Pingmesh:
         """The source for its flag section ``cfg`` (``metrics``: unused, its own are on ctx.registry)."""
         return cls(cfg)
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: PingmeshConfig) -> None:
         super().__init__()
         self.args = config
         self.node = ""  # set by start(): --pingmesh-fabric-node or the node name
@@ -138,7 +140,7 @@ class Pingmesh(PushSource):
         """Take the context (metrics, route ``GET /v1/pingmesh``, control kinds), open the backend,
         read the chips and input files, start the pingmesh loop."""
         await super().start(ctx)
-        self.node = getattr(self.args, "pingmesh_fabric_node", None) or ctx.node
+        self.node = self.args.pingmesh_fabric_node or ctx.node
         net_root = self.args.pingmesh_net_root or self.args.pingmesh_dir
         self.writer = ResultWriter(
             self.node, self.args.pingmesh_dir, net_root, self.args.pingmesh_result_max_age_days
@@ -152,7 +154,7 @@ class Pingmesh(PushSource):
         self.m_restarts = Counter(
             "faultmesh_pingmesh_task_restarts_total", "stopped tasks restarted (chip reset)", registry=reg
         )
-        self.roce = RocePinger(self.node, getattr(self.args, "pingmesh_roce_fabric", None))
+        self.roce = RocePinger(self.node, self.args.pingmesh_roce_fabric)
         self.roce_rounds = RoceRounds(
             self.roce,
             self.args,
