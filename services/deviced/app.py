@@ -103,8 +103,8 @@ def load_tables(args: argparse.Namespace) -> Tables:
     """Every table of ``args`` (``--fault-code-file`` ...; with ``--backend nvml`` the NVIDIA table
     gives the codes and rules unless those files are named). Raises :class:`TableError`."""
     codes, custom = None, None
-    backend = getattr(args, "backend", "")
-    if backend == "nvml" or (backend == "sim" and getattr(args, "sim_vendor", "") == "nvidia"):
+    backend = args.backend
+    if backend == "nvml" or (backend == "sim" and args.sim_vendor == "nvidia"):
         from deviced.nvml_table import NvidiaTable
 
         nv = NvidiaTable.load(args.nvml_fault_table)
@@ -161,9 +161,7 @@ class DeviceD:
         self.agent_sink.expect()  # dcmi / lingqu pending until the first complete report
         self.reset_writer = ResetConfigWriter.from_args(args)
         self.state_file = StateFile(args.state_file, self.engine, self.io.call_errors)
-        self.kube_sink = (
-            KubeDeviceInfo(args, self.node_name, self.registry) if getattr(args, "kube", False) else None
-        )
+        self.kube_sink = KubeDeviceInfo(args, self.node_name, self.registry) if args.kube else None
         # sources, the action, the cycle
         self.metrics = CycleMetrics(self.registry)
         self.metrics.subscribed.set_function(lambda: 1.0 if self.engine.subscribed else 0.0)

@@ -109,7 +109,7 @@ class FlowFailed(Exception):
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``--grace-tolerance`` needs ``--reset-config-dir`` and excludes ``--hot-reset`` (exits 2)."""
-    if getattr(args, "grace_tolerance", False):
+    if args.grace_tolerance:
         if not args.reset_config_dir:
             parser.error("--grace-tolerance needs --reset-config-dir (the files TaskD reads)")
         if args.hot_reset:
@@ -134,7 +134,7 @@ class GraceFlow:
         tasks: TaskOwner,
         wake: Callable[[], None],
     ) -> None:
-        self.on = bool(getattr(args, "grace_tolerance", False)) and writer is not None
+        self.on = bool(args.grace_tolerance) and writer is not None
         self.engine = engine
         self.io = io
         self.writer = writer

@@ -133,8 +133,8 @@ class HotReset:
             if now - since < self.args.hot_reset_idle:
                 continue
             budget = self.budgets[logic]
-            limit = getattr(self.args, "hot_reset_budget", RESET_BUDGET)
-            window_s = getattr(self.args, "hot_reset_window_s", RESET_WINDOW_S)
+            limit = self.args.hot_reset_budget
+            window_s = self.args.hot_reset_window_s
             while budget and now - budget[0] > window_s:
                 budget.popleft()
             if len(budget) >= limit:

@@ -75,12 +75,8 @@ class TableReloader:
                 ("faultCode.json", FaultCodeTable.load, args.fault_code_file),
                 ("faultCustomization.json", Customization.load, args.fault_customization_file),
                 ("SwitchFaultCode.json", SwitchFaultTable.load, args.switch_fault_code_file),
-                (
-                    "relationFaultCustomization.json",
-                    load_relations,
-                    getattr(args, "relation_fault_file", None),
-                ),
-                ("faultDuration.json", load_fault_duration, getattr(args, "fault_duration_file", None)),
+                ("relationFaultCustomization.json", load_relations, args.relation_fault_file),
+                ("faultDuration.json", load_fault_duration, args.fault_duration_file),
             )
             if path
         ]

@@ -78,3 +78,28 @@ def test_a_flag_the_command_line_lacks_is_named():
     with pytest.raises(config.ConfigError, match="_Good: the command line has no --name, --on"):
         config.section(_Good, argparse.Namespace(count=1))
     assert config.section(_Good, _parser().parse_args(["--on"])) == _Good(3, None, True)
+
+
+def _fields(cls) -> set[str]:
+    """The flag dests a section holds, its parts' included."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    out: set[str] = set()
+    for f in dataclasses.fields(cls):
+        out |= _fields(hints[f.name]) if dataclasses.is_dataclass(hints[f.name]) else {f.name}
+    return out
+
+
+def test_every_clusterd_flag_is_in_a_section():
+    """A new flag of clusterd lands in a component's section (or the brain's flags, which it still
+    reads from the whole Namespace; or the log flags, read before ClusterD exists)."""
+    from clusterd.brain.component import BrainComponent
+
+    probe = argparse.ArgumentParser(add_help=False)
+    BrainComponent.add_arguments(probe)
+    brain = {a.dest for a in probe._actions}
+    covered = set().union(*(_fields(cls) for cls in SECTIONS))
+    flags = {a.dest for a in build_parser()._actions if a.option_strings and a.dest != "help"}
+    assert flags - covered - brain == {"log_level", "log_file", "log_format"}

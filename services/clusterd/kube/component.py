@@ -70,7 +70,9 @@ class KubeComponent:
 
     ``cfg``: its configuration section (:class:`~clusterd.kube.config.KubeConfig`);
     ``public_faults``: the PubFault intake for public-fault ConfigMaps (None: they are rejected);
-    ``jobs``: the job registry pods become jobs in (None: no job discovery).
+    ``jobs``: the job registry pods become jobs in (None: no job discovery); ``election``: the
+    replica's :class:`~clusterd.kube.leader.Election` (its elector given by the replica runner, or
+    made here at start with ``--kube-leader-elect on``; None: a private one).
     """
 
     name = "kube"
