@@ -33,7 +33,6 @@ KNOWN_CONFIG_GETATTR = {  # file -> reads of a flag with a default of its own: g
 KNOWN_NAMESPACE_PARAMS = {  # file -> constructors (``__init__``) given the parsed command line as ``args``
     "clusterd/app.py": 1,  # ClusterD: the wiring, which builds every component's typed section
     "deviced/app.py": 1, "deviced/chipio.py": 1, "faultmesh/kubecm.py": 2, "noded/app.py": 1,
-    "noded/pingmesh/inputs.py": 1, "noded/pingmesh/roceping.py": 1,
 }  # fmt: skip
 KNOWN_CONTEXT_CONFIG = {"clusterd/brain/component.py": 1}  # reads of the whole Namespace (``ctx.config``)
 CONFIG_GETATTR = re.compile(r"""getattr\(\s*(?:self\.)?(?:args|a|cfg|config|ctx\.config)\s*,\s*f?["']""")
