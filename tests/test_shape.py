@@ -32,6 +32,17 @@ KNOWN_BUILT_WITH_SELF = {  # file -> constructions of a project class handed the
     "clusterd/auth.py": 1,  # TokenAuth's gRPC interceptor over the TokenAuth itself (one object)
 }
 KNOWN_LONG: dict[str, int] = {}  # file -> lines (data tables are exempt: DATA_TABLES)
+KNOWN_CONFIG_GETATTR = {  # file -> reads of a flag with a default of its own: getattr(args, "x", default)
+    "faultmesh/agentconf.py": 5,  # agent_options: the agents' parsers all define these flags
+    # the CLI's subcommands share one Namespace, each with its own flags: a missing one is normal there
+    "fmtools/cli/__init__.py": 1, "fmtools/cli/common.py": 5, "fmtools/cli/explain.py": 1, "fmtools/cli/jobs.py": 2,
+}  # fmt: skip
+KNOWN_NAMESPACE_PARAMS = {  # file -> constructors (``__init__``) given the parsed command line as ``args``
+    "clusterd/app.py": 1,  # ClusterD: the wiring, which builds every component's typed section
+    "deviced/app.py": 1, "deviced/chipio.py": 1, "faultmesh/kubecm.py": 2, "noded/app.py": 1,
+}  # fmt: skip
+KNOWN_CONTEXT_CONFIG = {"clusterd/brain/component.py": 1}  # reads of the whole Namespace (``ctx.config``)
+CONFIG_GETATTR = re.compile(r"""getattr\(\s*(?:self\.)?(?:args|a|cfg|config|ctx\.config)\s*,\s*f?["']""")
 TOOLS = "fmtools"  # the top floor's own package
 TOOLS_ENTRY = "faultmesh/__main__.py"  # ``python -m faultmesh``: run, never imported; loads the CLI lazily
 DATA_TABLES = {"deviced/tables.py", "clusterd/kube/formats.py"}  # mostly literal tables
@@ -268,6 +279,46 @@ def test_the_core_never_imports_the_tools():
     assert not any(p.stem in ("cli", "demo", "sims", "trainsim") for p in (SERVICES / "faultmesh").iterdir())
 
 
+def namespace_params(tree: ast.Module) -> int:
+    """Constructors (``__init__``) with a parameter named ``args``: a component given the whole
+    parsed command line instead of its typed section (:func:`faultmesh.config.section`)."""
+    return sum(
+        1
+        for n in ast.walk(tree)
+        if isinstance(n, ast.FunctionDef)
+        and n.name == "__init__"
+        and any(a.arg == "args" for a in n.args.args + n.args.kwonlyargs)
+    )
+
+
+def shrink_only(counts: dict[str, int], known: dict[str, int], what: str) -> None:
+    """``counts`` may not grow past ``known`` per file, and a file that shrank must be listed lower."""
+    grown = {f: n for f, n in counts.items() if n > known.get(f, 0)}
+    assert grown == {}, f"{what} grew"
+    shrunk = {f: counts.get(f, 0) for f, n in known.items() if counts.get(f, 0) < n}
+    assert shrunk == {}, f"fewer {what} than listed: lower the known counts"
+
+
+def test_flags_are_read_from_typed_sections():
+    """Issue 28: a component reads its typed configuration section, built once from the parser (the
+    one source of defaults), not ``getattr(args, "x", default)`` on the whole Namespace (a default in
+    two places), and is not constructed with the Namespace; the counts left may only shrink."""
+    getattrs, params, context = {}, {}, {}
+    for path in SERVICES.rglob("*.py"):
+        if "_pb" in path.parts:
+            continue
+        text = path.read_text()
+        if n := len(CONFIG_GETATTR.findall(text)):
+            getattrs[rel(path)] = n
+        if n := namespace_params(ast.parse(text)):
+            params[rel(path)] = n
+        if (n := text.count("ctx.config")) and path.is_relative_to(SERVICES / "clusterd"):
+            context[rel(path)] = n
+    shrink_only(getattrs, KNOWN_CONFIG_GETATTR, 'getattr(args, "flag", default) reads')
+    shrink_only(params, KNOWN_NAMESPACE_PARAMS, "constructors given the whole Namespace")
+    shrink_only(context, KNOWN_CONTEXT_CONFIG, "reads of ctx.config")
+
+
 def test_the_checks_catch_each_breach():
     graph = {"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}, "a.w": {"a.x"}}
     assert cycles(graph) == {frozenset({"a.x", "a.y", "a.z"})}
@@ -284,6 +335,14 @@ def test_the_checks_catch_each_breach():
     )
     assert inherited(mixed, "m") == {"m.BrainComponent"}
     assert built_with_self(tree) == 1
+    flags = 'getattr(args, "x", 1); getattr(self.args, f"{k}_file"); getattr(a, "y"); getattr(obj, "z", 0)'
+    assert len(CONFIG_GETATTR.findall(flags)) == 3
+    assert (
+        namespace_params(
+            ast.parse("class A:\n    def __init__(self, args, b): ...\n    def f(self, args): ...")
+        )
+        == 1
+    )
     tools = ast.parse(
         "import fmtools.cli\ndef f():\n    from fmtools import demo\nfrom faultmesh import fmtools_x\n"
     )

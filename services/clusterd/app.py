@@ -4,12 +4,14 @@
 ``--state-dir`` defaults to ``$XDG_STATE_HOME/faultmesh/clusterd``). Every flag also reads
 ``FAULTMESH_<FLAG>`` and a YAML ``--config``.
 
-Wiring: :class:`ClusterD` builds one frozen :class:`~clusterd.context.ClusterContext` (store, fault
-center, node registry, agent hub, tasks, HTTP, metrics, auth, config) and the components with it
-plus the peers each needs, in this order: PubFault, Kubernetes mode (gets the PubFault intake,
-the brain's job registry and the manual-separation policy intake), brain, manual separation (:mod:`clusterd.separation`), slow node (gets
-the job registry and the brain's data-trace hook),
-slow net, the Kubernetes control ConfigMaps (:class:`~clusterd.kube.control.ControlMaps`: built with the
+Wiring: :class:`ClusterD` builds each component's typed configuration section once (:data:`SECTIONS`),
+the replica's Lease :class:`~clusterd.kube.leader.Election` and the follower gate over it, one frozen
+:class:`~clusterd.context.ClusterContext` (store, fault center, node registry, agent hub, tasks, HTTP,
+metrics, auth, config) and the components with it plus their section and the peers each needs, in
+this order: PubFault, Kubernetes mode (gets the PubFault intake, the brain's job registry, the
+manual-separation policy intake and the election), brain, manual separation
+(:mod:`clusterd.separation`), slow node (gets the job registry and the brain's data-trace hook),
+slow net (gets the election and the Kubernetes watch metrics), the Kubernetes control ConfigMaps (:class:`~clusterd.kube.control.ControlMaps`: built with the
 Kubernetes component, the slow-node component, the brain's data trace and the slow-net topology;
 started after them, so the slow-node jobs resumed from the store are known). Start order: state file -> fault center and node registry (restored) -> components ->
 HTTP -> gRPC.
@@ -50,7 +52,7 @@ from clusterd.api.grpcserver import (
     mark_serving,
     server_options,
 )
-from clusterd.api.pubfault import PubFaultComponent
+from clusterd.api.pubfault import PubFaultComponent, PubFaultConfig
 from clusterd.auth import PROTECTED, TokenAuth
 from clusterd.brain.component import BrainComponent
 from clusterd.brain.decisions import DecisionLog
@@ -58,8 +60,9 @@ from clusterd.brain.jobs import JobRegistry
 from clusterd.breaker import IsolationBreaker
 from clusterd.center import FaultCenter
 from clusterd.context import ClusterContext, Metrics
+from clusterd.coreconfig import CoreConfig
 from clusterd.faultseries import FaultSeriesCollector
-from clusterd.history import HistoryComponent
+from clusterd.history import HistoryComponent, HistoryConfig
 from clusterd.http.nodes import NodeApi
 from clusterd.http.nodeview import NodeView
 from clusterd.http.statewrite import state_write_middleware
@@ -67,15 +70,20 @@ from clusterd.http.web import WebUi
 from clusterd.ingest.agents import AgentHub
 from clusterd.kube import KubeComponent
 from clusterd.kube import ha as kha
-from clusterd.kube.control import ControlMaps
+from clusterd.kube.cmchecks import ConfigMapChecks
+from clusterd.kube.config import KubeConfig
+from clusterd.kube.control import ControlConfig, ControlMaps
 from clusterd.kube.faultjobinfo import slownet_topology
 from clusterd.kube.gate import FollowerGate
 from clusterd.kube.handoff import PodGroupPlatform
+from clusterd.kube.leader import Election
 from clusterd.nodehealth import NodeHealthCollector
 from clusterd.nodes import NodeRegistry
-from clusterd.separation import ManualSeparation
+from clusterd.separation import ManualSeparation, SeparationConfig
 from clusterd.slownet.component import SlowNetComponent
-from clusterd.slownode.component import SlowNodeComponent
+from clusterd.slownet.state import SlowNetConfig
+from clusterd.slownode.component import SlowNodeComponent, SlowNodeConfig
+from clusterd.slownode.kube import SlowNodeConfigMaps
 from clusterd.store import Store
 from faultmesh import config, runtime
 from faultmesh import log as fmlog
@@ -89,15 +97,17 @@ from faultmesh.runtime import wait_for
 log = logging.getLogger("clusterd")
 
 COMPONENT_CLASSES: tuple[type, ...] = (
-    PubFaultComponent,
-    KubeComponent,
-    BrainComponent,
-    ManualSeparation,
-    SlowNodeComponent,
-    SlowNetComponent,
+    PubFaultComponent, KubeComponent, BrainComponent, ManualSeparation, SlowNodeComponent, SlowNetComponent,
     HistoryComponent,
-)
+)  # fmt: skip
 """Every component class, in start order (their flags join the command line)."""
+
+SECTIONS: tuple[type, ...] = (
+    CoreConfig, PubFaultConfig, KubeConfig, SeparationConfig, SlowNodeConfig, SlowNetConfig, ControlConfig,
+    HistoryConfig,
+)  # fmt: skip
+"""The typed configuration sections :class:`ClusterD` builds from the parsed command line, one per
+component (:func:`faultmesh.config.section`); each is checked against :func:`build_parser`."""
 
 
 def default_state_dir() -> str:
@@ -186,7 +196,9 @@ class ClusterD:
 
     ``ctx`` is the cluster context; ``components`` the started components in order; ``brain``,
     ``jobs``, ``pubfault`` the peers wired here. ``center``, ``store``, ``nodes``, ``agents``,
-    ``http``, ``registry``, ``rejected``, ``args`` are the context's parts (read-only shortcuts).
+    ``http``, ``registry``, ``rejected`` are the context's parts (read-only shortcuts); ``core``:
+    ClusterD's own section (:class:`~clusterd.coreconfig.CoreConfig`). Each component gets its typed
+    section (:data:`SECTIONS`), built once here; the whole ``args`` stays in the context for the brain.
     ``classes`` is accepted for the command-line's sake and must be :data:`COMPONENT_CLASSES`.
     """
 
@@ -198,6 +210,8 @@ class ClusterD:
         store: Store | None = None,
         elector: LeaseElector | None = None,
     ) -> None:
+        core = self.core = config.section(CoreConfig, args)  # the sections, built once
+        kube_cfg = config.section(KubeConfig, args)
         registry = daemon_registry("clusterd")
         rejected = Counter(
             "faultmesh_rejected_requests_total",
@@ -207,7 +221,7 @@ class ClusterD:
         )
         self.up = Gauge("faultmesh_clusterd_ready", "1 when ClusterD serves", registry=registry)
         store = store or Store(
-            args.state_dir, fsync_full=args.fsync_full, busy_timeout_ms=args.state_busy_timeout_ms
+            core.state_dir, fsync_full=core.fsync_full, busy_timeout_ms=core.state_busy_timeout_ms
         )  # HA (clusterd.kube.ha): a MirroredStore, and the replica's Lease elector
         center = FaultCenter(store, registry)
         nodes = NodeRegistry(store, center, registry=registry)
@@ -215,15 +229,16 @@ class ClusterD:
         registry.register(node_health)
         fault_series = FaultSeriesCollector(center)  # issue 31: per-fault series, text read at scrape
         self._ready = False
-        self.gate = FollowerGate(lambda: kube.elector, lambda s, r: rejected.labels(s, r).inc())
+        election = Election(elector)  # the elector: given (HA), or the Kubernetes component's own
+        self.gate = gate = FollowerGate(election, lambda s, r: rejected.labels(s, r).inc())
         http = HttpServer(
-            args.http_addr,
+            core.http_addr,
             registry,
-            ready=lambda: self.gate.ready(self._ready, "ready" if self._ready else "starting"),
+            ready=lambda: gate.ready(self._ready, "ready" if self._ready else "starting"),
             rejected=rejected,
             metrics=lambda: node_health.exposition(registry) + fault_series.text() + self.acks.series_text(),
         )
-        auth = TokenAuth.from_file(args.token_file, rejected, args.token_scope)
+        auth = TokenAuth.from_file(core.token_file, rejected, core.token_scope)
         http.app.middlewares.append(self.gate.http_middleware())  # followers refuse (issue 15 HA)
         http.app.middlewares.append(auth.http_middleware())
         http.app.middlewares.append(state_write_middleware(center.store_errors))  # 503, counted
@@ -237,8 +252,8 @@ class ClusterD:
                 nodes,
                 registry,
                 rejected,
-                stale_after_s=args.agent_stale_after_s,
-                expire_after_s=args.agent_expire_after_s,
+                stale_after_s=core.agent_stale_after_s,
+                expire_after_s=core.agent_expire_after_s,
             ),
             tasks=runtime.TaskOwner("clusterd"),
             http=http,
@@ -252,13 +267,13 @@ class ClusterD:
         WebUi(center, nodes, self.ctx.agents, self.acks.ack_of).add_routes(http.app)
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         ctx = self.ctx
-        self.pubfault = PubFaultComponent(ctx)
+        self.pubfault = PubFaultComponent(ctx, config.section(PubFaultConfig, args))
         self.breaker = IsolationBreaker(
-            args.isolation_max_share, args.isolation_window_s, lambda: len(nodes.names()), registry,
+            core.isolation_max_share, core.isolation_window_s, lambda: len(nodes.names()), registry,
             token_checked=auth.enabled, store=store,
         )  # fmt: skip
         self.breaker.add_routes(http.app.router)
-        self.separation = ManualSeparation(ctx, self.breaker)
+        self.separation = ManualSeparation(ctx, config.section(SeparationConfig, args), self.breaker)
         self.separation.add_routes(http.app.router)
         jobs = JobRegistry(ctx.store)
         NodeView(node_api, ctx.store, jobs.jobs_on_node).add_routes(http.app.router)  # the web's node page
@@ -266,40 +281,45 @@ class ClusterD:
         reports: list = []  # the brain's ReportProcessFault listeners (the Kubernetes hand-off)
         kube = KubeComponent(
             ctx,
+            kube_cfg,
             public_faults=self.pubfault.intake,
             jobs=jobs,
             policy=self.separation.set_policy_text,
             decisions=decisions.subscribe,
             reports=reports.append,
-            elector=elector,
+            election=election,
             breaker=self.breaker,
         )
-        podgroups = kube.enabled and kube.handoff is not None and ctx.config.kube_podgroups == "on"
+        podgroups = kube.enabled and kube.handoff is not None and kube_cfg.kube_podgroups == "on"
         platform = PodGroupPlatform(kube.handoff) if podgroups else None  # platform mode on PodGroups
         self.brain = brain = BrainComponent(ctx, jobs, decisions, reports, platform_backend=platform)
         self.jobs = jobs
         slownode = SlowNodeComponent(
             ctx,
+            config.section(SlowNodeConfig, args),
             jobs=jobs,
             set_data_trace=brain.set_data_trace,
             data_trace_root=brain.datatrace.root,
         )
-        slownet = SlowNetComponent(ctx, kube)  # kube: its leader election gates slownet's ConfigMap writes
+        slownet = SlowNetComponent(  # the election gates slownet's ConfigMap writes
+            ctx, config.section(SlowNetConfig, args), kube_cfg, election, kube.metrics
+        )
+        control_cfg, checks = config.section(ControlConfig, args), ConfigMapChecks(kube.metrics)
         control = ControlMaps(  # the control ConfigMaps and fault-job-info: started after kube and slownode
-            args, kube, jobs, ctx.store, kube.metrics, ctx.tasks.spawn,
-            slownode=slownode, data_trace=brain.datatrace, topology=slownet_topology(slownet),
+            control_cfg, kube, jobs, ctx.store, checks, ctx.tasks.spawn,
+            slownode=SlowNodeConfigMaps(slownode, checks, control_cfg.kube_slownode_namespace),
+            data_trace=brain.datatrace, topology=slownet_topology(slownet),
         )  # fmt: skip
         if kube.enabled:
             decisions.subscribe(control.on_decision)
         self.components = [
             self.pubfault, kube, self.brain, self.separation, slownode, slownet, control, self.acks,
         ]  # fmt: skip
-        self.components.append(HistoryComponent(ctx))
+        self.components.append(HistoryComponent(ctx, config.section(HistoryConfig, args)))
         self.grpc_port = 0
         self._server: grpc.aio.Server | None = None
 
     # -- read-only shortcuts to the context -------------------------------------------------------
-    args = property(lambda self: self.ctx.config)
     store = property(lambda self: self.ctx.store)
     center = property(lambda self: self.ctx.center)
     nodes = property(lambda self: self.ctx.nodes)
@@ -318,7 +338,7 @@ class ClusterD:
     async def start(self) -> None:
         """Open state, restore faults and nodes, start components, HTTP, then gRPC.
         Raises ``OSError`` on bind (or a component's start error)."""
-        ctx, args = self.ctx, self.ctx.config
+        ctx, core = self.ctx, self.core
         await ctx.store.open()
         n = await ctx.center.load()
         await ctx.nodes.load()
@@ -331,12 +351,12 @@ class ClusterD:
         await ctx.http.start()
         server = grpc.aio.server(
             options=server_options(
-                args.max_connections, args.grpc_keepalive_s, args.grpc_keepalive_timeout_s
+                core.max_connections, core.grpc_keepalive_s, core.grpc_keepalive_timeout_s
             ),
             interceptors=[
                 self.gate.interceptor(),
                 DecodeGuardInterceptor(ctx.metrics.rejected, PROTECTED),
-                RateLimitInterceptor(ctx.metrics.rejected, unary_rate=args.unary_qps),
+                RateLimitInterceptor(ctx.metrics.rejected, unary_rate=core.unary_qps),
                 ctx.auth.interceptor(),
             ],
         )
@@ -350,7 +370,7 @@ class ClusterD:
                     mod = importlib.import_module(base.__module__.replace("_grpc", ""))
                     names.extend(s.full_name for s in mod.DESCRIPTOR.services_by_name.values())
         self._served = add_health_and_reflection(server, self.health, names)
-        self.grpc_port = bind_grpc(server, args.grpc_addr, args.tls_cert, args.tls_key, args.tls_ca)
+        self.grpc_port = bind_grpc(server, core.grpc_addr, core.tls_cert, core.tls_key, core.tls_ca)
         await server.start()
         self._server = server
         await mark_serving(self.health, self._served)
@@ -360,48 +380,48 @@ class ClusterD:
             log,
             logging.INFO,
             "clusterd started",
-            grpc=args.grpc_addr,
+            grpc=core.grpc_addr,
             grpc_port=self.grpc_port,
             http=f"{ctx.http.host}:{ctx.http.port}",
             state=ctx.store.path,
             faults_restored=n,
-            tls=bool(args.tls_cert),
+            tls=bool(core.tls_cert),
             components=",".join(c.name for c in self.components),
         )
 
     async def stop(self) -> None:
         """Staged shutdown within ``--shutdown-budget-s`` (see the module docstring)."""
-        ctx, args = self.ctx, self.ctx.config
+        ctx, core = self.ctx, self.core
         t0 = time.monotonic()
-        budget = runtime.StopBudget(args.shutdown_budget_s)  # the agents' staged_stop budget too
+        budget = runtime.StopBudget(core.shutdown_budget_s)  # the agents' staged_stop budget too
         self._ready = False
         self.up.set(0)
         # 1. stop accepting
         if self._server is not None:
             await self.health.enter_graceful_shutdown()
-            grace = budget.take(args.drain_s)
+            grace = budget.take(core.drain_s)
             try:
                 await wait_for(self._server.stop(grace), grace + 1.0)
             except TimeoutError:
                 event(log, logging.WARNING, "grpc server stop timed out", grace_s=grace)
         # 2. stop components (one shared budget, in reverse start order)
-        stop_by = time.monotonic() + budget.take(args.component_stop_s)
+        stop_by = time.monotonic() + budget.take(core.component_stop_s)
         for c in reversed(self.components):
             try:
                 await wait_for(c.stop(), max(0.1, stop_by - time.monotonic()))
             except Exception as e:
                 event(log, logging.ERROR, "component stop failed", component=c.name, error=repr(e))
         # 3. drain the subscribers, final write
-        await ctx.center.drain_sinks(budget.take(args.sink_drain_s))
+        await ctx.center.drain_sinks(budget.take(core.sink_drain_s))
         await ctx.center.stop_sinks()
         if ctx.store.is_open:
             try:
-                await wait_for(ctx.nodes.flush(), max(0.1, budget.take(args.sink_drain_s)))
+                await wait_for(ctx.nodes.flush(), max(0.1, budget.take(core.sink_drain_s)))
             except Exception as e:
                 event(log, logging.ERROR, "node state write failed", error=repr(e))
         # 4. close
         await ctx.http.stop()
-        await ctx.tasks.close(max(0.1, budget.take(args.task_stop_s)))
+        await ctx.tasks.close(max(0.1, budget.take(core.task_stop_s)))
         await ctx.store.close()
         event(log, logging.INFO, "clusterd stopped", took_s=round(time.monotonic() - t0, 2))
 
@@ -449,9 +469,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     tune_gc()
-    if kha.enabled(args):  # one of several replicas: follower until it holds the Lease
+    kube = config.section(KubeConfig, args)
+    if kube.replicated:  # one of several replicas: follower until it holds the Lease
+        core = config.section(CoreConfig, args)
         return runtime.run(
-            lambda stop: kha.run_replica(args, lambda st, el: ClusterD(args, store=st, elector=el), stop)
+            lambda stop: kha.run_replica(
+                core, kube, lambda st, el: ClusterD(args, store=st, elector=el), stop
+            )
         )
 
     async def _main(stop: asyncio.Event) -> int:

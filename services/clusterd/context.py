@@ -2,7 +2,8 @@
 
 :class:`ClusterContext` is frozen and built once, in :mod:`clusterd.app`; a component receives it
 plus the specific peers it needs as explicit constructor arguments (the brain's job registry, the
-PubFault intake, ...), never the app object. Fields: ``config`` (the parsed command line),
+PubFault intake, ...), never the app object. Fields: ``config`` (the parsed command line, read by
+the brain alone: every other component is given its typed section, :func:`faultmesh.config.section`),
 ``store`` (state file), ``center`` (fault center), ``nodes`` (node registry), ``agents`` (the agent
 stream: ``send`` control messages, ``connected`` agents, ``on_*`` hooks), ``tasks`` (the owner of
 every background task), ``http`` (the HTTP server: routes), ``metrics`` (registry and the shared

@@ -34,6 +34,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from prometheus_client import Counter
 
@@ -66,8 +67,20 @@ def _when(received_ms: int, kind: str, f: Fault, retention_ms: int) -> int:
     return received_ms
 
 
+@dataclass(frozen=True)
+class HistoryConfig:
+    """The fault history's configuration section (:func:`faultmesh.config.section`):
+    ``history_retention_s`` ``--history-retention-s``, ``history_max_rows`` ``--history-max-rows``,
+    ``history_prune_s`` ``--history-prune-s``."""
+
+    history_retention_s: float
+    history_max_rows: int
+    history_prune_s: float
+
+
 class HistoryComponent:
-    """The fault history (see the module docstring). Built with the cluster context."""
+    """The fault history (see the module docstring). Built with the cluster context and its
+    :class:`HistoryConfig`."""
 
     name = "history"
 
@@ -89,9 +102,8 @@ class HistoryComponent:
             "--history-prune-s", type=float, default=60.0, help="fault history: prune every (s)"
         )
 
-    def __init__(self, ctx: ClusterContext) -> None:
+    def __init__(self, ctx: ClusterContext, a: HistoryConfig) -> None:
         self.ctx = ctx
-        a = ctx.config
         self.retention_ms = int(a.history_retention_s * 1000)
         self.max_rows = a.history_max_rows
         self.prune_s = a.history_prune_s

@@ -108,9 +108,19 @@ class Separation:
         )
 
 
+@dataclass(frozen=True)
+class SeparationConfig:
+    """Manual separation's configuration section (:func:`faultmesh.config.section`):
+    ``manual_separation_policy`` ``--manual-separation-policy`` (a YAML file; None: the default
+    policy), ``manual_separation_check_s`` ``--manual-separation-check-s`` (s between ticks)."""
+
+    manual_separation_policy: str | None
+    manual_separation_check_s: float
+
+
 class ManualSeparation:
-    """The policy as a ClusterD component (module docstring). ``clock`` (ms) is injectable; tests
-    call :meth:`tick` directly."""
+    """The policy as a ClusterD component (module docstring), built with its
+    :class:`SeparationConfig`. ``clock`` (ms) is injectable; tests call :meth:`tick` directly."""
 
     name = "manual-separation"
 
@@ -128,13 +138,19 @@ class ManualSeparation:
             help="s between policy ticks (reference 15)",
         )
 
-    def __init__(self, ctx: ClusterContext, breaker: IsolationBreaker | None = None, clock=now_ms) -> None:
+    def __init__(
+        self,
+        ctx: ClusterContext,
+        cfg: SeparationConfig,
+        breaker: IsolationBreaker | None = None,
+        clock=now_ms,
+    ) -> None:
         """``breaker``: asked before an NPU's node is newly isolated (:mod:`clusterd.breaker`)."""
         self.ctx = ctx
         self.breaker = breaker
         self.clock = clock
-        self.path = getattr(ctx.config, "manual_separation_policy", None)
-        self.check_s = getattr(ctx.config, "manual_separation_check_s", 15.0)
+        self.path = cfg.manual_separation_policy
+        self.check_s = cfg.manual_separation_check_s
         self.policy = Policy()
         self._watch = FileWatch(self.path) if self.path else None
         self.separated: dict[tuple[str, int], Separation] = {}

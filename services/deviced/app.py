@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry
 
-from deviced import faultconfig
+from deviced import faultconfig, sections
 from deviced import sources as srcmod
 from deviced.backends import NpuBackend, make_backend
 from deviced.chipio import CALL_ERRORS, ChipIO
@@ -103,8 +103,8 @@ def load_tables(args: argparse.Namespace) -> Tables:
     """Every table of ``args`` (``--fault-code-file`` ...; with ``--backend nvml`` the NVIDIA table
     gives the codes and rules unless those files are named). Raises :class:`TableError`."""
     codes, custom = None, None
-    backend = getattr(args, "backend", "")
-    if backend == "nvml" or (backend == "sim" and getattr(args, "sim_vendor", "") == "nvidia"):
+    backend = args.backend
+    if backend == "nvml" or (backend == "sim" and args.sim_vendor == "nvidia"):
         from deviced.nvml_table import NvidiaTable
 
         nv = NvidiaTable.load(args.nvml_fault_table)
@@ -161,9 +161,7 @@ class DeviceD:
         self.agent_sink.expect()  # dcmi / lingqu pending until the first complete report
         self.reset_writer = ResetConfigWriter.from_args(args)
         self.state_file = StateFile(args.state_file, self.engine, self.io.call_errors)
-        self.kube_sink = (
-            KubeDeviceInfo(args, self.node_name, self.registry) if getattr(args, "kube", False) else None
-        )
+        self.kube_sink = KubeDeviceInfo(args, self.node_name, self.registry) if args.kube else None
         # sources, the action, the cycle
         self.metrics = CycleMetrics(self.registry)
         self.metrics.subscribed.set_function(lambda: 1.0 if self.engine.subscribed else 0.0)
@@ -174,8 +172,9 @@ class DeviceD:
         self._latency_hook = None
         self.lingqu = self._source(srcmod.LingquSwitch)
         self.link_check = self._source(srcmod.LinkCheck)
-        self.hot_reset = HotReset(args, self.engine, self.io, self.tasks, self._wake)
-        self.grace = GraceFlow(args, self.engine, self.io, self.reset_writer, self.tasks, self._wake)
+        hot_cfg, grace_cfg, reload_cfg = sections.build(args)  # the typed sections, built once
+        self.hot_reset = HotReset(hot_cfg, self.engine, self.io, self.tasks, self._wake)
+        self.grace = GraceFlow(grace_cfg, self.engine, self.io, self.reset_writer, self.tasks, self._wake)
         self.cycle = Cycle(
             self.engine,
             [s.on_cycle for s in self.sources],
@@ -185,7 +184,7 @@ class DeviceD:
             float(args.list_watch_period),
             fast_path=args.fast_fault_path,
         )
-        self.reloader = TableReloader(args, self.engine, self.switch_state, self._wake, self.relations)
+        self.reloader = TableReloader(reload_cfg, self.engine, self.switch_state, self._wake, self.relations)
         self.fault_cm, self.fault_config = faultconfig.follower(args, self.reloader)  # --kube
         self.jobs = JobControl(self.node_name, self.engine, self.reset_writer, self._wake)
         self._started_sources: list = []

@@ -79,7 +79,7 @@ def make_backend(args: argparse.Namespace) -> NpuBackend:
     """Build the backend of ``--backend`` (sim; nvml: :class:`deviced.nvml.NvmlBackend`; or dcmi by
     ``--dcmi-api``). Raises ``DcmiError`` (e.g. LibraryMissing) for dcmi and nvml."""
     if args.backend == "sim":
-        if getattr(args, "sim_vendor", "ascend") == "nvidia":  # a simulated GPU node (mixed fleet)
+        if args.sim_vendor == "nvidia":  # a simulated GPU node (mixed fleet)
             return SimBackend(args.sim_cards, args.sim_devices_per_card, chip="H100", wide_codes=True)
         return SimBackend(args.sim_cards, args.sim_devices_per_card)
     if args.backend == "nvml":

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from deviced.chipio import CALL_ERRORS, ChipIO
 from deviced.engine import FaultEngine
 from deviced.hotreset import RESET_BUDGET, RESET_WINDOW_S, reset_and_boot
+from deviced.sections import GraceConfig
 from deviced.sinks.resetcfg import ResetConfigWriter, chips_of, policy_of, rank_entry
 from deviced.tables import GraceTolerance
 from faultmesh.log import event
@@ -87,19 +88,19 @@ class GraceTimers:
     refresh_s: float = 15.0
 
     @classmethod
-    def of(cls, grace: GraceTolerance, args: argparse.Namespace | None = None) -> GraceTimers:
-        """The timers with ``grace``'s values (faultCustomization.json) and, from deviced's ``args``,
-        the constants' flags (``--grace-processes-timeout-s`` ...) and the re-poll bound (3 list-watch
-        periods); without ``args`` the reference's values."""
+    def of(cls, grace: GraceTolerance, cfg: GraceConfig | None = None) -> GraceTimers:
+        """The timers with ``grace``'s values (faultCustomization.json) and, from deviced's section
+        ``cfg``, the constants' flags (``--grace-processes-timeout-s`` ...) and the re-poll bound (3
+        list-watch periods); without ``cfg`` the reference's values."""
         t = cls(grace.wait_process_read_cm_s, grace.wait_device_reset_s, grace.wait_self_healing_s)
-        if args is None:
+        if cfg is None:
             return t
         return dataclasses.replace(
             t,
-            procs_zero_s=args.grace_processes_timeout_s,
-            error_clean_s=args.grace_error_clean_s,
-            npu_ready_s=args.grace_npu_ready_s,
-            refresh_s=3.0 * args.list_watch_period,
+            procs_zero_s=cfg.grace_processes_timeout_s,
+            error_clean_s=cfg.grace_error_clean_s,
+            npu_ready_s=cfg.grace_npu_ready_s,
+            refresh_s=3.0 * cfg.list_watch_period,
         )
 
 
@@ -109,7 +110,7 @@ class FlowFailed(Exception):
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``--grace-tolerance`` needs ``--reset-config-dir`` and excludes ``--hot-reset`` (exits 2)."""
-    if getattr(args, "grace_tolerance", False):
+    if args.grace_tolerance:
         if not args.reset_config_dir:
             parser.error("--grace-tolerance needs --reset-config-dir (the files TaskD reads)")
         if args.hot_reset:
@@ -119,7 +120,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 
 class GraceFlow:
-    """The graceful-tolerance action (see module docstring), on with ``args.grace_tolerance``.
+    """The graceful-tolerance action (see module docstring), on with ``cfg.grace_tolerance``
+    (``cfg``: its section, :class:`deviced.sections.GraceConfig`).
     ``writer`` is the reset-config writer (None: the action does nothing); ``timers()`` gives the
     waits of a new episode (default: the engine's current GraceTolerance, so a table reload applies
     to the next episode); ``wake()`` asks for a cycle. ``episodes``, ``recovered`` and ``failed``
@@ -127,20 +129,20 @@ class GraceFlow:
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        cfg: GraceConfig,
         engine: FaultEngine,
         io: ChipIO,
         writer: ResetConfigWriter | None,
         tasks: TaskOwner,
         wake: Callable[[], None],
     ) -> None:
-        self.on = bool(getattr(args, "grace_tolerance", False)) and writer is not None
+        self.on = cfg.grace_tolerance and writer is not None
         self.engine = engine
         self.io = io
         self.writer = writer
         self.tasks = tasks
         self.wake = wake
-        self.timers: Callable[[], GraceTimers] = lambda: GraceTimers.of(engine.custom.grace, args)
+        self.timers: Callable[[], GraceTimers] = lambda: GraceTimers.of(engine.custom.grace, cfg)
         self.in_reset: dict[str, dict[int, int]] = {}  # job id -> its ranks when the episode began
         self.running: dict[str, asyncio.Task] = {}  # job id -> its episode
         self.reset_times: dict[int, collections.deque[float]] = collections.defaultdict(collections.deque)

@@ -11,7 +11,6 @@ clearing still runs: a restored escalation must still go away).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import logging
@@ -20,6 +19,7 @@ from collections.abc import Callable
 
 from deviced.chipio import CALL_ERRORS, ChipIO
 from deviced.engine import FaultEngine
+from deviced.sections import HotResetConfig
 from faultmesh.dcmi.api import DeviceIds
 from faultmesh.dcmi.loader import DeviceNotReady
 from faultmesh.dcmi.structs import BOOT_START_FINISH
@@ -56,18 +56,19 @@ async def reset_and_boot(
 
 
 class HotReset:
-    """The hot-reset action (see module docstring). ``tasks`` owns the running resets; ``wake()`` asks
+    """The hot-reset action (see module docstring), with its section ``cfg``
+    (:class:`deviced.sections.HotResetConfig`). ``tasks`` owns the running resets; ``wake()`` asks
     for a cycle; ``monotonic`` (s) is injectable. ``busy`` tells the cycle to look every second."""
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        cfg: HotResetConfig,
         engine: FaultEngine,
         io: ChipIO,
         tasks: TaskOwner,
         wake: Callable[[], None],
     ) -> None:
-        self.args = args
+        self.cfg = cfg
         self.engine = engine
         self.io = io
         self.tasks = tasks
@@ -86,7 +87,7 @@ class HotReset:
         for logic in self.engine.clear_reset_failures():  # the fault is gone: the escalation goes with it
             phy = self.engine.devices[logic].ids.phy
             event(log, logging.INFO, "hot reset escalation cleared", logic_id=logic, phy_id=phy)
-        if not self.args.hot_reset:
+        if not self.cfg.hot_reset:
             return
         now = self.monotonic()
         resetting = self.engine.resetting()
@@ -127,14 +128,14 @@ class HotReset:
                     logic_id=logic,
                     phy_id=ids.phy,
                     fault_level=d.level.name,
-                    reason=f"idle, waiting {self.args.hot_reset_idle:.0f}s",
+                    reason=f"idle, waiting {self.cfg.hot_reset_idle:.0f}s",
                 )
             since = self.idle_since.setdefault(logic, now)
-            if now - since < self.args.hot_reset_idle:
+            if now - since < self.cfg.hot_reset_idle:
                 continue
             budget = self.budgets[logic]
-            limit = getattr(self.args, "hot_reset_budget", RESET_BUDGET)
-            window_s = getattr(self.args, "hot_reset_window_s", RESET_WINDOW_S)
+            limit = self.cfg.hot_reset_budget
+            window_s = self.cfg.hot_reset_window_s
             while budget and now - budget[0] > window_s:
                 budget.popleft()
             if len(budget) >= limit:
@@ -164,7 +165,7 @@ class HotReset:
             if health == 0:
                 event(log, logging.INFO, "hot reset skipped", logic_id=logic, reason="chip healthy again")
                 return
-            why = await reset_and_boot(io, ids, self.args.hot_reset_boot_timeout, 1.0, self.monotonic)
+            why = await reset_and_boot(io, ids, self.cfg.hot_reset_boot_timeout, 1.0, self.monotonic)
             if why:
                 self.failed(logic, why)
                 return

@@ -16,7 +16,6 @@ device plugin falls back to its files.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import json
@@ -26,6 +25,7 @@ from typing import Any
 
 from deviced.engine import FaultEngine
 from deviced.relations import RelationRules
+from deviced.sections import ReloadConfig
 from deviced.switch import SwitchState
 from deviced.tables import (
     MAX_TABLE_BYTES,
@@ -43,17 +43,18 @@ log = logging.getLogger("deviced")
 
 
 class TableReloader:
-    """Watches and reloads the flag-given table files into ``engine`` and ``switch``."""
+    """Watches and reloads the flag-given table files (``cfg``, :class:`deviced.sections.ReloadConfig`)
+    into ``engine`` and ``switch``."""
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        cfg: ReloadConfig,
         engine: FaultEngine,
         switch: SwitchState,
         wake: Callable[[], None],
         relations: RelationRules | None = None,
     ) -> None:
-        self.args = args
+        self.cfg = cfg
         self.engine = engine
         self.switch = switch
         self.wake = wake
@@ -61,26 +62,22 @@ class TableReloader:
         self.failures: collections.Counter[str] = collections.Counter()
         self.overrides: dict[str, str] = {}  # table name -> the override text in force
         self.loaders = {
-            "faultCode.json": (FaultCodeTable.load, FaultCodeTable.from_obj, args.fault_code_file),
+            "faultCode.json": (FaultCodeTable.load, FaultCodeTable.from_obj, cfg.fault_code_file),
             "faultCustomization.json": (
-                Customization.load, Customization.from_obj, args.fault_customization_file
+                Customization.load, Customization.from_obj, cfg.fault_customization_file
             ),
             "SwitchFaultCode.json": (
-                SwitchFaultTable.load, SwitchFaultTable.from_obj, args.switch_fault_code_file
+                SwitchFaultTable.load, SwitchFaultTable.from_obj, cfg.switch_fault_code_file
             ),
         }  # fmt: skip
         self.files = [
             (name, loader, path)
             for name, loader, path in (
-                ("faultCode.json", FaultCodeTable.load, args.fault_code_file),
-                ("faultCustomization.json", Customization.load, args.fault_customization_file),
-                ("SwitchFaultCode.json", SwitchFaultTable.load, args.switch_fault_code_file),
-                (
-                    "relationFaultCustomization.json",
-                    load_relations,
-                    getattr(args, "relation_fault_file", None),
-                ),
-                ("faultDuration.json", load_fault_duration, getattr(args, "fault_duration_file", None)),
+                ("faultCode.json", FaultCodeTable.load, cfg.fault_code_file),
+                ("faultCustomization.json", Customization.load, cfg.fault_customization_file),
+                ("SwitchFaultCode.json", SwitchFaultTable.load, cfg.switch_fault_code_file),
+                ("relationFaultCustomization.json", load_relations, cfg.relation_fault_file),
+                ("faultDuration.json", load_fault_duration, cfg.fault_duration_file),
             )
             if path
         ]
@@ -163,7 +160,7 @@ class TableReloader:
         """The watch loop (until cancelled)."""
         self.changed()  # the files as loaded at start
         while True:
-            await asyncio.sleep(self.args.table_reload_interval)
+            await asyncio.sleep(self.cfg.table_reload_interval)
             if self.changed():
                 self.reload()
 

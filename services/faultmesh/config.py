@@ -8,12 +8,14 @@ Every service builds an ``argparse.ArgumentParser`` and calls :func:`parse` inst
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import os
 import re
+import typing
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 MAX_BODY_BYTES = 16 << 20
 """The largest HTTP request body a faultmesh daemon takes (bytes; aiohttp's ``client_max_size``);
@@ -95,6 +97,7 @@ def _number(kind: type, lo: float, strict: bool, what: str):
         return v
 
     check.__name__ = what.replace(" ", "_")
+    check.kind = kind  # what the value is, for a section's field type (:func:`section_problems`)
     return check
 
 
@@ -129,6 +132,7 @@ def number_in(kind: type, lo: float, hi: float):
         return v
 
     check.__name__ = base.__name__
+    check.kind = kind
     return check
 
 
@@ -385,3 +389,76 @@ def read_secret(path: str | None, env: str | None = None, what: str = "secret fi
     if env:
         return os.environ.get(env)
     return None
+
+
+S = TypeVar("S")
+
+
+def section(cls: type[S], args: argparse.Namespace) -> S:
+    """The typed configuration section ``cls`` of the parsed command line ``args`` (issue 28).
+
+    ``cls`` is a frozen dataclass whose fields are named after flags' dests (``kube_api`` holds
+    ``--kube-api``) and have no defaults: the parser is the one source of defaults, and the daemon's
+    wiring builds each section once from what :func:`parse` returned, then hands a component its
+    section, never the ``Namespace``. A field typed with another section holds that section (a part's
+    own flags: ``KubeConfig.leader``), built from the same ``args``. Raises ``ConfigError`` naming the
+    flags ``args`` lacks (a section read from a parser that does not define them).
+    :func:`section_problems` checks a section against its parser (names, types, docstring).
+    """
+    hints = typing.get_type_hints(cls)
+    parts = {
+        f.name: hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])
+    }
+    names = [f.name for f in dataclasses.fields(cls) if f.name not in parts]
+    missing = [n for n in names if n not in vars(args)]
+    if missing:
+        flags = ", ".join("--" + n.replace("_", "-") for n in missing)
+        raise ConfigError(f"{cls.__name__}: the command line has no {flags}")
+    values = {n: vars(args)[n] for n in names}
+    return cls(**values, **{n: section(part, args) for n, part in parts.items()})
+
+
+def _flag_kind(action: argparse.Action) -> type:
+    """The Python type of a flag's value: bool for a switch, else its ``type=`` (or the checker's
+    ``kind``), else its default's type, else str."""
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        return bool
+    if isinstance(action, argparse._AppendAction):
+        return list
+    if isinstance(action.type, type):
+        return action.type
+    kind = getattr(action.type, "kind", None)  # a checker of this module: positive_int, number_in
+    if kind is not None:
+        return kind
+    return type(action.default) if action.default is not None else str
+
+
+def section_problems(cls: type, parser: argparse.ArgumentParser) -> list[str]:
+    """What is wrong with section ``cls`` (:func:`section`) for ``parser``: a field that is no flag's
+    dest, a field with a default (a second source of defaults), a field whose type is not the flag's
+    (``T | None`` exactly when the flag's default is None), a flag the class docstring does not
+    name (``--kube-api``), a class that is not a frozen dataclass. Empty when it is sound."""
+    if not dataclasses.is_dataclass(cls) or not cls.__dataclass_params__.frozen:
+        return [f"{cls.__name__} is not a frozen dataclass"]
+    actions = {a.dest: a for a in parser._actions if a.option_strings}
+    hints = typing.get_type_hints(cls)
+    doc = cls.__doc__ or ""
+    out = []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):  # a part's own section
+            out.extend(section_problems(hints[f.name], parser))
+            continue
+        action = actions.get(f.name)
+        if action is None:
+            out.append(f"{cls.__name__}.{f.name}: no flag of {parser.prog} has this dest")
+            continue
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+            out.append(f"{cls.__name__}.{f.name}: has a default (the parser's is the one default)")
+        kind = _flag_kind(action)
+        want = kind | None if action.default is None and kind is not bool else kind
+        if hints[f.name] != want:
+            out.append(f"{cls.__name__}.{f.name}: typed {hints[f.name]}, the flag gives {want}")
+        flag = max(action.option_strings, key=len)
+        if flag not in doc:
+            out.append(f"{cls.__name__}: the docstring does not name {flag}")
+    return out

@@ -353,7 +353,7 @@ def fault_config_follower(
     """(follower, consumer) of the flags of :func:`add_fault_config_arguments`: ``make_consumer(where)``
     (``where`` = ``"configmap <ns>/<name>"``) gives an object whose ``on_configmap(obj)`` the
     follower feeds; (None, None) without ``--kube`` or with ``--kube-fault-config off``."""
-    if not getattr(args, "kube", False) or getattr(args, "kube_fault_config", "off") != "on":
+    if not args.kube or args.kube_fault_config != "on":
         return None, None
     ns = args.kube_fault_config_namespace
     consumer = make_consumer(f"configmap {ns}/{name}")

@@ -164,11 +164,11 @@ def add_log_arguments(parser, file_help: str = "also log to this file (rotated a
 
 
 def setup_from_args(args) -> None:
-    """:func:`setup` from the flags of :func:`add_log_arguments` (``args.log_file`` optional).
+    """:func:`setup` from the flags of :func:`add_log_arguments` (``args.log_file`` None: no file).
     A log file that cannot be opened exits 2 with one line on stderr (a daemon's configuration
     error), not a traceback."""
     try:
-        setup(args.log_level, getattr(args, "log_file", None), fmt=args.log_format)
+        setup(args.log_level, args.log_file, fmt=args.log_format)
     except OSError as e:
         sys.stderr.write(f"error: --log-file {args.log_file}: {e.strerror or e}\n")
         raise SystemExit(2) from None

@@ -125,7 +125,7 @@ class NodeD:
             **agent_options(args),
         )
         self.sources: list = []
-        self._sections: dict[int, argparse.Namespace] = {}
+        self._sections: dict[int, object] = {}  # id(source) -> its typed section
         for cls in source_classes:
             section = sources.config_section(args, cls)
             try:
@@ -144,9 +144,7 @@ class NodeD:
         self._controls: dict = {}
         self._last_doc_digest = ""
         self.kube_sink = (
-            kube_nodeinfo.KubeNodeInfo(args, self.node_name, self.registry)
-            if getattr(args, "kube", False)
-            else None
+            kube_nodeinfo.KubeNodeInfo(args, self.node_name, self.registry) if args.kube else None
         )
         self.fault_cm, self.fault_config = faultconfig.follower(args, getattr(self.bmc, "watcher", None))
 

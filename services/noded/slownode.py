@@ -43,6 +43,7 @@ from faultmesh.model import now_ms
 from faultmesh.source import PushSource, SourceContext
 from fdol.slownode.featconf import FeatConf, parse_featconf
 from fdol.slownode.switch import SWITCH_FILE, switch_dir_name
+from noded.sections import SlowNodeConfig
 
 if TYPE_CHECKING:  # imported by the first job (_on_job): a noded that runs none never loads them
     from fdol.slownode.metrics import StepAssembler
@@ -77,6 +78,7 @@ class SlowNode(PushSource):
     Build with :meth:`from_config`, then ``await start(ctx)``."""
 
     name = "slownode"
+    Config = SlowNodeConfig  # its section (noded.sources.config_section)
     control_kinds = ("slownode_job", "data_trace")
 
     @staticmethod
@@ -101,11 +103,11 @@ class SlowNode(PushSource):
         )
 
     @classmethod
-    def from_config(cls, cfg, metrics=None) -> SlowNode:
+    def from_config(cls, cfg: SlowNodeConfig, metrics=None) -> SlowNode:
         """The source for its flag section ``cfg`` (``metrics``: unused, its own are on ctx.registry)."""
         return cls(cfg)
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: SlowNodeConfig) -> None:
         super().__init__()
         self.config = config
         self.node_ip = ""

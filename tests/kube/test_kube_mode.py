@@ -7,7 +7,6 @@ serves the Kubernetes API on 127.0.0.1.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
@@ -600,6 +599,5 @@ async def test_publish_holdoff_keeps_the_published_view_until_it_ends(k8s, tmp_p
         assert await published(api, "cluster-info-device-0") is None  # nothing written while held
     finally:
         await cd.stop()
-    auto = argparse.Namespace(kube_publish_holdoff_s=-1.0, kube_leader_elect="on")
-    assert publish_holdoff_s(auto) == 15.0
-    assert publish_holdoff_s(argparse.Namespace(kube_publish_holdoff_s=-1.0, kube_leader_elect="off")) == 0.0
+    assert publish_holdoff_s(-1.0, leader_elect=True) == 15.0  # --kube-leader-elect on
+    assert publish_holdoff_s(-1.0, leader_elect=False) == 0.0

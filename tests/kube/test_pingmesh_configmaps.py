@@ -11,6 +11,7 @@ import types
 import pytest
 from support import eventually
 
+from clusterd.kube.leader import Election
 from faultmesh.kube import KubeError
 from faultmesh.model import Fault
 from fdol.slownet import topology as topo
@@ -103,7 +104,7 @@ async def test_pingmesh_fault_configmap_occur_then_recover(k8s, kcd):
     assert (await doc())["faults"] == []
     # with leader election on, a follower writes nothing; once it leads it writes what it holds
     leading = asyncio.Event()
-    kube.kube = types.SimpleNamespace(elector=types.SimpleNamespace(leading=leading))
+    kube.election = Election(types.SimpleNamespace(leading=leading))
     other = Fault("slownet", "node-2", "NPU", 5, "220001001", "SeparateNPU", "occur", 3000, 3000)
     await kube.sync_faults({other.key: other})
     with pytest.raises(KubeError):

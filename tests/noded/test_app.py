@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import urllib.request
+from dataclasses import dataclass
 
 import pytest
 from support import free_port, make_clusterd
@@ -19,10 +20,18 @@ from noded.app import NodeD, build_parser
 from noded.sources import SOURCES, Bmc, Dpc, Dtfs, Pingmesh, SlowNode
 
 
+@dataclass(frozen=True)
+class FakeConfig:
+    """The fake source's section: ``fake_flag`` ``--fake-flag``."""
+
+    fake_flag: str
+
+
 class FakeSource(PushSource):
-    """A source in noded's shape (add_arguments, from_config, start(ctx) registering control kinds)."""
+    """A source in noded's shape (add_arguments, Config, from_config, start(ctx) registering control kinds)."""
 
     name = "fake"
+    Config = FakeConfig
     control_kinds = ("pingmesh_config", "topology")
     seen: list = []
 
@@ -70,6 +79,19 @@ def test_sources_tuple_is_the_one_extension_model():
     }
     assert sources.config_section(a, SlowNode).profiling_dir == "/p"
     assert not hasattr(sources.config_section(a, SlowNode), "bmc_host")
+
+
+@pytest.mark.parametrize("cls", SOURCES, ids=lambda c: c.name)
+def test_each_source_section_is_its_flags_typed(cls):
+    """Issue 28: a source's typed section (``cls.Config``) holds exactly the flags its add_arguments
+    defines, with their types, no second default, each flag named in its docstring."""
+    import argparse
+    import dataclasses
+
+    probe = argparse.ArgumentParser(add_help=False)
+    cls.add_arguments(probe)
+    assert [f.name for f in dataclasses.fields(cls.Config)] == [a.dest for a in probe._actions]
+    assert config.section_problems(cls.Config, build_parser()) == []
 
 
 def test_flags_env_and_ranges(monkeypatch, capsys):

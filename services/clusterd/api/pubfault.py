@@ -45,7 +45,7 @@ import argparse
 import asyncio
 import heapq
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +80,21 @@ PENDING_NS = "pubfault_pending"  # store namespace: recovers that came before th
 DELETE_DELAY_MS = 5_000
 SUCCESS = (0, "public fault send successfully")
 SERVER_INNER_ERROR = 599  # reference code ServerInnerError: the state write failed, nothing applied
+
+
+@dataclass(frozen=True)
+class PubFaultConfig:
+    """PubFault's configuration section (:func:`faultmesh.config.section`): ``public_fault_config``
+    ``--public-fault-config`` (the table file; None: the shipped one), ``public_fault_qps``
+    ``--public-fault-qps`` and ``public_fault_burst`` ``--public-fault-burst`` (the per-resource
+    token bucket), ``public_fault_delete_delay_s`` ``--public-fault-delete-delay-s`` (s),
+    ``public_fault_max_items`` ``--public-fault-max-items``."""
+
+    public_fault_config: str | None
+    public_fault_qps: float
+    public_fault_burst: float
+    public_fault_delete_delay_s: float
+    public_fault_max_items: int
 
 
 class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
@@ -120,9 +135,8 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
             help="per-resource token bucket size; the reference uses 100",
         )
 
-    def __init__(self, ctx: ClusterContext) -> None:
+    def __init__(self, ctx: ClusterContext, a: PubFaultConfig) -> None:
         self.ctx = ctx
-        a = ctx.config
         self.path = Path(a.public_fault_config) if a.public_fault_config else DEFAULT_TABLE
         self.table = PublicFaultTable.load(self.path)
         self._watch = FileWatch(self.path)
@@ -134,8 +148,8 @@ class PubFaultComponent(pubfault_pb2_grpc.PubFaultServicer):
         self._pending_recover: dict[tuple[str, str, str], int] = {}
         self._expiry: list[tuple[int, FaultKey]] = []  # heap of (expires_ms, key) of public faults
         self._ratelog = RateLimitedLog(log)
-        self.delete_delay_ms = int(getattr(a, "public_fault_delete_delay_s", DELETE_DELAY_MS / 1000) * 1000)
-        self.max_items = getattr(a, "public_fault_max_items", MAX_ITEMS)
+        self.delete_delay_ms = int(a.public_fault_delete_delay_s * 1000)
+        self.max_items = a.public_fault_max_items
 
     def servicers(self) -> list[tuple[Any, Any]]:
         """(add_to_server, servicer) pairs this component serves."""

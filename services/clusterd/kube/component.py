@@ -42,6 +42,7 @@ from clusterd.kube import jobs as kjobs
 from clusterd.kube import leader as kleader
 from clusterd.kube import signals as ksignals
 from clusterd.kube.annotator import NodeAnnotator
+from clusterd.kube.config import KubeConfig
 from clusterd.kube.consumer import CIM_LABEL, PUBLIC_FAULT_LABEL, KubeConsumer, PublicFaultIntake, has_label
 from clusterd.kube.handoff import HandOff
 from clusterd.kube.metrics import KubeMetrics
@@ -67,8 +68,11 @@ log = logging.getLogger("clusterd.kube")
 class KubeComponent:
     """The ``--kube`` component of clusterd (see the module docstring). Inert without ``--kube``.
 
+    ``cfg``: its configuration section (:class:`~clusterd.kube.config.KubeConfig`);
     ``public_faults``: the PubFault intake for public-fault ConfigMaps (None: they are rejected);
-    ``jobs``: the job registry pods become jobs in (None: no job discovery).
+    ``jobs``: the job registry pods become jobs in (None: no job discovery); ``election``: the
+    replica's :class:`~clusterd.kube.leader.Election` (its elector given by the replica runner, or
+    made here at start with ``--kube-leader-elect on``; None: a private one).
     """
 
     name = "kube"
@@ -146,28 +150,31 @@ class KubeComponent:
     def __init__(
         self,
         ctx: ClusterContext,
+        cfg: KubeConfig,
         public_faults: PublicFaultIntake | None = None,
         jobs: JobRegistry | None = None,
         policy: Callable[[str | None, str], bool] | None = None,
         decisions: Callable[[Callable[[str, dict], None]], None] | None = None,
         reports: Callable[[Callable[[str, list, str], None]], None] | None = None,
-        elector: LeaseElector | None = None,
+        election: kleader.Election | None = None,
         breaker: IsolationBreaker | None = None,
     ) -> None:
         self.ctx = ctx
         self.policy = policy
-        self.args = a = ctx.config
+        self.cfg = a = cfg
         self.enabled = bool(a.kube)
         self.metrics = KubeMetrics(ctx.metrics.registry, ctx.metrics.reject)
         self.annotator = NodeAnnotator(ctx.nodes, self.metrics, self._known_node)
-        self.consumer = KubeConsumer(a, ctx.center, ctx.nodes, self.metrics, public_faults, self._mark)
+        self.consumer = KubeConsumer(
+            a.kube_timeout_s * 3, ctx.center, ctx.nodes, self.metrics, public_faults, self._mark
+        )
         self.publisher = ClusterInfoPublisher(
             a, ctx.center, ctx.nodes, self.consumer.device_docs, self.metrics, self.annotator.due.set, breaker
         )
         if breaker is not None:
             breaker.on_release.append(self.publisher.on_breaker_release)
         self.signals = NodeSignals(
-            a, ctx.center, ctx.nodes, self.metrics, self._known_node, self._node_count, self._node_taints,
+            a.signals, ctx.center, ctx.nodes, self.metrics, self._known_node, self._node_count, self._node_taints,
             ctx.metrics.registry,
         )  # fmt: skip
         self.podgroups = PodGroups(self.metrics, self._podgroup_changed)
@@ -188,8 +195,9 @@ class KubeComponent:
         self.nodes: ListWatcher | None = None
         self.pods: ListWatcher | None = None
         self.watchers: list[ListWatcher] = []
-        self.elector: LeaseElector | None = elector  # given: owned (run, released) by clusterd.kube.ha
-        self._own_elector = elector is None
+        # the replica's election: its elector given by clusterd.kube.ha (run, released there), or
+        # made, run and released here with --kube-leader-elect on
+        self.election = election if election is not None else kleader.Election()
         if self.enabled:
             ctx.center.subscribe("kube", self.publisher.on_changes, resync=self.publisher.on_resync)
             ctx.center.subscribe("kube-signals", self.signals.on_changes, resync=self.signals.on_resync)
@@ -205,11 +213,11 @@ class KubeComponent:
         if not self.enabled:
             return
         # OSError: clusterd's start path reports it as "clusterd failed to start" and exits 1.
-        self._api_client = await make_api_client(self.args.kube_api, self.args.kubeconfig)
+        self._api_client = await make_api_client(self.cfg.kube_api, self.cfg.kubeconfig)
         self.api = self.publisher.api = self.annotator.api = self.signals.api = KubeApi(
-            self._api_client, timeout_s=self.args.kube_timeout_s
+            self._api_client, timeout_s=self.cfg.kube_timeout_s
         )
-        a = self.args
+        a = self.cfg
         watcher = self.watcher
 
         def cm_named(label, prefix):
@@ -262,17 +270,20 @@ class KubeComponent:
         ]  # fmt: skip
         if self.handoff is not None and self.handoff.api is not None:
             writers.append(("handoff", self.handoff.run))
-        if a.kube_leader_elect == "on":
-            if self.elector is None:
-                self.elector = LeaseElector(
-                    self.api,
-                    a.kube_lease_namespace,
-                    a.kube_lease_name,
-                    kleader.identity(),
-                    lease_s=a.kube_lease_s,
+        if a.leader_elect:
+            elector = self.election.elector
+            if elector is None:
+                elector = self.election.own(
+                    LeaseElector(
+                        self.api,
+                        a.leader.kube_lease_namespace,
+                        a.leader.kube_lease_name,
+                        kleader.identity(),
+                        lease_s=a.leader.kube_lease_s,
+                    )
                 )
-                self._tasks.append(spawn(self.elector.run(), name="kube-lease"))
-            self._leadership = kleader.Leadership(self.elector, writers, spawn, self._elected)
+                self._tasks.append(spawn(elector.run(), name="kube-lease"))
+            self._leadership = kleader.Leadership(elector, writers, spawn, self._elected)
             self._tasks.append(spawn(self._leadership.run(), name="kube-leadership"))
         else:
             self._tasks += [spawn(w(), name=f"kube-{name}") for name, w in writers]
@@ -287,8 +298,8 @@ class KubeComponent:
     async def stop(self) -> None:
         """Cancel the watchers and the publisher (before the API client closes under them); a
         leader releases its Lease."""
-        if self.elector is not None and self._own_elector:
-            await wait_for(self.elector.release(), self.args.kube_timeout_s + 1)
+        if self.election.owned and self.election.elector is not None:
+            await wait_for(self.election.elector.release(), self.cfg.kube_timeout_s + 1)
         for t in self._tasks:
             t.cancel()
         if self._tasks:
@@ -298,6 +309,11 @@ class KubeComponent:
             await self._api_client.close()
             self._api_client = None
 
+    @property
+    def elector(self) -> LeaseElector | None:
+        """The replica's Lease elector (None while leader election is off or before :meth:`start`)."""
+        return self.election.elector
+
     # -- for the parts started after it (clusterd.kube.control) ----------------------------------------
     def watcher(self, name: str, kind: str, ns: str | None, selector: str, handler, accept) -> ListWatcher:
         """A :class:`ListWatcher` on this component's API (after :meth:`start`) with its watch
@@ -305,7 +321,7 @@ class KubeComponent:
         m = self.metrics
         return ListWatcher(
             self.api, kind, ns or None, selector, handler, accept,
-            watch_timeout_s=self.args.kube_watch_timeout_s,
+            watch_timeout_s=self.cfg.kube_watch_timeout_s,
             on_error=lambda e: m.api_errors.labels(f"watch {name}", str(e.status)).inc(),
             on_restart=lambda why: m.restarts.labels(name, why).inc(),
         )  # fmt: skip

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -50,20 +49,21 @@ def has_label(obj: dict, label: tuple[str, str]) -> bool:
 class KubeConsumer:
     """Consumes node-info, device-info and public-fault ConfigMaps (see the module docstring).
 
-    ``mark(node)`` tells the publisher that a node's entries need a rebuild. ``node_watch`` (set by
+    ``sync_timeout_s``: how long a watcher's first list may take (s; the component passes 3 x
+    ``--kube-timeout-s``). ``mark(node)`` tells the publisher that a node's entries need a rebuild. ``node_watch`` (set by
     the component at start) is the Nodes watcher that says which nodes exist.
     """
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        sync_timeout_s: float,
         center: FaultCenter,
         nodes: NodeRegistry,
         metrics: KubeMetrics,
         public_faults: PublicFaultIntake | None,
         mark: Callable[[str], None],
     ) -> None:
-        self.args = args
+        self.sync_timeout_s = sync_timeout_s  # a watcher's first list must end within (s)
         self.center = center
         self.nodes = nodes
         self.metrics = metrics
@@ -90,7 +90,7 @@ class KubeConsumer:
         w = self.node_watch
         if w is not None and not w.synced.is_set():
             try:
-                await wait_for(w.synced.wait(), self.args.kube_timeout_s * 3)
+                await wait_for(w.synced.wait(), self.sync_timeout_s)
             except TimeoutError:
                 pass
 

@@ -1,14 +1,9 @@
 """Kubernetes mode, the control ConfigMaps the reference's docs tell operators to ``kubectl apply``,
 and ``fault-job-info`` (issue 15; reference fdol.md §3, §7; clusterd.md §3, §7.3; noded.md §8).
 
-- ``ras-feature-slownode-<job>`` (label ``fd-ol-slow-node=true``, any namespace, or
-  ``--kube-slownode-namespace``; key ``FeatConf``, the FeatConf JSON of fdol.md §7): added or
-  changed -> slow-node detection of the job starts or is updated (``SlowNode: 0`` stops it);
-  deleted -> it stops. The job's placement comes from the job registry (pods / PodGroups, or
-  ``POST /v1/jobs``); a FeatConf for a job not known yet waits (``pending``) and starts when the
-  job appears, as the reference waits for the job summary. Detection is
-  :class:`clusterd.slownode.component.SlowNodeComponent`'s (source ``kube``); after the first list a ``kube``
-  job whose ConfigMap is gone is stopped.
+- ``ras-feature-slownode-<job>`` (``--kube-slownode-namespace``): watched here, applied by slow-node
+  detection's Kubernetes part (:mod:`clusterd.slownode.kube`); one that waits for its job is kept
+  in ``pending`` and tried again with the others (:meth:`ControlMaps.retry_pending`).
 - ``data-trace-<job>`` (label ``reset=true``, the job's namespace; key ``profilingSwitch`` = JSON
   ``{"CommunicationOperator", "Step", "SaveCheckpoint", "FP", "DataLoader"}``): each new version
   sets the job's switch through the brain's TrainingDataTrace (the same effect as the gRPC
@@ -25,14 +20,12 @@ and ``fault-job-info`` (issue 15; reference fdol.md §3, §7; clusterd.md §3, �
   (after ``release_s``, the reference's 10 s), when the job is deleted, and hourly for jobs no
   longer known.
 
-Bad input (truncated JSON, unknown keys, values over 64 KiB, wrong types, an invalid FeatConf) is
-refused with a logged, counted reason (``faultmesh_rejected_requests_total{service="kube",reason}``,
-reasons ``slownode_*`` / ``datatrace_*``); nothing else changes. Unknown FeatConf keys are counted
-(``slownode_featconf_unknown_keys``) and ignored, as the reference ignores them.
+Bad input (truncated JSON, unknown keys, values over 64 KiB, wrong types) is refused with a logged,
+counted reason (``faultmesh_rejected_requests_total{service="kube",reason}``, reasons
+``datatrace_*``, :class:`clusterd.kube.cmchecks.ConfigMapChecks`); nothing else changes.
 
-Deliberate differences: fault-job-info is written at the fault decision (the reference writes it
-in NotifyGlobalFault, a few seconds later); a changed ras-feature-slownode ConfigMap applies every
-FeatConf key (the reference copies only SlowNode/Servers/RankIds until delete + add).
+Deliberate difference: fault-job-info is written at the fault decision (the reference writes it
+in NotifyGlobalFault, a few seconds later).
 """
 
 from __future__ import annotations
@@ -42,32 +35,27 @@ import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import orjson
 
 from clusterd.brain.datatrace import DataTraceError
+from clusterd.kube.cmchecks import ConfigMapChecks, configmap_name
 from clusterd.kube.faultjobinfo import Topology, fault_job_info, go_json
-from clusterd.kube.metrics import KubeMetrics
-from clusterd.slownode.jobs import EnableError, unwrap_configmap
+from clusterd.slownode.kube import SlowNodeConfigMaps
 from faultmesh.kube import KubeApi, KubeError
-from faultmesh.kubecm import config_map_values
 from faultmesh.kubewatch import Handler, ListWatcher
 from faultmesh.log import event
 from faultmesh.runtime import wait_for
-from fdol.slownode.featconf import FeatConfError, parse_featconf
 
 log = logging.getLogger("clusterd.kube")
 
-SLOWNODE_LABEL = ("fd-ol-slow-node", "true")
-SLOWNODE_PREFIX = "ras-feature-slownode"
-FEATCONF_KEY = "FeatConf"
 DATATRACE_LABEL = ("reset", "true")
 DATATRACE_PREFIX = "data-trace-"
 SWITCH_KEY = "profilingSwitch"
 SWITCH_FIELDS = ("CommunicationOperator", "Step", "SaveCheckpoint", "FP", "DataLoader")
 FAULT_JOB_INFO = "fault-job-info"
-MAX_VALUE_BYTES = 64 * 1024
 STORE_NS = "kube.control"
 WRITE_DECISIONS = frozenset({"stop-train", "pre-exit"})
 REFRESH_S = 3600.0  # the reference refreshes fault-job-info hourly
@@ -90,6 +78,16 @@ class KubeSession(Protocol):
     def run_led(self, name: str, writer: Callable[[], Awaitable[None]]) -> None: ...
 
 
+@dataclass(frozen=True)
+class ControlConfig:
+    """The control ConfigMaps' configuration section (:func:`faultmesh.config.section`):
+    ``kube_slownode_namespace`` ``--kube-slownode-namespace`` (ras-feature-slownode-*; empty: all),
+    ``kube_fault_job_info_namespace`` ``--kube-fault-job-info-namespace`` (fault-job-info)."""
+
+    kube_slownode_namespace: str
+    kube_fault_job_info_namespace: str
+
+
 def add_arguments(g) -> None:
     """The flags of this part (an argparse group)."""
     g.add_argument(
@@ -104,40 +102,29 @@ def add_arguments(g) -> None:
     )
 
 
-def _featconf_job(obj: dict) -> str | None:
-    """The job id a ras-feature-slownode ConfigMap names (None when it names none)."""
-    text = (obj.get("data") or {}).get(FEATCONF_KEY)
-    try:
-        return parse_featconf(orjson.loads(text)).job_id if isinstance(text, str) else None
-    except (ValueError, FeatConfError):
-        return None
-
-
-def _name(obj: dict) -> tuple[str, str]:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
-
-
 class ControlMaps:
     """See the module docstring; a component of clusterd, started after the Kubernetes component and
-    the slow-node one (whose jobs resumed from the store are then known). ``kube``: the Kubernetes
-    component (:class:`KubeSession`); ``jobs``: the job registry; ``store``: the clusterd store (the
-    data-trace versions applied); ``spawn``: the task owner's; ``slownode``: the slow-node component
-    (``enable`` / ``disable`` / ``resolve_placement`` / ``jobs``; None: those ConfigMaps wait in
-    ``pending``); ``data_trace``: the brain's :class:`clusterd.brain.datatrace.DataTrace`;
-    ``topology``: :data:`Topology`."""
+    the slow-node one (whose jobs resumed from the store are then known). ``cfg``: its section
+    (:class:`ControlConfig`); ``kube``: the Kubernetes component (:class:`KubeSession`); ``jobs``:
+    the job registry; ``store``: the clusterd store (the data-trace versions applied); ``checks``:
+    the ConfigMap checks shared with the slow-node part (its ``metrics`` count the fault-job-info
+    writes); ``spawn``: the task owner's; ``slownode``: slow-node detection's ConfigMaps
+    (:class:`~clusterd.slownode.kube.SlowNodeConfigMaps`; None: not watched); ``data_trace``: the
+    brain's :class:`clusterd.brain.datatrace.DataTrace`; ``topology``: :data:`Topology`."""
 
     name = "kube-control"
 
     def __init__(
-        self, args, kube: KubeSession, jobs, store, metrics: KubeMetrics, spawn: Callable[..., asyncio.Task],
-        slownode=None, data_trace=None, topology: Topology | None = None,
+        self, cfg: ControlConfig, kube: KubeSession, jobs, store, checks: ConfigMapChecks,
+        spawn: Callable[..., asyncio.Task], slownode: SlowNodeConfigMaps | None = None, data_trace=None,
+        topology: Topology | None = None,
     ) -> None:  # fmt: skip
-        self.args = args
+        self.cfg = cfg
         self.kube = kube
         self.jobs = jobs
         self.store = store
-        self.metrics = metrics
+        self.checks = checks
+        self.metrics = checks.metrics
         self._spawn = spawn
         self.api: KubeApi | None = None
         self.slownode = slownode
@@ -149,11 +136,9 @@ class ControlMaps:
         self._due = asyncio.Event()
         self.written: dict[str, str] = {}  # job id -> fault-job-info value written
         self._later: list[tuple[float, str]] = []  # (monotonic due, job id) of delayed removals
-        self._applied_slownode: dict[str, str] = {}  # ns/name of a ConfigMap -> the job it enabled
         self.slownode_synced = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self.handled: collections.Counter[str] = collections.Counter()  # versions handled, by kind
-        self._retrying = False
         self.processed = 0  # fault-job-info decisions handled (tests)
         if jobs is not None:
             jobs.listen(self._on_job)
@@ -183,46 +168,24 @@ class ControlMaps:
     def watches(self) -> list[tuple[str, str | None, str, Callable[[str, dict], Awaitable[None]], Callable]]:
         """(name, namespace, label selector, handler, accept) of the ConfigMap watches."""
 
-        def named(label, prefix):
-            def accept(o: dict) -> bool:
-                meta = o.get("metadata") or {}
-                return (meta.get("labels") or {}).get(label[0]) == label[1] and str(
-                    meta.get("name", "")
-                ).startswith(prefix)
+        def accept(o: dict) -> bool:
+            meta = o.get("metadata") or {}
+            labelled = (meta.get("labels") or {}).get(DATATRACE_LABEL[0]) == DATATRACE_LABEL[1]
+            return labelled and str(meta.get("name", "")).startswith(DATATRACE_PREFIX)
 
-            return accept
-
-        return [
-            ("slownode", self.args.kube_slownode_namespace or None, "=".join(SLOWNODE_LABEL), self.on_slownode,
-             named(SLOWNODE_LABEL, SLOWNODE_PREFIX)),
-            ("datatrace", None, "=".join(DATATRACE_LABEL), self.on_datatrace, named(DATATRACE_LABEL, DATATRACE_PREFIX)),
-        ]  # fmt: skip
-
-    def _reject(self, reason: str, obj: dict, why: str) -> None:
-        if self._retrying:
-            return  # counted when this version came
-        ns, name = _name(obj)
-        self.metrics.reject(reason, configmap=f"{ns}/{name}", error=why[:300])
+        out = [("datatrace", None, "=".join(DATATRACE_LABEL), self.on_datatrace, accept)]
+        if self.slownode is not None:  # the first: maintain() sweeps after its first list
+            name, ns, selector, accept_sn = self.slownode.watch()
+            out.insert(0, (name, ns, selector, self.on_slownode, accept_sn))
+        return out
 
     async def _handle(self, kind: str, fn, op: str, obj: dict) -> None:
-        ns, name = _name(obj)
+        ns, name = configmap_name(obj)
         self.pending.pop((kind, f"{ns}/{name}"), None)
         try:
             await fn(op, obj, f"{ns}/{name}")
         finally:
             self.handled[kind] += 1
-
-    def _value(self, kind: str, obj: dict, key: str, missing: str) -> str | None:
-        """The ConfigMap's ``key`` value; every other key, a bad value and a missing key are
-        refused and counted (``<kind>_unknown_key``, ``<kind>_bad_value``, ``missing``)."""
-        values, bad = config_map_values(obj, MAX_VALUE_BYTES)
-        for k, why in bad:
-            self._reject(f"{kind}_bad_value", obj, f"{k}: {why}")
-        for k in sorted(set(values) - {key}):
-            self._reject(f"{kind}_unknown_key", obj, f"unknown key {k[:80]!r} (known: {key})")
-        if key not in values and not any(k == key for k, _ in bad):
-            self._reject(missing, obj, f"no key {key}")
-        return values.get(key)
 
     # -- ras-feature-slownode-<job> ----------------------------------------------------------------
     async def on_slownode(self, op: str, obj: dict) -> None:
@@ -230,53 +193,17 @@ class ControlMaps:
         await self._handle("slownode", self._on_slownode, op, obj)
 
     async def _on_slownode(self, op: str, obj: dict, where: str) -> None:
-        key = ("slownode", where)
-        sn = self.slownode
-        if op == "delete":
-            job_id = self._applied_slownode.pop(where, None)
-            if sn is not None and job_id is not None and getattr(sn.jobs.get(job_id), "source", "") == "kube":
-                await sn.disable(job_id)
-            return
-        text = self._value("slownode", obj, FEATCONF_KEY, "slownode_no_featconf")
-        if text is None:
-            return
-        try:
-            fc, ranks = unwrap_configmap({"data": {FEATCONF_KEY: text}})
-            conf = parse_featconf(fc)
-        except (EnableError, FeatConfError) as e:
-            self._reject("slownode_bad_featconf", obj, str(e))
-            return
-        if conf.unknown_keys:
-            self._reject(
-                "slownode_featconf_unknown_keys", obj, "ignored: " + ",".join(conf.unknown_keys)[:200]
-            )
-        if sn is None:
-            self.pending[key] = ("slownode", obj)
-            return
-        try:
-            placement = {} if conf.slow_node == 0 else sn.resolve_placement(conf, ranks)
-        except EnableError as e:
-            self.pending[key] = ("slownode", obj)  # the job is not known yet: start when it is
-            if not self._retrying:
-                event(
-                    log, logging.INFO, "slow-node configmap waits for its job",
-                    configmap=where, job=conf.job_id, why=str(e),
-                )  # fmt: skip
-            return
-        await sn.enable(conf, placement, "kube")
-        self._applied_slownode[where] = conf.job_id
+        if self.slownode is not None and await self.slownode.apply(op, obj, where):
+            self.pending[("slownode", where)] = ("slownode", obj)  # tried again: retry_pending
 
     async def maintain(self, watcher, retry_s: float = PENDING_RETRY_S) -> None:
         """Until cancelled: once ``watcher`` (the slow-node ConfigMaps' ListWatcher) has listed, stop
-        the ``kube`` jobs (resumed from the store) whose ConfigMap is gone; then try the waiting
-        ConfigMaps again every ``retry_s`` (jobs loaded from the store at start announce nothing)."""
+        the ``kube`` jobs (resumed from the store) whose ConfigMap is gone
+        (:meth:`SlowNodeConfigMaps.sweep`); then try the waiting ConfigMaps again every ``retry_s``
+        (jobs loaded from the store at start announce nothing)."""
         await watcher.synced.wait()
-        sn = self.slownode
-        if sn is not None:
-            backed = {_featconf_job(o) for o in watcher.objects.values()}
-            for job_id, js in list(sn.jobs.items()):
-                if js.source == "kube" and job_id not in backed:
-                    await sn.disable(job_id)
+        if self.slownode is not None:
+            await self.slownode.sweep(watcher.objects.values())
         self.slownode_synced.set()
         while True:
             await asyncio.sleep(retry_s)
@@ -292,12 +219,12 @@ class ControlMaps:
         await self._handle("datatrace", self._on_datatrace, op, obj)
 
     async def _on_datatrace(self, op: str, obj: dict, where: str) -> None:
-        ns, name = _name(obj)
+        ns, name = configmap_name(obj)
         key = ("datatrace", where)
         if op == "delete":
             event(log, logging.INFO, "data-trace configmap deleted, the switch stays", configmap=where)
             return
-        text = self._value("datatrace", obj, SWITCH_KEY, "datatrace_no_switch")
+        text = self.checks.value("datatrace", obj, SWITCH_KEY, "datatrace_no_switch")
         if text is None:
             return
         try:
@@ -308,11 +235,13 @@ class ControlMaps:
             if wrong:
                 raise ValueError(f"{wrong[0]} must be a string")
         except ValueError as e:
-            self._reject("datatrace_bad_switch", obj, str(e))
+            self.checks.reject("datatrace_bad_switch", obj, str(e))
             return
         unknown = sorted(set(sw) - set(SWITCH_FIELDS))
         if unknown:
-            self._reject("datatrace_unknown_field", obj, "ignored: " + ",".join(map(str, unknown))[:200])
+            self.checks.reject(
+                "datatrace_unknown_field", obj, "ignored: " + ",".join(map(str, unknown))[:200]
+            )
         if await self.store.kv_get(STORE_NS, where) == text:
             return  # this version was applied (before a restart): a later gRPC change stands
         job = name[len(DATATRACE_PREFIX) :]
@@ -322,7 +251,7 @@ class ControlMaps:
         try:
             await self.data_trace.set_switch(f"{ns}/{job}", {f: sw.get(f, "") for f in SWITCH_FIELDS})
         except DataTraceError as e:
-            self._reject(f"datatrace_{e.code}", obj, str(e))
+            self.checks.reject(f"datatrace_{e.code}", obj, str(e))
             return
         await self.store.kv_put(STORE_NS, where, text)
 
@@ -337,13 +266,13 @@ class ControlMaps:
     async def retry_pending(self) -> None:
         """Try every waiting ConfigMap again (on each job change and every few seconds; their
         rejections were counted when they came)."""
-        self._retrying = True
+        self.checks.retrying = True
         try:
             for key, (kind, obj) in list(self.pending.items()):
                 if key in self.pending:
                     await (self.on_slownode if kind == "slownode" else self.on_datatrace)("upsert", obj)
         finally:
-            self._retrying = False
+            self.checks.retrying = False
 
     # -- fault-job-info ------------------------------------------------------------------------------
     def on_decision(self, job_id: str, rec: dict) -> None:
@@ -359,7 +288,7 @@ class ControlMaps:
 
     async def _patch(self, data: dict[str, str | None]) -> bool:
         assert self.api is not None
-        ns = self.args.kube_fault_job_info_namespace
+        ns = self.cfg.kube_fault_job_info_namespace
         try:
             try:
                 await self.api.patch_config_map(ns, FAULT_JOB_INFO, {"data": data})
@@ -408,7 +337,7 @@ class ControlMaps:
         so that they are cleared as this replica's own. Raises :class:`KubeError` (not 404)."""
         assert self.api is not None
         try:
-            cm = await self.api.get_config_map(self.args.kube_fault_job_info_namespace, FAULT_JOB_INFO)
+            cm = await self.api.get_config_map(self.cfg.kube_fault_job_info_namespace, FAULT_JOB_INFO)
         except KubeError as e:
             if e.status != 404:
                 raise

@@ -20,8 +20,8 @@ import grpc
 from aiohttp import web
 
 from clusterd.api.refuse import refusing
+from clusterd.kube.leader import Election
 from faultmesh.httpd import json_response
-from faultmesh.lease import LeaseElector
 
 EXEMPT = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 READ_ONLY = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -29,29 +29,23 @@ ALWAYS_ANSWER = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 class FollowerGate:
-    """Refuses clients while ``elector()`` (the replica's :class:`LeaseElector`, or None when
-    leader election is off: never refuses) does not lead, or always with ``always`` (the standby
-    server, which has nothing to serve even in the moment it is elected). ``reject(service,
-    reason)`` counts."""
+    """Refuses clients while ``election`` (the replica's :class:`~clusterd.kube.leader.Election`;
+    without an elector, leader election is off: never refuses) does not lead, or always with
+    ``always`` (the standby server, which has nothing to serve even in the moment it is elected).
+    ``reject(service, reason)`` counts."""
 
-    def __init__(
-        self,
-        elector: Callable[[], LeaseElector | None],
-        reject: Callable[[str, str], None],
-        always: bool = False,
-    ) -> None:
-        self._elector = elector
+    def __init__(self, election: Election, reject: Callable[[str, str], None], always: bool = False) -> None:
+        self._election = election
         self._reject = reject
         self._always = always
 
     def following(self) -> bool:
         """True while this replica must refuse (leader election on and Lease not held, or always)."""
-        e = self._elector()
-        return self._always or (e is not None and not e.leading.is_set())
+        return self._always or self._election.following()
 
     def leader(self) -> str:
         """The Lease holder's identity as last read ("" when unknown or none)."""
-        e = self._elector()
+        e = self._election.elector
         holder = e.holder if e is not None else ""
         return "" if e is not None and holder == e.identity else holder
 

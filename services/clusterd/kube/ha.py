@@ -27,7 +27,6 @@ the state ConfigMap's counters (:class:`~clusterd.kube.hastate.StateMetrics`).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -39,10 +38,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from clusterd.api.grpcserver import bind_grpc, server_options
+from clusterd.coreconfig import CoreConfig
 from clusterd.kube import leader as kleader
+from clusterd.kube.config import KubeConfig
 from clusterd.kube.gate import FollowerGate
 from clusterd.kube.hahistory import HistoryMetrics, HistoryMirror, HistoryStore
 from clusterd.kube.hastate import KubeState, MirroredStore, StateMetrics, StateWriteError
+from clusterd.kube.leader import Election, LeaderConfig
 from faultmesh.httpd import HttpServer, rejected_counter
 from faultmesh.kube import KubeApi, make_api_client
 from faultmesh.lease import LeaseElector
@@ -54,11 +56,6 @@ log = logging.getLogger("clusterd.kube.ha")
 
 MakeClusterD = Callable[[MirroredStore, LeaseElector], Any]
 """``make(store, elector)`` -> a not yet started ClusterD using them (clusterd.app passes its own)."""
-
-
-def enabled(args: argparse.Namespace) -> bool:
-    """True when this process runs as one of several replicas (``--kube --kube-leader-elect on``)."""
-    return bool(getattr(args, "kube", False)) and getattr(args, "kube_leader_elect", "off") == "on"
 
 
 class HaMetrics:
@@ -99,15 +96,15 @@ class HaMetrics:
 class Standby:
     """The follower's servers on ``--grpc-addr`` / ``--http-addr`` (see the module docstring)."""
 
-    def __init__(self, args: argparse.Namespace, elector: LeaseElector, metrics: HaMetrics) -> None:
-        self.args = args
+    def __init__(self, core: CoreConfig, elector: LeaseElector, metrics: HaMetrics) -> None:
+        self.core = core
         self.registry = daemon_registry("clusterd")
         metrics.register(self.registry)
         self._metrics = metrics
         rejected = rejected_counter(self.registry)
-        self.gate = FollowerGate(lambda: elector, lambda s, r: rejected.labels(s, r).inc(), always=True)
+        self.gate = FollowerGate(Election(elector), lambda s, r: rejected.labels(s, r).inc(), always=True)
         self.http = HttpServer(
-            args.http_addr, self.registry, ready=lambda: self.gate.ready(False, "starting"), rejected=rejected
+            core.http_addr, self.registry, ready=lambda: self.gate.ready(False, "starting"), rejected=rejected
         )
         self.http.app.middlewares.append(self.gate.http_middleware())
         self.health = health.aio.HealthServicer()
@@ -115,7 +112,7 @@ class Standby:
 
     async def start(self) -> None:
         """Bind both addresses. Raises ``OSError``."""
-        a = self.args
+        a = self.core
         await self.http.start()
         server = grpc.aio.server(
             options=server_options(a.max_connections, a.grpc_keepalive_s, a.grpc_keepalive_timeout_s),
@@ -149,19 +146,21 @@ async def _first(*events: asyncio.Event) -> None:
             w.cancel()
 
 
-async def run_replica(args: argparse.Namespace, make: MakeClusterD, stop: asyncio.Event) -> int:
-    """One replica until ``stop`` is set (see the module docstring). Returns the exit status: 0, or
+async def run_replica(core: CoreConfig, kube: KubeConfig, make: MakeClusterD, stop: asyncio.Event) -> int:
+    """One replica until ``stop`` is set (see the module docstring), with ClusterD's section
+    ``core`` and the Kubernetes one ``kube`` (``kube.replicated``). Returns the exit status: 0, or
     1 when the API client cannot be configured, an address cannot be bound, or the leader's
     ClusterD fails to start (the Lease is released first, so another replica takes over)."""
     try:
-        api_client = await make_api_client(args.kube_api, args.kubeconfig)
+        api_client = await make_api_client(kube.kube_api, kube.kubeconfig)
     except OSError as e:
         event(log, logging.ERROR, "clusterd failed to start", error=str(e))
         return 1
-    api = KubeApi(api_client, timeout_s=args.kube_timeout_s)
+    api = KubeApi(api_client, timeout_s=kube.kube_timeout_s)
+    lc = kube.leader
     metrics = HaMetrics()
     elector = LeaseElector(
-        api, args.kube_lease_namespace, args.kube_lease_name, kleader.identity(), lease_s=args.kube_lease_s,
+        api, lc.kube_lease_namespace, lc.kube_lease_name, kleader.identity(), lease_s=lc.kube_lease_s,
         on_error=lambda e: metrics.lease_errors.labels(str(e.status)).inc(),
     )  # fmt: skip
     lost = asyncio.Event()
@@ -176,7 +175,7 @@ async def run_replica(args: argparse.Namespace, make: MakeClusterD, stop: asynci
     rc = 0
     try:
         while not stop.is_set():
-            standby = Standby(args, elector, metrics)
+            standby = Standby(core, elector, metrics)
             try:
                 await standby.start()
             except OSError as e:
@@ -188,36 +187,36 @@ async def run_replica(args: argparse.Namespace, make: MakeClusterD, stop: asynci
             if stop.is_set():
                 break
             lost.clear()
-            rc = await _lead(args, make, api, elector, metrics, lost, stop)
+            rc = await _lead(core, lc, make, api, elector, metrics, lost, stop)
             if rc:
                 return rc
         return 0
     finally:
         with contextlib.suppress(Exception):
-            await wait_for(elector.release(), args.kube_timeout_s + 1)
+            await wait_for(elector.release(), kube.kube_timeout_s + 1)
         lease_task.cancel()
         await asyncio.wait([lease_task], timeout=5)
         await api_client.close()
 
 
-async def _lead(args, make: MakeClusterD, api: KubeApi, elector: LeaseElector, metrics: HaMetrics,
-                lost: asyncio.Event, stop: asyncio.Event) -> int:  # fmt: skip
+async def _lead(core: CoreConfig, lc: LeaderConfig, make: MakeClusterD, api: KubeApi, elector: LeaseElector,
+                metrics: HaMetrics, lost: asyncio.Event, stop: asyncio.Event) -> int:  # fmt: skip
     """Run ClusterD while leading. Returns 1 when it could not start (after releasing the Lease)."""
     state = KubeState(
-        api, args.kube_lease_namespace, args.kube_state_name, elector.identity, elector.leading.is_set,
-        metrics.state, max_bytes=args.kube_state_max_bytes, write_s=args.kube_state_write_s,
+        api, lc.kube_lease_namespace, lc.kube_state_name, elector.identity, elector.leading.is_set,
+        metrics.state, max_bytes=lc.kube_state_max_bytes, write_s=lc.kube_state_write_s,
     )  # fmt: skip
     history = HistoryMirror(
-        api, args.kube_lease_namespace, args.kube_history_name or f"{args.kube_state_name}-history",
-        elector.identity, elector.leading.is_set, metrics.history, max_bytes=args.kube_state_max_bytes,
-        write_s=args.kube_state_write_s, max_events=args.kube_history_max_events,
-        max_decisions=args.kube_history_max_decisions, window_s=args.kube_history_window_s,
-        interval_s=args.kube_history_write_interval_s,
+        api, lc.kube_lease_namespace, lc.kube_history_name or f"{lc.kube_state_name}-history",
+        elector.identity, elector.leading.is_set, metrics.history, max_bytes=lc.kube_state_max_bytes,
+        write_s=lc.kube_state_write_s, max_events=lc.kube_history_max_events,
+        max_decisions=lc.kube_history_max_decisions, window_s=lc.kube_history_window_s,
+        interval_s=lc.kube_history_write_interval_s,
     )  # fmt: skip
     try:
         store: MirroredStore = HistoryStore(
-            state, history, args.state_dir, fsync_full=args.fsync_full,
-            busy_timeout_ms=args.state_busy_timeout_ms,
+            state, history, core.state_dir, fsync_full=core.fsync_full,
+            busy_timeout_ms=core.state_busy_timeout_ms,
         )  # fmt: skip
         cd = make(store, elector)
     except OSError as e:  # an unreadable token / TLS / table file named by a flag

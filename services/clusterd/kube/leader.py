@@ -25,12 +25,40 @@ import os
 import socket
 import uuid
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from clusterd.kube import hahistory
 from faultmesh.lease import LeaseElector
 
 Writer = Callable[[], Coroutine[Any, Any, None]]
+
+
+@dataclass(frozen=True)
+class LeaderConfig:
+    """Leader election's configuration section (:func:`faultmesh.config.section`):
+    ``kube_leader_elect`` ``--kube-leader-elect`` (``on``: only the Lease holder writes), the Lease:
+    ``kube_lease_namespace`` ``--kube-lease-namespace``, ``kube_lease_name`` ``--kube-lease-name``,
+    ``kube_lease_s`` ``--kube-lease-s`` (s); the state ConfigMap that survives a leader loss:
+    ``kube_state_name`` ``--kube-state-name``, ``kube_state_max_bytes`` ``--kube-state-max-bytes``,
+    ``kube_state_write_s`` ``--kube-state-write-s`` (s); the history mirror
+    (:mod:`clusterd.kube.hahistory`): ``kube_history_name`` ``--kube-history-name``,
+    ``kube_history_max_events`` ``--kube-history-max-events``, ``kube_history_max_decisions``
+    ``--kube-history-max-decisions``, ``kube_history_window_s`` ``--kube-history-window-s`` (s),
+    ``kube_history_write_interval_s`` ``--kube-history-write-interval-s`` (s)."""
+
+    kube_leader_elect: str
+    kube_lease_namespace: str
+    kube_lease_name: str
+    kube_lease_s: float
+    kube_state_name: str
+    kube_state_max_bytes: int
+    kube_state_write_s: float
+    kube_history_name: str
+    kube_history_max_events: int
+    kube_history_max_decisions: int
+    kube_history_window_s: float
+    kube_history_write_interval_s: float
 
 
 def add_arguments(g) -> None:
@@ -68,6 +96,30 @@ def add_arguments(g) -> None:
 def identity() -> str:
     """``<hostname>_<random>``, as client-go names candidates."""
     return f"{socket.gethostname()}_{uuid.uuid4().hex[:12]}"
+
+
+class Election:
+    """This replica's Lease election as the parts that follow it see it (the follower gate, the
+    pingmesh fault writer): built first, in :mod:`clusterd.app`, and handed to them, so none holds
+    the Kubernetes component. ``elector``: the :class:`LeaseElector`, None while leader election is
+    off; given by the replica runner (:mod:`clusterd.kube.ha`), else set once by the Kubernetes
+    component when it starts its own (:meth:`own`)."""
+
+    def __init__(self, elector: LeaseElector | None = None) -> None:
+        self.elector = elector
+        self.owned = False  # True when the Kubernetes component made (runs, releases) the elector
+
+    def own(self, elector: LeaseElector) -> LeaseElector:
+        """Set the elector the Kubernetes component made and runs; returns it. Raises
+        ``RuntimeError`` when one is set already (the replica runner's, or a second start)."""
+        if self.elector is not None:
+            raise RuntimeError("the Lease elector is set already")
+        self.elector, self.owned = elector, True
+        return elector
+
+    def following(self) -> bool:
+        """True while leader election is on and this replica does not hold the Lease."""
+        return self.elector is not None and not self.elector.leading.is_set()
 
 
 class Leadership:

@@ -13,7 +13,6 @@ subscriber: a change only marks its nodes dirty (resync: a full rebuild).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import time
@@ -24,6 +23,7 @@ import orjson
 from clusterd.breaker import IsolationBreaker
 from clusterd.center import FaultCenter
 from clusterd.kube import formats
+from clusterd.kube.config import KubeConfig
 from clusterd.kube.consumer import NODEINFO_REPORTER
 from clusterd.kube.metrics import KubeMetrics
 from clusterd.nodes import NodeRegistry
@@ -51,15 +51,15 @@ def _isolates(entries: dict[str, dict]) -> bool:
 HA_HOLDOFF_S = 15.0  # a new leader: the agents reconnect within their 10 s backoff cap
 
 
-def publish_holdoff_s(args) -> float:
-    """``--kube-publish-holdoff-s`` resolved (s): -1 means 15 with leader election on, else 0.
+def publish_holdoff_s(holdoff_s: float, leader_elect: bool) -> float:
+    """``--kube-publish-holdoff-s`` (``holdoff_s``) resolved (s): -1 means 15 with leader election
+    on (``leader_elect``: ``--kube-leader-elect on``), else 0.
 
     A new leader (issue 15 HA) starts from the state ConfigMap without the agents' faults; publishing
     at once would tell Volcano that every node is healthy until their snapshots arrive."""
-    v = float(getattr(args, "kube_publish_holdoff_s", 0.0))
-    if v >= 0:
-        return v
-    return HA_HOLDOFF_S if getattr(args, "kube_leader_elect", "off") == "on" else 0.0
+    if holdoff_s >= 0:
+        return float(holdoff_s)
+    return HA_HOLDOFF_S if leader_elect else 0.0
 
 
 def _shard_order(name: str) -> tuple[str, int]:
@@ -75,7 +75,7 @@ class ClusterInfoPublisher:
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        cfg: KubeConfig,
         center: FaultCenter,
         nodes: NodeRegistry,
         device_docs: dict[str, formats.DeviceInfoDoc],
@@ -84,7 +84,7 @@ class ClusterInfoPublisher:
         breaker: IsolationBreaker | None = None,
     ) -> None:
         """``breaker``: asked before a node is newly published as isolated (:mod:`clusterd.breaker`)."""
-        self.args = args
+        self.cfg = cfg
         self.breaker = breaker
         self.center = center
         self.nodes = nodes
@@ -134,7 +134,7 @@ class ClusterInfoPublisher:
 
     def _rebuild_node(self, node: str, faults: list, now_s: int) -> None:
         """Recompute the three cluster-info entries of ``node`` into the per-kind caches."""
-        type_name = self.args.kube_device_type
+        type_name = self.cfg.kube_device_type
         npu, switch, node_faults = [], [], []
         for f in faults:
             if f.device_type in ("NPU", type_name) or f.source.startswith("public:"):
@@ -203,7 +203,7 @@ class ClusterInfoPublisher:
 
     def desired(self) -> dict[str, str]:
         """ConfigMap name -> data value of everything Kubernetes mode publishes (from the caches)."""
-        a = self.args
+        a = self.cfg
         out: dict[str, str] = {}
         for prefix, kind in ((formats.DEVICE_CM_PREFIX, "device"), (formats.SWITCH_CM_PREFIX, "switch")):
             parts = list(self._parts[kind].values())
@@ -223,7 +223,7 @@ class ClusterInfoPublisher:
     async def _seed(self) -> None:
         """Read what is already published (a restart must not rewrite unchanged ConfigMaps)."""
         assert self.api is not None
-        ns = self.args.kube_publish_namespace
+        ns = self.cfg.kube_publish_namespace
         items, _ = await self.api.list_config_maps(ns, "=".join(VOLCANO_LABEL))
         for cm in items:
             name = (cm.get("metadata") or {}).get("name", "")
@@ -246,7 +246,7 @@ class ClusterInfoPublisher:
 
     async def _write(self, name: str, value: str) -> None:
         assert self.api is not None
-        ns = self.args.kube_publish_namespace
+        ns = self.cfg.kube_publish_namespace
         await self.api.upsert_config_map(ns, name, {name: value}, dict([VOLCANO_LABEL, MANAGED_BY]))
         self._written[name] = value
 
@@ -255,7 +255,7 @@ class ClusterInfoPublisher:
         rebuild every entry once (device states that changed without a fault change)."""
         assert self.api is not None
         self._full_refresh = True
-        ns = self.args.kube_publish_namespace
+        ns = self.cfg.kube_publish_namespace
         items, _ = await self.api.list_config_maps(ns, "=".join(VOLCANO_LABEL))
         live = {(cm.get("metadata") or {}).get("name", ""): (cm.get("data") or {}) for cm in items}
         for name in list(self._written):
@@ -289,7 +289,7 @@ class ClusterInfoPublisher:
 
     async def run(self) -> None:
         """Seed, then publish on every change (at most once per ``--kube-min-write-s``) until cancelled."""
-        a = self.args
+        a = self.cfg
         backoff = Backoff(0.2, 30.0)
         while True:
             try:
@@ -298,7 +298,7 @@ class ClusterInfoPublisher:
             except KubeError as e:
                 self.metrics.api_errors.labels(e.op, str(e.status)).inc()
                 await asyncio.sleep(self._failed(e, backoff))
-        holdoff = publish_holdoff_s(a)
+        holdoff = publish_holdoff_s(a.kube_publish_holdoff_s, a.leader_elect)
         if (
             holdoff > 0
         ):  # the ConfigMaps on the server stay (the last leader's view) until the agents are back

@@ -23,13 +23,13 @@ writes, API errors back off (:class:`faultmesh.retry.Backoff`) and retry.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import datetime as dt
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge
 
@@ -53,6 +53,23 @@ INFORMATIONAL = frozenset({"NotHandleFault", "NotHandle", ""})
 MESSAGE_FAULTS = 8
 EVENT_QUEUE = 10_000
 COMPONENT = "faultmesh-clusterd"
+
+
+@dataclass(frozen=True)
+class SignalsConfig:
+    """The node signals' configuration section (:func:`faultmesh.config.section`):
+    ``kube_conditions`` ``--kube-conditions``, ``kube_events`` ``--kube-events`` (``on`` / ``off``),
+    ``kube_event_namespace`` ``--kube-event-namespace``, ``kube_event_rate`` ``--kube-event-rate``
+    (events/s), ``kube_taint`` ``--kube-taint`` (``on`` / ``off``), ``kube_taint_key``
+    ``--kube-taint-key``, ``kube_taint_max_share`` ``--kube-taint-max-share`` (0..1 of the Nodes)."""
+
+    kube_conditions: str
+    kube_events: str
+    kube_event_namespace: str
+    kube_event_rate: float
+    kube_taint: str
+    kube_taint_key: str
+    kube_taint_max_share: float
 
 
 def add_arguments(g) -> None:
@@ -119,7 +136,7 @@ class NodeSignals:
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        cfg: SignalsConfig,
         center: FaultCenter,
         nodes: NodeRegistry,
         metrics: KubeMetrics,
@@ -128,7 +145,7 @@ class NodeSignals:
         node_taints: Callable[[str], list],
         registry=None,
     ) -> None:
-        self.args = args
+        self.cfg = cfg
         self.center = center
         self.nodes = nodes
         self.metrics = metrics
@@ -141,7 +158,7 @@ class NodeSignals:
         self._conds: dict[str, dict[str, tuple[str, str, str]]] = {}  # node -> type -> written
         self._tainted: set[str] = set()
         self._events: collections.deque[tuple[str, str, str, str]] = collections.deque(maxlen=EVENT_QUEUE)
-        self._bucket = TokenBucket(max(0.01, args.kube_event_rate), max(1.0, args.kube_event_rate * 10))
+        self._bucket = TokenBucket(max(0.01, cfg.kube_event_rate), max(1.0, cfg.kube_event_rate * 10))
         self._breaker_open = False
         reg = registry
         self.events_dropped = Counter(
@@ -158,7 +175,7 @@ class NodeSignals:
         """The fault-center subscription: mark nodes, queue occur/recover events."""
         for c in changes:
             self._dirty.add(c.fault.node)
-            if self.args.kube_events == "on" and c.kind in (ChangeKind.OCCUR, ChangeKind.RECOVER):
+            if self.cfg.kube_events == "on" and c.kind in (ChangeKind.OCCUR, ChangeKind.RECOVER):
                 if len(self._events) == self._events.maxlen:
                     self.events_dropped.inc()
                 occur = c.kind == ChangeKind.OCCUR
@@ -217,13 +234,13 @@ class NodeSignals:
 
     async def _taint(self, node: str) -> None:
         assert self.api is not None
-        key = self.args.kube_taint_key
-        want = self.args.kube_taint == "on" and self.nodes.health(node).health == UNHEALTHY
+        key = self.cfg.kube_taint_key
+        want = self.cfg.kube_taint == "on" and self.nodes.health(node).health == UNHEALTHY
         have = node in self._tainted
         if want == have:
             return
         if want:
-            limit = int(self.args.kube_taint_max_share * max(1, self.node_count()))
+            limit = int(self.cfg.kube_taint_max_share * max(1, self.node_count()))
             if len(self._tainted) + 1 > limit:
                 if not self._breaker_open:
                     event(
@@ -259,7 +276,7 @@ class NodeSignals:
 
     async def _send_events(self) -> None:
         assert self.api is not None
-        ns = self.args.kube_event_namespace
+        ns = self.cfg.kube_event_namespace
         while self._events:
             node, reason, etype, message = self._events[0]
             if not self.known_node(node):
@@ -295,7 +312,7 @@ class NodeSignals:
             if not self.known_node(node):
                 continue
             try:
-                if self.args.kube_conditions == "on":
+                if self.cfg.kube_conditions == "on":
                     await self._conditions(node)
                 await self._taint(node)
             except KubeError as e:
@@ -303,7 +320,7 @@ class NodeSignals:
                     continue  # the Node is gone; its delete event forgets it
                 self._dirty.update(dirty[i:])
                 raise
-        if self.args.kube_events == "on":
+        if self.cfg.kube_events == "on":
             await self._send_events()
 
     async def run(self) -> None:

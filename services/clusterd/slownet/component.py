@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -45,7 +45,7 @@ from clusterd.slownet.http import SlowNetHttp
 from clusterd.slownet.inputs import InputFiles
 from clusterd.slownet.kube import PingmeshConfigMaps
 from clusterd.slownet.roce import rebuild_plane, roce_list_pb
-from clusterd.slownet.state import AGENT, PodState, SlowNetState
+from clusterd.slownet.state import AGENT, PodState, SlowNetConfig, SlowNetState
 from faultmesh._pb import agent_pb2
 from faultmesh.config import load_document
 from faultmesh.log import event
@@ -59,6 +59,9 @@ from fdol.slownet.window import PingRow
 
 if TYPE_CHECKING:
     from clusterd.context import ClusterContext
+    from clusterd.kube.config import KubeConfig
+    from clusterd.kube.leader import Election
+    from clusterd.kube.metrics import KubeMetrics
 
 log = logging.getLogger("clusterd.slownet")
 
@@ -117,15 +120,25 @@ class SlowNetComponent:
             help="also read ping_result_*.csv[-bak] under <root>/cluster/super-pod-<id>/",
         )
 
-    def __init__(self, ctx: ClusterContext, kube: Any = None) -> None:
-        """``kube``: clusterd's Kubernetes component (its leader election gates the ConfigMap writes)."""
+    def __init__(
+        self,
+        ctx: ClusterContext,
+        cfg: SlowNetConfig,
+        kube: KubeConfig | None = None,
+        election: Election | None = None,
+        kube_metrics: KubeMetrics | None = None,
+    ) -> None:
+        """``cfg``: its section; ``kube``: the Kubernetes mode's section (with ``--kube``, the
+        pingmesh ConfigMaps are read and written; None: never), ``election``: the replica's Lease
+        election (it gates the ConfigMap writes), ``kube_metrics``: the Kubernetes component's watch
+        metrics."""
         self.ctx = ctx
-        self.kube_component = kube
-        self.args = ctx.config
-        self.state = SlowNetState(ctx.config)
+        self.cfg = cfg
+        self._kube = (kube, election, kube_metrics)  # for the ConfigMaps started with the component
+        self.state = SlowNetState(cfg)
         self.current: dict[FaultKey, Fault] = {}
         self._restored: set[FaultKey] = set()
-        self._files = InputFiles(ctx.config)
+        self._files = InputFiles(cfg)
         self._workers: dict[str, asyncio.Future] = {}
         self.kube: PingmeshConfigMaps | None = None
         reg = ctx.metrics.registry
@@ -185,10 +198,11 @@ class SlowNetComponent:
         for spid in list(self.pods):
             await self._push_pod(spid)
         self.ctx.tasks.spawn(self._loop(), name="slownet")
-        if getattr(self.args, "kube", False):  # the pingmesh control ConfigMaps (issue 15)
+        kube, election, kube_metrics = self._kube
+        if kube is not None and kube.kube:  # the pingmesh control ConfigMaps (issue 15)
             self.kube = PingmeshConfigMaps(
-                self.args, self.ctx.tasks.spawn, self.set_config, self.set_topology, self.m_inputs,
-                self.kube_component,
+                kube, self.ctx.tasks.spawn, self.set_config, self.set_topology, self.m_inputs,
+                election, kube_metrics,
             )  # fmt: skip
             await self.kube.start()
         event(
@@ -232,7 +246,7 @@ class SlowNetComponent:
             await self._push_pod(spid)
 
     async def _poll_csv(self) -> None:
-        if not self.args.slownet_csv_root:
+        if not self.cfg.slownet_csv_root:
             return
         found = await self._in_thread("csv", self._files.scan_csv, sorted(self.pods))
         for spid, (rows, bad) in found.items():
@@ -430,12 +444,12 @@ class SlowNetComponent:
             raise
 
     async def _loop(self) -> None:
-        next_poll = time.monotonic() + self.args.slownet_file_poll_s
+        next_poll = time.monotonic() + self.cfg.slownet_file_poll_s
         while True:
             try:
                 if time.monotonic() >= next_poll:
                     await self._poll_files()
-                    next_poll = time.monotonic() + self.args.slownet_file_poll_s
+                    next_poll = time.monotonic() + self.cfg.slownet_file_poll_s
                 await self._poll_csv()
                 await self.run_due()
             except Exception as e:  # one bad round must not end the component

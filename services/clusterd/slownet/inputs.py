@@ -6,18 +6,22 @@ CSVs under ``--slownet-csv-root``), polled with the core's change detectors (see
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from faultmesh.files import FileWatch, Stamp, stamp
 from fdol.slownet.csvfile import PingRecord, read_csv_rows
 
+if TYPE_CHECKING:
+    from clusterd.slownet.state import SlowNetConfig
+
 
 class InputFiles:
-    """The change detectors of the input files named by ``args`` (``--slownet-config``,
+    """The change detectors of the input files named by ``cfg`` (``--slownet-config``,
     ``--slownet-topology``, ``--slownet-csv-root``). Its scans block: run them in a worker thread,
     one at a time."""
 
-    def __init__(self, args) -> None:
-        self.args = args
+    def __init__(self, cfg: SlowNetConfig) -> None:
+        self.cfg = cfg
         self._watches: dict[str, FileWatch] = {}  # input file -> its change detector
         self._csv_stamp: dict[str, Stamp] = {}  # CSV file -> (mtime_ns, size) last read
         self._csv_newest: dict[str, int] = {}  # ping_result_<idx> series -> newest row ts taken (ms)
@@ -38,7 +42,7 @@ class InputFiles:
             except OSError as e:
                 return e
 
-        a = self.args
+        a = self.cfg
         cfg = None
         if a.slownet_config and self._file_changed(Path(a.slownet_config)):
             cfg = (a.slownet_config, read(Path(a.slownet_config)))
@@ -57,7 +61,7 @@ class InputFiles:
         Per ``ping_result_<idx>`` (its .csv and .csv-bak), rows not newer than the newest row already
         taken are skipped, so a rollover or a re-read never counts a row twice."""
         out: dict[str, tuple[list[PingRecord], int]] = {}
-        root = Path(self.args.slownet_csv_root) / "cluster"
+        root = Path(self.cfg.slownet_csv_root) / "cluster"
         for spid in spids:
             d = root / f"super-pod-{spid}"
             rows_all: list[PingRecord] = []

@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 
     from prometheus_client import Counter
 
+    from clusterd.kube.config import KubeConfig
+    from clusterd.kube.leader import Election
+    from clusterd.kube.metrics import KubeMetrics
     from fdol.slownet.topology import SuperPod
 
 log = logging.getLogger("clusterd.slownet")
@@ -93,23 +96,26 @@ class PingmeshConfigMaps:
 
     def __init__(
         self,
-        args: Any,
+        cfg: KubeConfig,
         spawn: Callable[..., asyncio.Task],
         set_config: Callable[[dict[str, pmconfig.Activation], str], Awaitable[None]],
         set_topology: Callable[[SuperPod, str], Awaitable[None]],
         rejected: Counter,
-        kube: Any = None,
+        election: Election | None = None,
+        metrics: KubeMetrics | None = None,
     ) -> None:
-        """``args``: the ``--kube*`` flags; ``spawn``: the task owner's; ``set_config`` /
-        ``set_topology``: apply a ConfigMap's input (``ValueError``: refused, counted in
-        ``rejected{kind=configmap}``); ``kube``: clusterd's Kubernetes component (``elector``,
-        ``metrics``), None without one."""
-        self.args = args
+        """``cfg``: the Kubernetes mode's section (the API: ``--kube-api`` / ``--kubeconfig`` /
+        ``--kube-timeout-s``); ``spawn``: the task owner's; ``set_config`` / ``set_topology``: apply
+        a ConfigMap's input (``ValueError``: refused, counted in ``rejected{kind=configmap}``);
+        ``election``: the replica's Lease election (with leader election on, only the leader
+        writes); ``metrics``: the Kubernetes component's watch metrics (None: not counted)."""
+        self.cfg = cfg
         self._spawn = spawn
         self._set_config = set_config
         self._set_topology = set_topology
         self._rejected = rejected
-        self.kube = kube  # clusterd's Kubernetes component: with leader election, only the leader writes
+        self.election = election
+        self.metrics = metrics
         self.api: KubeApi | None = None
         self._client = None
         self.watch: ListWatcher | None = None
@@ -119,10 +125,10 @@ class PingmeshConfigMaps:
 
     async def start(self) -> None:
         """Open the API client and start the watch (raises ``OSError`` without a configuration)."""
-        a = self.args
-        self._client = await make_api_client(getattr(a, "kube_api", None), getattr(a, "kubeconfig", None))
-        self.api = KubeApi(self._client, timeout_s=getattr(a, "kube_timeout_s", 10.0))
-        m = getattr(self.kube, "metrics", None)  # the Kubernetes component's watch metrics, when there
+        a = self.cfg
+        self._client = await make_api_client(a.kube_api, a.kubeconfig)
+        self.api = KubeApi(self._client, timeout_s=a.kube_timeout_s)
+        m = self.metrics
         self.watch = ListWatcher(
             self.api, "configmaps", NAMESPACE, SELECTOR, self._on_cm, self._accept,
             on_error=(lambda e: m.api_errors.labels("watch pingmesh", str(e.status)).inc()) if m else None,
@@ -178,8 +184,7 @@ class PingmeshConfigMaps:
         """Write ``pingmesh-fault-<node>`` for the nodes whose unreachable cards changed."""
         if self.api is None:
             return
-        elector = getattr(self.kube, "elector", None)
-        if elector is not None and not elector.leading.is_set():
+        if self.election is not None and self.election.following():
             self.written.clear()  # a new leader rewrites what it holds
             return
         now_ms = time.time_ns() // 1_000_000

@@ -52,8 +52,8 @@ def rebuild_plane(state: SlowNetState) -> None:
     state.roce_plane = plane
     event(log, logging.INFO, "roce plane applied", super_pods=len(plane.pods),
           endpoints=len(plane.sp.nodes), paths=len(pairs))  # fmt: skip
-    if state.args.slownet_csv_root:
-        d = Path(state.args.slownet_csv_root) / "cluster" / "super-pod-roce"
+    if state.cfg.slownet_csv_root:
+        d = Path(state.cfg.slownet_csv_root) / "cluster" / "super-pod-roce"
         try:
             d.mkdir(parents=True, exist_ok=True)
             atomic_write(d / "super-pod-roce.json", json.dumps(plane.super_pod_list()))

@@ -8,7 +8,7 @@ RoCE plane and the ConfigMaps get it (or the few callables they need) explicitly
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 from typing import Any
 
 from clusterd.detectors import fdol_edge as edge
@@ -21,6 +21,34 @@ from fdol.slownet.analyzer import AnalyzerParams, SuperPodAnalyzer
 from fdol.slownet.window import PingRow
 
 AGENT = "noded"  # the agent that runs pingmesh
+
+
+@dataclass(frozen=True)
+class SlowNetConfig:
+    """Slow-network detection's configuration section (:func:`faultmesh.config.section`): inputs
+    ``slownet_topology`` ``--slownet-topology``, ``slownet_config`` ``--slownet-config``,
+    ``slownet_csv_root`` ``--slownet-csv-root`` (None: not read), ``slownet_file_poll_s``
+    ``--slownet-file-poll-s`` (s); the analysis: ``slownet_period_s`` ``--slownet-period-s`` (0: 10 x
+    task_interval), ``slownet_grace_s`` ``--slownet-grace-s`` (-1: automatic),
+    ``slownet_suppress_s`` ``--slownet-suppress-s``, ``slownet_intra`` ``--slownet-intra`` (``mesh``
+    / ``ring``), ``slownet_loss_abs_pct`` ``--slownet-loss-abs-pct``, ``slownet_delay_abs``
+    ``--slownet-delay-abs`` (0: off), ``slownet_min_baseline`` ``--slownet-min-baseline``,
+    ``slownet_recover_periods`` ``--slownet-recover-periods``, ``slownet_stale_periods``
+    ``--slownet-stale-periods``."""
+
+    slownet_topology: str | None
+    slownet_config: str | None
+    slownet_csv_root: str | None
+    slownet_file_poll_s: float
+    slownet_period_s: float
+    slownet_grace_s: float
+    slownet_suppress_s: float
+    slownet_intra: str
+    slownet_loss_abs_pct: float
+    slownet_delay_abs: float
+    slownet_min_baseline: int
+    slownet_recover_periods: int
+    slownet_stale_periods: int
 
 
 class PodState:
@@ -49,11 +77,11 @@ class PodState:
 
 class SlowNetState:
     """``pods`` (super pod id -> :class:`PodState`, the RoCE plane under ``roce``), ``config``
-    (pingmesh-config entries), ``node_pod`` (node -> super pod id), ``roce_plane``; ``args``: the
-    ``--slownet-*`` flags."""
+    (pingmesh-config entries), ``node_pod`` (node -> super pod id), ``roce_plane``; ``cfg``: the
+    section of the ``--slownet-*`` flags."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
+    def __init__(self, cfg: SlowNetConfig) -> None:
+        self.cfg = cfg
         self.pods: dict[str, PodState] = {}
         self.config: dict[str, pmconfig.Activation] = {}
         self.node_pod: dict[str, str] = {}
@@ -65,20 +93,20 @@ class SlowNetState:
 
     def period_s(self, spid: str) -> float:
         """Detection period of a super pod (s)."""
-        if self.args.slownet_period_s > 0:
-            return self.args.slownet_period_s
+        if self.cfg.slownet_period_s > 0:
+            return self.cfg.slownet_period_s
         act = self.activation(spid)
         return float(act.period_s if act else 10)
 
     def grace_s(self, spid: str) -> float:
         """Wait after a period's end before analysing it (s)."""
-        if self.args.slownet_grace_s >= 0:
-            return self.args.slownet_grace_s
+        if self.cfg.slownet_grace_s >= 0:
+            return self.cfg.slownet_grace_s
         return max(self.period_s(spid) / 2, 6.0)
 
     def params(self, spid: str) -> AnalyzerParams:
         """The analyzer parameters of a super pod (flags and its period)."""
-        a = self.args
+        a = self.cfg
         return AnalyzerParams(
             period_ms=int(self.period_s(spid) * 1000),
             min_baseline=a.slownet_min_baseline,
@@ -91,7 +119,7 @@ class SlowNetState:
 
     def install(self, sp: topo.SuperPod) -> PodState:
         """Add or update the super pod of topology ``sp`` (ping list regenerated, window kept)."""
-        pairs = pl.generate(sp, intra=self.args.slownet_intra)
+        pairs = pl.generate(sp, intra=self.cfg.slownet_intra)
         pod = self.pods.get(sp.super_pod_id)
         if pod is None:
             pod = self.pods[sp.super_pod_id] = PodState(sp, pairs, self.params(sp.super_pod_id))

@@ -42,6 +42,7 @@ import asyncio
 import logging
 import sqlite3
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +80,21 @@ log = logging.getLogger("clusterd.slownode")
 STORE_NS = "slownode.jobs"
 
 
+@dataclass(frozen=True)
+class SlowNodeConfig:
+    """Slow-node detection's configuration section (:func:`faultmesh.config.section`):
+    ``slownode_watch_dir`` ``--slownode-watch-dir`` (empty: off), ``slownode_watch_interval``
+    ``--slownode-watch-interval`` (s), ``slownode_once_ttl`` ``--slownode-once-ttl`` (s),
+    ``slownode_cluster_name`` ``--slownode-cluster-name``; ``state_dir`` ``--state-dir`` (the
+    default data-trace folder under it)."""
+
+    slownode_watch_dir: str
+    slownode_watch_interval: float
+    slownode_once_ttl: float
+    slownode_cluster_name: str
+    state_dir: str
+
+
 class SlowNodeComponent:
     """See the module docstring. Owns ``jobs`` (job id -> :class:`JobState`), their store records
     and the noded control messages; composes the data-trace switch, the detector edge
@@ -108,19 +124,21 @@ class SlowNodeComponent:
     def __init__(
         self,
         ctx: ClusterContext,
+        cfg: SlowNodeConfig,
         jobs: JobRegistry | None = None,
         set_data_trace: Callable[[str, dict[str, str]], Awaitable[None]] | None = None,
         data_trace_root: str | None = None,
     ) -> None:
-        """``jobs``: the brain's job registry (placement; does the brain own a job's data trace);
+        """``cfg``: its section; ``jobs``: the brain's job registry (placement; does the brain own a job's data trace);
         ``set_data_trace``: the brain's hook for the jobs it knows; ``data_trace_root``: the folder of
         the switch files this component writes itself (default ``<state dir>/datatrace-config``)."""
         self.ctx = ctx
+        self.cfg = cfg
         self.registry = jobs
         self.jobs: dict[str, JobState] = {}
         self._lock = asyncio.Lock()
         self._stops: dict[str, dict[str, JobState]] = {}  # node -> stopped jobs it was not told of yet
-        cfg, reg, reject = ctx.config, ctx.metrics.registry, ctx.metrics.reject
+        reg, reject = ctx.metrics.registry, ctx.metrics.reject
         root = data_trace_root or str(Path(cfg.state_dir) / "datatrace-config")
         self.data_trace = DataTraceSwitch(root, ctx.agents.send, jobs, set_data_trace)
         self.edge = DetectorEdge(
@@ -151,7 +169,7 @@ class SlowNodeComponent:
                 )
             except (FeatConfError, EnableError, KeyError, TypeError) as e:
                 event(log, logging.ERROR, "slownode job not resumed", job=job_id, error=str(e))
-        cfg = self.ctx.config
+        cfg = self.cfg
         if cfg.slownode_watch_dir:
             loop = self.files.loop(Path(cfg.slownode_watch_dir), cfg.slownode_watch_interval)
             self.ctx.tasks.spawn(loop, name="slownode-watch")
@@ -218,7 +236,7 @@ class SlowNodeComponent:
                 conf,
                 placement,
                 source,
-                ClusterDetector.for_conf(conf, self.ctx.config.slownode_cluster_name),
+                ClusterDetector.for_conf(conf, self.cfg.slownode_cluster_name),
                 DegradationTracker(conf),
                 enabled_ms=now_ms(),
             )

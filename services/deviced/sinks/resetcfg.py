@@ -118,7 +118,7 @@ class ResetConfigWriter:
         with ``--hot-reset`` or ``--grace-tolerance`` (then in ``grace`` mode), else podReschedule."""
         if not args.reset_config_dir:
             return None
-        grace = bool(getattr(args, "grace_tolerance", False))
+        grace = bool(args.grace_tolerance)
         return cls(args.reset_config_dir, "hotReset" if args.hot_reset or grace else "podReschedule", grace)
 
     def set_job(self, job_id: str, name: str, namespace: str, ranks: dict[int, int], deleted: bool) -> None:

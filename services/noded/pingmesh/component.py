@@ -57,6 +57,7 @@ from noded.pingmesh.inputs import InputFiles
 from noded.pingmesh.plan import compute_plan, valid_addr
 from noded.pingmesh.results import ResultWriter, TaskSample, rows_from_samples
 from noded.pingmesh.roceping import ROCE, RocePinger, RoceRounds
+from noded.sections import PingmeshConfig
 
 log = logging.getLogger("noded.pingmesh")
 
@@ -70,6 +71,7 @@ class Pingmesh(PushSource):
     (``roce_rounds``, from start) and their pinger (``roce``)."""
 
     name = "pingmesh"
+    Config = PingmeshConfig  # its section (noded.sources.config_section)
     control_kinds = ("pingmesh_config", "topology", "ping_list")
 
     @staticmethod
@@ -103,13 +105,13 @@ class Pingmesh(PushSource):
         g.add_argument("--pingmesh-roce-fabric", help="simulated RoCE plane file (noded.pingmesh.rocefabric)")
 
     @classmethod
-    def from_config(cls, cfg, metrics=None) -> Pingmesh:
+    def from_config(cls, cfg: PingmeshConfig, metrics=None) -> Pingmesh:
         """The source for its flag section ``cfg`` (``metrics``: unused, its own are on ctx.registry)."""
         return cls(cfg)
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: PingmeshConfig) -> None:
         super().__init__()
-        self.args = config
+        self.cfg = config
         self.node = ""  # set by start(): --pingmesh-fabric-node or the node name
         self.backend = None
         self.backend_name = "off"
@@ -138,10 +140,10 @@ class Pingmesh(PushSource):
         """Take the context (metrics, route ``GET /v1/pingmesh``, control kinds), open the backend,
         read the chips and input files, start the pingmesh loop."""
         await super().start(ctx)
-        self.node = getattr(self.args, "pingmesh_fabric_node", None) or ctx.node
-        net_root = self.args.pingmesh_net_root or self.args.pingmesh_dir
+        self.node = self.cfg.pingmesh_fabric_node or ctx.node
+        net_root = self.cfg.pingmesh_net_root or self.cfg.pingmesh_dir
         self.writer = ResultWriter(
-            self.node, self.args.pingmesh_dir, net_root, self.args.pingmesh_result_max_age_days
+            self.node, self.cfg.pingmesh_dir, net_root, self.cfg.pingmesh_result_max_age_days
         )
         reg = ctx.registry
         self.m_rows = Counter("faultmesh_pingmesh_rows_total", "pingmesh result rows produced", registry=reg)
@@ -152,10 +154,10 @@ class Pingmesh(PushSource):
         self.m_restarts = Counter(
             "faultmesh_pingmesh_task_restarts_total", "stopped tasks restarted (chip reset)", registry=reg
         )
-        self.roce = RocePinger(self.node, getattr(self.args, "pingmesh_roce_fabric", None))
+        self.roce = RocePinger(self.node, self.cfg.pingmesh_roce_fabric)
         self.roce_rounds = RoceRounds(
             self.roce,
-            self.args,
+            self.cfg,
             ctx.run_blocking,
             self.writer.write_csv,
             self._emit,
@@ -169,7 +171,7 @@ class Pingmesh(PushSource):
             await self._open_backend()
         except Exception as e:
             self.m_errors.labels("backend").inc()
-            event(log, logging.WARNING, "pingmesh disabled", backend=self.args.pingmesh_backend, error=str(e))
+            event(log, logging.WARNING, "pingmesh disabled", backend=self.cfg.pingmesh_backend, error=str(e))
             self.backend = None
             self.backend_name = "off"
         await self._poll_files()
@@ -184,22 +186,22 @@ class Pingmesh(PushSource):
                 await self.ctx.run_blocking(STOP_TIMEOUT_S, self._stop_tasks, list(self.plan))
 
     async def _open_backend(self) -> None:
-        kind = self.args.pingmesh_backend
+        kind = self.cfg.pingmesh_backend
         if kind == "off":
             return
         if kind == "sim":
-            if not self.args.pingmesh_fabric:
+            if not self.cfg.pingmesh_fabric:
                 raise ValueError("--pingmesh-backend sim needs --pingmesh-fabric FILE")
             from noded.pingmesh.fabric import Fabric
             from noded.pingmesh.simbackend import SimHccsping
 
-            fabric = await self.ctx.run_blocking(CALL_TIMEOUT_S, Fabric.from_file, self.args.pingmesh_fabric)
+            fabric = await self.ctx.run_blocking(CALL_TIMEOUT_S, Fabric.from_file, self.cfg.pingmesh_fabric)
             backend = SimHccsping(fabric, self.node)
         else:
             from faultmesh.dcmi.hccsping import DcmiHccsping
 
             backend = await self.ctx.run_blocking(
-                CALL_TIMEOUT_S, DcmiHccsping.open, self.args.pingmesh_dcmi_lib
+                CALL_TIMEOUT_S, DcmiHccsping.open, self.cfg.pingmesh_dcmi_lib
             )
             if not await self.ctx.run_blocking(CALL_TIMEOUT_S, backend.supported):
                 raise RuntimeError("hccsping not supported by this driver")
@@ -417,12 +419,12 @@ class Pingmesh(PushSource):
         return self.roce_rounds.interval(self.config) if self.roce_rounds else self._interval()
 
     def _interval(self) -> float:
-        if self.args.pingmesh_collect_interval_s > 0:
-            return self.args.pingmesh_collect_interval_s
-        return float(self.activation.period_s) if self.activation else self.args.pingmesh_file_poll_s
+        if self.cfg.pingmesh_collect_interval_s > 0:
+            return self.cfg.pingmesh_collect_interval_s
+        return float(self.activation.period_s) if self.activation else self.cfg.pingmesh_file_poll_s
 
     async def _loop(self) -> None:
-        next_poll = time.monotonic() + self.args.pingmesh_file_poll_s
+        next_poll = time.monotonic() + self.cfg.pingmesh_file_poll_s
         next_collect = time.monotonic() + self._interval()
         next_roce = time.monotonic() + self._roce_interval()
         retry_at: float | None = None
@@ -436,7 +438,7 @@ class Pingmesh(PushSource):
                     self.m_errors.labels("roce_round").inc()
                     self._ratelog.warning("roce_round", "pingmesh roce round failed", error=repr(e))
             if now >= next_poll:
-                next_poll = now + self.args.pingmesh_file_poll_s
+                next_poll = now + self.cfg.pingmesh_file_poll_s
                 try:
                     await self._poll_files()
                 except Exception as e:  # e.g. a hung file system: try again next poll

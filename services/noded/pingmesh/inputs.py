@@ -9,16 +9,17 @@ import os
 from pathlib import Path
 
 from faultmesh.files import FileWatch, stamp
+from noded.sections import PingmeshConfig
 
 MAX_FILE_BYTES = 64 << 20
 
 
 class InputFiles:
-    """The change detectors of the input files named by ``args`` (the ``--pingmesh-*`` flags). Its
+    """The change detectors of the input files named by ``cfg`` (the pingmesh section). Its
     scans block: run them in the bounded pool, one at a time."""
 
-    def __init__(self, args) -> None:
-        self.args = args
+    def __init__(self, cfg: PingmeshConfig) -> None:
+        self.cfg = cfg
         self._watches: dict[str, FileWatch] = {}
 
     def _changed(self, path: str | None) -> bool:
@@ -30,11 +31,11 @@ class InputFiles:
     def ping_list_path(self, super_pod_id: str | None, server_index: int | None) -> str | None:
         """``--pingmesh-ping-list-file``, else ``<net-root>/cluster/super-pod-<id>/
         ping_list_<serverIndex>.json`` once the super pod and server index are known."""
-        if self.args.pingmesh_ping_list_file:
-            return self.args.pingmesh_ping_list_file
+        if self.cfg.pingmesh_ping_list_file:
+            return self.cfg.pingmesh_ping_list_file
         if super_pod_id is None or server_index is None:
             return None
-        root = Path(self.args.pingmesh_net_root or self.args.pingmesh_dir)
+        root = Path(self.cfg.pingmesh_net_root or self.cfg.pingmesh_dir)
         return str(root / "cluster" / f"super-pod-{super_pod_id}" / f"ping_list_{server_index}.json")
 
     def scan(
@@ -42,7 +43,7 @@ class InputFiles:
     ) -> list[tuple[str, str, bytes | Exception]]:
         """Blocking: [(kind, path, content or error)] for the input files that changed (kind
         ``config``, ``topology``, ``ping_list``; a file over 64 MiB is an error)."""
-        a = self.args
+        a = self.cfg
         out: list[tuple[str, str, bytes | Exception]] = []
         for path, kind in (
             (a.pingmesh_config_file, "config"),

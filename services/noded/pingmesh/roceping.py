@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from faultmesh.log import RateLimitedLog
     from noded.pingmesh.rocefabric import RoceFabric
+    from noded.sections import PingmeshConfig
 
 log = logging.getLogger("noded.pingmesh")
 
@@ -120,12 +121,12 @@ class RoceRounds:
     """The RoCE collection rounds of the pingmesh source, which owns one: ``pinger`` probes (in the
     bounded pool, ``run_blocking``); ``write_csv(spid, server_index, rows, roce)``: the result
     writer's; ``emit(rows)`` hands the rows to the agent state; ``errors``: the pingmesh failure
-    counter (``reason``), ``ratelog`` its rate-limited log; ``args``: the ``--pingmesh-*`` flags."""
+    counter (``reason``), ``ratelog`` its rate-limited log; ``cfg``: the pingmesh section."""
 
     def __init__(
         self,
         pinger: RocePinger,
-        args,
+        cfg: PingmeshConfig,
         run_blocking: Callable[..., Awaitable[Any]],
         write_csv: Callable[..., Any],
         emit: Callable[[list[agent_pb2.PingResult]], None],
@@ -133,7 +134,7 @@ class RoceRounds:
         ratelog: RateLimitedLog,
     ) -> None:
         self.pinger = pinger
-        self.args = args
+        self.cfg = cfg
         self._run_blocking = run_blocking
         self._write_csv = write_csv
         self._emit = emit
@@ -167,7 +168,7 @@ class RoceRounds:
     def interval(self, config: dict[str, pmconfig.Activation] | None) -> float:
         """Seconds between RoCE collections: ``--pingmesh-collect-interval-s``, else the ``roce``
         entry's period, else the file poll interval."""
-        if self.args.pingmesh_collect_interval_s > 0:
-            return self.args.pingmesh_collect_interval_s
+        if self.cfg.pingmesh_collect_interval_s > 0:
+            return self.cfg.pingmesh_collect_interval_s
         act = pmconfig.for_super_pod(config or {}, ROCE)
-        return float(act.period_s) if act else self.args.pingmesh_file_poll_s
+        return float(act.period_s) if act else self.cfg.pingmesh_file_poll_s

@@ -6,8 +6,9 @@ stopped in reverse. Each is a :class:`faultmesh.source.Source` (``name``, ``supp
 
 - ``add_arguments(parser)`` (static): its command-line flags (Dpc and Dtfs share one set); the
   flag names are the CLI's and the chart's;
-- ``from_config(section, metrics)`` (class method): the instance for its config section (an
-  ``argparse.Namespace`` holding just the flags its ``add_arguments`` adds, see
+- ``Config``: its typed configuration section (a frozen dataclass of :mod:`noded.sections` whose
+  fields are the flags its ``add_arguments`` adds);
+- ``from_config(section, metrics)`` (class method): the instance for its section (built once by
   :func:`config_section`) and noded's :class:`noded.metrics.NodedMetrics`. Raises ``ValueError`` /
   ``OSError`` for a configuration noded cannot run with (exit status 2).
 
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterable
+from typing import Any
 
+from faultmesh import config
 from noded.pingmesh import Pingmesh
 from noded.slownode import SlowNode
 from noded.sources.bmc import Bmc
@@ -47,9 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser, sources: Iterable[type] = SOU
         fn(parser)
 
 
-def config_section(args: argparse.Namespace, cls: type) -> argparse.Namespace:
-    """The part of the parsed ``args`` that ``cls.add_arguments`` defines: the source's own section."""
-    probe = argparse.ArgumentParser(add_help=False)
-    cls.add_arguments(probe)
-    dests = [a.dest for a in probe._actions if a.dest != argparse.SUPPRESS]
-    return argparse.Namespace(**{d: getattr(args, d, None) for d in dests})
+def config_section(args: argparse.Namespace, cls: type) -> Any:
+    """The source's own section: its typed ``cls.Config`` (:mod:`noded.sections`), built from the
+    parsed ``args`` by :func:`faultmesh.config.section`; its fields are the flags
+    ``cls.add_arguments`` defines. Raises ``ConfigError`` when ``args`` lacks one."""
+    return config.section(cls.Config, args)

@@ -60,6 +60,7 @@ from noded.bmc.firstseen import FirstSeen
 from noded.bmc.sel import load_sel_table
 from noded.levels import LevelTable, LevelTableWatcher, node_status
 from noded.metrics import NodedMetrics
+from noded.sections import BmcConfig
 
 log = logging.getLogger("noded.bmc")
 
@@ -90,6 +91,7 @@ class Bmc(PolledSource):
 
     name = "bmc"
     fault_sources = (SOURCE_OEM, SOURCE_SEL)
+    Config = BmcConfig  # its section (noded.sources.config_section)
 
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -131,7 +133,7 @@ class Bmc(PolledSource):
         p.add_argument("--bmc-state-file", help="keeps BMC faults' first-seen times across restarts")
 
     @classmethod
-    def from_config(cls, cfg: Any, metrics: NodedMetrics) -> Bmc:
+    def from_config(cls, cfg: BmcConfig, metrics: NodedMetrics) -> Bmc:
         """The source for noded's flags ``cfg`` (its section). Raises ``ValueError`` (no password,
         bad SEL table) or ``OSError`` (unreadable SEL table file)."""
         watcher = LevelTableWatcher(
@@ -145,7 +147,7 @@ class Bmc(PolledSource):
                 cfg.bmc_port,
                 cfg.bmc_user,
                 read_password(cfg),
-                timeout_s=min(getattr(cfg, "bmc_call_timeout_max", 5.0), cfg.bmc_timeout),
+                timeout_s=min(cfg.bmc_call_timeout_max, cfg.bmc_timeout),
             )
         src = cls(
             client=client,

@@ -33,12 +33,13 @@ import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from faultmesh.log import RateLimitedLog, event
 from faultmesh.model import NODE_DEVICE_ID, Fault, now_ms
 from faultmesh.source import PolledSource, Support
 from noded.metrics import NodedMetrics
+from noded.sections import StorageConfig
 
 log = logging.getLogger("noded.storage")
 
@@ -200,6 +201,7 @@ class StorageSource(PolledSource):
     kind: ClassVar[str] = ""
     name: ClassVar[str] = ""
     timeout_s = 5.0
+    Config = StorageConfig  # its section (noded.sources.config_section), one for both kinds
 
     @staticmethod
     def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -221,13 +223,13 @@ class StorageSource(PolledSource):
         )
 
     @classmethod
-    def from_config(cls, cfg: Any, metrics: NodedMetrics) -> StorageSource:
+    def from_config(cls, cfg: StorageConfig, metrics: NodedMetrics) -> StorageSource:
         """The source for the storage section ``cfg`` (path ``<kind>_status_file``, may be empty)."""
         return cls(
-            getattr(cfg, f"{cls.kind}_status_file") or "",
+            cfg.status_file(cls.kind),
             metrics,
             interval_s=cfg.storage_interval,
-            memory_hold_s=getattr(cfg, "storage_memory_hold_s", MEMORY_HOLD_S),
+            memory_hold_s=cfg.storage_memory_hold_s,
         )
 
     def __init__(
