@@ -285,6 +285,7 @@ class ClusterD:
             data_trace_root=brain.datatrace.root,
         )
         slownet = SlowNetComponent(ctx, kube)  # kube: its leader election gates slownet's ConfigMap writes
+        kube.superpods.pingmesh_on = lambda: any(a.activate for a in slownet.config.values())
         control = ControlMaps(  # the control ConfigMaps and fault-job-info: started after kube and slownode
             args, kube, jobs, ctx.store, kube.metrics, ctx.tasks.spawn,
             slownode=slownode, data_trace=brain.datatrace, topology=slownet_topology(slownet),
