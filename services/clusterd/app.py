@@ -73,6 +73,7 @@ from clusterd.kube.gate import FollowerGate
 from clusterd.kube.handoff import PodGroupPlatform
 from clusterd.nodehealth import NodeHealthCollector
 from clusterd.nodes import NodeRegistry
+from clusterd.relations import RelationComponent
 from clusterd.separation import ManualSeparation
 from clusterd.slownet.component import SlowNetComponent
 from clusterd.slownode.component import SlowNodeComponent
@@ -95,6 +96,7 @@ COMPONENT_CLASSES: tuple[type, ...] = (
     ManualSeparation,
     SlowNodeComponent,
     SlowNetComponent,
+    RelationComponent,
     HistoryComponent,
 )
 """Every component class, in start order (their flags join the command line)."""
@@ -295,6 +297,7 @@ class ClusterD:
         self.components = [
             self.pubfault, kube, self.brain, self.separation, slownode, slownet, control, self.acks,
         ]  # fmt: skip
+        self.components.append(RelationComponent(ctx, jobs.all))  # issue 32: relation rules per job
         self.components.append(HistoryComponent(ctx))
         self.grpc_port = 0
         self._server: grpc.aio.Server | None = None
