@@ -145,3 +145,29 @@ async def test_foreign_map_left_alone_and_failed_write_retried(k8s, scd):
     await eventually(lambda: writes(scd, "foreign") == 1, what="foreign map counted")
     obj = await api.get_config_map(NS, "super-pod-3")
     assert json.loads(obj["data"]["superPodDevice"]) == theirs  # an operator's topology stays as it is
+
+
+async def test_node_annotations_of_the_reference_device_plugin_give_the_real_sdids(k8s, scd):
+    _, api = k8s
+    sp = kube(scd).superpods
+    await eventually(lambda: sp.api is not None, what="kube started")
+    sp.pingmesh_on = lambda: True
+    infos = {
+        "Ascend910-0": {"IP": "10.0.0.1", "SuperDeviceID": 111},
+        "Ascend910-1": {"IP": "", "SuperDeviceID": 222},
+    }
+    await api.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": "node-r", "labels": {"huawei.com/topotree.superpodid": "5"},
+        "annotations": {"serverIndex": "2", "baseDeviceInfos": json.dumps(infos)},
+    }})  # fmt: skip
+    scd.nodes.update("node-r", devices=chips(9, 0, 2), owner="deviced")  # the annotations win
+    bad = {"Ascend910-x": {"SuperDeviceID": 1}}  # not Ascend910-<int>: the node's annotations are unusable
+    await api.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": "node-s", "annotations": {"superPodID": "5", "serverIndex": "3", "baseDeviceInfos": json.dumps(bad)},
+    }})  # fmt: skip
+    obj = await eventually(lambda: cm_or_none(api, "super-pod-5"), what="super-pod-5 from the annotations")
+    doc = json.loads(obj["data"]["superPodDevice"])
+    assert doc["NodeDeviceMap"] == {
+        "node-r": {"NodeName": "node-r", "ServerID": "2", "DeviceMap": {"0": "111", "1": "222"}}
+    }
+    assert await cm_or_none(api, "super-pod-9") is None

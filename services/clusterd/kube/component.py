@@ -180,7 +180,10 @@ class KubeComponent:
         )  # fmt: skip
         self.podgroups = PodGroups(self.metrics, self._podgroup_changed)
         self.superpods = SuperPodPublisher(  # pingmesh_on: set by clusterd.app (the slownet config)
-            ctx.nodes, self.metrics, period_s=getattr(a, "kube_superpod_period_s", 5.0)
+            ctx.nodes,
+            self.metrics,
+            period_s=getattr(a, "kube_superpod_period_s", 5.0),
+            node_objects=self._node_objects,
         )
         self.pod_jobs = PodJobs(jobs, ctx.store, self.metrics, self.podgroups) if jobs is not None else None
         self.handoff = (
@@ -356,6 +359,9 @@ class KubeComponent:
 
     def _node_count(self) -> int:
         return len(self.nodes.objects) if self.nodes is not None else 0
+
+    def _node_objects(self) -> dict[str, dict]:
+        return {name: obj for (_, name), obj in self.nodes.objects.items()} if self.nodes is not None else {}
 
     def _node_taints(self, node: str) -> list:
         obj = self.nodes.objects.get(("", node)) if self.nodes is not None else None

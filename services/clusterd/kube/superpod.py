@@ -17,12 +17,19 @@ ClusterD writes"). What a reader sees is the reference's:
   (:class:`faultmesh.retry.Backoff`) and counted in ``faultmesh_kube_writes_total{kind="superpod",
   result="error"}`` and ``faultmesh_kube_api_errors_total``.
 
-Built from what clusterd already holds: the agents' device states in the node registry (deviced's
-``super_pod_id``, ``server_index`` and ``phy_id`` per chip, deviced.md §5.1; a node counts when all
-its chips name one super pod id >= 0 and one server index >= 0). The reference reads the SDIDs
-(``SuperDeviceID``) from the device plugin's node annotation ``baseDeviceInfos``; deviced's states
-carry no SDID, so the SDID is the A3 layout's (:func:`fdol.slownet.topology.make_sdid`, checked
-against the reference docs' example super pod) — docs/compatibility.md says so.
+Built from what clusterd already holds, per node:
+
+- the Node object (clusterd's node watch), when the reference device plugin annotated it, as the
+  reference reads it (``pkg/domain/node``): super pod id from the label
+  ``huawei.com/topotree.superpodid`` else the annotation ``superPodID``, server id from
+  ``huawei.com/topotree.serverid`` else ``serverIndex``, and the SDIDs from
+  ``huawei.com/npu.base-device-infos`` else ``baseDeviceInfos`` (``{"Ascend910-<phy>": {"IP",
+  "SuperDeviceID"}}``; a name that is not ``Ascend910-<int>`` drops the node, as there);
+- else the agents' device states in the node registry (deviced's ``super_pod_id``, ``server_index``
+  and ``phy_id`` per chip, deviced.md §5.1; a node counts when all its chips name one super pod id
+  >= 0 and one server index >= 0). deviced's states carry no SDID, so the SDID is the A3 layout's
+  (:func:`fdol.slownet.topology.make_sdid`, checked against the reference docs' example super pod) —
+  docs/compatibility.md says so.
 
 One difference on purpose: a ``super-pod-<id>`` ConfigMap this writer did not create (an operator's,
 with faultmesh's ``Planes`` or real SDIDs) is left as it is, logged once and counted
@@ -81,6 +88,37 @@ def node_placement(devices: list[dict[str, Any]]) -> tuple[int, int, dict[int, i
         return None
 
 
+SUPER_POD_LABEL, SUPER_POD_ANNOTATION = "huawei.com/topotree.superpodid", "superPodID"
+SERVER_LABEL, SERVER_ANNOTATION = "huawei.com/topotree.serverid", "serverIndex"
+BASE_INFOS = ("huawei.com/npu.base-device-infos", "baseDeviceInfos")
+CHIP_PREFIX = "Ascend910-"
+MAX_NODE_DEVICES = 128  # the reference drops a node whose base-device-infos has more
+
+
+def node_object_placement(obj: dict[str, Any]) -> tuple[int, int, dict[int, int]] | None:
+    """(super pod id, server index, phy id -> SDID) from a Node object the reference device plugin
+    annotated (module doc), or None when it carries no usable placement."""
+    meta = obj.get("metadata") or {}
+    labels, ann = meta.get("labels") or {}, meta.get("annotations") or {}
+    raw = next((ann[k] for k in BASE_INFOS if ann.get(k)), None)
+    try:
+        spid = int(str(labels.get(SUPER_POD_LABEL) or ann.get(SUPER_POD_ANNOTATION) or "").strip())
+        idx = int(str(labels.get(SERVER_LABEL) or ann.get(SERVER_ANNOTATION) or "").strip())
+        infos = json.loads(raw) if raw else None
+        if spid < 0 or idx < 0 or not isinstance(infos, dict) or not 0 < len(infos) <= MAX_NODE_DEVICES:
+            return None
+        devs: dict[int, int] = {}
+        for name, info in infos.items():
+            phy = int(name.removeprefix(CHIP_PREFIX)) if name.startswith(CHIP_PREFIX) else None
+            sdid = (info or {}).get("SuperDeviceID") if isinstance(info, dict) else None
+            if phy is None or phy < 0 or isinstance(sdid, bool) or not isinstance(sdid, int) or sdid < 0:
+                return None
+            devs[phy] = sdid
+        return spid, idx, devs
+    except (TypeError, ValueError):
+        return None
+
+
 def super_pod_device(spid: int, nodes: dict[str, tuple[int, dict[int, int]]]) -> dict[str, Any]:
     """The reference's ``SuperPodDevice`` of one super pod, keys in Go's ``json.Marshal`` order.
     ``nodes``: node name -> (server index, phy id -> SDID)."""
@@ -98,13 +136,17 @@ def super_pod_device(spid: int, nodes: dict[str, tuple[int, dict[int, int]]]) ->
     }
 
 
-def desired_documents(registry: NodeRegistry) -> dict[str, str]:
-    """ConfigMap name -> ``superPodDevice`` value for every super pod the agents report."""
+def desired_documents(registry: NodeRegistry, node_objects: dict[str, dict] | None = None) -> dict[str, str]:
+    """ConfigMap name -> ``superPodDevice`` value for every super pod the Node objects (name ->
+    object) or the agents report (module doc)."""
     pods: dict[int, dict[str, tuple[int, dict[int, int]]]] = {}
-    for name in sorted(registry.names()):
-        st = registry.get(name)
-        views = [d for d in (st.devices.values() if st else ()) if d.get("phy_id") is not None]
-        where = node_placement(views) if views else None
+    objs = node_objects or {}
+    for name in sorted(registry.names() | set(objs)):
+        where = node_object_placement(objs[name]) if name in objs else None
+        if where is None:
+            st = registry.get(name)
+            views = [d for d in (st.devices.values() if st else ()) if d.get("phy_id") is not None]
+            where = node_placement(views) if views else None
         if where is None:
             continue
         spid, idx, devs = where
@@ -119,7 +161,8 @@ def desired_documents(registry: NodeRegistry) -> dict[str, str]:
 
 class SuperPodPublisher:
     """Writes the ``super-pod-<id>`` ConfigMaps (module doc). ``api`` is set by the Kubernetes component
-    once connected; ``pingmesh_on()`` says whether the pingmesh feature is on (None: always).
+    once connected; ``pingmesh_on()`` says whether the pingmesh feature is on (None: always);
+    ``node_objects()``: node name -> Node object.
     :meth:`run` is a leader-only writer; :meth:`publish_once` is one round (tests)."""
 
     def __init__(
@@ -128,8 +171,10 @@ class SuperPodPublisher:
         metrics: KubeMetrics,
         pingmesh_on: Callable[[], bool] | None = None,
         period_s: float = PERIOD_S,
+        node_objects: Callable[[], dict[str, dict]] = dict,
     ) -> None:
         self.nodes = nodes
+        self.node_objects = node_objects  # name -> Node object (the kube component's node watch)
         self.metrics = metrics
         self.pingmesh_on = pingmesh_on
         self.period_s = period_s
@@ -167,7 +212,7 @@ class SuperPodPublisher:
         assert self.api is not None
         if self.pingmesh_on is not None and not self.pingmesh_on():
             return 0
-        want = desired_documents(self.nodes)
+        want = desired_documents(self.nodes, self.node_objects())
         n, first = 0, None
         for name in sorted(want):
             if name in self.foreign or self.written.get(name) == want[name]:
