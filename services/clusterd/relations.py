@@ -259,9 +259,11 @@ class RelationComponent:
             self.rules.mark()  # its own submissions alone change nothing
 
     def _health(self, node: str, device_id: int) -> str:
+        """A chip's health from the agents' device views: faults name the physical id (deviced's
+        ``Fault.device_id``), the views are keyed by logic id and carry ``phy_id``."""
         st = self.ctx.nodes.get(node)
         for d in st.devices.values() if st else ():
-            if d.get("device_id") == device_id and d.get("health"):
+            if d.get("phy_id", d.get("device_id")) == device_id and d.get("health"):
                 return str(d["health"])
         return ""
 

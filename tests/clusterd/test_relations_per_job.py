@@ -13,7 +13,7 @@ from support import eventually, make_clusterd
 from clusterd.relations import SOURCE, JobRelations
 from faultmesh.faultrules import DurationTable, RelationTable
 from faultmesh.jobspec import Job, Rank
-from faultmesh.model import Fault
+from faultmesh.model import Fault, now_ms
 
 DATA = Path(__file__).resolve().parents[2] / "services" / "deviced" / "data"
 LINK_DOWN, HCCL_SEP, HCCL_SUB, CQE = "81078603", "8C1F860B", "8C1F8609", "8C1F8608"
@@ -116,6 +116,17 @@ async def test_clusterd_submits_relation_faults_to_the_center(tmp_path):
         assert (f.node, f.device_id, f.level) == ("node-b", 1, "SeparateNPU")
         await cd.center.replace_source("node-b", "deviced", [])
         await eventually(lambda: not relation(), what="relation fault gone with its cause")
+        # the trigger's card UnHealthy (the agent's device view: logic 7 is phy 0): no pairing
+        view = {"device_type": "NPU", "device_id": 7, "phy_id": 0, "health": "UnHealthy"}
+        cd.nodes.update("node-a", devices=[view], owner="deviced")
+        await cd.center.replace_source("node-b", "deviced", [npu("node-b", 1, LINK_DOWN)])
+        comp = next(c for c in cd.components if c.name == "relations")
+        await eventually(
+            lambda: any(k[1].node == "node-b" for k in comp.rules.watched), what="the new fault evaluated"
+        )
+        assert comp.rules.evaluate(cd.center.faults(), now_ms()) == {} and not relation()
+        cd.nodes.update("node-a", devices=[{**view, "health": "Healthy"}], owner="deviced")
+        assert comp.rules.evaluate(cd.center.faults(), now_ms())["node-b"]  # the same faults, a healthy card
     finally:
         await cd.stop()
 
