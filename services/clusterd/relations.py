@@ -180,6 +180,14 @@ class JobRelations:
                       device=f.device_id, code=code, trigger=t, strategy=new)  # fmt: skip
 
     # -- the loop ----------------------------------------------------------------------------------
+    def seed(self, faults: Iterable[Fault]) -> None:
+        """Take the ``relation`` faults the fault center restored (a restart) as the last submitted,
+        so the first cycle removes the ones no longer due."""
+        self.outcome = {}
+        for f in faults:
+            if f.source == SOURCE:
+                self.outcome.setdefault(f.node, {})[f.key] = f
+
     async def sync(self, faults: Iterable[Fault], now_ms: int, submit) -> int:
         """Evaluate and submit every node whose relation faults changed. Returns how many nodes."""
         want = self.evaluate(faults, now_ms)
@@ -273,6 +281,7 @@ class RelationComponent:
     async def start(self) -> None:
         """Start the loop (owned by clusterd's task owner)."""
         if self.rules is not None:
+            self.rules.seed(self.ctx.center.faults())  # restored with the center before components start
             self.rules.mark()
             self.ctx.tasks.spawn(
                 self.rules.run(self.ctx.center.faults, self._submit, now_ms), name="relations"

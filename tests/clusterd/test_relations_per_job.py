@@ -188,3 +188,17 @@ def test_reference_device_subhealth_and_separate():
         ("node-100", "NPU", 1, R4): "SeparateNPU",  # npu1 of node-100: Separate wins on the chip
         ("node-103", "Switch", 0, R4): "Separate",
     }
+
+
+async def test_restored_relation_faults_no_longer_due_are_removed():
+    r = rules()
+    stale = Fault(SOURCE, "node-b", "NPU", 1, LINK_DOWN, "SeparateNPU", first_seen_ms=1, last_seen_ms=1)
+    r.seed([stale, npu("node-b", 1, LINK_DOWN)])  # what the fault center restored after a restart
+    submitted = []
+
+    async def submit(node, faults):
+        submitted.append((node, faults))
+
+    assert await r.sync([npu("node-b", 1, LINK_DOWN)], 1000, submit) == 1  # the trigger is gone
+    assert submitted == [("node-b", [])] and r.outcome == {}
+    assert await r.sync([npu("node-b", 1, LINK_DOWN)], 2000, submit) == 0  # nothing more to say
