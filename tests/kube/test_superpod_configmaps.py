@@ -171,3 +171,48 @@ async def test_node_annotations_of_the_reference_device_plugin_give_the_real_sdi
         "node-r": {"NodeName": "node-r", "ServerID": "2", "DeviceMap": {"0": "111", "1": "222"}}
     }
     assert await cm_or_none(api, "super-pod-9") is None
+
+
+async def test_only_the_leader_writes_and_a_new_leader_takes_over_the_maps(k8s, tmp_path):
+    from kube.kubekit import kube_clusterd
+
+    _, api = k8s
+    elect = (
+        "--kube-leader-elect",
+        "on",
+        "--kube-lease-namespace",
+        "faultmesh",
+        "--kube-superpod-period-s",
+        "0.1",
+    )
+    cd1 = await kube_clusterd(tmp_path / "a", api.url, *elect)
+    cd2 = None
+    try:
+        await eventually(lambda: kube(cd1).elector.leading.is_set(), what="first replica leads")
+        cd2 = await kube_clusterd(tmp_path / "b", api.url, *elect)
+        rounds = {1: 0, 2: 0}  # publish rounds per replica (each asks whether pingmesh is on)
+
+        def on(i):
+            def f():
+                rounds[i] += 1
+                return True
+
+            return f
+
+        for i, cd, spid in ((1, cd1, 7), (2, cd2, 6)):
+            kube(cd).superpods.pingmesh_on = on(i)
+            cd.nodes.update(f"node-{spid}", devices=chips(spid, 0, 2), owner="deviced")
+        await eventually(lambda: cm_or_none(api, "super-pod-7"), what="the leader writes")
+        await eventually(lambda: rounds[1] >= 5, what="more leader rounds")
+        assert not kube(cd2).elector.leading.is_set() and writes(cd1, "ok") == 1
+        assert rounds[2] == 0 and await cm_or_none(api, "super-pod-6") is None  # the follower ran no round
+        await cd1.stop()
+        cd1 = None
+        await eventually(lambda: kube(cd2).elector.leading.is_set(), timeout_s=20, what="follower leads")
+        # the new leader reads back the maps the old one wrote: super-pod-7 has no node here any more
+        await eventually(lambda: cm_or_none(api, "super-pod-6"), what="the new leader writes")
+        await eventually(lambda: _gone(api, "super-pod-7"), what="the old leader's map of a gone super pod")
+    finally:
+        for cd in (cd1, cd2):
+            if cd is not None:
+                await cd.stop()
