@@ -36,6 +36,7 @@ KNOWN_CONFIG_GETATTR = {  # file -> reads of a flag with a default of its own: g
     "faultmesh/agentconf.py": 5,  # agent_options: the agents' parsers all define these flags
     # the CLI's subcommands share one Namespace, each with its own flags: a missing one is normal there
     "fmtools/cli/__init__.py": 1, "fmtools/cli/common.py": 5, "fmtools/cli/explain.py": 1, "fmtools/cli/jobs.py": 2,
+    "fmtools/cli/_grpc.py": 3,  # the gRPC TLS flags: only the gRPC subcommands have them (issue 29)
 }  # fmt: skip
 KNOWN_NAMESPACE_PARAMS = {  # file -> constructors (``__init__``) given the parsed command line as ``args``
     "clusterd/app.py": 1,  # ClusterD: the wiring, which builds every component's typed section

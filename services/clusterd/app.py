@@ -11,10 +11,11 @@ metrics, auth, config) and the components with it plus their section and the pee
 this order: PubFault, Kubernetes mode (gets the PubFault intake, the brain's job registry, the
 manual-separation policy intake and the election), brain, manual separation
 (:mod:`clusterd.separation`), slow node (gets the job registry and the brain's data-trace hook),
-slow net (gets the election and the Kubernetes watch metrics), the Kubernetes control ConfigMaps (:class:`~clusterd.kube.control.ControlMaps`: built with the
-Kubernetes component, the slow-node component, the brain's data trace and the slow-net topology;
-started after them, so the slow-node jobs resumed from the store are known). Start order: state file -> fault center and node registry (restored) -> components ->
-HTTP -> gRPC.
+slow net (gets the election and the Kubernetes watch metrics), the Kubernetes control ConfigMaps
+(:class:`~clusterd.kube.control.ControlMaps`, with the Kubernetes and slow-node components, the
+brain's data trace and the slow-net topology; started after them), operator acknowledgements,
+relation rules per job, history. Start order: state file -> fault center and node registry
+(restored) -> components -> HTTP -> gRPC.
 
 Shutdown is staged, each stage with a budget from the command line, in all at most
 ``--shutdown-budget-s`` (25 s: inside the chart's 30 s termination grace):
@@ -79,6 +80,7 @@ from clusterd.kube.handoff import PodGroupPlatform
 from clusterd.kube.leader import Election
 from clusterd.nodehealth import NodeHealthCollector
 from clusterd.nodes import NodeRegistry
+from clusterd.relations import RelationComponent, RelationConfig
 from clusterd.separation import ManualSeparation, SeparationConfig
 from clusterd.slownet.component import SlowNetComponent
 from clusterd.slownet.state import SlowNetConfig
@@ -98,13 +100,13 @@ log = logging.getLogger("clusterd")
 
 COMPONENT_CLASSES: tuple[type, ...] = (
     PubFaultComponent, KubeComponent, BrainComponent, ManualSeparation, SlowNodeComponent, SlowNetComponent,
-    HistoryComponent,
+    RelationComponent, HistoryComponent,
 )  # fmt: skip
 """Every component class, in start order (their flags join the command line)."""
 
 SECTIONS: tuple[type, ...] = (
     CoreConfig, PubFaultConfig, KubeConfig, SeparationConfig, SlowNodeConfig, SlowNetConfig, ControlConfig,
-    HistoryConfig,
+    RelationConfig, HistoryConfig,
 )  # fmt: skip
 """The typed configuration sections :class:`ClusterD` builds from the parsed command line, one per
 component (:func:`faultmesh.config.section`); each is checked against :func:`build_parser`."""
@@ -213,12 +215,8 @@ class ClusterD:
         core = self.core = config.section(CoreConfig, args)  # the sections, built once
         kube_cfg = config.section(KubeConfig, args)
         registry = daemon_registry("clusterd")
-        rejected = Counter(
-            "faultmesh_rejected_requests_total",
-            "Rejected requests by service and reason",
-            ["service", "reason"],
-            registry=registry,
-        )
+        rejected = Counter("faultmesh_rejected_requests_total", "Rejected requests by service and reason",
+                           ["service", "reason"], registry=registry)  # fmt: skip
         self.up = Gauge("faultmesh_clusterd_ready", "1 when ClusterD serves", registry=registry)
         store = store or Store(
             core.state_dir, fsync_full=core.fsync_full, busy_timeout_ms=core.state_busy_timeout_ms
@@ -254,7 +252,7 @@ class ClusterD:
                 rejected,
                 stale_after_s=core.agent_stale_after_s,
                 expire_after_s=core.agent_expire_after_s,
-            ),
+            ),  # fmt: skip
             tasks=runtime.TaskOwner("clusterd"),
             http=http,
             metrics=Metrics(registry, rejected),
@@ -304,6 +302,7 @@ class ClusterD:
         slownet = SlowNetComponent(  # the election gates slownet's ConfigMap writes
             ctx, config.section(SlowNetConfig, args), kube_cfg, election, kube.metrics
         )
+        kube.superpods.pingmesh_on = lambda: any(a.activate for a in slownet.config.values())
         control_cfg, checks = config.section(ControlConfig, args), ConfigMapChecks(kube.metrics)
         control = ControlMaps(  # the control ConfigMaps and fault-job-info: started after kube and slownode
             control_cfg, kube, jobs, ctx.store, checks, ctx.tasks.spawn,
@@ -314,8 +313,9 @@ class ClusterD:
             decisions.subscribe(control.on_decision)
         self.components = [
             self.pubfault, kube, self.brain, self.separation, slownode, slownet, control, self.acks,
+            RelationComponent(ctx, config.section(RelationConfig, args), jobs.all),  # per job (issue 32)
+            HistoryComponent(ctx, config.section(HistoryConfig, args)),
         ]  # fmt: skip
-        self.components.append(HistoryComponent(ctx, config.section(HistoryConfig, args)))
         self.grpc_port = 0
         self._server: grpc.aio.Server | None = None
 

@@ -21,7 +21,8 @@ One part per concern, wired here:
 - **leader election** (``--kube-leader-elect on``): only the Lease holder runs the writers above:
   :mod:`.leader`;
 - **control ConfigMaps** (``ras-feature-slownode-*``, ``data-trace-<job>``) and ``fault-job-info``:
-  :mod:`.control`.
+  :mod:`.control`;
+- **super-pod-<id>** ConfigMaps (the pingmesh topology from the agents' device states): :mod:`.superpod`.
 
 Watches re-list on 410 Gone and after errors, so no change is lost (:class:`faultmesh.kubewatch.ListWatcher`).
 """
@@ -50,6 +51,7 @@ from clusterd.kube.podgroups import PodGroups
 from clusterd.kube.podjobs import PodJobs
 from clusterd.kube.publisher import ClusterInfoPublisher
 from clusterd.kube.signals import NodeSignals
+from clusterd.kube.superpod import SuperPodPublisher
 from faultmesh.kube import KubeApi, make_api_client
 from faultmesh.kubewatch import ListWatcher
 from faultmesh.lease import LeaseElector
@@ -137,6 +139,12 @@ class KubeComponent:
             default="on",
             help="discover training jobs from pods into the job registry",
         )
+        g.add_argument(
+            "--kube-superpod-period-s",
+            type=float,
+            default=5.0,
+            help="how often the super-pod-<id> ConfigMaps are brought up to date (s; reference: 5)",
+        )
         ksignals.add_arguments(g)
         kleader.add_arguments(g)
         kcontrol.add_arguments(g)
@@ -178,6 +186,12 @@ class KubeComponent:
             ctx.metrics.registry,
         )  # fmt: skip
         self.podgroups = PodGroups(self.metrics, self._podgroup_changed)
+        self.superpods = SuperPodPublisher(  # pingmesh_on: set by clusterd.app (the slownet config)
+            ctx.nodes,
+            self.metrics,
+            period_s=a.kube_superpod_period_s,
+            node_objects=self._node_objects,
+        )
         self.pod_jobs = PodJobs(jobs, ctx.store, self.metrics, self.podgroups) if jobs is not None else None
         self.handoff = (
             HandOff(
@@ -214,7 +228,7 @@ class KubeComponent:
             return
         # OSError: clusterd's start path reports it as "clusterd failed to start" and exits 1.
         self._api_client = await make_api_client(self.cfg.kube_api, self.cfg.kubeconfig)
-        self.api = self.publisher.api = self.annotator.api = self.signals.api = KubeApi(
+        self.api = self.publisher.api = self.annotator.api = self.signals.api = self.superpods.api = KubeApi(
             self._api_client, timeout_s=self.cfg.kube_timeout_s
         )
         a = self.cfg
@@ -267,6 +281,7 @@ class KubeComponent:
             self._tasks.append(spawn(w.run(), name=f"kube-watch-{w.kind}-{w.namespace or 'all'}"))
         writers: list = [
             ("publisher", self.publisher.run), ("annotator", self.annotator.run), ("signals", self.signals.run),
+            ("superpods", self.superpods.run),
         ]  # fmt: skip
         if self.handoff is not None and self.handoff.api is not None:
             writers.append(("handoff", self.handoff.run))
@@ -360,6 +375,9 @@ class KubeComponent:
 
     def _node_count(self) -> int:
         return len(self.nodes.objects) if self.nodes is not None else 0
+
+    def _node_objects(self) -> dict[str, dict]:
+        return {name: obj for (_, name), obj in self.nodes.objects.items()} if self.nodes is not None else {}
 
     def _node_taints(self, node: str) -> list:
         obj = self.nodes.objects.get(("", node)) if self.nodes is not None else None

@@ -26,7 +26,8 @@ class KubeConfig:
     ``kube_min_write_s`` ``--kube-min-write-s``, ``kube_resync_s`` ``--kube-resync-s``,
     ``kube_publish_holdoff_s`` ``--kube-publish-holdoff-s`` (-1: automatic,
     :func:`clusterd.kube.publisher.publish_holdoff_s`); jobs: ``kube_jobs`` ``--kube-jobs`` and
-    ``kube_podgroups`` ``--kube-podgroups`` (``on`` / ``off``); ``leader``: the leader election's
+    ``kube_podgroups`` ``--kube-podgroups`` (``on`` / ``off``); the pingmesh topology:
+    ``kube_superpod_period_s`` ``--kube-superpod-period-s`` (s); ``leader``: the leader election's
     section, ``signals``: the node signals'."""
 
     kube: bool
@@ -46,6 +47,7 @@ class KubeConfig:
     kube_publish_holdoff_s: float
     kube_jobs: str
     kube_podgroups: str
+    kube_superpod_period_s: float
     leader: LeaderConfig
     signals: SignalsConfig
 
