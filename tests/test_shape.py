@@ -23,8 +23,6 @@ KNOWN_STITCHED: set[str] = set()
 KNOWN_INHERITED = {  # classes over one project class that is no declared base (a mixin's shape)
     "clusterd.center.FaultCenter",  # over FaultIndex (the center's reads)
     "clusterd.ingest.agents.AgentHub",  # over Liveness ("mixed into AgentHub")
-    "faultmesh.faultrules.DurationTable",  # over _Rejects
-    "faultmesh.faultrules.RelationTable",  # over _Rejects
     "fmtools.demo.scenario.Scenario",  # over Harness
 }
 KNOWN_REACHES: dict[str, int] = {}  # file under services/ -> reaches through a held brain/app
