@@ -22,7 +22,6 @@ KNOWN_CYCLES: set[frozenset[str]] = set()
 KNOWN_STITCHED: set[str] = set()
 KNOWN_INHERITED = {  # classes over one project class that is no declared base (a mixin's shape)
     "clusterd.center.FaultCenter",  # over FaultIndex (the center's reads)
-    "clusterd.ingest.agents.AgentHub",  # over Liveness ("mixed into AgentHub")
 }
 KNOWN_REACHES: dict[str, int] = {}  # file under services/ -> reaches through a held brain/app
 KNOWN_BUILT_WITH_SELF = {  # file -> constructions of a project class handed the builder itself
