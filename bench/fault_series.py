@@ -54,7 +54,7 @@ def main() -> None:
     for i in range(a.nodes):
         for d in range(a.faults):
             level = "SeparateNPU" if (d + i) % 7 == 0 else "SubHealthFault"
-            index._put(Fault("deviced", f"node-{i:05d}", "NPU", d, f"80E1800{d}", level), "deviced")
+            index.put(Fault("deviced", f"node-{i:05d}", "NPU", d, f"80E1800{d}", level), "deviced")
     figures = {}
     for name, cap in (("cap", MAX_FAULT_SERIES), ("all", a.nodes * a.faults + 2 * a.changed)):
         c = FaultSeriesCollector(index, cap=cap)
@@ -62,7 +62,7 @@ def main() -> None:
         figures[f"{name}_unchanged_ms"] = min(_ms(c.text) for _ in range(3))
         for i in range(a.changed):
             node = f"node-{i * 7 % a.nodes:05d}"
-            index._put(Fault("deviced", node, "NPU", 90 + len(name), "80E18008", "RestartNPU"), "deviced")
+            index.put(Fault("deviced", node, "NPU", 90 + len(name), "80E18008", "RestartNPU"), "deviced")
         figures[f"{name}_changed_ms"] = _ms(c.text)
         figures[f"{name}_bytes"] = len(c.text())
     reg = CollectorRegistry()

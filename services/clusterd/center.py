@@ -12,6 +12,11 @@ I/O error) the batch is undone in memory, counted (``faultmesh_store_errors_tota
 the store's own error, and every caller of the batch gets :class:`StoreWriteError`: nothing is
 acked that is not stored, and a retry of the same write is applied and stored again.
 
+The active faults and their indexes are a :class:`~clusterd.faultindex.FaultIndex` the center
+holds as ``index``: only the writer changes it; readers use its reads, and the common ones
+(:meth:`FaultCenter.faults`, ``faults_of_node``, ``fault_count``, ``faults_of_origin``,
+``node_names``, ``get``, ``origin``, ``node_changes``, ``len``) are offered on the center as well.
+
 Subscribers (:meth:`FaultCenter.subscribe`) never run inside the writer: each has its own bounded
 queue and task (:class:`faultmesh.sink.SinkWorker`); the writer only offers the batch, which never
 waits. A subscriber that falls ``maxsize`` batches behind loses its queue and gets ``resync(faults)``
@@ -47,6 +52,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from clusterd.faultindex import FaultIndex
 from clusterd.lanes import SHARED, FairQueue
+from clusterd.pieces import NodeChanges
 from clusterd.scopemarks import ScopeMarks
 from clusterd.store import Store
 from faultmesh.faultinfo import short_name
@@ -96,16 +102,19 @@ class _Op(NamedTuple):
     note: dict[str, str] | None = None  # added to the attributes of its recover changes (who / why)
 
 
-class FaultCenter(FaultIndex):
-    """Active faults in memory, persisted in ``store``. Start with :meth:`load`, then run :meth:`run` as a task."""
+class FaultCenter:
+    """Active faults in memory (``index``, a :class:`~clusterd.faultindex.FaultIndex` only this
+    writer changes), persisted in ``store``. Start with :meth:`load`, then run :meth:`run` as a task.
+    The reads most holders use are offered here too (:meth:`faults`, :meth:`faults_of_node`, ...:
+    the index's own); the rest are the index's."""
 
     def __init__(
         self, store: Store, registry: CollectorRegistry, max_batch: int = 512, max_rows: int = 512
     ) -> None:
         self._store = store
-        super().__init__()
+        self.index = FaultIndex()
         self._gauged_levels: set[str] = set()
-        self._sinks: SinkSet[Change] = SinkSet(SinkMetrics.of(registry), snapshot=self.faults)
+        self._sinks: SinkSet[Change] = SinkSet(SinkMetrics.of(registry), snapshot=self.index.faults)
         self._marks = ScopeMarks()  # scope -> mark (module docstring)
         self._queue: FairQueue[_Op] = FairQueue()
         self._max_batch = max_batch  # operations per commit at most
@@ -128,10 +137,47 @@ class FaultCenter(FaultIndex):
     async def load(self) -> int:
         """Load the persisted faults (after a restart). Returns how many."""
         for fault, origin in await self._store.load_faults():
-            self._put(fault, origin)
+            self.index.put(fault, origin)
         self._marks.held = await self._store.load_marks()
         self._update_gauges()
-        return len(self._faults)
+        return len(self.index)
+
+    # -- the common reads of the index (module docstring) --------------------------------------
+    @property
+    def node_changes(self) -> NodeChanges:
+        """Every node whose faults changed (:attr:`FaultIndex.node_changes`, the scrape caches)."""
+        return self.index.node_changes
+
+    def faults(self, node: str | None = None) -> list[Fault]:
+        """:meth:`FaultIndex.faults`: active faults (of ``node``), sorted."""
+        return self.index.faults(node)
+
+    def faults_of_node(self, node: str) -> list[Fault]:
+        """:meth:`FaultIndex.faults_of_node`: active faults of ``node``, unsorted."""
+        return self.index.faults_of_node(node)
+
+    def fault_count(self, node: str) -> int:
+        """:meth:`FaultIndex.fault_count`: how many active faults ``node`` has."""
+        return self.index.fault_count(node)
+
+    def faults_of_origin(self, origin: str) -> list[Fault]:
+        """:meth:`FaultIndex.faults_of_origin`: every active fault ``origin`` owns, unsorted."""
+        return self.index.faults_of_origin(origin)
+
+    def node_names(self) -> set[str]:
+        """:meth:`FaultIndex.node_names`: every node with an active fault."""
+        return self.index.node_names()
+
+    def get(self, key: FaultKey) -> Fault | None:
+        """:meth:`FaultIndex.get`: the active fault with ``key``, or None."""
+        return self.index.get(key)
+
+    def origin(self, key: FaultKey) -> str | None:
+        """:meth:`FaultIndex.origin`: who owns the fault with ``key``."""
+        return self.index.origin(key)
+
+    def __len__(self) -> int:
+        return len(self.index)
 
     def subscribe(
         self, name: str, publish: Publish, maxsize: int = 1024, resync: Resync | None = None
@@ -189,7 +235,7 @@ class FaultCenter(FaultIndex):
         op = _Op(ups, rms, replace_scope, origin, fut, keep, mark, None, cap, guard, note)
         rows = len(ups) + len(rms) + 1  # a replace also removes (up to) what its scope holds now
         if replace_scope is not None:
-            rows += len(self._by_scope.get(replace_scope, ()))
+            rows += len(self.index.scope_keys(replace_scope))
         self._queue.put(op, lane if lane is not None else replace_scope or SHARED, rows)
         return fut
 
@@ -261,21 +307,21 @@ class FaultCenter(FaultIndex):
         dirty: dict[FaultKey, str | None] = {}
         undo: dict[FaultKey, tuple[Fault | None, str | None]] = {}  # state before this batch
         marks = self._marks
-        faults, origins = self._faults, self._origin
+        index = self.index
+        faults, origins, put, drop = index.fault_of, index.origin_of, index.put, index.drop
         for op in ops:
             if op.read_mark is not None:
                 per_op.append(marks.get(op.read_mark))  # type: ignore[arg-type]
                 continue
             if op.cap is not None:  # the keys are looked at only near the cap (an upper bound first)
                 scope, most = op.cap
-                held = len(self._by_scope.get(scope, ()))
-                if held + len(op.upserts) > most:
-                    n = self.scope_count_with(*scope, [f.key for f in op.upserts], op.removals)
+                if len(index.scope_keys(scope)) + len(op.upserts) > most:
+                    n = index.scope_count_with(*scope, [f.key for f in op.upserts], op.removals)
                     if n > most:
                         op.future.set_exception(ScopeFull(scope, n, most))
                         per_op.append([])
                         continue
-            if op.guard is not None and (refused := op.guard(self)) is not None:
+            if op.guard is not None and (refused := op.guard(index)) is not None:
                 op.future.set_exception(refused)
                 per_op.append([])
                 continue
@@ -307,18 +353,18 @@ class FaultCenter(FaultIndex):
                     undo[key] = (old, owner)
                 touched.add((key.node, owner))
                 touched.add((key.node, op.origin))
-                self._put(f, op.origin, key)
+                put(f, op.origin, key)
                 dirty[key] = op.origin
             removals = list(op.removals)
             if op.replace_scope is not None:
                 removals.extend(
                     k
-                    for k in self._by_scope.get(op.replace_scope, ())
+                    for k in index.scope_keys(op.replace_scope)
                     if k not in new_keys and k.source not in op.keep_sources
                 )
             for key in removals:
-                prev_origin = self._origin.get(key)
-                old = self._drop(key)
+                prev_origin = origins.get(key)
+                old = drop(key)
                 if old is not None:
                     undo.setdefault(key, (old, prev_origin))
                     if op.note:
@@ -333,7 +379,7 @@ class FaultCenter(FaultIndex):
             per_op.append(changes)
         mark_writes = marks.writes()
         if dirty or mark_writes:
-            ups = [(self._faults[k], o) for k, o in dirty.items() if o is not None]
+            ups = [(faults[k], o) for k, o in dirty.items() if o is not None]
             rms = [k for k, o in dirty.items() if o is None]
             try:
                 with self.commit_s.time():
@@ -343,7 +389,7 @@ class FaultCenter(FaultIndex):
                         else self._store.write_faults(ups, rms)
                     )
             except Exception as e:  # lock timeout, disk full, I/O error: undo, never ack
-                self._undo(undo)
+                index.undo(undo)
                 marks.undo()
                 self.store_errors.inc()
                 event(log, logging.ERROR, "state write failed", error=repr(e), batch=len(ops))
@@ -366,11 +412,12 @@ class FaultCenter(FaultIndex):
             self._sinks.offer(all_changes)  # never waits: each subscriber runs in its own task
 
     def _update_gauges(self) -> None:
-        for level in list(self._gauged_levels - self._level_counts.keys()):
+        counts = self.index.level_counts()
+        for level in list(self._gauged_levels - counts.keys()):
             self.active.remove(level)
-        for level, n in self._level_counts.items():
+        for level, n in counts.items():
             self.active.labels(level).set(n)
-        self._gauged_levels = set(self._level_counts)
+        self._gauged_levels = set(counts)
 
 
 def _with_times(f: Fault, first_seen_ms: int, last_seen_ms: int) -> Fault:

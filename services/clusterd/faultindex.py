@@ -4,12 +4,14 @@ every read costs what it returns, not a scan of every fault).
 :class:`FaultIndex` holds faults by key with their owner (*origin*), and per node, per scope
 (node, origin), per origin, per code and per level; node health is computed once per change of a
 node's faults. Every put or drop marks the node in :attr:`FaultIndex.node_changes` (the scrape
-caches, :mod:`clusterd.pieces`). Only the writer of :class:`~clusterd.center.FaultCenter` changes it.
+caches, :mod:`clusterd.pieces`). :class:`~clusterd.center.FaultCenter` holds one as ``index``, and
+only its writer changes it (:meth:`FaultIndex.put`, :meth:`FaultIndex.drop`, :meth:`FaultIndex.undo`);
+every other holder only reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Set
 
 from clusterd.pieces import NodeChanges
 from faultmesh.levels import HEALTHY, level_health, level_severity, worst_health
@@ -32,15 +34,23 @@ class FaultIndex:
         self._health: dict[str, tuple[str, str]] = {}  # node -> (health, worst level), while unchanged
         self._code_nodes: dict[str, dict[str, int]] = {}  # code -> node -> its records of that code
         self.node_changes = NodeChanges()  # every node whose faults changed (scrape caches, issue 18)
+        # The two key maps as read-only views, for the writer's per-fault lookups (a dict's own get,
+        # no call of :meth:`get` / :meth:`origin` per fault on the ingest path).
+        self.fault_of: Mapping[FaultKey, Fault] = self._faults
+        self.origin_of: Mapping[FaultKey, str] = self._origin
 
-    def _undo(self, undo: dict[FaultKey, tuple[Fault | None, str | None]]) -> None:
-        """Put memory back as it was before a batch whose commit failed (memory == file again)."""
+    # -- the writer's changes -------------------------------------------------------------------
+    def undo(self, undo: dict[FaultKey, tuple[Fault | None, str | None]]) -> None:
+        """Put memory back as it was before a batch whose commit failed (memory == file again):
+        ``undo`` maps each key the batch touched to its (fault, origin) before it (None: absent)."""
         for key, (fault, origin) in undo.items():
-            self._drop(key)
+            self.drop(key)
             if fault is not None:
-                self._put(fault, origin or fault.source)
+                self.put(fault, origin or fault.source)
 
-    def _put(self, f: Fault, origin: str, key: FaultKey | None = None) -> None:
+    def put(self, f: Fault, origin: str, key: FaultKey | None = None) -> None:
+        """Hold ``f`` (under ``key``, its own key by default) as owned by ``origin``, replacing the
+        fault held under that key; the indexes and the node's change mark follow."""
         key = key or f.key
         old = self._faults.get(key)
         old_origin = self._origin.get(key)
@@ -69,7 +79,8 @@ class FaultIndex:
                 self._health.pop(f.node, None)
             self.node_changes.mark(f.node)
 
-    def _drop(self, key: FaultKey) -> Fault | None:
+    def drop(self, key: FaultKey) -> Fault | None:
+        """Forget the fault held under ``key`` (and its owner); returns it (None: none held)."""
         f = self._faults.pop(key, None)
         if f is not None:
             self._index_drop(f, key)
@@ -145,6 +156,15 @@ class FaultIndex:
     def faults_of_origin(self, origin: str) -> list[Fault]:
         """Every active fault owned by ``origin`` (unsorted; cost follows that origin's faults)."""
         return [self._faults[k] for (_, o), keys in self._by_scope.items() if o == origin for k in keys]
+
+    def scope_keys(self, scope: tuple[str, str]) -> Set[FaultKey]:
+        """The keys scope (node, origin) holds: the live set, read it before the next change and
+        never change it (O(1))."""
+        return self._by_scope.get(scope, _EMPTY)
+
+    def level_counts(self) -> dict[str, int]:
+        """Active records per level (a copy; the ``faultmesh_faults_active`` gauge)."""
+        return dict(self._level_counts)
 
     def scope_count_with(
         self, node: str, origin: str, add: Iterable[FaultKey], remove: Iterable[FaultKey] = ()

@@ -32,6 +32,7 @@ from clusterd.pieces import ChangeReader, SortedPieces
 from faultmesh.levels import level_severity
 
 if TYPE_CHECKING:
+    from clusterd.center import FaultCenter
     from clusterd.faultindex import FaultIndex
 
 MAX_FAULT_SERIES = 10000
@@ -48,12 +49,13 @@ Row = tuple[tuple[str, str, str, str, str], int]
 
 
 class FaultSeriesCollector:
-    """The per-fault series (module docstring) over ``index``, as Prometheus text (:meth:`text`).
+    """The per-fault series (module docstring) over ``index`` (a fault index, or the fault center's
+    reads of its own), as Prometheus text (:meth:`text`).
 
     ``cap``: most series per scrape (default :data:`MAX_FAULT_SERIES`, > 0; ``ValueError`` else).
     """
 
-    def __init__(self, index: FaultIndex, cap: int = MAX_FAULT_SERIES) -> None:
+    def __init__(self, index: FaultIndex | FaultCenter, cap: int = MAX_FAULT_SERIES) -> None:
         if cap <= 0:
             raise ValueError(f"cap must be positive, got {cap}")
         self._index = index

@@ -58,13 +58,13 @@ def _head(name: str) -> bytes:
 
 
 class NodeHealthCollector:
-    """The four per-node families (module docstring) over ``nodes`` and ``center``."""
+    """The four per-node families (module docstring) over ``nodes`` and ``center``'s index."""
 
     SLOW_NODE_CODE = SLOW_NODE_CODE
 
     def __init__(self, nodes: NodeRegistry, center: FaultCenter) -> None:
         self._nodes = nodes
-        self._center = center
+        self._faults = center.index  # the center's faults, read only
         self._skip = False  # inside exposition(): the text is written by text(), not collect()
         self._changed: ChangeReader | None = None  # from the first text() on
         self._states: SortedPieces[bytes] = SortedPieces(b"")  # node -> its state-set lines
@@ -77,7 +77,7 @@ class NodeHealthCollector:
         health = {n: self._nodes.health(n).health for n in sorted(self._nodes.all_names())}
         return {
             "faultmesh_node_unhealthy": [((n,), 1) for n in sorted(self._nodes.unhealthy())],
-            "faultmesh_slow_node": [((n,), 1) for n in sorted(self._center.nodes_with_code(SLOW_NODE_CODE))],
+            "faultmesh_slow_node": [((n,), 1) for n in sorted(self._faults.nodes_with_code(SLOW_NODE_CODE))],
             "faultmesh_agent_stale": [((n, a), 1) for n, a in self._nodes.stale_agents()],
             "faultmesh_node_health": [
                 ((n, h), int(h == now)) for n, now in health.items() for h in HEALTH_STATES
@@ -100,12 +100,12 @@ class NodeHealthCollector:
         """Put (or drop, when no longer known) ``node``'s pieces: its three faultmesh_node_health
         lines, its faultmesh_node_unhealthy line while UnHealthy, its faultmesh_agent_stale lines."""
         st = self._nodes.get(node)
-        if st is None and not self._center.fault_count(node):  # gone: in neither registry nor center
+        if st is None and not self._faults.fault_count(node):  # gone: in neither registry nor center
             self._states.drop(node)
             self._bad.drop(node)
             self._stale.drop(node)
             return
-        health = with_status(self._center.node_health(node), st)[0]
+        health = with_status(self._faults.node_health(node), st)[0]
         n = _esc(node)
         self._states.put(
             node,
@@ -134,13 +134,13 @@ class NodeHealthCollector:
         every node at the first call, then only the nodes marked changed since the last
         (:class:`clusterd.pieces.NodeChanges`)."""
         if self._changed is None:
-            self._changed = self._center.node_changes.reader()
+            self._changed = self._faults.node_changes.reader()
             todo: set[str] = self._nodes.all_names()
         else:
             todo = self._changed.take()
         for n in todo:
             self._render(n)
-        slow = sorted(self._center.nodes_with_code(SLOW_NODE_CODE))
+        slow = sorted(self._faults.nodes_with_code(SLOW_NODE_CODE))
         return b"".join(
             [
                 _head("faultmesh_node_unhealthy"),

@@ -138,8 +138,8 @@ class NodeRegistry:
         registry: CollectorRegistry | None = None,
     ) -> None:
         self._store = store
-        self._center = center
-        self._changes = center.node_changes  # what the scrape caches re-render (clusterd.pieces)
+        self._faults = center.index  # the center's faults, read only (node names, health)
+        self._changes = self._faults.node_changes  # what the scrape caches re-render (clusterd.pieces)
         self._nodes: dict[str, NodeState] = {}
         self._dirty: set[str] = set()
         self._flush_lock = asyncio.Lock()
@@ -389,7 +389,7 @@ class NodeRegistry:
 
     def all_names(self) -> set[str]:
         """Nodes of the registry plus nodes that have faults."""
-        return self.names() | self._center.node_names()
+        return self.names() | self._faults.node_names()
 
     def by_sn(self) -> dict[str, str]:
         """Serial number -> node, for the nodes whose agent gave one."""
@@ -404,11 +404,11 @@ class NodeRegistry:
 
     def health(self, node: str) -> NodeHealth:
         """The node's health (:func:`with_status`)."""
-        return NodeHealth(*with_status(self._center.node_health(node), self._nodes.get(node)))
+        return NodeHealth(*with_status(self._faults.node_health(node), self._nodes.get(node)))
 
     def unhealthy(self) -> set[str]:
         """Every UnHealthy node (by :meth:`health`)."""
-        candidates = {n for n, st in self._nodes.items() if st.status} | self._center.node_names()
+        candidates = {n for n, st in self._nodes.items() if st.status} | self._faults.node_names()
         return {n for n in candidates if self.health(n).health == UNHEALTHY}
 
     def info(self, node: str) -> dict[str, Any]:

@@ -92,20 +92,19 @@ class RelationRule:
     strategy: str
 
 
-@dataclass
-class _Rejects:
-    rejected: list[str] = field(default_factory=list)
-
-    def _reject(self, name: str, why: str) -> None:
-        self.rejected.append(why)
-        event(log, logging.WARNING, "fault rule dropped", table=name, reason=why)
+def _reject(rejected: list[str], name: str, why: str) -> None:
+    """Keep ``why`` in a table's ``rejected`` list and log it (one line per dropped entry)."""
+    rejected.append(why)
+    event(log, logging.WARNING, "fault rule dropped", table=name, reason=why)
 
 
 @dataclass
-class DurationTable(_Rejects):
+class DurationTable:
     """``faultDuration.json``: canonical code -> :class:`DurationTimeout` (first valid entry wins).
-    A code with no entry has a 0 s deadline (clusterd.md §6.3): see :meth:`timeout_s`."""
+    A code with no entry has a 0 s deadline (clusterd.md §6.3): see :meth:`timeout_s`. ``rejected``
+    holds the reason of each dropped entry."""
 
+    rejected: list[str] = field(default_factory=list)
     timeouts: dict[str, DurationTimeout] = field(default_factory=dict)
 
     @classmethod
@@ -117,23 +116,27 @@ class DurationTable(_Rejects):
         for i, r in enumerate(obj):
             where = f"[{i}]"
             if not isinstance(r, dict):
-                out._reject(name, f"{where}: not an object")
+                _reject(out.rejected, name, f"{where}: not an object")
                 continue
             try:
                 code = canonical_code(r.get("FaultCode"))
             except ValueError as e:
-                out._reject(name, f"{where}.FaultCode: {e}")
+                _reject(out.rejected, name, f"{where}.FaultCode: {e}")
                 continue
             ftype = r.get("FaultType") or ("faultSwitch" if is_switch_code(code) else "faultDevice")
             if ftype not in DURATION_TYPES:
-                out._reject(name, f"{where}.FaultType {r.get('FaultType')!r} not one of {DURATION_TYPES}")
+                _reject(
+                    out.rejected,
+                    name,
+                    f"{where}.FaultType {r.get('FaultType')!r} not one of {DURATION_TYPES}",
+                )
                 continue
             t = r.get("TimeOutInterval")
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= MAX_INTERVAL_S:
-                out._reject(name, f"{where}.TimeOutInterval {t!r} must be an integer ≥ 0 (seconds)")
+                _reject(out.rejected, name, f"{where}.TimeOutInterval {t!r} must be an integer ≥ 0 (seconds)")
                 continue
             if code in out.timeouts:
-                out._reject(name, f"{where}: duplicate FaultCode {code}")
+                _reject(out.rejected, name, f"{where}: duplicate FaultCode {code}")
                 continue
             out.timeouts[code] = DurationTimeout(code, ftype, t)
         return out
@@ -148,9 +151,11 @@ class DurationTable(_Rejects):
 
 
 @dataclass
-class RelationTable(_Rejects):
-    """``relationFaultCustomization.json``: the list of :class:`RelationRule` in file order."""
+class RelationTable:
+    """``relationFaultCustomization.json``: the list of :class:`RelationRule` in file order;
+    ``rejected`` holds the reason of each dropped entry."""
 
+    rejected: list[str] = field(default_factory=list)
     rules: list[RelationRule] = field(default_factory=list)
 
     @classmethod
@@ -165,32 +170,34 @@ class RelationTable(_Rejects):
         for i, r in enumerate(obj):
             where = f"[{i}]"
             if not isinstance(r, dict):
-                out._reject(name, f"{where}: not an object")
+                _reject(out.rejected, name, f"{where}: not an object")
                 continue
             try:
                 trigger = canonical_code(r.get("TriggerFault"))
             except ValueError as e:
-                out._reject(name, f"{where}.TriggerFault: {e}")
+                _reject(out.rejected, name, f"{where}.TriggerFault: {e}")
                 continue
             if is_switch_code(trigger):
-                out._reject(name, f"{where}.TriggerFault {trigger} must be a chip code")
+                _reject(out.rejected, name, f"{where}.TriggerFault {trigger} must be a chip code")
                 continue
             rel = r.get("RelationFaults")
             if not isinstance(rel, list) or not rel:
-                out._reject(name, f"{where}.RelationFaults must be a non-empty list")
+                _reject(out.rejected, name, f"{where}.RelationFaults must be a non-empty list")
                 continue
             try:
                 relations = tuple(dict.fromkeys(canonical_code(c) for c in rel))
             except ValueError as e:
-                out._reject(name, f"{where}.RelationFaults: {e}")
+                _reject(out.rejected, name, f"{where}.RelationFaults: {e}")
                 continue
             strategy = r.get("FaultStrategy", r.get("DeviceStrategy"))
             if strategy not in RELATION_STRATEGIES:
-                out._reject(name, f"{where}.FaultStrategy {strategy!r} not one of {RELATION_STRATEGIES}")
+                _reject(
+                    out.rejected, name, f"{where}.FaultStrategy {strategy!r} not one of {RELATION_STRATEGIES}"
+                )
                 continue
             rule = RelationRule(trigger, relations, strategy)
             if rule in seen:
-                out._reject(name, f"{where}: duplicate rule")
+                _reject(out.rejected, name, f"{where}: duplicate rule")
                 continue
             seen.add(rule)
             out.rules.append(rule)

@@ -127,10 +127,10 @@ async def test_an_agent_gone_past_the_expiry_is_dropped_with_its_node_and_comes_
         await cd.center.upsert(public, origin="public")
         await eventually(lambda: not cd.agents.sessions)
         cd.nodes.clock = lambda: t0 + 100  # at the limit: kept
-        assert await cd.agents.expire() == 0
+        assert await cd.agents.liveness.expire() == 0
         assert set(await nodes_view(cd)) >= {"node-1", "node-2"}
         cd.nodes.clock = lambda: t0 + 100.5  # past it: dropped
-        assert await cd.agents.expire() == 2
+        assert await cd.agents.liveness.expire() == 2
         view = await nodes_view(cd)
         assert "node-1" not in view  # no agent, no faults of any other origin: gone
         assert "node-1" not in await grid_names(cd)  # the web view agrees
@@ -160,7 +160,7 @@ async def test_a_connected_agent_never_expires(tmp_path):
         await client.wait_synced()
         t0 = cd.nodes.clock()
         cd.nodes.clock = lambda: t0 + 10_000
-        assert await cd.agents.expire() == 0 and codes(cd) == ["1"]
+        assert await cd.agents.liveness.expire() == 0 and codes(cd) == ["1"]
     finally:
         await client.stop()
         await cd.stop()

@@ -79,14 +79,14 @@ def test_per_fault_series_cap_keeps_the_worst_and_counts_the_rest():
 
     index = FaultIndex()
     for i in range(5):
-        index._put(Fault("deviced", f"node-{i}", "NPU", 0, "80E18402", "SubHealthFault"), "deviced")
-    index._put(Fault("deviced", "node-9", "NPU", 1, "80E01801", "SeparateNPU"), "deviced")
+        index.put(Fault("deviced", f"node-{i}", "NPU", 0, "80E18402", "SubHealthFault"), "deviced")
+    index.put(Fault("deviced", "node-9", "NPU", 1, "80E01801", "SeparateNPU"), "deviced")
     c = FaultSeriesCollector(index, cap=3)
     assert scrape(c) == (["node-9", "node-0", "node-1"], 3.0)
-    index._put(Fault("deviced", "node-3", "NPU", 2, "80E01801", "SeparateNPU"), "deviced")
+    index.put(Fault("deviced", "node-3", "NPU", 2, "80E01801", "SeparateNPU"), "deviced")
     assert scrape(c) == (["node-3", "node-9", "node-0"], 4.0)
-    index._drop(Fault("deviced", "node-9", "NPU", 1, "80E01801", "SeparateNPU").key)
-    index._drop(Fault("deviced", "node-0", "NPU", 0, "80E18402", "SubHealthFault").key)
+    index.drop(Fault("deviced", "node-9", "NPU", 1, "80E01801", "SeparateNPU").key)
+    index.drop(Fault("deviced", "node-0", "NPU", 0, "80E18402", "SubHealthFault").key)
     assert scrape(c) == (["node-3", "node-1", "node-2"], 2.0)
     assert scrape(FaultSeriesCollector(index)) == (["node-3", "node-1", "node-2", "node-3", "node-4"], 0.0)
 

@@ -59,7 +59,7 @@ async def test_the_scrape_follows_every_change_of_the_fault_center(cd):
     await cd.center.replace_source("n1", "fd-online", [])  # the slow-node fault recovers
     await cd.center.upsert(fault("n3", SLOW_NODE_CODE, "SubHealthFault", -1, "fd-online"))
     assert scraped(cd) == truth(cd)
-    assert scraped(cd)[0] == {"n3"} and cd.center.node_health("n1") == (HEALTHY, "")
+    assert scraped(cd)[0] == {"n3"} and cd.center.index.node_health("n1") == (HEALTHY, "")
 
 
 async def test_the_node_list_names_each_nodes_own_agents(cd):

@@ -72,7 +72,7 @@ async def test_failed_snapshot_and_removal_are_undone(center):
         await c.remove(_fault(0).key)
     assert sorted(f.device_id for f in c.faults()) == [0, 1]
     assert sorted(f.device_id for f in c.faults_of_origin("noded")) == [0, 1]
-    assert (c.count_of_origin("noded"), c.groups_of_origin("noded")) == (2, 1)
+    assert (c.index.count_of_origin("noded"), c.index.groups_of_origin("noded")) == (2, 1)
     await c.replace_origin("node-1", "noded", [_fault(2)])
     assert [f.device_id for f, _ in await store.load_faults()] == [2]
     assert [f.device_id for f in c.faults()] == [2]

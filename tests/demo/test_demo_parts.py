@@ -133,16 +133,16 @@ async def test_a_failing_step_marks_only_its_own_rows_wrong():
     sc = Scenario(stack=None, clock=Clock(), timing=Timing())  # the steps below do not touch the stack
 
     async def good():
-        r = sc.row("good")
+        r = sc.h.row("good")
         await asyncio.sleep(0.2)
         r.verdict = RIGHT
 
     async def bad():
-        sc.row("bad")
+        sc.h.row("bad")
         await asyncio.sleep(0.1)
         raise KeyError("boom")
 
-    await asyncio.gather(sc._at(0, bad), sc._at(0.05, good))
+    await asyncio.gather(sc.h.step_at(0, bad), sc.h.step_at(0.05, good))
     assert [(r.fault, r.verdict) for r in sc.rows] == [("bad", WRONG), ("good", RIGHT)]
     assert "KeyError('boom')" in sc.rows[0].note
 

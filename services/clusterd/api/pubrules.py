@@ -159,12 +159,12 @@ class CacheFull(ValueError):
     """A public fault request that would take the cache over a cap (nothing applied)."""
 
 
-def over_cap(center: FaultIndex, resource: str, accepted, max_items: int) -> str:
-    """Why ``accepted`` (faults of one request) would take the public faults of ``center`` over
-    ``max_items`` items or :data:`MAX_RECORDS` device records, or "" (see
+def over_cap(index: FaultIndex, resource: str, accepted, max_items: int) -> str:
+    """Why ``accepted`` (faults of one request) would take the public faults of ``index`` (the fault
+    center's) over ``max_items`` items or :data:`MAX_RECORDS` device records, or "" (see
     :meth:`PubFaultComponent._cap_guard`)."""
-    items_now = center.groups_of_origin("public")
-    records_now = center.count_of_origin("public")
+    items_now = index.groups_of_origin("public")
+    records_now = index.count_of_origin("public")
     adds = [(f, t) for f, t in accepted if f.assertion != RECOVER]
     most_items = sum(len(t) for _, t in adds)
     most_records = sum(len(ids) for _, t in adds for _, ids in t)
@@ -175,12 +175,12 @@ def over_cap(center: FaultIndex, resource: str, accepted, max_items: int) -> str
     for f, targets in adds:
         source = f"public:{resource}:{f.faultId}"
         for node, ids in targets:
-            if not center.has_group("public", node, source):
+            if not index.has_group("public", node, source):
                 groups.add((node, source))
             records.update(
                 k
                 for k in (FaultKey(node, f.faultType, d, f.faultCode, source) for d in ids)
-                if center.get(k) is None
+                if index.get(k) is None
             )
     if items_now + len(groups) > max_items:
         return (

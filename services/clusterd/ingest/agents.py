@@ -17,7 +17,7 @@ nothing: the agent's faults stay (the agent is the truth and resyncs on reconnec
 marked disconnected. Liveness (issue 20): a stream silent for ``stale_after_s`` (agents send a
 heartbeat, an empty Delta, every 10 s) or ended is marked stale in the node registry (faults kept);
 an agent without a stream for ``expire_after_s`` (``--agent-expire-after-s``, a day) is dropped
-with its faults, and the node with its last agent (:meth:`AgentHub.expire`).
+with its faults, and the node with its last agent (:meth:`Liveness.expire`, the hub's ``liveness``).
 
 Sequence numbers (:func:`clusterd.ingest.agentinput.seq_error`): a Delta must carry the previous
 seq + 1, a Snapshot any larger one. A gap, a replay or an out-of-order message is not applied,
@@ -97,7 +97,7 @@ RESYNC_ERROR = "resync"
 Callback = Callable[..., Awaitable[Any] | Any]
 
 
-class AgentHub(Liveness, agent_pb2_grpc.AgentStreamServicer):
+class AgentHub(agent_pb2_grpc.AgentStreamServicer):
     """The agent-stream endpoint and the registry of connected agents."""
 
     def __init__(
@@ -111,9 +111,8 @@ class AgentHub(Liveness, agent_pb2_grpc.AgentStreamServicer):
     ) -> None:
         self.center = center
         self.nodes = nodes
-        self.stale_after_s = stale_after_s
-        self.expire_after_s = expire_after_s
         self.sessions: dict[tuple[str, str], AgentSession] = {}
+        self.liveness = Liveness(center, nodes, self.sessions, registry, stale_after_s, expire_after_s)
         self._on_connect: list[Callback] = []
         self._on_ping: list[Callback] = []
         self._on_slownode: list[Callback] = []
@@ -134,11 +133,10 @@ class AgentHub(Liveness, agent_pb2_grpc.AgentStreamServicer):
             ["reason"],
             registry=registry,
         )
-        self.expired = Counter(
-            "faultmesh_agents_expired_total",
-            "Agents of a node dropped after --agent-expire-after-s without a stream (with their faults)",
-            registry=registry,
-        )
+
+    async def watch_liveness(self) -> None:
+        """:meth:`Liveness.watch` of this hub's agents: stale marks and expiry, until cancelled."""
+        await self.liveness.watch()
 
     # -- extension points --------------------------------------------------------------------
     def on_connect(self, cb: Callback) -> None:

@@ -1,5 +1,6 @@
 """Agent liveness and expiry on the ClusterD side of the agent stream (issue 20): the part of
-:class:`clusterd.ingest.agents.AgentHub` that runs on a clock, not on a message.
+:class:`clusterd.ingest.agents.AgentHub` that runs on a clock, not on a message (the hub holds one
+:class:`Liveness` as ``liveness``, over its own session table).
 
 A stream silent for ``stale_after_s`` is marked stale in the node registry (faults kept); an agent
 without a stream for ``expire_after_s`` is dropped with its faults, and the node with its last agent.
@@ -12,11 +13,11 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+from prometheus_client import CollectorRegistry, Counter
+
 from faultmesh.log import event
 
 if TYPE_CHECKING:
-    from prometheus_client import Counter
-
     from clusterd.center import FaultCenter
     from clusterd.ingest.session import AgentSession
     from clusterd.nodes import NodeRegistry
@@ -25,16 +26,32 @@ log = logging.getLogger("clusterd.agents")
 
 
 class Liveness:
-    """Mixed into :class:`~clusterd.ingest.agents.AgentHub`, which sets these attributes."""
+    """The stale marks and the expiry of the agents of ``sessions`` ((node, agent) -> its live
+    stream: the :class:`~clusterd.ingest.agents.AgentHub`'s own table, read here, never written).
+    ``stale_after_s`` and ``expire_after_s`` are seconds; ``expired`` counts the dropped agents
+    (``faultmesh_agents_expired_total`` in ``registry``)."""
 
-    center: FaultCenter
-    nodes: NodeRegistry
-    sessions: dict[tuple[str, str], AgentSession]
-    stale_after_s: float
-    expire_after_s: float
-    expired: Counter
+    def __init__(
+        self,
+        center: FaultCenter,
+        nodes: NodeRegistry,
+        sessions: dict[tuple[str, str], AgentSession],
+        registry: CollectorRegistry,
+        stale_after_s: float = 30.0,
+        expire_after_s: float = 86400.0,
+    ) -> None:
+        self.center = center
+        self.nodes = nodes
+        self.sessions = sessions
+        self.stale_after_s = stale_after_s
+        self.expire_after_s = expire_after_s
+        self.expired = Counter(
+            "faultmesh_agents_expired_total",
+            "Agents of a node dropped after --agent-expire-after-s without a stream (with their faults)",
+            registry=registry,
+        )
 
-    async def watch_liveness(self) -> None:
+    async def watch(self) -> None:
         """Mark a connected agent stale when nothing (not even its heartbeat) arrived for
         ``stale_after_s``; its faults stay, the node view and ``faultmesh_agent_stale`` say so.
         Checks 10 times per deadline (at most once per second); also drops the agents gone for

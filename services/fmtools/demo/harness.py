@@ -1,6 +1,6 @@
 """The demo's harness: the running stack's CLI, the example job, clusterd's views and waits, and
 the result rows. The steps themselves (which fault, what clusterd must show) are
-:class:`fmtools.demo.scenario.Scenario`, a subclass of :class:`Harness`."""
+:class:`fmtools.demo.scenario.Scenario`, which holds a :class:`Harness`."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ SLOW_RANK = 2
 
 class Harness:
     """The demo's running parts and waits: the CLI, the job, clusterd's views, rows (the steps are
-    :class:`fmtools.demo.scenario.Scenario`)."""
+    :class:`fmtools.demo.scenario.Scenario`, which holds one)."""
 
     def __init__(self, stack: Stack, clock: Clock, timing: Timing) -> None:
         self.stack = stack
@@ -275,7 +275,7 @@ class Harness:
         return False
 
     # -- steps ---------------------------------------------------------------------------------
-    async def _om_cli(self, *args: str) -> tuple[bool, str]:
+    async def om_cli(self, *args: str) -> tuple[bool, str]:
         """Run an O&M command of the operator CLI (it waits for the outcome); (exit 0, result text)."""
         rc, out = await self.cli(
             *args, "--grpc", self.stack.grpc, "--timeout-s", "60", "-o", "json", echo=False
@@ -356,7 +356,9 @@ class Harness:
         self.say(f"NOT AVAILABLE: {fault}: {why}")
 
     # -- the whole run -------------------------------------------------------------------------
-    async def _at(self, offset: float, fn) -> None:
+    async def step_at(self, offset: float, fn) -> None:
+        """Run the step ``fn`` after ``offset`` s; its rows belong to it: a step that raises marks
+        its own rows (or a new one named after it) WRONG, never the demo's other rows."""
         await asyncio.sleep(offset)
         _STEP.set(fn.__name__)  # this task's context: rows created below belong to this step
         try:

@@ -19,18 +19,30 @@ import json
 import time
 
 from fmtools.demo.harness import JOB, PLACEMENT, SLOW_RANK, Harness, Timing
-from fmtools.demo.report import MISSING, NOT_AVAILABLE, RIGHT, WRONG, Row
-from fmtools.demo.stack import StackError
+from fmtools.demo.report import MISSING, NOT_AVAILABLE, RIGHT, WRONG, Clock, Row
+from fmtools.demo.stack import Stack, StackError
 from fmtools.demo.watch import FaultWatcher
 
 
-class Scenario(Harness):
-    """Runs the steps against ``stack``; ``rows`` collects one :class:`Row` per expected detection."""
+class Scenario:
+    """Runs the steps against ``stack`` through its :class:`Harness` ``h`` (the CLI, the job,
+    clusterd's views and waits); ``rows`` collects one :class:`Row` per expected detection."""
+
+    def __init__(self, stack: Stack, clock: Clock, timing: Timing) -> None:
+        self.h = Harness(stack, clock, timing)
+        self.stack = stack
+        self.say = clock.say
+        self.t = timing
+
+    @property
+    def rows(self) -> list[Row]:
+        """The summary rows in scenario order (filled as the steps run)."""
+        return self.h.rows
 
     async def step_bmc_memory(self) -> None:
         """iBMC memory alarm on server 2: OEM alarm 0800004B on Memory 3, read by noded over IPMI."""
         s = self.stack.server(2)
-        row = self.row(f"iBMC memory alarm 0800004B, {s.name} Memory 3")
+        row = self.h.row(f"iBMC memory alarm 0800004B, {s.name} Memory 3")
         self.say(
             f"STEP iBMC memory alarm on {s.name}: bmc-sim gets Huawei OEM alarm 0800004B on Memory 3 "
             f"(same as: faultmesh bmc-sim inject --control {s.bmc_control} --code 0800004B "
@@ -41,12 +53,12 @@ class Scenario(Harness):
             f"http://{s.bmc_control}/alarms",
             {"code": "0800004B", "device_type": "Memory", "device_id": 3, "severity": 2},
         )
-        f = await self.detect(
+        f = await self.h.detect(
             row, lambda f: f["node"] == s.name and f["code"] == "0800004B", f"0800004B on {s.name}"
         )
         if f is None:
             return
-        health = await self.node_health(s.name)
+        health = await self.h.node_health(s.name)
         row.decided = f"{f['level']}; {s.name} {health}"
         ok = f["device_type"].lower() == "memory" and int(f["device_id"]) == 3
         ok = ok and f["level"] == "PreSeparateFault" and health == "SubHealthy"
@@ -65,12 +77,12 @@ class Scenario(Harness):
         except StackError as e:
             row.verdict, row.note = NOT_AVAILABLE, f"deviced sim control API: {e}"
             return False
-        f = await self.detect(
+        f = await self.h.detect(
             row, lambda f: f["node"] == s.name and f["code"].upper() == code, f"{code} on {s.name}"
         )
         if f is None:
             return False
-        health = await self.node_health(s.name)
+        health = await self.h.node_health(s.name)
         row.decided = f"{f['level']}; {s.name} {health}"
         ok = int(f["device_id"]) == dev and f["level"] == level and health == "UnHealthy"
         row.verdict = RIGHT if ok else WRONG
@@ -82,17 +94,17 @@ class Scenario(Harness):
         """RestartNPU-level chip fault 80E18008 on server 1 NPU 0, through deviced's sim backend."""
         s = self.stack.server(1)
         dev = 0
-        row = self.row(f"NPU fault 80E18008 (RestartNPU), {s.name} NPU {dev}")
+        row = self.h.row(f"NPU fault 80E18008 (RestartNPU), {s.name} NPU {dev}")
         self.say(
             f"STEP NPU fault on {s.name}: the DCMI sim raises 80E18008 on NPU {dev} "
             f"(same as: faultmesh device-sim --sim {s.deviced_http} fault {dev} 80E18008)"
         )
         if not await self._sim_chip_fault(s, row, dev, "80E18008", "NPU", "RestartNPU"):
             return
-        if self.trainsim is None:
+        if self.h.trainsim is None:
             return
         # rank 0 of the job runs on this NPU: clusterd must decide a recovery and the job recover
-        got = await self.wait_decision(
+        got = await self.h.wait_decision(
             row.injected or 0.0,
             ("recover-success", "retry-success", "dump", "exit-completed", "kill-job"),
             60,
@@ -113,7 +125,7 @@ class Scenario(Harness):
         NPU faults."""
         s = next((s for s in self.stack.servers if s.gpu), None)
         dev, code = 3, "4E560000004F"
-        row = self.row(f"GPU XID 79 (SeparateNPU), {s.name if s else 'gpu-server-1'} GPU {dev}")
+        row = self.h.row(f"GPU XID 79 (SeparateNPU), {s.name if s else 'gpu-server-1'} GPU {dev}")
         if s is None:
             row.verdict, row.note = NOT_AVAILABLE, "no GPU server in this stack (--gpu-servers 0)"
             return
@@ -130,9 +142,9 @@ class Scenario(Harness):
         s = self.stack.server(3)
         dev = 4
         t = self.t
-        r_occ = self.row(f"NPU link down 81078603, {s.name} NPU {dev}")
-        r_esc = self.row(f"link still down after {t.link_escalate_s:.0f} s (escalation)")
-        r_rec = self.row(f"link up again after {t.link_down_s:.0f} s (recovery)")
+        r_occ = self.h.row(f"NPU link down 81078603, {s.name} NPU {dev}")
+        r_esc = self.h.row(f"link still down after {t.link_escalate_s:.0f} s (escalation)")
+        r_rec = self.h.row(f"link up again after {t.link_down_s:.0f} s (recovery)")
 
         def match(f):
             return f["node"] == s.name and f["code"].upper() == "81078603" and int(f["device_id"]) == dev
@@ -151,15 +163,15 @@ class Scenario(Harness):
             return
         up_task = asyncio.get_running_loop().create_task(self._link_up_later(s, dev, down_at + t.link_down_s))
         try:
-            f = await self.detect(r_occ, match, f"81078603 on {s.name} NPU {dev}")
+            f = await self.h.detect(r_occ, match, f"81078603 on {s.name} NPU {dev}")
             if f is not None:
-                r_occ.decided = f"{f['level']}; {s.name} {await self.node_health(s.name)}"
+                r_occ.decided = f"{f['level']}; {s.name} {await self.h.node_health(s.name)}"
                 r_occ.verdict = RIGHT if f["level"] == "NotHandleFault" else WRONG
                 if r_occ.verdict == WRONG:
                     r_occ.note = (
                         f"expected NotHandleFault in the first {t.link_escalate_s:.0f} s, got {f['level']}"
                     )
-            f = await self.detect(
+            f = await self.h.detect(
                 r_esc,
                 lambda f: match(f) and f["level"] == "PreSeparateNPU",
                 f"81078603 escalated to PreSeparateNPU on {s.name}",
@@ -167,7 +179,7 @@ class Scenario(Harness):
             )
             if f is not None:
                 lat = r_esc.latency or 0.0
-                health = await self.node_health(s.name)
+                health = await self.h.node_health(s.name)
                 r_esc.decided = f"{f['level']}; {s.name} {health}"
                 early = lat < t.link_escalate_s - 0.5
                 r_esc.verdict = WRONG if early or health != "SubHealthy" else RIGHT
@@ -177,8 +189,8 @@ class Scenario(Harness):
                     r_esc.note = f"expected node SubHealthy (PreSeparateNPU), got {health}"
             up_at = await up_task
             r_rec.injected = up_at
-            assert self.watcher is not None
-            gone = await self.watcher.wait_gone(match, t.link_recover_s + t.detect_timeout_s)
+            assert self.h.watcher is not None
+            gone = await self.h.watcher.wait_gone(match, t.link_recover_s + t.detect_timeout_s)
             if gone is None:
                 r_rec.verdict = MISSING
                 r_rec.note = (
@@ -188,7 +200,7 @@ class Scenario(Harness):
                 return
             r_rec.detected = gone
             lat = gone - up_at
-            health = await self.node_health(s.name)
+            health = await self.h.node_health(s.name)
             r_rec.decided = f"cleared; {s.name} {health}"
             self.say(f"clusterd cleared 81078603 on {s.name} NPU {dev}, {lat:.1f} s after link up")
             early = lat < t.link_recover_s - 1.0
@@ -212,22 +224,22 @@ class Scenario(Harness):
     async def step_public_fault(self) -> None:
         """A public fault sent with the CLI (PubFault): 020001001 (SeparateNPU) on server 4 NPU 5."""
         s = self.stack.server(4)
-        row = self.row(f"public fault 020001001 via CLI, {s.name} NPU 5")
+        row = self.h.row(f"public fault 020001001 via CLI, {s.name} NPU 5")
         self.say(f"STEP public fault via the CLI for {s.name} NPU 5")
         row.injected = time.time()
-        rc, out = await self.cli(
-            "pubfault", "send", *self.server_flags(), "--resource", "CCAE", "--code", "020001001",
+        rc, out = await self.h.cli(
+            "pubfault", "send", *self.h.server_flags(), "--resource", "CCAE", "--code", "020001001",
             "--node", s.name, "--devices", "5", "--type", "NPU", "--description", "demo: HBM fault reported by CCAE",
         )  # fmt: skip
         if rc != 0:
             row.verdict, row.note = WRONG, f"faultmesh pubfault send failed ({rc}): {out[-200:]}"
             return
-        f = await self.detect(
+        f = await self.h.detect(
             row, lambda f: f["node"] == s.name and f["code"] == "020001001", f"020001001 on {s.name}"
         )
         if f is None:
             return
-        health = await self.node_health(s.name)
+        health = await self.h.node_health(s.name)
         row.decided = f"{f['level']}; {s.name} {health}"
         ok = int(f["device_id"]) == 5 and f["level"] == "SeparateNPU" and health == "UnHealthy"
         row.verdict = RIGHT if ok else WRONG
@@ -241,7 +253,7 @@ class Scenario(Harness):
         st = self.stack
         s = st.server(2)
         a, b = 1, 6
-        row = self.row(f"lossy HCCS link {s.name} NPU {a} <-> NPU {b} (30% loss)")
+        row = self.h.row(f"lossy HCCS link {s.name} NPU {a} <-> NPU {b} (30% loss)")
         if st.fabric_file is None:
             row.verdict, row.note = (
                 NOT_AVAILABLE,
@@ -259,14 +271,14 @@ class Scenario(Harness):
             f"STEP lossy HCCS link {s.name} NPU {a} <-> NPU {b} in the fabric simulator (period {period:g} s)"
         )
         row.injected = time.time()
-        rc, out = await self.run_cmd(
+        rc, out = await self.h.run_cmd(
             "fmtools.sims.fabric", "inject", str(st.fabric_file), "lossy_link",
             "--a", f"{s.name}/{a}", "--b", f"{s.name}/{b}", "--loss", "0.3",
         )  # fmt: skip
         if rc != 0:
             row.verdict, row.note = WRONG, f"fabric inject failed ({rc}): {out[-200:]}"
             return
-        f = await self.detect(
+        f = await self.h.detect(
             row,
             lambda f: f["node"] == s.name and f["source"] == "slownet" and f["code"] == "200001010",
             f"200001010 on {s.name}",
@@ -287,22 +299,22 @@ class Scenario(Harness):
         those two NPUs, both answered by ``faultmesh trainsim``; clusterd pauses and resumes the job."""
         st = self.stack
         s = st.server(4)
-        r_st = self.row(f"online stress test (AIC, P2P) on {s.name}, job ranks 2,3")
-        r_nic = self.row(f"NIC switch of {s.name} NPU 0,1 (ranks 2,3)")
-        await self.job_ready.wait()
-        if self.trainsim is None:
+        r_st = self.h.row(f"online stress test (AIC, P2P) on {s.name}, job ranks 2,3")
+        r_nic = self.h.row(f"NIC switch of {s.name} NPU 0,1 (ranks 2,3)")
+        await self.h.job_ready.wait()
+        if self.h.trainsim is None:
             for r in (r_st, r_nic):
-                r.verdict, r.note = NOT_AVAILABLE, self.job_error or "trainsim not started"
+                r.verdict, r.note = NOT_AVAILABLE, self.h.job_error or "trainsim not started"
             return
-        if not await self.wait_idle(90):
+        if not await self.h.wait_idle(90):
             for r in (r_st, r_nic):
                 r.verdict, r.note = WRONG, "the job's recovery flow never finished"
             return
         self.say(f"STEP stress test on {s.name} (ops AIC, P2P) with the operator CLI")
         r_st.injected = time.time()
-        ok, msg = await self._om_cli("stress-test", "--job", JOB, "--ops", "aic,p2p", "--node", s.name)
+        ok, msg = await self.h.om_cli("stress-test", "--job", JOB, "--ops", "aic,p2p", "--node", s.name)
         r_st.detected = time.time()
-        got = await self.wait_decision(
+        got = await self.h.wait_decision(
             r_st.injected, ("stress-test-success", "isolate-node", "stop-train"), 30
         )
         chain = " -> ".join(d["decision"] for d in got) or "no decision"
@@ -311,14 +323,14 @@ class Scenario(Harness):
             RIGHT if ok and msg.startswith("stress test finish") and "stress-test-success" in chain else WRONG
         )
         self.say(f"stress test: {_stress_brief(msg)} (decisions: {chain})")
-        await self.wait_idle(60)
+        await self.h.wait_idle(60)
         self.say(f"STEP NIC switch on {s.name} NPU 0,1 with the operator CLI")
         r_nic.injected = time.time()
-        ok, msg = await self._om_cli(
+        ok, msg = await self.h.om_cli(
             "switch-nic", "--job", JOB, "--nic", f"{s.name}:0=on", "--nic", f"{s.name}:1=on"
         )
         r_nic.detected = time.time()
-        got = await self.wait_decision(r_nic.injected, ("switch-nic-success", "stop-train", "kill-job"), 30)
+        got = await self.h.wait_decision(r_nic.injected, ("switch-nic-success", "stop-train", "kill-job"), 30)
         chain = " -> ".join(d["decision"] for d in got) or "no decision"
         r_nic.decided = f"{msg[:40]}; {chain}"
         r_nic.verdict = (
@@ -335,8 +347,8 @@ class Scenario(Harness):
         ``got degradation, slow rank ids: [2]`` and raise 110001010 on the server hosting it."""
         st = self.stack
         srv = st.server(PLACEMENT[SLOW_RANK][0])
-        row = self.row(f"rank {SLOW_RANK} slowed by 40% ({self.t.slow_mode}), {srv.name}")
-        await self.job_ready.wait()
+        row = self.h.row(f"rank {SLOW_RANK} slowed by 40% ({self.t.slow_mode}), {srv.name}")
+        await self.h.job_ready.wait()
         why = ""
         if not st.features.get("slownode") or not st.features.get("brain"):
             why = "FD-OL slow-node flags not offered by clusterd/noded"
@@ -346,14 +358,14 @@ class Scenario(Harness):
             row.verdict, row.note = NOT_AVAILABLE, why
             self.say(f"NOT AVAILABLE: {row.fault}: {row.note}")
             return
-        if not await self.wait_training():
+        if not await self.h.wait_training():
             row.verdict, row.note = (
                 WRONG,
-                f"the PyTorch job did not start; see {self.train.log_path if self.train else ''}",
+                f"the PyTorch job did not start; see {self.h.train.log_path if self.h.train else ''}",
             )
             return
         self.say(f"FD-OL baseline: {self.t.slow_after_steps} clean steps before rank {SLOW_RANK} is slowed")
-        if not await self.wait_step(self.t.slow_after_steps, 180):
+        if not await self.h.wait_step(self.t.slow_after_steps, 180):
             row.verdict, row.note = WRONG, f"the PyTorch job did not reach step {self.t.slow_after_steps}"
             return
         self.say(f"STEP slow rank {SLOW_RANK} of the PyTorch job by 40% of its compute ({self.t.slow_mode})")
@@ -363,12 +375,12 @@ class Scenario(Harness):
         def match(f):
             return f["source"] == "fd-online" and f["code"] == "110001010"
 
-        f = await self.detect(row, match, "slow node 110001010", timeout_s=90)
+        f = await self.h.detect(row, match, "slow node 110001010", timeout_s=90)
         if f is None:
             return
         await asyncio.sleep(2 * self.t.slownode_round_s)  # every node's fault of this confirmation
-        assert self.watcher is not None
-        found = self.watcher.current(match)
+        assert self.h.watcher is not None
+        found = self.h.watcher.current(match)
         flagged = sorted(
             (x["node"], str(x.get("attributes", {}).get("influence", "")).replace(" ", ",")) for x in found
         )
@@ -390,15 +402,15 @@ class Scenario(Harness):
     async def run(self) -> list[Row]:
         """Run every step (concurrently, at fixed offsets); returns the rows in scenario order."""
         assert self.stack.session is not None
-        self.watcher = FaultWatcher(self.stack.session, self.stack.http)
-        self.watcher.start()
+        self.h.watcher = FaultWatcher(self.stack.session, self.stack.http)
+        self.h.watcher.start()
         try:
             try:
-                await self.setup_job()
+                await self.h.setup_job()
             except Exception as e:  # noqa: BLE001 - the job's rows then say why
-                self.job_error = self.job_error or f"job setup failed: {e!r}"
-                self.say(self.job_error)
-                self.job_ready.set()
+                self.h.job_error = self.h.job_error or f"job setup failed: {e!r}"
+                self.say(self.h.job_error)
+                self.h.job_ready.set()
             plan = [
                 (0.0, self.step_bmc_memory),
                 (2.0, self.step_npu_fault),
@@ -413,21 +425,23 @@ class Scenario(Harness):
             tasks = []
             for i, (offset, fn) in enumerate(plan):
                 order[fn.__name__] = i
-                tasks.append(asyncio.get_running_loop().create_task(self._at(offset, fn), name=fn.__name__))
+                tasks.append(
+                    asyncio.get_running_loop().create_task(self.h.step_at(offset, fn), name=fn.__name__)
+                )
             await asyncio.gather(*tasks)
             self.say("what clusterd holds now:")
-            await self.cli("nodes", "--http", self.stack.http)
-            await self.cli("faults", "--http", self.stack.http)
-            await self.stop_job()
-            achieved = self.achieved_slowdown()
+            await self.h.cli("nodes", "--http", self.stack.http)
+            await self.h.cli("faults", "--http", self.stack.http)
+            await self.h.stop_job()
+            achieved = self.h.achieved_slowdown()
             if achieved:
                 self.say(achieved)
-                for r in self.rows:
+                for r in self.h.rows:
                     if r.fault.startswith(f"rank {SLOW_RANK} slowed"):
                         r.note = (r.note + "; " if r.note else "") + achieved
         finally:
-            await self.watcher.stop()
-        return self.rows
+            await self.h.watcher.stop()
+        return self.h.rows
 
 
 def _link_ends(f: dict) -> set[tuple[str, int]]:
