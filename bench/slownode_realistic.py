@@ -186,7 +186,7 @@ def detect(sim: Sim, steps: dict[int, list], conf, round_ms: list[tuple[int, flo
         nodes[node] = nd
     cluster = ClusterDetector.for_conf(conf)
     tracker = DegradationTracker(conf)
-    t = truth(sim)
+    t = sim.truth() if hasattr(sim, "truth") else truth(sim)  # the DP simulator knows its own
     f = sim.fault
     onset = f.onset
     if f.kind == "thermal":

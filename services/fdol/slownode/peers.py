@@ -43,6 +43,8 @@ from itertools import chain, islice
 import numpy as np
 
 from .metrics import StepMetrics
+from .ring import Ring as _Ring
+from .sequential import StepEvidence
 
 MIN_OPS = 16  # counted operations below which a window says nothing
 
@@ -293,6 +295,14 @@ def judge_excess(
     return [i for i in range(n) if out[i] >= 1], [round(v, 3) for v in out]
 
 
+def _spread(x: np.ndarray) -> float:
+    """The robust per-op spread of [members, ops] excess: the median over members of their
+    interquartile range, / 1.349 (as :func:`judge_excess`)."""
+    iq = np.sort(_iqm_iqr(x)[1])
+    n = len(iq)
+    return float(iq[n // 2] if n % 2 else (iq[n // 2 - 1] + iq[n // 2]) / 2) / 1.349
+
+
 class GapDetector:
     """faultmesh's slow-card rule from each rank's own compute between its TP collectives
     (``StepMetrics.tp_gaps``): in tensor-parallel training a slow card's layers take longer while
@@ -338,7 +348,10 @@ class GapDetector:
         z: float = 4.0,
         long_window: int = 160,
         long_spread: float = 0.5,
+        seq: StepEvidence | None = None,
     ) -> None:
+        self.seq = seq if seq is not None else StepEvidence(0)
+        self._fresh: tuple[list[int], np.ndarray] | None = None  # the new steps' [members, steps] medians
         self.window = window
         self.short = max(2, window // 4)
         self.spread = spread
@@ -364,10 +377,18 @@ class GapDetector:
             key = tuple(sorted(group))
             if len(key) < 2:
                 continue
+            self._fresh = None
             st = state[key] = self._update(key, history)
             if not st[1]:
                 continue
             judged.append(key)  # gaps recorded: this rule decides (nobody until its window is full)
+            x = st[2].view()
+            if self._fresh is not None and x.shape[1] >= MIN_OPS and self.seq.bound > 0:
+                thr = max(self.floor, self.spread * _spread(x))  # as the windows, less the z term
+                nums, per = self._fresh
+                for r, o in zip(key, (per >= thr).tolist(), strict=True):
+                    if self.seq.feed(r, nums, o):
+                        flagged.append(r)
             if len(st[1]) < self.window:
                 continue
             full = self.long_window and st[4] >= self.long_window  # the long horizon is full
@@ -378,7 +399,7 @@ class GapDetector:
             flagged += [key[i] for i in hits]
             scores.update(zip(key, sc, strict=True))
         self._state = state
-        return sorted(flagged), scores, judged
+        return sorted(set(flagged)), scores, judged
 
     def _update(
         self, key: tuple[int, ...], history: dict[int, Sequence[StepMetrics]]
@@ -418,10 +439,13 @@ class GapDetector:
                 cols.append(excess_rows(arr))
                 if arr.min() > 0:
                     added = [o] * len(steps)
+                    self._fresh = (steps, np.median(cols[0].reshape(len(key), len(steps), o), axis=2))
                 else:  # ops with an unmeasured gap are left out: count the rest per step
                     added = (arr > 0).all(axis=0).reshape(len(steps), o).sum(axis=1).tolist()
                 steps = []
         by_step = [{m.step: m for m in new} for new in news] if steps else []
+        nums: list[int] = []
+        meds: list[np.ndarray] = []
         for st in steps:  # members with different steps or gap counts: step by step
             row = [b.get(st) for b in by_step]
             lens = {len(m.tp_gaps) if m is not None else 0 for m in row}
@@ -429,6 +453,11 @@ class GapDetector:
                 d = excess_rows(np.asarray([m.tp_gaps for m in row if m is not None], dtype=np.float32))
                 cols.append(d)
                 added.append(d.shape[1])
+                if d.shape[1]:
+                    nums.append(st)
+                    meds.append(np.median(d, axis=1))
+        if nums:
+            self._fresh = (nums, np.stack(meds, axis=1))
         if added:
             counts = (counts + tuple(added))[-self.window :]
             ring.push(cols, sum(counts))
@@ -444,33 +473,3 @@ class GapDetector:
             elif self.long_window:  # a step without a valid op: the horizon starts again
                 means, n_means = _Ring(len(key)), 0
         return top, counts, ring, means, n_means
-
-
-class _Ring:
-    """A group's [members, ops] excess columns, chronological, in one preallocated float32 buffer:
-    a round appends its new steps' columns and the window is a view (no copy of the window per
-    round; the buffer is compacted when full)."""
-
-    __slots__ = ("buf", "start", "end")
-
-    def __init__(self, members: int) -> None:
-        self.buf = np.empty((members, 0), np.float32)
-        self.start = self.end = 0
-
-    def view(self) -> np.ndarray:
-        """The kept columns [members, ops] (a view: valid until the next :meth:`push`)."""
-        return self.buf[:, self.start : self.end]
-
-    def push(self, cols: list[np.ndarray], keep: int) -> None:
-        """Append ``cols`` (each [members, k]) and keep the last ``keep`` columns."""
-        k = sum(c.shape[1] for c in cols)
-        if self.end + k > self.buf.shape[1]:
-            old = max(0, min(keep - k, self.end - self.start))
-            cap = max(self.buf.shape[1], 4 * max(keep, k))
-            buf = self.buf if cap == self.buf.shape[1] else np.empty((self.buf.shape[0], cap), np.float32)
-            buf[:, :old] = self.buf[:, self.end - old : self.end]  # overlapping: numpy copies first
-            self.buf, self.start, self.end = buf, 0, old
-        for c in cols:
-            self.buf[:, self.end : self.end + c.shape[1]] = c
-            self.end += c.shape[1]
-        self.start = max(self.start, self.end - keep)
