@@ -55,10 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from trainsim_tp import _TEMPLATE, MS, Fault, Layout, Sim
-
-RESTART_WARM = 3  # warm-up steps after a restart
-RESTART_S = 60  # seconds from the failure to the first step of the restarted job
+from trainsim_tp import _TEMPLATE, MS, RESTART_S, RESTART_WARM, Fault, Layout, Sim
 
 
 @dataclass

@@ -120,6 +120,10 @@ def layout_for(n: int) -> Layout:
     return Layout(tp=8, pp=pp, dp=nodes // pp)
 
 
+RESTART_S = 60  # seconds from a failure to the first step of the restarted job (MegaScale NSDI'24)
+RESTART_WARM = 3  # warm-up steps after a restart
+
+
 @dataclass
 class Fault:
     """A fault injected from ``onset`` (see module doc for the kinds). ``target``: rank, node or TP
@@ -207,6 +211,19 @@ class Sim:
     layout: Layout
     conf: SimConf = field(default_factory=SimConf)
     fault: Fault = field(default_factory=Fault)
+    second: int = -1  # kind ``card``: a second slow rank (two faults at once)
+    restart_at: int = 0  # the job restarts at this step (:meth:`step_number`); 0: never
+
+    def step_number(self, i: int) -> int:
+        """The step number recorded for the ``i``-th step run: from 1 again after a restart (the
+        restarted processes count anew) -- after ``RESTART_S`` seconds away and ``RESTART_WARM``
+        warm-up steps (every rank's compute x1.5: autotuning, communicator set-up)."""
+        return i - self.restart_at + 1 if 0 < self.restart_at <= i else i
+
+    def truth(self) -> dict:
+        """:func:`truth` of this job, with :attr:`second`."""
+        t = truth(self)
+        return {"ranks": sorted({*t["ranks"], self.second})} if self.second >= 0 and "ranks" in t else t
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.conf.seed)
@@ -251,6 +268,8 @@ class Sim:
 
             if k == "card":
                 comp[at(f.target)] *= f.factor
+                if self.second >= 0:
+                    comp[at(self.second)] *= f.factor
             elif k == "thermal":
                 x = min(1.0, (step - f.onset + 1) / max(1, f.ramp))
                 comp[at(f.target)] *= 1 + (f.factor - 1) * x
@@ -289,6 +308,10 @@ class Sim:
         P, D, T, M, K = lay.pp, lay.dp, lay.tp, c.micro, c.k_ops
         step = self.step
         comp, host, link, tpf, dl_add, net, store = self._factors(step)
+        if self.restart_at and step == self.restart_at:
+            self.t += RESTART_S * 10**9
+        if self.restart_at and 0 <= step - self.restart_at < RESTART_WARM:
+            comp = comp * 1.5
         if c.regime_sd or c.load_sd:  # shared-CPU host: persistent per-rank regimes, box load
             self._regime = c.regime_rho * self._regime + rng.normal(
                 0, c.regime_sd * np.sqrt(1 - c.regime_rho**2), self._regime.shape
@@ -380,7 +403,9 @@ class Sim:
         if ckpt:
             step_end += int(c.ckpt_ms * store * MS)
         if emit == "metrics":
-            res = self._metrics(step, t0, step_end, ready, fwd_rec, sends, host, comm, ckpt, store)
+            res = self._metrics(
+                self.step_number(step), t0, step_end, ready, fwd_rec, sends, host, comm, ckpt, store
+            )
             self.t = step_end + int(0.2 * MS)
             self.step += 1
             return res
@@ -390,7 +415,9 @@ class Sim:
             p, d, t = coords[r]
             o = out[r]
             dev = int(r % 8)
-            sid = self._rng4(o, r, dev, f'"step {step}"', "default", t0, step_end, open_only=True)
+            sid = self._rng4(
+                o, r, dev, f'"step {self.step_number(step)}"', "default", t0, step_end, open_only=True
+            )
             self._rng2(o, r, dev, '"dataloader"', t0 + int(0.1 * MS), int(ready[p, d, t]))
             for s, _m, start, end, arrive, complete in fwd_rec:
                 if s != p:

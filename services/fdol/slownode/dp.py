@@ -61,7 +61,7 @@ from itertools import islice
 from .metrics import StepMetrics
 from .reader import Group
 from .records import BadInput
-from .sequential import StepEvidence
+from .sequential import MARGIN, StepEvidence
 
 
 def local_dp_groups(
@@ -128,7 +128,7 @@ class ArrivalLagDetector:
         """-> (flagged ranks, {rank: score: its median lag over ``excess``, the larger of the window
         and the short window; >= 1 flags}). The window rule judges a full ``window``; from
         ``window // 4`` aligned steps on, each step also feeds the sequential test (``seq``,
-        :mod:`.sequential`: the step's median lag over the same threshold), whose passing ranks
+        :mod:`.sequential`: the step's median lag over ``MARGIN`` x the same threshold), whose passing ranks
         are flagged too."""
         import numpy as np  # numpy: only where detection runs (issue 18)
 
@@ -156,7 +156,7 @@ class ArrivalLagDetector:
                 valid = (flat > 0).all(axis=0).reshape(len(rows), k).sum(axis=1).tolist()
                 parts = np.split(lag, np.cumsum(valid)[:-1], axis=1)
                 nums = [st for st, v in zip(steps, valid, strict=True) if v]
-                per = [np.median(p, axis=1) >= thr for p, v in zip(parts, valid, strict=True) if v]
+                per = [np.median(p, axis=1) >= MARGIN * thr for p, v in zip(parts, valid, strict=True) if v]
                 if per:
                     over = np.stack(per, axis=1).tolist()
                     flagged += [r for r, o in zip(key, over, strict=True) if self.seq.feed(r, nums, o)]

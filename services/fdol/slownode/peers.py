@@ -44,7 +44,7 @@ import numpy as np
 
 from .metrics import StepMetrics
 from .ring import Ring as _Ring
-from .sequential import StepEvidence
+from .sequential import MARGIN, StepEvidence
 
 MIN_OPS = 16  # counted operations below which a window says nothing
 
@@ -384,7 +384,7 @@ class GapDetector:
             judged.append(key)  # gaps recorded: this rule decides (nobody until its window is full)
             x = st[2].view()
             if self._fresh is not None and x.shape[1] >= MIN_OPS and self.seq.bound > 0:
-                thr = max(self.floor, self.spread * _spread(x))  # as the windows, less the z term
+                thr = MARGIN * max(self.floor, self.spread * _spread(x))  # the windows', less the z term
                 nums, per = self._fresh
                 for r, o in zip(key, (per >= thr).tolist(), strict=True):
                     if self.seq.feed(r, nums, o):

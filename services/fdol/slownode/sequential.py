@@ -9,8 +9,11 @@ as soon as the evidence passes a bound (Page's CUSUM of a sequential probability
 card -- whose steps only now and then cross the threshold -- never.
 
 Per rank and step the observation is *over*: the step's median relative excess (the card's per-op
-lag / compute excess over its peers, :mod:`.dp` / :mod:`.peers`) reaches the rule's threshold of
-the round (``dpLagExcess`` / ``computeExcess`` and the peers' own spread). The statistic
+lag / compute excess over its peers, :mod:`.dp` / :mod:`.peers`) reaches ``MARGIN`` (1.5) x the
+rule's threshold of the round (``dpLagExcess`` / ``computeExcess`` and the peers' own spread). The
+margin keeps a card that is innately just under the threshold (cards of one model differ by a few
+percent: bench/slownode_dp.py ``--card-sd 0.02``) from being over in most of its steps; a card
+nearer the threshold is left to the rounds' windows, which average over more steps. The statistic
 
     S_t = max(0, S_{t-1} + (ln(P_SLOW / P_HEALTHY) if over else ln((1 - P_SLOW) / (1 - P_HEALTHY))))
 
@@ -37,6 +40,7 @@ P_HEALTHY = 0.3  # share of steps over the threshold the test tolerates for a he
 P_SLOW = 0.8  # share a slow card is taken to have (it is ~1 for a +10 % card on a cluster)
 OVER = math.log(P_SLOW / P_HEALTHY)  # +0.98 per step over the threshold
 UNDER = math.log((1 - P_SLOW) / (1 - P_HEALTHY))  # -1.25 per step under it
+MARGIN = 1.5  # a step is over when its excess reaches MARGIN x the rule's threshold
 CAP = 2.0  # S is held at or below CAP x the bound: a card that recovers drops under it within steps
 
 
