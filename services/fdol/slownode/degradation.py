@@ -67,7 +67,8 @@ class DegradationTracker:
       ``seqRanks`` (slow cards whose evidence across steps passed the bound,
       :mod:`fdol.slownode.sequential`) is not empty confirms at once and reports those ranks,
       without waiting for ``nConsecSlowRoundsToConfirm`` rounds; once confirmed, a further rank
-      that passes the bound is reported too (two slow cards);
+      that passes the bound is reported too (two slow cards: the report names all reported ranks,
+      so a node's fault lists every slow rank it hosts);
     - *suspects*: rounds with ``suspectRanks`` switch communication profiling on, or keep it on after
       slow rounds, to localize (at most ``suspect_max_rounds`` rounds, then a cooldown of
       ``suspect_cooldown_rounds``); the reference switched it off on the first round that was not
@@ -159,8 +160,8 @@ class DegradationTracker:
                 if slow:
                     self.history.append((ranks, _names_any(result)))
                 if new := [r for r in seq if r not in self.reported_ranks and not self.deferred]:
-                    self.reported_ranks = sorted({*self.reported_ranks, *new})  # a second slow card
-                    out.append(Action("report", new))
+                    self.reported_ranks = sorted({*self.reported_ranks, *new})  # a second slow card:
+                    out.append(Action("report", list(self.reported_ranks)))  # all of them, per node
                 if self.deferred and (maj := self.majority_ranks()):
                     self.deferred = False
                     self.reported_ranks = maj

@@ -158,8 +158,7 @@ class ArrivalLagDetector:
                 nums = [st for st, v in zip(steps, valid, strict=True) if v]
                 per = [np.median(p, axis=1) >= MARGIN * thr for p, v in zip(parts, valid, strict=True) if v]
                 if per:
-                    over = np.stack(per, axis=1).tolist()
-                    flagged += [r for r, o in zip(key, over, strict=True) if self.seq.feed(r, nums, o)]
+                    flagged += self.seq.feed_group(key, nums, np.stack(per, axis=1))
             if len(rows) < self.window:
                 continue
             score = np.maximum(med, np.median(short, axis=1)) / thr

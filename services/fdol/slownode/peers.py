@@ -271,16 +271,17 @@ def judge_excess(
     z: float,
     long_means: np.ndarray | None = None,
     long_spread: float = 0.0,
+    pre: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[list[int], list[float]]:
     """``x``: [members, valid ops] excess (:func:`_excess`) of the window, chronological;
     ``per_step``: valid ops per step of it; ``long_means``: [members, steps] each step's mean excess
-    over the long horizon (None: not judged). See :class:`GapDetector`."""
+    over the long horizon (None: not judged); ``pre``: :func:`_iqm_iqr` of ``x`` when the caller
+    has it. See :class:`GapDetector`."""
     n, total = x.shape
     if total < MIN_OPS:
         return [], [0.0] * n
-    mid, iqr = _iqm_iqr(x)
-    iq = sorted(iqr.tolist())
-    s = (iq[n // 2] if n % 2 else (iq[n // 2 - 1] + iq[n // 2]) / 2) / 1.349
+    mid, iqr = pre if pre is not None else _iqm_iqr(x)
+    s = _spread(iqr)
     out = (mid / max(floor, spread * s, z * s / math.sqrt(total))).tolist()
     m = int(sum(islice(reversed(per_step), short)))
     if MIN_OPS <= m < total:
@@ -295,12 +296,12 @@ def judge_excess(
     return [i for i in range(n) if out[i] >= 1], [round(v, 3) for v in out]
 
 
-def _spread(x: np.ndarray) -> float:
-    """The robust per-op spread of [members, ops] excess: the median over members of their
-    interquartile range, / 1.349 (as :func:`judge_excess`)."""
-    iq = np.sort(_iqm_iqr(x)[1])
+def _spread(iqr: np.ndarray) -> float:
+    """The robust per-op spread of the excess: the median over members of their interquartile
+    range (``iqr``, :func:`_iqm_iqr`), / 1.349."""
+    iq = sorted(iqr.tolist())
     n = len(iq)
-    return float(iq[n // 2] if n % 2 else (iq[n // 2 - 1] + iq[n // 2]) / 2) / 1.349
+    return (iq[n // 2] if n % 2 else (iq[n // 2 - 1] + iq[n // 2]) / 2) / 1.349
 
 
 class GapDetector:
@@ -351,7 +352,7 @@ class GapDetector:
         seq: StepEvidence | None = None,
     ) -> None:
         self.seq = seq if seq is not None else StepEvidence(0)
-        self._fresh: tuple[list[int], np.ndarray] | None = None  # the new steps' [members, steps] medians
+        self._fresh: tuple[list[int], np.ndarray] | None = None  # the new steps' [members, steps] means
         self.window = window
         self.short = max(2, window // 4)
         self.spread = spread
@@ -383,18 +384,17 @@ class GapDetector:
                 continue
             judged.append(key)  # gaps recorded: this rule decides (nobody until its window is full)
             x = st[2].view()
+            pre = None
             if self._fresh is not None and x.shape[1] >= MIN_OPS and self.seq.bound > 0:
-                thr = MARGIN * max(self.floor, self.spread * _spread(x))  # the windows', less the z term
-                nums, per = self._fresh
-                for r, o in zip(key, (per >= thr).tolist(), strict=True):
-                    if self.seq.feed(r, nums, o):
-                        flagged.append(r)
+                pre = _iqm_iqr(x)  # one sort of the window, shared with judge_excess
+                thr = MARGIN * max(self.floor, self.spread * _spread(pre[1]))  # the windows', less z
+                flagged += self.seq.feed_group(key, self._fresh[0], self._fresh[1] >= thr)
             if len(st[1]) < self.window:
                 continue
             full = self.long_window and st[4] >= self.long_window  # the long horizon is full
             hits, sc = judge_excess(
                 st[2].view(), st[1], self.short, self.spread, self.floor, self.z,
-                st[3].view() if full else None, self.long_spread,
+                st[3].view() if full else None, self.long_spread, pre,
             )  # fmt: skip
             flagged += [key[i] for i in hits]
             scores.update(zip(key, sc, strict=True))
@@ -427,7 +427,8 @@ class GapDetector:
             news = [[m for m in new if m.step <= top] for new in news]
         steps = [m.step for m in news[0]]
         cols: list[np.ndarray] = []
-        added: list[int] = []
+        added: list[int] = []  # valid ops per new step (step numbers: nums)
+        nums: list[int] = []
         if all([m.step for m in new] == steps for new in news[1:]):
             shape = {len(m.tp_gaps) for new in news for m in new}
             if shape == {0}:
@@ -439,13 +440,10 @@ class GapDetector:
                 cols.append(excess_rows(arr))
                 if arr.min() > 0:
                     added = [o] * len(steps)
-                    self._fresh = (steps, np.median(cols[0].reshape(len(key), len(steps), o), axis=2))
                 else:  # ops with an unmeasured gap are left out: count the rest per step
                     added = (arr > 0).all(axis=0).reshape(len(steps), o).sum(axis=1).tolist()
-                steps = []
+                nums, steps = steps, []
         by_step = [{m.step: m for m in new} for new in news] if steps else []
-        nums: list[int] = []
-        meds: list[np.ndarray] = []
         for st in steps:  # members with different steps or gap counts: step by step
             row = [b.get(st) for b in by_step]
             lens = {len(m.tp_gaps) if m is not None else 0 for m in row}
@@ -453,23 +451,21 @@ class GapDetector:
                 d = excess_rows(np.asarray([m.tp_gaps for m in row if m is not None], dtype=np.float32))
                 cols.append(d)
                 added.append(d.shape[1])
-                if d.shape[1]:
-                    nums.append(st)
-                    meds.append(np.median(d, axis=1))
-        if nums:
-            self._fresh = (nums, np.stack(meds, axis=1))
+                nums.append(st)
         if added:
             counts = (counts + tuple(added))[-self.window :]
             ring.push(cols, sum(counts))
-            if self.long_window and all(added):
+            if all(added) and (self.long_window or self.seq.bound > 0):
                 new_ops = cols[0] if len(cols) == 1 else np.concatenate(cols, axis=1)
                 if len(set(added)) == 1:  # the usual case: the same ops in every step
                     step_means = new_ops.reshape(len(key), len(added), added[0]).mean(axis=2)
                 else:
                     starts = np.cumsum((0, *added[:-1]))
                     step_means = np.add.reduceat(new_ops, starts, axis=1) / np.asarray(added, np.float32)
-                means.push([step_means], self.long_window)
-                n_means = min(self.long_window, n_means + len(added))
+                self._fresh = (nums, step_means)  # the sequential test's per-step evidence
+                if self.long_window:
+                    means.push([step_means], self.long_window)
+                    n_means = min(self.long_window, n_means + len(added))
             elif self.long_window:  # a step without a valid op: the horizon starts again
                 means, n_means = _Ring(len(key)), 0
         return top, counts, ring, means, n_means

@@ -8,8 +8,9 @@ as soon as the evidence passes a bound (Page's CUSUM of a sequential probability
 1945 / Page 1954): a strong straggler is confirmed within a few steps, a weak one later, a healthy
 card -- whose steps only now and then cross the threshold -- never.
 
-Per rank and step the observation is *over*: the step's median relative excess (the card's per-op
-lag / compute excess over its peers, :mod:`.dp` / :mod:`.peers`) reaches ``MARGIN`` (1.5) x the
+Per rank and step the observation is *over*: the step's relative excess over its peers -- the
+median of its per-op arrival lags / expert compute excess (:mod:`.dp`), the mean of its per-op TP
+compute-gap excess (:class:`.peers.GapDetector`, the long horizon's per-step means) -- reaches ``MARGIN`` (1.5) x the
 rule's threshold of the round (``dpLagExcess`` / ``computeExcess`` and the peers' own spread). The
 margin keeps a card that is innately just under the threshold (cards of one model differ by a few
 percent: bench/slownode_dp.py ``--card-sd 0.02``) from being over in most of its steps; a card
@@ -36,6 +37,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 P_HEALTHY = 0.3  # share of steps over the threshold the test tolerates for a healthy card
 P_SLOW = 0.8  # share a slow card is taken to have (it is ~1 for a +10 % card on a cluster)
 OVER = math.log(P_SLOW / P_HEALTHY)  # +0.98 per step over the threshold
@@ -45,27 +48,34 @@ CAP = 2.0  # S is held at or below CAP x the bound: a card that recovers drops u
 
 
 class StepEvidence:
-    """Per-rank sequential statistic over steps (module doc). ``bound``: ``seqBound`` (<= 0: off:
-    :meth:`feed` does nothing and nobody passes)."""
+    """Per-rank sequential statistic over steps (module doc), kept per detection group. ``bound``:
+    ``seqBound`` (<= 0: off: nothing is fed and nobody passes)."""
 
     def __init__(self, bound: float) -> None:
         self.bound = bound
         self.stat: dict[int, float] = {}  # rank -> S
-        self._last: dict[int, int] = {}  # rank -> last step fed
+        self._groups: dict[tuple[int, ...], tuple[int, np.ndarray]] = {}  # -> (last step fed, S)
+
+    def feed_group(self, key: tuple[int, ...], steps: Sequence[int], over: np.ndarray) -> list[int]:
+        """Feed a group's steps: ``steps`` (chronological step numbers) and ``over`` ([members of
+        ``key``, steps] bool: the step was over the threshold); steps at or below the last one fed
+        to this group are skipped. -> the members at or over the bound."""
+        if self.bound <= 0:
+            return []
+        last, s = self._groups.get(key) or (-1, np.zeros(len(key)))
+        new = [i for i, st in enumerate(steps) if st > last]
+        if new:
+            inc = np.where(over[:, new], OVER, UNDER)
+            cap = CAP * self.bound
+            for j in range(inc.shape[1]):  # a few steps a round; the members at once
+                s = np.minimum(cap, np.maximum(0.0, s + inc[:, j]))
+            self._groups[key] = (steps[new[-1]], s)
+            self.stat.update(zip(key, s.tolist(), strict=True))
+        return [r for r in key if self.stat.get(r, 0.0) >= self.bound]
 
     def feed(self, rank: int, steps: Sequence[int], over: Iterable[bool]) -> bool:
-        """Feed the rank's steps (chronological step numbers) and whether each was over the
-        threshold; steps at or below the last one fed are skipped. -> whether it passes the bound."""
-        if self.bound <= 0:
-            return False
-        last = self._last.get(rank, -1)
-        s = self.stat.get(rank, 0.0)
-        for st, hit in zip(steps, over, strict=True):
-            if st > last:
-                s = min(CAP * self.bound, max(0.0, s + (OVER if hit else UNDER)))
-                last = st
-        self.stat[rank], self._last[rank] = s, last
-        return s >= self.bound
+        """:meth:`feed_group` for one rank on its own. -> whether it passes the bound."""
+        return bool(self.feed_group((rank,), steps, np.asarray([list(over)], dtype=bool)))
 
     def passed(self, rank: int) -> bool:
         """The rank's statistic is at or over the bound."""
