@@ -28,6 +28,10 @@ Timing of one step (ns, all ranks):
 - *DP sync*: every rank ends the step with an all-reduce over its DP group; the step of every rank
   ends at the same time (``max`` over ranks of the last backward + ``t_dp``) — optimizer step and
   global gradient norm synchronize the job;
+- *cards differ*: each card's sustained speed is its own (``card_sd``, 1 % standard deviation cut
+  at 2.5 of them, as bench/trainsim_dp.py: GPUs of one model differ by a few percent under their
+  power and thermal limits, Sinha et al., SC'22; acceptance tests screen out the cards beyond);
+  drawn from its own random stream, so the other draws stay those of a job without the spread;
 - *noise*: per-op compute noise, per-step noise, OS hiccups (a rank loses ``hiccup_ms`` in one
   segment with probability ``hiccup_p`` per step), a checkpoint (``save_checkpoint`` host range)
   every ``ckpt_every`` steps;
@@ -152,6 +156,7 @@ class SimConf:
     dl: float = 5.0
     op_noise: float = 0.02
     step_noise: float = 0.01
+    card_sd: float = 0.01
     hiccup_p: float = 0.005
     hiccup_ms: float = 20.0
     ckpt_every: int = 0
@@ -180,6 +185,7 @@ class SimConf:
 # most 0.05-0.18 (median 0.1) over 40 steps and 0.02-0.06 (median 0.03) over 160; the former
 # regime_rho 0.96 / regime_sd 0.05 drifted 0.14 / 0.07 (medians, 8 seeds), these 0.09 / 0.04.
 SHARED_BOX = dict(
+    card_sd=0.0,  # CPU cores of one box: the regimes below are their differences
     micro=1,
     k_ops=4,
     t_seg=20.0,
@@ -235,6 +241,9 @@ class Sim:
         self.step = 0
         lay = self.layout
         self._coords = np.array([lay.coords(r) for r in range(lay.n)])
+        sd = self.conf.card_sd  # the cards' own speeds, from a stream of their own
+        speed = np.random.default_rng(self.conf.seed + 7777).normal(0, sd, (lay.pp, lay.dp, lay.tp))
+        self._speed = 1 + np.clip(speed, -2.5 * sd, 2.5 * sd)
         self._groups = lay.groups()
         self._tp_name = {}
         self._pp_name = {}
@@ -308,6 +317,7 @@ class Sim:
         P, D, T, M, K = lay.pp, lay.dp, lay.tp, c.micro, c.k_ops
         step = self.step
         comp, host, link, tpf, dl_add, net, store = self._factors(step)
+        comp = comp * self._speed
         if self.restart_at and step == self.restart_at:
             self.t += RESTART_S * 10**9
         if self.restart_at and 0 <= step - self.restart_at < RESTART_WARM:
