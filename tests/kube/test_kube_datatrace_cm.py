@@ -123,3 +123,15 @@ async def test_a_follower_writes_no_data_trace_configmap(k8s, tmp_path):
         for cd in (cd1, cd2):
             if cd is not None:
                 await cd.stop()
+
+
+async def test_with_the_writes_off_no_configmap_is_written(k8s, tmp_path):
+    emu, api = k8s
+    cd = await kube_clusterd(tmp_path, api.url, "--kube-data-trace-configmaps", "off")
+    try:
+        await start_job(api, cd)
+        await cd.brain.datatrace.set_switch(f"{NS}/llama", json.loads(ON))
+        assert component(cd, "kube-control").dt_writer is None
+        assert await data_trace_cm(api) is None and writes(cd) == 0
+    finally:
+        await cd.stop()

@@ -85,10 +85,12 @@ class KubeSession(Protocol):
 class ControlConfig:
     """The control ConfigMaps' configuration section (:func:`faultmesh.config.section`):
     ``kube_slownode_namespace`` ``--kube-slownode-namespace`` (ras-feature-slownode-*; empty: all),
-    ``kube_fault_job_info_namespace`` ``--kube-fault-job-info-namespace`` (fault-job-info)."""
+    ``kube_fault_job_info_namespace`` ``--kube-fault-job-info-namespace`` (fault-job-info),
+    ``kube_data_trace_configmaps`` ``--kube-data-trace-configmaps`` (on: write data-trace-<job>)."""
 
     kube_slownode_namespace: str
     kube_fault_job_info_namespace: str
+    kube_data_trace_configmaps: str
 
 
 def add_arguments(g) -> None:
@@ -102,6 +104,13 @@ def add_arguments(g) -> None:
         "--kube-fault-job-info-namespace",
         default="cluster-system",
         help="namespace of fault-job-info (reference: cluster-system)",
+    )
+    g.add_argument(
+        "--kube-data-trace-configmaps",
+        choices=("on", "off"),
+        default="on",
+        help="write data-trace-<job> in the job's namespace on each switch change, delete it with the "
+        "job (the reference's; needs ConfigMap create/patch/delete there)",
     )
 
 
@@ -160,7 +169,7 @@ class ControlMaps:
             self._tasks.append(self._spawn(w.run(), name=f"kube-watch-{w.kind}-{w.namespace or 'all'}"))
         self._tasks.append(self._spawn(self.maintain(watchers[0]), name="kube-control"))
         self.kube.run_led("fault-job-info", self.run)
-        if self.data_trace is not None:
+        if self.data_trace is not None and self.cfg.kube_data_trace_configmaps == "on":
             wait_s = 2 * self.api.timeout_s + 1
             self.dt_writer = DataTraceConfigMaps(self.api, self.metrics, self.store, wait_s)
             self.data_trace.sinks.append(self.dt_writer.changed)
