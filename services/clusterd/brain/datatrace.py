@@ -7,7 +7,9 @@ training containers mount (the reference's ConfigMap ``data-trace-<job>``, mount
 ``/user/cluster-info/datatrace-config``). ``root`` is ``--data-trace-dir``.
 
 Codes (profiling's own): Modify: bad ``jobNsName`` -> 300 + gRPC error; unknown job -> 500
-``notify subscribe failed`` + gRPC error; file write failure -> 500 + gRPC error; success 200
+``notify subscribe failed`` + gRPC error; file write failure -> 500 + gRPC error; in Kubernetes
+mode a failed ``data-trace-<job>`` write (:mod:`clusterd.kube.datatracecm`) -> 500 ``failed to
+update comfigmap:[ns/job]`` + gRPC error, the switch staying stored (the reference's); success 200
 ``successfully changed profiling marker enable status``. Get: bad name -> 300 (no error); no
 switch stored -> 404 + gRPC error; corrupt file -> 500 + gRPC error; success 200
 ``successfully get the status of job[ns/name]``. Subscribe: unknown job -> gRPC error
