@@ -183,13 +183,26 @@ def test_rbac_is_least_privilege(chart):
     granted = _grants(find(objs, "ClusterRole", "-clusterd"))
     resources = {res for _, res, _ in granted}
     assert resources == {"configmaps", "nodes", "nodes/status", "pods", "podgroups"}
-    # cluster-wide: read, node patch, pod / podgroup patch (labels), ConfigMap patch only (reset-config
-    # in any job namespace: jobNamespaces is empty by default) -- never create/update/delete anywhere
-    assert {v for _, res, v in granted if res == "configmaps"} == {"get", "list", "watch", "patch"}
+    # cluster-wide: read, node patch, pod / podgroup patch (labels), ConfigMap patch (reset-config in any
+    # job namespace: jobNamespaces is empty by default) and create/delete (data-trace-<job>, issue 29)
+    # -- no other create/update/delete anywhere
+    cm_read = {"get", "list", "watch"}
+    assert {v for _, res, v in granted if res == "configmaps"} == cm_read | {"patch", "create", "delete"}
     assert {v for _, res, v in granted if res == "pods"} == {"get", "list", "watch", "patch"}
     assert {v for _, res, v in granted if res == "nodes/status"} == {"patch"}
     assert ("scheduling.volcano.sh", "podgroups", "patch") in granted
-    assert not {v for _, _, v in granted} & {"create", "update", "delete", "deletecollection", "*"}
+    writes = {"create", "update", "delete", "deletecollection", "*"}
+    assert not {v for _, res, v in granted if res != "configmaps"} & writes
+    assert {v for _, res, v in granted if res == "configmaps"} & writes == {"create", "delete"}
+    c = _container(objs, "Deployment", "-clusterd", "clusterd")
+    assert "--kube-data-trace-configmaps=on" in c["args"]
+    # without the data-trace writes: ConfigMap patch only (reset-config), the flag off
+    off = render_objects(chart, {"clusterd": {"kube": {"dataTraceConfigMaps": False}}})
+    granted_off = _grants(find(off, "ClusterRole", "-clusterd"))
+    assert {v for _, res, v in granted_off if res == "configmaps"} == cm_read | {"patch"}
+    assert (
+        "--kube-data-trace-configmaps=off" in _container(off, "Deployment", "-clusterd", "clusterd")["args"]
+    )
     assert not any(res == "*" for _, res, _ in granted)
     binding = find(objs, "ClusterRoleBinding", "-clusterd")
     sa = find(objs, "ServiceAccount", "-clusterd")
@@ -249,6 +262,8 @@ def test_rbac_with_job_namespaces_and_agent_kube_mode(chart):
         == roles["research"]
         == {
             ("", "configmaps", "patch"),
+            ("", "configmaps", "create"),  # data-trace-<job>: created, deleted with the job
+            ("", "configmaps", "delete"),
             ("", "pods", "patch"),
             ("scheduling.volcano.sh", "podgroups", "patch"),
         }

@@ -7,7 +7,9 @@ training containers mount (the reference's ConfigMap ``data-trace-<job>``, mount
 ``/user/cluster-info/datatrace-config``). ``root`` is ``--data-trace-dir``.
 
 Codes (profiling's own): Modify: bad ``jobNsName`` -> 300 + gRPC error; unknown job -> 500
-``notify subscribe failed`` + gRPC error; file write failure -> 500 + gRPC error; success 200
+``notify subscribe failed`` + gRPC error; file write failure -> 500 + gRPC error; in Kubernetes
+mode a failed ``data-trace-<job>`` write (:mod:`clusterd.kube.datatracecm`) -> 500 ``failed to
+update comfigmap:[ns/job]`` + gRPC error, the switch staying stored (the reference's); success 200
 ``successfully changed profiling marker enable status``. Get: bad name -> 300 (no error); no
 switch stored -> 404 + gRPC error; corrupt file -> 500 + gRPC error; success 200
 ``successfully get the status of job[ns/name]``. Subscribe: unknown job -> gRPC error
@@ -87,12 +89,17 @@ class DataTrace(profiling_pb2_grpc.TrainingDataTraceServicer):
         self.reject = reject
         self.root = root
         self.pubs: dict[str, asyncio.Queue] = {}  # job id -> subscriber queue
+        # after each stored change: sink(ns, job, switch); Kubernetes mode writes data-trace-<job>
+        # (clusterd.kube.datatracecm); a sink raises DataTraceError to fail the Modify
+        self.sinks: list[Callable[[str, str, dict[str, str]], Awaitable[None]]] = []
         self._lock = asyncio.Lock()
 
     async def set_switch(self, job_ns_name: str, switch: dict[str, str]) -> None:
-        """Store, write and publish a switch (all five fields; missing ones become "").
+        """Store, write and publish a switch (all five fields; missing ones become ""), then hand it
+        to the ``sinks`` (Kubernetes mode: the ``data-trace-<job>`` ConfigMap).
 
-        Raises :class:`DataTraceError` (300 bad name, 500 unknown job or write failure)."""
+        Raises :class:`DataTraceError` (300 bad name, 500 unknown job, file or ConfigMap write
+        failure; a failed ConfigMap write leaves the switch stored, as the reference does)."""
         parsed = split_ns_name(job_ns_name)
         if parsed is None:
             raise DataTraceError(300, BAD_NAME)
@@ -123,6 +130,8 @@ class DataTrace(profiling_pb2_grpc.TrainingDataTraceServicer):
         for node in job.nodes():
             await self.send(node, "noded", data_trace=msg)
         event(log, logging.INFO, "data-trace switch changed", job=job_ns_name, **value)
+        for sink in self.sinks:
+            await sink(ns, name, value)
 
     async def on_agent_connect(self, node: str, agent: str) -> None:
         """A noded (re)connected: send it the stored switch of every job with ranks on its node, so

@@ -10,7 +10,9 @@ and ``fault-job-info`` (issue 15; reference fdol.md §3, §7; clusterd.md §3, �
   ``ModifyTrainingDataTraceSwitch``: state, the switch file, subscribers, the job's nodes); an
   omitted field becomes "". A version already applied (its text, kept in the store) is not
   applied again after a restart, so a later gRPC change is not undone. A deleted ConfigMap
-  changes nothing (the reference deletes it with the job).
+  changes nothing. clusterd itself writes it on every switch change and deletes it with the job
+  (:mod:`clusterd.kube.datatracecm`, while leading); a version equal to what it holds is skipped
+  (the echo guard).
 - ``fault-job-info`` (``--kube-fault-job-info-namespace``, cluster-system), written as the reference's
   ClusterD does for the A3 forced release (NodeD releases the fault super-devices' resources):
   key = job id, value = Go JSON of ``{"<superPodId>": {"SdIds": [..], "FaultNodes": {"<node>":
@@ -42,6 +44,7 @@ import orjson
 
 from clusterd.brain.datatrace import DataTraceError
 from clusterd.kube.cmchecks import ConfigMapChecks, configmap_name
+from clusterd.kube.datatracecm import DataTraceConfigMaps
 from clusterd.kube.faultjobinfo import Topology, fault_job_info, go_json
 from clusterd.slownode.kube import SlowNodeConfigMaps
 from faultmesh.kube import KubeApi, KubeError
@@ -82,10 +85,12 @@ class KubeSession(Protocol):
 class ControlConfig:
     """The control ConfigMaps' configuration section (:func:`faultmesh.config.section`):
     ``kube_slownode_namespace`` ``--kube-slownode-namespace`` (ras-feature-slownode-*; empty: all),
-    ``kube_fault_job_info_namespace`` ``--kube-fault-job-info-namespace`` (fault-job-info)."""
+    ``kube_fault_job_info_namespace`` ``--kube-fault-job-info-namespace`` (fault-job-info),
+    ``kube_data_trace_configmaps`` ``--kube-data-trace-configmaps`` (on: write data-trace-<job>)."""
 
     kube_slownode_namespace: str
     kube_fault_job_info_namespace: str
+    kube_data_trace_configmaps: str
 
 
 def add_arguments(g) -> None:
@@ -99,6 +104,13 @@ def add_arguments(g) -> None:
         "--kube-fault-job-info-namespace",
         default="cluster-system",
         help="namespace of fault-job-info (reference: cluster-system)",
+    )
+    g.add_argument(
+        "--kube-data-trace-configmaps",
+        choices=("on", "off"),
+        default="on",
+        help="write data-trace-<job> in the job's namespace on each switch change, delete it with the "
+        "job (the reference's; needs ConfigMap create/patch/delete there)",
     )
 
 
@@ -140,6 +152,7 @@ class ControlMaps:
         self._tasks: list[asyncio.Task] = []
         self.handled: collections.Counter[str] = collections.Counter()  # versions handled, by kind
         self.processed = 0  # fault-job-info decisions handled (tests)
+        self.dt_writer: DataTraceConfigMaps | None = None  # data-trace-<job> (Kubernetes mode)
         if jobs is not None:
             jobs.listen(self._on_job)
 
@@ -156,6 +169,11 @@ class ControlMaps:
             self._tasks.append(self._spawn(w.run(), name=f"kube-watch-{w.kind}-{w.namespace or 'all'}"))
         self._tasks.append(self._spawn(self.maintain(watchers[0]), name="kube-control"))
         self.kube.run_led("fault-job-info", self.run)
+        if self.data_trace is not None and self.cfg.kube_data_trace_configmaps == "on":
+            wait_s = 2 * self.api.timeout_s + 1
+            self.dt_writer = DataTraceConfigMaps(self.api, self.metrics, self.store, wait_s)
+            self.data_trace.sinks.append(self.dt_writer.changed)
+            self.kube.run_led("data-trace", self.dt_writer.run)
 
     async def stop(self) -> None:
         """Cancel the watches (bounded, 5 s) before the Kubernetes component closes its client."""
@@ -244,12 +262,17 @@ class ControlMaps:
             )
         if await self.store.kv_get(STORE_NS, where) == text:
             return  # this version was applied (before a restart): a later gRPC change stands
+        value = {f: sw.get(f, "") for f in SWITCH_FIELDS}
+        if self.dt_writer is not None and self.dt_writer.known.get((ns, name)) == value:
+            return  # the echo guard: what clusterd wrote (or applied) itself
         job = name[len(DATATRACE_PREFIX) :]
         if self.data_trace is None or (self.jobs is not None and self.jobs.by_ns_name(ns, job) is None):
             self.pending[key] = ("datatrace", obj)  # the job is not known yet
             return
+        if self.dt_writer is not None:
+            self.dt_writer.known[(ns, name)] = value  # the ConfigMap holds it: not written back
         try:
-            await self.data_trace.set_switch(f"{ns}/{job}", {f: sw.get(f, "") for f in SWITCH_FIELDS})
+            await self.data_trace.set_switch(f"{ns}/{job}", value)
         except DataTraceError as e:
             self.checks.reject(f"datatrace_{e.code}", obj, str(e))
             return
@@ -257,6 +280,8 @@ class ControlMaps:
 
     # -- pending ConfigMaps and job changes ----------------------------------------------------------
     async def _on_job(self, job, deleted: bool) -> None:
+        if deleted and self.dt_writer is not None:
+            self.dt_writer.deleted(job.namespace, job.name)
         if not deleted:
             await self.retry_pending()
         elif job.id in self.written:
