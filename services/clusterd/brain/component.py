@@ -207,10 +207,11 @@ class BrainComponent:
         ctx.agents.on_connect(self._on_agent_connect)
         ctx.agents.on_connect(self.datatrace.on_agent_connect)
         self.jobs.listen(self._on_job_change)
-        JobsHttp(
+        self.jobs_http = JobsHttp(  # the job routes; the web's job page reads its detail and recovery
             self.jobs, self.registry, self.decision_log, self.platform, self.job_view, self.decide,
             self.intake.evaluate, self.count_rejected,
-        ).add_routes(ctx.http.app.router)  # fmt: skip
+        )  # fmt: skip
+        self.jobs_http.add_routes(ctx.http.app.router)
 
     def servicers(self) -> list[tuple[Any, Any]]:
         """(add_to_server, servicer) pairs: Recover, Fault, Job, Config, TrainingDataTrace."""
