@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge
 
-from clusterd.brain import customfilter
+from clusterd.brain import customfilter, mindie
 from clusterd.brain.controller import Controller, timeouts_from
 from clusterd.brain.datatrace import DataTrace, DataTraceError
 from clusterd.brain.decisions import DecisionLog
@@ -288,13 +288,12 @@ class BrainComponent:
         return sorted(out + extra, key=lambda f: (f.rank, f.code)) if extra else out
 
     def mindie_controller_subscribed(self, job) -> bool:
-        """True when a Fault-service subscriber of ``job``'s MindIE service is registered: its
-        jobId is the MindIE job id (the pods' ``jobID`` label) or the id of one of the service's
-        jobs (the reference asks whether the controller subscribed, custom processor)."""
+        """True when the controller of ``job``'s MindIE service is registered with the Fault service:
+        jobId the service's id (the pods' ``jobID`` label), role ``mindie-ms-controller`` (reference
+        custom processor: ``IsSubscribed(MultiInstanceJobId, ControllerAppType)``); another role or
+        a registration under one of the service's job ids does not count."""
         mid = job.mindie_job_id
-        if not mid or not self.fault.pubs:
-            return False
-        return self.fault.subscribed({mid} | {j.id for j in self.fault.service_jobs(mid)})
+        return bool(mid) and self.fault.subscribed(mid, mindie.CONTROLLER)
 
     def hidden_nodes(self, job_id: str) -> set[str]:
         """The nodes whose stress-test codes the job's views hide (its controller's, while one runs)."""
