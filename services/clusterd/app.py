@@ -64,6 +64,7 @@ from clusterd.context import ClusterContext, Metrics
 from clusterd.coreconfig import CoreConfig
 from clusterd.faultseries import FaultSeriesCollector
 from clusterd.history import HistoryComponent, HistoryConfig
+from clusterd.http.jobview import JobView
 from clusterd.http.nodes import NodeApi
 from clusterd.http.nodeview import NodeView
 from clusterd.http.statewrite import state_write_middleware
@@ -245,24 +246,18 @@ class ClusterD:
             store=store,
             center=center,
             nodes=nodes,
-            agents=AgentHub(
-                center,
-                nodes,
-                registry,
-                rejected,
-                stale_after_s=core.agent_stale_after_s,
-                expire_after_s=core.agent_expire_after_s,
-            ),  # fmt: skip
+            agents=AgentHub(center, nodes, registry, rejected, stale_after_s=core.agent_stale_after_s,
+                            expire_after_s=core.agent_expire_after_s),
             tasks=runtime.TaskOwner("clusterd"),
             http=http,
             metrics=Metrics(registry, rejected),
             auth=auth,
-        )
+        )  # fmt: skip
         self.acks = AckBook(self.ctx)  # issue 31: operator acknowledgements (stored, shown, expiring)
         self.acks.add_routes(http.app.router)
         node_api = NodeApi(center, nodes, self.ctx.agents, self.acks.ack_of)
         node_api.add_routes(http.app.router)
-        WebUi(center, nodes, self.ctx.agents, self.acks.ack_of).add_routes(http.app)
+        (web_ui := WebUi(center, nodes, self.ctx.agents, self.acks.ack_of)).add_routes(http.app)
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         ctx = self.ctx
         self.pubfault = PubFaultComponent(ctx, config.section(PubFaultConfig, args))
@@ -299,6 +294,7 @@ class ClusterD:
             set_data_trace=brain.set_data_trace,
             data_trace_root=brain.datatrace.root,
         )
+        JobView(brain.jobs_http.page, web_ui.grid, slownode.status).add_routes(http.app.router)  # issue 31
         slownet = SlowNetComponent(  # the election gates slownet's ConfigMap writes
             ctx, config.section(SlowNetConfig, args), kube_cfg, election, kube.metrics
         )

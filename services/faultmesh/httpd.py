@@ -58,6 +58,12 @@ def json_response(data, status: int = 200) -> web.Response:
     return web.Response(body=json_bytes(data), status=status, content_type="application/json")
 
 
+def found_or_404(body: Any, missing: str) -> web.Response:
+    """``body`` as JSON (:func:`json_response`), or ``404 {"error": missing}`` when it is None: the
+    answer of a GET of one object that may not exist."""
+    return json_response({"error": missing}, status=404) if body is None else json_response(body)
+
+
 def bearer_middleware(
     check: Callable[[str | None], bool],
     on_deny: Callable[[web.Request], None] = lambda request: None,

@@ -85,3 +85,50 @@ async def test_mindie_server_hides_restart_request_while_its_controller_subscrib
     # another level is not the MindIE default's
     await add_young(cd, npu_fault(node="node-s0-0", dev=0, code="80E18402", level="RestartNPU"))
     assert [f.level for f in cd.brain.rank_faults(server)] == ["RestartNPU"]
+
+
+async def add_aged(cd, f: Fault, age_s: float) -> None:
+    """Store ``f`` first seen ``age_s`` ago and wait until the brain's subscription took it."""
+    t = now_ms() - int(age_s * 1000)
+    await cd.center.upsert(
+        Fault(f.source, f.node, f.device_type, f.device_id, f.code, f.level, "occur", t, t)
+    )
+    assert await cd.center.drain_sinks(5.0), "the fault center's subscribers did not catch up"
+    for _ in range(200):
+        if any(x.code == f.code for x in cd.brain.faults_of_node(f.node)):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the brain never saw {f.code}")
+
+
+async def test_mindie_rule_as_the_reference_processor_cases(cd, channel):
+    """The reference's custom_filter_fault_processor_test.go cases on faultmesh's brain: a
+    RestartRequest fault on a MindIE server's NPU is hidden only while it is at most 60 s old and
+    the service's controller (jobId the service id, role mindie-ms-controller) is subscribed; a UB
+    switch fault on the server's node likewise; another role, or a registration under a job id of
+    the service, is no controller subscription."""
+    jobs = {j.id: j for j in await apply_specs(cd, mindie_specs())}
+    server = jobs[f"{MINDIE}-server-0"]
+    stub = fault_pb2_grpc.FaultStub(channel)
+    # registered, but not as the service's controller: not subscribed, so reported
+    for ci in (
+        fault_pb2.ClientInfo(jobId=MINDIE, role="mindie-ms-coordinator"),
+        fault_pb2.ClientInfo(jobId=server.id, role="mindie-ms-controller"),
+    ):
+        assert (await stub.Register(ci)).code == 0
+    await add_aged(cd, npu_fault(node="node-s0-0", dev=1, code="80C98009", level="RestartRequest"), 1)
+    assert [f.code for f in cd.brain.rank_faults(server)] == ["80C98009"]
+    assert (await stub.Register(fault_pb2.ClientInfo(jobId=MINDIE, role="mindie-ms-controller"))).code == 0
+    assert cd.brain.rank_faults(server) == []  # within 60 s and the controller subscribed: hidden
+    # older than 60 s: reported (the reference: durationMs > 60000)
+    await add_aged(cd, npu_fault(node="node-s0-0", dev=0, code="80C98002", level="RestartRequest"), 61)
+    assert [(f.rank, f.code) for f in cd.brain.rank_faults(server)] == [(0, "80C98002")]
+    # a UnifiedBus switch fault on the server's node: hidden within its 60 s too
+    switch = Fault("lingqu", "node-s0-0", "Switch", -1, "[0x08520003,na,L2,na]", "RestartRequest")
+    await add_aged(cd, switch, 1)
+    assert [f.code for f in cd.brain.rank_faults(server)] == ["80C98002"]
+    # the other server's NPUs are not this one's: its fault shows on its own job only while young
+    other = jobs[f"{MINDIE}-server-1"]
+    await add_aged(cd, npu_fault(node="node-s1-0", dev=1, code="80C98009", level="RestartRequest"), 1)
+    assert cd.brain.rank_faults(other) == []
+    assert [f.code for f in cd.brain.rank_faults(server)] == ["80C98002"]

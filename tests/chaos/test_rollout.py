@@ -3,7 +3,7 @@
 Three simulated servers, each a BMC simulator (the real ``faultmesh bmc-sim``, IPMI lanplus), a noded
 polling it (``--bmc-state-file``) and a deviced on the sim DCMI backend (``--state-file``), report to
 one clusterd. Faults are active on every server -- stable ones (a RestartNPU chip fault with a
-frequency rule, a second chip fault, a BMC memory alarm) and flapping ones (a chip fault and a BMC
+frequency rule, a second chip fault, a BMC alarm) and flapping ones (a chip fault and a BMC
 alarm going on and off every ~0.3 s). Every agent is restarted in turn (maxUnavailable 1: deviced,
 then noded, node by node), then all six at once. Before and after, with the flapping faults settled:
 clusterd's stable faults, their levels and first-seen times, each node's health and each chip's
@@ -38,7 +38,7 @@ NODES = ("rack-0", "rack-1", "rack-2")
 HBM = 0x80E18008  # RestartNPU; a second occurrence in 24 h would make it ManuallySeparateNPU
 AIC = 0x80C98000  # RestartRequest, also under the 2-in-24 h frequency rule
 FLAP_CHIP = 0x80C98002  # RestartRequest, no frequency rule: flaps on chip 3
-MEMORY = "0800004B"  # BMC memory alarm, PreSeparateFault
+BMC_ALARM = "0800004B"  # BMC alarm (top byte 0x08: a PCIe card), PreSeparateFault
 FLAP_BMC = "0100000D"  # BMC alarm, NotHandleFault: flaps
 
 
@@ -139,7 +139,7 @@ async def test_rollout_one_at_a_time_then_all_at_once_changes_nothing(tmp_path):
     flapper = None
     try:
         for i, s in enumerate(servers):
-            s.bmc.add_alarm(MEMORY, "Memory", i)
+            s.bmc.add_alarm(BMC_ALARM, "Memory", i)
             await asyncio.gather(s.start_deviced(), s.start_noded())
             await asyncio.to_thread(s.hw.inject, 1, HBM)
             await asyncio.to_thread(s.hw.inject, 2, AIC)
@@ -191,7 +191,7 @@ async def test_rollout_one_at_a_time_then_all_at_once_changes_nothing(tmp_path):
         assert watch.gaps == [] and watch.samples > 20
         assert stable_view(cd) == before
         for s in servers:  # history: one occur per stable fault, nothing else
-            for code in (f"{HBM:08X}", f"{AIC:08X}", MEMORY):
+            for code in (f"{HBM:08X}", f"{AIC:08X}", BMC_ALARM):
                 kinds = [e["kind"] for e in await cd.store.query_events(s.name, code, 0, 100)]
                 assert kinds == ["occur"], (s.name, code, kinds)
             assert all(not d.reasons for d in s.deviced.engine.devices.values())

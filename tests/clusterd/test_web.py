@@ -231,8 +231,30 @@ async def test_pages_in_chromium(tmp_path):
             assert "node-2\tyes\t45.0%\t120\tready\t6" in results, results
             assert "stop-train" in await page.evaluate("document.getElementById('decisions').innerText")
             assert await page.evaluate("document.querySelectorAll('#ranks td.cell').length") == 8
+            # rank 7 sits on node-2 NPU 3, which has the RestartNPU fault: red, its code on hover
+            rank7 = '#ranks [data-node=node-2][data-npu="3"]'
+            assert await page.evaluate(f"document.querySelector({json.dumps(rank7)}).innerText") == "7"
+            assert await page.evaluate(_bg(rank7)) == BAD
+            title = await page.evaluate(f"document.querySelector({json.dumps(rank7)}).title")
+            assert title.startswith("80E18008 ") and "RestartNPU" in title, title
+            assert await page.evaluate(_bg('#ranks [data-node=node-1][data-npu="0"]')) != BAD
+            # the confirmed state and the latest round said apart (issue 31: "degraded" beside 0.0%)
+            summary = await page.evaluate("document.getElementById('slowsummary').innerText")
+            assert "degradation confirmed: no" in summary and "latest round: slow ranks [6]" in summary, (
+                summary
+            )
+            assert "degradation 45.00%" in summary, summary
+            # rendered from one fetch, marked ready
+            fetched = await page.evaluate(
+                "[...new Set(performance.getEntriesByType('resource').filter(e => e.initiatorType === 'fetch')"
+                ".map(e => new URL(e.name).pathname))]"
+            )
+            assert fetched == ["/v1/jobs/job-web/view"], fetched
             await _shot(page, tmp_path, "job")
             await page.goto(base + "/ui/job/job-np")  # rounds done, no per-rank ratios: say why
+            await page.wait_for(
+                "location.pathname === '/ui/job/job-np' && document.body.dataset.ready === '1'"
+            )
             why = await page.evaluate("document.getElementById('slowplot-none').innerText")
             assert "pattern detector" in why and '"faultmesh"' in why, why
             assert "node-2" in await page.evaluate("document.getElementById('noderesults').innerText")
@@ -247,6 +269,37 @@ async def test_pages_in_chromium(tmp_path):
             await _shot(page, tmp_path, "pingmesh")
             assert page.errors == []
             await asyncio.sleep(0)  # the open event stream ends with clusterd's stop below
+    finally:
+        await cd.stop()
+
+
+async def test_job_view_is_the_job_page_in_one_answer(tmp_path):
+    cd = await make_clusterd(tmp_path)
+    try:
+        await _seed(cd)
+        await cd.center.upsert(Fault("deviced", "node-2", "NPU", 3, "80E18008", "RestartNPU"))
+        base = f"http://127.0.0.1:{cd.http.port}"
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"{base}/v1/jobs/job-web/view") as r:
+                assert r.status == 200
+                v = await r.json()
+            async with s.get(f"{base}/v1/jobs/job-web/recovery") as r:
+                assert v["recovery"] == await r.json()
+            async with s.get(f"{base}/v1/jobs/nope/view") as r:
+                assert r.status == 404 and "nope" in (await r.json())["error"]
+        assert (
+            v["job"]["id"] == "job-web" and len(v["job"]["ranks"]) == 8 and v["job"]["health"] == "UnHealthy"
+        )
+        assert [d["decision"] for d in v["recovery"]["decisions"]][:2] == ["stop-train", "recover-success"]
+        assert sorted(v["cells"]) == ["node-1", "node-2"]  # only the job's nodes
+        assert v["cells"]["node-2"]["3"]["level"] == "RestartNPU" and v["cells"]["node-1"]["3"]["faults"] == 0
+        assert v["slownode"]["jobId"] == "job-web" and v["slownode"]["rounds"] == 1
+        assert v["slownode"]["nodeResults"]["node-2"]["slowCalculateRanks"] == [6]
+        await _post(cd, "/v1/jobs", [{"id": "job-off", "name": "t5", "namespace": "default", "ranks": []}])
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"{base}/v1/jobs/job-off/view") as r:
+                off = await r.json()
+        assert off["slownode"] is None and off["cells"] == {} and off["recovery"]["decisions"] == []
     finally:
         await cd.stop()
 

@@ -45,7 +45,7 @@ CI_FLAGS = [
 ]  # fmt: skip
 
 EXPECTED_ROWS = [
-    "iBMC memory alarm 0800004B, server-2 Memory 3",
+    "iBMC alarm 0800004B (PCIe card), server-2 PCIe Card 3",
     "NPU fault 80E18008 (RestartNPU), server-1 NPU 0",
     "GPU XID 79 (SeparateNPU), gpu-server-1 GPU 3",
     "NPU link down 81078603, server-3 NPU 4",

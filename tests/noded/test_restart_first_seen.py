@@ -11,7 +11,7 @@ import json
 from noded_support import NodedProcess, wait_for
 from support import ClusterdProcess, free_port
 
-CODE = "0800004B"  # iBMC memory alarm, PreSeparateFault
+CODE = "0800004B"  # iBMC alarm (top byte 0x08: a PCIe card), PreSeparateFault
 
 
 def noded(tmp_path, bmc_sim, cd, state_file):

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge
 
-from clusterd.brain import customfilter
+from clusterd.brain import customfilter, mindie
 from clusterd.brain.controller import Controller, timeouts_from
 from clusterd.brain.datatrace import DataTrace, DataTraceError
 from clusterd.brain.decisions import DecisionLog
@@ -207,10 +207,11 @@ class BrainComponent:
         ctx.agents.on_connect(self._on_agent_connect)
         ctx.agents.on_connect(self.datatrace.on_agent_connect)
         self.jobs.listen(self._on_job_change)
-        JobsHttp(
+        self.jobs_http = JobsHttp(  # the job routes; the web's job page reads its detail and recovery
             self.jobs, self.registry, self.decision_log, self.platform, self.job_view, self.decide,
             self.intake.evaluate, self.count_rejected,
-        ).add_routes(ctx.http.app.router)  # fmt: skip
+        )  # fmt: skip
+        self.jobs_http.add_routes(ctx.http.app.router)
 
     def servicers(self) -> list[tuple[Any, Any]]:
         """(add_to_server, servicer) pairs: Recover, Fault, Job, Config, TrainingDataTrace."""
@@ -287,13 +288,12 @@ class BrainComponent:
         return sorted(out + extra, key=lambda f: (f.rank, f.code)) if extra else out
 
     def mindie_controller_subscribed(self, job) -> bool:
-        """True when a Fault-service subscriber of ``job``'s MindIE service is registered: its
-        jobId is the MindIE job id (the pods' ``jobID`` label) or the id of one of the service's
-        jobs (the reference asks whether the controller subscribed, custom processor)."""
+        """True when the controller of ``job``'s MindIE service is registered with the Fault service:
+        jobId the service's id (the pods' ``jobID`` label), role ``mindie-ms-controller`` (reference
+        custom processor: ``IsSubscribed(MultiInstanceJobId, ControllerAppType)``); another role or
+        a registration under one of the service's job ids does not count."""
         mid = job.mindie_job_id
-        if not mid or not self.fault.pubs:
-            return False
-        return self.fault.subscribed({mid} | {j.id for j in self.fault.service_jobs(mid)})
+        return bool(mid) and self.fault.subscribed(mid, mindie.CONTROLLER)
 
     def hidden_nodes(self, job_id: str) -> set[str]:
         """The nodes whose stress-test codes the job's views hide (its controller's, while one runs)."""

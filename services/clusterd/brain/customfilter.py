@@ -11,7 +11,9 @@ workload rides out by itself.
   hidden while the fault has lasted at most its window since its first-seen time.
 - MindIE: a MindIE server job (``app: mindie-ms-server``) without a level annotation hides every
   ``RestartRequest`` fault for 60 s while the service's controller is subscribed to the Fault service
-  (the reference's ``selfrecoverFaultTimeout``): the controller handles the fault itself.
+  (jobId the service id, role ``mindie-ms-controller``; the reference's ``selfrecoverFaultTimeout``
+  and ``IsSubscribed(MultiInstanceJobId, ControllerAppType)``): the controller handles the fault
+  itself.
 
 Differences: the window runs from the fault's first-seen time (the agent's), where the reference
 counts from the first time ClusterD received the code (not kept across a ClusterD restart, so there

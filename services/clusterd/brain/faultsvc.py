@@ -130,10 +130,10 @@ class FaultServicer(fault_pb2_grpc.FaultServicer):
         if not deleted:
             self.publish([job])
 
-    def subscribed(self, ids: Iterable[str]) -> bool:
-        """True when a publisher is registered for any of the job ids ``ids``."""
-        want = set(ids)
-        return any(jid in want for jid, _role in self.pubs)
+    def subscribed(self, job_id: str, role: str) -> bool:
+        """True when a publisher is registered for ``job_id`` with ``role`` (the reference's
+        ``Publisher.IsSubscribed(topic, subscriber)``)."""
+        return (job_id, role) in self.pubs
 
     def _drop(self, key: tuple[str, str]) -> None:
         """End and forget the publisher of ``key`` (expired or replaced)."""

@@ -27,8 +27,8 @@ HCCL_RETRY_CODE = "8C1F860B"
 STRESS_HIDDEN_CODES = ("80818C05", "80818C06")
 # §6.4: levels that do not make a job UnHealthy.
 NOT_UNHEALTHY_LEVELS = ("SubHealthFault", "NotHandleFault", "PreSeparate", "PreSeparateNPU")
-# A node (NodeD) fault of these levels creates no job fault in the reference (an iBMC 0800004B
-# memory alarm is PreSeparateFault: the node is not used for new jobs, the running job goes on).
+# A node (NodeD) fault of these levels creates no job fault in the reference (the iBMC alarm 0800004B
+# is PreSeparateFault: the node is not used for new jobs, the running job goes on).
 NODE_NO_JOB_FAULT_LEVELS = ("PreSeparateFault",)
 # §7.2: levels the Recover controller ignores.
 RECOVER_IGNORED_LEVELS = ("NotHandleFault", "PreSeparateNPU")

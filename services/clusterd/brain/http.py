@@ -1,5 +1,6 @@
 """The brain's HTTP routes (issue 7): ``GET/POST /v1/jobs``, ``GET/DELETE /v1/jobs/<id>``,
-``GET /v1/jobs/<id>/recovery`` (see :mod:`clusterd.brain.component`) and the operator undo
+``GET /v1/jobs/<id>/recovery`` (see :mod:`clusterd.brain.component`; the web's job page reads both
+through :meth:`JobsHttp.page`) and the operator undo
 ``POST /v1/jobs/<id>/recovery/reset`` (``{"reevaluate": true}`` optional), platform mode's
 ``GET`` / ``POST /v1/jobs/<id>/platform`` (:mod:`clusterd.brain.platform`). The bearer token of the
 mutating ones is checked by :mod:`clusterd.auth`'s middleware.
@@ -16,7 +17,7 @@ from aiohttp import web
 
 from clusterd.brain.jobs import JobSpecError, parse_jobs_text
 from faultmesh.config import MAX_YAML_BYTES, parse_untrusted
-from faultmesh.httpd import json_response
+from faultmesh.httpd import found_or_404, json_response
 from faultmesh.log import event
 
 if TYPE_CHECKING:
@@ -88,10 +89,8 @@ class JobsHttp:
         return json_response(out)
 
     async def _http_get(self, request: web.Request) -> web.Response:
-        job = self.jobs.get(request.match_info["id"])
-        if job is None:
-            return json_response({"error": f"job {request.match_info['id']} not found"}, status=404)
-        return json_response(self.job_view(job, detail=True))
+        jid = request.match_info["id"]
+        return found_or_404(self.detail(jid), f"job {jid} not found")
 
     async def _http_delete(self, request: web.Request) -> web.Response:
         job = await self.jobs.delete(request.match_info["id"])
@@ -100,25 +99,40 @@ class JobsHttp:
         event(log, logging.INFO, "job deleted", job=job.id, name=job.ns_name)
         return json_response({"id": job.id, "result": "deleted"})
 
-    async def _http_recovery(self, request: web.Request) -> web.Response:
-        jid = request.match_info["id"]
+    def detail(self, jid: str) -> dict[str, Any] | None:
+        """The ``GET /v1/jobs/<id>`` object of job ``jid``, or None for an unknown job."""
+        job = self.jobs.get(jid)
+        return None if job is None else self.job_view(job, detail=True)
+
+    def page(self, jid: str) -> dict[str, Any] | None:
+        """The brain's part of the web's job page (:mod:`clusterd.http.jobview`): ``{"job":
+        <detail>, "recovery": <recovery>}``, or None for an unknown job."""
+        detail = self.detail(jid)
+        return None if detail is None else {"job": detail, "recovery": self.recovery(jid)}
+
+    def recovery(self, jid: str) -> dict[str, Any] | None:
+        """The ``GET /v1/jobs/<id>/recovery`` object: the controller's state and flow, whether a
+        Recover client registered and subscribed, the strategies, the cached faults and the
+        decisions; None for a job that is neither known nor has decisions."""
         job = self.jobs.get(jid)
         if job is None and jid not in self.decisions.decisions:
-            return json_response({"error": f"job {jid} not found"}, status=404)
+            return None
         ctl = self.registry.get(jid)
-        return json_response(
-            {
-                "job_id": jid,
-                "state": ctl.state if ctl else "",
-                "flow": ctl.st.flow_name if ctl else "",
-                "registered": ctl is not None,
-                "subscribed": bool(ctl and ctl.subscribed),
-                "strategies": job.strategies() if job else [],
-                "sub_healthy_strategy": job.sub_healthy_strategy if job else "",
-                "cached_faults": [f.as_dict() for f in ctl.cached_faults.values()] if ctl else [],
-                "decisions": list(self.decisions.decisions.get(jid, ())),
-            }
-        )
+        return {
+            "job_id": jid,
+            "state": ctl.state if ctl else "",
+            "flow": ctl.st.flow_name if ctl else "",
+            "registered": ctl is not None,
+            "subscribed": bool(ctl and ctl.subscribed),
+            "strategies": job.strategies() if job else [],
+            "sub_healthy_strategy": job.sub_healthy_strategy if job else "",
+            "cached_faults": [f.as_dict() for f in ctl.cached_faults.values()] if ctl else [],
+            "decisions": list(self.decisions.decisions.get(jid, ())),
+        }
+
+    async def _http_recovery(self, request: web.Request) -> web.Response:
+        jid = request.match_info["id"]
+        return found_or_404(self.recovery(jid), f"job {jid} not found")
 
     async def _http_reset(self, request: web.Request) -> web.Response:
         """Operator undo of the brain's recovery state: the running flow is cancelled, the cached

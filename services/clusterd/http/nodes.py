@@ -22,7 +22,7 @@ from clusterd.center import FaultCenter, fault_dict
 from clusterd.ingest.agents import AgentHub
 from clusterd.nodes import NodeRegistry
 from clusterd.pieces import ChangeReader, SortedPieces
-from faultmesh.httpd import json_response
+from faultmesh.httpd import found_or_404, json_response
 from faultmesh.levels import KNOWN_LEVELS
 from faultmesh.model import Fault
 
@@ -145,10 +145,7 @@ class NodeApi:
 
     async def node(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        body = self.node_body(name)
-        if body is None:
-            return json_response({"error": f"node {name} not known"}, status=404)
-        return json_response(body)
+        return found_or_404(self.node_body(name), f"node {name} not known")
 
 
 def _agents_by_node(connected: list[tuple[str, str]]) -> dict[str, list[str]]:

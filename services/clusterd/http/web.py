@@ -8,8 +8,10 @@ the view from the path; no build step, charts are small hand-written SVG):
   jobs they touch (linked), agents, conditions, history; from one fetch of ``GET
   /v1/nodes/<name>/view`` (:mod:`clusterd.http.nodeview`);
 - ``GET /ui/jobs``: every job with its health, faults and recovery state, each linked to its page;
-- ``GET /ui/job/<id>``: ranks on nodes, recovery decisions as a timeline, slow-node rounds and the
-  per-rank compute / wait ratio plot (from the node results' ``pattern``) when the job has them;
+- ``GET /ui/job/<id>``: ranks on nodes (coloured by their NPU's health, its faults on hover), the
+  recovery state and decisions as a timeline, slow-node rounds and the per-rank compute / wait ratio
+  plot (from the node results' ``pattern``) when the job has them; from one fetch of ``GET
+  /v1/jobs/<id>/view`` (:mod:`clusterd.http.jobview`);
 - ``GET /ui/pingmesh``: each super pod's node-to-node link matrix as a heat map (loss rate).
 - ``GET /ui/static/<file>``: the shipped files (package data ``clusterd/web``).
 
@@ -28,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from importlib import resources
 from typing import Any
 
@@ -104,7 +106,7 @@ class WebUi:
         return _static(request.match_info["file"])
 
     # -- JSON ---------------------------------------------------------------------------------------
-    def grid(self) -> dict[str, Any]:
+    def grid(self, only: Iterable[str] | None = None) -> dict[str, Any]:
         """``{"npus": [ids], "nodes": [{name, health, worst_level, faults, agents, node_faults,
         node_level, node_level_health, node_codes, npus: {id: {level, health, faults, codes}}}]}``:
         every node known
@@ -113,11 +115,14 @@ class WebUi:
         ``node_level`` / ``node_level_health``: the worst level of the faults that are not on an NPU
         and the health it maps to (issue 31: the node-level cell is coloured by that, not by the
         node's health, which NPU faults also raise); ``codes`` / ``node_codes``: the cell's faults
-        (:meth:`cell_code`, at most :data:`CELL_CODES`, worst first) for its hover text."""
+        (:meth:`cell_code`, at most :data:`CELL_CODES`, worst first) for its hover text. ``only``:
+        just these nodes (the job page's)."""
         connected: dict[str, list[str]] = {}
         for n, a in self.agents.connected():
             connected.setdefault(n, []).append(a)
         names = self.nodes.all_names() | self.center.node_names() | set(connected)
+        if only is not None:
+            names &= set(only)
         ids: set[int] = set()
         out = []
         for name in sorted(names):

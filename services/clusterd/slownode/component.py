@@ -58,6 +58,7 @@ from clusterd.slownode.jobs import (
     EnableError,
     JobState,
     SlowNodeStateError,
+    job_status,
     parse_placement,
     prefix,
 )
@@ -327,6 +328,14 @@ class SlowNodeComponent:
         for js in list(self.jobs.values()):
             if node in js.placement.values():
                 await self._send_job(js, node, True)
+
+    def status(self, job_id: str, job_name: str = "") -> dict[str, Any] | None:
+        """The ``GET /v1/slownode/<job>`` status of the job with id ``job_id`` (or, failing that, of
+        the first enabled job named ``job_name``), None when detection is not enabled for it."""
+        js = self.jobs.get(job_id)
+        if js is None and job_name:
+            js = next((j for _, j in sorted(self.jobs.items()) if j.conf.job_name == job_name), None)
+        return job_status(js) if js else None
 
     def _find(self, job: str) -> JobState | None:
         js = self.jobs.get(job)

@@ -172,10 +172,9 @@ async function jobsPage() {
 // -- one job -----------------------------------------------------------------------------------------
 async function jobPage(id) {
   document.title = `faultmesh: job ${id}`;
-  const [job, rec, grid, sn] = await Promise.all([getJSON(`/v1/jobs/${encodeURIComponent(id)}`),
-    getJSON(`/v1/jobs/${encodeURIComponent(id)}/recovery`), getJSON("/v1/grid"), getJSON("/v1/slownode")]);
-  const cells = {};
-  for (const n of grid.nodes) cells[n.name] = n;
+  // one fetch: the job, its recovery, the grid cells of its nodes and its slow-node status
+  const v = await getJSON(`/v1/jobs/${encodeURIComponent(id)}/view`);
+  const job = v.job, rec = v.recovery, cells = v.cells, st = v.slownode;
   const byNode = {};
   for (const r of job.ranks) (byNode[r.node] = byNode[r.node] || []).push(r);
   const devs = [...new Set(job.ranks.map(r => r.device))].sort((a, b) => a - b);
@@ -183,8 +182,10 @@ async function jobPage(id) {
     h("td", { class: "name" }, h("a", { href: `/ui/node/${encodeURIComponent(node)}` }, node)),
     devs.map(d => {
       const r = byNode[node].find(x => x.device === d);
-      const c = cells[node] && cells[node].npus[String(d)];
-      return h("td", { class: `cell ${r ? "h-" + (c ? c.health : "Healthy") : "lv-none"}`, title: c ? c.level : "" }, r ? r.rank : "");
+      const c = cells[node] && cells[node][String(d)];
+      if (!r) return h("td", { class: "cell lv-none" }, "");
+      return h("td", { class: `cell h-${c ? c.health : "Healthy"}${ackedClass(c && c.codes)}`, "data-node": node, "data-npu": d,
+        ...cellAttrs(c && c.codes, `rank ${r.rank}: ${c && c.level ? c.level : "no fault"}`) }, r.rank);
     })));
   const parts = [h("h1", {}, `Job ${job.name} `, pill(job.health)),
     h("p", { class: "muted" }, `${job.namespace}/${job.name} id ${job.id}, ${job.ranks.length} ranks, strategies ${(job.strategies || []).join(", ") || "-"} `,
@@ -199,16 +200,19 @@ async function jobPage(id) {
     table(["time", "flow", "decision", "reason", "state"], dec.map(d => [ts(d.time_ms), d.flow, d.decision, d.reason, d.state])))
     : h("p", { class: "muted" }, "no recovery decision yet"));
   parts.push(h("h2", {}, "Slow node"));
-  const brief = sn.find(s => s.jobId === job.id || s.jobName === job.name);
-  if (!brief) parts.push(h("p", { class: "muted" }, "slow-node detection is not enabled for this job"));
+  if (!st) parts.push(h("p", { class: "muted", id: "slownode-off" }, "slow-node detection is not enabled for this job"));
   else {
-    const st = await getJSON(`/v1/slownode/${encodeURIComponent(brief.jobId)}`);
     const pattern = {};
     for (const res of Object.values(st.nodeResults || {})) Object.assign(pattern, res.pattern || {});
     const ranks = Object.keys(pattern).sort((a, b) => a - b);
     const slow = new Set([...(st.slowRanks || []), ...((st.cluster || {}).slowCalculateRanks || [])].map(String));
-    parts.push(h("p", {}, `rounds ${st.rounds}, confirmed slow ranks [${(st.slowRanks || []).join(", ")}], ` +
-      `latest round slow ranks [${((st.cluster || {}).slowCalculateRanks || []).join(", ")}], ${st.degraded ? "degraded" : "not degraded"}`));
+    // issue 31: "degraded" beside a latest round of 0.0% read as a contradiction: the confirmed state
+    // is kept until as many clean rounds as confirmed it, the latest round is one round
+    const n = (st.featConf || {}).nConsecSlowRoundsToConfirm, c = st.cluster || {};
+    parts.push(h("p", { id: "slowsummary" }, `rounds ${st.rounds}; degradation confirmed: ` +
+      (st.degraded ? `yes (until ${n || "?"} consecutive clean rounds)` : "no") +
+      `, confirmed slow ranks [${(st.slowRanks || []).join(", ")}]; latest round: ` +
+      `slow ranks [${(c.slowCalculateRanks || []).join(", ")}], degradation ${c.degradationLevel || "-"}`));
     if (ranks.length) {
       parts.push(h("div", { id: "slowplot" }, barChart(ranks, [
         { name: "compute / median", color: "#5b8def", values: ranks.map(r => pattern[r][0]) },

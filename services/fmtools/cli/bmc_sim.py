@@ -3,7 +3,7 @@
 - ``faultmesh bmc-sim --port P --user U --password-file F [--control-port C] [--alarms N]`` serves
   an IPMI 2.0 lanplus BMC on 127.0.0.1:P (UDP) and its control API on 127.0.0.1:C (TCP);
   ``--address`` / ``--control-address`` bind them elsewhere (another host's noded, multi-host tests).
-- ``faultmesh bmc-sim inject --control 127.0.0.1:C --code 0800004B --device-type Memory --device-id 3``
+- ``faultmesh bmc-sim inject --control 127.0.0.1:C --code 0800004B --device-type 'PCIe Card' --device-id 3``
   adds an iBMC alarm; ``--sel memory-ecc`` (or ``--sensor-type/--offset``) appends a SEL event.
 - ``faultmesh bmc-sim clear --control ... [--code X] [--sel]`` removes alarms or clears the SEL.
 - ``faultmesh bmc-sim status --control ...`` prints the simulator state; ``behave`` sets delay/drop/

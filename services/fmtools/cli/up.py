@@ -151,7 +151,7 @@ def _howto(stack, job: bool = False) -> str:
         "TRY (with .venv/bin on PATH, or prefix the commands with .venv/bin/)",
         f"  faultmesh faults {at}",
         f"  faultmesh nodes {at}",
-        f"  faultmesh bmc-sim inject --control {s2.bmc_control} --code 0800004B --device-type Memory --device-id 3",
+        f"  faultmesh bmc-sim inject --control {s2.bmc_control} --code 0800004B --device-type 'PCIe Card' --device-id 3",
         f"  faultmesh device-sim --sim {s1.deviced_http} fault 0 80E18008",
         f"  faultmesh device-sim --sim {s1.deviced_http} link 4 down",
         f"  faultmesh pubfault send {at} --grpc {stack.grpc} --code 020001001 --node {s1.name} --devices 5",

@@ -39,19 +39,24 @@ class Scenario:
         """The summary rows in scenario order (filled as the steps run)."""
         return self.h.rows
 
-    async def step_bmc_memory(self) -> None:
-        """iBMC memory alarm on server 2: OEM alarm 0800004B on Memory 3, read by noded over IPMI."""
+    async def step_bmc_alarm(self) -> None:
+        """iBMC alarm on server 2: OEM alarm 0800004B on PCIe Card 3, read by noded over IPMI.
+
+        The card, not memory (the demo called it "Memory 3" before issue 31): no reference fact
+        names the part behind 0800004B, and faultmesh decodes its top byte 0x08 with the iBMC
+        device-type table as a PCIe card (docs/fault-tables.md), so the alarm's record names the
+        same part and the demo's words match what ``faultmesh faults`` / ``explain`` show."""
         s = self.stack.server(2)
-        row = self.h.row(f"iBMC memory alarm 0800004B, {s.name} Memory 3")
+        row = self.h.row(f"iBMC alarm 0800004B (PCIe card), {s.name} PCIe Card 3")
         self.say(
-            f"STEP iBMC memory alarm on {s.name}: bmc-sim gets Huawei OEM alarm 0800004B on Memory 3 "
+            f"STEP iBMC alarm on {s.name}: bmc-sim gets Huawei OEM alarm 0800004B on PCIe Card 3 "
             f"(same as: faultmesh bmc-sim inject --control {s.bmc_control} --code 0800004B "
-            "--device-type Memory --device-id 3)"
+            "--device-type 'PCIe Card' --device-id 3)"
         )
         row.injected = time.time()
         await self.stack.post_json(
             f"http://{s.bmc_control}/alarms",
-            {"code": "0800004B", "device_type": "Memory", "device_id": 3, "severity": 2},
+            {"code": "0800004B", "device_type": "PCIe Card", "device_id": 3, "severity": 2},
         )
         f = await self.h.detect(
             row, lambda f: f["node"] == s.name and f["code"] == "0800004B", f"0800004B on {s.name}"
@@ -60,11 +65,13 @@ class Scenario:
             return
         health = await self.h.node_health(s.name)
         row.decided = f"{f['level']}; {s.name} {health}"
-        ok = f["device_type"].lower() == "memory" and int(f["device_id"]) == 3
+        ok = f["device_type"].lower() == "pcie card" and int(f["device_id"]) == 3
         ok = ok and f["level"] == "PreSeparateFault" and health == "SubHealthy"
         row.verdict = RIGHT if ok else WRONG
         if not ok:
-            row.note = f"expected Memory 3, PreSeparateFault, node SubHealthy; got {_brief(f)}, node {health}"
+            row.note = (
+                f"expected PCIe Card 3, PreSeparateFault, node SubHealthy; got {_brief(f)}, node {health}"
+            )
 
     async def _sim_chip_fault(self, s, row, dev: int, code: str, kind: str, level: str) -> bool:
         """Raise ``code`` on chip ``dev`` of server ``s`` through its deviced's sim API and judge
@@ -412,7 +419,7 @@ class Scenario:
                 self.say(self.h.job_error)
                 self.h.job_ready.set()
             plan = [
-                (0.0, self.step_bmc_memory),
+                (0.0, self.step_bmc_alarm),
                 (2.0, self.step_npu_fault),
                 (3.0, self.step_gpu_xid),
                 (4.0, self.step_link_down),

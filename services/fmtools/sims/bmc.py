@@ -11,7 +11,7 @@ Run time control (a small JSON HTTP API on ``--control-address`` (127.0.0.1) ``-
 network, as for a multi-host test where the injecting host is not the BMC's):
 
 - ``GET /state`` -> alarms, SEL size, behaviour;
-- ``POST /alarms`` ``{"code": "0800004B", "device_type": "Memory"|1, "device_id": 3, "severity": 2,
+- ``POST /alarms`` ``{"code": "0800004B", "device_type": "PCIe Card"|8, "device_id": 3, "severity": 2,
   "count": 1}`` adds alarms (``count`` > 1 adds codes ``code+i`` on device ids ``device_id+i``);
 - ``POST /alarms/clear`` ``{"code": ..., "device_type": ..., "device_id": ...}`` (all optional filters);
 - ``POST /reset``: no alarms, empty SEL, default behaviour;
