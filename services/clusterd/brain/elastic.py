@@ -91,6 +91,6 @@ class ElasticSteps:
         r = await io.wait("status")
         if r is None or r[1].status.code != 0:
             return False, None if r is None else r[1].status.code
-        c.decide(flow, "scale-out-success", "fault ranks healthy again")
+        c.decide(flow, "scale-out-success", "resources back")
         self.st.cached_faults.clear()
         return True, 0
