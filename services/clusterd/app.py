@@ -285,7 +285,7 @@ class ClusterD:
         )
         podgroups = kube.enabled and kube.handoff is not None and kube_cfg.kube_podgroups == "on"
         platform = PodGroupPlatform(kube.handoff) if podgroups else None  # platform mode on PodGroups
-        self.brain = brain = BrainComponent(ctx, jobs, decisions, reports, platform_backend=platform)
+        self.brain = brain = BrainComponent(ctx, jobs, decisions, reports, platform, kube.pod_port)
         self.jobs = jobs
         slownode = SlowNodeComponent(
             ctx,

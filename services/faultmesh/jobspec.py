@@ -17,7 +17,7 @@ A job spec (JSON or YAML; one object, a list, or ``{"jobs": [...]}``)::
     fault-scheduling: grace       # label: grace | force | ""
     pod-rescheduling: "on"        # label
     subHealthyStrategy: hotSwitch # label: ignore | graceExit | hotSwitch
-    backupNodes: [node-c]         # spare nodes a hot switch may move a pod to
+    backupNodes: [node-c]         # standalone: spare nodes a hot switch may move a pod to
     wait-reschedule-timeout: 270  # annotation: wait for the fault pods to be rescheduled (30..270 s)
     mindioWaitMindxTime: 60       # the rank-0 pod's MINDIO_WAIT_MINDX_TIME (1..3600 s; 0 = unset)
     huawei.com/schedule.filter.faultCode: "8C1F8608:30,80E01801"   # annotations: faults hidden for a

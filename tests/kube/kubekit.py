@@ -64,6 +64,26 @@ def job_pod(
     }
 
 
+def podgroup(labels: dict, annotations: dict, uid: str = "uid-job-1", **rest) -> dict:
+    """The Volcano PodGroup ``train/llama-pg`` of the vcjob ``llama`` (``rest``: e.g. ``status``)."""
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": {
+            "name": "llama-pg",
+            "namespace": "train",
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [
+                {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": "llama", "uid": uid,
+                 "controller": True}
+            ],
+        },
+        "spec": {"minMember": 2},
+        **rest,
+    }  # fmt: skip
+
+
 async def kube_clusterd(tmp_path, url: str, *extra: str):
     """An in-process clusterd in Kubernetes mode against the API at ``url`` (fast write and timeout
     settings for tests; ``extra`` flags come last and win). The caller stops it."""

@@ -10,7 +10,7 @@ import time
 
 import aiohttp
 from brain.brainkit import Sims
-from kube.kubekit import job_pod, kube_clusterd
+from kube.kubekit import job_pod, kube_clusterd, podgroup
 from support import eventually
 
 from clusterd.brain.faultview import RankFault
@@ -28,29 +28,6 @@ async def create_reset_cm(api, labels: dict | None = None) -> None:
     meta = {"name": "reset-config-llama", "namespace": NS, **({"labels": labels} if labels else {})}
     data = {"reset.json": INITIAL, "checkCode": hashlib.sha256(INITIAL.encode()).hexdigest()}
     await api.create_config_map(NS, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
-
-
-def podgroup(labels: dict, annotations: dict) -> dict:
-    return {
-        "apiVersion": f"{pgs.GROUP}/{pgs.VERSION}",
-        "kind": "PodGroup",
-        "metadata": {
-            "name": "llama-pg",
-            "namespace": NS,
-            "labels": labels,
-            "annotations": annotations,
-            "ownerReferences": [
-                {
-                    "apiVersion": "batch.volcano.sh/v1alpha1",
-                    "kind": "Job",
-                    "name": "llama",
-                    "uid": UID,
-                    "controller": True,
-                }
-            ],
-        },
-        "spec": {"minMember": 2},
-    }
 
 
 async def reset_json(api) -> dict:

@@ -44,7 +44,7 @@ from clusterd.brain.intake import FaultIntake, ReportListener
 from clusterd.brain.jobs import JobRegistry
 from clusterd.brain.jobsvc import ConfigServicer, JobServicer
 from clusterd.brain.platform import PlatformAnnotations
-from clusterd.brain.ports import ControllerPorts
+from clusterd.brain.ports import ControllerPorts, PodsPort
 from clusterd.brain.recover import RecoverServicer
 from clusterd.brain.registry import RecoveryRegistry
 from clusterd.brain.retryproc import RetryReports
@@ -150,10 +150,12 @@ class BrainComponent:
         decisions: DecisionLog,
         report_listeners: list[ReportListener],
         platform_backend: Any = None,
+        pods: PodsPort | None = None,
     ) -> None:
         """``jobs``, ``decisions``: built by the wiring (Kubernetes subscribes before the brain exists);
         ``report_listeners(job id, rank faults, reason)``: each ReportProcessFault with known ranks, must
-        not wait; ``platform_backend``: platform mode's annotations on PodGroups (None: the store)."""
+        not wait; ``platform_backend``: platform mode's annotations on PodGroups (None: the store);
+        ``pods``: Kubernetes mode's pod port (:class:`~clusterd.brain.ports.PodsPort`; None standalone)."""
         self.ctx = ctx
         a = ctx.config
         reg = ctx.metrics.registry
@@ -185,7 +187,7 @@ class BrainComponent:
             jobs=self.jobs, decide=self.decide, rank_faults=self.rank_faults,
             faults_of_node=self.faults_of_node, isolate_nodes=self.isolate_nodes, platform=self.platform,
             spawn=self.spawn, count_rejected=self.count_rejected,
-            count_signal=lambda signal_type: self.m_signals.labels(signal_type).inc(),
+            count_signal=lambda signal_type: self.m_signals.labels(signal_type).inc(), pods=pods,
         )  # fmt: skip
         self.fault = FaultServicer(
             self.jobs, ctx.center, ctx.nodes.info, self.hidden_nodes, self.count_rejected

@@ -73,6 +73,7 @@ class ControllerState:
     plat_strategy: str = ""  # platform mode: the AI platform's ProcessRecoverStrategy
     om_kind: str = ""  # "nic" | "stress" while an O&M flow runs
     resched_started: float = 0.0  # monotonic time WaitReportRecoverStrategy began (the watcher's start)
+    fault_pod_uids: dict[int, str] = field(default_factory=dict)  # Kubernetes: pod rank -> UID then
 
     def set_state(self, state: str) -> bool:
         """Move to ``state``: every state change of the controller goes through here. The move is
@@ -93,6 +94,7 @@ class ControllerState:
         self.plat_strategy = ""
         self.uuid = ""
         self.om_kind = ""
+        self.fault_pod_uids = {}
 
     # -- the cached faults (the reset ConfigMap's fault list) -------------------------------------
     def add_faults(self, faults: list[RankFault], new_ranks_only: bool = False) -> None:

@@ -5,8 +5,10 @@ ScaleInRunning).
 After ``changeStrategy downgrade`` the training side answers 201 with the ranks MindIO isolates
 besides the fault ranks: their pods exit (``faultNodesExit``, the pods that exited at the
 globalFault left out), then a status 0 means the job trains on fewer DP groups (ScaleInRunning).
-While the fault ranks stay UnHealthy (up to ``scale_wait_s``) the job keeps running scaled in; once
-they are healthy, ``changeStrategy upgrade`` scales it out again. A new fault during ScaleInRunning
+Until the resources are back (up to ``scale_wait_s``) the job keeps running scaled in; then
+``changeStrategy upgrade`` scales it out again. Back means, in Kubernetes mode, the PodGroup Running
+and the fault pods replaced (the reference's scale-out; issue 32 item 4), standalone (or a job
+without a PodGroup) no fault rank UnHealthy any more. A new fault during ScaleInRunning
 restarts the recovery (NotifyStopTrain), which the recovery flow runs (:data:`NEW_FAULT`).
 """
 
@@ -30,6 +32,16 @@ class ElasticSteps:
         self.c = c
         self.st = c.st
         self.resched = resched
+
+    def _back(self) -> bool:
+        """The scaled-in fault ranks' resources are back: Kubernetes mode, the PodGroup Running and
+        the fault pods replaced (:meth:`RescheduleSteps.pods_replaced`); standalone, no fault rank
+        UnHealthy any more."""
+        pods = {f.pod_rank for f in self.st.cached_faults.values() if f.pod_rank >= 0}
+        kube = self.resched.pods_replaced(pods)
+        if kube is not None:
+            return kube
+        return not self.resched.current_faults(self.st.cached_faults)
 
     async def run(self, flow: str, rep) -> tuple[bool, int | None] | str:
         """Scale in after the downgrade's status ``rep``, then scale out. Returns (success, status code
@@ -64,7 +76,7 @@ class ElasticSteps:
                 # §7.3 elastic step 4: a new fault during ScaleInRunning -> NotifyStopTrain
                 c.decide(flow, "stop-train", "new fault during ScaleInRunning", faults=self.st.faults())
                 return NEW_FAULT
-            if not self.resched.current_faults(self.st.cached_faults):
+            if self._back():
                 break
             await asyncio.sleep(c.t.poll_s)
         else:
@@ -79,6 +91,6 @@ class ElasticSteps:
         r = await io.wait("status")
         if r is None or r[1].status.code != 0:
             return False, None if r is None else r[1].status.code
-        c.decide(flow, "scale-out-success", "fault ranks healthy again")
+        c.decide(flow, "scale-out-success", "resources back")
         self.st.cached_faults.clear()
         return True, 0

@@ -120,6 +120,7 @@ class RecoveryFlow:
                 await self.c.kill_job(flow, "globalFault not delivered")
             self.c.set_state(states.WAIT_REPORT_RECOVER_STRATEGY)
             self.st.resched_started = time.monotonic()  # the reference starts listenScheduleResult here
+            self.resched.note_fault_pods()
             r = await self.io.wait("strategy")
             if r is None:
                 await self.c.fault_retry(flow, f"recover strategy not reported in {self.c.t.report_s}s")

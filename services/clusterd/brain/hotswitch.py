@@ -2,9 +2,13 @@
 亚健康热切; the reference's hotswitch handling).
 
 A sub-healthy pod moves to a backup node while training pauses: ``hot-switch`` ["hot switch"] with
-every rank of the fault pods, wait up to ``hot_switch_wait_s`` for healthy unused backup nodes,
-``hot-switch`` ["new pod running"], the training side's strategy report, ``changeStrategy migration``
-and its status; then the ranks move to the backup nodes. Any failure degrades the job's
+every rank of the fault pods, wait up to ``hot_switch_wait_s`` for the backup, ``hot-switch`` ["new
+pod running"], the training side's strategy report, ``changeStrategy migration`` and its status;
+then the ranks move to the backup nodes. The backup is, in Kubernetes mode, the pod the Ascend
+Operator creates for the (first) fault pod, Running (the controller's pod port,
+:class:`clusterd.kube.podport.KubePods`: the reference's notifyCreateNewPod, then notifyDeleteOldPod
+before the migration -- state ``WaitOldPodDeleted`` -- and the annotations cleaned after success or
+failure); standalone, healthy unused nodes of the job's ``backupNodes``. Any failure degrades the job's
 subHealthyStrategy to ``ignore`` (and kills the job for job-level rescheduling once it paused).
 """
 
@@ -46,16 +50,18 @@ class HotSwitchFlow:
             await self._degrade(flow, "hot-switch signal not delivered")
             raise FlowEnd
         self.c.set_state(states.WAIT_NEW_POD_RUNNING)
-        backup = None
-        deadline = time.monotonic() + self.c.t.hot_switch_wait_s
-        while True:
-            backup = self._pick_backup(job, len(fault_nodes))
-            if backup or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(min(self.c.t.poll_s, max(0.0, deadline - time.monotonic())))
+        pods = self.c.ports.pods
+        if pods is not None:  # Kubernetes: the Operator's backup pod (notifyCreateNewPod, one pod)
+            fault_nodes = fault_nodes[:1]
+            node = await pods.request_backup(self.c.job_id, fault_nodes[0], self.c.t.hot_switch_wait_s)
+            backup = [node] if node else None
+            why = "the Operator's backup pod did not run in time"
+        else:
+            backup = await self._wait_backup_nodes(job, len(fault_nodes))
+            why = "no backup node became ready (no healthy backupNodes)"
         if not backup:
             await self.io.signal("hot-switch", ["stop switch"], faults)
-            await self._degrade(flow, "no backup node became ready (no healthy backupNodes)")
+            await self._failed(flow, why)
             raise FlowEnd
         self.io.expect("strategy")
         await self.io.signal("hot-switch", ["new pod running"], faults)
@@ -63,8 +69,15 @@ class HotSwitchFlow:
         r = await self.io.wait("strategy")
         if r is None or not [s for s in r[1].strategies if s != "exit"]:
             why = "pause not reported in time" if r is None else "training side can only exit"
-            await self._degrade(flow, why)
+            await self._failed(flow, why)
             await self.c.kill_job(flow, f"hot switch stopped: {why}; job-level rescheduling")
+        if pods is not None:  # notifyDeleteOldPod: Volcano deletes the fault pod, then migration
+            self.c.set_state(states.WAIT_OLD_POD_DELETED)
+            if not await pods.delete_old_pod(self.c.job_id, self.c.t.hot_switch_wait_s):
+                await self._failed(flow, "the fault pod was not deleted in time")
+                await self.c.kill_job(
+                    flow, "hot switch failed: fault pod not deleted; job-level rescheduling"
+                )
         self.c.set_state(states.NOTIFY_MIGRATION)
         mapping = dict(zip(fault_nodes, backup, strict=False))
         self.io.expect("status")
@@ -73,10 +86,27 @@ class HotSwitchFlow:
         r = await self.io.wait("status")
         if r is None or r[1].status.code != 0:
             why = "resume not reported in time" if r is None else f"resume failed ({r[1].status.code})"
-            await self._degrade(flow, why)
+            await self._failed(flow, why)
             await self.c.kill_job(flow, f"hot switch failed: {why}; job-level rescheduling")
+        if pods is not None:
+            await pods.end_switch(self.c.job_id, ok=True)  # cleanStateWhenSuccess
         await self._move_ranks(mapping)
         self.c.decide(flow, "hot-switch-success", f"pods moved {mapping}")
+
+    async def _wait_backup_nodes(self, job, count: int) -> list[str] | None:
+        """Standalone: wait up to ``hot_switch_wait_s`` for ``count`` usable ``backupNodes``."""
+        deadline = time.monotonic() + self.c.t.hot_switch_wait_s
+        while True:
+            backup = self._pick_backup(job, count)
+            if backup or time.monotonic() >= deadline:
+                return backup
+            await asyncio.sleep(min(self.c.t.poll_s, max(0.0, deadline - time.monotonic())))
+
+    async def _failed(self, flow: str, reason: str) -> None:
+        """cleanStateWhenFailed: Kubernetes mode's backup-pod annotations undone, then degrade."""
+        if self.c.ports.pods is not None:
+            await self.c.ports.pods.end_switch(self.c.job_id, ok=False)
+        await self._degrade(flow, reason)
 
     def _pick_backup(self, job, count: int) -> list[str] | None:
         """``count`` backup nodes of ``job`` that have no SubHealthy/UnHealthy fault and host no rank."""

@@ -34,6 +34,21 @@ class PlatformPort(Protocol):
     async def patch(self, job_id: str, changes: dict[str, str | None]) -> bool: ...
 
 
+class PodsPort(Protocol):
+    """The job's pods and PodGroup in Kubernetes mode (:class:`clusterd.kube.podport.KubePods`;
+    issue 32 items 3-4). Standalone ClusterD has none (``ControllerPorts.pods`` is None)."""
+
+    def pod_uids(self, job_id: str) -> dict[int, str]: ...
+
+    def resources_back(self, job_id: str, old_uids: dict[int, str]) -> bool | None: ...
+
+    async def request_backup(self, job_id: str, node: str, timeout_s: float) -> str | None: ...
+
+    async def delete_old_pod(self, job_id: str, timeout_s: float) -> bool: ...
+
+    async def end_switch(self, job_id: str, ok: bool) -> None: ...
+
+
 @dataclass(frozen=True)
 class ControllerPorts:
     """The controller's outside, one port per field.
@@ -48,7 +63,9 @@ class ControllerPorts:
     - ``platform``: platform mode's annotations (:class:`PlatformPort`);
     - ``spawn(coro, name)``: run a task owned by ClusterD (cancelled on shutdown);
     - ``count_rejected(reason)``: a dropped report (faultmesh_rejected_requests_total);
-    - ``count_signal(signal_type)``: a delivered ProcessManageSignal (faultmesh_brain_signals_total).
+    - ``count_signal(signal_type)``: a delivered ProcessManageSignal (faultmesh_brain_signals_total);
+    - ``pods``: Kubernetes mode's pods and PodGroup (:class:`PodsPort`: the hot switch's backup pod
+      from the Operator, "resources back" by the PodGroup); None standalone.
     """
 
     jobs: JobRegistry
@@ -60,3 +77,4 @@ class ControllerPorts:
     spawn: Callable[[Coroutine[Any, Any, None], str], asyncio.Task]
     count_rejected: Callable[[str], None]
     count_signal: Callable[[str], None]
+    pods: PodsPort | None = None

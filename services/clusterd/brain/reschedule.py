@@ -1,10 +1,12 @@
 """Waiting for the fault pods to be rescheduled (clusterd.md §7.1, §7.3 steps 4-5 and "Strategy
 choice"; the reference's listenScheduleResult, whetherHasEnoughResource, canChooseScaleInStrategy).
 
-*Resources back* means: the job is ``running`` and no rank of the pods told to exit has an active
-UnHealthy fault any more -- in the reference the PodGroup is Running and the fault pods were
-replaced. In faultmesh a pod is "replaced" when its ranks moved to healthy devices (a job apply,
-or Kubernetes mode's pods) or when its fault cleared.
+*Resources back* means, in Kubernetes mode (the controller's pod port, issue 32 item 4; the
+reference's listenScheduleResult, ``podgroup.JudgeIsRunningByJobKey``): the job's PodGroup is
+``Running`` and every pod told to exit was replaced (a Running pod of that rank with another UID
+than at globalFault). Standalone, or a job without a PodGroup: the job is ``running`` and no rank
+of the pods told to exit has an active UnHealthy fault any more (its ranks moved to healthy
+devices by a job apply, or its fault cleared).
 
 - ``wait-reschedule-timeout`` (job setting, 30..270 s, default 270; a PodGroup annotation in
   Kubernetes mode): while the training side recovers (``recover`` / ``recover-in-place`` with
@@ -84,10 +86,35 @@ class RescheduleSteps:
             f.rank in ranks and level_health(f.level) == UNHEALTHY for f in self.c.ports.rank_faults(job)
         )
 
+    def note_fault_pods(self) -> None:
+        """Kubernetes mode: remember the UIDs of the fault pods now (the pods told to exit)."""
+        pods = self.c.ports.pods
+        if pods is not None:
+            fault_pods = {f.pod_rank for f in self.st.cached_faults.values() if f.pod_rank >= 0}
+            now = pods.pod_uids(self.c.job_id)
+            self.st.fault_pod_uids = {p: uid for p, uid in now.items() if p in fault_pods}
+
+    def pods_replaced(self, pod_ranks: set[int]) -> bool | None:
+        """Kubernetes mode: PodGroup Running and the pods ``pod_ranks`` replaced (module docstring).
+        None standalone or without a PodGroup (the caller judges by fault health)."""
+        pods = self.c.ports.pods
+        if pods is None:
+            return None
+        old = {p: uid for p, uid in self.st.fault_pod_uids.items() if p in pod_ranks}
+        return pods.resources_back(self.c.job_id, old)
+
     def resources_back(self) -> bool:
-        """The job runs and no rank of the exiting fault pods has an active UnHealthy fault."""
+        """The exiting fault pods are back (module docstring)."""
         job = self.c.job()
-        if job is None or job.status != "running":
+        if job is None:
+            return False
+        pods = {
+            f.pod_rank for f in self.st.cached_faults.values() if f.pod_rank >= 0
+        } - self.st.restart_proc_pods
+        kube = self.pods_replaced(pods)
+        if kube is not None:
+            return kube
+        if job.status != "running":
             return False
         ranks = self.exit_pod_ranks()
         return not self.current_faults({(r, "") for r in ranks})

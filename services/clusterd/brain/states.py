@@ -61,6 +61,7 @@ WAIT_CONTINUE_TRAIN = "WaitContinueTrain"
 # -- sub-health hot switch (hotswitch.py) ---------------------------------------------------------
 NOTIFY_HOT_SWITCH = "NotifyHotSwitch"
 WAIT_NEW_POD_RUNNING = "WaitNewPodRunning"
+WAIT_OLD_POD_DELETED = "WaitOldPodDeleted"
 NOTIFY_MIGRATION = "NotifyMigration"
 WAIT_REPORT_MIGRATION_STATUS = "WaitReportMigrationStatus"
 
@@ -99,7 +100,8 @@ TRANSITIONS: dict[str, frozenset[str]] = {
         },
         WAIT_FAULT_DISAPPEAR: {NOTIFY_GLOBAL_FAULT, WAIT_PLATFORM_RESULT_FAULT},
         # the hot switch shares the strategy report, then migrates
-        WAIT_REPORT_RECOVER_STRATEGY: CHOOSE | {FAULT_CLEAR, NOTIFY_MIGRATION, KILL_JOB},
+        WAIT_REPORT_RECOVER_STRATEGY: CHOOSE
+        | {FAULT_CLEAR, NOTIFY_MIGRATION, WAIT_OLD_POD_DELETED, KILL_JOB},
         # choosing and running a strategy, with fallback
         WAIT_RESOURCES: CHOOSE - {WAIT_RESOURCES},
         WAIT_RANK_TABLE_READY: {NOTIFY_DECIDED_STRATEGY, NOTIFY_DUMP, FAULT_CLEAR},
@@ -135,6 +137,7 @@ TRANSITIONS: dict[str, frozenset[str]] = {
         # sub-health hot switch
         NOTIFY_HOT_SWITCH: {WAIT_NEW_POD_RUNNING},
         WAIT_NEW_POD_RUNNING: {WAIT_REPORT_RECOVER_STRATEGY},
+        WAIT_OLD_POD_DELETED: {NOTIFY_MIGRATION, KILL_JOB},  # Kubernetes: Volcano deletes the fault pod
         NOTIFY_MIGRATION: {WAIT_REPORT_MIGRATION_STATUS},
         WAIT_REPORT_MIGRATION_STATUS: {KILL_JOB},
     }.items()

@@ -49,6 +49,7 @@ from clusterd.kube.handoff import HandOff
 from clusterd.kube.metrics import KubeMetrics
 from clusterd.kube.podgroups import PodGroups
 from clusterd.kube.podjobs import PodJobs
+from clusterd.kube.podport import KubePods
 from clusterd.kube.publisher import ClusterInfoPublisher
 from clusterd.kube.signals import NodeSignals
 from clusterd.kube.superpod import SuperPodPublisher
@@ -198,6 +199,11 @@ class KubeComponent:
                 jobs, self.podgroups, self.pod_jobs.pods_of, self.metrics, ctx.tasks.spawn, breaker=breaker
             )
             if jobs is not None and self.pod_jobs is not None
+            else None
+        )
+        self.pod_port = (  # the controllers' pods and PodGroup (hot switch backup, resources back)
+            KubePods(self.pod_jobs, self.podgroups, self.handoff)
+            if self.enabled and self.handoff is not None and a.kube_jobs == a.kube_podgroups == "on"
             else None
         )
         if breaker is not None and self.handoff is not None:

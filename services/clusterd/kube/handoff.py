@@ -33,8 +33,9 @@ CM keeps what it said about that node; ``reset config isolation held`` is logged
 handled again when an operator releases the breaker.
 
 Writes run in one task, in decision order; each is retried (:func:`faultmesh.retry.retrying`) and
-then dropped with a logged, counted reason. Not done (left for later): ``fault-job-info`` (needs the
-fault SDIDs of A3 super pods) and the Operator's backup-pod annotations.
+then dropped with a logged, counted reason. The hot switch's backup-pod annotations for the
+Operator are the controller's pod port (:mod:`.podport`); ``fault-job-info`` is
+:mod:`.faultjobinfo`.
 """
 
 from __future__ import annotations

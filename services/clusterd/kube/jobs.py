@@ -153,7 +153,9 @@ def job_spec(
     """The job spec (:func:`clusterd.brain.jobs.parse_job` input) of one job's pods; ``settings``
     (from the PodGroup) override the pods' recovery settings.
 
-    Raises :class:`BadPod` for a pod with unreadable annotations or two pods with one rank index.
+    A hot switch backup pod (annotation ``podType=backup``, issue 32) holds no rank until the Operator
+    removes that annotation. Raises :class:`BadPod` for a pod with unreadable annotations or two
+    pods with one rank index.
     """
     rows = []
     placed = []  # (node, pod IP, host IP) of every scheduled pod
@@ -164,6 +166,8 @@ def job_spec(
         st = pod.get("status") or {}
         placed.append({"node": node, "podIp": st.get("podIP") or "", "hostIp": st.get("hostIP") or ""})
         ann = (pod.get("metadata") or {}).get("annotations") or {}
+        if ann.get("podType") == "backup":
+            continue  # a hot switch backup pod: no rank until the Operator promotes it (its GetPodSlices)
         if not any(k in ann for k in DEVICE_ANNOTATIONS):
             continue  # a MindIE coordinator / controller pod: no NPUs
         rank_index, devs, spid = pod_devices(pod)

@@ -37,9 +37,12 @@ class PodJobs:
         self._pod_job: dict[tuple[str, str], tuple[str, str, str]] = {}  # pod key -> (job id, name, ns)
         self._jobs_dirty: set[tuple[str, str, str]] = set()
         self._jobs_event = asyncio.Event()
+        self._changed = asyncio.Event()  # replaced after each pod event (wakes every waiter)
 
     async def on_pod(self, op: str, pod: dict) -> None:
         """Watch handler of pods."""
+        self._changed.set()
+        self._changed = asyncio.Event()
         meta = pod.get("metadata") or {}
         key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
         old = self._pod_job.pop(key, None)
@@ -60,6 +63,10 @@ class PodJobs:
         if job is not None:
             self._jobs_dirty.add(job)
             self._jobs_event.set()
+
+    def changed(self) -> asyncio.Event:
+        """An event set at the next pod event (wait on it, then look at :meth:`pods_of` again)."""
+        return self._changed
 
     def pods_of(self, job_id: str) -> list[dict]:
         """The job's pods (watch objects)."""
