@@ -87,6 +87,9 @@ def test_sim_faults_reach_clusterd_and_resync(tmp_path):
             http("POST", f"{sim}/sim/fault", {"device": 3, "code": "80E18008", "assertion": "occur"})[0]
             == 200
         )
+        # deviced's stream is up (its first fault in clusterd) before the link goes down: a link down
+        # while deviced still connects reaches clusterd in the snapshot, after its 3 s FaultTimeout
+        wait_for(lambda: (3, "80E18008") in faults(), what="deviced's first fault in clusterd")
         cli = subprocess.run(
             [str(BIN / "faultmesh"), "device-sim", "--sim", f"127.0.0.1:{sim_port}", "link", "5", "down"],
             capture_output=True, text=True, timeout=30,
