@@ -103,6 +103,7 @@ async def test_recover_fails_then_dump_then_exit(cd, sims):
         "dump-success",
         "exit-completed",
     ]
+    await sim_saw_dump_exit(sim)
     last = sim.signals("changeStrategy")[-1]
     assert (last["changeStrategy"], last["extraParams"]) == ("exit", "dump_exit")
     assert (last["faultRanks"], last["nodeRankIds"]) == ([], ["1"])  # sendDumpExit: the fault pods
@@ -215,6 +216,7 @@ async def test_strategy_not_reported_goes_to_fault_clear_and_retry(cd, sims):
     assert "recover strategy not reported" in d["reason"]
     await wait_decision(cd, "fault-retry")
     await wait_idle(cd)
+    await sim_saw_dump_exit(sim)
     last = sim.signals("changeStrategy")[-1]
     assert (last["changeStrategy"], last["extraParams"], last["nodeRankIds"]) == ("exit", "dump_exit", ["1"])
     assert not sim.signals("killMaster") and cd.jobs.get(JOB).process_recover_enable == "on"
@@ -332,6 +334,14 @@ async def test_recovery_endpoint_lists_decisions(cd, sims):
     assert [d["decision"] for d in await cd.store.kv_get("decisions", JOB)][-1] == "recover-success"
 
 
+async def sim_saw_dump_exit(sim) -> None:
+    """The dump_exit changeStrategy is sent with no report to wait for: clusterd decides on its delivery
+    to the stream, the sim records it once read off the wire (later, on a loaded box)."""
+    await sim.wait_for(
+        lambda ev: any(s.get("extraParams") == "dump_exit" for s in sim.signals("changeStrategy"))
+    )
+
+
 async def test_dump_failure_exits_once(cd, sims):
     await apply(cd)
     sim = await sims.start(strategies=["dump", "exit"], status={"dump": 499})
@@ -339,6 +349,7 @@ async def test_dump_failure_exits_once(cd, sims):
     await wait_decision(cd, "exit-completed")
     await wait_idle(cd)
     assert decisions(cd) == ["pre-exit", "stop-train", "dump", "dump-failed", "exit-completed"]
+    await sim_saw_dump_exit(sim)
     assert [s["changeStrategy"] for s in sim.signals("changeStrategy")] == ["dump", "exit"]
 
 

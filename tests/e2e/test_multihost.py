@@ -82,11 +82,16 @@ def _remove_stale() -> None:
             _ip("link", "del", name, check=False)
 
 
+_TAGS = iter("abcdefghijklmnopqrstuvwxyz")
+
+
 class Net:
     """The bridge, the three namespaces and the processes started in them."""
 
     def __init__(self, tmp: Path) -> None:
-        self.tag = f"{PREFIX}{os.getpid()}"  # interface names stay within 15 characters
+        # one tag per Net (the kernel removes a deleted namespace's veth pair asynchronously: the next
+        # test of this process must not reuse its names); interface names stay within 15 characters
+        self.tag = f"{PREFIX}{os.getpid()}{next(_TAGS)}"
         self.tmp = tmp
         self.procs: list[subprocess.Popen] = []
         self.ns = {h: f"{self.tag}{h}" for h in HOSTS}

@@ -157,7 +157,8 @@ def test_stall_detected_reported_recovered_and_disabled(stack, tmp_path):
     )
     assert not [f for f in cd.get_json("/v1/faults") if f["code"] == "110001010"]
     assert json.loads(switch.read_text())["Step"] == "off"  # stop all
-    wait_for(lambda: nodes[1].get_json("/v1/slownode") == [], 10, "noded to stop the job")
+    # the stop rides the agent stream (seconds on a loaded box: failed once at 10 s beside another suite)
+    wait_for(lambda: nodes[1].get_json("/v1/slownode") == [], 30, "noded to stop the job")
 
 
 def test_clean_job_logs_nothing_and_bad_requests(stack, tmp_path):
