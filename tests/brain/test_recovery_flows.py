@@ -123,6 +123,7 @@ async def test_only_exit_reported_goes_to_exit(cd, sims):
     d = await wait_decision(cd, "exit")
     assert "recover not possible" in d["reason"]
     await wait_decision(cd, "exit-completed")
+    await sim.wait_for(lambda ev: sim.signals("changeStrategy"))  # it may read the signal after the decision
     last = sim.signals("changeStrategy")[-1]
     assert last["changeStrategy"] == "exit" and last["nodeRankIds"] == ["1"]  # TaskD's ExitAgent targets
 

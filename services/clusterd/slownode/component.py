@@ -138,7 +138,7 @@ class SlowNodeComponent:
         self.registry = jobs
         self.jobs: dict[str, JobState] = {}
         self._lock = asyncio.Lock()
-        self._stops: dict[str, dict[str, JobState]] = {}  # node -> stopped jobs it was not told of yet
+        self._stops: dict[str, dict[str, JobState]] = {}  # node -> stopped jobs to tell again on its connect
         reg, reject = ctx.metrics.registry, ctx.metrics.reject
         root = data_trace_root or str(Path(cfg.state_dir) / "datatrace-config")
         self.data_trace = DataTraceSwitch(root, ctx.agents.send, jobs, set_data_trace)
@@ -295,9 +295,9 @@ class SlowNodeComponent:
             return
         if js.task is not None:
             js.task.cancel()
-        for node in js.nodes():  # a node away now is told when it is back (_on_connect)
-            if not await self._send_job(js, node, False):
-                self._stops.setdefault(node, {})[job_id] = js
+        for node in js.nodes():  # and again when the node's noded next (re)connects (_on_connect):
+            await self._send_job(js, node, False)  # queued on a stream that died unnoticed is lost
+            self._stops.setdefault(node, {})[job_id] = js  # (a stop of a job it does not run: no-op)
         if not keep_store:
             try:
                 await self.data_trace.set(js.ns_name, ALL_OFF, js.nodes())
