@@ -165,11 +165,21 @@ class NodedProc:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> NodedProc:
-        self._log = open(self.log_path, "ab")
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        wait_http(f"http://{self.http}/healthz")
-        return self
+        for _ in range(3):  # the free port may be taken before noded binds it (tests run side by side)
+            self._log = open(self.log_path, "ab")
+            self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+            try:
+                wait_http(f"http://{self.http}/healthz")
+                return self
+            except TimeoutError:
+                if self.proc.poll() is None or b"address already in use" not in self.log_path.read_bytes():
+                    raise
+            self._log.close()
+            port = f"127.0.0.1:{free_port()}"
+            self.cmd[self.cmd.index(self.http)] = port
+            self.http = port
+        raise TimeoutError(f"noded found no free HTTP port: {self.log_path}")
 
     def get_json(self, path: str):
         with urllib.request.urlopen(f"http://{self.http}{path}", timeout=5) as r:
