@@ -57,6 +57,7 @@ from clusterd.kube.hastate import KubeState, MirroredStore, StateMetrics, StateW
 from faultmesh.log import event
 from faultmesh.model import Fault, now_ms
 from faultmesh.retry import Backoff
+from faultmesh.runtime import wait_for
 from faultmesh.sink import SinkWorker
 
 log = logging.getLogger("clusterd.kube.ha")
@@ -141,6 +142,9 @@ def decode(cm: dict) -> dict:
 def encode(doc: dict) -> dict[str, dict[str, str]]:
     """The ConfigMap fields of the history document ``doc``."""
     return pack(orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS), BLOB_KEY)
+
+
+IDLE_S = 60.0  # the writer's idle wake-up (s)
 
 
 class HistoryMirror(KubeState):
@@ -283,7 +287,10 @@ class HistoryMirror(KubeState):
     async def _run(self) -> None:
         backoff = Backoff(self.interval_s, 30.0)
         while True:
-            await self._dirty.wait()
+            try:  # idle: wake now and then (every wait bounded), write only what is dirty
+                await wait_for(self._dirty.wait(), IDLE_S)
+            except TimeoutError:
+                continue
             await asyncio.sleep(self.interval_s)  # coalesce: one write per interval at most
             try:
                 ok = await self.write_once()
