@@ -40,7 +40,7 @@ KNOWN_CONTEXT_CONFIG = {"clusterd/brain/component.py": 1}  # reads of the whole 
 CONFIG_GETATTR = re.compile(r"""getattr\(\s*(?:self\.)?(?:args|a|cfg|config|ctx\.config)\s*,\s*f?["']""")
 TOOLS = "fmtools"  # the top floor's own package
 TOOLS_ENTRY = "faultmesh/__main__.py"  # ``python -m faultmesh``: run, never imported; loads the CLI lazily
-DATA_TABLES = {"deviced/tables.py", "clusterd/kube/formats.py"}  # mostly literal tables
+DATA_TABLES = {"deviced/tables.py"}  # mostly literal tables
 DECLARED_BASES = {  # project classes made to be extended: a subclass is one of their kind, no mixin
     "PushSource",  # faultmesh.source: the sources' contract
     "PolledSource",

@@ -9,7 +9,7 @@ import random
 import pytest
 from kube.kubekit import device_info_cm, node_info_cm
 
-from clusterd.kube import formats
+from clusterd.kube import cluster_info, formats
 from faultmesh import gojson
 from faultmesh.model import Fault
 
@@ -149,7 +149,7 @@ def test_device_entry_merges_faults_per_npu_and_marks_unhealthy():
         _f("n", 9, "80C98009", "NotHandleFault"),
         _f("n", 10, "80818C05", "SubHealthFault"),
     ]
-    e = formats.build_device_entry("n", "Ascend910", faults, devices)
+    e = cluster_info.build_device_entry("n", "Ascend910", faults, devices)
     dl = e["DeviceList"]
     assert dl["huawei.com/Ascend910"] == "Ascend910-8,Ascend910-10,Ascend910-11"
     assert dl["huawei.com/Ascend910-Unhealthy"] == "Ascend910-9"
@@ -167,7 +167,7 @@ def test_device_entry_merges_faults_per_npu_and_marks_unhealthy():
 
 
 def test_node_entry_status_from_worst_level():
-    e = formats.build_node_entry(
+    e = cluster_info.build_node_entry(
         "n",
         [
             _f("n", 3, "0800004B", "PreSeparateFault", dtype="Memory"),
@@ -181,7 +181,7 @@ def test_node_entry_status_from_worst_level():
         "FaultCode": ["2C000031"],
         "FaultLevel": "SeparateFault",
     }
-    assert formats.build_node_entry("n", [], agent_status="PreSeparate")["NodeStatus"] == "PreSeparate"
+    assert cluster_info.build_node_entry("n", [], agent_status="PreSeparate")["NodeStatus"] == "PreSeparate"
 
 
 def test_sharding_is_deterministic_and_bounded():
@@ -189,7 +189,7 @@ def test_sharding_is_deterministic_and_bounded():
         f"mindx-dl-deviceinfo-node-{i:04d}": {"DeviceList": {"x": "y" * (50 + i % 7)}, "CmName": str(i)}
         for i in range(300)
     }
-    shards = formats.shard(entries, max_bytes=4096)
+    shards = cluster_info.shard(entries, max_bytes=4096)
     assert len(shards) > 5
     assert all(len(s.encode()) <= 4096 for s in shards)
     merged = {}
@@ -198,10 +198,10 @@ def test_sharding_is_deterministic_and_bounded():
     assert merged == entries
     items = list(entries.items())
     random.Random(7).shuffle(items)
-    assert formats.shard(dict(items), max_bytes=4096) == shards
-    assert formats.shard({}, 100) == []
+    assert cluster_info.shard(dict(items), max_bytes=4096) == shards
+    assert cluster_info.shard({}, 100) == []
     huge = {"k": {"v": "z" * 500}}
-    assert len(formats.shard(huge, 100)) == 1
+    assert len(cluster_info.shard(huge, 100)) == 1
 
 
 def test_job_spec_from_pods_follows_the_reference_rank_rule():

@@ -535,7 +535,7 @@ async def test_restart_does_not_rewrite_unchanged_cluster_info(k8s, tmp_path):
 
 
 def test_switch_entry_keeps_reference_switch_info_and_adds_own_faults():
-    from clusterd.kube import formats
+    from clusterd.kube import cluster_info
 
     base = {
         "FaultCode": ['{"EventType":1}'],
@@ -544,7 +544,7 @@ def test_switch_entry_keeps_reference_switch_info_and_adds_own_faults():
         "FaultTimeAndLevelMap": {"x_1_2": {"fault_time": 5, "fault_level": "SubHealthFault"}},
     }
     own = Fault("deviced", "n", "Switch", 3, "[0x08520003,na,L2,na]", "SeparateNPU", first_seen_ms=7)
-    e = formats.build_switch_entry("n", [own], base)
+    e = cluster_info.build_switch_entry("n", [own], base)
     assert e["CmName"] == "mindx-dl-switchinfo-n"
     # a fault without deviced's per-port records: one record made from the fault (chip 3, port 0)
     assert e["FaultCode"][0] == '{"EventType":1}' and len(e["FaultCode"]) == 2
@@ -557,7 +557,7 @@ def test_switch_entry_keeps_reference_switch_info_and_adds_own_faults():
     )
     assert e["FaultLevel"] == "SeparateNPU" and e["NodeStatus"] == "UnHealthy"
     assert set(e["FaultTimeAndLevelMap"]) == {"x_1_2", "[0x08520003,na,L2,na]_3_0"}
-    assert formats.build_switch_entry("n", [], base)["NodeStatus"] == "SubHealthy"
+    assert cluster_info.build_switch_entry("n", [], base)["NodeStatus"] == "SubHealthy"
 
 
 async def test_clusterd_config_cm_sets_the_manual_separation_policy_live(k8s, kcd):

@@ -22,7 +22,7 @@ import orjson
 
 from clusterd.breaker import IsolationBreaker
 from clusterd.center import FaultCenter
-from clusterd.kube import formats
+from clusterd.kube import cluster_info, formats
 from clusterd.kube.config import KubeConfig
 from clusterd.kube.consumer import NODEINFO_REPORTER
 from clusterd.kube.metrics import KubeMetrics
@@ -159,11 +159,11 @@ class ClusterInfoPublisher:
             if not present[kind]:
                 continue
             if kind == "device":
-                built[kind] = formats.build_device_entry(node, type_name, npu, devs, doc)
+                built[kind] = cluster_info.build_device_entry(node, type_name, npu, devs, doc)
             elif kind == "switch":
-                built[kind] = formats.build_switch_entry(node, switch, doc.switch_info if doc else None)
+                built[kind] = cluster_info.build_switch_entry(node, switch, doc.switch_info if doc else None)
             else:
-                built[kind] = formats.build_node_entry(node, node_faults, agent_status)
+                built[kind] = cluster_info.build_node_entry(node, node_faults, agent_status)
         if self.breaker is not None and self.breaker.enabled:
             before = {k: e for k, b in built.items() if (e := self._entries.get(b["CmName"])) is not None}
             if not _isolates(built):
@@ -179,7 +179,7 @@ class ClusterInfoPublisher:
                     self._entries.pop(cache.pop(node)[0], None)
                 continue
             key = entry["CmName"]
-            cache[node] = (key, formats.entry_part(key, self._stamp(key, entry, now_s)))
+            cache[node] = (key, cluster_info.entry_part(key, self._stamp(key, entry, now_s)))
 
     def on_breaker_release(self, nodes: list[str]) -> None:
         """The isolation breaker was released: publish the nodes it held."""
@@ -207,12 +207,12 @@ class ClusterInfoPublisher:
         out: dict[str, str] = {}
         for prefix, kind in ((formats.DEVICE_CM_PREFIX, "device"), (formats.SWITCH_CM_PREFIX, "switch")):
             parts = list(self._parts[kind].values())
-            shards = formats.shard_parts(parts, a.kube_shard_bytes) or [""]
+            shards = cluster_info.shard_parts(parts, a.kube_shard_bytes) or [""]
             for i, data in enumerate(shards):
                 out[f"{prefix}{i}"] = data
             self.metrics.shards.labels(prefix.rstrip("-")).set(len(shards) if parts else 0)
         parts = list(self._parts["node"].values())
-        out[formats.NODE_CM_NAME] = formats.shard_parts(parts, 1 << 62)[0] if parts else ""
+        out[formats.NODE_CM_NAME] = cluster_info.shard_parts(parts, 1 << 62)[0] if parts else ""
         # Surplus shards from earlier rounds (or an earlier process) are emptied, not deleted.
         for name in self._written:
             if name not in out:
