@@ -7,7 +7,7 @@ import asyncio
 
 import grpc
 import pytest
-from brain.brainkit import JOB, apply, npu_fault, wait_decision
+from brain.brainkit import JOB, apply, decisions, npu_fault, wait_decision
 
 from faultmesh._pb import recover_pb2 as pb
 from faultmesh._pb import recover_pb2_grpc
@@ -69,6 +69,19 @@ async def test_unregistered_job_fault_is_still_decided(cd):
     d = await wait_decision(cd, "job-rescheduling")
     assert "no process-recovery client" in d["reason"] and d["faults"][0]["rank"] == 2
     await asyncio.sleep(0.05)
+
+
+async def test_a_job_deleted_and_applied_again_is_decided_again(cd):
+    # The intake remembers which faults of an unregistered job it has acted on; a deleted job's memory
+    # must go with it (it leaked, and a job re-created under the same id never got its decision).
+    await apply(cd)
+    await cd.center.upsert(npu_fault())
+    await wait_decision(cd, "job-rescheduling")
+    await cd.jobs.delete(JOB)
+    await apply(cd)
+    async with asyncio.timeout(10):
+        while decisions(cd).count("job-rescheduling") < 2:
+            await asyncio.sleep(0.02)
 
 
 async def _slot_filled(cd, stub):

@@ -377,12 +377,16 @@ class BrainComponent:
         info = self._job_info(job) if nodes else None  # one message for every node of the job
         for node in sorted(nodes):
             await self.ctx.agents.send(node, "deviced", job=info)
-        self._sent_nodes[job.id] = nodes
+        if deleted:
+            self._sent_nodes.pop(job.id, None)
+        else:
+            self._sent_nodes[job.id] = nodes
         self.job_svc.broadcast(job, "delete" if deleted else "add")  # the reference: add / delete only
         self.config_svc.publish(job)  # a MindIE member changed or left: its global rank table
         if deleted:  # an Init is kept (the reference's initJob): Register then answers 402
             self.retry_reports.drop(job.id)
             self.platform.drop(job.id)
+            self.intake.forget(job.id)
             await self.registry.drop(job.id)
         else:
             self.intake.evaluate(job)

@@ -86,6 +86,10 @@ class FaultIntake:
         self._unregistered_seen: dict[str, set[tuple[int, str]]] = {}  # job -> last look, no controller
         subscribe("brain", self._on_fault_changes, resync=self._resync)
 
+    def forget(self, job_id: str) -> None:
+        """A deleted job: drop what the intake remembers of it (its last look while unregistered)."""
+        self._unregistered_seen.pop(job_id, None)
+
     # -- the fault center's subscription -----------------------------------------------------------
     def _resync(self, faults: list[Fault]) -> None:
         """The subscription fell behind: evaluate every job (new (rank, code) pairs still act once)."""
