@@ -5,11 +5,23 @@ from __future__ import annotations
 
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
+
+
+def median_ms(fn: Callable[[], object], rounds: int) -> float:
+    """The median wall time of ``rounds`` calls of ``fn()``, in ms (the encode/decode benches)."""
+    out = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t) * 1000)
+    return statistics.median(out)
 
 
 def free_port() -> int:

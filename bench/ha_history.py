@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
-import time
+
+from benchkit import median_ms
 
 from clusterd.kube.hahistory import BLOB_KEY, decode, encode, event_row
 from clusterd.kube.hastate import DEFAULT_MAX_BYTES
@@ -61,15 +61,6 @@ def decisions(n: int, nodes: int, rng: random.Random) -> list[list]:
                "reason": "fault ranks reported by the agents", "state": "WaitReport", "faults": faults}  # fmt: skip
         out.append([f"job-{i % 50:03d}", rec])
     return out
-
-
-def median_ms(fn, rounds: int) -> float:
-    out = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t) * 1000)
-    return statistics.median(out)
 
 
 def main() -> None:

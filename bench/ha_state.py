@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
-import time
 
 import orjson
+from benchkit import median_ms
 
 from clusterd.kube.hastate import BLOB_KEY, DEFAULT_MAX_BYTES, decode, encode, fault_row
 from faultmesh.model import Fault
@@ -35,15 +34,6 @@ def records(n: int, nodes: int, rng: random.Random) -> list[list]:
         )
         for i in range(n)
     ]  # fmt: skip
-
-
-def median_ms(fn, rounds: int) -> float:
-    out = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t) * 1000)
-    return statistics.median(out)
 
 
 def main() -> None:
