@@ -22,10 +22,11 @@ import signal
 import time
 from pathlib import Path
 
-from faultmesh.config import non_negative_float, number_in, positive_float
+from faultmesh.config import positive_float
 from faultmesh.log import FORMATS, log_level_arg
 from faultmesh.runtime import wait_for
 from fmtools.cli.common import UsageError, run
+from fmtools.demo.fleetargs import add_fleet_args
 
 
 async def _up(args: argparse.Namespace) -> int:
@@ -198,26 +199,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add ``faultmesh up``."""
     p = sub.add_parser("up", help="run the local stack (clusterd + simulated servers) until Ctrl-C")
     p.add_argument("--run-dir", help="folder for logs and state (default: /tmp/faultmesh-up-<date>-<time>)")
-    p.add_argument("--servers", type=int, default=4, help="simulated servers")
-    p.add_argument("--npus", type=int, default=16, help="simulated NPUs per server (multiple of 8)")
-    p.add_argument(
-        "--gpu-servers",
-        type=number_in(int, 0, 64),
-        default=0,
-        help="simulated NVIDIA GPU servers beside them",
-    )
-    p.add_argument(
-        "--bmc-poll", type=number_in(float, 1, 600), default=2.0, help="noded's BMC poll period (s)"
-    )
-    p.add_argument(
-        "--list-watch", type=number_in(int, 3, 1800), default=3, help="deviced's list-watch period (s)"
-    )
-    p.add_argument(
-        "--pingmesh-period",
-        type=non_negative_float,
-        default=0.0,
-        help="pingmesh/slow-network period (s); 0 = 10 x task_interval",
-    )
+    add_fleet_args(p, gpu_servers=0, gpu_max=64, servers_help="simulated servers")
     p.add_argument(
         "--with-job",
         action="store_true",

@@ -15,8 +15,9 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from faultmesh.config import non_negative_float, number_in, positive_float, positive_int
+from faultmesh.config import positive_float, positive_int
 from faultmesh.log import log_level_arg
+from fmtools.demo.fleetargs import add_fleet_args
 from fmtools.demo.report import MISSING, Clock, all_right, table
 from fmtools.demo.scenario import Scenario, Timing
 from fmtools.demo.stack import Stack, StackConfig, StackError
@@ -29,23 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-dir",
         help="folder for logs, state and data (default: /tmp/faultmesh-demo-<date>-<time>)",
     )
-    p.add_argument("--servers", type=int, default=4, help="simulated servers (the scenario needs 4)")
-    p.add_argument("--npus", type=int, default=16, help="simulated NPUs per server (multiple of 8)")
-    p.add_argument(
-        "--gpu-servers",
-        type=number_in(int, 0, 8),
-        default=1,
-        help="simulated NVIDIA GPU servers beside them (a mixed fleet; 0 = NPU only)",
-    )
-    p.add_argument(
-        "--bmc-poll", type=number_in(float, 1, 600), default=2.0, help="noded's BMC poll period (s, 1..600)"
-    )
-    p.add_argument(
-        "--list-watch",
-        type=number_in(int, 3, 1800),
-        default=3,
-        help="deviced's list-watch period (s, 3..1800)",
-    )
+    add_fleet_args(p, gpu_servers=1, gpu_max=8, servers_help="simulated servers (the scenario needs 4)")
     p.add_argument(
         "--detect-timeout", type=positive_float, default=30.0, help="how long a step waits for clusterd (s)"
     )
@@ -55,12 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_float,
         default=60.0,
         help="81078603 RecoverTimeout given to deviced (s)",
-    )
-    p.add_argument(
-        "--pingmesh-period",
-        type=non_negative_float,
-        default=0.0,
-        help="pingmesh collection and slow-network detection period (s); 0 = 10 x task_interval",
     )
     p.add_argument(
         "--slownode-round", type=positive_float, default=1.0, help="FD-OL nSecondsDoOneDetection (s)"
