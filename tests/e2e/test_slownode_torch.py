@@ -547,9 +547,13 @@ def _slowdown_named(stack, job: str, mode: str, node: str, *, slow: int, peer: i
             _assert_named_alone(cd, name, slow, node)
             _http(cd.http, "POST", f"/v1/slownode/{name}/disable", {})
             return
-        assert not (usable and ctl.held() >= HOLD_STEPS), (
-            f"missed: the slowdown was achieved, not named: {figures}"
-        )
+        if usable and ctl.held() >= HOLD_STEPS:  # what clusterd and the nodes made of it, to see why
+            state = json.dumps(_http(cd.http, "GET", f"/v1/slownode/{name}"))[-4000:]
+            lines = [x for x in cd.log_text().splitlines() if "slow" in x.lower()][-15:]
+            raise AssertionError(
+                f"missed: the slowdown was achieved, not named: {figures}\nclusterd slow-node status: {state}"
+                "\nclusterd log (slow lines): " + "\n".join(lines)
+            )
         _http(cd.http, "POST", f"/v1/slownode/{name}/disable", {})
         why = (
             f"; also named {sorted(others)}, which the box slowed (x ratio to peer: {box})" if others else ""
