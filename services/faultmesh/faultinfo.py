@@ -205,7 +205,50 @@ def short_name(code: str) -> str:
         m = meaning(code) or decoded(canonical_code(code), levels(canonical_code(code)))
     except ValueError:
         return ""
-    return m.name if m is not None else ""
+    return m.name if m is not None else nvidia_name(code)
+
+
+NVIDIA_TABLE = "deviced/data/nvidiaFaultTable.json"
+NVIDIA_XID_BASE = 0x4E5600000000
+"""deviced's NVIDIA code space (:mod:`deviced.nvml_table`): XID n is ``NVIDIA_XID_BASE + n``, NVML
+condition k is ``NVIDIA_XID_BASE + 0x10000 + k``."""
+NVIDIA_END = NVIDIA_XID_BASE + 0x20000
+
+
+def _nvidia_number(code: str) -> int | None:
+    """The offset of ``code`` in the NVIDIA code space (XID n: n; condition k: 0x10000 + k), or None."""
+    try:
+        value = int(canonical_code(code), 16)
+    except ValueError:
+        return None
+    return value - NVIDIA_XID_BASE if NVIDIA_XID_BASE <= value < NVIDIA_END else None
+
+
+def device_kind(code: str, device_type: str) -> str:
+    """The kind of device a fault is on, for a person: ``GPU`` for a code of the NVIDIA code space
+    (deviced's nvml backend reports GPUs as device type NPU, the wire's one chip type), else
+    ``device_type``."""
+    return "GPU" if device_type == "NPU" and _nvidia_number(code) is not None else device_type
+
+
+@lru_cache(maxsize=1024)
+def nvidia_name(code: str) -> str:
+    """The name of an XID or NVML-condition code in faultmesh's NVIDIA table (``Xid 79: GPU has
+    fallen off the bus``; an XID it does not list: ``Xid 999 (not in faultmesh's table)``), "" for
+    any other code or when the table cannot be read. Never raises."""
+    n = _nvidia_number(code)
+    if n is None:
+        return ""
+    doc = _read(NVIDIA_TABLE, [])
+    if not isinstance(doc, dict):
+        return ""
+    if n < 0x10000:
+        row = next((r for r in doc.get("Xids") or [] if isinstance(r, dict) and r.get("xid") == n), None)
+        return f"Xid {n}: {row.get('name', '')}" if row else f"Xid {n} (not in faultmesh's table)"
+    row = next(
+        (r for r in doc.get("Conditions") or [] if isinstance(r, dict) and r.get("id") == n - 0x10000), None
+    )
+    return str(row.get("name", "")) if row else ""
 
 
 def level_handling(level: str) -> tuple[str, str]:

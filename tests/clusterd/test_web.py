@@ -188,7 +188,9 @@ async def test_pages_in_chromium(tmp_path):
                 len(row) == 1 and "80E18008" in row[0] and "ops until" in row[0] and "swap booked" in row[0]
             ), row
             history = await page.evaluate("document.getElementById('history').innerText")
-            assert "occur" in history and "acknowledged by ops until" in history
+            assert "occur" in history and "acknowledged by ops (no token) until" in history
+            # a plain agent row says who reported it (the server's words, as `faultmesh history`)
+            assert "\toccur\tNode\t110001010\tSubHealthFault\tfd-online\treported by fd-online" in history
             # the jobs its faults touch: ranks 4-7 on node-2 (device = rank % 4), every one reached by
             # the node-level 110001010, rank 7 (NPU 3) by 80E18008 too; each job linked to its page
             jobs = await page.evaluate("document.getElementById('node-jobs').innerText")

@@ -26,20 +26,9 @@ function table(headers, rows, attrs) {
   return h("table", attrs || {}, h("tr", {}, headers.map(x => h("th", {}, x))),
     rows.map(r => h("tr", {}, r.map(c => h("td", {}, c)))));
 }
-// why a change happened (as `faultmesh history`'s WHY): who released it and why, or the rule that raised it
+// why a change happened: the server's words (clusterd.audit.why_of, as `faultmesh history`'s WHY)
 function why(e) {
-  const a = e.attributes || {};
-  if (a.acked_by) {
-    if (e.kind === "ack") return `acknowledged by ${a.acked_by} until ${ts(Number(a.ack_until_ms))}: ${a.ack_reason || ""}`;
-    if (a.ack_ended === "removed") return `acknowledgement removed by ${a.ended_by || "operator"}` + (a.ended_reason ? `: ${a.ended_reason}` : "");
-    return `acknowledgement expired (by ${a.acked_by}: ${a.ack_reason || ""})`;
-  }
-  if (a.released_by) return `released by ${a.released_by}` + (a.release_reason ? `: ${a.release_reason}` : "");
-  if (a.upgrade_rule) {
-    const n = (a.upgrade_occurrences_ms || "").split(",").filter(x => x).length;
-    return a.upgrade_rule + (n ? ` (${n} occurrences)` : "");
-  }
-  return "";
+  return e.why || "";
 }
 
 // who acknowledged a fault, until when and why ("" when nobody did)
