@@ -69,7 +69,7 @@ async def test_acknowledge_shows_everywhere_and_survives_a_restart(tmp_path, cap
         )  # fmt: skip
         assert rc == 0
         out = capsys.readouterr().out
-        assert "alice until" in out and "known link flap, RMA 77" in out
+        assert "alice (token default) until" in out and "known link flap, RMA 77" in out
 
         faults = {f["code"]: f for f in await get(cd, "/v1/faults?node=server-1")}
         ack = faults[CODE]["ack"]
@@ -90,7 +90,7 @@ async def test_acknowledge_shows_everywhere_and_survives_a_restart(tmp_path, cap
         lines = capsys.readouterr().out.splitlines()
         assert rc == 0 and "ACKNOWLEDGED" in lines[0]
         [row] = [ln for ln in lines if CODE in ln]
-        assert "alice until" in row
+        assert "alice (token default) until" in row
         assert not any("alice" in ln for ln in lines if "80CB8002" in ln)
 
         rc = await asyncio.to_thread(cli, cd, tmp_path, "history", "--node", "server-1", "--code", CODE)

@@ -63,6 +63,9 @@ async def test_an_acknowledgement_records_the_verified_token(tmp_path, capsys):
         assert await asyncio.to_thread(cli_main, ["history", "--node", "node-1", *http]) == 0
         out = capsys.readouterr().out  # claims alice, holds ops-bob's token: both are shown
         assert "acknowledged by alice (token ops-bob) until" in out and "HBM swap booked" in out, out
+        assert await asyncio.to_thread(cli_main, ["faults", "--node", "node-1", *http]) == 0
+        [row] = capsys.readouterr().out.splitlines()[1:]
+        assert "alice (token ops-bob) until" in row, row  # the ACKNOWLEDGED column
         async with aiohttp.ClientSession() as s:
             base = f"http://127.0.0.1:{cd.http.port}"
             async with s.get(f"{base}/v1/acks") as r:

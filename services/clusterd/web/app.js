@@ -32,7 +32,7 @@ function why(e) {
 }
 
 // who acknowledged a fault, until when and why ("" when nobody did)
-function ackText(a) { return a ? `${a.by} until ${ts(a.until_ms)}: ${a.reason}` : ""; }
+function ackText(a) { return a ? `${a.by}${a.token ? ` (token ${a.token})` : ""} until ${ts(a.until_ms)}: ${a.reason}` : ""; }
 // a grid cell's hover / focus text: each fault's code, name, level and what that level does
 function cellText(codes, fallback) {
   if (!codes || !codes.length) return fallback;

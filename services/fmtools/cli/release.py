@@ -152,9 +152,11 @@ def _ack_call(args: argparse.Namespace, path: str, body: dict) -> dict:
 
 
 def ack_text(a: dict) -> str:
-    """``alice until 2026-12-06 10:42:00: reason`` for a table cell."""
+    """``alice (token ops-alice) until 2026-12-06 10:42:00: reason`` for a table cell (the claimed
+    name, the verified token's name when one was checked)."""
     until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a["until_ms"] / 1000))
-    return f"{a['by']} until {until}" + (f": {a['reason']}" if a.get("reason") else "")
+    who = _operator(a["by"], a.get("token"))
+    return f"{who} until {until}" + (f": {a['reason']}" if a.get("reason") else "")
 
 
 @run
