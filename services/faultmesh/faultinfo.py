@@ -232,23 +232,40 @@ def device_kind(code: str, device_type: str) -> str:
 
 
 @lru_cache(maxsize=1024)
-def nvidia_name(code: str) -> str:
-    """The name of an XID or NVML-condition code in faultmesh's NVIDIA table (``Xid 79: GPU has
-    fallen off the bus``; an XID it does not list: ``Xid 999 (not in faultmesh's table)``), "" for
-    any other code or when the table cannot be read. Never raises."""
+def nvidia_meaning(code: str) -> Meaning | None:
+    """faultmesh's NVIDIA table's description of an XID or NVML-condition code (name ``Xid 79: GPU
+    has fallen off the bus``; an XID the table does not list: ``Xid 999 (not in faultmesh's
+    table)``, with the table's note on such XIDs), or None for any other code or when the table
+    cannot be read. Never raises."""
     n = _nvidia_number(code)
-    if n is None:
-        return ""
-    doc = _read(NVIDIA_TABLE, [])
-    if not isinstance(doc, dict):
-        return ""
+    doc = _read(NVIDIA_TABLE, []) if n is not None else None
+    if n is None or not isinstance(doc, dict):
+        return None
+    source = "faultmesh's NVIDIA table (deviced/data/nvidiaFaultTable.json, NVIDIA's Xid catalog)"
     if n < 0x10000:
         row = next((r for r in doc.get("Xids") or [] if isinstance(r, dict) and r.get("xid") == n), None)
-        return f"Xid {n}: {row.get('name', '')}" if row else f"Xid {n} (not in faultmesh's table)"
-    row = next(
-        (r for r in doc.get("Conditions") or [] if isinstance(r, dict) and r.get("id") == n - 0x10000), None
-    )
-    return str(row.get("name", "")) if row else ""
+        if row is None:
+            note = str((doc.get("DefaultXid") or {}).get("note", ""))
+            return Meaning(code, "GPU (Xid)", f"Xid {n} (not in faultmesh's table)", note, "", source=source)
+        name = f"Xid {n}: {row.get('name', '')}"
+    else:
+        row = next(
+            (r for r in doc.get("Conditions") or [] if isinstance(r, dict) and r.get("id") == n - 0x10000),
+            None,
+        )
+        if row is None:
+            return None
+        name = str(row.get("name", ""))
+    return Meaning(
+        code, "GPU (Xid)" if n < 0x10000 else "GPU (NVML)", name, str(row.get("impact", "")),
+        str(row.get("handling", "")), source=source,
+    )  # fmt: skip
+
+
+def nvidia_name(code: str) -> str:
+    """:func:`nvidia_meaning`'s name, "" when there is none."""
+    m = nvidia_meaning(code)
+    return m.name if m is not None else ""
 
 
 def level_handling(level: str) -> tuple[str, str]:
@@ -325,7 +342,7 @@ def explain(code: str) -> Explanation:
     return Explanation(
         canon,
         is_switch_code(canon),
-        meaning(canon) or _sel_meaning(key) or decoded(canon, lv),
+        meaning(canon) or _sel_meaning(key) or decoded(canon, lv) or nvidia_meaning(canon),
         lv,
         freq,
         dur,

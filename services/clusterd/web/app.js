@@ -46,7 +46,8 @@ function cellAttrs(codes, fallback) {
 }
 // " acked" when every fault of a cell is acknowledged (drawn with a dashed frame)
 function ackedClass(codes) { return codes && codes.length && codes.every(c => c.acked) ? " acked" : ""; }
-function device(f) { return f.device_id < 0 ? f.device_type : `${f.device_type}-${f.device_id}`; }
+// a fault's device as a person names it: device_kind (GPU for an NVIDIA code) where the API gives it
+function device(f) { const t = f.device_kind || f.device_type; return f.device_id < 0 ? t : `${t}-${f.device_id}`; }
 function show(...nodes) { const m = document.getElementById("main"); m.replaceChildren(...nodes); }
 
 // -- live updates -------------------------------------------------------------------------------
