@@ -23,12 +23,14 @@ survives a restart. It is released after ``fault_free_hours`` without a counted 
   ``{"released": [{node, device_id, code, by, released_by, release_token}]}`` (``by``: where the
   separation was held, ``clusterd`` or ``deviced``; ``released_by`` / ``release_token``: the
   operator as claimed and the verified token's name, :func:`clusterd.audit.operator_note`); 400
-  without a ``reason`` (issue 31: every release says why), 404 when that NPU is not separated. An NPU that deviced itself separated (a ManuallySeparateNPU frequency
-  rule, reference deviced.md §4.2) is released by a ``release`` control message to that deviced on
-  the authenticated agent stream (503 when it is not connected): deviced's own HTTP port is not
-  authenticated and releases nothing;
-- ``POST /v1/release/node`` ``{"node": N, "reason": WHY, "by": NAME?}``: every separated NPU of the node (this policy's and
-  deviced's) and the node's stress-test isolation (source ``brain:stress-test``, reference clusterd.md §4.2 step 6);
+  without a ``reason`` (issue 31: every release says why), 404 when that NPU is not separated. An
+  NPU that deviced itself separated (a ManuallySeparateNPU frequency rule, reference deviced.md
+  §4.2) is released by a ``release`` control message to that deviced on the authenticated agent
+  stream (503 when it is not connected): deviced's own HTTP port is not authenticated and releases
+  nothing;
+- ``POST /v1/release/node`` ``{"node": N, "reason": WHY, "by": NAME?}``: every separated NPU of the
+  node (this policy's and deviced's) and the node's stress-test isolation (source
+  ``brain:stress-test``, reference clusterd.md §4.2 step 6);
 - ``GET /v1/separations``: the separated NPUs.
 
 In Kubernetes mode (``--kube``) the ``clusterd-config-cm`` ConfigMap (namespace

@@ -358,6 +358,8 @@ async def test_cli_release_needs_a_reason_suggests_the_node_and_names_the_operat
 
     rc, _, err = await asyncio.to_thread(run, "release", "npu", "node-7/5")
     assert rc == 2 and "--reason" in err
+    rc, _, err = await asyncio.to_thread(run, "release", "node", "node-7", "--reason", " ")
+    assert rc == 2 and "--reason is empty: say why" in err
     assert cd.separation.separated  # nothing was sent
     for argv in (("npu", "nod-7/5"), ("node", "nod-7")):
         rc, _, err = await asyncio.to_thread(run, "release", *argv, "--reason", "swapped")

@@ -66,6 +66,8 @@ def _who(args: argparse.Namespace) -> dict[str, str]:
     """Who acts and why, as the history keeps it (``--by``, default the login name: the claimed name
     beside the verified token's; ``--reason``)."""
     out = {"by": args.by or _login()}
+    if args.reason is not None and not args.reason.strip() and args.command in ("release", "ack"):
+        raise UsageError("--reason is empty: say why (it is kept in the fault history)")
     if args.reason:
         out["reason"] = args.reason
     return out
