@@ -65,7 +65,7 @@ def operator_note(
         if not isinstance(v, str) or len(v) > most or not v.isprintable():
             raise bad_request(f"{key} must be a printable string of at most {most} characters")
         out[name] = v
-    if reason_required and not out.get(reason_key):
+    if reason_required and not out.get(reason_key, "").strip():
         raise bad_request("reason is required: say why (it is kept in the fault history)")
     return out
 

@@ -94,9 +94,12 @@ async def test_policy_separates_and_release_needs_the_token(env):
             assert r.status == 404
         async with s.post(f"{base}/v1/release/npu", json={"node": "node-1"}, headers=hdr) as r:
             assert r.status == 400
-        no_reason = {"node": "node-1", "device_id": 3}
-        async with s.post(f"{base}/v1/release/npu", json=no_reason, headers=hdr) as r:
-            assert r.status == 400 and "reason is required" in (await r.json())["error"]
+        for no_reason in (
+            {"node": "node-1", "device_id": 3},
+            {"node": "node-1", "device_id": 3, "reason": "  "},
+        ):
+            async with s.post(f"{base}/v1/release/npu", json=no_reason, headers=hdr) as r:
+                assert r.status == 400 and "reason is required" in (await r.json())["error"]
         assert cd.separation.separated  # a release without a reason released nothing
         async with s.post(f"{base}/v1/release/npu", json=body, headers=hdr) as r:
             assert r.status == 200 and (await r.json())["released"][0]["device_id"] == 3
