@@ -30,7 +30,9 @@ HTTP (writes need the bearer token when one is configured: :mod:`clusterd.auth`)
   the node has no active fault with that code (on that device), naming the codes it has; 409 past
   :data:`MAX_ACKS`.
 - ``POST /v1/acks/remove`` ``{"node", "code", "device"?, "reason"?, "by"?}`` (or ``"fault_id"``) ->
-  ``{"removed": {...}, "all_removed": [...]}`` or 404.
+  ``{"removed": {...}, "all_removed": [...]}`` or 404. Without ``device`` and with no node-wide
+  acknowledgement, the one per-device acknowledgement of that code on that node is removed; 409
+  naming the devices when there are several.
 - ``GET /v1/acks``: the acknowledgements in force, by node, code, device.
 
 faultmesh addition: the reference (ClusterD, MindCluster) has no acknowledgement.
@@ -80,8 +82,9 @@ def no_ack(f: Fault) -> None:
 @dataclass(frozen=True)
 class Ack:
     """One acknowledgement: ``node``, ``code``, ``device`` (``NPU-3``, ``Node``; "" = every device
-    of the node), who (``by``, ``auth`` token|none, ``addr``), ``reason``, ``since_ms`` and
-    ``until_ms`` (ms since the epoch)."""
+    of the node), who (``by`` as claimed, ``auth`` token|none, ``addr``), ``reason``, ``since_ms``
+    and ``until_ms`` (ms since the epoch), ``token`` (the verified token's name, "" when none was
+    checked or the record predates named tokens)."""
 
     node: str
     code: str
@@ -92,6 +95,7 @@ class Ack:
     reason: str
     since_ms: int
     until_ms: int
+    token: str = ""
 
     @property
     def key(self) -> str:
@@ -108,20 +112,27 @@ class Ack:
 
     def note(self) -> dict[str, str]:
         """The history row's attributes: who, how, from where, why, until when."""
-        return dict(zip(ACK_KEYS, (self.by, self.auth, self.addr, self.reason), strict=True)) | {
+        return dict(zip(ACK_KEYS, (self.by, self.auth, self.addr, self.reason, self.token), strict=True)) | {
             "ack_until_ms": str(self.until_ms)
         }
 
     @classmethod
     def from_store(cls, value: Any) -> Ack:
-        """Raises ``TypeError`` / ``KeyError`` for a record that is not one."""
-        return cls(**{k: value[k] for k in cls.__dataclass_fields__})
+        """Raises ``TypeError`` / ``KeyError`` for a record that is not one (``token`` may be
+        missing: a record stored before named tokens)."""
+        return cls(
+            **{k: value[k] for k in cls.__dataclass_fields__ if k != "token"}, token=value.get("token", "")
+        )
 
 
 def _device_of(device: str) -> tuple[str, int]:
     """``NPU-3`` -> (NPU, 3), ``Node`` -> (Node, -1), "" -> ("", -1)."""
     kind, sep, num = device.rpartition("-")
     return (kind, int(num)) if sep and num.isdigit() else (device, -1)
+
+
+class AmbiguousAck(Exception):
+    """An unack without a device where the code is acknowledged on several devices of the node."""
 
 
 class AckBook:
@@ -202,6 +213,18 @@ class AckBook:
                     seen[(f.device_type, f.device_id)] = f
         return [seen[k] for k in sorted(seen)]
 
+    def _active_codes(self, node: str) -> str:
+        """``its active codes: 80E18008 (NPU-1, NPU-3), 8C1F8609 (Node)`` (at most 10 codes), or
+        ``it has no active fault``: what an operator can acknowledge on ``node`` instead."""
+        devices: dict[str, set[str]] = {}
+        for f in self.ctx.center.faults_of_node(node):
+            devices.setdefault(f.code, set()).add(device_name(f))
+        if not devices:
+            return "it has no active fault"
+        key = lambda d: (_device_of(d)[0], _device_of(d)[1])  # noqa: E731 - NPU-2 before NPU-10
+        parts = [f"{c} ({', '.join(sorted(devices[c], key=key))})" for c in sorted(devices)[:10]]
+        return "its active codes: " + ", ".join(parts)
+
     async def _history(self, kind: str, a: Ack, faults: list[Fault], extra: dict[str, str]) -> None:
         """One history row per covered fault (one for the acknowledgement itself when none is active)."""
         note = a.note() | extra
@@ -215,10 +238,10 @@ class AckBook:
         message names the node's codes) or ``OverflowError`` (past :data:`MAX_ACKS`)."""
         faults = self.covered(a)
         if not faults:
-            codes = sorted({f.code for f in self.ctx.center.faults_of_node(a.node)})
             where = f"{a.node}" + (f" {a.device}" if a.device else "")
-            has = f"; its active codes: {', '.join(codes[:10])}" if codes else "; it has no active fault"
-            raise LookupError(f"no active fault {a.code} on {where} to acknowledge{has}")
+            raise LookupError(
+                f"no active fault {a.code} on {where} to acknowledge; {self._active_codes(a.node)}"
+            )
         if a.key not in self._acks and len(self._acks) >= MAX_ACKS:
             raise OverflowError(f"{MAX_ACKS} acknowledgements in force already: remove or let some expire")
         await self.ctx.store.kv_put(NS, a.key, asdict(a))
@@ -226,7 +249,7 @@ class AckBook:
         self._wake.set()
         await self._history("ack", a, faults, {})
         event(log, logging.INFO, "fault acknowledged", node=a.node, device=a.device or "*", code=a.code,
-              faults=len(faults), until_ms=a.until_ms, **dict(zip(ACK_KEYS, (a.by, a.auth, a.addr, a.reason), strict=True)))  # fmt: skip
+              faults=len(faults), until_ms=a.until_ms, **{k: v for k, v in a.note().items() if k in ACK_KEYS})  # fmt: skip
         return faults
 
     async def remove(self, key: str, ended: str, note: dict[str, str] | None = None) -> Ack | None:
@@ -322,7 +345,7 @@ class AckBook:
 
     async def _http_add(self, request: web.Request) -> web.Response:
         body, targets = await self._targets(request)
-        note = operator_note(request, body, self.ctx.auth.enabled, ACK_KEYS)
+        note = operator_note(request, body, self.ctx.auth.token_name, ACK_KEYS)
         if not note.get("ack_reason"):
             raise bad_request("reason is required: say why the fault is acknowledged")
         for_s = body.get("for_s")
@@ -333,7 +356,8 @@ class AckBook:
         now = self.clock()
         acks, faults = [], 0
         for node, code, device in targets:
-            a = Ack(node, code, device, *(note[k] for k in ACK_KEYS), now, now + int(for_s * 1000))
+            who = (note[k] for k in ACK_KEYS[:4])
+            a = Ack(node, code, device, *who, now, now + int(for_s * 1000), token=note["ack_token"])
             try:
                 faults += len(await self.add(a))
             except LookupError as e:
@@ -344,20 +368,33 @@ class AckBook:
         return json_response({"ack": acks[0], "acks": acks, "faults": faults})
 
     def _in_force(self, node: str, code: str, device: str) -> str | None:
-        """The key of the acknowledgement in force of (node, code in any case, device), or None."""
+        """The key of the acknowledgement in force of (node, code in any case, device), or None.
+        ``device`` "" with no node-wide acknowledgement: the one per-device acknowledgement of that
+        code on that node when there is exactly one; several raise :class:`AmbiguousAck`."""
         now = self.clock()
-        for k, x in self._acks.items():
-            if (x.node, x.code.upper(), x.device) == (node, code.upper(), device) and x.until_ms > now:
-                return k
-        return None
+        found = [x for x in self._by_node_code.get((node, code.upper()), ()) if x.until_ms > now]
+        exact = [x for x in found if x.device == device]
+        if exact:
+            return exact[0].key
+        if device or not found:
+            return None
+        if len(found) > 1:
+            devices = ", ".join(sorted(x.device for x in found))
+            raise AmbiguousAck(
+                f"{code} on {node} is acknowledged per device ({devices}): give the device (--device NPU-3)"
+            )
+        return found[0].key
 
     async def _http_remove(self, request: web.Request) -> web.Response:
         body, targets = await self._targets(request)
-        note = operator_note(request, body, self.ctx.auth.enabled, ACK_KEYS)
+        note = operator_note(request, body, self.ctx.auth.token_name, ACK_KEYS)
         ended = {k.removeprefix("ack_").removeprefix("acked_"): v for k, v in note.items()}
         removed = []
         for node, code, device in targets:
-            key = self._in_force(node, code, device)
+            try:
+                key = self._in_force(node, code, device)
+            except AmbiguousAck as e:
+                return json_response({"error": str(e)}, status=409)
             a = await self.remove(key, "removed", ended) if key is not None else None
             if a is not None:
                 removed.append(asdict(a))

@@ -263,7 +263,7 @@ class ClusterD:
         self.pubfault = PubFaultComponent(ctx, config.section(PubFaultConfig, args))
         self.breaker = IsolationBreaker(
             core.isolation_max_share, core.isolation_window_s, lambda: len(nodes.names()), registry,
-            token_checked=auth.enabled, store=store,
+            token_name=auth.token_name, store=store,
         )  # fmt: skip
         self.breaker.add_routes(http.app.router)
         self.separation = ManualSeparation(ctx, config.section(SeparationConfig, args), self.breaker)

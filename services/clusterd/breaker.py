@@ -30,7 +30,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from clusterd.audit import operator_note, operator_row, record
+from clusterd.audit import TokenName, operator_note, operator_row, record
 from clusterd.store import Store
 from faultmesh.config import number_in
 from faultmesh.httpd import json_response
@@ -58,8 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class IsolationBreaker:
-    """See the module docstring. ``total()``: the nodes ClusterD knows; ``token_checked``: HTTP writes
-    carry ClusterD's bearer token (for the release's note); ``clock``: monotonic s. ``on_release``:
+    """See the module docstring. ``total()``: the nodes ClusterD knows; ``token_name``: the verified name
+    of the bearer token a request carries (:meth:`clusterd.auth.TokenAuth.token_name`, for the
+    release's note; None: no token checked); ``clock``: monotonic s. ``on_release``:
     callables given the released nodes (the paths re-evaluate them); ``store``: where a release
     writes one fault-history row per released node (kind ``release``, code :data:`RELEASE_CODE`, the
     note as attributes: who, from where, why), none when None."""
@@ -70,13 +71,13 @@ class IsolationBreaker:
         window_s: float,
         total: Callable[[], int],
         registry: CollectorRegistry,
-        token_checked: bool = False,
+        token_name: TokenName | None = None,
         clock: Callable[[], float] = time.monotonic,
         store: Store | None = None,
     ) -> None:
         self.share = share
         self.store = store
-        self.token_checked = token_checked
+        self.token_name = token_name
         self.on_release: list[Callable[[list[str]], None]] = []
         self.window_s = window_s
         self._total = total
@@ -155,7 +156,8 @@ class IsolationBreaker:
         return nodes
 
     async def http_release(self, request: web.Request) -> web.Response:
-        """``POST /v1/release/breaker`` (body ``{"by": ..., "reason": ...}``, optional; the bearer token
+        """``POST /v1/release/breaker`` (body ``{"reason": ..., "by": ...}``, the reason required:
+        400 without; the bearer token
         as every write): ``{"released": [nodes], "was_open": bool}``."""
         try:
             body = orjson.loads(await request.read() or b"{}")
@@ -163,8 +165,8 @@ class IsolationBreaker:
             return json_response({"error": "body must be JSON"}, status=400)
         if not isinstance(body, dict):
             return json_response({"error": "body must be a JSON object"}, status=400)
+        note = operator_note(request, body, self.token_name, reason_required=True)
         was = self.open
-        note = operator_note(request, body, self.token_checked)
         nodes = self.release(note)
         for fn in self.on_release:
             fn(nodes)

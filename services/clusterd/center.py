@@ -55,7 +55,7 @@ from clusterd.lanes import SHARED, FairQueue
 from clusterd.pieces import NodeChanges
 from clusterd.scopemarks import ScopeMarks
 from clusterd.store import Store
-from faultmesh.faultinfo import short_name
+from faultmesh.faultinfo import device_kind, short_name
 from faultmesh.log import event
 from faultmesh.model import Change, ChangeKind, Fault, FaultKey, now_ms
 from faultmesh.sink import SinkMetrics, SinkSet, SinkWorker
@@ -431,12 +431,14 @@ def _with_times(f: Fault, first_seen_ms: int, last_seen_ms: int) -> Fault:
 
 def fault_dict(f: Fault) -> dict[str, Any]:
     """A fault as the JSON object of the HTTP API; ``name`` is the code's short name
-    (:func:`faultmesh.faultinfo.short_name`, "" when unknown)."""
+    (:func:`faultmesh.faultinfo.short_name`, "" when unknown), ``device_kind`` the device as a
+    person names it (``GPU`` for an NVIDIA code on device type NPU: :func:`faultmesh.faultinfo.device_kind`)."""
     return {
         "source": f.source,
         "node": f.node,
         "device_type": f.device_type,
         "device_id": f.device_id,
+        "device_kind": device_kind(f.code, f.device_type),
         "code": f.code,
         "name": short_name(f.code),
         "level": f.level,

@@ -19,13 +19,18 @@ survives a restart. It is released after ``fault_free_hours`` without a counted 
 (never with -1), or by an operator through the authenticated HTTP API (``--token-file``;
 :mod:`clusterd.auth`):
 
-- ``POST /v1/release/npu`` ``{"node": N, "device_id": PHY}`` -> ``{"released": [...]}`` (404 when
-  that NPU is not separated). An NPU that deviced itself separated (a ManuallySeparateNPU frequency
-  rule, reference deviced.md §4.2) is released by a ``release`` control message to that deviced on
-  the authenticated agent stream (503 when it is not connected): deviced's own HTTP port is not
-  authenticated and releases nothing;
-- ``POST /v1/release/node`` ``{"node": N}``: every separated NPU of the node (this policy's and
-  deviced's) and the node's stress-test isolation (source ``brain:stress-test``, reference clusterd.md §4.2 step 6);
+- ``POST /v1/release/npu`` ``{"node": N, "device_id": PHY, "reason": WHY, "by": NAME?}`` ->
+  ``{"released": [{node, device_id, code, by, released_by, release_token}]}`` (``by``: where the
+  separation was held, ``clusterd`` or ``deviced``; ``released_by`` / ``release_token``: the
+  operator as claimed and the verified token's name, :func:`clusterd.audit.operator_note`); 400
+  without a ``reason`` (issue 31: every release says why), 404 when that NPU is not separated. An
+  NPU that deviced itself separated (a ManuallySeparateNPU frequency rule, reference deviced.md
+  §4.2) is released by a ``release`` control message to that deviced on the authenticated agent
+  stream (503 when it is not connected): deviced's own HTTP port is not authenticated and releases
+  nothing;
+- ``POST /v1/release/node`` ``{"node": N, "reason": WHY, "by": NAME?}``: every separated NPU of the
+  node (this policy's and deviced's) and the node's stress-test isolation (source
+  ``brain:stress-test``, reference clusterd.md §4.2 step 6);
 - ``GET /v1/separations``: the separated NPUs.
 
 In Kubernetes mode (``--kube``) the ``clusterd-config-cm`` ConfigMap (namespace
@@ -116,6 +121,11 @@ class SeparationConfig:
 
     manual_separation_policy: str | None
     manual_separation_check_s: float
+
+
+def _operator(row: dict[str, Any], note: dict[str, str]) -> dict[str, Any]:
+    """A released row of the HTTP answer with the operator who released it (claimed and verified)."""
+    return row | {"released_by": note["released_by"], "release_token": note["release_token"]}
 
 
 class ManualSeparation:
@@ -407,31 +417,34 @@ class ManualSeparation:
         dev = body.get("device_id")
         if isinstance(dev, bool) or not isinstance(dev, int) or dev < 0:
             return json_response({"error": "device_id (physical id, integer >= 0) required"}, status=400)
+        note = operator_note(request, body, self.ctx.auth.token_name, reason_required=True)
         try:
-            who = await self.release_npu(
-                body["node"], dev, note=operator_note(request, body, self.ctx.auth.enabled)
-            )
+            who = await self.release_npu(body["node"], dev, note=note)
         except AgentUnavailable as e:
             return json_response({"error": str(e)}, status=503)
         if not who:
             return json_response({"error": f"NPU {body['node']}/{dev} is not manually separated"}, status=404)
         return json_response(
-            {"released": [{"node": body["node"], "device_id": dev, "code": CODE, "by": w} for w in who]}
+            {
+                "released": [
+                    _operator({"node": body["node"], "device_id": dev, "code": CODE, "by": w}, note)
+                    for w in who
+                ]
+            }
         )
 
     async def _http_release_node(self, request: web.Request) -> web.Response:
         body = await self._body(request)
+        note = operator_note(request, body, self.ctx.auth.token_name, reason_required=True)
         try:
-            released = await self.release_node(
-                body["node"], note=operator_note(request, body, self.ctx.auth.enabled)
-            )
+            released = await self.release_node(body["node"], note=note)
         except AgentUnavailable as e:
             return json_response({"error": str(e)}, status=503)
         if not released:
             return json_response(
                 {"error": f"node {body['node']} has nothing separated or isolated"}, status=404
             )
-        return json_response({"released": released})
+        return json_response({"released": [_operator(r, note) for r in released]})
 
     async def _http_list(self, _request: web.Request) -> web.Response:
         return json_response(

@@ -205,6 +205,66 @@ def short_name(code: str) -> str:
         m = meaning(code) or decoded(canonical_code(code), levels(canonical_code(code)))
     except ValueError:
         return ""
+    return m.name if m is not None else nvidia_name(code)
+
+
+NVIDIA_TABLE = "deviced/data/nvidiaFaultTable.json"
+NVIDIA_XID_BASE = 0x4E5600000000
+"""deviced's NVIDIA code space (:mod:`deviced.nvml_table`): XID n is ``NVIDIA_XID_BASE + n``, NVML
+condition k is ``NVIDIA_XID_BASE + 0x10000 + k``."""
+NVIDIA_END = NVIDIA_XID_BASE + 0x20000
+
+
+def _nvidia_number(code: str) -> int | None:
+    """The offset of ``code`` in the NVIDIA code space (XID n: n; condition k: 0x10000 + k), or None."""
+    try:
+        value = int(canonical_code(code), 16)
+    except ValueError:
+        return None
+    return value - NVIDIA_XID_BASE if NVIDIA_XID_BASE <= value < NVIDIA_END else None
+
+
+def device_kind(code: str, device_type: str) -> str:
+    """The kind of device a fault is on, for a person: ``GPU`` for a code of the NVIDIA code space
+    (deviced's nvml backend reports GPUs as device type NPU, the wire's one chip type), else
+    ``device_type``."""
+    return "GPU" if device_type == "NPU" and _nvidia_number(code) is not None else device_type
+
+
+@lru_cache(maxsize=1024)
+def nvidia_meaning(code: str) -> Meaning | None:
+    """faultmesh's NVIDIA table's description of an XID or NVML-condition code (name ``Xid 79: GPU
+    has fallen off the bus``; an XID the table does not list: ``Xid 999 (not in faultmesh's
+    table)``, with the table's note on such XIDs), or None for any other code or when the table
+    cannot be read. Never raises."""
+    n = _nvidia_number(code)
+    doc = _read(NVIDIA_TABLE, []) if n is not None else None
+    if n is None or not isinstance(doc, dict):
+        return None
+    source = "faultmesh's NVIDIA table (deviced/data/nvidiaFaultTable.json, NVIDIA's Xid catalog)"
+    if n < 0x10000:
+        row = next((r for r in doc.get("Xids") or [] if isinstance(r, dict) and r.get("xid") == n), None)
+        if row is None:
+            note = str((doc.get("DefaultXid") or {}).get("note", ""))
+            return Meaning(code, "GPU (Xid)", f"Xid {n} (not in faultmesh's table)", note, "", source=source)
+        name = f"Xid {n}: {row.get('name', '')}"
+    else:
+        row = next(
+            (r for r in doc.get("Conditions") or [] if isinstance(r, dict) and r.get("id") == n - 0x10000),
+            None,
+        )
+        if row is None:
+            return None
+        name = str(row.get("name", ""))
+    return Meaning(
+        code, "GPU (Xid)" if n < 0x10000 else "GPU (NVML)", name, str(row.get("impact", "")),
+        str(row.get("handling", "")), source=source,
+    )  # fmt: skip
+
+
+def nvidia_name(code: str) -> str:
+    """:func:`nvidia_meaning`'s name, "" when there is none."""
+    m = nvidia_meaning(code)
     return m.name if m is not None else ""
 
 
@@ -282,7 +342,7 @@ def explain(code: str) -> Explanation:
     return Explanation(
         canon,
         is_switch_code(canon),
-        meaning(canon) or _sel_meaning(key) or decoded(canon, lv),
+        meaning(canon) or _sel_meaning(key) or decoded(canon, lv) or nvidia_meaning(canon),
         lv,
         freq,
         dur,

@@ -124,6 +124,16 @@ async def test_cli_stress_test_happy_isolate_and_bad_ops(cd, tmp_path):
     assert rc == 2 and "unknown op" in err
 
 
+async def test_cli_stress_test_suggests_the_jobs_node(cd, tmp_path):
+    """issue 31: a typo'd --node is refused by clusterd in the reference's words; the CLI adds the
+    job's node it meant (the did-you-mean of pubfault send and release)."""
+    await apply(cd)
+    async with TrainsimProcess(cd, tmp_path):
+        rc, out, err = await run_cli(cd, "stress-test", "--job", JOB, "--ops", "aic", "--node", "nod-a")
+    assert rc == 4 and f"node:nod-a not exist in job:{JOB}" in err, err
+    assert "node 'nod-a' is not one of the job's (did you mean 'node-a'" in err, err
+
+
 async def test_cli_trace_on_off_get(cd, tmp_path):
     await apply(cd)
     rc, out, err = await run_cli(cd, "trace", "on", "default/llama", "--light")

@@ -69,6 +69,21 @@ def test_a_given_token_secret_is_used_and_none_is_generated(chart):
     assert _token_wiring(objs) == {"clusterd": None, "noded": None, "deviced": None}
 
 
+def test_clusterd_may_read_named_tokens_from_another_key(chart):
+    """issue 31: clusterd.tokenKey points clusterd's --token-file at a key of `name:token` lines (the
+    operators' named tokens and the agents' one); the agents keep reading the one token of `token`."""
+    objs = render_objects(chart, {"clusterd": {"tokenSecret": "my-token", "tokenKey": "tokens"}})
+    keys = {}
+    for kind, suffix in (("Deployment", "-clusterd"), ("DaemonSet", "-agents")):
+        for v in _pod(objs, kind, suffix)["volumes"]:
+            if v["name"] == "token":
+                keys[suffix] = v["secret"]["items"]
+    assert keys == {
+        "-clusterd": [{"key": "tokens", "path": "token"}],
+        "-agents": [{"key": "token", "path": "token"}],
+    }
+
+
 def test_an_agents_only_release_generates_no_token_of_its_own(chart):
     """A token clusterd does not know would lock the agents out: they take the clusterd's Secret."""
     values = load_values("agents-only.yaml")

@@ -69,7 +69,7 @@ async def test_acknowledge_shows_everywhere_and_survives_a_restart(tmp_path, cap
         )  # fmt: skip
         assert rc == 0
         out = capsys.readouterr().out
-        assert "alice until" in out and "known link flap, RMA 77" in out
+        assert "alice (token default) until" in out and "known link flap, RMA 77" in out
 
         faults = {f["code"]: f for f in await get(cd, "/v1/faults?node=server-1")}
         ack = faults[CODE]["ack"]
@@ -90,12 +90,16 @@ async def test_acknowledge_shows_everywhere_and_survives_a_restart(tmp_path, cap
         lines = capsys.readouterr().out.splitlines()
         assert rc == 0 and "ACKNOWLEDGED" in lines[0]
         [row] = [ln for ln in lines if CODE in ln]
-        assert "alice until" in row
+        assert "alice (token default) until" in row
         assert not any("alice" in ln for ln in lines if "80CB8002" in ln)
 
         rc = await asyncio.to_thread(cli, cd, tmp_path, "history", "--node", "server-1", "--code", CODE)
         out = capsys.readouterr().out
-        assert rc == 0 and "acknowledged by alice until" in out and "known link flap, RMA 77" in out
+        assert (
+            rc == 0
+            and "acknowledged by alice (token default) until" in out
+            and "known link flap, RMA 77" in out
+        )
         [row] = [e for e in await get(cd, "/v1/events?node=server-1") if e["kind"] == "ack"]
         assert (row["device_id"], row["source"], row["attributes"]["ack_addr"]) == (
             3,
@@ -115,7 +119,7 @@ async def test_acknowledge_shows_everywhere_and_survives_a_restart(tmp_path, cap
         [f] = [f for f in await get(cd, "/v1/faults?node=server-1") if f["code"] == CODE]
         assert f["ack"] is None
         rc = await asyncio.to_thread(cli, cd, tmp_path, "history", "--node", "server-1", "--code", CODE)
-        assert "acknowledgement removed by bob: RMA done" in capsys.readouterr().out
+        assert "acknowledgement removed by bob (token default): RMA done" in capsys.readouterr().out
     finally:
         await cd.stop()
 
@@ -161,7 +165,7 @@ async def test_refused_without_token_and_bad_input(acd, tmp_path, capsys):
         status, answer = await post(cd, "/v1/acks", bad)
         assert status == 400 and word in answer["error"], (bad, answer)
     status, answer = await post(cd, "/v1/acks", {**body, "code": "80E18009"})
-    assert status == 404 and "its active codes: 80E18008" in answer["error"]
+    assert status == 404 and "its active codes: 80E18008 (NPU-3)" in answer["error"]
 
     def run(*argv: str) -> tuple[int, str]:
         return cli(cd, tmp_path, *argv), capsys.readouterr().err
@@ -255,3 +259,36 @@ async def test_expiry_survives_a_refusing_store(acd, caplog, monkeypatch):
 
     await eventually(ended, 10, "the expiry once the store takes it")
     assert cd.acks.active() == [] and await cd.store.kv_items("acks") == {}
+
+
+async def test_unack_without_device_finds_the_one_per_device_ack(acd, tmp_path, capsys):
+    """`faultmesh unack NODE CODE` ends a per-device acknowledgement when it is the only one of that
+    code on the node; with several it lists their devices and ends none; `ack`'s "no active fault"
+    names the devices of each active code."""
+    cd = acd
+    for dev in (1, 3, 10):
+        await cd.center.upsert(npu_fault("server-4", dev), origin="deviced")
+    await cd.center.upsert(npu_fault("server-4", 2, "80CB8002"), origin="deviced")
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        rc = cli(cd, tmp_path, *argv)
+        got = capsys.readouterr()
+        return rc, got.out, got.err
+
+    rc, _, err = await asyncio.to_thread(run, "ack", "server-4", "80E18009", "--for", "1h", "--reason", "r")
+    assert rc == 4 and "its active codes: 80CB8002 (NPU-2), 80E18008 (NPU-1, NPU-3, NPU-10)" in err, err
+    for dev in ("NPU-1", "NPU-3"):
+        rc, _, _ = await asyncio.to_thread(
+            run, "ack", "server-4", CODE, "--device", dev, "--for", "1h", "--reason", "flap"
+        )
+        assert rc == 0
+    rc, _, err = await asyncio.to_thread(run, "unack", "server-4", CODE)
+    assert rc == 5 and "acknowledged per device (NPU-1, NPU-3)" in err and "--device" in err, err
+    assert sorted(a["device"] for a in await get(cd, "/v1/acks")) == ["NPU-1", "NPU-3"]  # none ended
+    rc, out, _ = await asyncio.to_thread(run, "unack", "server-4", CODE, "--device", "NPU-1")
+    assert rc == 0 and "NPU-1" in out
+    rc, out, _ = await asyncio.to_thread(run, "unack", "server-4", CODE, "--reason", "fixed")
+    assert rc == 0 and "NPU-3" in out and "acknowledgement removed" in out
+    assert await get(cd, "/v1/acks") == []
+    rc, _, err = await asyncio.to_thread(run, "unack", "server-4", CODE)
+    assert rc == 4 and "no acknowledgement of 80E18008 on server-4" in err

@@ -44,6 +44,33 @@ async def test_faults_api_and_cli_carry_the_name(cd, capsys):
     assert json.loads(capsys.readouterr().out)[0]["name"] == "HBM error on the chip"
 
 
+async def test_a_gpu_fault_says_gpu_and_its_xid(cd, capsys):
+    """issue 31 tryout: a GPU fault (deviced --backend nvml reports GPUs as device type NPU) showed
+    DEVICE NPU and an empty NAME; the table says GPU and the XID's meaning from faultmesh's NVIDIA
+    table (an XID it does not list says so), and the history says who reported it."""
+    for dev, code in ((0, "4E560000004F"), (1, "4E56000003E7"), (2, "4E5600010001")):
+        f = Fault(
+            source="dcmi", node="gpu-1", device_type="NPU", device_id=dev, code=code, level="SeparateNPU"
+        )
+        await cd.center.upsert(f, origin="deviced")
+    await cd.center.upsert(Fault("dcmi", "npu-1", "NPU", 0, "80E18008", "RestartNPU"), origin="deviced")
+    http = ["--http", f"127.0.0.1:{cd.http.port}"]
+    assert await asyncio.to_thread(cli_main, ["faults", *http, "-o", "wide"]) == 0
+    rows = {
+        r[0] + "/" + r[2]: r[:5]
+        for r in (re.split(r"\s{2,}", ln) for ln in capsys.readouterr().out.splitlines()[1:])
+    }
+    assert rows["gpu-1/0"] == ["gpu-1", "GPU", "0", "4E560000004F", "Xid 79: GPU has fallen off the bus"]
+    assert rows["gpu-1/1"][1:] == ["GPU", "1", "4E56000003E7", "Xid 999 (not in faultmesh's table)"]
+    assert rows["gpu-1/2"][1:] == ["GPU", "2", "4E5600010001", "GPU is lost (NVML_ERROR_GPU_IS_LOST)"]
+    assert rows["npu-1/0"][1] == "NPU"  # an Ascend chip stays an NPU
+    await cd.center.drain_sinks(5.0)
+    assert await asyncio.to_thread(cli_main, ["history", "--node", "gpu-1", *http]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-1] == "WHY" and len(lines) == 4
+    assert all(ln.endswith("dcmi    reported by deviced (dcmi)") for ln in lines[1:]), lines
+
+
 async def test_a_long_name_is_cut_after_a_whole_word(cd, capsys):
     """issue 31: the NAME column cut names mid-word; the table cuts after a whole word, -o wide shows
     the whole name."""

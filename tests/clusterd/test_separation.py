@@ -84,20 +84,24 @@ async def test_policy_separates_and_release_needs_the_token(env):
     assert cd.nodes.health("node-1")[0] == "UnHealthy"
     base = f"http://127.0.0.1:{cd.http.port}"
     async with aiohttp.ClientSession() as s:
-        async with s.post(f"{base}/v1/release/npu", json={"node": "node-1", "device_id": 3}) as r:
+        body = {"node": "node-1", "device_id": 3, "reason": "chip replaced"}
+        async with s.post(f"{base}/v1/release/npu", json=body) as r:
             assert r.status == 401  # never without the token
         hdr = {"Authorization": f"Bearer {TOKEN}"}
         async with s.get(f"{base}/v1/separations") as r:
             assert [x["device_id"] for x in await r.json()] == [3]
-        async with s.post(
-            f"{base}/v1/release/npu", json={"node": "node-1", "device_id": 4}, headers=hdr
-        ) as r:
+        async with s.post(f"{base}/v1/release/npu", json={**body, "device_id": 4}, headers=hdr) as r:
             assert r.status == 404
         async with s.post(f"{base}/v1/release/npu", json={"node": "node-1"}, headers=hdr) as r:
             assert r.status == 400
-        async with s.post(
-            f"{base}/v1/release/npu", json={"node": "node-1", "device_id": 3}, headers=hdr
-        ) as r:
+        for no_reason in (
+            {"node": "node-1", "device_id": 3},
+            {"node": "node-1", "device_id": 3, "reason": "  "},
+        ):
+            async with s.post(f"{base}/v1/release/npu", json=no_reason, headers=hdr) as r:
+                assert r.status == 400 and "reason is required" in (await r.json())["error"]
+        assert cd.separation.separated  # a release without a reason released nothing
+        async with s.post(f"{base}/v1/release/npu", json=body, headers=hdr) as r:
             assert r.status == 200 and (await r.json())["released"][0]["device_id"] == 3
     assert not cd.separation.separated and not cd.center.faults_of_origin(SOURCE)
 
@@ -131,10 +135,10 @@ async def test_separation_survives_restart_and_cli_release(tmp_path):
         events = await cd2.store.query_events("node-7", CODE)
         assert [e["kind"] for e in events] == ["occur"]
         http = ["--http", f"127.0.0.1:{cd2.http.port}", "--token-file", str(tmp_path / "token")]
-        rc = await asyncio.to_thread(cli_main, ["release", "npu", "node-7/5", *http])
+        rc = await asyncio.to_thread(cli_main, ["release", "npu", "node-7/5", "--reason", "RMA 12", *http])
         assert rc == 0
         assert not cd2.separation.separated and not cd2.center.faults_of_origin(SOURCE)
-        rc = await asyncio.to_thread(cli_main, ["release", "npu", "node-7/5", *http])
+        rc = await asyncio.to_thread(cli_main, ["release", "npu", "node-7/5", "--reason", "RMA 12", *http])
         assert rc == 4  # nothing left to release: not found (faultmesh exit codes)
     finally:
         await cd2.stop()
@@ -146,7 +150,9 @@ async def test_release_node_clears_npus_and_stress_test_isolation(env, tmp_path,
     await cd.brain.isolate_nodes("job-1", ["node-4"])
     assert cd.nodes.health("node-4")[0] == "UnHealthy"
     http = ["--http", f"127.0.0.1:{cd.http.port}", "--token-file", str(tmp_path / "token"), "-o", "json"]
-    rc = await asyncio.to_thread(cli_main, ["release", "node", "node-4", *http])
+    rc = await asyncio.to_thread(
+        cli_main, ["release", "node", "node-4", "--reason", "stress test passed", *http]
+    )
     assert rc == 0
     released = json.loads(capsys.readouterr().out)["released"]
     assert {r["code"] for r in released} == {CODE, "StressTestIsolate"}
@@ -215,7 +221,10 @@ async def test_devices_own_separation_released_through_clusterd(env, tmp_path):
             await asyncio.sleep(1.2)
         await until(lambda: level() == "ManuallySeparateNPU")
         http = ["--http", f"127.0.0.1:{cd.http.port}", "--token-file", str(tmp_path / "token")]
-        assert await asyncio.to_thread(cli_main, ["release", "npu", "node-d/1", *http]) == 0
+        assert (
+            await asyncio.to_thread(cli_main, ["release", "npu", "node-d/1", "--reason", "reseated", *http])
+            == 0
+        )
         await until(lambda: level() is None)  # released in deviced, gone from clusterd
         assert dv.state.devices[("NPU", 1)].level == ""
     finally:
@@ -225,7 +234,7 @@ async def test_devices_own_separation_released_through_clusterd(env, tmp_path):
     hdr = {"Authorization": f"Bearer {TOKEN}"}
     async with aiohttp.ClientSession() as s:
         url = f"http://127.0.0.1:{cd.http.port}/v1/release/npu"
-        async with s.post(url, json={"node": "node-d", "device_id": 0}, headers=hdr) as r:
+        async with s.post(url, json={"node": "node-d", "device_id": 0, "reason": "x"}, headers=hdr) as r:
             assert r.status == 503  # deviced not connected: its separation stays
 
 
@@ -268,10 +277,11 @@ async def test_the_history_says_who_released_and_why(tmp_path, capsys, caplog):
                 events = await r.json()
         [rec] = [e for e in events if e["kind"] == "recover"]
         a = rec["attributes"]
-        assert (a["released_by"], a["release_reason"], a["release_auth"]) == (
+        assert (a["released_by"], a["release_reason"], a["release_auth"], a["release_token"]) == (
             "alice",
             "card swapped, RMA 4711",
             "token",
+            "default",  # the one token of a plain token file
         )
         assert a["release_addr"] == "127.0.0.1"
         assert "npu separation released" in caplog.text and "released_by=alice" in caplog.text
@@ -279,7 +289,10 @@ async def test_the_history_says_who_released_and_why(tmp_path, capsys, caplog):
         rc = await asyncio.to_thread(cli_main, ["history", "--node", "node-7", "--code", CODE, *http])
         assert rc == 0
         out = capsys.readouterr().out
-        assert "WHY" in out.splitlines()[0] and "released by alice: card swapped, RMA 4711" in out
+        assert (
+            "WHY" in out.splitlines()[0]
+            and "released by alice (token default): card swapped, RMA 4711" in out
+        )
         hdr = {"Authorization": f"Bearer {TOKEN}"}
         async with aiohttp.ClientSession() as s:
             body = {"node": "node-7", "device_id": 5, "reason": "x" * 600}
@@ -327,4 +340,38 @@ async def test_history_names_the_policy_rule_and_who_released_a_deviced_chip(
     )  # fmt: skip
     capsys.readouterr()
     rc = await asyncio.to_thread(cli_main, ["history", "--node", "node-3", *http])
-    assert rc == 0 and "released by alice: chip reseated" in capsys.readouterr().out
+    assert rc == 0 and "released by alice (token default): chip reseated" in capsys.readouterr().out
+
+
+async def test_cli_release_needs_a_reason_suggests_the_node_and_names_the_operator(env, tmp_path, capsys):
+    """issue 31: what an operator types and reads. No --reason is exit 2 before anything is sent; a
+    typo'd node is exit 4 with the node clusterd knows; the table's BY is the operator (the claimed
+    name and the verified token's), HELD BY who held the separation."""
+    cd, clock, _, _ = env
+    await separate_by_policy(cd, clock, "node-7", 5)
+    http = ["--http", f"127.0.0.1:{cd.http.port}", "--token-file", str(tmp_path / "token")]
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        try:
+            rc = cli_main([*argv, *http])
+        except SystemExit as e:  # argparse's usage error
+            rc = int(e.code)
+        got = capsys.readouterr()
+        return rc, got.out, got.err
+
+    rc, _, err = await asyncio.to_thread(run, "release", "npu", "node-7/5")
+    assert rc == 2 and "--reason" in err
+    rc, _, err = await asyncio.to_thread(run, "release", "node", "node-7", "--reason", " ")
+    assert rc == 2 and "--reason is empty: say why" in err
+    assert cd.separation.separated  # nothing was sent
+    for argv in (("npu", "nod-7/5"), ("node", "nod-7")):
+        rc, _, err = await asyncio.to_thread(run, "release", *argv, "--reason", "swapped")
+        assert rc == 4 and "clusterd does not know node 'nod-7' (did you mean 'node-7'?)" in err, err
+    rc, _, err = await asyncio.to_thread(run, "release", "npu", "node-7/4", "--reason", "swapped")
+    assert rc == 4 and "NPU node-7/4 is not manually separated" in err  # a known node: the server's words
+    rc, out, _ = await asyncio.to_thread(
+        run, "release", "npu", "node-7/5", "--by", "alice", "--reason", "swapped"
+    )
+    head, row = out.splitlines()
+    assert head.split() == ["NODE", "ID", "RELEASED", "HELD", "BY", "BY"]
+    assert row.split() == ["node-7", "5", CODE, "clusterd", "alice", "(token", "default)"]

@@ -41,6 +41,12 @@ def run(tmp_path, *args: str, env_extra: dict | None = None) -> tuple[int, str]:
             'error="TableError: pf.json: not JSON',
         ),
         (
+            "bad_tokens",
+            ("--state-dir", "st", "--token-file", "tokens"),
+            1,
+            "--token-file tokens line 3: expected name:token",
+        ),
+        (
             "",
             ("--state-dir", "st", "--log-level", "LOUD"),
             2,
@@ -53,6 +59,7 @@ def test_start_failures_are_one_line(tmp_path, setup, flags, code, expect):
     if setup == "junk_db":
         (tmp_path / "st" / "clusterd.db").write_bytes(bytes(range(256)) * 16)
     (tmp_path / "pf.json").write_text("{bad")
+    (tmp_path / "tokens").write_text("agents:t0ken-a\nops:t0ken-b\nt0ken-c\n")  # line 3 has no name
     rc, out = run(tmp_path, *flags)
     assert rc == code and expect in out, out
     assert "Traceback" not in out, out

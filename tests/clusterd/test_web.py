@@ -175,12 +175,17 @@ async def test_pages_in_chromium(tmp_path):
             )
             assert "80E18008" in shown and "RestartNPU" in shown, shown
             await _shot(page, tmp_path, "grid-cell-focused")
+            # a GPU's XID (deviced --backend nvml reports GPUs as device type NPU): shown as a GPU
+            gpu = Fault("dcmi", "node-2", "NPU", 6, "4E560000004F", "SeparateNPU")
+            await cd.center.upsert(gpu, origin="deviced")
             await page.goto(base + "/ui/node/node-2")
             await page.wait_for(
                 "location.pathname === '/ui/node/node-2' && !!document.getElementById('node-jobs')"
             )
             text = await page.evaluate("document.getElementById('faults').innerText")
             assert "80E18008" in text and "RestartNPU" in text and "no description shipped" not in text
+            [gpu_row] = [ln for ln in text.splitlines() if "4E560000004F" in ln]
+            assert gpu_row.startswith("GPU-6\t") and "Xid 79: GPU has fallen off the bus" in gpu_row, gpu_row
             row = await page.evaluate(
                 "[...document.querySelectorAll('#faults tr.acked')].map(r => r.innerText)"
             )
@@ -188,7 +193,9 @@ async def test_pages_in_chromium(tmp_path):
                 len(row) == 1 and "80E18008" in row[0] and "ops until" in row[0] and "swap booked" in row[0]
             ), row
             history = await page.evaluate("document.getElementById('history').innerText")
-            assert "occur" in history and "acknowledged by ops until" in history
+            assert "occur" in history and "acknowledged by ops (no token) until" in history
+            # a plain agent row says who reported it (the server's words, as `faultmesh history`)
+            assert "\toccur\tNode\t110001010\tSubHealthFault\tfd-online\treported by fd-online" in history
             # the jobs its faults touch: ranks 4-7 on node-2 (device = rank % 4), every one reached by
             # the node-level 110001010, rank 7 (NPU 3) by 80E18008 too; each job linked to its page
             jobs = await page.evaluate("document.getElementById('node-jobs').innerText")

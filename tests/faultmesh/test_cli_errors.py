@@ -272,6 +272,16 @@ def test_an_address_that_is_not_one_is_usage(capsys):
     assert rc == EXIT_USAGE and "'-1' is not a positive number" in err
 
 
+def test_a_bare_port_is_usage_naming_host_port(capsys, monkeypatch):
+    """issue 31 tryout: `--http 8080` was read as the host "8080" on port 80 (a slow 'unreachable')."""
+    for argv in (("faults", "--http", "8080"), ("jobs", "--grpc", "8899"), ("nodes", "--http", " 80 ")):
+        rc, err = cli(capsys, *argv)
+        assert rc == EXIT_USAGE and "is a port alone: give host:port (e.g. 127.0.0.1:" in err, (argv, err)
+    monkeypatch.setenv("FAULTMESH_HTTP_ADDR", "8080")  # the env default is checked the same way
+    rc, err = cli(capsys, "faults")
+    assert rc == EXIT_USAGE and "give host:port" in err, err
+
+
 def test_history_since_is_checked_before_asking(capsys):
     # tryout: 'history --since forever' was rc 3 with clusterd down and rc 5 with it up
     rc, err = cli(capsys, "history", "--since", "forever", "--http", "127.0.0.1:1")

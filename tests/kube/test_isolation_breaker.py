@@ -14,11 +14,11 @@ from kube.kubekit import kube_clusterd
 from prometheus_client import CollectorRegistry
 from support import eventually
 
+from clusterd.audit import why_of as why
 from clusterd.breaker import IsolationBreaker
 from faultmesh.kube import KubeError
 from faultmesh.model import Fault
 from fmtools.cli import main as cli_main
-from fmtools.cli.history import why
 
 pytest.importorskip("kmock", reason="kmock not installed (pip install '.[dev]')")
 

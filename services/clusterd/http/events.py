@@ -2,7 +2,8 @@
 
 Query: ``node``, ``code`` (exact), ``since`` (see :func:`faultmesh.config.parse_since`; default: everything kept),
 ``limit`` (the newest N, default 1000, at most 100000). Answers a JSON list, oldest first, of
-``{ts_ms, kind, node, device_type, device_id, code, source, level, assertion, attributes}``;
+``{ts_ms, kind, node, device_type, device_id, code, source, level, assertion, attributes, why}``
+(``why``: the change's reason in words, :func:`clusterd.audit.why_of`);
 a bad ``since`` or ``limit`` is 400 with ``{"error": ...}``.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from clusterd.audit import with_why
 from clusterd.store import Store
 from faultmesh.config import parse_since
 from faultmesh.httpd import json_response
@@ -38,4 +40,4 @@ class EventsApi:
         except ValueError as e:
             return json_response({"error": str(e)}, status=400)
         rows = await self.store.query_events(q.get("node") or None, q.get("code") or None, since, limit)
-        return json_response(rows)
+        return json_response(with_why(rows))

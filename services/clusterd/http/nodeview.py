@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from clusterd.audit import with_why
 from clusterd.http.nodes import NodeApi
 from clusterd.store import Store
 from faultmesh import faultinfo
@@ -87,7 +88,7 @@ class NodeView:
                 "handling": {
                     lv: faultinfo.level_handling(lv)[0] for lv in sorted({f["level"] for f in faults})
                 },
-                "events": await self.store.query_events(name, None, 0, EVENTS),
+                "events": with_why(await self.store.query_events(name, None, 0, EVENTS)),
                 "jobs": [touched(j, name, faults) for j in self.jobs_on_node(name)],
             }
         )

@@ -26,24 +26,13 @@ function table(headers, rows, attrs) {
   return h("table", attrs || {}, h("tr", {}, headers.map(x => h("th", {}, x))),
     rows.map(r => h("tr", {}, r.map(c => h("td", {}, c)))));
 }
-// why a change happened (as `faultmesh history`'s WHY): who released it and why, or the rule that raised it
+// why a change happened: the server's words (clusterd.audit.why_of, as `faultmesh history`'s WHY)
 function why(e) {
-  const a = e.attributes || {};
-  if (a.acked_by) {
-    if (e.kind === "ack") return `acknowledged by ${a.acked_by} until ${ts(Number(a.ack_until_ms))}: ${a.ack_reason || ""}`;
-    if (a.ack_ended === "removed") return `acknowledgement removed by ${a.ended_by || "operator"}` + (a.ended_reason ? `: ${a.ended_reason}` : "");
-    return `acknowledgement expired (by ${a.acked_by}: ${a.ack_reason || ""})`;
-  }
-  if (a.released_by) return `released by ${a.released_by}` + (a.release_reason ? `: ${a.release_reason}` : "");
-  if (a.upgrade_rule) {
-    const n = (a.upgrade_occurrences_ms || "").split(",").filter(x => x).length;
-    return a.upgrade_rule + (n ? ` (${n} occurrences)` : "");
-  }
-  return "";
+  return e.why || "";
 }
 
 // who acknowledged a fault, until when and why ("" when nobody did)
-function ackText(a) { return a ? `${a.by} until ${ts(a.until_ms)}: ${a.reason}` : ""; }
+function ackText(a) { return a ? `${a.by}${a.token ? ` (token ${a.token})` : ""} until ${ts(a.until_ms)}: ${a.reason}` : ""; }
 // a grid cell's hover / focus text: each fault's code, name, level and what that level does
 function cellText(codes, fallback) {
   if (!codes || !codes.length) return fallback;
@@ -57,7 +46,8 @@ function cellAttrs(codes, fallback) {
 }
 // " acked" when every fault of a cell is acknowledged (drawn with a dashed frame)
 function ackedClass(codes) { return codes && codes.length && codes.every(c => c.acked) ? " acked" : ""; }
-function device(f) { return f.device_id < 0 ? f.device_type : `${f.device_type}-${f.device_id}`; }
+// a fault's device as a person names it: device_kind (GPU for an NVIDIA code) where the API gives it
+function device(f) { const t = f.device_kind || f.device_type; return f.device_id < 0 ? t : `${t}-${f.device_id}`; }
 function show(...nodes) { const m = document.getElementById("main"); m.replaceChildren(...nodes); }
 
 // -- live updates -------------------------------------------------------------------------------

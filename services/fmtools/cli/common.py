@@ -95,13 +95,15 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     ``--grpc-tls-ca/-cert/-key`` (:func:`add_grpc_tls_flags`), ``-o``."""
     p.add_argument(
         "--http",
+        type=host_port,
         default=os.environ.get("FAULTMESH_HTTP_ADDR") or "127.0.0.1:8080",  # empty: unset
-        help="ClusterD HTTP address (env FAULTMESH_HTTP_ADDR)",
+        help="ClusterD HTTP address host:port (env FAULTMESH_HTTP_ADDR)",
     )
     p.add_argument(
         "--grpc",
+        type=host_port,
         default=os.environ.get("FAULTMESH_GRPC_ADDR") or "127.0.0.1:8899",
-        help="ClusterD gRPC address (env FAULTMESH_GRPC_ADDR)",
+        help="ClusterD gRPC address host:port (env FAULTMESH_GRPC_ADDR)",
     )
     p.add_argument(
         "--token-file",
@@ -198,10 +200,22 @@ def read_json(path: str, what: str = "file") -> Any:
         raise UsageError(f"{what} {path} is not JSON: {e}") from None
 
 
+def host_port(text: str) -> str:
+    """argparse ``type`` of an address flag: ``text`` unchanged, or ``ArgumentTypeError`` (exit 2)
+    for a bare port (``--http 8080`` was read as the host "8080" on port 80)."""
+    if text.strip().isdigit():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is a port alone: give host:port (e.g. 127.0.0.1:{text.strip()})"
+        )
+    return text
+
+
 def base_url(addr: str) -> str:
     """``127.0.0.1:8080`` or ``http://127.0.0.1:8080/`` -> ``http://127.0.0.1:8080``. Raises
-    ``ValueError`` for an address without a host or with a port that is not a number."""
+    ``ValueError`` for an address without a host, a bare port, or a port that is not a number."""
     addr = addr.strip().rstrip("/")
+    if addr.isdigit():
+        raise ValueError(f"{addr} is a port alone: give host:port")
     url = addr if addr.startswith(("http://", "https://")) else f"http://{addr}"
     parts = urllib.parse.urlsplit(url)
     if not parts.hostname:

@@ -42,7 +42,7 @@ def cmd_faults(args: argparse.Namespace) -> int:
     rows = [
         (
             f["node"],
-            f["device_type"],
+            f.get("device_kind") or f["device_type"],
             f["device_id"],
             f["code"],
             f.get("name", "") if args.output == "wide" else short(f.get("name", "")),

@@ -1,4 +1,6 @@
-"""``faultmesh history``: what happened, from ClusterD's fault history (GET /v1/events)."""
+"""``faultmesh history``: what happened, from ClusterD's fault history (GET /v1/events). The WHY
+column is the server's ``why`` (:func:`clusterd.audit.why_of`: who released or acknowledged it and
+why, the rule that raised it, else the source that reported it), the same words as the web view."""
 
 from __future__ import annotations
 
@@ -19,33 +21,6 @@ def _device(e: dict) -> str:
     return e["device_type"] if e["device_id"] < 0 else f"{e['device_type']}-{e['device_id']}"
 
 
-def why(e: dict) -> str:
-    """Why a change happened, from its attributes: the rule that raised a level (``upgrade_rule``,
-    with how many occurrences it counted) or who released a separation and why (``released_by``,
-    ``release_reason``); "" for a plain change."""
-    a = e.get("attributes") or {}
-    if a.get("acked_by"):
-        return _ack_why(e["kind"], a)
-    if a.get("released_by"):
-        reason = a.get("release_reason", "")
-        return f"released by {a['released_by']}" + (f": {reason}" if reason else "")
-    if a.get("upgrade_rule"):
-        n = len([t for t in a.get("upgrade_occurrences_ms", "").split(",") if t])
-        return a["upgrade_rule"] + (f" ({n} occurrences)" if n else "")
-    return ""
-
-
-def _ack_why(kind: str, a: dict) -> str:
-    """An acknowledgement's row (:mod:`clusterd.acks`): who, until when, why; or how it ended."""
-    if kind == "ack":
-        until = _ts(int(a.get("ack_until_ms") or 0))
-        return f"acknowledged by {a['acked_by']} until {until}: {a.get('ack_reason', '')}"
-    if a.get("ack_ended") == "removed":
-        by, reason = a.get("ended_by", "operator"), a.get("ended_reason", "")
-        return f"acknowledgement removed by {by}" + (f": {reason}" if reason else "")
-    return f"acknowledgement expired (by {a['acked_by']}: {a.get('ack_reason', '')})"
-
-
 @run
 def cmd_history(args: argparse.Namespace) -> int:
     """Print fault changes (occur / update / recover), oldest first. A ``--node`` with no change
@@ -56,7 +31,16 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.node and not data:  # nothing kept, or no such node: exit 4 like `faults --node`
         get_node(args, args.node)
     rows = [
-        (_ts(e["ts_ms"]), e["kind"], e["node"], _device(e), e["code"], e["level"], e["source"], why(e))
+        (
+            _ts(e["ts_ms"]),
+            e["kind"],
+            e["node"],
+            _device(e),
+            e["code"],
+            e["level"],
+            e["source"],
+            e.get("why", ""),
+        )
         for e in data
     ]
     emit(args, data, rows, ("TIME", "CHANGE", "NODE", "DEVICE", "CODE", "LEVEL", "SOURCE", "WHY"))

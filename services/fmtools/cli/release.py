@@ -31,14 +31,43 @@ def _npu(text: str) -> tuple[str, int]:
 
 
 def _released(args: argparse.Namespace, data) -> int:
-    rows = [(r["node"], r["device_id"], r["code"], r.get("by", "")) for r in data["released"]]
-    emit(args, data, rows, ("NODE", "ID", "RELEASED", "BY"))
+    """The released rows: NODE, ID, RELEASED (the code), HELD BY (clusterd's policy or deviced's own
+    rule held it), BY (the operator who released it, and the verified token's name)."""
+    rows = [
+        (
+            r["node"],
+            r["device_id"],
+            r["code"],
+            r.get("by", ""),
+            _operator(r.get("released_by"), r.get("release_token")),
+        )
+        for r in data["released"]
+    ]
+    emit(args, data, rows, ("NODE", "ID", "RELEASED", "HELD BY", "BY"))
     return 0
 
 
+def _operator(by: str | None, token: str | None) -> str:
+    """``alice (token ops-alice)``; ``alice`` with no token checked; "" from an older clusterd."""
+    return (by or "") + (f" (token {token})" if by and token else "")
+
+
+def _release_call(args: argparse.Namespace, path: str, body: dict) -> dict:
+    """POST a release; a 404 for a node clusterd has never seen says so with the closest names (exit
+    4, :func:`fmtools.cli.suggest.get_node`), else the server's "nothing separated" stays."""
+    try:
+        return http_json(args, "POST", path, body)
+    except NotFound:
+        get_node(args, body["node"])  # raises "clusterd does not know node ... (did you mean ...?)"
+        raise
+
+
 def _who(args: argparse.Namespace) -> dict[str, str]:
-    """Who releases and why, as the history keeps it (``--by``, default the login name; ``--reason``)."""
+    """Who acts and why, as the history keeps it (``--by``, default the login name: the claimed name
+    beside the verified token's; ``--reason``)."""
     out = {"by": args.by or _login()}
+    if args.reason is not None and not args.reason.strip() and args.command in ("release", "ack"):
+        raise UsageError("--reason is empty: say why (it is kept in the fault history)")
     if args.reason:
         out["reason"] = args.reason
     return out
@@ -56,18 +85,24 @@ def cmd_npu(args: argparse.Namespace) -> int:
     """Release one manually separated NPU (POST /v1/release/npu)."""
     node, phy = _npu(args.npu)
     body = {"node": node, "device_id": phy, **_who(args)}
-    return _released(args, http_json(args, "POST", "/v1/release/npu", body))
+    return _released(args, _release_call(args, "/v1/release/npu", body))
 
 
 @run
 def cmd_node(args: argparse.Namespace) -> int:
     """Release a node's separated NPUs and its stress-test isolation (POST /v1/release/node)."""
-    return _released(args, http_json(args, "POST", "/v1/release/node", {"node": args.node, **_who(args)}))
+    return _released(args, _release_call(args, "/v1/release/node", {"node": args.node, **_who(args)}))
 
 
 def _add_who(q: argparse.ArgumentParser) -> None:
-    q.add_argument("--reason", help="why (kept in the fault history: faultmesh history, /v1/events)")
-    q.add_argument("--by", help="who releases (default: your login name; kept in the history)")
+    q.add_argument(
+        "--reason",
+        required=True,
+        help="why (required; kept in the fault history: faultmesh history, /v1/events)",
+    )
+    q.add_argument(
+        "--by", help="who releases (default: your login name; kept in the history beside the token's name)"
+    )
 
 
 @run
@@ -115,18 +150,15 @@ def _ack_body(args: argparse.Namespace) -> dict:
 
 def _ack_call(args: argparse.Namespace, path: str, body: dict) -> dict:
     """POST ``body``; a 404 for a node clusterd has never seen says so with the closest names."""
-    try:
-        return http_json(args, "POST", path, body)
-    except NotFound:
-        if args.node:
-            get_node(args, args.node)  # raises "clusterd does not know node ... (did you mean ...?)"
-        raise
+    return _release_call(args, path, body) if args.node else http_json(args, "POST", path, body)
 
 
 def ack_text(a: dict) -> str:
-    """``alice until 2026-12-06 10:42:00: reason`` for a table cell."""
+    """``alice (token ops-alice) until 2026-12-06 10:42:00: reason`` for a table cell (the claimed
+    name, the verified token's name when one was checked)."""
     until = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a["until_ms"] / 1000))
-    return f"{a['by']} until {until}" + (f": {a['reason']}" if a.get("reason") else "")
+    who = _operator(a["by"], a.get("token"))
+    return f"{who} until {until}" + (f": {a['reason']}" if a.get("reason") else "")
 
 
 @run

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import urllib.parse
 
 from faultmesh._pb import recover_pb2
 from faultmesh.config import positive_float
 from fmtools.cli._grpc import om_operation
-from fmtools.cli.common import UsageError, add_job_flag, add_server_flags, run
+from fmtools.cli.common import CliError, NotFound, UsageError, add_job_flag, add_server_flags, http_json, run
+from fmtools.cli.suggest import did_you_mean
 
 OPS = {"aic": 0, "p2p": 1, "0": 0, "1": 1}
 OP_NAMES = {"0": "aic", "1": "p2p"}
@@ -91,13 +93,32 @@ def cmd_stress_test(args: argparse.Namespace) -> int:
         summary, rows = result_rows(msg)
         return summary, rows, RESULT_HEADERS
 
-    return om_operation(
-        args,
-        "stress-test",
-        ("StressTest", req),
-        ("SubscribeStressTestResponse", recover_pb2.StressTestRequest(jobID=args.job_id)),
-        finished_clean,
-        details,
+    try:
+        return om_operation(
+            args,
+            "stress-test",
+            ("StressTest", req),
+            ("SubscribeStressTestResponse", recover_pb2.StressTestRequest(jobID=args.job_id)),
+            finished_clean,
+            details,
+        )
+    except NotFound as e:
+        if args.node and "not exist in job" in str(e):
+            raise NotFound(f"{e}{_job_nodes_hint(args)}") from None
+        raise
+
+
+def _job_nodes_hint(args: argparse.Namespace) -> str:
+    """``; node 'nod-a' is not one of the job's (did you mean 'node-a'?)`` for each ``--node`` the
+    job has no rank on (its ranks from GET /v1/jobs/<id>, the did-you-mean ``pubfault send`` uses);
+    "" when clusterd's HTTP API cannot tell (the server's refusal stands alone then)."""
+    try:
+        job = http_json(args, "GET", "/v1/jobs/" + urllib.parse.quote(args.job_id, safe=""))
+        nodes = sorted({r["node"] for r in job.get("ranks") or []})
+    except (CliError, AttributeError, KeyError, TypeError):
+        return ""
+    return "".join(
+        f"; node {n!r} is not one of the job's{did_you_mean(n, nodes)}" for n in args.node if n not in nodes
     )
 
 
