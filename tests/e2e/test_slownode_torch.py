@@ -548,7 +548,10 @@ def _slowdown_named(stack, job: str, mode: str, node: str, *, slow: int, peer: i
             _http(cd.http, "POST", f"/v1/slownode/{name}/disable", {})
             return
         if usable and ctl.held() >= HOLD_STEPS:  # what clusterd and the nodes made of it, to see why
-            state = json.dumps(_http(cd.http, "GET", f"/v1/slownode/{name}"))[-4000:]
+            st = _http(cd.http, "GET", f"/v1/slownode/{name}")
+            state = json.dumps(
+                {"nodeResults": st.get("nodeResults"), "last rounds": (st.get("history") or [])[-6:]}
+            )
             lines = [x for x in cd.log_text().splitlines() if "slow" in x.lower()][-15:]
             raise AssertionError(
                 f"missed: the slowdown was achieved, not named: {figures}\nclusterd slow-node status: {state}"
