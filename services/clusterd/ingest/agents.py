@@ -121,7 +121,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         self._on_slownode: list[Callback] = []
         self._rejected = rejected
         self._ratelog = RateLimitedLog(log)
-        self.control = ControlSender(self.sessions, registry, self._reject)
+        self.control = ControlSender(self.sessions, registry, self._reject, expire_after_s)
         self._per_agent: dict[str, int] = {}  # agent kind -> live sessions
         self.connected_gauge = Gauge(
             "faultmesh_agents_connected", "Connected agent streams", ["agent"], registry=registry

@@ -6,16 +6,16 @@ order. A stream can die without ClusterD noticing: the agent's stream to a just-
 went up and failed, and ClusterD learns of it only when the agent's next stream takes the old one
 over, seconds later. What was queued on the old stream meanwhile was lost. So each session keeps
 its control messages (:class:`~clusterd.ingest.session.ControlLog`) until the agent acks them, and the hub re-queues the
-unacked ones, in order and before anything new, on the (node, agent)'s next session: at a takeover
-from the old session, after a stream end that ClusterD noticed from what it left
+unacked ones, in order and before anything new, on the (node, agent)'s next session: at a takeover,
+the old session's; after a stream end that ClusterD noticed, what that session left
 (:class:`LeftControl`). Every agent-side handler is idempotent (it sets state: a job's ranks, a
 switch, a ping list, ...), so a message the agent applied but whose ack was lost is harmless.
 
-Both are bounded: a session keeps at most ``MAX_KEPT`` messages / ``MAX_KEPT_BYTES``
-bytes (:mod:`clusterd.ingest.session`) (the oldest go first), and what ended sessions left at most :data:`MAX_LEFT_BYTES` in all
-(the sessions that ended first lose theirs first) for at most :data:`MAX_LEFT_AGE_S` (an agent
-away longer gets the current state from the components' ``on_connect`` pushes alone, not commands
-of minutes ago). Each message dropped is counted in ``faultmesh_agent_control_dropped_total{reason}``
+Both are bounded: a session keeps at most ``MAX_KEPT`` messages / ``MAX_KEPT_BYTES`` bytes
+(:mod:`clusterd.ingest.session`; the oldest go first), and what ended sessions left at most
+:data:`MAX_LEFT_BYTES` in all (the sessions that ended first lose theirs first), for as long as
+ClusterD remembers the agent (``--agent-expire-after-s``, a day: an agent expired is a fresh start,
+its components' ``on_connect`` pushes give it the state of now). Each message dropped is counted in ``faultmesh_agent_control_dropped_total{reason}``
 (``kept_full`` / ``left_full`` / ``left_expired``).
 """
 
@@ -36,7 +36,6 @@ from faultmesh.log import event
 log = logging.getLogger("clusterd.agents")
 
 MAX_LEFT_BYTES = 16 << 20  # unacked control messages ended sessions left for their next one, in all
-MAX_LEFT_AGE_S = 300.0  # ... and how long they wait for it (s)
 
 
 def dropped_counter(registry: CollectorRegistry) -> Counter:
@@ -59,7 +58,7 @@ class LeftControl:
         self,
         dropped: Counter | None = None,
         max_bytes: int = MAX_LEFT_BYTES,
-        max_age_s: float = MAX_LEFT_AGE_S,
+        max_age_s: float = 86400.0,
     ) -> None:
         self._left: OrderedDict[tuple[str, str], tuple[float, ControlLog]] = OrderedDict()
         self.bytes = 0
@@ -106,18 +105,21 @@ class ControlSender:
     """The control half of :class:`~clusterd.ingest.agents.AgentHub`: numbers and queues control
     messages on the live session of a (node, agent) (``sessions``: the hub's own table, read here),
     keeps each until acked and re-queues the unacked ones on the next session (module docstring).
-    ``reject(reason, **fields)`` counts and logs a refused message; metrics go to ``registry``."""
+    ``reject(reason, **fields)`` counts and logs a refused message; metrics go to ``registry``;
+    ``left_for_s``: how long an ended session's unacked messages wait for the next (s: the hub's
+    agent expiry)."""
 
     def __init__(
         self,
         sessions: dict[tuple[str, str], AgentSession],
         registry: CollectorRegistry,
         reject: Callable[..., None],
+        left_for_s: float = 86400.0,
     ) -> None:
         self.sessions = sessions
         self._reject = reject
         self.dropped = dropped_counter(registry)
-        self.left = LeftControl(self.dropped)
+        self.left = LeftControl(self.dropped, max_age_s=left_for_s)
         self.requeued = Counter(
             "faultmesh_agent_control_requeued_total",
             "Unacked control messages of an old agent session queued again on its next session",
