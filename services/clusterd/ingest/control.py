@@ -2,10 +2,11 @@
 agent stream, :mod:`clusterd.ingest.agents`).
 
 An agent acks each control message (``ControlMessage.seq`` > 0) once its handler returned, in
-order. A stream can die without ClusterD noticing: the agent's stream to a just-restarted ClusterD
-went up and failed, and ClusterD learns of it only when the agent's next stream takes the old one
-over, seconds later. What was queued on the old stream meanwhile was lost. So each session keeps
-its control messages (:class:`~clusterd.ingest.session.ControlLog`) until the agent acks them, and the hub re-queues the
+order. A stream can die without ClusterD noticing: when an agent's grpcio call fails on the agent's
+side (INTERNAL "Internal error from Core"), grpcio never cancels it, so its HTTP/2 stream stays open
+and ClusterD learns of it only when the agent's next stream takes the old one over, seconds later;
+whatever was queued on the old stream meanwhile was lost. So each session keeps its control messages
+(:class:`~clusterd.ingest.session.ControlLog`) until the agent acks them, and the hub re-queues the
 unacked ones, in order and before anything new, on the (node, agent)'s next session: at a takeover,
 the old session's; after a stream end that ClusterD noticed, what that session left
 (:class:`LeftControl`). Every agent-side handler is idempotent (it sets state: a job's ranks, a
@@ -14,9 +15,9 @@ switch, a ping list, ...), so a message the agent applied but whose ack was lost
 Both are bounded: a session keeps at most ``MAX_KEPT`` messages / ``MAX_KEPT_BYTES`` bytes
 (:mod:`clusterd.ingest.session`; the oldest go first), and what ended sessions left at most
 :data:`MAX_LEFT_BYTES` in all (the sessions that ended first lose theirs first), for as long as
-ClusterD remembers the agent (``--agent-expire-after-s``, a day: an agent expired is a fresh start,
-its components' ``on_connect`` pushes give it the state of now). Each message dropped is counted in ``faultmesh_agent_control_dropped_total{reason}``
-(``kept_full`` / ``left_full`` / ``left_expired``).
+ClusterD remembers the agent (``--agent-expire-after-s``, a day: an expired agent starts afresh and
+its components' ``on_connect`` pushes give it the state of now). Each message dropped is counted in
+``faultmesh_agent_control_dropped_total{reason}`` (``kept_full`` / ``left_full`` / ``left_expired``).
 """
 
 from __future__ import annotations
