@@ -23,7 +23,7 @@ async def test_control_acks_and_deltas_written_at_once_keep_the_stream_up(cd):
     await client.start()
     try:
         await client.wait_synced()
-        reconnects = client.metrics.reconnects._value.get()
+        reconnects = client.metrics.reconnects._value.get()  # sessions opened so far
         attrs = {f"a{i}": "x" * 200 for i in range(60)}  # ~13 kB a fault: the writes take a while
 
         async def churn():
@@ -47,9 +47,14 @@ async def test_control_acks_and_deltas_written_at_once_keep_the_stream_up(cd):
             assert await cd.agents.send("node-1", "noded", data_trace=sw)
             await asyncio.sleep(0)
         await churner
-        await eventually(lambda: len(got) >= 300, what="300 control messages handled")
-        await client.wait_synced()
-        assert client.metrics.reconnects._value.get() == reconnects, client.down_reason
+
+        def sessions() -> float:
+            return client.metrics.reconnects._value.get()
+
+        # all handled, or the stream broke (then it would have to be opened again)
+        await eventually(lambda: len(got) >= 300 or sessions() > reconnects, 60, "300 control messages")
+        assert sessions() == reconnects, client.down_reason  # was: INTERNAL "Internal error from Core"
+        await client.wait_synced(30)
         assert client.connected.is_set()
     finally:
         await client.stop()
