@@ -39,6 +39,12 @@ async def read_controls(call, n: int) -> list[str]:
     return out
 
 
+def acked(cd) -> int:
+    """The highest control seq node-1's noded acked on its live stream (-1: none live)."""
+    s = cd.agents.sessions.get(("node-1", "noded"))
+    return s.acked_control if s is not None else -1
+
+
 def collecting_client(cd, got: list[str]) -> AgentClient:
     async def on_control(msg):
         got.append(msg.data_trace.job_ns_name)
@@ -89,7 +95,7 @@ async def test_messages_of_a_stream_that_ended_wait_for_the_agents_next_stream(c
     await client.start()
     try:
         await eventually(lambda: len(got) >= 2, what="the left messages")
-        await eventually(lambda: cd.agents.sessions[("node-1", "noded")].acked_control == 2)
+        await eventually(lambda: acked(cd) == 2, what="both acked")
         assert got == ["ns/job-0", "ns/job-1"]
         assert len(cd.agents.control.left) == 0
     finally:
@@ -106,8 +112,8 @@ async def test_an_unacked_backlog_past_the_bound_keeps_the_newest_and_counts_the
         client = collecting_client(cd, got)
         await client.start()
         try:
-            await eventually(lambda: len(got) >= MAX_KEPT, what="the kept messages")
-            await eventually(lambda: cd.agents.sessions[("node-1", "noded")].acked_control == MAX_KEPT)
+            await eventually(lambda: len(got) >= MAX_KEPT, 60, "the kept messages")
+            await eventually(lambda: acked(cd) == MAX_KEPT, 60, "all acked")
             assert got == [f"ns/job-{i}" for i in range(extra, MAX_KEPT + extra)]
         finally:
             await client.stop()
