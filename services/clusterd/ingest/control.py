@@ -167,7 +167,9 @@ class ControlSender:
         Logged "control messages re-queued" with the count; returns it."""
         msgs = old.control.unacked() if old is not None else self.left.take((new.node, new.agent))
         n = 0
-        for m in msgs:
+        for old_msg in msgs:  # a copy: the old stream's writer may hold the original
+            m = agent_pb2.ControlMessage()
+            m.CopyFrom(old_msg)
             if self._number_and_queue(new, m):
                 n += 1
         if n:
