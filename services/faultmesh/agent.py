@@ -211,6 +211,7 @@ class AgentClient:
         self._stopping = False
         self._last_report = 0.0
         self._last_sent = 0.0  # monotonic time of the last message written (heartbeat clock)
+        self._writing = asyncio.Lock()  # one write at a time on the session's stream (_write)
 
     def readiness(self) -> str:
         """The stream's part of the agent's ``/readyz`` text: ``clusterd=up``, or ``clusterd=down
@@ -331,7 +332,9 @@ class AgentClient:
                             continue
                     if time.monotonic() - last_snapshot >= self.resend_every_s or self.state.needs_snapshot:
                         self.seq += 1
-                        await call.write(agent_pb2.AgentMessage(snapshot=self.state.snapshot(self.seq)))
+                        await self._write(
+                            call, agent_pb2.AgentMessage(snapshot=self.state.snapshot(self.seq))
+                        )
                         self.metrics.sent.labels("snapshot").inc()
                         last_snapshot = self._last_sent = time.monotonic()
                         continue
@@ -357,7 +360,7 @@ class AgentClient:
         self.seq += 1
         snap = self.state.snapshot(self.seq)
         if not self.resync_by_digest:
-            await call.write(agent_pb2.AgentMessage(hello=self.hello))
+            await self._write(call, agent_pb2.AgentMessage(hello=self.hello))
         else:
             answer = asyncio.get_running_loop().create_future()
             self._claim = (self.seq, answer)
@@ -365,11 +368,11 @@ class AgentClient:
             if in_hello:  # one message less: the claim rides on the Hello
                 hello = agent_pb2.Hello(snapshot_digest=snap.digest, claim_seq=self.seq)
                 hello.MergeFrom(self.hello)
-                await call.write(agent_pb2.AgentMessage(hello=hello))
+                await self._write(call, agent_pb2.AgentMessage(hello=hello))
             else:
-                await call.write(agent_pb2.AgentMessage(hello=self.hello))
+                await self._write(call, agent_pb2.AgentMessage(hello=self.hello))
                 claim = agent_pb2.Delta(seq=self.seq, snapshot_digest=snap.digest)
-                await call.write(agent_pb2.AgentMessage(delta=claim))
+                await self._write(call, agent_pb2.AgentMessage(delta=claim))
             self.metrics.sent.labels("digest").inc()
             done, _ = await asyncio.wait(
                 {answer, reader}, timeout=self.ack_timeout_s, return_when=asyncio.FIRST_COMPLETED
@@ -385,12 +388,22 @@ class AgentClient:
                 return  # clusterd holds this state; changes since the claim go as deltas
             self.seq += 1
             snap = self.state.snapshot(self.seq)  # the state now (changes since the claim included)
-        await call.write(agent_pb2.AgentMessage(snapshot=snap))
+        await self._write(call, agent_pb2.AgentMessage(snapshot=snap))
         self.metrics.sent.labels("snapshot").inc()
+
+    async def _write(self, call, msg: agent_pb2.AgentMessage) -> None:
+        """Write ``msg`` on ``call`` once no other write of this client is in progress. The session
+        (Hello, snapshots, deltas) and its reader (acks of control messages) both write: grpcio allows
+        one write at a time on a call, and a second one started before the first completed fails
+        the whole stream with INTERNAL "Internal error from Core" (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS;
+        seen as a stream that went up and failed at once when a restarted ClusterD pushed its control
+        state while the agent wrote its first deltas)."""
+        async with self._writing:
+            await call.write(msg)
 
     async def _write_delta(self, call) -> None:
         self.seq += 1
-        await call.write(agent_pb2.AgentMessage(delta=self.state.take_delta(self.seq)))
+        await self._write(call, agent_pb2.AgentMessage(delta=self.state.take_delta(self.seq)))
         self._last_sent = time.monotonic()
         self.metrics.sent.labels("delta").inc()
 
@@ -435,4 +448,4 @@ class AgentClient:
                     event(log, logging.WARNING, "control message rejected", kind=kind, error=err)
             else:
                 err = ""
-            await call.write(agent_pb2.AgentMessage(ack=agent_pb2.Ack(seq=msg.seq, error=err)))
+            await self._write(call, agent_pb2.AgentMessage(ack=agent_pb2.Ack(seq=msg.seq, error=err)))

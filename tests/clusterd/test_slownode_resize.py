@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import grpc
 import orjson
 from support import agent_stream, http_call, make_clusterd
 
-from faultmesh._pb import agent_pb2
+from faultmesh._pb import agent_pb2, agent_pb2_grpc
 from faultmesh.agent import AgentClient
 
 OLD = {str(r): ("node-a" if r < 8 else "node-b") for r in range(16)}  # 16 ranks, 8 per node
@@ -37,6 +38,16 @@ def report(seq: int, slow: list[int]) -> agent_pb2.AgentMessage:
 
 def reports(cd, res: str) -> float:
     return cd.registry.get_sample_value("faultmesh_slownode_reports_total", {"result": res}) or 0.0
+
+
+def job_recorder(cd, got: list) -> AgentClient:
+    """node-a's noded client, appending (job id, enable) of each slownode_job it gets to ``got``."""
+
+    async def on_control(msg):
+        if msg.WhichOneof("body") == "slownode_job":
+            got.append((msg.slownode_job.job_id, msg.slownode_job.enable))
+
+    return AgentClient(f"127.0.0.1:{cd.grpc_port}", "node-a", "noded", on_control=on_control)
 
 
 async def call(cd, method: str, path: str, body=None):
@@ -75,15 +86,10 @@ async def test_a_noded_away_when_a_job_is_disabled_is_told_when_it_is_back(tmp_p
     noded keep running a disabled job after a clusterd restart)."""
     cd = await make_clusterd(tmp_path)
     got: list = []
-
-    async def on_control(msg):
-        if msg.WhichOneof("body") == "slownode_job":
-            got.append((msg.slownode_job.job_id, msg.slownode_job.enable))
-
     try:
         assert (await call(cd, "POST", "/v1/slownode/jobs", conf(NEW)))[0] == 200
         assert (await call(cd, "DELETE", "/v1/slownode/j1"))[0] == 200  # node-a is not connected
-        client = AgentClient(f"127.0.0.1:{cd.grpc_port}", "node-a", "noded", on_control=on_control)
+        client = job_recorder(cd, got)
         await client.start()
         try:
             async with asyncio.timeout(10):
@@ -92,5 +98,37 @@ async def test_a_noded_away_when_a_job_is_disabled_is_told_when_it_is_back(tmp_p
             assert ("j1", True) not in got  # the disabled job is not started again
         finally:
             await client.stop()
+    finally:
+        await cd.stop()
+
+
+async def test_a_stop_queued_on_a_stream_that_died_unnoticed_reaches_the_nodeds_next_stream(tmp_path):
+    """noded's stream is up and acked its snapshot, then goes silent (to clusterd a live stream):
+    the job's start and the disable's stop are queued on it and never acked. noded's next stream
+    takes it over and gets both, once each, in order, so the node ends with the job stopped (the
+    stop was lost before the hub re-queued unacked control messages)."""
+    cd = await make_clusterd(tmp_path)
+    got: list = []
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{cd.grpc_port}") as ch:
+            old = agent_pb2_grpc.AgentStreamStub(ch).Connect()
+            await old.write(agent_pb2.AgentMessage(hello=agent_pb2.Hello(node="node-a", agent="noded")))
+            await old.write(agent_pb2.AgentMessage(snapshot=agent_pb2.Snapshot(seq=1)))
+            assert (await asyncio.wait_for(old.read(), 10)).ack.seq == 1
+            assert (await call(cd, "POST", "/v1/slownode/jobs", conf(NEW)))[0] == 200
+            assert (await call(cd, "DELETE", "/v1/slownode/j1"))[
+                0
+            ] == 200  # the stop goes to the silent stream
+            client = job_recorder(cd, got)
+            await client.start()
+            try:
+                session = None
+                async with asyncio.timeout(10):
+                    while session is None or not 0 < session.control_seq == session.acked_control:
+                        await asyncio.sleep(0.02)
+                        session = cd.agents.sessions.get(("node-a", "noded"))
+                assert got == [("j1", True), ("j1", False)]
+            finally:
+                await client.stop()
     finally:
         await cd.stop()

@@ -34,6 +34,20 @@ class AgentInputError(ValueError):
     """An agent message that cannot be applied; the reason is the first word of the message."""
 
 
+def owned_only(owner_of: Any, agent: str, ups: list, rms: list) -> tuple[list, list, int]:
+    """What ``agent`` may change of upserts ``ups`` (Faults) and removals ``rms`` (FaultKeys): keys
+    it owns or nobody owns yet (``owner_of(key)``: the origin holding a key, or None), never a
+    ``public:*`` source. Returns (upserts, removals, how many were refused)."""
+
+    def mine(key, source: str) -> bool:
+        owner = owner_of(key)
+        return (owner is None or owner == agent) and not source.startswith("public:")
+
+    keep_ups = [f for f in ups if mine((f.node, f.device_type, f.device_id, f.code, f.source), f.source)]
+    keep_rms = [k for k in rms if mine(k, k.source)]
+    return keep_ups, keep_rms, len(ups) - len(keep_ups) + len(rms) - len(keep_rms)
+
+
 def seq_error(last_seq: int, kind: str, seq: int) -> str:
     """Why ``seq`` of a ``kind`` ("snapshot" / "delta") message cannot follow ``last_seq`` (0: the
     stream's first message, which sets the base), or "" when it can. Reasons: ``seq_replay`` (not

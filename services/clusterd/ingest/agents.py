@@ -7,7 +7,8 @@ since the agent started: kept, and shown pending in the node view, issue 20); a 
 after it is durable. A stream is pipelined: its next messages are read and checked while the previous
 ones commit (up to ``MAX_IN_FLIGHT``), so a burst of deltas shares one store commit (issue 18); the
 acks still go out in message order, each once its commit returned. Down the same stream go control messages (``send``), numbered, and acked by the
-agent. A new stream from the same (node, agent) takes over: the old one is closed and applies
+agent; each is kept until acked, and the unacked ones are queued again, first, on the agent's next
+stream (:mod:`clusterd.ingest.control`). A new stream from the same (node, agent) takes over: the old one is closed and applies
 nothing more, its faults stay until the new snapshot replaces them ("agent stream taken over",
 reason ``reconnect`` for the same boot id, ``restart`` for another; :meth:`AgentHub._take_over`).
 A stream changes only faults its agent owns: an upsert or removal of a key owned by another origin
@@ -61,9 +62,11 @@ from clusterd.ingest.agentinput import (
     check_state,
     condition_view,
     device_view,
+    owned_only,
     pending_sources,
     seq_error,
 )
+from clusterd.ingest.control import ControlSender
 from clusterd.ingest.hello import hello_refusal
 from clusterd.ingest.liveness import Liveness
 from clusterd.ingest.resync import (
@@ -73,7 +76,7 @@ from clusterd.ingest.resync import (
     snapshot_mark,
     snapshot_views,
 )
-from clusterd.ingest.session import END, MAX_IN_FLIGHT, MAX_QUEUED, AgentSession, Pending, retrieve
+from clusterd.ingest.session import END, MAX_IN_FLIGHT, AgentSession, Pending, retrieve
 from clusterd.nodes import NodeRegistry
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
 from faultmesh.log import RateLimitedLog, event
@@ -118,6 +121,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         self._on_slownode: list[Callback] = []
         self._rejected = rejected
         self._ratelog = RateLimitedLog(log)
+        self.control = ControlSender(self.sessions, registry, self._reject, expire_after_s)
         self._per_agent: dict[str, int] = {}  # agent kind -> live sessions
         self.connected_gauge = Gauge(
             "faultmesh_agents_connected", "Connected agent streams", ["agent"], registry=registry
@@ -162,23 +166,14 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         return [a for a in sorted(self._per_agent) if (node, a) in self.sessions]
 
     async def send(self, node: str, agent: str, **body: Any) -> bool:
-        """Queue one control message (e.g. ``ping_list=PingList(...)``) to (node, agent).
+        """Queue one control message (e.g. ``ping_list=PingList(...)``) to (node, agent)
+        (:meth:`ControlSender.send`): kept until the agent acks it, re-queued on its next stream
+        when this one dies first (:mod:`clusterd.ingest.control`).
 
         Returns False when that agent is not connected or its queue is full (it gets the state again
         through ``on_connect`` when it reconnects).
         """
-        s = self.sessions.get((node, agent))
-        if s is None or s.closed:
-            return False
-        s.control_seq += 1
-        return self._queue(s, agent_pb2.ControlMessage(seq=s.control_seq, **body))
-
-    def _queue(self, s: AgentSession, msg: agent_pb2.ControlMessage) -> bool:
-        if s.queue.qsize() >= MAX_QUEUED:
-            self._reject("control_queue_full", node=s.node, agent=s.agent)
-            return False
-        s.queue.put_nowait(msg)
-        return True
+        return await self.control.send(node, agent, **body)
 
     def node_info(self, node: str) -> dict[str, Any]:
         """What the agents last said about ``node`` besides faults: ip, sn, status, conditions, devices
@@ -223,12 +218,16 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refusal[1])
         h = first.hello
         agent = h.agent or "agent"
-        session = AgentSession(h.node, agent, h.boot_id, h.node_ip, h.node_sn, context.peer())
+        session = AgentSession(
+            h.node, agent, h.boot_id, h.node_ip, h.node_sn, context.peer(), control=self.control.new_log()
+        )
         old = self.sessions.get((h.node, agent))
         if old is not None:
             self._take_over(old, session)
-        if old is None:
+        else:
             self._per_agent[agent] = self._per_agent.get(agent, 0) + 1
+        # before anything new: what the previous stream of this agent sent and got no ack for
+        self.control.carry_over(session, old, self._reason(old, session) if old else "ended")
         self.sessions[(h.node, agent)] = session
         self.nodes.hello(h.node, h.node_ip, h.node_sn, h.boot_id, agent)
         self.nodes.agent_seen(h.node, agent)
@@ -252,6 +251,8 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                     if msg.ack.error.startswith(INTERNAL_ERROR):
                         return  # not stored: the agent reconnects and resends all by snapshot
                     continue
+                if msg.seq and session.closed:
+                    continue  # a control message of a closed stream: its agent's next one gets it
                 yield msg
         finally:
             reader.cancel()
@@ -267,6 +268,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 self._per_agent[session.agent] -= 1
                 self.nodes.set_stale(session.node, session.agent, "Disconnected")  # its faults stay
                 self.nodes.agent_seen(session.node, session.agent)  # the expiry clock starts
+                self.control.ended(session)  # its unacked control messages wait for the next stream
                 event(log, logging.INFO, "agent disconnected", node=session.node, agent=session.agent)
             self._count(session.agent)
 
@@ -277,7 +279,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         replaces them. Logged as "agent stream taken over" with reason ``reconnect`` (same boot id)
         or ``restart`` (another boot id: a restarted agent, or two agents claiming one node — then
         the log shows the two peers taking turns) and counted by reason."""
-        reason = "reconnect" if old.boot_id == new.boot_id else "restart"
+        reason = self._reason(old, new)
         old.closed = True
         old.queue.put_nowait(None)
         self.takeovers.labels(reason).inc()
@@ -295,18 +297,13 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             old_idle_s=round(time.time() - old.last_seen, 1),
         )
 
+    @staticmethod
+    def _reason(old: AgentSession, new: AgentSession) -> str:
+        return "reconnect" if old.boot_id == new.boot_id else "restart"
+
     def _owned(self, s: AgentSession, ups: list, rms: list) -> tuple[list, list, int]:
-        """Keep only what this agent may change: keys it owns or that nobody owns yet, never a
-        ``public:*`` source. Returns (upserts, removals, refused count); refusals are counted."""
-        owner_of, agent = self.center.origin, s.agent
-
-        def mine(key, source: str) -> bool:
-            owner = owner_of(key)
-            return (owner is None or owner == agent) and not source.startswith("public:")
-
-        keep_ups = [f for f in ups if mine((f.node, f.device_type, f.device_id, f.code, f.source), f.source)]
-        keep_rms = [k for k in rms if mine(k, k.source)]
-        refused = len(ups) - len(keep_ups) + len(rms) - len(keep_rms)
+        """:func:`~clusterd.ingest.agentinput.owned_only` of ``s``'s agent; refusals are counted."""
+        keep_ups, keep_rms, refused = owned_only(self.center.origin, s.agent, ups, rms)
         if refused:
             self._reject("foreign_origin", node=s.node, agent=s.agent, refused=refused)
         return keep_ups, keep_rms, refused
@@ -335,7 +332,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             )
 
     def _ack(self, s: AgentSession, seq: int, error: str = "", digest: int = 0) -> None:
-        self._queue(
+        self.control.queue(
             s, agent_pb2.ControlMessage(seq=0, ack=agent_pb2.Ack(seq=seq, error=error, digest=digest))
         )
 
@@ -346,7 +343,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             counter = self._kind_counters[kind] = self.messages.labels(kind or "empty")
         counter.inc()
         if kind == "ack":
-            s.acked_control = max(s.acked_control, msg.ack.seq)
+            self.control.acked(s, msg.ack.seq)
             if msg.ack.error:
                 event(
                     log,

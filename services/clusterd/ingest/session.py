@@ -1,14 +1,22 @@
 """One agent stream's state on the ClusterD side (:mod:`clusterd.ingest.agents`): the session of a
-connected agent and the messages its writer sends in order."""
+connected agent, the messages its writer sends in order and the control messages it keeps until
+its agent acks them (:class:`ControlLog`, re-queued by :mod:`clusterd.ingest.control`)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import Counter
+
+from faultmesh._pb import agent_pb2
+
 MAX_QUEUED = 1024  # control messages and error acks waiting for one stream's writer
+MAX_KEPT = 512  # control messages one session keeps until its agent acks them
+MAX_KEPT_BYTES = 1 << 20  # ... and their encoded size
 MAX_IN_FLIGHT = 64  # messages of one stream handed to the fault center and not yet acked
 END = object()  # queued when a stream's reader ends
 
@@ -33,6 +41,51 @@ def retrieve(fut: asyncio.Future) -> None:
         fut.exception()
 
 
+class ControlLog:
+    """The control messages of one agent session, in seq order, until the agent acks them.
+
+    ``max_count`` / ``max_bytes``: the bound (messages / encoded bytes); past it the oldest are
+    dropped and counted in ``dropped`` (the dropped-messages counter, reason ``kept_full``)."""
+
+    __slots__ = ("_kept", "bytes", "max_count", "max_bytes", "dropped")
+
+    def __init__(
+        self, max_count: int = MAX_KEPT, max_bytes: int = MAX_KEPT_BYTES, dropped: Counter | None = None
+    ) -> None:
+        self._kept: deque[tuple[agent_pb2.ControlMessage, int]] = deque()
+        self.bytes = 0
+        self.max_count = max_count
+        self.max_bytes = max_bytes
+        self.dropped = dropped
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def keep(self, msg: agent_pb2.ControlMessage) -> int:
+        """Keep ``msg`` (its ``seq`` larger than any kept). Returns how many old ones it pushed out."""
+        size = msg.ByteSize()
+        self._kept.append((msg, size))
+        self.bytes += size
+        n = 0
+        while len(self._kept) > 1 and (len(self._kept) > self.max_count or self.bytes > self.max_bytes):
+            _, old = self._kept.popleft()
+            self.bytes -= old
+            n += 1
+        if n and self.dropped is not None:
+            self.dropped.labels("kept_full").inc(n)
+        return n
+
+    def ack(self, seq: int) -> None:
+        """The agent acked every control message up to ``seq``: forget them."""
+        kept = self._kept
+        while kept and kept[0][0].seq <= seq:
+            self.bytes -= kept.popleft()[1]
+
+    def unacked(self) -> list[agent_pb2.ControlMessage]:
+        """The messages not acked yet, oldest first."""
+        return [m for m, _ in self._kept]
+
+
 @dataclass
 class AgentSession:
     """One connected agent: its identity, stream queue and latest non-fault state."""
@@ -54,8 +107,9 @@ class AgentSession:
     # condition types and (device_type, device_id) keys this stream's accepted messages add to its
     # node since its last complete snapshot: counted against the limits before they are applied
     sent: tuple[set, set] = field(default_factory=lambda: (set(), set()))
-    control_seq: int = 0
-    acked_control: int = 0
+    control_seq: int = 0  # the last control message's seq (this session numbers its own from 1)
+    acked_control: int = 0  # the highest seq the agent acked
+    control: ControlLog = field(default_factory=ControlLog)  # sent, not acked yet
     closed: bool = False
     stale: bool = False  # nothing arrived for the hub's stale_after_s (a hung agent)
 

@@ -138,7 +138,7 @@ class SlowNodeComponent:
         self.registry = jobs
         self.jobs: dict[str, JobState] = {}
         self._lock = asyncio.Lock()
-        self._stops: dict[str, dict[str, JobState]] = {}  # node -> stopped jobs to tell again on its connect
+        self._stops: dict[str, dict[str, JobState]] = {}  # node -> stopped jobs it was not told of yet
         reg, reject = ctx.metrics.registry, ctx.metrics.reject
         root = data_trace_root or str(Path(cfg.state_dir) / "datatrace-config")
         self.data_trace = DataTraceSwitch(root, ctx.agents.send, jobs, set_data_trace)
@@ -295,9 +295,11 @@ class SlowNodeComponent:
             return
         if js.task is not None:
             js.task.cancel()
-        for node in js.nodes():  # and again when the node's noded next (re)connects (_on_connect):
-            await self._send_job(js, node, False)  # queued on a stream that died unnoticed is lost
-            self._stops.setdefault(node, {})[job_id] = js  # (a stop of a job it does not run: no-op)
+        # a node with no stream now is told when it is back (_on_connect); one queued on a stream that
+        # dies before noded acks it goes again on noded's next stream (clusterd.ingest.control)
+        for node in js.nodes():
+            if not await self._send_job(js, node, False):
+                self._stops.setdefault(node, {})[job_id] = js
         if not keep_store:
             try:
                 await self.data_trace.set(js.ns_name, ALL_OFF, js.nodes())
