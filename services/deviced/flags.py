@@ -122,7 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hot-reset-idle", type=float, default=60.0, help="s a chip must be idle before a reset")
     p.add_argument("--hot-reset-boot-timeout", type=float, default=180.0, help="s to wait for boot")
     p.add_argument(
-        "--hot-reset-budget", type=int, default=3, help="hot resets per chip per --hot-reset-window-s"
+        "--hot-reset-budget",
+        type=int,
+        default=3,
+        help="hot resets per chip per --hot-reset-window-s (--hot-reset and --grace-tolerance)",
     )
     p.add_argument(
         "--hot-reset-window-s", type=float, default=6 * 3600.0, help="window of --hot-reset-budget (s)"

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from deviced.chipio import CALL_ERRORS, ChipIO
 from deviced.engine import FaultEngine
-from deviced.hotreset import RESET_BUDGET, RESET_WINDOW_S, reset_and_boot
+from deviced.hotreset import reset_and_boot
 from deviced.sections import GraceConfig
 from deviced.sinks.resetcfg import ResetConfigWriter, chips_of, policy_of, rank_entry
 from deviced.tables import GraceTolerance
@@ -143,6 +143,7 @@ class GraceFlow:
         self.tasks = tasks
         self.wake = wake
         self.timers: Callable[[], GraceTimers] = lambda: GraceTimers.of(engine.custom.grace, cfg)
+        self.budget, self.window_s = cfg.hot_reset_budget, cfg.hot_reset_window_s  # resets per chip per s
         self.in_reset: dict[str, dict[int, int]] = {}  # job id -> its ranks when the episode began
         self.running: dict[str, asyncio.Task] = {}  # job id -> its episode
         self.reset_times: dict[int, collections.deque[float]] = collections.defaultdict(collections.deque)
@@ -397,10 +398,10 @@ class GraceFlow:
     async def _reset_one(self, logic: int, t: GraceTimers) -> tuple[bool, str]:
         now = time.monotonic()
         used = self.reset_times[logic]
-        while used and now - used[0] > RESET_WINDOW_S:
+        while used and now - used[0] > self.window_s:
             used.popleft()
-        if len(used) >= RESET_BUDGET:
-            return False, f"reset budget of {RESET_BUDGET} per {RESET_WINDOW_S / 3600:g} h used"
+        if len(used) >= self.budget:
+            return False, f"reset budget of {self.budget} per {self.window_s / 3600:g} h used"
         used.append(now)
         ids = self.io.ids[logic]
         self.engine.reset_begin(logic)

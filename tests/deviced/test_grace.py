@@ -19,6 +19,7 @@ from deviced.app import DeviceD, build_parser
 from deviced.backends import SimBackend
 from deviced.grace import GraceTimers, check_arguments
 from faultmesh._pb import agent_pb2
+from faultmesh.levels import NpuLevel
 
 RESTART_NPU = 0x80E18008  # RestartNPU -> policy reset (L5)
 RESTART_REQUEST = 0x80C98002  # RestartRequest -> policy restart_request (L2)
@@ -183,6 +184,29 @@ async def test_processes_that_never_stop_isolate_the_job(grace_app):
     await place_job(app, ranks=range(3))  # rescheduled: a new placement here, chip 1 still faulty
     await eventually(lambda: app.grace.episodes == 2, what="a new episode for the new placement")
     assert doc(folder)["RetryTime"] == 2 and len(doc(folder)["RankList"]) == 3
+
+
+async def test_the_reset_budget_is_the_flag(tmp_path):
+    """``--hot-reset-budget 1``: the first episode resets chip 2; the second finds the budget used
+    (the reference's 3 per 6 h would allow it), writes isolate / failed and separates the chip."""
+    sim = SimBackend(1, 4, reset_boot_s=0.05)
+    app = make(tmp_path, sim, "--grace-tolerance", "--hot-reset-budget", "1")
+    app.grace.timers = lambda: FAST
+    await app.start()
+    try:
+        await eventually(lambda: app.cycles >= 1, what="first cycle")
+        await place_job(app)
+        folder = tmp_path / "reset" / "ai.reset-config-llama"
+        sim.inject(2, RESTART_NPU)
+        await eventually(lambda: app.grace.recovered == 1, timeout_s=20, what="episode 1 recovered")
+        assert sim.devs[2].resets == 1
+        sim.inject(2, RESTART_NPU)
+        await eventually(lambda: app.grace.failed == 1, timeout_s=20, what="episode 2 failed")
+        assert sim.devs[2].resets == 1  # no second reset
+        assert [(r["Status"], r["Policy"]) for r in doc(folder)["RankList"]] == [("failed", "isolate")] * 4
+        await eventually(lambda: app.engine.devices[2].level == NpuLevel.SeparateNPU, what="chip 2 separated")
+    finally:
+        await app.stop()
 
 
 async def test_a_job_that_ends_ends_its_episode(grace_app):
