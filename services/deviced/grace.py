@@ -146,6 +146,7 @@ class GraceFlow:
         self.budget, self.window_s = cfg.hot_reset_budget, cfg.hot_reset_window_s  # resets per chip per s
         self.in_reset: dict[str, dict[int, int]] = {}  # job id -> its ranks when the episode began
         self.running: dict[str, asyncio.Task] = {}  # job id -> its episode
+        self.isolating: set[str] = set()  # running episodes that wrote (or write) isolate / failed
         self.reset_times: dict[int, collections.deque[float]] = collections.defaultdict(collections.deque)
         self.episodes = self.recovered = self.failed = 0
         self._cycled = asyncio.Event()  # set (and replaced) by each step(): a full cycle ran
@@ -191,6 +192,26 @@ class GraceFlow:
                   retry_time=job.retry_time, ranks=",".join(map(str, sorted(ranks))))  # fmt: skip
             coro = self._episode(job_id, ranks, policy, self.timers())
             self.running[job_id] = self.tasks.spawn(coro, name=f"grace-{job_id}")
+
+    def filtered_health(self) -> tuple[set[int], set[int]]:
+        """The chips the device-info document shows Healthy although the engine does not (reference
+        ``filterDevStatus``): (logic ids whose Health is shown Healthy, logic ids whose NetworkHealth
+        is). A chip of a running episode that is not Healthy is shown Healthy, and the network of
+        every chip of its reset group (the job's chips here) too, so that no scheduler moves the job
+        while the device side recovers it; an episode that wrote isolate is not filtered (reference
+        ``isDevShouldBeIsolate``), nor is a failed one after it."""
+        health: set[int] = set()
+        network: set[int] = set()
+        for job_id in self.running:
+            ranks = self.in_reset.get(job_id)
+            if job_id in self.isolating or not ranks:
+                continue
+            logics = self.logics(ranks)
+            sick = [lg for lg in logics if self.engine.devices[lg].health != "Healthy"]
+            if sick:
+                health.update(sick)
+                network.update(logics)
+        return health, network
 
     # ---------------------------------------------------------------- views of the chips
     def policies(self, ranks: dict[int, int]) -> dict[int, str]:
@@ -254,6 +275,7 @@ class GraceFlow:
         finally:
             if self.running.get(job_id) is asyncio.current_task():
                 del self.running[job_id]
+                self.isolating.discard(job_id)
             self.wake()
 
     async def _restart_request(self, job_id: str, ranks: dict[int, int], t: GraceTimers) -> str:
@@ -319,6 +341,7 @@ class GraceFlow:
         self, job_id: str, ranks: dict[int, int], initial: str, t: GraceTimers, why: str
     ) -> None:
         """Write isolate / failed and end the episode (raises :class:`FlowFailed`)."""
+        self.isolating.add(job_id)  # the chips are shown as they are from now on
         await self._status(job_id, ranks, "isolate", initial, FAILED, t)
         raise FlowFailed(why)
 

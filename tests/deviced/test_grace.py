@@ -18,6 +18,7 @@ from taskd_faultcheck import FaultCheck, read_reset_info
 from deviced.app import DeviceD, build_parser
 from deviced.backends import SimBackend
 from deviced.grace import GraceTimers, check_arguments
+from deviced.sinks import deviceinfo
 from faultmesh._pb import agent_pb2
 from faultmesh.levels import NpuLevel
 
@@ -207,6 +208,27 @@ async def test_the_reset_budget_is_the_flag(tmp_path):
         await eventually(lambda: app.engine.devices[2].level == NpuLevel.SeparateNPU, what="chip 2 separated")
     finally:
         await app.stop()
+
+
+def device_list(app):
+    return json.loads(deviceinfo.build(app)["data"]["DeviceInfoCfg"])["DeviceInfo"]["DeviceList"]
+
+
+async def test_chips_of_a_running_episode_are_shown_healthy(grace_app):
+    """Reference ``filterDevStatus``: while the episode runs, the device-info document (what the
+    scheduler and kubelet's view read) lists the fault chip as Healthy, its fault record kept; once the
+    episode writes isolate, the chip is Unhealthy again."""
+    app, sim, folder = grace_app
+    sim.set_procs(2, 1)  # the training does not stop: the episode waits, then isolates
+    sim.inject(2, RESTART_NPU)
+    await eventually(lambda: app.grace.busy, what="episode running")
+    assert app.engine.devices[2].health == "UnHealthy"  # the engine (and clusterd) see the fault
+    dl = device_list(app)
+    assert dl["huawei.com/Ascend910-Unhealthy"] == ""
+    faults = json.loads(dl["huawei.com/Ascend910-Fault"])
+    assert [(f["npu_name"], f["fault_code"]) for f in faults] == [("Ascend910-2", "80E18008")]
+    await eventually(lambda: app.grace.failed == 1, timeout_s=20, what="episode failed")
+    assert device_list(app)["huawei.com/Ascend910-Unhealthy"] == "Ascend910-2"
 
 
 async def test_a_job_that_ends_ends_its_episode(grace_app):
