@@ -6,7 +6,7 @@ the annotations are cleaned afterwards. The Operator is :class:`kube.operatorsim
 from __future__ import annotations
 
 import pytest
-from brain.brainkit import Sims, decisions, npu_fault, signals, wait_decision, wait_idle
+from brain.brainkit import Sims, decisions, npu_fault, signals, wait_decision, wait_idle, wait_state
 from kube.kubekit import job_pod, kube_clusterd, podgroup
 from kube.operatorsim import NS, OperatorSim
 from support import eventually
@@ -43,7 +43,7 @@ async def start_job(api, cd, sims, strategies=("migration",), **labels: str):
         ),
         what="job with subHealthyStrategy=hotSwitch",
     )
-    sim = await sims.start(UID, strategies=list(strategies))
+    sim = await sims.start(UID, strategies=None if strategies is None else list(strategies))
     await cd.center.upsert(npu_fault(node="node-2", dev=0, code="80818C06", level="SubHealthFault"))
     return sim
 
@@ -138,3 +138,25 @@ async def test_hot_switch_exit_only_cleans_up_and_has_the_operator_delete_the_ba
     assert not {"inHotSwitchFlow", "needOperatorOpe", "backupNewPodName"} & set(ann)
     assert operator.seen["llama-worker-1"]["needOperatorOpe"] == "create"
     assert decisions(hcd, UID)[-2:] == ["degrade-to-ignore", "kill-job"]
+
+
+async def test_a_cancelled_hot_switch_cleans_the_annotations(operated, hcd):
+    """The training side goes away while the switch waits for its pause report (the controller resets,
+    the flow is cancelled): the fault pod's annotations are removed and the Operator deletes the
+    backup pod, as after a failure (before: both stayed, and the Operator kept a backup pod no flow
+    would use)."""
+    api, operator, sims = operated
+    sim = await start_job(api, hcd, sims, strategies=None, subHealthyStrategy="hotSwitch")
+    await wait_state(hcd, "WaitReportRecoverStrategy", job_id=UID, timeout_s=20)
+    assert (await pod_annotations(api, "llama-worker-1"))["inHotSwitchFlow"] == "true"
+    sim.stop()
+    d = await wait_decision(hcd, "reset", job_id=UID)
+    assert d["reason"] == "signal stream ended"
+    await eventually(lambda: "llama-worker-1-backup" in operator.deleted, what="backup pod deleted")
+
+    async def cleaned():
+        ann = await pod_annotations(api, "llama-worker-1")
+        return ann is not None and not {"inHotSwitchFlow", "needOperatorOpe", "backupNewPodName"} & set(ann)
+
+    await eventually(cleaned, what="fault pod annotations removed")
+    assert "llama-worker-1" not in operator.deleted and not hcd.brain.ports.pods.switching(UID)
