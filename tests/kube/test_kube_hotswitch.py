@@ -160,3 +160,33 @@ async def test_a_cancelled_hot_switch_cleans_the_annotations(operated, hcd):
 
     await eventually(cleaned, what="fault pod annotations removed")
     assert "llama-worker-1" not in operator.deleted and not hcd.brain.ports.pods.switching(UID)
+
+
+async def test_degrade_to_ignore_survives_the_pod_sync(k8s, tmp_path):
+    """The failed switch degrades subHealthyStrategy to ignore (the reference's in-memory
+    ctl.jobInfo); the next pod / PodGroup sync re-reads the PodGroup's label hotSwitch and must not
+    undo it (before: it did, and the next sub-health fault started a hot switch again). A label
+    changed to something else ends the degrade."""
+    emu, api = k8s
+    cd = await kube_clusterd(tmp_path, api.url, *FAST, "--hot-switch-wait-s", "0.5")
+    sims = Sims(f"127.0.0.1:{cd.grpc_port}")
+
+    async def label(key, value):
+        body = {"metadata": {"labels": {key: value}}}
+        await api.patch_custom(pgs.GROUP, pgs.VERSION, NS, pgs.PLURAL, "llama-pg", body)
+
+    try:
+        await start_job(api, cd, sims, subHealthyStrategy="hotSwitch")
+        await wait_decision(cd, "degrade-to-ignore", job_id=UID, timeout_s=20)
+        await wait_idle(cd, job_id=UID)
+        await eventually(lambda: cd.jobs.get(UID).sub_healthy_strategy == "ignore", what="degraded")
+        await label("pod-rescheduling", "on")  # the job is applied again from its PodGroup
+        await eventually(lambda: cd.jobs.get(UID).pod_rescheduling == "on", what="PodGroup change applied")
+        assert cd.jobs.get(UID).sub_healthy_strategy == "ignore"
+        await label("subHealthyStrategy", "graceExit")
+        await eventually(
+            lambda: cd.jobs.get(UID).sub_healthy_strategy == "graceExit", what="the label's new value"
+        )
+    finally:
+        await sims.close()
+        await cd.stop()

@@ -137,7 +137,7 @@ class HotSwitchFlow:
 
     async def _degrade(self, flow: str, reason: str) -> None:
         """Sub-health handling falls back: subHealthyStrategy becomes ``ignore`` (principles 亚健康热切)."""
-        await self.c.ports.jobs.update(self.c.job_id, sub_healthy_strategy="ignore")
+        await self.c.ports.jobs.update(self.c.job_id, hold=True, sub_healthy_strategy="ignore")
         self.c.decide(flow, "degrade-to-ignore", reason)
 
     async def _move_ranks(self, mapping: dict[str, str]) -> None:

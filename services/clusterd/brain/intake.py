@@ -186,7 +186,9 @@ class FaultIntake:
                 why = f"controller busy ({ctl.state})"
             if why:
                 self.decide(job.id, "hot-switch", "ignore", why, faults=faults)
-                self.spawn(self.jobs.update(job.id, sub_healthy_strategy="ignore"), f"degrade-{job.id}")
+                self.spawn(
+                    self.jobs.update(job.id, hold=True, sub_healthy_strategy="ignore"), f"degrade-{job.id}"
+                )
                 return
             self.decide(
                 job.id, "hot-switch", "start", "sub-health fault, subHealthyStrategy=hotSwitch", faults=faults
