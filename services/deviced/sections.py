@@ -32,7 +32,8 @@ class GraceConfig:
     ``--grace-tolerance`` (on), its waits (s) ``grace_processes_timeout_s``
     ``--grace-processes-timeout-s``, ``grace_error_clean_s`` ``--grace-error-clean-s``,
     ``grace_npu_ready_s`` ``--grace-npu-ready-s``, ``list_watch_period``
-    ``--list-watch-period`` (s; the reset-config refresh is 3 periods), and the reset budget it
+    ``--list-watch-period`` (s; the reset-config refresh is 3 periods), ``grace_reset_group``
+    ``--grace-reset-group`` (chips; 0: by product), and the reset budget it
     shares with the hot reset: ``hot_reset_budget`` ``--hot-reset-budget`` resets per chip per
     ``hot_reset_window_s`` ``--hot-reset-window-s`` (s)."""
 
@@ -41,6 +42,7 @@ class GraceConfig:
     grace_error_clean_s: float
     grace_npu_ready_s: float
     list_watch_period: int
+    grace_reset_group: int
     hot_reset_budget: int
     hot_reset_window_s: float
 

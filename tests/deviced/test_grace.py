@@ -17,7 +17,7 @@ from taskd_faultcheck import FaultCheck, read_reset_info
 
 from deviced.app import DeviceD, build_parser
 from deviced.backends import SimBackend
-from deviced.grace import GraceTimers, check_arguments
+from deviced.grace import GraceTimers, check_arguments, reset_group_size
 from deviced.sinks import deviceinfo
 from faultmesh._pb import agent_pb2
 from faultmesh.levels import NpuLevel
@@ -35,7 +35,7 @@ def make(tmp_path, sim, *extra, grace=None):
     args = build_parser().parse_args(
         ["--node-name", "node-a", "--backend", "sim", "--clusterd", f"127.0.0.1:{free_port()}",
          "--probe-interval", "0", "--list-watch-period", "3", "--fault-customization-file", str(custom),
-         "--reset-config-dir", str(tmp_path / "reset"), *extra]
+         "--reset-config-dir", str(tmp_path / "reset"), "--grace-reset-group", "2", *extra]
     )  # fmt: skip
     return DeviceD(args, sim)
 
@@ -229,6 +229,41 @@ async def test_chips_of_a_running_episode_are_shown_healthy(grace_app):
     assert [(f["npu_name"], f["fault_code"]) for f in faults] == [("Ascend910-2", "80E18008")]
     await eventually(lambda: app.grace.failed == 1, timeout_s=20, what="episode failed")
     assert device_list(app)["huawei.com/Ascend910-Unhealthy"] == "Ascend910-2"
+
+
+async def test_a_job_smaller_than_a_reset_group_is_left_to_rescheduling(tmp_path, caplog):
+    """Reference isReSchedulingScene: on 910B a reset group is 8 chips; a job with 4 chips on the node
+    gets no episode (no RetryTime, no reset: the fault goes the rescheduling way), one with 8 does."""
+    caplog.set_level(logging.WARNING, logger="deviced.grace")
+    sim = SimBackend(1, 8, reset_boot_s=0.05)  # chip 910B3
+    app = make(tmp_path, sim, "--grace-tolerance", "--grace-reset-group", "0")  # 0: by product
+    app.grace.timers = lambda: FAST
+    await app.start()
+    try:
+        await eventually(lambda: app.cycles >= 1, what="first cycle")
+        assert app.grace.group_size() == 8
+        await place_job(app, ranks=range(4))
+        folder = tmp_path / "reset" / "ai.reset-config-llama"
+        await eventually(lambda: (folder / "reset.json").exists(), what="the job's reset.json")
+        sim.inject(1, RESTART_NPU)
+        await eventually(lambda: "grace tolerance not for job" in caplog.text, what="left-out log")
+        assert "4 chips here, a reset group is 8" in caplog.text
+        for _ in range(2):
+            await app.run_cycle()
+        assert app.grace.episodes == 0 and doc(folder)["RetryTime"] == 0 and sim.devs[1].resets == 0
+        await place_job(app, ranks=range(8))
+        await eventually(lambda: app.grace.episodes == 1, what="an episode for the 8-chip job")
+    finally:
+        await app.stop()
+
+
+@pytest.mark.parametrize(
+    ("chip", "chips", "group"),
+    [("910B3", 8, 8), ("Ascend910B4", 16, 8), ("910_9391", 16, 16), ("910_9392", 8, 8), ("910A", 8, 4),
+     ("910ProB", 8, 4), ("310P3", 4, 0), ("H100", 8, 0)],
+)  # fmt: skip
+def test_reset_group_by_product(chip, chips, group):
+    assert reset_group_size(chip, chips) == group
 
 
 async def test_a_job_that_ends_ends_its_episode(grace_app):
