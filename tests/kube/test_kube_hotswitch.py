@@ -190,3 +190,34 @@ async def test_degrade_to_ignore_survives_the_pod_sync(k8s, tmp_path):
     finally:
         await sims.close()
         await cd.stop()
+
+
+async def test_a_switch_cancelled_while_the_fault_pod_awaits_deletion_takes_it_back(k8s, hcd):
+    """Cancelled in WaitOldPodDeleted (Volcano has not deleted the fault pod yet): needVolcanoOpe and
+    the fault-type label come off the fault pod too, so Volcano does not delete a pod whose backup
+    is going away."""
+    emu, api = k8s
+    operator = OperatorSim(api, backup_node="node-3", volcano=False)
+    operator.start()
+    sims = Sims(f"127.0.0.1:{hcd.grpc_port}")
+    try:
+        sim = await start_job(api, hcd, sims, subHealthyStrategy="hotSwitch")
+        await wait_state(hcd, "WaitOldPodDeleted", job_id=UID, timeout_s=20)
+        doc = await api._call("get pod", api.core.read_namespaced_pod, "llama-worker-1", NS)
+        assert doc["metadata"]["annotations"]["needVolcanoOpe"] == "delete"
+        assert doc["metadata"]["labels"]["fault-type"] == "SubHealth"
+        sim.stop()
+        await wait_decision(hcd, "reset", job_id=UID)
+        await eventually(lambda: "llama-worker-1-backup" in operator.deleted, what="backup pod deleted")
+
+        async def taken_back():
+            pod = await api._call("get pod", api.core.read_namespaced_pod, "llama-worker-1", NS)
+            ann, labels = pod["metadata"].get("annotations") or {}, pod["metadata"].get("labels") or {}
+            return not {"needVolcanoOpe", "inHotSwitchFlow", "needOperatorOpe"} & set(ann) and (
+                "fault-type" not in labels
+            )
+
+        await eventually(taken_back, what="the fault pod's hot switch marks removed")
+    finally:
+        await sims.close()
+        await operator.stop()
