@@ -25,6 +25,7 @@ from faultmesh.levels import NpuLevel
 RESTART_NPU = 0x80E18008  # RestartNPU -> policy reset (L5)
 RESTART_REQUEST = 0x80C98002  # RestartRequest -> policy restart_request (L2)
 RESTART_BUSINESS = 0x8C204E00  # RestartBusiness -> policy restart (L3)
+UBOE_PRESEPARATE = 0x110001024  # a network code, NetworkHealth UnHealthy at once
 FAST = GraceTimers(read_cm_s=0.3, device_reset_s=5, self_heal_s=0.2, procs_zero_s=3, error_clean_s=2,
                    npu_ready_s=0.2, poll_s=0.1, refresh_s=10)  # fmt: skip
 
@@ -217,18 +218,26 @@ def device_list(app):
 async def test_chips_of_a_running_episode_are_shown_healthy(grace_app):
     """Reference ``filterDevStatus``: while the episode runs, the device-info document (what the
     scheduler and kubelet's view read) lists the fault chip as Healthy, its fault record kept; once the
-    episode writes isolate, the chip is Unhealthy again."""
+    episode writes isolate, the chip is Unhealthy again. The network of the job's other chips is shown
+    Healthy too (the reset group's), here chip 3's UB port fault."""
     app, sim, folder = grace_app
+    app.grace.timers = lambda: dataclasses.replace(FAST, procs_zero_s=10)
     sim.set_procs(2, 1)  # the training does not stop: the episode waits, then isolates
     sim.inject(2, RESTART_NPU)
     await eventually(lambda: app.grace.busy, what="episode running")
+    sim.inject(3, UBOE_PRESEPARATE)
+    await eventually(lambda: app.engine.devices[3].network_health == "UnHealthy", what="chip 3 network")
     assert app.engine.devices[2].health == "UnHealthy"  # the engine (and clusterd) see the fault
     dl = device_list(app)
-    assert dl["huawei.com/Ascend910-Unhealthy"] == ""
+    assert (dl["huawei.com/Ascend910-Unhealthy"], dl["huawei.com/Ascend910-NetworkUnhealthy"]) == ("", "")
     faults = json.loads(dl["huawei.com/Ascend910-Fault"])
-    assert [(f["npu_name"], f["fault_code"]) for f in faults] == [("Ascend910-2", "80E18008")]
-    await eventually(lambda: app.grace.failed == 1, timeout_s=20, what="episode failed")
-    assert device_list(app)["huawei.com/Ascend910-Unhealthy"] == "Ascend910-2"
+    assert ("Ascend910-2", "80E18008") in [(f["npu_name"], f["fault_code"]) for f in faults]
+    await eventually(lambda: app.grace.failed == 1, timeout_s=30, what="episode failed")
+    dl = device_list(app)
+    assert (dl["huawei.com/Ascend910-Unhealthy"], dl["huawei.com/Ascend910-NetworkUnhealthy"]) == (
+        "Ascend910-2",
+        "Ascend910-3",
+    )
 
 
 async def test_a_job_smaller_than_a_reset_group_is_left_to_rescheduling(tmp_path, caplog):
