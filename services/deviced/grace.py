@@ -69,6 +69,7 @@ POLICY_RANK = {
     "isolate": 6,
 }
 HANDLED = ("restart_request", "restart", "reset")  # the policies a flow runs for (L2, L3, L5)
+FAILED = "failed"  # Status of a rank whose recovery failed (reference RecoverFailedStatus)
 RING_910, RING_910B = 4, 8  # chips reset together (reference Ascend910RingsNum, Ascend910BRingsNumTrain)
 
 
@@ -83,9 +84,6 @@ def reset_group_size(chip_name: str, chips: int) -> int:
     if name.startswith("910B"):
         return RING_910B
     return RING_910 if name.startswith("910") else 0
-
-
-FAILED = "failed"  # Status of a rank whose recovery failed (reference RecoverFailedStatus)
 
 
 @dataclass(frozen=True)
