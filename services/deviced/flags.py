@@ -119,10 +119,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="graceful tolerance: s after a reset before the recovered status is written "
         "(reference WaitNpuReadyTime)",
     )
+    p.add_argument(
+        "--grace-reset-group",
+        type=int,
+        default=0,
+        help="graceful tolerance: chips reset together; a job with fewer chips on the node is left to "
+        "rescheduling (reference resetDevNumOnce); 0: by product (910B 8, A3 every chip, 910 4)",
+    )
     p.add_argument("--hot-reset-idle", type=float, default=60.0, help="s a chip must be idle before a reset")
     p.add_argument("--hot-reset-boot-timeout", type=float, default=180.0, help="s to wait for boot")
     p.add_argument(
-        "--hot-reset-budget", type=int, default=3, help="hot resets per chip per --hot-reset-window-s"
+        "--hot-reset-budget",
+        type=int,
+        default=3,
+        help="hot resets per chip per --hot-reset-window-s (--hot-reset and --grace-tolerance)",
     )
     p.add_argument(
         "--hot-reset-window-s", type=float, default=6 * 3600.0, help="window of --hot-reset-budget (s)"

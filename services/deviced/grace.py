@@ -2,7 +2,10 @@
 plugin's ``ascend910.go`` ``processAllTask`` and its L2 / L3 / L5 flows, ``ascendtolerance.go``).
 
 On with ``--grace-tolerance`` (needs ``--reset-config-dir``; excludes ``--hot-reset``, as the
-reference's ``-hotReset`` takes one mode). Each cycle, :meth:`GraceFlow.step` looks at every job with
+reference's ``-hotReset`` takes one mode). A job with fewer chips on the node than one reset group
+(``--grace-reset-group``; by product: 910B 8, A3 every chip of the node, other 910 4, others none:
+the reference's ``resetDevNumOnce``) gets no episode and is left to rescheduling (reference
+``isReSchedulingScene``). Each cycle, :meth:`GraceFlow.step` looks at every job with
 ranks on this node that is not already in a flow. The job's policy is the worst policy of its chips
 (``restart_request`` < ``restart`` < ``free_reset`` < ``reset`` < ``isolate``); the flow runs for
 ``restart_request`` (L2), ``restart`` (L3) and ``reset`` (L5), and never for the others.
@@ -46,7 +49,7 @@ from dataclasses import dataclass
 
 from deviced.chipio import CALL_ERRORS, ChipIO
 from deviced.engine import FaultEngine
-from deviced.hotreset import RESET_BUDGET, RESET_WINDOW_S, reset_and_boot
+from deviced.hotreset import reset_and_boot
 from deviced.sections import GraceConfig
 from deviced.sinks.resetcfg import ResetConfigWriter, chips_of, policy_of, rank_entry
 from deviced.tables import GraceTolerance
@@ -67,6 +70,20 @@ POLICY_RANK = {
 }
 HANDLED = ("restart_request", "restart", "reset")  # the policies a flow runs for (L2, L3, L5)
 FAILED = "failed"  # Status of a rank whose recovery failed (reference RecoverFailedStatus)
+RING_910, RING_910B = 4, 8  # chips reset together (reference Ascend910RingsNum, Ascend910BRingsNumTrain)
+
+
+def reset_group_size(chip_name: str, chips: int) -> int:
+    """Chips reset together on a training node of ``chip_name`` with ``chips`` chips (reference
+    ``getResetDevNumOnce``): A3 (``910_93xx``) every chip of the node, 910B 8, other 910 chips 4;
+    0 for a product without graceful tolerance (the reference: "only 910 device support grace
+    tolerance")."""
+    name = chip_name.upper().removeprefix("ASCEND")
+    if name.startswith("910_93"):
+        return chips
+    if name.startswith("910B"):
+        return RING_910B
+    return RING_910 if name.startswith("910") else 0
 
 
 @dataclass(frozen=True)
@@ -143,8 +160,12 @@ class GraceFlow:
         self.tasks = tasks
         self.wake = wake
         self.timers: Callable[[], GraceTimers] = lambda: GraceTimers.of(engine.custom.grace, cfg)
+        self.budget, self.window_s = cfg.hot_reset_budget, cfg.hot_reset_window_s  # resets per chip per s
+        self.reset_group = cfg.grace_reset_group  # chips a job needs here (0: by product, group_size())
+        self.left_out: set[str] = set()  # jobs told (logged) that they are too small for an episode
         self.in_reset: dict[str, dict[int, int]] = {}  # job id -> its ranks when the episode began
         self.running: dict[str, asyncio.Task] = {}  # job id -> its episode
+        self.isolating: set[str] = set()  # running episodes that wrote (or write) isolate / failed
         self.reset_times: dict[int, collections.deque[float]] = collections.defaultdict(collections.deque)
         self.episodes = self.recovered = self.failed = 0
         self._cycled = asyncio.Event()  # set (and replaced) by each step(): a full cycle ran
@@ -169,6 +190,7 @@ class GraceFlow:
             self.running.pop(job_id).cancel()
             self.in_reset.pop(job_id, None)
             event(log, logging.WARNING, "grace tolerance cancelled", job=job_id, reason="job gone")
+        self.left_out &= set(jobs)
         for job_id in [j for j in self.in_reset if j not in self.running]:
             if job_id not in jobs or jobs[job_id].ranks != self.in_reset[job_id]:
                 del self.in_reset[job_id]  # the job ended or changed: a failed episode is over
@@ -177,7 +199,7 @@ class GraceFlow:
             if job_id in self.in_reset or not job.ranks:
                 continue
             policy = self.policy(job.ranks)
-            if policy not in HANDLED:
+            if policy not in HANDLED or not self._big_enough(job_id, len(job.ranks)):
                 continue
             ranks = dict(job.ranks)
             if not self.write(job_id, ranks, policy, policy, "unrecovered", add_retry=True):
@@ -190,6 +212,52 @@ class GraceFlow:
                   retry_time=job.retry_time, ranks=",".join(map(str, sorted(ranks))))  # fmt: skip
             coro = self._episode(job_id, ranks, policy, self.timers())
             self.running[job_id] = self.tasks.spawn(coro, name=f"grace-{job_id}")
+
+    def filtered_health(self) -> tuple[set[int], set[int]]:
+        """The chips the device-info document shows Healthy although the engine does not (reference
+        ``filterDevStatus``): (logic ids whose Health is shown Healthy, logic ids whose NetworkHealth
+        is). A chip of a running episode that is not Healthy is shown Healthy, and the network of
+        every chip of its reset group (the job's chips here) too, so that no scheduler moves the job
+        while the device side recovers it; an episode that wrote isolate is not filtered (reference
+        ``isDevShouldBeIsolate``), nor is a failed one after it."""
+        health: set[int] = set()
+        network: set[int] = set()
+        for job_id in self.running:
+            ranks = self.in_reset.get(job_id)
+            if job_id in self.isolating or not ranks:
+                continue
+            logics = self.logics(ranks)
+            sick = [lg for lg in logics if self.engine.devices[lg].health != "Healthy"]
+            if sick:
+                health.update(sick)
+                network.update(logics)
+        return health, network
+
+    def group_size(self) -> int:
+        """Chips of one reset group: ``--grace-reset-group``, else by the chips' product
+        (:func:`reset_group_size`)."""
+        if self.reset_group > 0:
+            return self.reset_group
+        name = next(iter(self.io.chip_names.values()), "")
+        return reset_group_size(name, len(self.engine.devices))
+
+    def _big_enough(self, job_id: str, chips: int) -> bool:
+        """A job with fewer chips on the node than a reset group gets no episode: it is left to
+        rescheduling (reference ``isReSchedulingScene``; logged once per job)."""
+        group = self.group_size()
+        if group and chips >= group:
+            self.left_out.discard(job_id)
+            return True
+        if job_id not in self.left_out:
+            self.left_out.add(job_id)
+            why = (
+                f"{chips} chips here, a reset group is {group}"
+                if group
+                else "product without grace tolerance"
+            )
+            event(log, logging.WARNING, "grace tolerance not for job", job=job_id, reason=why,
+                  fallback="rescheduling")  # fmt: skip
+        return False
 
     # ---------------------------------------------------------------- views of the chips
     def policies(self, ranks: dict[int, int]) -> dict[int, str]:
@@ -253,6 +321,7 @@ class GraceFlow:
         finally:
             if self.running.get(job_id) is asyncio.current_task():
                 del self.running[job_id]
+                self.isolating.discard(job_id)
             self.wake()
 
     async def _restart_request(self, job_id: str, ranks: dict[int, int], t: GraceTimers) -> str:
@@ -318,6 +387,7 @@ class GraceFlow:
         self, job_id: str, ranks: dict[int, int], initial: str, t: GraceTimers, why: str
     ) -> None:
         """Write isolate / failed and end the episode (raises :class:`FlowFailed`)."""
+        self.isolating.add(job_id)  # the chips are shown as they are from now on
         await self._status(job_id, ranks, "isolate", initial, FAILED, t)
         raise FlowFailed(why)
 
@@ -397,10 +467,10 @@ class GraceFlow:
     async def _reset_one(self, logic: int, t: GraceTimers) -> tuple[bool, str]:
         now = time.monotonic()
         used = self.reset_times[logic]
-        while used and now - used[0] > RESET_WINDOW_S:
+        while used and now - used[0] > self.window_s:
             used.popleft()
-        if len(used) >= RESET_BUDGET:
-            return False, f"reset budget of {RESET_BUDGET} per {RESET_WINDOW_S / 3600:g} h used"
+        if len(used) >= self.budget:
+            return False, f"reset budget of {self.budget} per {self.window_s / 3600:g} h used"
         used.append(now)
         ids = self.io.ids[logic]
         self.engine.reset_begin(logic)

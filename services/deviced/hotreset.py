@@ -2,7 +2,8 @@
 
 Each cycle, :meth:`HotReset.step` looks at the chips the engine holds at RestartNPU / FreeRestartNPU:
 a chip whose job processes have stopped (process count 0) and that stayed idle ``--hot-reset-idle`` s
-is reset (at most 3 resets per chip per 6 h), then its boot status is polled up to
+is reset (at most ``--hot-reset-budget`` resets per chip per ``--hot-reset-window-s``, by default 3
+per 6 h), then its boot status is polled up to
 ``--hot-reset-boot-timeout`` s. Every state change goes through the engine: ``reset_begin`` /
 ``reset_end`` (re-poll after boot), ``reset_failed`` (SeparateNPU, reason HotResetFailed) and
 ``clear_reset_failures`` (the escalation goes with the fault). Off without ``--hot-reset`` (the
@@ -30,8 +31,6 @@ from faultmesh.runtime import TaskOwner
 log = logging.getLogger("deviced")
 
 HOT_RESET_LEVELS = (NpuLevel.RestartNPU, NpuLevel.FreeRestartNPU)
-RESET_BUDGET = 3  # resets per chip ...
-RESET_WINDOW_S = 6 * 3600  # ... per 6 h
 
 
 async def reset_and_boot(

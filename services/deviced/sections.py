@@ -31,14 +31,20 @@ class GraceConfig:
     """The graceful-tolerance action (:class:`deviced.grace.GraceFlow`): ``grace_tolerance``
     ``--grace-tolerance`` (on), its waits (s) ``grace_processes_timeout_s``
     ``--grace-processes-timeout-s``, ``grace_error_clean_s`` ``--grace-error-clean-s``,
-    ``grace_npu_ready_s`` ``--grace-npu-ready-s``, and ``list_watch_period``
-    ``--list-watch-period`` (s; the reset-config refresh is 3 periods)."""
+    ``grace_npu_ready_s`` ``--grace-npu-ready-s``, ``list_watch_period``
+    ``--list-watch-period`` (s; the reset-config refresh is 3 periods), ``grace_reset_group``
+    ``--grace-reset-group`` (chips; 0: by product), and the reset budget it
+    shares with the hot reset: ``hot_reset_budget`` ``--hot-reset-budget`` resets per chip per
+    ``hot_reset_window_s`` ``--hot-reset-window-s`` (s)."""
 
     grace_tolerance: bool
     grace_processes_timeout_s: float
     grace_error_clean_s: float
     grace_npu_ready_s: float
     list_watch_period: int
+    grace_reset_group: int
+    hot_reset_budget: int
+    hot_reset_window_s: float
 
 
 @dataclass(frozen=True)

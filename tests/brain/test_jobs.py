@@ -195,6 +195,25 @@ async def test_http_apply_get_list_delete_and_persistence(cd, tmp_path):
     assert await reg.load() == 1 and reg.get("job-0001-uid").ranks == cd.jobs.get("job-0001-uid").ranks
 
 
+async def test_a_held_degrade_survives_the_sync_but_not_a_users_apply(cd):
+    """JobRegistry.update(hold=True) against apply(keep_held=True) (the Kubernetes pod sync): the held
+    value stays while the source repeats what it replaced; a user's apply (no keep_held) ends it."""
+    from clusterd.brain.jobs import JobRegistry
+
+    reg = JobRegistry(cd.store)
+    spec = parse_job(job_spec(job_id="jh", name="held", subHealthyStrategy="hotSwitch"))
+    await reg.apply([spec])
+    await reg.update("jh", hold=True, sub_healthy_strategy="ignore")
+    (res,) = await reg.apply([spec], keep_held=True)
+    assert res[1] == "unchanged" and reg.get("jh").sub_healthy_strategy == "ignore"
+    await reg.apply([dataclasses.replace(spec, pod_rescheduling="on")], keep_held=True)
+    assert (reg.get("jh").sub_healthy_strategy, reg.get("jh").pod_rescheduling) == ("ignore", "on")
+    await reg.apply([spec])  # the user applies the job again: hotSwitch is meant
+    assert reg.get("jh").sub_healthy_strategy == "hotSwitch"
+    await reg.apply([spec], keep_held=True)
+    assert reg.get("jh").sub_healthy_strategy == "hotSwitch"
+
+
 async def test_jobinfo_goes_to_deviced_on_apply_and_reconnect(cd):
     got: list = []
 

@@ -124,15 +124,17 @@ async def test_hot_switch_exit_only_stops_the_job(cd, sims):
 
 
 async def test_hot_switch_not_on_the_master_pod(cd, sims):
+    """The reference's skipHandleSubHealthyHotSwitch: a fault only on the master pod is skipped and the
+    strategy kept (before: degraded to ignore), so a later fault on another pod still switches."""
     await apply(cd, subHealthyStrategy="hotSwitch")
     sim = await sims.start()
     await cd.center.upsert(sub(node="node-a"))
     d = await wait_decision(cd, "ignore")
     assert d["reason"] == "the fault is on the master pod (pod rank 0)"
     assert signals(sim) == []
-    async with asyncio.timeout(5):  # the degrade is written right after the decision
-        while cd.jobs.get(JOB).sub_healthy_strategy != "ignore":
-            await asyncio.sleep(0.02)
+    await cd.center.upsert(sub(node="node-b"))
+    d = await wait_decision(cd, "start")
+    assert d["flow"] == "hot-switch" and cd.jobs.get(JOB).sub_healthy_strategy == "hotSwitch"
 
 
 async def test_hot_switch_framework_fallback(cd, sims):
@@ -204,3 +206,27 @@ async def test_sub_health_fault_on_an_unhealthy_job_starts_nothing(cd, sims):
     await cd.center.upsert(sub(node="node-a", dev=1))
     await asyncio.sleep(0.3)
     assert decisions(cd) == before and [s[0] for s in signals(sim)] == ["preExitProcess"]
+
+
+def test_hot_switch_skip_rules_follow_the_reference():
+    """skipHandleSubHealthyHotSwitch: which faults degrade the strategy, which are only skipped, and
+    that only the first fault pod (master pod left out) is switched."""
+    from types import SimpleNamespace
+
+    from clusterd.brain.faultview import RankFault
+    from clusterd.brain.intake import MAX_HOT_SWITCH_PODS, FaultIntake
+
+    def rf(pod, rank):
+        return RankFault(rank, f"node-{pod}", 0, pod, "80818C06", "SubHealthFault", "1", 0)
+
+    job = SimpleNamespace(framework="pytorch")
+    idle = SimpleNamespace(busy=lambda: False, state="INIT")
+    rule = FaultIntake._hot_switch_faults
+    why, degrade, faults = rule(job, idle, [rf(0, 0), rf(2, 4), rf(1, 2), rf(2, 5)])
+    assert (why, degrade, [f.rank for f in faults]) == (None, False, [2])  # pod 1 only, master left out
+    assert rule(job, idle, [rf(0, 0)])[:2] == ("the fault is on the master pod (pod rank 0)", False)
+    busy = SimpleNamespace(busy=lambda: True, state="WaitReportStopComplete")
+    assert rule(job, busy, [rf(1, 2)])[:2] == ("controller busy (WaitReportStopComplete)", False)
+    many = [rf(p, p * 2) for p in range(1, MAX_HOT_SWITCH_PODS + 2)]
+    assert rule(job, idle, many)[1] is True
+    assert rule(SimpleNamespace(framework="tensorflow"), idle, [rf(1, 2)])[1] is True

@@ -17,12 +17,15 @@ from taskd_faultcheck import FaultCheck, read_reset_info
 
 from deviced.app import DeviceD, build_parser
 from deviced.backends import SimBackend
-from deviced.grace import GraceTimers, check_arguments
+from deviced.grace import GraceTimers, check_arguments, reset_group_size
+from deviced.sinks import deviceinfo
 from faultmesh._pb import agent_pb2
+from faultmesh.levels import NpuLevel
 
 RESTART_NPU = 0x80E18008  # RestartNPU -> policy reset (L5)
 RESTART_REQUEST = 0x80C98002  # RestartRequest -> policy restart_request (L2)
 RESTART_BUSINESS = 0x8C204E00  # RestartBusiness -> policy restart (L3)
+UBOE_PRESEPARATE = 0x110001024  # a network code, NetworkHealth UnHealthy at once
 FAST = GraceTimers(read_cm_s=0.3, device_reset_s=5, self_heal_s=0.2, procs_zero_s=3, error_clean_s=2,
                    npu_ready_s=0.2, poll_s=0.1, refresh_s=10)  # fmt: skip
 
@@ -33,7 +36,7 @@ def make(tmp_path, sim, *extra, grace=None):
     args = build_parser().parse_args(
         ["--node-name", "node-a", "--backend", "sim", "--clusterd", f"127.0.0.1:{free_port()}",
          "--probe-interval", "0", "--list-watch-period", "3", "--fault-customization-file", str(custom),
-         "--reset-config-dir", str(tmp_path / "reset"), *extra]
+         "--reset-config-dir", str(tmp_path / "reset"), "--grace-reset-group", "2", *extra]
     )  # fmt: skip
     return DeviceD(args, sim)
 
@@ -183,6 +186,93 @@ async def test_processes_that_never_stop_isolate_the_job(grace_app):
     await place_job(app, ranks=range(3))  # rescheduled: a new placement here, chip 1 still faulty
     await eventually(lambda: app.grace.episodes == 2, what="a new episode for the new placement")
     assert doc(folder)["RetryTime"] == 2 and len(doc(folder)["RankList"]) == 3
+
+
+async def test_the_reset_budget_is_the_flag(tmp_path):
+    """``--hot-reset-budget 1``: the first episode resets chip 2; the second finds the budget used
+    (the reference's 3 per 6 h would allow it), writes isolate / failed and separates the chip."""
+    sim = SimBackend(1, 4, reset_boot_s=0.05)
+    app = make(tmp_path, sim, "--grace-tolerance", "--hot-reset-budget", "1")
+    app.grace.timers = lambda: FAST
+    await app.start()
+    try:
+        await eventually(lambda: app.cycles >= 1, what="first cycle")
+        await place_job(app)
+        folder = tmp_path / "reset" / "ai.reset-config-llama"
+        sim.inject(2, RESTART_NPU)
+        await eventually(lambda: app.grace.recovered == 1, timeout_s=20, what="episode 1 recovered")
+        assert sim.devs[2].resets == 1
+        sim.inject(2, RESTART_NPU)
+        await eventually(lambda: app.grace.failed == 1, timeout_s=20, what="episode 2 failed")
+        assert sim.devs[2].resets == 1  # no second reset
+        assert [(r["Status"], r["Policy"]) for r in doc(folder)["RankList"]] == [("failed", "isolate")] * 4
+        await eventually(lambda: app.engine.devices[2].level == NpuLevel.SeparateNPU, what="chip 2 separated")
+    finally:
+        await app.stop()
+
+
+def device_list(app):
+    return json.loads(deviceinfo.build(app)["data"]["DeviceInfoCfg"])["DeviceInfo"]["DeviceList"]
+
+
+async def test_chips_of_a_running_episode_are_shown_healthy(grace_app):
+    """Reference ``filterDevStatus``: while the episode runs, the device-info document (what the
+    scheduler and kubelet's view read) lists the fault chip as Healthy, its fault record kept; once the
+    episode writes isolate, the chip is Unhealthy again. The network of the job's other chips is shown
+    Healthy too (the reset group's), here chip 3's UB port fault."""
+    app, sim, folder = grace_app
+    app.grace.timers = lambda: dataclasses.replace(FAST, procs_zero_s=10)
+    sim.set_procs(2, 1)  # the training does not stop: the episode waits, then isolates
+    sim.inject(2, RESTART_NPU)
+    await eventually(lambda: app.grace.busy, what="episode running")
+    sim.inject(3, UBOE_PRESEPARATE)
+    await eventually(lambda: app.engine.devices[3].network_health == "UnHealthy", what="chip 3 network")
+    assert app.engine.devices[2].health == "UnHealthy"  # the engine (and clusterd) see the fault
+    dl = device_list(app)
+    assert (dl["huawei.com/Ascend910-Unhealthy"], dl["huawei.com/Ascend910-NetworkUnhealthy"]) == ("", "")
+    faults = json.loads(dl["huawei.com/Ascend910-Fault"])
+    assert ("Ascend910-2", "80E18008") in [(f["npu_name"], f["fault_code"]) for f in faults]
+    await eventually(lambda: app.grace.failed == 1, timeout_s=30, what="episode failed")
+    dl = device_list(app)
+    assert (dl["huawei.com/Ascend910-Unhealthy"], dl["huawei.com/Ascend910-NetworkUnhealthy"]) == (
+        "Ascend910-2",
+        "Ascend910-3",
+    )
+
+
+async def test_a_job_smaller_than_a_reset_group_is_left_to_rescheduling(tmp_path, caplog):
+    """Reference isReSchedulingScene: on 910B a reset group is 8 chips; a job with 4 chips on the node
+    gets no episode (no RetryTime, no reset: the fault goes the rescheduling way), one with 8 does."""
+    caplog.set_level(logging.WARNING, logger="deviced.grace")
+    sim = SimBackend(1, 8, reset_boot_s=0.05)  # chip 910B3
+    app = make(tmp_path, sim, "--grace-tolerance", "--grace-reset-group", "0")  # 0: by product
+    app.grace.timers = lambda: FAST
+    await app.start()
+    try:
+        await eventually(lambda: app.cycles >= 1, what="first cycle")
+        assert app.grace.group_size() == 8
+        await place_job(app, ranks=range(4))
+        folder = tmp_path / "reset" / "ai.reset-config-llama"
+        await eventually(lambda: (folder / "reset.json").exists(), what="the job's reset.json")
+        sim.inject(1, RESTART_NPU)
+        await eventually(lambda: "grace tolerance not for job" in caplog.text, what="left-out log")
+        assert "4 chips here, a reset group is 8" in caplog.text
+        for _ in range(2):
+            await app.run_cycle()
+        assert app.grace.episodes == 0 and doc(folder)["RetryTime"] == 0 and sim.devs[1].resets == 0
+        await place_job(app, ranks=range(8))
+        await eventually(lambda: app.grace.episodes == 1, what="an episode for the 8-chip job")
+    finally:
+        await app.stop()
+
+
+@pytest.mark.parametrize(
+    ("chip", "chips", "group"),
+    [("910B3", 8, 8), ("Ascend910B4", 16, 8), ("910_9391", 16, 16), ("910_9392", 8, 8), ("910A", 8, 4),
+     ("910ProB", 8, 4), ("310P3", 4, 0), ("H100", 8, 0)],
+)  # fmt: skip
+def test_reset_group_by_product(chip, chips, group):
+    assert reset_group_size(chip, chips) == group
 
 
 async def test_a_job_that_ends_ends_its_episode(grace_app):

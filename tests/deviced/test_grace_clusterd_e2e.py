@@ -37,7 +37,7 @@ def test_grace_episodes_through_clusterd_deviced_and_the_taskd_client(tmp_path):
     )  # fmt: skip
     dv = start_logged(
         [str(BIN / "deviced"), "--node-name", "node-a", "--clusterd", f"127.0.0.1:{grpc_port}",
-         "--backend", "sim", "--sim-cards", "1", "--sim-devices-per-card", "2",
+         "--backend", "sim", "--sim-cards", "1", "--sim-devices-per-card", "2", "--grace-reset-group", "2",
          "--sim-control-addr", f"127.0.0.1:{sim_port}", "--http-addr", "127.0.0.1:0",
          "--probe-interval", "0", "--list-watch-period", "3", "--fault-customization-file", str(custom),
          "--reset-config-dir", str(tmp_path / "reset"), "--grace-tolerance", "--grace-npu-ready-s", "0.5"],

@@ -27,9 +27,10 @@ NS = "train"
 class OperatorSim:
     """Polls the namespace's pods (every 50 ms) and reacts as the module docstring says."""
 
-    def __init__(self, api, backup_node: str = "node-3") -> None:
+    def __init__(self, api, backup_node: str = "node-3", volcano: bool = True) -> None:
         self.api = api
         self.backup_node = backup_node
+        self.volcano = volcano  # False: nobody acts on needVolcanoOpe=delete (Volcano is slow)
         self.seen: dict[str, dict] = {}  # pod name -> annotations when the Operator acted on it
         self.deleted: list[str] = []
         self._task: asyncio.Task | None = None
@@ -60,7 +61,7 @@ class OperatorSim:
                 if ann.get("needOperatorOpe") == "create" and "backupNewPodName" not in ann:
                     self.seen[name] = dict(ann)
                     await self._create_backup(pod)
-                elif ann.get("needVolcanoOpe") == "delete":
+                elif ann.get("needVolcanoOpe") == "delete" and self.volcano:
                     await self._delete(name)
                     backup = ann.get("backupNewPodName")
                     if backup:  # handleOldPodDeleted

@@ -6,7 +6,7 @@ the annotations are cleaned afterwards. The Operator is :class:`kube.operatorsim
 from __future__ import annotations
 
 import pytest
-from brain.brainkit import Sims, decisions, npu_fault, signals, wait_decision, wait_idle
+from brain.brainkit import Sims, decisions, npu_fault, signals, wait_decision, wait_idle, wait_state
 from kube.kubekit import job_pod, kube_clusterd, podgroup
 from kube.operatorsim import NS, OperatorSim
 from support import eventually
@@ -43,7 +43,7 @@ async def start_job(api, cd, sims, strategies=("migration",), **labels: str):
         ),
         what="job with subHealthyStrategy=hotSwitch",
     )
-    sim = await sims.start(UID, strategies=list(strategies))
+    sim = await sims.start(UID, strategies=None if strategies is None else list(strategies))
     await cd.center.upsert(npu_fault(node="node-2", dev=0, code="80818C06", level="SubHealthFault"))
     return sim
 
@@ -138,3 +138,86 @@ async def test_hot_switch_exit_only_cleans_up_and_has_the_operator_delete_the_ba
     assert not {"inHotSwitchFlow", "needOperatorOpe", "backupNewPodName"} & set(ann)
     assert operator.seen["llama-worker-1"]["needOperatorOpe"] == "create"
     assert decisions(hcd, UID)[-2:] == ["degrade-to-ignore", "kill-job"]
+
+
+async def test_a_cancelled_hot_switch_cleans_the_annotations(operated, hcd):
+    """The training side goes away while the switch waits for its pause report (the controller resets,
+    the flow is cancelled): the fault pod's annotations are removed and the Operator deletes the
+    backup pod, as after a failure (before: both stayed, and the Operator kept a backup pod no flow
+    would use)."""
+    api, operator, sims = operated
+    sim = await start_job(api, hcd, sims, strategies=None, subHealthyStrategy="hotSwitch")
+    await wait_state(hcd, "WaitReportRecoverStrategy", job_id=UID, timeout_s=20)
+    assert (await pod_annotations(api, "llama-worker-1"))["inHotSwitchFlow"] == "true"
+    sim.stop()
+    d = await wait_decision(hcd, "reset", job_id=UID)
+    assert d["reason"] == "signal stream ended"
+    await eventually(lambda: "llama-worker-1-backup" in operator.deleted, what="backup pod deleted")
+
+    async def cleaned():
+        ann = await pod_annotations(api, "llama-worker-1")
+        return ann is not None and not {"inHotSwitchFlow", "needOperatorOpe", "backupNewPodName"} & set(ann)
+
+    await eventually(cleaned, what="fault pod annotations removed")
+    assert "llama-worker-1" not in operator.deleted and not hcd.brain.ports.pods.switching(UID)
+
+
+async def test_degrade_to_ignore_survives_the_pod_sync(k8s, tmp_path):
+    """The failed switch degrades subHealthyStrategy to ignore (the reference's in-memory
+    ctl.jobInfo); the next pod / PodGroup sync re-reads the PodGroup's label hotSwitch and must not
+    undo it (before: it did, and the next sub-health fault started a hot switch again). A label
+    changed to something else ends the degrade."""
+    emu, api = k8s
+    cd = await kube_clusterd(tmp_path, api.url, *FAST, "--hot-switch-wait-s", "0.5")
+    sims = Sims(f"127.0.0.1:{cd.grpc_port}")
+
+    async def label(key, value):
+        body = {"metadata": {"labels": {key: value}}}
+        await api.patch_custom(pgs.GROUP, pgs.VERSION, NS, pgs.PLURAL, "llama-pg", body)
+
+    try:
+        await start_job(api, cd, sims, subHealthyStrategy="hotSwitch")
+        await wait_decision(cd, "degrade-to-ignore", job_id=UID, timeout_s=20)
+        await wait_idle(cd, job_id=UID)
+        await eventually(lambda: cd.jobs.get(UID).sub_healthy_strategy == "ignore", what="degraded")
+        await label("pod-rescheduling", "on")  # the job is applied again from its PodGroup
+        await eventually(lambda: cd.jobs.get(UID).pod_rescheduling == "on", what="PodGroup change applied")
+        assert cd.jobs.get(UID).sub_healthy_strategy == "ignore"
+        await label("subHealthyStrategy", "graceExit")
+        await eventually(
+            lambda: cd.jobs.get(UID).sub_healthy_strategy == "graceExit", what="the label's new value"
+        )
+    finally:
+        await sims.close()
+        await cd.stop()
+
+
+async def test_a_switch_cancelled_while_the_fault_pod_awaits_deletion_takes_it_back(k8s, hcd):
+    """Cancelled in WaitOldPodDeleted (Volcano has not deleted the fault pod yet): needVolcanoOpe and
+    the fault-type label come off the fault pod too, so Volcano does not delete a pod whose backup
+    is going away."""
+    emu, api = k8s
+    operator = OperatorSim(api, backup_node="node-3", volcano=False)
+    operator.start()
+    sims = Sims(f"127.0.0.1:{hcd.grpc_port}")
+    try:
+        sim = await start_job(api, hcd, sims, subHealthyStrategy="hotSwitch")
+        await wait_state(hcd, "WaitOldPodDeleted", job_id=UID, timeout_s=20)
+        doc = await api._call("get pod", api.core.read_namespaced_pod, "llama-worker-1", NS)
+        assert doc["metadata"]["annotations"]["needVolcanoOpe"] == "delete"
+        assert doc["metadata"]["labels"]["fault-type"] == "SubHealth"
+        sim.stop()
+        await wait_decision(hcd, "reset", job_id=UID)
+        await eventually(lambda: "llama-worker-1-backup" in operator.deleted, what="backup pod deleted")
+
+        async def taken_back():
+            pod = await api._call("get pod", api.core.read_namespaced_pod, "llama-worker-1", NS)
+            ann, labels = pod["metadata"].get("annotations") or {}, pod["metadata"].get("labels") or {}
+            return not {"needVolcanoOpe", "inHotSwitchFlow", "needOperatorOpe"} & set(ann) and (
+                "fault-type" not in labels
+            )
+
+        await eventually(taken_back, what="the fault pod's hot switch marks removed")
+    finally:
+        await sims.close()
+        await operator.stop()

@@ -34,7 +34,21 @@ class HotSwitchFlow:
 
     async def run(self, faults: list[RankFault]) -> None:
         """Switch the sub-healthy pod to a backup node; any failure falls back to job-level
-        rescheduling and degrades the job's subHealthyStrategy to ignore."""
+        rescheduling and degrades the job's subHealthyStrategy to ignore. A flow that ends another
+        way (cancelled by a controller reset, a handler error) still has its backup-pod annotations
+        cleaned, in a task of its own (the cancelled flow may not wait)."""
+        try:
+            await self._run(faults)
+        except BaseException:  # every end of its own (success, failure) has cleaned already
+            pods = self.c.ports.pods
+            if pods is not None and pods.switching(self.c.job_id):
+                self.c.ports.spawn(
+                    pods.end_switch(self.c.job_id, ok=False, cancelled=True),
+                    f"hot-switch-clean-{self.c.job_id}",
+                )
+            raise
+
+    async def _run(self, faults: list[RankFault]) -> None:
         flow = "hot-switch"
         job = self.c.job()
         fault_nodes = sorted({f.node for f in faults})
@@ -123,7 +137,7 @@ class HotSwitchFlow:
 
     async def _degrade(self, flow: str, reason: str) -> None:
         """Sub-health handling falls back: subHealthyStrategy becomes ``ignore`` (principles 亚健康热切)."""
-        await self.c.ports.jobs.update(self.c.job_id, sub_healthy_strategy="ignore")
+        await self.c.ports.jobs.update(self.c.job_id, hold=True, sub_healthy_strategy="ignore")
         self.c.decide(flow, "degrade-to-ignore", reason)
 
     async def _move_ranks(self, mapping: dict[str, str]) -> None:

@@ -178,19 +178,14 @@ class FaultIntake:
             return
         s = job.sub_healthy_strategy or "ignore"
         if s == "hotSwitch":
-            pods = {f.pod_rank for f in faults}
-            why = None
-            if job.framework not in HOT_SWITCH_FRAMEWORKS:
-                why = f"framework {job.framework} does not support hot switch"
-            elif 0 in pods:
-                why = "the fault is on the master pod (pod rank 0)"
-            elif len(pods) > MAX_HOT_SWITCH_PODS:
-                why = f"more than {MAX_HOT_SWITCH_PODS} fault pods"
-            elif ctl.busy() or ctl.state != INIT:
-                why = f"controller busy ({ctl.state})"
+            why, degrade, faults = self._hot_switch_faults(job, ctl, faults)
             if why:
                 self.decide(job.id, "hot-switch", "ignore", why, faults=faults)
-                self.spawn(self.jobs.update(job.id, sub_healthy_strategy="ignore"), f"degrade-{job.id}")
+                if degrade:
+                    self.spawn(
+                        self.jobs.update(job.id, hold=True, sub_healthy_strategy="ignore"),
+                        f"degrade-{job.id}",
+                    )
                 return
             self.decide(
                 job.id, "hot-switch", "start", "sub-health fault, subHealthyStrategy=hotSwitch", faults=faults
@@ -218,6 +213,25 @@ class FaultIntake:
             self.decide(
                 job.id, "sub-health", "ignore", "subHealthyStrategy=ignore: training continues", faults=faults
             )
+
+    @staticmethod
+    def _hot_switch_faults(job, ctl: Controller, faults: list[RankFault]):
+        """The reference's skipHandleSubHealthyHotSwitch: (why not, degrade to ignore, the faults to
+        switch). A framework without hot switch or more than ``MAX_HOT_SWITCH_PODS`` fault pods
+        degrades the job's subHealthyStrategy; a busy controller or faults only on the master pod
+        (pod rank 0, whose faults are left out) skip this fault and keep the strategy. Only the first
+        fault pod (lowest pod rank) is switched."""
+        if job.framework not in HOT_SWITCH_FRAMEWORKS:
+            return f"framework {job.framework} does not support hot switch", True, faults
+        if ctl.busy() or ctl.state != INIT:
+            return f"controller busy ({ctl.state})", False, faults
+        others = [f for f in faults if f.pod_rank > 0]
+        if not others:
+            return "the fault is on the master pod (pod rank 0)", False, faults
+        pods = {f.pod_rank for f in others}
+        if len(pods) > MAX_HOT_SWITCH_PODS:
+            return f"more than {MAX_HOT_SWITCH_PODS} fault pods", True, faults
+        return None, False, [f for f in others if f.pod_rank == min(pods)]
 
     async def process_fault(self, job_id: str, ranks) -> None:
         """ReportProcessFault: ranks with a type "1" start a recovery flow (``stopTrain``); when every

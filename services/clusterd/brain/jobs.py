@@ -46,6 +46,14 @@ class JobRegistry:
 
     Listeners ``cb(job, deleted: bool)`` run after each change (sync or async).
     Given to other components (``jobs=``) so they resolve ranks -> (node, device).
+
+    A change made with ``update(..., hold=True)`` (the controller's degrade of subHealthyStrategy to
+    ``ignore``, the reference's in-memory ``ctl.jobInfo.SubHealthyStrategy``) is held against
+    ``apply(..., keep_held=True)`` -- the Kubernetes pod sync, which re-reads the PodGroup's labels:
+    while the source still says what the held change replaced, the held value stays; a source that
+    says something else, an apply without ``keep_held`` (a user's job apply) or the job's deletion
+    ends the hold. Holds live in memory (a ClusterD restart forgets them, as the reference's
+    controller does).
     """
 
     NS = "jobs"
@@ -55,6 +63,7 @@ class JobRegistry:
         self._jobs: dict[str, Job] = {}
         self._by_node: dict[str, set[str]] = {}  # node -> ids of jobs with a rank there
         self._listeners: list = []
+        self._held: dict[str, dict[str, tuple[Any, Any]]] = {}  # id -> field -> (replaced, held value)
 
     def _index(self, job: Job | None, old: Job | None) -> None:
         for n in {r.node for r in old.ranks} if old else ():
@@ -109,8 +118,9 @@ class JobRegistry:
     def __len__(self) -> int:
         return len(self._jobs)
 
-    async def apply(self, jobs: list[Job]) -> list[tuple[Job, str]]:
+    async def apply(self, jobs: list[Job], keep_held: bool = False) -> list[tuple[Job, str]]:
         """Create or update jobs. Returns [(job, "created"|"updated"|"unchanged")]. Durable on return.
+        ``keep_held``: held changes stay while the job's source is unchanged (class docstring).
 
         Raises :class:`JobSpecError` when a job's namespace/name belongs to another id.
         """
@@ -121,6 +131,9 @@ class JobRegistry:
         out = []
         now = now_ms()
         for job in jobs:
+            job = self._with_held(job) if keep_held else job
+            if not keep_held:
+                self._held.pop(job.id, None)
             old = self._jobs.get(job.id)
             if old is not None and replace(old, created_ms=0, updated_ms=0) == job:
                 out.append((old, "unchanged"))
@@ -133,11 +146,30 @@ class JobRegistry:
             await self._notify(job, False)
         return out
 
-    async def update(self, job_id: str, **changes: Any) -> Job | None:
-        """Change fields of a stored job (e.g. ``process_recover_enable="on"``). None if unknown."""
+    def _with_held(self, job: Job) -> Job:
+        """``job`` with its held changes where its source still says what they replaced; a hold
+        whose source changed ends."""
+        held = self._held.get(job.id)
+        if not held:
+            return job
+        keep = {f: (was, now) for f, (was, now) in held.items() if getattr(job, f) in (was, now)}
+        if keep:
+            self._held[job.id] = keep
+        else:
+            self._held.pop(job.id, None)
+        return replace(job, **{f: v[1] for f, v in keep.items()}) if keep else job
+
+    async def update(self, job_id: str, hold: bool = False, **changes: Any) -> Job | None:
+        """Change fields of a stored job (e.g. ``process_recover_enable="on"``). None if unknown.
+        ``hold``: keep the change against the Kubernetes pod sync (class docstring)."""
         old = self._jobs.get(job_id)
         if old is None:
             return None
+        if hold:
+            held = self._held.setdefault(job_id, {})
+            for f, v in changes.items():
+                replaced = held[f][0] if f in held else getattr(old, f)
+                held[f] = (replaced, v)
         job = replace(old, updated_ms=now_ms(), **changes)
         await self._store.kv_put(self.NS, job.id, job.to_dict())
         self._jobs[job.id] = job
@@ -152,6 +184,7 @@ class JobRegistry:
             return None
         await self._store.kv_delete(self.NS, job_id)  # stored first: a refused delete changes nothing
         del self._jobs[job_id]
+        self._held.pop(job_id, None)
         self._index(None, job)
         await self._notify(job, True)
         return job

@@ -100,7 +100,7 @@ class PodJobs:
             await self.store.kv_delete(STORE_NS, other.id)
         if owned is None:
             await self.store.kv_put(STORE_NS, job_id, {"name": name, "namespace": namespace})
-        (res,) = await registry.apply([job])
+        (res,) = await registry.apply([job], keep_held=True)  # a degrade stays (JobRegistry)
         if res[1] != "unchanged":
             event(
                 log,

@@ -14,6 +14,10 @@ calls (:mod:`.handoff`).
   waits for it to be deleted. Success: ``inHotSwitchFlow`` removed from the backup pod
   (cleanStateWhenSuccess); failure: ``inHotSwitchFlow``, ``backupNewPodName`` and ``needOperatorOpe``
   removed from the fault pod and ``needOperatorOpe=delete`` on the backup pod (cleanStateWhenFailed).
+  A switch cancelled midway (the controller reset: the training side went away or re-registered,
+  the job ended, an operator reset) is cleaned as a failure, and a ``needVolcanoOpe=delete`` /
+  ``fault-type=SubHealth`` it wrote on the fault pod is removed too: nobody migrates to the backup
+  pod any more (the reference's reset only forgets the pods, leaving the Operator's annotations).
 - **Resources back** (the reference's listenScheduleResult, ``podgroup.JudgeIsRunningByJobKey``):
   the job's PodGroup is ``Running`` and every pod rank that was told to exit has a ``Running`` pod
   that is not the one it had then (another UID: the fault pod was replaced).
@@ -68,6 +72,7 @@ class KubePods:
         self.podgroups = podgroups
         self.h = handoff
         self._switch: dict[str, list[str]] = {}  # job id -> [namespace, fault pod, backup pod or ""]
+        self._deleting: set[str] = set()  # jobs whose fault pod got needVolcanoOpe=delete
 
     # -- views --------------------------------------------------------------------------------------
     def _pod_rank(self, pod: dict) -> int:
@@ -160,6 +165,7 @@ class KubePods:
                 "labels": {FAULT_TYPE_LABEL: SUB_HEALTH_FAULT},
             }
         }
+        self._deleting.add(job_id)
         await self._patch(ns, name, body)
         gone = await self._until(
             lambda: self._find(job_id, lambda p: _meta(p).get("name") == name and not is_backup(p)) is None,
@@ -167,9 +173,16 @@ class KubePods:
         )
         return bool(gone)
 
-    async def end_switch(self, job_id: str, ok: bool) -> None:
-        """cleanStateWhenSuccess (``ok``) or cleanStateWhenFailed (module docstring)."""
+    def switching(self, job_id: str) -> bool:
+        """True while a switch of ``job_id`` holds pod annotations that :meth:`end_switch` undoes."""
+        return job_id in self._switch
+
+    async def end_switch(self, job_id: str, ok: bool, cancelled: bool = False) -> None:
+        """cleanStateWhenSuccess (``ok``) or cleanStateWhenFailed (module docstring); ``cancelled``
+        (a flow cancelled midway) also takes back a ``needVolcanoOpe=delete`` of the fault pod."""
         switch = self._switch.pop(job_id, None)
+        deleting = job_id in self._deleting
+        self._deleting.discard(job_id)
         if switch is None:
             return
         ns, name, new = switch
@@ -182,8 +195,14 @@ class KubePods:
                 await self._patch(ns, new, {"metadata": {"annotations": {IN_HOT_SWITCH: None}}})
             return
         gone = {IN_HOT_SWITCH: None, BACKUP_NEW_POD: None, NEED_OPERATOR_OPE: None}
-        await self._patch(ns, name, {"metadata": {"annotations": gone}})
+        body: dict = {"metadata": {"annotations": gone}}
+        if cancelled and deleting:
+            gone[NEED_VOLCANO_OPE] = None
+            body["metadata"]["labels"] = {FAULT_TYPE_LABEL: None}
+        if self._find(job_id, lambda p: _meta(p).get("name") == name and not is_backup(p)) is not None:
+            await self._patch(ns, name, body)
         if backup is not None:
             body = {"metadata": {"annotations": {NEED_OPERATOR_OPE: "delete"}}}
             await self._patch(ns, new, body)
-        event(log, logging.INFO, "hot switch cleaned after failure", job=job_id, pod=f"{ns}/{name}")
+        how = "cancelled" if cancelled else "after failure"
+        event(log, logging.INFO, f"hot switch cleaned {how}", job=job_id, pod=f"{ns}/{name}")

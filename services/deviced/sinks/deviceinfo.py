@@ -5,7 +5,9 @@ Shape: ``{"metadata": {"name", "namespace": "kube-system"}, "data": {"DeviceInfo
 "SwitchInfoCfg": <json string>, "ManuallySeparateNPU": "Ascend910-3,...", "UpgradeFaultReason":
 <json string>, "Description": ...}}`` -- the ConfigMap data map, every value a string as in the
 reference. Names use physical ids (``Ascend910-<phy>``); fault times are ms, UpdateTime is s;
-CheckCode is the sha256 of the compact JSON of ``DeviceInfo``.
+CheckCode is the sha256 of the compact JSON of ``DeviceInfo``. During a graceful-tolerance episode
+the job's chips are shown Healthy (:meth:`deviced.grace.GraceFlow.filtered_health`, the reference's
+``filterDevStatus``); their fault records stay.
 
 Every JSON value is the bytes Go's ``json.Marshal`` writes for the reference's structs
 (:mod:`faultmesh.gojson`): struct fields in declaration order (``DeviceInfo, SuperPodID,
@@ -56,13 +58,17 @@ def build(app) -> dict[str, Any]:
     now_s = int(time.time())
     free, unhealthy, net_unhealthy, recovering, faults = [], [], [], [], []
     manual, upgrade = [], {}
-    for _logic, d in sorted(eng.devices.items(), key=lambda kv: kv[1].ids.phy):
+    grace = getattr(app, "grace", None)
+    shown_health, shown_net = grace.filtered_health() if grace is not None else (set(), set())
+    for logic, d in sorted(eng.devices.items(), key=lambda kv: kv[1].ids.phy):
         name = npu_name(d.ids.phy)
-        if d.health == "Healthy" and not d.in_use:
+        health = "Healthy" if logic in shown_health else d.health
+        network_health = "Healthy" if logic in shown_net else d.network_health
+        if health == "Healthy" and not d.in_use:
             free.append(name)
-        if d.health != "Healthy":
+        if health != "Healthy":
             unhealthy.append(name)
-        if d.network_health != "Healthy":
+        if network_health != "Healthy":
             net_unhealthy.append(name)
         if d.resetting:
             recovering.append(name)
@@ -80,8 +86,8 @@ def build(app) -> dict[str, Any]:
                 for r in sorted(reasons, key=lambda r: (r.time_ms, r.code))
             ]
         for network, fault_type, codes, level, unhealthy_flag in (
-            (False, "CardUnhealthy", d.chip, d.level, d.health != "Healthy"),
-            (True, "CardNetworkUnhealthy", d.network, d.network_level, d.network_health != "Healthy"),
+            (False, "CardUnhealthy", d.chip, d.level, health != "Healthy"),
+            (True, "CardNetworkUnhealthy", d.network, d.network_level, network_health != "Healthy"),
         ):
             mode_reasons = [r for r in reasons if (r.code in NETWORK_CODES_ALL) == network]
             if not codes and not unhealthy_flag and not mode_reasons:
