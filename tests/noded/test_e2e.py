@@ -111,7 +111,12 @@ def test_resync_after_clusterd_restart(tmp_path, clusterd, bmc_sim):
         shutil.rmtree(clusterd.state_dir)
         clusterd.start()
         wait_for(lambda: bmc_faults(clusterd) == want, what="resync into an empty clusterd")
-        assert clusterd.get_json("/v1/nodes/node-a")["node_status"] == "UnHealthy"
+        # the snapshot's faults are committed before its node status is applied (the same message)
+        wait_for(
+            lambda: clusterd.get_json("/v1/nodes/node-a")["node_status"] == "UnHealthy",
+            timeout_s=10,
+            what="node status from the snapshot",
+        )
     finally:
         nd.stop()
 
