@@ -44,7 +44,7 @@ import numpy as np
 
 from .metrics import StepMetrics
 from .ring import Ring as _Ring
-from .sequential import MARGIN, StepEvidence
+from .sequential import MARGIN, SHARED_HOST, StepEvidence
 
 MIN_OPS = 16  # counted operations below which a window says nothing
 
@@ -385,10 +385,14 @@ class GapDetector:
             judged.append(key)  # gaps recorded: this rule decides (nobody until its window is full)
             x = st[2].view()
             pre = None
-            if self._fresh is not None and x.shape[1] >= MIN_OPS and self.seq.bound > 0:
+            enough = len(st[1]) >= self.short and x.shape[1] >= MIN_OPS  # the short window's steps
+            if self._fresh is not None and self.seq.bound > 0 and enough:
                 pre = _iqm_iqr(x)  # one sort of the window, shared with judge_excess
-                thr = MARGIN * max(self.floor, self.spread * _spread(pre[1]))  # the windows', less z
-                flagged += self.seq.feed_group(key, self._fresh[0], self._fresh[1] >= thr)
+                s = _spread(pre[1])
+                over = self._fresh[1] >= MARGIN * max(self.floor, self.spread * s)  # the windows', less z
+                if s > SHARED_HOST * self.floor:  # ranks sharing CPU cores: a step is no evidence
+                    over[:] = False  # (:mod:`.sequential`); the statistics fall back to 0
+                flagged += self.seq.feed_group(key, self._fresh[0], over)
             if len(st[1]) < self.window:
                 continue
             full = self.long_window and st[4] >= self.long_window  # the long horizon is full
