@@ -339,6 +339,11 @@ class GapDetector:
     Each step's ``d`` is computed once (kept per group, float32, in a ring while in the horizon):
     a round costs the new steps and one sort of the window (and one of the short window, and one
     of the long horizon's per-step means).
+
+    ``seq`` (:mod:`.sequential`, ``seqBound``): from the short window on, each new step's mean
+    ``d`` over ``MARGIN`` x ``max(floor, spread * s)`` is a step over; a group whose ``s`` exceeds
+    ``SHARED_HOST`` x ``floor`` (ranks sharing CPU cores: bursts of slow steps on healthy members)
+    feeds no step over. Ranks passing the bound are flagged.
     """
 
     def __init__(
