@@ -5,7 +5,7 @@ node-b) once confirmed rank 1 of node-a beside a second test suite: rank 1 is no
 peer and waits for it only at the global all-reduce, which no TP gap holds -- its own compute
 between its TP collectives was slower than its peer's for a few steps, as a core shared with
 another tenant makes it. Modelled here: a TP pair with the real job's per-op gap spread (7 TP
-collectives a step; per-op spread of the log gap excess 0.27-0.58 on the 2-core box) in which the
+collectives a step; per-op spread of the log gap excess 0.20-0.58 on the 2-core box) in which the
 healthy rank 1 computes 2.5 x its peer's for 9 steps; the same pair on a cluster (per-op spread
 2 %, bench/trainsim_tp.py) with a +20 % card from step 30 is still confirmed within 10 steps.
 """
@@ -45,9 +45,10 @@ def _rounds(noise: float, slow: dict[int, tuple[range, float]], steps: int, seed
 
 
 def test_a_healthy_rank_slowed_for_a_few_steps_by_a_shared_core_is_not_named():
-    for seed in range(4):
-        res = _rounds(0.25, {1: (range(60, 69), 0.9)}, 120, seed)
-        assert not [r["seqRanks"] for r in res if r.get("seqRanks")], seed
+    for noise in (0.14, 0.25):  # per-op spread of the excess ~0.2 and ~0.35 (x sqrt 2)
+        for seed in range(4):
+            res = _rounds(noise, {1: (range(60, 69), 0.9)}, 120, seed)
+            assert not [r["seqRanks"] for r in res if r.get("seqRanks")], (noise, seed)
 
 
 def test_a_card_20_percent_slower_on_a_cluster_still_passes_within_ten_steps():
