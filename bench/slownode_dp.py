@@ -9,7 +9,11 @@ Kinds (how they are modelled and the literature: bench/trainsim_dp.py):
 - ``moe_*``: the same with mixture-of-experts layers (expert parallel over each node, dispatch and
   combine all-to-alls); ``skew``: token-routing skew only (each layer and step a few random ranks
   compute their experts 1.2-1.8x longer); ``skew_card+25%``: the skew and one +25 % card;
-- ``card+20%`` / ``card+5%``: one card's compute slower from step ``ONSET`` on.
+- ``card+20%`` / ``card+5%``: one card's compute slower from step ``ONSET`` on;
+  ``two_cards+20%``: two cards at once (both must be named);
+- ``restart``: the job restarts at step ``RESTART`` on a new placement (steps from 1 again, a
+  warm-up; bench/trainsim_dp.py), the card slows ``ONSET - RESTART`` steps later: its baselines
+  re-form on those steps only (a fresh job has ``ONSET``), nobody may be named across the restart.
 
 Every job runs ``STEPS`` steps through the whole path (records, parallel_group.json, reader,
 per-step assembler) and the rounds of bench/slownode_realistic.py (``ROUND_STEPS`` steps a round,
@@ -55,7 +59,14 @@ SCENARIOS: dict[str, tuple[str, bool, str, float]] = {
     "moe_ddp_skew_card+25%": ("ddp", True, "card", 1.25),
     "moe_fsdp_skew": ("fsdp", True, "none", 1.0),
     "moe_fsdp_skew_card+25%": ("fsdp", True, "card", 1.25),
+    "ddp_two_cards+20%": ("ddp", False, "card", 1.20),
+    "fsdp_two_cards+20%": ("fsdp", False, "card", 1.20),
+    "ddp_restart": ("ddp", False, "none", 1.0),
+    "ddp_restart_card+20%": ("ddp", False, "card", 1.20),
+    "fsdp_restart_card+20%": ("fsdp", False, "card", 1.20),
+    "moe_fsdp_restart_skew_card+25%": ("fsdp", True, "card", 1.25),
 }
+RESTART = 12  # ``*restart*``: the job restarts at this step (steps from 1 again, a new placement)
 
 
 NOISE_FIELDS = ("op_noise", "step_noise", "hiccup_ms")
@@ -77,6 +88,10 @@ def make_sim(
     if card_sd is not None:
         conf.card_sd = card_sd
     sim = DPSim(DPLayout(n, mode, moe), conf, Fault(kind, target, factor, onset=ONSET))
+    if "two_cards" in name:
+        sim.second = (target + 1 + random.Random(seed * 37 + n).randrange(n - 1)) % n
+    if "restart" in name:
+        sim.restart_at = RESTART
     sim.n_steps = STEPS  # type: ignore[attr-defined]
     return sim
 

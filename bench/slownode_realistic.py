@@ -21,6 +21,12 @@ healthy and card+20% jobs) is, per round, the least of ``--repeat`` runs of the 
 rule set in turn: other load on a shared box only ever adds to it. The healthy one runs past the
 gap rule's long horizon (``gapLongWindowSteps``): the steady figure is its rounds from then on.
 
+Issue 34's kinds: ``card+5%``; ``two_cards+20%`` (two slow cards at once, in different TP groups
+where the job has several: both must be named); ``restart`` / ``restart_card+20%``: the job
+restarts at step ``RESTART`` (trainsim_tp: a minute away, a warm-up, steps numbered from 1 again:
+MegaScale, Jiang et al., NSDI'24), the card slows at ``ONSET`` as in a fresh job, so its baselines
+re-form on ``ONSET - RESTART`` steps only; nobody may be named across the restart.
+
 Goals (issue 16), checked per scenario x size and listed as "goals missed": precision >= 0.97;
 recall >= 0.95 (>= 0.8 for +10 % stragglers); nobody named on culprit-free runs; every
 confirmation within 3 rounds of onset. The goals are for cluster jobs of 8 ... 1024 ranks; the
@@ -76,6 +82,10 @@ SCENARIOS: dict[str, tuple[str, float, int, dict]] = {
     "card+10%": ("card", 1.10, 8, {}),
     "card+20%": ("card", 1.20, 8, {}),
     "card+50%": ("card", 1.50, 8, {}),
+    "card+5%": ("card", 1.05, 8, {}),
+    "two_cards+20%": ("card", 1.20, 8, {"second": True}),
+    "restart": ("none", 1.0, 8, {"restart": True}),
+    "restart_card+20%": ("card", 1.20, 8, {"restart": True}),
     "card+20%_jittery": ("card", 1.20, 8, {"jitter": True}),
     "thermal": ("thermal", 1.5, 8, {}),
     "intermittent": ("intermittent", 1.5, 8, {}),
@@ -93,6 +103,7 @@ SCENARIOS: dict[str, tuple[str, float, int, dict]] = {
     "box_stall+40%": ("card", 1.4, 4, {"shared": True}),
     "box_dataloader": ("dataloader", 45.0, 4, {"shared": True}),
 }
+RESTART = 12  # ``restart*``: the job restarts at this step (trainsim_tp.Sim.restart_at)
 SHARED_STEPS = 250  # past the gap rule's long horizon (gapLongWindowSteps 160) plus rounds
 
 FAULTMESH = {"jobName": "bench", "nConsecSlowRoundsToConfirm": 3}
@@ -125,6 +136,10 @@ def make_sim(name: str, n: int, seed: int, noise: float = 1.0) -> Sim:
         target = rng.randrange(lay.dp * lay.tp * (lay.pp - 1))
     f = Fault(kind, target, factor, onset=ONSET, add_ms=factor)
     sim = Sim(lay, conf, f)
+    if extra.get("second"):  # another rank, in another TP group where there is one
+        sim.second = (target + lay.tp + rng.randrange(n - lay.tp)) % n if n > lay.tp else (target + 1) % n
+    if extra.get("restart"):
+        sim.restart_at = RESTART
     sim.n_steps = SHARED_STEPS if extra.get("shared") else STEPS  # type: ignore[attr-defined]
     return sim
 
@@ -186,7 +201,7 @@ def detect(sim: Sim, steps: dict[int, list], conf, round_ms: list[tuple[int, flo
         nodes[node] = nd
     cluster = ClusterDetector.for_conf(conf)
     tracker = DegradationTracker(conf)
-    t = truth(sim)
+    t = sim.truth() if hasattr(sim, "truth") else truth(sim)  # the DP simulator knows its own
     f = sim.fault
     onset = f.onset
     if f.kind == "thermal":
@@ -237,8 +252,8 @@ GOAL_PRECISION = 0.97
 
 
 def goal_recall(name: str) -> float:
-    """The issue's recall goal for a scenario: 0.8 for +10 % stragglers, else 0.95."""
-    return 0.8 if "+10%" in name else 0.95
+    """The issue's recall goal for a scenario: 0.8 for +10 % and +5 % stragglers, else 0.95."""
+    return 0.8 if "+10%" in name or "+5%" in name else 0.95
 
 
 class Tally:

@@ -36,8 +36,16 @@ How such jobs run (modelled, not fitted to any detector):
   GPUs Are Created Equal"; 1 % standard deviation, cut at 2.5 of them: a fleet's acceptance tests
   screen out the cards beyond), per-layer compute noise, per-step noise, OS hiccups.
 
-Faults (:class:`trainsim_tp.Fault`, from ``onset``): ``card`` (one rank's compute x factor) and
-``none``. Layout: ``n`` ranks, ``node_size`` per node, one DP group of all ranks (DDP: the default
+Faults (:class:`trainsim_tp.Fault`, from ``onset``): ``card`` (one rank's compute x factor; with
+``second`` >= 0 that rank's too: two slow cards at once) and ``none``.
+
+Restart (``restart_at`` > 0): at that step the job restarts from its checkpoint on a new placement
+(MegaScale, Jiang et al., NSDI'24; Gemini, Wang et al., SOSP'23: a failed job is restarted, often on
+other machines): the ranks land on other cards (their speeds are permuted), the first
+``RESTART_WARM`` steps are a warm-up (kernel autotuning, NCCL communicators and data-loader workers
+starting: every rank's compute x1.5, its data loader x5) after ``RESTART_S`` seconds (detection,
+rescheduling, checkpoint load: minutes in MegaScale), and the step numbers start over from 1
+(:meth:`DPSim.step_number`: the profiler's step counter restarts with the process). Layout: ``n`` ranks, ``node_size`` per node, one DP group of all ranks (DDP: the default
 group only, as a plain ``DistributedDataParallel`` job records it; FSDP: a labelled ``dp`` group),
 MoE: one ``exp`` group per node.
 """
@@ -47,7 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from trainsim_tp import _TEMPLATE, MS, Fault, Layout, Sim
+from trainsim_tp import _TEMPLATE, MS, RESTART_S, RESTART_WARM, Fault, Layout, Sim
 
 
 @dataclass
@@ -113,6 +121,18 @@ class DPSim:
     layout: DPLayout
     conf: DPConf = field(default_factory=DPConf)
     fault: Fault = field(default_factory=Fault)
+    second: int = -1
+    restart_at: int = 0
+
+    def step_number(self, i: int) -> int:
+        """The step number the profiler records for the ``i``-th step run (from 1 after a restart)."""
+        return i - self.restart_at + 1 if 0 < self.restart_at <= i else i
+
+    def truth(self) -> dict:
+        """The ranks a correct detector names ({} when nobody should be)."""
+        if self.fault.kind != "card":
+            return {}
+        return {"ranks": sorted({self.fault.target} | ({self.second} if self.second >= 0 else set()))}
 
     # the record helpers and file writers of the TP simulator (they use next_id / _groups / layout)
     _comm_name = Sim._comm_name
@@ -152,11 +172,17 @@ class DPSim:
         c, lay, rng = self.conf, self.layout, self.rng
         n, L, step = lay.n, c.layers, self.step
         f = self.fault
-        comp = self.speed.copy()
+        if self.restart_at and step == self.restart_at:  # a new placement: other cards
+            self.speed = self.speed[rng.permutation(n)]
+            self.t += RESTART_S * 10**9  # the restart itself
+        warm = 0 <= step - self.restart_at < RESTART_WARM if self.restart_at else False
+        comp = self.speed * (1.5 if warm else 1.0)
         if f.kind == "card" and step >= f.onset:
             comp[f.target] *= f.factor
+            if self.second >= 0:
+                comp[self.second] *= f.factor
         t0 = self.t
-        ready = t0 + 0.1 * MS + c.dl * (1 + rng.normal(0, 0.05, n)) * MS
+        ready = t0 + 0.1 * MS + c.dl * (5 if warm else 1) * (1 + rng.normal(0, 0.05, n)) * MS
         cur = ready.copy()
         hic = np.where(rng.random(n) < c.hiccup_p, rng.integers(0, 2 * L, n), -1)
         comms: list[tuple[str, str, np.ndarray, np.ndarray]] = []  # (op, group kind, start, end)
@@ -222,7 +248,9 @@ class DPSim:
         for r in range(n):
             o: list[bytes] = []
             dev = r % 8
-            sid = self._rng4(o, r, dev, f'"step {step}"', "default", t0, step_end, open_only=True)
+            sid = self._rng4(
+                o, r, dev, f'"step {self.step_number(step)}"', "default", t0, step_end, open_only=True
+            )
             self._rng2(o, r, dev, '"dataloader"', t0 + int(0.1 * MS), int(ready[r]))
             self._rng4(o, r, dev, '"forward"', "default", int(fwd_start[r]), int(fwd_end[r]))
             if comm:

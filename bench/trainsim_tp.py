@@ -28,6 +28,10 @@ Timing of one step (ns, all ranks):
 - *DP sync*: every rank ends the step with an all-reduce over its DP group; the step of every rank
   ends at the same time (``max`` over ranks of the last backward + ``t_dp``) — optimizer step and
   global gradient norm synchronize the job;
+- *cards differ*: each card's sustained speed is its own (``card_sd``, 1 % standard deviation cut
+  at 2.5 of them, as bench/trainsim_dp.py: GPUs of one model differ by a few percent under their
+  power and thermal limits, Sinha et al., SC'22; acceptance tests screen out the cards beyond);
+  drawn from its own random stream, so the other draws stay those of a job without the spread;
 - *noise*: per-op compute noise, per-step noise, OS hiccups (a rank loses ``hiccup_ms`` in one
   segment with probability ``hiccup_p`` per step), a checkpoint (``save_checkpoint`` host range)
   every ``ckpt_every`` steps;
@@ -120,6 +124,10 @@ def layout_for(n: int) -> Layout:
     return Layout(tp=8, pp=pp, dp=nodes // pp)
 
 
+RESTART_S = 60  # seconds from a failure to the first step of the restarted job (MegaScale NSDI'24)
+RESTART_WARM = 3  # warm-up steps after a restart
+
+
 @dataclass
 class Fault:
     """A fault injected from ``onset`` (see module doc for the kinds). ``target``: rank, node or TP
@@ -148,6 +156,7 @@ class SimConf:
     dl: float = 5.0
     op_noise: float = 0.02
     step_noise: float = 0.01
+    card_sd: float = 0.01
     hiccup_p: float = 0.005
     hiccup_ms: float = 20.0
     ckpt_every: int = 0
@@ -176,6 +185,7 @@ class SimConf:
 # most 0.05-0.18 (median 0.1) over 40 steps and 0.02-0.06 (median 0.03) over 160; the former
 # regime_rho 0.96 / regime_sd 0.05 drifted 0.14 / 0.07 (medians, 8 seeds), these 0.09 / 0.04.
 SHARED_BOX = dict(
+    card_sd=0.0,  # CPU cores of one box: the regimes below are their differences
     micro=1,
     k_ops=4,
     t_seg=20.0,
@@ -207,6 +217,19 @@ class Sim:
     layout: Layout
     conf: SimConf = field(default_factory=SimConf)
     fault: Fault = field(default_factory=Fault)
+    second: int = -1  # kind ``card``: a second slow rank (two faults at once)
+    restart_at: int = 0  # the job restarts at this step (:meth:`step_number`); 0: never
+
+    def step_number(self, i: int) -> int:
+        """The step number recorded for the ``i``-th step run: from 1 again after a restart (the
+        restarted processes count anew) -- after ``RESTART_S`` seconds away and ``RESTART_WARM``
+        warm-up steps (every rank's compute x1.5: autotuning, communicator set-up)."""
+        return i - self.restart_at + 1 if 0 < self.restart_at <= i else i
+
+    def truth(self) -> dict:
+        """:func:`truth` of this job, with :attr:`second`."""
+        t = truth(self)
+        return {"ranks": sorted({*t["ranks"], self.second})} if self.second >= 0 and "ranks" in t else t
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.conf.seed)
@@ -218,6 +241,9 @@ class Sim:
         self.step = 0
         lay = self.layout
         self._coords = np.array([lay.coords(r) for r in range(lay.n)])
+        sd = self.conf.card_sd  # the cards' own speeds, from a stream of their own
+        speed = np.random.default_rng(self.conf.seed + 7777).normal(0, sd, (lay.pp, lay.dp, lay.tp))
+        self._speed = 1 + np.clip(speed, -2.5 * sd, 2.5 * sd)
         self._groups = lay.groups()
         self._tp_name = {}
         self._pp_name = {}
@@ -251,6 +277,8 @@ class Sim:
 
             if k == "card":
                 comp[at(f.target)] *= f.factor
+                if self.second >= 0:
+                    comp[at(self.second)] *= f.factor
             elif k == "thermal":
                 x = min(1.0, (step - f.onset + 1) / max(1, f.ramp))
                 comp[at(f.target)] *= 1 + (f.factor - 1) * x
@@ -289,6 +317,11 @@ class Sim:
         P, D, T, M, K = lay.pp, lay.dp, lay.tp, c.micro, c.k_ops
         step = self.step
         comp, host, link, tpf, dl_add, net, store = self._factors(step)
+        comp = comp * self._speed
+        if self.restart_at and step == self.restart_at:
+            self.t += RESTART_S * 10**9
+        if self.restart_at and 0 <= step - self.restart_at < RESTART_WARM:
+            comp = comp * 1.5
         if c.regime_sd or c.load_sd:  # shared-CPU host: persistent per-rank regimes, box load
             self._regime = c.regime_rho * self._regime + rng.normal(
                 0, c.regime_sd * np.sqrt(1 - c.regime_rho**2), self._regime.shape
@@ -380,7 +413,9 @@ class Sim:
         if ckpt:
             step_end += int(c.ckpt_ms * store * MS)
         if emit == "metrics":
-            res = self._metrics(step, t0, step_end, ready, fwd_rec, sends, host, comm, ckpt, store)
+            res = self._metrics(
+                self.step_number(step), t0, step_end, ready, fwd_rec, sends, host, comm, ckpt, store
+            )
             self.t = step_end + int(0.2 * MS)
             self.step += 1
             return res
@@ -390,7 +425,9 @@ class Sim:
             p, d, t = coords[r]
             o = out[r]
             dev = int(r % 8)
-            sid = self._rng4(o, r, dev, f'"step {step}"', "default", t0, step_end, open_only=True)
+            sid = self._rng4(
+                o, r, dev, f'"step {self.step_number(step)}"', "default", t0, step_end, open_only=True
+            )
             self._rng2(o, r, dev, '"dataloader"', t0 + int(0.1 * MS), int(ready[p, d, t]))
             for s, _m, start, end, arrive, complete in fwd_rec:
                 if s != p:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import random
 
+from fdol.slownode.metrics import StepMetrics
 from fdol.slownode.records import Record
 
 
@@ -61,3 +63,21 @@ class Gen:
         assert end >= t, "step too short for its ranges"
         self.records += [Record(32, 1, end, rid, "", ""), Record(32, 0, end, rid, "", "")]
         return end
+
+
+def dp_history(n, steps, slow=None, factor=1.1, ops=6, seed=0, skip=()):
+    """Per rank, steps whose k-th data-parallel collective is reached after (k+1) x 10 ms of the
+    rank's compute (2 % noise each); ``skip``: (rank, step) pairs recorded without one collective."""
+    rng = random.Random(seed)
+    hist = {r: [] for r in range(n)}
+    for s in range(steps):
+        for r in range(n):
+            f = factor if r == slow else 1.0
+            t, starts = 0.0, []
+            for _ in range(ops):
+                t += 10 * 1_000_000 * f * (1 + rng.gauss(0, 0.02))
+                starts.append(int(t))
+            if (r, s) in skip:
+                starts.pop()
+            hist[r].append(StepMetrics(r, s, 0, 0, step_time=int(t) + 1_000_000, dp_starts=tuple(starts)))
+    return hist

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from .degradation import Action, DegradationTracker
 from .featconf import FeatConf
-from .node import fmt_level
+from .results import fmt_level
 
 __all__ = [
     "Action",
@@ -193,7 +193,8 @@ def merge_cluster(
     n_sigma: float = 3.0,
 ) -> dict:
     """Merge changed node results into the cluster result (§5). Keys as the reference plus
-    ``suspectRanks``, ``slowNodes`` (nodes whose result was slow), ``slowNodeRanks`` and
+    ``suspectRanks``, ``seqRanks`` (slow ranks whose sequential evidence passed the bound,
+    :mod:`.sequential`), ``slowNodes`` (nodes whose result was slow), ``slowNodeRanks`` and
     ``suppressed`` (lists emptied as cluster-wide, rules ``faultmesh``). ``groups``: the TP and PP
     groups of ``all_reports`` when the caller has them (:func:`merge_groups_json` otherwise);
     ``n_sigma``: the whole-node rule's margin over the nodes' forward noise with two nodes."""
@@ -204,6 +205,7 @@ def merge_cluster(
     domains: list[list[int]] = []
     sends: list[int] = []
     suspects: list[int] = []
+    seq: set[int] = set()
     level = 0.0
     slow = False
     slow_nodes = []
@@ -214,6 +216,7 @@ def merge_cluster(
         slow = True
         slow_nodes.append(res.get("nodeRank", ""))
         calc.extend(res.get("slowCalculateRanks") or [])
+        seq.update(res.get("seqRanks") or ())
         io.extend(res.get("slowIORanks") or [])
         hosts.extend(res.get("slowHostNodes") or [])
         domains.extend(res.get("slowCommunicationDomains") or [])
@@ -272,6 +275,7 @@ def merge_cluster(
         "slowIORanks": sorted(set(io)),
         "slowCommunicationRanks": comm_ranks,
         "suspectRanks": sorted(set(suspects)),
+        "seqRanks": sorted(seq.intersection(calc)),
         "slowNodes": sorted(set(slow_nodes)),
         "slowNodeRanks": sorted(set(node_ranks)),
         "suppressed": suppressed,

@@ -63,6 +63,12 @@ class DegradationTracker:
       has its baselines, or after ``initial_max_rounds`` rounds (a node that never gets TP data);
     - *communication profiling always on* (``commProfiling`` ``always``, the default of rules
       ``faultmesh``): no heavy_on/heavy_off actions, ``heavy`` stays true (reason ``always``);
+    - *sequential confirmation* (rules ``faultmesh``, ``seqBound`` > 0): a slow round whose
+      ``seqRanks`` (slow cards whose evidence across steps passed the bound,
+      :mod:`fdol.slownode.sequential`) is not empty confirms at once and reports those ranks,
+      without waiting for ``nConsecSlowRoundsToConfirm`` rounds; once confirmed, a further rank
+      that passes the bound is reported too (two slow cards: the report names all reported ranks,
+      so a node's fault lists every slow rank it hosts);
     - *suspects*: rounds with ``suspectRanks`` switch communication profiling on, or keep it on after
       slow rounds, to localize (at most ``suspect_max_rounds`` rounds, then a cooldown of
       ``suspect_cooldown_rounds``); the reference switched it off on the first round that was not
@@ -84,7 +90,8 @@ class DegradationTracker:
         self.degraded = False
         self.slow_rounds = 0
         self.clean_rounds = 0
-        self.gap = conf.confirm_gap if conf.rules == "faultmesh" else 0
+        self.gap_rules = conf.rules == "faultmesh"
+        self.gap = conf.confirm_gap if self.gap_rules else 0
         # per recent slow round: (its slow ranks, whether it named anything of any kind)
         self.history: deque[tuple[list[int], bool]] = deque(maxlen=conf.n_confirm_rounds)
         self.results: deque[dict] = deque(maxlen=conf.n_confirm_rounds)
@@ -146,11 +153,15 @@ class DegradationTracker:
         slow = result.get("isSlow") == 1
         suspects = result.get("suspectRanks") or []
         ranks = list(result.get("slowCalculateRanks") or [])
+        seq = [r for r in result.get("seqRanks") or () if r in ranks] if self.gap_rules else []
         if self.degraded:
             if slow or suspects:
                 self.clean_rounds = 0
                 if slow:
                     self.history.append((ranks, _names_any(result)))
+                if new := [r for r in seq if r not in self.reported_ranks and not self.deferred]:
+                    self.reported_ranks = sorted({*self.reported_ranks, *new})  # a second slow card:
+                    out.append(Action("report", list(self.reported_ranks)))  # all of them, per node
                 if self.deferred and (maj := self.majority_ranks()):
                     self.deferred = False
                     self.reported_ranks = maj
@@ -200,15 +211,15 @@ class DegradationTracker:
         self.results.append(result)
         if not self.heavy:
             self._heavy(True, "slow", out)
-            if self.slow_rounds < self.conf.n_confirm_rounds:
+            if self.slow_rounds < self.conf.n_confirm_rounds and not seq:
                 return out
         if self.heavy_reason != "always":
             self.heavy_reason = "slow"
-        if self.slow_rounds >= self.conf.n_confirm_rounds:
+        if seq or self.slow_rounds >= self.conf.n_confirm_rounds:
             self.degraded = True
             self._gaps = 0
             self.clean_rounds = 0
-            maj = self.majority_ranks()
+            maj = sorted(seq) if seq else self.majority_ranks()
             out.append(Action("confirm", maj, self.detail()))
             if maj:
                 self.reported_ranks = maj

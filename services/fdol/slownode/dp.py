@@ -61,6 +61,7 @@ from itertools import islice
 from .metrics import StepMetrics
 from .reader import Group
 from .records import BadInput
+from .sequential import MARGIN, StepEvidence
 
 
 def local_dp_groups(
@@ -110,7 +111,9 @@ class ArrivalLagDetector:
         bad: BadInput | None = None,
         evidence: str = "dp_starts",
         spread: float = 3.0,
+        seq: StepEvidence | None = None,
     ) -> None:
+        self.seq = seq if seq is not None else StepEvidence(0)
         self.spread = spread
         self.evidence = evidence
         self.window = window
@@ -123,7 +126,10 @@ class ArrivalLagDetector:
         self, groups: Sequence[Sequence[int]], history: dict[int, Sequence[StepMetrics]]
     ) -> tuple[list[int], dict[int, float]]:
         """-> (flagged ranks, {rank: score: its median lag over ``excess``, the larger of the window
-        and the short window; >= 1 flags})."""
+        and the short window; >= 1 flags}). The window rule judges a full ``window``; from
+        ``window // 4`` aligned steps on, each step also feeds the sequential test (``seq``,
+        :mod:`.sequential`: the step's median lag over ``MARGIN`` x the same threshold), whose passing ranks
+        are flagged too."""
         import numpy as np  # numpy: only where detection runs (issue 18)
 
         from .peers import excess_rows
@@ -132,12 +138,13 @@ class ArrivalLagDetector:
         scores: dict[int, float] = {}
         for group in groups:
             key = tuple(sorted(group))
-            rows = self._aligned(key, history)
-            if len(rows) < self.window:
+            rows, steps = self._aligned(key, history)
+            if len(rows) < self.short:
                 continue
             arr = np.asarray(rows, dtype=np.float32)  # [steps, members, ops]
             k = arr.shape[2]
-            lag = excess_rows(arr.transpose(1, 0, 2).reshape(len(key), -1))  # [members, valid ops]
+            flat = arr.transpose(1, 0, 2).reshape(len(key), -1)
+            lag = excess_rows(flat)  # [members, valid ops]
             if lag.shape[1] < 2 * k:
                 continue
             short = lag[:, -min(lag.shape[1], self.short * k) :]
@@ -145,23 +152,35 @@ class ArrivalLagDetector:
             thr = self.excess
             if self.spread > 0 and len(key) >= MIN_SPREAD_MEMBERS:  # the members' own spread of speed
                 thr = max(thr, self.spread * 1.4826 * float(np.median(np.abs(med - np.median(med)))))
+            if self.seq.bound > 0:  # each step's median lag over the threshold: the sequential test
+                valid = (flat > 0).all(axis=0).reshape(len(rows), k).sum(axis=1).tolist()
+                parts = np.split(lag, np.cumsum(valid)[:-1], axis=1)
+                nums = [st for st, v in zip(steps, valid, strict=True) if v]
+                per = [np.median(p, axis=1) >= MARGIN * thr for p, v in zip(parts, valid, strict=True) if v]
+                if per:
+                    flagged += self.seq.feed_group(key, nums, np.stack(per, axis=1))
+            if len(rows) < self.window:
+                continue
             score = np.maximum(med, np.median(short, axis=1)) / thr
             for r, v in zip(key, score.tolist(), strict=True):
                 scores[r] = round(v, 3)
                 if v >= 1:
                     flagged.append(r)
-        return sorted(flagged), scores
+        return sorted(set(flagged)), scores
 
-    def _aligned(self, key: tuple[int, ...], history: dict[int, Sequence[StepMetrics]]) -> list[list[tuple]]:
+    def _aligned(
+        self, key: tuple[int, ...], history: dict[int, Sequence[StepMetrics]]
+    ) -> tuple[list[list[tuple]], list[int]]:
         """The last ``window`` steps (chronological) every member has with the same non-zero number
-        of arrivals: per step [member][op]; steps where the members' numbers differ are counted
-        once (``missing_collectives``)."""
+        of arrivals: (per step [member][op], their step numbers); steps where the members' numbers
+        differ are counted once (``missing_collectives``)."""
         by_step: dict[int, dict[int, tuple[int, ...]]] = {}
         for r in key:
             for m in islice(reversed(history.get(r, ())), self.window + 8):
                 by_step.setdefault(m.step, {})[r] = getattr(m, self.evidence)
         seen = self._counted.get(key, -1)
         out = []
+        nums = []
         missing = 0
         for st in sorted(by_step):
             vec = by_step[st]
@@ -170,13 +189,14 @@ class ArrivalLagDetector:
             lens = {len(v) for v in vec.values()}
             if len(lens) == 1 and 0 not in lens:
                 out.append([vec[r] for r in key])
+                nums.append(st)
             elif lens != {0} and st > seen:
                 missing += 1
         if by_step:
             self._counted[key] = max(seen, max(by_step))
         if missing:
             self.bad.add("missing_collectives", missing)
-        return out[-self.window :]
+        return out[-self.window :], nums[-self.window :]
 
 
 class DataParallelRules:
@@ -184,9 +204,15 @@ class DataParallelRules:
     (``ep_gaps``) of the node's ranks without a TP group, with the keys ``peerWindowSteps``,
     ``dpLagExcess`` and ``dpLagSpread``; ``bad`` counts ``missing_collectives``."""
 
-    def __init__(self, window: int, excess: float, bad: BadInput, spread: float = 3.0) -> None:
-        self.dp = ArrivalLagDetector(window, excess, bad, spread=spread)
-        self.ep = ArrivalLagDetector(window, excess, bad, "ep_gaps", spread)
+    def __init__(
+        self, window: int, excess: float, bad: BadInput, spread: float = 3.0, seq_bound: float = 0.0
+    ) -> None:
+        self.dp = ArrivalLagDetector(window, excess, bad, spread=spread, seq=StepEvidence(seq_bound))
+        self.ep = ArrivalLagDetector(window, excess, bad, "ep_gaps", spread, StepEvidence(seq_bound))
+
+    def passed(self) -> set[int]:
+        """Ranks whose sequential statistic (:mod:`.sequential`) passed the bound, on either rule."""
+        return {r for d in (self.dp, self.ep) for r in d.seq.stat if d.seq.passed(r)}
 
     @staticmethod
     def groups(

@@ -31,7 +31,9 @@ with these deliberate differences, each a gap of the reference:
   ``gapLongSpread`` (0.5) — the gap-excess rule,
   :class:`fdol.slownode.peers.GapDetector` —, ``dpLagExcess`` (0.03) and ``dpLagSpread`` (3.0,
   0: off) — the lag rule on data-parallel collectives and expert all-to-alls for ranks without a
-  TP group, :mod:`fdol.slownode.dp`;
+  TP group, :mod:`fdol.slownode.dp` --, ``seqBound`` (6.0, 0: off) -- the sequential test across
+  steps that confirms a slow card as soon as its evidence passes the bound instead of after
+  ``nConsecSlowRoundsToConfirm`` rounds, :mod:`fdol.slownode.sequential`;
 - ``commProfiling``: ``always`` or ``onDemand`` (the reference's heavy/light switching); default
   ``always`` with rules ``faultmesh`` (wait asymmetry needs the TP collectives), else ``onDemand``.
 """
@@ -85,6 +87,7 @@ class FeatConf:
     gap_long_spread: float = 0.5
     dp_lag_excess: float = 0.03
     dp_lag_spread: float = 3.0
+    seq_bound: float = 6.0
     comm_profiling: str = ""
     rank_ids: tuple[int, ...] = field(default=())
     unknown_keys: tuple[str, ...] = field(default=(), compare=False)
@@ -150,6 +153,7 @@ _KEYS: dict[str, tuple[str, str, Any]] = {
     "gapLongSpread": ("gap_long_spread", "float", 0.5),
     "dpLagExcess": ("dp_lag_excess", "float", 0.03),
     "dpLagSpread": ("dp_lag_spread", "float", 3.0),
+    "seqBound": ("seq_bound", "float", 6.0),
     "commProfiling": ("comm_profiling", "str", ""),
 }
 COMM_PROFILING = ("", "always", "onDemand")
@@ -255,6 +259,7 @@ def _validate(c: FeatConf) -> None:
         (c.compute_excess > 0, "computeExcess must be > 0"),
         (0 < c.dp_lag_excess < 1, "dpLagExcess must be in (0, 1)"),
         (c.dp_lag_spread >= 0, "dpLagSpread must be >= 0"),
+        (c.seq_bound >= 0, "seqBound must be >= 0"),
     ]
     for ok, msg in checks:
         if not ok:

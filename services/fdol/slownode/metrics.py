@@ -173,6 +173,9 @@ def _mean(xs: list[int]) -> int:
     return round(sum(xs) / len(xs)) if xs else 0
 
 
+RESTART_GAP_NS = 5 * 10**9  # a step number again after this pause: the job restarted
+
+
 class StepAssembler:
     """Turns one rank's records into :class:`StepMetrics` (see module doc).
 
@@ -181,6 +184,8 @@ class StepAssembler:
     ``flush()`` completes what is left (end of input). Rejections are counted in ``bad``.
     A step is complete when a later step has started and its own records are in, or when a step two
     later has started (its missing parts are then counted ``missing_end``).
+    A step number at or below the last emitted one is a restart of the job (``restarts``; steps
+    number anew; :meth:`_is_restart`), else ``step_out_of_order``.
     """
 
     def __init__(
@@ -210,6 +215,7 @@ class StepAssembler:
         self.latest_step = -1
         self.last_emitted = -1
         self._last_end = 0
+        self.restarts = 0
 
     # -- records --------------------------------------------------------------------------------
     def feed(self, records: Iterable[Record]) -> list[StepMetrics]:
@@ -242,6 +248,8 @@ class StepAssembler:
                 if n is None:
                     return
                 st = self._steps.get(n)
+                if st is None and n <= self.last_emitted and self._is_restart(n, r.ts):
+                    self._restart(out)
                 if st is None:
                     if n <= self.last_emitted:
                         if r.name:  # count once per range (its first record)
@@ -337,6 +345,21 @@ class StepAssembler:
             m = self._metrics(n, st)
             if m is not None:
                 out.append(m)
+
+    def _is_restart(self, n: int, ts: int) -> bool:
+        """A step start numbered at or below the last emitted one is the job restarting when it
+        starts after that step ended and is step 0 or 1 (the counter starts over) or comes
+        ``RESTART_GAP_NS`` later (a process restart -- spawn, communicator init, checkpoint load
+        -- takes longer than that; a re-sent or reordered record does not)."""
+        return ts > self._last_end and (n <= 1 or ts - self._last_end >= RESTART_GAP_NS)
+
+    def _restart(self, out: list[StepMetrics]) -> None:
+        """The job restarted (its step numbers start over, later in time than the last step
+        emitted): complete the old run's steps (what is missing counted as usual), then number
+        anew (``restarts`` counts them; the detectors start their baselines again)."""
+        out.extend(self.flush())
+        self.latest_step = self.last_emitted = -1
+        self.restarts += 1
 
     def flush(self) -> list[StepMetrics]:
         """Complete every buffered step (end of input). Returns them."""

@@ -50,29 +50,11 @@ from .metrics import StepMetrics
 from .pattern import PatternDetector, compute_value
 from .reader import Group, merge_groups
 from .records import BadInput
+from .results import empty_result, fmt_level, time_rises
+from .sequential import StepEvidence
 
 TIME_COLUMNS = ("step_time", "zp_device", "zp_host", "pp_device", "dataloader_host")
 STALE_ROUNDS = 3  # rounds without a new step (others advancing) after which a rank is left out
-
-
-def fmt_level(x: float) -> str:
-    """Degradation as the reference prints it: ``"35.12%"``; ``"0.0%"`` when not degraded."""
-    return f"{100 * x:.2f}%" if x > 0 else "0.0%"
-
-
-def empty_result(job_id: str, node_ip: str) -> dict:
-    """A non-slow node result (§4.6)."""
-    return {
-        "isSlow": 0,
-        "degradationLevel": "0.0%",
-        "jobId": job_id,
-        "nodeRank": node_ip,
-        "slowCalculateRanks": [],
-        "slowCommunicationDomains": [],
-        "slowSendRanks": [],
-        "slowHostNodes": [],
-        "slowIORanks": [],
-    }
 
 
 class NodeDetector:
@@ -86,14 +68,22 @@ class NodeDetector:
     def __init__(self, conf: FeatConf, ranks: list[int], node_ip: str, bad: BadInput | None = None) -> None:
         self.conf = conf
         self.bad = bad if bad is not None else BadInput()
-        self._stale: dict[int, int] = {}  # rounds a rank got no new step while another did
-        self._seen: dict[int, int] = {}  # each rank's last step at the previous round
         self.ranks = sorted(set(ranks))
         self.node_ip = node_ip
         self._groups: dict[str, Group] = {}
         self._derived: tuple | None = None  # (tp groups, parallelGroups, notApplicable) of _groups
-        self._ready_for: tuple | None = None  # (ranks with data, groups version) with baselines ready
         self._groups_version = 0
+        self.restarts = 0
+        self._pending: dict[int, int] = {}  # rank -> its last step before a restart it has not made yet
+        self._start()
+
+    def _start(self) -> None:
+        """Every per-run state: histories, time detectors, baselines, the rules' windows and
+        sequential statistics (at construction, and again when the job restarts)."""
+        conf = self.conf
+        self._stale: dict[int, int] = {}  # rounds a rank got no new step while another did
+        self._seen: dict[int, int] = {}  # each rank's last step at the previous round
+        self._ready_for: tuple | None = None  # (ranks with data, groups version) with baselines ready
         keep = max(
             max(conf.pattern_window, conf.n_consec) * 3,
             conf.peer_window + 8,
@@ -115,9 +105,11 @@ class NodeDetector:
         self.peers = PeerDetector(conf.peer_window, conf.wait_asymmetry, conf.late_share, conf.wait_z)
         self.gaps = GapDetector(
             conf.peer_window, conf.gap_spread, conf.compute_excess, conf.wait_z,
-            conf.gap_long_window, conf.gap_long_spread,
+            conf.gap_long_window, conf.gap_long_spread, StepEvidence(conf.seq_bound),
         )  # fmt: skip
-        self.dp = DataParallelRules(conf.peer_window, conf.dp_lag_excess, self.bad, conf.dp_lag_spread)
+        self.dp = DataParallelRules(
+            conf.peer_window, conf.dp_lag_excess, self.bad, conf.dp_lag_spread, conf.seq_bound
+        )
         self.pattern = PatternDetector(conf.pattern_window, conf.compute_ratio, conf.wait_ratio)
         self._base_buf: dict[int, list[float]] = {r: [] for r in self.ranks}
         self.compute_baseline: dict[int, float] = {}
@@ -135,6 +127,12 @@ class NodeDetector:
 
     @groups.setter
     def groups(self, value: dict[str, Group]) -> None:
+        old = self._groups
+        if value == old:
+            return  # set every round: nothing changed
+        if any(k in old and old[k] != g for k, g in value.items()):  # a group's members changed
+            self.bad.add("layout_changed")  # the steps so far ran on another layout: no verdict
+            self._start()  # on them, the baselines start again
         self._groups = value
         self._derived = None
         self._groups_version += 1
@@ -175,8 +173,15 @@ class NodeDetector:
         h = self.history.get(m.rank)
         if h is None:
             return
-        if h and m.step <= h[-1].step:
-            return
+        if m.rank in self._pending:  # the node restarted, this rank not yet: its old run is dropped
+            if m.step >= self._pending[m.rank]:
+                return
+            del self._pending[m.rank]
+        elif h and m.step <= h[-1].step:
+            if m.step == h[-1].step:
+                return
+            self._restart(m.rank)  # steps start over: the job restarted
+            h = self.history[m.rank]
         h.append(m)
         if self.faultmesh:  # the forward times the rounds judge (0: not measured)
             self._fwd_any[m.rank].append(m.fwd_min or compute_value(m))
@@ -195,6 +200,13 @@ class NodeDetector:
         for c in TIME_COLUMNS:
             v = m.zp_med or m.zp_device if c == "zp_device" and self.faultmesh else getattr(m, c)
             self.detectors[(m.rank, c)].add(float(v))
+
+    def _restart(self, rank: int) -> None:
+        """``rank``'s steps went back: the job restarted. Every baseline, window and statistic starts
+        again; the other ranks' old-run records (step >= their last) are dropped until they restart."""
+        self._pending = {r: h[-1].step for r, h in self.history.items() if h and r != rank}
+        self.restarts += 1
+        self._start()
 
     def tp_groups(self) -> list[list[int]]:
         """Detection groups: each TP group intersected with the local ranks; singletons without TP groups."""
@@ -331,6 +343,7 @@ class NodeDetector:
         # data-parallel collectives / expert all-to-alls where no TP group (:mod:`.dp`)
         dp_cards, dp_lag = self.dp.evaluate(self._derive()[3], set(with_data), self.history)
         cards = sorted(set(cards) | set(gap_cards) | set(dp_cards))  # gaps where measured, waits elsewhere
+        seq = self.dp.passed() | {r for r in gap_cards if self.gaps.seq.passed(r)}
         by_rank = self._by_rank
         domains = [
             g
@@ -356,6 +369,9 @@ class NodeDetector:
         if io:
             fired.append("io")
         res["slowCalculateRanks"] = cards
+        res["seqRanks"] = [r for r in cards if r in seq]  # passed the sequential bound (:mod:`.sequential`)
+        if res["seqRanks"]:
+            fired.append("sequential")
         res["slowCommunicationDomains"] = domains
         res["slowSendRanks"] = sends
         res["slowHostNodes"] = [self.node_ip] if host else []
@@ -429,7 +445,7 @@ class NodeDetector:
                 if step > 0 and dl.recent() - dl.mean >= share * step:
                     io.append(r)
         host = list(ranks) if host_all else []
-        return sends, [r for r in io if not host_all], self._rises(ranks), host
+        return sends, [r for r in io if not host_all], time_rises(self._by_rank, ranks), host
 
     def _host_is_device(self, rank: int) -> bool:
         """True when the rank's last ``timeWindowSteps`` steps carry the same TP time on the host
@@ -437,20 +453,6 @@ class NodeDetector:
         same clock and the same ranges, so there is no separate host side to find slow)."""
         tail = islice(reversed(self.history[rank]), self.conf.time_window)
         return all(m.zp_host == m.zp_device for m in tail)
-
-    def _rises(self, ranks: list[int]) -> dict[str, dict[str, float | None]]:
-        """``rise`` of :meth:`_per_rank` (a plain loop: for 2 x 8 windows of 8 values a Python sort
-        beats building one numpy array)."""
-        out = {}
-        for r in ranks:
-            v = []
-            for d in self._by_rank[r][1:3]:  # zp_device, zp_host
-                x = d.recent()
-                ok = d.ready and d.mean > 0
-                v.append(round(x / d.mean, 4) if ok and x > 0 else None)
-                v.append(round(d.std / d.mean, 4) if ok else None)
-            out[str(r)] = {"zp": v[0], "zpSpread": v[1], "host": v[2], "hostSpread": v[3]}
-        return out
 
     def _forward(self, ranks: list[int], skip: set[int]) -> tuple[list[int], float | None]:
         """Forward times of the last ``timeWindowSteps`` steps against each rank's baseline

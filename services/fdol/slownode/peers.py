@@ -43,6 +43,8 @@ from itertools import chain, islice
 import numpy as np
 
 from .metrics import StepMetrics
+from .ring import Ring as _Ring
+from .sequential import MARGIN, SHARED_HOST, StepEvidence
 
 MIN_OPS = 16  # counted operations below which a window says nothing
 
@@ -269,16 +271,17 @@ def judge_excess(
     z: float,
     long_means: np.ndarray | None = None,
     long_spread: float = 0.0,
+    pre: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[list[int], list[float]]:
     """``x``: [members, valid ops] excess (:func:`_excess`) of the window, chronological;
     ``per_step``: valid ops per step of it; ``long_means``: [members, steps] each step's mean excess
-    over the long horizon (None: not judged). See :class:`GapDetector`."""
+    over the long horizon (None: not judged); ``pre``: :func:`_iqm_iqr` of ``x`` when the caller
+    has it. See :class:`GapDetector`."""
     n, total = x.shape
     if total < MIN_OPS:
         return [], [0.0] * n
-    mid, iqr = _iqm_iqr(x)
-    iq = sorted(iqr.tolist())
-    s = (iq[n // 2] if n % 2 else (iq[n // 2 - 1] + iq[n // 2]) / 2) / 1.349
+    mid, iqr = pre if pre is not None else _iqm_iqr(x)
+    s = _spread(iqr)
     out = (mid / max(floor, spread * s, z * s / math.sqrt(total))).tolist()
     m = int(sum(islice(reversed(per_step), short)))
     if MIN_OPS <= m < total:
@@ -291,6 +294,14 @@ def judge_excess(
         thr = max(floor, long_spread * s)
         out = [max(a, b) for a, b in zip(out, (long_iqm / thr).tolist(), strict=True)]
     return [i for i in range(n) if out[i] >= 1], [round(v, 3) for v in out]
+
+
+def _spread(iqr: np.ndarray) -> float:
+    """The robust per-op spread of the excess: the median over members of their interquartile
+    range (``iqr``, :func:`_iqm_iqr`), / 1.349."""
+    iq = sorted(iqr.tolist())
+    n = len(iq)
+    return (iq[n // 2] if n % 2 else (iq[n // 2 - 1] + iq[n // 2]) / 2) / 1.349
 
 
 class GapDetector:
@@ -328,6 +339,11 @@ class GapDetector:
     Each step's ``d`` is computed once (kept per group, float32, in a ring while in the horizon):
     a round costs the new steps and one sort of the window (and one of the short window, and one
     of the long horizon's per-step means).
+
+    ``seq`` (:mod:`.sequential`, ``seqBound``): from the short window on, each new step's mean
+    ``d`` over ``MARGIN`` x ``max(floor, spread * s)`` is a step over; a group whose ``s`` exceeds
+    ``SHARED_HOST`` x ``floor`` (ranks sharing CPU cores: bursts of slow steps on healthy members)
+    feeds no step over. Ranks passing the bound are flagged.
     """
 
     def __init__(
@@ -338,7 +354,10 @@ class GapDetector:
         z: float = 4.0,
         long_window: int = 160,
         long_spread: float = 0.5,
+        seq: StepEvidence | None = None,
     ) -> None:
+        self.seq = seq if seq is not None else StepEvidence(0)
+        self._fresh: tuple[list[int], np.ndarray] | None = None  # the new steps' [members, steps] means
         self.window = window
         self.short = max(2, window // 4)
         self.spread = spread
@@ -364,21 +383,32 @@ class GapDetector:
             key = tuple(sorted(group))
             if len(key) < 2:
                 continue
+            self._fresh = None
             st = state[key] = self._update(key, history)
             if not st[1]:
                 continue
             judged.append(key)  # gaps recorded: this rule decides (nobody until its window is full)
+            x = st[2].view()
+            pre = None
+            enough = len(st[1]) >= self.short and x.shape[1] >= MIN_OPS  # the short window's steps
+            if self._fresh is not None and self.seq.bound > 0 and enough:
+                pre = _iqm_iqr(x)  # one sort of the window, shared with judge_excess
+                s = _spread(pre[1])
+                over = self._fresh[1] >= MARGIN * max(self.floor, self.spread * s)  # the windows', less z
+                if s > SHARED_HOST * self.floor:  # ranks sharing CPU cores: a step is no evidence
+                    over[:] = False  # (:mod:`.sequential`); the statistics fall back to 0
+                flagged += self.seq.feed_group(key, self._fresh[0], over)
             if len(st[1]) < self.window:
                 continue
             full = self.long_window and st[4] >= self.long_window  # the long horizon is full
             hits, sc = judge_excess(
                 st[2].view(), st[1], self.short, self.spread, self.floor, self.z,
-                st[3].view() if full else None, self.long_spread,
+                st[3].view() if full else None, self.long_spread, pre,
             )  # fmt: skip
             flagged += [key[i] for i in hits]
             scores.update(zip(key, sc, strict=True))
         self._state = state
-        return sorted(flagged), scores, judged
+        return sorted(set(flagged)), scores, judged
 
     def _update(
         self, key: tuple[int, ...], history: dict[int, Sequence[StepMetrics]]
@@ -406,7 +436,8 @@ class GapDetector:
             news = [[m for m in new if m.step <= top] for new in news]
         steps = [m.step for m in news[0]]
         cols: list[np.ndarray] = []
-        added: list[int] = []
+        added: list[int] = []  # valid ops per new step (step numbers: nums)
+        nums: list[int] = []
         if all([m.step for m in new] == steps for new in news[1:]):
             shape = {len(m.tp_gaps) for new in news for m in new}
             if shape == {0}:
@@ -420,7 +451,7 @@ class GapDetector:
                     added = [o] * len(steps)
                 else:  # ops with an unmeasured gap are left out: count the rest per step
                     added = (arr > 0).all(axis=0).reshape(len(steps), o).sum(axis=1).tolist()
-                steps = []
+                nums, steps = steps, []
         by_step = [{m.step: m for m in new} for new in news] if steps else []
         for st in steps:  # members with different steps or gap counts: step by step
             row = [b.get(st) for b in by_step]
@@ -429,48 +460,21 @@ class GapDetector:
                 d = excess_rows(np.asarray([m.tp_gaps for m in row if m is not None], dtype=np.float32))
                 cols.append(d)
                 added.append(d.shape[1])
+                nums.append(st)
         if added:
             counts = (counts + tuple(added))[-self.window :]
             ring.push(cols, sum(counts))
-            if self.long_window and all(added):
+            if all(added) and (self.long_window or self.seq.bound > 0):
                 new_ops = cols[0] if len(cols) == 1 else np.concatenate(cols, axis=1)
                 if len(set(added)) == 1:  # the usual case: the same ops in every step
                     step_means = new_ops.reshape(len(key), len(added), added[0]).mean(axis=2)
                 else:
                     starts = np.cumsum((0, *added[:-1]))
                     step_means = np.add.reduceat(new_ops, starts, axis=1) / np.asarray(added, np.float32)
-                means.push([step_means], self.long_window)
-                n_means = min(self.long_window, n_means + len(added))
+                self._fresh = (nums, step_means)  # the sequential test's per-step evidence
+                if self.long_window:
+                    means.push([step_means], self.long_window)
+                    n_means = min(self.long_window, n_means + len(added))
             elif self.long_window:  # a step without a valid op: the horizon starts again
                 means, n_means = _Ring(len(key)), 0
         return top, counts, ring, means, n_means
-
-
-class _Ring:
-    """A group's [members, ops] excess columns, chronological, in one preallocated float32 buffer:
-    a round appends its new steps' columns and the window is a view (no copy of the window per
-    round; the buffer is compacted when full)."""
-
-    __slots__ = ("buf", "start", "end")
-
-    def __init__(self, members: int) -> None:
-        self.buf = np.empty((members, 0), np.float32)
-        self.start = self.end = 0
-
-    def view(self) -> np.ndarray:
-        """The kept columns [members, ops] (a view: valid until the next :meth:`push`)."""
-        return self.buf[:, self.start : self.end]
-
-    def push(self, cols: list[np.ndarray], keep: int) -> None:
-        """Append ``cols`` (each [members, k]) and keep the last ``keep`` columns."""
-        k = sum(c.shape[1] for c in cols)
-        if self.end + k > self.buf.shape[1]:
-            old = max(0, min(keep - k, self.end - self.start))
-            cap = max(self.buf.shape[1], 4 * max(keep, k))
-            buf = self.buf if cap == self.buf.shape[1] else np.empty((self.buf.shape[0], cap), np.float32)
-            buf[:, :old] = self.buf[:, self.end - old : self.end]  # overlapping: numpy copies first
-            self.buf, self.start, self.end = buf, 0, old
-        for c in cols:
-            self.buf[:, self.end : self.end + c.shape[1]] = c
-            self.end += c.shape[1]
-        self.start = max(self.start, self.end - keep)

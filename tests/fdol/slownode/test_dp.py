@@ -3,17 +3,15 @@ stage's per-operation evidence, the arrival-lag rule, and bad input degrading to
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from slownode_dp import make_sim
+from slownode_gen import dp_history
 from slownode_realistic import FAULTMESH, detect, steps_of
 from trainsim_dp import DPConf, DPLayout, DPSim
 from trainsim_tp import Fault
 
 from fdol.slownode.dp import ArrivalLagDetector, local_dp_groups
 from fdol.slownode.featconf import FeatConfError, parse_featconf
-from fdol.slownode.metrics import StepMetrics
 from fdol.slownode.node import NodeDetector
 from fdol.slownode.reader import Group
 from fdol.slownode.records import BadInput
@@ -73,39 +71,21 @@ def test_local_groups_dp_label_first_default_group_else_and_tp_members_left_to_t
     assert local_dp_groups(dflt, range(8), set(), ("exp",)) == []
 
 
-def _history(n, steps, slow=None, factor=1.1, ops=6, seed=0, skip=()):
-    """Per rank, steps whose k-th data-parallel collective is reached after (k+1) x 10 ms of the
-    rank's compute (2 % noise each); ``skip``: (rank, step) pairs recorded without one collective."""
-    rng = random.Random(seed)
-    hist = {r: [] for r in range(n)}
-    for s in range(steps):
-        for r in range(n):
-            f = factor if r == slow else 1.0
-            t, starts = 0.0, []
-            for _ in range(ops):
-                t += 10 * MS * f * (1 + rng.gauss(0, 0.02))
-                starts.append(int(t))
-            if (r, s) in skip:
-                starts.pop()
-            hist[r].append(StepMetrics(r, s, 0, 0, step_time=int(t) + MS, dp_starts=tuple(starts)))
-    return hist
-
-
 def test_a_rank_lagging_its_peers_by_ten_percent_is_flagged_and_healthy_ranks_are_not():
     det = ArrivalLagDetector(window=40, excess=0.03)
-    flagged, scores = det.evaluate([[0, 1, 2, 3]], _history(4, 40, slow=2))
+    flagged, scores = det.evaluate([[0, 1, 2, 3]], dp_history(4, 40, slow=2))
     assert flagged == [2]
     assert 2.5 < scores[2] < 4  # a 10 % lag over a 3 % threshold
     assert max(scores[r] for r in (0, 1, 3)) < 0.5
-    assert det.evaluate([[0, 1, 2, 3]], _history(4, 40))[0] == []
-    assert det.evaluate([[0, 1, 2, 3]], _history(4, 39, slow=2))[0] == []  # the window is not full
+    assert det.evaluate([[0, 1, 2, 3]], dp_history(4, 40))[0] == []
+    assert det.evaluate([[0, 1, 2, 3]], dp_history(4, 39, slow=2))[0] == []  # the window is not full
 
 
 def test_a_lag_within_the_peers_own_spread_is_not_named_one_beyond_it_is():
     """Eight cards whose speeds differ by -5 to +6 %: the slowest lags by more than the 3 % floor
     but not beyond 3 robust spreads of the members' lags; a +25 % card does."""
     speeds = [0.95, 0.97, 0.985, 1.0, 1.0, 1.01, 1.02, 1.06]
-    hist = _history(8, 40)
+    hist = dp_history(8, 40)
     for r, sp in enumerate(speeds):
         for m in hist[r]:
             m.dp_starts = tuple(int(x * sp) for x in m.dp_starts)
@@ -120,16 +100,16 @@ def test_steps_with_missing_collectives_are_left_out_counted_never_a_verdict():
     bad = BadInput()
     det = ArrivalLagDetector(window=40, excess=0.03, bad=bad)
     skip = {(2, s) for s in range(0, 48, 2)}  # the slow rank lost a record in every other step
-    flagged, _ = det.evaluate([[0, 1, 2, 3]], _history(4, 48, slow=2, skip=skip))
+    flagged, _ = det.evaluate([[0, 1, 2, 3]], dp_history(4, 48, slow=2, skip=skip))
     assert flagged == [] and bad["missing_collectives"] == 24
-    det.evaluate([[0, 1, 2, 3]], _history(4, 48, slow=2, skip=skip))
+    det.evaluate([[0, 1, 2, 3]], dp_history(4, 48, slow=2, skip=skip))
     assert bad["missing_collectives"] == 24  # each step counted once
 
 
 def test_a_rank_that_stops_reporting_is_left_out_the_others_still_judged():
     nd = NodeDetector(FM, list(range(4)), "node-0")
     nd.set_rank_groups({0: {"0": Group("0", "default_group", (0, 1, 2, 3))}})
-    hist = _history(4, 80, slow=1, factor=1.0)
+    hist = dp_history(4, 80, slow=1, factor=1.0)
     results = []
     for upto in range(4, 80, 5):
         for r in range(4):
