@@ -24,12 +24,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_grace_episodes_through_clusterd_deviced_and_the_taskd_client(tmp_path):
+def start_pair(tmp_path, *deviced_extra: str):
+    """clusterd and deviced (node-a, sim backend, 2 chips, ``--grace-tolerance``, reset group 2) as
+    processes; returns (clusterd proc, deviced proc, deviced's sim API URL, clusterd's HTTP URL)."""
     grpc_port, http_port, sim_port = free_port(), free_port(), free_port()
-    custom = tmp_path / "faultCustomization.json"  # the smallest waits the table allows; no frequency rule
-    custom.write_text(
-        json.dumps({"GraceTolerance": {"WaitProcessReadCMTime": 5, "WaitFaultSelfHealingTime": 1}})
-    )
     cd = start_logged(
         [str(BIN / "clusterd"), "--grpc-addr", f"127.0.0.1:{grpc_port}", "--http-addr", f"127.0.0.1:{http_port}",
          "--state-dir", str(tmp_path / "state")],
@@ -39,11 +37,21 @@ def test_grace_episodes_through_clusterd_deviced_and_the_taskd_client(tmp_path):
         [str(BIN / "deviced"), "--node-name", "node-a", "--clusterd", f"127.0.0.1:{grpc_port}",
          "--backend", "sim", "--sim-cards", "1", "--sim-devices-per-card", "2", "--grace-reset-group", "2",
          "--sim-control-addr", f"127.0.0.1:{sim_port}", "--http-addr", "127.0.0.1:0",
-         "--probe-interval", "0", "--list-watch-period", "3", "--fault-customization-file", str(custom),
-         "--reset-config-dir", str(tmp_path / "reset"), "--grace-tolerance", "--grace-npu-ready-s", "0.5"],
+         "--probe-interval", "0", "--list-watch-period", "3",
+         "--reset-config-dir", str(tmp_path / "reset"), "--grace-tolerance", *deviced_extra],
         tmp_path / "deviced.log",
     )  # fmt: skip
-    sim, api = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{http_port}"
+    return cd, dv, f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{http_port}"
+
+
+def test_grace_episodes_through_clusterd_deviced_and_the_taskd_client(tmp_path):
+    custom = tmp_path / "faultCustomization.json"  # the smallest waits the table allows; no frequency rule
+    custom.write_text(
+        json.dumps({"GraceTolerance": {"WaitProcessReadCMTime": 5, "WaitFaultSelfHealingTime": 1}})
+    )
+    cd, dv, sim, api = start_pair(
+        tmp_path, "--fault-customization-file", str(custom), "--grace-npu-ready-s", "0.5"
+    )
     folder = tmp_path / "reset" / "ai.reset-config-llama"
     halt = threading.Event()
     runner = None
@@ -127,21 +135,7 @@ def test_a_process_recovery_job_on_a_grace_node_is_rescheduled_at_job_level(tmp_
     with process recovery (recover-strategy recover, process-recover-enable on). A RestartNPU fault
     makes no grace episode on deviced (no RetryTime + 1, no reset) and clusterd decides
     job-rescheduling, naming the graceful tolerance of node-a."""
-    grpc_port, http_port, sim_port = free_port(), free_port(), free_port()
-    cd = start_logged(
-        [str(BIN / "clusterd"), "--grpc-addr", f"127.0.0.1:{grpc_port}", "--http-addr", f"127.0.0.1:{http_port}",
-         "--state-dir", str(tmp_path / "state")],
-        tmp_path / "clusterd.log",
-    )  # fmt: skip
-    dv = start_logged(
-        [str(BIN / "deviced"), "--node-name", "node-a", "--clusterd", f"127.0.0.1:{grpc_port}",
-         "--backend", "sim", "--sim-cards", "1", "--sim-devices-per-card", "2", "--grace-reset-group", "2",
-         "--sim-control-addr", f"127.0.0.1:{sim_port}", "--http-addr", "127.0.0.1:0",
-         "--probe-interval", "0", "--list-watch-period", "3",
-         "--reset-config-dir", str(tmp_path / "reset"), "--grace-tolerance"],
-        tmp_path / "deviced.log",
-    )  # fmt: skip
-    sim, api = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{http_port}"
+    cd, dv, sim, api = start_pair(tmp_path)
     folder = tmp_path / "reset" / "ai.reset-config-llama"
     try:
         wait_for(
