@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -48,7 +48,8 @@ class NodeState:
     ``stale``: agent -> ``{"reason": "NoHeartbeat" | "Disconnected", "since_ms"}`` for the agents
     whose data is no longer current (hung or gone; their faults are kept); ``agent_seen_ms``: agent
     -> when it last said Hello or its stream ended (epoch ms, persisted: the clock of
-    :meth:`NodeRegistry.expired_agents`). The views are the JSON objects of ``GET /v1/nodes/<name>``.
+    :meth:`NodeRegistry.expired_agents`); ``labels``: agent -> its last Hello's labels (its modes,
+    e.g. deviced's ``graceTolerance=on``: :mod:`faultmesh.exclusions`; persisted). The views are the JSON objects of ``GET /v1/nodes/<name>``.
     """
 
     name: str
@@ -61,6 +62,7 @@ class NodeState:
     pending: dict[str, list[str]] = field(default_factory=dict)  # agent -> sources not polled yet
     stale: dict[str, dict[str, Any]] = field(default_factory=dict)  # agent -> {reason, since_ms}
     agent_seen_ms: dict[str, int] = field(default_factory=dict)  # agent -> last hello / disconnect (ms)
+    labels: dict[str, dict[str, str]] = field(default_factory=dict)  # agent -> its Hello's labels
     # which agent said each view ("c:<type>" / "d:<type>-<id>" -> agent): a snapshot replaces only
     # its own agent's views (noded's BMC conditions survive a deviced snapshot, and the other way)
     owners: dict[str, str] = field(default_factory=dict)
@@ -84,6 +86,8 @@ class NodeState:
             "pending": self.pending,
             "stale": self.stale,
             "owners": self.owners,
+            "agent_seen_ms": self.agent_seen_ms,  # the expiry clocks (from_json reads them back)
+            "labels": self.labels,
         }
 
     @classmethod
@@ -99,6 +103,11 @@ class NodeState:
             devices=dict(d.get("devices") or {}),
             agent_seen_ms={str(k): int(v) for k, v in (d.get("agent_seen_ms") or {}).items()},
             owners={str(k): str(v) for k, v in (d.get("owners") or {}).items()},
+            labels={
+                str(a): {str(k): str(v) for k, v in ls.items()}
+                for a, ls in (d.get("labels") or {}).items()
+                if isinstance(ls, dict)
+            },
         )
 
     def views_of(self, owner: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -207,8 +216,17 @@ class NodeRegistry:
         return st
 
     # -- writes ----------------------------------------------------------------------------------
-    def hello(self, node: str, node_ip: str, node_sn: str, boot_id: str, agent: str = "") -> NodeState:
-        """``agent`` said hello from ``node``: record its identity. Returns the node's state.
+    def hello(
+        self,
+        node: str,
+        node_ip: str,
+        node_sn: str,
+        boot_id: str,
+        agent: str = "",
+        labels: dict[str, str] | None = None,
+    ) -> NodeState:
+        """``agent`` said hello from ``node``: record its identity and ``labels`` (its Hello's: they
+        replace what it said before). Returns the node's state.
 
         An empty ``node_ip`` or ``node_sn`` keeps the known one (an agent that was not told, such as
         deviced beside a noded that reads the SN from the BMC). A different IP replaces the known
@@ -224,7 +242,20 @@ class NodeRegistry:
         if (st.node_ip, st.node_sn, st.boot_id) != (node_ip, node_sn, boot_id):
             st.node_ip, st.node_sn, st.boot_id = node_ip, node_sn, boot_id
             self._touch(node)  # a reconnect with the same identity writes nothing
+        labels = dict(labels or {})
+        if st.labels.get(agent, {}) != labels:
+            if labels:
+                st.labels[agent] = labels
+            else:
+                st.labels.pop(agent, None)
+            event(log, logging.INFO, "agent labels", node=node, agent=agent, labels=sorted(labels.items()))
+            self._touch(node)
         return st
+
+    def labelled(self, node: str, test: Callable[[dict[str, str]], bool]) -> bool:
+        """Whether one of ``node``'s agents said Hello with labels that pass ``test``."""
+        st = self._nodes.get(node)
+        return st is not None and any(test(ls) for ls in st.labels.values())
 
     def agent_seen(self, node: str, agent: str) -> None:
         """``agent`` of ``node`` said Hello or its stream just ended: restart its expiry clock."""
@@ -254,6 +285,7 @@ class NodeRegistry:
         st.agent_seen_ms.pop(agent, None)
         st.stale.pop(agent, None)
         st.pending.pop(agent, None)
+        st.labels.pop(agent, None)
         if st.agent_seen_ms:
             self._touch(node)
             return False

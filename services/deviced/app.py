@@ -200,6 +200,7 @@ class DeviceD:
             registry=self.registry,
             token=token,
             credentials=channel_credentials(args),
+            labels=self.grace.hello_labels,
             **agent_options(args),
         )
         self.http = HttpServer(args.http_addr, self.registry, ready=self._ready, token=token)

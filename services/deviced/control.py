@@ -1,5 +1,6 @@
 """Control messages for deviced: ``job`` (JobInfo from clusterd) -> the chips in use (engine, §3.3
-PreSeparateNPU keeps a used chip Healthy) and the job's reset-config files; ``release`` (an
+PreSeparateNPU keeps a used chip Healthy) and the job's reset-config files (with whether the job
+has process-level recovery, which excludes graceful tolerance: :mod:`faultmesh.exclusions`); ``release`` (an
 operator's release through clusterd's authenticated API) -> :func:`release_device`."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from deviced.engine import FaultEngine
 from deviced.sinks.resetcfg import ResetConfigWriter
 from faultmesh._pb import agent_pb2
+from faultmesh.exclusions import process_level_recovery
 from faultmesh.log import event
 
 log = logging.getLogger("deviced")
@@ -39,7 +41,8 @@ class JobControl:
         else:
             self.jobs_ranks[job.job_id] = ranks
         if self.writer is not None:
-            self.writer.set_job(job.job_id, job.name, job.namespace, ranks, gone)
+            process_level = process_level_recovery(job.process_recover_enable, job.recover_strategy)
+            self.writer.set_job(job.job_id, job.name, job.namespace, ranks, gone, process_level)
         used_phy = {phy for rs in self.jobs_ranks.values() for phy in rs.values()}
         self.engine.set_in_use(logic for logic, d in self.engine.devices.items() if d.ids.phy in used_phy)
         event(log, logging.INFO, "job update", job=job.job_id, ranks_here=len(ranks), deleted=job.deleted)

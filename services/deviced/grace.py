@@ -5,10 +5,13 @@ On with ``--grace-tolerance`` (needs ``--reset-config-dir``; excludes ``--hot-re
 reference's ``-hotReset`` takes one mode). A job with fewer chips on the node than one reset group
 (``--grace-reset-group``; by product: 910B 8, A3 every chip of the node, other 910 4, others none:
 the reference's ``resetDevNumOnce``) gets no episode and is left to rescheduling (reference
-``isReSchedulingScene``). Each cycle, :meth:`GraceFlow.step` looks at every job with
-ranks on this node that is not already in a flow. The job's policy is the worst policy of its chips
-(``restart_request`` < ``restart`` < ``free_reset`` < ``reset`` < ``isolate``); the flow runs for
-``restart_request`` (L2), ``restart`` (L3) and ``reset`` (L5), and never for the others.
+``isReSchedulingScene``). A job with process-level recovery (its JobInfo's process-recover-enable
+and recover-strategy, :func:`faultmesh.exclusions.process_level_recovery`) gets none either: the
+two exclude each other and the job is rescheduled at Job level (counted ``excluded``). Each cycle,
+:meth:`GraceFlow.step` looks at every job with ranks on this node that is not already in a flow.
+The job's policy is the worst policy of its chips (``restart_request`` < ``restart`` <
+``free_reset`` < ``reset`` < ``isolate``); the flow runs for ``restart_request`` (L2), ``restart``
+(L3) and ``reset`` (L5), and never for the others.
 
 The first write of an episode lists every rank of the job on this node (the reset ring: one node of
 910B / A3 training) with ``Policy = InitialPolicy = <policy>``, ``Status: unrecovered`` and
@@ -53,6 +56,7 @@ from deviced.hotreset import reset_and_boot
 from deviced.sections import GraceConfig
 from deviced.sinks.resetcfg import ResetConfigWriter, chips_of, policy_of, rank_entry
 from deviced.tables import GraceTolerance
+from faultmesh.exclusions import GRACE_LABEL, ON
 from faultmesh.log import event
 from faultmesh.runtime import TaskOwner, wait_for
 
@@ -162,17 +166,22 @@ class GraceFlow:
         self.timers: Callable[[], GraceTimers] = lambda: GraceTimers.of(engine.custom.grace, cfg)
         self.budget, self.window_s = cfg.hot_reset_budget, cfg.hot_reset_window_s  # resets per chip per s
         self.reset_group = cfg.grace_reset_group  # chips a job needs here (0: by product, group_size())
-        self.left_out: set[str] = set()  # jobs told (logged) that they are too small for an episode
+        self.left_out: dict[str, str] = {}  # jobs told (logged) why they get no episode -> why
         self.in_reset: dict[str, dict[int, int]] = {}  # job id -> its ranks when the episode began
         self.running: dict[str, asyncio.Task] = {}  # job id -> its episode
         self.isolating: set[str] = set()  # running episodes that wrote (or write) isolate / failed
         self.reset_times: dict[int, collections.deque[float]] = collections.defaultdict(collections.deque)
-        self.episodes = self.recovered = self.failed = 0
+        self.episodes = self.recovered = self.failed = self.excluded = 0
         self._cycled = asyncio.Event()  # set (and replaced) by each step(): a full cycle ran
         if not self.on and engine.custom.ignored:
             event(log, logging.WARNING, "GraceTolerance has no effect", settings=",".join(engine.custom.ignored),
                   reason="it drives only --grace-tolerance; the hot reset uses --hot-reset-boot-timeout "
                   "and --hot-reset-idle")  # fmt: skip
+
+    @property
+    def hello_labels(self) -> dict[str, str]:
+        """The agent Hello's labels: ``graceTolerance=on`` while on (:mod:`faultmesh.exclusions`)."""
+        return {GRACE_LABEL: ON} if self.on else {}
 
     @property
     def busy(self) -> bool:
@@ -190,7 +199,7 @@ class GraceFlow:
             self.running.pop(job_id).cancel()
             self.in_reset.pop(job_id, None)
             event(log, logging.WARNING, "grace tolerance cancelled", job=job_id, reason="job gone")
-        self.left_out &= set(jobs)
+        self.left_out = {j: why for j, why in self.left_out.items() if j in jobs}
         for job_id in [j for j in self.in_reset if j not in self.running]:
             if job_id not in jobs or jobs[job_id].ranks != self.in_reset[job_id]:
                 del self.in_reset[job_id]  # the job ended or changed: a failed episode is over
@@ -199,7 +208,7 @@ class GraceFlow:
             if job_id in self.in_reset or not job.ranks:
                 continue
             policy = self.policy(job.ranks)
-            if policy not in HANDLED or not self._big_enough(job_id, len(job.ranks)):
+            if policy not in HANDLED or not self._for_job(job_id, len(job.ranks), job.process_level):
                 continue
             ranks = dict(job.ranks)
             if not self.write(job_id, ranks, policy, policy, "unrecovered", add_retry=True):
@@ -241,22 +250,22 @@ class GraceFlow:
         name = next(iter(self.io.chip_names.values()), "")
         return reset_group_size(name, len(self.engine.devices))
 
-    def _big_enough(self, job_id: str, chips: int) -> bool:
-        """A job with fewer chips on the node than a reset group gets no episode: it is left to
-        rescheduling (reference ``isReSchedulingScene``; logged once per job)."""
+    def _for_job(self, job_id: str, chips: int, process_level: bool) -> bool:
+        """Whether a job with ``chips`` chips here gets an episode: not with process-level recovery
+        (Job-level rescheduling instead, :mod:`faultmesh.exclusions`), nor with fewer chips than a
+        reset group (left to rescheduling, reference ``isReSchedulingScene``). Logged once per job
+        and reason; an excluded job is counted once (``excluded``)."""
         group = self.group_size()
-        if group and chips >= group:
-            self.left_out.discard(job_id)
+        if not process_level and group and chips >= group:
+            self.left_out.pop(job_id, None)
             return True
-        if job_id not in self.left_out:
-            self.left_out.add(job_id)
-            why = (
-                f"{chips} chips here, a reset group is {group}"
-                if group
-                else "product without grace tolerance"
-            )
+        size = f"{chips} chips here, a reset group is {group}" if group else "product without grace tolerance"
+        why = "process-level recovery (process-recover-enable, recover-strategy)" if process_level else size
+        if self.left_out.get(job_id) != why:
+            self.left_out[job_id] = why
+            self.excluded += process_level
             event(log, logging.WARNING, "grace tolerance not for job", job=job_id, reason=why,
-                  fallback="rescheduling")  # fmt: skip
+                  fallback="job-rescheduling" if process_level else "rescheduling")  # fmt: skip
         return False
 
     # ---------------------------------------------------------------- views of the chips

@@ -2,7 +2,7 @@
 ``faultmesh_deviced_events{source,level}``, ``..._event_outcomes{outcome}``,
 ``..._callback_drops{kind}`` (chip: token bucket; switch: queue full), ``..._callbacks``,
 ``..._unknown_event_types``, ``..._dcmi_errors{call,reason}``, ``..._state_file_rejected{reason}``,
-``..._grace_episodes{result}`` (graceful tolerance: started / recovered / failed);
+``..._grace_episodes{result}`` (graceful tolerance: started / recovered / failed / excluded);
 plus the cycle's ``faultmesh_deviced_poll_duration_seconds`` histogram and
 ``faultmesh_deviced_subscribed``."""
 
@@ -87,13 +87,15 @@ class DevicedCollector(Collector):
         if grace is not None and grace.on:
             ep = CounterMetricFamily(
                 "faultmesh_deviced_grace_episodes",
-                "Graceful-tolerance episodes (--grace-tolerance), by result: started, recovered, failed",
+                "Graceful-tolerance episodes (--grace-tolerance), by result: started, recovered, failed; "
+                "excluded: jobs with process-level recovery that get none (Job-level rescheduling)",
                 labels=["result"],
             )
             for result, n in (
                 ("started", grace.episodes),
                 ("recovered", grace.recovered),
                 ("failed", grace.failed),
+                ("excluded", grace.excluded),
             ):
                 ep.add_metric([result], n)
             yield ep

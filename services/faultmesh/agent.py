@@ -149,7 +149,8 @@ class AgentClient:
     ``accept_timeout_s``: how long a new stream waits for ClusterD's acceptance (:func:`open_stream`).
     ``resync_by_digest`` (default True): each session opens with the digest claim and sends the full
     Snapshot only when ClusterD does not answer ``DIGEST_MATCH`` within ``ack_timeout_s`` (module
-    docstring); False: always the full Snapshot.
+    docstring); False: always the full Snapshot. ``labels``: the Hello's labels, the agent's modes
+    (deviced's ``graceTolerance=on``: :mod:`faultmesh.exclusions`).
     """
 
     def __init__(
@@ -174,6 +175,7 @@ class AgentClient:
         heartbeat_s: float = HEARTBEAT_S,
         resync_by_digest: bool = True,
         accept_timeout_s: float = ACCEPT_TIMEOUT_S,
+        labels: dict[str, str] | None = None,
     ) -> None:
         self.targets = split_targets(target)
         self.target = self.targets[0]
@@ -186,6 +188,7 @@ class AgentClient:
             version="0.1.0",
             node_ip=node_ip,
             node_sn=node_sn,
+            labels=labels or {},
         )
         self.on_control = on_control
         self.credentials = credentials

@@ -1,5 +1,6 @@
 """A refused Hello names the field that broke its limit: ``bad_hello`` covers the agent name, a
-``node_ip`` over 64 characters and a ``node_sn`` over 128, and the message used to say only "agent
+``node_ip`` over 64 characters, a ``node_sn`` over 128 and labels over their limits (32 labels, keys
+of 1..63, values of at most 256 characters), and the message used to say only "agent
 must match" for all three (session notes)."""
 
 from __future__ import annotations
@@ -9,6 +10,12 @@ import pytest
 
 from clusterd.ingest.hello import hello_refusal
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
+
+
+def labels_refused(n: int) -> tuple[str, str]:
+    return "bad_hello", (
+        f"Hello: at most 32 labels, keys of 1..63 and values of at most 256 characters, got {n} labels"
+    )
 
 
 def _hello(**fields) -> agent_pb2.AgentMessage:
@@ -24,6 +31,11 @@ def _hello(**fields) -> agent_pb2.AgentMessage:
         ({"node_ip": "1" * 65}, ("bad_hello", "Hello: node_ip must be at most 64 characters, got 65")),
         ({"node_sn": "S" * 129}, ("bad_hello", "Hello: node_sn must be at most 128 characters, got 129")),
         ({"node": "a b"}, ("no_hello", "Hello: node must match [A-Za-z0-9._-]{1,253}, got 'a b'")),
+        ({"labels": {f"k{i}": "v" * 256 for i in range(32)} | {"g" * 63: ""}}, labels_refused(33)),
+        ({"labels": {f"k{i}": "v" * 256 for i in range(32)}}, None),  # at the limits
+        ({"labels": {"graceTolerance": "v" * 257}}, labels_refused(1)),
+        ({"labels": {"g" * 64: "on"}}, labels_refused(1)),
+        ({"labels": {"": "on"}}, labels_refused(1)),
     ],
 )
 def test_hello_refusal_names_the_field(fields, refusal):

@@ -40,3 +40,28 @@ async def test_one_health_from_faults_and_reported_status(tmp_path):
         assert cd.nodes.health("node-1").health == SUB_HEALTHY
     finally:
         await cd.stop()
+
+
+async def test_agent_labels_survive_a_restart_and_go_with_the_agent(tmp_path):
+    # deviced's graceTolerance=on (issue 32 item 9) holds right after a clusterd restart, before
+    # deviced reconnects; a Hello without labels, or the agent forgotten, drops them
+    cd = await make_clusterd(tmp_path)
+    try:
+        cd.nodes.hello("node-1", "10.0.0.1", "", "boot-a", "deviced", {"graceTolerance": "on"})
+        cd.nodes.hello("node-1", "10.0.0.1", "", "boot-b", "noded")
+        cd.nodes.agent_seen("node-1", "deviced")
+        cd.nodes.agent_seen("node-1", "noded")
+    finally:
+        await cd.stop()
+    cd = await make_clusterd(tmp_path)
+    try:
+        assert cd.nodes.get("node-1").labels == {"deviced": {"graceTolerance": "on"}}
+        assert cd.nodes.labelled("node-1", lambda ls: ls.get("graceTolerance") == "on")
+        assert not cd.nodes.labelled("node-2", lambda ls: True)
+        cd.nodes.forget_agent("node-1", "deviced")
+        assert cd.nodes.get("node-1").labels == {}
+        cd.nodes.hello("node-1", "10.0.0.1", "", "boot-c", "deviced", {"graceTolerance": "on"})
+        cd.nodes.hello("node-1", "10.0.0.1", "", "boot-d", "deviced")  # restarted without the mode
+        assert not cd.nodes.labelled("node-1", lambda ls: ls.get("graceTolerance") == "on")
+    finally:
+        await cd.stop()

@@ -350,3 +350,56 @@ def test_flags_and_the_unused_grace_tolerance_warning(tmp_path, caplog):
     on = make(tmp_path, sim, "--grace-tolerance", grace={"WaitDeviceResetTime": 120})
     assert "GraceTolerance" not in caplog.text and on.grace.timers().device_reset_s == 120
     on.io.shutdown()
+
+
+# -- graceful tolerance excludes process-level recovery (issue 32 item 9): in --grace-tolerance mode
+# deviced says so in its Hello, and a job whose JobInfo carries process-level recovery (process-
+# recover-enable on, a process-level recover-strategy) gets no grace episode: no RetryTime + 1 for
+# TaskD's fault check, no chip reset; clusterd reschedules it at Job level. The same job without
+# process recovery gets its episode.
+
+
+async def place_recovery_job(app, seq: int, **recovery):
+    job = agent_pb2.JobInfo(
+        job_id="j1", name="llama", namespace="ai",
+        ranks=[agent_pb2.RankPlacement(rank=r, node="node-a", device_id=r) for r in range(4)], **recovery,
+    )  # fmt: skip
+    await app.on_control(agent_pb2.ControlMessage(seq=seq, job=job))
+
+
+async def test_no_grace_episode_for_a_job_with_process_level_recovery(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="deviced.grace")
+    sim = SimBackend(1, 4, reset_boot_s=0.05)
+    app = make(tmp_path, sim, "--grace-tolerance")
+    app.grace.timers = lambda: FAST
+    assert dict(app.agent.hello.labels) == {"graceTolerance": "on"}  # clusterd learns the mode
+    await app.start()
+    try:
+        await eventually(lambda: app.cycles >= 1, what="first cycle")
+        await place_recovery_job(app, 1, process_recover_enable="on", recover_strategy=["recover", "dump"])
+        folder = tmp_path / "reset" / "ai.reset-config-llama"
+        await eventually(lambda: (folder / "reset.json").exists(), what="the job's reset.json")
+        sim.inject(2, RESTART_NPU)  # L5: an episode would reset chip 2
+        await eventually(lambda: app.grace.excluded == 1, what="the job excluded")
+        cycles = app.cycles
+        await eventually(lambda: app.cycles >= cycles + 2, what="two more cycles")
+        assert app.grace.episodes == 0 and sim.devs[2].resets == 0
+        assert (doc(folder)["RetryTime"], doc(folder)["RankList"]) == (0, [])  # fault_check sees nothing
+        assert app.state.devices[("NPU", 2)].health == "UnHealthy"  # not hidden: the job is moved
+        logged = [r.getMessage() for r in caplog.records if "grace tolerance not for job" in r.getMessage()]
+        assert len(logged) == 1 and "fallback=job-rescheduling" in logged[0], logged
+        scraped = generate_latest(app.registry).decode()
+        assert 'faultmesh_deviced_grace_episodes_total{result="excluded"} 1.0' in scraped
+
+        # process recovery turned off for the job (a new JobInfo): the fault gets its episode now
+        await place_recovery_job(app, 2, process_recover_enable="off", recover_strategy=["recover", "dump"])
+        await eventually(lambda: doc(folder)["RetryTime"] == 1, what="the grace episode's first write")
+        assert app.grace.episodes == 1
+        assert {r["Policy"] for r in doc(folder)["RankList"]} == {"reset"}
+    finally:
+        await app.stop()
+
+
+async def test_without_grace_tolerance_the_hello_has_no_mode(tmp_path):
+    app = make(tmp_path, SimBackend(1, 4))
+    assert dict(app.agent.hello.labels) == {}

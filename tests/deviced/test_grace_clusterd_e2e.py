@@ -24,12 +24,10 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_grace_episodes_through_clusterd_deviced_and_the_taskd_client(tmp_path):
+def start_pair(tmp_path, *deviced_extra: str):
+    """clusterd and deviced (node-a, sim backend, 2 chips, ``--grace-tolerance``, reset group 2) as
+    processes; returns (clusterd proc, deviced proc, deviced's sim API URL, clusterd's HTTP URL)."""
     grpc_port, http_port, sim_port = free_port(), free_port(), free_port()
-    custom = tmp_path / "faultCustomization.json"  # the smallest waits the table allows; no frequency rule
-    custom.write_text(
-        json.dumps({"GraceTolerance": {"WaitProcessReadCMTime": 5, "WaitFaultSelfHealingTime": 1}})
-    )
     cd = start_logged(
         [str(BIN / "clusterd"), "--grpc-addr", f"127.0.0.1:{grpc_port}", "--http-addr", f"127.0.0.1:{http_port}",
          "--state-dir", str(tmp_path / "state")],
@@ -39,11 +37,21 @@ def test_grace_episodes_through_clusterd_deviced_and_the_taskd_client(tmp_path):
         [str(BIN / "deviced"), "--node-name", "node-a", "--clusterd", f"127.0.0.1:{grpc_port}",
          "--backend", "sim", "--sim-cards", "1", "--sim-devices-per-card", "2", "--grace-reset-group", "2",
          "--sim-control-addr", f"127.0.0.1:{sim_port}", "--http-addr", "127.0.0.1:0",
-         "--probe-interval", "0", "--list-watch-period", "3", "--fault-customization-file", str(custom),
-         "--reset-config-dir", str(tmp_path / "reset"), "--grace-tolerance", "--grace-npu-ready-s", "0.5"],
+         "--probe-interval", "0", "--list-watch-period", "3",
+         "--reset-config-dir", str(tmp_path / "reset"), "--grace-tolerance", *deviced_extra],
         tmp_path / "deviced.log",
     )  # fmt: skip
-    sim, api = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{http_port}"
+    return cd, dv, f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{http_port}"
+
+
+def test_grace_episodes_through_clusterd_deviced_and_the_taskd_client(tmp_path):
+    custom = tmp_path / "faultCustomization.json"  # the smallest waits the table allows; no frequency rule
+    custom.write_text(
+        json.dumps({"GraceTolerance": {"WaitProcessReadCMTime": 5, "WaitFaultSelfHealingTime": 1}})
+    )
+    cd, dv, sim, api = start_pair(
+        tmp_path, "--fault-customization-file", str(custom), "--grace-npu-ready-s", "0.5"
+    )
     folder = tmp_path / "reset" / "ai.reset-config-llama"
     halt = threading.Event()
     runner = None
@@ -117,5 +125,50 @@ def test_grace_episodes_through_clusterd_deviced_and_the_taskd_client(tmp_path):
         halt.set()
         if runner is not None:
             runner.join(5)
+        stop_proc(dv)
+        stop_proc(cd)
+
+
+def test_a_process_recovery_job_on_a_grace_node_is_rescheduled_at_job_level(tmp_path):
+    """Issue 32 item 9 (the user guide: graceful tolerance and process-level recovery exclude each
+    other; such a job is recovered by Job-level rescheduling): the same processes, the job placed
+    with process recovery (recover-strategy recover, process-recover-enable on). A RestartNPU fault
+    makes no grace episode on deviced (no RetryTime + 1, no reset) and clusterd decides
+    job-rescheduling, naming the graceful tolerance of node-a."""
+    cd, dv, sim, api = start_pair(tmp_path)
+    folder = tmp_path / "reset" / "ai.reset-config-llama"
+    try:
+        wait_for(
+            lambda: http_call("GET", f"{sim}/sim/devices")[0] == 200, what="deviced's sim api", timeout_s=30
+        )
+        wait_for(
+            lambda: (r := http_call("GET", f"{api}/v1/nodes/node-a"))[0] == 200
+            and r[1]["labels"] == {"deviced": {"graceTolerance": "on"}},
+            what="deviced's graceTolerance label in clusterd",
+        )  # fmt: skip
+        job = {"id": "job-1", "name": "llama", "namespace": "ai", "status": "running",
+               "recover-strategy": "recover", "process-recover-enable": "on",
+               "ranks": [{"rank": 0, "node": "node-a", "device": 0}, {"rank": 1, "node": "node-a", "device": 1}]}  # fmt: skip
+        wait_for(lambda: http_call("POST", f"{api}/v1/jobs", [job])[0] == 200, what="job applied")
+        wait_for(lambda: (folder / "reset.json").exists(), what="the job's reset.json from deviced")
+        assert http_call(
+            "POST", f"{sim}/sim/fault", {"device": 1, "code": "80E18008", "assertion": "occur"}
+        )[0] == 200  # fmt: skip
+
+        def rescheduled():
+            recs = http_call("GET", f"{api}/v1/jobs/job-1/recovery")[1]["decisions"]
+            return [d for d in recs if d["decision"] == "job-rescheduling"]
+
+        (d,) = wait_for(rescheduled, what="clusterd's job-rescheduling decision")
+        assert d["reason"].startswith("graceful tolerance on node node-a excludes process-level recovery")
+        log = wait_for(
+            lambda: (t := (tmp_path / "deviced.log").read_text()).count("grace tolerance not for job") and t,
+            what="deviced leaving the job out",
+        )
+        assert "fallback=job-rescheduling" in log and "grace tolerance start" not in log
+        info = read_reset_info(folder)
+        assert (info.retry_time, info.fault_ranks) == (0, [])  # TaskD's fault check sees no episode
+        assert all(dev["resets"] == 0 for dev in http_call("GET", f"{sim}/sim/devices")[1])
+    finally:
         stop_proc(dv)
         stop_proc(cd)

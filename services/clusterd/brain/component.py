@@ -39,6 +39,7 @@ from clusterd.brain.faultview import (
     job_health,
     job_rank_faults,
 )
+from clusterd.brain.graceexcl import GraceExclusion
 from clusterd.brain.http import JobsHttp
 from clusterd.brain.intake import FaultIntake, ReportListener
 from clusterd.brain.jobs import JobRegistry
@@ -57,6 +58,7 @@ from faultmesh._pb import (
     profiling_pb2_grpc,
     recover_pb2_grpc,
 )
+from faultmesh.exclusions import grace_mode
 from faultmesh.log import event
 from faultmesh.model import Fault, now_ms
 
@@ -195,6 +197,7 @@ class BrainComponent:
         self.intake = FaultIntake(  # new job faults -> the controllers; its own subscription ("brain")
             ctx.center.subscribe, self.jobs, self.registry.get, self.decide, self.rank_faults,
             self.platform.get, self.spawn, self.retry_reports, report_listeners,
+            GraceExclusion(lambda node: ctx.nodes.labelled(node, grace_mode), reg),
         )  # fmt: skip
         self.recover = RecoverServicer(
             self.jobs, self.registry, self.decide, self.intake.process_fault, self.super_pod_id,
@@ -400,6 +403,8 @@ class BrainComponent:
                 agent_pb2.RankPlacement(rank=r.rank, node=r.node, device_id=r.device_id) for r in job.ranks
             ],
             deleted=deleted,
+            process_recover_enable=job.process_recover_enable,  # deviced: no grace episode with
+            recover_strategy=job.recover_strategy,  # process-level recovery (faultmesh.exclusions)
         )
 
     async def _on_agent_connect(self, node: str, agent: str) -> None:

@@ -18,6 +18,11 @@ reference's saveCacheFault); then:
   (``stopTrain``);
 - sub-health faults -> the job's subHealthyStrategy (hotSwitch / graceExit / ignore); graceExit
   sends ``preExitProcess`` and TaskD's ``ReportProcessFault`` starts the dump.
+
+A job with process-level recovery on a graceful-tolerance node (:mod:`clusterd.brain.graceexcl`)
+runs none of the process-level flows: its UnHealthy faults and TaskD's ReportProcessFault get the
+decision ``job-rescheduling`` (the reference's user guide: the two features exclude each other and
+such a job is recovered by Job-level rescheduling); its sub-health faults keep their strategy.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from typing import Any
 
 from clusterd.brain.controller import INIT, Controller
 from clusterd.brain.faultview import RECOVER_IGNORED_LEVELS, RankFault, job_health
+from clusterd.brain.graceexcl import GraceExclusion
+from clusterd.brain.graceexcl import reason as grace_reason
 from clusterd.brain.jobs import Job, JobRegistry
 from clusterd.brain.platform import STRATEGY_KEY
 from clusterd.brain.ports import DecisionSink
@@ -60,7 +67,8 @@ class FaultIntake:
     - ``decide``: the decision sink; ``rank_faults(job)``: the job's rank faults now, every filter
       applied; ``platform(job_id)``: the job's platform-mode annotations;
     - ``spawn(coro, name)``: a task owned by ClusterD; ``retry_reports``: the business-plane retry
-      reports; ``report_listeners``: told of each ReportProcessFault (:data:`ReportListener`).
+      reports; ``report_listeners``: told of each ReportProcessFault (:data:`ReportListener`);
+    - ``exclusion``: which jobs graceful tolerance sends to Job-level rescheduling (None: none).
     """
 
     def __init__(
@@ -74,6 +82,7 @@ class FaultIntake:
         spawn: Callable[[Coroutine[Any, Any, Any], str], asyncio.Task],
         retry_reports: RetryReports,
         report_listeners: list[ReportListener],
+        exclusion: GraceExclusion | None = None,
     ) -> None:
         self.jobs = jobs
         self.controller_of = controller_of
@@ -83,12 +92,14 @@ class FaultIntake:
         self.spawn = spawn
         self.retry_reports = retry_reports
         self.report_listeners = report_listeners
+        self.exclusion = exclusion or GraceExclusion(lambda node: False)
         self._unregistered_seen: dict[str, set[tuple[int, str]]] = {}  # job -> last look, no controller
         subscribe("brain", self._on_fault_changes, resync=self._resync)
 
     def forget(self, job_id: str) -> None:
         """A deleted job: drop what the intake remembers of it (its last look while unregistered)."""
         self._unregistered_seen.pop(job_id, None)
+        self.exclusion.forget(job_id)
 
     # -- the fault center's subscription -----------------------------------------------------------
     def _resync(self, faults: list[Fault]) -> None:
@@ -114,11 +125,14 @@ class FaultIntake:
         health = job_health(faults)
         keys = {(f.rank, f.code) for f in faults}
         ctl = self.controller_of(job.id)
+        grace = self.exclusion.node_of(job)
         if ctl is None:
             seen = self._unregistered_seen.get(job.id, set())
             self._unregistered_seen[job.id] = keys
             new = [f for f in faults if (f.rank, f.code) not in seen and level_health(f.level) == UNHEALTHY]
-            if new:  # a sub-health fault (a slow-node confirmation) on an UnHealthy job decides nothing
+            if new and grace:
+                self.decide(job.id, "recovery", "job-rescheduling", grace_reason(grace), faults=new)
+            elif new:  # a sub-health fault (a slow-node confirmation) on an UnHealthy job decides nothing
                 resched = job.rescheduling()
                 self.decide(
                     job.id,
@@ -140,6 +154,9 @@ class FaultIntake:
         if health == UNHEALTHY:
             joined = [f for f in new if f.level != "SubHealthFault"]
             if not joined:
+                return
+            if grace:  # no process-level flow: Job-level rescheduling (module docstring)
+                self.decide(job.id, "recovery", "job-rescheduling", grace_reason(grace), faults=joined)
                 return
             only_retry = all(f.fault_type in ("0", "2") for f in joined)
             # supportRetryStrategy: in platform mode only while the platform said retry, which an
@@ -254,6 +271,9 @@ class FaultIntake:
                 )
             )
         if not faults:
+            return
+        if grace := self.exclusion.node_of(job):  # no process-level flow: Job-level rescheduling
+            self.decide(job_id, "recovery", "job-rescheduling", grace_reason(grace), faults=faults)
             return
         ctl.st.add_faults(faults, new_ranks_only=True)  # ranks the hardware intake cached keep their fault
         # the reference labels the reported ranks' pods here (LabelFaultPod), "retry-fault" when every

@@ -133,7 +133,8 @@ class NodeApi:
         return web.Response(body=self.list_body(), content_type="application/json")
 
     def node_body(self, name: str) -> dict[str, Any] | None:
-        """The ``/v1/nodes/<name>`` object (:meth:`summary` plus ``fault_list`` and ``devices``), or
+        """The ``/v1/nodes/<name>`` object (:meth:`summary` plus ``fault_list``, ``devices`` and the
+        agents' Hello ``labels``: agent -> labels), or
         None when clusterd does not know ``name``."""
         if name not in self.nodes and name not in self.center.node_names():
             return None
@@ -141,6 +142,7 @@ class NodeApi:
         body["fault_list"] = [self.fault_json(f) for f in self.center.faults(name)]
         st = self.nodes.get(name)
         body["devices"] = list(st.devices.values()) if st else []
+        body["labels"] = st.labels if st else {}  # agent -> its Hello's labels (its modes)
         return body
 
     async def node(self, request: web.Request) -> web.Response:

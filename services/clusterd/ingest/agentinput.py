@@ -137,13 +137,24 @@ def pending_sources(sources) -> frozenset[str]:
     return frozenset(sources)
 
 
+MAX_LABELS, MAX_LABEL_KEY, MAX_LABEL_VALUE = 32, 63, 256  # a Hello's labels (the agent's modes)
+
+
+def bad_labels(labels) -> bool:
+    """Whether a Hello's ``labels`` break their limits (more than :data:`MAX_LABELS`, an empty key or
+    one over :data:`MAX_LABEL_KEY` characters, a value over :data:`MAX_LABEL_VALUE`)."""
+    return len(labels) > MAX_LABELS or any(
+        not 0 < len(k) <= MAX_LABEL_KEY or len(v) > MAX_LABEL_VALUE for k, v in labels.items()
+    )
+
+
 def valid_hello(h: agent_pb2.Hello) -> str:
     """The reason Hello ``h`` is refused (``no_hello``: bad node name, ``bad_hello``), "" if none."""
     if not (0 < len(h.node) <= 253 and h.node.isascii() and all(c.isalnum() or c in "-._" for c in h.node)):
         return "no_hello"
     if not AGENT_RE.match(h.agent or "agent") or len(h.node_ip) > 64 or len(h.node_sn) > 128:
         return "bad_hello"
-    return ""
+    return "bad_hello" if bad_labels(h.labels) else ""
 
 
 def condition_view(c: agent_pb2.Condition) -> dict[str, Any]:

@@ -229,7 +229,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         # before anything new: what the previous stream of this agent sent and got no ack for
         self.control.carry_over(session, old, self._reason(old, session) if old else "ended")
         self.sessions[(h.node, agent)] = session
-        self.nodes.hello(h.node, h.node_ip, h.node_sn, h.boot_id, agent)
+        self.nodes.hello(h.node, h.node_ip, h.node_sn, h.boot_id, agent, dict(h.labels))
         self.nodes.agent_seen(h.node, agent)
         self.nodes.set_stale(h.node, agent, None)
         self._count(agent)

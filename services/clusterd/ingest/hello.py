@@ -4,14 +4,14 @@ limit (the limits are :func:`clusterd.ingest.agentinput.valid_hello`'s)."""
 
 from __future__ import annotations
 
-from clusterd.ingest.agentinput import AGENT_RE, valid_hello
+from clusterd.ingest.agentinput import AGENT_RE, MAX_LABEL_KEY, MAX_LABEL_VALUE, MAX_LABELS, valid_hello
 from faultmesh._pb import agent_pb2
 
 
 def hello_refusal(first: agent_pb2.AgentMessage) -> tuple[str, str] | None:
     """None when ``first`` is a valid Hello; else ``(reason, message)``: reason ``no_hello`` (not a
     Hello, or its node name is not one) or ``bad_hello`` (agent name, ``node_ip`` over 64 characters,
-    ``node_sn`` over 128), the reason label of ``faultmesh_rejected_requests_total{service="agent"}``;
+    ``node_sn`` over 128, labels over their limits: :func:`clusterd.ingest.agentinput.bad_labels`), the reason label of ``faultmesh_rejected_requests_total{service="agent"}``;
     message the status text the agent is told (at most 64 characters of what it sent are quoted)."""
     if first.WhichOneof("body") != "hello":
         return "no_hello", "first message must be Hello with a node"
@@ -25,4 +25,9 @@ def hello_refusal(first: agent_pb2.AgentMessage) -> tuple[str, str] | None:
         return bad, f"Hello: agent must match [a-z][a-z0-9_-]{{0,31}}, got {h.agent[:64]!r}"
     if len(h.node_ip) > 64:
         return bad, f"Hello: node_ip must be at most 64 characters, got {len(h.node_ip)}"
-    return bad, f"Hello: node_sn must be at most 128 characters, got {len(h.node_sn)}"
+    if len(h.node_sn) > 128:
+        return bad, f"Hello: node_sn must be at most 128 characters, got {len(h.node_sn)}"
+    return bad, (
+        f"Hello: at most {MAX_LABELS} labels, keys of 1..{MAX_LABEL_KEY} and values of at most "
+        f"{MAX_LABEL_VALUE} characters, got {len(h.labels)} labels"
+    )

@@ -72,6 +72,7 @@ class JobOnNode:
     last_body: str = ""
     retry_time: int = 0  # RetryTime: device retries of this job (read back from an existing file)
     isolated: bool = False  # the last RankList written holds "isolate": the job is to be rescheduled
+    process_level: bool = False  # the job has process-level recovery: no grace episode (deviced.grace)
 
     @property
     def dirname(self) -> str:
@@ -121,8 +122,17 @@ class ResetConfigWriter:
         grace = bool(args.grace_tolerance)
         return cls(args.reset_config_dir, "hotReset" if args.hot_reset or grace else "podReschedule", grace)
 
-    def set_job(self, job_id: str, name: str, namespace: str, ranks: dict[int, int], deleted: bool) -> None:
-        """Add, update or (``deleted``) remove a job; a removed job's directory is deleted."""
+    def set_job(
+        self,
+        job_id: str,
+        name: str,
+        namespace: str,
+        ranks: dict[int, int],
+        deleted: bool,
+        process_level: bool = False,
+    ) -> None:
+        """Add, update or (``deleted``) remove a job; a removed job's directory is deleted.
+        ``process_level``: the job has process-level recovery (:mod:`faultmesh.exclusions`)."""
         if deleted:
             job = self.jobs.pop(job_id, None)
             if job is not None:
@@ -140,6 +150,7 @@ class ResetConfigWriter:
             job.isolated = False
             event(log, logging.INFO, "reset config isolation cleared", job=job_id, reason="ranks changed")
         job.name, job.namespace, job.ranks = name, namespace, dict(ranks)
+        job.process_level = process_level
 
     def _read_retry_time(self, job: JobOnNode) -> int:
         """RetryTime of the job's existing reset.json (0 when absent or unreadable)."""

@@ -303,18 +303,22 @@ class RankPlacement(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ..., device_id: _Optional[int] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("job_id", "name", "namespace", "ranks", "deleted")
+    __slots__ = ("job_id", "name", "namespace", "ranks", "deleted", "process_recover_enable", "recover_strategy")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     DELETED_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_RECOVER_ENABLE_FIELD_NUMBER: _ClassVar[int]
+    RECOVER_STRATEGY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     name: str
     namespace: str
     ranks: _containers.RepeatedCompositeFieldContainer[RankPlacement]
     deleted: bool
-    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., namespace: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankPlacement, _Mapping]]] = ..., deleted: _Optional[bool] = ...) -> None: ...
+    process_recover_enable: str
+    recover_strategy: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., name: _Optional[str] = ..., namespace: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankPlacement, _Mapping]]] = ..., deleted: _Optional[bool] = ..., process_recover_enable: _Optional[str] = ..., recover_strategy: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SlowNodeJob(_message.Message):
     __slots__ = ("job_id", "job_name", "namespace", "enable", "featconf_json", "ranks")
