@@ -84,11 +84,8 @@ class NodeDetector:
         self._stale: dict[int, int] = {}  # rounds a rank got no new step while another did
         self._seen: dict[int, int] = {}  # each rank's last step at the previous round
         self._ready_for: tuple | None = None  # (ranks with data, groups version) with baselines ready
-        keep = max(
-            max(conf.pattern_window, conf.n_consec) * 3,
-            conf.peer_window + 8,
-            conf.normal_number + 3 * conf.time_window,
-        )
+        keep = max(conf.pattern_window, conf.n_consec) * 3  # the history each rule reads
+        keep = max(keep, conf.peer_window + 8, conf.normal_number + 3 * conf.time_window)
         self.history: dict[int, deque[StepMetrics]] = {r: deque(maxlen=keep) for r in self.ranks}
         self.faultmesh = conf.rules == "faultmesh"
         cap = 200 if self.faultmesh else 0
@@ -333,7 +330,9 @@ class NodeDetector:
         """faultmesh rules: every boundary judged on its own (no step-time gate), slow cards from
         the gaps between their TP collectives, else wait asymmetry (:mod:`.peers`); the result is
         slow only when it names something (a step-time degradation alone makes its ranks suspects:
-        communication profiling on, no naming); cluster-wide suppression happens at cluster level."""
+        communication profiling on, no naming); cluster-wide suppression happens at cluster level.
+        A card the gap rule flags stays named inside a slow TP domain (its compute against its peers is
+        evidence the domain does not explain: a loaded box's slow collectives swallowed a x1.5 card)."""
         fired = ["stepTime"] if level > 0 else []
         multi = [g for g in groups if len(g) > 1]
         gap_cards, gap_scores, judged = self.gaps.evaluate(multi, self.history)
@@ -352,7 +351,7 @@ class NodeDetector:
             and self._collective_slow(g)
         ]
         in_domain = {r for g in domains for r in g}
-        cards = [r for r in cards if r not in in_domain]
+        cards = [r for r in cards if r not in in_domain or r in gap_cards]  # gap cards stay (docstring)
         sends, io, rise, host = self._per_rank(with_data)
         cards = [r for r in cards if r not in io]  # its late data arrives last at the TP barrier
         for name, hit in (
