@@ -18,6 +18,7 @@ from faultmesh._pb import agent_pb2
 from faultmesh.model import Fault, FaultKey
 from faultmesh.wire import fault_to_pb, key_to_pb
 
+DELTA_MAX_BYTES = 1 << 20  # fault changes per delta, about (ClusterD takes messages up to 4 MiB)
 DIGEST_SIZE = 32  # bytes of a snapshot digest (BLAKE2b-256)
 _DIGEST_TAG = b"faultmesh.v1.Snapshot/1\0"  # a new canonical form gets a new tag: never a false match
 
@@ -209,15 +210,25 @@ class AgentState:
         snap.digest = snapshot_digest(snap)
         return snap
 
-    def take_delta(self, seq: int) -> agent_pb2.Delta:
-        """Changes since the last snapshot/delta, plus queued events; clears them."""
+    def take_delta(self, seq: int, max_bytes: int = DELTA_MAX_BYTES) -> agent_pb2.Delta:
+        """Changes since the last snapshot/delta, plus queued events; clears what it took. The fault
+        changes stop at about ``max_bytes`` (bytes, at least one change): the rest stay pending for
+        the next delta, so a fault storm never makes a message over ClusterD's 4 MiB receive limit
+        (clusterd.md §1; one such message failed the whole stream, INTERNAL "Internal error from
+        Core", and every retry again)."""
         d = agent_pb2.Delta(seq=seq)
+        size, taken = 0, []
         for key in self._dirty_faults:
+            if taken and size >= max_bytes:
+                break
+            taken.append(key)
             f = self.faults.get(key)
             if f is None:
                 d.removals.append(key_to_pb(key))
+                size += d.removals[-1].ByteSize()
             else:
                 d.upserts.append(fault_to_pb(f))
+                size += d.upserts[-1].ByteSize()
         d.conditions.extend(self.conditions[t] for t in self._dirty_conditions)
         d.devices.extend(self.devices[k] for k in self._dirty_devices)
         if self._status_dirty:
@@ -226,7 +237,7 @@ class AgentState:
         d.slownode_reports.extend(self.slownode_reports)
         self.ping_results.clear()
         self.slownode_reports.clear()
-        self._dirty_faults.clear()
+        self._dirty_faults.difference_update(taken)
         self._dirty_conditions.clear()
         self._dirty_devices.clear()
         self._status_dirty = False

@@ -58,3 +58,41 @@ async def test_control_acks_and_deltas_written_at_once_keep_the_stream_up(cd):
         assert client.connected.is_set()
     finally:
         await client.stop()
+
+
+def _big_fault(i: int, attrs: dict[str, str]) -> Fault:
+    return Fault(source="bmc-oem", node="node-1", device_type="CPU", device_id=i % 16, code=f"{i:08d}",
+                 level="SeparateFault", attributes=attrs)  # fmt: skip
+
+
+def test_a_delta_stops_near_its_byte_budget_and_the_rest_stays_pending():
+    from faultmesh.agentstate import AgentState
+
+    st = AgentState("node-1")
+    attrs = {f"a{i}": "x" * 200 for i in range(60)}  # ~13 kB a fault
+    for i in range(100):
+        st.upsert(_big_fault(i, attrs))
+    sizes, codes = [], set()
+    while st.has_pending():
+        d = st.take_delta(len(sizes) + 1, max_bytes=200_000)
+        sizes.append(d.ByteSize())
+        codes |= {u.code for u in d.upserts}
+    assert codes == {f"{i:08d}" for i in range(100)} and len(sizes) > 1
+    assert max(sizes) < 200_000 + 14_000  # the budget plus at most one fault
+
+
+async def test_a_fault_storm_over_the_message_limit_arrives_in_several_deltas(cd):
+    # 400 faults of ~13 kB changed at once: one delta would be ~5 MB, over ClusterD's 4 MiB receive
+    # limit, and grpcio failed the whole stream (INTERNAL "Internal error from Core") at every try
+    client = AgentClient(f"127.0.0.1:{cd.grpc_port}", "node-1", "noded")
+    await client.start()
+    try:
+        await client.wait_synced()
+        reconnects = client.metrics.reconnects._value.get()
+        attrs = {f"a{i}": "x" * 200 for i in range(60)}
+        for i in range(400):  # no yield: the session sees them all at once
+            client.state.upsert(_big_fault(i, attrs))
+        await eventually(lambda: len(cd.center.faults_of_node("node-1")) >= 400, 60, "400 faults in clusterd")
+        assert client.metrics.reconnects._value.get() == reconnects, client.down_reason
+    finally:
+        await client.stop()
