@@ -54,6 +54,7 @@ from faultmesh.agentconf import (  # noqa: F401 - re-exported: the agents import
     HEARTBEAT_S,
     KEEPALIVE_S,
     KEEPALIVE_TIMEOUT_S,
+    MAX_MESSAGE_BYTES,
     add_clusterd_arguments,
     agent_options,
     channel_credentials,
@@ -335,9 +336,7 @@ class AgentClient:
                             continue
                     if time.monotonic() - last_snapshot >= self.resend_every_s or self.state.needs_snapshot:
                         self.seq += 1
-                        await self._write(
-                            call, agent_pb2.AgentMessage(snapshot=self.state.snapshot(self.seq))
-                        )
+                        await self._write_snapshot(call, self.state.snapshot(self.seq))
                         self.metrics.sent.labels("snapshot").inc()
                         last_snapshot = self._last_sent = time.monotonic()
                         continue
@@ -391,8 +390,20 @@ class AgentClient:
                 return  # clusterd holds this state; changes since the claim go as deltas
             self.seq += 1
             snap = self.state.snapshot(self.seq)  # the state now (changes since the claim included)
-        await self._write(call, agent_pb2.AgentMessage(snapshot=snap))
+        await self._write_snapshot(call, snap)
         self.metrics.sent.labels("snapshot").inc()
+
+    async def _write_snapshot(self, call, snap: agent_pb2.Snapshot) -> None:
+        """Write a Snapshot. Raises ``ConnectionError`` ("state too large for one message", logged)
+        when it is over ClusterD's receive limit: grpcio would fail the stream with INTERNAL "Internal
+        error from Core" instead (deltas split, a snapshot is one message)."""
+        msg = agent_pb2.AgentMessage(snapshot=snap)
+        size = msg.ByteSize()
+        if size > MAX_MESSAGE_BYTES:
+            event(log, logging.ERROR, "state too large for one message", bytes=size,
+                  limit=MAX_MESSAGE_BYTES, faults=len(snap.faults))  # fmt: skip
+            raise ConnectionError(f"state too large for one message: {size} bytes > {MAX_MESSAGE_BYTES}")
+        await self._write(call, msg)
 
     async def _write(self, call, msg: agent_pb2.AgentMessage) -> None:
         """Write ``msg`` on ``call`` once no other write of this client is in progress. The session

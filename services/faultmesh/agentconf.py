@@ -27,6 +27,7 @@ from faultmesh.config import check_tls_pair, non_negative_float, number_in, posi
 
 KEEPALIVE_S = 60.0  # gRPC keepalive ping after this long idle (clusterd.md §1)
 KEEPALIVE_TIMEOUT_S = 5.0  # ... and its ack timeout
+MAX_MESSAGE_BYTES = 4 << 20  # ClusterD receives messages up to 4 MiB (clusterd.md §1)
 HEARTBEAT_S = 10.0  # an empty Delta after this long without a message: ClusterD's liveness signal
 BACKOFF_MAX_S = 10.0  # the longest wait between reconnects to ClusterD
 BACKOFF_MIN_S = 0.5  # the first wait (faultmesh.agent's Backoff): the least --clusterd-backoff-max can be
@@ -38,7 +39,7 @@ def channel_options(keepalive_s: float = KEEPALIVE_S, keepalive_timeout_s: float
     """gRPC channel options matching ClusterD's server limits (clusterd.md §1), keepalive in s."""
     return [
         ("grpc.max_receive_message_length", 8 << 20),
-        ("grpc.max_send_message_length", 4 << 20),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", int(keepalive_s * 1000)),
         ("grpc.keepalive_timeout_ms", int(keepalive_timeout_s * 1000)),
         ("grpc.keepalive_permit_without_calls", 1),

@@ -96,3 +96,22 @@ async def test_a_fault_storm_over_the_message_limit_arrives_in_several_deltas(cd
         assert client.metrics.reconnects._value.get() == reconnects, client.down_reason
     finally:
         await client.stop()
+
+
+async def test_a_state_over_the_message_limit_is_said_so(cd, caplog):
+    # a snapshot is one message: a node whose faults take more than ClusterD's 4 MiB cannot be sent
+    # whole; the agent says why instead of grpcio's INTERNAL "Internal error from Core"
+    from faultmesh.agentstate import AgentState
+
+    st = AgentState("node-1")
+    attrs = {f"a{i}": "x" * 200 for i in range(60)}
+    for i in range(400):
+        st.upsert(_big_fault(i, attrs))
+    client = AgentClient(f"127.0.0.1:{cd.grpc_port}", "node-1", "noded", state=st, resync_by_digest=False)
+    await client.start()
+    try:
+        await eventually(lambda: "state too large" in (client.down_reason or ""), 30, "the reason")
+        assert "bytes > 4194304" in client.down_reason
+        assert any("state too large for one message" in r.getMessage() for r in caplog.records)
+    finally:
+        await client.stop()
