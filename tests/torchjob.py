@@ -462,11 +462,12 @@ def slowdown_named(stack, job: str, mode: str, node: str, *, slow: int, peer: in
     slower than ``MAX_STEP_MS``), or named together with healthy ranks the box itself made as slow
     as a +20 % card (:meth:`Slowdown.box_stragglers`; any other rank named fails): one more
     attempt (a new job name), then a skip that carries the achieved figures of both. ``kw``:
-    ``ranks``, ``placement`` (rank -> node), ``conf`` (more FeatConf keys), ``args`` (more job flags), ``score`` (the node result's
+    ``ranks``, ``placement`` (rank -> node), ``conf`` (more FeatConf keys), ``hold_steps`` (``HOLD_STEPS``), ``args`` (more job flags), ``score`` (the node result's
     score map of the rule expected to name it: ``gapExcess``) and ``cumulative`` (the noise of the
     arrivals rather than of the gaps, :meth:`Slowdown.noise`)."""
     tmp, cd, prof, dt = stack
     tried: list[str] = []
+    hold = kw.get("hold_steps", HOLD_STEPS)
     for attempt in (1, 2):
         name = job if attempt == 1 else f"{job}-retry"
         http(
@@ -497,7 +498,7 @@ def slowdown_named(stack, job: str, mode: str, node: str, *, slow: int, peer: in
                 scores.append((res.get(kw.get("score", "gapExcess")) or {}).get(str(slow), 0.0))
             if named():
                 return rounds_later(cd, name)  # and see that nothing else gets reported
-            return ctl.held() >= HOLD_STEPS
+            return ctl.held() >= hold
 
         summ = run.run(stop, budget_s=ATTEMPT_S)
         ctl.poll()
@@ -516,7 +517,7 @@ def slowdown_named(stack, job: str, mode: str, node: str, *, slow: int, peer: in
             assert_named_alone(cd, name, slow, node)
             http(cd.http, "POST", f"/v1/slownode/{name}/disable", {})
             return
-        if usable and ctl.held() >= HOLD_STEPS:  # what clusterd and the nodes made of it, to see why
+        if usable and ctl.held() >= hold:  # what clusterd and the nodes made of it, to see why
             st = http(cd.http, "GET", f"/v1/slownode/{name}")
             state = json.dumps(
                 {"nodeResults": st.get("nodeResults"), "last rounds": (st.get("history") or [])[-6:]}
