@@ -30,9 +30,9 @@ measured while the job runs -- the slow rank's compute between its TP collective
 the gap rule judges) against its TP peer's, from the job's live per-step rows -- and the injected
 factor is raised through the job's ``--factor-file`` (up to 4 x) until that ratio reaches 1 + 0.9 x
 the nominal slowdown (x1.18 for +20 %: on a loaded box the same CPU work came out as x0.92-x1.17 of
-the peer's), or more where the box's own per-operation noise would hide it (:class:`_Slowdown`);
+the peer's), or more where the box's own per-operation noise would hide it (:class:`Slowdown`);
 only a run that held it for 410 steps unnamed fails. A run that cannot reach it within 150 s, or
-whose extra named rank the box itself slowed as much (:func:`_box_stragglers`), is tried once
+whose extra named rank the box itself slowed as much (:func:`box_made_stragglers`), is tried once
 more and then skipped with the figures of both (``pytest -rs`` shows them). With the gap rule
 disabled (its flagged cards emptied in fdol/slownode/node.py, then reverted) both fail with
 "missed: the slowdown was achieved, not named" (load 8-9: stall x1.72 held 412 steps, compute
@@ -50,529 +50,40 @@ which is why the wait rule judges 40-step windows (fdol/slownode/peers.py).
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import re
-import statistics
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip(
     "torch", reason="needs the faultmesh[torch] extra: pip install -e '.[torch]' (torch==2.13.0)"
 )
 
-from support import ClusterdProcess, free_port, wait_for, wait_http  # noqa: E402
-
-pytestmark = [
-    pytest.mark.torch,
-    pytest.mark.slow,
-    pytest.mark.serial,  # `make test` runs it alone after the parallel part
-    pytest.mark.skipif(
-        bool(os.environ.get("PYTEST_XDIST_WORKER")),
-        reason="timing test: must not share the 2 cores with parallel test workers",
-    ),
-    pytest.mark.timeout(420),
-]
-
-PHRASE = re.compile(
-    r"\[FD-OL SLOWNODE\]job\(name=(\S+), namespace=default, jobId=\S+\) in cluster got degradation, "
-    r"slow rank ids: \[([0-9 ]*)\]"
+from torchjob import (  # noqa: E402
+    PAIR,
+    TIMING_MARKS,
+    featconf,
+    http,
+    judged_to,
+    named_ranks,
+    require_normal_steps,
+    rounds_later,
+    run_job,
+    run_stack,
+    skip_if_box_made,
+    slowdown_named,
 )
-PLACEMENT = {"0": "node-a", "1": "node-a", "2": "node-b", "3": "node-b"}
-PAIR = {"0": "node-a", "1": "node-a"}  # the 2-rank job: one TP pair
-SLOW_FROM = 30
 
-
-def _featconf(job: str, ranks: dict[str, str] = PLACEMENT) -> dict:
-    # Documented defaults (fdol.md §7) except the round period: 0.5 s rounds for a ~155 ms-step job.
-    return {
-        "jobName": job,
-        "jobNamespace": "default",
-        "normalNumber": 20,
-        "nSigma": 3,
-        "degradationPercentage": 0.3,
-        "nConsecAnomaliesSignifySlow": 3,
-        "nSecondsDoOneDetection": 0.5,
-        "clusterMeanDistance": 1.3,
-        "cardOneNode": 16,
-        "SlowNode": 1,
-        "ranks": ranks,
-    }
-
-
-def _http(base: str, method: str, path: str, body=None):
-    req = urllib.request.Request(
-        f"http://{base}{path}",
-        method=method,
-        data=None if body is None else json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
-
-
-class _Noded:
-    def __init__(self, tmp: Path, node: str, grpc: str, prof: Path) -> None:
-        self.http = f"127.0.0.1:{free_port()}"
-        self.log = tmp / f"noded-{node}.log"
-        self.cmd = [
-            sys.executable,
-            "-m",
-            "noded",
-            "--node-name",
-            node,
-            "--clusterd",
-            grpc,
-            "--http-addr",
-            self.http,
-            "--profiling-dir",
-            str(prof),
-            "--min-report-interval",
-            "0.1",
-        ]
-
-    def start(self) -> _Noded:
-        self._fh = open(self.log, "ab")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._fh, stderr=subprocess.STDOUT)
-        wait_http(f"http://{self.http}/healthz")
-        return self
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self._fh.close()
+pytestmark = TIMING_MARKS
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("torch-e2e")
-    prof, dt = tmp / "profiling", tmp / "datatrace"
-    prof.mkdir()
-    dt.mkdir()
-    cd = ClusterdProcess(tmp / "state", ["--data-trace-dir", str(dt)], log_path=tmp / "clusterd.log").start()
-    nodes = [_Noded(tmp, n, cd.grpc, prof).start() for n in ("node-a", "node-b")]
-    try:
-        yield tmp, cd, prof, dt
-    finally:
-        for n in nodes:
-            n.stop()
-        cd.stop()
-
-
-class _Job:
-    """The example job running under the test: ``tmp/job-<job>.log``, live per-step rows in
-    ``tmp/summary-<job>/rank<r>.steps.jsonl``, stopped (every rank after the same step) by
-    touching ``tmp/stop-<job>``; its slow rank re-reads ``tmp/factor-<job>``."""
-
-    def __init__(self, tmp: Path, prof: Path, dt: Path, job: str, mode: str, steps: int, **kw) -> None:
-        self.tmp, self.job = tmp, job
-        self.summary = tmp / f"summary-{job}"
-        self.stop_file = tmp / f"stop-{job}"
-        self.factor_file = tmp / f"factor-{job}"
-        self.log = tmp / f"job-{job}.log"
-        self.ranks = kw.get("ranks", 4)
-        self.cmd = [
-            sys.executable,
-            "-m",
-            "faultmesh.profiler.example_job",
-            "--base-dir", str(prof),
-            "--task-id", job,
-            "--switch", str(dt / f"default.data-trace-{job}" / "profilingSwitch"),
-            "--steps", str(steps),
-            "--slow-mode", mode,
-            "--slow-rank", str(kw.get("slow_rank", 2)),
-            "--slow-from", str(SLOW_FROM),
-            "--factor", str(kw.get("factor", 0.4)),
-            "--factor-file", str(self.factor_file),
-            "--flush-s", "0.5",
-            "--switch-poll-s", "0.5",
-            "--stop-file", str(self.stop_file),
-            "--summary", str(self.summary),
-            "--ranks", str(self.ranks),
-        ]  # fmt: skip
-
-    def run(self, stop_when=None, budget_s: float = 360.0) -> dict[int, dict]:
-        """Run until the job ends, ``stop_when()`` (polled every 0.2 s) says stop, or ``budget_s``
-        (then it is stopped too: a loaded box runs fewer steps, the caller judges what it got);
-        -> {rank: summary}. Fails only when the job fails or does not stop when told."""
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-        with open(self.log, "ab") as fh:
-            proc = subprocess.Popen(self.cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
-            try:
-                deadline = time.monotonic() + budget_s
-                while proc.poll() is None and not self.stop_file.exists():
-                    if time.monotonic() > deadline or (stop_when is not None and stop_when()):
-                        self.stop_file.touch()
-                    time.sleep(0.2)
-                proc.wait(60)  # told to stop: every rank leaves after the next step
-            except subprocess.TimeoutExpired:
-                raise AssertionError(f"the torch job did not stop within 60 s of {self.stop_file}") from None
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(10)
-        assert proc.returncode == 0, self.log.read_text()[-3000:]
-        return {r: json.loads((self.summary / f"rank{r}.json").read_text()) for r in range(self.ranks)}
-
-
-LONG_STEPS = 160  # the gap rule's long horizon (gapLongWindowSteps): it names a +20 % card that late
-ACHIEVE_STEPS = 50  # steps a factor runs before its achieved slowdown is judged
-SETTLE_STEPS = 5  # steps after a factor change left out of its measure
-HOLD_STEPS = LONG_STEPS + 250  # achieved this long (the long horizon + >= 12 s of rounds), not named: missed
-ATTEMPT_S = 150.0  # per attempt: the time the slowdown has to be achieved and held
-WINDOW_STEPS = 40  # the gap rule's window (and the wait rule's)
-NOISE_SPREADS = 1.0  # the slowdown must stand out of the per-op noise: gapLongSpread (0.5) x 2
-BOX_STRAGGLER = 1.2  # a healthy rank this much slower than its TP peer over a window: a box-made slow card
-
-
-def _iqm(xs: list[float]) -> float:
-    """Interquartile mean (the mean of the middle half), the gap rule's own location estimate."""
-    xs = sorted(xs)
-    q = len(xs) // 4
-    return statistics.fmean(xs[q : len(xs) - q])
-
-
-def _pair_ratio(
-    rows: dict[int, dict[int, dict]], a: int, b: int, steps: list[int], key: str = "gap"
-) -> float:
-    """Rank ``a``'s ``key`` over rank ``b``'s across ``steps``: the interquartile mean of the
-    per-step log ratios, as a ratio."""
-    return math.exp(_iqm([math.log(rows[a][n][key] / rows[b][n][key]) for n in steps]))
-
-
-def _box_stragglers(
-    rows: dict[int, dict[int, dict]], until: int, slow: int | None = None
-) -> dict[int, float]:
-    """Healthy ranks the box itself slowed as much as a +20 % card, up to step ``until``: {rank: its
-    highest gap ratio to its TP peer ([0,1], [2,3]) over ``WINDOW_STEPS`` steps (every 10th step)}
-    where that reached ``BOX_STRAGGLER`` -- a card the gap rule's 40-step window is documented to
-    name ("any rule that finds a +20 % card within 40 steps names it", fdol/slownode/peers.py).
-    ``rows``: {rank: {step: row}}; the pair of ``slow`` is left out."""
-    out: dict[int, float] = {}
-    for a in range(0, len(rows) - 1, 2):
-        if slow in (a, a + 1):
-            continue
-        steps = sorted(n for n in rows[a] if n <= until and n in rows[a + 1])
-        for i in range(0, len(steps) - WINDOW_STEPS + 1, 10):
-            r = _pair_ratio(rows, a, a + 1, steps[i : i + WINDOW_STEPS])
-            for rank, x in ((a, r), (a + 1, 1 / r)):
-                if x >= BOX_STRAGGLER:
-                    out[rank] = round(max(x, out.get(rank, 0.0)), 2)
-    return out
-
-
-def _named(cd, job: str) -> set[int]:
-    """Every rank clusterd's degradation lines named for ``job``."""
-    return {int(r) for m in PHRASE.findall(cd.log_text()) if m[0] == job for r in m[1].split()}
-
-
-class _Slowdown:
-    """The slowdown the box gave, measured while the job runs, and raised until it is reached.
-
-    Achieved = rank ``slow``'s compute between its TP collectives (``gap``: wall ms, the slowdown
-    included -- what the gap rule judges) over its TP peer's: the interquartile mean of the
-    per-step log ratios, as a ratio. Needed: ``target``, or more where the box's own noise demands
-    it -- ``exp(NOISE_SPREADS x`` the per-operation spread :meth:`noise` ``)``: the gap rule's long
-    horizon names a card whose excess reaches ``gapLongSpread`` (0.5) spreads (fdol.md §7
-    defaults; fdol/slownode/peers.py), and a card that does not stand out of the noise is not
-    the condition a detection test can ask for (measured on the 2-core box at load 5-8: 0.10-0.47;
-    the detector's rounds judge the spread of their last 40 steps and their operations include the
-    step boundary, which this estimate leaves out -- at x1.5 a run of x1.25 against a need of x1.22
-    was named in too few rounds to confirm at load 9-12 -- hence the margin x2). Every poll reads the new rows
-    (``rank<r>.steps.jsonl``) and measures the current factor over every step it ran (less
-    ``SETTLE_STEPS``): once that is ``ACHIEVE_STEPS`` or more, at the need or above it is *held*
-    (``held_since``: its first step), below it the factor is raised in proportion to the
-    shortfall (x1.15 to x1.6 a time, at most ``max_factor``) through the job's factor file. A
-    factor measured over all its steps rather than the last few: the scheduler keeps one rank
-    behind for tens of steps at times, and a short window would chase that. ``changes``:
-    "step N: xR (need xN) at F -> G" per raise."""
-
-    def __init__(self, job: _Job, slow: int, peer: int, factor: float, target: float, max_factor: float):
-        self.job, self.slow, self.peer = job, slow, peer
-        self.factor, self.target, self.max_factor = factor, target, max_factor
-        self.rows: dict[int, dict[int, dict]] = {r: {} for r in range(job.ranks)}
-        self._tail = dict.fromkeys(self.rows, b"")
-        self._off = dict.fromkeys(self.rows, 0)
-        self.held_since: int | None = None
-        self.last: float | None = None  # the current factor's achieved ratio
-        self.spread = 0.0  # and the box's per-operation noise then (:meth:`noise`)
-        self.need = target  # and the ratio it must reach: target, or more on a noisy box
-        self.changes: list[str] = []
-        self.polls = 0
-
-    def _read(self) -> None:
-        for r in self.rows:
-            path = self.job.summary / f"rank{r}.steps.jsonl"
-            try:
-                with open(path, "rb") as f:
-                    f.seek(self._off[r])
-                    data = self._tail[r] + f.read()
-                    self._off[r] = f.tell()
-            except FileNotFoundError:
-                continue
-            *lines, self._tail[r] = data.split(b"\n")  # a half-written last line waits for the next read
-            for ln in lines:
-                row = json.loads(ln)
-                self.rows[r][row["step_no"]] = row
-
-    def ratio(self, steps: list[int], key: str = "gap") -> float:
-        """Achieved ratio (slow / peer) of ``key`` over ``steps`` (:func:`_pair_ratio`)."""
-        return _pair_ratio(self.rows, self.slow, self.peer, steps, key)
-
-    def noise(self, steps: list[int]) -> float:
-        """The box's per-operation noise over ``steps``: the robust spread (interquartile range /
-        1.349) of the per-operation log gap ratios slow / peer (each step's ``gaps``)."""
-        a, b = self.rows[self.slow], self.rows[self.peer]
-        d = [
-            math.log(x / y)
-            for n in steps
-            for x, y in zip(a[n]["gaps"], b[n]["gaps"], strict=False)
-            if x > 0 < y
-        ]
-        q = statistics.quantiles(d, n=4)
-        return (q[2] - q[0]) / 1.349
-
-    def slow_steps(self, factor: float | None = None) -> list[int]:
-        """Steps both ranks ran with the slowdown on (at ``factor`` only, when given), in order."""
-        a, b = self.rows[self.slow], self.rows[self.peer]
-        return sorted(
-            n
-            for n, row in a.items()
-            if row["slow"] and n in b and (factor is None or math.isclose(row["factor"], factor))
-        )
-
-    def poll(self) -> None:
-        """Read the new rows; measure the current factor; raise it when short of the target."""
-        self.polls += 1
-        self._read()
-        steps = self.slow_steps(self.factor)[SETTLE_STEPS:]
-        if len(steps) < ACHIEVE_STEPS:
-            return
-        self.last = r = self.ratio(steps)
-        self.spread = self.noise(steps)
-        self.need = need = max(self.target, math.exp(NOISE_SPREADS * self.spread))
-        if r >= need:
-            if self.held_since is None:
-                self.held_since = steps[0]
-            return
-        self.held_since = None
-        if self.factor >= self.max_factor:
-            return
-        gain = min(1.6, max(1.15, (need - 1) / max(r - 1, 0.01)))
-        new = round(min(self.max_factor, self.factor * gain), 3)
-        if new <= self.factor:
-            return  # at the cap (rounded)
-        self.changes.append(
-            f"step {steps[-1]}: x{r:.3f} (need x{need:.2f}) at {self.factor:.0%} -> {new:.0%}"
-        )
-        tmp = self.job.factor_file.with_suffix(".tmp")
-        tmp.write_text(f"{new}\n")
-        os.replace(tmp, self.job.factor_file)  # the job never reads half a number
-        self.factor = new
-
-    def box_stragglers(self, until: int) -> dict[int, float]:
-        """:func:`_box_stragglers` of this job's rows up to step ``until``, its slow rank's pair left out."""
-        return _box_stragglers(self.rows, until, self.slow)
-
-    def held(self) -> int:
-        """Steps the target has held for (0: not reached now)."""
-        if self.held_since is None:
-            return 0
-        return max(self.rows[self.slow]) - self.held_since
-
-    def figures(self, until: int | None = None) -> str:
-        """What was achieved over the last ``LONG_STEPS`` slow steps (before step ``until``)."""
-        steps = [n for n in self.slow_steps() if until is None or n < until][-LONG_STEPS:]
-        if not steps:
-            return "no slow step ran"
-        return (
-            f"rank {self.slow} / rank {self.peer} over steps {steps[0]}-{steps[-1]}: compute between "
-            f"TP collectives x{self.ratio(steps):.2f} wall, x{self.ratio(steps, 'gap_cpu'):.2f} CPU "
-            f"(target x{self.target:.2f}, need x{self.need:.2f}: per-op noise {self.spread:.2f}); "
-            f"factor {self.factor:.0%} "
-            f"(x{self.last or 0:.2f} over its steps; raised: {'; '.join(self.changes) or 'never'}); "
-            f"held {self.held()} steps"
-        )
-
-
-def _run_job(tmp: Path, prof: Path, dt: Path, job: str, mode: str, steps: int, stop_when=None, **kw):
-    """-> {rank: summary} of one run of the job (:class:`_Job`)."""
-    return _Job(tmp, prof, dt, job, mode, steps, **kw).run(stop_when)
-
-
-def _judged_to(cd, job: str, step: int) -> None:
-    """Wait (up to 30 s) until every node's latest result for ``job`` reached ``step`` and a
-    cluster round ran after the newest of them (rounds run only on new results)."""
-
-    def done() -> bool:
-        st = _http(cd.http, "GET", f"/v1/slownode/{job}")
-        res = st["nodeResults"].values()
-        return (
-            len(res) == 2
-            and all((r.get("lastStep") or -1) >= step for r in res)
-            and bool(st["history"])
-            and st["history"][-1]["ms"] >= max(r["reportedMs"] for r in res)
-        )
-
-    wait_for(done, f"a cluster round over node results of {job} up to step {step}", 30)
-
-
-def _rounds_later(cd, job: str, n: int = 2) -> bool:
-    """Wait (up to 20 s) until clusterd judged ``job`` ``n`` more rounds: what it says then is
-    also in the log. -> True (always: a stop condition)."""
-    first = _http(cd.http, "GET", f"/v1/slownode/{job}")["rounds"]
-    wait_for(lambda: _http(cd.http, "GET", f"/v1/slownode/{job}")["rounds"] >= first + n, "rounds", 20)
-    return True
-
-
-QUIET_STEP_MS = 155  # median step of the job on an idle 2-core box (per-layer TP all-reduces)
-MAX_STEP_MS = 270  # 1.75 x: above, other work on the box dominates the job's timing
-
-
-def _require_normal_steps(rows) -> None:
-    """Skip when the job's steps were far slower than on a quiet box (the whole run: a load that
-    comes after the slowdown starts distorts it as much as one before)."""
-    med = statistics.median(r["period"] for r in rows)
-    if med > MAX_STEP_MS and os.environ.get("FAULTMESH_TIMING_TESTS") != "force":
-        pytest.skip(
-            f"box overloaded during the run: median step {med:.0f} ms (quiet box: ~{QUIET_STEP_MS} ms)"
-        )
-
-
-def _assert_named_alone(cd, job: str, rank: int, node: str) -> None:
-    """clusterd reported ``rank`` and only it, within 3 rounds of the confirmation becoming
-    possible, and raised one 110001010 on ``node``."""
-    found = [m for m in PHRASE.findall(cd.log_text()) if m[0] == job]
-    assert found == [(job, str(rank))], found
-    status = _http(cd.http, "GET", f"/v1/slownode/{job}")
-    assert status["degraded"] and status["slowRanks"] == [rank]
-    hist = status["history"]
-    confirm = next(i for i, h in enumerate(hist) if h["degraded"])
-    # confirmation becomes possible at the 5th round that localizes the rank (one round without it
-    # is tolerated, a second restarts the count); it must follow within 3 rounds of that. Slow rounds
-    # that name something else (a host, a domain) also count for the tracker, so it may confirm
-    # before the 5th localizing round: earlier is within the bound.
-    run, gaps, possible = 0, 0, None
-    for i, h in enumerate(hist[: confirm + 1]):
-        if rank in h["slowCalculateRanks"]:
-            run += 1
-        elif run and gaps < 1:
-            gaps += 1
-        else:
-            run, gaps = 0, 0
-        if run >= 5:
-            possible = i
-            break
-    rounds = [(h["round"], h["slowCalculateRanks"], h["isSlow"]) for h in hist[: confirm + 4]]
-    assert possible is None or confirm - possible <= 3, rounds
-    assert any(rank in h["slowCalculateRanks"] for h in hist[: confirm + 1]), rounds
-    others = [h["round"] for h in hist if set(h["slowCalculateRanks"]) - {rank}]
-    print(f"rounds that also localized another rank (never reported): {others}; confirmed at round {confirm}")
-    faults = [
-        f
-        for f in cd.get_json("/v1/faults")
-        if f["source"] == "fd-online" and f["attributes"].get("jobId") == job
-    ]
-    assert [(f["node"], f["code"], f["attributes"]["influence"]) for f in faults] == [
-        (node, "110001010", str(rank))
-    ]
-
-
-def _step_ms(rows) -> float:
-    return statistics.median(r["period"] for r in rows)
-
-
-def _slowdown_named(stack, job: str, mode: str, node: str, *, slow: int, peer: int, factor: float, **kw):
-    """Run the job with rank ``slow`` slowed (``mode``, ``factor``) and assert clusterd names it
-    alone on ``node`` (:func:`_assert_named_alone`), once the box gave the slowdown.
-
-    The condition is made, not assumed (issue 36): :class:`_Slowdown` measures rank ``slow``'s
-    compute between TP collectives against its peer's while the job runs and raises the factor
-    (up to 4 x) until the ratio reaches 1 + 0.9 x ``factor`` (more on a noisy box). Named: asserted. The ratio held for
-    ``HOLD_STEPS`` steps and nobody named: fails (missed). Neither within ``ATTEMPT_S`` (or steps
-    slower than ``MAX_STEP_MS``), or named together with healthy ranks the box itself made as slow
-    as a +20 % card (:meth:`_Slowdown.box_stragglers`; any other rank named fails): one more
-    attempt (a new job name), then a skip that carries the achieved figures of both."""
-    tmp, cd, prof, dt = stack
-    tried: list[str] = []
-    for attempt in (1, 2):
-        name = job if attempt == 1 else f"{job}-retry"
-        _http(cd.http, "POST", "/v1/slownode/jobs", _featconf(name, kw.get("placement", PLACEMENT)))
-        run = _Job(
-            tmp, prof, dt, name, mode, 100_000, slow_rank=slow, factor=factor, ranks=kw.get("ranks", 4)
-        )
-        ctl = _Slowdown(run, slow, peer, factor, target=1 + 0.9 * factor, max_factor=round(4 * factor, 3))
-        named_at: list[int] = []
-
-        def named(name=name, ctl=ctl, named_at=named_at) -> bool:
-            if not named_at and any(m[0] == name for m in PHRASE.findall(cd.log_text())):
-                named_at.append(max(ctl.rows[ctl.slow], default=-1))  # the newest step then
-            return bool(named_at)
-
-        scores: list[float] = []  # the gap rule's score of the slow rank (>= 1 flags), about once a second
-
-        def stop(name=name, ctl=ctl, named=named, scores=scores) -> bool:
-            ctl.poll()
-            if len(scores) * 5 <= ctl.polls:
-                res = _http(cd.http, "GET", f"/v1/slownode/{name}")["nodeResults"].get(node) or {}
-                scores.append((res.get("gapExcess") or {}).get(str(slow), 0.0))
-            if named():
-                return _rounds_later(cd, name)  # and see that nothing else gets reported
-            return ctl.held() >= HOLD_STEPS
-
-        summ = run.run(stop, budget_s=ATTEMPT_S)
-        ctl.poll()
-        named()  # a name in the last round before the job stopped counts too
-        step_ms = _step_ms(summ[0]["rows"])
-        usable = step_ms <= MAX_STEP_MS or os.environ.get("FAULTMESH_TIMING_TESTS") == "force"
-        figures = ctl.figures(until=named_at[0] if named_at else None)
-        figures += f"; gap rule score of rank {slow} (>= 1 flags): max {max(scores, default=0):.2f}, "
-        figures += f"last {[round(x, 2) for x in scores[-8:]]}"
-        print(f"{name}: {figures}; median step {step_ms:.0f} ms; named at step {named_at or 'never'}")
-        others = _named(cd, name) - {slow}
-        box = ctl.box_stragglers(named_at[0]) if named_at else {}
-        if usable and named_at and not (others and others <= set(box)):
-            assert [n for n in ctl.slow_steps() if n <= named_at[0]], f"rank {slow} named before its slowdown"
-            _assert_named_alone(cd, name, slow, node)
-            _http(cd.http, "POST", f"/v1/slownode/{name}/disable", {})
-            return
-        if usable and ctl.held() >= HOLD_STEPS:  # what clusterd and the nodes made of it, to see why
-            st = _http(cd.http, "GET", f"/v1/slownode/{name}")
-            state = json.dumps(
-                {"nodeResults": st.get("nodeResults"), "last rounds": (st.get("history") or [])[-6:]}
-            )
-            lines = [x for x in cd.log_text().splitlines() if "slow" in x.lower()][-15:]
-            raise AssertionError(
-                f"missed: the slowdown was achieved, not named: {figures}\nclusterd slow-node status: {state}"
-                "\nclusterd log (slow lines): " + "\n".join(lines)
-            )
-        _http(cd.http, "POST", f"/v1/slownode/{name}/disable", {})
-        why = (
-            f"; also named {sorted(others)}, which the box slowed (x ratio to peer: {box})" if others else ""
-        )
-        tried.append(f"attempt {attempt}: {figures}; median step {step_ms:.0f} ms (limit {MAX_STEP_MS}){why}")
-    pytest.skip(
-        f"the box did not give the condition (rank {slow} slowed, no other rank as slow) within "
-        f"{ATTEMPT_S:.0f} s: " + " | ".join(tried)
-    )
+    yield from run_stack(tmp_path_factory)
 
 
 @pytest.mark.timeout(600)
 def test_stall_rank2_detected(stack):
     # rank 2 sleeps 0.4 x each compute segment: its gaps against its TP peer's (rank 3) reach
     # x1.36 at least (raised if the box's scheduling ate part of it); 4 ranks share the 2 cores
-    _slowdown_named(stack, "torch-stall", "sleep", "node-b", slow=2, peer=3, factor=0.4)
+    slowdown_named(stack, "torch-stall", "sleep", "node-b", slow=2, peer=3, factor=0.4)
 
 
 @pytest.mark.timeout(600)
@@ -584,61 +95,46 @@ def test_compute_rank1_plus20_detected(stack):
     # 0.019-0.035 against the slow rank's 0.08-0.15 in the recorded runs (fdol/slownode/peers.py).
     # The +20 % of CPU work reached x1.09-x1.19 of the peer's compute on the box (issue 36): the
     # factor is raised until rank 1's gaps are x1.18 its peer's.
-    _slowdown_named(
+    slowdown_named(
         stack, "torch-compute", "compute", "node-a", slow=1, peer=0, factor=0.2, ranks=2, placement=PAIR
     )
-
-
-def _skip_if_box_made(summ: dict[int, dict], ranks: set[int]) -> None:
-    """Skip when clusterd named (or localized) healthy ``ranks`` of an unslowed pair and the box
-    itself made every one of them as slow as a +20 % card (:func:`_box_stragglers`): a slow card
-    of the box, not of faultmesh's making. Any other rank named is left to the test's assertions."""
-    if not ranks:
-        return
-    rows = {r: {x["step_no"]: x for x in s["rows"]} for r, s in summ.items()}
-    box = _box_stragglers(rows, max(rows[0]))
-    if ranks <= set(box):
-        pytest.skip(
-            f"clusterd named ranks {sorted(ranks)}, which the box itself slowed (highest gap ratio to "
-            f"the TP peer over {WINDOW_STEPS} steps: {box}): the box made the slow card"
-        )
 
 
 def test_dataloader_stall_rank1_named(stack):
     tmp, cd, prof, dt = stack
     job = "torch-loader"
-    _http(cd.http, "POST", "/v1/slownode/jobs", _featconf(job))
+    http(cd.http, "POST", "/v1/slownode/jobs", featconf(job))
     named: list[list[int]] = []
 
     def io_named() -> bool:
-        st = _http(cd.http, "GET", f"/v1/slownode/{job}")
+        st = http(cd.http, "GET", f"/v1/slownode/{job}")
         io = (st.get("cluster") or {}).get("slowIORanks") or []
         if io:
             named.append(io)
-        return len(named) >= 5 and _rounds_later(cd, job)  # and see that nothing else gets reported
+        return len(named) >= 5 and rounds_later(cd, job)  # and see that nothing else gets reported
 
-    summ = _run_job(tmp, prof, dt, job, "dataloader", 300, stop_when=io_named, slow_rank=1)
-    _require_normal_steps(summ[0]["rows"])
+    summ = run_job(tmp, prof, dt, job, "dataloader", 300, stop_when=io_named, slow_rank=1)
+    require_normal_steps(summ[0]["rows"])
     assert named and all(io == [1] for io in named), named
-    hist = _http(cd.http, "GET", f"/v1/slownode/{job}")["history"]
-    _skip_if_box_made(summ, _named(cd, job) | {r for h in hist for r in h["slowCalculateRanks"]})
-    assert not _named(cd, job)  # no slow compute rank
+    hist = http(cd.http, "GET", f"/v1/slownode/{job}")["history"]
+    skip_if_box_made(summ, named_ranks(cd, job) | {r for h in hist for r in h["slowCalculateRanks"]})
+    assert not named_ranks(cd, job)  # no slow compute rank
     assert not [h["round"] for h in hist if h["slowCalculateRanks"]], hist
-    _http(cd.http, "POST", f"/v1/slownode/{job}/disable", {})
+    http(cd.http, "POST", f"/v1/slownode/{job}/disable", {})
 
 
 def test_clean_run_logs_nothing(stack):
     tmp, cd, prof, dt = stack
     job = "torch-clean"
-    _http(cd.http, "POST", "/v1/slownode/jobs", _featconf(job))
-    summ = _run_job(tmp, prof, dt, job, "none", 150)
-    _require_normal_steps(summ[0]["rows"])
+    http(cd.http, "POST", "/v1/slownode/jobs", featconf(job))
+    summ = run_job(tmp, prof, dt, job, "none", 150)
+    require_normal_steps(summ[0]["rows"])
     assert all(len(s["rows"]) == 150 for s in summ.values())
-    _judged_to(cd, job, 150 - 2)  # the last step whose records noded judges (the 149th: none after it)
-    status = _http(cd.http, "GET", f"/v1/slownode/{job}")
+    judged_to(cd, job, 150 - 2)  # the last step whose records noded judges (the 149th: none after it)
+    status = http(cd.http, "GET", f"/v1/slownode/{job}")
     assert status["rounds"] >= 5, status
-    _skip_if_box_made(summ, _named(cd, job))
-    assert not _named(cd, job)
+    skip_if_box_made(summ, named_ranks(cd, job))
+    assert not named_ranks(cd, job)
     assert not status["degraded"]
     assert not [f for f in cd.get_json("/v1/faults") if f["attributes"].get("jobId") == job]
     assert all(s["dropped_records"] == 0 for s in summ.values())

@@ -56,3 +56,55 @@ def test_instrumented_collectives_and_groups(tmp_path, port):
     steps = StepAssembler(0, lambda: jr.groups(0)).feed(recs)
     assert [m.step for m in steps] == [0, 1] and all(m.compute > 0 and m.dataloader_host > 0 for m in steps)
     assert sum(jr.bad.values()) == 0
+
+
+def test_ddp_buckets_recorded_from_launch_to_completion(tmp_path, port):
+    """record_ddp_buckets: every gradient bucket's all-reduce is one AllReduce record on the DDP
+    group (count: the bucket's elements), the gradients are DDP's (averaged: here, one rank, the
+    local ones), and ``before_bucket`` runs before each launch with the bucket's index."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from faultmesh.profiler import Profiler
+    from faultmesh.profiler import torch as fpt
+    from fdol.slownode.reader import JobReader
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        prof = Profiler(0, base_dir=tmp_path, task_id="d", flush_interval_s=0)
+        fpt.instrument_distributed(prof)
+        g = fpt.new_group([0], "dp")
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(6)))
+        ref = [p.detach().clone() for p in model.parameters()]
+        ddp = DistributedDataParallel(model, process_group=g, bucket_cap_mb=0.25)
+        seen: list[int] = []
+        fpt.record_ddp_buckets(ddp, prof, g, seen.append)
+        x = torch.randn(4, 256)
+        for n in range(3):
+            with prof.step(n):
+                for p in model.parameters():
+                    p.grad = None
+                ddp(x).sum().backward()
+        local = torch.nn.Sequential(*(torch.nn.Linear(256, 256) for _ in range(6)))
+        with torch.no_grad():
+            for p, r in zip(local.parameters(), ref, strict=True):
+                p.copy_(r)
+        local(x).sum().backward()
+        for p, q in zip(model.parameters(), local.parameters(), strict=True):
+            assert torch.allclose(p.grad, q.grad)
+        assert fpt.dump_group_info(prof)
+        prof.close()
+    finally:
+        fpt.uninstrument_distributed()
+        dist.destroy_process_group()
+    groups = json.loads((tmp_path / "d" / "0" / "parallel_group.json").read_text())
+    dp_name = next(k for k, v in groups.items() if v["group_name"] == "dp")
+    recs = JobReader(tmp_path / "d", [0]).poll()[0]
+    comm = [json.loads(r.name) for r in recs if r.name and r.name.startswith("{")]
+    assert {c["opName"] for c in comm} == {"AllReduce"} and {c["groupName"] for c in comm} == {dp_name}
+    # the first step: one bucket (DDP's first-bucket cap, 1 MB); then DDP rebuilt them in the
+    # backward's order, 0.25 MB each: one layer's weight and bias per bucket
+    layer = 256 * 256 + 256
+    assert [int(c["count"]) for c in comm] == [6 * layer] + [layer] * 12
+    assert seen == [0] + list(range(6)) * 2

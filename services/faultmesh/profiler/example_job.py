@@ -23,6 +23,14 @@ layer's backward but the first layer's with one (the column-parallel input gradi
 that arrives last at each per-operation barrier and computes longer between them (issue 16).
 ``--no-tp-in-forward`` is the earlier shape (one segment, TP collective after the forward range).
 
+``--parallel ddp`` (issue 34) is the data-parallel-only job: no TP group, one ``dp`` group of every
+rank, the model wrapped in ``torch.nn.parallel.DistributedDataParallel`` with ``--bucket-mb``
+(0.25) gradient buckets (4 a step for the default model), each all-reduced asynchronously as soon
+as the backward filled it and recorded by the profiler from launch to completion
+(:func:`faultmesh.profiler.torch.record_ddp_buckets`); the compute before each bucket's launch is
+one segment (the first: the forward and the backward up to it), so a slowed rank launches every
+bucket late; only the stop flag is all-reduced after the backward (``dp_ar`` in the summary).
+
 Each step records ``step <n>`` / ``dataloader`` / ``forward`` (forward + backward + the slowdown)
 and the collectives through the instrumented ``torch.distributed``; ``parallel_group.json`` is
 written after warm-up. With ``--summary DIR`` each rank writes ``rank<r>.json`` with per-step
@@ -178,8 +186,10 @@ def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # n
         switch_poll_s=args.switch_poll_s,
     )
     fpt.instrument_distributed(prof)
-    tp_group = None
-    for start in range(0, args.ranks, args.tp):
+    tp_group = dp_group = None
+    if args.parallel == "ddp":  # data parallel only: one "dp" group of every rank, no TP group
+        dp_group = fpt.new_group(list(range(args.ranks)), "dp")
+    for start in range(0, args.ranks, args.tp) if args.parallel == "tp" else ():
         g = fpt.new_group(list(range(start, min(start + args.tp, args.ranks))), "tp")
         if rank in range(start, start + args.tp):
             tp_group = g
@@ -202,6 +212,14 @@ def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # n
 
     tp_x = torch.zeros(args.tp_elems)
     pace = Pace(torch, extra_x, extra_w)
+    ddp = None
+    if dp_group is not None:
+        # DDP's gradient buckets, each all-reduced as soon as the backward filled it; the compute
+        # before each bucket's launch is one segment (the first: the forward and the backward up to it)
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(model, process_group=dp_group, bucket_cap_mb=args.bucket_mb)
+        fpt.record_ddp_buckets(ddp, prof, dp_group, lambda i: pace.end(f"g{i}"), pace.start)
 
     def tp_all_reduce(seg: str, tag: float) -> None:
         # The end of one compute segment: the slowdown of that segment, then the TP collective.
@@ -237,7 +255,10 @@ def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # n
             pace.start()
             for p in params:
                 p.grad = None
-            if args.tp_in_forward:
+            if ddp is not None:
+                loss = loss_fn(ddp(x), y)
+                loss.backward()  # every bucket: its slowdown, then its all-reduce (record_ddp_buckets)
+            elif args.tp_in_forward:
                 # Megatron: every layer's forward ends with a TP all-reduce (row-parallel output),
                 # every layer's backward but the first layer's with one (column-parallel input
                 # gradient) -- all inside the forward range; a slow rank is slow in every segment.
@@ -255,19 +276,27 @@ def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # n
                 loss.backward()
                 pace.end("all")
         c1, cc1 = time.perf_counter_ns(), time.thread_time_ns()
-        flat = torch.cat([p.grad.reshape(-1) for p in params] + [stop_flag])
-        dist.all_reduce(flat, group=tp_group)
-        t_tp = time.perf_counter_ns()
-        dist.all_reduce(flat)
-        t_dp = time.perf_counter_ns()
-        stop_flag[0] = 1.0 if flat[-1].item() > 0 else 0.0  # every rank sees the same sum
-        flat /= world
-        with torch.no_grad():
-            off = 0
+        if ddp is None:
+            flat = torch.cat([p.grad.reshape(-1) for p in params] + [stop_flag])
+            dist.all_reduce(flat, group=tp_group)
+            t_tp = time.perf_counter_ns()
+            dist.all_reduce(flat)
+            t_dp = time.perf_counter_ns()
+            stop_flag[0] = flat[-1].item()
+            flat /= world
+            grads, off = [], 0
             for p in params:
-                k = p.numel()
-                p -= args.lr * flat[off : off + k].view_as(p)
-                off += k
+                grads.append(flat[off : off + p.numel()].view_as(p))
+                off += p.numel()
+        else:  # DDP averaged the gradients in the backward; the stop flag travels alone
+            t_tp = c1
+            dist.all_reduce(stop_flag)
+            t_dp = time.perf_counter_ns()
+            grads = [p.grad for p in params]
+        stop_flag[0] = 1.0 if stop_flag[0] > 0 else 0.0  # every rank sees the same sum
+        with torch.no_grad():
+            for p, g in zip(params, grads, strict=True):
+                p -= args.lr * g
         t1 = time.perf_counter_ns()
         return {
             "compute": (c1 - c0) / 1e6,
@@ -384,6 +413,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--tp", type=int, default=2, help="TP group size")
+    p.add_argument(
+        "--parallel",
+        choices=("tp", "ddp"),
+        default="tp",
+        help="tp: TP groups of --tp ranks + a global gradient all-reduce; ddp: DistributedDataParallel only",
+    )
+    p.add_argument("--bucket-mb", type=float, default=0.25, help="DDP gradient bucket size (--parallel ddp)")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--batch", type=int, default=2048)
