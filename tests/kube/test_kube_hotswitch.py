@@ -203,9 +203,13 @@ async def test_a_switch_cancelled_while_the_fault_pod_awaits_deletion_takes_it_b
     try:
         sim = await start_job(api, hcd, sims, subHealthyStrategy="hotSwitch")
         await wait_state(hcd, "WaitOldPodDeleted", job_id=UID, timeout_s=20)
-        doc = await api._call("get pod", api.core.read_namespaced_pod, "llama-worker-1", NS)
-        assert doc["metadata"]["annotations"]["needVolcanoOpe"] == "delete"
-        assert doc["metadata"]["labels"]["fault-type"] == "SubHealth"
+
+        async def marked():  # written on entering WaitOldPodDeleted: the pod patch may still be on its way
+            pod = await api._call("get pod", api.core.read_namespaced_pod, "llama-worker-1", NS)
+            ann, labels = pod["metadata"].get("annotations") or {}, pod["metadata"].get("labels") or {}
+            return ann.get("needVolcanoOpe") == "delete" and labels.get("fault-type") == "SubHealth"
+
+        await eventually(marked, what="needVolcanoOpe=delete and fault-type=SubHealth on the fault pod")
         sim.stop()
         await wait_decision(hcd, "reset", job_id=UID)
         await eventually(lambda: "llama-worker-1-backup" in operator.deleted, what="backup pod deleted")
