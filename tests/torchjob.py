@@ -189,6 +189,9 @@ HOLD_STEPS = LONG_STEPS + 250  # achieved this long (the long horizon + >= 12 s 
 ATTEMPT_S = 150.0  # per attempt: the time the slowdown has to be achieved and held
 WINDOW_STEPS = 40  # the gap rule's window (and the wait rule's)
 NOISE_SPREADS = 1.0  # the slowdown must stand out of the per-op noise: gapLongSpread (0.5) x 2
+# the same for the arrivals at data-parallel collectives: dpLongSpread (1.0) x 1.5 (their per-op
+# spread is about the data-parallel rule's spread of a step's lag: the steps' ops are cumulative)
+NOISE_SPREADS_CUMULATIVE = 1.5
 BOX_STRAGGLER = 1.2  # a healthy rank this much slower than its TP peer over a window: a box-made slow card
 
 
@@ -239,7 +242,8 @@ class Slowdown:
     Achieved = rank ``slow``'s compute between its TP collectives (``gap``: wall ms, the slowdown
     included -- what the gap rule judges) over its TP peer's: the interquartile mean of the
     per-step log ratios, as a ratio. Needed: ``target``, or more where the box's own noise demands
-    it -- ``exp(NOISE_SPREADS x`` the per-operation spread :meth:`noise` ``)``: the gap rule's long
+    it -- ``exp(NOISE_SPREADS x`` the per-operation spread :meth:`noise` ``)`` (``cumulative``:
+    ``NOISE_SPREADS_CUMULATIVE``, for the data-parallel rule's long horizon): the gap rule's long
     horizon names a card whose excess reaches ``gapLongSpread`` (0.5) spreads (fdol.md §7
     defaults; fdol/slownode/peers.py), and a card that does not stand out of the noise is not
     the condition a detection test can ask for (measured on the 2-core box at load 5-8: 0.10-0.47;
@@ -319,7 +323,8 @@ class Slowdown:
             return
         self.last = r = self.ratio(steps)
         self.spread = self.noise(steps)
-        self.need = need = max(self.target, math.exp(NOISE_SPREADS * self.spread))
+        spreads = NOISE_SPREADS_CUMULATIVE if self.cumulative else NOISE_SPREADS
+        self.need = need = max(self.target, math.exp(spreads * self.spread))
         if r >= need:
             if self.held_since is None:
                 self.held_since = steps[0]

@@ -44,6 +44,27 @@ intersected with the node's ranks). Token routing makes a few random ranks compu
 longer in each layer and step (FasterMoE PPoPP'22, Tutel MLSys'23): in a minority of the
 operations, which the median ignores; a slow card is slower in all of them.
 
+Shared hosts. Where ranks share CPU cores with each other and with other work, the scheduler holds
+a healthy rank about x2 behind its peer for 5-25 steps at a time (~20 % of the steps), a step's
+lag wanders by ~0.11 outside those bursts and two ranks' cores differ innately by up to 3.4 %
+(the real 2-rank DDP job on the 2-core box, tests/e2e/test_slownode_ddp.py, 19 recorded clean
+runs): replayed with the defaults and 0.5 s rounds, the window rule, the short window and the
+per-step sequential test (:mod:`.sequential`) named a healthy rank in every one of them. A group
+whose *step jitter* -- the median over members of the robust spread (interquartile range / 1.349)
+of the change of a step's median lag from one step to the next, / sqrt 2, over the kept horizon
+(up to ``gapLongWindowSteps`` steps, from ``window // 4`` on) -- exceeds ``SHARED_STEP`` (1.0) x
+``dpLagExcess`` is on a shared host for the rest of the run (its ranks do not move; a slow card's
+onset is one change, not a spread): on a cluster it is 0.006-0.009 (bench/trainsim_dp.py, every
+kind, MoE included), on the box 0.014-0.8, above 0.03 in every recorded run within its first 200
+steps. Such a group feeds no step to the sequential test and is judged on its long horizon only:
+a member is flagged when the interquartile mean of its steps' lags over the last
+``gapLongWindowSteps`` (160) steps reaches ``max(threshold, dpLongSpread x s)``, ``s`` the same
+robust spread of the lags themselves (bursts included) and ``dpLongSpread`` 1.0: a burst lasts
+tens of steps, a slow card every step. On the 19 clean recordings the highest score was 0.63
+(0.84 at 0.75 spreads, 1.26 at 0.5); the recorded slowed runs (+20 % compute or more, raised
+until it stood out of the box's noise) were named 188-496 steps after the job began (those the
+recording ran long enough for). The node result lists such groups in ``sharedHostGroups``.
+
 Steps where the members recorded different numbers of collectives (a missing record) are left
 out and counted (``missing_collectives``); a member that stopped reporting is left out of its
 group (the node counts ``rank_stopped``): no verdict on missing data, never a confirmation.
@@ -55,13 +76,19 @@ only.
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from collections.abc import Sequence
 from itertools import islice
+from typing import TYPE_CHECKING
 
 from .metrics import StepMetrics
 from .reader import Group
 from .records import BadInput
 from .sequential import MARGIN, StepEvidence
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def local_dp_groups(
@@ -95,6 +122,16 @@ def local_dp_groups(
 
 
 MIN_SPREAD_MEMBERS = 4  # members below which the group's own spread is not estimated
+SHARED_STEP = 1.0  # a step's lag jitter over this x dpLagExcess: a shared host (module doc)
+
+
+def _spread(x: np.ndarray) -> float:
+    """The median over members (rows of ``x``) of the interquartile range of their values / 1.349."""
+    import numpy as np
+
+    q = x.shape[1] // 4
+    srt = np.sort(x, axis=1)
+    return float(np.median(srt[:, -1 - q] - srt[:, q])) / 1.349
 
 
 class ArrivalLagDetector:
@@ -112,6 +149,8 @@ class ArrivalLagDetector:
         evidence: str = "dp_starts",
         spread: float = 3.0,
         seq: StepEvidence | None = None,
+        long_window: int = 160,
+        long_spread: float = 1.0,
     ) -> None:
         self.seq = seq if seq is not None else StepEvidence(0)
         self.spread = spread
@@ -119,17 +158,24 @@ class ArrivalLagDetector:
         self.window = window
         self.short = max(2, window // 4)
         self.excess = excess
+        self.long_window = long_window if long_spread > 0 and long_window > window else 0
+        self.long_spread = long_spread
         self.bad = bad if bad is not None else BadInput()
         self._counted: dict[tuple[int, ...], int] = {}  # group -> last step checked for missing records
+        # group -> (last step kept, each kept step's [members] median lag: the horizon)
+        self._horizon: dict[tuple[int, ...], tuple[int, deque[np.ndarray]]] = {}
+        self.shared: set[tuple[int, ...]] = set()  # groups found on a shared host (module doc), for good
+        self.noise: dict[tuple[int, ...], float] = {}  # group -> the spread of its steps' lags (last round)
 
     def evaluate(
         self, groups: Sequence[Sequence[int]], history: dict[int, Sequence[StepMetrics]]
     ) -> tuple[list[int], dict[int, float]]:
-        """-> (flagged ranks, {rank: score: its median lag over ``excess``, the larger of the window
-        and the short window; >= 1 flags}). The window rule judges a full ``window``; from
-        ``window // 4`` aligned steps on, each step also feeds the sequential test (``seq``,
-        :mod:`.sequential`: the step's median lag over ``MARGIN`` x the same threshold), whose passing ranks
-        are flagged too."""
+        """-> (flagged ranks, {rank: score: its median lag over the threshold, the larger of the
+        window and the short window -- on a shared host its long horizon's; >= 1 flags}). The window
+        rule judges a full ``window``; from ``window // 4`` aligned steps on, each step also feeds the
+        sequential test (``seq``, :mod:`.sequential`: the step's median lag over ``MARGIN`` x the
+        same threshold), whose passing ranks are flagged too. A group found on a shared host (module
+        doc) is judged on its long horizon only."""
         import numpy as np  # numpy: only where detection runs (issue 18)
 
         from .peers import excess_rows
@@ -147,26 +193,62 @@ class ArrivalLagDetector:
             lag = excess_rows(flat)  # [members, valid ops]
             if lag.shape[1] < 2 * k:
                 continue
-            short = lag[:, -min(lag.shape[1], self.short * k) :]
+            valid = (flat > 0).all(axis=0).reshape(len(rows), k).sum(axis=1)
+            nums = [st for st, v in zip(steps, valid.tolist(), strict=True) if v]
+            if valid.min() == k:  # the usual case: every op measured
+                per_step = np.median(lag.reshape(len(key), len(rows), k), axis=2)  # [members, steps]
+            else:
+                parts = np.split(lag, np.cumsum(valid)[:-1], axis=1)
+                per_step = np.stack([np.median(p, axis=1) for p in parts if p.shape[1]], axis=1)
+            hz = self._keep(key, nums, per_step)  # [members, kept steps]
             med = np.median(lag, axis=1)
             thr = self.excess
             if self.spread > 0 and len(key) >= MIN_SPREAD_MEMBERS:  # the members' own spread of speed
                 thr = max(thr, self.spread * 1.4826 * float(np.median(np.abs(med - np.median(med)))))
+            s = 0.0
+            if hz.shape[1] >= self.short:
+                s = _spread(hz)  # how far a step's lag wanders (bursts included)
+                jitter = _spread(np.diff(hz, axis=1)) / math.sqrt(2)  # from one step to the next
+                self.noise[key] = round(jitter, 4)
+                if jitter > SHARED_STEP * self.excess:
+                    self.shared.add(key)
+            shared = key in self.shared
             if self.seq.bound > 0:  # each step's median lag over the threshold: the sequential test
-                valid = (flat > 0).all(axis=0).reshape(len(rows), k).sum(axis=1).tolist()
-                parts = np.split(lag, np.cumsum(valid)[:-1], axis=1)
-                nums = [st for st, v in zip(steps, valid, strict=True) if v]
-                per = [np.median(p, axis=1) >= MARGIN * thr for p, v in zip(parts, valid, strict=True) if v]
-                if per:
-                    flagged += self.seq.feed_group(key, nums, np.stack(per, axis=1))
+                over = per_step >= MARGIN * thr
+                if shared:  # ranks sharing CPU cores: a step is no evidence (:mod:`.sequential`)
+                    over[:] = False
+                flagged += self.seq.feed_group(key, nums, over)
+            if shared:
+                if self.long_window and hz.shape[1] >= self.long_window:
+                    q = hz.shape[1] // 4
+                    iqm = np.sort(hz, axis=1)[:, q : hz.shape[1] - q].mean(axis=1)
+                    score = iqm / max(thr, self.long_spread * s)
+                    self._score(key, score, scores, flagged)
+                continue
             if len(rows) < self.window:
                 continue
-            score = np.maximum(med, np.median(short, axis=1)) / thr
-            for r, v in zip(key, score.tolist(), strict=True):
-                scores[r] = round(v, 3)
-                if v >= 1:
-                    flagged.append(r)
+            short = lag[:, -min(lag.shape[1], self.short * k) :]
+            self._score(key, np.maximum(med, np.median(short, axis=1)) / thr, scores, flagged)
         return sorted(set(flagged)), scores
+
+    @staticmethod
+    def _score(key: tuple[int, ...], score, scores: dict[int, float], flagged: list[int]) -> None:
+        for r, v in zip(key, score.tolist(), strict=True):
+            scores[r] = round(v, 3)
+            if v >= 1:
+                flagged.append(r)
+
+    def _keep(self, key: tuple[int, ...], nums: list[int], per_step):
+        """Add the group's new steps (``nums``, chronological; ``per_step`` [members, steps]) to its
+        horizon (the last ``max(window, long_window)`` steps) -> the horizon, [members, steps]."""
+        import numpy as np
+
+        last, kept = self._horizon.get(key) or (-1, deque(maxlen=max(self.window, self.long_window)))
+        for i, st in enumerate(nums):
+            if st > last:
+                kept.append(per_step[:, i])
+        self._horizon[key] = (max(last, nums[-1]) if nums else last, kept)
+        return np.stack(kept, axis=1) if kept else per_step[:, :0]
 
     def _aligned(
         self, key: tuple[int, ...], history: dict[int, Sequence[StepMetrics]]
@@ -202,17 +284,37 @@ class ArrivalLagDetector:
 class DataParallelRules:
     """The rule on the data-parallel collectives (``dp_starts``) and on the expert all-to-alls
     (``ep_gaps``) of the node's ranks without a TP group, with the keys ``peerWindowSteps``,
-    ``dpLagExcess`` and ``dpLagSpread``; ``bad`` counts ``missing_collectives``."""
+    ``dpLagExcess``, ``dpLagSpread``, ``seqBound`` and, for groups on a shared host,
+    ``gapLongWindowSteps`` / ``gapLongSpread`` (``long``); ``bad`` counts ``missing_collectives``."""
 
     def __init__(
-        self, window: int, excess: float, bad: BadInput, spread: float = 3.0, seq_bound: float = 0.0
+        self,
+        window: int,
+        excess: float,
+        bad: BadInput,
+        spread: float = 3.0,
+        seq_bound: float = 0.0,
+        long: tuple[int, float] = (160, 1.0),
     ) -> None:
-        self.dp = ArrivalLagDetector(window, excess, bad, spread=spread, seq=StepEvidence(seq_bound))
-        self.ep = ArrivalLagDetector(window, excess, bad, "ep_gaps", spread, StepEvidence(seq_bound))
+        self.dp = ArrivalLagDetector(window, excess, bad, "dp_starts", spread, StepEvidence(seq_bound), *long)
+        self.ep = ArrivalLagDetector(window, excess, bad, "ep_gaps", spread, StepEvidence(seq_bound), *long)
 
     def passed(self) -> set[int]:
         """Ranks whose sequential statistic (:mod:`.sequential`) passed the bound, on either rule."""
         return {r for d in (self.dp, self.ep) for r in d.seq.stat if d.seq.passed(r)}
+
+    def statistics(self) -> dict[int, float]:
+        """{rank: its sequential statistic, the higher of the two rules'} for ranks above 0."""
+        out: dict[int, float] = {}
+        for d in (self.dp, self.ep):
+            for r, v in d.seq.stat.items():
+                if v > 0:
+                    out[r] = max(v, out.get(r, 0.0))
+        return out
+
+    def shared(self) -> list[list[int]]:
+        """The groups found on a shared host (judged on their long horizon only; module doc)."""
+        return [list(g) for g in sorted({g for d in (self.dp, self.ep) for g in d.shared})]
 
     @staticmethod
     def groups(

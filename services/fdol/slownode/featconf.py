@@ -29,9 +29,10 @@ with these deliberate differences, each a gap of the reference:
   share of the step), ``confirmGapRounds`` (1, clean rounds tolerated inside a confirmation),
   ``gapSpread`` (1.0), ``computeExcess`` (0.05), ``gapLongWindowSteps`` (160, 0: off) and
   ``gapLongSpread`` (0.5) — the gap-excess rule,
-  :class:`fdol.slownode.peers.GapDetector` —, ``dpLagExcess`` (0.03) and ``dpLagSpread`` (3.0,
-  0: off) — the lag rule on data-parallel collectives and expert all-to-alls for ranks without a
-  TP group, :mod:`fdol.slownode.dp` --, ``seqBound`` (6.0, 0: off) -- the sequential test across
+  :class:`fdol.slownode.peers.GapDetector` —, ``dpLagExcess`` (0.03), ``dpLagSpread`` (3.0,
+  0: off) and ``dpLongSpread`` (1.0: on a shared host, the long horizon ``gapLongWindowSteps``
+  judged against this many spreads of a step's lag) — the lag rule on data-parallel collectives
+  and expert all-to-alls for ranks without a TP group, :mod:`fdol.slownode.dp` --, ``seqBound`` (6.0, 0: off) -- the sequential test across
   steps that confirms a slow card as soon as its evidence passes the bound instead of after
   ``nConsecSlowRoundsToConfirm`` rounds, :mod:`fdol.slownode.sequential`;
 - ``commProfiling``: ``always`` or ``onDemand`` (the reference's heavy/light switching); default
@@ -87,6 +88,7 @@ class FeatConf:
     gap_long_spread: float = 0.5
     dp_lag_excess: float = 0.03
     dp_lag_spread: float = 3.0
+    dp_long_spread: float = 1.0
     seq_bound: float = 6.0
     comm_profiling: str = ""
     rank_ids: tuple[int, ...] = field(default=())
@@ -153,6 +155,7 @@ _KEYS: dict[str, tuple[str, str, Any]] = {
     "gapLongSpread": ("gap_long_spread", "float", 0.5),
     "dpLagExcess": ("dp_lag_excess", "float", 0.03),
     "dpLagSpread": ("dp_lag_spread", "float", 3.0),
+    "dpLongSpread": ("dp_long_spread", "float", 1.0),
     "seqBound": ("seq_bound", "float", 6.0),
     "commProfiling": ("comm_profiling", "str", ""),
 }
@@ -259,6 +262,7 @@ def _validate(c: FeatConf) -> None:
         (c.compute_excess > 0, "computeExcess must be > 0"),
         (0 < c.dp_lag_excess < 1, "dpLagExcess must be in (0, 1)"),
         (c.dp_lag_spread >= 0, "dpLagSpread must be >= 0"),
+        (c.dp_long_spread > 0, "dpLongSpread must be > 0"),
         (c.seq_bound >= 0, "seqBound must be >= 0"),
     ]
     for ok, msg in checks:

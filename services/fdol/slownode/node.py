@@ -11,6 +11,9 @@ updated"), else the node result (§4.6, plus faultmesh fields)::
      # faultmesh:
      "suspectRanks": [..], "lastStep": int, "baselineReady": bool, "detectedBy": [..],
      "pattern": {"<rank>": [compute ratio, wait ratio|null]},
+     "gapExcess" / "dpLag" / "lateShare": {"<rank>": the rules' scores (>= 1 flags) / share},
+     "seqRanks": [..], "seqStat": {"<rank>": sequential statistic (passes at seqBound)},
+     "sharedHostGroups": [[..]] (data-parallel groups on a shared host: long horizon only),
      "parallelGroups": {"<comm name>": {"group_name": "tp", "global_ranks": [..]}}}
 
 Rules (§4.4–4.5): the step-time detector per rank gives the degradation (max over slow ranks);
@@ -39,15 +42,15 @@ Fixes of reference quirks (named on purpose), in addition to those of :mod:`.det
 from __future__ import annotations
 
 import statistics
-from bisect import bisect_right
 from collections import deque
 from itertools import islice
 
 from .detect import TimeDetector, homogenize
 from .dp import DataParallelRules
 from .featconf import FeatConf
+from .forward import ForwardTimes
 from .metrics import StepMetrics
-from .pattern import PatternDetector, compute_value
+from .pattern import PatternDetector
 from .reader import Group, merge_groups
 from .records import BadInput
 from .results import empty_result, fmt_level, time_rises
@@ -93,10 +96,7 @@ class NodeDetector:
         targs = (conf.normal_number, conf.n_sigma, conf.degradation_percentage, conf.n_consec, cap, win)
         self.detectors = {(r, c): TimeDetector(*targs) for r in self.ranks for c in TIME_COLUMNS}
         self._by_rank = {r: tuple(self.detectors[(r, c)] for c in TIME_COLUMNS) for r in self.ranks}
-        # each rank's forward time of its last ``timeWindowSteps`` steps, as the suspects / the
-        # node's forward rise read it (0: not measured)
-        self._fwd_any: dict[int, deque[float]] = {r: deque(maxlen=win) for r in self.ranks}
-        self._fwd_rise: dict[int, deque[float]] = {r: deque(maxlen=win) for r in self.ranks}
+        self.forward = ForwardTimes(self.ranks, conf.normal_number, win, self.faultmesh)
         from .peers import GapDetector, PeerDetector  # numpy: only where detection runs (issue 18)
 
         self.peers = PeerDetector(conf.peer_window, conf.wait_asymmetry, conf.late_share, conf.wait_z)
@@ -105,12 +105,10 @@ class NodeDetector:
             conf.gap_long_window, conf.gap_long_spread, StepEvidence(conf.seq_bound),
         )  # fmt: skip
         self.dp = DataParallelRules(
-            conf.peer_window, conf.dp_lag_excess, self.bad, conf.dp_lag_spread, conf.seq_bound
-        )
+            conf.peer_window, conf.dp_lag_excess, self.bad, conf.dp_lag_spread, conf.seq_bound,
+            (conf.gap_long_window, conf.dp_long_spread),
+        )  # fmt: skip
         self.pattern = PatternDetector(conf.pattern_window, conf.compute_ratio, conf.wait_ratio)
-        self._base_buf: dict[int, list[float]] = {r: [] for r in self.ranks}
-        self.compute_baseline: dict[int, float] = {}
-        self.compute_spread: dict[int, float] = {}  # rank -> relative spread of its baseline steps
         self.last_detected_step = -1
         self._prev_step = -1
         self.not_updated = 0
@@ -180,20 +178,7 @@ class NodeDetector:
             self._restart(m.rank)  # steps start over: the job restarted
             h = self.history[m.rank]
         h.append(m)
-        if self.faultmesh:  # the forward times the rounds judge (0: not measured)
-            self._fwd_any[m.rank].append(m.fwd_min or compute_value(m))
-            self._fwd_rise[m.rank].append((m.fwd_min or m.compute) if m.compute > 0 else 0)
-        if m.rank not in self.compute_baseline:
-            cv = (m.fwd_min or compute_value(m)) if self.faultmesh else compute_value(m)
-            if cv > 0:
-                buf = self._base_buf[m.rank]
-                buf.append(cv)
-                if len(buf) >= self.conf.normal_number:
-                    med = self.compute_baseline[m.rank] = statistics.median(buf)
-                    if len(buf) >= 4:  # the relative spread of the baseline steps (IQR / 1.349)
-                        q1, _, q3 = statistics.quantiles(buf, n=4)
-                        self.compute_spread[m.rank] = (q3 - q1) / 1.349 / med
-                    self._base_buf[m.rank] = []
+        self.forward.add(m)
         for c in TIME_COLUMNS:
             v = m.zp_med or m.zp_device if c == "zp_device" and self.faultmesh else getattr(m, c)
             self.detectors[(m.rank, c)].add(float(v))
@@ -273,7 +258,7 @@ class NodeDetector:
         pat = None
         if c.use_pattern:
             pat = self.pattern.evaluate(
-                [g for g in groups if len(g) > 1], self.history, self.compute_baseline
+                [g for g in groups if len(g) > 1], self.history, self.forward.baseline
             )
         if level > 0:
             fired.append("stepTime")
@@ -379,8 +364,8 @@ class NodeDetector:
         res["degradationLevel"] = fmt_level(level)
         if named:  # step-time degradation alone names nobody: it only makes suspects
             res["isSlow"] = 1
-        suspects, res["forwardRise"] = self._forward(with_data, set(cards))
-        spreads = [self.compute_spread[r] for r in with_data if r in self.compute_spread]
+        suspects, res["forwardRise"] = self.forward.judge(with_data, set(cards), self.conf.node_rise)
+        spreads = [self.forward.spread[r] for r in with_data if r in self.forward.spread]
         res["forwardSpread"] = round(max(spreads), 4) if spreads else None
         if level > 0 and not named:
             suspects = sorted(set(suspects) | {r for r in with_data if self._slow(r, "step_time")})
@@ -388,6 +373,9 @@ class NodeDetector:
         res["lateShare"] = {str(r): v for r, v in shares.items()}
         res["gapExcess"] = {str(r): v for r, v in gap_scores.items()}
         res["dpLag"] = {str(r): v for r, v in dp_lag.items()}
+        stat = {**self.dp.statistics(), **{r: v for r, v in self.gaps.seq.stat.items() if v > 0}}
+        res["seqStat"] = {str(r): round(v, 2) for r, v in sorted(stat.items())}  # of the bound seqBound
+        res["sharedHostGroups"] = self.dp.shared()  # data-parallel groups judged on the long horizon
         res["rise"] = rise
         res["explained"] = bool(cards or domains or host or sends)
         res["detectedBy"] = fired
@@ -452,42 +440,6 @@ class NodeDetector:
         same clock and the same ranges, so there is no separate host side to find slow)."""
         tail = islice(reversed(self.history[rank]), self.conf.time_window)
         return all(m.zp_host == m.zp_device for m in tail)
-
-    def _forward(self, ranks: list[int], skip: set[int]) -> tuple[list[int], float | None]:
-        """Forward times of the last ``timeWindowSteps`` steps against each rank's baseline
-        (``compute_baseline``, median of the same over its first steps, ns) -> (suspects, node
-        forward rise).
-
-        - suspects: ranks not in ``skip`` whose forward time (``fwd_min``, else the step's compute;
-          window median) rose ``nodeRise``: with communication profiling off they keep it (or
-          switch it) on and keep a confirmed degradation from recovering unseen (wait asymmetry
-          needs TP collectives);
-        - forward rise: the *smallest* over the ranks of the window's lower quartile over the
-          baseline (``fwd_min``, else the forward sum; ranks with a full window of forwards; None
-          without): a node computing uniformly slower raises every member's forward; a member
-          that starts late — after a slow PP receive or send — shows a shorter forward than its
-          peers; OS hiccups and checkpoints only ever add time."""
-        w = self.conf.time_window
-        need = 1 + self.conf.node_rise
-        suspects = []
-        ratios = []
-        for r in ranks:
-            b = self.compute_baseline.get(r)
-            if not b:
-                continue
-            if r not in skip:
-                vals = sorted(self._fwd_any[r])
-                vals = vals[bisect_right(vals, 0) :]
-                if vals:
-                    h = len(vals) // 2
-                    med = vals[h] if len(vals) % 2 else (vals[h - 1] + vals[h]) / 2
-                    if med / b >= need:
-                        suspects.append(r)
-            fw = sorted(self._fwd_rise[r])
-            fw = fw[bisect_right(fw, 0) :]
-            if len(fw) >= w:
-                ratios.append(fw[len(fw) // 4] / b)
-        return suspects, (round(min(ratios), 4) if ratios else None)
 
     def _aligned_zp(self, group: list[int], after_step: int) -> list[dict[int, float]]:
         """Per step (> ``after_step``, chronological) {rank: ZP_device} where every member has a value."""
