@@ -55,8 +55,8 @@ of the change of a step's median lag from one step to the next, / sqrt 2, over t
 (up to ``gapLongWindowSteps`` steps, from ``window // 4`` on) -- exceeds ``SHARED_STEP`` (1.0) x
 ``dpLagExcess`` is on a shared host for the rest of the run (its ranks do not move; a slow card's
 onset is one change, not a spread): on a cluster it is 0.006-0.009 (bench/trainsim_dp.py, every
-kind, MoE included), on the box 0.014-0.8, above 0.03 in every recorded run within its first 200
-steps. Such a group feeds no step to the sequential test and is judged on its long horizon only:
+kind, MoE included), on the box 0.014-0.8, over 0.03 in every one of 39 recorded runs by its
+10th-17th step. Such a group feeds no step to the sequential test and is judged on its long horizon only:
 a member is flagged when the interquartile mean of its steps' lags over the last
 ``gapLongWindowSteps`` (160) steps reaches ``max(threshold, dpLongSpread x s)``, ``s`` the same
 robust spread of the lags themselves (bursts included) and ``dpLongSpread`` 1.0: a burst lasts
