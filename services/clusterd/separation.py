@@ -343,11 +343,14 @@ class ManualSeparation:
             await self.ctx.center.apply([], [s.fault().key], SOURCE, note=note)
             self.stats[f"released_{by}"] += 1
             out.append("clusterd")
-        if by == "operator" and any(
-            f.device_type == "NPU" and f.device_id == dev and f.level == LEVEL and f.source != SOURCE
+        held = [
+            f
             for f in self.ctx.center.faults_of_node(node)
-        ):
-            if not await self.ctx.agents.send(node, "deviced", release=agent_pb2.ReleaseDevice(phy_id=dev)):
+            if f.device_type == "NPU" and f.device_id == dev and f.level == LEVEL and f.source != SOURCE
+        ]
+        if by == "operator" and held:  # what deviced held when the operator saw it (proto ReleaseDevice)
+            msg = agent_pb2.ReleaseDevice(phy_id=dev, seen_until_ms=max(f.last_seen_ms for f in held))
+            if not await self.ctx.agents.send(node, "deviced", release=msg):
                 raise AgentUnavailable(f"deviced on {node} is not connected: its ManuallySeparateNPU stays")
             out.append("deviced")
             if note:  # deviced's own recover carries no note: who and why get a history row here

@@ -306,7 +306,7 @@ class DeviceD:
         """Control messages from clusterd (``job``: see :class:`deviced.control.JobControl`;
         ``release``: :func:`deviced.control.release_device`)."""
         if msg.WhichOneof("body") == "release":
-            release_device(self.engine, msg.release.phy_id, self.report_and_save)
+            release_device(self.engine, msg.release.phy_id, self.report_and_save, msg.release.seen_until_ms)
             return
         await self.jobs.on_control(msg)
 

@@ -49,15 +49,20 @@ class JobControl:
         self.wake()
 
 
-def release_device(engine: FaultEngine, phy: int, changed: Callable[[], None]) -> bool | None:
+def release_device(
+    engine: FaultEngine, phy: int, changed: Callable[[], None], seen_until_ms: int = 0
+) -> bool | None:
     """Drop the ManuallySeparateNPU escalations of the chip with physical id ``phy`` (reference
-    deviced.md §4.2 "Operator deletion"), then ``changed()`` (report + save). Returns whether
+    deviced.md §4.2 "Operator deletion") raised at or before ``seen_until_ms`` (ms; 0: all -- the
+    ``ReleaseDevice`` message's field: what the operator saw, so a release delivered twice leaves a
+    separation raised in between alone), then ``changed()`` (report + save). Returns whether
     something was released, None for an unknown chip."""
     logic = engine.logic_of_phy(phy)
     if logic is None:
         event(log, logging.WARNING, "release of an unknown chip ignored", phy_id=phy)
         return None
-    released = engine.release_manual(logic)
-    event(log, logging.WARNING, "manual separation released by operator", phy_id=phy, released=released)
+    released = engine.release_manual(logic, seen_until_ms)
+    event(log, logging.WARNING, "manual separation released by operator", phy_id=phy, released=released,
+          seen_until_ms=seen_until_ms)  # fmt: skip
     changed()
     return released

@@ -440,17 +440,23 @@ class FaultEngine:
         if r is not None and self.on_reason_change is not None:
             self.on_reason_change(d, r, False)
 
-    def release_manual(self, logic: int) -> bool:
-        """Operator release: drop the chip's ManuallySeparateNPU reasons (§4.2 "Operator deletion")."""
+    def release_manual(self, logic: int, seen_until_ms: int = 0) -> bool:
+        """Operator release: drop the chip's ManuallySeparateNPU reasons (§4.2 "Operator deletion")
+        raised at or before ``seen_until_ms`` (ms, this host's clock; 0: all) -- a separation raised
+        after what the operator saw stays. Returns whether one was dropped."""
         d = self.devices.get(logic)
         if d is None:
             return False
-        keys = [k for k, r in d.reasons.items() if r.level == NpuLevel.ManuallySeparateNPU]
+        keys = [
+            k
+            for k, r in d.reasons.items()
+            if r.level == NpuLevel.ManuallySeparateNPU and (not seen_until_ms or r.time_ms <= seen_until_ms)
+        ]
         for code, kind in keys:
             self.drop_reason(d, code, kind)
             if code in d.frequency:
                 d.frequency[code].times.clear()
-        d.manually_separated = False
+        rules.update_manual(d)
         rules.compute_levels(self, d)
         return bool(keys)
 

@@ -323,16 +323,20 @@ async def test_history_names_the_policy_rule_and_who_released_a_deviced_chip(
     sent = []
 
     async def deviced_stand_in(node, agent, **msg):
-        sent.append((node, agent, msg["release"].phy_id))
+        sent.append((node, agent, msg["release"].phy_id, msg["release"].seen_until_ms))
         return True
 
     monkeypatch.setattr(cd.agents, "send", deviced_stand_in)
-    held = Fault(source="dcmi", node="node-3", device_type="NPU", device_id=2, code=CODE, level=CODE)
+    held = Fault(
+        source="dcmi", node="node-3", device_type="NPU", device_id=2, code=CODE, level=CODE,
+        last_seen_ms=1_765_000_000_123,
+    )  # fmt: skip
     await cd.center.upsert(held, origin="deviced")
     rc = await asyncio.to_thread(
         cli_main, ["release", "npu", "node-3/2", "--by", "alice", "--reason", "chip reseated", *http]
     )
-    assert rc == 0 and sent == [("node-3", "deviced", 2)]
+    # what deviced held when the operator released: a copy delivered again spares a newer separation
+    assert rc == 0 and sent == [("node-3", "deviced", 2, 1_765_000_000_123)]
     [row] = [e for e in await cd.store.query_events("node-3") if e["kind"] == "release"]
     a = row["attributes"]
     assert (row["device_id"], a["released_by"], a["release_reason"], a["release_auth"], a["release_addr"]) == (

@@ -54,3 +54,54 @@ async def test_devices_endpoint_and_operator_release():
         assert app.state.devices[("NPU", 1)].health == "Healthy"
     finally:
         await app.stop()
+
+
+async def test_a_release_delivered_again_spares_a_separation_raised_since():
+    """ClusterD re-sends a control message whose ack was lost (clusterd/ingest/control.py): a
+    release applied, then the chip separated again, then the same release delivered once more must
+    leave the new separation alone -- the message carries what the operator saw
+    (``seen_until_ms``); a release without it (an older ClusterD) drops every one."""
+    sim = SimBackend(1, 2)
+    args = build_parser().parse_args(
+        [
+            "--node-name",
+            "n",
+            "--backend",
+            "sim",
+            "--clusterd",
+            f"127.0.0.1:{free_port()}",
+            "--probe-interval",
+            "0",
+        ]
+    )
+    app = DeviceD(args, sim)
+    await app.start()
+
+    async def separate() -> None:
+        for _ in range(2):  # 80E18008 twice in 24 h -> ManuallySeparateNPU
+            sim.inject(1, 0x80E18008, 1)
+            await until(lambda: app.state.devices[("NPU", 1)].health == "UnHealthy")
+            sim.inject(1, 0x80E18008, 0)
+            await asyncio.sleep(1.2)
+        await until(lambda: app.state.devices[("NPU", 1)].level == "ManuallySeparateNPU")
+
+    try:
+        await until(lambda: app.cycles >= 1)
+        await separate()
+        await until(lambda: any(f.level == "ManuallySeparateNPU" for f in app.state.faults.values()))
+        [held] = [
+            f for f in app.state.faults.values() if f.device_id == 1 and f.level == "ManuallySeparateNPU"
+        ]
+        release = agent_pb2.ControlMessage(
+            release=agent_pb2.ReleaseDevice(phy_id=1, seen_until_ms=held.last_seen_ms)
+        )
+        await app.on_control(release)
+        assert app.state.devices[("NPU", 1)].level == ""
+        await asyncio.sleep(0.05)  # the next escalation's time is after what the operator saw
+        await separate()
+        await app.on_control(release)  # the same message again (its ack was lost)
+        assert app.state.devices[("NPU", 1)].level == "ManuallySeparateNPU"
+        await app.on_control(agent_pb2.ControlMessage(release=agent_pb2.ReleaseDevice(phy_id=1)))
+        assert app.state.devices[("NPU", 1)].level == ""
+    finally:
+        await app.stop()

@@ -337,10 +337,12 @@ class SlowNodeJob(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., job_name: _Optional[str] = ..., namespace: _Optional[str] = ..., enable: _Optional[bool] = ..., featconf_json: _Optional[bytes] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReleaseDevice(_message.Message):
-    __slots__ = ("phy_id",)
+    __slots__ = ("phy_id", "seen_until_ms")
     PHY_ID_FIELD_NUMBER: _ClassVar[int]
+    SEEN_UNTIL_MS_FIELD_NUMBER: _ClassVar[int]
     phy_id: int
-    def __init__(self, phy_id: _Optional[int] = ...) -> None: ...
+    seen_until_ms: int
+    def __init__(self, phy_id: _Optional[int] = ..., seen_until_ms: _Optional[int] = ...) -> None: ...
 
 class DataTraceSwitch(_message.Message):
     __slots__ = ("job_ns_name", "communication_operator", "step", "save_checkpoint", "fp", "data_loader")
