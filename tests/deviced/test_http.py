@@ -14,31 +14,30 @@ from deviced.backends import SimBackend
 from faultmesh._pb import agent_pb2
 
 
-async def test_devices_endpoint_and_operator_release():
+def _deviced() -> tuple[DeviceD, SimBackend]:
+    """deviced on a simulated 2-chip card, its clusterd address a free port (never connected)."""
     sim = SimBackend(1, 2)
-    args = build_parser().parse_args(
-        [
-            "--node-name",
-            "n",
-            "--backend",
-            "sim",
-            "--clusterd",
-            f"127.0.0.1:{free_port()}",
-            "--probe-interval",
-            "0",
-        ]
-    )
-    app = DeviceD(args, sim)
+    argv = ["--node-name", "n", "--backend", "sim", "--clusterd", f"127.0.0.1:{free_port()}"]
+    return DeviceD(build_parser().parse_args([*argv, "--probe-interval", "0"]), sim), sim
+
+
+async def _separate(app: DeviceD, sim: SimBackend) -> None:
+    """80E18008 twice in 24 h on chip 1 -> deviced's own ManuallySeparateNPU (frequency rule)."""
+    for _ in range(2):
+        sim.inject(1, 0x80E18008, 1)
+        await until(lambda: app.state.devices[("NPU", 1)].health == "UnHealthy")
+        sim.inject(1, 0x80E18008, 0)
+        await asyncio.sleep(1.2)
+    await until(lambda: app.state.devices[("NPU", 1)].level == "ManuallySeparateNPU")
+
+
+async def test_devices_endpoint_and_operator_release():
+    app, sim = _deviced()
     await app.start()
     base = f"http://127.0.0.1:{app.http.port}"
     try:
         await until(lambda: app.cycles >= 1)
-        for _ in range(2):  # 80E18008 twice in 24 h -> ManuallySeparateNPU
-            sim.inject(1, 0x80E18008, 1)
-            await until(lambda: app.state.devices[("NPU", 1)].health == "UnHealthy")
-            sim.inject(1, 0x80E18008, 0)
-            await asyncio.sleep(1.2)
-        await until(lambda: app.state.devices[("NPU", 1)].level == "ManuallySeparateNPU")
+        await _separate(app, sim)
         async with aiohttp.ClientSession() as s:
             async with s.get(f"{base}/v1/devices") as r:
                 body = await r.json()
@@ -61,33 +60,11 @@ async def test_a_release_delivered_again_spares_a_separation_raised_since():
     release applied, then the chip separated again, then the same release delivered once more must
     leave the new separation alone -- the message carries what the operator saw
     (``seen_until_ms``); a release without it (an older ClusterD) drops every one."""
-    sim = SimBackend(1, 2)
-    args = build_parser().parse_args(
-        [
-            "--node-name",
-            "n",
-            "--backend",
-            "sim",
-            "--clusterd",
-            f"127.0.0.1:{free_port()}",
-            "--probe-interval",
-            "0",
-        ]
-    )
-    app = DeviceD(args, sim)
+    app, sim = _deviced()
     await app.start()
-
-    async def separate() -> None:
-        for _ in range(2):  # 80E18008 twice in 24 h -> ManuallySeparateNPU
-            sim.inject(1, 0x80E18008, 1)
-            await until(lambda: app.state.devices[("NPU", 1)].health == "UnHealthy")
-            sim.inject(1, 0x80E18008, 0)
-            await asyncio.sleep(1.2)
-        await until(lambda: app.state.devices[("NPU", 1)].level == "ManuallySeparateNPU")
-
     try:
         await until(lambda: app.cycles >= 1)
-        await separate()
+        await _separate(app, sim)
         await until(lambda: any(f.level == "ManuallySeparateNPU" for f in app.state.faults.values()))
         [held] = [
             f for f in app.state.faults.values() if f.device_id == 1 and f.level == "ManuallySeparateNPU"
@@ -98,7 +75,7 @@ async def test_a_release_delivered_again_spares_a_separation_raised_since():
         await app.on_control(release)
         assert app.state.devices[("NPU", 1)].level == ""
         await asyncio.sleep(0.05)  # the next escalation's time is after what the operator saw
-        await separate()
+        await _separate(app, sim)
         await app.on_control(release)  # the same message again (its ack was lost)
         assert app.state.devices[("NPU", 1)].level == "ManuallySeparateNPU"
         await app.on_control(agent_pb2.ControlMessage(release=agent_pb2.ReleaseDevice(phy_id=1)))
