@@ -147,17 +147,9 @@ class NodedProcess(DaemonProcess):
         self.node = node
         http = f"127.0.0.1:{free_port()}"
         cmd = [
-            sys.executable,
-            "-m",
-            "noded",
-            "--node-name",
-            node,
-            "--clusterd",
-            clusterd,
-            "--http-addr",
-            http,
+            sys.executable, "-m", "noded", "--node-name", node, "--clusterd", clusterd, "--http-addr", http,
             *extra,
-        ]
+        ]  # fmt: skip
         super().__init__(cmd, http, tmp / f"noded-{node}.log", env={"PYTHONUNBUFFERED": "1"})
 
     def start(self) -> NodedProcess:
