@@ -19,8 +19,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, timeout_s: float = 20.0) -> None:
-    """Poll ``url`` until it answers 200 (raises ``TimeoutError``)."""
+def wait_http(url: str, timeout_s: float = 20.0, proc=None) -> None:
+    """Poll ``url`` until it answers 200 (raises ``TimeoutError``). With ``proc`` (the
+    ``subprocess.Popen`` that serves it) the wait ends as soon as that process has exited:
+    ``ChildProcessError`` naming its exit code."""
     import time
     import urllib.request
 
@@ -32,45 +34,46 @@ def wait_http(url: str, timeout_s: float = 20.0) -> None:
                     return
         except OSError:
             pass
+        if proc is not None and proc.poll() is not None:
+            raise ChildProcessError(
+                f"{url}: its process exited with code {proc.returncode} before it answered"
+            )
         if time.monotonic() > deadline:
             raise TimeoutError(f"{url} did not answer within {timeout_s}s")
         time.sleep(0.1)
 
 
-class ClusterdProcess:
-    """A real ``clusterd`` subprocess on free loopback ports (``grpc``, ``http`` = host:port)."""
+class DaemonProcess:
+    """A daemon as a real subprocess: ``cmd`` (argv), its HTTP endpoint ``http`` (host:port), stdout
+    and stderr appended to ``log_path`` by every start, ``env`` added to ours. Stopped by its PID
+    (:func:`stop_proc`: SIGTERM, SIGKILL after 15 s)."""
 
-    def __init__(self, state_dir: Path, extra: list[str] | None = None, log_path: Path | None = None) -> None:
-        import subprocess
-        import sys
-
-        self.state_dir = state_dir
-        self.grpc = f"127.0.0.1:{free_port()}"
-        self.http = f"127.0.0.1:{free_port()}"
-        self.extra = list(extra or [])
-        self.log_path = log_path or state_dir.parent / f"clusterd-{self.grpc.rsplit(':', 1)[1]}.log"
-        self._subprocess = subprocess
-        self._python = sys.executable
+    def __init__(self, cmd: list[str], http: str, log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.cmd = cmd
+        self.http = http
+        self.log_path = log_path
+        self.env = env
         self.proc = None
+        self._log = None
 
-    def start(self, ready_path: str = "/readyz") -> ClusterdProcess:
-        """Start and wait until ``ready_path`` answers 200 (``/healthz`` for a follower replica)."""
-        cmd = [
-            self._python,
-            "-m",
-            "clusterd",
-            "--grpc-addr",
-            self.grpc,
-            "--http-addr",
-            self.http,
-            "--state-dir",
-            str(self.state_dir),
-            *self.extra,
-        ]
-        self._log = open(self.log_path, "ab")
-        self.proc = self._subprocess.Popen(cmd, stdout=self._log, stderr=self._subprocess.STDOUT)
-        wait_http(f"http://{self.http}{ready_path}")
-        return self
+    def _spawn(self) -> int:
+        """Start ``cmd``; returns the log's size before this run (where its lines begin)."""
+        import subprocess
+
+        self._close_log()
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed by stop() or the next start
+        begin = self._log.tell()
+        env = {**os.environ, **self.env} if self.env else None
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        return begin
+
+    def _ready(self, path: str) -> None:
+        """Wait until ``path`` answers 200: ``TimeoutError`` after 20 s, ``ChildProcessError`` (with
+        the log's last lines) as soon as the process has exited."""
+        try:
+            wait_http(self.url(path), proc=self.proc)
+        except ChildProcessError as e:
+            raise ChildProcessError(f"{e}; {self.log_path}:\n{self.log_text()[-3000:]}") from None
 
     def url(self, path: str) -> str:
         return f"http://{self.http}{path}"
@@ -86,23 +89,101 @@ class ClusterdProcess:
         import signal
 
         if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
+            os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
     def stop(self) -> int | None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except self._subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if getattr(self, "_log", None):
-            self._log.close()
+        """Stop it by its PID (SIGTERM, SIGKILL after 15 s); returns its exit code (None: never started)."""
+        if self.proc:
+            stop_proc(self.proc, 15.0)
+        self._close_log()
         return self.proc.returncode if self.proc else None
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class ClusterdProcess(DaemonProcess):
+    """A real ``clusterd`` subprocess on free loopback ports (``grpc``, ``http`` = host:port)."""
+
+    def __init__(self, state_dir: Path, extra: list[str] | None = None, log_path: Path | None = None) -> None:
+        import sys
+
+        self.state_dir = state_dir
+        self.grpc = f"127.0.0.1:{free_port()}"
+        http = f"127.0.0.1:{free_port()}"
+        self.extra = list(extra or [])
+        cmd = [
+            sys.executable, "-m", "clusterd", "--grpc-addr", self.grpc, "--http-addr", http,
+            "--state-dir", str(state_dir), *self.extra,
+        ]  # fmt: skip
+        super().__init__(
+            cmd, http, log_path or state_dir.parent / f"clusterd-{self.grpc.rsplit(':', 1)[1]}.log"
+        )
+
+    def start(self, ready_path: str = "/readyz") -> ClusterdProcess:
+        """Start and wait until ``ready_path`` answers 200 (``/healthz`` for a follower replica)."""
+        self._spawn()
+        self._ready(ready_path)
+        return self
+
+
+class NodedProcess(DaemonProcess):
+    """``python -m noded`` for node ``node`` reporting to clusterd at ``clusterd`` (host:port), with
+    ``extra`` flags; its HTTP endpoint (``/healthz``, ``/metrics``, ``/v1/state``) on a free loopback
+    port, moved to another when that one is taken before noded binds it (tests run side by side).
+    Log: ``tmp/noded-<node>.log``, appended to by every start."""
+
+    PORT_TRIES = 3
+
+    def __init__(self, tmp: Path, node: str, clusterd: str, *extra: str) -> None:
+        import sys
+
+        self.node = node
+        http = f"127.0.0.1:{free_port()}"
+        cmd = [
+            sys.executable, "-m", "noded", "--node-name", node, "--clusterd", clusterd, "--http-addr", http,
+            *extra,
+        ]  # fmt: skip
+        super().__init__(cmd, http, tmp / f"noded-{node}.log", env={"PYTHONUNBUFFERED": "1"})
+
+    def start(self) -> NodedProcess:
+        """Start and wait until ``/healthz`` answers (``ChildProcessError`` when noded exits,
+        ``TimeoutError`` after 20 s)."""
+        for _ in range(self.PORT_TRIES):
+            begin = self._spawn()
+            try:
+                self._ready("/healthz")
+                return self
+            except ChildProcessError:
+                with open(self.log_path, "rb") as f:
+                    f.seek(begin)
+                    if b"address already in use" not in f.read():
+                        raise
+            http = f"127.0.0.1:{free_port()}"
+            self.cmd[self.cmd.index(self.http)] = http
+            self.http = http
+        raise TimeoutError(f"noded found no free HTTP port in {self.PORT_TRIES} tries: {self.log_path}")
+
+    def metrics(self) -> str:
+        """The Prometheus text of ``/metrics``."""
+        import urllib.request
+
+        with urllib.request.urlopen(self.url("/metrics"), timeout=5) as r:
+            return r.read().decode()
+
+
+def slownode_noded(tmp: Path, node: str, clusterd: str, profiling_dir: Path, *extra: str) -> NodedProcess:
+    """A :class:`NodedProcess` with the slow-node component's flags: it reads the jobs' records under
+    ``profiling_dir`` and reports at most every 0.1 s."""
+    return NodedProcess(
+        tmp, node, clusterd, "--profiling-dir", str(profiling_dir), "--min-report-interval", "0.1", *extra
+    )
 
 
 async def make_clusterd(tmp_path: Path, *extra: str):
@@ -201,16 +282,23 @@ def stop_proc(p, timeout_s: float = 10.0) -> None:
             p.wait(5)
 
 
-def wait_for(pred, what: str, timeout_s: float = 20.0):
-    """Poll ``pred()`` every 100 ms until it returns something truthy, and return that."""
+def wait_for(pred, what: str = "condition", timeout_s: float = 20.0, every_s: float = 0.1):
+    """Poll ``pred()`` every ``every_s`` seconds until it returns something truthy, and return that.
+    An ``OSError`` from ``pred`` (a server restarting, a connection refused) counts as not yet.
+    Raises ``AssertionError`` naming ``what`` and the last value or error after ``timeout_s``."""
     import time
 
     deadline = time.monotonic() + timeout_s
+    last = None
     while time.monotonic() < deadline:
-        if got := pred():
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+        try:
+            if got := pred():
+                return got
+            last = got
+        except OSError as e:
+            last = e
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last={last!r}")
 
 
 class ChangeWatch:

@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from support import ClusterdProcess, free_port, wait_for, wait_http
+from support import ClusterdProcess, slownode_noded, wait_for
 
 TIMING_MARKS = [  # the marks of these tests (their modules' ``pytestmark``)
     pytest.mark.torch,
@@ -70,43 +70,6 @@ def http(base: str, method: str, path: str, body=None):
         return json.loads(r.read())
 
 
-class Noded:
-    def __init__(self, tmp: Path, node: str, grpc: str, prof: Path) -> None:
-        self.http = f"127.0.0.1:{free_port()}"
-        self.log = tmp / f"noded-{node}.log"
-        self.cmd = [
-            sys.executable,
-            "-m",
-            "noded",
-            "--node-name",
-            node,
-            "--clusterd",
-            grpc,
-            "--http-addr",
-            self.http,
-            "--profiling-dir",
-            str(prof),
-            "--min-report-interval",
-            "0.1",
-        ]
-
-    def start(self) -> Noded:
-        self._fh = open(self.log, "ab")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._fh, stderr=subprocess.STDOUT)
-        wait_http(f"http://{self.http}/healthz")
-        return self
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self._fh.close()
-
-
 def run_stack(tmp_path_factory):
     """clusterd and noded on node-a and node-b (a generator for a module fixture): yields
     (tmp, clusterd, profiling dir, data-trace dir); stops them by PID at the end."""
@@ -115,7 +78,7 @@ def run_stack(tmp_path_factory):
     prof.mkdir()
     dt.mkdir()
     cd = ClusterdProcess(tmp / "state", ["--data-trace-dir", str(dt)], log_path=tmp / "clusterd.log").start()
-    nodes = [Noded(tmp, n, cd.grpc, prof).start() for n in ("node-a", "node-b")]
+    nodes = [slownode_noded(tmp, n, cd.grpc, prof).start() for n in ("node-a", "node-b")]
     try:
         yield tmp, cd, prof, dt
     finally:

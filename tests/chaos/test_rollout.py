@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 from pathlib import Path
 
 import pytest
+from noded_support import BmcSim
 from support import ChangeWatch, eventually, make_clusterd
 
 from deviced.app import DeviceD
@@ -30,9 +30,6 @@ from deviced.app import build_parser as deviced_parser
 from deviced.backends import SimBackend
 from noded.app import NodeD
 from noded.app import build_parser as noded_parser
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "noded"))
-from noded_support import BmcSim  # noqa: E402
 
 NODES = ("rack-0", "rack-1", "rack-2")
 HBM = 0x80E18008  # RestartNPU; a second occurrence in 24 h would make it ManuallySeparateNPU

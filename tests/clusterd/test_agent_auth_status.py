@@ -11,19 +11,14 @@ of its own (as each agent session is), and every answer is checked.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import grpc
 import pytest
+from noded_support import make_pki
 from support import make_clusterd
 
 from faultmesh._pb import agent_pb2
 from faultmesh.agent import open_stream
 from faultmesh.runtime import wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "noded"))
-from noded_support import make_pki  # noqa: E402
 
 TOKEN = "s3cret"
 TRIES = 50

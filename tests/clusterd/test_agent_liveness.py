@@ -15,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from support import ClusterdProcess, free_port
+from support import ClusterdProcess, free_port, wait_for
 
 BIN = Path(sys.executable).parent
 STALE_AFTER_S = 2.0
@@ -27,19 +27,6 @@ def http_json(url: str, body=None):
     req = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET")
     with urllib.request.urlopen(req, timeout=5) as r:
         return json.loads(r.read() or b"null")
-
-
-def wait_for(pred, timeout_s: float = 20.0, what: str = "condition", every_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            got = pred()
-        except OSError:
-            got = None
-        if got:
-            return got
-        time.sleep(every_s)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def node_view(cd):
@@ -70,7 +57,9 @@ def test_hung_agent_is_marked_stale_within_its_deadline(tmp_path):
             assert node_view(cd)["stale_agents"] == []
             os.kill(dv.pid, signal.SIGSTOP)
             t0 = time.monotonic()
-            view = wait_for(lambda: (n := node_view(cd)) and n["stale_agents"] and n, what="stale")
+            view = wait_for(
+                lambda: (n := node_view(cd)) and n["stale_agents"] and n, what="stale", every_s=0.05
+            )
             took = time.monotonic() - t0
             assert took <= STALE_AFTER_S + 0.5, took  # the deadline plus one check period and slack
             assert view["stale_agents"] == ["deviced"] and view["faults"] == 1
@@ -90,7 +79,9 @@ def test_hung_agent_is_marked_stale_within_its_deadline(tmp_path):
         wait_for(lambda: (n := node_view(cd)) and not n["stale_agents"], what="live again")
         dv.kill()  # kill -9: disconnected, stale at once, faults kept
         dv.wait(10)
-        view = wait_for(lambda: (n := node_view(cd)) and n["stale_agents"] and n, timeout_s=2, what="stale")
+        view = wait_for(
+            lambda: (n := node_view(cd)) and n["stale_agents"] and n, timeout_s=2, what="stale", every_s=0.05
+        )
         assert view["faults"] == 1
         assert next(c for c in view["conditions"] if c["type"] == "AgentStale")["reason"] == "Disconnected"
     finally:

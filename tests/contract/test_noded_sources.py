@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import orjson
 import pytest
+from noded_support import BmcSim
 from prometheus_client import CollectorRegistry
+from slownode_support import SyntheticJob
 
 from faultmesh import config
 from faultmesh._pb import agent_pb2
@@ -30,19 +31,10 @@ from faultmesh.agent import AgentState
 from faultmesh.runtime import BlockingPool
 from faultmesh.source import SourceContext, SourceMetrics, start_sources, stop_sources
 from fdol.slownet import pinglist
+from fmtools.sims import fabric as fab
 from noded import sources
 from noded.app import build_parser
 from noded.metrics import NodedMetrics
-
-_TESTS = Path(__file__).resolve().parents[1]
-for _d in (_TESTS / "noded", _TESTS / "fdol"):  # noded_support (bmc-sim), slownode_support (job)
-    if str(_d) not in sys.path:
-        sys.path.insert(0, str(_d))
-
-from noded_support import BmcSim  # noqa: E402
-from slownode_support import SyntheticJob  # noqa: E402
-
-from fmtools.sims import fabric as fab  # noqa: E402
 
 NODE = "node-0"
 STOP_BUDGET_S = 3.0

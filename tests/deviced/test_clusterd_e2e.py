@@ -8,11 +8,10 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from support import free_port, http_call, start_logged, stop_proc
+from support import free_port, http_call, start_logged, stop_proc, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -34,20 +33,6 @@ def http(method: str, url: str, body=None) -> tuple[int, object]:
     if status == 0:
         raise HTTPError(f"{method} {url}: no answer")
     return status, got
-
-
-def wait_for(pred, timeout_s=15.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            last = pred()
-            if last:
-                return last
-        except HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what} (last={last!r})")
 
 
 def test_sim_faults_reach_clusterd_and_resync(tmp_path):

@@ -12,7 +12,7 @@ import time
 import urllib.request
 
 import pytest
-from support import ClusterdProcess, free_port, wait_http
+from support import ClusterdProcess, free_port, wait_for, wait_http
 
 from fmtools.cli import main as cli_main
 from fmtools.sims import fabric as fab
@@ -23,16 +23,6 @@ NODES = ["node-0", "node-1"]
 def get(url):
     with urllib.request.urlopen(url, timeout=5) as r:
         return json.loads(r.read())
-
-
-def wait_for(fn, timeout_s=30.0, what="condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = fn()
-        if v:
-            return v
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -86,7 +76,7 @@ def test_lossy_link_detected_localized_and_recovered(stack, capsys):
     cd, nodeds, fabric_file, tmp_path = stack
     # both nodes probe: the matrix fills, no fault on a healthy fabric
     wait_for(lambda: (cd.get_json("/v1/pingmesh")["superPods"][0]["latest"] or {}).get("pathsWithData") == 128,
-             what="all 128 paths reporting")  # fmt: skip
+             what="all 128 paths reporting", timeout_s=30)  # fmt: skip
     assert slownet_faults(cd) == []
     assert (
         fab.main(
@@ -94,7 +84,7 @@ def test_lossy_link_detected_localized_and_recovered(stack, capsys):
         )
         == 0
     )
-    faults = wait_for(lambda: slownet_faults(cd), what="the lossy link as a fault")
+    faults = wait_for(lambda: slownet_faults(cd), what="the lossy link as a fault", timeout_s=30)
     assert [(f["node"], f["device_type"], f["device_id"], f["code"], f["level"]) for f in faults] == [
         ("node-0", "NPU", 2, "200001011", "NotHandleFault")
     ]
@@ -122,7 +112,7 @@ def test_lossy_link_detected_localized_and_recovered(stack, capsys):
     assert csv.read_text().startswith("pingTaskId,srcType,srcAddr")
     # healthy again -> recovered
     assert fab.main(["clear", str(fabric_file)]) == 0
-    wait_for(lambda: slownet_faults(cd) == [], what="recovery")
+    wait_for(lambda: slownet_faults(cd) == [], what="recovery", timeout_s=30)
     # a noded that stops reporting is not a network fault
     nodeds["node-1"][0].terminate()
     nodeds["node-1"][0].wait(15)

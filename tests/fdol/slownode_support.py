@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
-
-from support import free_port, wait_http
 
 from fdol.slownode.records import encode_record
 from fdol.slownode.switch import parse_switch
@@ -140,66 +135,6 @@ class SyntheticJob(threading.Thread):
             time.sleep(self.pace_s)
 
 
-class NodedProc:
-    """``python -m noded`` for one node name, with the slownode component's flags."""
-
-    def __init__(self, tmp: Path, node: str, clusterd_grpc: str, profiling_dir: Path, *extra: str) -> None:
-        self.http = f"127.0.0.1:{free_port()}"
-        self.log_path = tmp / f"noded-{node}.log"
-        self.cmd = [
-            sys.executable,
-            "-m",
-            "noded",
-            "--node-name",
-            node,
-            "--clusterd",
-            clusterd_grpc,
-            "--http-addr",
-            self.http,
-            "--profiling-dir",
-            str(profiling_dir),
-            "--min-report-interval",
-            "0.1",
-            *extra,
-        ]
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> NodedProc:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        for _ in range(3):  # the free port may be taken before noded binds it (tests run side by side)
-            self._log = open(self.log_path, "ab")
-            self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
-            try:
-                wait_http(f"http://{self.http}/healthz")
-                return self
-            except TimeoutError:
-                if self.proc.poll() is None or b"address already in use" not in self.log_path.read_bytes():
-                    raise
-            self._log.close()
-            port = f"127.0.0.1:{free_port()}"
-            self.cmd[self.cmd.index(self.http)] = port
-            self.http = port
-        raise TimeoutError(f"noded found no free HTTP port: {self.log_path}")
-
-    def get_json(self, path: str):
-        with urllib.request.urlopen(f"http://{self.http}{path}", timeout=5) as r:
-            return json.loads(r.read())
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if getattr(self, "_log", None):
-            self._log.close()
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-
 def http(base: str, method: str, path: str, body=None):
     """(status, decoded JSON) of an HTTP call to ``base`` (host:port)."""
     data = None if body is None else json.dumps(body).encode()
@@ -211,15 +146,3 @@ def http(base: str, method: str, path: str, body=None):
             return r.status, json.loads(r.read() or b"null")
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"null")
-
-
-def wait_for(pred, timeout_s: float, what: str, interval_s: float = 0.1):
-    """Poll ``pred()`` until truthy; raise ``AssertionError`` naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from slownode_support import NodedProc, SyntheticJob, http, wait_for
-from support import ClusterdProcess
+from slownode_support import SyntheticJob, http
+from support import ClusterdProcess, slownode_noded, wait_for
 
 PHRASE = re.compile(
     r"\[FD-OL SLOWNODE\]job\(name=(\S+), namespace=(\S+), jobId=(\S+)\) in cluster got degradation, "
@@ -52,7 +52,7 @@ def stack(tmp_path):
         log_path=tmp_path / "cd.log",
     )
     cd.start()
-    nodes = [NodedProc(tmp_path, n, cd.grpc, prof).start() for n in ("node-a", "node-b")]
+    nodes = [slownode_noded(tmp_path, n, cd.grpc, prof).start() for n in ("node-a", "node-b")]
     try:
         yield cd, nodes, prof, dt, watch
     finally:
@@ -75,12 +75,12 @@ def test_stall_detected_reported_recovered_and_disabled(stack, tmp_path):
     assert st == 200, body
     assert body["heavyProfiling"] and body["nodes"] == ["node-a", "node-b"]
     switch = dt / "default.data-trace-job1" / "profilingSwitch"
-    wait_for(switch.exists, 10, "the data-trace switch file")
+    wait_for(switch.exists, "the data-trace switch file", 10)
     assert json.loads(switch.read_text())["CommunicationOperator"] == "on"  # initial phase: all on
     job = SyntheticJob(prof, "job1", switch_path=switch, steps=2000, pace_s=0.01, slow_rank=2, slow_from=60)
     job.start()
     try:
-        m = wait_for(lambda: PHRASE.search(cd.log_text()), 30, "the clusterd degradation log line")
+        m = wait_for(lambda: PHRASE.search(cd.log_text()), "the clusterd degradation log line", 30)
         assert job.step >= 60
         faults = [f for f in cd.get_json("/v1/faults") if f["source"] == "fd-online"]
         assert [
@@ -120,10 +120,10 @@ def test_stall_detected_reported_recovered_and_disabled(stack, tmp_path):
         # clusterd restarts while the job is degraded: it resumes in that state
         cd.stop()
         cd.start()
-        wait_for(lambda: cd.get_json("/v1/slownode/job1")["degraded"], 10, "the degraded state to resume")
+        wait_for(lambda: cd.get_json("/v1/slownode/job1")["degraded"], "the degraded state to resume", 10)
         # the slowdown ends: after 5 clean rounds 110001010 recovers and 100001011 (once) is raised
         job.heal.set()
-        wait_for(lambda: "slow node recovered, slow rank ids: [2]" in cd.log_text(), 30, "the recovery")
+        wait_for(lambda: "slow node recovered, slow rank ids: [2]" in cd.log_text(), "the recovery", 30)
         got = {
             (f["node"], f["code"], f["assertion"])
             for f in cd.get_json("/v1/faults")
@@ -158,7 +158,7 @@ def test_stall_detected_reported_recovered_and_disabled(stack, tmp_path):
     assert not [f for f in cd.get_json("/v1/faults") if f["code"] == "110001010"]
     assert json.loads(switch.read_text())["Step"] == "off"  # stop all
     # the stop rides the agent stream (seconds on a loaded box: failed once at 10 s beside another suite)
-    wait_for(lambda: nodes[1].get_json("/v1/slownode") == [], 30, "noded to stop the job")
+    wait_for(lambda: nodes[1].get_json("/v1/slownode") == [], "noded to stop the job", 30)
 
 
 def test_clean_job_logs_nothing_and_bad_requests(stack, tmp_path):
@@ -179,7 +179,7 @@ def test_clean_job_logs_nothing_and_bad_requests(stack, tmp_path):
     job = SyntheticJob(prof, "j2", switch_path=switch, steps=300, pace_s=0.01)
     job.start()
     job.join(60)
-    status = wait_for(lambda: (s := cd.get_json("/v1/slownode/j2"))["rounds"] >= 6 and s, 10, "rounds")
+    status = wait_for(lambda: (s := cd.get_json("/v1/slownode/j2"))["rounds"] >= 6 and s, "rounds", 10)
     assert not PHRASE.search(cd.log_text())
     assert not NODE_PHRASE.search(nodes[0].log_text() + nodes[1].log_text())
     assert not status["degraded"] and not status["heavyProfiling"]  # initial phase ended
@@ -193,10 +193,10 @@ def test_watched_featconf_file_enables_and_removal_stops(stack, tmp_path):
     f = watch / "ras-feature-slownode-j3.json"
     payload = {"data": {"FeatConf": json.dumps(conf("j3"))}, "ranks": PLACEMENT}
     f.write_text(json.dumps(payload))
-    wait_for(lambda: http(cd.http, "GET", "/v1/slownode/j3")[0] == 200, 10, "the watched file to enable j3")
+    wait_for(lambda: http(cd.http, "GET", "/v1/slownode/j3")[0] == 200, "the watched file to enable j3", 10)
     assert http(cd.http, "GET", "/v1/slownode/j3")[1]["source"] == "file"
     wait_for(
-        lambda: any(j["jobId"] == "j3" for j in nodes[1].get_json("/v1/slownode")), 10, "noded to start j3"
+        lambda: any(j["jobId"] == "j3" for j in nodes[1].get_json("/v1/slownode")), "noded to start j3", 10
     )
     assert nodes[1].get_json("/v1/slownode")[0]["ranks"] == [2, 3]
     assert "slownode featconf file rejected" in cd.log_text()
@@ -205,7 +205,7 @@ def test_watched_featconf_file_enables_and_removal_stops(stack, tmp_path):
     cd.start()
     assert http(cd.http, "GET", "/v1/slownode/j3")[0] == 200
     f.unlink()
-    wait_for(lambda: http(cd.http, "GET", "/v1/slownode/j3")[0] == 404, 10, "removal to stop j3")
+    wait_for(lambda: http(cd.http, "GET", "/v1/slownode/j3")[0] == 404, "removal to stop j3", 10)
 
 
 def test_placement_from_job_registry_and_brain_data_trace(stack, tmp_path):
@@ -223,7 +223,7 @@ def test_placement_from_job_registry_and_brain_data_trace(stack, tmp_path):
     assert body["nodes"] == ["node-a", "node-b"]
     assert http(cd.http, "GET", "/v1/slownode/job4")[1]["ranks"] == PLACEMENT
     switch = dt / "default.data-trace-job4" / "profilingSwitch"
-    wait_for(switch.exists, 10, "the brain to write the switch")
+    wait_for(switch.exists, "the brain to write the switch", 10)
     assert json.loads(switch.read_text())["CommunicationOperator"] == "on"
-    wait_for(lambda: [j["ranks"] for j in nodes[1].get_json("/v1/slownode")] == [[2, 3]], 10, "node-b's job")
+    wait_for(lambda: [j["ranks"] for j in nodes[1].get_json("/v1/slownode")] == [[2, 3]], "node-b's job", 10)
     assert "data-trace switch changed" in cd.log_text()  # the brain's own log line

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
-from pathlib import Path
 
 from support import eventually, free_port
 
@@ -162,7 +160,6 @@ async def test_fault_config_override_of_the_customization_and_switch_tables(k8s,
 
 
 NODE_CM = "mindx-dl-node-fault-config"
-NODED_TESTS = str(Path(__file__).resolve().parents[1] / "noded")  # noded_support: the BMC simulator
 
 
 def noded_level_at_clusterd(cd, node: str, code: str) -> str | None:
@@ -179,7 +176,6 @@ async def test_node_fault_config_configmap_changes_a_level_live(k8s, kcd, tmp_pa
     """noded: the override is in force live (the BMC fault's level changes at clusterd); a code in
     two levels, bad JSON, an unknown key, a wrong type are refused and counted; a deleted ConfigMap
     keeps the last table (as the reference NodeD)."""
-    sys.path.insert(0, NODED_TESTS)
     from noded_support import BmcSim
 
     from noded.app import NodeD

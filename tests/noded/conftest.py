@@ -1,15 +1,9 @@
-"""noded test fixtures (helpers in noded_support.py)."""
+"""noded test fixtures (helpers in noded_support.py, on ``pythonpath``: pyproject.toml)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # noded_support, next to this file
-
-from noded_support import BmcSim  # noqa: E402
+from noded_support import BmcSim
 
 
 @pytest.fixture(scope="session")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import subprocess
 import sys
 
 import pytest
-from noded_support import BmcSim, NodedProcess, free_udp_port, wait_for
-from support import ClusterdProcess, free_port
+from noded_support import BmcSim, free_udp_port
+from support import ClusterdProcess, NodedProcess, wait_for
 
 
 @pytest.fixture
@@ -39,7 +40,6 @@ def start_noded(tmp_path, cd, sim, *extra, node="node-a", bmc_port=None):
         "--min-report-interval",
         "0.3",
         *extra,
-        http_port=free_port(),
     ).start()
 
 
@@ -203,3 +203,24 @@ def test_print_node_info_with_dead_bmc_fails_clearly(tmp_path):
     assert out.returncode == 1
     assert "BMC poll failed" in out.stderr
     assert json.loads(out.stdout)["NodeInfo"]["NodeInfo"] == {"FaultDevList": [], "NodeStatus": "Healthy"}
+
+
+def test_a_taken_http_port_ends_noded_with_a_clear_line_and_the_launcher_moves_off_it(tmp_path, clusterd):
+    """The port :class:`support.NodedProcess` picked is taken before noded binds it (tests run side
+    by side): noded exits at once naming the address in use, and the launcher starts it again on
+    another free port, logged to the same file."""
+    nd = NodedProcess(tmp_path, "node-p", clusterd.grpc)
+    taken = nd.http
+    host, port = taken.rsplit(":", 1)
+    with socket.socket() as s:
+        s.bind((host, int(port)))
+        s.listen()
+        nd.start()
+    try:
+        assert nd.http != taken
+        assert nd.get_json("/v1/state") is not None
+        log = nd.log_text()
+        assert log.count("noded failed to start") == 1, log
+        assert f"('{host}', {port}): address already in use" in log, log
+    finally:
+        assert nd.stop() == 0

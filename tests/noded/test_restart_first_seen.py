@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 
-from noded_support import NodedProcess, wait_for
-from support import ClusterdProcess, free_port
+from support import ClusterdProcess, NodedProcess, wait_for
 
 CODE = "0800004B"  # iBMC alarm (top byte 0x08: a PCIe card), PreSeparateFault
 
@@ -20,7 +19,6 @@ def noded(tmp_path, bmc_sim, cd, state_file):
         "--bmc-host", "127.0.0.1", "--bmc-port", str(bmc_sim.port), "--bmc-user", bmc_sim.user,
         "--bmc-password-file", str(bmc_sim.password_file), "--poll-interval", "1",
         "--bmc-state-file", str(state_file), "--min-report-interval", "0.3",
-        http_port=free_port(),
     )  # fmt: skip
 
 

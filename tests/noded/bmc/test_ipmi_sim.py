@@ -13,8 +13,8 @@ import subprocess
 import time
 
 import pytest
-from noded_support import NodedProcess, free_udp_port, wait_for
-from support import ClusterdProcess, free_port
+from noded_support import free_udp_port
+from support import ClusterdProcess, NodedProcess, free_port, wait_for
 
 from noded.bmc.client import BmcClient
 
@@ -174,7 +174,6 @@ def test_noded_against_ipmi_sim(tmp_path):
         "0.3",
         "--clusterd-backoff-max",
         "0.5",
-        http_port=free_port(),
     ).start()
     try:
         # a non-Huawei BMC (MontaVista, manufacturer 4753): noded reads the SEL
