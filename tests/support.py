@@ -67,6 +67,29 @@ class DaemonProcess:
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         return begin
 
+    PORT_TRIES = 3
+
+    def _start_ready(self, path: str, movable: list[str]) -> None:
+        """Start and wait until ``path`` answers 200. When the daemon exits with "address already in
+        use" (a free port taken by a test beside this one before the daemon bound it), the addresses
+        named in ``movable`` (attributes, host:port, also in ``cmd``) move to free ports and it starts
+        again, ``PORT_TRIES`` times in all; ``movable`` empty: no move (a restart keeps its ports)."""
+        for _ in range(self.PORT_TRIES):
+            begin = self._spawn()
+            try:
+                self._ready(path)
+                return
+            except ChildProcessError:
+                with open(self.log_path, "rb") as f:
+                    f.seek(begin)
+                    if not movable or b"already in use" not in f.read().lower():
+                        raise
+            for attr in movable:
+                new = f"127.0.0.1:{free_port()}"
+                self.cmd[self.cmd.index(getattr(self, attr))] = new
+                setattr(self, attr, new)
+        raise TimeoutError(f"{self.cmd[2]} found no free port in {self.PORT_TRIES} tries: {self.log_path}")
+
     def _ready(self, path: str) -> None:
         """Wait until ``path`` answers 200: ``TimeoutError`` after 20 s, ``ChildProcessError`` (with
         the log's last lines) as soon as the process has exited."""
@@ -127,9 +150,10 @@ class ClusterdProcess(DaemonProcess):
         )
 
     def start(self, ready_path: str = "/readyz") -> ClusterdProcess:
-        """Start and wait until ``ready_path`` answers 200 (``/healthz`` for a follower replica)."""
-        self._spawn()
-        self._ready(ready_path)
+        """Start and wait until ``ready_path`` answers 200 (``/healthz`` for a follower replica); a
+        first start whose port was taken meanwhile moves to free ones (:meth:`_start_ready`), a
+        restart keeps them (agents and tests hold the addresses)."""
+        self._start_ready(ready_path, ["grpc", "http"] if self.proc is None else [])
         return self
 
 
@@ -138,8 +162,6 @@ class NodedProcess(DaemonProcess):
     ``extra`` flags; its HTTP endpoint (``/healthz``, ``/metrics``, ``/v1/state``) on a free loopback
     port, moved to another when that one is taken before noded binds it (tests run side by side).
     Log: ``tmp/noded-<node>.log``, appended to by every start."""
-
-    PORT_TRIES = 3
 
     def __init__(self, tmp: Path, node: str, clusterd: str, *extra: str) -> None:
         import sys
@@ -154,21 +176,9 @@ class NodedProcess(DaemonProcess):
 
     def start(self) -> NodedProcess:
         """Start and wait until ``/healthz`` answers (``ChildProcessError`` when noded exits,
-        ``TimeoutError`` after 20 s)."""
-        for _ in range(self.PORT_TRIES):
-            begin = self._spawn()
-            try:
-                self._ready("/healthz")
-                return self
-            except ChildProcessError:
-                with open(self.log_path, "rb") as f:
-                    f.seek(begin)
-                    if b"address already in use" not in f.read():
-                        raise
-            http = f"127.0.0.1:{free_port()}"
-            self.cmd[self.cmd.index(self.http)] = http
-            self.http = http
-        raise TimeoutError(f"noded found no free HTTP port in {self.PORT_TRIES} tries: {self.log_path}")
+        ``TimeoutError`` after 20 s), moving to another HTTP port when its own was taken."""
+        self._start_ready("/healthz", ["http"])
+        return self
 
     def metrics(self) -> str:
         """The Prometheus text of ``/metrics``."""
