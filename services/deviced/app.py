@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import logging
 import time
-from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry
 
@@ -44,7 +43,7 @@ from deviced.hotreset import HotReset
 from deviced.http import add_routes
 from deviced.metrics import CycleMetrics, DevicedCollector
 from deviced.relations import RelationRules
-from deviced.reload import TableReloader
+from deviced.reload import TableReloader, Tables, load_tables
 from deviced.sinks import deviceinfo
 from deviced.sinks.agentstate import AgentStateSink
 from deviced.sinks.kube_deviceinfo import KubeDeviceInfo
@@ -53,14 +52,7 @@ from deviced.sinks.statefile import StateFile
 from deviced.sources.lingqu import SWITCH_QUEUE_MAX
 from deviced.sources.nvml import add_gpu_route
 from deviced.switch import SwitchState
-from deviced.tables import (
-    Customization,
-    FaultCodeTable,
-    SwitchFaultTable,
-    TableError,
-    load_fault_duration,
-    load_relations,
-)
+from deviced.tables import TableError
 from faultmesh import config, runtime
 from faultmesh import log as fmlog
 from faultmesh.agent import (
@@ -71,7 +63,6 @@ from faultmesh.agent import (
     check_clusterd_arguments,
 )
 from faultmesh.dcmi.loader import DcmiError
-from faultmesh.faultrules import DurationTable, RelationTable
 from faultmesh.httplite import HttpServer
 from faultmesh.log import event
 from faultmesh.metrics import daemon_registry
@@ -87,37 +78,6 @@ STOP_SOURCES_S = 4.0  # shutdown budget (s) of each stage; all together < the ag
 STOP_TASKS_S = 3.0
 DRAIN_S = 2.0
 STOP_BUDGET_S = 13.0  # the whole staged stop, inside the agents' 15 s grace
-
-
-class Tables(NamedTuple):
-    """deviced's fault tables as loaded from the files its flags name (faultmesh's defaults)."""
-
-    codes: FaultCodeTable
-    customization: Customization
-    switch: SwitchFaultTable
-    relations: RelationTable
-    duration: DurationTable
-
-
-def load_tables(args: argparse.Namespace) -> Tables:
-    """Every table of ``args`` (``--fault-code-file`` ...; with ``--backend nvml`` the NVIDIA table
-    gives the codes and rules unless those files are named). Raises :class:`TableError`."""
-    codes, custom = None, None
-    backend = args.backend
-    if backend == "nvml" or (backend == "sim" and args.sim_vendor == "nvidia"):
-        from deviced.nvml_table import NvidiaTable
-
-        nv = NvidiaTable.load(args.nvml_fault_table)
-        codes, custom = nv.codes, nv.custom
-    return Tables(
-        FaultCodeTable.load(args.fault_code_file) if codes is None or args.fault_code_file else codes,
-        Customization.load(args.fault_customization_file)
-        if custom is None or args.fault_customization_file
-        else custom,
-        SwitchFaultTable.load(args.switch_fault_code_file),
-        load_relations(args.relation_fault_file),
-        load_fault_duration(args.fault_duration_file),
-    )
 
 
 class DeviceD:

@@ -16,12 +16,13 @@ device plugin falls back to its files.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from deviced.engine import FaultEngine
 from deviced.relations import RelationRules
@@ -36,10 +37,42 @@ from deviced.tables import (
     load_fault_duration,
     load_relations,
 )
+from faultmesh.faultrules import DurationTable, RelationTable
 from faultmesh.files import FileWatch
 from faultmesh.log import event
 
 log = logging.getLogger("deviced")
+
+
+class Tables(NamedTuple):
+    """deviced's fault tables as loaded from the files its flags name (faultmesh's defaults)."""
+
+    codes: FaultCodeTable
+    customization: Customization
+    switch: SwitchFaultTable
+    relations: RelationTable
+    duration: DurationTable
+
+
+def load_tables(args: argparse.Namespace) -> Tables:
+    """Every table of ``args`` (``--fault-code-file`` ...; with ``--backend nvml`` the NVIDIA table
+    gives the codes and rules unless those files are named). Raises :class:`TableError`."""
+    codes, custom = None, None
+    backend = args.backend
+    if backend == "nvml" or (backend == "sim" and args.sim_vendor == "nvidia"):
+        from deviced.nvml_table import NvidiaTable
+
+        nv = NvidiaTable.load(args.nvml_fault_table)
+        codes, custom = nv.codes, nv.custom
+    return Tables(
+        FaultCodeTable.load(args.fault_code_file) if codes is None or args.fault_code_file else codes,
+        Customization.load(args.fault_customization_file)
+        if custom is None or args.fault_customization_file
+        else custom,
+        SwitchFaultTable.load(args.switch_fault_code_file),
+        load_relations(args.relation_fault_file),
+        load_fault_duration(args.fault_duration_file),
+    )
 
 
 class TableReloader:
