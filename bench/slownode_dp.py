@@ -9,7 +9,7 @@ Kinds (how they are modelled and the literature: bench/trainsim_dp.py):
 - ``moe_*``: the same with mixture-of-experts layers (expert parallel over each node, dispatch and
   combine all-to-alls); ``skew``: token-routing skew only (each layer and step a few random ranks
   compute their experts 1.2-1.8x longer); ``skew_card+25%``: the skew and one +25 % card;
-- ``card+20%`` / ``card+5%``: one card's compute slower from step ``ONSET`` on;
+- ``card+20%`` / ``card+10%`` / ``card+5%``: one card's compute slower from step ``ONSET`` on;
   ``two_cards+20%``: two cards at once (both must be named);
 - ``restart``: the job restarts at step ``RESTART`` on a new placement (steps from 1 again, a
   warm-up; bench/trainsim_dp.py), the card slows ``ONSET - RESTART`` steps later: its baselines
@@ -51,9 +51,11 @@ ROUND_S = 30
 SCENARIOS: dict[str, tuple[str, bool, str, float]] = {
     "ddp_healthy": ("ddp", False, "none", 1.0),
     "ddp_card+20%": ("ddp", False, "card", 1.20),
+    "ddp_card+10%": ("ddp", False, "card", 1.10),
     "ddp_card+5%": ("ddp", False, "card", 1.05),
     "fsdp_healthy": ("fsdp", False, "none", 1.0),
     "fsdp_card+20%": ("fsdp", False, "card", 1.20),
+    "fsdp_card+10%": ("fsdp", False, "card", 1.10),
     "fsdp_card+5%": ("fsdp", False, "card", 1.05),
     "moe_ddp_skew": ("ddp", True, "none", 1.0),
     "moe_ddp_skew_card+25%": ("ddp", True, "card", 1.25),
