@@ -36,14 +36,21 @@ def _faultmesh(cmd: str, timeout_s: float = 90) -> subprocess.CompletedProcess:
     )
 
 
-def test_up_with_job_prints_cli_commands_that_work(tmp_path):
+@pytest.mark.parametrize(
+    ("flags", "layout"),
+    [
+        (["--with-job"], "TP groups [0,1] [2,3]"),
+        (["--with-job", "ddp"], "DistributedDataParallel, no TP group"),  # issue 34
+    ],
+)
+def test_up_with_job_prints_cli_commands_that_work(tmp_path, flags, layout):
     run_dir = tmp_path / "up"
-    proc = start_up(run_dir, "--servers", "2", "--bmc-poll", "1", "--with-job")
+    proc = start_up(run_dir, "--servers", "2", "--bmc-poll", "1", *flags)
     lines: list[str] = []
     try:
         out = read_until(proc, lines, "stack running", 150)
         assert "stack running; Ctrl-C stops every process" in out, out
-        assert "JOB PyTorch job started: 4 gloo ranks" in out, out
+        assert f"JOB PyTorch job started: 4 gloo ranks on CPU, {layout}" in out, out
         assert "demo-job registered with clusterd's Recover service" in out, out
         assert "not complete" not in out, out
         cmds = _try_lines(out)

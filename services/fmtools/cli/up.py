@@ -7,7 +7,8 @@ and exits 130 (as ``faultmesh demo``); 1 when the stack did not start.
 A process that crashes is reported and restarted with backoff (the rest of the stack keeps running).
 
 ``--with-job`` also starts the demo's example training job: the real 4-rank PyTorch CPU job
-(``faultmesh.profiler.example_job``, ranks 0,1 on server-1 and 2,3 on the fourth or last server),
+(``faultmesh.profiler.example_job``, ranks 0,1 on server-1 and 2,3 on the fourth or last server;
+``--with-job ddp``: its data-parallel-only variant, DistributedDataParallel without TP groups),
 registered with ``faultmesh job apply``, its TaskD stand-in ``faultmesh trainsim``, and FD-OL
 slow-node detection enabled for it (``faultmesh slownode enable``); the TRY list then names the
 file that slows rank 2 and the commands that show what clusterd concludes. The job is not
@@ -59,10 +60,10 @@ async def _up(args: argparse.Namespace) -> int:
         if start in done:
             start.result()  # raises StackError
             if args.with_job:
-                await _start_job(stack, clock)
+                await _start_job(stack, clock, args.with_job)
             print()
             print(where_text(stack, demo=False))
-            print(_howto(stack, job=args.with_job))
+            print(_howto(stack, job=bool(args.with_job)))
             clock.say("stack running; Ctrl-C stops every process")
             await _supervise(stack, stop, clock.say, args)
             status = 130  # stopped by Ctrl-C or SIGTERM, as `faultmesh demo` exits
@@ -81,13 +82,14 @@ async def _up(args: argparse.Namespace) -> int:
     return status
 
 
-async def _start_job(stack, clock) -> None:
+async def _start_job(stack, clock, parallel: str) -> None:
     """The demo's job set-up (job apply, trainsim, slownode enable, the PyTorch job); a part that
     fails is reported and the stack keeps running."""
     from fmtools.demo.harness import Harness, Timing
 
     h = Harness(stack, clock, Timing())
     h.job_steps = 1_000_000
+    h.job_parallel = parallel
     await h.setup_job()
     if h.job_error:
         clock.say(f"the example job is not complete: {h.job_error}")
@@ -202,8 +204,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_fleet_args(p, gpu_servers=0, gpu_max=64, servers_help="simulated servers")
     p.add_argument(
         "--with-job",
-        action="store_true",
-        help="also start the example PyTorch job (4 CPU ranks, needs faultmesh[torch]) with slow-node detection",
+        nargs="?",
+        const="tp",
+        choices=("tp", "ddp"),
+        help="also start the example PyTorch job (4 CPU ranks, needs faultmesh[torch]) with slow-node "
+        "detection: tp (the default: TP groups [0,1] [2,3]) or ddp (DistributedDataParallel, no TP group)",
     )
     p.add_argument(
         "--log-level", type=log_level_arg, default="INFO", help="log level of the started processes"

@@ -113,6 +113,7 @@ class Harness:
 
     # -- the training job ----------------------------------------------------------------------
     job_steps = 5000  # the example job's --steps (``faultmesh up --with-job`` runs it far longer)
+    job_parallel = "tp"  # the example job's --parallel: tp (TP groups [0,1] [2,3]) or ddp (issue 34)
 
     def rank_server(self, rank: int):
         """The server of ``rank`` (:data:`PLACEMENT`; on a stack of fewer than 4 servers, ranks 2,3
@@ -188,11 +189,13 @@ class Harness:
             "faultmesh.profiler.example_job", "--base-dir", str(st.profiling_dir), "--task-id", JOB,
             "--switch", switch, "--steps", str(self.job_steps), "--slow-from", "-1", "--slow-file", str(run / "slow-rank"), "--slow-rank", str(SLOW_RANK), "--slow-mode", self.t.slow_mode,
             "--factor", "0.4", "--progress-every", "10", "--stop-file", str(run / "stop-training"), "--summary", str(run / "train-summary"),
+            "--parallel", self.job_parallel,
         )  # fmt: skip
         self.train = await st.procs.start("train", argv)
-        self.say(
-            f"JOB PyTorch job started: 4 gloo ranks on CPU, TP groups [0,1] [2,3] (pid {self.train.pid})"
+        layout = (
+            "TP groups [0,1] [2,3]" if self.job_parallel == "tp" else "DistributedDataParallel, no TP group"
         )
+        self.say(f"JOB PyTorch job started: 4 gloo ranks on CPU, {layout} (pid {self.train.pid})")
         if self.trainsim is not None:
             await self._wait_registered()
         self.job_ready.set()
