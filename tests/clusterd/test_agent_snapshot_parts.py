@@ -241,3 +241,52 @@ def test_the_agent_reads_what_clusterd_collects_from_its_response_headers():
     for bad in ("", "-1", "1e9", "x", "9" * 30):  # an older or a broken ClusterD: no parts
         assert snapshot_max_bytes([(SNAPSHOT_MAX_BYTES_HEADER, bad)]) == 0
     assert snapshot_max_bytes(None) == snapshot_max_bytes(()) == 0
+
+
+async def test_parts_of_a_stream_gone_stale_are_dropped(tmp_path):
+    from support import make_clusterd
+
+    cd = await make_clusterd(tmp_path, "--agent-stale-after-s", "1")
+    parts = msgs(snapshot_parts(big_state(8_000).snapshot(1)))
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{cd.grpc_port}") as ch:
+            call = agent_pb2_grpc.AgentStreamStub(ch).Connect()
+            for m in [HELLO, *parts[:2]]:
+                await call.write(m)
+            await eventually(lambda: held_bytes(cd) > 0, 30, "parts held")
+            # silent past --agent-stale-after-s (a hung agent): what it held goes
+            await eventually(lambda: held_bytes(cd) == 0, 30, "freed")
+            assert sample(cd, "faultmesh_agent_snapshot_parts_total", result="dropped") == 2
+            await call.write(parts[2])  # the rest of that snapshot no longer follows anything
+            replies = []
+            while (msg := await asyncio.wait_for(call.read(), 30)) is not grpc.aio.EOF:
+                replies.append(msg)
+            assert acks(replies)[1].startswith("resync: snapshot_part_order: snapshot part 2 of 3 without")
+        assert codes(cd) == set()
+    finally:
+        await cd.stop()
+
+
+def held_bytes(cd) -> float:
+    return sample(cd, "faultmesh_agent_snapshot_parts_held_bytes")
+
+
+async def test_parts_of_a_stream_taken_over_are_dropped_and_the_new_streams_snapshot_rules(cd):
+    st = big_state(8_000)
+    parts = msgs(snapshot_parts(st.snapshot(1)))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{cd.grpc_port}") as ch:
+        call = agent_pb2_grpc.AgentStreamStub(ch).Connect()
+        for m in [HELLO, *parts[:2]]:
+            await call.write(m)
+        await eventually(lambda: held_bytes(cd) > 0, 30, "parts held")
+        client = AgentClient(f"127.0.0.1:{cd.grpc_port}", NODE, "noded", state=st)
+        await client.start()
+        try:
+            await client.wait_synced(60)
+            assert len(codes(cd)) == 8_000
+            assert held_bytes(cd) == 0
+            assert sample(cd, "faultmesh_agent_snapshot_parts_total", result="dropped") == 2
+            assert sample(cd, "faultmesh_agent_stream_takeovers_total", reason="restart") == 1
+        finally:
+            await client.stop()
+        call.cancel()

@@ -127,7 +127,8 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         self.center = center
         self.nodes = nodes
         self.sessions: dict[tuple[str, str], AgentSession] = {}
-        self.liveness = Liveness(center, nodes, self.sessions, registry, stale_after_s, expire_after_s)
+        self.liveness = Liveness(center, nodes, self.sessions, registry, stale_after_s, expire_after_s,
+                                 on_stale=lambda s: self.parts.drop(s, "agent stale"))  # fmt: skip
         self._on_connect: list[Callback] = []
         self._on_ping: list[Callback] = []
         self._on_slownode: list[Callback] = []

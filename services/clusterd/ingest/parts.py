@@ -7,9 +7,9 @@ as parts: each a Snapshot carrying the snapshot's one seq, its index ``part`` an
 ``MergeFrom``: the snapshot is the parts' merge) until the last one, and then hands the whole
 snapshot to the hub, which checks and applies it as it does a one-message snapshot: one store
 transaction, the same replacement, digest mark, pending sources and node view; its seq is acked once
-that is stored. Nothing of a snapshot is applied before its last part; a stream that ends (or is
-taken over) between parts drops what it collected (:meth:`SnapshotParts.drop`: logged ``snapshot
-parts dropped``), so nothing is half-applied and nothing acked that was not stored.
+that is stored. Nothing of a snapshot is applied before its last part; a stream that ends, is taken
+over or goes stale (a hung agent) between parts drops what it collected (:meth:`SnapshotParts.drop`,
+logged ``snapshot parts dropped``), so nothing is half-applied and nothing acked that was not stored.
 
 Bounds: one snapshot of a stream takes at most :data:`MAX_SNAPSHOT_PARTS` parts and
 :data:`MAX_SNAPSHOT_BYTES` bytes (encoded), the value ClusterD's response headers advertise
