@@ -246,7 +246,7 @@ def test_the_agent_reads_what_clusterd_collects_from_its_response_headers():
 async def test_parts_of_a_stream_gone_stale_are_dropped(tmp_path):
     from support import make_clusterd
 
-    cd = await make_clusterd(tmp_path, "--agent-stale-after-s", "1")
+    cd = await make_clusterd(tmp_path, "--agent-stale-after-s", "2")
     parts = msgs(snapshot_parts(big_state(8_000).snapshot(1)))
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{cd.grpc_port}") as ch:
