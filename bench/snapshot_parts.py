@@ -9,7 +9,8 @@ message) as the baseline; the others go in parts of about 1 MiB. Each row prints
 encoded MB, the parts sent, the seconds to the ack, the seconds per MB (comparable to the baseline's:
 parts cost what one message costs when per-MB times match), clusterd's CPU seconds and its resident
 memory before and after (its peak shows what holding the parts costs; the ack means the parts were
-let go: ``faultmesh_agent_snapshot_parts_held_bytes`` is read back as 0).
+let go: ``faultmesh_agent_snapshot_parts_held_bytes`` is read back as 0), and the longest wait for
+clusterd's ``/readyz`` polled every 10 ms meanwhile (how long its event loop was held at once).
 
 Run: ``.venv/bin/python bench/snapshot_parts.py`` (10k, 40k and 65k faults; about a minute on 2
 cores). The last line holds the figures.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import threading
 import time
 import urllib.request
 
@@ -45,6 +47,15 @@ def held_bytes(http: str) -> float:
     return float(line.split()[1])
 
 
+def poll(http: str, stop: threading.Event, waits: list[float]) -> None:
+    """GET /readyz every 10 ms until ``stop``; each answer's wait (s) into ``waits``."""
+    while not stop.is_set():
+        t = time.monotonic()
+        urllib.request.urlopen(f"http://{http}/readyz", timeout=30).read()
+        waits.append(time.monotonic() - t)
+        stop.wait(0.01)
+
+
 async def one(n: int, attrs: int) -> dict:
     st = state(n, attrs)
     mb = st.snapshot(1).ByteSize() / 1e6
@@ -52,13 +63,19 @@ async def one(n: int, attrs: int) -> dict:
         pid = cd.proc.pid
         cpu0, rss0 = cpu_s(pid), rss_mib(pid)
         client = AgentClient(cd.grpc, "node-1", "noded", state=st, resync_by_digest=False)
+        stop = threading.Event()
+        waits: list[float] = []
+        poller = threading.Thread(target=poll, args=(cd.http, stop, waits), daemon=True)
+        poller.start()
         t0 = time.monotonic()
         await client.start()
         try:
             await client.wait_synced(600)
             took = time.monotonic() - t0
         finally:
+            stop.set()
             await client.stop()
+        poller.join(10)
         row = {
             "faults": n,
             "mb": round(mb, 1),
@@ -66,6 +83,7 @@ async def one(n: int, attrs: int) -> dict:
             "s": round(took, 2),
             "s_per_mb": round(took / mb, 3),
             "clusterd_cpu_s": round(cpu_s(pid) - cpu0, 2),
+            "readyz_max_ms": round(max(waits, default=0) * 1000),
             "rss_mib": [round(rss0), round(rss_mib(pid))],
             "held_after": held_bytes(cd.http),
         }

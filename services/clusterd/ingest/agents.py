@@ -62,6 +62,7 @@ from clusterd.center import FaultCenter, ScopeFull
 from clusterd.ingest.agentinput import (
     AgentInputError,
     check_fault,
+    check_faults,
     check_state,
     condition_view,
     device_view,
@@ -374,7 +375,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             if kind == "snapshot":
                 check_state(self.nodes, s.node, body.conditions, body.devices, body.node_status, replace=True)
                 pending = pending_sources(body.pending_sources)
-                faults, _, refused = self._owned(s, [check_fault(s.node, m) for m in body.faults], [])
+                faults, _, refused = self._owned(s, await check_faults(s.node, body.faults), [])
                 if s.closed:  # taken over meanwhile: the newer stream owns this (node, agent)
                     return
                 views = snapshot_views(body)
