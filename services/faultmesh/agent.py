@@ -22,6 +22,8 @@ Snapshot follows with the next seq. Once a ClusterD answered a claim (``Ack.dige
 sessions put the claim into the Hello (``snapshot_digest``, ``claim_seq``); a Hello claim left
 unanswered (a downgraded ClusterD) costs ``ack_timeout_s``, then the full Snapshot, and the next
 session uses the Delta claim again. ``resync_by_digest=False`` always sends the full Snapshot.
+A Snapshot over ~1 MiB goes in parts (agent.proto's "Snapshot parts") when ClusterD's response
+headers say it collects them; to an older ClusterD, one over its 4 MiB limit is not sent (logged).
 
 Timings (issue 3): a change is sent at once unless a report went out less than
 ``min_report_interval_s`` ago (then coalesced, last state wins); the full state is re-sent every
@@ -63,12 +65,15 @@ from faultmesh.agentconf import (  # noqa: F401 - re-exported: the agents import
 )
 from faultmesh.agentstate import (  # noqa: F401 - re-exported: the agents import them from here
     DIGEST_SIZE,
+    SNAPSHOT_PART_BYTES,
     AgentState,
     snapshot_digest,
+    snapshot_parts,
 )
 from faultmesh.log import event
 from faultmesh.retry import Backoff
 from faultmesh.runtime import TaskOwner, wait_for
+from faultmesh.wire import snapshot_max_bytes
 
 log = logging.getLogger("faultmesh.agent")
 
@@ -394,9 +399,23 @@ class AgentClient:
         self.metrics.sent.labels("snapshot").inc()
 
     async def _write_snapshot(self, call, snap: agent_pb2.Snapshot) -> None:
-        """Write a Snapshot. Raises ``ConnectionError`` ("state too large for one message", logged)
-        when it is over ClusterD's receive limit: grpcio would fail the stream with INTERNAL "Internal
-        error from Core" instead (deltas split, a snapshot is one message)."""
+        """Write a Snapshot: in parts of about :data:`SNAPSHOT_PART_BYTES` (agent.proto's "Snapshot
+        parts") when it is larger and this ClusterD said it collects parts, else as one message.
+        Raises ``ConnectionError`` (logged) when ClusterD cannot take it: "state too large for one
+        message" over its 4 MiB receive limit from a ClusterD without parts (grpcio would fail the
+        stream with INTERNAL "Internal error from Core" instead), "state too large for clusterd" over
+        the bytes it collects in parts."""
+        if snap.ByteSize() > SNAPSHOT_PART_BYTES and (most := await self._parts_max_bytes(call)):
+            parts = snapshot_parts(snap)
+            size = sum(p.ByteSize() for p in parts)
+            if size > most:
+                event(log, logging.ERROR, "state too large for clusterd", bytes=size, limit=most,
+                      faults=len(snap.faults))  # fmt: skip
+                raise ConnectionError(f"state too large for clusterd: {size} bytes > {most}")
+            for part in parts:
+                await self._write(call, agent_pb2.AgentMessage(snapshot=part))
+            self.metrics.sent.labels("snapshot_part").inc(len(parts))
+            return
         msg = agent_pb2.AgentMessage(snapshot=snap)
         size = msg.ByteSize()
         if size > MAX_MESSAGE_BYTES:
@@ -404,6 +423,14 @@ class AgentClient:
                   limit=MAX_MESSAGE_BYTES, faults=len(snap.faults))  # fmt: skip
             raise ConnectionError(f"state too large for one message: {size} bytes > {MAX_MESSAGE_BYTES}")
         await self._write(call, msg)
+
+    async def _parts_max_bytes(self, call) -> int:
+        """The bytes of one snapshot in parts the ClusterD of ``call`` collects (its response header,
+        :func:`faultmesh.wire.snapshot_max_bytes`), 0 when it takes no parts (an older ClusterD, or
+        no headers within ``accept_timeout_s``)."""
+        with contextlib.suppress(TimeoutError):
+            return snapshot_max_bytes(await wait_for(call.initial_metadata(), self.accept_timeout_s))
+        return 0
 
     async def _write(self, call, msg: agent_pb2.AgentMessage) -> None:
         """Write ``msg`` on ``call`` once no other write of this client is in progress. The session

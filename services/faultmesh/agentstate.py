@@ -19,6 +19,7 @@ from faultmesh.model import Fault, FaultKey
 from faultmesh.wire import fault_to_pb, key_to_pb
 
 DELTA_MAX_BYTES = 1 << 20  # fault changes per delta, about (ClusterD takes messages up to 4 MiB)
+SNAPSHOT_PART_BYTES = 1 << 20  # a Snapshot sent in parts: about this many bytes a part
 DIGEST_SIZE = 32  # bytes of a snapshot digest (BLAKE2b-256)
 _DIGEST_TAG = b"faultmesh.v1.Snapshot/1\0"  # a new canonical form gets a new tag: never a false match
 
@@ -37,6 +38,35 @@ def snapshot_digest(snap: agent_pb2.Snapshot) -> bytes:
     finally:
         snap.seq, snap.digest = seq, digest
     return hashlib.blake2b(_DIGEST_TAG + raw, digest_size=DIGEST_SIZE).digest()
+
+
+def snapshot_parts(
+    snap: agent_pb2.Snapshot, max_bytes: int = SNAPSHOT_PART_BYTES
+) -> list[agent_pb2.Snapshot]:
+    """``snap`` as the parts of agent.proto's "Snapshot parts": ``[snap]`` when it takes at most
+    ``max_bytes`` (bytes encoded); else part 0 with every field but the faults (digest included:
+    it covers the whole state) and the first faults, then parts with only ``seq`` and faults, each
+    part's faults stopping at about ``max_bytes`` (at least one fault a part, so a part takes at
+    most ``max_bytes`` plus one fault). Every part carries ``seq``, ``part`` (its index) and
+    ``parts`` (the count). Merged in order (protobuf ``MergeFrom``) the parts give ``snap`` back;
+    ``snap`` is left as it was."""
+    if snap.ByteSize() <= max_bytes:
+        return [snap]
+    first = agent_pb2.Snapshot()
+    first.CopyFrom(snap)
+    first.ClearField("faults")
+    parts, part, size = [first], first, first.ByteSize()
+    for f in snap.faults:
+        n = f.ByteSize() + 4  # the field's tag and length
+        if size + n > max_bytes and part.faults:
+            part = agent_pb2.Snapshot(seq=snap.seq)
+            parts.append(part)
+            size = part.ByteSize()
+        part.faults.append(f)
+        size += n
+    for i, p in enumerate(parts):
+        p.part, p.parts = i, len(parts)
+    return parts
 
 
 class AgentState:

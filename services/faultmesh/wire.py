@@ -31,3 +31,19 @@ def key_to_pb(k: FaultKey) -> agent_pb2.FaultKey:
 def key_from_pb(m: agent_pb2.FaultKey, node: str) -> FaultKey:
     """agent_pb2.FaultKey on the stream of ``node`` -> FaultKey."""
     return FaultKey(node, m.device_type, m.device_id, m.code, m.source)
+
+
+# The response header of a ClusterD that collects Snapshot parts (agent.proto's "Snapshot parts"):
+# the most bytes (decimal) of one snapshot it collects. Sent when it accepts a stream.
+SNAPSHOT_MAX_BYTES_HEADER = "faultmesh-snapshot-max-bytes"
+
+
+def snapshot_max_bytes(metadata) -> int:
+    """The bytes of one snapshot in parts a ClusterD takes, read from its response headers
+    ``metadata`` (``(key, value)`` pairs, or None): 0 when it sent no (valid) such header, i.e. an
+    older ClusterD that takes a snapshot only as one message."""
+    for key, value in metadata or ():
+        if key == SNAPSHOT_MAX_BYTES_HEADER:
+            text = value.decode() if isinstance(value, bytes) else str(value)
+            return int(text) if text.isdigit() and len(text) < 19 else 0
+    return 0

@@ -98,20 +98,59 @@ async def test_a_fault_storm_over_the_message_limit_arrives_in_several_deltas(cd
         await client.stop()
 
 
-async def test_a_state_over_the_message_limit_is_said_so(cd, caplog):
-    # a snapshot is one message: a node whose faults take more than ClusterD's 4 MiB cannot be sent
-    # whole; the agent says why instead of grpcio's INTERNAL "Internal error from Core"
+def _big_state(n: int = 400):
     from faultmesh.agentstate import AgentState
 
     st = AgentState("node-1")
-    attrs = {f"a{i}": "x" * 200 for i in range(60)}
-    for i in range(400):
+    attrs = {f"a{i}": "x" * 200 for i in range(60)}  # ~13 kB a fault: 400 take ~5 MB
+    for i in range(n):
         st.upsert(_big_fault(i, attrs))
-    client = AgentClient(f"127.0.0.1:{cd.grpc_port}", "node-1", "noded", state=st, resync_by_digest=False)
+    return st
+
+
+async def test_a_state_over_the_message_limit_goes_in_parts(cd):
+    # a snapshot of ~5 MB, over ClusterD's 4 MiB receive limit: ClusterD says it collects parts
+    client = AgentClient(
+        f"127.0.0.1:{cd.grpc_port}", "node-1", "noded", state=_big_state(), resync_by_digest=False
+    )
+    await client.start()
+    try:
+        await client.wait_synced(60)
+        assert len(cd.center.faults_of_node("node-1")) == 400
+        assert client.metrics.sent.labels("snapshot_part")._value.get() >= 5
+        assert client.metrics.reconnects._value.get() == 1, client.down_reason
+    finally:
+        await client.stop()
+
+
+async def test_a_state_over_the_message_limit_is_said_so_to_an_older_clusterd(cd, caplog):
+    # an older ClusterD says nothing of parts (no response header): it would take part 0 for the
+    # whole state and recover the faults of the other parts, so the agent sends none and says why
+    # instead of grpcio's INTERNAL "Internal error from Core"
+    cd.agents.parts.header = lambda: ()
+    client = AgentClient(
+        f"127.0.0.1:{cd.grpc_port}", "node-1", "noded", state=_big_state(), resync_by_digest=False
+    )
     await client.start()
     try:
         await eventually(lambda: "state too large" in (client.down_reason or ""), 30, "the reason")
+        assert "state too large for one message" in client.down_reason
         assert "bytes > 4194304" in client.down_reason
         assert any("state too large for one message" in r.getMessage() for r in caplog.records)
+        assert client.metrics.sent.labels("snapshot_part")._value.get() == 0
+        assert cd.center.faults_of_node("node-1") == []
+    finally:
+        await client.stop()
+
+
+async def test_a_state_under_the_message_limit_goes_whole_to_an_older_clusterd(cd):
+    cd.agents.parts.header = lambda: ()
+    client = AgentClient(f"127.0.0.1:{cd.grpc_port}", "node-1", "noded", state=_big_state(200))  # ~2.6 MB
+    await client.start()
+    try:
+        await client.wait_synced(60)
+        assert len(cd.center.faults_of_node("node-1")) == 200
+        assert client.metrics.sent.labels("snapshot_part")._value.get() == 0
+        assert client.metrics.sent.labels("snapshot")._value.get() == 1
     finally:
         await client.stop()

@@ -10,7 +10,7 @@ acks still go out in message order, each once its commit returned. Down the same
 agent; each is kept until acked, and the unacked ones are queued again, first, on the agent's next
 stream (:mod:`clusterd.ingest.control`). A new stream from the same (node, agent) takes over: the old one is closed and applies
 nothing more, its faults stay until the new snapshot replaces them ("agent stream taken over",
-reason ``reconnect`` for the same boot id, ``restart`` for another; :meth:`AgentHub._take_over`).
+reason ``reconnect`` for the same boot id, ``restart`` for another; :func:`clusterd.ingest.session.take_over`).
 A stream changes only faults its agent owns: an upsert or removal of a key owned by another origin
 (another agent, ``public:*``, a component) is skipped, counted as ``foreign_origin`` and named in
 the ack's error; the rest of the message is applied. A stream that breaks costs
@@ -24,6 +24,9 @@ Sequence numbers (:func:`clusterd.ingest.agentinput.seq_error`): a Delta must ca
 seq + 1, a Snapshot any larger one. A gap, a replay or an out-of-order message is not applied,
 counted (``reason`` ``seq_gap`` / ``seq_replay``), logged, acked with ``resync: <reason>: ...``, and
 the stream is ended: the agent reconnects and resends its whole state as a snapshot.
+
+Snapshot parts (agent.proto): a state over the receive limit comes as parts of one Snapshot, held
+until the last and applied as one (:mod:`clusterd.ingest.parts`, announced in the response headers).
 
 Unchanged resync (issue 18): a digest claim matching the stored state is acked ``DIGEST_MATCH`` and
 does what its snapshot would, without the faults; any other is acked ``DIGEST_MISMATCH``
@@ -59,6 +62,7 @@ from clusterd.center import FaultCenter, ScopeFull
 from clusterd.ingest.agentinput import (
     AgentInputError,
     check_fault,
+    check_faults,
     check_state,
     condition_view,
     device_view,
@@ -69,6 +73,7 @@ from clusterd.ingest.agentinput import (
 from clusterd.ingest.control import ControlSender
 from clusterd.ingest.hello import hello_refusal
 from clusterd.ingest.liveness import Liveness
+from clusterd.ingest.parts import SnapshotParts
 from clusterd.ingest.resync import (
     apply_claim,
     claim_error,
@@ -76,7 +81,15 @@ from clusterd.ingest.resync import (
     snapshot_mark,
     snapshot_views,
 )
-from clusterd.ingest.session import END, MAX_IN_FLIGHT, AgentSession, Pending, retrieve
+from clusterd.ingest.session import (
+    END,
+    MAX_IN_FLIGHT,
+    AgentSession,
+    Pending,
+    retrieve,
+    take_over,
+    takeover_reason,
+)
 from clusterd.nodes import NodeRegistry
 from faultmesh._pb import agent_pb2, agent_pb2_grpc
 from faultmesh.log import RateLimitedLog, event
@@ -115,7 +128,8 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         self.center = center
         self.nodes = nodes
         self.sessions: dict[tuple[str, str], AgentSession] = {}
-        self.liveness = Liveness(center, nodes, self.sessions, registry, stale_after_s, expire_after_s)
+        self.liveness = Liveness(center, nodes, self.sessions, registry, stale_after_s, expire_after_s,
+                                 on_stale=lambda s: self.parts.drop(s, "agent stale"))  # fmt: skip
         self._on_connect: list[Callback] = []
         self._on_ping: list[Callback] = []
         self._on_slownode: list[Callback] = []
@@ -131,6 +145,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         )
         self._kind_counters: dict[str | None, Any] = {}  # message kind -> its child counter
         self._snap_full, self._snap_unchanged, self._snap_mismatch = snapshot_counters(registry)
+        self.parts = SnapshotParts(registry, self._reject, self._ack, self._resync)
         self.takeovers = Counter(
             "faultmesh_agent_stream_takeovers_total",
             "A newer stream for the same (node, agent) replaced a live one",
@@ -206,7 +221,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         # Accepted (the token interceptor let it through): the response headers go out now, before
         # the Hello is read. The agent waits for them before it writes (faultmesh.agent.open_stream),
         # so a refusal (a trailers-only answer) never races its first message (issue 35).
-        await context.send_initial_metadata(())
+        await context.send_initial_metadata(self.parts.header())  # it collects snapshot parts
         try:
             first = await wait_for(anext(request_iterator), 30.0)
         except (StopAsyncIteration, TimeoutError):
@@ -223,11 +238,11 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
         )
         old = self.sessions.get((h.node, agent))
         if old is not None:
-            self._take_over(old, session)
+            take_over(old, session, self.takeovers)
         else:
             self._per_agent[agent] = self._per_agent.get(agent, 0) + 1
         # before anything new: what the previous stream of this agent sent and got no ack for
-        self.control.carry_over(session, old, self._reason(old, session) if old else "ended")
+        self.control.carry_over(session, old, takeover_reason(old, session) if old else "ended")
         self.sessions[(h.node, agent)] = session
         self.nodes.hello(h.node, h.node_ip, h.node_sn, h.boot_id, agent, dict(h.labels))
         self.nodes.agent_seen(h.node, agent)
@@ -263,6 +278,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 if type(left) is Pending and left.fut is not None:
                     left.fut.add_done_callback(retrieve)
             session.closed = True
+            self.parts.drop(session, "stream ended")  # nothing of a snapshot whose last part missed
             if self.sessions.get((session.node, session.agent)) is session:
                 del self.sessions[(session.node, session.agent)]
                 self._per_agent[session.agent] -= 1
@@ -271,35 +287,6 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
                 self.control.ended(session)  # its unacked control messages wait for the next stream
                 event(log, logging.INFO, "agent disconnected", node=session.node, agent=session.agent)
             self._count(session.agent)
-
-    def _take_over(self, old: AgentSession, new: AgentSession) -> None:
-        """A second stream for the same (node, agent): the newer stream always takes over (a restarted
-        agent has a new boot id and must get in while its old TCP stream is still half-open). The old
-        stream is closed and applies nothing more; its faults stay until the new stream's snapshot
-        replaces them. Logged as "agent stream taken over" with reason ``reconnect`` (same boot id)
-        or ``restart`` (another boot id: a restarted agent, or two agents claiming one node — then
-        the log shows the two peers taking turns) and counted by reason."""
-        reason = self._reason(old, new)
-        old.closed = True
-        old.queue.put_nowait(None)
-        self.takeovers.labels(reason).inc()
-        event(
-            log,
-            logging.INFO if reason == "reconnect" else logging.WARNING,
-            "agent stream taken over",
-            node=new.node,
-            agent=new.agent,
-            reason=reason,
-            old_peer=old.peer,
-            new_peer=new.peer,
-            old_boot_id=old.boot_id[:64],
-            new_boot_id=new.boot_id[:64],
-            old_idle_s=round(time.time() - old.last_seen, 1),
-        )
-
-    @staticmethod
-    def _reason(old: AgentSession, new: AgentSession) -> str:
-        return "reconnect" if old.boot_id == new.boot_id else "restart"
 
     def _owned(self, s: AgentSession, ups: list, rms: list) -> tuple[list, list, int]:
         """:func:`~clusterd.ingest.agentinput.owned_only` of ``s``'s agent; refusals are counted."""
@@ -336,6 +323,14 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             s, agent_pb2.ControlMessage(seq=0, ack=agent_pb2.Ack(seq=seq, error=error, digest=digest))
         )
 
+    def _resync(self, s: AgentSession, reason: str, seq: int, detail: str) -> None:
+        """Refuse message ``seq`` of ``s`` for its order (``reason``): not applied, acked
+        ``resync: <reason>: <detail>``, the stream ended; the agent resends all by snapshot."""
+        detail = f"{RESYNC_ERROR}: {reason}: {detail}"
+        self._reject(reason, node=s.node, agent=s.agent, detail=detail)
+        self._ack(s, seq, detail)
+        s.closed = True
+
     async def _handle(self, s: AgentSession, msg: agent_pb2.AgentMessage) -> None:
         kind = msg.WhichOneof("body")
         counter = self._kind_counters.get(kind)
@@ -359,12 +354,12 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             self._reject("unexpected_message", node=s.node, kind=kind)
             return
         body = getattr(msg, kind)
-        bad_seq = seq_error(s.last_seq, kind, body.seq)
-        if bad_seq:  # not applied; the agent resends all by snapshot on its next stream
-            detail = f"{RESYNC_ERROR}: {bad_seq}: {kind} seq {body.seq} after {s.last_seq}"
-            self._reject(bad_seq, node=s.node, agent=s.agent, detail=detail)
-            self._ack(s, body.seq, detail)
-            s.closed = True
+        if s.parts is not None or (kind == "snapshot" and (body.parts > 1 or body.part)):
+            body = self.parts.take(s, kind, body)  # held until its last part (clusterd.ingest.parts)
+            if body is None:
+                return
+        elif bad_seq := seq_error(s.last_seq, kind, body.seq):
+            self._resync(s, bad_seq, body.seq, f"{kind} seq {body.seq} after {s.last_seq}")
             return
         s.last_seq = body.seq
         try:
@@ -380,7 +375,7 @@ class AgentHub(agent_pb2_grpc.AgentStreamServicer):
             if kind == "snapshot":
                 check_state(self.nodes, s.node, body.conditions, body.devices, body.node_status, replace=True)
                 pending = pending_sources(body.pending_sources)
-                faults, _, refused = self._owned(s, [check_fault(s.node, m) for m in body.faults], [])
+                faults, _, refused = self._owned(s, await check_faults(s.node, body.faults), [])
                 if s.closed:  # taken over meanwhile: the newer stream owns this (node, agent)
                     return
                 views = snapshot_views(body)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
@@ -29,7 +30,8 @@ class Liveness:
     """The stale marks and the expiry of the agents of ``sessions`` ((node, agent) -> its live
     stream: the :class:`~clusterd.ingest.agents.AgentHub`'s own table, read here, never written).
     ``stale_after_s`` and ``expire_after_s`` are seconds; ``expired`` counts the dropped agents
-    (``faultmesh_agents_expired_total`` in ``registry``)."""
+    (``faultmesh_agents_expired_total`` in ``registry``). ``on_stale(session)`` runs when a stream
+    is marked stale (the hub drops the snapshot parts it held: a hung agent holds no memory)."""
 
     def __init__(
         self,
@@ -39,8 +41,10 @@ class Liveness:
         registry: CollectorRegistry,
         stale_after_s: float = 30.0,
         expire_after_s: float = 86400.0,
+        on_stale: Callable[[AgentSession], None] = lambda s: None,
     ) -> None:
         self.center = center
+        self.on_stale = on_stale
         self.nodes = nodes
         self.sessions = sessions
         self.stale_after_s = stale_after_s
@@ -78,6 +82,7 @@ class Liveness:
                         agent=s.agent,
                         silent_s=round(now - s.last_seen, 1),
                     )
+                    self.on_stale(s)
 
     async def expire(self) -> int:
         """Drop every agent with no stream for more than ``expire_after_s`` (clock: its last Hello or

@@ -5,6 +5,7 @@ its agent acks them (:class:`ControlLog`, re-queued by :mod:`clusterd.ingest.con
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -13,6 +14,9 @@ from typing import Any
 from prometheus_client import Counter
 
 from faultmesh._pb import agent_pb2
+from faultmesh.log import event
+
+log = logging.getLogger("clusterd.agents")
 
 MAX_QUEUED = 1024  # control messages and error acks waiting for one stream's writer
 MAX_KEPT = 512  # control messages one session keeps until its agent acks them
@@ -112,6 +116,7 @@ class AgentSession:
     control: ControlLog = field(default_factory=ControlLog)  # sent, not acked yet
     closed: bool = False
     stale: bool = False  # nothing arrived for the hub's stale_after_s (a hung agent)
+    parts: Any = None  # the snapshot parts collected so far (clusterd.ingest.parts.Collection)
 
     def note_sent(self, body, replace: bool) -> None:
         """Count the conditions and devices of an accepted Snapshot/Delta ``body`` in :attr:`sent`;
@@ -121,3 +126,34 @@ class AgentSession:
             self.sent[1].clear()
         self.sent[0].update(c.type for c in body.conditions)
         self.sent[1].update((d.device_type, d.device_id) for d in body.devices)
+
+
+def takeover_reason(old: AgentSession, new: AgentSession) -> str:
+    """``reconnect`` when ``new`` comes from the same agent process as ``old`` (boot id), else ``restart``."""
+    return "reconnect" if old.boot_id == new.boot_id else "restart"
+
+
+def take_over(old: AgentSession, new: AgentSession, takeovers: Counter) -> None:
+    """A second stream for the same (node, agent): the newer stream always takes over (a restarted
+    agent has a new boot id and must get in while its old TCP stream is still half-open). The old
+    stream is closed and applies nothing more; its faults stay until the new stream's snapshot
+    replaces them. Logged as "agent stream taken over" with reason ``reconnect`` (same boot id)
+    or ``restart`` (another boot id: a restarted agent, or two agents claiming one node — then
+    the log shows the two peers taking turns) and counted by reason in ``takeovers``."""
+    reason = takeover_reason(old, new)
+    old.closed = True
+    old.queue.put_nowait(None)
+    takeovers.labels(reason).inc()
+    event(
+        log,
+        logging.INFO if reason == "reconnect" else logging.WARNING,
+        "agent stream taken over",
+        node=new.node,
+        agent=new.agent,
+        reason=reason,
+        old_peer=old.peer,
+        new_peer=new.peer,
+        old_boot_id=old.boot_id[:64],
+        new_boot_id=new.boot_id[:64],
+        old_idle_s=round(time.time() - old.last_seen, 1),
+    )

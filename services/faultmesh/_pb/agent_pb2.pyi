@@ -167,7 +167,7 @@ class Hello(_message.Message):
     def __init__(self, node: _Optional[str] = ..., agent: _Optional[str] = ..., boot_id: _Optional[str] = ..., version: _Optional[str] = ..., node_ip: _Optional[str] = ..., node_sn: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., snapshot_digest: _Optional[bytes] = ..., claim_seq: _Optional[int] = ...) -> None: ...
 
 class Snapshot(_message.Message):
-    __slots__ = ("seq", "faults", "conditions", "devices", "node_status", "pending_sources", "digest")
+    __slots__ = ("seq", "faults", "conditions", "devices", "node_status", "pending_sources", "digest", "part", "parts")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     FAULTS_FIELD_NUMBER: _ClassVar[int]
     CONDITIONS_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +175,8 @@ class Snapshot(_message.Message):
     NODE_STATUS_FIELD_NUMBER: _ClassVar[int]
     PENDING_SOURCES_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     faults: _containers.RepeatedCompositeFieldContainer[Fault]
     conditions: _containers.RepeatedCompositeFieldContainer[Condition]
@@ -182,7 +184,9 @@ class Snapshot(_message.Message):
     node_status: str
     pending_sources: _containers.RepeatedScalarFieldContainer[str]
     digest: bytes
-    def __init__(self, seq: _Optional[int] = ..., faults: _Optional[_Iterable[_Union[Fault, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceState, _Mapping]]] = ..., node_status: _Optional[str] = ..., pending_sources: _Optional[_Iterable[str]] = ..., digest: _Optional[bytes] = ...) -> None: ...
+    part: int
+    parts: int
+    def __init__(self, seq: _Optional[int] = ..., faults: _Optional[_Iterable[_Union[Fault, _Mapping]]] = ..., conditions: _Optional[_Iterable[_Union[Condition, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceState, _Mapping]]] = ..., node_status: _Optional[str] = ..., pending_sources: _Optional[_Iterable[str]] = ..., digest: _Optional[bytes] = ..., part: _Optional[int] = ..., parts: _Optional[int] = ...) -> None: ...
 
 class Delta(_message.Message):
     __slots__ = ("seq", "upserts", "removals", "conditions", "devices", "ping_results", "slownode_reports", "node_status", "snapshot_digest")
