@@ -27,10 +27,10 @@ with these deliberate differences, each a gap of the reference:
   the time detectors and of a node's forward rise), ``nodeRise`` (0.08, a whole node's forward
   rise over its peers; with two nodes also ``nSigma`` times the nodes' forward noise), ``ioShare`` (0.05, a slow data loader must cost this
   share of the step), ``confirmGapRounds`` (1, clean rounds tolerated inside a confirmation),
-  ``gapSpread`` (1.0), ``computeExcess`` (0.05), ``gapLongWindowSteps`` (160, 0: off),
+  ``gapSpread`` (1.0), ``computeExcess`` (0.05), ``computeShift`` (0.03, 0: off: a card's excess
+  risen over its own earlier level, :mod:`fdol.slownode.shift`), ``gapLongWindowSteps`` (160, 0: off) and
   ``gapLongSpread`` (0.5) — the gap-excess rule,
-  :class:`fdol.slownode.peers.GapDetector` — and ``computeShift`` (0.03, 0: off: a card's excess
-  risen over its own earlier level, :mod:`fdol.slownode.shift`), ``dpLagExcess`` (0.03) and ``dpLagSpread`` (3.0,
+  :class:`fdol.slownode.peers.GapDetector` —, ``dpLagExcess`` (0.03) and ``dpLagSpread`` (3.0,
   0: off) — the lag rule on data-parallel collectives and expert all-to-alls for ranks without a
   TP group, :mod:`fdol.slownode.dp` --, ``seqBound`` (6.0, 0: off) -- the sequential test across
   steps that confirms a slow card as soon as its evidence passes the bound instead of after
@@ -84,9 +84,9 @@ class FeatConf:
     confirm_gap: int = 1
     gap_spread: float = 1.0
     compute_excess: float = 0.05
+    compute_shift: float = 0.03
     gap_long_window: int = 160
     gap_long_spread: float = 0.5
-    compute_shift: float = 0.03
     dp_lag_excess: float = 0.03
     dp_lag_spread: float = 3.0
     seq_bound: float = 6.0
@@ -151,9 +151,9 @@ _KEYS: dict[str, tuple[str, str, Any]] = {
     "confirmGapRounds": ("confirm_gap", "int", 1),
     "gapSpread": ("gap_spread", "float", 1.0),
     "computeExcess": ("compute_excess", "float", 0.05),
+    "computeShift": ("compute_shift", "float", 0.03),
     "gapLongWindowSteps": ("gap_long_window", "int", 160),
     "gapLongSpread": ("gap_long_spread", "float", 0.5),
-    "computeShift": ("compute_shift", "float", 0.03),
     "dpLagExcess": ("dp_lag_excess", "float", 0.03),
     "dpLagSpread": ("dp_lag_spread", "float", 3.0),
     "seqBound": ("seq_bound", "float", 6.0),
