@@ -27,7 +27,8 @@ with these deliberate differences, each a gap of the reference:
   the time detectors and of a node's forward rise), ``nodeRise`` (0.08, a whole node's forward
   rise over its peers; with two nodes also ``nSigma`` times the nodes' forward noise), ``ioShare`` (0.05, a slow data loader must cost this
   share of the step), ``confirmGapRounds`` (1, clean rounds tolerated inside a confirmation),
-  ``gapSpread`` (1.0), ``computeExcess`` (0.05), ``gapLongWindowSteps`` (160, 0: off) and
+  ``gapSpread`` (1.0), ``computeExcess`` (0.05), ``computeShift`` (0.03, 0: off: a card's excess
+  risen over its own earlier level, :mod:`fdol.slownode.shift`), ``gapLongWindowSteps`` (160, 0: off) and
   ``gapLongSpread`` (0.5) — the gap-excess rule,
   :class:`fdol.slownode.peers.GapDetector` —, ``dpLagExcess`` (0.03), ``dpLagSpread`` (3.0,
   0: off) and ``dpLongSpread`` (1.0: on a shared host, the long horizon ``gapLongWindowSteps``
@@ -84,6 +85,7 @@ class FeatConf:
     confirm_gap: int = 1
     gap_spread: float = 1.0
     compute_excess: float = 0.05
+    compute_shift: float = 0.03
     gap_long_window: int = 160
     gap_long_spread: float = 0.5
     dp_lag_excess: float = 0.03
@@ -151,6 +153,7 @@ _KEYS: dict[str, tuple[str, str, Any]] = {
     "confirmGapRounds": ("confirm_gap", "int", 1),
     "gapSpread": ("gap_spread", "float", 1.0),
     "computeExcess": ("compute_excess", "float", 0.05),
+    "computeShift": ("compute_shift", "float", 0.03),
     "gapLongWindowSteps": ("gap_long_window", "int", 160),
     "gapLongSpread": ("gap_long_spread", "float", 0.5),
     "dpLagExcess": ("dp_lag_excess", "float", 0.03),
@@ -260,6 +263,7 @@ def _validate(c: FeatConf) -> None:
         (c.gap_long_window >= 0, "gapLongWindowSteps must be >= 0"),
         (c.gap_long_spread >= 0, "gapLongSpread must be >= 0"),
         (c.compute_excess > 0, "computeExcess must be > 0"),
+        (0 <= c.compute_shift < 1, "computeShift must be in [0, 1)"),
         (0 < c.dp_lag_excess < 1, "dpLagExcess must be in (0, 1)"),
         (c.dp_lag_spread >= 0, "dpLagSpread must be >= 0"),
         (c.dp_long_spread > 0, "dpLongSpread must be > 0"),

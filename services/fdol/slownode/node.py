@@ -102,7 +102,7 @@ class NodeDetector:
         self.peers = PeerDetector(conf.peer_window, conf.wait_asymmetry, conf.late_share, conf.wait_z)
         self.gaps = GapDetector(
             conf.peer_window, conf.gap_spread, conf.compute_excess, conf.wait_z,
-            conf.gap_long_window, conf.gap_long_spread, StepEvidence(conf.seq_bound),
+            conf.gap_long_window, conf.gap_long_spread, StepEvidence(conf.seq_bound), conf.compute_shift,
         )  # fmt: skip
         self.dp = DataParallelRules(
             conf.peer_window, conf.dp_lag_excess, self.bad, conf.dp_lag_spread, conf.seq_bound,

@@ -45,6 +45,7 @@ import numpy as np
 from .metrics import StepMetrics
 from .ring import Ring as _Ring
 from .sequential import MARGIN, SHARED_HOST, StepEvidence
+from .shift import ShiftRule
 
 MIN_OPS = 16  # counted operations below which a window says nothing
 
@@ -344,6 +345,10 @@ class GapDetector:
     ``d`` over ``MARGIN`` x ``max(floor, spread * s)`` is a step over; a group whose ``s`` exceeds
     ``SHARED_HOST`` x ``floor`` (ranks sharing CPU cores: bursts of slow steps on healthy members)
     feeds no step over. Ranks passing the bound are flagged.
+
+    ``shift`` (:mod:`.shift`, ``computeShift``, 0.03; 0: off): a member whose per-step excess
+    rose by that much over its own earlier level (and now sits ``floor / 2`` above its peers) is
+    flagged too: a +5 % card, which the floor cannot tell from the fleet's innate spread.
     """
 
     def __init__(
@@ -355,6 +360,7 @@ class GapDetector:
         long_window: int = 160,
         long_spread: float = 0.5,
         seq: StepEvidence | None = None,
+        shift: float = 0.03,
     ) -> None:
         self.seq = seq if seq is not None else StepEvidence(0)
         self._fresh: tuple[list[int], np.ndarray] | None = None  # the new steps' [members, steps] means
@@ -365,6 +371,8 @@ class GapDetector:
         self.z = z
         self.long_window = long_window if long_spread > 0 and long_window > window else 0
         self.long_spread = long_spread
+        self.shift = ShiftRule(shift, floor, z, self.short)
+        self.horizon = max(self.long_window, 4 * window if shift > 0 else 0)  # per-step means kept
         # group -> (last step judged, valid ops per judged step, the [members, ops] excess of those
         # steps, the [members, steps] per-step mean excess of the long horizon, its step count)
         self._state: dict[tuple[int, ...], tuple[int, tuple[int, ...], _Ring, _Ring, int]] = {}
@@ -389,11 +397,10 @@ class GapDetector:
                 continue
             judged.append(key)  # gaps recorded: this rule decides (nobody until its window is full)
             x = st[2].view()
-            pre = None
             enough = len(st[1]) >= self.short and x.shape[1] >= MIN_OPS  # the short window's steps
-            if self._fresh is not None and self.seq.bound > 0 and enough:
-                pre = _iqm_iqr(x)  # one sort of the window, shared with judge_excess
-                s = _spread(pre[1])
+            pre = _iqm_iqr(x) if enough else None  # one sort of the window, shared with judge_excess
+            s = _spread(pre[1]) if pre is not None else 0.0
+            if self._fresh is not None and self.seq.bound > 0 and pre is not None:
                 over = self._fresh[1] >= MARGIN * max(self.floor, self.spread * s)  # the windows', less z
                 if s > SHARED_HOST * self.floor:  # ranks sharing CPU cores: a step is no evidence
                     over[:] = False  # (:mod:`.sequential`); the statistics fall back to 0
@@ -403,10 +410,16 @@ class GapDetector:
             full = self.long_window and st[4] >= self.long_window  # the long horizon is full
             hits, sc = judge_excess(
                 st[2].view(), st[1], self.short, self.spread, self.floor, self.z,
-                st[3].view() if full else None, self.long_spread, pre,
+                st[3].view()[:, -self.long_window :] if full else None, self.long_spread, pre,
             )  # fmt: skip
+            if s <= SHARED_HOST * self.floor:  # ranks sharing CPU cores: a shift is no evidence
+                moved, sh = self.shift.judge(key, st[3].view())
+                hits, sc = sorted({*hits, *moved}), [max(a, b) for a, b in zip(sc, sh, strict=True)]
+            else:
+                self.shift.drop(key)
             flagged += [key[i] for i in hits]
             scores.update(zip(key, sc, strict=True))
+        self.shift.keep_only(set(judged))
         self._state = state
         return sorted(set(flagged)), scores, judged
 
@@ -464,7 +477,7 @@ class GapDetector:
         if added:
             counts = (counts + tuple(added))[-self.window :]
             ring.push(cols, sum(counts))
-            if all(added) and (self.long_window or self.seq.bound > 0):
+            if all(added) and (self.horizon or self.seq.bound > 0):
                 new_ops = cols[0] if len(cols) == 1 else np.concatenate(cols, axis=1)
                 if len(set(added)) == 1:  # the usual case: the same ops in every step
                     step_means = new_ops.reshape(len(key), len(added), added[0]).mean(axis=2)
@@ -472,9 +485,10 @@ class GapDetector:
                     starts = np.cumsum((0, *added[:-1]))
                     step_means = np.add.reduceat(new_ops, starts, axis=1) / np.asarray(added, np.float32)
                 self._fresh = (nums, step_means)  # the sequential test's per-step evidence
-                if self.long_window:
-                    means.push([step_means], self.long_window)
-                    n_means = min(self.long_window, n_means + len(added))
-            elif self.long_window:  # a step without a valid op: the horizon starts again
+                if self.horizon:
+                    means.push([step_means], self.horizon)
+                    n_means = min(self.horizon, n_means + len(added))
+            elif self.horizon:  # a step without a valid op: the horizon starts again
                 means, n_means = _Ring(len(key)), 0
+                self.shift.drop(key)
         return top, counts, ring, means, n_means

@@ -81,6 +81,18 @@ def test_culprit_named(name, n):
     assert outcome == "correct" and delay <= (10 if name.startswith("box_") else 3), (outcome, delay)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_card_5_percent_slower_is_named_by_its_shift(seed):
+    """+5 % at 64 ranks (TP 8): its excess over its peers stays under computeExcess in these
+    draws (innately faster than its peers' median); its rise over its own earlier level names it
+    within 3 rounds, and without the shift rule nobody is named (issue 34)."""
+    steps = steps_of(make_sim("card+5%", 64, seed), 0)
+    outcome, delay = detect(make_sim("card+5%", 64, seed), steps, FM)
+    assert outcome == "correct" and delay <= 3, (outcome, delay)
+    no_shift = parse_featconf({"jobName": "t", "nConsecSlowRoundsToConfirm": 3, "computeShift": 0})
+    assert detect(make_sim("card+5%", 64, seed), steps, no_shift)[0] == "missed"
+
+
 def test_whole_node_rule_with_two_nodes():
     """With two nodes the other one is the only baseline: a node computing +20 % slower (PP 2, its
     forward +15 %, the other's flat) is named within 3 rounds, as with more nodes."""
