@@ -14,7 +14,7 @@ import sys
 import pytest
 from support import free_port
 
-from faultmesh.profiler.example_job import Rendezvous, gloo_interface, rendezvous
+from faultmesh.profiler.launch import Rendezvous, gloo_interface, rendezvous
 
 JOB = [
     "-m", "faultmesh.profiler.example_job", "--tp", "1", "--steps", "3", "--warmup", "3", "--batch", "64",

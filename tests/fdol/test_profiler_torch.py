@@ -108,3 +108,37 @@ def test_ddp_buckets_recorded_from_launch_to_completion(tmp_path, port):
     layer = 256 * 256 + 256
     assert [int(c["count"]) for c in comm] == [6 * layer] + [layer] * 12
     assert seen == [0] + list(range(6)) * 2
+
+
+def test_fsdp2_all_gathers_and_reduce_scatters_recorded_on_the_dp_group(tmp_path):
+    """The example job's ``--parallel fsdp`` (FSDP2, ``fully_shard`` over a ``dp`` group, 2 gloo
+    ranks): torch 2.13's FSDP2 calls ``all_gather_single`` / ``reduce_scatter_single``, which the
+    profiler records as AllGather / ReduceScatter on the dp group -- each of the 5 sharded layers
+    all-gathers in the forward and again in the backward and reduce-scatters once -- and the parse
+    stage gives each step the data-parallel arrivals (the all-gathers, the step's first left out)."""
+    import subprocess
+    import sys
+    from collections import Counter
+
+    from fdol.slownode.replay import load_steps
+
+    argv = [
+        sys.executable, "-m", "faultmesh.profiler.example_job", "--parallel", "fsdp", "--ranks", "2",
+        "--steps", "6", "--warmup", "3", "--base-dir", str(tmp_path), "--task-id", "f",
+    ]  # fmt: skip
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    groups = json.loads((tmp_path / "f" / "0" / "parallel_group.json").read_text())
+    dp = next(k for k, v in groups.items() if v["group_name"] == "dp")
+    steps, bad = load_steps(tmp_path / "f", [0, 1])
+    assert not bad
+    from fdol.slownode.reader import JobReader
+
+    recs = JobReader(tmp_path / "f", [0, 1]).poll()
+    for rank in (0, 1):
+        comm = Counter(
+            (c["opName"], c["groupName"])
+            for c in (json.loads(x.name) for x in recs[rank] if x.name and x.name.startswith("{"))
+        )
+        assert comm[("AllGather", dp)] == 6 * 10 and comm[("ReduceScatter", dp)] == 6 * 5, comm
+        assert [len(m.dp_starts) for m in steps[rank]] == [9] * len(steps[rank]) and len(steps[rank]) >= 5

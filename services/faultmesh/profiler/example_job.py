@@ -30,6 +30,11 @@ as the backward filled it and recorded by the profiler from launch to completion
 (:func:`faultmesh.profiler.torch.record_ddp_buckets`); the compute before each bucket's launch is
 one segment (the first: the forward and the backward up to it), so a slowed rank launches every
 bucket late; only the stop flag is all-reduced after the backward (``dp_ar`` in the summary).
+``--parallel fsdp`` is the same job fully sharded (FSDP2, ``torch.distributed.fsdp.fully_shard``
+over the ``dp`` group, each linear layer a unit): every layer's forward all-gathers its parameters
+and the backward reduce-scatters its gradients (recorded as ``all_gather_single`` /
+``reduce_scatter_single``); the compute before each layer's all-gather is one segment, so a slowed
+rank reaches every forward all-gather late.
 
 Each step records ``step <n>`` / ``dataloader`` / ``forward`` (forward + backward + the slowdown)
 and the collectives through the instrumented ``torch.distributed``; ``parallel_group.json`` is
@@ -61,95 +66,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import time
 import warnings
-from typing import NamedTuple
 
+from faultmesh.profiler.launch import Rendezvous, gloo_interface, rendezvous
 from faultmesh.profiler.slowdown import FactorFile, Pace
-
-
-def _free_port(addr: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((addr, 0))
-        return s.getsockname()[1]
-
-
-class Rendezvous(NamedTuple):
-    """Where the ranks meet (gloo's TCP store at ``master_addr:master_port``), and this process's
-    ``rank`` of ``world_size`` (``local_rank`` on its host) when a launcher started it; ``rank`` is
-    None when the job spawns its ranks itself."""
-
-    master_addr: str
-    master_port: int
-    rank: int | None = None
-    world_size: int | None = None
-    local_rank: int | None = None
-
-
-def rendezvous(env=os.environ) -> Rendezvous:
-    """The torchrun environment: ``MASTER_ADDR`` (default 127.0.0.1), ``MASTER_PORT`` (default: a
-    free port, single host only), ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (all three or none:
-    launched by torchrun or by hand on each host). Raises ``ValueError`` naming the variable."""
-
-    def number(name: str, lo: int, hi: int) -> int | None:
-        text = env.get(name, "").strip()
-        if not text:
-            return None
-        if not text.isdigit() or not lo <= int(text) <= hi:
-            raise ValueError(f"{name}={text[:32]!r}: expected an integer in {lo}..{hi}")
-        return int(text)
-
-    addr = env.get("MASTER_ADDR", "").strip() or "127.0.0.1"
-    port = number("MASTER_PORT", 1, 65535)
-    world = number("WORLD_SIZE", 1, 1 << 20)
-    rank = number("RANK", 0, 1 << 20)
-    if rank is None or world is None:
-        if rank is not None or world is not None:
-            raise ValueError("RANK and WORLD_SIZE come together (as torchrun sets them)")
-        return Rendezvous(addr, port or _free_port(addr))
-    if rank >= world:
-        raise ValueError(f"RANK={rank} is not below WORLD_SIZE={world}")
-    if port is None:
-        raise ValueError("MASTER_PORT is needed with RANK and WORLD_SIZE: every rank dials the same one")
-    return Rendezvous(addr, port, rank, world, number("LOCAL_RANK", 0, world - 1) or 0)
-
-
-SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
-
-
-def gloo_interface(master_addr: str, master_port: int) -> tuple[str, str] | None:
-    """(interface name, local IPv4 address) this host uses toward ``master_addr``, for
-    ``GLOO_SOCKET_IFNAME``: gloo binds the address the host name resolves to, which on a stock
-    Debian/Ubuntu ``/etc/hosts`` (``127.0.1.1 <hostname>``) or in a container is loopback, so ranks on
-    other hosts were told to dial 127.0.0.1 and the job failed (``Gloo connectFullMesh failed``).
-    None when that address is loopback (one host), not IPv4, or not found on an interface (Linux
-    only: ``SIOCGIFADDR``)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((master_addr, master_port))  # UDP: picks the route, sends nothing
-            local = s.getsockname()[0]
-    except OSError:
-        return None
-    if local.startswith("127."):
-        return None
-    try:
-        import fcntl
-        import struct
-    except ImportError:  # not a POSIX host
-        return None
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                req = struct.pack("256s", name.encode()[:15])
-                addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), SIOCGIFADDR, req)[20:24])
-            except OSError:  # no IPv4 address on it
-                continue
-            if addr == local:
-                return name, local
-    return None
 
 
 def _say(rank: int, msg: str) -> None:
@@ -187,7 +110,7 @@ def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # n
     )
     fpt.instrument_distributed(prof)
     tp_group = dp_group = None
-    if args.parallel == "ddp":  # data parallel only: one "dp" group of every rank, no TP group
+    if args.parallel != "tp":  # data parallel only: one "dp" group of every rank, no TP group
         dp_group = fpt.new_group(list(range(args.ranks)), "dp")
     for start in range(0, args.ranks, args.tp) if args.parallel == "tp" else ():
         g = fpt.new_group(list(range(start, min(start + args.tp, args.ranks))), "tp")
@@ -213,13 +136,26 @@ def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # n
     tp_x = torch.zeros(args.tp_elems)
     pace = Pace(torch, extra_x, extra_w)
     ddp = None
-    if dp_group is not None:
+    if args.parallel == "ddp":
         # DDP's gradient buckets, each all-reduced as soon as the backward filled it; the compute
         # before each bucket's launch is one segment (the first: the forward and the backward up to it)
         from torch.nn.parallel import DistributedDataParallel
 
         ddp = DistributedDataParallel(model, process_group=dp_group, bucket_cap_mb=args.bucket_mb)
         fpt.record_ddp_buckets(ddp, prof, dp_group, lambda i: pace.end(f"g{i}"), pace.start)
+    elif args.parallel == "fsdp":
+        # FSDP2: every linear layer sharded over the dp group; its forward all-gathers the layer's
+        # parameters (the backward reduce-scatters its gradients); the compute before each layer's
+        # all-gather is one segment (a hook ahead of FSDP's own)
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = DeviceMesh.from_group(dp_group, "cpu")
+        for i, m in enumerate([*hidden, head]):
+            fully_shard(m, mesh=mesh)
+            m.register_forward_pre_hook(lambda _m, _x, i=i: pace.end(f"f{i}") or pace.start(), prepend=True)
+        ddp = fully_shard(model, mesh=mesh)
+        params = list(model.parameters())  # the shards (DTensors) the update steps
 
     def tp_all_reduce(seg: str, tag: float) -> None:
         # The end of one compute segment: the slowdown of that segment, then the TP collective.
@@ -257,7 +193,7 @@ def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # n
                 p.grad = None
             if ddp is not None:
                 loss = loss_fn(ddp(x), y)
-                loss.backward()  # every bucket: its slowdown, then its all-reduce (record_ddp_buckets)
+                loss.backward()  # DDP: every bucket's slowdown, then its all-reduce (record_ddp_buckets)
             elif args.tp_in_forward:
                 # Megatron: every layer's forward ends with a TP all-reduce (row-parallel output),
                 # every layer's backward but the first layer's with one (column-parallel input
@@ -288,7 +224,7 @@ def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # n
             for p in params:
                 grads.append(flat[off : off + p.numel()].view_as(p))
                 off += p.numel()
-        else:  # DDP averaged the gradients in the backward; the stop flag travels alone
+        else:  # DDP averaged (FSDP reduce-scattered) the gradients in the backward; the stop flag alone
             t_tp = c1
             dist.all_reduce(stop_flag)
             t_dp = time.perf_counter_ns()
@@ -415,9 +351,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=2, help="TP group size")
     p.add_argument(
         "--parallel",
-        choices=("tp", "ddp"),
+        choices=("tp", "ddp", "fsdp"),
         default="tp",
-        help="tp: TP groups of --tp ranks + a global gradient all-reduce; ddp: DistributedDataParallel only",
+        help="tp: TP groups of --tp ranks + a global gradient all-reduce; ddp: DistributedDataParallel "
+        "only; fsdp: FSDP2 (fully_shard) only",
     )
     p.add_argument("--bucket-mb", type=float, default=0.25, help="DDP gradient bucket size (--parallel ddp)")
     p.add_argument("--steps", type=int, default=60)
@@ -460,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     returns 0 when the ranks finished, exits 2 on a bad torchrun variable."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.warmup < 3:  # the first two are left out of the slowdown's calibration
+        parser.error(f"--warmup {args.warmup}: at least 3 steps")
     try:
         rdzv = rendezvous()
     except ValueError as e:

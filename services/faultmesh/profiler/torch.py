@@ -1,7 +1,7 @@
 """PyTorch integration of :mod:`faultmesh.profiler` (needs the optional extra ``faultmesh[torch]``).
 
 - :func:`instrument_distributed` wraps the collectives of ``torch.distributed`` (all_reduce,
-  reduce_scatter(_tensor), all_gather(_into_tensor), broadcast, all_to_all(_single), send, recv,
+  reduce_scatter(_tensor, _single), all_gather(_into_tensor, _single: FSDP2's), broadcast, all_to_all(_single), send, recv,
   barrier) so each call writes a communication range whose Name carries ``opName``, the process
   group's name as ``groupName``, the element count and dtype. Ops with ``async_op=True`` are timed
   to the return of the call (launch), not completion. :func:`uninstrument_distributed` undoes it.
@@ -33,8 +33,10 @@ _OPS = {
     "all_reduce": ("AllReduce", 0),
     "reduce_scatter": ("ReduceScatter", 0),
     "reduce_scatter_tensor": ("ReduceScatter", 0),
+    "reduce_scatter_single": ("ReduceScatter", 1),  # FSDP2 (fully_shard) in torch 2.13
     "all_gather": ("AllGather", 1),
     "all_gather_into_tensor": ("AllGather", 1),
+    "all_gather_single": ("AllGather", 1),  # FSDP2's all-gathers
     "broadcast": ("Broadcast", 0),
     "all_to_all": ("AllToAll", 1),
     "all_to_all_single": ("AllToAll", 1),
@@ -47,8 +49,10 @@ _PARAM_GROUP_POS = {
     "all_reduce": 2,
     "reduce_scatter": 3,
     "reduce_scatter_tensor": 3,
+    "reduce_scatter_single": 3,
     "all_gather": 2,
     "all_gather_into_tensor": 2,
+    "all_gather_single": 2,
     "broadcast": 2,
     "all_to_all": 2,
     "all_to_all_single": 4,
