@@ -53,8 +53,8 @@ per-step sequential test (:mod:`.sequential`) named a healthy rank in every one 
 whose *step jitter* -- the median over members of the robust spread (interquartile range / 1.349)
 of the change of a step's median lag from one step to the next, / sqrt 2, over the kept horizon
 (up to ``gapLongWindowSteps`` steps, from ``window // 4`` on) -- exceeds ``SHARED_STEP`` (1.0) x
-``dpLagExcess`` is on a shared host for the rest of the run (its ranks do not move; a slow card's
-onset is one change, not a spread): on a cluster it is 0.006-0.009 (bench/trainsim_dp.py, every
+``dpLagExcess`` is on a shared host for the rest of the run and after a restart on that node
+(its ranks do not move; a slow card's onset is one change, not a spread): on a cluster it is 0.006-0.009 (bench/trainsim_dp.py, every
 kind, MoE included), on the box 0.014-0.8, over 0.03 in every one of 39 recorded runs by its
 10th-17th step. Such a group feeds no step to the sequential test and is judged on its long horizon only:
 a member is flagged when the interquartile mean of its steps' lags over the last
@@ -311,6 +311,12 @@ class DataParallelRules:
                 if v > 0:
                     out[r] = max(v, out.get(r, 0.0))
         return out
+
+    def keep_shared(self, groups: list[list[int]]) -> None:
+        """Take ``groups`` as found on a shared host (a restarted job on the same node: its ranks
+        still share the cores), before any step of the new run is judged."""
+        for d in (self.dp, self.ep):
+            d.shared.update(tuple(g) for g in groups)
 
     def shared(self) -> list[list[int]]:
         """The groups found on a shared host (judged on their long horizon only; module doc)."""

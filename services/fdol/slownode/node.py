@@ -104,10 +104,12 @@ class NodeDetector:
             conf.peer_window, conf.gap_spread, conf.compute_excess, conf.wait_z,
             conf.gap_long_window, conf.gap_long_spread, StepEvidence(conf.seq_bound), conf.compute_shift,
         )  # fmt: skip
+        shared = self.dp.shared() if hasattr(self, "dp") else []  # a restart: the same ranks share cores
         self.dp = DataParallelRules(
             conf.peer_window, conf.dp_lag_excess, self.bad, conf.dp_lag_spread, conf.seq_bound,
             (conf.gap_long_window, conf.dp_long_spread),
         )  # fmt: skip
+        self.dp.keep_shared(shared)
         self.pattern = PatternDetector(conf.pattern_window, conf.compute_ratio, conf.wait_ratio)
         self.last_detected_step = -1
         self._prev_step = -1

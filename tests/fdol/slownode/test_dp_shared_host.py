@@ -29,11 +29,17 @@ CONF = {"jobName": "ddp", "nSecondsDoOneDetection": 0.5}
 
 
 def _node_rounds(
-    steps: int, seed: int, slow_from: int | None = None, shared: bool = True, factor: float = 1.25
+    steps: int,
+    seed: int,
+    slow_from: int | None = None,
+    shared: bool = True,
+    factor: float = 1.25,
+    restart_at: int | None = None,
 ) -> list[dict]:
     """Node results of a round every 7 steps, each with the step it ran at and the ranks the
     confirmation named then (``named``: clusterd's report); rank 1 computes ``factor`` x from
-    ``slow_from`` on."""
+    ``slow_from`` on; ``restart_at``: the job restarts there (steps from 0 again) with rank 0
+    held x2 behind for its first 20 steps (a burst while the new run's jitter is not known yet)."""
     rng = random.Random(seed)
     conf = parse_featconf(CONF)
     nd = NodeDetector(conf, [0, 1], "node-a")
@@ -42,6 +48,8 @@ def _node_rounds(
     burst_rank, burst_left = 0, 0
     out = []
     for s in range(steps):
+        if s == restart_at:
+            burst_rank, burst_left = 0, 20
         if shared and burst_left == 0 and rng.random() < 1 / 60:
             burst_rank, burst_left = rng.randrange(2), rng.randint(5, 25)
         for r in (0, 1):
@@ -54,7 +62,8 @@ def _node_rounds(
             for _ in range(3):
                 t += 8e6 * speed * (1 + rng.gauss(0, NOISE if shared else 0.01))
                 starts.append(int(t))
-            nd.add(StepMetrics(r, s, 0, 0, step_time=int(t) + 1_000_000, dp_starts=tuple(starts)))
+            step = s - restart_at if restart_at is not None and s >= restart_at else s
+            nd.add(StepMetrics(r, step, 0, 0, step_time=int(t) + 1_000_000, dp_starts=tuple(starts)))
         burst_left = max(0, burst_left - 1)
         if s % 7 == 6:
             res = nd.round() or {}
@@ -94,3 +103,16 @@ def test_on_a_cluster_the_same_slow_rank_still_passes_the_sequential_test_within
         assert first["seqRanks"] == [1] and first["named"] == [1], (seed, first)
         assert 30 <= first["step"] <= 41, (seed, first["step"])  # the first round after 6+ steps
         assert all(not r.get("sharedHostGroups") for r in res), seed
+
+
+def test_a_restarted_job_keeps_its_shared_host_and_a_burst_at_its_start_names_nobody():
+    """The job restarts on the same node (steps from 0 again: every window and statistic starts
+    again) and the scheduler holds rank 0 x2 behind for the new run's first 20 steps: the group
+    stays judged on the long horizon (its ranks still share the cores), nothing is fed to the
+    sequential test, nobody is named."""
+    for seed in range(4):
+        res = _node_rounds(400, seed, restart_at=250)
+        after = [r for r in res if r["step"] >= 250]
+        assert not [(r["step"], r["named"]) for r in res if r["named"]], seed
+        assert all(r.get("sharedHostGroups") == [[0, 1]] for r in after if r.get("isSlow") is not None)
+        assert not any(r.get("seqStat") for r in after), (seed, [r.get("seqStat") for r in after][:5])
