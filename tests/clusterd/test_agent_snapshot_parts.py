@@ -79,7 +79,7 @@ async def test_a_state_of_several_mib_reaches_clusterd_whole_and_resyncs_by_dige
         assert cd.agents.node_info(NODE)["node_status"] == "UnHealthy"
         parts = client.metrics.sent.labels("snapshot_part")._value.get()
         assert parts > 12  # about 1 MiB a part
-        assert sample(cd, "faultmesh_agent_snapshot_parts_total", result="applied") == parts
+        assert sample(cd, "faultmesh_agent_snapshot_parts_total", result="complete") == parts
         assert sample(cd, "faultmesh_agent_snapshots_total", result="full") == 1
         assert sample(cd, "faultmesh_agent_snapshot_parts_held_bytes") == 0
         assert client.metrics.reconnects._value.get() == 1, client.down_reason
@@ -126,7 +126,7 @@ async def test_a_stream_cut_between_parts_leaves_the_previous_state_and_the_next
     await eventually(lambda: (NODE, "noded") not in cd.agents.connected(), 30, "the stream gone")
     assert sample(cd, "faultmesh_agent_snapshot_parts_held_bytes") == 0
     assert sample(cd, "faultmesh_agent_snapshot_parts_total", result="dropped") == 3
-    assert sample(cd, "faultmesh_agent_snapshot_parts_total", result="applied") == 0
+    assert sample(cd, "faultmesh_agent_snapshot_parts_total", result="complete") == 0
     assert codes(cd) == previous
 
     client = AgentClient(f"127.0.0.1:{cd.grpc_port}", NODE, "noded", state=st)
@@ -134,7 +134,7 @@ async def test_a_stream_cut_between_parts_leaves_the_previous_state_and_the_next
     try:
         await client.wait_synced(60)
         assert codes(cd) == {f"{i:08X}" for i in range(12_000)}  # the previous three recovered
-        assert sample(cd, "faultmesh_agent_snapshot_parts_total", result="applied") == 4
+        assert sample(cd, "faultmesh_agent_snapshot_parts_total", result="complete") == 4
     finally:
         await client.stop()
 

@@ -87,3 +87,23 @@ def test_two_hosts_launched_by_torchrun_train_together(tmp_path):
     assert ranks == {0, 1}
     # each host's profiling records carry the global rank torchrun gave its process
     assert (tmp_path / "host0" / "job-1" / "0").is_dir() and (tmp_path / "host1" / "job-1" / "1").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--ranks", "0"], "argument --ranks: '0' is not a positive integer"),
+        (["--bucket-mb", "-1"], "argument --bucket-mb: '-1' is not a positive number"),
+        (["--factor", "-1"], "argument --factor: '-1' is not a number >= 0"),
+        (["--warmup", "2"], "--warmup 2: at least 3 steps"),
+        (["--slow-mode", "compute", "--slow-rank", "4"], "--slow-rank 4: not a rank of the job's 4 (0..3)"),
+    ],
+)
+def test_a_bad_flag_is_a_usage_error_naming_it(flags, says, capsys):
+    """A value the job cannot run with (it ran nothing and exited 0, or trained with a negative
+    slowdown) is exit 2 with the flag and the allowed values, before any rank starts."""
+    from faultmesh.profiler.example_job import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--base-dir", "/nonexistent", "--task-id", "t", *flags])
+    assert e.value.code == 2 and says in capsys.readouterr().err

@@ -22,7 +22,9 @@ sends it again. A part that does not follow its predecessor (another seq, index 
 part missing, a Delta between two parts) is ``resync: snapshot_part_order`` and ends the stream.
 Each refusal is counted in ``faultmesh_rejected_requests_total{service="agent",reason}`` and logged
 ``agent message rejected``; parts are counted in ``faultmesh_agent_snapshot_parts_total{result}``
-(``applied``: parts of snapshots handed on whole; ``dropped``: collected and then dropped), and
+(``complete``: parts of snapshots handed on whole, to the checks of a one-message snapshot, which
+may still refuse it -- ``faultmesh_rejected_requests_total``; ``dropped``: collected and then
+dropped), and
 ``faultmesh_agent_snapshot_parts_held_bytes`` is what the streams hold now.
 """
 
@@ -83,11 +85,12 @@ class SnapshotParts:
         self.held = 0  # bytes all streams hold now
         counted = Counter(
             "faultmesh_agent_snapshot_parts_total",
-            "Snapshot parts received: applied (their snapshot applied whole) or dropped (never applied)",
+            "Snapshot parts received: complete (their snapshot handed on whole to the checks) or dropped"
+            " (never applied)",
             ["result"],
             registry=registry,
         )
-        self._applied, self._dropped = counted.labels("applied"), counted.labels("dropped")
+        self._complete, self._dropped = counted.labels("complete"), counted.labels("dropped")
         self._held_gauge = Gauge(
             "faultmesh_agent_snapshot_parts_held_bytes",
             "Encoded bytes of snapshot parts held until their snapshot's last part",
@@ -144,7 +147,7 @@ class SnapshotParts:
         if c.refused:
             return None
         self._hold(c, -c.bytes)
-        self._applied.inc(c.parts)
+        self._complete.inc(c.parts)
         whole = c.whole
         whole.seq = c.seq
         whole.ClearField("part")

@@ -71,6 +71,7 @@ import sys
 import time
 import warnings
 
+from faultmesh.config import non_negative_float, positive_float, positive_int
 from faultmesh.profiler.launch import Rendezvous, gloo_interface, rendezvous
 from faultmesh.profiler.slowdown import FactorFile, Pace
 
@@ -346,9 +347,13 @@ def _worker(rank: int, args: argparse.Namespace, rdzv: Rendezvous) -> None:  # n
 
 def build_parser() -> argparse.ArgumentParser:
     """Command-line flags of the job (see module doc)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--tp", type=int, default=2, help="TP group size")
+    p = argparse.ArgumentParser(
+        prog="python -m faultmesh.profiler.example_job",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--ranks", type=positive_int, default=4, help="ranks (processes) of the job")
+    p.add_argument("--tp", type=positive_int, default=2, help="TP group size")
     p.add_argument(
         "--parallel",
         choices=("tp", "ddp", "fsdp"),
@@ -356,20 +361,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="tp: TP groups of --tp ranks + a global gradient all-reduce; ddp: DistributedDataParallel "
         "only; fsdp: FSDP2 (fully_shard) only",
     )
-    p.add_argument("--bucket-mb", type=float, default=0.25, help="DDP gradient bucket size (--parallel ddp)")
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--warmup", type=int, default=8)
-    p.add_argument("--batch", type=int, default=2048)
-    p.add_argument("--layers", type=int, default=4, help="hidden layers (256 -> 256)")
+    p.add_argument(
+        "--bucket-mb", type=positive_float, default=0.25, help="DDP gradient bucket size, MB (--parallel ddp)"
+    )
+    p.add_argument("--steps", type=positive_int, default=60, help="training steps after the warm-up")
+    p.add_argument("--warmup", type=positive_int, default=8, help="warm-up steps, not recorded (>= 3)")
+    p.add_argument("--batch", type=positive_int, default=2048, help="samples per step and rank")
+    p.add_argument("--layers", type=positive_int, default=4, help="hidden layers (256 -> 256)")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument(
         "--progress-every", type=int, default=0, help="rank 0 prints the median step time every N steps"
     )
-    p.add_argument("--slow-rank", type=int, default=2)
+    p.add_argument("--slow-rank", type=int, default=2, help="the rank slowed (--slow-mode)")
     p.add_argument("--slow-from", type=int, default=30, help="slow down from this step (-1: never by step)")
     p.add_argument("--slow-file", default="", help="slow down once this file exists (the demo's trigger)")
     p.add_argument("--slow-mode", choices=("none", "sleep", "compute", "dataloader"), default="none")
-    p.add_argument("--factor", type=float, default=0.4)
+    p.add_argument(
+        "--factor",
+        type=non_negative_float,
+        default=0.4,
+        help="slowdown: 0.4 = +40 %% of each segment's compute",
+    )
     p.add_argument(
         "--factor-file",
         default="",
@@ -381,7 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         help="a TP all-reduce after each layer inside the forward range, as Megatron (default on)",
     )
-    p.add_argument("--tp-elems", type=int, default=16384, help="elements of each in-forward TP all-reduce")
+    p.add_argument(
+        "--tp-elems", type=positive_int, default=16384, help="elements of each in-forward TP all-reduce"
+    )
     p.add_argument("--base-dir", required=True, help="profiling root (<root>/<task id>/<rank>/)")
     p.add_argument("--task-id", required=True)
     p.add_argument("--switch", default="", help="profilingSwitch file (empty: always on)")
@@ -403,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
         rdzv = rendezvous()
     except ValueError as e:
         parser.error(str(e))
+    world = rdzv.world_size or args.ranks
+    if args.slow_mode != "none" and not 0 <= args.slow_rank < world:
+        parser.error(f"--slow-rank {args.slow_rank}: not a rank of the job's {world} (0..{world - 1})")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     warnings.filterwarnings("ignore")
     if rdzv.rank is not None:  # launched: this process is one rank of WORLD_SIZE
