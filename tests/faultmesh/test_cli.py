@@ -240,3 +240,14 @@ async def test_cli_checks_node_names_codes_and_levels(tmp_path, capsys):
         assert "'010001004'" in r.stderr.split("did you mean", 1)[1], r.stderr
     finally:
         await cd.stop()
+
+
+def test_slownode_status_rows_name_the_rule_its_top_score_and_the_sequential_statistic():
+    """What an operator reads per node (docs/slownode.md): the highest rank score of the peer rules
+    (>= 1 flags) with the rule's key, and the highest sequential statistic against seqBound."""
+    from fmtools.cli.slownode import _top_score, _top_seq
+
+    r = {"gapExcess": {}, "dpLag": {"2": 1.9, "3": -1.9}, "seqStat": {"1": 4.9, "2": 0.5}}
+    assert _top_score(r) == "rank 2 dpLag 1.90"
+    assert _top_seq(r, 6.0) == "rank 1 4.9/6"
+    assert _top_score({}) == "-" and _top_seq({}, 6.0) == "-"

@@ -117,6 +117,8 @@ def test_stall_detected_reported_recovered_and_disabled(stack, tmp_path):
         # "cluster degradation 0.0%" read as a contradiction)
         assert "degradation confirmed" in r.stdout and "yes (until 5 consecutive clean rounds)" in r.stdout
         assert "latest round degradation" in r.stdout
+        # a node's row says which rule flagged and how far over its threshold (docs/slownode.md)
+        assert all(h in r.stdout for h in ("RULES", "TOP SCORE", "SEQUENTIAL", "SHARED HOST")), r.stdout
         # clusterd restarts while the job is degraded: it resumes in that state
         cd.stop()
         cd.start()

@@ -127,20 +127,48 @@ def cmd_status(args: argparse.Namespace) -> int:
         ],
         ("FIELD", "VALUE"),
     )
+    bound = (d.get("featConf") or {}).get("seqBound")
     rows = [
         (
             node,
             r.get("isSlow"),
-            r.get("degradationLevel"),
             _ranks(r.get("slowCalculateRanks")),
+            ",".join(x for x in r.get("detectedBy") or () if x != "stepTime") or "-",
+            _top_score(r),
+            _top_seq(r, bound),
+            _ranks(r.get("sharedHostGroups")) if r.get("sharedHostGroups") else "-",
+            r.get("degradationLevel"),
             _ranks(r.get("suspectRanks")),
             r.get("lastStep"),
         )
         for node, r in sorted((d.get("nodeResults") or {}).items())
     ]
     print()
-    print_table(rows, ("NODE", "SLOW", "DEGRADATION", "SLOW RANKS", "SUSPECTS", "LAST STEP"))
+    print_table(
+        rows,
+        ("NODE", "SLOW", "SLOW RANKS", "RULES", "TOP SCORE", "SEQUENTIAL", "SHARED HOST", "STEP-TIME DEG",
+         "SUSPECTS", "LAST STEP"),
+    )  # fmt: skip
     return 0
+
+
+def _top_score(r: dict) -> str:
+    """The node's highest rank score of the peer rules (>= 1 flags; docs/slownode.md):
+    ``rank 2 dpLag 1.90``, or ``-``."""
+    best = max(
+        ((v, rank, key) for key in ("gapExcess", "dpLag") for rank, v in (r.get(key) or {}).items()),
+        default=None,
+    )
+    return f"rank {best[1]} {best[2]} {best[0]:.2f}" if best else "-"
+
+
+def _top_seq(r: dict, bound) -> str:
+    """The node's highest sequential statistic against ``seqBound``: ``rank 1 4.9/6``, or ``-``."""
+    stat = r.get("seqStat") or {}
+    if not stat:
+        return "-"
+    rank, v = max(stat.items(), key=lambda kv: kv[1])
+    return f"rank {rank} {v:g}/{bound:g}" if isinstance(bound, int | float) else f"rank {rank} {v:g}"
 
 
 def _confirmed(d: dict) -> str:
@@ -172,7 +200,9 @@ def register(sub) -> None:
     d.add_argument("--job", help="job name or id")
     add_server_flags(d)
     d.set_defaults(func=cmd_disable)
-    st = s.add_parser("status", help="detection state and latest results")
+    st = s.add_parser(
+        "status", help="detection state and latest results (how to read them: docs/slownode.md)"
+    )
     st.add_argument(
         "job_pos", nargs="?", metavar="JOB", help="job name or id (all jobs when omitted); or --job"
     )
