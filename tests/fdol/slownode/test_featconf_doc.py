@@ -19,7 +19,7 @@ def _shown(default) -> str:
 
 def test_every_featconf_key_is_documented_with_its_default():
     rows = dict(re.findall(r"^\| `(\w+)` \| ([^|]+) \|", DOC.read_text(), re.M))
-    assert set(rows) == set(_KEYS), (set(_KEYS) ^ set(rows))
+    assert set(rows) == set(_KEYS), set(_KEYS) ^ set(rows)
     for key, (_, _, default) in _KEYS.items():
         if default in (None, "") or key == "rules":  # required, derived, or a word shown in backticks
             continue
