@@ -51,6 +51,7 @@ def test_up_with_job_prints_cli_commands_that_work(tmp_path, flags, layout):
         out = read_until(proc, lines, "stack running", 150)
         assert "stack running; Ctrl-C stops every process" in out, out
         assert f"JOB PyTorch job started: 4 gloo ranks on CPU, {layout}" in out, out
+        assert "/v1/slownode/demo-job" in out and "/ui/job/demo-job" in out, out  # WHERE TO LOOK
         assert "demo-job registered with clusterd's Recover service" in out, out
         assert "not complete" not in out, out
         cmds = _try_lines(out)

@@ -65,6 +65,20 @@ def test_slownode_conf_not_utf8_or_not_json_is_usage(capsys, tmp_path: Path, not
     assert rc == EXIT_USAGE and "--ranks" in err
 
 
+def test_slownode_enable_names_a_featconf_key_clusterd_will_ignore(capsys, tmp_path: Path):
+    """A misspelt key was taken silently (clusterd only logs that it ignored it): the CLI says so,
+    with the closest key, before it sends (here to no clusterd: exit 3 after the warning)."""
+    conf = tmp_path / "featconf.json"
+    conf.write_text('{"jobName": "j", "dpLongSpred": 2, "seqBound": 6}')
+    rc, err = cli(capsys, "slownode", "enable", "--job", "j", "--conf", str(conf), "--http", "127.0.0.1:1")
+    assert rc == EXIT_UNREACHABLE
+    assert (
+        "warning: FeatConf key 'dpLongSpred' is not known and is ignored (did you mean 'dpLongSpread' or"
+        in err
+    )
+    assert "seqBound" not in err
+
+
 def test_up_bad_run_dir_and_sizes_are_usage(capsys, tmp_path: Path):
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -188,6 +188,11 @@ def _typed(key: str, kind: str, v: Any) -> Any:
     return float(v)
 
 
+def known_keys() -> tuple[str, ...]:
+    """The FeatConf keys in their documented spelling (docs/slownode.md), for suggestions."""
+    return tuple(_KEYS)
+
+
 def parse_featconf(obj: Any, *, job_name: str | None = None) -> FeatConf:
     """Validate a decoded FeatConf JSON object. ``job_name`` fills a missing ``jobName``.
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from fmtools.cli.common import (
     UsageError,
@@ -23,6 +24,7 @@ from fmtools.cli.common import (
     run,
     structured,
 )
+from fmtools.cli.suggest import did_you_mean
 
 
 @run
@@ -55,6 +57,7 @@ def cmd_enable(args: argparse.Namespace) -> int:
             raise UsageError(f"--ranks is not JSON: {e}") from None
     elif args.ranks_file:
         fc["ranks"] = read_json(args.ranks_file, "ranks file")
+    _warn_unknown_keys(fc)
     data = http_json(args, "POST", "/v1/slownode/jobs", fc)
     emit(
         args,
@@ -169,6 +172,23 @@ def _top_seq(r: dict, bound) -> str:
         return "-"
     rank, v = max(stat.items(), key=lambda kv: kv[1])
     return f"rank {rank} {v:g}/{bound:g}" if isinstance(bound, int | float) else f"rank {rank} {v:g}"
+
+
+def _warn_unknown_keys(fc: dict) -> None:
+    """Say on stderr which keys of ``fc`` clusterd will ignore (a misspelt key is otherwise taken
+    silently: clusterd only logs ``featconf unknown keys ignored``), with the closest known key.
+    A FeatConf that does not parse is left to clusterd's refusal, which names the key."""
+    from fdol.slownode.featconf import FeatConfError, known_keys, parse_featconf
+
+    try:
+        unknown = parse_featconf(fc).unknown_keys
+    except FeatConfError:
+        return
+    for key in unknown:
+        print(
+            f"warning: FeatConf key {key!r} is not known and is ignored{did_you_mean(key, known_keys())}",
+            file=sys.stderr,
+        )
 
 
 def _confirmed(d: dict) -> str:

@@ -62,7 +62,7 @@ async def _up(args: argparse.Namespace) -> int:
             if args.with_job:
                 await _start_job(stack, clock, args.with_job)
             print()
-            print(where_text(stack, demo=False))
+            print(where_text(stack, demo=False, job=bool(args.with_job)))
             print(_howto(stack, job=bool(args.with_job)))
             clock.say("stack running; Ctrl-C stops every process")
             await _supervise(stack, stop, clock.say, args)

@@ -147,18 +147,21 @@ async def run(args: argparse.Namespace, clock: Clock, stack: Stack) -> int:
     return status
 
 
-def where_text(stack: Stack, demo: bool = True) -> str:
-    """Where the metrics, HTTP views and logs of ``stack`` are; ``demo=False`` for ``faultmesh up``."""
+def where_text(stack: Stack, demo: bool = True, job: bool = False) -> str:
+    """Where the metrics, HTTP views and logs of ``stack`` are; ``demo=False`` for ``faultmesh up``
+    (``job``: with ``--with-job``, the job's views too)."""
     head = (
         "WHERE TO LOOK (these addresses lived during the run; `faultmesh up` starts the same stack and keeps it)"
         if demo
         else "WHERE TO LOOK"
     )
-    jobs = "/v1/jobs/demo-job/recovery  /v1/pingmesh  /v1/slownode/demo-job" if demo else "/v1/pingmesh"
+    with_job = demo or job
+    jobs = "/v1/jobs/demo-job/recovery  /v1/pingmesh  /v1/slownode/demo-job" if with_job else "/v1/pingmesh"
     lines = [
         head,
         f"  clusterd HTTP views : http://{stack.http}/v1/faults  /v1/nodes  /v1/nodes/<name>  /v1/jobs",
         f"                        {jobs}",
+        *([f"  the job's web page  : http://{stack.http}/ui/job/demo-job"] if with_job else []),
         f"  clusterd metrics    : http://{stack.http}/metrics",
         f"  clusterd gRPC       : {stack.grpc}",
     ]
