@@ -97,6 +97,7 @@ def test_two_hosts_launched_by_torchrun_train_together(tmp_path):
         (["--factor", "-1"], "argument --factor: '-1' is not a number >= 0"),
         (["--warmup", "2"], "--warmup 2: at least 3 steps"),
         (["--slow-mode", "compute", "--slow-rank", "4"], "--slow-rank 4: not a rank of the job's 4 (0..3)"),
+        (["--ranks", "3", "--tp", "2"], "--tp 2: the job's 3 ranks do not split into TP groups of 2"),
     ],
 )
 def test_a_bad_flag_is_a_usage_error_naming_it(flags, says, capsys):

@@ -418,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     world = rdzv.world_size or args.ranks
+    if args.parallel == "tp" and world % args.tp:
+        parser.error(f"--tp {args.tp}: the job's {world} ranks do not split into TP groups of {args.tp}")
     if args.slow_mode != "none" and not 0 <= args.slow_rank < world:
         parser.error(f"--slow-rank {args.slow_rank}: not a rank of the job's {world} (0..{world - 1})")
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -199,7 +199,11 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``faultmesh up``."""
-    p = sub.add_parser("up", help="run the local stack (clusterd + simulated servers) until Ctrl-C")
+    p = sub.add_parser(
+        "up",
+        help="run the local stack (clusterd + simulated servers) until Ctrl-C",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--run-dir", help="folder for logs and state (default: /tmp/faultmesh-up-<date>-<time>)")
     add_fleet_args(p, gpu_servers=0, gpu_max=64, servers_help="simulated servers")
     p.add_argument(
