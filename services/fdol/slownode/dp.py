@@ -125,15 +125,6 @@ MIN_SPREAD_MEMBERS = 4  # members below which the group's own spread is not esti
 SHARED_STEP = 1.0  # a step's lag jitter over this x dpLagExcess: a shared host (module doc)
 
 
-def _spread(x: np.ndarray) -> float:
-    """The median over members (rows of ``x``) of the interquartile range of their values / 1.349."""
-    import numpy as np
-
-    q = x.shape[1] // 4
-    srt = np.sort(x, axis=1)
-    return float(np.median(srt[:, -1 - q] - srt[:, q])) / 1.349
-
-
 class ArrivalLagDetector:
     """The median-lag rule (module doc). ``window``: steps judged (``peerWindowSteps``);
     ``excess``: the least median relative lag that flags (``dpLagExcess``); ``bad``: counts
@@ -165,7 +156,6 @@ class ArrivalLagDetector:
         # group -> (last step kept, each kept step's [members] median lag: the horizon)
         self._horizon: dict[tuple[int, ...], tuple[int, deque[np.ndarray]]] = {}
         self.shared: set[tuple[int, ...]] = set()  # groups found on a shared host (module doc), for good
-        self.noise: dict[tuple[int, ...], float] = {}  # group -> the spread of its steps' lags (last round)
 
     def evaluate(
         self, groups: Sequence[Sequence[int]], history: dict[int, Sequence[StepMetrics]]
@@ -179,6 +169,7 @@ class ArrivalLagDetector:
         import numpy as np  # numpy: only where detection runs (issue 18)
 
         from .peers import excess_rows
+        from .robust import iqm_iqr, median_spread
 
         flagged: list[int] = []
         scores: dict[int, float] = {}
@@ -207,9 +198,9 @@ class ArrivalLagDetector:
                 thr = max(thr, self.spread * 1.4826 * float(np.median(np.abs(med - np.median(med)))))
             s = 0.0
             if hz.shape[1] >= self.short:
-                s = _spread(hz)  # how far a step's lag wanders (bursts included)
-                jitter = _spread(np.diff(hz, axis=1)) / math.sqrt(2)  # from one step to the next
-                self.noise[key] = round(jitter, 4)
+                hz_iqm, hz_iqr = iqm_iqr(hz)
+                s = median_spread(hz_iqr)  # how far a step's lag wanders (bursts included)
+                jitter = median_spread(iqm_iqr(np.diff(hz, axis=1))[1]) / math.sqrt(2)  # step to step
                 if jitter > SHARED_STEP * self.excess:
                     self.shared.add(key)
             shared = key in self.shared
@@ -220,9 +211,7 @@ class ArrivalLagDetector:
                 flagged += self.seq.feed_group(key, nums, over)
             if shared:
                 if self.long_window and hz.shape[1] >= self.long_window:
-                    q = hz.shape[1] // 4
-                    iqm = np.sort(hz, axis=1)[:, q : hz.shape[1] - q].mean(axis=1)
-                    score = iqm / max(thr, self.long_spread * s)
+                    score = hz_iqm / max(thr, self.long_spread * s)
                     self._score(key, score, scores, flagged)
                 continue
             if len(rows) < self.window:

@@ -44,6 +44,7 @@ import numpy as np
 
 from .metrics import StepMetrics
 from .ring import Ring as _Ring
+from .robust import iqm_iqr, median_spread
 from .sequential import MARGIN, SHARED_HOST, StepEvidence
 from .shift import ShiftRule
 
@@ -254,15 +255,6 @@ def gap_excess(
     return judge_excess(_excess(gaps), ok.sum(axis=1).tolist(), short, spread, floor, z)
 
 
-def _iqm_iqr(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row of ``x`` [members, samples]: (interquartile mean: the mean of the middle half,
-    interquartile range) — one sort of contiguous rows."""
-    k = x.shape[1]
-    q = k // 4
-    srt = np.sort(x, axis=1)
-    return srt[:, q : k - q].sum(axis=1, dtype=np.float64) / (k - 2 * q), srt[:, k - 1 - q] - srt[:, q]
-
-
 def judge_excess(
     x: np.ndarray,
     per_step: Sequence[int],
@@ -276,33 +268,23 @@ def judge_excess(
 ) -> tuple[list[int], list[float]]:
     """``x``: [members, valid ops] excess (:func:`_excess`) of the window, chronological;
     ``per_step``: valid ops per step of it; ``long_means``: [members, steps] each step's mean excess
-    over the long horizon (None: not judged); ``pre``: :func:`_iqm_iqr` of ``x`` when the caller
+    over the long horizon (None: not judged); ``pre``: :func:`iqm_iqr` of ``x`` when the caller
     has it. See :class:`GapDetector`."""
     n, total = x.shape
     if total < MIN_OPS:
         return [], [0.0] * n
-    mid, iqr = pre if pre is not None else _iqm_iqr(x)
-    s = _spread(iqr)
+    mid, iqr = pre if pre is not None else iqm_iqr(x)
+    s = median_spread(iqr)
     out = (mid / max(floor, spread * s, z * s / math.sqrt(total))).tolist()
     m = int(sum(islice(reversed(per_step), short)))
     if MIN_OPS <= m < total:
         thr = max(floor, spread * s, z * s / math.sqrt(m))
-        out = [max(a, b) for a, b in zip(out, (_iqm_iqr(x[:, -m:])[0] / thr).tolist(), strict=True)]
+        out = [max(a, b) for a, b in zip(out, (iqm_iqr(x[:, -m:])[0] / thr).tolist(), strict=True)]
     if long_means is not None and long_spread > 0:
-        k = long_means.shape[1]
-        q = k // 4
-        long_iqm = np.sort(long_means, axis=1)[:, q : k - q].mean(axis=1)
+        long_iqm = iqm_iqr(long_means)[0]
         thr = max(floor, long_spread * s)
         out = [max(a, b) for a, b in zip(out, (long_iqm / thr).tolist(), strict=True)]
     return [i for i in range(n) if out[i] >= 1], [round(v, 3) for v in out]
-
-
-def _spread(iqr: np.ndarray) -> float:
-    """The robust per-op spread of the excess: the median over members of their interquartile
-    range (``iqr``, :func:`_iqm_iqr`), / 1.349."""
-    iq = sorted(iqr.tolist())
-    n = len(iq)
-    return (iq[n // 2] if n % 2 else (iq[n // 2 - 1] + iq[n // 2]) / 2) / 1.349
 
 
 class GapDetector:
@@ -398,8 +380,8 @@ class GapDetector:
             judged.append(key)  # gaps recorded: this rule decides (nobody until its window is full)
             x = st[2].view()
             enough = len(st[1]) >= self.short and x.shape[1] >= MIN_OPS  # the short window's steps
-            pre = _iqm_iqr(x) if enough else None  # one sort of the window, shared with judge_excess
-            s = _spread(pre[1]) if pre is not None else 0.0
+            pre = iqm_iqr(x) if enough else None  # one sort of the window, shared with judge_excess
+            s = median_spread(pre[1]) if pre is not None else 0.0
             if self._fresh is not None and self.seq.bound > 0 and pre is not None:
                 over = self._fresh[1] >= MARGIN * max(self.floor, self.spread * s)  # the windows', less z
                 if s > SHARED_HOST * self.floor:  # ranks sharing CPU cores: a step is no evidence

@@ -51,17 +51,10 @@ import math
 
 import numpy as np
 
+from .robust import iqm_iqr, median_spread
+
 OWN = 1.5  # a member's rise is its own when it exceeds this x any other member's fall (module doc)
 IQM_SE = 1.093  # an interquartile mean's standard error / the mean's, normal samples (efficiency 0.837)
-
-
-def _iqm(x: np.ndarray) -> tuple[list[float], np.ndarray]:
-    """Per row of ``x`` [members, steps]: (the interquartile mean: the mean of the middle half,
-    the rows sorted)."""
-    k = x.shape[1]
-    q = k // 4
-    srt = np.sort(x, axis=1)
-    return (srt[:, q : k - q].sum(axis=1) / (k - 2 * q)).tolist(), srt
 
 
 class ShiftRule:
@@ -83,14 +76,12 @@ class ShiftRule:
         if self.shift <= 0 or k < 2 * self.short:
             self._held.pop(key, None)
             return [], [0.0] * n
-        cur, _ = _iqm(means[:, -self.short :])  # a few members: lists from here on
-        base, old = _iqm(means[:, : -self.short])
+        cur = iqm_iqr(means[:, -self.short :])[0].tolist()  # a few members: lists from here on
+        before, old_iqr = iqm_iqr(means[:, : -self.short])
         held = self._held.get(key, [None] * n)
-        base = [b if h is None else h for b, h in zip(base, held, strict=True)]
-        q = old.shape[1] // 4
-        iqr = sorted((old[:, -1 - q] - old[:, q]).tolist())
-        ss = (iqr[n // 2] if n % 2 else (iqr[n // 2 - 1] + iqr[n // 2]) / 2) / 1.349
-        thr = max(self.shift, self.z * IQM_SE * ss * math.sqrt(1 / self.short + 1 / old.shape[1]))
+        base = [b if h is None else h for b, h in zip(before.tolist(), held, strict=True)]
+        ss = median_spread(old_iqr)
+        thr = max(self.shift, self.z * IQM_SE * ss * math.sqrt(1 / self.short + 1 / (k - self.short)))
         rise = [c - b for c, b in zip(cur, base, strict=True)]
         low = sorted(rise)[:2]  # another member's lowest rise: the 2nd lowest for the lowest
         over = [
