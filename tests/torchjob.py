@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from support import ClusterdProcess, slownode_noded, wait_for
 
+from fdol.slownode.featconf import reference_featconf
+
 TIMING_MARKS = [  # the marks of these tests (their modules' ``pytestmark``)
     pytest.mark.torch,
     pytest.mark.slow,
@@ -42,21 +44,9 @@ SLOW_FROM = 30
 
 
 def featconf(job: str, ranks: dict[str, str] = PLACEMENT, **keys) -> dict:
-    # Documented defaults (fdol.md §7) except the round period: 0.5 s rounds for a ~155 ms-step job.
-    return {
-        "jobName": job,
-        "jobNamespace": "default",
-        "normalNumber": 20,
-        "nSigma": 3,
-        "degradationPercentage": 0.3,
-        "nConsecAnomaliesSignifySlow": 3,
-        "nSecondsDoOneDetection": 0.5,
-        "clusterMeanDistance": 1.3,
-        "cardOneNode": 16,
-        "SlowNode": 1,
-        "ranks": ranks,
-        **keys,  # other FeatConf keys (fdol.md §7), e.g. dpLagExcess
-    }
+    """The documented defaults (fdol.md §7) except the round period: 0.5 s rounds for a ~155 ms-step
+    job; ``keys``: other FeatConf keys, e.g. dpLagExcess."""
+    return reference_featconf(job, 0.5, ranks=ranks, **keys)
 
 
 def http(base: str, method: str, path: str, body=None):

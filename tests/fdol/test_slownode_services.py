@@ -12,6 +12,8 @@ import pytest
 from slownode_support import SyntheticJob, http
 from support import ClusterdProcess, slownode_noded, wait_for
 
+from fdol.slownode.featconf import reference_featconf
+
 PHRASE = re.compile(
     r"\[FD-OL SLOWNODE\]job\(name=(\S+), namespace=(\S+), jobId=(\S+)\) in cluster got degradation, "
     r"slow rank ids: \[([0-9 ]*)\]"
@@ -21,22 +23,8 @@ PLACEMENT = {"0": "node-a", "1": "node-a", "2": "node-b", "3": "node-b"}
 
 
 def conf(job, **kw):
-    d = {
-        "jobName": job,
-        "jobNamespace": "default",
-        "normalNumber": 20,
-        "nSigma": 3,
-        "degradationPercentage": 0.3,
-        "nConsecAnomaliesSignifySlow": 3,
-        "nSecondsDoOneDetection": 0.3,
-        "clusterMeanDistance": 1.3,
-        "cardOneNode": 16,
-        "SlowNode": 1,
-        "patternWindowSteps": 20,
-        "commProfiling": "onDemand",  # these tests follow the reference's heavy/light switching
-    }
-    d.update(kw)
-    return d
+    # the reference's heavy/light switching (commProfiling onDemand) is what these tests follow
+    return reference_featconf(job, 0.3, **{"patternWindowSteps": 20, "commProfiling": "onDemand", **kw})
 
 
 @pytest.fixture

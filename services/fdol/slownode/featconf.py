@@ -188,6 +188,22 @@ def _typed(key: str, kind: str, v: Any) -> Any:
     return float(v)
 
 
+REFERENCE_KEYS = (
+    "jobNamespace", "normalNumber", "nSigma", "degradationPercentage", "nConsecAnomaliesSignifySlow",
+    "nSecondsDoOneDetection", "clusterMeanDistance", "cardOneNode", "SlowNode",
+)  # fmt: skip
+
+
+def reference_featconf(job_name: str, n_seconds: float = 30.0, **keys: Any) -> dict[str, Any]:
+    """The FeatConf JSON object the reference's ConfigMap carries (fdol.md §7: the keys of its
+    example, :data:`REFERENCE_KEYS`) for ``job_name`` with the documented defaults,
+    ``nSecondsDoOneDetection`` ``n_seconds`` (s), and ``keys`` (more keys, e.g. faultmesh's, or
+    ``ranks``) on top."""
+    out: dict[str, Any] = {"jobName": job_name, **{key: _KEYS[key][2] for key in REFERENCE_KEYS}}
+    out["nSecondsDoOneDetection"] = n_seconds
+    return {**out, **keys}
+
+
 def known_keys() -> tuple[str, ...]:
     """The FeatConf keys in their documented spelling (docs/slownode.md), for suggestions."""
     return tuple(_KEYS)

@@ -140,18 +140,9 @@ class Harness:
 
     def featconf(self) -> dict:
         """The job's FD-OL FeatConf (reference fdol.md §7 defaults, except the round period)."""
-        return {
-            "jobName": JOB,
-            "jobNamespace": "default",
-            "normalNumber": 20,
-            "nSigma": 3,
-            "degradationPercentage": 0.3,
-            "nConsecAnomaliesSignifySlow": 3,
-            "nSecondsDoOneDetection": self.t.slownode_round_s,
-            "clusterMeanDistance": 1.3,
-            "cardOneNode": 16,
-            "SlowNode": 1,
-        }
+        from fdol.slownode.featconf import reference_featconf
+
+        return reference_featconf(JOB, self.t.slownode_round_s)
 
     async def setup_job(self) -> None:
         """Register the job, enable slow-node detection for it, start the training-side stand-in

@@ -24,3 +24,14 @@ def test_every_featconf_key_is_documented_with_its_default():
         if default in (None, "") or key == "rules":  # required, derived, or a word shown in backticks
             continue
         assert rows[key].strip().strip("`") == _shown(default), (key, rows[key], default)
+
+
+def test_the_reference_payload_holds_the_documented_defaults():
+    """reference_featconf (what the demo and the tests enable) is the reference's ConfigMap example
+    with every default: parsed, the same FeatConf as the job name alone, but its round period."""
+    from fdol.slownode.featconf import REFERENCE_KEYS, parse_featconf, reference_featconf
+
+    got = reference_featconf("j", 0.5, dpLagExcess=0.1)
+    assert set(got) == {"jobName", "dpLagExcess", *REFERENCE_KEYS} and got["nSecondsDoOneDetection"] == 0.5
+    plain = parse_featconf({"jobName": "j", "nSecondsDoOneDetection": 0.5, "dpLagExcess": 0.1})
+    assert parse_featconf(got) == plain
